@@ -1,0 +1,422 @@
+"""The run configuration: one pydantic schema, loaded from YAML plus ``key=value`` overrides.
+
+Every field's docstring is its documentation. Unknown fields are errors (``extra="forbid"``);
+:func:`load_config` collects every problem and raises one :class:`ConfigError` that names each
+by its YAML path, e.g. ``optim.lr: must be > 0, got -1``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from asrforge.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration problem the user must fix. ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = problems
+        self.source = source
+        head = f"invalid config {source}" if source else "invalid config"
+        super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+# The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.
+SHAPE_FIELDS = (
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "num_mel_bins",
+    "max_source_positions",
+    "max_target_positions",
+)
+
+
+class ModelConfig(Section):
+    """The one place that defines the model's shape (or points at a pretrained model)."""
+
+    pretrained: Path | None = None
+    """A local transformers Whisper directory (config.json + weights). Its shape is used; the
+    shape fields below must then be left unset. Nothing is ever downloaded."""
+    tokenizer: Path | None = None
+    """A directory with tokenizer files. Default: the pretrained model's; for a model built from
+    scratch, a byte-level BPE trained on the training transcripts (see ``bpe_vocab_size``)."""
+    bpe_vocab_size: int = Field(default=512, ge=300)
+    """Vocabulary size (before special tokens) of the BPE trained for a from-scratch model."""
+    d_model: int = Field(default=64, gt=0)
+    """Width of encoder and decoder."""
+    encoder_layers: int = Field(default=2, gt=0)
+    decoder_layers: int = Field(default=2, gt=0)
+    encoder_attention_heads: int = Field(default=4, gt=0)
+    decoder_attention_heads: int = Field(default=4, gt=0)
+    encoder_ffn_dim: int = Field(default=256, gt=0)
+    decoder_ffn_dim: int = Field(default=256, gt=0)
+    num_mel_bins: int = Field(default=80, gt=0)
+    """Log-mel channels of the input features."""
+    max_source_positions: int = Field(default=1500, gt=0)
+    """Encoder positions after the stride-2 conv: 50 per second of audio (1500 = 30 s)."""
+    max_target_positions: int = Field(default=448, gt=4)
+    """Longest label sequence, special prefix tokens included; longer utterances are skipped."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    freeze_encoder: bool = False
+    """Train the decoder only (the encoder's weights stay fixed)."""
+
+    @model_validator(mode="after")
+    def _shape_is_consistent(self) -> ModelConfig:
+        problems = []
+        if self.pretrained is not None:
+            clash = sorted(set(SHAPE_FIELDS) & self.model_fields_set)
+            for name in clash:
+                problems.append(f"{name}: cannot be set together with model.pretrained (the shape comes from it)")
+        else:
+            for side in ("encoder", "decoder"):
+                heads = getattr(self, f"{side}_attention_heads")
+                if self.d_model % heads:
+                    problems.append(
+                        f"{side}_attention_heads: must divide d_model={self.d_model}, got {heads}"
+                    )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def chunk_seconds(self) -> float:
+        """Length of the audio window the encoder sees, in seconds (1500 positions = 30 s)."""
+        return self.max_source_positions / 50.0
+
+
+class DataConfig(Section):
+    """Where the speech comes from and how it is batched."""
+
+    path: Path
+    """An Arrow dataset directory (``datasets.load_from_disk``) with columns ``audio`` (16 kHz),
+    ``text`` and ``language``, holding the train and evaluation splits."""
+    generate: Literal["tones"] | None = None
+    """Build this small synthetic data set at ``path`` when it is missing (deterministic)."""
+    train_split: str = "train"
+    eval_split: str = "validation"
+    languages: list[str] | None = None
+    """Keep only utterances of these languages (ISO codes); default all."""
+    task: Literal["transcribe", "translate"] = "transcribe"
+    batch_size: int = Field(default=8, gt=0)
+    """Utterances per micro-batch (per process)."""
+    eval_batch_size: int | None = Field(default=None, gt=0)
+    """Utterances per evaluation batch; default ``batch_size``."""
+    num_workers: int = Field(default=0, ge=0)
+    """DataLoader worker processes that compute the log-mel features (0 = in the main process)."""
+    max_eval_samples: int | None = Field(default=None, gt=0)
+    """Evaluate on the first N utterances of the evaluation split only."""
+
+
+class OptimConfig(Section):
+    """AdamW and the learning-rate schedule."""
+
+    lr: float = Field(default=1e-3, gt=0)
+    """Peak learning rate."""
+    embedding_lr_scale: float = Field(default=1.0, gt=0)
+    """Multiplier on ``lr`` for the token and position embeddings."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-8, gt=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warmup from 0 to ``lr``."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Final learning rate as a fraction of ``lr`` (cosine and linear)."""
+    clip_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+
+
+class TrainLoopConfig(Section):
+    """How long and how the loop steps."""
+
+    max_steps: int = Field(default=100, gt=0)
+    """Optimizer steps to train (the run may stop earlier: early stopping, step caps)."""
+    max_epochs: int | None = Field(default=None, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-batches per optimizer step."""
+    precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
+    """Autocast dtype. ``auto``: bf16 on GPUs that support it, fp16 with dynamic loss scaling on
+    other GPUs, off (fp32) on CPU."""
+    log_every: int = Field(default=10, gt=0)
+    """Optimizer steps between ``on_step_end`` payloads carrying averaged metrics to loggers."""
+    max_consecutive_nonfinite: int = Field(default=5, gt=0)
+    """Stop the run after this many optimizer steps in a row with a non-finite loss or gradient."""
+    ema_decay: float | None = Field(default=None, gt=0, lt=1)
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class EvalConfig(Section):
+    """When and how the validation split is evaluated."""
+
+    eval_steps: int | None = Field(default=None, gt=0)
+    """Evaluate every N optimizer steps (and at the end); null: only at the end."""
+    max_new_tokens: int = Field(default=256, gt=0)
+    """Cap on generated tokens per utterance during greedy decoding."""
+    at_end: bool = True
+    """Evaluate once more after the last step (unless that step was just evaluated)."""
+
+
+class PolicyGroup(Section):
+    """A language group of the selection table."""
+
+    languages: list[str] = Field(default_factory=list)
+    """ISO codes or English names; an empty list matches every language not in another group."""
+    policy: Literal["by_wer", "by_loss", "combined_gate"]
+    max_steps: int | None = Field(default=None, gt=0)
+    """Cap on optimizer steps for runs of this group; null: no cap."""
+
+
+class SelectionConfig(Section):
+    """How an evaluation decides: is this the new best checkpoint, and has patience run out."""
+
+    policy: Literal["auto", "by_wer", "by_loss", "combined_gate"] = "auto"
+    """``auto``: the policy of the run language's group in ``groups``."""
+    language: str | None = None
+    """The language whose group decides; default the first of ``data.languages``, else the
+    training split's most frequent language."""
+    wer_tol: float = Field(default=0.05, ge=0)
+    """combined_gate: a save needs ``wer < best_wer + wer_tol``."""
+    loss_eps: float = Field(default=0.05, ge=0)
+    """combined_gate: a save needs ``loss < best_loss + loss_eps``."""
+    patience: int | None = Field(default=None, gt=0)
+    """Evaluations in a row without a save before the run stops; default 5 when the whole model
+    trains, 3 when part of it is frozen."""
+    max_steps: int | None = Field(default=None, gt=0)
+    """Cap on optimizer steps; default the group's cap."""
+    groups: dict[str, PolicyGroup] | None = None
+    """Replace the shipped language-group table (asrforge/selection_groups.yaml)."""
+
+
+class TopKSpec(Section):
+    """Keep the k best checkpoints by one metric (ESPnet's ``keep_nbest_models``)."""
+
+    metric: str
+    """A key of the evaluation metrics: ``wer``, ``cer``, ``loss``, ..."""
+    k: int = Field(default=1, gt=0)
+    mode: Literal["min", "max"] = "min"
+
+
+class CheckpointConfig(Section):
+    """What is saved under ``output_dir/checkpoints`` and what rotation keeps."""
+
+    checkpoint_every: int | None = Field(default=None, gt=0)
+    """Save ``step-NNNNNN/`` every N optimizer steps; null: at evaluations and at the end only."""
+    save_on_eval: bool = True
+    """Save a checkpoint after every evaluation (needed for ``best/`` and top-k)."""
+    save_total_limit: int | None = Field(default=3, gt=0)
+    """Keep at most this many ``step-*`` checkpoints; the best and top-k members never count
+    against it and are never deleted by it."""
+    keep_best: list[TopKSpec] = Field(default_factory=list)
+    """Top-k per metric, each kept as ``best-<metric>-<rank>/``."""
+
+
+class CallbackSpec(BaseModel):
+    """One callback: a registered ``name`` (or ``_target_``, a dotted class path, which needs
+    ``--allow-external-callbacks``) plus the callback's own options."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    target: str | None = Field(default=None, alias="_target_")
+    critical: bool | None = None
+    """A critical callback's failure stops the run; an optional one's is logged and skipped.
+    Default: the callback's own choice (checkpointing is critical)."""
+
+    @model_validator(mode="after")
+    def _one_of_name_or_target(self) -> CallbackSpec:
+        if (self.name is None) == (self.target is None):
+            raise ValueError("give exactly one of `name` or `_target_`")
+        return self
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class TrainConfig(Section):
+    """A whole run."""
+
+    output_dir: Path
+    """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/."""
+    seed: int = 0
+    config_id: str | None = None
+    """A name for this configuration in reports and manifests; default the YAML file's stem."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    callbacks: list[CallbackSpec] = Field(default_factory=list)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_plain(), sort_keys=False)
+
+    def to_plain(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+    def fingerprint(self) -> str:
+        """sha256 of the resolved config (stable across key order)."""
+        blob = json.dumps(self.to_plain(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    data: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Load a YAML file (or a dict) and apply ``dotted.key=value`` overrides.
+
+    Raises:
+        ConfigError: listing every problem with its YAML path.
+    """
+    source = str(path) if path is not None else None
+    if data is None:
+        if path is None:
+            raise ConfigError(["no config file given"])
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([f"{p}: no such file"], source)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError([f"not valid YAML: {e}"], source) from None
+        if not isinstance(data, dict):
+            raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
+        data.setdefault("config_id", p.stem)
+    data = json.loads(json.dumps(data, default=str))  # a private deep copy
+    problems = []
+    for item in overrides or []:
+        try:
+            _apply_override(data, item)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError(problems, source)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, TrainConfig), source) from None
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{item}: an override must look like dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ValueError(f"{'.'.join(parts[: i + 1])}: no list item {part}")
+            node = node[int(part)]
+        else:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            node = nxt
+        if not isinstance(node, dict | list):
+            raise ValueError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+    last = parts[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ValueError(f"{key}: no list item {last}")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+_OPS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+
+
+def format_errors(err: ValidationError, root: type[BaseModel]) -> list[str]:
+    """Turn pydantic errors into ``yaml.path: what is wrong`` lines."""
+    lines = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        path = ".".join(loc) or "(top level)"
+        kind, ctx = e["type"], e.get("ctx") or {}
+        got = e.get("input")
+        if kind == "extra_forbidden":
+            msg = "unknown field"
+            parent = _model_at(root, loc[:-1])
+            if parent is not None:
+                names = [f.alias or n for n, f in parent.model_fields.items()]
+                close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+                if close:
+                    msg += f" — did you mean {'.'.join(loc[:-1] + [close[0]])}?"
+            lines.append(f"{path}: {msg}")
+        elif kind in _OPS:
+            bound = next(iter(ctx.values()))
+            if isinstance(bound, float) and bound.is_integer():
+                bound = int(bound)
+            lines.append(f"{path}: must be {_OPS[kind]} {bound}, got {got!r}")
+        elif kind == "missing":
+            lines.append(f"{path}: required field is missing")
+        elif kind == "literal_error":
+            lines.append(f"{path}: must be one of {ctx.get('expected')}, got {got!r}")
+        elif kind == "value_error":
+            # Cross-field validators report "field: problem; field: problem" under their section.
+            for piece in str(ctx.get("error", e["msg"])).split("; "):
+                head, sep, rest = piece.partition(": ")
+                if sep and head.isidentifier() and loc:
+                    lines.append(f"{path}.{head}: {rest}")
+                else:
+                    lines.append(f"{path}: {piece}")
+        else:
+            lines.append(f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}")
+    return lines
+
+
+def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    model: Any = root
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        candidates = [ann, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
