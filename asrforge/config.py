@@ -88,6 +88,11 @@ class ModelConfig(Section):
             for name in clash:
                 problems.append(f"{name}: cannot be set together with model.pretrained (the shape comes from it)")
         else:
+            if self.max_source_positions % 50:
+                problems.append(
+                    "max_source_positions: must be a multiple of 50 (50 positions = 1 s of audio), "
+                    f"got {self.max_source_positions}"
+                )
             for side in ("encoder", "decoder"):
                 heads = getattr(self, f"{side}_attention_heads")
                 if self.d_model % heads:
