@@ -1,0 +1,404 @@
+"""Checkpoint selection: after each evaluation, is this the new best checkpoint, and should the
+run stop?
+
+A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says save or not:
+
+* :class:`ByWer`: save when ``wer < best_wer``.
+* :class:`ByLoss`: save when ``loss < best_loss``.
+* :class:`CombinedGate`: save when ``wer`` or ``loss`` improves on its best, and neither is worse
+  than its best by ``wer_tol`` / ``loss_eps`` or more. The bests (``wer``, ``loss`` and, when
+  reported, ``cer``) are the minima over the *saved* evaluations: each takes the min when a
+  checkpoint is saved, never from a refused one, so a collapsing run (loss still falling, WER
+  exploding) cannot move the gate. The first evaluation saves.
+
+A NaN or infinite metric is never better than anything: such an evaluation does not save and
+does not change the bests.
+
+A :class:`Selector` wraps the policy with patience (evaluations in a row without a save before
+the run should stop) and the step cap of the run language's group. :func:`build_selector` picks
+all three from :class:`~asrforge.config.SelectionConfig` and the language table
+(``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from asrforge.config import ConfigError, PolicyGroup, SelectionConfig
+from asrforge.errors import UserError
+from asrforge.text.scripts import LANGUAGES, find_language_code
+
+GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
+PATIENCE_FULL = 5
+"""Default patience when the whole model trains."""
+PATIENCE_PARTIAL = 3
+"""Default patience when part of the model is frozen."""
+
+
+class Policy(Protocol):
+    name: str
+    reason: str
+    """Which condition decided the last update, e.g. ``"wer 0.31 < best 0.35"``."""
+
+    def update(self, metrics: Mapping[str, float]) -> bool: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class ByMetric:
+    """Save when ``metrics[metric]`` is below the best value so far."""
+
+    def __init__(self, metric: str):
+        self.metric = metric
+        self.name = f"by_{metric}"
+        self.best: float | None = None
+        self.reason = ""
+
+    def update(self, metrics: Mapping[str, float]) -> bool:
+        value = _metric(metrics, self.metric, self.name)
+        if not math.isfinite(value):
+            self.reason = f"{self.metric} is {value}: never better"
+            return False
+        if self.best is None:
+            self.reason = f"first evaluation: {self.metric} {_f(value)}"
+        elif value < self.best:
+            self.reason = f"{self.metric} {_f(value)} < best {_f(self.best)}"
+        else:
+            self.reason = f"{self.metric} {_f(value)} >= best {_f(self.best)}"
+            return False
+        self.best = value
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"best_{self.metric}": self.best}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best = state[f"best_{self.metric}"]
+
+
+class ByWer(ByMetric):
+    """Save when ``wer < best_wer``."""
+
+    def __init__(self):
+        super().__init__("wer")
+
+
+class ByLoss(ByMetric):
+    """Save when ``loss < best_loss``."""
+
+    def __init__(self):
+        super().__init__("loss")
+
+
+class CombinedGate:
+    """Save when (``wer < best_wer`` or ``loss < best_loss``) and ``wer < best_wer + wer_tol``
+    and ``loss < best_loss + loss_eps``; on a save each best takes the min.
+
+    Args:
+        wer_tol: how much worse than its best the WER may be on a save (absolute, e.g. 0.05).
+        loss_eps: how much worse than its best the loss may be on a save (absolute, nats).
+    """
+
+    name = "combined_gate"
+
+    def __init__(self, wer_tol: float = 0.05, loss_eps: float = 0.05):
+        if wer_tol < 0 or loss_eps < 0:
+            raise ValueError(f"tolerances must be >= 0, got wer_tol={wer_tol} loss_eps={loss_eps}")
+        self.wer_tol = wer_tol
+        self.loss_eps = loss_eps
+        self.best_wer: float | None = None
+        self.best_loss: float | None = None
+        self.best_cer: float | None = None
+        self.reason = ""
+
+    def update(self, metrics: Mapping[str, float]) -> bool:
+        wer = _metric(metrics, "wer", self.name)
+        loss = _metric(metrics, "loss", self.name)
+        cer = float(metrics.get("cer", math.nan))
+        bad = [f"{k} is {v}" for k, v in (("wer", wer), ("loss", loss)) if not math.isfinite(v)]
+        if bad:
+            self.reason = " and ".join(bad) + ": never better"
+            return False
+        if self.best_wer is None or self.best_loss is None:
+            self.reason = f"first evaluation: wer {_f(wer)}, loss {_f(loss)}"
+        else:
+            better = []
+            if wer < self.best_wer:
+                better.append(f"wer {_f(wer)} < best {_f(self.best_wer)}")
+            if loss < self.best_loss:
+                better.append(f"loss {_f(loss)} < best {_f(self.best_loss)}")
+            if not better:
+                self.reason = (
+                    f"neither wer {_f(wer)} < best {_f(self.best_wer)} "
+                    f"nor loss {_f(loss)} < best {_f(self.best_loss)}"
+                )
+                return False
+            outside = []
+            if not wer < self.best_wer + self.wer_tol:
+                outside.append(
+                    f"wer {_f(wer)} >= best {_f(self.best_wer)} + wer_tol {_f(self.wer_tol)}"
+                )
+            if not loss < self.best_loss + self.loss_eps:
+                outside.append(
+                    f"loss {_f(loss)} >= best {_f(self.best_loss)} + loss_eps {_f(self.loss_eps)}"
+                )
+            if outside:
+                self.reason = f"{' and '.join(better)}, but {' and '.join(outside)}"
+                return False
+            self.reason = f"{' and '.join(better)}, within tolerances"
+        self.best_wer = _min(self.best_wer, wer)
+        self.best_loss = _min(self.best_loss, loss)
+        if math.isfinite(cer):
+            self.best_cer = _min(self.best_cer, cer)
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_wer": self.best_wer, "best_loss": self.best_loss, "best_cer": self.best_cer}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best_wer = state["best_wer"]
+        self.best_loss = state["best_loss"]
+        self.best_cer = state.get("best_cer")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one evaluation decided."""
+
+    save: bool
+    """This evaluation's checkpoint is the new best."""
+    reason: str
+    """Which condition decided ``save``."""
+    should_stop: bool
+    """Patience has run out, or the step cap is reached."""
+    stop_reason: str | None
+
+
+class Selector:
+    """A policy plus patience and a step cap; its state rides in the training checkpoint.
+
+    Args:
+        policy: the save rule.
+        patience: evaluations in a row without a save after which ``should_stop`` is set.
+        max_steps: optimizer-step cap of this run's group (None: no cap). The loop trains for
+            ``min(train.max_steps, max_steps)``; an update at ``step >= max_steps`` also stops.
+        why: a sentence saying where the policy, cap and patience came from.
+    """
+
+    def __init__(self, policy: Policy, *, patience: int, max_steps: int | None, why: str = ""):
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}")
+        self.policy = policy
+        self.patience = patience
+        self.max_steps = max_steps
+        self.why = why
+        self.evals_without_save = 0
+        self.n_evals = 0
+        self.best_step: int | None = None
+
+    @property
+    def policy_name(self) -> str:
+        return self.policy.name
+
+    def update(self, metrics: Mapping[str, float], step: int | None = None) -> Decision:
+        """Judge one evaluation.
+
+        Args:
+            metrics: at least the keys the policy reads (``wer``, ``loss``; ``cer`` optional).
+            step: the optimizer step evaluated, for ``best_step`` and the step cap.
+        """
+        save = self.policy.update(metrics)
+        self.n_evals += 1
+        if save:
+            self.evals_without_save = 0
+            self.best_step = step
+        else:
+            self.evals_without_save += 1
+        stop_reason = None
+        if self.evals_without_save >= self.patience:
+            stop_reason = (
+                f"no new best in {self.evals_without_save} evaluations (patience {self.patience})"
+            )
+        elif step is not None and self.max_steps is not None and step >= self.max_steps:
+            stop_reason = f"step {step} reached max_steps {self.max_steps}"
+        return Decision(save, self.policy.reason, stop_reason is not None, stop_reason)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the policy's bests and the patience counter."""
+        return {
+            "policy": self.policy.name,
+            "policy_state": self.policy.state_dict(),
+            "evals_without_save": self.evals_without_save,
+            "n_evals": self.n_evals,
+            "best_step": self.best_step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            UserError: the state was saved under a different policy than this run's config.
+        """
+        if state["policy"] != self.policy.name:
+            raise UserError(
+                f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
+                f"run selects with {self.policy.name!r}; resume with the same selection config"
+            )
+        self.policy.load_state_dict(state["policy_state"])
+        self.evals_without_save = int(state["evals_without_save"])
+        self.n_evals = int(state["n_evals"])
+        self.best_step = state.get("best_step")
+
+
+def build_selector(cfg: SelectionConfig, language: str | None, partial: bool) -> Selector:
+    """The selector for a run: policy, patience and step cap from config and language table.
+
+    Args:
+        cfg: the ``selection`` section.
+        language: the run's language (code or English name); ``cfg.language`` wins when set.
+        partial: only part of the model trains (e.g. a frozen encoder): default patience 3,
+            else 5.
+
+    Raises:
+        UserError: no language, an unknown language, or an invalid group table (ConfigError).
+    """
+    field = "selection.language" if cfg.language is not None else "selection"
+    language = cfg.language if cfg.language is not None else language
+    if language is None:
+        raise UserError("selection: no language to pick the policy by; set selection.language")
+    if cfg.groups is not None:
+        source, groups = "selection.groups", cfg.groups
+        group_name = resolve_group(language, groups, where=source, field=field)
+    else:
+        source, groups = GROUPS_FILE.name, default_groups()
+        group_name = resolve_group(language, groups, where=None, field=field)
+    group = groups[group_name]
+    code = find_language_code(language)
+    who = f"language {language!r} ({LANGUAGES[code]})" if code else f"language {language!r}"
+    in_group = f"{who} is in group {group_name} of {source}"
+
+    if cfg.policy == "auto":
+        policy_name = group.policy
+        parts = [f"{in_group} → {policy_name}"]
+    else:
+        policy_name = cfg.policy
+        parts = [f"selection.policy set in config → {policy_name} ({in_group}: {group.policy})"]
+    if cfg.max_steps is not None:
+        max_steps = cfg.max_steps
+        parts.append(f"max_steps {max_steps} (selection.max_steps)")
+    else:
+        max_steps = group.max_steps
+        parts.append(f"max_steps {max_steps} (group {group_name})" if max_steps else "no step cap")
+    if cfg.patience is not None:
+        patience = cfg.patience
+        parts.append(f"patience {patience} (selection.patience)")
+    else:
+        patience = PATIENCE_PARTIAL if partial else PATIENCE_FULL
+        trains = "part of the model trains" if partial else "the whole model trains"
+        parts.append(f"patience {patience} ({trains})")
+
+    policy: Policy
+    if policy_name == "by_wer":
+        policy = ByWer()
+    elif policy_name == "by_loss":
+        policy = ByLoss()
+    else:
+        policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps)
+    return Selector(policy, patience=patience, max_steps=max_steps, why=", ".join(parts))
+
+
+def default_groups() -> dict[str, PolicyGroup]:
+    """The shipped language-group table (``asrforge/selection_groups.yaml``)."""
+    data = yaml.safe_load(GROUPS_FILE.read_text())
+    try:
+        return TypeAdapter(dict[str, PolicyGroup]).validate_python(data)
+    except ValidationError as e:
+        raise ConfigError([str(e)], str(GROUPS_FILE)) from None
+
+
+def resolve_group(
+    language: str,
+    groups: Mapping[str, PolicyGroup],
+    *,
+    where: str | None = "selection.groups",
+    field: str = "selection",
+) -> str:
+    """The name of the group that holds ``language`` (by code or name; else the catch-all group,
+    the one with an empty ``languages`` list).
+
+    Args:
+        language: a code or English name.
+        groups: the table, group name -> group.
+        where: the YAML path of the table, prefixed to each problem (None for the shipped file).
+        field: the YAML path named when ``language`` itself is the problem.
+
+    Raises:
+        ConfigError: the table names an unknown language, a language twice, or two catch-alls.
+        UserError: ``language`` is unknown, or in no group while there is no catch-all.
+    """
+    prefix = f"{where}." if where else ""
+    owner: dict[str, str] = {}
+    catch_all: list[str] = []
+    problems = []
+    for name, group in groups.items():
+        if not group.languages:
+            catch_all.append(name)
+        for i, entry in enumerate(group.languages):
+            code = find_language_code(entry)
+            if code is None:
+                problems.append(f"{prefix}{name}.languages.{i}: {_unknown(entry)}")
+            elif code in owner and owner[code] != name:
+                problems.append(
+                    f"{prefix}{name}.languages.{i}: {entry!r} is also in group {owner[code]}"
+                )
+            else:
+                owner[code] = name
+    if len(catch_all) > 1:
+        problems.append(
+            f"{where or 'groups'}: groups {', '.join(catch_all)} all have an empty languages "
+            f"list; at most one group may take the rest"
+        )
+    if problems:
+        raise ConfigError(problems, None if where else str(GROUPS_FILE))
+
+    code = find_language_code(language)
+    if code is None:
+        raise UserError(f"{field}: {_unknown(language)}")
+    if code in owner:
+        return owner[code]
+    if catch_all:
+        return catch_all[0]
+    raise UserError(
+        f"{field}: language {language!r} is in no group of {where or GROUPS_FILE.name}, and no "
+        f"group has an empty languages list to take the rest"
+    )
+
+
+def _unknown(entry: str) -> str:
+    names = list(LANGUAGES) + list(LANGUAGES.values())
+    close = difflib.get_close_matches(entry.lower(), names, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown language {entry!r}{hint}: give an ISO or Whisper code or an English name"
+
+
+def _metric(metrics: Mapping[str, float], key: str, policy: str) -> float:
+    if key not in metrics:
+        raise KeyError(f"policy {policy} needs metric {key!r}; got {sorted(metrics)}")
+    value = metrics[key]
+    return math.nan if value is None else float(value)
+
+
+def _min(best: float | None, value: float) -> float:
+    return value if best is None else min(best, value)
+
+
+def _f(x: float) -> str:
+    return f"{x:.4g}"

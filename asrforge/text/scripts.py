@@ -1,0 +1,116 @@
+"""Languages: their codes and names, and whether their script puts spaces between words.
+
+The table holds Whisper's languages under Whisper's codes (ISO 639-1 where one exists, plus
+``haw`` and ``yue``; ``jw`` for Javanese), and a few speech-corpus languages Whisper lacks
+(``lg`` Ganda, ...). Every function here takes a code or an English name, in any case, and a
+regional tag is tolerated (``en-US``, ``pt_BR`` resolve to ``en``, ``pt``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from asrforge.errors import UserError
+
+# Whisper's languages, in Whisper's order (whisper/tokenizer.py LANGUAGES), except that "my" is
+# named "burmese" (Whisper: "myanmar", kept as an alias).
+WHISPER_LANGUAGES: dict[str, str] = {
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian",
+    "ko": "korean", "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish",
+    "pl": "polish", "ca": "catalan", "nl": "dutch", "ar": "arabic", "sv": "swedish",
+    "it": "italian", "id": "indonesian", "hi": "hindi", "fi": "finnish", "vi": "vietnamese",
+    "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay", "cs": "czech",
+    "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian",
+    "la": "latin", "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak",
+    "te": "telugu", "fa": "persian", "lv": "latvian", "bn": "bengali", "sr": "serbian",
+    "az": "azerbaijani", "sl": "slovenian", "kn": "kannada", "et": "estonian", "mk": "macedonian",
+    "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian", "ne": "nepali",
+    "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer",
+    "sn": "shona", "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan",
+    "ka": "georgian", "be": "belarusian", "tg": "tajik", "sd": "sindhi", "gu": "gujarati",
+    "am": "amharic", "yi": "yiddish", "lo": "lao", "uz": "uzbek", "fo": "faroese",
+    "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk", "mt": "maltese",
+    "sa": "sanskrit", "lb": "luxembourgish", "my": "burmese", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala",
+    "ha": "hausa", "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese",
+}  # fmt: skip
+
+# Languages of common speech corpora (FLEURS, Common Voice) that Whisper has no token for.
+OTHER_LANGUAGES: dict[str, str] = {
+    "lg": "ganda", "ga": "irish", "ky": "kyrgyz", "ig": "igbo", "zu": "zulu", "xh": "xhosa",
+    "or": "odia", "rw": "kinyarwanda", "om": "oromo", "wo": "wolof", "ny": "nyanja",
+}  # fmt: skip
+
+LANGUAGES: dict[str, str] = {**WHISPER_LANGUAGES, **OTHER_LANGUAGES}
+"""Code -> English name of every language this package knows."""
+
+# Other spellings -> code (Whisper's TO_LANGUAGE_CODE aliases, plus a few more).
+_ALIASES: dict[str, str] = {
+    "burmese": "my", "myanmar": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht",
+    "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro",
+    "sinhalese": "si", "castilian": "es", "mandarin": "zh", "farsi": "fa", "jv": "jw",
+    "luganda": "lg", "oriya": "or", "chichewa": "ny", "kirghiz": "ky",
+}  # fmt: skip
+
+_BY_NAME: dict[str, str] = {name: code for code, name in LANGUAGES.items()} | _ALIASES
+
+# Scripts that do not separate words with spaces: word error rate means little there.
+UNSPACED_LANGUAGES: frozenset[str] = frozenset({"th", "lo", "km", "my", "zh", "yue", "ja"})
+
+
+def find_language_code(language: str) -> str | None:
+    """The code of ``language`` (a code or an English name), or None if it is unknown."""
+    key = " ".join(language.strip().lower().replace("_", "-").split())
+    if key in LANGUAGES:
+        return key
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    head = key.split("-", 1)[0]  # a regional tag: "en-us" -> "en", "pt-br" -> "pt"
+    if head != key:
+        return find_language_code(head)
+    return None
+
+
+def language_code(language: str) -> str:
+    """The code of ``language``: ``"de"``, ``"German"``, ``"de-AT"`` all give ``"de"``.
+
+    Raises:
+        UserError: the language is not in :data:`LANGUAGES` (nor an alias of one).
+    """
+    code = find_language_code(language)
+    if code is None:
+        raise UserError(
+            f"unknown language {language!r}: give an ISO 639-1 code or Whisper's code "
+            f"(e.g. 'de', 'yue', 'haw') or an English name (e.g. 'german')"
+        )
+    return code
+
+
+def language_name(language: str) -> str:
+    """The English name of ``language`` (lowercase, e.g. ``"german"``).
+
+    Raises:
+        UserError: the language is unknown.
+    """
+    return LANGUAGES[language_code(language)]
+
+
+def is_unspaced(language: str) -> bool:
+    """True for languages whose script does not put spaces between words (Thai, Lao, Khmer,
+    Burmese, Chinese, Cantonese, Japanese).
+
+    Raises:
+        UserError: the language is unknown.
+    """
+    return language_code(language) in UNSPACED_LANGUAGES
+
+
+def primary_metric(language: str) -> Literal["wer", "cer"]:
+    """The error rate to judge ``language`` by: ``"cer"`` for unspaced scripts, else ``"wer"``.
+
+    Raises:
+        UserError: the language is unknown.
+    """
+    return "cer" if is_unspaced(language) else "wer"

@@ -1,0 +1,124 @@
+"""Normalizers and the language table."""
+
+import unicodedata
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asrforge.errors import UserError
+from asrforge.text import (
+    LANGUAGES,
+    is_unspaced,
+    language_code,
+    language_name,
+    normalize,
+    primary_metric,
+)
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("Hello, World!", "hello world"),
+        ("I won't go (laughs) [noise] <unk> there.", "i will not go there"),
+        ("Um, so uh, hmm, we mhm start", "so we start"),
+        ("Don’t you think it's done?", "do not you think it is done"),  # curly apostrophe
+        (
+            "We'll see, they're here, I'd say, you've won, I'm in",
+            "we will see they are here i would say you have won i am in",
+        ),
+        ("Mr. Smith and Dr. Jones", "mister smith and doctor jones"),
+        ("It costs $ 1,000 or 3.5% more.", "it costs $1000 or 3.5% more"),
+        ("Café naïve façade", "cafe naive facade"),
+        ("The colour of the theatre", "the color of the theater"),
+        ("end. Next sentence", "end next sentence"),
+        ("50 % off, 100%!", "50% off 100%"),
+        ("  lots\tof \n space  ", "lots of space"),
+    ],
+)
+def test_english(raw, expected):
+    assert normalize(raw, "en") == expected
+
+
+def test_english_accepts_names_and_regional_codes():
+    raw = "Hello, World!"
+    assert normalize(raw, "English") == normalize(raw, "en-US") == normalize(raw, "en")
+
+
+def test_german_keeps_umlauts_and_folds_case():
+    assert normalize("Grüße aus „Köln“ (Lachen)!", "de") == "grüsse aus köln"
+    assert normalize("STRASSE", "german") == normalize("Straße", "german")
+
+
+def test_hindi_keeps_vowel_signs():
+    # Whisper's BasicTextNormalizer turns marks into spaces and splits every word; ours keeps
+    # them: one word stays one word, with every code point.
+    word = "नमस्ते"
+    assert any(unicodedata.category(c).startswith("M") for c in word)
+    assert normalize(f"{word}, दुनिया!", "hi") == f"{word} दुनिया"
+
+
+def test_thai_keeps_marks_and_turns_zero_width_space_into_a_space():
+    text = "สวัสดีครับ! ผมชื่อ\u200bสมชาย"
+    assert normalize(text, "thai") == "สวัสดีครับ ผมชื่อ สมชาย"
+
+
+def test_basic_normalizer_uses_nfkc():
+    assert normalize("ﬁve ①", "fr") == "five 1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(_text, st.sampled_from(["en", "de", "hi", "th", "zh", "ar"]))
+def test_output_shape(text, language):
+    out = normalize(text, language)
+    assert out == out.strip()
+    assert "  " not in out
+    assert all(not c.isspace() or c == " " for c in out)
+    if language != "en":
+        assert all(unicodedata.category(c)[0] not in "PS" for c in out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_text, st.sampled_from(["en", "de", "hi", "th"]))
+def test_idempotent(text, language):
+    once = normalize(text, language)
+    assert normalize(once, language) == once
+
+
+@pytest.mark.parametrize(
+    "given_, code",
+    [("de", "de"), ("German", "de"), (" GERMAN ", "de"), ("pt_BR", "pt"), ("zh-TW", "zh"),
+     ("yue", "yue"), ("cantonese", "yue"), ("haw", "haw"), ("burmese", "my"), ("myanmar", "my"),
+     ("jv", "jw"), ("castilian", "es"), ("ganda", "lg"), ("haitian creole", "ht")],
+)  # fmt: skip
+def test_language_code(given_, code):
+    assert language_code(given_) == code
+
+
+def test_language_table_is_a_bijection():
+    assert len(set(LANGUAGES.values())) == len(LANGUAGES) >= 100
+    for code, name in LANGUAGES.items():
+        assert language_code(name) == code
+        assert language_name(code) == name
+
+
+def test_unknown_language_raises_user_error():
+    with pytest.raises(UserError, match="klingon"):
+        normalize("qapla'", "klingon")
+    with pytest.raises(UserError, match="xx"):
+        is_unspaced("xx")
+
+
+@pytest.mark.parametrize("language", ["th", "lao", "km", "burmese", "zh", "yue", "Japanese"])
+def test_unspaced_scripts_use_cer(language):
+    assert is_unspaced(language)
+    assert primary_metric(language) == "cer"
+
+
+@pytest.mark.parametrize("language", ["en", "de", "hindi", "ar", "ko", "vi"])
+def test_spaced_scripts_use_wer(language):
+    assert not is_unspaced(language)
+    assert primary_metric(language) == "wer"
