@@ -1,0 +1,114 @@
+"""Built-in callbacks and the registry that builds them from the config's ``callbacks:`` list.
+
+A config names callbacks by registered name (``- name: early_stopping`` plus options). A class
+named by dotted path (``_target_: pkg.mod.Class``) is imported only when the user passes
+``--allow-external-callbacks``: importing code named in a config is code execution.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from asrforge.callbacks.early_stopping import EarlyStopping
+from asrforge.callbacks.loggers import LRMonitor, MetricsJsonl, TensorBoardLogger
+from asrforge.callbacks.options import Options
+from asrforge.callbacks.progress import ProgressBar
+from asrforge.config import ConfigError, TrainConfig, format_errors
+from asrforge.train.events import Callback
+
+REGISTRY: dict[str, type[Callback]] = {
+    cls.name: cls for cls in (MetricsJsonl, TensorBoardLogger, LRMonitor, ProgressBar, EarlyStopping)
+}
+# Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
+DEFAULTS = ("lr_monitor", "metrics_jsonl", "tensorboard", "progress")
+
+
+def register(cls: type[Callback]) -> type[Callback]:
+    """Class decorator: make a callback available by its ``name`` in configs."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def build_callbacks(cfg: TrainConfig, *, allow_external: bool = False) -> list[Callback]:
+    """Instantiate the configured callbacks plus the defaults, in a stable order.
+
+    Raises:
+        ConfigError: unknown names, bad options, or ``_target_`` without permission, each with
+            its YAML path (``callbacks.1.patience: ...``).
+    """
+    problems: list[str] = []
+    built: dict[int, Callback] = {}
+    disabled: set[str] = set()
+    for i, spec in enumerate(cfg.callbacks):
+        where = f"callbacks.{i}"
+        opts = spec.options
+        enabled = opts.pop("enabled", True)
+        if spec.target is not None:
+            if not allow_external:
+                problems.append(
+                    f"{where}._target_: {spec.target!r} would import and run code named in the "
+                    "config; pass --allow-external-callbacks to allow it"
+                )
+                continue
+            try:
+                cls = _import_target(spec.target)
+            except (ImportError, AttributeError, ValueError) as e:
+                problems.append(f"{where}._target_: cannot import {spec.target!r}: {e}")
+                continue
+        else:
+            cls = REGISTRY.get(spec.name)
+            if cls is None:
+                close = difflib.get_close_matches(spec.name, list(REGISTRY), n=1)
+                hint = f" — did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(REGISTRY))})"
+                problems.append(f"{where}.name: unknown callback {spec.name!r}{hint}")
+                continue
+        if not enabled:
+            disabled.add(getattr(cls, "name", spec.name or ""))
+            continue
+        try:
+            cb = _instantiate(cls, opts, where)
+        except ConfigError as e:
+            problems.extend(e.problems)
+            continue
+        if spec.critical is not None:
+            cb.critical = spec.critical
+        built[i] = cb
+    if problems:
+        raise ConfigError(problems)
+    names = {cb.name for cb in built.values()}
+    defaults = [REGISTRY[n]() for n in DEFAULTS if n not in names and n not in disabled]
+    # Enrichers first (lr_monitor adds keys the loggers write), then configured, then the rest.
+    head = [cb for cb in defaults if cb.name == "lr_monitor"]
+    tail = [cb for cb in defaults if cb.name != "lr_monitor"]
+    return head + [built[i] for i in sorted(built)] + tail
+
+
+def _import_target(target: str) -> type:
+    module, _, attr = target.rpartition(".")
+    if not module:
+        raise ValueError("must be a dotted path like package.module.Class")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise ValueError("is not a subclass of asrforge.train.events.Callback")
+    return cls
+
+
+def _instantiate(cls: type[Callback], opts: dict[str, Any], where: str) -> Callback:
+    schema: type[BaseModel] | None = getattr(cls, "Options", None)
+    if schema is None:
+        return cls(**opts)
+    try:
+        parsed = schema.model_validate(opts)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, schema, prefix=where)) from None
+    return cls(**parsed.model_dump())
+
+
+__all__ = [
+    "REGISTRY", "Callback", "EarlyStopping", "LRMonitor", "MetricsJsonl", "Options", "ProgressBar",
+    "TensorBoardLogger", "build_callbacks", "register",
+]

@@ -1,0 +1,63 @@
+"""Early stopping on an evaluation metric."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from asrforge.callbacks.options import Options
+from asrforge.train.events import Callback, Decision
+from asrforge.train.state import TrainState
+
+log = logging.getLogger("asrforge.callbacks")
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
+    evaluations in a row. Sets ``state.should_stop``; the loop honours it before the next step."""
+
+    name = "early_stopping"
+    rank_zero_only = False  # every process must stop at the same step
+
+    class Options(Options):
+        monitor: str = "wer"
+        """Key of the evaluation metrics to watch (``wer``, ``cer``, ``loss``, ...)."""
+        mode: Literal["min", "max"] = "min"
+        patience: int = Field(default=3, gt=0)
+        """Evaluations without improvement before stopping."""
+        min_delta: float = Field(default=0.0, ge=0)
+        """An improvement smaller than this does not count."""
+
+    def __init__(self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
+        self.best: float | None = None
+        self.bad_evals = 0
+
+    def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
+        if self.monitor not in metrics:
+            raise KeyError(f"early_stopping: metric {self.monitor!r} not in {sorted(metrics)}")
+        value = float(metrics[self.monitor])
+        sign = 1.0 if self.mode == "min" else -1.0
+        improved = not math.isnan(value) and (
+            self.best is None or sign * (self.best - value) > self.min_delta
+        )
+        if improved:
+            self.best, self.bad_evals = value, 0
+            return
+        self.bad_evals += 1
+        if self.bad_evals >= self.patience:
+            state.should_stop = True
+            state.stop_reason = (
+                f"early stopping: {self.monitor} did not improve on {self.best} for "
+                f"{self.bad_evals} evaluations (patience {self.patience})"
+            )
+            log.info(state.stop_reason)
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad_evals": self.bad_evals}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad_evals = state.get("best"), int(state.get("bad_evals", 0))

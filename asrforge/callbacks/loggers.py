@@ -1,0 +1,178 @@
+"""Metric loggers: JSONL, TensorBoard, and the learning-rate monitor."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from pydantic import Field
+
+from asrforge.callbacks.options import Options
+from asrforge.train.events import Callback, Decision, RunInfo
+from asrforge.train.state import TrainState
+
+
+class _StepAverager:
+    """Averages per-step metrics over a logging window of ``log_every`` optimizer steps."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.n, self.sums, self.samples, self.tokens, self.seconds, self.skipped = 0, {}, 0, 0, 0.0, 0
+
+    def add(self, m: dict) -> None:
+        self.n += 1
+        for k in ("loss", "grad_norm"):
+            v = m.get(k)
+            if isinstance(v, float) and math.isfinite(v):
+                s, c = self.sums.get(k, (0.0, 0))
+                self.sums[k] = (s + v, c + 1)
+        self.samples += m.get("samples", 0)
+        self.tokens += m.get("tokens", 0)
+        self.seconds += m.get("step_seconds", 0.0)
+        self.skipped += int(bool(m.get("skipped")))
+
+    def summary(self, last: dict) -> dict:
+        out = {k: s / c for k, (s, c) in self.sums.items() if c}
+        out.update(
+            lr=last.get("lr"),
+            samples_per_s=self.samples / self.seconds if self.seconds else None,
+            tokens_per_s=self.tokens / self.seconds if self.seconds else None,
+            skipped_steps=self.skipped,
+        )
+        out.update({k: v for k, v in last.items() if k.startswith("lr/")})
+        return out
+
+
+class MetricsJsonl(Callback):
+    """``metrics.jsonl`` in the run dir: one JSON object per line, flushed after each write.
+    Training lines are averaged over ``log_every`` steps (default ``train.log_every``); every
+    evaluation and save gets a line of its own."""
+
+    name = "metrics_jsonl"
+
+    class Options(Options):
+        log_every: int | None = Field(default=None, gt=0)
+        """Steps per training line; default ``train.log_every``."""
+        filename: str = "metrics.jsonl"
+
+    def __init__(self, log_every: int | None = None, filename: str = "metrics.jsonl"):
+        self.log_every, self.filename = log_every, filename
+        self.avg = _StepAverager()
+        self.fh = None
+
+    def _write(self, obj: dict) -> None:
+        self.fh.write(json.dumps(obj, default=str) + "\n")
+        self.fh.flush()
+
+    def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
+        self.log_every = self.log_every or run.config.train.log_every
+        self.fh = open(Path(run.output_dir) / self.filename, "a", encoding="utf-8")  # noqa: SIM115
+        self._write({"event": "train_begin", "time": time.time(), "step": state.step,
+                     "n_params": run.n_params, "precision": run.precision, "device": run.device,
+                     "selection": run.selection})
+
+    def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
+        self.avg.add(metrics)
+        if state.step % self.log_every == 0:
+            self._write({"event": "train", "step": state.step, "epoch": state.epoch,
+                         "time": time.time(), **self.avg.summary(metrics)})
+            self.avg.reset()
+
+    def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
+        self._write({"event": "eval", "step": state.step, "time": time.time(), **metrics,
+                     "save": decision.save, "reason": decision.reason})
+
+    def on_save(self, state: TrainState, *, path: Path, kind: str) -> None:
+        self._write({"event": "save", "step": state.step, "path": str(path), "kind": kind})
+
+    def on_train_end(self, state: TrainState, *, result) -> None:
+        if self.fh is not None:
+            self._write({"event": "train_end", "step": state.step, "status": result.status,
+                         "reason": result.reason, "best_step": result.best_step, "best": result.best})
+            self.fh.close()
+            self.fh = None
+
+    def on_exception(self, state: TrainState, *, error: BaseException) -> None:
+        if self.fh is not None:
+            self._write({"event": "exception", "step": state.step, "error": repr(error)})
+            self.fh.close()
+            self.fh = None
+
+
+class TensorBoardLogger(Callback):
+    """TensorBoard event files under ``output_dir/tensorboard``: training scalars every
+    ``log_every`` steps and every evaluation metric (overall and per language)."""
+
+    name = "tensorboard"
+
+    class Options(Options):
+        log_every: int | None = Field(default=None, gt=0)
+        subdir: str = "tensorboard"
+
+    def __init__(self, log_every: int | None = None, subdir: str = "tensorboard"):
+        self.log_every, self.subdir = log_every, subdir
+        self.avg = _StepAverager()
+        self.writer = None
+
+    def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_every = self.log_every or run.config.train.log_every
+        self.writer = SummaryWriter(log_dir=str(Path(run.output_dir) / self.subdir), purge_step=state.step + 1 if state.step else None)
+
+    def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
+        self.avg.add(metrics)
+        if state.step % self.log_every == 0:
+            for k, v in self.avg.summary(metrics).items():
+                if isinstance(v, int | float) and v is not None:
+                    self.writer.add_scalar(f"train/{k}", v, state.step)
+            self.avg.reset()
+
+    def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
+        for k, v in metrics.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                self.writer.add_scalar(f"eval/{k}", v, state.step)
+        for lang, m in (metrics.get("per_language") or {}).items():
+            for k in ("wer", "cer", "loss"):
+                if isinstance(m.get(k), int | float):
+                    self.writer.add_scalar(f"eval_{lang}/{k}", m[k], state.step)
+        self.writer.flush()
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def on_train_end(self, state: TrainState, *, result) -> None:
+        self._close()
+
+    def on_exception(self, state: TrainState, *, error: BaseException) -> None:
+        self._close()
+
+
+class LRMonitor(Callback):
+    """Adds each parameter group's learning rate (``lr/<group>``) to the step metrics the
+    loggers write, and logs when warmup ends."""
+
+    name = "lr_monitor"
+    rank_zero_only = True
+
+    def __init__(self):
+        self.warmup_steps = 0
+
+    def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
+        self.warmup_steps = run.config.optim.warmup_steps
+
+    def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
+        for group, lr in (metrics.get("lr_groups") or {}).items():
+            metrics[f"lr/{group}"] = lr
+        if self.warmup_steps and state.step == self.warmup_steps:
+            import logging
+
+            logging.getLogger("asrforge.train").info(
+                "warmup done at step %d: lr %.3g", state.step, metrics.get("lr", float("nan"))
+            )

@@ -1,0 +1,52 @@
+"""Progress: a tqdm bar on a terminal; on a pipe or file, a log line every ``log_every`` steps."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from asrforge.train.events import Callback, Decision, RunInfo
+from asrforge.train.state import TrainState
+
+log = logging.getLogger("asrforge.train")
+
+
+class ProgressBar(Callback):
+    """Shows step, loss, lr and speed. Quiet (plain log lines) when stderr is not a TTY."""
+
+    name = "progress"
+
+    def __init__(self):
+        self.bar = None
+        self.every = 10
+        self.total = 0
+
+    def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
+        self.every = run.config.train.log_every
+        self.total = run.config.train.max_steps
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=state.step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
+        sps = metrics["samples"] / metrics["step_seconds"] if metrics.get("step_seconds") else 0.0
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.2e}", sps=f"{sps:.1f}")
+        elif state.step % self.every == 0:
+            log.info("step %d/%d loss %.4f lr %.3g %.1f samples/s", state.step, self.total,
+                     metrics["loss"], metrics["lr"], sps)
+
+    def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
+        if self.bar is not None:
+            self.bar.write(f"step {state.step}: wer {metrics['wer']:.3f} cer {metrics['cer']:.3f} "
+                           f"loss {metrics['loss']:.3f} — {decision.reason}")
+
+    def on_train_end(self, state: TrainState, *, result) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def on_exception(self, state: TrainState, *, error: BaseException) -> None:
+        self.on_train_end(state, result=None)

@@ -1,0 +1,101 @@
+"""The ``asrforge`` command.
+
+Exit codes: 0 success (also a run stopped early or by SIGTERM/SIGINT after saving), 1 a run that
+failed (diverged, a checkpoint that could not be saved, a critical callback), 2 bad input (a
+config, a path, a file): one message naming what is wrong, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+
+from asrforge.errors import CheckpointSaveError, UserError
+
+# Sub-commands that live next to the code they drive: (module, add_cli, run_cli).
+EXTERNAL_COMMANDS = [
+    "asrforge.checkpoint.average",
+    "asrforge.model.ct2",
+]
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model from a YAML config",
+        description="Train from CONFIG.yaml; dotted.key=value overrides may come anywhere.",
+    )
+    p.add_argument("config", help="the YAML config file")
+    p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest")
+    p.add_argument(
+        "--allow-external-callbacks", action="store_true",
+        help="allow callbacks named by `_target_` (imports and runs that code)",
+    )
+    p.set_defaults(func=_run_train, accepts_overrides=True)
+
+
+def _run_train(args) -> int:
+    from asrforge.callbacks import build_callbacks
+    from asrforge.config import load_config
+    from asrforge.train.events import CriticalCallbackError
+    from asrforge.train.loop import Trainer
+
+    cfg = load_config(args.config, args.overrides)
+    callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks)
+    try:
+        result = Trainer(cfg, callbacks).fit(resume=args.resume)
+    except CriticalCallbackError as e:
+        print(f"asrforge: run stopped: {e}", file=sys.stderr)
+        return 1
+    except CheckpointSaveError as e:
+        print(f"asrforge: run stopped: a checkpoint could not be saved: {e}", file=sys.stderr)
+        return 1
+    print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
+    if result.best_step is not None:
+        print(f"asrforge: best checkpoint at step {result.best_step}: {result.best}")
+    return 1 if result.status == "diverged" else 0
+
+
+BUILTIN_COMMANDS: list[Callable] = [_add_train]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asrforge", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in BUILTIN_COMMANDS:
+        add(sub)
+    for name in EXTERNAL_COMMANDS:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "add_cli"):
+            mod.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    unknown = [a for a in extra if a not in overrides]
+    if unknown or (overrides and not getattr(args, "accepts_overrides", False)):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
+    args.overrides = overrides
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"asrforge: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("asrforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

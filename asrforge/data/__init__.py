@@ -1,0 +1,1 @@
+"""Speech data: the synthetic corpora, features, datasets, batching."""

@@ -1,0 +1,74 @@
+"""Reading audio: decode bytes or files with soundfile, downmix to mono, resample to 16 kHz."""
+
+from __future__ import annotations
+
+import io
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from asrforge.errors import UserError
+
+SAMPLE_RATE = 16_000
+
+
+def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Decode wav/flac/ogg/mp3 (whatever libsndfile reads) to mono float32 at ``target_sr``.
+
+    Raises:
+        UserError: the file cannot be read, naming it.
+    """
+    name = "<bytes>" if isinstance(source, bytes) else str(source)
+    try:
+        handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+        wave, sr = sf.read(handle, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+        raise UserError(f"cannot read audio {name}: {e}") from None
+    wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+    return resample(wave, sr, target_sr)
+
+
+def audio_info(source: bytes | str | Path) -> tuple[int, float]:
+    """(sample rate, duration in seconds) from the header only."""
+    handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    info = sf.info(handle)
+    return int(info.samplerate), float(info.frames) / float(info.samplerate)
+
+
+def resample(wave: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
+    """Band-limited resampling (windowed sinc, Hann window, 6 zero crossings).
+
+    Args:
+        wave: (n_samples,) float32.
+    """
+    if sr_from == sr_to:
+        return np.ascontiguousarray(wave, dtype=np.float32)
+    g = math.gcd(sr_from, sr_to)
+    up, down = sr_to // g, sr_from // g
+    kernel, width = _sinc_kernel(down, up)
+    x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))[None, None]
+    x = torch.nn.functional.pad(x, (width, width + down))
+    y = torch.nn.functional.conv1d(x, kernel, stride=down)  # (1, up, frames)
+    y = y.transpose(1, 2).reshape(-1)
+    n_out = math.ceil(up * wave.shape[0] / down)
+    return y[:n_out].numpy().astype(np.float32)
+
+
+@lru_cache(maxsize=16)
+def _sinc_kernel(orig: int, new: int, zeros: int = 6, rolloff: float = 0.99) -> tuple[torch.Tensor, int]:
+    # The polyphase construction torchaudio uses: `new` filters of length 2*width+orig.
+    base = min(orig, new) * rolloff
+    width = math.ceil(zeros * orig / base)
+    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
+    t = torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx
+    t = (t * base).clamp(-zeros, zeros)
+    window = torch.cos(t * math.pi / zeros / 2) ** 2
+    t = t * math.pi
+    scale = base / orig
+    kernels = torch.where(t == 0, torch.tensor(1.0, dtype=torch.float64), t.sin() / t)
+    kernels = kernels * window * scale
+    return kernels.to(torch.float32), width

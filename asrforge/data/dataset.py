@@ -1,0 +1,232 @@
+"""ASR datasets: an Arrow split -> filtered utterances -> (log-mel, prompt, labels) batches.
+
+Filtering happens once, up front, in the main process: empty text, labels longer than the
+decoder allows, unreadable or over-long audio are skipped with their ids and counted, so an
+epoch never crashes halfway. Log-mels are computed in DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from asrforge.config import DataConfig
+from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
+from asrforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100  # label id the loss skips
+
+
+def load_arrow(path: Path):
+    """``datasets.load_from_disk`` with audio left undecoded (we decode with soundfile)."""
+    import datasets
+    from datasets import Audio
+
+    datasets.disable_progress_bars()
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"data.path: {path} does not exist (set data.generate: tones to make a small one)")
+    try:
+        dd = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"data.path: {path} is not a dataset saved with save_to_disk: {e}") from None
+    if isinstance(dd, datasets.Dataset):
+        raise UserError(f"data.path: {path} holds one split; save a DatasetDict with named splits")
+    for name, split in dd.items():
+        missing = {"audio", "text", "language"} - set(split.column_names)
+        if missing:
+            raise UserError(f"data.path: split {name!r} lacks columns {sorted(missing)}")
+        if isinstance(split.features["audio"], Audio):
+            dd[name] = split.cast_column("audio", Audio(decode=False))
+    return dd
+
+
+@dataclass
+class Utterance:
+    row: int  # row in the Arrow split
+    uid: str
+    language: str
+    text: str
+    prompt: list[int]
+    text_ids: list[int]
+
+
+@dataclass
+class SkipReport:
+    """What filtering dropped, by reason."""
+
+    split: str
+    total: int = 0
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, reason: str, uid: str) -> None:
+        self.skipped.setdefault(reason, []).append(uid)
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(len(v) for v in self.skipped.values())
+
+    def log(self, out_dir: Path | None) -> None:
+        if not self.n_skipped:
+            log.info("split %s: %d utterances, none skipped", self.split, self.total)
+            return
+        counts = ", ".join(f"{len(v)} {k}" for k, v in self.skipped.items())
+        ids = [u for v in self.skipped.values() for u in v]
+        shown = ", ".join(ids[:20]) + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else "")
+        where = ""
+        if out_dir is not None:
+            target = Path(out_dir) / f"skipped-{self.split}.json"
+            target.write_text(json.dumps(self.skipped, indent=1))
+            where = f"; all ids in {target}"
+        log.warning(
+            "split %s: skipped %d of %d utterances (%s): %s%s",
+            self.split, self.n_skipped, self.total, counts, shown, where,
+        )
+
+
+def prepare_split(
+    split,
+    name: str,
+    *,
+    cfg: DataConfig,
+    tokenizer,
+    specials,
+    max_target_positions: int,
+    max_seconds: float,
+) -> tuple[list[Utterance], SkipReport]:
+    """Tokenize and check every utterance of ``split``; return the usable ones and a report."""
+    report = SkipReport(split=name, total=len(split))
+    keep_langs = set(cfg.languages) if cfg.languages else None
+    ids = split["id"] if "id" in split.column_names else [f"{name}-{i}" for i in range(len(split))]
+    texts, langs = split["text"], split["language"]
+    out: list[Utterance] = []
+    row = 0
+    for batch in split.select_columns(["audio"]).iter(batch_size=256):
+        for audio in batch["audio"]:
+            uid, text, lang = str(ids[row]), texts[row], langs[row]
+            r, row = row, row + 1
+            if keep_langs is not None and lang not in keep_langs:
+                continue
+            if text is None or not text.strip():
+                report.add("empty text", uid)
+                continue
+            if specials.multilingual and lang not in specials.languages:
+                report.add("language without a token", uid)
+                continue
+            blob = audio.get("bytes") if isinstance(audio, dict) else None
+            src = blob if blob else (audio.get("path") if isinstance(audio, dict) else None)
+            try:
+                if not src:
+                    raise ValueError("no audio")
+                _, seconds = audio_info(src)
+            except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
+                report.add("unreadable audio", uid)
+                continue
+            if seconds > max_seconds:
+                report.add(f"audio longer than {max_seconds:g} s", uid)
+                continue
+            text_ids = tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+            prompt = specials.prompt(lang, cfg.task)
+            if len(prompt) + len(text_ids) + 1 > max_target_positions:
+                report.add(f"labels longer than {max_target_positions} tokens", uid)
+                continue
+            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids))
+    return out, report
+
+
+class SpeechDataset(Dataset):
+    """Utterances -> dicts with ``input_features: (n_mels, n_frames)`` float32, ``decoder_input_ids``
+    and ``labels`` (same length; the prompt's positions are ``IGNORE`` in labels).
+
+    A clip that fails to decode in a worker yields ``None`` (the collator drops it and records
+    its id), never an exception that would end the epoch.
+    """
+
+    def __init__(self, split, utterances: list[Utterance], feature_extractor, eot: int):
+        self.split = split
+        self.utts = utterances
+        self.fe = feature_extractor
+        self.eot = eot
+
+    def __len__(self) -> int:
+        return len(self.utts)
+
+    def __getitem__(self, i: int) -> dict | None:
+        u = self.utts[i]
+        audio = self.split[u.row]["audio"]
+        try:
+            wave = decode_audio(audio.get("bytes") or audio.get("path"))
+        except Exception:  # noqa: BLE001
+            return {"dropped": u.uid}
+        feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+        dec = u.prompt + u.text_ids
+        labels = [IGNORE] * (len(u.prompt) - 1) + u.text_ids + [self.eot]
+        return {
+            "input_features": torch.from_numpy(np.asarray(feats, dtype=np.float32)),
+            "decoder_input_ids": torch.tensor(dec, dtype=torch.long),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "index": i,
+            "uid": u.uid,
+            "language": u.language,
+            "text": u.text,
+        }
+
+
+@dataclass
+class Collator:
+    """Pads a list of items into a batch; ``pad_id`` pads decoder inputs, ``IGNORE`` pads labels."""
+
+    pad_id: int
+
+    def __call__(self, items: list[dict]) -> dict:
+        dropped = [it["dropped"] for it in items if "dropped" in it]
+        items = [it for it in items if "dropped" not in it]
+        if not items:
+            return {"size": 0, "dropped": dropped}
+        t = max(len(it["labels"]) for it in items)
+        dec = torch.full((len(items), t), self.pad_id, dtype=torch.long)
+        lab = torch.full((len(items), t), IGNORE, dtype=torch.long)
+        for r, it in enumerate(items):
+            n = len(it["labels"])
+            dec[r, :n] = it["decoder_input_ids"]
+            lab[r, :n] = it["labels"]
+        return {
+            "input_features": torch.stack([it["input_features"] for it in items]),
+            "decoder_input_ids": dec,
+            "labels": lab,
+            "index": [it["index"] for it in items],
+            "uid": [it["uid"] for it in items],
+            "language": [it["language"] for it in items],
+            "text": [it["text"] for it in items],
+            "size": len(items),
+            "dropped": dropped,
+        }
+
+
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+    """The shuffled batches of one epoch, a pure function of (seed, epoch): resuming at batch k
+    of an epoch replays exactly the batches an uninterrupted run would have seen."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g).tolist()
+    batches = [perm[i : i + batch_size] for i in range(0, n, batch_size)]
+    return batches[rank::world]
+
+
+def eval_batches(utts: list[Utterance], batch_size: int) -> list[list[int]]:
+    """Evaluation batches ordered by label length (longest first) so a batch decodes about as
+    many steps as its members need."""
+    order = sorted(range(len(utts)), key=lambda i: -len(utts[i].text_ids))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def language_counts(utts: list[Utterance]) -> Counter:
+    return Counter(u.language for u in utts)

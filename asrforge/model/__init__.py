@@ -1,0 +1,1 @@
+"""Model and tokenizer building (``ModelConfig`` -> ``WhisperForConditionalGeneration``)."""

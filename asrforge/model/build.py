@@ -1,0 +1,165 @@
+"""``ModelConfig`` -> tokenizer, ``WhisperForConditionalGeneration`` and feature extractor."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+from transformers import logging as hf_logging
+
+from asrforge.config import ModelConfig
+from asrforge.errors import UserError
+from asrforge.model.tokenizer import (
+    SpecialTokens,
+    WhisperTokenizer,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+HOP_LENGTH = 160  # 100 feature frames per second; the encoder's stride-2 conv halves that
+
+
+@dataclass
+class ModelBundle:
+    """What the loop needs of the model side."""
+
+    model: WhisperForConditionalGeneration
+    tokenizer: WhisperTokenizer
+    specials: SpecialTokens
+    features: WhisperFeatureExtractor
+
+
+def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str] | None = None) -> WhisperTokenizer:
+    """The tokenizer the config asks for: ``cfg.tokenizer``, the pretrained model's, or a BPE
+    trained on ``train_texts`` for a from-scratch model."""
+    if cfg.tokenizer is not None:
+        return load_tokenizer(cfg.tokenizer)
+    if cfg.pretrained is not None:
+        return load_tokenizer(cfg.pretrained)
+    if train_texts is None:
+        raise UserError("model.tokenizer is not set and there are no training texts to build one")
+    return train_bpe_tokenizer(train_texts, cfg.bpe_vocab_size)
+
+
+def is_multilingual(cfg: ModelConfig) -> bool:
+    """English-only Whisper models (``*.en``) have no language or task token in their prompt."""
+    if cfg.pretrained is None:
+        return True
+    gen = Path(cfg.pretrained) / "generation_config.json"
+    if gen.is_file():
+        flag = json.loads(gen.read_text()).get("is_multilingual")
+        if flag is not None:
+            return bool(flag)
+    vocab = json.loads((Path(cfg.pretrained) / "config.json").read_text())["vocab_size"]
+    return vocab >= 51865  # transformers' own rule for Whisper checkpoints
+
+
+def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> ModelBundle:
+    """Build (from scratch) or load (from ``cfg.pretrained``) the model.
+
+    Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``.
+    """
+    specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg))
+    if cfg.pretrained is not None:
+        model = _load_pretrained(cfg)
+        if model.config.vocab_size != len(tokenizer):
+            raise UserError(
+                f"model.tokenizer has {len(tokenizer)} tokens but the pretrained model "
+                f"{cfg.pretrained} has {model.config.vocab_size}: extend the vocabulary with "
+                "`asrforge vocab build` instead of pointing at another tokenizer"
+            )
+        n_mels, chunk = model.config.num_mel_bins, model.config.max_source_positions / 50
+    else:
+        wcfg = WhisperConfig(
+            vocab_size=len(tokenizer),
+            num_mel_bins=cfg.num_mel_bins,
+            d_model=cfg.d_model,
+            encoder_layers=cfg.encoder_layers,
+            decoder_layers=cfg.decoder_layers,
+            encoder_attention_heads=cfg.encoder_attention_heads,
+            decoder_attention_heads=cfg.decoder_attention_heads,
+            encoder_ffn_dim=cfg.encoder_ffn_dim,
+            decoder_ffn_dim=cfg.decoder_ffn_dim,
+            max_source_positions=cfg.max_source_positions,
+            max_target_positions=cfg.max_target_positions,
+            dropout=cfg.dropout,
+            decoder_start_token_id=specials.sot,
+            eos_token_id=specials.eot,
+            pad_token_id=specials.eot,
+            bos_token_id=specials.eot,
+            begin_suppress_tokens=None,
+            suppress_tokens=None,
+        )
+        wcfg._attn_implementation = cfg.attn_implementation  # noqa: SLF001
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = WhisperForConditionalGeneration(wcfg)
+        n_mels, chunk = cfg.num_mel_bins, cfg.chunk_seconds
+    _set_generation_defaults(model, specials)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.freeze_encoder:
+        for p in model.model.encoder.parameters():
+            p.requires_grad_(False)
+    features = WhisperFeatureExtractor(
+        feature_size=n_mels,
+        sampling_rate=SAMPLE_RATE,
+        hop_length=HOP_LENGTH,
+        chunk_length=int(chunk),
+        n_fft=400,
+    )
+    return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
+    path = Path(cfg.pretrained)
+    if not (path / "config.json").is_file():
+        raise UserError(f"model.pretrained: {path} is not a transformers model directory (no config.json)")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return WhisperForConditionalGeneration.from_pretrained(
+            str(path),
+            local_files_only=True,
+            use_safetensors=True,  # never unpickle a weights file
+            attn_implementation=cfg.attn_implementation,
+            dropout=cfg.dropout,
+        )
+    except (OSError, ValueError) as e:
+        raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _set_generation_defaults(model: WhisperForConditionalGeneration, specials: SpecialTokens) -> None:
+    """Generation settings so that transformers' ``generate`` and pipeline agree with ours."""
+    gc = model.generation_config
+    gc.decoder_start_token_id = specials.sot
+    gc.eos_token_id = specials.eot
+    gc.pad_token_id = specials.eot
+    gc.no_timestamps_token_id = specials.no_timestamps
+    gc.is_multilingual = specials.multilingual
+    if specials.multilingual:
+        gc.lang_to_id = {f"<|{c}|>": i for c, i in specials.languages.items()}
+        gc.task_to_id = dict(specials.tasks)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts; tied weights counted once."""
+    seen, total, trainable = set(), 0, 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return total, trainable

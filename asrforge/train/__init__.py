@@ -1,0 +1,1 @@
+"""The training loop, its state, events and evaluation."""

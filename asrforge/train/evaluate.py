@@ -1,0 +1,191 @@
+"""Evaluation: teacher-forced loss and greedy decoding from one encoder pass per batch.
+
+``evaluate()`` returns corpus metrics (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts and a
+per-language breakdown) and one prediction record per utterance. WER and CER are computed on
+``asrforge.text.normalize``-d strings (Whisper's English normalizer for English, a basic one
+elsewhere); ``wer_raw`` and ``cer_raw`` are on the strings as decoded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from asrforge.data.dataset import IGNORE
+from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
+
+
+@torch.no_grad()
+def greedy_decode(
+    model,
+    encoder_hidden: torch.Tensor,
+    prompts: torch.Tensor,
+    eot: int,
+    max_new_tokens: int,
+) -> tuple[list[list[int]], list[bool]]:
+    """Greedy decoding with a KV cache; a batch stops as soon as every sequence emitted EOT.
+
+    Args:
+        encoder_hidden: (batch, frames, d_model) encoder output.
+        prompts: (batch, prompt_len) forced prefix ids (start, language, task, no-timestamps).
+        max_new_tokens: cap on generated tokens per sequence (the decoder's own limit applies too).
+
+    Returns:
+        The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
+    """
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    decoder = model.model.decoder
+    b, p = prompts.shape
+    cap = min(max_new_tokens, model.config.max_target_positions - p)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    tokens = prompts
+    out = torch.empty((b, 0), dtype=torch.long, device=prompts.device)
+    done = torch.zeros(b, dtype=torch.bool, device=prompts.device)
+    for _ in range(cap):
+        h = decoder(
+            input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache, use_cache=True
+        ).last_hidden_state[:, -1]
+        nxt = model.proj_out(h).argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, eot), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == eot
+        if bool(done.all()):
+            break
+        tokens = nxt[:, None]
+    seqs, hit_cap = [], []
+    for row in out.tolist():
+        n = row.index(eot) if eot in row else len(row)
+        seqs.append(row[:n])
+        hit_cap.append(eot not in row)
+    return seqs, hit_cap
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over positions whose label is not ``IGNORE``.
+
+    Args:
+        logits: (batch, seq, vocab); labels: (batch, seq).
+    """
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+        ignore_index=IGNORE, reduction=reduction,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model,
+    batches: Iterable[dict],
+    *,
+    tokenizer,
+    eot: int,
+    max_new_tokens: int = 256,
+    device: torch.device | str = "cpu",
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> tuple[dict, list[dict]]:
+    """Evaluate ``model`` on collated batches (see ``asrforge.data.dataset.Collator``).
+
+    Returns:
+        (metrics, predictions). ``metrics`` has ``loss`` (token-weighted mean cross-entropy),
+        ``wer``, ``cer``, ``wer_raw``, ``cer_raw``, ``n``, ``rep_trap_count``, ``rep_trap_rate``,
+        ``hit_cap_count`` and ``per_language`` ({lang: {wer, cer, loss, n, ...}}).
+    """
+    was_training = model.training
+    model.eval()
+    loss_sum, tok_sum = 0.0, 0
+    preds: list[dict] = []
+    try:
+        for batch in batches:
+            if not batch.get("size"):
+                continue
+            feats = batch["input_features"].to(device)
+            dec_in = batch["decoder_input_ids"].to(device)
+            labels = batch["labels"].to(device)
+            prompt_len = _prompt_length(labels)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                enc = model.model.encoder(feats).last_hidden_state
+                h = model.model.decoder(input_ids=dec_in, encoder_hidden_states=enc).last_hidden_state
+                logits = model.proj_out(h)
+                per_tok = token_loss(logits, labels, reduction="none").view(labels.shape)
+                seqs, hit_cap = greedy_decode(model, enc, dec_in[:, :prompt_len], eot, max_new_tokens)
+            mask = labels != IGNORE
+            loss_sum += float(per_tok[mask].sum())
+            tok_sum += int(mask.sum())
+            utt_loss = (per_tok * mask).sum(1) / mask.sum(1).clamp(min=1)
+            for i, ids in enumerate(seqs):
+                hyp = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                flags = repetition_flags(hyp, n_tokens=len(ids), max_new_tokens=max_new_tokens)
+                flags["hit_cap"] = bool(flags.get("hit_cap")) or hit_cap[i]
+                preds.append(
+                    {
+                        "uid": batch["uid"][i],
+                        "language": batch["language"][i],
+                        "ref": batch["text"][i],
+                        "hyp": hyp,
+                        "n_tokens": len(ids),
+                        "loss": float(utt_loss[i]),
+                        "n_label_tokens": int(mask[i].sum()),
+                        **flags,
+                    }
+                )
+    finally:
+        model.train(was_training)
+    metrics = summarize(preds)
+    metrics["loss"] = loss_sum / tok_sum if tok_sum else math.nan
+    return metrics, preds
+
+
+def _prompt_length(labels: torch.Tensor) -> int:
+    """Prompt length from the labels: the prompt's positions (all but its last) are IGNORE."""
+    first = labels[0]
+    n_ignored = 0
+    while n_ignored < first.shape[0] and int(first[n_ignored]) == IGNORE:
+        n_ignored += 1
+    return n_ignored + 1
+
+
+def summarize(preds: list[dict]) -> dict:
+    """Corpus metrics over prediction records, overall and per language."""
+    by_lang: dict[str, list[dict]] = defaultdict(list)
+    for p in preds:
+        by_lang[p["language"]].append(p)
+    metrics = _metrics_of(preds)
+    metrics["per_language"] = {lang: _metrics_of(ps) for lang, ps in sorted(by_lang.items())}
+    langs = list(by_lang)
+    metrics["wer_reliable"] = all(primary_metric(lang) == "wer" for lang in langs)
+    return metrics
+
+
+def _metrics_of(preds: list[dict]) -> dict:
+    if not preds:
+        return {"n": 0, "wer": math.nan, "cer": math.nan}
+    refs = [normalize(p["ref"], p["language"]) for p in preds]
+    hyps = [normalize(p["hyp"], p["language"]) for p in preds]
+    raw_refs = [p["ref"] for p in preds]
+    raw_hyps = [p["hyp"] for p in preds]
+    n_tok = sum(p.get("n_label_tokens", 0) for p in preds)
+    out = {
+        "n": len(preds),
+        "wer": _safe(wer, refs, hyps),
+        "cer": _safe(cer, refs, hyps),
+        "wer_raw": _safe(wer, raw_refs, raw_hyps),
+        "cer_raw": _safe(cer, raw_refs, raw_hyps),
+        "loss": sum(p.get("loss", 0.0) * p.get("n_label_tokens", 0) for p in preds) / n_tok
+        if n_tok
+        else math.nan,
+    }
+    out.update(summarize_flags(preds))
+    return out
+
+
+def _safe(fn, refs: list[str], hyps: list[str]) -> float:
+    try:
+        return float(fn(refs, hyps))
+    except ValueError:
+        return math.nan

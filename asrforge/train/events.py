@@ -1,0 +1,153 @@
+"""Events and the callback protocol.
+
+The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``). Callbacks
+observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
+optional callback that raises is logged with its name and the run goes on; a critical one
+stops the run with :class:`CriticalCallbackError`.
+
+Events and their payloads (every event also gets ``state: TrainState``):
+
+============== ==================================================================================
+event          payload
+============== ==================================================================================
+on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, precision, device)
+on_epoch_begin ``epoch: int``
+on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
+on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
+               ``grad_norm`` (before clipping; None when skipped), ``skipped`` (bool),
+               ``samples``, ``tokens``, ``step_seconds``
+on_eval_begin  ``split: str``
+on_eval_end    ``metrics: dict`` (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts,
+               ``per_language``), ``decision: Decision`` (save?, reason, stop?)
+on_predict_end ``predictions: list[dict]`` — one per utterance: ``uid``, ``language``, ``ref``,
+               ``hyp``, ``n_tokens``, flags
+on_save        ``path: Path``, ``kind: str`` (``step``, ``best``, ``final``, ``interrupt``)
+on_epoch_end   ``epoch: int``
+on_train_end   ``result: FitResult``
+on_exception   ``error: BaseException`` (then the error propagates)
+============== ==================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asrforge.train.state import TrainState
+
+log = logging.getLogger("asrforge.callbacks")
+
+EVENTS = (
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_step_begin",
+    "on_step_end",
+    "on_eval_begin",
+    "on_eval_end",
+    "on_predict_end",
+    "on_save",
+    "on_epoch_end",
+    "on_train_end",
+    "on_exception",
+)
+
+
+class CriticalCallbackError(RuntimeError):
+    """A callback marked critical failed: the run stops."""
+
+
+@dataclass
+class RunInfo:
+    """What ``on_train_begin`` tells callbacks about the run."""
+
+    config: Any
+    output_dir: Path
+    model: Any
+    tokenizer: Any
+    n_params: int
+    n_trainable: int
+    precision: str
+    device: str
+    world_size: int
+    is_main: bool
+    n_train: int
+    n_eval: int
+    selection: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Decision:
+    """What the selection policy made of one evaluation."""
+
+    save: bool
+    reason: str
+    should_stop: bool = False
+    stop_reason: str | None = None
+
+
+class Callback:
+    """Base class: override the events you need. Every method gets ``state`` first.
+
+    Attributes:
+        name: the registered name (used in logs and in the checkpoint's callback state).
+        critical: a critical callback's failure stops the run.
+        rank_zero_only: called only on the main process (all file-writing callbacks).
+    """
+
+    name: str = "callback"
+    critical: bool = False
+    rank_zero_only: bool = True
+
+    def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None: ...
+    def on_epoch_begin(self, state: TrainState, *, epoch: int) -> None: ...
+    def on_step_begin(self, state: TrainState, *, step: int) -> None: ...
+    def on_step_end(self, state: TrainState, *, metrics: dict) -> None: ...
+    def on_eval_begin(self, state: TrainState, *, split: str) -> None: ...
+    def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None: ...
+    def on_predict_end(self, state: TrainState, *, predictions: list[dict]) -> None: ...
+    def on_save(self, state: TrainState, *, path: Path, kind: str) -> None: ...
+    def on_epoch_end(self, state: TrainState, *, epoch: int) -> None: ...
+    def on_train_end(self, state: TrainState, *, result: Any) -> None: ...
+    def on_exception(self, state: TrainState, *, error: BaseException) -> None: ...
+
+    def state_dict(self) -> dict:
+        """JSON-able state saved with every checkpoint (restored on resume)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class CallbackList:
+    """Calls an event on every callback, in order, isolating optional failures."""
+
+    def __init__(self, callbacks: list[Callback], *, is_main: bool = True):
+        self.callbacks = [c for c in callbacks if is_main or not c.rank_zero_only]
+        self.failures: dict[str, int] = {}
+
+    def call(self, event: str, state: TrainState, **payload: Any) -> None:
+        for cb in self.callbacks:
+            try:
+                getattr(cb, event)(state, **payload)
+            except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
+                if cb.critical:
+                    raise CriticalCallbackError(
+                        f"critical callback {cb.name!r} failed in {event}: {type(e).__name__}: {e}"
+                    ) from e
+                key = f"{cb.name}.{event}"
+                self.failures[key] = self.failures.get(key, 0) + 1
+                log.error(
+                    "callback %r failed in %s (%s: %s); the run goes on",
+                    cb.name, event, type(e).__name__, e, exc_info=self.failures[key] == 1,
+                )
+
+    def state_dict(self) -> dict[str, dict]:
+        return {cb.name: cb.state_dict() for cb in self.callbacks}
+
+    def load_state_dict(self, states: dict[str, dict]) -> None:
+        for cb in self.callbacks:
+            if cb.name in states:
+                cb.load_state_dict(states[cb.name])

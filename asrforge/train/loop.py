@@ -1,0 +1,301 @@
+"""The training loop: one visible function, ``Trainer.fit``, top to bottom.
+
+Per micro-batch: forward (autocast) -> loss -> backward (scaled under fp16). Every
+``grad_accum`` micro-batches: unscale -> clip -> step (skipped and counted on inf/nan) ->
+zero grads -> LR step -> EMA. Every ``eval_steps``: evaluate -> selection policy -> save /
+patience. Callbacks observe events and may raise ``state.should_stop`` / ``state.should_save``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asrforge.config import TrainConfig
+from asrforge.train.evaluate import evaluate, token_loss
+from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
+from asrforge.train.optim import EMA, build_optimizer, build_scheduler
+from asrforge.train.setup import RunSetup, choose_precision, prepare_run
+from asrforge.train.state import TrainState
+
+log = logging.getLogger("asrforge.train")
+
+
+@dataclass
+class FitResult:
+    """How a run ended."""
+
+    status: str  # "completed", "stopped", "interrupted", "diverged"
+    reason: str
+    step: int
+    best_step: int | None
+    best: dict[str, float]
+    output_dir: Path
+    last_metrics: dict = field(default_factory=dict)
+
+
+class Trainer:
+    """Runs one training job described by a ``TrainConfig``.
+
+    Args:
+        cfg: the resolved config.
+        callbacks: observers (see ``asrforge.callbacks.build_callbacks``).
+    """
+
+    def __init__(self, cfg: TrainConfig, callbacks: list[Callback] | None = None):
+        self.cfg = cfg
+        self.user_callbacks = list(callbacks or [])
+        self._signal: str | None = None
+
+    # ------------------------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> FitResult:
+        """Train until ``max_steps``, early stopping, a step cap, a signal or divergence."""
+        cfg = self.cfg
+        precision, why_precision = choose_precision(cfg.train.precision, cfg.train.device)
+        run: RunSetup = prepare_run(cfg, precision=precision, resume=resume)
+        acc, model, bundle = run.accelerator, run.model, run.model_bundle
+        log.info("precision: %s (%s)", precision, why_precision)
+
+        optimizer = build_optimizer(model, cfg.optim)
+        max_steps = run.max_steps
+        scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
+        model, optimizer = acc.prepare(model, optimizer)
+        raw_model = acc.unwrap_model(model)
+        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        state = TrainState()
+        callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
+
+        if run.resume_from is not None:
+            ckpt = run.resume_from
+            raw_model.load_state_dict(ckpt.model, strict=True)
+            optimizer.load_state_dict(ckpt.optimizer)
+            scheduler.load_state_dict(ckpt.scheduler)
+            if ckpt.scaler and acc.scaler is not None:
+                acc.scaler.load_state_dict(ckpt.scaler)
+            if ema is not None and ckpt.ema is not None:
+                ema.load_state_dict(ckpt.ema)
+            state = TrainState.from_dict(ckpt.train_state)
+            if state.selection:
+                run.selector.load_state_dict(state.selection)
+            run.checkpoints.load_state_dict(ckpt.callbacks.get("_checkpoints", {}))
+            callbacks.load_state_dict(ckpt.callbacks)
+            run.restore_rng(ckpt.rng)
+            log.info("resumed from %s at step %d (epoch %d, batch %d)",
+                     ckpt.path, state.step, state.epoch, state.batch_in_epoch)
+
+        info = RunInfo(
+            config=cfg, output_dir=run.output_dir, model=raw_model, tokenizer=bundle.tokenizer,
+            n_params=run.n_params[0], n_trainable=run.n_params[1], precision=precision,
+            device=str(acc.device), world_size=acc.num_processes, is_main=acc.is_main_process,
+            n_train=len(run.train_set), n_eval=len(run.eval_set), selection=run.selector.why,
+        )
+        last_metrics: dict = {}
+        status, reason = "completed", f"reached max_steps={max_steps}"
+        self._install_signal_handlers()
+
+        def do_eval() -> tuple[dict, Decision]:
+            callbacks.call("on_eval_begin", state, split=cfg.data.eval_split)
+            with ema.swapped_in(raw_model) if ema is not None else _nullcontext():
+                metrics, preds = evaluate(
+                    raw_model, run.eval_loader(), tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
+                    max_new_tokens=cfg.eval.max_new_tokens, device=acc.device, autocast=acc.autocast,
+                )
+            metrics, preds = run.gather_eval(metrics, preds)
+            d = run.selector.update(metrics, step=state.step)
+            decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
+            state.selection = run.selector.state_dict()
+            state.last_eval_step = state.step
+            for k in ("wer", "cer", "loss"):
+                v = metrics.get(k)
+                if v is not None and not math.isnan(v) and v < state.best.get(k, math.inf):
+                    state.best[k] = v
+            if decision.save:
+                state.best_step = state.step
+            run.write_eval_records(state.step, metrics, preds, decision)
+            log.info(
+                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s", state.step,
+                metrics["loss"], metrics["wer"], metrics["cer"], metrics["n"],
+                f" rep-trap {metrics.get('rep_trap_count', 0)}", decision.reason,
+            )
+            callbacks.call("on_predict_end", state, predictions=preds)
+            callbacks.call("on_eval_end", state, metrics=metrics, decision=decision)
+            if decision.should_stop:
+                state.should_stop = True
+                state.stop_reason = decision.stop_reason
+            return metrics, decision
+
+        last_saved = [state.step if run.resume_from is not None else None]
+
+        def save(kind: str, metrics: dict | None, is_best: bool) -> None:
+            state.should_save = False
+            last_saved[0] = state.step
+            cb_states = callbacks.state_dict()
+            cb_states["_checkpoints"] = run.checkpoints.state_dict()
+            path = run.save_checkpoint(
+                step=state.step, model=raw_model, ema=ema, optimizer=optimizer, scheduler=scheduler,
+                scaler=acc.scaler, state=state, callback_states=cb_states, metrics=metrics,
+                is_best=is_best,
+            )
+            if path is not None:
+                callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
+
+        try:
+            callbacks.call("on_train_begin", state, run=info)
+            model.train()
+            accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
+            t_step = time.perf_counter()
+            while state.step < max_steps and not state.should_stop:
+                if cfg.train.max_epochs is not None and state.epoch >= cfg.train.max_epochs:
+                    status, reason = "completed", f"reached max_epochs={cfg.train.max_epochs}"
+                    break
+                if state.batch_in_epoch == 0:
+                    callbacks.call("on_epoch_begin", state, epoch=state.epoch)
+                for batch in run.train_loader(state.epoch, state.batch_in_epoch):
+                    if accum == 0:
+                        callbacks.call("on_step_begin", state, step=state.step + 1)
+                    state.batch_in_epoch += 1
+                    state.dropped_utterances.extend(batch["dropped"])
+                    if batch["dropped"]:
+                        log.warning("dropped clips that failed to decode: %s", batch["dropped"])
+                    accum += 1
+                    if batch["size"]:
+                        labels = batch["labels"].to(acc.device)
+                        sync = accum == cfg.train.grad_accum
+                        with acc.no_sync(model) if not sync else _nullcontext(), acc.autocast():
+                            logits = model(
+                                input_features=batch["input_features"].to(acc.device),
+                                decoder_input_ids=batch["decoder_input_ids"].to(acc.device),
+                                use_cache=False,
+                            ).logits
+                            loss = token_loss(logits, labels)
+                        acc.backward(loss / cfg.train.grad_accum)
+                        step_loss += float(loss.detach()) / cfg.train.grad_accum
+                        step_samples += batch["size"]
+                        step_tokens += int((labels >= 0).sum())
+                    if accum < cfg.train.grad_accum:
+                        continue
+
+                    # ---- optimizer step: unscale -> clip -> step (or skip) -> schedule -> EMA
+                    accum = 0
+                    params = [p for p in raw_model.parameters() if p.requires_grad]
+                    clip = cfg.optim.clip_grad_norm or float("inf")
+                    grad_norm = float(acc.clip_grad_norm_(params, clip))
+                    finite = math.isfinite(step_loss) and math.isfinite(grad_norm)
+                    if finite:
+                        optimizer.step()
+                        skipped = bool(acc.optimizer_step_was_skipped)
+                    else:
+                        skipped = True
+                    optimizer.zero_grad(set_to_none=True)
+                    scheduler.step()
+                    if ema is not None and not skipped:
+                        ema.update(raw_model)
+                    state.step += 1
+                    state.samples_seen += step_samples
+                    if skipped:
+                        state.skipped_steps += 1
+                        log.warning("step %d skipped: non-finite %s", state.step,
+                                    "loss" if not math.isfinite(step_loss) else "gradient")
+                    state.consecutive_nonfinite = state.consecutive_nonfinite + 1 if not finite else 0
+                    if math.isfinite(step_loss):
+                        rl = state.running_loss
+                        state.running_loss = step_loss if rl is None else 0.98 * rl + 0.02 * step_loss
+                    now = time.perf_counter()
+                    metrics = {
+                        "loss": step_loss, "lr": scheduler.get_last_lr()[0],
+                        "lr_groups": {g.get("name", str(i)): g["lr"]
+                                      for i, g in enumerate(optimizer.param_groups)},
+                        "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                        "skipped": skipped, "samples": step_samples, "tokens": step_tokens,
+                        "step_seconds": now - t_step,
+                    }
+                    step_loss, step_samples, step_tokens, t_step = 0.0, 0, 0, now
+                    callbacks.call("on_step_end", state, metrics=metrics)
+
+                    if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+                        status = "diverged"
+                        reason = (
+                            f"{state.consecutive_nonfinite} optimizer steps in a row had a non-finite "
+                            f"loss or gradient (last at step {state.step}); try a lower optim.lr "
+                            f"(now {cfg.optim.lr:g}), optim.clip_grad_norm, a longer optim.warmup_steps, "
+                            "or train.precision: bf16 instead of fp16"
+                        )
+                        state.should_stop = True
+                        break
+                    is_best = False
+                    if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
+                        last_metrics, decision = do_eval()
+                        is_best = decision.save
+                        state.should_save |= cfg.checkpoint.save_on_eval or is_best
+                    every = cfg.checkpoint.checkpoint_every
+                    if every and state.step % every == 0:
+                        state.should_save = True
+                    if self._signal is not None:
+                        status, reason = "interrupted", f"received {self._signal}"
+                        state.should_stop = True
+                        state.should_save = True
+                    if state.should_save:
+                        save("step", last_metrics if state.last_eval_step == state.step else None,
+                             is_best)
+                    if state.should_stop or state.step >= max_steps:
+                        break
+                else:
+                    callbacks.call("on_epoch_end", state, epoch=state.epoch)
+                    state.epoch += 1
+                    state.batch_in_epoch = 0
+                    continue
+                break
+
+            if state.should_stop and status == "completed":
+                status, reason = "stopped", state.stop_reason or "stopped by a callback"
+            if status in ("completed", "stopped"):
+                if cfg.eval.at_end and state.last_eval_step != state.step:
+                    last_metrics, decision = do_eval()
+                    save("final", last_metrics, decision.save)
+                elif last_saved[0] != state.step:
+                    save("final", None, False)
+            result = FitResult(status, reason, state.step, state.best_step, dict(state.best),
+                               run.output_dir, last_metrics)
+            log.info("run %s at step %d: %s", status, state.step, reason)
+            callbacks.call("on_train_end", state, result=result)
+            return result
+        except BaseException as e:
+            callbacks.call("on_exception", state, error=e)
+            raise
+        finally:
+            self._restore_signal_handlers()
+            run.close()
+
+    # ------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        self._previous = {}
+
+        def handler(signum, _frame):
+            name = signal.Signals(signum).name
+            if self._signal is not None:  # a second signal: stop now
+                raise KeyboardInterrupt(name)
+            self._signal = name
+            log.warning("%s received: finishing this step, saving, then exiting", name)
+
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = {}
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, h in self._previous.items():
+            signal.signal(sig, h)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+

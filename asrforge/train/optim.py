@@ -1,0 +1,106 @@
+"""AdamW with an embedding learning-rate group, the LR schedule, and an EMA of the weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from asrforge.config import OptimConfig
+
+EMBEDDING_PARAMS = ("embed_tokens", "embed_positions")
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters in three groups: embeddings (``lr`` x
+    ``embedding_lr_scale``, no decay), weights (decay), biases and norms (no decay)."""
+    groups: dict[str, list[torch.nn.Parameter]] = {"embeddings": [], "decay": [], "no_decay": []}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if any(k in name for k in EMBEDDING_PARAMS):
+            groups["embeddings"].append(p)
+        elif p.ndim >= 2:
+            groups["decay"].append(p)
+        else:
+            groups["no_decay"].append(p)
+    param_groups = [
+        {"name": "embeddings", "params": groups["embeddings"], "lr": cfg.lr * cfg.embedding_lr_scale,
+         "weight_decay": 0.0},
+        {"name": "decay", "params": groups["decay"], "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+        {"name": "no_decay", "params": groups["no_decay"], "lr": cfg.lr, "weight_decay": 0.0},
+    ]
+    param_groups = [g for g in param_groups if g["params"]]
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Multiplier on each group's peak LR after ``step`` optimizer steps: linear warmup, then
+    cosine (or linear) decay to ``min_lr_ratio`` at ``total_steps``, or constant."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.schedule == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg, total_steps))
+
+
+class EMA:
+    """Exponential moving average of the trainable weights (``ema = d*ema + (1-d)*w``), kept in
+    fp32 on the weights' device. ``swapped_in(model)`` evaluates with the averaged weights."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {
+            n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad
+        }
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        names, params = zip(
+            *((n, p) for n, p in model.named_parameters() if n in self.shadow), strict=True
+        )
+        shadows = [self.shadow[n] for n in names]
+        torch._foreach_lerp_(shadows, [p.detach().float() for p in params], 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.shadow)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for n, t in state.items():
+            if n in self.shadow:
+                self.shadow[n].copy_(t)
+
+    def swapped_in(self, model: torch.nn.Module):
+        return _Swap(model, self.shadow)
+
+
+class _Swap:
+    def __init__(self, model, shadow):
+        self.model, self.shadow, self.backup = model, shadow, {}
+
+    @torch.no_grad()
+    def __enter__(self):
+        for n, p in self.model.named_parameters():
+            if n in self.shadow:
+                self.backup[n] = p.detach().clone()
+                p.copy_(self.shadow[n])
+        return self.model
+
+    @torch.no_grad()
+    def __exit__(self, *exc):
+        for n, p in self.model.named_parameters():
+            if n in self.backup:
+                p.copy_(self.backup[n])
+        self.backup.clear()

@@ -1,0 +1,287 @@
+"""Everything ``Trainer.fit`` needs before its first step: the run directory and its log, the
+accelerator, data, tokenizer, model, selection policy, checkpoint manager and resume state."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from asrforge.checkpoint import (
+    CheckpointManager,
+    TrainingCheckpoint,
+    capture_rng_state,
+    load_training_checkpoint,
+    restore_rng_state,
+)
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.config import TrainConfig
+from asrforge.data.dataset import (
+    Collator,
+    SpeechDataset,
+    epoch_batches,
+    eval_batches,
+    load_arrow,
+    prepare_split,
+)
+from asrforge.data.synth import make_tones_dataset
+from asrforge.errors import UserError
+from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
+from asrforge.model.tokenizer import load_tokenizer
+from asrforge.selection import build_selector
+from asrforge.train.events import Decision
+
+log = logging.getLogger("asrforge.train")
+
+
+def choose_precision(requested: str, device: str) -> tuple[str, str]:
+    """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling."""
+    cuda = torch.cuda.is_available() and device != "cpu"
+    if requested == "auto":
+        if not cuda:
+            return "no", "auto: fp32 on CPU"
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "auto: this GPU supports bf16"
+        return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
+    if requested == "fp16" and not cuda:
+        return "bf16", "fp16 loss scaling is not supported on CPU; using bf16 instead"
+    return requested, "set in train.precision"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
+    """Log to stderr and (main process) to ``output_dir/train.log``."""
+    root = logging.getLogger("asrforge")
+    root.setLevel(logging.INFO)
+    if not any(getattr(h, "_asrforge", False) for h in root.handlers):
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        h._asrforge = True  # noqa: SLF001
+        root.addHandler(h)
+    if output_dir is None or not is_main:
+        return None
+    fh = logging.FileHandler(output_dir / "train.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(fh)
+    return fh
+
+
+@dataclass
+class RunSetup:
+    """The built pieces of a run (see :func:`prepare_run`)."""
+
+    cfg: TrainConfig
+    output_dir: Path
+    accelerator: Any
+    model_bundle: ModelBundle
+    train_set: SpeechDataset
+    eval_set: SpeechDataset
+    collator: Collator
+    selector: Any
+    checkpoints: CheckpointManager
+    max_steps: int
+    n_params: tuple[int, int]
+    resume_from: TrainingCheckpoint | None
+    log_handler: logging.Handler | None
+
+    @property
+    def model(self):
+        return self.model_bundle.model
+
+    def train_loader(self, epoch: int, start_batch: int) -> DataLoader:
+        """The batches of ``epoch`` from ``start_batch`` on (resume skips by index, no I/O)."""
+        acc = self.accelerator
+        batches = epoch_batches(
+            len(self.train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
+            acc.process_index, acc.num_processes,
+        )
+        return self._loader(self.train_set, batches[start_batch:])
+
+    def eval_loader(self) -> DataLoader:
+        acc = self.accelerator
+        bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
+        return self._loader(self.eval_set, batches)
+
+    def _loader(self, ds, batches) -> DataLoader:
+        workers = self.cfg.data.num_workers
+        return DataLoader(
+            ds, batch_sampler=batches, collate_fn=self.collator, num_workers=workers,
+            persistent_workers=False, prefetch_factor=4 if workers else None,
+        )
+
+    def gather_eval(self, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
+        """Every process evaluated its shard: gather the predictions and recompute metrics."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return metrics, preds
+        from accelerate.utils import gather_object
+
+        from asrforge.train.evaluate import summarize
+
+        allp = gather_object(preds)
+        merged = summarize(allp)
+        n_tok = sum(p["n_label_tokens"] for p in allp)
+        merged["loss"] = sum(p["loss"] * p["n_label_tokens"] for p in allp) / max(1, n_tok)
+        return merged, allp
+
+    def write_eval_records(self, step: int, metrics: dict, preds: list[dict], decision: Decision) -> None:
+        """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
+        if not self.accelerator.is_main_process:
+            return
+        lines = [json.dumps(p, ensure_ascii=False) for p in preds]
+        summary = {"summary": True, "step": step, **_scalars(metrics),
+                   "per_language": metrics.get("per_language", {}),
+                   "save": decision.save, "reason": decision.reason}
+        lines.append(json.dumps(summary, ensure_ascii=False))
+        (self.output_dir / "eval").mkdir(exist_ok=True)
+        atomic_write_text(self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n")
+
+    def save_checkpoint(self, *, step, model, ema, optimizer, scheduler, scaler, state,
+                        callback_states, metrics, is_best) -> Path | None:
+        """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        metrics = metrics or {}
+        meta = {
+            "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
+            "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
+        }
+        tok = self.model_bundle.tokenizer
+        return self.checkpoints.save(
+            step,
+            dict(
+                model=model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                scaler=scaler.state_dict() if scaler is not None else None,
+                rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
+                config_yaml=self.cfg.to_yaml(), tokenizer_save=lambda d: tok.save_pretrained(str(d)),
+                meta=meta,
+            ),
+            metrics=_scalars(metrics) if metrics else None,
+            is_best=is_best,
+        )
+
+    def restore_rng(self, rng: dict) -> None:
+        restore_rng_state(rng)
+
+    def close(self) -> None:
+        if self.log_handler is not None:
+            logging.getLogger("asrforge").removeHandler(self.log_handler)
+            self.log_handler.close()
+
+
+def _scalars(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
+
+
+def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
+    """Build the run. Raises UserError for anything the user must fix."""
+    from accelerate import Accelerator
+
+    out = Path(cfg.output_dir)
+    acc = Accelerator(
+        mixed_precision=precision, cpu=cfg.train.device == "cpu",
+        gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
+    )
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
+    handler = setup_logging(out, acc.is_main_process)
+    ckpt_root = out / "checkpoints"
+    manager = CheckpointManager(
+        ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
+        keep_best=list(cfg.checkpoint.keep_best), log=log,
+    )
+    resume_from = None
+    if resume:
+        latest = manager.latest_valid()
+        if latest is None:
+            log.warning("--resume: no complete checkpoint under %s; starting from scratch", ckpt_root)
+        else:
+            resume_from = load_training_checkpoint(latest)
+    elif manager.latest_valid() is not None:
+        raise UserError(
+            f"{out} already holds checkpoints: pass --resume to continue that run, or choose "
+            "another output_dir"
+        )
+    seed_everything(cfg.seed)
+    log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
+             out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
+
+    # data
+    data_path = Path(cfg.data.path)
+    if not data_path.exists() and cfg.data.generate == "tones":
+        if acc.is_main_process:
+            make_tones_dataset(data_path)
+        acc.wait_for_everyone()
+    dd = load_arrow(data_path)
+    for split in (cfg.data.train_split, cfg.data.eval_split):
+        if split not in dd:
+            raise UserError(f"data: split {split!r} not in {data_path} (has {sorted(dd)})")
+    train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
+
+    # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)
+    tok_dir = out / "tokenizer"
+    if cfg.model.tokenizer is None and cfg.model.pretrained is None and tok_dir.is_dir():
+        tokenizer = load_tokenizer(tok_dir)
+    else:
+        tokenizer = build_tokenizer(cfg.model, train_split["text"])
+        if acc.is_main_process:
+            tokenizer.save_pretrained(str(tok_dir))
+    bundle = build_model(cfg.model, tokenizer, cfg.seed)
+    model = bundle.model
+    n_params = count_parameters(model)
+    log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
+             f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
+             model.config.encoder_layers, model.config.decoder_layers, model.config.vocab_size)
+
+    max_seconds = model.config.max_source_positions / 50.0
+    kw = dict(cfg=cfg.data, tokenizer=tokenizer, specials=bundle.specials,
+              max_target_positions=model.config.max_target_positions, max_seconds=max_seconds)
+    train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
+    eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    if cfg.data.max_eval_samples:
+        eval_utts = eval_utts[: cfg.data.max_eval_samples]
+    for r in (train_report, eval_report):
+        r.log(out if acc.is_main_process else None)
+    if not train_utts:
+        raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
+    train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
+    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+
+    # selection policy for the run's language
+    langs = Counter(u.language for u in train_utts)
+    language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    partial = cfg.model.freeze_encoder  # only part of the model trains
+    selector = build_selector(cfg.selection, language, partial)
+    log.info("selection: %s", selector.why)
+    max_steps = cfg.train.max_steps
+    if selector.max_steps is not None and selector.max_steps < max_steps:
+        log.info("max_steps capped at %d by the selection group (train.max_steps=%d)",
+                 selector.max_steps, max_steps)
+        max_steps = selector.max_steps
+
+    if acc.is_main_process:
+        atomic_write_text(out / "config.yaml", cfg.to_yaml())
+    return RunSetup(
+        cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
+        eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
+        checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
+        log_handler=handler,
+    )

@@ -1,0 +1,52 @@
+"""``TrainState``: everything about progress that a resumed run must get back exactly."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    """Progress of a run. Saved in every checkpoint as ``train_state.json``.
+
+    Callbacks read it and may raise the two flags; only the loop changes the rest.
+    """
+
+    step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    batch_in_epoch: int = 0
+    """Micro-batches of the current epoch already consumed (the data-loader position)."""
+    samples_seen: int = 0
+    skipped_steps: int = 0
+    """Optimizer steps skipped because the loss or a gradient was inf/nan."""
+    consecutive_nonfinite: int = 0
+    dropped_utterances: list[str] = field(default_factory=list)
+    """Ids of clips that failed to decode in a worker (skipped, never a crash)."""
+    running_loss: float | None = None
+    """Exponential moving average of the training loss (0.98)."""
+    best: dict[str, float] = field(default_factory=dict)
+    """Best value of each evaluation metric so far (``wer``, ``cer``, ``loss``, ...)."""
+    best_step: int | None = None
+    """Step of the checkpoint the selection policy chose."""
+    last_eval_step: int | None = None
+    selection: dict[str, Any] = field(default_factory=dict)
+    """The selection policy's own state (bests, patience counter)."""
+    stop_reason: str | None = None
+    should_stop: bool = False
+    """Raised by the loop or a callback: stop before the next step."""
+    should_save: bool = False
+    """Raised by the loop or a callback: save a checkpoint after this step."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("should_stop")
+        d.pop("should_save")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainState:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)

@@ -1,0 +1,42 @@
+"""Shared fixtures: a small generated tones data set and tiny configs that train in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asrforge.config import TrainConfig, load_config
+from asrforge.data.synth import make_tones_dataset
+
+
+@pytest.fixture(scope="session")
+def tones_dir(tmp_path_factory) -> Path:
+    """The tones data set: 48 train, 12 validation, 8 test utterances (en and es)."""
+    return make_tones_dataset(
+        tmp_path_factory.mktemp("data") / "tones", sizes={"train": 48, "validation": 12, "test": 8}
+    )
+
+
+def tiny_config(out: Path, data: Path, **sections) -> TrainConfig:
+    """A 2+2-layer d_model 32 model on 2 s windows: a step takes milliseconds on a CPU."""
+    base = {
+        "output_dir": str(out),
+        "seed": 0,
+        "model": {
+            "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+            "max_source_positions": 100, "max_target_positions": 32, "bpe_vocab_size": 300,
+        },
+        "data": {"path": str(data), "batch_size": 8, "num_workers": 0},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"max_steps": 6, "log_every": 2},
+        "eval": {"eval_steps": 3, "max_new_tokens": 8},
+        "checkpoint": {"save_total_limit": 2},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return load_config(data=base)

@@ -1,0 +1,156 @@
+"""The loop: events and payloads, callback failure handling, early stopping, non-finite steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asrforge.callbacks import EarlyStopping, build_callbacks
+from asrforge.config import ConfigError
+from asrforge.train import loop as loop_module
+from asrforge.train.events import Callback, CriticalCallbackError, Decision
+from asrforge.train.loop import Trainer
+from asrforge.train.state import TrainState
+from tests.conftest import tiny_config
+
+
+class Recorder(Callback):
+    name = "recorder"
+
+    def __init__(self):
+        self.events: list[tuple[str, int, dict]] = []
+
+    def _rec(self, event, state, **payload):
+        self.state = state
+        self.events.append((event, state.step, payload))
+
+    def __getattribute__(self, item):
+        if item.startswith("on_"):
+            return lambda state, **payload: self._rec(item, state, **payload)
+        return super().__getattribute__(item)
+
+
+def test_events_fire_in_order_with_their_payloads(tmp_path, tones_dir):
+    rec = Recorder()
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 4}, eval={"eval_steps": 2})
+    result = Trainer(cfg, [rec]).fit()
+    names = [e for e, _, _ in rec.events]
+    assert names[0] == "on_train_begin" and names[-1] == "on_train_end"
+    assert names[1] == "on_epoch_begin"
+    # every optimizer step: begin then end, in step order
+    begins = [(s, p["step"]) for e, s, p in rec.events if e == "on_step_begin"]
+    ends = [s for e, s, _ in rec.events if e == "on_step_end"]
+    assert [p for _, p in begins] == [1, 2, 3, 4] and ends == [1, 2, 3, 4]
+    # an evaluation at steps 2 and 4: eval_begin, predict_end, eval_end, then save
+    evals = [(e, s) for e, s, _ in rec.events if e.startswith("on_eval") or e in ("on_predict_end", "on_save")]
+    assert evals[:4] == [("on_eval_begin", 2), ("on_predict_end", 2), ("on_eval_end", 2), ("on_save", 2)]
+    assert ("on_eval_end", 4) in evals
+    payload = {e: p for e, _, p in rec.events}
+    run = payload["on_train_begin"]["run"]
+    assert run.n_params > run.n_train > 0 and run.precision == "no"
+    m = payload["on_step_end"]["metrics"]
+    assert {"loss", "lr", "grad_norm", "skipped", "samples", "tokens", "step_seconds"} <= set(m)
+    em, dec = payload["on_eval_end"]["metrics"], payload["on_eval_end"]["decision"]
+    assert {"loss", "wer", "cer", "n", "per_language"} <= set(em) and em["n"] == 12
+    assert isinstance(dec, Decision) and dec.reason
+    preds = payload["on_predict_end"]["predictions"]
+    assert len(preds) == 12 and {"uid", "ref", "hyp", "language"} <= set(preds[0])
+    assert payload["on_save"]["path"].name.startswith("step-")
+    assert result.status == "completed" and result.step == 4
+    # the eval records and the resolved config are in the run dir
+    assert (tmp_path / "run" / "eval" / "step-000002.jsonl").is_file()
+    assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+class Boom(Callback):
+    name = "boom"
+
+    def __init__(self, critical: bool):
+        self.critical = critical
+        self.calls = 0
+
+    def on_step_end(self, state, *, metrics):
+        self.calls += 1
+        raise RuntimeError("boom")
+
+
+def test_failing_optional_callback_is_logged_and_training_goes_on(tmp_path, tones_dir, caplog):
+    boom = Boom(critical=False)
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 3}, eval={"eval_steps": None, "at_end": False})
+    result = Trainer(cfg, [boom]).fit()
+    assert result.status == "completed" and result.step == 3
+    assert boom.calls == 3
+    assert any("callback 'boom' failed in on_step_end" in r.getMessage() for r in caplog.records)
+
+
+def test_failing_critical_callback_stops_the_run(tmp_path, tones_dir):
+    boom = Boom(critical=True)
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 3}, eval={"eval_steps": None, "at_end": False})
+    with pytest.raises(CriticalCallbackError, match="critical callback 'boom' failed in on_step_end"):
+        Trainer(cfg, [boom]).fit()
+    assert boom.calls == 1
+
+
+def test_early_stopping_stops_at_the_right_evaluation():
+    es = EarlyStopping(monitor="wer", mode="min", patience=2, min_delta=0.01)
+    state = TrainState()
+    seen = []
+    for wer in (0.9, 0.8, 0.795, 0.85, 0.7):
+        if state.should_stop:
+            break
+        es.on_eval_end(state, metrics={"wer": wer}, decision=Decision(False, ""))
+        seen.append(wer)
+    # 0.795 is within min_delta of 0.8, 0.85 is worse: patience 2 runs out at the 4th eval
+    assert seen == [0.9, 0.8, 0.795, 0.85] and state.should_stop
+    assert "did not improve" in state.stop_reason
+    restored = EarlyStopping(patience=2)
+    restored.load_state_dict(es.state_dict())
+    assert restored.best == 0.8 and restored.bad_evals == 2
+
+
+def test_early_stopping_in_a_run_is_honoured_before_the_next_step(tmp_path, tones_dir):
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 40}, eval={"eval_steps": 1},
+        callbacks=[{"name": "early_stopping", "monitor": "loss", "mode": "max", "patience": 1}],
+    )
+    result = Trainer(cfg, build_callbacks(cfg)).fit()
+    # loss falls, so in "max" mode the second evaluation is not an improvement: stop at step 2
+    assert result.status == "stopped" and result.step == 2
+    assert "early stopping" in result.reason
+
+
+def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, tones_dir, monkeypatch):
+    real = loop_module.token_loss
+    calls = {"n": 0}
+
+    def poisoned(logits, labels, reduction="mean"):
+        calls["n"] += 1
+        loss = real(logits, labels, reduction)
+        return loss * math.nan if calls["n"] in (2, 4, 5) else loss
+
+    monkeypatch.setattr(loop_module, "token_loss", poisoned)
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 10, "max_consecutive_nonfinite": 2},
+                      eval={"eval_steps": None, "at_end": False})
+    rec = Recorder()
+    result = Trainer(cfg, [rec]).fit()
+    skipped = [p["metrics"]["skipped"] for e, _, p in rec.events if e == "on_step_end"]
+    assert skipped == [False, True, False, True, True]
+    assert result.status == "diverged" and result.step == 5
+    assert "lower optim.lr" in result.reason
+    assert rec.state.skipped_steps == 3 and rec.state.consecutive_nonfinite == 2
+
+
+def test_external_callbacks_need_permission(tmp_path, tones_dir):
+    cfg = tiny_config(tmp_path / "run", tones_dir, callbacks=[{"_target_": "os.system"}])
+    with pytest.raises(ConfigError, match="--allow-external-callbacks"):
+        build_callbacks(cfg)
+    with pytest.raises(ConfigError, match="not a subclass"):
+        build_callbacks(cfg, allow_external=True)
+    cfg = tiny_config(tmp_path / "run", tones_dir, callbacks=[{"name": "early_stoping"}, {"name": "early_stopping", "patiense": 2}])
+    with pytest.raises(ConfigError) as e:
+        build_callbacks(cfg)
+    assert e.value.problems == [
+        "callbacks.0.name: unknown callback 'early_stoping' — did you mean early_stopping?",
+        "callbacks.1.patiense: unknown field — did you mean callbacks.1.patience?",
+    ]
