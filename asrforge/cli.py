@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Callable
 
@@ -86,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or (overrides and not getattr(args, "accepts_overrides", False)):
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     args.overrides = overrides
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return int(args.func(args) or 0)
     except UserError as e:

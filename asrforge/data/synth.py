@@ -1,7 +1,7 @@
 """A small deterministic speech-like data set made of tones, for tests and the tiny config.
 
-Each letter is a short tone of its own pitch, words are separated by silence, so audio and text
-are tied by a rule a tiny model can learn in a minute on a CPU. The real speech corpus
+Each word is a short two-tone chord of its own pitch, words are separated by silence, so audio
+and text are tied by a rule a tiny model can learn in a minute on a CPU. The real speech corpus
 (espeak-ng) lives in :mod:`asrforge.data.corpus`.
 """
 
@@ -23,20 +23,21 @@ WORDS = {
     "es": ["sol", "mar", "gato", "uno", "dos", "rojo", "azul", "si", "pan", "luz"],
 }
 SPLITS = {"train": 160, "validation": 24, "test": 24}
-LETTER_SECONDS = 0.06
-GAP_SECONDS = 0.05
+WORD_SECONDS = 0.2
+GAP_SECONDS = 0.06
+PITCH = {w: 300.0 + 90.0 * i for i, w in enumerate(sorted({w for ws in WORDS.values() for w in ws}))}
 
 
 def tone_audio(text: str, rng: np.random.Generator) -> np.ndarray:
-    """float32 waveform at 16 kHz: one tone per letter, silence between words, light noise."""
-    n_letter = int(LETTER_SECONDS * SAMPLE_RATE)
-    t = np.arange(n_letter) / SAMPLE_RATE
-    fade = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.005)
+    """float32 waveform at 16 kHz: a chord (pitch and its fifth) per word, silence between
+    words, light noise."""
+    n_word = int(WORD_SECONDS * SAMPLE_RATE)
+    t = np.arange(n_word) / SAMPLE_RATE
+    fade = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.01)
     pieces = [np.zeros(int(0.1 * SAMPLE_RATE))]
     for word in text.split():
-        for ch in word:
-            freq = 250.0 + 45.0 * (ord(ch) - ord("a"))
-            pieces.append(0.4 * np.sin(2 * np.pi * freq * t) * fade)
+        f = PITCH[word]
+        pieces.append(0.3 * (np.sin(2 * np.pi * f * t) + np.sin(3 * np.pi * f * t)) * fade)
         pieces.append(np.zeros(int(GAP_SECONDS * SAMPLE_RATE)))
     pieces.append(np.zeros(int(0.1 * SAMPLE_RATE)))
     wave = np.concatenate(pieces)
