@@ -5,7 +5,16 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test demo install lint clean
+.PHONY: test demo install lint clean espeak
+
+# espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
+# when we may (root with apt); otherwise those tests skip and say why.
+espeak:
+	@command -v espeak-ng >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null) \
+	      || echo "warning: could not install espeak-ng; speech tests will skip"; \
+	  else echo "note: espeak-ng is missing: run 'sudo apt-get install espeak-ng' for the speech tests and the demo"; fi; }
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,11 +25,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) espeak
 	$(BIN)/ruff check asrforge tests bench
 	$(BIN)/python -m pytest -q tests
 
-demo: $(STAMP)
+demo: $(STAMP) espeak
 	$(BIN)/asrforge train configs/tiny.yaml
 
 lint: $(STAMP)

@@ -371,17 +371,20 @@ _OPS = {
 }
 
 
-def format_errors(err: ValidationError, root: type[BaseModel]) -> list[str]:
-    """Turn pydantic errors into ``yaml.path: what is wrong`` lines."""
+def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "") -> list[str]:
+    """Turn pydantic errors into ``yaml.path: what is wrong`` lines (``prefix``: the YAML path
+    of ``root`` inside the whole config)."""
     lines = []
+    pre = prefix.split(".") if prefix else []
     for e in err.errors():
-        loc = [str(x) for x in e["loc"]]
+        rel = [str(x) for x in e["loc"]]
+        loc = pre + rel
         path = ".".join(loc) or "(top level)"
         kind, ctx = e["type"], e.get("ctx") or {}
         got = e.get("input")
         if kind == "extra_forbidden":
             msg = "unknown field"
-            parent = _model_at(root, loc[:-1])
+            parent = _model_at(root, rel[:-1])
             if parent is not None:
                 names = [f.alias or n for n, f in parent.model_fields.items()]
                 close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
