@@ -109,7 +109,7 @@ class RunSetup:
             len(self.train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
             acc.process_index, acc.num_processes,
         )
-        return self._loader(self.train_set, batches[start_batch:])
+        return self._loader(self.train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
 
     def eval_loader(self) -> DataLoader:
         acc = self.accelerator
@@ -117,11 +117,14 @@ class RunSetup:
         batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
         return self._loader(self.eval_set, batches)
 
-    def _loader(self, ds, batches) -> DataLoader:
+    def _loader(self, ds, batches, seed: int = 0) -> DataLoader:
         workers = self.cfg.data.num_workers
+        # A private generator: creating the loader's iterator must not draw from the global RNG
+        # (dropout's), or a resumed run would see different dropout masks.
         return DataLoader(
             ds, batch_sampler=batches, collate_fn=self.collator, num_workers=workers,
             persistent_workers=False, prefetch_factor=4 if workers else None,
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def gather_eval(self, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
