@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from asrforge.callbacks import EarlyStopping, build_callbacks
 from asrforge.config import ConfigError
@@ -154,3 +155,54 @@ def test_external_callbacks_need_permission(tmp_path, tones_dir):
         "callbacks.0.name: unknown callback 'early_stoping' — did you mean early_stopping?",
         "callbacks.1.patiense: unknown field — did you mean callbacks.1.patience?",
     ]
+
+
+def test_average_checkpoints_callback_writes_the_top_k_average(tmp_path, tones_dir):
+    from safetensors.torch import load_file
+
+    from asrforge.checkpoint.average import rank_checkpoints
+
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 4}, eval={"eval_steps": 1},
+        checkpoint={"save_total_limit": 1, "keep_best": [{"metric": "loss", "k": 2}]},
+        callbacks=[{"name": "average_checkpoints", "metric": "loss", "k": 2}],
+    )
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    out = root / "loss.ave_2best"
+    assert (out / "manifest.json").is_file()
+    best_two = rank_checkpoints(root, "loss", "min")[:2]
+    a, b = (load_file(d / "model.safetensors") for _, _, d in best_two)
+    avg = load_file(out / "model.safetensors")
+    for name, t in avg.items():
+        if t.is_floating_point():
+            torch.testing.assert_close(t, (a[name] + b[name]) / 2)
+
+
+def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, tones_dir, monkeypatch):
+    import errno
+
+    from asrforge.checkpoint import training
+    from asrforge.checkpoint.manifest import verify
+    from asrforge.errors import CheckpointSaveError
+
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 6},
+                      eval={"eval_steps": None, "at_end": False},
+                      checkpoint={"checkpoint_every": 2})
+    real = training.write_training_files
+    calls = {"n": 0}
+
+    def disk_full(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "write_training_files", disk_full)
+    rec = Recorder()
+    with pytest.raises(CheckpointSaveError, match="No space left on device"):
+        Trainer(cfg, [rec]).fit()
+    assert rec.state.step == 4  # the run did not go on past the failed save
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    assert verify(latest)["step"] == 2
+    assert not (tmp_path / "run" / "checkpoints" / "step-000004").exists()

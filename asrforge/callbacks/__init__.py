@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from asrforge.callbacks.averaging import AverageCheckpoints
 from asrforge.callbacks.early_stopping import EarlyStopping
 from asrforge.callbacks.loggers import LRMonitor, MetricsJsonl, TensorBoardLogger
 from asrforge.callbacks.options import Options
@@ -21,7 +22,10 @@ from asrforge.config import ConfigError, TrainConfig, format_errors
 from asrforge.train.events import Callback
 
 REGISTRY: dict[str, type[Callback]] = {
-    cls.name: cls for cls in (MetricsJsonl, TensorBoardLogger, LRMonitor, ProgressBar, EarlyStopping)
+    cls.name: cls
+    for cls in (
+        MetricsJsonl, TensorBoardLogger, LRMonitor, ProgressBar, EarlyStopping, AverageCheckpoints
+    )
 }
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
 DEFAULTS = ("lr_monitor", "metrics_jsonl", "tensorboard", "progress")
@@ -109,6 +113,6 @@ def _instantiate(cls: type[Callback], opts: dict[str, Any], where: str) -> Callb
 
 
 __all__ = [
-    "REGISTRY", "Callback", "EarlyStopping", "LRMonitor", "MetricsJsonl", "Options", "ProgressBar",
+    "REGISTRY", "AverageCheckpoints", "Callback", "EarlyStopping", "LRMonitor", "MetricsJsonl", "Options", "ProgressBar",
     "TensorBoardLogger", "build_callbacks", "register",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import TrainConfig
+from asrforge.errors import CheckpointSaveError
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler
@@ -84,14 +85,28 @@ class Trainer:
             run.checkpoints.load_state_dict(ckpt.callbacks.get("_checkpoints", {}))
             callbacks.load_state_dict(ckpt.callbacks)
             run.restore_rng(ckpt.rng)
-            log.info("resumed from %s at step %d (epoch %d, batch %d)",
-                     ckpt.path, state.step, state.epoch, state.batch_in_epoch)
+            log.info(
+                "resumed from %s at step %d (epoch %d, batch %d)",
+                ckpt.path,
+                state.step,
+                state.epoch,
+                state.batch_in_epoch,
+            )
 
         info = RunInfo(
-            config=cfg, output_dir=run.output_dir, model=raw_model, tokenizer=bundle.tokenizer,
-            n_params=run.n_params[0], n_trainable=run.n_params[1], precision=precision,
-            device=str(acc.device), world_size=acc.num_processes, is_main=acc.is_main_process,
-            n_train=len(run.train_set), n_eval=len(run.eval_set), selection=run.selector.why,
+            config=cfg,
+            output_dir=run.output_dir,
+            model=raw_model,
+            tokenizer=bundle.tokenizer,
+            n_params=run.n_params[0],
+            n_trainable=run.n_params[1],
+            precision=precision,
+            device=str(acc.device),
+            world_size=acc.num_processes,
+            is_main=acc.is_main_process,
+            n_train=len(run.train_set),
+            n_eval=len(run.eval_set),
+            selection=run.selector.why,
         )
         last_metrics: dict = {}
         status, reason = "completed", f"reached max_steps={max_steps}"
@@ -101,8 +116,13 @@ class Trainer:
             callbacks.call("on_eval_begin", state, split=cfg.data.eval_split)
             with ema.swapped_in(raw_model) if ema is not None else _nullcontext():
                 metrics, preds = evaluate(
-                    raw_model, run.eval_loader(), tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
-                    max_new_tokens=cfg.eval.max_new_tokens, device=acc.device, autocast=acc.autocast,
+                    raw_model,
+                    run.eval_loader(),
+                    tokenizer=bundle.tokenizer,
+                    eot=bundle.specials.eot,
+                    max_new_tokens=cfg.eval.max_new_tokens,
+                    device=acc.device,
+                    autocast=acc.autocast,
                 )
             metrics, preds = run.gather_eval(metrics, preds)
             d = run.selector.update(metrics, step=state.step)
@@ -117,9 +137,14 @@ class Trainer:
                 state.best_step = state.step
             run.write_eval_records(state.step, metrics, preds, decision)
             log.info(
-                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s", state.step,
-                metrics["loss"], metrics["wer"], metrics["cer"], metrics["n"],
-                f" rep-trap {metrics.get('rep_trap_count', 0)}", decision.reason,
+                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s",
+                state.step,
+                metrics["loss"],
+                metrics["wer"],
+                metrics["cer"],
+                metrics["n"],
+                f" rep-trap {metrics.get('rep_trap_count', 0)}",
+                decision.reason,
             )
             callbacks.call("on_predict_end", state, predictions=preds)
             callbacks.call("on_eval_end", state, metrics=metrics, decision=decision)
@@ -135,11 +160,29 @@ class Trainer:
             last_saved[0] = state.step
             cb_states = callbacks.state_dict()
             cb_states["_checkpoints"] = run.checkpoints.state_dict()
-            path = run.save_checkpoint(
-                step=state.step, model=raw_model, ema=ema, optimizer=optimizer, scheduler=scheduler,
-                scaler=acc.scaler, state=state, callback_states=cb_states, metrics=metrics,
-                is_best=is_best,
-            )
+            try:
+                path = run.save_checkpoint(
+                    step=state.step,
+                    model=raw_model,
+                    ema=ema,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    scaler=acc.scaler,
+                    state=state,
+                    callback_states=cb_states,
+                    metrics=metrics,
+                    is_best=is_best,
+                )
+            except CheckpointSaveError as e:
+                # A run that cannot save must not go on silently.
+                previous = run.checkpoints.latest_valid(check_hashes=False)
+                kept = (
+                    f"the previous checkpoint {previous} is intact"
+                    if previous
+                    else "no earlier checkpoint exists"
+                )
+                log.error("saving step %d failed: %s; %s; stopping", state.step, e, kept)
+                raise CheckpointSaveError(f"{e}; {kept}") from e
             if path is not None:
                 callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
 
@@ -198,19 +241,31 @@ class Trainer:
                     state.samples_seen += step_samples
                     if skipped:
                         state.skipped_steps += 1
-                        log.warning("step %d skipped: non-finite %s", state.step,
-                                    "loss" if not math.isfinite(step_loss) else "gradient")
-                    state.consecutive_nonfinite = state.consecutive_nonfinite + 1 if not finite else 0
+                        log.warning(
+                            "step %d skipped: non-finite %s",
+                            state.step,
+                            "loss" if not math.isfinite(step_loss) else "gradient",
+                        )
+                    state.consecutive_nonfinite = (
+                        state.consecutive_nonfinite + 1 if not finite else 0
+                    )
                     if math.isfinite(step_loss):
                         rl = state.running_loss
-                        state.running_loss = step_loss if rl is None else 0.98 * rl + 0.02 * step_loss
+                        state.running_loss = (
+                            step_loss if rl is None else 0.98 * rl + 0.02 * step_loss
+                        )
                     now = time.perf_counter()
                     metrics = {
-                        "loss": step_loss, "lr": scheduler.get_last_lr()[0],
-                        "lr_groups": {g.get("name", str(i)): g["lr"]
-                                      for i, g in enumerate(optimizer.param_groups)},
+                        "loss": step_loss,
+                        "lr": scheduler.get_last_lr()[0],
+                        "lr_groups": {
+                            g.get("name", str(i)): g["lr"]
+                            for i, g in enumerate(optimizer.param_groups)
+                        },
                         "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                        "skipped": skipped, "samples": step_samples, "tokens": step_tokens,
+                        "skipped": skipped,
+                        "samples": step_samples,
+                        "tokens": step_tokens,
                         "step_seconds": now - t_step,
                     }
                     step_loss, step_samples, step_tokens, t_step = 0.0, 0, 0, now
@@ -239,8 +294,11 @@ class Trainer:
                         state.should_stop = True
                         state.should_save = True
                     if state.should_save:
-                        save("step", last_metrics if state.last_eval_step == state.step else None,
-                             is_best)
+                        save(
+                            "step",
+                            last_metrics if state.last_eval_step == state.step else None,
+                            is_best,
+                        )
                     if state.should_stop or state.step >= max_steps:
                         break
                 else:
@@ -258,8 +316,15 @@ class Trainer:
                     save("final", last_metrics, decision.save)
                 elif last_saved[0] != state.step:
                     save("final", None, False)
-            result = FitResult(status, reason, state.step, state.best_step, dict(state.best),
-                               run.output_dir, last_metrics)
+            result = FitResult(
+                status,
+                reason,
+                state.step,
+                state.best_step,
+                dict(state.best),
+                run.output_dir,
+                last_metrics,
+            )
             log.info("run %s at step %d: %s", status, state.step, reason)
             callbacks.call("on_train_end", state, result=result)
             return result
@@ -298,4 +363,3 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
-
