@@ -130,6 +130,12 @@ class DataConfig(Section):
     """DataLoader worker processes that compute the log-mel features (0 = in the main process)."""
     max_eval_samples: int | None = Field(default=None, gt=0)
     """Evaluate on the first N utterances of the evaluation split only."""
+    cache_encoder: bool = False
+    """With ``model.freeze_encoder``: compute each training utterance's encoder output once,
+    keep it on disk (memory-mapped, keyed by audio and encoder-weights hashes) and reuse it
+    every epoch, so training costs only the decoder."""
+    cache_dir: Path | None = None
+    """Where caches live; default ``output_dir/cache``. Share it between runs to reuse them."""
 
 
 class OptimConfig(Section):
@@ -276,6 +282,15 @@ class TrainConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     callbacks: list[CallbackSpec] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> TrainConfig:
+        if self.data.cache_encoder and not self.model.freeze_encoder:
+            raise ValueError(
+                "data.cache_encoder: needs model.freeze_encoder: true (a training encoder's "
+                "output changes every step)"
+            )
+        return self
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_plain(), sort_keys=False)
 
@@ -404,8 +419,8 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
             # Cross-field validators report "field: problem; field: problem" under their section.
             for piece in str(ctx.get("error", e["msg"])).split("; "):
                 head, sep, rest = piece.partition(": ")
-                if sep and head.isidentifier() and loc:
-                    lines.append(f"{path}.{head}: {rest}")
+                if sep and all(part.isidentifier() for part in head.split(".")):
+                    lines.append(f"{'.'.join(loc + [head])}: {rest}")
                 else:
                     lines.append(f"{path}: {piece}")
         else:

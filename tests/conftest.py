@@ -18,7 +18,7 @@ def tones_dir(tmp_path_factory) -> Path:
     )
 
 
-def tiny_config(out: Path, data: Path, **sections) -> TrainConfig:
+def tiny_config(out: Path, data_dir: Path, **sections) -> TrainConfig:
     """A 2+2-layer d_model 32 model on 2 s windows: a step takes milliseconds on a CPU."""
     base = {
         "output_dir": str(out),
@@ -28,7 +28,7 @@ def tiny_config(out: Path, data: Path, **sections) -> TrainConfig:
             "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
             "max_source_positions": 100, "max_target_positions": 32, "bpe_vocab_size": 300,
         },
-        "data": {"path": str(data), "batch_size": 8, "num_workers": 0},
+        "data": {"path": str(data_dir), "batch_size": 8, "num_workers": 0},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
         "train": {"max_steps": 6, "log_every": 2},
         "eval": {"eval_steps": 3, "max_new_tokens": 8},

@@ -7,6 +7,7 @@ epoch never crashes halfway. Log-mels are computed in DataLoader workers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -58,6 +59,7 @@ class Utterance:
     text: str
     prompt: list[int]
     text_ids: list[int]
+    audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
 
 
 @dataclass
@@ -139,7 +141,8 @@ def prepare_split(
             if len(prompt) + len(text_ids) + 1 > max_target_positions:
                 report.add(f"labels longer than {max_target_positions} tokens", uid)
                 continue
-            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids))
+            key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
+            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids, key))
     return out, report
 
 
@@ -156,22 +159,36 @@ class SpeechDataset(Dataset):
         self.utts = utterances
         self.fe = feature_extractor
         self.eot = eot
+        self.encoder_cache = None  # an EncoderCache: yield encoder states instead of log-mels
 
     def __len__(self) -> int:
         return len(self.utts)
 
+    def features_of(self, i: int) -> np.ndarray:
+        """Log-mel features of utterance ``i``: (n_mels, n_frames) float32.
+
+        Raises:
+            UserError: the audio cannot be decoded.
+        """
+        audio = self.split[self.utts[i].row]["audio"]
+        wave = decode_audio(audio.get("bytes") or audio.get("path"))
+        feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+        return np.asarray(feats, dtype=np.float32)
+
     def __getitem__(self, i: int) -> dict | None:
         u = self.utts[i]
-        audio = self.split[u.row]["audio"]
-        try:
-            wave = decode_audio(audio.get("bytes") or audio.get("path"))
-        except Exception:  # noqa: BLE001
-            return {"dropped": u.uid}
-        feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+        cache = self.encoder_cache
+        if cache is not None and u.audio_key in cache:
+            inputs = {"encoder_hidden_states": torch.from_numpy(cache.row(u.audio_key))}
+        else:
+            try:
+                inputs = {"input_features": torch.from_numpy(self.features_of(i))}
+            except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
+                return {"dropped": u.uid}
         dec = u.prompt + u.text_ids
         labels = [IGNORE] * (len(u.prompt) - 1) + u.text_ids + [self.eot]
         return {
-            "input_features": torch.from_numpy(np.asarray(feats, dtype=np.float32)),
+            **inputs,
             "decoder_input_ids": torch.tensor(dec, dtype=torch.long),
             "labels": torch.tensor(labels, dtype=torch.long),
             "index": i,
@@ -199,8 +216,9 @@ class Collator:
             n = len(it["labels"])
             dec[r, :n] = it["decoder_input_ids"]
             lab[r, :n] = it["labels"]
+        key = "encoder_hidden_states" if "encoder_hidden_states" in items[0] else "input_features"
         return {
-            "input_features": torch.stack([it["input_features"] for it in items]),
+            key: torch.stack([it[key] for it in items]),
             "decoder_input_ids": dec,
             "labels": lab,
             "index": [it["index"] for it in items],

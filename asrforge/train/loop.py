@@ -124,6 +124,8 @@ class Trainer:
                     device=acc.device,
                     autocast=acc.autocast,
                 )
+            if cfg.model.freeze_encoder:
+                raw_model.model.encoder.eval()
             metrics, preds = run.gather_eval(metrics, preds)
             d = run.selector.update(metrics, step=state.step)
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
@@ -189,6 +191,8 @@ class Trainer:
         try:
             callbacks.call("on_train_begin", state, run=info)
             model.train()
+            if cfg.model.freeze_encoder:  # a frozen encoder is a fixed function: no dropout
+                raw_model.model.encoder.eval()
             accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
             t_step = time.perf_counter()
             while state.step < max_steps and not state.should_stop:
@@ -209,8 +213,12 @@ class Trainer:
                         labels = batch["labels"].to(acc.device)
                         sync = accum == cfg.train.grad_accum
                         with acc.no_sync(model) if not sync else _nullcontext(), acc.autocast():
+                            if "encoder_hidden_states" in batch:  # a frozen encoder's cached output
+                                inputs = {"encoder_outputs": (batch["encoder_hidden_states"].to(acc.device),)}
+                            else:
+                                inputs = {"input_features": batch["input_features"].to(acc.device)}
                             logits = model(
-                                input_features=batch["input_features"].to(acc.device),
+                                **inputs,
                                 decoder_input_ids=batch["decoder_input_ids"].to(acc.device),
                                 use_cache=False,
                             ).logits

@@ -33,6 +33,7 @@ from asrforge.data.dataset import (
     load_arrow,
     prepare_split,
 )
+from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.synth import make_tones_dataset
 from asrforge.errors import UserError
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
@@ -266,6 +267,18 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     if not train_utts:
         raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
     train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
+    if cfg.data.cache_encoder:
+        cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
+        if acc.is_main_process:
+            train_set.encoder_cache = EncoderCache.build(
+                cache_root, model.model.encoder, train_set,
+                batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            )
+        acc.wait_for_everyone()
+        if not acc.is_main_process:
+            train_set.encoder_cache = EncoderCache.build(
+                cache_root, model.model.encoder, train_set, batch_size=1
+            )
     eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
 
     # selection policy for the run's language
