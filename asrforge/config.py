@@ -79,6 +79,13 @@ class ModelConfig(Section):
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     freeze_encoder: bool = False
     """Train the decoder only (the encoder's weights stay fixed)."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Rows of the token embedding (the tokenizer's length). Filled in when the model is built,
+    so the run's config.yaml records it; when set, the built model must have exactly this."""
+    base_vocab_size: int | None = Field(default=None, gt=0)
+    """The pretrained model's vocabulary size before an extended tokenizer (one with
+    ``vocab_extension.json``, see ``asrforge vocab build``) grew it; equals ``vocab_size`` when
+    nothing was extended. Filled in and checked like ``vocab_size``."""
 
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> ModelConfig:
@@ -136,6 +143,23 @@ class DataConfig(Section):
     every epoch, so training costs only the decoder."""
     cache_dir: Path | None = None
     """Where caches live; default ``output_dir/cache``. Share it between runs to reuse them."""
+    asr_ratio: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of training micro-batches that are speech; the rest are text-only language-model
+    batches from ``text_path`` (decoder only, no audio). With 0.5 every other micro-batch is
+    text-only; which ones is a pure function of (seed, micro-batch index)."""
+    text_path: Path | None = None
+    """A UTF-8 text file in the run's language, one sentence per line, for the text-only batches.
+    Streamed: only the lines used are ever read."""
+    max_text_lines: int | None = Field(default=None, gt=0)
+    """Use the first N lines of ``text_path`` (then start over); default all of them."""
+
+    @model_validator(mode="after")
+    def _text_only_needs_text(self) -> DataConfig:
+        if self.asr_ratio < 1.0 and self.text_path is None:
+            raise ValueError(
+                f"text_path: needed for text-only batches (asr_ratio is {self.asr_ratio:g} < 1)"
+            )
+        return self
 
 
 class OptimConfig(Section):
@@ -167,7 +191,7 @@ class TrainLoopConfig(Section):
     """Micro-batches per optimizer step."""
     precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
     """Autocast dtype. ``auto``: bf16 on GPUs that support it, fp16 with dynamic loss scaling on
-    other GPUs, off (fp32) on CPU."""
+    other GPUs; on a CPU bf16 when it has bf16 units (AMX, AVX512-BF16), else off (fp32)."""
     log_every: int = Field(default=10, gt=0)
     """Optimizer steps between ``on_step_end`` payloads carrying averaged metrics to loggers."""
     max_consecutive_nonfinite: int = Field(default=5, gt=0)

@@ -49,7 +49,10 @@ def test_events_fire_in_order_with_their_payloads(tmp_path, tones_dir):
     assert ("on_eval_end", 4) in evals
     payload = {e: p for e, _, p in rec.events}
     run = payload["on_train_begin"]["run"]
-    assert run.n_params > run.n_train > 0 and run.precision == "no"
+    from asrforge.train.setup import choose_precision
+
+    assert run.n_params > run.n_train > 0
+    assert run.precision == choose_precision("auto", "auto")[0]
     m = payload["on_step_end"]["metrics"]
     assert {"loss", "lr", "grad_norm", "skipped", "samples", "tokens", "step_seconds"} <= set(m)
     em, dec = payload["on_eval_end"]["metrics"], payload["on_eval_end"]["decision"]

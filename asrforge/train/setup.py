@@ -8,6 +8,7 @@ import logging
 import platform
 import random
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.synth import make_tones_dataset
+from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
 from asrforge.model.tokenizer import load_tokenizer
@@ -44,12 +46,25 @@ from asrforge.train.events import Decision
 log = logging.getLogger("asrforge.train")
 
 
+def cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
+
+
 def choose_precision(requested: str, device: str) -> tuple[str, str]:
     """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling."""
     cuda = torch.cuda.is_available() and device != "cpu"
     if requested == "auto":
         if not cuda:
-            return "no", "auto: fp32 on CPU"
+            units = cpu_bf16_units()
+            if units:
+                return "bf16", f"auto: this CPU has bf16 units ({', '.join(units)})"
+            return "no", "auto: fp32 on a CPU without bf16 units"
         if torch.cuda.is_bf16_supported():
             return "bf16", "auto: this GPU supports bf16"
         return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
@@ -98,19 +113,32 @@ class RunSetup:
     n_params: tuple[int, int]
     resume_from: TrainingCheckpoint | None
     log_handler: logging.Handler | None
+    text: TextBatches | None = None
+    """Text-only batches (``data.asr_ratio < 1``), else None."""
 
     @property
     def model(self):
         return self.model_bundle.model
 
-    def train_loader(self, epoch: int, start_batch: int) -> DataLoader:
-        """The batches of ``epoch`` from ``start_batch`` on (resume skips by index, no I/O)."""
+    def train_loader(
+        self, epoch: int, start_batch: int, micro_batch: int = 0, text_position: dict | None = None
+    ) -> Iterable[dict]:
+        """The batches of ``epoch`` from ``start_batch`` on (resume skips by index, no I/O).
+
+        With text-only batches, they are interleaved (see ``asrforge.data.text_only``):
+        ``micro_batch`` is the run-wide index of the next micro-batch, ``text_position`` where
+        the text stream stands (``TrainState.text_position``).
+        """
         acc = self.accelerator
         batches = epoch_batches(
             len(self.train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
             acc.process_index, acc.num_processes,
         )
-        return self._loader(self.train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
+        loader = self._loader(self.train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
+        if self.text is None:
+            return loader
+        return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
+                          asr_ratio=self.cfg.data.asr_ratio, start=micro_batch)
 
     def eval_loader(self) -> DataLoader:
         acc = self.accelerator
@@ -293,11 +321,28 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
                  selector.max_steps, max_steps)
         max_steps = selector.max_steps
 
+    text = None
+    if cfg.data.asr_ratio < 1.0:  # text-only batches in the run's language
+        if acc.num_processes > 1:
+            raise UserError("data.asr_ratio < 1: text-only batches run on one process only (the "
+                            "decoder-only pass bypasses the DDP wrapper's gradient sync)")
+        text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+        text = TextBatches(
+            cfg.data.text_path, tokenizer=tokenizer, prompt=bundle.specials.prompt(text_language),
+            eot=bundle.specials.eot, batch_size=cfg.data.batch_size,
+            max_len=model.config.max_target_positions, max_lines=cfg.data.max_text_lines,
+            seed=cfg.seed,
+        )
+        text.check()
+        log.info("text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
+                 100 * (1 - cfg.data.asr_ratio), cfg.data.max_text_lines or "all",
+                 cfg.data.text_path, text_language)
+
     if acc.is_main_process:
         atomic_write_text(out / "config.yaml", cfg.to_yaml())
     return RunSetup(
         cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler,
+        log_handler=handler, text=text,
     )
