@@ -82,7 +82,8 @@ class Trainer:
             state = TrainState.from_dict(ckpt.train_state)
             if state.selection:
                 run.selector.load_state_dict(state.selection)
-            run.checkpoints.load_state_dict(ckpt.callbacks.get("_checkpoints", {}))
+            # the manifest holds the manager's records including this very checkpoint
+            run.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
             callbacks.load_state_dict(ckpt.callbacks)
             run.restore_rng(ckpt.rng)
             log.info(
@@ -161,7 +162,6 @@ class Trainer:
             state.should_save = False
             last_saved[0] = state.step
             cb_states = callbacks.state_dict()
-            cb_states["_checkpoints"] = run.checkpoints.state_dict()
             try:
                 path = run.save_checkpoint(
                     step=state.step,
@@ -194,6 +194,7 @@ class Trainer:
             if cfg.model.freeze_encoder:  # a frozen encoder is a fixed function: no dropout
                 raw_model.model.encoder.eval()
             accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
+            task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
             t_step = time.perf_counter()
             while state.step < max_steps and not state.should_stop:
                 if cfg.train.max_epochs is not None and state.epoch >= cfg.train.max_epochs:
@@ -201,10 +202,17 @@ class Trainer:
                     break
                 if state.batch_in_epoch == 0:
                     callbacks.call("on_epoch_begin", state, epoch=state.epoch)
-                for batch in run.train_loader(state.epoch, state.batch_in_epoch):
+                micro_batch = state.step * cfg.train.grad_accum + accum  # run-wide index
+                for batch in run.train_loader(
+                    state.epoch, state.batch_in_epoch, micro_batch, state.text_position
+                ):
                     if accum == 0:
                         callbacks.call("on_step_begin", state, step=state.step + 1)
-                    state.batch_in_epoch += 1
+                    task = batch.get("task", "asr")
+                    if task == "lm":  # a text-only batch (data.asr_ratio < 1): not in the epoch
+                        state.text_position = batch["text_position"]
+                    else:
+                        state.batch_in_epoch += 1
                     state.dropped_utterances.extend(batch["dropped"])
                     if batch["dropped"]:
                         log.warning("dropped clips that failed to decode: %s", batch["dropped"])
@@ -213,18 +221,26 @@ class Trainer:
                         labels = batch["labels"].to(acc.device)
                         sync = accum == cfg.train.grad_accum
                         with acc.no_sync(model) if not sync else _nullcontext(), acc.autocast():
-                            if "encoder_hidden_states" in batch:  # a frozen encoder's cached output
-                                inputs = {"encoder_outputs": (batch["encoder_hidden_states"].to(acc.device),)}
+                            if task == "lm":  # decoder only: without encoder states, no cross-attn
+                                hidden = raw_model.model.decoder(
+                                    input_ids=batch["decoder_input_ids"].to(acc.device),
+                                    use_cache=False,
+                                ).last_hidden_state
+                                logits = raw_model.proj_out(hidden)
                             else:
-                                inputs = {"input_features": batch["input_features"].to(acc.device)}
-                            logits = model(
-                                **inputs,
-                                decoder_input_ids=batch["decoder_input_ids"].to(acc.device),
-                                use_cache=False,
-                            ).logits
+                                if "encoder_hidden_states" in batch:  # a frozen encoder's cached output
+                                    inputs = {"encoder_outputs": (batch["encoder_hidden_states"].to(acc.device),)}
+                                else:
+                                    inputs = {"input_features": batch["input_features"].to(acc.device)}
+                                logits = model(
+                                    **inputs,
+                                    decoder_input_ids=batch["decoder_input_ids"].to(acc.device),
+                                    use_cache=False,
+                                ).logits
                             loss = token_loss(logits, labels)
                         acc.backward(loss / cfg.train.grad_accum)
                         step_loss += float(loss.detach()) / cfg.train.grad_accum
+                        task_losses[task].append(float(loss.detach()))
                         step_samples += batch["size"]
                         step_tokens += int((labels >= 0).sum())
                     if accum < cfg.train.grad_accum:
@@ -276,7 +292,11 @@ class Trainer:
                         "tokens": step_tokens,
                         "step_seconds": now - t_step,
                     }
+                    if run.text is not None:  # per-task mean loss; None when the step had none
+                        for name, values in task_losses.items():
+                            metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
                     step_loss, step_samples, step_tokens, t_step = 0.0, 0, 0, now
+                    task_losses = {"asr": [], "lm": []}
                     callbacks.call("on_step_end", state, metrics=metrics)
 
                     if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:

@@ -1,0 +1,214 @@
+"""Atomic file and directory writes: a reader sees the old version or the new one, never a mix.
+
+The recipe is always the same: write a temporary sibling, fsync its contents, ``os.replace`` it
+into place, fsync the parent directory (the rename itself lives in the parent's entries).
+Temporaries are named ``.tmp-<name>-<pid>-<rand>``; a directory being replaced is first moved
+aside to ``.old-<name>-<pid>-<rand>``. A process killed at any moment leaves only such dot-names
+behind, and :func:`recover_interrupted` (run when a :class:`CheckpointManager` starts) removes
+the temporaries and puts back an ``.old-`` directory whose replacement never arrived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from asrforge.errors import CheckpointSaveError
+
+TMP_PREFIX = ".tmp-"
+OLD_PREFIX = ".old-"
+
+
+def temp_sibling(final: Path, prefix: str = TMP_PREFIX) -> Path:
+    """A fresh hidden name next to ``final``: ``<prefix><name>-<pid>-<rand>``."""
+    return final.parent / f"{prefix}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def describe_os_error(e: OSError) -> str:
+    """``"No space left on device (errno 28)"``-style text for an OSError."""
+    reason = e.strerror or str(e)
+    return f"{reason} (errno {e.errno})" if e.errno is not None else reason
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (creations, renames, deletions in it) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some filesystems (network, FUSE) cannot fsync a directory; the data is still flushed.
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush one file's data and metadata to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (temp sibling, fsync, rename, fsync parent).
+
+    Raises:
+        CheckpointSaveError: the write failed; ``path`` still holds its previous content.
+    """
+    path = Path(path)
+    tmp = temp_sibling(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointSaveError(f"could not write {path}: {describe_os_error(e)}") from e
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_symlink(link: Path, target: str) -> None:
+    """Point the symlink ``link`` at ``target`` (relative or absolute), replacing it atomically."""
+    link = Path(link)
+    tmp = temp_sibling(link)
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        fsync_dir(link.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointSaveError(f"could not update {link}: {describe_os_error(e)}") from e
+
+
+def fsync_tree(root: Path, *, files: bool = True) -> None:
+    """fsync every file under ``root`` (unless ``files`` is False), then every directory
+    bottom-up (``root`` last)."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames if files else ():
+            p = Path(dirpath, name)
+            if not p.is_symlink():
+                fsync_file(p)
+        fsync_dir(Path(dirpath))
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, symlink or directory tree; a missing path is fine."""
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path, *, fsync_files: bool = True) -> Iterator[Path]:
+    """Build a directory under a temporary name and move it into place only when complete.
+
+    Yields a fresh empty sibling directory to fill. On a clean exit every file in it is fsynced,
+    it is renamed to ``final`` (an existing ``final`` is first moved aside, then deleted after the
+    rename) and the parent is fsynced. On an exception the temporary is deleted and ``final`` is
+    left as it was.
+
+    Args:
+        final: the directory to create or replace.
+        fsync_files: False when the caller made its files durable itself (hard links of
+            fsynced files); the directories are fsynced either way.
+
+    Raises:
+        CheckpointSaveError: an OSError (disk full, permissions, ...) while writing or renaming,
+            with the path and the OS reason in the message. Other exceptions from the body pass
+            through unchanged (after the cleanup).
+    """
+    final = Path(final)
+    parent = final.parent
+    tmp = temp_sibling(final)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise CheckpointSaveError(f"could not write {final}: {describe_os_error(e)}") from e
+    try:
+        yield tmp
+        fsync_tree(tmp, files=fsync_files)
+        _move_into_place(tmp, final)
+    except BaseException as e:
+        remove_path(tmp)
+        if isinstance(e, OSError):
+            raise CheckpointSaveError(f"could not write {final}: {describe_os_error(e)}") from e
+        raise
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    parent = final.parent
+    old = None
+    if final.is_symlink() or final.is_file():
+        # A file or symlink is replaced by os.replace directly: no moment without `final`.
+        pass
+    elif final.exists():
+        old = temp_sibling(final, OLD_PREFIX)
+        os.rename(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.rename(old, final)  # put the previous version back before reporting
+        raise
+    fsync_dir(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            fsync_dir(parent)
+
+
+def recover_interrupted(parent: Path) -> list[str]:
+    """Undo what a killed writer left in ``parent``; returns one line per action, for the log.
+
+    An ``.old-<name>-*`` directory whose ``<name>`` is missing is renamed back (the kill came
+    between moving the old version aside and renaming the new one in); otherwise it is deleted.
+    Every ``.tmp-*`` entry is deleted: the directory is assumed to have one writer at a time.
+    """
+    parent = Path(parent)
+    actions: list[str] = []
+    if not parent.is_dir():
+        return actions
+    entries = sorted(parent.iterdir(), key=lambda p: p.name)
+    for p in entries:
+        if not p.name.startswith(OLD_PREFIX):
+            continue
+        name = p.name[len(OLD_PREFIX) :].rsplit("-", 2)[0]
+        final = parent / name
+        if name and not final.exists() and not final.is_symlink():
+            os.rename(p, final)
+            actions.append(f"restored {final} from interrupted replacement {p.name}")
+        else:
+            remove_path(p)
+            actions.append(f"removed leftover {p.name}")
+    for p in entries:
+        if p.name.startswith(TMP_PREFIX) and (p.exists() or p.is_symlink()):
+            remove_path(p)
+            actions.append(f"removed leftover {p.name}")
+    if actions:
+        fsync_dir(parent)
+    return actions

@@ -1,0 +1,360 @@
+"""Checkpoint averaging: the mean of the k best checkpoints' weights (ESPnet's ``ave_<k>best``).
+
+Floating tensors are averaged in float64 and cast back; integer tensors (counters such as
+BatchNorm's ``num_batches_tracked``) are summed, as ESPnet does; bool tensors are taken from the
+first (best) checkpoint. The work is streamed: tensor by tensor, and a large tensor in blocks of
+rows, over all inputs at once, read with ``pread`` (a memory map would keep every touched page of
+k files resident). Memory holds the output (one checkpoint's worth), a float64 accumulator block
+of at most 16 MiB and one input block; never several checkpoints. The result is a directory
+with the averaged weights, the best input's non-training files (``config.yaml``, ``tokenizer/``,
+...) and its own manifest.
+
+CLI: ``asrforge average RUN_DIR --metric wer --k 5 [--mode min] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from asrforge.checkpoint.atomic import atomic_directory
+from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
+from asrforge.checkpoint.training import MODEL_FILE, TRAINING_ONLY_FILES, save_weights
+from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
+
+log = logging.getLogger(__name__)
+
+_HIGHER_IS_BETTER = ("acc", "bleu", "f1", "precision", "recall")
+
+
+_BLOCK_BYTES = 16 << 20  # float64 accumulator block
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "C64": torch.complex64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class _RowReader:
+    """Reads blocks of rows of the tensors of one safetensors file with ``pread``.
+
+    The header was validated by ``safe_open`` (:func:`check_same_parameters`) first; this only
+    locates bytes. Safetensors data is little-endian, like every host torch ships for.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
+        self.header = json.loads(os.pread(self.fd, n, 8))
+        self.header.pop("__metadata__", None)
+        self.base = 8 + n
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def shape(self, name: str) -> list[int]:
+        return self.header[name]["shape"]
+
+    def dtype(self, name: str) -> torch.dtype:
+        code = self.header[name]["dtype"]
+        if code not in _DTYPES:
+            raise CheckpointNotSupportedError(
+                f"{self.path}: {name!r} has dtype {code}, not averaged"
+            )
+        return _DTYPES[code]
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """``tensor[start:stop]`` (the whole tensor for a 0-d one)."""
+        info = self.header[name]
+        dtype, shape = _DTYPES[info["dtype"]], info["shape"]
+        begin, end = info["data_offsets"]
+        if not shape:
+            start, stop, shape = 0, 1, [1]
+        row = (end - begin) // shape[0] if shape[0] else 0
+        buf = torch.empty((stop - start) * row, dtype=torch.uint8)
+        view, offset = memoryview(buf.numpy()), self.base + begin + start * row
+        while view:
+            got = os.preadv(self.fd, [view], offset)
+            if got <= 0:
+                raise CheckpointError(f"{self.path}: ends inside tensor {name!r}")
+            view, offset = view[got:], offset + got
+        return buf.view(dtype).reshape(stop - start, *shape[1:])
+
+
+@contextlib.contextmanager
+def _open_weights(path: Path) -> Iterator[_RowReader]:
+    reader = _RowReader(path)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+def _header(f: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    out = {}
+    for name in f.keys():
+        sl = f.get_slice(name)
+        out[name] = (sl.get_dtype(), tuple(sl.get_shape()))
+    return out
+
+
+def check_same_parameters(files: list[Path]) -> list[str]:
+    """Check that the safetensors ``files`` hold the same names, shapes and dtypes (headers only).
+
+    Returns:
+        The tensor names, in the first file's order.
+
+    Raises:
+        CheckpointNotSupportedError: naming the first mismatch and the two files.
+    """
+    with safe_open(str(files[0]), framework="pt") as f:
+        ref = _header(f)
+    for other in files[1:]:
+        with safe_open(str(other), framework="pt") as f:
+            got = _header(f)
+        missing = [n for n in ref if n not in got]
+        extra = [n for n in got if n not in ref]
+        if missing or extra:
+            what = f"lacks {missing[0]!r}" if missing else f"has an extra tensor {extra[0]!r}"
+            raise CheckpointNotSupportedError(
+                f"cannot average: {other} {what} compared to {files[0]} "
+                f"({len(missing)} missing, {len(extra)} extra)"
+            )
+        for name, (dtype, shape) in ref.items():
+            if got[name] != (dtype, shape):
+                raise CheckpointNotSupportedError(
+                    f"cannot average: {name!r} is {got[name][0]}{list(got[name][1])} in {other} "
+                    f"but {dtype}{list(shape)} in {files[0]}"
+                )
+    return list(ref)
+
+
+def average_checkpoints(
+    paths: list[Path],
+    out: Path,
+    *,
+    weights_file: str = MODEL_FILE,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Average the weights of checkpoint directories into a new directory ``out`` (atomically).
+
+    Args:
+        paths: checkpoint directories, best first (the first one's non-weight files are copied).
+            Each must verify against its manifest.
+        out: the directory to write (replaced whole if it exists).
+        weights_file: which safetensors file to average (``ema.safetensors`` for EMA weights);
+            the output uses the same name.
+        meta: extra manifest facts; ``averaged_from`` and ``k`` are always recorded.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        CheckpointNotSupportedError: the parameter sets differ (first mismatch named).
+        CheckpointCorruptError: an input does not verify.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise UserError("average_checkpoints: no checkpoints given")
+    for p in paths:
+        verify(p)
+        if not (p / weights_file).is_file():
+            raise CheckpointError(f"{p}: has no {weights_file} to average")
+    files = [p / weights_file for p in paths]
+    names = check_same_parameters(files)
+    k = len(paths)
+    with safe_open(str(files[0]), framework="pt") as f:
+        metadata = f.metadata() or {}
+    averaged: dict[str, torch.Tensor] = {}
+    with contextlib.ExitStack() as stack:
+        readers = [stack.enter_context(_open_weights(f)) for f in files]
+        for name in names:
+            averaged[name] = _average_one(readers, name)
+    with atomic_directory(Path(out)) as tmp:
+        save_weights(tmp / weights_file, averaged, metadata)
+        del averaged
+        skip = {weights_file, MODEL_FILE, MANIFEST_NAME, *TRAINING_ONLY_FILES}
+        for rel in sorted(read_manifest(paths[0])["files"]):
+            if rel in skip:
+                continue
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(paths[0] / rel, dst)
+            except OSError:
+                shutil.copy2(paths[0] / rel, dst)
+        info = {"kind": "average", "averaged_from": [str(p) for p in paths], "k": k}
+        write_manifest(tmp, {**info, **(meta or {}), "weights_file": weights_file})
+    return Path(out)
+
+
+def _average_one(readers: list[_RowReader], name: str) -> torch.Tensor:
+    """Mean (floats) or sum (integers) of one tensor over the inputs, a block of rows at a time."""
+    shape, dtype = readers[0].shape(name), readers[0].dtype(name)
+    out = torch.empty(shape, dtype=dtype)
+    if out.numel() == 0:
+        return out
+    rows = out.reshape(shape[0] if shape else 1, -1)  # a view: filling it fills `out`
+    if dtype == torch.bool:  # masks and flags: the best checkpoint's
+        rows[:] = readers[0].rows(name, 0, rows.shape[0]).reshape(rows.shape)
+        return out
+    if dtype.is_complex:
+        wide = torch.complex128
+    elif dtype.is_floating_point:
+        wide = torch.float64
+    else:
+        wide = torch.int64
+    block = max(1, _BLOCK_BYTES // (16 * rows.shape[1]))
+    for start in range(0, rows.shape[0], block):
+        stop = min(start + block, rows.shape[0])
+        acc = None
+        for reader in readers:
+            part = reader.rows(name, start, stop).reshape(stop - start, -1)
+            if acc is None:
+                acc = part.to(wide, copy=True)
+            else:
+                acc += part
+            del part
+        if wide != torch.int64:
+            acc /= len(readers)
+        rows[start:stop] = acc.to(dtype)
+    return out
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    """``run_dir/checkpoints`` when it exists, else ``run_dir`` itself."""
+    run_dir = Path(run_dir)
+    return run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+
+
+def default_mode(metric: str) -> str:
+    """``max`` for accuracy-like names (acc, bleu, f1, precision, recall), else ``min``."""
+    return "max" if any(h in metric.lower() for h in _HIGHER_IS_BETTER) else "min"
+
+
+def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, int, Path]]:
+    """``(value, step, dir)`` of each distinct step under ``root`` whose manifest has a finite
+    ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy)."""
+    by_step: dict[int, tuple[float, int, Path]] = {}
+    for d in sorted(Path(root).iterdir()):
+        if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
+            continue
+        try:
+            manifest = read_manifest(d)
+        except CheckpointError as e:
+            log.warning("average: skipping %s: %s", d, e)
+            continue
+        if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
+            continue
+        value = (manifest.get("metrics") or {}).get(metric, manifest.get(metric))
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            continue
+        step = manifest["step"]
+        if step not in by_step or d.name.startswith("step-"):
+            by_step[step] = (float(value), step, d)
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted(by_step.values(), key=lambda e: (sign * e[0], e[1]))
+
+
+def average_top_k(
+    run_dir_or_ckpt_root: Path,
+    metric: str,
+    k: int,
+    out: Path | None = None,
+    *,
+    mode: str | None = None,
+    weights_file: str = MODEL_FILE,
+) -> Path:
+    """Average the ``k`` best checkpoints of a run by ``metric`` (as named in the manifests).
+
+    Args:
+        run_dir_or_ckpt_root: the run directory or its ``checkpoints/``.
+        metric: a key of the manifests' ``metrics`` (``wer``, ``cer``, ``loss``, ...).
+        k: how many; fewer are averaged (with a warning) when fewer have the metric.
+        out: the output directory; default ``<checkpoints>/<metric>.ave_<k>best``.
+        mode: ``min`` or ``max``; default :func:`default_mode` of the metric.
+        weights_file: which weights to average.
+
+    Raises:
+        CheckpointError: no checkpoint has the metric.
+    """
+    root = checkpoints_root(Path(run_dir_or_ckpt_root))
+    if not root.is_dir():
+        raise UserError(f"{run_dir_or_ckpt_root}: no such directory")
+    if k < 1:
+        raise UserError(f"k: must be >= 1, got {k}")
+    mode = mode or default_mode(metric)
+    ranked = rank_checkpoints(root, metric, mode)
+    if not ranked:
+        raise CheckpointError(
+            f"no checkpoint under {root} has the metric {metric!r} in its manifest"
+        )
+    chosen = ranked[:k]
+    if len(chosen) < k:
+        log.warning("average: only %d checkpoints have %r; averaging those", len(chosen), metric)
+    out = Path(out) if out is not None else root / f"{metric}.ave_{k}best"
+    meta = {
+        "metric": metric,
+        "mode": mode,
+        "steps": [step for _v, step, _d in chosen],
+        "values": [v for v, _s, _d in chosen],
+    }
+    return average_checkpoints(
+        [d for _v, _s, d in chosen], out, weights_file=weights_file, meta=meta
+    )
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``average`` to an argparse subparsers object; the caller dispatches to :func:`run_cli`."""
+    p = subparsers.add_parser(
+        "average",
+        help="average the k best checkpoints of a run by a metric",
+        description="Average the weights of the k best checkpoints of a run (by a metric stored "
+        "in their manifests) into <checkpoints>/<metric>.ave_<k>best/.",
+    )
+    p.add_argument("run_dir", type=Path, help="a run directory or its checkpoints/ directory")
+    p.add_argument("--metric", default="wer", help="metric name as in the manifests (default wer)")
+    p.add_argument("--k", type=int, default=5, help="how many checkpoints (default 5)")
+    p.add_argument(
+        "--mode",
+        choices=["min", "max"],
+        default=None,
+        help="default: max for acc/bleu/f1, else min",
+    )
+    p.add_argument("--out", type=Path, default=None, help="output directory")
+    p.add_argument("--weights-file", default=MODEL_FILE, help="e.g. ema.safetensors")
+    p.set_defaults(func=run_cli)
+    return p
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``asrforge average``; user errors raise :class:`UserError` subclasses."""
+    if args.k < 1:
+        raise UserError(f"--k: must be >= 1, got {args.k}")
+    out = average_top_k(
+        args.run_dir, args.metric, args.k, args.out, mode=args.mode, weights_file=args.weights_file
+    )
+    manifest = read_manifest(out)
+    steps = ", ".join(str(s) for s in manifest.get("steps", []))
+    print(f"averaged {manifest['k']} checkpoints (steps {steps}) by {args.metric} -> {out}")
+    return 0

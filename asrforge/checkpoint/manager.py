@@ -1,0 +1,357 @@
+"""The checkpoints directory of a run: step checkpoints, ``latest``, ``best/``, top-k, rotation.
+
+::
+
+    checkpoints/
+      step-000100/  step-000200/ ...   complete training checkpoints (each with a manifest)
+      latest -> step-000200            symlink, replaced atomically (latest.txt where symlinks fail)
+      best/                            the selection policy's choice
+      best-wer-1/ best-wer-2/ ...      top-k per ``keep_best`` spec, rank 1 = best
+
+``best*/`` directories are hard links of the step directory's files (checkpoint files are never
+modified in place, so sharing inodes is safe and costs no space); a copy where links fail. Each
+is built under a temporary name and renamed into place, like the step directories.
+
+Rotation (``save_total_limit``) runs only after the new checkpoint is complete, deletes the
+oldest ``step-*`` directories beyond the limit, and never deletes the best one, a top-k member's
+source, or the newest. The manager's own state (best step, top-k entries) is stored in each
+manifest under ``checkpoint_manager`` *including* that checkpoint, so on resume::
+
+    manager.load_state_dict(ckpt.manifest["checkpoint_manager"])
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from asrforge.checkpoint.atomic import (
+    atomic_directory,
+    atomic_symlink,
+    atomic_write_text,
+    describe_os_error,
+    fsync_dir,
+    fsync_file,
+    recover_interrupted,
+    temp_sibling,
+)
+from asrforge.checkpoint.manifest import MANIFEST_NAME, verify, write_manifest
+from asrforge.checkpoint.training import save_training_checkpoint
+from asrforge.config import TopKSpec
+from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
+
+STATE_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+Payload = Mapping[str, Any] | Callable[[Path], None]
+
+
+def step_dir_name(step: int) -> str:
+    """``step-000200``: six digits, zero-padded (more digits past 999999)."""
+    return f"step-{step:06d}"
+
+
+def metric_dir_name(metric: str, rank: int) -> str:
+    """``best-<metric>-<rank>``, the metric made filename-safe (``eval/wer`` -> ``eval_wer``)."""
+    return f"best-{re.sub(r'[^A-Za-z0-9_.]', '_', metric)}-{rank}"
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Make ``dst`` an exact image of the directory ``src``, atomically, with hard links where
+    the filesystem allows (copies otherwise)."""
+    # Linked files are the source's fsynced inodes: only copies need an fsync of their own.
+    with atomic_directory(dst, fsync_files=False) as tmp:
+        for dirpath, _dirnames, filenames in os.walk(src):
+            rel = Path(dirpath).relative_to(src)
+            (tmp / rel).mkdir(parents=True, exist_ok=True)
+            for name in filenames:
+                try:
+                    os.link(Path(dirpath, name), tmp / rel / name)
+                except OSError:
+                    shutil.copy2(Path(dirpath, name), tmp / rel / name)
+                    fsync_file(tmp / rel / name)
+
+
+def _manifest_bytes(directory: Path) -> bytes | None:
+    try:
+        return (directory / MANIFEST_NAME).read_bytes()
+    except OSError:
+        return None
+
+
+def _json_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    out = {}
+    for k, v in (metrics or {}).items():
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # tensors, numpy scalars
+            v = v.item()
+        out[str(k)] = v if isinstance(v, bool | int | float | str | type(None)) else str(v)
+    return out
+
+
+def verify_quick(directory: Path) -> bool:
+    """True when ``directory``'s files have the sizes its manifest lists."""
+    try:
+        verify(directory, check_hashes=False)
+    except CheckpointCorruptError:
+        return False
+    return True
+
+
+class CheckpointManager:
+    """Saves step checkpoints under ``root`` and keeps ``latest``, ``best/`` and top-k current.
+
+    Only rank zero should create one. Starting a manager cleans what a killed process left
+    (``.tmp-*`` entries; an interrupted replacement of ``best/`` is rolled back).
+
+    Args:
+        root: the checkpoints directory (``output_dir/checkpoints``).
+        save_total_limit: keep at most this many ``step-*`` directories besides the best and
+            top-k sources; None keeps all.
+        keep_best: top-k specs; each keeps ``best-<metric>-<rank>/`` directories.
+        log: where recoveries, skipped corrupt checkpoints and saves are reported.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        save_total_limit: int | None = None,
+        keep_best: list[TopKSpec] | None = None,
+        log: logging.Logger | None = None,
+    ):
+        self.root = Path(root)
+        self.save_total_limit = save_total_limit
+        self.specs = list(keep_best or [])
+        self.log = log or logging.getLogger(__name__)
+        names = [metric_dir_name(s.metric, 1) for s in self.specs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise UserError(f"checkpoint.keep_best: a metric is listed twice ({', '.join(dup)})")
+        if save_total_limit is not None and save_total_limit < 1:
+            raise UserError(f"checkpoint.save_total_limit: must be >= 1, got {save_total_limit}")
+        self.best_step: int | None = None
+        self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for action in recover_interrupted(self.root):
+                self.log.warning("checkpoints: %s", action)
+        except OSError as e:
+            raise CheckpointSaveError(
+                f"cannot prepare the checkpoints directory {self.root}: {describe_os_error(e)}"
+            ) from e
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def step_dirs(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every ``step-*`` directory, oldest first."""
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir() and not p.is_symlink():
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
+    def latest(self) -> Path | None:
+        """Where ``latest`` points (no verification); None before the first save."""
+        link = self.root / "latest"
+        if link.is_symlink():
+            return self.root / os.readlink(link)
+        txt = self.root / "latest.txt"
+        if txt.is_file():
+            return self.root / txt.read_text().strip()
+        return None
+
+    def latest_valid(self, *, check_hashes: bool = True) -> Path | None:
+        """The newest ``step-*`` directory whose manifest verifies; a newer corrupt or
+        incomplete one is logged (with the reason) and skipped. None when there is none."""
+        for _step, path in reversed(self.step_dirs()):
+            try:
+                verify(path, check_hashes=check_hashes)
+            except CheckpointCorruptError as e:
+                self.log.warning("checkpoints: skipping %s, it does not verify: %s", path.name, e)
+                continue
+            return path
+        return None
+
+    def protected_steps(self) -> set[int]:
+        """Steps rotation must not delete: the best one and every top-k member."""
+        steps = {e["step"] for entries in self.top_k.values() for e in entries}
+        if self.best_step is not None:
+            steps.add(self.best_step)
+        return steps
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best step and the top-k entries, JSON-able."""
+        return {
+            "version": STATE_VERSION,
+            "best_step": self.best_step,
+            "top_k": [
+                {
+                    "metric": s.metric,
+                    "mode": s.mode,
+                    "entries": [dict(e) for e in self.top_k[s.metric]],
+                }
+                for s in self.specs
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`. Entries of specs no longer configured are dropped; a
+        spec whose ``k`` shrank keeps its best ``k``; a changed ``mode`` starts empty."""
+        if state.get("version", STATE_VERSION) > STATE_VERSION:
+            raise UserError(f"checkpoint manager state version {state['version']} is too new")
+        self.best_step = state.get("best_step")
+        saved = {(t["metric"], t["mode"]): t["entries"] for t in state.get("top_k", [])}
+        for s in self.specs:
+            entries = [dict(e) for e in saved.get((s.metric, s.mode), [])]
+            self.top_k[s.metric] = self._ranked(s, entries)[: s.k]
+
+    def _ranked(self, spec: TopKSpec, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        sign = 1.0 if spec.mode == "min" else -1.0
+        return sorted(entries, key=lambda e: (sign * e["value"], e["step"]))  # ties: earlier wins
+
+    def _next_state(self, step: int, metrics: dict[str, Any], is_best: bool) -> dict[str, Any]:
+        state = self.state_dict()
+        if is_best:
+            state["best_step"] = step
+        for spec, rec in zip(self.specs, state["top_k"], strict=True):
+            entries = [e for e in rec["entries"] if e["step"] != step]
+            value = metrics.get(spec.metric)
+            if (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
+                entries.append({"step": step, "value": float(value)})
+            rec["entries"] = self._ranked(spec, entries)[: spec.k]
+        return state
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        payload: Payload,
+        metrics: Mapping[str, Any] | None = None,
+        is_best: bool = False,
+    ) -> Path:
+        """Write ``step-NNNNNN/``, then update ``latest``, ``best/``, top-k, then rotate.
+
+        Args:
+            step: the optimizer step (names the directory).
+            payload: the keyword arguments of :func:`save_training_checkpoint` (without ``path``;
+                a ``meta`` entry is merged into the manifest), or a function that fills a
+                directory (the manager adds atomicity and the manifest).
+            metrics: the evaluation's metrics, e.g. ``{"wer": 0.21, "loss": 1.3}``; stored in the
+                manifest and used for top-k (non-finite values never enter a top-k).
+            is_best: the selection policy chose this checkpoint: it becomes ``best/``.
+
+        Returns:
+            The step directory.
+
+        Raises:
+            CheckpointSaveError: the save failed; every earlier checkpoint is intact. (When only
+                updating ``best``/top-k fails, the step directory itself is complete.)
+        """
+        t0 = time.perf_counter()
+        final = self.root / step_dir_name(step)
+        metrics = _json_metrics(metrics)
+        state = self._next_state(step, metrics, is_best)
+        meta = {"step": step, "metrics": metrics, "is_best": is_best, "checkpoint_manager": state}
+        if callable(payload):
+            with atomic_directory(final) as tmp:
+                payload(tmp)
+                write_manifest(tmp, meta)
+        else:
+            kwargs = dict(payload)
+            meta = {**(kwargs.pop("meta", None) or {}), **meta}
+            save_training_checkpoint(final, **kwargs, meta=meta)
+        self.load_state_dict(state)
+        self._point_latest(final)
+        self._sync_best_dirs()
+        self._rotate(keep=step)
+        self.log.info("checkpoints: saved %s in %.2f s", final.name, time.perf_counter() - t0)
+        return final
+
+    def _point_latest(self, final: Path) -> None:
+        try:
+            atomic_symlink(self.root / "latest", final.name)
+        except CheckpointSaveError:  # no symlinks here (some network filesystems)
+            atomic_write_text(self.root / "latest.txt", final.name + "\n")
+
+    def _source_for(self, step: int) -> Path | None:
+        """A complete directory holding ``step``: its step dir, else a best dir that has it."""
+        path = self.root / step_dir_name(step)
+        if path.is_dir():
+            return path
+        for p in sorted(self.root.glob("best*")):
+            try:
+                if p.is_dir() and verify(p, check_hashes=False).get("step") == step:
+                    return p
+            except CheckpointCorruptError:
+                continue
+        return None
+
+    def _make_image(self, dst: Path, step: int) -> None:
+        src = self._source_for(step)
+        if src is None:
+            self.log.warning(
+                "checkpoints: no directory holds step %d any more; %s kept", step, dst.name
+            )
+            return
+        if src == dst or (_manifest_bytes(src) == _manifest_bytes(dst) and verify_quick(dst)):
+            return
+        link_tree(src, dst)
+
+    def _sync_best_dirs(self) -> None:
+        """Make ``best/`` and every ``best-<metric>-<rank>/`` hold what the state says."""
+        if self.best_step is not None:
+            self._make_image(self.root / "best", self.best_step)
+        for spec in self.specs:
+            entries = self.top_k[spec.metric]
+            # Worst rank first: entries only move down when a new one enters, so each source
+            # rank directory is still intact when it is copied one rank down.
+            for rank in range(len(entries), 0, -1):
+                self._make_image(
+                    self.root / metric_dir_name(spec.metric, rank), entries[rank - 1]["step"]
+                )
+            rank = len(entries) + 1
+            while (stale := self.root / metric_dir_name(spec.metric, rank)).exists():
+                self._delete(stale)
+                rank += 1
+
+    def _rotate(self, keep: int) -> None:
+        if self.save_total_limit is None:
+            return
+        protected = self.protected_steps()
+        latest = self.latest()
+        counted = [(s, p) for s, p in self.step_dirs() if s not in protected]
+        excess = len(counted) - self.save_total_limit
+        for s, p in counted:
+            if excess <= 0:
+                break
+            if s == keep or (latest is not None and p.name == latest.name):
+                continue
+            self._delete(p)
+            excess -= 1
+            self.log.info("checkpoints: rotated out %s", p.name)
+
+    def _delete(self, path: Path) -> None:
+        """Rename to a ``.tmp-`` name first, so a half-deleted directory never looks real."""
+        doomed = temp_sibling(path)
+        try:
+            os.rename(path, doomed)
+            fsync_dir(path.parent)
+        except OSError as e:
+            self.log.warning("checkpoints: could not delete %s: %s", path, describe_os_error(e))
+            return
+        shutil.rmtree(doomed, ignore_errors=True)

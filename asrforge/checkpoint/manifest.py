@@ -1,0 +1,162 @@
+"""``manifest.json``: the list of a checkpoint directory's files with their sha256 and size.
+
+The manifest is written last, so a directory with a manifest that verifies is complete. Layout::
+
+    {"format_version": 1,
+     "files": {"model.safetensors": {"sha256": "...", "size": 1234}, "tokenizer/vocab.json": ...},
+     ...meta given by the writer: "step", "metrics", "config_id", "seed", ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.errors import CheckpointCorruptError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_RESERVED = ("format_version", "files")
+_CHUNK = 4 << 20
+_PARALLEL_BYTES = 64 << 20  # below this, threads cost more than they save
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def sha256_files(paths: list[Path]) -> list[str]:
+    """:func:`sha256_file` of each path, several files at once (hashlib releases the GIL)."""
+    sizes = [p.stat().st_size for p in paths]
+    workers = min(len(paths), os.cpu_count() or 1, 4)
+    if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        # Largest first, so one big file does not start last.
+        order = sorted(range(len(paths)), key=lambda i: -sizes[i])
+        digests = dict(zip(order, pool.map(sha256_file, [paths[i] for i in order]), strict=True))
+    return [digests[i] for i in range(len(paths))]
+
+
+def list_files(directory: Path) -> list[str]:
+    """Every regular file under ``directory`` as a sorted POSIX relative path, the manifest
+    excluded."""
+    directory = Path(directory)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        for name in filenames:
+            rel = Path(dirpath, name).relative_to(directory).as_posix()
+            if rel != MANIFEST_NAME:
+                out.append(rel)
+    return sorted(out)
+
+
+def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file of ``directory`` and write ``manifest.json`` (atomically); call it last.
+
+    Args:
+        directory: the (usually still temporary) checkpoint directory.
+        meta: JSON-able facts stored at the top level of the manifest (``step``, ``metrics``,
+            ``config_id``, ``seed``, ...). ``format_version`` and ``files`` are reserved.
+
+    Returns:
+        The manifest as written.
+    """
+    directory = Path(directory)
+    clash = [k for k in _RESERVED if k in meta]
+    if clash:
+        raise ValueError(f"manifest meta may not set the reserved keys {clash}")
+    rels = list_files(directory)
+    digests = sha256_files([directory / rel for rel in rels])
+    files = {
+        rel: {"sha256": digest, "size": (directory / rel).stat().st_size}
+        for rel, digest in zip(rels, digests, strict=True)
+    }
+    manifest = {"format_version": FORMAT_VERSION, **meta, "files": files}
+    atomic_write_text(directory / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Parse ``manifest.json`` without checking the files.
+
+    Raises:
+        CheckpointCorruptError: the manifest is missing, unparseable, or from a newer format.
+    """
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointCorruptError(
+            f"{directory}: {MANIFEST_NAME} is missing (an incomplete or foreign directory)"
+        ) from None
+    except OSError as e:
+        raise CheckpointCorruptError(f"{path}: cannot be read: {e}") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise CheckpointCorruptError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointCorruptError(f"{path}: not a manifest (no 'files' mapping)")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise CheckpointCorruptError(f"{path}: format_version missing or not an integer")
+    if version > FORMAT_VERSION:
+        raise CheckpointCorruptError(
+            f"{path}: format_version {version} is newer than this asrforge supports "
+            f"({FORMAT_VERSION}); upgrade asrforge to read it"
+        )
+    return manifest
+
+
+def verify(directory: Path, *, check_hashes: bool = True) -> dict[str, Any]:
+    """Check that every file the manifest lists is present with its size and sha256.
+
+    Args:
+        directory: a checkpoint directory.
+        check_hashes: also hash each file (reads everything); False checks sizes only.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointCorruptError: naming the first bad file and what is wrong with it.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    entries = sorted(manifest["files"].items())
+    for rel, entry in entries:
+        p = directory / rel
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{p}: missing (listed in {MANIFEST_NAME})") from None
+        if size != entry.get("size"):
+            raise CheckpointCorruptError(
+                f"{p}: size {size} bytes, the manifest says {entry.get('size')} (truncated?)"
+            )
+    if check_hashes:
+        try:
+            digests = sha256_files([directory / rel for rel, _ in entries])
+        except OSError as e:
+            raise CheckpointCorruptError(f"{directory}: a file cannot be read: {e}") from None
+        for (rel, entry), digest in zip(entries, digests, strict=True):
+            if digest != entry.get("sha256"):
+                raise CheckpointCorruptError(
+                    f"{directory / rel}: sha256 {digest[:12]}… does not match the manifest's "
+                    f"{str(entry.get('sha256'))[:12]}… (the file was altered or damaged)"
+                )
+    return manifest

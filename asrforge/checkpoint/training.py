@@ -1,0 +1,422 @@
+"""Training checkpoints: one directory with everything an exact resume needs.
+
+::
+
+    step-000200/
+      model.safetensors    weights (tied aliases dropped, recorded in the header; see below)
+      ema.safetensors      EMA weights, when EMA is on
+      optimizer.pt         optimizer.state_dict()         } torch.save; loaded with
+      scheduler.pt         lr_scheduler.state_dict()      } weights_only=True, so only
+      scaler.pt            GradScaler state, when used    } tensors, numbers, strings, lists,
+      rng.pt               capture_rng_state()            } tuples, dicts and None may be inside
+      train_state.json     TrainState, data position
+      callbacks.json       {callback name: its state_dict()}
+      config.yaml          the resolved TrainConfig
+      tokenizer/           whatever the tokenizer's save function writes
+      manifest.json        sha256 + size of each file above, step, metrics; written last
+
+**Tied weights.** Whisper ties ``proj_out.weight`` to ``model.decoder.embed_tokens.weight``;
+safetensors refuses two names for one storage. :func:`save_weights` keeps the first name of each
+group of exact aliases, drops the others and records them as ``{"alias": "kept name"}`` in the
+header metadata under ``asrforge_aliases``; :func:`load_weights` puts the alias back as the *same*
+tensor object, so the tie survives a round trip. (transformers' ``from_pretrained`` also accepts
+the file as is: it re-ties ``proj_out`` itself.) Tensors that overlap only partly are cloned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from asrforge.checkpoint.atomic import atomic_directory
+from asrforge.checkpoint.manifest import verify, write_manifest
+from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
+
+ALIASES_KEY = "asrforge_aliases"
+MODEL_FILE = "model.safetensors"
+EMA_FILE = "ema.safetensors"
+TORCH_FILES = ("optimizer", "scheduler", "scaler", "rng")
+TRAINING_ONLY_FILES = (
+    EMA_FILE,
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng.pt",
+    "train_state.json",
+    "callbacks.json",
+)
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def save_weights(
+    path: Path, state: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Write a state dict as safetensors; exact aliases are dropped and recorded (see module doc).
+
+    Args:
+        path: the ``.safetensors`` file to write (plainly: atomicity is the caller's directory).
+        state: name -> tensor, any device (copied to the CPU for the write).
+        metadata: extra string metadata for the header.
+
+    Returns:
+        The dropped aliases, ``{alias: kept name}``.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    by_storage: dict[tuple, list[str]] = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointSaveError(
+                f"{path.name}: {name!r} is a {type(t).__name__}, not a tensor"
+            )
+        t = t.detach()
+        if t.numel() == 0:
+            tensors[name] = t
+            continue
+        storage = (t.device, t.untyped_storage().data_ptr())
+        key = (*storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = t
+        by_storage.setdefault(storage, []).append(name)
+    for names in by_storage.values():
+        if len(names) > 1:  # views into one buffer (a split fused weight, ...): give each its own
+            for name in names:
+                tensors[name] = tensors[name].clone()
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            tensors[name] = t.contiguous()
+    meta = {"format": "pt", **(metadata or {})}
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    save_file(tensors, str(path), metadata=meta)
+    # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
+    # shared run directory stays readable by the group, like every other file of the checkpoint.
+    os.chmod(path, 0o666 & ~_umask(path.parent))
+    return aliases
+
+
+def _umask(directory: Path) -> int:
+    """The process umask, read without changing it (``os.umask`` would race other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    probe = directory / f".umask-probe-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        return 0o666 & ~os.fstat(fd).st_mode & 0o777
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def load_weights(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Read a safetensors file written by :func:`save_weights`, re-creating tied aliases."""
+    state = load_file(str(path), device=str(device))
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    for alias, kept in json.loads(metadata.get(ALIASES_KEY, "{}")).items():
+        state[alias] = state[kept]
+    return state
+
+
+def weights_aliases(path: Path) -> dict[str, str]:
+    """The ``{alias: kept name}`` record of a safetensors file (empty when none)."""
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    return json.loads(metadata.get(ALIASES_KEY, "{}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The state of every global RNG: python ``random``, numpy's legacy global, torch CPU and
+    each CUDA device. Plain ints, lists and tensors, so ``torch.load(weights_only=True)`` reads
+    it back."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {
+            "bit_generator": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back what :func:`capture_rng_state` returned. CUDA states are restored for the devices
+    present (a checkpoint from 8 GPUs resumed on 4 restores the first 4)."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npst = state["numpy"]
+    keys = npst["keys"].numpy().astype(np.uint32)
+    np.random.set_state(
+        (npst["bit_generator"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+
+
+# ---------------------------------------------------------------------------------------------
+# Save and load
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray)
+_TORCH_PLAIN = (torch.Size, torch.dtype, torch.device)
+
+
+def check_weights_only(obj: Any, where: str) -> None:
+    """Raise if ``obj`` holds something ``torch.load(weights_only=True)`` would refuse.
+
+    Checked at save time, so a checkpoint that could not be resumed is never written.
+    """
+    t = type(obj)
+    if t in (dict, OrderedDict):
+        for k, v in obj.items():
+            check_weights_only(k, f"{where} (a key)")
+            check_weights_only(v, f"{where}[{k!r}]")
+    elif t in (list, tuple, set):
+        for i, v in enumerate(obj):
+            check_weights_only(v, f"{where}[{i}]")
+    elif isinstance(obj, torch.Tensor) or t in _PLAIN or t in _TORCH_PLAIN:
+        return
+    else:
+        raise CheckpointSaveError(
+            f"{where} is a {t.__module__}.{t.__qualname__}, which torch.load(weights_only=True) "
+            "refuses; only tensors, numbers, strings, lists, tuples, dicts and None can be saved"
+        )
+
+
+def write_training_files(
+    directory: Path,
+    *,
+    model: Mapping[str, torch.Tensor],
+    ema: Mapping[str, torch.Tensor] | None = None,
+    optimizer: dict,
+    scheduler: dict,
+    scaler: dict | None = None,
+    rng: dict,
+    train_state: dict,
+    callbacks: dict[str, dict] | None = None,
+    config_yaml: str,
+    tokenizer_save: Callable[[Path], None] | None = None,
+) -> None:
+    """Write the files of a training checkpoint into an existing (temporary) ``directory``.
+
+    No manifest, no atomicity: :func:`save_training_checkpoint` adds both.
+
+    Raises:
+        CheckpointSaveError: a value cannot be saved safely, or a library reported a write error.
+        OSError: a plain write failed (the atomic wrapper turns it into CheckpointSaveError).
+    """
+    directory = Path(directory)
+    torch_objs = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "rng": rng}
+    for name, obj in torch_objs.items():
+        if obj is not None:
+            check_weights_only(obj, f"{name}.pt: {name}")
+    json_texts = {}
+    for name, obj in (("train_state", train_state), ("callbacks", callbacks or {})):
+        try:
+            json_texts[f"{name}.json"] = json.dumps(obj, indent=2) + "\n"
+        except (TypeError, ValueError) as e:
+            raise CheckpointSaveError(f"{name}.json: {name} is not JSON-serializable: {e}") from e
+
+    for fname, state in ((MODEL_FILE, model), (EMA_FILE, ema)):
+        if state is None:
+            continue
+        try:
+            save_weights(directory / fname, state)
+        except SafetensorError as e:
+            raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
+    for name, obj in torch_objs.items():
+        if obj is not None:
+            # A Python file object (not a path): write errors surface as OSError on close.
+            with open(directory / f"{name}.pt", "wb") as f:
+                torch.save(obj, f)
+    for fname, text in json_texts.items():
+        (directory / fname).write_text(text, encoding="utf-8")
+    (directory / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    if tokenizer_save is not None:
+        (directory / "tokenizer").mkdir()
+        tokenizer_save(directory / "tokenizer")
+
+
+def save_training_checkpoint(
+    path: Path,
+    *,
+    model: Mapping[str, torch.Tensor],
+    ema: Mapping[str, torch.Tensor] | None = None,
+    optimizer: dict,
+    scheduler: dict,
+    scaler: dict | None = None,
+    rng: dict,
+    train_state: dict,
+    callbacks: dict[str, dict] | None = None,
+    config_yaml: str,
+    tokenizer_save: Callable[[Path], None] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a complete training checkpoint directory at ``path``, atomically.
+
+    Args:
+        path: the directory to create (an existing one is replaced whole).
+        model: the model's state dict (tied weights are handled, see the module doc).
+        ema: the EMA weights, or None when EMA is off.
+        optimizer: ``optimizer.state_dict()``.
+        scheduler: ``lr_scheduler.state_dict()``.
+        scaler: ``GradScaler.state_dict()``, or None without loss scaling.
+        rng: :func:`capture_rng_state` (per process; the caller picks rank zero's).
+        train_state: JSON-able loop state (step, epoch, data position, best metrics, ...).
+        callbacks: JSON-able ``{callback name: state_dict}``.
+        config_yaml: the resolved config as YAML text.
+        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory).
+        meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        CheckpointSaveError: nothing was written at ``path`` (a previous version is intact).
+    """
+    path = Path(path)
+    with atomic_directory(path) as tmp:
+        write_training_files(
+            tmp,
+            model=model,
+            ema=ema,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            rng=rng,
+            train_state=train_state,
+            callbacks=callbacks,
+            config_yaml=config_yaml,
+            tokenizer_save=tokenizer_save,
+        )
+        write_manifest(tmp, {"kind": "training", **(meta or {})})
+    return path
+
+
+@dataclass
+class TrainingCheckpoint:
+    """What :func:`load_training_checkpoint` read; fields as in :func:`save_training_checkpoint`."""
+
+    path: Path
+    manifest: dict[str, Any]
+    model: dict[str, torch.Tensor]
+    ema: dict[str, torch.Tensor] | None
+    optimizer: dict
+    scheduler: dict
+    scaler: dict | None
+    rng: dict
+    train_state: dict
+    callbacks: dict[str, dict]
+    config_yaml: str
+    tokenizer_dir: Path | None
+    """``path/tokenizer`` when the checkpoint has one."""
+
+    @property
+    def step(self) -> int | None:
+        return self.manifest.get("step")
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.manifest.get("metrics") or {}
+
+
+def load_training_checkpoint(
+    path: Path, map_location: str | torch.device = "cpu", *, check_hashes: bool = True
+) -> TrainingCheckpoint:
+    """Verify the manifest, then read a training checkpoint. Nothing but safetensors and
+    ``torch.load(weights_only=True)`` is deserialized.
+
+    Args:
+        path: a directory written by :func:`save_training_checkpoint`.
+        map_location: device for tensors (weights and optimizer state).
+        check_hashes: False checks file sizes only (faster for huge checkpoints).
+
+    Raises:
+        CheckpointCorruptError: a file is missing, truncated or altered.
+        CheckpointError: a file verifies but cannot be read (e.g. written with unsafe objects).
+    """
+    path = Path(path)
+    manifest = verify(path, check_hashes=check_hashes)
+    files = manifest["files"]
+    for required in (MODEL_FILE, "optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
+        if required not in files:
+            raise CheckpointCorruptError(f"{path}: not a training checkpoint ({required} missing)")
+
+    def torch_file(name: str) -> Any:
+        fname = f"{name}.pt"
+        if fname not in files:
+            return None
+        try:
+            return torch.load(path / fname, map_location=map_location, weights_only=True)
+        except Exception as e:  # UnpicklingError, RuntimeError: the message says which object
+            raise CheckpointError(f"{path / fname}: cannot be loaded safely: {e}") from None
+
+    def json_file(name: str) -> Any:
+        try:
+            return json.loads((path / name).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{path / name}: not valid JSON ({e})") from None
+
+    def weights(name: str) -> dict[str, torch.Tensor] | None:
+        if name not in files:
+            return None
+        try:
+            return load_weights(path / name, device=map_location)
+        except SafetensorError as e:
+            raise CheckpointCorruptError(
+                f"{path / name}: not a readable safetensors file: {e}"
+            ) from None
+
+    objs = {name: torch_file(name) for name in TORCH_FILES}
+    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / "tokenizer").is_dir()
+    return TrainingCheckpoint(
+        path=path,
+        manifest=manifest,
+        model=weights(MODEL_FILE),
+        ema=weights(EMA_FILE),
+        optimizer=objs["optimizer"],
+        scheduler=objs["scheduler"],
+        scaler=objs["scaler"],
+        rng=objs["rng"],
+        train_state=json_file("train_state.json"),
+        callbacks=json_file("callbacks.json") if "callbacks.json" in files else {},
+        config_yaml=(path / "config.yaml").read_text(encoding="utf-8")
+        if "config.yaml" in files
+        else "",
+        tokenizer_dir=path / "tokenizer" if has_tokenizer else None,
+    )
