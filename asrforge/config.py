@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from asrforge.errors import UserError
 
@@ -200,6 +207,11 @@ class TrainLoopConfig(Section):
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _yaml_no_is_a_word(cls, v: Any) -> Any:
+        return "no" if v is False else v  # `precision: no` in YAML 1.1 is the boolean False
+
 
 class EvalConfig(Section):
     """When and how the validation split is evaluated."""
@@ -379,6 +391,8 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
+        value = raw  # YAML 1.1 reads yes/no/on/off as booleans; on a command line they are words
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):

@@ -118,3 +118,10 @@ def test_shipped_configs_load_and_name_their_command(path):
     from asrforge.callbacks import build_callbacks
 
     build_callbacks(cfg)  # callback names and options are valid too
+
+
+def test_yaml_words_that_look_boolean_stay_words(tmp_path):
+    assert load_config(data=MINIMAL, overrides=["train.precision=no"]).train.precision == "no"
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(MINIMAL) + "train:\n  precision: no\n")
+    assert load_config(f).train.precision == "no"
