@@ -25,7 +25,7 @@ class _StepAverager:
 
     def add(self, m: dict) -> None:
         self.n += 1
-        for k in ("loss", "grad_norm"):
+        for k in [k for k in m if k.startswith("loss")] + ["grad_norm"]:  # loss, loss_asr, ...
             v = m.get(k)
             if isinstance(v, float) and math.isfinite(v):
                 s, c = self.sums.get(k, (0.0, 0))

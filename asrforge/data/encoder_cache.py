@@ -9,11 +9,13 @@ runs and configs exactly when it is valid.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -62,11 +64,14 @@ class EncoderCache:
         *,
         batch_size: int,
         device: torch.device | str = "cpu",
+        autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     ) -> EncoderCache:
         """Open the cache for ``encoder`` under ``root``, computing the rows it lacks.
 
         Args:
             dataset: a ``SpeechDataset`` whose utterances carry ``audio_key``.
+            autocast: the training loop's autocast, so cached states equal what the encoder
+                would compute inside a training step.
         """
         t0 = time.perf_counter()
         directory = Path(root) / encoder_weights_hash(encoder)[:20]
@@ -86,7 +91,9 @@ class EncoderCache:
             for start in range(0, len(missing), batch_size):
                 items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
                 feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
-                rows.extend(encoder(feats).last_hidden_state.float().cpu().numpy())
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    hidden = encoder(feats).last_hidden_state
+                rows.extend(hidden.float().cpu().numpy())
         encoder.train(was_training)
         old = np.load(directory / "states.npy", mmap_mode="r") if index else None
         n_total = len(index) + len(rows)

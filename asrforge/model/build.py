@@ -14,12 +14,14 @@ from transformers import logging as hf_logging
 
 from asrforge.config import ModelConfig
 from asrforge.errors import UserError
+from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.tokenizer import (
     SpecialTokens,
     WhisperTokenizer,
     load_tokenizer,
     train_bpe_tokenizer,
 )
+from asrforge.model.vocab import VocabExtension, load_extended_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str] | None = None) 
     """The tokenizer the config asks for: ``cfg.tokenizer``, the pretrained model's, or a BPE
     trained on ``train_texts`` for a from-scratch model."""
     if cfg.tokenizer is not None:
+        if VocabExtension.read(cfg.tokenizer) is not None:
+            return load_extended_tokenizer(cfg.tokenizer)
         return load_tokenizer(cfg.tokenizer)
     if cfg.pretrained is not None:
         return load_tokenizer(cfg.pretrained)
@@ -65,12 +69,19 @@ def is_multilingual(cfg: ModelConfig) -> bool:
 def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> ModelBundle:
     """Build (from scratch) or load (from ``cfg.pretrained``) the model.
 
-    Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``.
+    Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``. When
+    ``cfg.tokenizer`` is an extension of the pretrained model's tokenizer (``asrforge vocab
+    build``), the model's vocabulary is extended to it (new rows drawn under ``seed``).
+    ``cfg.vocab_size`` and ``cfg.base_vocab_size`` are checked when set, then filled in.
     """
     specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg))
     if cfg.pretrained is not None:
         model = _load_pretrained(cfg)
-        if model.config.vocab_size != len(tokenizer):
+        base_vocab_size = model.config.vocab_size
+        if base_vocab_size != len(tokenizer) and (
+            cfg.tokenizer is None
+            or extend_pretrained(model, tokenizer, cfg.tokenizer, cfg.pretrained, seed) is None
+        ):
             raise UserError(
                 f"model.tokenizer has {len(tokenizer)} tokens but the pretrained model "
                 f"{cfg.pretrained} has {model.config.vocab_size}: extend the vocabulary with "
@@ -103,6 +114,8 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
             torch.manual_seed(seed)
             model = WhisperForConditionalGeneration(wcfg)
         n_mels, chunk = cfg.num_mel_bins, cfg.chunk_seconds
+        base_vocab_size = len(tokenizer)
+    _record_vocab_sizes(cfg, model.config.vocab_size, base_vocab_size)
     _set_generation_defaults(model, specials)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -118,6 +131,19 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
         n_fft=400,
     )
     return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int) -> None:
+    """Check ``model.vocab_size``/``model.base_vocab_size`` when set; fill them in (so the run's
+    config.yaml records them)."""
+    for name, built in (("vocab_size", vocab_size), ("base_vocab_size", base_vocab_size)):
+        want = getattr(cfg, name)
+        if want is not None and want != built:
+            raise UserError(
+                f"model.{name}: set to {want}, but the model built from model.tokenizer and "
+                f"model.pretrained has {built}"
+            )
+    cfg.vocab_size, cfg.base_vocab_size = vocab_size, base_vocab_size
 
 
 def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:

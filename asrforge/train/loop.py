@@ -47,9 +47,13 @@ class Trainer:
         callbacks: observers (see ``asrforge.callbacks.build_callbacks``).
     """
 
-    def __init__(self, cfg: TrainConfig, callbacks: list[Callback] | None = None):
+    def __init__(
+        self, cfg: TrainConfig, callbacks: list[Callback] | None = None,
+        startup: dict[str, float] | None = None,
+    ):
         self.cfg = cfg
         self.user_callbacks = list(callbacks or [])
+        self.startup = dict(startup or {})  # phases timed before fit (the CLI's imports, config)
         self._signal: str | None = None
 
     # ------------------------------------------------------------------------------------------
@@ -190,6 +194,8 @@ class Trainer:
 
         try:
             callbacks.call("on_train_begin", state, run=info)
+            startup = {**self.startup, **run.startup}
+            t_first = time.perf_counter()
             model.train()
             if cfg.model.freeze_encoder:  # a frozen encoder is a fixed function: no dropout
                 raw_model.model.encoder.eval()
@@ -298,6 +304,11 @@ class Trainer:
                     step_loss, step_samples, step_tokens, t_step = 0.0, 0, 0, now
                     task_losses = {"asr": [], "lm": []}
                     callbacks.call("on_step_end", state, metrics=metrics)
+                    if t_first is not None:
+                        startup["first step"] = time.perf_counter() - t_first
+                        t_first = None
+                        log.info("time to first step %.1f s: %s", sum(startup.values()),
+                                 ", ".join(f"{k} {v:.2f}" for k, v in startup.items()))
 
                     if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
                         status = "diverged"

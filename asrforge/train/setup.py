@@ -7,9 +7,10 @@ import json
 import logging
 import platform
 import random
+import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,8 @@ class RunSetup:
     n_params: tuple[int, int]
     resume_from: TrainingCheckpoint | None
     log_handler: logging.Handler | None
+    startup: dict[str, float] = field(default_factory=dict)
+    """Seconds per start-up phase (data set, tokenizer, model, splits)."""
     text: TextBatches | None = None
     """Text-only batches (``data.asr_ratio < 1``), else None."""
 
@@ -253,6 +256,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
             "another output_dir"
         )
     seed_everything(cfg.seed)
+    clock = _PhaseClock()
     log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
              out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
 
@@ -268,6 +272,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
             raise UserError(f"data: split {split!r} not in {data_path} (has {sorted(dd)})")
     train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
 
+    clock.lap("data set")
     # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)
     tok_dir = out / "tokenizer"
     if cfg.model.tokenizer is None and cfg.model.pretrained is None and tok_dir.is_dir():
@@ -276,7 +281,9 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         tokenizer = build_tokenizer(cfg.model, train_split["text"])
         if acc.is_main_process:
             tokenizer.save_pretrained(str(tok_dir))
+    clock.lap("tokenizer")
     bundle = build_model(cfg.model, tokenizer, cfg.seed)
+    clock.lap("model")
     model = bundle.model
     n_params = count_parameters(model)
     log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
@@ -301,6 +308,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
             train_set.encoder_cache = EncoderCache.build(
                 cache_root, model.model.encoder, train_set,
                 batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+                autocast=acc.autocast,
             )
         acc.wait_for_everyone()
         if not acc.is_main_process:
@@ -309,6 +317,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
             )
     eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
 
+    clock.lap("splits" if not cfg.data.cache_encoder else "splits + encoder cache")
     # selection policy for the run's language
     langs = Counter(u.language for u in train_utts)
     language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
@@ -344,5 +353,18 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text,
+        log_handler=handler, text=text, startup=clock.phases,
     )
+
+
+class _PhaseClock:
+    """Wall time of each start-up phase, for the time-to-first-step breakdown in the log."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = now - self._t
+        self._t = now

@@ -18,7 +18,11 @@ class TrainState:
     epoch: int = 0
     """Current epoch (0-based)."""
     batch_in_epoch: int = 0
-    """Micro-batches of the current epoch already consumed (the data-loader position)."""
+    """Micro-batches of the current epoch already consumed (the data-loader position); speech
+    batches only, text-only ones are not part of an epoch."""
+    text_position: dict[str, int] = field(default_factory=dict)
+    """Where the text-only batches stand in ``data.text_path`` (pass, byte offset of the block,
+    lines of it taken); empty without text-only batches."""
     samples_seen: int = 0
     skipped_steps: int = 0
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""

@@ -1,0 +1,587 @@
+"""Per-language vocabulary extension: merge a language BPE into Whisper's, warm-start the rows.
+
+Whisper's byte-level BPE spends two or three tokens per character on many scripts (Georgian,
+Amharic, the Indic scripts, Thai). :func:`build_extended_tokenizer` trains a byte-level BPE
+(the ``tokenizers`` library, Whisper's pre-tokenizer) on one language's transcripts and merges
+it into the base tokenizer:
+
+* every base id keeps its token, special and added tokens included; new tokens are appended
+  after the base's last id;
+* the language BPE's merges go *before* the base merges, so a word of the language is split
+  exactly as the language BPE splits it and its new tokens are produced (appended after the
+  base merges they would mostly never fire: the base merges consume the bytes first). Only
+  merges with a non-ASCII byte on one side are taken, so text without non-ASCII bytes
+  (English, code, digits) tokenizes exactly as with the base tokenizer;
+* the directory is a Whisper tokenizer (:func:`asrforge.model.tokenizer.load_tokenizer`) plus
+  ``vocab_extension.json`` (sizes, language, the base tokenizer's sha256).
+
+The model side (the embedding rows of new tokens) is :mod:`asrforge.model.embeddings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from itertools import chain, islice
+from pathlib import Path
+
+import numpy as np
+
+from asrforge.errors import UserError
+from asrforge.model.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+EXTENSION_FILE = "vocab_extension.json"
+EXTENSION_FORMAT = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The extension record
+
+
+@dataclass(frozen=True)
+class VocabExtension:
+    """What ``vocab_extension.json`` records about an extended tokenizer."""
+
+    language: str
+    base_vocab_size: int
+    """Tokens of the base tokenizer (and rows of the base model's embedding)."""
+    vocab_size: int
+    """Tokens of the extended tokenizer: ``base_vocab_size + new_tokens``."""
+    new_tokens: int
+    base_tokenizer_sha256: str
+    """:func:`tokenizer_sha256` of the base tokenizer."""
+    base: str | None = None
+    """Where the base tokenizer was read from (for ``asrforge vocab report``)."""
+    trained_vocab_size: int | None = None
+    """Size of the language BPE (256 byte tokens + its merges)."""
+    merges_added: int | None = None
+    merges_dropped: int | None = None
+    """Merges of the language BPE left out: ASCII-only ones, and those building on them."""
+    format: int = EXTENSION_FORMAT
+
+    def write(self, directory: Path) -> None:
+        text = json.dumps(asdict(self), indent=1, ensure_ascii=False) + "\n"
+        (Path(directory) / EXTENSION_FILE).write_text(text, encoding="utf-8")
+
+    @classmethod
+    def read(cls, directory: Path) -> VocabExtension | None:
+        """The record in ``directory``, or None when it has none.
+
+        Raises:
+            UserError: the file exists but is not a valid record (names the file and the field).
+        """
+        path = Path(directory) / EXTENSION_FILE
+        if not path.is_file():
+            return None
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{path}: expected a JSON object")
+        if raw.get("format", EXTENSION_FORMAT) > EXTENSION_FORMAT:
+            raise UserError(f"{path}: format {raw['format']} is newer than this asrforge reads")
+        fields = cls.__dataclass_fields__
+        for name in (
+            "language",
+            "base_vocab_size",
+            "vocab_size",
+            "new_tokens",
+            "base_tokenizer_sha256",
+        ):
+            if name not in raw:
+                raise UserError(f"{path}: missing field {name!r}")
+        for name in ("base_vocab_size", "vocab_size", "new_tokens"):
+            if not isinstance(raw[name], int) or raw[name] < 0:
+                raise UserError(f"{path}: {name} must be a non-negative integer, got {raw[name]!r}")
+        ext = cls(**{k: v for k, v in raw.items() if k in fields})
+        if ext.base_vocab_size + ext.new_tokens != ext.vocab_size:
+            raise UserError(
+                f"{path}: base_vocab_size {ext.base_vocab_size} + new_tokens {ext.new_tokens} "
+                f"!= vocab_size {ext.vocab_size}"
+            )
+        return ext
+
+
+def tokenizer_sha256(tok) -> str:
+    """sha256 of what decides a tokenizer's ids: BPE vocab, merges, added tokens (id, text).
+
+    Args:
+        tok: a transformers tokenizer backed by ``tokenizers`` (``WhisperTokenizer``).
+    """
+    state = json.loads(tok.backend_tokenizer.to_str())
+    model = state["model"]
+    blob = {
+        "vocab": sorted(model.get("vocab", {}).items(), key=lambda kv: kv[1]),
+        "merges": [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])],
+        "added": sorted((a["id"], a["content"]) for a in state.get("added_tokens", [])),
+    }
+    return hashlib.sha256(json.dumps(blob, ensure_ascii=False).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer side
+
+
+@lru_cache(maxsize=1)
+def _byte_of() -> dict[str, int]:
+    """Byte-level BPE's character -> byte map (the inverse of GPT-2's ``bytes_to_unicode``)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def _non_ascii(token: str) -> bool:
+    byte_of = _byte_of()
+    return any(byte_of.get(c, 0x80) >= 0x80 for c in token)
+
+
+def _pairs(merges: list, where: str) -> list[tuple[str, str]]:
+    """Merges as written in tokenizer.json (``"a b"`` or ``["a", "b"]``) -> pairs."""
+    out = []
+    for i, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if (
+            not isinstance(pair, list | tuple)
+            or len(pair) != 2
+            or not all(isinstance(p, str) and p for p in pair)
+        ):
+            raise UserError(f'{where}: merge {i} is {m!r}, expected "a b" or ["a", "b"]')
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def train_language_bpe(texts: Iterable[str], vocab_size: int) -> tuple[dict[str, int], list]:
+    """A byte-level BPE with Whisper's pre-tokenizer, trained on ``texts``.
+
+    Args:
+        texts: transcripts or sentences; each is given a leading space, as the data set does.
+        vocab_size: size of the BPE (256 byte tokens + merges).
+
+    Returns:
+        (vocab, merges in rank order as pairs).
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator((" " + t.strip() for t in texts if t and t.strip()), trainer)
+    model = json.loads(bpe.to_str())["model"]
+    return model["vocab"], _pairs(model["merges"], "the trained language BPE")
+
+
+@dataclass
+class MergedBPE:
+    """The merged BPE model: vocab (token -> id), merges in rank order, and what was kept."""
+
+    vocab: dict[str, int]
+    merges: list[tuple[str, str]]
+    new_tokens: list[str]
+    merges_added: int
+    merges_dropped: int
+
+
+def merge_bpe(
+    base_vocab: dict[str, int],
+    base_merges: list[tuple[str, str]],
+    lang_merges: list[tuple[str, str]],
+    first_new_id: int,
+    reserved: set[str] = frozenset(),
+) -> MergedBPE:
+    """Merge a language BPE's merges into a base byte-level BPE.
+
+    The language merges that involve a non-ASCII byte come first, in their own order, so a word
+    of the language is merged as the language BPE merges it; the base merges follow (those the
+    language BPE repeats move up with it). A language merge whose operand only an ASCII-only
+    merge would build is dropped with it: it could never fire before the base merges.
+
+    Args:
+        base_vocab: the base BPE model's vocabulary (token -> id; added tokens not included).
+        base_merges: the base merges in rank order.
+        lang_merges: the language BPE's merges in rank order.
+        first_new_id: id of the first appended token (the base tokenizer's length).
+        reserved: strings that must not become BPE tokens (the added tokens' texts).
+    """
+    available = set(_byte_of())  # single bytes: always there before any merge
+    front: list[tuple[str, str]] = []
+    dropped = 0
+    for a, b in lang_merges:
+        usable = a in available and b in available and a + b not in reserved
+        if not usable or not (_non_ascii(a) or _non_ascii(b)):
+            dropped += 1
+            continue
+        front.append((a, b))
+        available.add(a + b)
+    vocab = dict(base_vocab)
+    new_tokens = []
+    for a, b in front:
+        if a + b not in vocab:
+            vocab[a + b] = first_new_id + len(new_tokens)
+            new_tokens.append(a + b)
+    moved = set(front)
+    merges = front + [m for m in base_merges if m not in moved]
+    return MergedBPE(vocab, merges, new_tokens, len(front), dropped)
+
+
+def build_extended_tokenizer(
+    base: Path,
+    texts: Iterable[str],
+    *,
+    language: str,
+    vocab_size: int,
+    out: Path,
+) -> VocabExtension:
+    """Train a language BPE on ``texts``, merge it into the tokenizer at ``base``, write ``out``.
+
+    Args:
+        base: a Whisper tokenizer or model directory (anything ``load_tokenizer`` reads).
+        texts: the language's training text (transcripts of the train split, sentences).
+        language: ISO code recorded in ``vocab_extension.json``.
+        vocab_size: size of the language BPE (256 byte tokens + merges); the number of new
+            tokens is smaller (tokens the base has keep their ids; see :func:`merge_bpe`).
+        out: the directory to write (must not exist, or be empty). Written beside and renamed.
+
+    Raises:
+        UserError: the base is not a byte-level BPE Whisper tokenizer, ``out`` is not empty, or
+            the texts are empty.
+    """
+    base, out = Path(base), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not an empty directory")
+    base_tok = load_tokenizer(base)
+    lang_vocab, lang_merges = train_language_bpe(texts, vocab_size)
+    if len(lang_vocab) <= 256:
+        raise UserError(f"no text of language {language!r} to train on (the BPE learned no merges)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        base_tok.save_pretrained(str(tmp))
+        tok_path = tmp / "tokenizer.json"
+        state = json.loads(tok_path.read_text(encoding="utf-8"))
+        model = state["model"]
+        if model.get("type") != "BPE" or state.get("pre_tokenizer", {}).get("type") != "ByteLevel":
+            raise UserError(f"{base}: not a byte-level BPE tokenizer; cannot extend it")
+        added = {a["content"]: a["id"] for a in state["added_tokens"]}
+        merged = merge_bpe(
+            model["vocab"],
+            _pairs(model["merges"], str(base / "tokenizer.json")),
+            lang_merges,
+            first_new_id=len(base_tok),
+            reserved=set(added),
+        )
+        # The added tokens go into the BPE vocabulary too (as GPT-2 has <|endoftext|>): the
+        # loader re-adds them at ``len(vocab)`` onwards unless it finds them there, and the new
+        # tokens after them would otherwise push them off their ids.
+        model["vocab"] = {**merged.vocab, **added}
+        model["merges"] = [list(m) for m in merged.merges]
+        tok_path.write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+        ext = VocabExtension(
+            language=language,
+            base_vocab_size=len(base_tok),
+            vocab_size=len(base_tok) + len(merged.new_tokens),
+            new_tokens=len(merged.new_tokens),
+            base_tokenizer_sha256=tokenizer_sha256(base_tok),
+            base=str(base.resolve()),
+            trained_vocab_size=len(lang_vocab),
+            merges_added=merged.merges_added,
+            merges_dropped=merged.merges_dropped,
+        )
+        ext.write(tmp)
+        check_extended_tokenizer(tmp, base_tok, load_tokenizer(tmp))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(
+        "extended %s by %d %s tokens to %d (%d merges added, %d dropped): %s",
+        base,
+        ext.new_tokens,
+        language,
+        ext.vocab_size,
+        ext.merges_added,
+        ext.merges_dropped,
+        out,
+    )
+    return ext
+
+
+def check_extended_tokenizer(directory: Path, base_tok=None, tok=None) -> VocabExtension:
+    """Check an extended tokenizer directory before anything uses it.
+
+    Checks ``tokenizer.json`` (a byte-level BPE; merges as ``"a b"`` or ``["a", "b"]``; each
+    merge's parts and result in the vocabulary; ids unique and contiguous) and
+    ``vocab_extension.json`` (sizes agree with the tokenizer). With ``base_tok``, also that every
+    base id (special and added tokens included) still holds the same token; with ``tok`` (the
+    directory as loaded), that the loader kept every id of ``tokenizer.json``.
+
+    Raises:
+        UserError: naming the file and what is wrong.
+    """
+    ext, ids = _check_files(Path(directory))
+    path = Path(directory) / "tokenizer.json"
+    if base_tok is not None:
+        check_base_ids(ext, base_tok, ids, path)
+    if tok is not None:
+        _check_loaded_ids(tok, ids, path)
+    return ext
+
+
+def _check_files(directory: Path) -> tuple[VocabExtension, dict[int, str]]:
+    """(the extension record, id -> token of tokenizer.json); see check_extended_tokenizer."""
+    ext = VocabExtension.read(directory)
+    if ext is None:
+        raise UserError(f"{directory}: no {EXTENSION_FILE}; not made by `asrforge vocab build`")
+    path = directory / "tokenizer.json"
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        model, added = state["model"], state.get("added_tokens", [])
+        vocab = model["vocab"]
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing (an extended tokenizer is a tokenizer.json)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a tokenizers JSON file ({e!r})") from None
+    if model.get("type") != "BPE" or not isinstance(vocab, dict):
+        raise UserError(f"{path}: the model is {model.get('type')!r}, expected a BPE")
+    for i, (a, b) in enumerate(_pairs(model.get("merges", []), str(path))):
+        for part in (a, b, a + b):
+            if part not in vocab:
+                raise UserError(f"{path}: merge {i} ({a!r}, {b!r}) uses {part!r}, not in the vocab")
+    ids = {**{i: t for t, i in vocab.items()}, **{a["id"]: a["content"] for a in added}}
+    if sorted(ids) != list(range(len(ids))):
+        raise UserError(f"{path}: token ids are not 0..{len(ids) - 1} without gaps or clashes")
+    if len(ids) != ext.vocab_size:
+        raise UserError(
+            f"{directory / EXTENSION_FILE}: records vocab_size {ext.vocab_size} but "
+            f"{path} has {len(ids)} tokens (a tokenizer replaced after `asrforge vocab build`?)"
+        )
+    return ext, ids
+
+
+def check_base_ids(ext: VocabExtension, base_tok, ids: dict[int, str], path: Path) -> None:
+    """Raise a UserError (naming ``path``) unless every id of ``base_tok`` holds the same token
+    in ``ids`` (id -> token of the extended tokenizer)."""
+    if len(base_tok) != ext.base_vocab_size:
+        raise UserError(
+            f"{path.parent / EXTENSION_FILE}: base_vocab_size {ext.base_vocab_size}, but the "
+            f"base tokenizer has {len(base_tok)} tokens"
+        )
+    base_ids = base_tok.convert_ids_to_tokens(list(range(len(base_tok))))
+    moved = [i for i, t in enumerate(base_ids) if ids.get(i) != t]
+    if moved:
+        raise UserError(f"{path}: base ids {moved[:5]} hold other tokens than in the base")
+
+
+def _check_loaded_ids(tok, ids: dict[int, str], path: Path) -> None:
+    loaded = tok.convert_ids_to_tokens(list(range(len(tok))))
+    moved = [i for i, t in enumerate(loaded) if ids.get(i) != t]
+    if len(loaded) != len(ids) or moved:
+        raise UserError(
+            f"{path}: loads as {len(loaded)} tokens with other tokens at ids {moved[:5]} than "
+            f"the file holds ({len(ids)} tokens): written for another tokenizers/transformers "
+            "version? Rebuild it with `asrforge vocab build`"
+        )
+
+
+def load_extended_tokenizer(directory: Path):
+    """``load_tokenizer`` for a directory with ``vocab_extension.json``: its files are checked
+    first (the loader reports broken merges as a bare ``Exception``) and the ids after.
+
+    Raises:
+        UserError: naming the file and what is wrong (see :func:`check_extended_tokenizer`).
+    """
+    directory = Path(directory)
+    _, ids = _check_files(directory)
+    tok = load_tokenizer(directory)
+    _check_loaded_ids(tok, ids, directory / "tokenizer.json")
+    return tok
+
+
+def read_transcripts(data: Path, language: str, split: str = "train") -> list[str]:
+    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        dd = datasets.load_from_disk(str(data))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"--data {data}: not a dataset saved with save_to_disk: {e}") from None
+    if isinstance(dd, datasets.Dataset) or split not in dd:
+        raise UserError(f"--data {data}: has no split {split!r}")
+    ds = dd[split]
+    missing = {"text", "language"} - set(ds.column_names)
+    if missing:
+        raise UserError(f"--data {data}: split {split!r} lacks columns {sorted(missing)}")
+    texts = []
+    for batch in ds.select_columns(["text", "language"]).iter(batch_size=4096):
+        texts.extend(
+            t.strip()
+            for t, lang in zip(batch["text"], batch["language"], strict=True)
+            if lang == language and t and t.strip()
+        )
+    return texts
+
+
+def iter_text_file(path: Path, max_lines: int | None = None) -> Iterator[str]:
+    """Lines of a UTF-8 text file, streamed (at most ``max_lines``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--text {path}: no such file")
+    with path.open(encoding="utf-8", errors="replace") as f:
+        yield from (line.rstrip("\n") for line in islice(f, max_lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def token_counts(tok, texts: list[str]) -> np.ndarray:
+    """Tokens per utterance as the data set encodes them (leading space, no special tokens)."""
+    enc = tok.backend_tokenizer.encode_batch(
+        [" " + t.strip() for t in texts], add_special_tokens=False
+    )
+    return np.array([len(e.ids) for e in enc], dtype=np.int64)
+
+
+def compare_tokenizers(base_tok, ext_tok, texts: list[str]) -> dict:
+    """Tokens per utterance before and after, and the greedy-decode steps that saves.
+
+    A decode step is one decoder pass: the text tokens plus ``<|endoftext|>``.
+    """
+    if not texts:
+        raise UserError("no utterances to compare on")
+    before, after = token_counts(base_tok, texts), token_counts(ext_tok, texts)
+
+    def stats(x: np.ndarray) -> dict:
+        return {
+            "mean": float(x.mean()),
+            "p50": float(np.percentile(x, 50)),
+            "p95": float(np.percentile(x, 95)),
+            "total": int(x.sum()),
+        }
+
+    steps_before, steps_after = int(before.sum()) + len(texts), int(after.sum()) + len(texts)
+    saved = steps_before - steps_after
+    return {
+        "n": len(texts),
+        "before": stats(before),
+        "after": stats(after),
+        "decode_steps_before": steps_before,
+        "decode_steps_after": steps_after,
+        "decode_steps_saved": saved,
+        "decode_steps_saved_pct": 100.0 * saved / steps_before,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``asrforge vocab build`` and ``asrforge vocab report``."""
+    parser = subparsers.add_parser(
+        "vocab",
+        help="per-language vocabulary extension",
+        description=(__doc__ or "").split("\n")[0],
+    )
+    sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
+    b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
+    b.add_argument("--data", type=Path, required=True, help="Arrow dataset (train split is read)")
+    b.add_argument("--language", required=True, help="ISO code of the language column")
+    b.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        help="size of the language BPE (256 bytes + merges)",
+    )
+    b.add_argument("--text", type=Path, help="extra UTF-8 text of the language, one line each")
+    b.add_argument("--max-text-lines", type=int, help="read at most this many lines of --text")
+    b.add_argument("--out", type=Path, required=True, help="the extended tokenizer directory")
+    b.add_argument(
+        "--base", type=Path, required=True, help="the base Whisper tokenizer (or model) directory"
+    )
+    b.add_argument("--split", default="train", help="split of --data to read (default train)")
+    b.set_defaults(func=run_cli)
+    r = sub.add_parser("report", help="tokens per utterance before and after an extension")
+    r.add_argument("--data", type=Path, required=True)
+    r.add_argument("--language", required=True)
+    r.add_argument("--tokenizer", type=Path, required=True, help="the extended tokenizer")
+    r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
+    r.add_argument("--split", default="train")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    r.set_defaults(func=run_cli)
+    return parser
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
+    if args.vocab_command == "build":
+        if args.vocab_size <= 256:
+            raise UserError(f"--vocab-size must be > 256 (the byte tokens), got {args.vocab_size}")
+        texts = read_transcripts(args.data, args.language, args.split)
+        extra = iter_text_file(args.text, args.max_text_lines) if args.text else iter(())
+        ext = build_extended_tokenizer(
+            args.base,
+            chain(texts, extra),
+            language=args.language,
+            vocab_size=args.vocab_size,
+            out=args.out,
+        )
+        print(
+            f"wrote {args.out}: {ext.new_tokens} new {ext.language} tokens, "
+            f"{ext.base_vocab_size} -> {ext.vocab_size} ({len(texts)} transcripts)"
+        )
+        return 0
+    ext_tok = load_extended_tokenizer(args.tokenizer)
+    ext = VocabExtension.read(args.tokenizer)
+    base_dir = args.base or (Path(ext.base) if ext.base else None)
+    if base_dir is None or not Path(base_dir).is_dir():
+        raise UserError(f"the base tokenizer {base_dir} is not there; pass --base")
+    base_tok = load_tokenizer(base_dir)
+    if tokenizer_sha256(base_tok) != ext.base_tokenizer_sha256:
+        raise UserError(
+            f"--base {base_dir}: not the tokenizer {args.tokenizer} was extended from "
+            "(sha256 differs from vocab_extension.json)"
+        )
+    report = compare_tokenizers(
+        base_tok, ext_tok, read_transcripts(args.data, args.language, args.split)
+    )
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{report['n']} {args.language} utterances, tokens per utterance:")
+    print(f"  {'':8}{'mean':>9}{'p50':>8}{'p95':>8}{'total':>10}")
+    for key in ("before", "after"):
+        s = report[key]
+        print(f"  {key:8}{s['mean']:9.2f}{s['p50']:8.1f}{s['p95']:8.1f}{s['total']:10d}")
+    print(
+        f"decode steps saved: {report['decode_steps_saved']} of "
+        f"{report['decode_steps_before']} ({report['decode_steps_saved_pct']:.1f}%)"
+    )
+    return 0
