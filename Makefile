@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test demo install lint clean espeak
+.PHONY: test demo install lint clean espeak chromium
 
 # espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
 # when we may (root with apt); otherwise those tests skip and say why.
@@ -16,6 +16,14 @@ espeak:
 	      || echo "warning: could not install espeak-ng; speech tests will skip"; \
 	  else echo "note: espeak-ng is missing: run 'sudo apt-get install espeak-ng' for the speech tests and the demo"; fi; }
 
+# Headless Chromium renders the matrix report in its tests: installed the same way as espeak-ng.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; the report's browser tests will skip"; \
+	  else echo "note: chromium is missing: run 'sudo apt-get install chromium' for the report's browser tests"; fi; }
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first: the CPU build that lies on disk; a plain `torch` would pull a multi-GB CUDA build.
@@ -25,7 +33,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) espeak
+test: $(STAMP) espeak chromium
 	$(BIN)/ruff check asrforge tests bench
 	$(BIN)/python -m pytest -q tests
 

@@ -1,0 +1,87 @@
+"""``asrforge matrix`` (run every job of a MATRIX.yaml) and ``asrforge report`` (one HTML page
+of a matrix's runs)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "matrix",
+        help="run a matrix of training jobs (languages × configs × seeds)",
+        description=(
+            "Run every job of MATRIX.yaml, one per device, each as `asrforge train` with its "
+            "language, seed and output_dir. Launch again (or on another machine sharing the "
+            "matrix root) at any time: finished jobs are skipped, interrupted ones resume. "
+            "dotted.key=value overrides apply to every job."
+        ),
+    )
+    p.add_argument("matrix", help="the MATRIX.yaml file")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local processes (default) or Ray tasks")
+    p.add_argument("--devices", default=None,
+                   help="local: GPU indices (0,1,3), cpu:N (N CPU slots), or auto (default: every "
+                        "visible GPU, else one CPU slot)")
+    p.add_argument("--out", default=None, help="the matrix root (default: the file's `out`)")
+    p.add_argument("--ray-address", default=None,
+                   help="ray: a running cluster's address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="ray without GPUs: CPU threads per job (default 1)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the jobs that failed in an earlier launch")
+    p.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds between progress lines (default 5)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the matrix, print each job's command, start nothing")
+    p.set_defaults(func=run_matrix, accepts_overrides=True)
+
+    r = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a matrix's runs",
+        description="Write one HTML page (no external resources): a sortable table of every job "
+                    "and each job's WER / CER / loss curves with its checkpoints marked.",
+    )
+    r.add_argument("runs_dir", help="a matrix root, or a directory of run directories")
+    r.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
+    r.add_argument("--title", default=None, help="the page title")
+    r.set_defaults(func=run_report)
+
+
+def run_matrix(args) -> int:
+    import logging
+
+    from asrforge.matrix.executors import LocalExecutor, RayExecutor, parse_devices
+    from asrforge.matrix.plan import load_matrix
+    from asrforge.matrix.run import Launcher
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides)
+    if args.dry_run:
+        for job in plan.jobs:
+            cmd = ["asrforge", "train", str(job.config_path), *job.overrides]
+            print(f"{job.job_id}: {shlex.join(cmd)}")
+        print(f"{len(plan.jobs)} jobs; root {plan.root}")
+        return 0
+    if args.executor == "ray":
+        executor = RayExecutor(address=args.ray_address, threads=args.threads)
+    else:
+        executor = LocalExecutor(parse_devices(args.devices))
+    outcome = Launcher(plan, executor, retry_failed=args.retry_failed,
+                       progress_every=args.progress_every).run()
+    if outcome.failed:
+        print(f"asrforge: {len(outcome.failed)} job(s) failed: {', '.join(outcome.failed)} "
+              "(FAILED in each run dir holds the log's tail; --retry-failed runs them again)",
+              file=sys.stderr)
+    return outcome.exit_code
+
+
+def run_report(args) -> int:
+    from asrforge.matrix.report import write_report
+
+    rows = write_report(Path(args.runs_dir), Path(args.out), title=args.title)
+    print(f"asrforge: report of {len(rows)} job(s) written to {args.out}")
+    return 0

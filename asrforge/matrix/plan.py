@@ -1,0 +1,241 @@
+"""The MATRIX.yaml schema and its expansion into jobs (language × config × seed).
+
+A matrix file names languages, config files (each with a ``config_id``), seeds and overrides::
+
+    out: runs/matrix-tiny            # the matrix root (or --out)
+    languages: [en, es]
+    configs:
+      - {config_id: tiny, path: configs/tiny.yaml, overrides: {train.max_steps: 20}}
+    seeds: [0, 1]
+    overrides: [data.num_workers=0]  # every job
+    language_overrides: {es: {selection.policy: by_wer}}
+    retries: 2
+
+Each job is ``asrforge train CONFIG <overrides> seed=S output_dir=<out>/runs/<job_id>``. Its
+overrides, last wins: the matrix's ``overrides``, the config entry's, ``data.languages=[xx]`` and
+``selection.language=xx``, the language's own, then seed and output_dir. Every job's config is
+validated before anything starts; problems are reported by YAML path like ``asrforge train``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from asrforge.config import ConfigError, Section, format_errors, load_config
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+Overrides = list[str] | dict[str, Any]
+
+
+class ConfigEntry(Section):
+    """One training config of the matrix."""
+
+    config_id: str = Field(pattern=NAME_PATTERN)
+    """The config's name in job ids and reports (letters, digits, ``_.+-``)."""
+    path: Path
+    """The training YAML (relative to the working directory, like every path in a config)."""
+    overrides: Overrides = Field(default_factory=list)
+    """``dotted.key=value`` strings, or a mapping ``{dotted.key: value}``, for this config."""
+
+
+class MatrixConfig(Section):
+    """A matrix of training jobs: every language × config × seed."""
+
+    out: Path | None = None
+    """The matrix root: ``runs/<job_id>/``, ``logs/matrix/<job_id>.log``, ``claims/``,
+    ``events.jsonl``. ``--out`` wins; default ``runs/<matrix file stem>``."""
+    languages: list[str] = Field(min_length=1)
+    """ISO codes; each job trains and selects on one of them (``data.languages``,
+    ``selection.language``)."""
+    configs: list[ConfigEntry] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    overrides: Overrides = Field(default_factory=list)
+    """Overrides for every job (applied before the config entry's own)."""
+    language_overrides: dict[str, Overrides] = Field(default_factory=dict)
+    """Per-language overrides, e.g. ``{th: {selection.policy: by_loss}}``."""
+    retries: int = Field(default=2, ge=0)
+    """Re-runs of a failed job, each resuming from its latest checkpoint, before it is failed."""
+    allow_external_callbacks: bool = False
+    """Pass ``--allow-external-callbacks`` to every job (for configs whose callbacks use
+    ``_target_``)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the matrix. Picklable (Ray ships it to a worker)."""
+
+    job_id: str
+    language: str
+    config_id: str
+    seed: int
+    config_path: Path
+    overrides: tuple[str, ...]
+    """Every ``key=value`` of the job, ``output_dir`` last."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated matrix: its jobs and where they write."""
+
+    root: Path
+    jobs: list[Job]
+    retries: int
+    allow_external_callbacks: bool
+    source: str
+    data_to_generate: tuple[tuple[Path, str], ...] = ()
+    """(``data.path``, ``data.generate``) pairs missing on disk: built once before jobs start."""
+
+    def run_dir(self, job: Job) -> Path:
+        return self.root / "runs" / job.job_id
+
+    def log_path(self, job: Job) -> Path:
+        return self.root / "logs" / "matrix" / f"{job.job_id}.log"
+
+    def index(self) -> dict[str, Any]:
+        """What ``matrix.json`` holds: the jobs, so a report can show the ones not started."""
+        jobs = [
+            {"job_id": j.job_id, "language": j.language, "config_id": j.config_id, "seed": j.seed,
+             "config": str(j.config_path), "overrides": list(j.overrides)}
+            for j in self.jobs
+        ]
+        return {"source": self.source, "retries": self.retries, "jobs": jobs}
+
+
+def normalize_overrides(value: Overrides) -> list[str]:
+    """``{a.b: 1, c: [x], d: "no"}`` -> ``["a.b=1", 'c=["x"]', 'd="no"']``: a mapping's values
+    keep their YAML types (non-strings as JSON, which is YAML); a list passes through."""
+    if isinstance(value, dict):
+        return [f"{k}={yaml_string(v) if isinstance(v, str) else json.dumps(v)}"
+                for k, v in value.items()]
+    return list(value)
+
+
+def language_overrides(language: str) -> list[str]:
+    """The overrides that make a config train and select on one language."""
+    code = yaml_string(language)
+    return [f"data.languages=[{code}]", f"selection.language={code}"]
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as it must appear in an override to stay a string: bare when YAML reads it back
+    unchanged, else quoted (``no``, Norwegian, would be YAML's false; ``1e3`` a number)."""
+    try:
+        same = yaml.safe_load(text) == text
+    except yaml.YAMLError:
+        same = False
+    return text if same else json.dumps(text)
+
+
+def job_id(language: str, config_id: str, seed: int) -> str:
+    return f"{language}-{config_id}-s{seed}"
+
+
+def load_matrix(
+    path: str | Path, *, out: str | Path | None = None, extra_overrides: list[str] | None = None
+) -> Plan:
+    """Read and validate a MATRIX.yaml and expand it into jobs.
+
+    Args:
+        path: the matrix file.
+        out: the matrix root; overrides the file's ``out``.
+        extra_overrides: ``key=value`` applied to every job after the file's own (from the CLI).
+
+    Raises:
+        ConfigError: every problem at once, by YAML path (``configs.1.config_id: ...``) or, for a
+            job's training config, by job id.
+    """
+    p = Path(path)
+    source = str(path)
+    if not p.is_file():
+        raise ConfigError([f"{p}: no such file"], source)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], source) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
+    try:
+        m = MatrixConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, MatrixConfig), source) from None
+
+    problems = _cross_field_problems(m)
+    if problems:
+        raise ConfigError(problems, source)
+    root = Path(out or m.out or Path("runs") / p.stem).absolute()
+
+    jobs: list[Job] = []
+    by_problem: dict[str, list[str]] = {}
+    to_generate: dict[Path, str] = {}
+    common = normalize_overrides(m.overrides)
+    for entry in m.configs:
+        per_config = normalize_overrides(entry.overrides)
+        for language in m.languages:
+            per_language = normalize_overrides(m.language_overrides.get(language, []))
+            for seed in m.seeds:
+                jid = job_id(language, entry.config_id, seed)
+                overrides = (
+                    *common, *per_config, *language_overrides(language), *per_language,
+                    *(extra_overrides or []), f"config_id={yaml_string(entry.config_id)}",
+                    f"seed={seed}",
+                    f"output_dir={root / 'runs' / jid}",
+                )
+                try:
+                    cfg = load_config(entry.path, list(overrides))
+                except ConfigError as e:
+                    for line in e.problems:
+                        by_problem.setdefault(line, []).append(jid)
+                    continue
+                if not m.allow_external_callbacks:
+                    for i, cb in enumerate(cfg.callbacks):
+                        if cb.target is not None:
+                            line = (f"callbacks.{i}._target_: {cb.target!r} needs "
+                                    "allow_external_callbacks: true in the matrix file")
+                            by_problem.setdefault(line, []).append(jid)
+                data_path = Path(cfg.data.path).absolute()
+                if cfg.data.generate and not data_path.exists():
+                    to_generate[data_path] = cfg.data.generate
+                jobs.append(Job(jid, language, entry.config_id, seed,
+                                Path(entry.path).absolute(), overrides))
+    for line, ids in by_problem.items():
+        more = f" (and {len(ids) - 1} more)" if len(ids) > 1 else ""
+        problems.append(f"job {ids[0]}{more}: {line}")
+    seen: dict[str, int] = {}
+    for j in jobs:
+        seen[j.job_id] = seen.get(j.job_id, 0) + 1
+    problems += [f"job id {k!r} is produced {n} times: rename a language or config_id"
+                 for k, n in seen.items() if n > 1]
+    if problems:
+        raise ConfigError(problems, source)
+    return Plan(root=root, jobs=jobs, retries=m.retries,
+                allow_external_callbacks=m.allow_external_callbacks, source=source,
+                data_to_generate=tuple(to_generate.items()))
+
+
+def _cross_field_problems(m: MatrixConfig) -> list[str]:
+    problems = []
+    for i, lang in enumerate(m.languages):
+        if not re.match(NAME_PATTERN, lang):
+            problems.append(f"languages.{i}: {lang!r} is not a usable name (letters, digits, _.+-)")
+    for field, values in (("languages", m.languages), ("seeds", m.seeds),
+                          ("configs", [c.config_id for c in m.configs])):
+        first: dict[Any, int] = {}
+        for i, v in enumerate(values):
+            if v in first:
+                where = f"{field}.{i}" + (".config_id" if field == "configs" else "")
+                problems.append(f"{where}: {v!r} is listed twice (also {field}.{first[v]})")
+            first.setdefault(v, i)
+    for lang in m.language_overrides:
+        if lang not in m.languages:
+            problems.append(f"language_overrides.{lang}: not one of languages {m.languages}")
+    for i, c in enumerate(m.configs):
+        if not Path(c.path).is_file():
+            problems.append(f"configs.{i}.path: {c.path}: no such file")
+    return problems

@@ -1,0 +1,324 @@
+"""The launcher: fill free devices with claimed jobs, retry failures from their checkpoint, mark
+results, and show progress with an ETA.
+
+An attempt succeeded when ``asrforge train`` exited 0 and its ``metrics.jsonl`` ends the run
+``completed`` or ``stopped``. Anything else (a crash, a kill, a run interrupted by SIGTERM) is
+retried on the same device with ``--resume``, up to ``retries`` times, except exit code 2: bad
+input (a config, a path, a corrupt checkpoint) that no retry fixes.
+
+Run it as often as you like, on one machine or several sharing the matrix root: a job is run by
+exactly one launcher at a time (``claims.py``), a finished one is skipped, an interrupted one
+resumes from its latest checkpoint. A launcher ends when every job is done or failed (jobs that
+other launchers are running count as not yet done: it waits for them, and takes one over if
+its launcher dies).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.matrix.claims import Claim, Claims, read_marker
+from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
+from asrforge.matrix.plan import Job, Plan
+
+log = logging.getLogger("asrforge.matrix")
+
+LOG_TAIL_LINES = 40
+
+
+@dataclass
+class Running:
+    job: Job
+    claim: Claim
+    device: Device
+    attempt: int
+    first_started: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """How a launch ended: job ids by result, and whether it was interrupted."""
+
+    done: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.interrupted else (1 if self.failed or self.unfinished else 0)
+
+
+def last_train_end(run_dir: Path) -> dict[str, Any] | None:
+    """The ``train_end`` record of the run's last start (None: it did not end normally)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    end = None
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "train_begin":
+            end = None
+        elif rec.get("event") == "train_end":
+            end = rec
+    return end
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    ckpts = run_dir / "checkpoints"
+    return ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir())
+
+
+def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64_000))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def prepare_data(plan: Plan) -> None:
+    """Build the generated data sets the jobs need, once, before jobs fan out (two jobs that
+    each found the path missing would otherwise write it at the same time)."""
+    for path, kind in plan.data_to_generate:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another launcher may be building it
+            if path.exists():
+                continue
+            if kind == "tones":
+                from asrforge.data.synth import make_tones_dataset
+
+                log.info("generating the %s data set at %s", kind, path)
+                make_tones_dataset(path)
+
+
+class Launcher:
+    """Runs a plan's jobs on an executor's devices.
+
+    Args:
+        plan: the matrix.
+        executor: where attempts run.
+        retry_failed: re-run jobs that have a FAILED marker (default: skip them).
+        progress_every: seconds between progress lines.
+        out: where progress goes.
+    """
+
+    def __init__(self, plan: Plan, executor: Executor, *, retry_failed: bool = False,
+                 progress_every: float = 5.0, out: TextIO | None = None):
+        self.plan, self.executor, self.retry_failed = plan, executor, retry_failed
+        self.every = progress_every
+        self.out = out or sys.stdout
+        self.claims = Claims(plan.root)
+        self.cwd = Path.cwd()
+        self.running: dict[str, Running] = {}
+        self.stopping = 0
+        self.durations: list[float] = []
+        self.outcome = Outcome()
+
+    def say(self, msg: str) -> None:
+        print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", file=self.out, flush=True)
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        """Launch until every job is done or failed, or a signal stops the launcher."""
+        plan = self.plan
+        plan.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(plan.root / "matrix.json", json.dumps(plan.index(), indent=1) + "\n")
+        prepare_data(plan)
+        pending = list(plan.jobs)
+        for job in plan.jobs:
+            marker = read_marker(plan.run_dir(job))
+            if marker and marker[0] == "done" and marker[1].get("duration_s"):
+                self.durations.append(float(marker[1]["duration_s"]))
+        free = self.executor.devices()
+        self.say(f"{len(plan.jobs)} jobs, {len(free)} device(s) "
+                 f"({', '.join(d.label for d in free)}) via {self.executor.name}; root {plan.root}")
+        previous = self._install_signals()
+        last_line = 0.0
+        try:
+            while True:
+                if not self.stopping:
+                    pending = self._fill(pending, free)
+                for result in self.executor.poll(timeout=0.5):
+                    device = self._on_result(result)
+                    if device is not None:
+                        free.append(device)
+                if self.stopping == 1:
+                    for job_id in self.running:
+                        self.executor.cancel(job_id)
+                    self.stopping = 2
+                elif self.stopping >= 3:
+                    for job_id in self.running:
+                        self.executor.cancel(job_id, force=True)
+                now = time.monotonic()
+                finished = not self.running and (self.stopping or not pending)
+                if finished or now - last_line >= self.every:
+                    self.say(self._progress_line(pending, len(free) + len(self.running)))
+                    last_line = now
+                if finished:
+                    break
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.executor.close()
+        self.outcome.interrupted = bool(self.stopping)
+        self.outcome.unfinished += [j.job_id for j in pending]
+        return self.outcome
+
+    def _fill(self, pending: list[Job], free: list[Device]) -> list[Job]:
+        """Claim pending jobs for free devices; drop the ones found finished."""
+        keep = []
+        for job in pending:
+            run_dir = self.plan.run_dir(job)
+            marker = read_marker(run_dir)
+            if marker and (marker[0] == "done" or not self.retry_failed):
+                getattr(self.outcome, marker[0]).append(job.job_id)
+                continue
+            if not free:
+                keep.append(job)
+                continue
+            got = self.claims.try_claim(job.job_id, run_dir, free[0].label,
+                                        retry_failed=self.retry_failed)
+            if got == "held":
+                keep.append(job)
+            elif got in ("done", "failed"):
+                getattr(self.outcome, got).append(job.job_id)
+            else:
+                device = free.pop(0)
+                r = Running(job, got, device, 1, time.time())
+                self.running[job.job_id] = r
+                self._submit(r)
+        return keep
+
+    def _submit(self, r: Running) -> None:
+        run_dir = self.plan.run_dir(r.job)
+        resume = has_checkpoint(run_dir)
+        attempt = Attempt(r.job, r.device, r.attempt, resume, self.plan.log_path(r.job), self.cwd,
+                          self.plan.allow_external_callbacks)
+        self.claims.event("start", r.job.job_id, device=r.device.label, attempt=r.attempt,
+                          resume=resume)
+        how = " resuming from its checkpoint" if resume else ""
+        self.say(f"start {r.job.job_id} on {r.device.label} (attempt {r.attempt}){how}")
+        self.executor.submit(attempt, hold_fd=r.claim.lock_fd)
+
+    def _on_result(self, res: AttemptResult) -> Device | None:
+        """Judge an ended attempt: done, retry (same device), or failed. Returns the device
+        when it is free again."""
+        r = self.running[res.job_id]
+        run_dir = self.plan.run_dir(r.job)
+        end = last_train_end(run_dir)
+        ok = (res.returncode == 0 and end is not None
+              and end.get("status") in ("completed", "stopped"))
+        why = (res.error or (f"exit code {res.returncode}" if res.returncode else None)
+               or ("the run was interrupted" if end else "the run did not end normally"))
+        if res.returncode == 2:
+            why += " (bad input: a config, path or checkpoint to fix; not retried)"
+        r.history.append({"attempt": r.attempt, "device": r.device.label, "host": res.host,
+                          "returncode": res.returncode,
+                          "seconds": round(res.finished - res.started, 3),
+                          "error": None if ok else why})
+        self.claims.event("exit", r.job.job_id, attempt=r.attempt, returncode=res.returncode, ok=ok)
+        summary = {
+            "job_id": r.job.job_id, "language": r.job.language, "config_id": r.job.config_id,
+            "seed": r.job.seed, "attempts": r.attempt, "history": r.history,
+            "started": r.first_started, "finished": time.time(),
+            "duration_s": round(time.time() - r.first_started, 3), "launcher": self.claims.launcher,
+        }
+        if ok:
+            summary.update(status=end["status"], reason=end.get("reason"),
+                           best_step=end.get("best_step"), best=end.get("best"),
+                           step=end.get("step"))
+            self.claims.finish(r.claim, run_dir, "done", summary)
+            self.durations.append(summary["duration_s"])
+            self.outcome.done.append(r.job.job_id)
+            best = end.get("best") or {}
+            score = ", ".join(f"{k} {best[k]:.4g}" for k in ("wer", "cer", "loss") if k in best)
+            self.say(f"done {r.job.job_id} in {summary['duration_s']:.0f} s: "
+                     f"step {end.get('step')}, best checkpoint step {end.get('best_step')}; "
+                     f"lowest {score or '–'}")
+        elif self.stopping:
+            self.claims.event("release", r.job.job_id, reason="launcher stopping")
+            r.claim.release()
+            self.outcome.unfinished.append(r.job.job_id)
+            self.say(f"stopped {r.job.job_id} ({why}); it resumes on the next launch")
+        elif r.attempt <= self.plan.retries and res.returncode != 2:
+            r.attempt += 1
+            self.say(f"{r.job.job_id} failed ({why}); retry {r.attempt - 1}/{self.plan.retries} "
+                     f"— log {self.plan.log_path(r.job)}")
+            self._submit(r)
+            return None
+        else:
+            summary.update(status="failed", reason=why,
+                           log=str(self.plan.log_path(r.job)),
+                           log_tail=log_tail(self.plan.log_path(r.job)))
+            self.claims.finish(r.claim, run_dir, "failed", summary)
+            self.outcome.failed.append(r.job.job_id)
+            tail = summary["log_tail"].splitlines()[-5:]
+            self.say(f"FAILED {r.job.job_id} after {r.attempt} attempt(s): {why}\n    "
+                     + "\n    ".join(tail))
+        del self.running[r.job.job_id]
+        return r.device
+
+    # ------------------------------------------------------------------------------------------
+    def _progress_line(self, pending: list[Job], n_devices: int) -> str:
+        done, failed = len(self.outcome.done), len(self.outcome.failed)
+        elsewhere = sum(self.claims.is_running(j.job_id) for j in pending)
+        queued = len(pending) - elsewhere
+        total = len(self.plan.jobs)
+        parts = [f"{done}/{total} done", f"{len(self.running)} running"]
+        if elsewhere:
+            parts.append(f"{elsewhere} running elsewhere")
+        parts += [f"{failed} failed", f"{queued} queued"]
+        if self.outcome.unfinished:
+            parts.append(f"{len(self.outcome.unfinished)} stopped")
+        eta = self.eta(queued, n_devices)
+        parts.append(f"ETA {_clock(eta)}" if eta is not None else "ETA --")
+        return " · ".join(parts)
+
+    def eta(self, queued: int, n_devices: int) -> float | None:
+        """Seconds until this launcher is done: the mean duration of finished jobs for each
+        queued job, plus what remains of each running one, spread over the devices."""
+        if not self.durations:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        now = time.time()
+        left = sum(max(0.0, mean - (now - r.first_started)) for r in self.running.values())
+        return (left + queued * mean) / max(1, n_devices)
+
+    def _install_signals(self) -> dict[int, Any]:
+        def handler(signum, _frame):
+            self.stopping = 1 if not self.stopping else 3
+            what = ("stopping: running jobs save a checkpoint and stop (again to kill them)"
+                    if self.stopping == 1 else "killing running jobs")
+            self.say(f"{signal.Signals(signum).name}: {what}")
+
+        previous = {}
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+        return previous
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -1,0 +1,458 @@
+"""The matrix: MATRIX.yaml schema and expansion, claims, the launcher's retry / resume / skip
+logic, and end to end: two launchers at once over 3 languages × 2 seeds of the tiny config on
+CPU (one job crashes once after a checkpoint and resumes), and the same through Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asrforge.config import ConfigError, load_config
+from asrforge.matrix.claims import Claims, lock_is_held
+from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
+from asrforge.matrix.plan import load_matrix
+from asrforge.matrix.run import Launcher
+from asrforge.train.events import Callback
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGS = ("en", "es", "th")  # three selection groups: combined_gate, by_wer, by_loss
+
+
+class CrashOnce(Callback):
+    """Kills its process right after the first checkpoint of a run that starts from scratch
+    (not a resume) with this seed: a job that fails once and leaves a checkpoint to resume."""
+
+    name = "crash_once"
+
+    def __init__(self, seed: int = 0):
+        self.seed, self.armed = seed, False
+
+    def on_train_begin(self, state, *, run):
+        self.armed = state.step == 0 and run.config.seed == self.seed
+
+    def on_save(self, state, *, path, kind):
+        if self.armed:
+            os._exit(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def two_configs(tmp_path, tones_dir) -> tuple[Path, Path]:
+    a = tmp_path / "a.yaml"
+    a.write_text(tiny_config(tmp_path / "unused", tones_dir).to_yaml())
+    b = tmp_path / "b.yaml"
+    b.write_text(tiny_config(tmp_path / "unused", tones_dir, optim={"lr": 1e-3}).to_yaml())
+    return a, b
+
+
+def test_jobs_are_languages_x_configs_x_seeds_with_overrides_in_order(tmp_path, two_configs):
+    a, b = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en", "no"],
+        "configs": [{"config_id": "a", "path": str(a), "overrides": {"train.max_steps": 7}},
+                    {"config_id": "b", "path": str(b), "overrides": ["optim.lr=2e-3"]}],
+        "seeds": [0, 5], "overrides": ["train.max_steps=3", "eval.max_new_tokens=4"],
+        "language_overrides": {"no": {"selection.policy": "by_loss", "train.precision": "no"}},
+    })
+    plan = load_matrix(m)
+    assert [j.job_id for j in plan.jobs] == [
+        "en-a-s0", "en-a-s5", "no-a-s0", "no-a-s5", "en-b-s0", "en-b-s5", "no-b-s0", "no-b-s5"]
+    job = next(j for j in plan.jobs if j.job_id == "no-a-s5")
+    cfg = load_config(job.config_path, list(job.overrides))
+    # `no` (Norwegian) stays a string; the config entry's override beats the matrix-wide one
+    assert cfg.data.languages == ["no"] and cfg.selection.language == "no"
+    assert cfg.train.max_steps == 7 and cfg.eval.max_new_tokens == 4
+    assert cfg.selection.policy == "by_loss" and cfg.train.precision == "no"
+    assert cfg.seed == 5 and cfg.config_id == "a"
+    assert cfg.output_dir == tmp_path / "root" / "runs" / "no-a-s5"
+    assert plan.log_path(job) == tmp_path / "root" / "logs" / "matrix" / "no-a-s5.log"
+    en_b = load_config(plan.jobs[4].config_path, list(plan.jobs[4].overrides))
+    assert en_b.optim.lr == 2e-3 and en_b.selection.policy == "auto"
+    # --out and CLI overrides win
+    plan = load_matrix(m, out=tmp_path / "elsewhere", extra_overrides=["train.max_steps=9"])
+    cfg = load_config(plan.jobs[0].config_path, list(plan.jobs[0].overrides))
+    assert plan.root == tmp_path / "elsewhere" and cfg.train.max_steps == 9
+
+
+def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs):
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {
+        "languages": ["en", "en", "es"], "seed": [1],
+        "configs": [{"config_id": "a", "path": str(a)},
+                    {"config_id": "bad id", "path": "nope.yaml"}],
+        "retries": -1,
+    })
+    with pytest.raises(ConfigError) as e:
+        load_matrix(m)
+    problems = e.value.problems
+    assert "seed: unknown field — did you mean seeds?" in problems
+    assert any(p.startswith("configs.1.config_id: string should match pattern") for p in problems)
+    assert "retries: must be >= 0, got -1" in problems
+    # cross-field rules, once the shape is right
+    m = write_yaml(tmp_path / "m.yaml", {
+        "languages": ["en", "en"], "configs": [{"config_id": "a", "path": str(a)},
+                                               {"config_id": "a", "path": "nope.yaml"}],
+        "language_overrides": {"fr": ["seed=1"]},
+    })
+    with pytest.raises(ConfigError) as e:
+        load_matrix(m)
+    assert set(e.value.problems) == {
+        "languages.1: 'en' is listed twice (also languages.0)",
+        "configs.1.config_id: 'a' is listed twice (also configs.0)",
+        "language_overrides.fr: not one of languages ['en', 'en']",
+        "configs.1.path: nope.yaml: no such file",
+    }
+    # every job's training config is validated up front; one line per problem, not per job
+    m = write_yaml(tmp_path / "m.yaml", {
+        "languages": ["en", "es"], "configs": [{"config_id": "a", "path": str(a)}],
+        "overrides": ["optim.lr=-1"], "language_overrides": {"es": ["train.max_step=3"]},
+    })
+    with pytest.raises(ConfigError) as e:
+        load_matrix(m)
+    assert e.value.problems == [
+        "job en-a-s0 (and 1 more): optim.lr: must be > 0, got -1",
+        "job es-a-s0: train.max_step: unknown field — did you mean train.max_steps?",
+    ]
+    # a callback named by _target_ runs code: the matrix must allow it, as train's flag does
+    m = write_yaml(tmp_path / "m.yaml", {
+        "languages": ["en"], "configs": [{"config_id": "a", "path": str(a)}],
+        "overrides": {"callbacks": [{"_target_": "x.Y"}]}})
+    with pytest.raises(ConfigError, match="job en-a-s0: callbacks.0._target_: 'x.Y' needs "
+                                          "allow_external_callbacks: true"):
+        load_matrix(m)
+
+
+def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):
+    from asrforge.cli import main
+
+    m = write_yaml(tmp_path / "m.yaml", {"languages": [], "configs": []})
+    assert main(["matrix", str(m)]) == 2
+    err = capsys.readouterr().err
+    assert "languages: list should have at least 1 item" in err and "configs:" in err
+
+
+MATRICES = sorted((ROOT / "configs").glob("matrix-*.yaml"))
+
+
+@pytest.mark.parametrize("path", MATRICES, ids=lambda p: p.name)
+def test_shipped_matrices_load_and_name_their_command(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    plan = load_matrix(path)
+    assert plan.jobs
+    header = "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
+    assert f"asrforge matrix configs/{path.name}" in header
+
+
+def test_devices_spec():
+    assert [d.label for d in parse_devices("0,2")] == ["cuda:0", "cuda:2"]
+    assert parse_devices("0")[0].cuda_visible == "0"
+    cpus = parse_devices("cpu:2")
+    assert [d.label for d in cpus] == ["cpu:0", "cpu:1"]
+    assert all(d.cuda_visible == "" and d.threads >= 1 for d in cpus)
+    for bad in ("cpu:0", "gpu", "0,0"):
+        with pytest.raises(Exception, match="--devices"):
+            parse_devices(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# claims
+
+
+def test_a_job_is_claimed_once_and_markers_end_it(tmp_path):
+    run_dir = tmp_path / "runs" / "j"
+    a, b = Claims(tmp_path, "A"), Claims(tmp_path, "B")
+    got = a.try_claim("j", run_dir, "cpu:0")
+    assert not isinstance(got, str)
+    assert b.try_claim("j", run_dir, "cpu:0") == "held" and b.is_running("j")
+    record = json.loads((tmp_path / "claims" / "j.claim").read_text())
+    assert record["launcher"] == "A" and record["device"] == "cpu:0"
+    got.release()
+    assert not b.is_running("j") and not (tmp_path / "claims" / "j.claim").exists()
+    got = b.try_claim("j", run_dir, "cpu:1")
+    b.finish(got, run_dir, "done", {"attempts": 1})
+    assert a.try_claim("j", run_dir, "cpu:0") == "done"
+    (run_dir / "DONE").rename(run_dir / "FAILED")
+    assert a.try_claim("j", run_dir, "cpu:0") == "failed"
+    again = a.try_claim("j", run_dir, "cpu:0", retry_failed=True)
+    assert not isinstance(again, str) and not (run_dir / "FAILED").exists()
+    again.release()
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["launcher"]) for e in events] == [
+        ("claim", "A"), ("claim", "B"), ("done", "B"), ("claim", "A")]
+
+
+def test_a_dead_launchers_claim_is_stale_but_its_running_job_keeps_the_lock(tmp_path):
+    run_dir = tmp_path / "runs" / "j"
+    a = Claims(tmp_path, "A")
+    claim = a.try_claim("j", run_dir, "cpu:0")
+    # the job's process inherits the lock, as LocalExecutor arranges; then the launcher "dies"
+    # (its descriptor closes without a release, the claim record stays behind)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             pass_fds=(claim.lock_fd,))
+    try:
+        os.close(claim.lock_fd)
+        b = Claims(tmp_path, "B")
+        assert b.try_claim("j", run_dir, "cpu:0") == "held"  # the orphaned job still runs
+        assert lock_is_held(tmp_path / "claims" / "j.lock")
+    finally:
+        child.kill()
+        child.wait()
+    got = b.try_claim("j", run_dir, "cpu:0")
+    assert not isinstance(got, str)
+    assert json.loads((tmp_path / "claims" / "j.claim").read_text())["launcher"] == "B"
+    got.release()
+    events = [json.loads(x)["event"] for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert events == ["claim", "stale_claim", "claim"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher, with a scripted executor (no training)
+
+
+class ScriptedExecutor:
+    """Runs each attempt instantly: ``outcomes[job_id]`` lists what each attempt does —
+    ``ok``, ``crash`` (exit 1, a checkpoint left behind), ``interrupted`` (exit 0 without a
+    normal end, like a run stopped by SIGTERM) or ``bad`` (exit 2: a config to fix)."""
+
+    name = "scripted"
+
+    def __init__(self, plan, outcomes: dict[str, list[str]], n_devices: int = 2):
+        self.plan, self.outcomes, self.n = plan, outcomes, n_devices
+        self.attempts: list = []
+        self.results: list[AttemptResult] = []
+
+    def devices(self):
+        return [Device(f"cpu:{i}", "", 1) for i in range(self.n)]
+
+    def submit(self, attempt, *, hold_fd=None):
+        self.attempts.append(attempt)
+        job = attempt.job
+        run_dir = self.plan.run_dir(job)
+        (run_dir / "checkpoints" / "step-000002").mkdir(parents=True, exist_ok=True)
+        what = self.outcomes.get(job.job_id, ["ok"])[attempt.number - 1]
+        lines = [{"event": "train_begin", "step": 2 if attempt.resume else 0}]
+        if what == "ok":
+            lines.append({"event": "train_end", "step": 4, "status": "completed", "reason": "max",
+                          "best_step": 4, "best": {"wer": 0.5}})
+        elif what == "interrupted":
+            lines.append({"event": "train_end", "step": 3, "status": "interrupted"})
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(x) + "\n" for x in lines)
+        attempt.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(attempt.log_path, "a") as f:
+            f.write(f"attempt {attempt.number}\n")
+            if what == "crash":
+                f.write("Traceback: boom\n")
+        rc = {"crash": 1, "bad": 2}.get(what, 0)
+        self.results.append(AttemptResult(job.job_id, attempt.number, attempt.device.label, rc,
+                                          time.time(), time.time(), "here"))
+
+    def poll(self, timeout):
+        out, self.results = self.results, []
+        return out
+
+    def cancel(self, job_id, *, force=False):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_configs, capsys):
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en", "es"],
+        "configs": [{"config_id": "a", "path": str(a)}], "seeds": [0, 1], "retries": 2})
+    plan = load_matrix(m)
+    outcomes = {"en-a-s1": ["crash", "interrupted", "ok"], "es-a-s0": ["crash"] * 3,
+                "es-a-s1": ["bad"]}
+    ex = ScriptedExecutor(plan, outcomes)
+    out = Launcher(plan, ex, progress_every=0.0).run()
+    assert sorted(out.done) == ["en-a-s0", "en-a-s1"]
+    assert sorted(out.failed) == ["es-a-s0", "es-a-s1"] and out.exit_code == 1
+    tries = [(x.job.job_id, x.number, x.resume) for x in ex.attempts if x.job.job_id == "en-a-s1"]
+    assert tries == [("en-a-s1", 1, False), ("en-a-s1", 2, True), ("en-a-s1", 3, True)]
+    done = json.loads((plan.root / "runs" / "en-a-s1" / "DONE").read_text())
+    assert done["attempts"] == 3 and done["best_step"] == 4 and done["status"] == "completed"
+    assert [h["error"] for h in done["history"]] == ["exit code 1", "the run was interrupted", None]
+    failed = json.loads((plan.root / "runs" / "es-a-s0" / "FAILED").read_text())
+    assert failed["attempts"] == 3 and "Traceback: boom" in failed["log_tail"]
+    bad = json.loads((plan.root / "runs" / "es-a-s1" / "FAILED").read_text())
+    assert bad["attempts"] == 1 and "not retried" in bad["reason"]  # exit 2: bad input
+    text = capsys.readouterr().out
+    assert "FAILED es-a-s0 after 3 attempt(s)" in text and "2/4 done" in text and "ETA" in text
+
+    # a re-launch skips done and failed jobs; --retry-failed runs the failed one again
+    ex = ScriptedExecutor(plan, {"es-a-s0": ["ok"], "es-a-s1": ["ok"]})
+    out = Launcher(plan, ex, progress_every=0.0).run()
+    assert ex.attempts == [] and len(out.done) == 2 and len(out.failed) == 2
+    out = Launcher(plan, ex, retry_failed=True, progress_every=0.0).run()
+    assert sorted(x.job.job_id for x in ex.attempts) == ["es-a-s0", "es-a-s1"]
+    assert all(x.resume for x in ex.attempts)
+    assert len(out.done) == 4 and out.exit_code == 0
+
+
+def test_eta_from_finished_jobs(tmp_path, two_configs):
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {"out": str(tmp_path / "r"), "languages": ["en"],
+                                         "configs": [{"config_id": "a", "path": str(a)}]})
+    launcher = Launcher(load_matrix(m), ScriptedExecutor(None, {}))
+    assert launcher.eta(queued=3, n_devices=2) is None
+    launcher.durations = [10.0, 30.0]
+    assert launcher.eta(queued=3, n_devices=2) == pytest.approx(30.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: real training runs
+
+
+def three_language_tones(path: Path) -> Path:
+    """The tones data set relabelled so that its utterances have three languages."""
+    from datasets import load_from_disk
+
+    from asrforge.data.synth import make_tones_dataset
+
+    src = make_tones_dataset(path.with_name("tones-src"), sizes={"train": 36, "validation": 9})
+    dd = load_from_disk(str(src))
+    dd = dd.map(lambda _, i: {"language": LANGS[i % 3]}, with_indices=True)
+    dd.save_to_disk(str(path))
+    return path
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def matrix_run(tmp_path_factory):
+    """Two launchers started together over 3 languages × 2 seeds (6 jobs, one CPU slot each);
+    es seed 0 crashes once right after its step-2 checkpoint."""
+    tmp = tmp_path_factory.mktemp("matrix")
+    data = three_language_tones(tmp / "tones3")
+    config = tmp / "tiny.yaml"
+    config.write_text(tiny_config(
+        tmp / "unused", data, train={"max_steps": 4, "log_every": 1, "precision": "no"},
+        eval={"eval_steps": 2},
+        data={"batch_size": 4}).to_yaml())
+    matrix = write_yaml(tmp / "matrix.yaml", {
+        "out": str(tmp / "root"), "languages": list(LANGS), "seeds": [0, 1],
+        "configs": [{"config_id": "tiny", "path": str(config)}],
+        "language_overrides": {
+            "es": {"callbacks": [{"_target_": "test_matrix.CrashOnce", "seed": 0}]}},
+        "allow_external_callbacks": True, "retries": 1,
+    })
+    cmd = [sys.executable, "-m", "asrforge", "matrix", str(matrix), "--devices", "cpu:1",
+           "--progress-every", "2"]
+    procs = [subprocess.Popen(cmd, cwd=tmp, env=child_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    return {"root": tmp / "root", "codes": [p.returncode for p in procs], "outs": outs,
+            "matrix": matrix}
+
+
+def events(root: Path) -> list[dict]:
+    return [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]
+
+
+def train_begins(run_dir: Path) -> list[int]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x["step"] for x in lines if x["event"] == "train_begin"]
+
+
+@pytest.mark.slow
+def test_two_launchers_share_the_matrix_without_duplicates(matrix_run):
+    root = matrix_run["root"]
+    assert matrix_run["codes"] == [0, 0], "\n".join(matrix_run["outs"])
+    ids = [f"{lang}-tiny-s{s}" for lang in LANGS for s in (0, 1)]
+    assert sorted(p.name for p in (root / "runs").iterdir()) == sorted(ids)
+    ev = events(root)
+    for job in ids:
+        assert (root / "runs" / job / "DONE").is_file()
+        assert (root / "logs" / "matrix" / f"{job}.log").is_file()
+        claims = [e for e in ev if e["job_id"] == job and e["event"] == "claim"]
+        starts = [e for e in ev if e["job_id"] == job and e["event"] == "start"]
+        assert len(claims) == 1, f"{job} claimed {len(claims)} times"
+        assert {e["launcher"] for e in starts} == {claims[0]["launcher"]}
+        expected = [0, 2] if job == "es-tiny-s0" else [0]  # each train run happened once
+        assert train_begins(root / "runs" / job) == expected
+    assert len({e["launcher"] for e in ev if e["event"] == "claim"}) == 2, "both launchers worked"
+    for out in matrix_run["outs"]:
+        assert "6/6 done" in out and "ETA" in out
+
+
+@pytest.mark.slow
+def test_a_job_that_crashed_resumes_from_its_checkpoint(matrix_run):
+    run_dir = matrix_run["root"] / "runs" / "es-tiny-s0"
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["attempts"] == 2 and done["step"] == 4 and done["status"] == "completed"
+    assert done["history"][0]["returncode"] == 3 and done["history"][1]["returncode"] == 0
+    log = (matrix_run["root"] / "logs" / "matrix" / "es-tiny-s0.log").read_text()
+    first, second = log.split("==== asrforge matrix: es-tiny-s0 attempt ")[1:]
+    assert "--resume" not in first.splitlines()[1] and "--resume" in second.splitlines()[1]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    other = json.loads((matrix_run["root"] / "runs" / "es-tiny-s1" / "DONE").read_text())
+    assert other["attempts"] == 1  # the crash hit seed 0 only
+
+
+@pytest.mark.slow
+def test_relaunch_skips_finished_jobs_and_the_report_covers_them(matrix_run, tmp_path, capsys):
+    from asrforge.matrix.report import collect, write_report
+
+    n_events = len(events(matrix_run["root"]))
+    plan = load_matrix(matrix_run["matrix"])
+    out = Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=0.0).run()
+    assert len(out.done) == 6 and out.exit_code == 0
+    assert len(events(matrix_run["root"])) == n_events  # nothing claimed, nothing started
+    assert "6/6 done" in capsys.readouterr().out
+
+    rows = write_report(matrix_run["root"], tmp_path / "report.html")
+    assert len(rows) == 6 and {r.status for r in rows} == {"done"}
+    policy = {r.language: r.policy for r in rows}
+    assert policy == {"en": "combined_gate", "es": "by_wer", "th": "by_loss"}
+    by_id = {r.job_id: r for r in collect(matrix_run["root"] / "runs")}
+    es0 = by_id["es-tiny-s0"]
+    assert [e["step"] for e in es0.evals] == [2, 4] and es0.attempts == 2
+    assert es0.best_step in (2, 4) and es0.chosen_by and es0.best["wer"] is not None
+    page = (tmp_path / "report.html").read_text()
+    assert page.count('class="job-row"') == 6 and page.count('data-series="eval"') == 18
+
+
+@pytest.mark.slow
+def test_the_ray_executor_runs_the_same_jobs(tmp_path, tones_dir):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'asrforge[ray]')")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny_config(tmp_path / "unused", tones_dir,
+                                  train={"max_steps": 2, "precision": "no"},
+                                  eval={"eval_steps": 2}).to_yaml())
+    matrix = write_yaml(tmp_path / "matrix.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en", "es"],
+        "configs": [{"config_id": "tiny", "path": str(config)}]})
+    proc = subprocess.run(
+        [sys.executable, "-m", "asrforge", "matrix", str(matrix), "--executor", "ray",
+         "--progress-every", "5"],
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "via ray" in proc.stdout and "2/2 done" in proc.stdout
+    root = tmp_path / "root"
+    for job in ("en-tiny-s0", "es-tiny-s0"):
+        done = json.loads((root / "runs" / job / "DONE").read_text())
+        assert done["attempts"] == 1 and done["history"][0]["device"].startswith("ray:")
+        assert train_begins(root / "runs" / job) == [0]
