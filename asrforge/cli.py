@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import time
 from collections.abc import Callable
 
 from asrforge.errors import CheckpointSaveError, UserError
@@ -18,6 +20,11 @@ from asrforge.errors import CheckpointSaveError, UserError
 EXTERNAL_COMMANDS = [
     "asrforge.checkpoint.average",
     "asrforge.model.ct2",
+    "asrforge.model.vocab",
+    "asrforge.matrix.cli",
+    "asrforge.bundle.cli",
+    "asrforge.data.corpus",
+    "asrforge.demo",
 ]
 
 
@@ -42,10 +49,13 @@ def _run_train(args) -> int:
     from asrforge.train.events import CriticalCallbackError
     from asrforge.train.loop import Trainer
 
+    t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
     callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks)
+    startup = {"imports": _seconds_since_process_start() - (time.perf_counter() - t1),
+               "config": time.perf_counter() - t1}
     try:
-        result = Trainer(cfg, callbacks).fit(resume=args.resume)
+        result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume)
     except CriticalCallbackError as e:
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
@@ -56,6 +66,13 @@ def _run_train(args) -> int:
     if result.best_step is not None:
         print(f"asrforge: best checkpoint at step {result.best_step}: {result.best}")
     return 1 if result.status == "diverged" else 0
+
+
+def _seconds_since_process_start() -> float:
+    try:  # Linux: /proc/self was created with the process
+        return time.time() - os.stat("/proc/self").st_ctime
+    except OSError:
+        return 0.0
 
 
 BUILTIN_COMMANDS: list[Callable] = [_add_train]
