@@ -1,0 +1,66 @@
+"""asrforge: fine-tune Whisper-family speech recognition models; evaluate, select, export.
+
+The public surface is the names in ``__all__``; everything else may change. Imports are lazy
+(PEP 562 ``__getattr__``): ``import asrforge`` costs nothing, and ``asrforge.load_bundle``
+imports the inference side only, never the training loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "load_config": "asrforge.config",
+    "TrainConfig": "asrforge.config",
+    "Trainer": "asrforge.train.loop",
+    "build_callbacks": "asrforge.callbacks",
+    "Callback": "asrforge.train.events",
+    "load_bundle": "asrforge.bundle.load",
+    "Bundle": "asrforge.bundle.load",
+    "export_bundle": "asrforge.bundle.export",
+    "wer": "asrforge.text",
+    "cer": "asrforge.text",
+    "normalize": "asrforge.text",
+    "import_ct2": "asrforge.model.ct2",
+    "average_checkpoints": "asrforge.checkpoint.average",
+}
+
+__all__ = [
+    "Bundle",
+    "Callback",
+    "TrainConfig",
+    "Trainer",
+    "average_checkpoints",
+    "build_callbacks",
+    "cer",
+    "export_bundle",
+    "import_ct2",
+    "load_bundle",
+    "load_config",
+    "normalize",
+    "wer",
+]
+
+if TYPE_CHECKING:
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.load import Bundle, load_bundle
+    from asrforge.callbacks import build_callbacks
+    from asrforge.checkpoint.average import average_checkpoints
+    from asrforge.config import TrainConfig, load_config
+    from asrforge.model.ct2 import import_ct2
+    from asrforge.text import cer, normalize, wer
+    from asrforge.train.events import Callback
+    from asrforge.train.loop import Trainer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'asrforge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

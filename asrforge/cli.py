@@ -23,8 +23,6 @@ EXTERNAL_COMMANDS = [
     "asrforge.model.vocab",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
-    "asrforge.data.corpus",
-    "asrforge.demo",
 ]
 
 
@@ -79,15 +77,16 @@ BUILTIN_COMMANDS: list[Callable] = [_add_train]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asrforge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="asrforge",
+        description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
+        epilog="Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file).",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in BUILTIN_COMMANDS:
         add(sub)
     for name in EXTERNAL_COMMANDS:
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
+        mod = importlib.import_module(name)  # a broken command module must fail loudly
         if hasattr(mod, "add_cli"):
             mod.add_cli(sub)
     return parser

@@ -1,0 +1,249 @@
+"""``asrforge export``, ``asrforge transcribe`` and ``asrforge evaluate``.
+
+Imported when the ``asrforge`` parser is built, so everything heavy is imported inside the
+handlers. Bad input (a missing file, unreadable audio, an altered bundle, an unknown language)
+raises :class:`~asrforge.errors.UserError`: the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from asrforge.errors import UserError
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``export``, ``transcribe`` and ``evaluate``."""
+    p = subparsers.add_parser(
+        "export",
+        help="export a checkpoint or run as an inference bundle",
+        description="Write an inference bundle (safetensors weights, configs, tokenizer, "
+        "sha256 manifest) from a training checkpoint, a run directory (checkpoints/best, else "
+        "checkpoints/latest) or a pretrained transformers Whisper directory.",
+    )
+    p.add_argument("source", type=Path, help="checkpoint, run or transformers model directory")
+    p.add_argument("--out", type=Path, required=True, help="the bundle directory to write")
+    p.add_argument(
+        "--weights",
+        choices=["ema", "raw", "average"],
+        default=None,
+        help="default: ema when the checkpoint has EMA weights, else raw",
+    )
+    p.add_argument("--format", dest="fmt", choices=["hf", "ct2"], default="hf")
+    p.add_argument("--k", type=int, default=5, help="--weights average: how many checkpoints")
+    p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
+    p.add_argument("--quantization", default=None, help="--format ct2: e.g. int8, float16")
+    p.set_defaults(func=run_export)
+
+    p = subparsers.add_parser(
+        "transcribe",
+        help="transcribe audio files with a bundle",
+        description="Transcribe wav/flac/mp3 files (any sample rate, any length) with a bundle.",
+    )
+    p.add_argument("bundle", type=Path, help="a bundle directory (asrforge export)")
+    p.add_argument("audio", type=Path, nargs="+", help="audio files")
+    p.add_argument("--language", default=None, help="ISO code; default: detected")
+    p.add_argument("--json", action="store_true", help="one JSON object per line per file")
+    p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap per 30 s window")
+    p.set_defaults(func=run_transcribe)
+
+    p = subparsers.add_parser(
+        "evaluate",
+        help="WER/CER/loss of a checkpoint or bundle on a data split",
+        description="Evaluate a training checkpoint or a bundle on a split of an Arrow data set "
+        "(the training loop's evaluation: teacher-forced loss and greedy decoding).",
+    )
+    p.add_argument("model", type=Path, help="a checkpoint, run or bundle directory")
+    p.add_argument("--data", type=Path, required=True, help="an Arrow DatasetDict directory")
+    p.add_argument("--split", default="validation")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
+    p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
+    p.add_argument(
+        "--weights",
+        choices=["ema", "raw"],
+        default=None,
+        help="checkpoints: which weights (default ema when present, as the loop evaluates)",
+    )
+    p.set_defaults(func=run_evaluate)
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UserError(f"{name}: must be >= 1, got {value}")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from asrforge.bundle.export import export_bundle, resolve_source
+
+    _positive("--k", args.k)
+    kind, path = resolve_source(args.source)
+    if path != args.source:
+        print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
+    out = export_bundle(
+        path,
+        args.out,
+        args.weights,
+        args.fmt,
+        average_k=args.k,
+        average_metric=args.metric,
+        ct2_quantization=args.quantization,
+    )
+    info = json.loads((out / "inference_config.json").read_text())
+    step = info["source"].get("step")
+    print(
+        f"wrote a {args.fmt} bundle to {out}: {info['weights']} weights"
+        + (f" of step {step}" if step is not None else "")
+        + f", languages {', '.join(info['languages'][:10])}"
+        + (" ..." if len(info["languages"]) > 10 else "")
+    )
+    return 0
+
+
+def run_transcribe(args: argparse.Namespace) -> int:
+    _positive("--batch-size", args.batch_size)
+    _positive("--max-new-tokens", args.max_new_tokens)
+    for path in args.audio:
+        if not path.is_file():
+            raise UserError(f"{path}: no such audio file")
+    from asrforge.bundle.load import load_bundle
+
+    bundle = load_bundle(args.bundle)
+    waves = [bundle.load_audio(p) for p in args.audio]
+    results = bundle.recognize(
+        waves, args.language, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens
+    )
+    for path, r in zip(args.audio, results, strict=True):
+        if args.json:
+            record = {
+                "path": str(path),
+                "text": r.text,
+                "language": r.language,
+                "seconds": round(r.seconds, 3),
+                "segments": r.segments,
+            }
+            print(json.dumps(record, ensure_ascii=False))
+        elif len(args.audio) > 1:
+            print(f"{path}\t{r.text}")
+        else:
+            print(r.text)
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    _positive("--batch-size", args.batch_size)
+    _positive("--max-new-tokens", args.max_new_tokens)
+    _positive("--max-samples", args.max_samples)
+    if not args.data.is_dir():
+        raise UserError(f"--data {args.data}: no such directory")
+    if not args.model.is_dir():
+        raise UserError(f"{args.model}: no such directory")
+    from torch.utils.data import DataLoader
+
+    from asrforge.bundle.export import bundle_from_checkpoint
+    from asrforge.bundle.load import load_bundle
+    from asrforge.bundle.schema import INFERENCE_CONFIG
+    from asrforge.config import DataConfig
+    from asrforge.data.dataset import (
+        Collator,
+        SpeechDataset,
+        eval_batches,
+        load_arrow,
+        prepare_split,
+    )
+    from asrforge.train.evaluate import evaluate
+
+    if (args.model / INFERENCE_CONFIG).is_file():
+        if args.weights is not None:
+            raise UserError("--weights applies to checkpoints; a bundle has one set of weights")
+        bundle = load_bundle(args.model)
+    else:
+        bundle = bundle_from_checkpoint(args.model, args.weights)
+    dd = load_arrow(args.data)
+    if args.split not in dd:
+        raise UserError(f"--split {args.split!r}: not in {args.data} (has {sorted(dd)})")
+    split = dd[args.split]
+    dcfg = DataConfig(path=args.data, eval_split=args.split, task=bundle.config.data.task)
+    utts, report = prepare_split(
+        split,
+        args.split,
+        cfg=dcfg,
+        tokenizer=bundle.tokenizer,
+        specials=bundle.specials,
+        max_target_positions=bundle.model.config.max_target_positions,
+        max_seconds=bundle.window_seconds,
+    )
+    if args.max_samples:
+        utts = utts[: args.max_samples]
+    if not utts:
+        raise UserError(f"{args.data} split {args.split!r}: no usable utterances")
+    eot = bundle.specials.eot
+    loader = DataLoader(
+        SpeechDataset(split, utts, bundle.features, eot),
+        batch_sampler=eval_batches(utts, args.batch_size),
+        collate_fn=Collator(pad_id=eot),
+    )
+    metrics, _preds = evaluate(
+        bundle.model,
+        loader,
+        tokenizer=bundle.tokenizer,
+        eot=eot,
+        max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+        device=bundle.device,
+    )
+    skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
+    if args.json:
+        record = {
+            "model": str(args.model),
+            "data": str(args.data),
+            "split": args.split,
+            **_plain(metrics),
+            "skipped": skipped,
+        }
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        print(
+            f"{args.model} on {args.data} ({args.split}): {metrics['n']} utterances"
+            + (f", skipped {skipped}" if skipped else "")
+        )
+        print(format_table(metrics))
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """Metrics as strict JSON: NaN and infinities become null."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    """WER/CER in %, loss, n and rep-trap count, overall and per language."""
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:7.2f}" if isinstance(v, int | float) and math.isfinite(v) else "      -"
+
+    def row(name: str, m: dict[str, Any]) -> str:
+        loss = m.get("loss")
+        loss_s = (
+            f"{loss:7.4f}" if isinstance(loss, int | float) and math.isfinite(loss) else "      -"
+        )
+        return (
+            f"{name:<10} {m.get('n', 0):>6} {pct(m.get('wer'))} {pct(m.get('cer'))} "
+            f"{loss_s} {m.get('rep_trap_count', 0):>8}"
+        )
+
+    lines = [f"{'language':<10} {'n':>6} {'WER %':>7} {'CER %':>7} {'loss':>7} {'rep-trap':>8}"]
+    lines.append(row("all", metrics))
+    for lang, m in (metrics.get("per_language") or {}).items():
+        lines.append(row(lang, m))
+    return "\n".join(lines)

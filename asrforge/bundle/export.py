@@ -1,0 +1,596 @@
+"""Export: a training checkpoint, a run, or a pretrained transformers directory -> inference bundle.
+
+::
+
+    bundle/
+      model.safetensors         the chosen weights, transformers names (tied proj_out recorded)
+      config.json               WhisperConfig             } what WhisperForConditionalGeneration
+      generation_config.json    prompt tokens, languages  } .from_pretrained and transformers'
+      preprocessor_config.json  WhisperFeatureExtractor   } ASR pipeline load unchanged
+      tokenizer.json, tokenizer_config.json, ...
+      inference_config.json     InferenceConfig (asrforge.bundle.schema)
+      manifest.json             sha256 + size of each file, sealed with its own digest
+
+The directory is built under a temporary name and renamed into place (complete or absent).
+``fmt="ct2"`` converts the same contents with CTranslate2's own ``TransformersConverter``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import GenerationConfig, WhisperConfig
+
+from asrforge.bundle.load import (
+    MODEL_FILE,
+    SEAL_KEY,
+    Bundle,
+    check_tensors,
+    manifest_digest,
+)
+from asrforge.bundle.schema import (
+    BUNDLE_VERSION,
+    INFERENCE_CONFIG,
+    MODEL_SHAPE,
+    FeatureConfig,
+    InferenceConfig,
+    asrforge_version,
+    inference_view,
+)
+from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
+from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
+from asrforge.checkpoint.training import EMA_FILE, load_weights, save_weights, weights_aliases
+from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
+from asrforge.errors import CheckpointError, UserError
+from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
+from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+Weights = Literal["ema", "raw", "average"]
+
+
+@dataclass
+class BundleContents:
+    """Everything a bundle holds, in memory."""
+
+    state: dict[str, torch.Tensor]
+    """Weights in transformers names; tied names share one tensor."""
+    config: WhisperConfig
+    generation: GenerationConfig
+    tokenizer: WhisperTokenizer
+    inference: Any
+    """The ``InferenceConfig``."""
+    note: str = ""
+    """What was exported, for the user (``checkpoints/best (step 200), EMA weights``)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def export_bundle(
+    source: str | Path,
+    out: str | Path,
+    weights: Weights | None = None,
+    fmt: Literal["hf", "ct2"] = "hf",
+    *,
+    average_k: int = 5,
+    average_metric: str = "wer",
+    stats_utterances: int = 16,
+    ct2_quantization: str | None = None,
+) -> Path:
+    """Write an inference bundle.
+
+    Args:
+        source: a training checkpoint directory (``manifest.json`` + ``model.safetensors``), a run
+            directory (its ``checkpoints/best``, else ``checkpoints/latest``), or a pretrained
+            transformers Whisper directory (safetensors weights).
+        out: the bundle directory to write (an existing bundle there is replaced).
+        weights: ``ema`` (default when the checkpoint has EMA weights), ``raw``, or ``average``
+            (mean of the raw weights of the run's ``average_k`` best checkpoints by
+            ``average_metric``, as in ``asrforge average``).
+        fmt: ``hf`` (transformers safetensors, loadable by ``load_bundle``) or ``ct2``.
+        stats_utterances: training utterances whose log-mel statistics are recorded (0: none).
+        ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as is.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        UserError: a bad source, out, or option; CheckpointCorruptError: the source does not
+            verify; CheckpointNotSupportedError: weights that do not fit the model config.
+    """
+    source, out = Path(source), Path(out)
+    if fmt not in ("hf", "ct2"):
+        raise UserError(f"format: must be hf or ct2, got {fmt!r}")
+    _check_out(out, source)
+    converter = _ct2_converter() if fmt == "ct2" else None
+    kind, path = resolve_source(source)
+    if kind == "pretrained":
+        if weights not in (None, "raw"):
+            raise UserError(
+                f"{source}: a pretrained directory has one set of weights, not {weights}"
+            )
+        contents = pretrained_contents(path)
+    else:
+        contents = checkpoint_contents(
+            path,
+            weights,
+            average_k=average_k,
+            average_metric=average_metric,
+            stats_utterances=stats_utterances,
+        )
+    log.info("exporting %s", contents.note)
+    if converter is not None:
+        return _write_ct2(contents, out, converter, ct2_quantization)
+    return write_bundle(contents, out)
+
+
+def bundle_from_pretrained(hf_dir: str | Path, out: str | Path) -> Path:
+    """Export a pretrained transformers Whisper directory (e.g. from ``asrforge import-ct2``)."""
+    return export_bundle(hf_dir, out)
+
+
+def bundle_from_checkpoint(
+    path: str | Path, weights: Weights | None = None, *, device: str = "cpu"
+) -> Bundle:
+    """A :class:`Bundle` straight from a training checkpoint, in memory (what ``asrforge
+    evaluate`` uses): the same weights and settings an export of it would hold."""
+    kind, ckpt = resolve_source(Path(path))
+    if kind == "pretrained":
+        contents = pretrained_contents(ckpt)
+    else:
+        contents = checkpoint_contents(ckpt, weights, stats_utterances=0, scan_data=False)
+    log.info("loaded %s", contents.note)
+    return contents_to_bundle(contents, device=device)
+
+
+def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bundle:
+    model = check_tensors(
+        {k: tuple(v.shape) for k, v in contents.state.items()}, contents.config, "weights"
+    )
+    model.load_state_dict(contents.state, strict=False, assign=True)
+    model.tie_weights()
+    model.generation_config = contents.generation
+    return Bundle(model, contents.tokenizer, contents.inference, device=device)
+
+
+def write_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``manifest.json`` (sha256 of every file) and seal it with its own digest."""
+    manifest = write_manifest(directory, meta)
+    manifest[SEAL_KEY] = manifest_digest(manifest)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+def resolve_source(source: Path) -> tuple[str, Path]:
+    """``("checkpoint" | "pretrained", directory)`` for what the user named; a run directory
+    resolves to ``checkpoints/best``, else ``checkpoints/latest`` (logged)."""
+    if not source.is_dir():
+        raise UserError(f"{source}: no such directory")
+    if (source / INFERENCE_CONFIG).is_file():
+        raise UserError(f"{source}: already an inference bundle")
+    if (source / MANIFEST_NAME).is_file() and (source / MODEL_FILE).is_file():
+        return "checkpoint", source
+    root = source / "checkpoints"
+    if root.is_dir():
+        candidates = [("best", root / "best")]
+        if (root / "latest").is_symlink():
+            candidates.append(("latest", root / os.readlink(root / "latest")))
+        elif (root / "latest.txt").is_file():
+            candidates.append(("latest", root / (root / "latest.txt").read_text().strip()))
+        for name, path in candidates:
+            if (path / MANIFEST_NAME).is_file():
+                step = read_manifest(path).get("step")
+                log.info("%s: using checkpoints/%s (step %s)", source, name, step)
+                return "checkpoint", path
+        raise UserError(f"{source}: has no checkpoints/best or checkpoints/latest to export")
+    if (source / "config.json").is_file():
+        return "pretrained", source
+    raise UserError(
+        f"{source}: not a checkpoint (no {MANIFEST_NAME} + {MODEL_FILE}), a run directory "
+        "(no checkpoints/) or a transformers model directory (no config.json)"
+    )
+
+
+def _check_out(out: Path, source: Path) -> None:
+    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+        raise UserError(f"--out {out}: must not be inside the source {source}")
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / INFERENCE_CONFIG).is_file())
+    ):
+        raise UserError(f"--out {out}: exists and is not a bundle; choose another directory")
+
+
+def checkpoint_contents(
+    ckpt: Path,
+    weights: Weights | None = None,
+    *,
+    average_k: int = 5,
+    average_metric: str = "wer",
+    stats_utterances: int = 16,
+    scan_data: bool = True,
+) -> BundleContents:
+    """Read a training checkpoint (verified first) into bundle contents."""
+    manifest = verify(ckpt)
+    files = manifest["files"]
+    if "config.yaml" not in files or not any(f.startswith("tokenizer/") for f in files):
+        raise CheckpointError(f"{ckpt}: not a training checkpoint (no config.yaml or tokenizer/)")
+    cfg = _read_train_config(ckpt / "config.yaml")
+    tokenizer = load_tokenizer(ckpt / "tokenizer")
+    multilingual = _multilingual(cfg.model, len(tokenizer))
+    specials = SpecialTokens.from_tokenizer(tokenizer, multilingual)
+
+    has_ema = EMA_FILE in files
+    chosen = weights or ("ema" if has_ema else "raw")
+    source: dict[str, Any] = {"checkpoint": str(ckpt), "step": manifest.get("step")}
+    source["metrics"] = manifest.get("metrics") or {}
+    if chosen == "ema":
+        if not has_ema:
+            raise UserError(
+                f"{ckpt}: has no EMA weights (train.ema_decay was off); use --weights raw"
+            )
+        state = _with_ema(ckpt)
+    elif chosen == "raw":
+        state = load_weights(ckpt / MODEL_FILE)
+    elif chosen == "average":
+        state, averaged = _average(ckpt, average_k, average_metric)
+        source.update(averaged)
+    else:
+        raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
+
+    config, base_gen = _whisper_config(cfg, tokenizer, state)
+    languages, stats = None, None
+    if scan_data:
+        languages, stats = _data_facts(cfg, specials, config, stats_utterances)
+    languages = languages or _languages_fallback(cfg, ckpt, specials)
+    view = inference_view(cfg)
+    view["model"].update({name: getattr(config, name) for name in MODEL_SHAPE})
+    icfg = InferenceConfig.model_validate(
+        {
+            **view,
+            "asrforge_version": asrforge_version(),
+            "weights": chosen,
+            "multilingual": multilingual,
+            "languages": languages,
+            "features": _feature_config(config, stats).model_dump(),
+            "source": source,
+        }
+    )
+    generation = _generation_config(base_gen, config, specials, icfg)
+    step = manifest.get("step")
+    where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == "checkpoints" else str(ckpt)
+    note = f"{where} (step {step}), {chosen} weights"
+    return BundleContents(state, config, generation, tokenizer, icfg, note)
+
+
+def _read_train_config(path: Path) -> TrainConfig:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        model = data.get("model") or {}
+        if model.get("pretrained"):  # the dump lists the unused shape fields too
+            for name in SHAPE_FIELDS:
+                model.pop(name, None)
+        return load_config(data=data)
+    except (yaml.YAMLError, AttributeError, ConfigError) as e:
+        raise UserError(f"{path}: not a readable training config: {e}") from None
+
+
+def pretrained_contents(hf_dir: Path) -> BundleContents:
+    """A pretrained transformers Whisper directory (safetensors weights) as bundle contents."""
+    config = WhisperConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    if config.model_type != "whisper":
+        raise UserError(f"{hf_dir}: a {config.model_type!r} model, not Whisper")
+    state = _read_pretrained_weights(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
+    multilingual = is_multilingual(ModelConfig(pretrained=hf_dir))
+    specials = SpecialTokens.from_tokenizer(tokenizer, multilingual)
+    base_gen = None
+    if (hf_dir / "generation_config.json").is_file():
+        base_gen = GenerationConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    if not multilingual:
+        languages = ["en"]
+    elif base_gen is not None and getattr(base_gen, "lang_to_id", None):
+        languages = [t.strip("<|>") for t in base_gen.lang_to_id]
+    else:
+        languages = list(specials.languages)
+    icfg = InferenceConfig.model_validate(
+        {
+            "config_id": hf_dir.name,
+            "model": {
+                **{name: getattr(config, name) for name in MODEL_SHAPE},
+                "attn_implementation": "sdpa",
+            },
+            "data": {"task": "transcribe"},
+            "eval": {"max_new_tokens": max(1, config.max_target_positions - 4)},
+            "asrforge_version": asrforge_version(),
+            "weights": "pretrained",
+            "multilingual": multilingual,
+            "languages": languages,
+            "features": _feature_config(config).model_dump(),
+            "source": {"pretrained": str(hf_dir)},
+        }
+    )
+    generation = _generation_config(base_gen, config, specials, icfg)
+    return BundleContents(state, config, generation, tokenizer, icfg, f"pretrained model {hf_dir}")
+
+
+def _read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    index = hf_dir / "model.safetensors.index.json"
+    if (hf_dir / MODEL_FILE).is_file():
+        shards = [hf_dir / MODEL_FILE]
+    elif index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = [hf_dir / n for n in names]
+    else:
+        raise UserError(
+            f"{hf_dir}: no {MODEL_FILE} (only safetensors weights are read; pickled "
+            "pytorch_model.bin files are never loaded)"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    return state
+
+
+def _multilingual(cfg: ModelConfig, vocab_size: int) -> bool:
+    if cfg.pretrained is None:
+        return True
+    if (Path(cfg.pretrained) / "config.json").is_file():
+        return is_multilingual(cfg)
+    return vocab_size >= 51865  # transformers' rule, when the pretrained directory is gone
+
+
+def _with_ema(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Raw weights with the EMA tensors put over them (EMA keeps trainable parameters only:
+    frozen ones and buffers come from the raw weights); tied aliases re-pointed."""
+    state = load_weights(ckpt / MODEL_FILE)
+    ema = load_weights(ckpt / EMA_FILE)
+    unknown = sorted(set(ema) - set(state))
+    if unknown:
+        raise CheckpointError(f"{ckpt / EMA_FILE}: tensors the model lacks: {unknown[:3]}")
+    for name, t in ema.items():
+        state[name] = t.to(state[name].dtype)
+    for alias, kept in weights_aliases(ckpt / MODEL_FILE).items():
+        state[alias] = state[kept]
+    return state
+
+
+def _average(ckpt: Path, k: int, metric: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from asrforge.checkpoint.average import average_top_k
+
+    root = ckpt.parent
+    with tempfile.TemporaryDirectory(prefix=".asrforge-average-") as tmp:
+        out = average_top_k(root, metric, k, Path(tmp) / "avg")
+        manifest = read_manifest(out)
+        state = load_weights(out / MODEL_FILE)
+    facts = {
+        "averaged_steps": manifest.get("steps"),
+        "average_metric": metric,
+        "k": manifest.get("k"),
+    }
+    log.info(
+        "averaged %s checkpoints by %s: steps %s", manifest.get("k"), metric, manifest.get("steps")
+    )
+    return state, facts
+
+
+def _whisper_config(
+    cfg: TrainConfig, tokenizer: WhisperTokenizer, state: dict[str, torch.Tensor]
+) -> tuple[WhisperConfig, GenerationConfig | None]:
+    """The transformers config of the trained model and the base generation config, if any."""
+    pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained is not None else None
+    base_gen = None
+    if pretrained is None:
+        with torch.device("meta"):  # exactly the config training built, at no cost
+            config = build_model(cfg.model, tokenizer, cfg.seed).model.config
+    elif (pretrained / "config.json").is_file():
+        config = WhisperConfig.from_pretrained(str(pretrained), local_files_only=True)
+        if (pretrained / "generation_config.json").is_file():
+            base_gen = GenerationConfig.from_pretrained(str(pretrained), local_files_only=True)
+    else:
+        config = _config_from_shapes(state, tokenizer)
+        log.warning(
+            "model.pretrained %s is gone: the model shape is read from the weights (attention "
+            "heads assumed d_model/64, as in every Whisper)",
+            pretrained,
+        )
+    config.vocab_size = int(state["model.decoder.embed_tokens.weight"].shape[0])
+    config.use_cache = True
+    config.architectures = ["WhisperForConditionalGeneration"]
+    return config, base_gen
+
+
+def _config_from_shapes(state: dict[str, torch.Tensor], tokenizer) -> WhisperConfig:
+    """A Whisper config read off the tensor shapes (heads: d_model / 64, as in every Whisper)."""
+
+    def dim(name: str, axis: int = 0) -> int:
+        return int(state[name].shape[axis])
+
+    def layers(side: str) -> int:
+        prefix = f"model.{side}.layers."
+        return 1 + max(int(k[len(prefix) :].split(".")[0]) for k in state if k.startswith(prefix))
+
+    d_model, eot = dim("model.decoder.embed_tokens.weight", 1), tokenizer.eos_token_id
+    shape = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in (
+        ("layers", layers(side)), ("attention_heads", max(1, d_model // 64)),
+        ("ffn_dim", dim(f"model.{side}.layers.0.fc1.weight")))}  # fmt: skip
+    return WhisperConfig(
+        **shape, d_model=d_model, vocab_size=dim("model.decoder.embed_tokens.weight"),
+        num_mel_bins=dim("model.encoder.conv1.weight", 1),
+        max_source_positions=dim("model.encoder.embed_positions.weight"),
+        max_target_positions=dim("model.decoder.embed_positions.weight"),
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
+        suppress_tokens=None, begin_suppress_tokens=None,
+    )  # fmt: skip
+
+
+def _generation_config(
+    base: GenerationConfig | None, config: WhisperConfig, specials: SpecialTokens, icfg: Any
+) -> GenerationConfig:
+    """What transformers' ``generate`` and ASR pipeline need to decode as ``Bundle`` does: the
+    prompt tokens, the bundle's languages (detection picks among them) and the task."""
+    fields: dict[str, Any] = {}
+    if base is not None:
+        fields = {k: v for k, v in base.to_diff_dict().items() if k != "transformers_version"}
+        fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
+    fields.update(
+        decoder_start_token_id=specials.sot,
+        bos_token_id=specials.eot,
+        eos_token_id=specials.eot,
+        pad_token_id=specials.eot,
+        no_timestamps_token_id=specials.no_timestamps,
+        is_multilingual=specials.multilingual,
+        max_length=config.max_target_positions,
+        return_timestamps=False,
+    )
+    fields.setdefault("suppress_tokens", [])
+    fields.setdefault("begin_suppress_tokens", [])
+    for key in ("lang_to_id", "task_to_id", "task", "language"):
+        fields.pop(key, None)
+    if specials.multilingual:
+        fields["lang_to_id"] = {
+            f"<|{c}|>": specials.languages[c] for c in icfg.languages if c in specials.languages
+        }
+        fields["task_to_id"] = dict(specials.tasks)
+        fields["task"] = icfg.data.task
+        if len(icfg.languages) == 1:
+            fields["language"] = icfg.languages[0]
+    return GenerationConfig(**fields)
+
+
+def _feature_config(config: WhisperConfig, stats: tuple | None = None) -> FeatureConfig:
+    mean, std, n = stats if stats else (None, None, 0)
+    chunk = config.max_source_positions // 50
+    return FeatureConfig(feature_size=config.num_mel_bins, chunk_length=chunk, mean=mean, std=std,
+                         stats_utterances=n)  # fmt: skip
+
+
+def _data_facts(
+    cfg: TrainConfig, specials: SpecialTokens, config: WhisperConfig, n_stats: int
+) -> tuple[list[str] | None, tuple | None]:
+    """Languages of the training split and log-mel statistics of its first ``n_stats``
+    utterances, when the training data is still where the config says (else ``None``s)."""
+    from asrforge.data.audio import decode_audio
+    from asrforge.data.dataset import load_arrow
+
+    try:
+        split = load_arrow(Path(cfg.data.path))[cfg.data.train_split]
+    except (UserError, KeyError, OSError) as e:
+        log.info("training data not readable (%s): languages from the config or eval records", e)
+        return None, None
+    langs = sorted(set(split["language"])) if specials.multilingual else ["en"]
+    if cfg.data.languages:
+        langs = [c for c in langs if c in cfg.data.languages]
+    if specials.multilingual:
+        langs = [c for c in langs if c in specials.languages]
+    stats = None
+    if n_stats > 0 and len(split):
+        fe, frames = _feature_config(config).extractor(), []
+        for row in split.select(range(min(n_stats, len(split))))["audio"]:
+            wave = decode_audio(row.get("bytes") or row.get("path"))
+            mel = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+            frames.append(mel[:, : max(1, wave.shape[0] // HOP_LENGTH)])  # the padding left out
+        mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
+        stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
+    return langs, stats
+
+
+def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -> list[str]:
+    if not specials.multilingual:
+        return ["en"]
+    if cfg.data.languages:
+        return [c for c in cfg.data.languages if c in specials.languages]
+    seen: set[str] = set()
+    for records in sorted((ckpt.parent.parent / "eval").glob("step-*.jsonl")):
+        for line in records.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if "language" in rec:
+                seen.add(rec["language"])
+    langs = sorted(c for c in seen if c in specials.languages)
+    if not langs:
+        log.warning("no record of the training languages: the bundle accepts every language token")
+        langs = list(specials.languages)
+    return langs
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _write_hf_files(contents: BundleContents, directory: Path) -> None:
+    save_weights(directory / MODEL_FILE, contents.state)
+    contents.config.save_pretrained(str(directory))
+    contents.generation.save_pretrained(str(directory))
+    # transformers ignores this cleanup for BPE tokenizers and warns on every decode when set
+    contents.tokenizer.clean_up_tokenization_spaces = False
+    contents.tokenizer.save_pretrained(str(directory))
+    contents.inference.features.extractor().save_pretrained(str(directory))
+
+
+def _write_inference_config(contents: BundleContents, directory: Path, fmt: str) -> None:
+    icfg = contents.inference.model_copy(update={"format": fmt})
+    text = json.dumps(icfg.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    (directory / INFERENCE_CONFIG).write_text(text, encoding="utf-8")
+
+
+def write_bundle(contents: BundleContents, out: Path) -> Path:
+    """Write ``contents`` as a transformers-format bundle at ``out``, atomically."""
+    with atomic_directory(out) as tmp:
+        _write_hf_files(contents, tmp)
+        _write_inference_config(contents, tmp, "hf")
+        for p in tmp.iterdir():
+            p.chmod(0o644)  # safetensors writes 0o600
+        write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})
+    log.info("wrote the bundle %s (%s)", out, contents.note)
+    return out
+
+
+def _ct2_converter() -> type:
+    """CTranslate2's own converter class (an optional dependency)."""
+    try:
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        raise UserError(
+            "--format ct2 needs the optional dependency ctranslate2 (pip install ctranslate2)"
+        ) from None
+    return TransformersConverter
+
+
+def _write_ct2(
+    contents: BundleContents, out: Path, converter: type, quantization: str | None
+) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".asrforge-hf-", dir=out.parent) as hf_dir:
+        _write_hf_files(contents, Path(hf_dir))
+        with atomic_directory(out) as tmp:
+            copy = [
+                f
+                for f in ("tokenizer.json", "preprocessor_config.json")
+                if (Path(hf_dir) / f).is_file()
+            ]
+            converter(hf_dir, copy_files=copy, load_as_float16=False).convert(
+                str(tmp), quantization=quantization, force=True
+            )
+            _write_inference_config(contents, tmp, "ct2")
+            write_bundle_manifest(
+                tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2"}
+            )
+    log.info("wrote the CTranslate2 bundle %s (%s)", out, contents.note)
+    return out

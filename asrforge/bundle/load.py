@@ -1,0 +1,441 @@
+"""Loading an inference bundle and transcribing with it, with no training code imported.
+
+:func:`load_bundle` checks, in this order, before any weight is read: every file against the
+manifest's sha256 (and the manifest against its own seal), that no file could hold a pickle
+(``.bin``, ``.pt``, ...) and every file is listed, the bundle version, the ``inference_config.json``
+schema, ``config.json`` against it, and the safetensors header's tensor names and shapes against
+the model ``config.json`` describes (built on the meta device). Weights are read with
+safetensors only: nothing in a bundle is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+from asrforge.bundle.schema import (
+    INFERENCE_CONFIG,
+    MODEL_SHAPE,
+    check_version,
+    parse_inference_config,
+)
+from asrforge.bundle.windows import segment
+from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.model.decoding import greedy_decode
+from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+SEAL_KEY = "bundle_seal"
+ALIASES_KEY = "asrforge_aliases"  # as written by asrforge.checkpoint.training.save_weights
+UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
+"""Files that may hold a pickle: a bundle with one is refused (none is ever opened)."""
+_PICKLE_OR_ZIP = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+Audio = str | Path | bytes | np.ndarray
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON, its seal left out: a damaged manifest (whose
+    hashes would otherwise vouch for nothing) no longer matches its own seal."""
+    body = {k: v for k, v in manifest.items() if k != SEAL_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def verify_bundle(path: Path) -> dict[str, Any]:
+    """Check a bundle's files before anything in it is parsed beyond JSON.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointCorruptError: a file is missing, altered or unlisted, or the manifest is
+            damaged; the message names the file.
+        CheckpointNotSupportedError: a file that could hold a pickle is present.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: no such bundle directory")
+    manifest = read_manifest(path)
+    seal = manifest.get(SEAL_KEY)
+    if seal != manifest_digest(manifest):
+        raise CheckpointCorruptError(
+            f"{path / MANIFEST_NAME}: does not match its own seal (the manifest was altered or "
+            "damaged)"
+        )
+    verify(path)
+    if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ct2":
+        raise CheckpointNotSupportedError(
+            f"{path}: a CTranslate2 export; run it with ctranslate2/faster-whisper, or export "
+            "again with --format hf for asrforge and transformers"
+        )
+    on_disk = list_files(path)
+    for rel in on_disk:
+        if rel.lower().endswith(UNSAFE_SUFFIXES):
+            raise CheckpointNotSupportedError(
+                f"{path / rel}: a bundle may hold only safetensors and JSON/text files, and is "
+                f"never unpickled; refusing a bundle with a {Path(rel).suffix} file"
+            )
+    unlisted = [rel for rel in on_disk if rel not in manifest["files"]]
+    if unlisted:
+        raise CheckpointCorruptError(
+            f"{path / unlisted[0]}: not listed in {MANIFEST_NAME} (a file was added to the bundle)"
+        )
+    return manifest
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Tensor names and shapes of a safetensors file, and its ``{alias: kept name}`` record,
+    from the header only.
+
+    Raises:
+        CheckpointCorruptError: the file is not safetensors (a pickle or zip is named as such).
+    """
+    if not Path(path).is_file():
+        raise CheckpointCorruptError(f"{path}: missing")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(_PICKLE_OR_ZIP):
+        raise CheckpointCorruptError(
+            f"{path}: not a safetensors file (it looks like a pickle or a torch.save archive); "
+            "bundles are never unpickled"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointCorruptError(f"{path}: not a readable safetensors file: {e}") from None
+    try:
+        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+    except ValueError:
+        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata") from None
+    return shapes, aliases
+
+
+def check_tensors(
+    shapes: dict[str, tuple[int, ...]], config: WhisperConfig, where: str
+) -> WhisperForConditionalGeneration:
+    """Compare tensor names and shapes with the model ``config`` describes (built on the meta
+    device, so this costs no memory); returns that meta model.
+
+    Raises:
+        CheckpointNotSupportedError: naming the first offending tensors (missing, unexpected,
+            shape expected vs got).
+    """
+    try:
+        with torch.device("meta"):
+            model = WhisperForConditionalGeneration(config)
+    except (ValueError, TypeError) as e:
+        raise CheckpointNotSupportedError(
+            f"{where}: config.json does not build a model: {e}"
+        ) from None
+    expected = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    optional = {"proj_out.weight"} if config.tie_word_embeddings else set()
+    problems = [f"missing {k}" for k in expected if k not in shapes and k not in optional]
+    problems += [f"unexpected {k}" for k in shapes if k not in expected]
+    problems += [
+        f"{k}: expected shape {list(expected[k])}, got {list(s)}"
+        for k, s in shapes.items()
+        if k in expected and s != expected[k]
+    ]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CheckpointNotSupportedError(
+            f"{where}: the tensors do not fit the model config.json describes: "
+            + "; ".join(problems[:5])
+            + more
+        )
+    return model
+
+
+def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bundle:
+    """Load an inference bundle written by ``asrforge export``.
+
+    Args:
+        path: the bundle directory.
+        device: where the model runs. Weights are used in float32 on the CPU.
+
+    Raises:
+        CheckpointCorruptError: a file is altered, missing, unlisted or unreadable (named).
+        CheckpointNotSupportedError: a newer bundle version, a CTranslate2 export, a file that
+            could hold a pickle, or tensors that do not fit the model config.
+        UserError: ``path`` is not a directory.
+    """
+    path = Path(path)
+    manifest = verify_bundle(path)
+    where = str(path)
+    if INFERENCE_CONFIG not in manifest["files"]:
+        raise CheckpointNotSupportedError(
+            f"{path}: not an inference bundle (no {INFERENCE_CONFIG})"
+        )
+    raw = _read_json(path / INFERENCE_CONFIG)
+    check_version(raw, where)
+    if raw.get("format", "hf") != "hf":
+        raise CheckpointNotSupportedError(f"{path}: a {raw.get('format')!r} bundle, not 'hf'")
+    icfg = parse_inference_config(raw, where)
+    hf_config = _read_json(path / "config.json")
+    if hf_config.get("model_type") != "whisper":
+        raise CheckpointNotSupportedError(
+            f"{path / 'config.json'}: model_type {hf_config.get('model_type')!r}, not 'whisper'"
+        )
+    config = WhisperConfig.from_dict(hf_config)
+    mismatched = [
+        f"{name}: config.json {getattr(config, name)} != {INFERENCE_CONFIG} "
+        f"{getattr(icfg.model, name)}"
+        for name in MODEL_SHAPE
+        if getattr(icfg.model, name) is not None
+        and getattr(config, name) != getattr(icfg.model, name)
+    ]
+    if mismatched:
+        raise CheckpointNotSupportedError(
+            f"{path}: config files disagree: " + "; ".join(mismatched)
+        )
+    config._attn_implementation = icfg.model.attn_implementation  # noqa: SLF001
+    shapes, aliases = read_safetensors_header(path / MODEL_FILE)
+    model = check_tensors(shapes, config, str(path / MODEL_FILE))
+    state = load_file(str(path / MODEL_FILE))
+    for alias, kept in aliases.items():
+        state[alias] = state[kept]
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise CheckpointNotSupportedError(f"{path / MODEL_FILE}: no weights for {left[:3]}")
+    tokenizer = load_tokenizer(path)
+    if len(tokenizer) != config.vocab_size:
+        raise CheckpointNotSupportedError(
+            f"{path}: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}"
+        )
+    return Bundle(model, tokenizer, icfg, path=path, device=device)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: missing") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointCorruptError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointCorruptError(f"{path}: not a JSON object")
+    return data
+
+
+@dataclass
+class Transcript:
+    """One recording's transcription."""
+
+    text: str
+    language: str
+    seconds: float
+    """Duration of the audio."""
+    segments: int
+    """Windows the audio was cut into."""
+
+
+class Bundle:
+    """A model ready to transcribe: weights, tokenizer, log-mel front end and inference config.
+
+    Args:
+        model: a Whisper model (put in eval mode, moved to ``device``).
+        tokenizer: its tokenizer.
+        config: the bundle's ``InferenceConfig``.
+        path: where it was loaded from, if anywhere.
+        device: where the model runs.
+    """
+
+    def __init__(self, model, tokenizer, config, *, path: Path | None = None, device="cpu"):
+        self.device = torch.device(device)
+        if self.device.type == "cpu":
+            model = model.float()
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.path = path
+        self.specials = SpecialTokens.from_tokenizer(tokenizer, config.multilingual)
+        self.features = config.features.extractor()
+
+    @property
+    def version(self) -> str:
+        return self.config.bundle_version
+
+    @property
+    def languages(self) -> list[str]:
+        return list(self.config.languages)
+
+    @property
+    def window_seconds(self) -> float:
+        """The encoder's window: longer audio is cut into windows (see ``windows.py``)."""
+        return self.model.config.max_source_positions / 50.0
+
+    def __repr__(self) -> str:
+        return (
+            f"Bundle({self.path or '<memory>'}, version {self.version}, weights "
+            f"{self.config.weights}, languages {self.languages})"
+        )
+
+    # -- audio and language -------------------------------------------------------------------
+    def load_audio(self, audio: Audio) -> np.ndarray:
+        """A path (wav/flac/mp3/... at any rate), encoded bytes, or a 16 kHz float array ->
+        (n_samples,) float32 at 16 kHz.
+
+        Raises:
+            UserError: a missing or unreadable file, or an array that is not 1-D.
+        """
+        if isinstance(audio, np.ndarray):
+            if audio.ndim != 1:
+                raise UserError(f"audio array must be 1-D (mono, 16 kHz), got shape {audio.shape}")
+            return np.ascontiguousarray(audio, dtype=np.float32)
+        if isinstance(audio, bytes | bytearray):
+            return decode_audio(bytes(audio), SAMPLE_RATE)
+        if isinstance(audio, str | Path):
+            if not Path(audio).is_file():
+                raise UserError(f"{audio}: no such audio file")
+            return decode_audio(Path(audio), SAMPLE_RATE)
+        raise UserError(f"audio must be a path, bytes or a numpy array, got {type(audio).__name__}")
+
+    def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
+        """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
+        language, or the one detected among the bundle's languages."""
+        if language is not None:
+            code = language.strip().lower()
+            if not self.specials.multilingual:
+                if code not in ("en", "english"):
+                    raise UserError(f"language {language!r}: this bundle is English-only")
+                return "en"
+            if code not in self._language_ids():
+                raise UserError(
+                    f"unknown language {language!r}: this bundle transcribes "
+                    f"{', '.join(sorted(self._language_ids()))}"
+                )
+            return code
+        if not self.specials.multilingual:
+            return "en"
+        ids = self._language_ids()
+        if len(ids) == 1:
+            return next(iter(ids))
+        return self.detect_language(audio)
+
+    def _language_ids(self) -> dict[str, int]:
+        langs = self.config.languages or list(self.specials.languages)
+        return {c: self.specials.languages[c] for c in langs if c in self.specials.languages}
+
+    @torch.no_grad()
+    def detect_language(self, audio: Audio) -> str:
+        """The most likely of the bundle's languages for the first window of ``audio`` (the
+        decoder's distribution after ``<|startoftranscript|>``, as Whisper detects)."""
+        wave = self.load_audio(audio)
+        first = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
+        enc = self._encode([wave[first[0] : first[1]]])
+        sot = torch.tensor([[self.specials.sot]], device=self.device)
+        h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
+        logits = self.model.proj_out(h[:, -1])[0]
+        ids = self._language_ids()
+        codes = list(ids)
+        return codes[int(logits[[ids[c] for c in codes]].argmax())]
+
+    # -- transcription ------------------------------------------------------------------------
+    def transcribe(
+        self, audio: Audio, language: str | None = None, *, max_new_tokens: int | None = None
+    ) -> str:
+        """Transcribe one recording of any length.
+
+        Args:
+            audio: a path, encoded bytes, or a (n_samples,) float32 array at 16 kHz.
+            language: ISO code; default: the bundle's only language, else detected.
+            max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
+        """
+        return self.recognize([audio], language, max_new_tokens=max_new_tokens)[0].text
+
+    def transcribe_many(
+        self,
+        audios: Sequence[Audio],
+        language: str | Sequence[str | None] | None = None,
+        *,
+        batch_size: int = 8,
+        max_new_tokens: int | None = None,
+    ) -> list[str]:
+        """Transcribe several recordings; windows of all of them are decoded in batches."""
+        return [
+            t.text
+            for t in self.recognize(
+                audios, language, batch_size=batch_size, max_new_tokens=max_new_tokens
+            )
+        ]
+
+    def recognize(
+        self,
+        audios: Sequence[Audio],
+        language: str | Sequence[str | None] | None = None,
+        *,
+        batch_size: int = 8,
+        max_new_tokens: int | None = None,
+    ) -> list[Transcript]:
+        """:meth:`transcribe_many` with the language, duration and window count of each."""
+        if batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        langs = (
+            [language] * len(audios)
+            if language is None or isinstance(language, str)
+            else list(language)
+        )
+        if len(langs) != len(audios):
+            raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
+        cap = max_new_tokens or self.config.eval.max_new_tokens
+        items: list[tuple[int, np.ndarray, tuple[int, ...]]] = []  # (recording, window, prompt)
+        out = []
+        for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
+            wave = self.load_audio(audio)
+            code = self.resolve_language(wave, lang)
+            prompt = tuple(self.specials.prompt(code, self.config.data.task))
+            pieces = segment(wave, SAMPLE_RATE, self.window_seconds)
+            items += [(i, wave[a:b], prompt) for a, b in pieces]
+            out.append(Transcript("", code, wave.shape[0] / SAMPLE_RATE, len(pieces)))
+        texts = self._decode_windows([(w, p) for _, w, p in items], batch_size, cap)
+        for (i, _w, _p), text in zip(items, texts, strict=True):
+            if text:
+                out[i].text = f"{out[i].text} {text}" if out[i].text else text
+        return out
+
+    @torch.no_grad()
+    def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:
+        """(batch, frames, d_model) encoder output for windows of at most one chunk each."""
+        feats = [
+            self.features(w, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+            for w in windows
+        ]
+        x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
+        return self.model.model.encoder(x).last_hidden_state
+
+    def _decode_windows(
+        self, windows: list[tuple[np.ndarray, tuple[int, ...]]], batch_size: int, cap: int
+    ) -> list[str]:
+        """Greedy-decode windows (in order of appearance, batched by prompt) -> their texts."""
+        texts = [""] * len(windows)
+        by_prompt: dict[tuple[int, ...], list[int]] = {}
+        for j, (_w, prompt) in enumerate(windows):
+            by_prompt.setdefault(prompt, []).append(j)
+        for prompt, idx in by_prompt.items():
+            for k in range(0, len(idx), batch_size):
+                chunk = idx[k : k + batch_size]
+                enc = self._encode([windows[j][0] for j in chunk])
+                prompts = torch.tensor([list(prompt)] * len(chunk), device=self.device)
+                seqs, _ = greedy_decode(self.model, enc, prompts, self.specials.eot, cap)
+                for j, ids in zip(chunk, seqs, strict=True):
+                    texts[j] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        return texts

@@ -1,0 +1,317 @@
+"""The inference bundle's schema: ``InferenceConfig``, derived from ``TrainConfig`` by an allow-list.
+
+Every field of ``TrainConfig`` (recursively, section by section) is listed either in
+:data:`TRAINING_ONLY` or in :data:`INFERENCE_FIELDS`, never both. ``InferenceConfig`` is built
+from the inference side of that split (the fields keep their types, defaults and docstrings) plus
+the bundle's own facts (:class:`BundleFacts`), with ``extra="forbid"`` throughout.
+:func:`unclassified_fields` is the contract guard: a field added to the training config without
+deciding whether inference needs it makes the test suite fail, naming the field.
+
+``bundle_version`` is semver: a major bump means an older asrforge cannot read the bundle (it is
+refused, naming the version needed); a minor bump only adds optional fields (an older asrforge
+drops those it does not know, with a warning).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from importlib import metadata
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from asrforge.config import SHAPE_FIELDS, TrainConfig, format_errors
+from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
+
+log = logging.getLogger(__name__)
+
+BUNDLE_VERSION = "1.0.0"
+"""The bundle format this asrforge writes (and the newest it reads)."""
+INFERENCE_CONFIG = "inference_config.json"
+
+ALL = "*"
+"""A whole field or section: every field under it is on this side of the split."""
+
+Split = Mapping[str, Any]  # field name -> ALL, or a nested Split for a section
+
+TRAINING_ONLY: Split = {
+    "output_dir": ALL,
+    "seed": ALL,
+    "optim": ALL,
+    "train": ALL,
+    "selection": ALL,
+    "checkpoint": ALL,
+    "callbacks": ALL,
+    "model": {
+        "pretrained": ALL,  # a path on the training machine; the bundle holds the weights
+        "tokenizer": ALL,  # likewise: the bundle holds the tokenizer files
+        "bpe_vocab_size": ALL,
+        "dropout": ALL,
+        "gradient_checkpointing": ALL,
+        "freeze_encoder": ALL,
+        "base_vocab_size": ALL,  # the pretrained vocabulary before an extension: history
+    },
+    "data": {
+        "path": ALL,
+        "generate": ALL,
+        "train_split": ALL,
+        "eval_split": ALL,
+        "languages": ALL,  # the training filter; the bundle records the languages it saw instead
+        "batch_size": ALL,
+        "eval_batch_size": ALL,
+        "num_workers": ALL,
+        "max_eval_samples": ALL,
+        "cache_encoder": ALL,
+        "cache_dir": ALL,
+        "asr_ratio": ALL,
+        "text_path": ALL,
+        "max_text_lines": ALL,
+    },
+    "eval": {"eval_steps": ALL, "at_end": ALL},
+}
+"""Fields of ``TrainConfig`` an exported model does not need."""
+
+MODEL_SHAPE = (*SHAPE_FIELDS, "vocab_size")
+"""The model fields a bundle fills from the exported model (and checks against config.json)."""
+
+INFERENCE_FIELDS: Split = {
+    "config_id": ALL,
+    "model": {**{name: ALL for name in MODEL_SHAPE}, "attn_implementation": ALL},
+    "data": {"task": ALL},
+    "eval": {"max_new_tokens": ALL},
+}
+"""Fields of ``TrainConfig`` an exported model keeps (in ``inference_config.json``)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class FeatureConfig(_Strict):
+    """The log-mel front end (``WhisperFeatureExtractor`` settings) and optional statistics."""
+
+    feature_size: int = Field(gt=0)
+    """Log-mel channels (``num_mel_bins``)."""
+    sampling_rate: int = 16_000
+    """Sample rate the model expects, Hz."""
+    hop_length: int = 160
+    """Samples between feature frames (10 ms at 16 kHz)."""
+    n_fft: int = 400
+    chunk_length: int = Field(gt=0)
+    """The model's window in seconds: ``max_source_positions / 50``."""
+    mean: list[float] | None = None
+    """Per-channel mean of the log-mels of ``stats_utterances`` training utterances."""
+    std: list[float] | None = None
+    """Per-channel standard deviation, same utterances."""
+    stats_utterances: int = 0
+    """How many utterances the statistics come from (0: none computed)."""
+
+    def extractor(self):
+        """The ``WhisperFeatureExtractor`` with these settings (what training computed)."""
+        from transformers import WhisperFeatureExtractor
+
+        return WhisperFeatureExtractor(
+            feature_size=self.feature_size,
+            sampling_rate=self.sampling_rate,
+            hop_length=self.hop_length,
+            chunk_length=self.chunk_length,
+            n_fft=self.n_fft,
+            padding_value=0.0,
+            return_attention_mask=False,
+        )
+
+
+class BundleFacts(_Strict):
+    """What a bundle records besides the inference fields of the training config."""
+
+    bundle_version: str = BUNDLE_VERSION
+    """Semver of the bundle format (see the module doc)."""
+    asrforge_version: str
+    """The asrforge that wrote the bundle."""
+    format: Literal["hf", "ct2"] = "hf"
+    """``hf``: transformers safetensors (loadable by ``load_bundle``); ``ct2``: CTranslate2."""
+    weights: Literal["ema", "raw", "average", "pretrained"]
+    """Which weights were exported."""
+    multilingual: bool
+    """Whether the decoder prompt carries a language and a task token."""
+    languages: list[str]
+    """Languages the model was trained on (ISO codes); ``transcribe`` accepts only these."""
+    features: FeatureConfig
+    source: dict[str, Any] = Field(default_factory=dict)
+    """Where the weights came from: checkpoint path, step, metrics, averaged steps."""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model class inside an annotation (``X``, ``X | None``, ``list[X]``, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, UnionType, list, dict, tuple):
+        for arg in get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def unclassified_fields(
+    root: type[BaseModel] = TrainConfig,
+    training_only: Split = TRAINING_ONLY,
+    inference: Split = INFERENCE_FIELDS,
+    prefix: str = "",
+) -> list[str]:
+    """The contract guard: every field of ``root`` must be on exactly one side of the split.
+
+    Walks ``root``'s fields recursively (into sections listed field by field).
+
+    Returns:
+        One line per problem, by dotted path: a field in neither set, in both, listed field by
+        field although it is a value, or a listed name ``root`` does not have. Empty when sound.
+    """
+    problems = []
+    fields = root.model_fields
+    for name, field in fields.items():
+        path = prefix + name
+        t, i = training_only.get(name), inference.get(name)
+        if t is None and i is None:
+            problems.append(
+                f"{path}: in neither TRAINING_ONLY nor INFERENCE_FIELDS (asrforge/bundle/schema.py)"
+                " — decide whether an exported model needs it"
+            )
+        elif t is not None and i is not None and (t == ALL or i == ALL):
+            problems.append(f"{path}: in both TRAINING_ONLY and INFERENCE_FIELDS")
+        elif t == ALL or i == ALL:
+            continue
+        else:
+            section = _model_in(field.annotation)
+            if section is None:
+                problems.append(f"{path}: a value, but listed field by field")
+                continue
+            problems += unclassified_fields(section, t or {}, i or {}, prefix=path + ".")
+    for side, split in (("TRAINING_ONLY", training_only), ("INFERENCE_FIELDS", inference)):
+        for name in split:
+            if name not in fields:
+                problems.append(
+                    f"{prefix}{name}: listed in {side} but {root.__name__} has no such field"
+                )
+    return problems
+
+
+def _derive(
+    source: type[BaseModel], keep: Split, name: str, base: type[BaseModel]
+) -> type[BaseModel]:
+    """A strict model with the ``keep`` fields of ``source`` (types, defaults, docstrings kept)."""
+    fields: dict[str, Any] = {}
+    for field_name, sub in keep.items():
+        info = copy.copy(source.model_fields[field_name])
+        if sub == ALL:
+            fields[field_name] = (info.annotation, info)
+            continue
+        section = _model_in(info.annotation)
+        derived = _derive(section, sub, f"Inference{section.__name__}", _Strict)
+        derived.__doc__ = f"{section.__doc__}\n\n(Inference fields only.)"
+        fields[field_name] = (derived, Field(description=info.description))  # required
+    return create_model(name, __base__=base, **fields)
+
+
+InferenceConfig = _derive(TrainConfig, INFERENCE_FIELDS, "InferenceConfig", BundleFacts)
+InferenceConfig.__doc__ = (
+    "``inference_config.json``: the inference fields of the training config (``model``: shape "
+    "and attention; ``data.task``; ``eval.max_new_tokens``; ``config_id``) plus the bundle's "
+    "own facts (version, weights, languages, feature front end, source)."
+)
+
+
+def inference_view(cfg: TrainConfig) -> dict[str, Any]:
+    """The inference fields of a training config (:data:`INFERENCE_FIELDS`), as plain data."""
+
+    def keep(plain: dict[str, Any], split: Split) -> dict[str, Any]:
+        return {k: plain[k] if sub == ALL else keep(plain[k], sub) for k, sub in split.items()}
+
+    return keep(cfg.to_plain(), INFERENCE_FIELDS)
+
+
+def asrforge_version() -> str:
+    try:
+        return metadata.version("asrforge")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def parse_version(text: Any, where: str) -> tuple[int, int, int]:
+    """``"1.2.3"`` -> ``(1, 2, 3)``.
+
+    Raises:
+        CheckpointNotSupportedError: not a ``MAJOR.MINOR.PATCH`` string.
+    """
+    parts = str(text).split(".") if isinstance(text, str) else []
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise CheckpointNotSupportedError(
+            f"{where}: bundle_version must be a MAJOR.MINOR.PATCH string, got {text!r}"
+        )
+    major, minor, patch = (int(p) for p in parts)
+    return major, minor, patch
+
+
+def check_version(raw: Mapping[str, Any], where: str) -> tuple[int, int, int]:
+    """Refuse a bundle of another major version, naming the version needed.
+
+    Raises:
+        CheckpointNotSupportedError: the bundle's major version is newer or older than ours.
+    """
+    got = parse_version(raw.get("bundle_version"), where)
+    ours = parse_version(BUNDLE_VERSION, "asrforge")
+    writer = raw.get("asrforge_version", "an unknown asrforge")
+    if got[0] > ours[0]:
+        raise CheckpointNotSupportedError(
+            f"{where}: bundle_version {raw['bundle_version']} (written by asrforge {writer}) needs "
+            f"an asrforge that reads bundle format {got[0]}.x, i.e. asrforge >= {writer}; this "
+            f"asrforge {asrforge_version()} reads bundle format {ours[0]}.x (up to {BUNDLE_VERSION})"
+        )
+    if got[0] < ours[0]:
+        raise CheckpointNotSupportedError(
+            f"{where}: bundle_version {raw['bundle_version']} is an older format than this asrforge "
+            f"reads ({ours[0]}.x); re-export it with `asrforge export`, or read it with "
+            f"asrforge {writer}"
+        )
+    return got
+
+
+def parse_inference_config(raw: Mapping[str, Any], where: str) -> BaseModel:
+    """Validate ``inference_config.json`` (after :func:`check_version`).
+
+    A bundle of a newer minor version may carry optional fields this asrforge does not know:
+    those are dropped with a warning. Anything else that does not fit is an error.
+
+    Raises:
+        CheckpointNotSupportedError: a newer major version, or fields that do not validate.
+    """
+    got = check_version(raw, where)
+    newer_minor = got[:2] > parse_version(BUNDLE_VERSION, "asrforge")[:2]
+    data = copy.deepcopy(dict(raw))
+    for _ in range(2):
+        try:
+            return InferenceConfig.model_validate(data)
+        except ValidationError as e:
+            extras = [err["loc"] for err in e.errors() if err["type"] == "extra_forbidden"]
+            if newer_minor and extras and len(extras) == len(e.errors()):
+                for loc in extras:
+                    node = data
+                    for key in loc[:-1]:
+                        node = node[key]
+                    node.pop(loc[-1], None)
+                log.warning(
+                    "%s: bundle_version %s is newer than %s; ignoring fields %s",
+                    where,
+                    raw["bundle_version"],
+                    BUNDLE_VERSION,
+                    ", ".join(".".join(map(str, loc)) for loc in extras),
+                )
+                continue
+            raise CheckpointNotSupportedError(
+                f"{where}: {INFERENCE_CONFIG} does not fit the schema: "
+                + "; ".join(format_errors(e, InferenceConfig))
+            ) from None
+    raise CheckpointCorruptError(f"{where}: {INFERENCE_CONFIG} could not be validated")

@@ -1,0 +1,511 @@
+"""Inference bundles: export -> load -> transcribe, transformers compatibility, refusals.
+
+One tiny run (4 steps, EMA on, fp32) is trained per session and exported once; tests that
+damage a bundle work on copies.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from safetensors.torch import load_file, save_file
+
+from asrforge.bundle.export import export_bundle, write_bundle_manifest
+from asrforge.bundle.load import Bundle, load_bundle
+from asrforge.bundle.schema import INFERENCE_CONFIG
+from asrforge.checkpoint.manifest import read_manifest
+from asrforge.checkpoint.training import load_weights
+from asrforge.cli import main
+from asrforge.data.audio import decode_audio
+from asrforge.data.dataset import load_arrow
+from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from tests.conftest import tiny_config
+
+_RUNS: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread, and none of the log handlers earlier runs in this process left behind.
+
+    Decoding goes token by token: on a machine shared with other jobs, two OpenMP threads
+    waiting on each other cost several times the CPU of one. A training run adds a stderr
+    handler to the ``asrforge`` logger that outlives it (and the stream it holds)."""
+    threads, logger = torch.get_num_threads(), logging.getLogger("asrforge")
+    handlers = list(logger.handlers)
+    torch.set_num_threads(1)
+    logger.handlers = []
+    yield
+    torch.set_num_threads(threads)
+    logger.handlers = handlers
+
+
+def train_tiny_run(root: Path, data: Path) -> Path:
+    """Train the shared tiny run once per session (also used by test_evaluate_cli.py)."""
+    if "run" not in _RUNS:
+        from accelerate.state import AcceleratorState
+
+        from asrforge.train.loop import Trainer
+
+        # fp32 so that the loop's evaluation and the bundle decode alike; accelerate keeps one
+        # precision per process, so the state is reset around this run for the other tests.
+        AcceleratorState._reset_state()
+        cfg = tiny_config(
+            root / "run",
+            data,
+            train={"max_steps": 4, "log_every": 2, "ema_decay": 0.5, "precision": "no"},
+            eval={"eval_steps": 2, "max_new_tokens": 6},
+            data={"max_eval_samples": 6},
+        )
+        try:
+            Trainer(cfg, []).fit()
+        finally:
+            AcceleratorState._reset_state()
+        _RUNS["run"] = root / "run"
+    return _RUNS["run"]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, tones_dir) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("bundle-run"), tones_dir)
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(trained_run, tmp_path_factory) -> Path:
+    return export_bundle(trained_run, tmp_path_factory.mktemp("bundles") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def bundle(bundle_dir) -> Bundle:
+    return load_bundle(bundle_dir)
+
+
+@pytest.fixture(scope="session")
+def validation(tones_dir):
+    return load_arrow(tones_dir)["validation"]
+
+
+def cli_error(capsys) -> str:
+    """The CLI's stderr after a failed command: one ``asrforge: error:`` line, no traceback.
+    (Log lines of a run trained earlier in this process, whose handler may still write to the
+    captured stderr, are left out.)"""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [x for x in err.strip().splitlines() if not re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", x)]
+    assert len(lines) == 1 and lines[0].startswith("asrforge: error:"), err
+    return lines[0]
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _reseal(directory: Path) -> None:
+    """What an attacker who rewrites the manifest would do: checksums and seal pass again."""
+    meta = {
+        k: v
+        for k, v in read_manifest(directory).items()
+        if k not in ("format_version", "files", "bundle_seal")
+    }
+    write_bundle_manifest(directory, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export and round trip
+
+
+def test_export_writes_a_complete_bundle(trained_run, bundle_dir) -> None:
+    names = {p.name for p in bundle_dir.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        INFERENCE_CONFIG,
+        "manifest.json",
+    } <= names
+    assert not [n for n in names if n.endswith((".bin", ".pt", ".yaml"))]
+    manifest = read_manifest(bundle_dir)
+    assert set(manifest["files"]) == names - {"manifest.json"}
+    assert manifest["bundle_seal"] and manifest["kind"] == "bundle"
+
+    info = json.loads((bundle_dir / INFERENCE_CONFIG).read_text())
+    best = trained_run / "checkpoints" / "best"
+    assert info["bundle_version"] == "1.0.0" and info["weights"] == "ema"
+    assert info["languages"] == ["en", "es"] and info["multilingual"] is True
+    assert info["source"]["step"] == read_manifest(best)["step"]
+    assert info["model"]["d_model"] == 32 and info["model"]["max_source_positions"] == 100
+    assert info["data"] == {"task": "transcribe"} and info["eval"] == {"max_new_tokens": 6}
+    assert info["features"]["chunk_length"] == 2 and len(info["features"]["mean"]) == 80
+    assert "optim" not in info and "output_dir" not in info
+
+    pre = json.loads((bundle_dir / "preprocessor_config.json").read_text())
+    assert (pre["feature_size"], pre["chunk_length"], pre["sampling_rate"]) == (80, 2, 16_000)
+    gen = json.loads((bundle_dir / "generation_config.json").read_text())
+    assert gen["is_multilingual"] and gen["task"] == "transcribe"
+    assert set(gen["lang_to_id"]) == {"<|en|>", "<|es|>"} and set(gen["task_to_id"]) == {
+        "transcribe",
+        "translate",
+    }
+
+    # EMA by default: the EMA tensors over the raw ones (frozen positions come from the raw model)
+    exported = load_weights(bundle_dir / "model.safetensors")
+    ema, raw = load_weights(best / "ema.safetensors"), load_weights(best / "model.safetensors")
+    assert exported["proj_out.weight"] is exported["model.decoder.embed_tokens.weight"]
+    assert "model.encoder.embed_positions.weight" not in ema  # frozen: not averaged
+    for name, t in exported.items():
+        if name != "proj_out.weight":
+            torch.testing.assert_close(t, ema.get(name, raw[name]), rtol=0, atol=0)
+
+
+def test_round_trip_transcribes_as_the_training_evaluation(trained_run, bundle, validation):
+    best = trained_run / "checkpoints" / "best"
+    step = read_manifest(best)["step"]
+    records = [
+        json.loads(line)
+        for line in (trained_run / "eval" / f"step-{step:06d}.jsonl").read_text().splitlines()
+    ]
+    preds = {r["uid"]: r for r in records if "uid" in r}
+    rows = {row["id"]: row for row in validation}
+    assert len(preds) == 6
+    for uid, pred in list(preds.items())[:2]:
+        audio = rows[uid]["audio"]["bytes"]
+        assert bundle.transcribe(audio, language=pred["language"]) == pred["hyp"], uid
+    waves = [decode_audio(rows[uid]["audio"]["bytes"]) for uid in preds]
+    langs = [p["language"] for p in preds.values()]
+    assert bundle.transcribe_many(waves, langs, batch_size=4) == [p["hyp"] for p in preds.values()]
+
+
+def test_export_raw_and_average_weights(trained_run, tmp_path) -> None:
+    best = trained_run / "checkpoints" / "best"
+    raw = export_bundle(best, tmp_path / "raw", weights="raw")
+    want = load_weights(best / "model.safetensors")
+    for name, t in load_weights(raw / "model.safetensors").items():
+        torch.testing.assert_close(t, want[name], rtol=0, atol=0)
+
+    avg = export_bundle(trained_run, tmp_path / "avg", weights="average", average_k=2)
+    info = json.loads((avg / INFERENCE_CONFIG).read_text())
+    assert info["weights"] == "average" and sorted(info["source"]["averaged_steps"]) == [2, 4]
+    steps = [
+        load_weights(trained_run / "checkpoints" / f"step-00000{s}" / "model.safetensors")
+        for s in (2, 4)
+    ]
+    got = load_weights(avg / "model.safetensors")
+    name = "model.encoder.layers.0.fc1.weight"
+    torch.testing.assert_close(got[name], (steps[0][name] + steps[1][name]) / 2)
+    assert isinstance(load_bundle(avg), Bundle)
+
+
+def test_export_refuses_bad_sources_and_targets(trained_run, bundle_dir, tmp_path) -> None:
+    with pytest.raises(UserError, match="no such directory"):
+        export_bundle(tmp_path / "missing", tmp_path / "out")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not a bundle"):
+        export_bundle(trained_run, tmp_path / "busy")
+    with pytest.raises(UserError, match="already an inference bundle"):
+        export_bundle(bundle_dir, tmp_path / "again")
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_ct2_export_needs_ctranslate2(trained_run, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "ctranslate2.converters", None)
+    with pytest.raises(UserError, match="optional dependency ctranslate2"):
+        export_bundle(trained_run, tmp_path / "ct2", fmt="ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_ct2_export_matches_the_bundle(trained_run, bundle, validation, tmp_path) -> None:
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = export_bundle(trained_run, tmp_path / "ct2", fmt="ct2")
+    assert (out / "model.bin").is_file() and (out / "manifest.json").is_file()
+    assert json.loads((out / INFERENCE_CONFIG).read_text())["format"] == "ct2"
+    with pytest.raises(CheckpointNotSupportedError, match="CTranslate2 export"):
+        load_bundle(out)
+    wave = decode_audio(validation[0]["audio"]["bytes"])
+    feats = bundle.features(wave, sampling_rate=16_000, return_tensors="np").input_features
+    model = ctranslate2.models.Whisper(str(out), device="cpu", compute_type="float32")
+    prompt = bundle.tokenizer.convert_ids_to_tokens(bundle.specials.prompt("es"))
+    result = model.generate(
+        ctranslate2.StorageView.from_array(np.ascontiguousarray(feats)),
+        [prompt],
+        beam_size=1,
+        max_length=10,
+    )
+    from asrforge.model.decoding import greedy_decode
+
+    ours, _ = greedy_decode(
+        bundle.model,
+        bundle._encode([wave]),
+        torch.tensor([bundle.specials.prompt("es")]),
+        bundle.specials.eot,
+        6,
+    )
+    got = result[0].sequences_ids[0]
+    assert got == ours[0][: len(got)] and got
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers compatibility
+
+
+def _generate(hf, feats: torch.Tensor, **kwargs) -> tuple[list[list[int]], list[int]]:
+    """transformers' generate, and the decoder input of each of its decoder passes that fed a
+    whole prompt (not one cached token)."""
+    calls: list[list[int]] = []
+
+    def record(_module, _args, kw):
+        ids = kw.get("input_ids")
+        if ids is not None and (ids.shape[1] > 1 or not calls):
+            calls.append(ids[0].tolist())
+
+    hook = hf.model.decoder.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            out = hf.generate(feats, **kwargs)[0].tolist()
+    finally:
+        hook.remove()
+    return calls, out
+
+
+def test_transformers_loads_and_decodes_the_bundle_as_we_do(bundle_dir, bundle, validation):
+    from transformers import WhisperForConditionalGeneration, pipeline
+
+    hf = WhisperForConditionalGeneration.from_pretrained(bundle_dir).eval()
+    assert hf.proj_out.weight.data_ptr() == hf.model.decoder.embed_tokens.weight.data_ptr()
+    for name, t in bundle.model.state_dict().items():
+        torch.testing.assert_close(hf.state_dict()[name], t, rtol=0, atol=0)
+
+    wave = decode_audio(validation[0]["audio"]["bytes"])
+    feats = torch.from_numpy(
+        bundle.features(wave, sampling_rate=16_000, return_tensors="np").input_features
+    )
+    from asrforge.model.decoding import greedy_decode
+
+    enc = bundle._encode([wave])
+    for language in ("en", "es", None):
+        code = language or bundle.detect_language(wave)
+        prompt = bundle.specials.prompt(code)
+        ours, _ = greedy_decode(bundle.model, enc, torch.tensor([prompt]), bundle.specials.eot, 6)
+        calls, out = _generate(hf, feats, language=language, max_new_tokens=6)
+        # without a language, transformers first detects it (among the bundle's languages)
+        assert calls[-1] == prompt, f"transformers built another decoder prompt for {language}"
+        assert out[: len(ours[0])] == ours[0]
+
+    asr = pipeline("automatic-speech-recognition", model=str(bundle_dir), device="cpu")
+    for row in validation.select([0, 3]):  # an English and a Spanish utterance
+        wave = decode_audio(row["audio"]["bytes"])
+        text = asr(wave.copy(), generate_kwargs={"language": row["language"], "max_new_tokens": 6})
+        assert text["text"].strip() == bundle.transcribe(wave, language=row["language"])
+
+
+def test_load_bundle_imports_no_training_code(bundle_dir, validation) -> None:
+    """In a fresh interpreter, with accelerate made unimportable: load and transcribe."""
+    wav = Path(bundle_dir).parent / "probe.wav"
+    wav.write_bytes(validation[0]["audio"]["bytes"])
+    code = f"""
+import json, sys
+sys.modules["accelerate"] = None  # not installed, as far as this process can tell
+import asrforge
+bundle = asrforge.load_bundle({str(bundle_dir)!r})
+bundle.transcribe({str(wav)!r}, language="en")
+print(json.dumps(sorted(sys.modules)))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "asrforge.bundle.load" in modules
+    for banned in ("asrforge.train", "asrforge.callbacks", "asrforge.data.dataset", "datasets"):
+        assert banned not in modules, f"load_bundle imported {banned}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Audio input and the transcribe CLI
+
+
+def test_transcribe_accepts_paths_bytes_and_arrays_at_any_rate(bundle, validation, tmp_path):
+    blob = validation[1]["audio"]["bytes"]
+    wave = decode_audio(blob)
+    want = bundle.transcribe(wave, language="en")
+    assert bundle.transcribe(blob, language="en") == want
+    for name, rate in (("a.flac", 8_000), ("a.mp3", 44_100)):
+        sf.write(tmp_path / name, decode_audio(blob, rate), rate)
+        assert isinstance(bundle.transcribe(tmp_path / name, language="en"), str)
+    with pytest.raises(UserError, match="no such audio file"):
+        bundle.transcribe(tmp_path / "missing.wav")
+    (tmp_path / "junk.wav").write_bytes(b"not audio at all")
+    with pytest.raises(UserError, match="cannot read audio"):
+        bundle.transcribe(tmp_path / "junk.wav")
+    with pytest.raises(UserError, match="unknown language 'fr'"):
+        bundle.transcribe(wave, language="fr")
+
+
+def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
+    waves = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(6))]
+    long = np.concatenate(waves)
+    assert long.shape[0] > 2 * 16_000 * 2  # the tiny model's window is 2 s
+    [result] = bundle.recognize([long], "en")
+    assert result.segments >= 2 and result.seconds == pytest.approx(long.shape[0] / 16_000)
+    from asrforge.bundle.windows import segment
+
+    pieces = [long[a:b] for a, b in segment(long, 16_000, 2.0)]
+    texts = [bundle.transcribe(p, language="en") for p in pieces]
+    assert result.text == " ".join(t for t in texts if t)
+
+
+def test_transcribe_cli_json_and_errors(bundle_dir, validation, tmp_path, capsys) -> None:
+    paths = []
+    for i, rate in enumerate((16_000, 22_050)):
+        p = tmp_path / f"utt{i}.wav"
+        sf.write(p, decode_audio(validation[i]["audio"]["bytes"], rate), rate)
+        paths.append(str(p))
+    assert main(["transcribe", str(bundle_dir), *paths, "--json", "--language", "en"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert [x["path"] for x in lines] == paths
+    assert all({"text", "language", "seconds"} <= set(x) and x["language"] == "en" for x in lines)
+    assert lines[0]["seconds"] == pytest.approx(len(decode_audio(paths[0])) / 16_000, abs=1e-3)
+
+    for argv in (
+        ["transcribe", str(bundle_dir), str(tmp_path / "missing.wav")],
+        ["transcribe", str(bundle_dir), paths[0], "--language", "xx"],
+        ["transcribe", str(tmp_path / "no-bundle"), paths[0]],
+    ):
+        assert main(argv) == 2, argv
+        cli_error(capsys)
+
+
+def test_export_cli_says_which_checkpoint(trained_run, tmp_path, capsys) -> None:
+    assert main(["export", str(trained_run), "--out", str(tmp_path / "b"), "--weights", "raw"]) == 0
+    captured = capsys.readouterr()
+    assert "checkpoints/best" in captured.err and "raw weights of step" in captured.out
+    assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "c")]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: tampering, pickles, versions, tensor schema
+
+
+def test_a_flipped_byte_in_any_file_is_refused_by_name(bundle_dir, tmp_path, capsys) -> None:
+    for name in sorted(p.name for p in bundle_dir.iterdir()):
+        copy = _copy(bundle_dir, tmp_path / f"flip-{name}")
+        data = bytearray((copy / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+        with pytest.raises(CheckpointCorruptError, match=name.replace(".", r"\.")):
+            load_bundle(copy)
+        if name == "model.safetensors":
+            wav = tmp_path / "x.wav"
+            sf.write(wav, np.zeros(1600, dtype=np.float32), 16_000)
+            assert main(["transcribe", str(copy), str(wav)]) == 2
+            assert "model.safetensors" in cli_error(capsys)
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates a file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle-2", "pickle-0"])
+def test_a_pickle_named_safetensors_is_refused_unopened(bundle_dir, tmp_path, writer) -> None:
+    marker = tmp_path / "pwned"
+    state = {"model.encoder.conv1.weight": torch.zeros(1), "payload": _Payload(marker)}
+    if writer == "torch.save":
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        blob = buf.getvalue()
+    else:
+        blob = pickle.dumps(state, protocol=int(writer[-1]))
+    # the payload is live: unpickling it elsewhere does create the file
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(_Payload(live)))
+    assert live.exists()
+
+    copy = _copy(bundle_dir, tmp_path / "evil")
+    (copy / "model.safetensors").write_bytes(blob)
+    _reseal(copy)  # the checksums pass: only the safetensors check stands in the way
+    with pytest.raises(CheckpointCorruptError, match=r"model\.safetensors: not a .*safetensors"):
+        load_bundle(copy)
+    assert not marker.exists(), "the pickle was unpickled"
+
+
+def test_pickle_files_in_a_bundle_are_refused(bundle_dir, tmp_path) -> None:
+    for resealed in (False, True):
+        copy = _copy(bundle_dir, tmp_path / f"bin-{resealed}")
+        torch.save({"w": torch.zeros(2)}, copy / "pytorch_model.bin")
+        if resealed:
+            _reseal(copy)
+        with pytest.raises(
+            CheckpointNotSupportedError, match=r"pytorch_model\.bin.*never unpickled"
+        ):
+            load_bundle(copy)
+
+
+def test_a_newer_major_version_is_refused_naming_the_version(bundle_dir, tmp_path, capsys):
+    copy = _copy(bundle_dir, tmp_path / "v2")
+    info = json.loads((copy / INFERENCE_CONFIG).read_text())
+    info.update(bundle_version="2.0.0", asrforge_version="3.1.0", new_field={"x": 1})
+    (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
+    _reseal(copy)
+    with pytest.raises(CheckpointNotSupportedError, match=r"2\.0\.0.*asrforge >= 3\.1\.0.*1\.x"):
+        load_bundle(copy)
+
+    info.update(bundle_version="1.7.0")  # newer minor: unknown optional fields are dropped
+    (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
+    _reseal(copy)
+    assert load_bundle(copy).version == "1.7.0"
+
+
+def test_tensors_that_do_not_fit_the_config_are_named(bundle_dir, tmp_path) -> None:
+    cases = {
+        "shape": (
+            "model.decoder.layers.1.fc1.weight",
+            lambda s, n: s.update({n: s[n][:10]}),
+            r"model\.decoder\.layers\.1\.fc1\.weight: expected shape \[64, 32\], got \[10, 32\]",
+        ),
+        "missing": (
+            "model.encoder.layer_norm.bias",
+            lambda s, n: s.pop(n),
+            r"missing model\.encoder\.layer_norm\.bias",
+        ),
+        "unexpected": (
+            "model.encoder.adapter.weight",
+            lambda s, n: s.update({n: torch.zeros(3)}),
+            r"unexpected model\.encoder\.adapter\.weight",
+        ),
+    }
+    for case, (name, edit, message) in cases.items():
+        copy = _copy(bundle_dir, tmp_path / case)
+        state = load_file(str(copy / "model.safetensors"))
+        edit(state, name)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(copy / "model.safetensors"))
+        _reseal(copy)
+        with pytest.raises(CheckpointNotSupportedError, match=message):
+            load_bundle(copy)
