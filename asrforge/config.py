@@ -331,7 +331,13 @@ class TrainConfig(Section):
         return yaml.safe_dump(self.to_plain(), sort_keys=False)
 
     def to_plain(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        plain = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        if self.model.pretrained is not None:
+            # The shape comes from the pretrained model; dumping the defaults would make the
+            # resolved config.yaml fail its own "cannot be set together" rule.
+            for name in set(SHAPE_FIELDS) - self.model.model_fields_set:
+                plain["model"].pop(name, None)
+        return plain
 
     def fingerprint(self) -> str:
         """sha256 of the resolved config (stable across key order)."""

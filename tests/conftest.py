@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from asrforge.config import TrainConfig, load_config
 from asrforge.data.synth import make_tones_dataset
+
+# In CI, property tests draw the same examples every run: a failure there is reproducible.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

@@ -128,3 +128,9 @@ def test_yaml_words_that_look_boolean_stay_words(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump(MINIMAL) + "train:\n  precision: no\n")
     assert load_config(f).train.precision == "no"
+
+
+def test_a_pretrained_config_roundtrips_through_its_yaml():
+    cfg = load_config(data={**MINIMAL, "model": {"pretrained": "some/dir"}})
+    again = load_config(data=yaml.safe_load(cfg.to_yaml()))
+    assert again.model.pretrained == cfg.model.pretrained

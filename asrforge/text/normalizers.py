@@ -116,6 +116,8 @@ def _normalize_basic(text: str) -> str:
 
 
 def _normalize_english(text: str) -> str:
+    # NFKC first, so compatibility forms ("𝐀", "ﬁ") are lower-cased like their plain letters
+    text = unicodedata.normalize("NFKC", text)
     text = text.translate(_INVISIBLE).translate(_APOSTROPHES).lower()
     text = _BRACKETED.sub(" ", text)
     text = _FILLERS.sub("", text)
@@ -125,6 +127,7 @@ def _normalize_english(text: str) -> str:
     text = re.sub(r"(\d),(\d)", r"\1\2", text)  # 1,000 -> 1000
     text = re.sub(r"\.(\D|$)", r" \1", text)  # a period not before a digit ends a sentence
     text = _strip_symbols_and_diacritics(text)
+    text = _FILLERS.sub("", text)  # again: stripping accents can make one ("ÙM" -> "um")
     text = " ".join(_SPELLINGS.get(w, w) for w in text.split())
     text = re.sub(r"([$¢€£])\s+(\d)", r"\1\2", text)  # "$ 5" -> "$5"
     text = re.sub(r"(\d)\s+%", r"\1%", text)  # "5 %" -> "5%"

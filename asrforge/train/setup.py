@@ -7,6 +7,7 @@ import json
 import logging
 import platform
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -85,7 +86,7 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
     root = logging.getLogger("asrforge")
     root.setLevel(logging.INFO)
     if not any(getattr(h, "_asrforge", False) for h in root.handlers):
-        h = logging.StreamHandler()
+        h = _StderrHandler()
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         h._asrforge = True  # noqa: SLF001
         root.addHandler(h)
@@ -95,6 +96,22 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(fh)
     return fh
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record (test runners and
+    notebooks replace it; a handler holding the old stream would write to a closed file)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 @dataclass
@@ -228,8 +245,13 @@ def _scalars(metrics: dict) -> dict:
 def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     """Build the run. Raises UserError for anything the user must fix."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     out = Path(cfg.output_dir)
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
+        # One process, several runs (a notebook, a test session): accelerate keeps one
+        # precision per process; start this run's state afresh, keeping the process group.
+        AcceleratorState._reset_state(reset_partial_state=False)
     acc = Accelerator(
         mixed_precision=precision, cpu=cfg.train.device == "cpu",
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
