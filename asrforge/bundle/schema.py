@@ -230,7 +230,7 @@ def inference_view(cfg: TrainConfig) -> dict[str, Any]:
     def keep(plain: dict[str, Any], split: Split) -> dict[str, Any]:
         return {k: plain[k] if sub == ALL else keep(plain[k], sub) for k, sub in split.items()}
 
-    return keep(cfg.to_plain(), INFERENCE_FIELDS)
+    return keep(cfg.model_dump(mode="json", by_alias=True), INFERENCE_FIELDS)
 
 
 def asrforge_version() -> str:
