@@ -38,7 +38,7 @@ test: $(STAMP) espeak chromium
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP) espeak
-	$(BIN)/asrforge train configs/tiny.yaml
+	$(BIN)/asrforge demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check asrforge tests bench

@@ -23,6 +23,8 @@ EXTERNAL_COMMANDS = [
     "asrforge.model.vocab",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
+    "asrforge.data.corpus",
+    "asrforge.demo",
 ]
 
 

