@@ -12,40 +12,59 @@ def greedy_decode(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
+    *,
+    cache=None,
+    first_tokens: torch.Tensor | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """Greedy decoding with a KV cache; a batch stops as soon as every sequence emitted EOT.
+    """Greedy decoding with a KV cache. A sequence that emitted EOT leaves the batch (its rows
+    are dropped from the cache), so a batch costs what its sequences need, not batch x longest.
 
     Args:
         encoder_hidden: (batch, frames, d_model) encoder output.
         prompts: (batch, prompt_len) forced prefix ids (start, language, task, no-timestamps).
         max_new_tokens: cap on generated tokens per sequence (the decoder's own limit applies too).
+        cache: an ``EncoderDecoderCache`` already holding the prompt's self-attention keys and
+            values and the encoder's cross-attention ones (e.g. a teacher-forced pass's cache
+            cropped to the prompt); then ``first_tokens`` must be given too.
+        first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given.
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
     """
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+    if (cache is None) != (first_tokens is None):
+        raise ValueError("give both cache and first_tokens, or neither")
     decoder = model.model.decoder
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    tokens = prompts
-    out = torch.empty((b, 0), dtype=torch.long, device=prompts.device)
-    done = torch.zeros(b, dtype=torch.bool, device=prompts.device)
-    for _ in range(cap):
-        h = decoder(
-            input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache, use_cache=True
-        ).last_hidden_state[:, -1]
-        nxt = model.proj_out(h).argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, eot), nxt)
-        out = torch.cat([out, nxt[:, None]], dim=1)
-        done |= nxt == eot
-        if bool(done.all()):
+    if cache is None:
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    out = torch.full((b, cap), eot, dtype=torch.long, device=prompts.device)
+    rows = torch.arange(b, device=prompts.device)  # the batch row of each live sequence
+    tokens, n = prompts, 0
+    for t in range(cap):
+        if t == 0 and first_tokens is not None:
+            nxt = first_tokens
+        else:
+            h = decoder(
+                input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state[:, -1]
+            nxt = model.proj_out(h).argmax(-1)
+        out[rows, t] = nxt
+        n = t + 1
+        live = nxt != eot
+        if not bool(live.any()):
             break
+        if not bool(live.all()):  # drop the finished: later steps compute live rows only
+            keep = live.nonzero().squeeze(1)
+            rows, nxt, encoder_hidden = rows[keep], nxt[keep], encoder_hidden[keep]
+            cache.batch_select_indices(keep)
         tokens = nxt[:, None]
     seqs, hit_cap = [], []
-    for row in out.tolist():
-        n = row.index(eot) if eot in row else len(row)
-        seqs.append(row[:n])
+    for row in out[:, :n].tolist():
+        k = row.index(eot) if eot in row else len(row)
+        seqs.append(row[:k])
         hit_cap.append(eot not in row)
     return seqs, hit_cap

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.data.dataset import IGNORE
 from asrforge.model.decoding import greedy_decode
@@ -63,13 +64,26 @@ def evaluate(
             dec_in = batch["decoder_input_ids"].to(device)
             labels = batch["labels"].to(device)
             prompt_len = _prompt_length(labels)
+            mask = labels != IGNORE
             with autocast() if autocast is not None else contextlib.nullcontext():
                 enc = model.model.encoder(feats).last_hidden_state
-                h = model.model.decoder(input_ids=dec_in, encoder_hidden_states=enc).last_hidden_state
-                logits = model.proj_out(h)
-                per_tok = token_loss(logits, labels, reduction="none").view(labels.shape)
-                seqs, hit_cap = greedy_decode(model, enc, dec_in[:, :prompt_len], eot, max_new_tokens)
-            mask = labels != IGNORE
+                # The teacher-forced pass fills a KV cache: cropped to the prompt, it starts the
+                # greedy decoding, so the encoder's keys/values are projected once per batch.
+                cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+                h = model.model.decoder(
+                    input_ids=dec_in, encoder_hidden_states=enc, past_key_values=cache, use_cache=True
+                ).last_hidden_state
+                logits = model.proj_out(h[mask])  # (n_label_tokens, vocab): label positions only
+                flat = token_loss(logits, labels[mask], reduction="none")
+                cache.crop(-(dec_in.shape[1] - prompt_len))
+                # each row's first label position is its last prompt position: the first token
+                first = logits[(mask.cumsum(1) == 1)[mask]].argmax(-1)
+                seqs, hit_cap = greedy_decode(
+                    model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
+                    first_tokens=first,
+                )
+            per_tok = torch.zeros(labels.shape, dtype=flat.dtype, device=flat.device)
+            per_tok[mask] = flat
             loss_sum += float(per_tok[mask].sum())
             tok_sum += int(mask.sum())
             utt_loss = (per_tok * mask).sum(1) / mask.sum(1).clamp(min=1)
