@@ -500,6 +500,8 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run ``asrforge demo``."""
     if args.steps is not None and args.steps < 1:
         raise UserError(f"demo --steps: must be >= 1, got {args.steps}")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"demo --workers: must be >= 1, got {args.workers}")
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"demo --out: {args.out} is not empty")
     import logging
