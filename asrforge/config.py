@@ -365,16 +365,8 @@ def load_config(
     if data is None:
         if path is None:
             raise ConfigError(["no config file given"])
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError([f"{p}: no such file"], source)
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError([f"not valid YAML: {e}"], source) from None
-        if not isinstance(data, dict):
-            raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
-        data.setdefault("config_id", p.stem)
+        data = read_yaml_mapping(path)
+        data.setdefault("config_id", Path(path).stem)
     data = json.loads(json.dumps(data, default=str))  # a private deep copy
     problems = []
     for item in overrides or []:
@@ -388,6 +380,24 @@ def load_config(
         return TrainConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_errors(e, TrainConfig), source) from None
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or not a mapping.
+    """
+    p, source = Path(path), str(path)
+    if not p.is_file():
+        raise ConfigError([f"{p}: no such file"], source)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], source) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
+    return data
 
 
 def _apply_override(data: dict[str, Any], item: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from asrforge.config import ConfigError, Section, format_errors, load_config
+from asrforge.config import ConfigError, Section, format_errors, load_config, read_yaml_mapping
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
@@ -153,14 +153,7 @@ def load_matrix(
     """
     p = Path(path)
     source = str(path)
-    if not p.is_file():
-        raise ConfigError([f"{p}: no such file"], source)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], source) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
+    data = read_yaml_mapping(p)
     try:
         m = MatrixConfig.model_validate(data)
     except ValidationError as e:
