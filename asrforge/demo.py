@@ -38,8 +38,9 @@ from asrforge.train.state import TrainState
 
 CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
-SIZES = {"train": 640, "validation": 30, "test": 40}
-"""English corpus of the demo: utterances per split."""
+EVAL_SIZES = {"validation": 30, "test": 40}
+"""English corpus of the demo: held-out utterances; the train split holds one pass of the
+fine-tuning (``max_steps x batch_size x grad_accum`` sentences), so none is seen twice."""
 QUICK_SIZES = {"train": 12, "validation": 4, "test": 4}
 QUICK_OVERRIDES = [
     "train.max_steps=3", "eval.eval_steps=2", "data.batch_size=2", "data.eval_batch_size=4",
@@ -251,7 +252,8 @@ def run_english(args: argparse.Namespace) -> int:
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"
         + (", --quick" if args.quick else "") + ")")
 
-    sizes = QUICK_SIZES if args.quick else SIZES
+    one_pass = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
+    sizes = QUICK_SIZES if args.quick else {"train": one_pass, **EVAL_SIZES}
     say.phase("corpus", f"English espeak-ng speech, {sizes} utterances, at {data}")
     card = build_corpus(CorpusSpec(["en"], dict(sizes), seed=cfg.seed), data, workers=args.workers,
                         progress=say)

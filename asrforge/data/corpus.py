@@ -60,7 +60,7 @@ from asrforge.text.scripts import LANGUAGES, find_language_code
 
 log = logging.getLogger(__name__)
 
-CORPUS_FORMAT = 1
+CORPUS_FORMAT = 2
 """Bumped when the same arguments would give a different corpus (a rebuild, not a reuse)."""
 SPLITS = ("train", "validation", "test")
 
@@ -227,7 +227,8 @@ def plan_corpus(spec: CorpusSpec) -> list[Clip]:
         sentences = make_sentences(pool, total, lang, spec.seed, spec.min_words, spec.max_words)
         speakers = plan_speakers(lang, spec.seed)
         i = 0
-        for split in SPLITS:
+        # test and validation draw first: their sentences do not change with the train size
+        for split in ("test", "validation", "train"):
             for j in range(spec.sizes[split]):
                 clips.append(Clip(f"{lang}-{split}-{j:05d}", split, lang, sentences[i],
                                   speakers[split][j % len(speakers[split])]))
