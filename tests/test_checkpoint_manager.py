@@ -121,15 +121,19 @@ def test_corrupt_newest_falls_back_and_logs(tmp_path, caplog):
     assert "step-000003" in text and "weights.bin: sha256" in text
 
 
-def test_stale_temporaries_are_cleaned_at_start(tmp_path, caplog):
+def test_stale_temporaries_are_cleaned_by_the_writer_only(tmp_path, caplog):
     m = CheckpointManager(tmp_path)
     m.save(1, _writer(1), is_best=True)
     (tmp_path / ".tmp-step-000002-4242-abcd").mkdir()
     (tmp_path / ".tmp-step-000002-4242-abcd" / "model.safetensors").write_bytes(b"half")
     (tmp_path / ".tmp-latest-4242-0000").symlink_to("step-000001")
     os.rename(tmp_path / "best", tmp_path / ".old-best-4242-beef")  # killed mid-replacement
+    observer = CheckpointManager(tmp_path)  # only reads: a live writer's temporaries survive it
+    assert observer.latest_valid() == tmp_path / "step-000001"
+    assert (tmp_path / ".tmp-step-000002-4242-abcd" / "model.safetensors").exists()
+    assert (tmp_path / ".old-best-4242-beef").exists()
     with caplog.at_level(logging.WARNING):
-        CheckpointManager(tmp_path)
+        CheckpointManager(tmp_path).recover()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "latest", "step-000001"]
     assert _step_of(tmp_path / "best") == 1
     assert "restored" in caplog.text and ".tmp-step-000002-4242-abcd" in caplog.text
@@ -215,6 +219,7 @@ from asrforge.config import TopKSpec
 
 def run(root, once):
     m = CheckpointManager(root, save_total_limit=2, keep_best=[TopKSpec(metric="wer", k=2)])
+    m.recover()
     last = m.latest_valid()
     step = 0
     if last is not None:
@@ -295,6 +300,7 @@ def test_sigkill_at_random_moments_leaves_only_verifying_checkpoints(tmp_path):
 
         check_visible_dirs()  # before any recovery: every non-temporary directory is complete
         m = CheckpointManager(root, save_total_limit=2, keep_best=[TopKSpec(metric="wer", k=2)])
+        m.recover()
         assert not [p for p in root.iterdir() if p.name.startswith(".")]
         check_visible_dirs()
         last = m.latest_valid()

@@ -139,24 +139,35 @@ def test_sigkill_at_random_moments_never_leaves_a_torn_checkpoint(tmp_path, tone
         tmp_path, tones_dir, train={"max_steps": total}, eval={"eval_steps": None, "at_end": False},
         checkpoint={"checkpoint_every": 1, "save_total_limit": 2},
     )
+    ckpts = tmp_path / "run" / "checkpoints"
+
+    def newest_step() -> int:
+        if not ckpts.exists():
+            return 0
+        return max((step for step, _ in CheckpointManager(ckpts).step_dirs()), default=0)
+
     rng = random.Random(0)
     kills = 0
-    for _attempt in range(5):
-        extra = ["--resume"] if (tmp_path / "run" / "checkpoints").exists() else []
+    for _attempt in range(4):
+        extra = ["--resume"] if ckpts.exists() else []
+        before = newest_step()
         proc = subprocess.Popen(_train_cmd(cfg_path, *extra), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # let it get past start-up and into the saving steps, then kill at a random moment
-        time.sleep(3.5 + rng.uniform(0.0, 2.0))
+        # Kill on progress, not on a clock: once this process has saved a new step, it is in the
+        # saving loop; kill it at a random moment of the next save or two. (A fixed sleep let a
+        # fast machine finish all steps before the second kill.)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and newest_step() <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.25))
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             kills += 1
-        mgr = CheckpointManager(tmp_path / "run" / "checkpoints")
-        for _step, path in mgr.step_dirs():
+        for _step, path in CheckpointManager(ckpts).step_dirs():
             verify(path)  # raises on a torn checkpoint
-        if proc.returncode == 0:
-            break
-    assert kills >= 2
+        assert newest_step() < total, "the run finished before it could be killed again"
+    assert kills == 4
     done = subprocess.run(_train_cmd(cfg_path, "--resume"), cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     latest = CheckpointManager(tmp_path / "run" / "checkpoints").latest_valid()

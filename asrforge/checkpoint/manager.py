@@ -107,8 +107,11 @@ def verify_quick(directory: Path) -> bool:
 class CheckpointManager:
     """Saves step checkpoints under ``root`` and keeps ``latest``, ``best/`` and top-k current.
 
-    Only rank zero should create one. Starting a manager cleans what a killed process left
-    (``.tmp-*`` entries; an interrupted replacement of ``best/`` is rolled back).
+    Constructing one only reads. The process that writes (rank zero of the run) calls
+    :meth:`recover` once before its first save: that cleans what a killed writer left (``.tmp-*``
+    entries; an interrupted replacement of ``best/`` is rolled back). Observers — a report, an
+    export, a test polling a live run — must not call it: they would delete the running writer's
+    half-written checkpoint.
 
     Args:
         root: the checkpoints directory (``output_dir/checkpoints``).
@@ -138,6 +141,13 @@ class CheckpointManager:
             raise UserError(f"checkpoint.save_total_limit: must be >= 1, got {save_total_limit}")
         self.best_step: int | None = None
         self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
+
+    def recover(self) -> CheckpointManager:
+        """Create the directory and undo what a killed writer left; for the one writing process.
+
+        Raises:
+            CheckpointSaveError: the directory cannot be created or cleaned.
+        """
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             for action in recover_interrupted(self.root):
@@ -146,12 +156,15 @@ class CheckpointManager:
             raise CheckpointSaveError(
                 f"cannot prepare the checkpoints directory {self.root}: {describe_os_error(e)}"
             ) from e
+        return self
 
     # -- queries ----------------------------------------------------------------------------
 
     def step_dirs(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every ``step-*`` directory, oldest first."""
         out = []
+        if not self.root.is_dir():
+            return out
         for p in self.root.iterdir():
             m = _STEP_RE.match(p.name)
             if m and p.is_dir() and not p.is_symlink():

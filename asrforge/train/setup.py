@@ -270,6 +270,8 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best), log=log,
     )
+    if acc.is_main_process:
+        manager.recover()
     resume_from = None
     if resume:
         latest = manager.latest_valid()
