@@ -4,8 +4,15 @@ Both sides train the same model (same initial weights, checked by a digest), on 
 batches (asrforge's ``SpeechDataset`` + ``Collator``, in ``epoch_batches`` order, same padding),
 with the same optimizer (asrforge's AdamW groups and warmup+cosine ``LambdaLR``, handed to the
 Seq2SeqTrainer through ``optimizers=``; ``--hf-optimizer native`` lets transformers build its
-own with the same lr/betas/eps/weight decay), gradient clipping 1.0, fp32, no evaluation, no
-checkpoints, no loggers, and the same number of DataLoader workers.
+own with the same lr/betas/eps/weight decay), gradient clipping 1.0, fp32 or bf16 autocast
+(``--precision``), no evaluation, no checkpoints, no loggers, and the same number of DataLoader
+workers.
+
+It also prints each side's fraction of this machine's matmul peak: the model FLOPs of the
+measured steps (torch's ``FlopCounterMode`` on each measured batch, CPU flash attention
+included, attention backward counted as twice its forward) divided by the measured time and
+by the best 2048x2048 matmul rate in the same dtype, measured in this process before and
+after the runs.
 
 The figure is steady-state throughput: samples of the measured steps divided by the wall time
 from the end of the last warm-up step to the end of the last step (a step's data loading,
@@ -43,7 +50,9 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     build_workload,
     load_average,
     make_config,
+    matmul_peak,
     prepare_data,
+    training_flops,
     unwrap,
     weights_digest,
 )
@@ -146,6 +155,7 @@ def run_hf(w: Workload, out: Path, warmup: int, hf_optimizer: str) -> dict:
         dataloader_prefetch_factor=4 if workers else None,
         dataloader_pin_memory=False,
         dataloader_persistent_workers=False,
+        bf16=cfg.train.precision == "bf16",  # CPU autocast to bfloat16, as asrforge's loop
     )
     if hf_optimizer == "asrforge":
         optimizer = build_optimizer(model, o)
@@ -178,11 +188,20 @@ def run_hf(w: Workload, out: Path, warmup: int, hf_optimizer: str) -> dict:
     }
 
 
-def measured_samples(w: Workload, warmup: int) -> int:
-    """Utterances in the measured steps (the same batches on both sides)."""
+def measured_batches(w: Workload, warmup: int) -> list[list[int]]:
+    """The index batches of the measured steps (the same batches on both sides)."""
     ga = w.cfg.train.grad_accum
-    batches = w.train_batches(w.cfg.train.max_steps * ga)
-    return sum(len(b) for b in batches[warmup * ga :])
+    return w.train_batches(w.cfg.train.max_steps * ga)[warmup * ga :]
+
+
+def measured_flops(w: Workload, warmup: int) -> int:
+    """Model FLOPs of the measured steps' forward + backward passes."""
+    dtype = torch.bfloat16 if w.cfg.train.precision == "bf16" else None
+    model = w.bundle.model.train()
+    return sum(
+        training_flops(model, w.collator([w.train_set[i] for i in b]), dtype)
+        for b in measured_batches(w, warmup)
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -193,6 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="measured steps")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (both sides)")
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="autocast (both sides)"
+    )
     p.add_argument(
         "--repeats",
         type=int,
@@ -239,8 +261,10 @@ def main(argv: list[str] | None = None) -> dict:
             else {"train": args.batch_size * n_steps, "validation": 4}
         )
         data = prepare_data(work, args.quick, sizes)
+        dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+        peaks = [matmul_peak(dtype)]
         rows: dict[str, list[dict]] = {"asrforge": [], "hf": []}
-        samples = None
+        samples = flops = None
         for r in range(args.repeats):
             order = ["asrforge", "hf"] if r % 2 == 0 else ["hf", "asrforge"]
             for side in order:
@@ -253,42 +277,52 @@ def main(argv: list[str] | None = None) -> dict:
                     num_workers=args.num_workers,
                     max_steps=n_steps,
                     lr=args.lr,
+                    precision="bf16" if args.precision == "bf16" else "no",
                 )
                 if side == "asrforge":
                     res = run_asrforge(cfg, args.warmup)
                 else:
                     w = build_workload(cfg)
-                    samples = measured_samples(w, args.warmup)
+                    samples = sum(len(b) for b in measured_batches(w, args.warmup))
+                    if flops is None:
+                        flops = measured_flops(w, args.warmup)
                     res = run_hf(w, tmp / f"hf-{r}", args.warmup, args.hf_optimizer)
                     del w
                 res["load"] = load_average()
                 rows[side].append(res)
-        assert samples is not None
-        return report(args, rows, samples)
+        peaks.append(matmul_peak(dtype))
+        assert samples is not None and flops is not None
+        return report(args, rows, samples, flops, max(peaks))
     finally:
         torch.set_num_threads(threads)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(args: argparse.Namespace, rows: dict[str, list[dict]], samples: int) -> dict:
+def report(
+    args: argparse.Namespace, rows: dict[str, list[dict]], samples: int, flops: int, peak: float
+) -> dict:
     """Print the table and the RESULT line."""
     model = "quick (d_model 64, 2+2 layers, 2 s)" if args.quick else "tiny.en (37.8M, 30 s)"
     print(
         f"\nmodel {model}, batch {args.batch_size}, {args.warmup} warm-up + {args.steps} "
         f"measured steps ({samples} samples), workers {args.num_workers}, "
-        f"torch threads {torch.get_num_threads()}, hf optimizer {args.hf_optimizer}"
+        f"torch threads {torch.get_num_threads()}, hf optimizer {args.hf_optimizer}, "
+        f"precision {args.precision}"
     )
     print(
         f"{'side':<9} {'run':>3} {'s/step':>8} {'samples/s':>10} {'in-step s':>10} "
-        f"{'cpu s/step':>10} {'last loss':>10}  {'init weights':<12}  load"
+        f"{'cpu s/step':>10} {'GFLOP/s':>8} {'of peak':>7} {'last loss':>10}  "
+        f"{'init weights':<12}  load"
     )
     for side in ("asrforge", "hf"):
         for i, r in enumerate(rows[side]):
             r["samples_per_s"] = samples / r["seconds"]
+            r["gflops"] = flops / r["seconds"] / 1e9
             print(
                 f"{side:<9} {i:>3} {r['seconds'] / r['steps']:>8.3f} {r['samples_per_s']:>10.3f} "
                 f"{r['in_step_seconds'] / r['steps']:>10.3f} "
-                f"{r['cpu_seconds'] / r['steps']:>10.3f} {r['losses'][-1]:>10.5f}  "
+                f"{r['cpu_seconds'] / r['steps']:>10.3f} {r['gflops']:>8.1f} "
+                f"{r['gflops'] / peak:>7.1%} {r['losses'][-1]:>10.5f}  "
                 f"{r['digest']:<12}  {r['load']}"
             )
     a = statistics.median(r["samples_per_s"] for r in rows["asrforge"])
@@ -313,12 +347,24 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict]], samples: int) 
         f"CPU time of the measured steps: asrforge {ca:.2f} s, hf {ch:.2f} s, hf/asrforge "
         f"{ch / ca:.3f} (steadier than wall time on a busy machine with --threads 1)"
     )
-    print(f"RESULT train samples/s asrforge={a:.3f} hf={h:.3f} ratio={a / h:.3f}")
+    fa = statistics.median(r["gflops"] for r in rows["asrforge"]) / peak
+    fh = statistics.median(r["gflops"] for r in rows["hf"]) / peak
+    print(
+        f"model FLOPs of the measured steps: {flops / 1e9:.1f} GFLOP ({flops / samples / 1e9:.1f} "
+        f"per sample); matmul peak ({args.precision}, 2048^3, best of before/after): "
+        f"{peak:.0f} GFLOP/s; fraction of peak: asrforge {fa:.1%}, hf {fh:.1%}"
+    )
+    print(
+        f"RESULT train samples/s asrforge={a:.3f} hf={h:.3f} ratio={a / h:.3f} "
+        f"peak_fraction asrforge={fa:.3f} hf={fh:.3f}"
+    )
     return {
         "asrforge": a,
         "hf": h,
         "ratio": a / h,
         "cpu_ratio": ch / ca,
+        "peak_fraction": fa,
+        "hf_peak_fraction": fh,
         "same_init": same_init,
         "loss_diff": diff,
     }

@@ -178,9 +178,10 @@ def make_config(
     max_new_tokens: int = 128,
     lr: float = 1e-5,
     warmup_steps: int = 2,
+    precision: str = "no",
 ) -> TrainConfig:
-    """The asrforge config of the workload: fp32, no eval during training, no checkpoints at
-    evaluations, eval at the end off (the transformers side gets the same settings)."""
+    """The asrforge config of the workload: fp32 (or ``precision``), no eval during training, no
+    checkpoints at evaluations, eval at the end off (the transformers side gets the same settings)."""
     if quick:
         model = {
             "d_model": 64,
@@ -217,7 +218,7 @@ def make_config(
                 "warmup_steps": warmup_steps,
                 "clip_grad_norm": 1.0,
             },
-            "train": {"max_steps": max_steps, "precision": "no", "device": "cpu", "log_every": 1},
+            "train": {"max_steps": max_steps, "precision": precision, "device": "cpu", "log_every": 1},
             "eval": {"eval_steps": None, "at_end": False, "max_new_tokens": max_new_tokens},
             "checkpoint": {"save_on_eval": False, "checkpoint_every": None},
         }
@@ -386,3 +387,55 @@ def load_average() -> str:
     import os
 
     return f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, bursts: int = 5) -> float:
+    """GFLOP/s of an ``n x n @ n x n`` matmul on this machine at torch's current thread count:
+    the best of ``bursts`` timed bursts (the ceiling a training step is measured against)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    for _ in range(bursts):
+        reps, t0 = 4, time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def _attention_flops(q, k, v, *_, out_shape=None, **__) -> int:
+    """Forward SDPA: scores and the weighted sum, two batched matmuls (causal not discounted)."""
+    b, h, s_q, d = q
+    s_k, d_v = k[2], v[3]
+    return 2 * b * h * s_q * s_k * (d + d_v)
+
+
+def _attention_backward_flops(grad_out, q, k, v, *_, out_shape=None, **__) -> int:
+    """Backward SDPA as model FLOPs: twice the forward (the flash kernel's recomputation of the
+    scores is not counted, as in the usual model-FLOPs-utilization convention)."""
+    return 2 * _attention_flops(q, k, v)
+
+
+def training_flops(model: torch.nn.Module, batch: dict, dtype: torch.dtype | None = None) -> int:
+    """Model FLOPs of one forward + backward of ``model`` on ``batch`` (counted by torch's
+    ``FlopCounterMode``, with CPU flash attention, which it does not know, counted too).
+
+    The parameters' gradients are left as they were before the call.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops,
+    }
+    saved = {n: p.grad for n, p in model.named_parameters()}
+    ctx = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        with ctx:
+            out = model(**{k: batch[k] for k in MODEL_KEYS}, use_cache=False)
+        out.loss.backward()
+    for n, p in model.named_parameters():
+        p.grad = saved[n]
+    return counter.get_total_flops()

@@ -33,6 +33,8 @@ def test_bench_train_runs_both_loops_on_the_same_batches(tmp_path, capsys):
     )
     assert out["same_init"] and out["loss_diff"] < 1e-4
     assert out["asrforge"] > 0 and out["hf"] > 0
+    # FLOPs counted (attention included) over a measured time, against a measured peak
+    assert 0 < out["peak_fraction"] < 1 and 0 < out["hf_peak_fraction"] < 1
     assert "RESULT train samples/s asrforge=" in capsys.readouterr().out
 
 
@@ -56,3 +58,34 @@ def test_bench_eval_decodes_alike_on_both_sides(tmp_path, capsys):
     )
     assert out["same_hyps"] == out["n"] == 4 and out["wer_agree"] and out["loss_agree"]
     assert "RESULT eval seconds asrforge=" in capsys.readouterr().out
+
+
+def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
+    """torch's FlopCounterMode has no formula for CPU flash attention; the benchmark's count adds
+    exactly the attention matmuls (forward 2 per call, backward twice that)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    from workload import training_flops
+
+    cfg = WhisperConfig(
+        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        max_source_positions=50, max_target_positions=16, num_mel_bins=80,
+        attn_implementation="sdpa",
+    )
+    model = WhisperForConditionalGeneration(cfg)
+    batch = {
+        "input_features": torch.randn(2, 80, 100),
+        "decoder_input_ids": torch.randint(0, 100, (2, 8)),
+        "labels": torch.randint(0, 100, (2, 8)),
+    }
+    ours = training_flops(model, batch)
+    assert all(p.grad is None for p in model.parameters())  # gradients left as they were
+    with FlopCounterMode(display=False) as plain:
+        model(**batch, use_cache=False).loss.backward()
+    b, t, s, d = 2, 50, 8, 64  # encoder frames, decoder tokens, width
+    # encoder self, decoder self, cross: (2 matmuls x 2 flops x b*q*k*d) x (1 fwd + 2 bwd)
+    attention = sum(3 * 4 * b * q * k * d for q, k in ((t, t), (s, s), (s, t)))
+    assert ours - plain.get_total_flops() == attention
