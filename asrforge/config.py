@@ -86,6 +86,11 @@ class ModelConfig(Section):
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     freeze_encoder: bool = False
     """Train the decoder only (the encoder's weights stay fixed)."""
+    train_encoder_layers: int | None = Field(default=None, ge=0)
+    """Train only the top N encoder layers (and the encoder's final layer norm) with the decoder;
+    the convolutions, positions and lower layers stay fixed and run in eval mode (no dropout).
+    0 freezes the whole encoder, like ``freeze_encoder``; null: the whole encoder trains (unless
+    ``freeze_encoder``). At most the model's number of encoder layers."""
     vocab_size: int | None = Field(default=None, gt=0)
     """Rows of the token embedding (the tokenizer's length). Filled in when the model is built,
     so the run's config.yaml records it; when set, the built model must have exactly this."""
@@ -113,9 +118,29 @@ class ModelConfig(Section):
                     problems.append(
                         f"{side}_attention_heads: must divide d_model={self.d_model}, got {heads}"
                     )
+        top = self.train_encoder_layers
+        if top is not None:
+            if self.freeze_encoder:
+                problems.append(
+                    "train_encoder_layers: cannot be set together with model.freeze_encoder: true "
+                    "(train_encoder_layers: 0 freezes the whole encoder)"
+                )
+            if self.pretrained is None and top > self.encoder_layers:
+                problems.append(
+                    f"train_encoder_layers: must be <= model.encoder_layers ({self.encoder_layers}), "
+                    f"got {top}"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def frozen_encoder_top(self) -> int | None:
+        """Encoder layers that train above a frozen lower part: None when nothing of the encoder
+        is frozen, 0 when all of it is (``freeze_encoder`` or ``train_encoder_layers: 0``)."""
+        if self.freeze_encoder:
+            return 0
+        return self.train_encoder_layers
 
     @property
     def chunk_seconds(self) -> float:
@@ -145,9 +170,15 @@ class DataConfig(Section):
     max_eval_samples: int | None = Field(default=None, gt=0)
     """Evaluate on the first N utterances of the evaluation split only."""
     cache_encoder: bool = False
-    """With ``model.freeze_encoder``: compute each training utterance's encoder output once,
-    keep it on disk (memory-mapped, keyed by audio and encoder-weights hashes) and reuse it
-    every epoch, so training costs only the decoder."""
+    """With ``model.freeze_encoder`` or ``model.train_encoder_layers``: compute the frozen part's
+    output (the whole encoder's, or the states entering the first trained layer) once per
+    training utterance, keep it on disk (memory-mapped, keyed by the audio's hash and by the
+    frozen weights, the split point and the precision) and reuse it every epoch, so training
+    costs only the trained part."""
+    cache_features: bool = False
+    """Compute each utterance's log-mel features once (training and evaluation splits), keep them
+    on disk trimmed of the window's padding (read back bit for bit; keyed by the audio's hash and
+    the feature extractor's settings) and read them instead of decoding audio every epoch."""
     cache_dir: Path | None = None
     """Where caches live; default ``output_dir/cache``. Share it between runs to reuse them."""
     asr_ratio: float = Field(default=1.0, gt=0, le=1)
@@ -198,8 +229,9 @@ class TrainLoopConfig(Section):
     """Micro-batches per optimizer step."""
     precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
     """Autocast dtype. ``auto``: bf16 on GPUs that support it, fp16 with dynamic loss scaling on
-    other GPUs; off (fp32) on a CPU — choose ``bf16`` on CPUs with bf16 units (AMX,
-    AVX512-BF16) for large models with fixed shapes (about 2x faster for Whisper tiny.en)."""
+    other GPUs; on a CPU, bf16 when it has bf16 units (AMX, AVX512-BF16) and the model's d_model
+    is at least 256 (about 2x faster for Whisper tiny.en, same loss curve), fp32 otherwise (for
+    tiny models the per-op bf16 overhead costs more than the matmuls save)."""
     log_every: int = Field(default=10, gt=0)
     """Optimizer steps between ``on_step_end`` payloads carrying averaged metrics to loggers."""
     max_consecutive_nonfinite: int = Field(default=5, gt=0)
@@ -321,10 +353,10 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainConfig:
-        if self.data.cache_encoder and not self.model.freeze_encoder:
+        if self.data.cache_encoder and self.model.frozen_encoder_top is None:
             raise ValueError(
-                "data.cache_encoder: needs model.freeze_encoder: true (a training encoder's "
-                "output changes every step)"
+                "data.cache_encoder: needs model.freeze_encoder: true or model.train_encoder_layers "
+                "(a training encoder's output changes every step)"
             )
         return self
 

@@ -52,6 +52,7 @@ TRAINING_ONLY: Split = {
         "dropout": ALL,
         "gradient_checkpointing": ALL,
         "freeze_encoder": ALL,
+        "train_encoder_layers": ALL,
         "base_vocab_size": ALL,  # the pretrained vocabulary before an extension: history
     },
     "data": {
@@ -65,6 +66,7 @@ TRAINING_ONLY: Split = {
         "num_workers": ALL,
         "max_eval_samples": ALL,
         "cache_encoder": ALL,
+        "cache_features": ALL,
         "cache_dir": ALL,
         "asr_ratio": ALL,
         "text_path": ALL,

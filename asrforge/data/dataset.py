@@ -160,6 +160,7 @@ class SpeechDataset(Dataset):
         self.fe = feature_extractor
         self.eot = eot
         self.encoder_cache = None  # an EncoderCache: yield encoder states instead of log-mels
+        self.feature_cache = None  # a FeatureCache: read log-mels instead of computing them
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -170,6 +171,9 @@ class SpeechDataset(Dataset):
         Raises:
             UserError: the audio cannot be decoded.
         """
+        cache = self.feature_cache
+        if cache is not None and self.utts[i].audio_key in cache:
+            return cache.features(self.utts[i].audio_key)
         audio = self.split[self.utts[i].row]["audio"]
         wave = decode_audio(audio.get("bytes") or audio.get("path"))
         feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]

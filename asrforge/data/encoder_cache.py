@@ -1,10 +1,13 @@
-"""Encoder-output caching for partial fine-tuning.
+"""Caching the frozen part of the encoder for partial fine-tuning.
 
-When the encoder is frozen its output for an utterance never changes, so it is computed once,
-stored on disk as a memory-mapped ``.npy`` (one row per utterance) and read back every epoch:
-training then costs only the decoder. The cache directory is keyed by a hash of the encoder's
-weights and each row by the sha256 of the utterance's audio bytes, so a cache is reused across
-runs and configs exactly when it is valid.
+When the encoder, or its lower part (``model.train_encoder_layers``, see
+``asrforge.model.partial``), is frozen, its output for an utterance never changes, so it is
+computed once, stored on disk as a memory-mapped ``.npy`` (one row per utterance) and read back
+every epoch: training then costs only the trained part. The cache directory is keyed by a
+description of what produced the rows (where the frozen part ends, the sha256 of its weights, the
+precision), written next to them as ``producer.json``; each row is keyed by the sha256 of the
+utterance's audio bytes. So a cache is reused across runs and configs exactly when it is valid,
+and the caches of a frozen encoder and of a frozen lower part never collide.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +29,14 @@ from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
 log = logging.getLogger(__name__)
 
 
-def encoder_weights_hash(encoder: torch.nn.Module) -> str:
-    """sha256 over the encoder's state dict (names, shapes, dtypes and bytes)."""
-    h = hashlib.sha256()
-    for name, t in sorted(encoder.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode() + str(t.dtype).encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+def producer_key(producer: Mapping[str, str]) -> str:
+    """The cache directory's name: the first 20 hex digits of the sha256 of ``producer``."""
+    return hashlib.sha256(json.dumps(dict(producer), sort_keys=True).encode()).hexdigest()[:20]
 
 
 class EncoderCache:
-    """Rows of encoder output, ``(frames, d_model)`` float32 each, looked up by audio key."""
+    """Rows of the frozen part's output, ``(positions, d_model)`` float32 each, looked up by
+    audio key."""
 
     def __init__(self, directory: Path, index: dict[str, int]):
         self.directory = Path(directory)
@@ -62,20 +61,31 @@ class EncoderCache:
         encoder: torch.nn.Module,
         dataset,
         *,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        producer: Mapping[str, str],
         batch_size: int,
         device: torch.device | str = "cpu",
         autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     ) -> EncoderCache:
-        """Open the cache for ``encoder`` under ``root``, computing the rows it lacks.
+        """Open the cache of ``producer`` under ``root``, computing the rows it lacks.
 
         Args:
+            encoder: the module that holds the frozen part (in eval mode while rows are computed).
             dataset: a ``SpeechDataset`` whose utterances carry ``audio_key``.
-            autocast: the training loop's autocast, so cached states equal what the encoder
+            forward: the frozen part, log-mels (batch, n_mels, frames) -> states
+                (batch, positions, d_model).
+            producer: everything the rows depend on besides the audio (e.g.
+                ``asrforge.model.partial.frozen_part_id`` plus the precision); it names the
+                directory (:func:`producer_key`).
+            autocast: the training loop's autocast, so cached states equal what the frozen part
                 would compute inside a training step.
         """
         t0 = time.perf_counter()
-        directory = Path(root) / encoder_weights_hash(encoder)[:20]
+        directory = Path(root) / producer_key(producer)
         directory.mkdir(parents=True, exist_ok=True)
+        about = directory / "producer.json"
+        if not about.is_file():
+            atomic_write_text(about, json.dumps(dict(producer), indent=1, sort_keys=True) + "\n")
         index_file = directory / "index.json"
         index: dict[str, int] = json.loads(index_file.read_text()) if index_file.is_file() else {}
         wanted = {u.audio_key: i for i, u in enumerate(dataset.utts)}
@@ -92,7 +102,7 @@ class EncoderCache:
                 items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
                 feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
                 with autocast() if autocast is not None else contextlib.nullcontext():
-                    hidden = encoder(feats).last_hidden_state
+                    hidden = forward(feats)
                 rows.extend(hidden.float().cpu().numpy())
         encoder.train(was_training)
         old = np.load(directory / "states.npy", mmap_mode="r") if index else None

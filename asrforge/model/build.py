@@ -15,6 +15,7 @@ from transformers import logging as hf_logging
 from asrforge.config import ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
+from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (
     SpecialTokens,
     WhisperTokenizer,
@@ -73,6 +74,8 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
     ``cfg.tokenizer`` is an extension of the pretrained model's tokenizer (``asrforge vocab
     build``), the model's vocabulary is extended to it (new rows drawn under ``seed``).
     ``cfg.vocab_size`` and ``cfg.base_vocab_size`` are checked when set, then filled in.
+    ``cfg.freeze_encoder`` / ``cfg.train_encoder_layers`` freeze the encoder or its lower part
+    (``asrforge.model.partial``; a UserError when the model has fewer encoder layers).
     """
     specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg))
     if cfg.pretrained is not None:
@@ -120,9 +123,13 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    if cfg.freeze_encoder:
-        for p in model.model.encoder.parameters():
-            p.requires_grad_(False)
+    top = cfg.frozen_encoder_top
+    if top is not None:  # freeze_encoder (top 0) or train_encoder_layers (top N)
+        freeze_encoder_part(model.model.encoder, top)
+        if top:
+            log.info("encoder: the top %d of %d layers and the final layer norm train; the "
+                     "convolutions, positions and lower layers are frozen", top,
+                     model.config.encoder_layers)
     features = WhisperFeatureExtractor(
         feature_size=n_mels,
         sampling_rate=SAMPLE_RATE,

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointSaveError
+from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler
-from asrforge.train.setup import RunSetup, choose_precision, prepare_run
+from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.train")
@@ -60,7 +61,9 @@ class Trainer:
     def fit(self, resume: bool = False) -> FitResult:
         """Train until ``max_steps``, early stopping, a step cap, a signal or divergence."""
         cfg = self.cfg
-        precision, why_precision = choose_precision(cfg.train.precision, cfg.train.device)
+        precision, why_precision = choose_precision(
+            cfg.train.precision, cfg.train.device, model_width(cfg.model)
+        )
         run: RunSetup = prepare_run(cfg, precision=precision, resume=resume)
         acc, model, bundle = run.accelerator, run.model, run.model_bundle
         log.info("precision: %s (%s)", precision, why_precision)
@@ -73,6 +76,7 @@ class Trainer:
         ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         state = TrainState()
         callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
+        top = cfg.model.frozen_encoder_top  # None: the whole encoder trains (asrforge.model.partial)
 
         if run.resume_from is not None:
             ckpt = run.resume_from
@@ -129,8 +133,8 @@ class Trainer:
                     device=acc.device,
                     autocast=acc.autocast,
                 )
-            if cfg.model.freeze_encoder:
-                raw_model.model.encoder.eval()
+            if top is not None:  # evaluate() restored train mode everywhere
+                set_frozen_eval(raw_model.model.encoder, top)
             metrics, preds = run.gather_eval(metrics, preds)
             d = run.selector.update(metrics, step=state.step)
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
@@ -197,8 +201,8 @@ class Trainer:
             startup = {**self.startup, **run.startup}
             t_first = time.perf_counter()
             model.train()
-            if cfg.model.freeze_encoder:  # a frozen encoder is a fixed function: no dropout
-                raw_model.model.encoder.eval()
+            if top is not None:  # a frozen encoder (part) is a fixed function: no dropout
+                set_frozen_eval(raw_model.model.encoder, top)
             accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
             task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
             t_step = time.perf_counter()
@@ -234,10 +238,21 @@ class Trainer:
                                 ).last_hidden_state
                                 logits = raw_model.proj_out(hidden)
                             else:
-                                if "encoder_hidden_states" in batch:  # a frozen encoder's cached output
-                                    inputs = {"encoder_outputs": (batch["encoder_hidden_states"].to(acc.device),)}
-                                else:
+                                encoder = raw_model.model.encoder
+                                if "encoder_hidden_states" in batch:  # the frozen part's, cached
+                                    frozen = batch["encoder_hidden_states"].to(acc.device)
+                                elif top:  # frozen lower layers: run apart, in eval mode
+                                    feats = batch["input_features"].to(acc.device)
+                                    frozen = frozen_forward(encoder, feats, top)
+                                else:  # the whole encoder trains, or is frozen (eval mode)
+                                    frozen = None
+                                if frozen is None:
                                     inputs = {"input_features": batch["input_features"].to(acc.device)}
+                                else:  # the trained top layers run here; the model's forward
+                                    # below still runs through the DDP wrapper, which syncs
+                                    # the gradients of every trainable parameter
+                                    hidden = trained_forward(encoder, frozen, top)
+                                    inputs = {"encoder_outputs": (hidden,)}
                                 logits = model(
                                     **inputs,
                                     decoder_input_ids=batch["decoder_input_ids"].to(acc.device),

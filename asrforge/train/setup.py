@@ -3,6 +3,7 @@ accelerator, data, tokenizer, model, selection policy, checkpoint manager and re
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -27,7 +28,7 @@ from asrforge.checkpoint import (
     restore_rng_state,
 )
 from asrforge.checkpoint.atomic import atomic_write_text
-from asrforge.config import TrainConfig
+from asrforge.config import ModelConfig, TrainConfig
 from asrforge.data.dataset import (
     Collator,
     SpeechDataset,
@@ -37,10 +38,12 @@ from asrforge.data.dataset import (
     prepare_split,
 )
 from asrforge.data.encoder_cache import EncoderCache
+from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
+from asrforge.model.partial import frozen_forward, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import build_selector
 from asrforge.train.events import Decision
@@ -58,20 +61,44 @@ def cpu_bf16_units() -> list[str]:
     return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
 
 
-def choose_precision(requested: str, device: str) -> tuple[str, str]:
-    """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling."""
+# bf16 autocast pays per op (casts, oneDNN primitives per shape): measured on this 2-core AMX
+# CPU it halves a Whisper tiny.en step (d_model 384) but makes the tiny test model (d_model 32)
+# 1.3x slower. Auto chooses it from this width up (every released Whisper is at least 384 wide).
+BF16_MIN_WIDTH = 256
+
+
+def model_width(cfg: ModelConfig) -> int | None:
+    """``d_model`` of the model ``cfg`` builds (read from a pretrained directory's config.json);
+    None when it cannot be read (the model build reports that properly)."""
+    if cfg.pretrained is None:
+        return cfg.d_model
+    try:
+        return int(json.loads((Path(cfg.pretrained) / "config.json").read_text())["d_model"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def choose_precision(requested: str, device: str, width: int | None = None) -> tuple[str, str]:
+    """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling.
+
+    ``auto`` on a CPU: bf16 when the CPU has bf16 units and the model is at least
+    ``BF16_MIN_WIDTH`` wide (``width``, its d_model), fp32 otherwise.
+    """
     cuda = torch.cuda.is_available() and device != "cpu"
     if requested == "auto":
         if not cuda:
             units = cpu_bf16_units()
-            if units:
-                # Measured here: bf16 halves a tiny.en step, but oneDNN builds kernels per shape,
-                # so small models with varying label lengths run many times slower. Opt in.
-                return "no", (
-                    f"auto: fp32 on CPU; this CPU has bf16 units ({', '.join(units)}): "
-                    "train.precision: bf16 is ~2x faster for large fixed-shape models"
+            if not units:
+                return "no", "auto: fp32 on a CPU without bf16 units"
+            if width is not None and width >= BF16_MIN_WIDTH:
+                return "bf16", (
+                    f"auto: this CPU has bf16 units ({', '.join(units)}) and d_model {width} >= "
+                    f"{BF16_MIN_WIDTH}: bf16 autocast (~2x faster than fp32 for Whisper tiny.en)"
                 )
-            return "no", "auto: fp32 on a CPU without bf16 units"
+            return "no", (
+                f"auto: fp32; this CPU has bf16 units ({', '.join(units)}) but d_model {width} < "
+                f"{BF16_MIN_WIDTH}: per-op bf16 overhead outweighs the faster matmuls"
+            )
         if torch.cuda.is_bf16_supported():
             return "bf16", "auto: this GPU supports bf16"
         return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
@@ -331,26 +358,41 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     if not train_utts:
         raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
     train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
-    if cfg.data.cache_encoder:
-        cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
+    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    if cfg.data.cache_features:  # log-mels once, for both splits; the other ranks open the result
+        feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
         if acc.is_main_process:
-            train_set.encoder_cache = EncoderCache.build(
-                cache_root, model.model.encoder, train_set,
-                batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
-                autocast=acc.autocast,
+            for ds in (train_set, eval_set):
+                FeatureCache.build(feature_root, ds)
+        acc.wait_for_everyone()
+        train_set.feature_cache = eval_set.feature_cache = FeatureCache.open(
+            feature_root, bundle.features
+        )
+    if cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
+        cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
+        encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
+        producer = {
+            **frozen_part_id(encoder, top), "precision": precision,
+            "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
+        }
+        build = functools.partial(
+            EncoderCache.build, cache_root, encoder, train_set, producer=producer,
+            forward=functools.partial(frozen_forward, encoder, top=top),
+        )
+        if acc.is_main_process:
+            train_set.encoder_cache = build(
+                batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, autocast=acc.autocast,
             )
         acc.wait_for_everyone()
         if not acc.is_main_process:
-            train_set.encoder_cache = EncoderCache.build(
-                cache_root, model.model.encoder, train_set, batch_size=1
-            )
-    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
-
-    clock.lap("splits" if not cfg.data.cache_encoder else "splits + encoder cache")
+            train_set.encoder_cache = build(batch_size=1)
+    caches = [n for n, on in (("features", cfg.data.cache_features),
+                              ("encoder", cfg.data.cache_encoder)) if on]
+    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
     # selection policy for the run's language
     langs = Counter(u.language for u in train_utts)
     language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
-    partial = cfg.model.freeze_encoder  # only part of the model trains
+    partial = cfg.model.frozen_encoder_top is not None  # only part of the model trains
     selector = build_selector(cfg.selection, language, partial)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps

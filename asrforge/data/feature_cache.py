@@ -1,0 +1,199 @@
+"""Log-mel caching: each utterance's features are computed once and read back every epoch.
+
+Decoding audio and computing a 30 s log-mel window costs ~10 ms per utterance on one core, paid
+again every epoch and every evaluation. The cache stores each utterance's features *trimmed*:
+Whisper pads audio to the window with silence, and every frame past the speech has the same
+value in every mel bin (the spectrogram's floor), so only the columns up to the last one that
+differs from that constant are stored, plus the constant. Reading a row rebuilds the window
+bit for bit (3 s of speech in a 30 s window: a tenth of the bytes).
+
+Layout under ``root/<key>/`` where ``key`` hashes the feature extractor's settings and this
+module's format version (a cache is reused across runs exactly when it is valid)::
+
+    values-<id>.npy   float32, the stored columns of every utterance, one after another
+    index.json        the values file's name, the window shape, {audio_key: [offset, n, fill]}
+
+Rows are keyed by the sha256 of the audio bytes (``Utterance.audio_key``), like the encoder
+cache. A build writes a new values file under a fresh name, then replaces ``index.json``
+atomically: a killed build leaves the previous cache intact, and runs of a matrix sharing the
+cache never pair an index with another build's values (the last index written wins; values
+files no index names are removed once they are an hour old).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+
+from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
+from asrforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+def trim(features: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(columns, fill)``: the leading columns of ``features`` (n_mels, n_frames) up to the last
+    one that is not entirely ``fill``, where ``fill`` is the last column's value when that
+    column is constant (otherwise nothing is trimmed)."""
+    last = features[:, -1]
+    fill = float(last[0])
+    if not (last == last[0]).all():
+        return features, fill
+    constant = (features == last[0]).all(axis=0)
+    n = features.shape[1]
+    while n > 0 and constant[n - 1]:
+        n -= 1
+    return features[:, :n], fill
+
+
+def untrim(columns: np.ndarray, fill: float, n_frames: int) -> np.ndarray:
+    """The full (n_mels, n_frames) window that :func:`trim` took ``columns`` and ``fill`` from."""
+    out = np.full((columns.shape[0], n_frames), fill, dtype=np.float32)
+    out[:, : columns.shape[1]] = columns
+    return out
+
+
+def extractor_key(feature_extractor) -> str:
+    """A hash of everything that determines the features: the extractor's settings (mel bins,
+    window, hop, chunk length, sampling rate...) and this module's format version."""
+    to_json = getattr(feature_extractor, "to_json_string", None)
+    settings = to_json() if to_json is not None else repr(feature_extractor)
+    return hashlib.sha256(f"v{FORMAT_VERSION}\n{settings}".encode()).hexdigest()[:20]
+
+
+class FeatureCache:
+    """Trimmed log-mel windows looked up by audio key; see the module docstring."""
+
+    def __init__(
+        self, directory: Path, values: str, index: dict[str, list], n_mels: int, n_frames: int
+    ):
+        self.directory = Path(directory)
+        self.values = values
+        self.index = index
+        self.n_mels, self.n_frames = n_mels, n_frames
+        self._values: np.ndarray | None = None  # opened lazily (once per DataLoader worker)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def features(self, key: str) -> np.ndarray:
+        """The (n_mels, n_frames) float32 window of the utterance with audio key ``key``."""
+        if self._values is None:
+            self._values = np.load(self.directory / self.values, mmap_mode="r")
+        offset, n, fill = self.index[key]
+        columns = np.asarray(self._values[offset : offset + self.n_mels * n]).reshape(self.n_mels, n)
+        return untrim(columns, fill, self.n_frames)
+
+    def __getstate__(self):  # DataLoader workers reopen the memmap themselves
+        return {**self.__dict__, "_values": None}
+
+    @classmethod
+    def open(cls, root: Path, feature_extractor) -> FeatureCache | None:
+        """The cache for ``feature_extractor`` under ``root``, or None when none was built."""
+        directory = Path(root) / extractor_key(feature_extractor)
+        try:
+            meta = json.loads((directory / "index.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(directory, meta["values"], meta["rows"], meta["n_mels"], meta["n_frames"])
+
+    @classmethod
+    def build(cls, root: Path, dataset) -> FeatureCache:
+        """Open the cache for ``dataset``'s feature extractor under ``root``, computing the
+        utterances it lacks (clips that fail to decode are left out: reading them later fails
+        the way it does without a cache).
+
+        Args:
+            dataset: a ``SpeechDataset`` (``utts`` with ``audio_key``, ``fe``, ``features_of``).
+        """
+        t0 = time.perf_counter()
+        if getattr(dataset.fe, "dither", 0.0):
+            raise UserError(
+                "data.cache_features: the feature extractor dithers (dither="
+                f"{dataset.fe.dither}), so its features differ on every call and cannot be cached"
+            )
+        have = cls.open(root, dataset.fe)
+        directory = Path(root) / extractor_key(dataset.fe)
+        index: dict[str, list] = dict(have.index) if have is not None else {}
+        missing = {}
+        for i, u in enumerate(dataset.utts):
+            if u.audio_key not in index:
+                missing.setdefault(u.audio_key, i)
+        if not missing:
+            log.info("feature cache: all %d utterances cached in %s", len(dataset.utts), directory)
+            return have
+        log.info("feature cache: computing %d utterances into %s", len(missing), directory)
+        source = dataset.feature_cache
+        dataset.feature_cache = None  # compute, do not read back
+        parts, shape, failed = [], None, 0
+        old = np.load(directory / have.values, mmap_mode="r") if have is not None else None
+        offset = old.shape[0] if old is not None else 0
+        try:
+            for key, i in missing.items():
+                try:
+                    feats = dataset.features_of(i)
+                except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
+                    failed += 1
+                    continue
+                shape = shape or feats.shape
+                columns, fill = trim(feats)
+                parts.append(np.ascontiguousarray(columns).ravel())
+                index[key] = [offset, columns.shape[1], fill]
+                offset += columns.size
+        finally:
+            dataset.feature_cache = source
+        if shape is None:  # nothing decoded: nothing to add
+            return have
+        if have is not None and (have.n_mels, have.n_frames) != shape:
+            raise RuntimeError(f"feature cache {directory}: window {shape} differs from the cached one")
+        directory.mkdir(parents=True, exist_ok=True)
+        total = (old.shape[0] if old is not None else 0) + sum(p.size for p in parts)
+        values = f"values-{secrets.token_hex(6)}.npy"
+        tmp = directory / f".{values}"
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total,))
+        pos = 0
+        if old is not None:
+            out[: old.shape[0]] = old
+            pos = old.shape[0]
+        for p in parts:
+            out[pos : pos + p.size] = p
+            pos += p.size
+        out.flush()
+        del out, old
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / values)
+        fsync_dir(directory)
+        meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
+        atomic_write_text(directory / "index.json", json.dumps(meta))
+        _remove_stale_values(directory, keep=values)
+        log.info(
+            "feature cache: %d utterances written in %.1f s (%.1f MB%s)",
+            len(parts), time.perf_counter() - t0, total * 4 / 1e6,
+            f"; {failed} failed to decode" if failed else "",
+        )
+        return cls(directory, values, index, shape[0], shape[1])
+
+
+def _remove_stale_values(directory: Path, keep: str, min_age_s: float = 3600.0) -> None:
+    """Delete values files that ``index.json`` does not name and that are old enough that no
+    concurrent build is about to name them (a reader with one open keeps its data: POSIX)."""
+    now = time.time()
+    for p in directory.glob("values-*.npy"):
+        try:
+            if p.name != keep and now - p.stat().st_mtime > min_age_s:
+                p.unlink()
+        except OSError:
+            pass
