@@ -233,3 +233,19 @@ def test_model_width_reads_a_pretrained_directory(tmp_path):
     (tmp_path / "config.json").write_text('{"d_model": 384}')
     assert model_width(ModelConfig(pretrained=tmp_path)) == 384
     assert model_width(ModelConfig(pretrained=tmp_path / "missing")) is None
+
+
+def test_optimizer_is_fused_for_float_parameters_and_foreach_otherwise():
+    import torch
+
+    from asrforge.config import OptimConfig
+    from asrforge.train.optim import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4))
+    opt = build_optimizer(model, OptimConfig(lr=1e-3))
+    assert opt.defaults["fused"] is True
+    assert {g["name"] for g in opt.param_groups} == {"embeddings", "decay", "no_decay"}
+    before = model[1].weight.detach().clone()
+    model(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model[1].weight)
