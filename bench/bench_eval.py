@@ -56,8 +56,9 @@ from asrforge.text import normalize, wer  # noqa: E402
 from asrforge.train.evaluate import evaluate  # noqa: E402
 
 
-def run_asrforge(w: Workload) -> dict:
-    """asrforge's ``evaluate`` over the DataLoader ``RunSetup.eval_loader`` builds."""
+def run_asrforge(w: Workload, precision: str = "fp32") -> dict:
+    """asrforge's ``evaluate`` over the DataLoader ``RunSetup.eval_loader`` builds, under the
+    training loop's autocast for ``precision``."""
     cfg, b = w.cfg, w.bundle
     workers = cfg.data.num_workers
     timer = ModuleTimer(b.model.model.encoder)
@@ -78,6 +79,9 @@ def run_asrforge(w: Workload) -> dict:
             eot=b.specials.eot,
             max_new_tokens=cfg.eval.max_new_tokens,
             device="cpu",
+            autocast=(lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+            if precision == "bf16"
+            else None,
         )
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     # transformers' eval_loss is the plain mean of per-batch token-mean losses: the same here
@@ -217,6 +221,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="keep the generation config's suppress_tokens on the transformers side",
     )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="asrforge side's autocast (bf16 is its default on CPUs with bf16 units for "
+        "tiny.en); the transformers side stays at its default, fp32",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
         "--work-dir",
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
             for side in ["asrforge", "hf"] if r % 2 == 0 else ["hf", "asrforge"]:
                 gc.collect()
                 if side == "asrforge":
-                    res = run_asrforge(w)
+                    res = run_asrforge(w, args.precision)
                 else:
                     res = run_hf(w, tmp / f"hf-{r}", args.hf_suppress)
                 res["load"] = load_average()
@@ -283,7 +294,8 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict]]) -> dict:
     print(
         f"\nmodel {model}, {a0['n']} utterances, batch {args.batch_size}, max_new_tokens "
         f"{args.max_new_tokens}, workers {args.num_workers}, torch threads "
-        f"{torch.get_num_threads()}, hf suppress_tokens {'kept' if args.hf_suppress else 'off'}"
+        f"{torch.get_num_threads()}, hf suppress_tokens {'kept' if args.hf_suppress else 'off'}, "
+        f"asrforge precision {args.precision} (hf fp32)"
     )
     print(
         f"{'side':<9} {'run':>3} {'seconds':>8} {'cpu s':>7} {'utt/s':>7} {'encoder':>12} "
