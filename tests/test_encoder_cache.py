@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from asrforge.config import ConfigError
@@ -38,7 +40,7 @@ def test_cached_encoder_states_give_the_losses_of_recomputing(tmp_path, tones_di
     for a, b in zip(plain, cached, strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     (directory,) = (tmp_path / "cache" / "encoder").iterdir()
-    states = directory / "states.npy"
+    states = directory / json.loads((directory / "index.json").read_text())["states"]
     mtime = states.stat().st_mtime_ns
     # a second run with the same encoder weights reuses the cache without rewriting it
     again = _train(tmp_path / "again", tones_dir, cache=True, cache_dir=tmp_path / "cache")

@@ -111,3 +111,21 @@ def test_a_run_with_cache_features_trains_like_one_without(tones_dir, tmp_path):
     (key_dir,) = (tmp_path / "cache" / "features").iterdir()
     assert len(FeatureCache.open(tmp_path / "cache" / "features", _dataset(tones_dir, tmp_path).fe)) > 0
     assert key_dir.is_dir()
+
+
+def test_stale_data_files_go_only_when_unnamed_and_old(tmp_path):
+    import os
+    import time
+
+    from asrforge.checkpoint.atomic import remove_stale
+
+    for name in ("values-named.npy", "values-fresh.npy", "values-old.npy", "other-old.npy"):
+        (tmp_path / name).write_bytes(b"x")
+    hours_ago = time.time() - 7200
+    for name in ("values-named.npy", "values-old.npy", "other-old.npy"):
+        os.utime(tmp_path / name, (hours_ago, hours_ago))
+    remove_stale(tmp_path, "values-*.npy", keep="values-named.npy")
+    # a concurrent build's fresh file survives until its index names it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other-old.npy", "values-fresh.npy", "values-named.npy",
+    ]

@@ -181,7 +181,8 @@ def test_cache_dirs_differ_by_split_and_are_reused(tmp_path, tones_dir):
     assert len(dirs) == 2
     splits = {json.loads((d / "producer.json").read_text())["split"]: d for d in dirs}
     assert set(splits) == {"whole encoder", "conv+positions+layers[:1]"}
-    states = splits["conv+positions+layers[:1]"] / "states.npy"
+    top1 = splits["conv+positions+layers[:1]"]
+    states = top1 / json.loads((top1 / "index.json").read_text())["states"]
     mtime = states.stat().st_mtime_ns
     again = _train(
         tmp_path / "again", tones_dir, cache=True, cache_dir=cache, train_encoder_layers=1

@@ -8,6 +8,10 @@ description of what produced the rows (where the frozen part ends, the sha256 of
 precision), written next to them as ``producer.json``; each row is keyed by the sha256 of the
 utterance's audio bytes. So a cache is reused across runs and configs exactly when it is valid,
 and the caches of a frozen encoder and of a frozen lower part never collide.
+
+A build writes the rows to a fresh ``states-<id>.npy`` and then replaces ``index.json``, which
+names that file: a killed build leaves the previous cache intact, and runs sharing a cache never
+pair one build's index with another build's rows (the last index written wins).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
+from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir, remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +43,10 @@ class EncoderCache:
     """Rows of the frozen part's output, ``(positions, d_model)`` float32 each, looked up by
     audio key."""
 
-    def __init__(self, directory: Path, index: dict[str, int]):
+    def __init__(self, directory: Path, index: dict[str, int], states: str = "states.npy"):
         self.directory = Path(directory)
         self.index = index
+        self.states = states  # the rows' file in ``directory``, named by index.json
         self._states: np.ndarray | None = None  # opened lazily (once per DataLoader worker)
 
     def __contains__(self, key: str) -> bool:
@@ -48,11 +54,11 @@ class EncoderCache:
 
     def row(self, key: str) -> np.ndarray:
         if self._states is None:
-            self._states = np.load(self.directory / "states.npy", mmap_mode="r")
+            self._states = np.load(self.directory / self.states, mmap_mode="r")
         return np.array(self._states[self.index[key]])  # a private, writable copy of the row
 
     def __getstate__(self):  # DataLoader workers reopen the memmap themselves
-        return {"directory": self.directory, "index": self.index, "_states": None}
+        return {**self.__dict__, "_states": None}
 
     @classmethod
     def build(
@@ -87,12 +93,14 @@ class EncoderCache:
         if not about.is_file():
             atomic_write_text(about, json.dumps(dict(producer), indent=1, sort_keys=True) + "\n")
         index_file = directory / "index.json"
-        index: dict[str, int] = json.loads(index_file.read_text()) if index_file.is_file() else {}
+        meta = json.loads(index_file.read_text()) if index_file.is_file() else {}
+        states: str = meta.get("states", "states.npy")
+        index: dict[str, int] = meta.get("rows", {})
         wanted = {u.audio_key: i for i, u in enumerate(dataset.utts)}
         missing = [i for key, i in wanted.items() if key not in index]
         if not missing:
             log.info("encoder cache: all %d utterances cached in %s", len(wanted), directory)
-            return cls(directory, index)
+            return cls(directory, index, states)
         log.info("encoder cache: computing %d of %d utterances into %s", len(missing), len(wanted), directory)
         was_training = encoder.training
         encoder.eval()
@@ -105,9 +113,10 @@ class EncoderCache:
                     hidden = forward(feats)
                 rows.extend(hidden.float().cpu().numpy())
         encoder.train(was_training)
-        old = np.load(directory / "states.npy", mmap_mode="r") if index else None
+        old = np.load(directory / states, mmap_mode="r") if index else None
         n_total = len(index) + len(rows)
-        tmp = directory / f".states-{os.getpid()}.npy"
+        new_states = f"states-{secrets.token_hex(6)}.npy"
+        tmp = directory / f".{new_states}"
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n_total, *rows[0].shape))
         if old is not None:
             out[: len(index)] = old
@@ -119,8 +128,9 @@ class EncoderCache:
         del out, old
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, directory / "states.npy")
+        os.replace(tmp, directory / new_states)
         fsync_dir(directory)
-        atomic_write_text(index_file, json.dumps(new_index))
+        atomic_write_text(index_file, json.dumps({"states": new_states, "rows": new_index}))
+        remove_stale(directory, "states-*.npy", keep=new_states)
         log.info("encoder cache: %d rows written in %.1f s", len(rows), time.perf_counter() - t0)
-        return cls(directory, new_index)
+        return cls(directory, new_index, new_states)

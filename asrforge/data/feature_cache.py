@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
+from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir, remove_stale
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class FeatureCache:
         fsync_dir(directory)
         meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
         atomic_write_text(directory / "index.json", json.dumps(meta))
-        _remove_stale_values(directory, keep=values)
+        remove_stale(directory, "values-*.npy", keep=values)
         log.info(
             "feature cache: %d utterances written in %.1f s (%.1f MB%s)",
             len(parts), time.perf_counter() - t0, total * 4 / 1e6,
@@ -186,14 +186,3 @@ class FeatureCache:
         )
         return cls(directory, values, index, shape[0], shape[1])
 
-
-def _remove_stale_values(directory: Path, keep: str, min_age_s: float = 3600.0) -> None:
-    """Delete values files that ``index.json`` does not name and that are old enough that no
-    concurrent build is about to name them (a reader with one open keeps its data: POSIX)."""
-    now = time.time()
-    for p in directory.glob("values-*.npy"):
-        try:
-            if p.name != keep and now - p.stat().st_mtime > min_age_s:
-                p.unlink()
-        except OSError:
-            pass
