@@ -4,9 +4,9 @@ Same model (the real Whisper tiny.en), same utterances (espeak-ng English speech
 (asrforge's ``SpeechDataset`` + ``Collator`` in ``eval_batches`` order), same greedy decoding:
 ``predict_with_generate=True``, ``num_beams=1``, the same ``max_new_tokens``, and the same prompt
 (``<|startoftranscript|><|notimestamps|>`` for tiny.en, which ``generate`` builds by itself; the
-benchmark checks the generated prefix). asrforge's greedy decoder applies no token suppression,
-so by default the generation config's ``suppress_tokens`` / ``begin_suppress_tokens`` are
-cleared for the transformers side; ``--hf-suppress`` keeps them (then the hypotheses may differ).
+benchmark checks the generated prefix), and the same token suppression: both sides apply the
+generation config's ``suppress_tokens`` / ``begin_suppress_tokens`` (asrforge's greedy decoder
+reads them as ``generate`` does).
 The transformers side's ``compute_metrics`` decodes predictions and labels, normalizes both with
 ``asrforge.text.normalize`` and scores them with ``asrforge.text.wer``, as asrforge does.
 
@@ -106,7 +106,7 @@ def run_asrforge(w: Workload, precision: str = "fp32") -> dict:
     }
 
 
-def run_hf(w: Workload, out: Path, keep_suppress: bool) -> dict:
+def run_hf(w: Workload, out: Path) -> dict:
     """``Seq2SeqTrainer.evaluate`` with ``predict_with_generate`` on asrforge's batches."""
     from transformers import PrinterCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -143,9 +143,6 @@ def run_hf(w: Workload, out: Path, keep_suppress: bool) -> dict:
     if b.specials.multilingual:
         gen_kwargs.update(language="en", task=cfg.data.task)
     saved = copy.deepcopy(model.generation_config)
-    if not keep_suppress:
-        model.generation_config.suppress_tokens = None
-        model.generation_config.begin_suppress_tokens = None
     trainer = Seq2SeqTrainer(
         model=model,
         args=args,
@@ -217,11 +214,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="runs per side, alternating which goes first; medians are reported",
     )
     p.add_argument(
-        "--hf-suppress",
-        action="store_true",
-        help="keep the generation config's suppress_tokens on the transformers side",
-    )
-    p.add_argument(
         "--precision",
         choices=["fp32", "bf16"],
         default="fp32",
@@ -278,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if side == "asrforge":
                     res = run_asrforge(w, args.precision)
                 else:
-                    res = run_hf(w, tmp / f"hf-{r}", args.hf_suppress)
+                    res = run_hf(w, tmp / f"hf-{r}")
                 res["load"] = load_average()
                 rows[side].append(res)
         return report(args, rows)
@@ -294,7 +286,7 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict]]) -> dict:
     print(
         f"\nmodel {model}, {a0['n']} utterances, batch {args.batch_size}, max_new_tokens "
         f"{args.max_new_tokens}, workers {args.num_workers}, torch threads "
-        f"{torch.get_num_threads()}, hf suppress_tokens {'kept' if args.hf_suppress else 'off'}, "
+        f"{torch.get_num_threads()}, "
         f"asrforge precision {args.precision} (hf fp32)"
     )
     print(

@@ -5,6 +5,28 @@ from __future__ import annotations
 import torch
 
 
+def suppressed_ids(model) -> tuple[list[int], list[int]]:
+    """``(always, at_begin)``: the token ids the model's generation config suppresses at every
+    step (``suppress_tokens``: Whisper's non-speech symbols) and at the first generated position
+    (``begin_suppress_tokens``: a leading space, EOT) — what transformers' ``generate`` applies
+    to Whisper, so greedy decoding here picks the tokens it would. Empty for a from-scratch model.
+    """
+    gc = getattr(model, "generation_config", None)
+    vocab = model.config.vocab_size
+
+    def ids(name: str) -> list[int]:
+        return sorted({int(i) for i in (getattr(gc, name, None) or []) if 0 <= int(i) < vocab})
+
+    return ids("suppress_tokens"), ids("begin_suppress_tokens")
+
+
+def pick(logits: torch.Tensor, suppress: list[int]) -> torch.Tensor:
+    """Argmax over the last axis with the ``suppress`` ids excluded (``logits`` is left as is)."""
+    if suppress:
+        logits = logits.index_fill(-1, torch.tensor(suppress, device=logits.device), float("-inf"))
+    return logits.argmax(-1)
+
+
 @torch.no_grad()
 def greedy_decode(
     model,
@@ -18,6 +40,7 @@ def greedy_decode(
 ) -> tuple[list[list[int]], list[bool]]:
     """Greedy decoding with a KV cache. A sequence that emitted EOT leaves the batch (its rows
     are dropped from the cache), so a batch costs what its sequences need, not batch x longest.
+    The generation config's suppressed tokens are never picked (:func:`suppressed_ids`).
 
     Args:
         encoder_hidden: (batch, frames, d_model) encoder output.
@@ -26,7 +49,8 @@ def greedy_decode(
         cache: an ``EncoderDecoderCache`` already holding the prompt's self-attention keys and
             values and the encoder's cross-attention ones (e.g. a teacher-forced pass's cache
             cropped to the prompt); then ``first_tokens`` must be given too.
-        first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given.
+        first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given
+            (chosen with :func:`pick` and both suppression lists, as here).
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
@@ -40,6 +64,7 @@ def greedy_decode(
     cap = min(max_new_tokens, model.config.max_target_positions - p)
     if cache is None:
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    always, at_begin = suppressed_ids(model)
     out = torch.full((b, cap), eot, dtype=torch.long, device=prompts.device)
     rows = torch.arange(b, device=prompts.device)  # the batch row of each live sequence
     tokens, n = prompts, 0
@@ -51,7 +76,7 @@ def greedy_decode(
                 input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[:, -1]
-            nxt = model.proj_out(h).argmax(-1)
+            nxt = pick(model.proj_out(h), always + at_begin if t == 0 else always)
         out[rows, t] = nxt
         n = t + 1
         live = nxt != eot

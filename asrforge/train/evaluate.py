@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.data.dataset import IGNORE
-from asrforge.model.decoding import greedy_decode
+from asrforge.model.decoding import greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
 
@@ -77,7 +77,7 @@ def evaluate(
                 flat = token_loss(logits, labels[mask], reduction="none")
                 cache.crop(-(dec_in.shape[1] - prompt_len))
                 # each row's first label position is its last prompt position: the first token
-                first = logits[(mask.cumsum(1) == 1)[mask]].argmax(-1)
+                first = pick(logits[(mask.cumsum(1) == 1)[mask]], sum(suppressed_ids(model), []))
                 seqs, hit_cap = greedy_decode(
                     model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
                     first_tokens=first,

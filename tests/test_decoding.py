@@ -1,0 +1,72 @@
+"""Greedy decoding: the KV-cached loop equals a plain recompute-everything loop, and the
+generation config's suppressed tokens are never picked (as transformers' generate does)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+from asrforge.model.decoding import greedy_decode, suppressed_ids
+
+EOT = 2
+
+
+def _model() -> WhisperForConditionalGeneration:
+    torch.manual_seed(0)
+    cfg = WhisperConfig(
+        d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=40,
+        pad_token_id=EOT, bos_token_id=1, eos_token_id=EOT, decoder_start_token_id=1,
+        max_source_positions=20, max_target_positions=24, num_mel_bins=8,
+        suppress_tokens=None, begin_suppress_tokens=None,
+    )
+    return WhisperForConditionalGeneration(cfg).eval()
+
+
+def _reference(model, enc, prompts, n, always, at_begin) -> list[list[int]]:
+    """No cache, no batch shrinking: the whole sequence through the decoder at every step."""
+    out = []
+    for b in range(prompts.shape[0]):
+        seq = prompts[b].tolist()
+        gen: list[int] = []
+        for t in range(n):
+            h = model.model.decoder(
+                input_ids=torch.tensor([seq]), encoder_hidden_states=enc[b : b + 1]
+            ).last_hidden_state[0, -1]
+            logits = model.proj_out(h)
+            for i in always + (at_begin if t == 0 else []):
+                logits[i] = float("-inf")
+            tok = int(logits.argmax())
+            if tok == EOT:
+                break
+            gen.append(tok)
+            seq.append(tok)
+        out.append(gen)
+    return out
+
+
+def test_cached_greedy_equals_recomputing_and_honours_suppression():
+    model = _model()
+    enc = model.model.encoder(torch.randn(3, 8, 40)).last_hidden_state
+    prompts = torch.tensor([[1, 5], [1, 6], [1, 7]])
+    plain, _ = greedy_decode(model, enc, prompts, EOT, 8)
+    assert plain == _reference(model, enc, prompts, 8, [], [])
+    # suppress the tokens greedy picked most, and at the start each sequence's first token
+    counts = torch.bincount(torch.tensor(sum(plain, [])), minlength=40)
+    always = counts.argsort(descending=True)[:2].tolist()
+    at_begin = sorted({s[0] for s in plain if s} - set(always))
+    model.generation_config.suppress_tokens = always
+    model.generation_config.begin_suppress_tokens = at_begin
+    assert suppressed_ids(model) == (sorted(always), at_begin)
+    ours, _ = greedy_decode(model, enc, prompts, EOT, 8)
+    assert ours != plain
+    assert ours == _reference(model, enc, prompts, 8, sorted(always), at_begin)
+    assert not {t for s in ours for t in s} & set(always)
+    assert all(s[0] not in at_begin for s in ours if s)
+
+
+def test_ids_outside_the_vocabulary_are_ignored():
+    model = _model()
+    model.generation_config.suppress_tokens = [3, 39, 40, 50256]
+    model.generation_config.begin_suppress_tokens = None
+    assert suppressed_ids(model) == ([3, 39], [])
