@@ -141,31 +141,15 @@ def _counting(batches: Iterable[dict], total: int, label: str, say: Progress) ->
 def evaluate_split(bundle, data: Path, split: str, *, languages: list[str] | None,
                    batch_size: int, max_new_tokens: int, label: str, say: Progress):
     """The training loop's evaluation (teacher-forced loss + greedy decoding) of a
-    :class:`~asrforge.bundle.Bundle` on one split. Returns ``(metrics, predictions)``."""
-    from torch.utils.data import DataLoader
+    :class:`~asrforge.bundle.Bundle` on one split, reporting progress. Returns
+    ``(metrics, predictions)``."""
+    from asrforge.train.evaluate import evaluate_split as evaluate_bundle_split
 
-    from asrforge.config import DataConfig
-    from asrforge.data.dataset import (
-        Collator,
-        SpeechDataset,
-        eval_batches,
-        load_arrow,
-        prepare_split,
+    metrics, preds, _ = evaluate_bundle_split(
+        bundle, data, split, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        languages=languages, progress=lambda batches, n: _counting(batches, n, label, say),
     )
-    from asrforge.train.evaluate import evaluate
-
-    ds = load_arrow(data)[split]
-    dcfg = DataConfig(path=data, eval_split=split, languages=languages, task=bundle.config.data.task)
-    utts, _ = prepare_split(
-        ds, split, cfg=dcfg, tokenizer=bundle.tokenizer, specials=bundle.specials,
-        max_target_positions=bundle.model.config.max_target_positions,
-        max_seconds=bundle.window_seconds,
-    )
-    eot = bundle.specials.eot
-    loader = DataLoader(SpeechDataset(ds, utts, bundle.features, eot),
-                        batch_sampler=eval_batches(utts, batch_size), collate_fn=Collator(pad_id=eot))
-    return evaluate(bundle.model, _counting(loader, len(utts), label, say), tokenizer=bundle.tokenizer,
-                    eot=eot, max_new_tokens=max_new_tokens, device=bundle.device)
+    return metrics, preds
 
 
 def transcribe_split(bundle, data: Path, split: str, *, batch_size: int, max_new_tokens: int,

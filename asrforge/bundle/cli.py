@@ -145,20 +145,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise UserError(f"--data {args.data}: no such directory")
     if not args.model.is_dir():
         raise UserError(f"{args.model}: no such directory")
-    from torch.utils.data import DataLoader
-
     from asrforge.bundle.export import bundle_from_checkpoint
     from asrforge.bundle.load import load_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG
-    from asrforge.config import DataConfig
-    from asrforge.data.dataset import (
-        Collator,
-        SpeechDataset,
-        eval_batches,
-        load_arrow,
-        prepare_split,
-    )
-    from asrforge.train.evaluate import evaluate
+    from asrforge.train.evaluate import evaluate_split
 
     if (args.model / INFERENCE_CONFIG).is_file():
         if args.weights is not None:
@@ -166,37 +156,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
         bundle = load_bundle(args.model)
     else:
         bundle = bundle_from_checkpoint(args.model, args.weights)
-    dd = load_arrow(args.data)
-    if args.split not in dd:
-        raise UserError(f"--split {args.split!r}: not in {args.data} (has {sorted(dd)})")
-    split = dd[args.split]
-    dcfg = DataConfig(path=args.data, eval_split=args.split, task=bundle.config.data.task)
-    utts, report = prepare_split(
-        split,
-        args.split,
-        cfg=dcfg,
-        tokenizer=bundle.tokenizer,
-        specials=bundle.specials,
-        max_target_positions=bundle.model.config.max_target_positions,
-        max_seconds=bundle.window_seconds,
-    )
-    if args.max_samples:
-        utts = utts[: args.max_samples]
-    if not utts:
-        raise UserError(f"{args.data} split {args.split!r}: no usable utterances")
-    eot = bundle.specials.eot
-    loader = DataLoader(
-        SpeechDataset(split, utts, bundle.features, eot),
-        batch_sampler=eval_batches(utts, args.batch_size),
-        collate_fn=Collator(pad_id=eot),
-    )
-    metrics, _preds = evaluate(
-        bundle.model,
-        loader,
-        tokenizer=bundle.tokenizer,
-        eot=eot,
+    metrics, _preds, report = evaluate_split(
+        bundle, args.data, args.split, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
-        device=bundle.device,
+        max_samples=args.max_samples,
     )
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     if args.json:

@@ -12,6 +12,7 @@ import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -158,3 +159,66 @@ def _safe(fn, refs: list[str], hyps: list[str]) -> float:
         return float(fn(refs, hyps))
     except ValueError:
         return math.nan
+
+
+def evaluate_split(
+    bundle,
+    data: Path,
+    split: str,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    languages: list[str] | None = None,
+    max_samples: int | None = None,
+    progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
+):
+    """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
+    one split of an Arrow data set, with the training loop's filtering and batch order.
+
+    Args:
+        languages: keep only these languages' utterances (default: all).
+        max_samples: the first N usable utterances only.
+        progress: wraps the batches (given them and the utterance count), e.g. to report.
+
+    Returns:
+        ``(metrics, predictions, skip_report)``.
+
+    Raises:
+        UserError: the split is missing or has no usable utterance.
+    """
+    from torch.utils.data import DataLoader
+
+    from asrforge.config import DataConfig
+    from asrforge.data.dataset import (
+        Collator,
+        SpeechDataset,
+        eval_batches,
+        load_arrow,
+        prepare_split,
+    )
+    from asrforge.errors import UserError
+
+    dd = load_arrow(data)
+    if split not in dd:
+        raise UserError(f"--split {split!r}: not in {data} (has {sorted(dd)})")
+    ds = dd[split]
+    dcfg = DataConfig(path=data, eval_split=split, languages=languages, task=bundle.config.data.task)
+    utts, report = prepare_split(
+        ds, split, cfg=dcfg, tokenizer=bundle.tokenizer, specials=bundle.specials,
+        max_target_positions=bundle.model.config.max_target_positions,
+        max_seconds=bundle.window_seconds,
+    )
+    utts = utts[:max_samples] if max_samples else utts
+    if not utts:
+        raise UserError(f"{data} split {split!r}: no usable utterances")
+    eot = bundle.specials.eot
+    loader = DataLoader(
+        SpeechDataset(ds, utts, bundle.features, eot),
+        batch_sampler=eval_batches(utts, batch_size), collate_fn=Collator(pad_id=eot),
+    )
+    batches = progress(loader, len(utts)) if progress is not None else loader
+    metrics, preds = evaluate(
+        bundle.model, batches, tokenizer=bundle.tokenizer, eot=eot,
+        max_new_tokens=max_new_tokens, device=bundle.device,
+    )
+    return metrics, preds, report
