@@ -27,7 +27,7 @@ from asrforge.checkpoint import (
     load_training_checkpoint,
     restore_rng_state,
 )
-from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.config import ModelConfig, TrainConfig
 from asrforge.data.dataset import (
     Collator,
@@ -330,13 +330,19 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
 
     clock.lap("data set")
     # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)
+    # The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
+    # resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
+    # rank).
     tok_dir = out / "tokenizer"
-    if cfg.model.tokenizer is None and cfg.model.pretrained is None and tok_dir.is_dir():
-        tokenizer = load_tokenizer(tok_dir)
-    else:
+    scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
+    tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
+    if tokenizer is None and acc.is_main_process:
         tokenizer = build_tokenizer(cfg.model, train_split["text"])
-        if acc.is_main_process:
-            tokenizer.save_pretrained(str(tok_dir))
+        with atomic_directory(tok_dir) as tmp:
+            tokenizer.save_pretrained(str(tmp))
+    acc.wait_for_everyone()
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
     clock.lap("tokenizer")
     bundle = build_model(cfg.model, tokenizer, cfg.seed)
     clock.lap("model")
