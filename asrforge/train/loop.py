@@ -243,6 +243,9 @@ class Trainer:
                                     frozen = batch["encoder_hidden_states"].to(acc.device)
                                 elif top:  # frozen lower layers: run apart, in eval mode
                                     feats = batch["input_features"].to(acc.device)
+                                    # SpecAugment, as WhisperModel.forward applies it in training
+                                    # (a no-op unless the config's apply_spec_augment is on)
+                                    feats = raw_model.model._mask_input_features(feats)  # noqa: SLF001
                                     frozen = frozen_forward(encoder, feats, top)
                                 else:  # the whole encoder trains, or is frozen (eval mode)
                                     frozen = None

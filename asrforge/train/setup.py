@@ -374,6 +374,11 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         train_set.feature_cache = eval_set.feature_cache = FeatureCache.open(
             feature_root, bundle.features
         )
+    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
+        log.warning(
+            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
+            "states are computed once from unmasked features: SpecAugment is not applied"
+        )
     if cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
         cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
         encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
