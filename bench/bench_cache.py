@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workload import Clock, load_average, make_config, prepare_data  # noqa: E402
+from workload import (  # noqa: E402 - the bench directory is not a package
+    Clock,
+    add_session_args,
+    bench_session,
+    load_average,
+    make_config,
+    prepare_data,
+    training_sizes,
+)
 
 from asrforge.config import TrainConfig, load_config  # noqa: E402
 from asrforge.data.encoder_cache import EncoderCache  # noqa: E402
@@ -121,14 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="runs of each of the four, in reverse order every other time; the median is reported",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.add_argument(
-        "--work-dir",
-        type=Path,
-        default=None,
-        help="keep tiny.en and the data set here and reuse them (default: a temp dir); the "
-        "caches are always built afresh in a temp dir",
-    )
+    add_session_args(p, "; the caches are always built afresh in a temp dir")
     args = p.parse_args(argv)
     if min(args.warmup, args.steps, args.train_encoder_layers, args.repeats) < 1:
         p.error("--warmup, --steps, --train-encoder-layers and --repeats must be >= 1")
@@ -138,20 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run the four trainings; print the table and the RESULT line; return the figures."""
     args = parse_args(argv)
-    logging.getLogger("asrforge").setLevel(logging.WARNING)
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-cache-"))
-    work = args.work_dir or tmp
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with bench_session("bench-cache-", args) as (tmp, work):
         n_steps = args.warmup + args.steps
-        sizes = (
-            {"train": 24, "validation": 6}
-            if args.quick
-            else {"train": args.batch_size * n_steps, "validation": 4}
-        )
+        sizes = training_sizes(args.quick, args.batch_size, n_steps)
         data = prepare_data(work, args.quick, sizes)
         base = make_config(
             work,
@@ -193,9 +180,6 @@ def main(argv: list[str] | None = None) -> dict:
             }
             print("\ns/step of every run (medians below):", every)
         return report(args, rows)
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def report(args: argparse.Namespace, rows: dict[str, dict[str, dict]]) -> dict:

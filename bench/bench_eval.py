@@ -27,11 +27,8 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import logging
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +42,8 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     CollatedBatches,
     ModuleTimer,
     Workload,
+    add_session_args,
+    bench_session,
     build_workload,
     load_average,
     make_config,
@@ -220,13 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="asrforge side's autocast (bf16 is its default on CPUs with bf16 units for "
         "tiny.en); the transformers side stays at its default, fp32",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.add_argument(
-        "--work-dir",
-        type=Path,
-        default=None,
-        help="keep tiny.en and the data set here and reuse them (default: a temp dir)",
-    )
+    add_session_args(p)
     args = p.parse_args(argv)
     if args.max_new_tokens is None:
         args.max_new_tokens = 8 if args.quick else 128
@@ -236,14 +229,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print the table and the RESULT line; return the figures."""
     args = parse_args(argv)
-    logging.getLogger("asrforge").setLevel(logging.WARNING)
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
-    work = args.work_dir or tmp
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with bench_session("bench-eval-", args) as (tmp, work):
         sizes = (
             {"train": 8, "validation": args.n * 3 // 2}
             if args.quick
@@ -274,9 +260,6 @@ def main(argv: list[str] | None = None) -> dict:
                 res["load"] = load_average()
                 rows[side].append(res)
         return report(args, rows)
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def report(args: argparse.Namespace, rows: dict[str, list[dict]]) -> dict:

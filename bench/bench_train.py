@@ -31,11 +31,8 @@ Prints one row per side and run, then
 from __future__ import annotations
 
 import argparse
-import logging
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,12 +44,15 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     Clock,
     CollatedBatches,
     Workload,
+    add_session_args,
+    bench_session,
     build_workload,
     load_average,
     make_config,
     matmul_peak,
     prepare_data,
     training_flops,
+    training_sizes,
     unwrap,
     weights_digest,
 )
@@ -228,13 +228,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="asrforge: hand asrforge's optimizer and schedule to the Seq2SeqTrainer "
         "(identical updates); native: let transformers build AdamW + cosine",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.add_argument(
-        "--work-dir",
-        type=Path,
-        default=None,
-        help="keep tiny.en and the data set here and reuse them (default: a temp dir)",
-    )
+    add_session_args(p)
     args = p.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
         p.error("--warmup and --steps must be >= 1")
@@ -244,22 +238,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print the table and the RESULT line; return the figures."""
     args = parse_args(argv)
-    logging.getLogger("asrforge").setLevel(logging.WARNING)
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    work = args.work_dir or tmp
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with bench_session("bench-train-", args) as (tmp, work):
         n_steps = args.warmup + args.steps
-        # one epoch of distinct clips for the full model; the tones set is a third Spanish,
-        # filtered out, and small (later epochs reshuffle it on both sides alike)
-        sizes = (
-            {"train": 24, "validation": 6}
-            if args.quick
-            else {"train": args.batch_size * n_steps, "validation": 4}
-        )
+        sizes = training_sizes(args.quick, args.batch_size, n_steps)
         data = prepare_data(work, args.quick, sizes)
         dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
         peaks = [matmul_peak(dtype)]
@@ -294,9 +275,6 @@ def main(argv: list[str] | None = None) -> dict:
         flops = measured_flops(build_workload(cfg), args.warmup)
         assert samples is not None
         return report(args, rows, samples, flops, max(peaks))
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def report(

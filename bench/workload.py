@@ -16,12 +16,16 @@ Two workloads:
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import hashlib
 import io
+import logging
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -439,3 +443,41 @@ def training_flops(model: torch.nn.Module, batch: dict, dtype: torch.dtype | Non
     for n, p in model.named_parameters():
         p.grad = saved[n]
     return counter.get_total_flops()
+
+
+def add_session_args(p: argparse.ArgumentParser, work_dir_help: str = "") -> None:
+    """``--threads`` and ``--work-dir``, the options every benchmark takes."""
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="keep tiny.en and the data set here and reuse them (default: a temp dir)"
+        + work_dir_help,
+    )
+
+
+@contextlib.contextmanager
+def bench_session(prefix: str, args: argparse.Namespace) -> Iterator[tuple[Path, Path]]:
+    """``(tmp, work)`` for one benchmark run: asrforge's INFO logs off, torch's threads set from
+    ``args.threads``; ``tmp`` a fresh directory removed at the end, ``work`` ``args.work_dir``
+    (kept) or ``tmp``. Restores the thread count on the way out."""
+    logging.getLogger("asrforge").setLevel(logging.WARNING)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    work = args.work_dir or tmp
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp, work
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def training_sizes(quick: bool, batch_size: int, n_steps: int) -> dict[str, int]:
+    """Split sizes for a training benchmark: one epoch of distinct clips for tiny.en; the tones
+    set for ``--quick`` is a third Spanish, filtered out, and small (later epochs reshuffle it
+    on every side alike)."""
+    return {"train": 24, "validation": 6} if quick else {"train": batch_size * n_steps, "validation": 4}

@@ -13,30 +13,27 @@ sys.path.insert(0, str(BENCH))
 pytest.importorskip("transformers.trainer_seq2seq")
 
 
+QUICK_TRAINING = ["--quick", "--warmup", "1", "--steps", "1", "--batch-size", "2", "--threads", "1"]
+
+
 def test_bench_train_runs_both_loops_on_the_same_batches(tmp_path, capsys):
     import bench_train
 
-    out = bench_train.main(
-        [
-            "--quick",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--threads",
-            "1",
-            "--work-dir",
-            str(tmp_path),
-        ]
-    )
+    out = bench_train.main([*QUICK_TRAINING, "--work-dir", str(tmp_path)])
     assert out["same_init"] and out["loss_diff"] < 1e-4
     assert out["asrforge"] > 0 and out["hf"] > 0
     # FLOPs counted (attention included) over a measured time, against a measured peak
     assert 0 < out["peak_fraction"] < 1 and 0 < out["hf_peak_fraction"] < 1
     assert "RESULT train samples/s asrforge=" in capsys.readouterr().out
 
+
+
+def test_bench_cache_runs_and_the_cache_changes_no_loss(tmp_path, capsys):
+    import bench_cache
+
+    out = bench_cache.main([*QUICK_TRAINING, "--work-dir", str(tmp_path)])
+    assert len(out) == 2 and all(v["loss_diff"] == 0.0 and v["speedup"] > 0 for v in out.values())
+    assert "RESULT cache speedup decoder_only=" in capsys.readouterr().out
 
 def test_bench_eval_decodes_alike_on_both_sides(tmp_path, capsys):
     import bench_eval

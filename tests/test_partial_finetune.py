@@ -241,29 +241,3 @@ def test_more_layers_than_a_pretrained_model_has_is_a_user_error(tmp_path, tones
     with pytest.raises(UserError, match="model.train_encoder_layers: .* 2 encoder layers, got 3"):
         build_model(model_cfg, tokenizer, 0)
 
-
-def test_bench_cache_runs_and_the_cache_changes_no_loss(tmp_path, capsys):
-    # belongs with tests/test_bench_smoke.py (kept here while that file is being edited)
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import bench_cache
-
-    out = bench_cache.main(
-        [
-            "--quick",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--threads",
-            "1",
-            "--work-dir",
-            str(tmp_path),
-        ]
-    )
-    assert len(out) == 2 and all(v["loss_diff"] == 0.0 and v["speedup"] > 0 for v in out.values())
-    assert "RESULT cache speedup decoder_only=" in capsys.readouterr().out
