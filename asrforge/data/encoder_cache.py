@@ -20,8 +20,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir, remove_stale
+from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
+from asrforge.data.cache_files import write_rows
 
 log = logging.getLogger(__name__)
 
@@ -114,22 +113,11 @@ class EncoderCache:
                 rows.extend(hidden.float().cpu().numpy())
         encoder.train(was_training)
         old = np.load(directory / states, mmap_mode="r") if index else None
-        n_total = len(index) + len(rows)
-        new_states = f"states-{secrets.token_hex(6)}.npy"
-        tmp = directory / f".{new_states}"
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n_total, *rows[0].shape))
-        if old is not None:
-            out[: len(index)] = old
         new_index = dict(index)
         for j, i in enumerate(missing):
-            out[len(index) + j] = rows[j]
             new_index[dataset.utts[i].audio_key] = len(index) + j
-        out.flush()
-        del out, old
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / new_states)
-        fsync_dir(directory)
+        new_states = write_rows(directory, "states", old, [r[None] for r in rows])
+        del old
         atomic_write_text(index_file, json.dumps({"states": new_states, "rows": new_index}))
         remove_stale(directory, "states-*.npy", keep=new_states)
         log.info("encoder cache: %d rows written in %.1f s", len(rows), time.perf_counter() - t0)

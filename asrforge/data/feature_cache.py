@@ -25,14 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir, remove_stale
+from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
+from asrforge.data.cache_files import write_rows
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -159,23 +158,9 @@ class FeatureCache:
         if have is not None and (have.n_mels, have.n_frames) != shape:
             raise RuntimeError(f"feature cache {directory}: window {shape} differs from the cached one")
         directory.mkdir(parents=True, exist_ok=True)
-        total = (old.shape[0] if old is not None else 0) + sum(p.size for p in parts)
-        values = f"values-{secrets.token_hex(6)}.npy"
-        tmp = directory / f".{values}"
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total,))
-        pos = 0
-        if old is not None:
-            out[: old.shape[0]] = old
-            pos = old.shape[0]
-        for p in parts:
-            out[pos : pos + p.size] = p
-            pos += p.size
-        out.flush()
-        del out, old
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / values)
-        fsync_dir(directory)
+        values = write_rows(directory, "values", old, parts)
+        total = sum(p.size for p in parts) + (old.shape[0] if old is not None else 0)
+        del old
         meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
         atomic_write_text(directory / "index.json", json.dumps(meta))
         remove_stale(directory, "values-*.npy", keep=values)
