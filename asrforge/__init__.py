@@ -7,8 +7,9 @@ imports the inference side only, never the training loop.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asrforge._lazy import lazy_exports
 
 _EXPORTS = {
     "load_config": "asrforge.config",
@@ -54,13 +55,4 @@ if TYPE_CHECKING:
     from asrforge.train.loop import Trainer
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'asrforge' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

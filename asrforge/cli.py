@@ -16,16 +16,24 @@ from collections.abc import Callable
 
 from asrforge.errors import CheckpointSaveError, UserError
 
-# Sub-commands that live next to the code they drive: (module, add_cli, run_cli).
+# Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
-    "asrforge.checkpoint.average",
-    "asrforge.model.ct2",
-    "asrforge.model.vocab",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
-    "asrforge.data.corpus",
     "asrforge.demo",
 ]
+# Those whose modules import torch or transformers at the top are imported only when their
+# command is named, so `asrforge --help` and a mistyped line answer without seconds of imports;
+# their one-line help is repeated here (a test keeps it equal to the module's).
+HEAVY_COMMANDS = {
+    "average": ("asrforge.checkpoint.average", "average the k best checkpoints of a run by a metric"),
+    "import-ct2": (
+        "asrforge.model.ct2",
+        "convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
+    ),
+    "vocab": ("asrforge.model.vocab", "per-language vocabulary extension"),
+    "corpus": ("asrforge.data.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
+}
 
 
 def _add_train(sub) -> None:
@@ -44,16 +52,18 @@ def _add_train(sub) -> None:
 
 
 def _run_train(args) -> int:
-    from asrforge.callbacks import build_callbacks
     from asrforge.config import load_config
+
+    t1 = time.perf_counter()
+    cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
+    t_config = time.perf_counter() - t1
+
+    from asrforge.callbacks import build_callbacks
     from asrforge.train.events import CriticalCallbackError
     from asrforge.train.loop import Trainer
 
-    t1 = time.perf_counter()
-    cfg = load_config(args.config, args.overrides)
     callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks)
-    startup = {"imports": _seconds_since_process_start() - (time.perf_counter() - t1),
-               "config": time.perf_counter() - t1}
+    startup = {"imports": _seconds_since_process_start() - t_config, "config": t_config}
     try:
         result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume)
     except CriticalCallbackError as e:
@@ -78,7 +88,9 @@ def _seconds_since_process_start() -> float:
 BUILTIN_COMMANDS: list[Callable] = [_add_train]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. ``command``: the sub-command on the line (``""``: none), whose module is
+    imported even when it is heavy; None imports every command's module (complete parsers)."""
     parser = argparse.ArgumentParser(
         prog="asrforge",
         description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
@@ -91,12 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(name)  # a broken command module must fail loudly
         if hasattr(mod, "add_cli"):
             mod.add_cli(sub)
+    for name, (module, summary) in HEAVY_COMMANDS.items():
+        if command is None or command == name:
+            importlib.import_module(module).add_cli(sub)
+        else:  # listed in --help; named on a line, its real parser is built instead
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
     args, extra = parser.parse_known_args(argv)
     overrides = [a for a in extra if "=" in a and not a.startswith("-")]
     unknown = [a for a in extra if a not in overrides]

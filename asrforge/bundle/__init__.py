@@ -6,8 +6,9 @@ heavy; each name is imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asrforge._lazy import lazy_exports
 
 _EXPORTS = {
     "Bundle": "asrforge.bundle.load",
@@ -39,13 +40,4 @@ if TYPE_CHECKING:
     from asrforge.bundle.schema import BUNDLE_VERSION, InferenceConfig
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'asrforge.bundle' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -3,28 +3,39 @@ checkpoints directory of a run (latest, best, top-k, rotation), averaging and vo
 
 The training loop needs :class:`CheckpointManager` (save, ``latest_valid``, state),
 :func:`load_training_checkpoint` and the RNG helpers; the rest is for tools and tests.
+
+Lazy: importing one submodule (``asrforge.checkpoint.atomic``, which light tools use) does not
+import torch through this package; each name below is imported on first use.
 """
 
-from asrforge.checkpoint.atomic import (
-    atomic_directory,
-    atomic_write_bytes,
-    atomic_write_text,
-    fsync_dir,
-    recover_interrupted,
-)
-from asrforge.checkpoint.average import average_checkpoints, average_top_k
-from asrforge.checkpoint.manager import CheckpointManager
-from asrforge.checkpoint.manifest import FORMAT_VERSION, read_manifest, verify, write_manifest
-from asrforge.checkpoint.resize import adapt_state_dict
-from asrforge.checkpoint.training import (
-    TrainingCheckpoint,
-    capture_rng_state,
-    load_training_checkpoint,
-    load_weights,
-    restore_rng_state,
-    save_training_checkpoint,
-    save_weights,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asrforge._lazy import lazy_exports
+
+_EXPORTS = {
+    "atomic_directory": "asrforge.checkpoint.atomic",
+    "atomic_write_bytes": "asrforge.checkpoint.atomic",
+    "atomic_write_text": "asrforge.checkpoint.atomic",
+    "fsync_dir": "asrforge.checkpoint.atomic",
+    "recover_interrupted": "asrforge.checkpoint.atomic",
+    "average_checkpoints": "asrforge.checkpoint.average",
+    "average_top_k": "asrforge.checkpoint.average",
+    "CheckpointManager": "asrforge.checkpoint.manager",
+    "FORMAT_VERSION": "asrforge.checkpoint.manifest",
+    "read_manifest": "asrforge.checkpoint.manifest",
+    "verify": "asrforge.checkpoint.manifest",
+    "write_manifest": "asrforge.checkpoint.manifest",
+    "adapt_state_dict": "asrforge.checkpoint.resize",
+    "TrainingCheckpoint": "asrforge.checkpoint.training",
+    "capture_rng_state": "asrforge.checkpoint.training",
+    "load_training_checkpoint": "asrforge.checkpoint.training",
+    "load_weights": "asrforge.checkpoint.training",
+    "restore_rng_state": "asrforge.checkpoint.training",
+    "save_training_checkpoint": "asrforge.checkpoint.training",
+    "save_weights": "asrforge.checkpoint.training",
+}
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,3 +59,28 @@ __all__ = [
     "verify",
     "write_manifest",
 ]
+
+if TYPE_CHECKING:
+    from asrforge.checkpoint.atomic import (
+        atomic_directory,
+        atomic_write_bytes,
+        atomic_write_text,
+        fsync_dir,
+        recover_interrupted,
+    )
+    from asrforge.checkpoint.average import average_checkpoints, average_top_k
+    from asrforge.checkpoint.manager import CheckpointManager
+    from asrforge.checkpoint.manifest import FORMAT_VERSION, read_manifest, verify, write_manifest
+    from asrforge.checkpoint.resize import adapt_state_dict
+    from asrforge.checkpoint.training import (
+        TrainingCheckpoint,
+        capture_rng_state,
+        load_training_checkpoint,
+        load_weights,
+        restore_rng_state,
+        save_training_checkpoint,
+        save_weights,
+    )
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
