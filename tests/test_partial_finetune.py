@@ -241,3 +241,21 @@ def test_more_layers_than_a_pretrained_model_has_is_a_user_error(tmp_path, tones
     with pytest.raises(UserError, match="model.train_encoder_layers: .* 2 encoder layers, got 3"):
         build_model(model_cfg, tokenizer, 0)
 
+
+
+def test_specaugment_masks_the_features_on_the_split_path(tmp_path, tones_dir, monkeypatch):
+    """Without a cache the frozen lower part runs apart from WhisperModel.forward; the features
+    it sees are still passed through the model's SpecAugment masking, in training only."""
+    from transformers.models.whisper import modeling_whisper
+
+    seen: list[bool] = []
+    original = modeling_whisper.WhisperModel._mask_input_features
+
+    def spy(self, input_features, attention_mask=None):
+        seen.append(self.training)
+        return original(self, input_features, attention_mask=attention_mask)
+
+    monkeypatch.setattr(modeling_whisper.WhisperModel, "_mask_input_features", spy)
+    rec = _train(tmp_path / "run", tones_dir, cache=False, train_encoder_layers=1)
+    assert len(rec.losses) == 6
+    assert seen.count(True) >= 6  # every training micro-batch
