@@ -14,11 +14,23 @@ EOT = 2
 def _model() -> WhisperForConditionalGeneration:
     torch.manual_seed(0)
     cfg = WhisperConfig(
-        d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=40,
-        pad_token_id=EOT, bos_token_id=1, eos_token_id=EOT, decoder_start_token_id=1,
-        max_source_positions=20, max_target_positions=24, num_mel_bins=8,
-        suppress_tokens=None, begin_suppress_tokens=None,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        vocab_size=40,
+        pad_token_id=EOT,
+        bos_token_id=1,
+        eos_token_id=EOT,
+        decoder_start_token_id=1,
+        max_source_positions=20,
+        max_target_positions=24,
+        num_mel_bins=8,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
     )
     return WhisperForConditionalGeneration(cfg).eval()
 

@@ -25,7 +25,11 @@ def _dataset(tones_dir, tmp_path, split="train", fe=None) -> SpeechDataset:
     tokenizer = build_tokenizer(cfg.model, dd["train"]["text"])
     bundle = build_model(cfg.model, tokenizer, cfg.seed)
     utts, _ = prepare_split(
-        dd[split], split, cfg=cfg.data, tokenizer=tokenizer, specials=bundle.specials,
+        dd[split],
+        split,
+        cfg=cfg.data,
+        tokenizer=tokenizer,
+        specials=bundle.specials,
         max_target_positions=bundle.model.config.max_target_positions,
         max_seconds=bundle.model.config.max_source_positions / 50.0,
     )
@@ -33,8 +37,11 @@ def _dataset(tones_dir, tmp_path, split="train", fe=None) -> SpeechDataset:
 
 
 @given(
-    arrays(np.float32, st.tuples(st.integers(1, 6), st.integers(1, 12)),
-           elements=st.sampled_from([-0.5, 0.0, 0.25, 1.0])),
+    arrays(
+        np.float32,
+        st.tuples(st.integers(1, 6), st.integers(1, 12)),
+        elements=st.sampled_from([-0.5, 0.0, 0.25, 1.0]),
+    ),
 )
 def test_trim_then_untrim_gives_back_every_bit(features):
     columns, fill = trim(features)
@@ -100,7 +107,9 @@ def test_a_run_with_cache_features_trains_like_one_without(tones_dir, tmp_path):
     runs = {}
     for cached in (False, True):
         cfg = tiny_config(
-            tmp_path / f"run-{cached}", tones_dir, train={"max_steps": 4},
+            tmp_path / f"run-{cached}",
+            tones_dir,
+            train={"max_steps": 4},
             data={"cache_features": cached, "cache_dir": str(tmp_path / "cache")},
             eval={"eval_steps": 2},
         )
@@ -109,7 +118,10 @@ def test_a_run_with_cache_features_trains_like_one_without(tones_dir, tmp_path):
         runs[cached] = (rec.losses, result)
     assert runs[True][0] == runs[False][0] and len(runs[True][0]) == 4
     (key_dir,) = (tmp_path / "cache" / "features").iterdir()
-    assert len(FeatureCache.open(tmp_path / "cache" / "features", _dataset(tones_dir, tmp_path).fe)) > 0
+    assert (
+        len(FeatureCache.open(tmp_path / "cache" / "features", _dataset(tones_dir, tmp_path).fe))
+        > 0
+    )
     assert key_dir.is_dir()
 
 
@@ -127,5 +139,7 @@ def test_stale_data_files_go_only_when_unnamed_and_old(tmp_path):
     remove_stale(tmp_path, "values-*.npy", keep="values-named.npy")
     # a concurrent build's fresh file survives until its index names it
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "other-old.npy", "values-fresh.npy", "values-named.npy",
+        "other-old.npy",
+        "values-fresh.npy",
+        "values-named.npy",
     ]

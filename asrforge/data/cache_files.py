@@ -28,7 +28,9 @@ def write_rows(directory: Path, stem: str, old: np.ndarray | None, new: list[np.
     total = sum(p.shape[0] for p in parts)
     name = f"{stem}-{secrets.token_hex(6)}.npy"
     tmp = Path(directory) / f".{name}"
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, *parts[0].shape[1:]))
+    out = np.lib.format.open_memmap(
+        tmp, mode="w+", dtype=np.float32, shape=(total, *parts[0].shape[1:])
+    )
     pos = 0
     for p in parts:
         out[pos : pos + p.shape[0]] = p

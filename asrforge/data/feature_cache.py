@@ -92,7 +92,9 @@ class FeatureCache:
         if self._values is None:
             self._values = np.load(self.directory / self.values, mmap_mode="r")
         offset, n, fill = self.index[key]
-        columns = np.asarray(self._values[offset : offset + self.n_mels * n]).reshape(self.n_mels, n)
+        columns = np.asarray(self._values[offset : offset + self.n_mels * n]).reshape(
+            self.n_mels, n
+        )
         return untrim(columns, fill, self.n_frames)
 
     def __getstate__(self):  # DataLoader workers reopen the memmap themselves
@@ -156,7 +158,9 @@ class FeatureCache:
         if shape is None:  # nothing decoded: nothing to add
             return have
         if have is not None and (have.n_mels, have.n_frames) != shape:
-            raise RuntimeError(f"feature cache {directory}: window {shape} differs from the cached one")
+            raise RuntimeError(
+                f"feature cache {directory}: window {shape} differs from the cached one"
+            )
         directory.mkdir(parents=True, exist_ok=True)
         values = write_rows(directory, "values", old, parts)
         total = sum(p.size for p in parts) + (old.shape[0] if old is not None else 0)
@@ -166,8 +170,9 @@ class FeatureCache:
         remove_stale(directory, "values-*.npy", keep=values)
         log.info(
             "feature cache: %d utterances written in %.1f s (%.1f MB%s)",
-            len(parts), time.perf_counter() - t0, total * 4 / 1e6,
+            len(parts),
+            time.perf_counter() - t0,
+            total * 4 / 1e6,
             f"; {failed} failed to decode" if failed else "",
         )
         return cls(directory, values, index, shape[0], shape[1])
-
