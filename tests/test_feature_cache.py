@@ -80,6 +80,8 @@ def test_a_new_split_extends_the_cache_and_earlier_rows_still_read_back(tones_di
         want = [ds.features_of(i) for i in range(len(ds))]
         ds.feature_cache = reopened
         assert all(np.array_equal(ds.features_of(i), w) for i, w in enumerate(want))
+    # each build streamed into its own named file; no temporary is left behind
+    assert reopened.values == both.values and not list(reopened.directory.glob(".*"))
     # another extractor's settings: another cache
     assert FeatureCache.open(tmp_path / "cache", WhisperFeatureExtractor(feature_size=128)) is None
 

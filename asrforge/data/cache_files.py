@@ -1,44 +1,47 @@
 """The data files of the on-disk caches (encoder states, log-mels): written once, never in place.
 
-A cache directory holds ``index.json`` naming its current data file. A build writes the old
-rows and the new ones to a fresh ``<stem>-<id>.npy`` with :func:`write_rows`, then replaces
-``index.json`` atomically, then removes data files no index names (``remove_stale``).
+A cache directory holds ``index.json`` naming its current data file. A build streams the old
+rows and the new ones into a fresh ``<stem>-<id>.<suffix>`` (:func:`new_data_file`: rows are
+written as they are computed, so a build never holds a data set's worth of features in memory),
+then replaces ``index.json`` atomically, then removes data files no index names
+(``asrforge.checkpoint.atomic.remove_stale``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from asrforge.checkpoint.atomic import fsync_dir
 
+CHUNK_ROWS = 256  # rows copied at a time from the previous file (bounded memory)
 
-def write_rows(directory: Path, stem: str, old: np.ndarray | None, new: list[np.ndarray]) -> str:
-    """Write ``old`` (None for a first build; a memory map is fine) followed by every array of
-    ``new`` (each continuing the first axis) as one float32 ``.npy`` under a fresh name in
-    ``directory``, durably (fsynced, renamed into place, the directory fsynced).
 
-    Returns:
-        The new file's name, for ``index.json`` to name.
-    """
-    parts = ([old] if old is not None else []) + list(new)
-    total = sum(p.shape[0] for p in parts)
-    name = f"{stem}-{secrets.token_hex(6)}.npy"
-    tmp = Path(directory) / f".{name}"
-    out = np.lib.format.open_memmap(
-        tmp, mode="w+", dtype=np.float32, shape=(total, *parts[0].shape[1:])
-    )
-    pos = 0
-    for p in parts:
-        out[pos : pos + p.shape[0]] = p
-        pos += p.shape[0]
-    out.flush()
-    del out, parts
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, Path(directory) / name)
-    fsync_dir(Path(directory))
-    return name
+@contextlib.contextmanager
+def new_data_file(directory: Path, stem: str, suffix: str) -> Iterator[tuple[Path, str]]:
+    """``(path to write, final name)``: the body writes ``path``; on a clean exit the file is
+    fsynced and renamed to ``directory/<final name>``; on an exception it is deleted."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{stem}-{secrets.token_hex(6)}.{suffix}"
+    tmp = directory / f".{name}"
+    try:
+        yield tmp, name
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / name)
+        fsync_dir(directory)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:len(src)] = src`` a chunk at a time (``src`` is usually a memory map)."""
+    for start in range(0, src.shape[0], CHUNK_ROWS):
+        dst[start : start + CHUNK_ROWS] = src[start : start + CHUNK_ROWS]

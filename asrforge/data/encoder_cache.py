@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
-from asrforge.data.cache_files import write_rows
+from asrforge.data.cache_files import copy_rows, new_data_file
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +103,33 @@ class EncoderCache:
         log.info("encoder cache: computing %d of %d utterances into %s", len(missing), len(wanted), directory)
         was_training = encoder.training
         encoder.eval()
-        rows: list[np.ndarray] = []
-        with torch.no_grad():
-            for start in range(0, len(missing), batch_size):
-                items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
-                feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
-                with autocast() if autocast is not None else contextlib.nullcontext():
-                    hidden = forward(feats)
-                rows.extend(hidden.float().cpu().numpy())
-        encoder.train(was_training)
         old = np.load(directory / states, mmap_mode="r") if index else None
+        n_total = len(index) + len(missing)
+        try:
+            with new_data_file(directory, "states", "npy") as (tmp, new_states), torch.no_grad():
+                out, pos = None, len(index)
+                for start in range(0, len(missing), batch_size):
+                    items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
+                    feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
+                    with autocast() if autocast is not None else contextlib.nullcontext():
+                        hidden = forward(feats).float().cpu().numpy()
+                    if out is None:  # the row shape is known now: the whole file at once
+                        out = np.lib.format.open_memmap(
+                            tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
+                        )
+                        if old is not None:
+                            copy_rows(out, old)
+                    out[pos : pos + len(hidden)] = hidden
+                    pos += len(hidden)
+                out.flush()
+                del out
+        finally:
+            encoder.train(was_training)
+            del old
         new_index = dict(index)
         for j, i in enumerate(missing):
             new_index[dataset.utts[i].audio_key] = len(index) + j
-        new_states = write_rows(directory, "states", old, [r[None] for r in rows])
-        del old
         atomic_write_text(index_file, json.dumps({"states": new_states, "rows": new_index}))
         remove_stale(directory, "states-*.npy", keep=new_states)
-        log.info("encoder cache: %d rows written in %.1f s", len(rows), time.perf_counter() - t0)
+        log.info("encoder cache: %d rows written in %.1f s", len(missing), time.perf_counter() - t0)
         return cls(directory, new_index, new_states)

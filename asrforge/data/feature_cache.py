@@ -10,7 +10,7 @@ bit for bit (3 s of speech in a 30 s window: a tenth of the bytes).
 Layout under ``root/<key>/`` where ``key`` hashes the feature extractor's settings and this
 module's format version (a cache is reused across runs exactly when it is valid)::
 
-    values-<id>.npy   float32, the stored columns of every utterance, one after another
+    values-<id>.f32   raw float32, the stored columns of every utterance, one after another
     index.json        the values file's name, the window shape, {audio_key: [offset, n, fill]}
 
 Rows are keyed by the sha256 of the audio bytes (``Utterance.audio_key``), like the encoder
@@ -25,13 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
-from asrforge.data.cache_files import write_rows
+from asrforge.data.cache_files import new_data_file
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ def extractor_key(feature_extractor) -> str:
     return hashlib.sha256(f"v{FORMAT_VERSION}\n{settings}".encode()).hexdigest()[:20]
 
 
+class _NothingAdded(Exception):
+    """No utterance of a build decoded: its new data file is dropped."""
+
+
 class FeatureCache:
     """Trimmed log-mel windows looked up by audio key; see the module docstring."""
 
@@ -90,7 +95,7 @@ class FeatureCache:
     def features(self, key: str) -> np.ndarray:
         """The (n_mels, n_frames) float32 window of the utterance with audio key ``key``."""
         if self._values is None:
-            self._values = np.load(self.directory / self.values, mmap_mode="r")
+            self._values = np.memmap(self.directory / self.values, dtype=np.float32, mode="r")
         offset, n, fill = self.index[key]
         columns = np.asarray(self._values[offset : offset + self.n_mels * n]).reshape(
             self.n_mels, n
@@ -138,39 +143,42 @@ class FeatureCache:
         log.info("feature cache: computing %d utterances into %s", len(missing), directory)
         source = dataset.feature_cache
         dataset.feature_cache = None  # compute, do not read back
-        parts, shape, failed = [], None, 0
-        old = np.load(directory / have.values, mmap_mode="r") if have is not None else None
-        offset = old.shape[0] if old is not None else 0
+        shape, failed, added = None, 0, 0
         try:
-            for key, i in missing.items():
-                try:
-                    feats = dataset.features_of(i)
-                except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
-                    failed += 1
-                    continue
-                shape = shape or feats.shape
-                columns, fill = trim(feats)
-                parts.append(np.ascontiguousarray(columns).ravel())
-                index[key] = [offset, columns.shape[1], fill]
-                offset += columns.size
+            with new_data_file(directory, "values", "f32") as (tmp, values), open(tmp, "wb") as out:
+                if have is not None:  # the previous rows first, their offsets unchanged
+                    with open(directory / have.values, "rb") as old:
+                        shutil.copyfileobj(old, out, 16 << 20)
+                offset = out.tell() // 4
+                for key, i in missing.items():
+                    try:
+                        feats = dataset.features_of(i)
+                    except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
+                        failed += 1
+                        continue
+                    shape = shape or feats.shape
+                    if have is not None and (have.n_mels, have.n_frames) != shape:
+                        raise RuntimeError(
+                            f"feature cache {directory}: window {shape} differs from the cached one"
+                        )
+                    columns, fill = trim(feats)
+                    out.write(np.ascontiguousarray(columns, dtype=np.float32).tobytes())
+                    index[key] = [offset, columns.shape[1], fill]
+                    offset += columns.size
+                    added += 1
+                if not added:  # nothing decoded: keep the cache as it was
+                    raise _NothingAdded
+                total = offset
+        except _NothingAdded:
+            return have
         finally:
             dataset.feature_cache = source
-        if shape is None:  # nothing decoded: nothing to add
-            return have
-        if have is not None and (have.n_mels, have.n_frames) != shape:
-            raise RuntimeError(
-                f"feature cache {directory}: window {shape} differs from the cached one"
-            )
-        directory.mkdir(parents=True, exist_ok=True)
-        values = write_rows(directory, "values", old, parts)
-        total = sum(p.size for p in parts) + (old.shape[0] if old is not None else 0)
-        del old
         meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
         atomic_write_text(directory / "index.json", json.dumps(meta))
-        remove_stale(directory, "values-*.npy", keep=values)
+        remove_stale(directory, "values-*.f32", keep=values)
         log.info(
-            "feature cache: %d utterances written in %.1f s (%.1f MB%s)",
-            len(parts),
+            "feature cache: %d utterances written in %.1f s (%.1f MB in all%s)",
+            added,
             time.perf_counter() - t0,
             total * 4 / 1e6,
             f"; {failed} failed to decode" if failed else "",
