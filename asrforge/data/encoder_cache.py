@@ -42,7 +42,7 @@ class EncoderCache:
     """Rows of the frozen part's output, ``(positions, d_model)`` float32 each, looked up by
     audio key."""
 
-    def __init__(self, directory: Path, index: dict[str, int], states: str = "states.npy"):
+    def __init__(self, directory: Path, index: dict[str, int], states: str):
         self.directory = Path(directory)
         self.index = index
         self.states = states  # the rows' file in ``directory``, named by index.json
@@ -93,8 +93,8 @@ class EncoderCache:
             atomic_write_text(about, json.dumps(dict(producer), indent=1, sort_keys=True) + "\n")
         index_file = directory / "index.json"
         meta = json.loads(index_file.read_text()) if index_file.is_file() else {}
-        states: str = meta.get("states", "states.npy")
-        index: dict[str, int] = meta.get("rows", {})
+        states: str | None = meta.get("states")
+        index: dict[str, int] = meta.get("rows", {}) if states else {}
         wanted = {u.audio_key: i for i, u in enumerate(dataset.utts)}
         missing = [i for key, i in wanted.items() if key not in index]
         if not missing:
