@@ -127,21 +127,39 @@ def test_a_run_with_cache_features_trains_like_one_without(tones_dir, tmp_path):
     assert key_dir.is_dir()
 
 
-def test_stale_data_files_go_only_when_unnamed_and_old(tmp_path):
-    import os
-    import time
+def test_a_build_never_removes_a_data_file_another_run_reads(tones_dir, tmp_path):
+    """Run A reads the cache (its DataLoader workers reopen the file by name every epoch); run B
+    extends it: A's file survives while A holds it, and goes with the next build after A ends."""
+    import pickle
 
-    from asrforge.checkpoint.atomic import remove_stale
+    train = _dataset(tones_dir, tmp_path, "train")
+    valid = _dataset(tones_dir, tmp_path, "validation")
+    first = FeatureCache.build(tmp_path / "cache", train)
+    reader = FeatureCache.open(tmp_path / "cache", train.fe)  # run A, held
+    worker = pickle.loads(pickle.dumps(reader))  # what a spawned DataLoader worker gets
+    second = FeatureCache.build(tmp_path / "cache", valid)  # run B
+    assert second.values != first.values
+    key = train.utts[0].audio_key
+    assert np.array_equal(worker.features(key), first.features(key))  # reopened by name
+    assert (first.directory / first.values).exists()
+    for held in (first, reader, worker):  # run A ends
+        held.data.close()
+    test = _dataset(tones_dir, tmp_path, "test")
+    third = FeatureCache.build(tmp_path / "cache", test)
+    # A's file is gone now; the second build's is still held by `second` in this process
+    names = sorted(p.name for p in third.directory.iterdir())
+    assert names == sorted(["index.json", third.values, second.values])
 
-    for name in ("values-named.npy", "values-fresh.npy", "values-old.npy", "other-old.npy"):
-        (tmp_path / name).write_bytes(b"x")
-    hours_ago = time.time() - 7200
-    for name in ("values-named.npy", "values-old.npy", "other-old.npy"):
-        os.utime(tmp_path / name, (hours_ago, hours_ago))
-    remove_stale(tmp_path, "values-*.npy", keep="values-named.npy")
-    # a concurrent build's fresh file survives until its index names it
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "other-old.npy",
-        "values-fresh.npy",
-        "values-named.npy",
-    ]
+
+def test_killed_builds_leave_temporaries_the_next_build_removes(tmp_path):
+    from asrforge.data.cache_files import SharedData, remove_unused
+
+    (tmp_path / "values-current.f32").write_bytes(b"\0" * 8)
+    (tmp_path / ".values-killed.f32").write_bytes(b"\0" * 8)  # its writer is gone: no lock
+    (tmp_path / "values-read.f32").write_bytes(b"\0" * 8)
+    held = SharedData(tmp_path / "values-read.f32", "f32")
+    assert held.array.shape == (2,)
+    removed = remove_unused(tmp_path, "values-*.f32", keep="values-current.f32")
+    assert removed == [".values-killed.f32"]
+    held.close()
+    assert remove_unused(tmp_path, "values-*.f32", keep="values-current.f32") == ["values-read.f32"]

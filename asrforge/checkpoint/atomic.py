@@ -15,7 +15,6 @@ import errno
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,16 +213,3 @@ def recover_interrupted(parent: Path) -> list[str]:
         fsync_dir(parent)
     return actions
 
-
-def remove_stale(directory: Path, pattern: str, keep: str, min_age_s: float = 3600.0) -> None:
-    """Delete files matching ``pattern`` in ``directory`` except ``keep`` once they are
-    ``min_age_s`` old: data files an index no longer names. The age guard leaves a concurrent
-    writer's fresh file alone until its index names it; a reader holding one open keeps its
-    data (POSIX)."""
-    now = time.time()
-    for p in Path(directory).glob(pattern):
-        try:
-            if p.name != keep and now - p.stat().st_mtime > min_age_s:
-                p.unlink()
-        except OSError:
-            pass

@@ -3,13 +3,20 @@
 A cache directory holds ``index.json`` naming its current data file. A build streams the old
 rows and the new ones into a fresh ``<stem>-<id>.<suffix>`` (:func:`new_data_file`: rows are
 written as they are computed, so a build never holds a data set's worth of features in memory),
-then replaces ``index.json`` atomically, then removes data files no index names
-(``asrforge.checkpoint.atomic.remove_stale``).
+then replaces ``index.json`` atomically, then removes the data files nobody uses
+(:func:`remove_unused`).
+
+"Uses" is a shared ``flock`` on the file: a reader takes one when it opens a data file
+(:class:`SharedData`) and keeps it while it may read; a writer takes one on its file from
+creation until ``index.json`` names it. Runs of a matrix that share a cache directory therefore
+never lose a file they still read (their DataLoader workers reopen it by name every epoch), and
+the files of killed builds and superseded indexes are removed by the next build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 from collections.abc import Iterator
@@ -22,14 +29,24 @@ from asrforge.checkpoint.atomic import fsync_dir
 CHUNK_ROWS = 256  # rows copied at a time from the previous file (bounded memory)
 
 
+def _lock_shared(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
 @contextlib.contextmanager
 def new_data_file(directory: Path, stem: str, suffix: str) -> Iterator[tuple[Path, str]]:
-    """``(path to write, final name)``: the body writes ``path``; on a clean exit the file is
-    fsynced and renamed to ``directory/<final name>``; on an exception it is deleted."""
+    """``(path to write, final name)``: the body writes ``path`` (created empty, share-locked);
+    on a clean exit the file is fsynced and renamed to ``directory/<final name>`` and stays
+    locked until :func:`release_written` (call it once ``index.json`` names the file); on an
+    exception it is deleted."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name = f"{stem}-{secrets.token_hex(6)}.{suffix}"
     tmp = directory / f".{name}"
+    tmp.touch()
+    fd = _lock_shared(tmp)
     try:
         yield tmp, name
         with open(tmp, "rb") as f:
@@ -38,7 +55,82 @@ def new_data_file(directory: Path, stem: str, suffix: str) -> Iterator[tuple[Pat
         fsync_dir(directory)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        os.close(fd)
         raise
+    _PENDING[directory / name] = fd  # released by release_written() once the index names it
+
+
+_PENDING: dict[Path, int] = {}
+
+
+def release_written(path: Path) -> None:
+    """Drop the writer's lock on ``path`` (after ``index.json`` names it)."""
+    fd = _PENDING.pop(Path(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_unused(directory: Path, pattern: str, keep: str) -> list[str]:
+    """Delete the files matching ``pattern`` (and the temporaries ``.<pattern>``) in
+    ``directory`` except ``keep`` that no process holds a shared lock on; returns their names."""
+    removed = []
+    directory = Path(directory)
+    for p in [*directory.glob(pattern), *directory.glob("." + pattern)]:
+        if p.name == keep:
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a reader or a writer still uses it
+            os.close(fd)
+            continue
+        try:
+            p.unlink()
+            removed.append(p.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+class SharedData:
+    """A cache data file opened for reading (``kind``: ``"npy"``, or ``"f32"`` for raw float32),
+    memory-mapped and share-locked from the first access until :meth:`close` or garbage
+    collection. Pickles without its handles: a DataLoader worker reopens and relocks the file by
+    name; a forked worker shares the parent's lock."""
+
+    def __init__(self, path: Path, kind: str):
+        self.path, self.kind = Path(path), kind
+        self._fd: int | None = None
+        self._array: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._fd = _lock_shared(self.path)
+            if self.kind == "npy":
+                self._array = np.load(self.path, mmap_mode="r")
+            elif os.path.getsize(self.path) == 0:  # every stored row empty (all silence)
+                self._array = np.zeros(0, dtype=np.float32)
+            else:
+                self._array = np.memmap(self.path, dtype=np.float32, mode="r")
+        return self._array
+
+    def close(self) -> None:
+        self._array = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fd": None, "_array": None}
+
+    def __del__(self):
+        self.close()
 
 
 def copy_rows(dst: np.ndarray, src: np.ndarray) -> None:

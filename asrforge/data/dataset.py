@@ -181,9 +181,12 @@ class SpeechDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict | None:
         u = self.utts[i]
-        cache = self.encoder_cache
+        cache, features = self.encoder_cache, self.feature_cache
         if cache is not None and u.audio_key in cache:
             inputs = {"encoder_hidden_states": torch.from_numpy(cache.row(u.audio_key))}
+        elif features is not None and u.audio_key in features:  # a cache read error is no
+            # decoding failure: it propagates instead of dropping every clip
+            inputs = {"input_features": torch.from_numpy(features.features(u.audio_key))}
         else:
             try:
                 inputs = {"input_features": torch.from_numpy(self.features_of(i))}

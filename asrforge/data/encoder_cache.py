@@ -9,9 +9,11 @@ precision), written next to them as ``producer.json``; each row is keyed by the 
 utterance's audio bytes. So a cache is reused across runs and configs exactly when it is valid,
 and the caches of a frozen encoder and of a frozen lower part never collide.
 
-A build writes the rows to a fresh ``states-<id>.npy`` and then replaces ``index.json``, which
+A build streams the rows to a fresh ``states-<id>.npy`` and then replaces ``index.json``, which
 names that file: a killed build leaves the previous cache intact, and runs sharing a cache never
-pair one build's index with another build's rows (the last index written wins).
+pair one build's index with another build's rows (the last index written wins). Readers
+share-lock the file they read and a build removes only files nobody holds
+(``asrforge.data.cache_files``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
-from asrforge.data.cache_files import copy_rows, new_data_file
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.data.cache_files import (
+    SharedData,
+    copy_rows,
+    new_data_file,
+    release_written,
+    remove_unused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +54,19 @@ class EncoderCache:
         self.directory = Path(directory)
         self.index = index
         self.states = states  # the rows' file in ``directory``, named by index.json
-        self._states: np.ndarray | None = None  # opened lazily (once per DataLoader worker)
+        self.data = SharedData(self.directory / states, "npy")  # locked while this object reads
 
     def __contains__(self, key: str) -> bool:
         return key in self.index
 
     def row(self, key: str) -> np.ndarray:
-        if self._states is None:
-            self._states = np.load(self.directory / self.states, mmap_mode="r")
-        return np.array(self._states[self.index[key]])  # a private, writable copy of the row
+        return np.array(self.data.array[self.index[key]])  # a private, writable copy of the row
 
-    def __getstate__(self):  # DataLoader workers reopen the memmap themselves
-        return {**self.__dict__, "_states": None}
+    def hold(self) -> EncoderCache:
+        """Open and share-lock the rows' file now, so no other run's build removes it while this
+        process (and its DataLoader workers) may read it."""
+        self.data.array  # noqa: B018 - opens and locks
+        return self
 
     @classmethod
     def build(
@@ -93,17 +102,21 @@ class EncoderCache:
             atomic_write_text(about, json.dumps(dict(producer), indent=1, sort_keys=True) + "\n")
         index_file = directory / "index.json"
         meta = json.loads(index_file.read_text()) if index_file.is_file() else {}
-        states: str | None = meta.get("states")
-        index: dict[str, int] = meta.get("rows", {}) if states else {}
+        have = None
+        if meta.get("states"):
+            try:
+                have = cls(directory, meta["rows"], meta["states"]).hold()
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("encoder cache %s unusable (%s): starting it afresh", directory, e)
+        index: dict[str, int] = have.index if have is not None else {}
         wanted = {u.audio_key: i for i, u in enumerate(dataset.utts)}
         missing = [i for key, i in wanted.items() if key not in index]
         if not missing:
             log.info("encoder cache: all %d utterances cached in %s", len(wanted), directory)
-            return cls(directory, index, states)
+            return have
         log.info("encoder cache: computing %d of %d utterances into %s", len(missing), len(wanted), directory)
         was_training = encoder.training
         encoder.eval()
-        old = np.load(directory / states, mmap_mode="r") if index else None
         n_total = len(index) + len(missing)
         try:
             with new_data_file(directory, "states", "npy") as (tmp, new_states), torch.no_grad():
@@ -117,19 +130,22 @@ class EncoderCache:
                         out = np.lib.format.open_memmap(
                             tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
                         )
-                        if old is not None:
-                            copy_rows(out, old)
+                        if have is not None:
+                            copy_rows(out, have.data.array)
                     out[pos : pos + len(hidden)] = hidden
                     pos += len(hidden)
                 out.flush()
                 del out
         finally:
             encoder.train(was_training)
-            del old
         new_index = dict(index)
         for j, i in enumerate(missing):
             new_index[dataset.utts[i].audio_key] = len(index) + j
         atomic_write_text(index_file, json.dumps({"states": new_states, "rows": new_index}))
-        remove_stale(directory, "states-*.npy", keep=new_states)
+        cache = cls(directory, new_index, new_states).hold()  # held before the writer's lock goes
+        release_written(directory / new_states)
+        if have is not None:
+            have.data.close()
+        remove_unused(directory, "states-*.npy", keep=new_states)
         log.info("encoder cache: %d rows written in %.1f s", len(missing), time.perf_counter() - t0)
-        return cls(directory, new_index, new_states)
+        return cache

@@ -16,8 +16,9 @@ module's format version (a cache is reused across runs exactly when it is valid)
 Rows are keyed by the sha256 of the audio bytes (``Utterance.audio_key``), like the encoder
 cache. A build writes a new values file under a fresh name, then replaces ``index.json``
 atomically: a killed build leaves the previous cache intact, and runs of a matrix sharing the
-cache never pair an index with another build's values (the last index written wins; values
-files no index names are removed once they are an hour old).
+cache never pair an index with another build's values (the last index written wins). Readers
+share-lock the values file they read, and a build removes only the values files nobody holds
+(``asrforge.data.cache_files``), so a run never loses the file it reads to another run's build.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text, remove_stale
-from asrforge.data.cache_files import new_data_file
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.data.cache_files import SharedData, new_data_file, release_written, remove_unused
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class FeatureCache:
         self.values = values
         self.index = index
         self.n_mels, self.n_frames = n_mels, n_frames
-        self._values: np.ndarray | None = None  # opened lazily (once per DataLoader worker)
+        self.data = SharedData(self.directory / values, "f32")  # locked while this object reads
 
     def __contains__(self, key: str) -> bool:
         return key in self.index
@@ -94,65 +95,73 @@ class FeatureCache:
 
     def features(self, key: str) -> np.ndarray:
         """The (n_mels, n_frames) float32 window of the utterance with audio key ``key``."""
-        if self._values is None:
-            self._values = np.memmap(self.directory / self.values, dtype=np.float32, mode="r")
         offset, n, fill = self.index[key]
-        columns = np.asarray(self._values[offset : offset + self.n_mels * n]).reshape(
-            self.n_mels, n
-        )
-        return untrim(columns, fill, self.n_frames)
-
-    def __getstate__(self):  # DataLoader workers reopen the memmap themselves
-        return {**self.__dict__, "_values": None}
+        flat = self.data.array[offset : offset + self.n_mels * n]
+        return untrim(np.asarray(flat).reshape(self.n_mels, n), fill, self.n_frames)
 
     @classmethod
-    def open(cls, root: Path, feature_extractor) -> FeatureCache | None:
-        """The cache for ``feature_extractor`` under ``root``, or None when none was built."""
+    def open(cls, root: Path, feature_extractor, *, hold: bool = True) -> FeatureCache | None:
+        """The cache for ``feature_extractor`` under ``root``, or None when none was built (or its
+        data file is gone). ``hold``: open and share-lock the data file now, so no other run's
+        build removes it while this process (and its DataLoader workers) may read it."""
         directory = Path(root) / extractor_key(feature_extractor)
         try:
             meta = json.loads((directory / "index.json").read_text())
-        except (OSError, ValueError):
+            cache = cls(directory, meta["values"], meta["rows"], meta["n_mels"], meta["n_frames"])
+            if hold:
+                cache.data.array  # noqa: B018 - opens and locks
+        except (OSError, ValueError, KeyError) as e:
+            if (directory / "index.json").is_file():
+                log.warning("feature cache %s unusable (%s): starting it afresh", directory, e)
             return None
-        return cls(directory, meta["values"], meta["rows"], meta["n_mels"], meta["n_frames"])
+        return cache
 
     @classmethod
-    def build(cls, root: Path, dataset) -> FeatureCache:
-        """Open the cache for ``dataset``'s feature extractor under ``root``, computing the
-        utterances it lacks (clips that fail to decode are left out: reading them later fails
-        the way it does without a cache).
+    def build(cls, root: Path, *datasets) -> FeatureCache:
+        """Open the cache for the datasets' feature extractor under ``root``, computing the
+        utterances it lacks, all datasets in one pass (clips that fail to decode are left out:
+        reading them later fails the way it does without a cache). Returns it held
+        (see :meth:`open`).
 
         Args:
-            dataset: a ``SpeechDataset`` (``utts`` with ``audio_key``, ``fe``, ``features_of``).
+            datasets: ``SpeechDataset`` s sharing one feature extractor (``utts`` with
+                ``audio_key``, ``fe``, ``features_of``).
         """
         t0 = time.perf_counter()
-        if getattr(dataset.fe, "dither", 0.0):
+        fe = datasets[0].fe
+        if getattr(fe, "dither", 0.0):
             raise UserError(
-                "data.cache_features: the feature extractor dithers (dither="
-                f"{dataset.fe.dither}), so its features differ on every call and cannot be cached"
+                f"data.cache_features: the feature extractor dithers (dither={fe.dither}), so "
+                "its features differ on every call and cannot be cached"
             )
-        have = cls.open(root, dataset.fe)
-        directory = Path(root) / extractor_key(dataset.fe)
+        if len({extractor_key(ds.fe) for ds in datasets}) > 1:
+            raise ValueError("FeatureCache.build: the datasets use different feature extractors")
+        directory = Path(root) / extractor_key(fe)
+        have = cls.open(root, fe)  # held: the previous file cannot go while it is copied
         index: dict[str, list] = dict(have.index) if have is not None else {}
-        missing = {}
-        for i, u in enumerate(dataset.utts):
-            if u.audio_key not in index:
-                missing.setdefault(u.audio_key, i)
+        missing: dict[str, tuple] = {}
+        for ds in datasets:
+            for i, u in enumerate(ds.utts):
+                if u.audio_key not in index:
+                    missing.setdefault(u.audio_key, (ds, i))
+        n_utts = sum(len(ds.utts) for ds in datasets)
         if not missing:
-            log.info("feature cache: all %d utterances cached in %s", len(dataset.utts), directory)
+            log.info("feature cache: all %d utterances cached in %s", n_utts, directory)
             return have
         log.info("feature cache: computing %d utterances into %s", len(missing), directory)
-        source = dataset.feature_cache
-        dataset.feature_cache = None  # compute, do not read back
+        sources = [ds.feature_cache for ds in datasets]
+        for ds in datasets:
+            ds.feature_cache = None  # compute, do not read back
         shape, failed, added = None, 0, 0
         try:
             with new_data_file(directory, "values", "f32") as (tmp, values), open(tmp, "wb") as out:
                 if have is not None:  # the previous rows first, their offsets unchanged
-                    with open(directory / have.values, "rb") as old:
+                    with open(have.data.path, "rb") as old:
                         shutil.copyfileobj(old, out, 16 << 20)
                 offset = out.tell() // 4
-                for key, i in missing.items():
+                for key, (ds, i) in missing.items():
                     try:
-                        feats = dataset.features_of(i)
+                        feats = ds.features_of(i)
                     except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
                         failed += 1
                         continue
@@ -172,15 +181,22 @@ class FeatureCache:
         except _NothingAdded:
             return have
         finally:
-            dataset.feature_cache = source
+            for ds, source in zip(datasets, sources, strict=True):
+                ds.feature_cache = source
         meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
         atomic_write_text(directory / "index.json", json.dumps(meta))
-        remove_stale(directory, "values-*.f32", keep=values)
+        cache = cls(directory, values, index, shape[0], shape[1])
+        cache.data.array  # noqa: B018 - held before the writer's lock goes
+        release_written(directory / values)
+        if have is not None:
+            have.data.close()
+        removed = remove_unused(directory, "values-*.f32", keep=values)
         log.info(
-            "feature cache: %d utterances written in %.1f s (%.1f MB in all%s)",
+            "feature cache: %d utterances written in %.1f s (%.1f MB in all%s%s)",
             added,
             time.perf_counter() - t0,
             total * 4 / 1e6,
             f"; {failed} failed to decode" if failed else "",
+            f"; removed {len(removed)} unused data files" if removed else "",
         )
-        return cls(directory, values, index, shape[0], shape[1])
+        return cache

@@ -367,13 +367,11 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
     if cfg.data.cache_features:  # log-mels once, for both splits; the other ranks open the result
         feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
-        if acc.is_main_process:
-            for ds in (train_set, eval_set):
-                FeatureCache.build(feature_root, ds)
+        features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
         acc.wait_for_everyone()
-        train_set.feature_cache = eval_set.feature_cache = FeatureCache.open(
-            feature_root, bundle.features
-        )
+        if features is None:
+            features = FeatureCache.open(feature_root, bundle.features)
+        train_set.feature_cache = eval_set.feature_cache = features
     if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
         log.warning(
             "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
@@ -396,7 +394,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
             )
         acc.wait_for_everyone()
         if not acc.is_main_process:
-            train_set.encoder_cache = build(batch_size=1)
+            train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
     caches = [n for n, on in (("features", cfg.data.cache_features),
                               ("encoder", cfg.data.cache_encoder)) if on]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
