@@ -249,3 +249,27 @@ def test_optimizer_is_fused_for_float_parameters_on_the_cpu():
     model["out"](model["embed_tokens"](torch.tensor([1, 2]))).sum().backward()
     opt.step()
     assert not torch.equal(before, model["out"].weight)
+
+
+def test_two_processes_train_one_run(tmp_path, tones_dir):
+    """torchrun with two CPU processes: one distributed run (not two one-process runs writing
+    the same run dir): one cache build, one log line per step, the same weights on both ranks."""
+    import subprocess
+    import sys
+
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 4}, eval={"eval_steps": None},
+        data={"cache_features": True},
+    )
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "asrforge", "train", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert out.stdout.count("asrforge: completed at step 4") == 2  # both processes ran...
+    # ...as one run: rank zero alone logs to the run dir and builds the cache
+    assert log.count("step 4/4") == 1 and log.count("feature cache: computing") == 1

@@ -284,8 +284,11 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         # One process, several runs (a notebook, a test session): accelerate keeps one
         # precision per process; start this run's state afresh, keeping the process group.
         AcceleratorState._reset_state(reset_partial_state=False)
+    # cpu=True also when "auto" finds no GPU: without it, accelerate under torchrun on a CPU-only
+    # machine makes every process a separate one-process run (all writing the same run dir)
+    on_cpu = cfg.train.device == "cpu" or not torch.cuda.is_available()
     acc = Accelerator(
-        mixed_precision=precision, cpu=cfg.train.device == "cpu",
+        mixed_precision=precision, cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
     )
     if acc.is_main_process:
