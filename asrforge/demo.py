@@ -218,20 +218,31 @@ class EvalNotice(Callback):
 # The English demo
 
 
+def _resolve(args: argparse.Namespace, default_config: str, quick_overrides: list[str]):
+    """``(config path, overrides, config, demo dir, data dir)`` of a demo run: the config
+    (``--config`` or the default), ``--quick``'s and the user's overrides and ``--steps``, the
+    demo directory (``--out`` or the config's output_dir plus a time stamp) and the data set
+    (``-quick`` beside it for ``--quick``)."""
+    from asrforge.config import load_config
+
+    config = find_config(default_config, args.config)
+    overrides = list(quick_overrides if args.quick else []) + list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"train.max_steps={args.steps}")
+    base = load_config(config, overrides)
+    root = Path(args.out) if args.out else Path(f"{base.output_dir}-{time.strftime('%Y%m%d-%H%M%S')}")
+    data = Path(f"{base.data.path}-quick") if args.quick else Path(base.data.path)
+    return config, overrides, base, root, data
+
+
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.config import load_config
     from asrforge.data.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
-    config = find_config(CONFIG, args.config)
-    overrides = list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
-    if args.steps is not None:
-        overrides.append(f"train.max_steps={args.steps}")
-    base = load_config(config, overrides)
-    root = Path(args.out) if args.out else Path(f"{base.output_dir}-{time.strftime('%Y%m%d-%H%M%S')}")
+    config, overrides, base, root, data = _resolve(args, CONFIG, QUICK_OVERRIDES)
     run_dir = root / "train"
-    data = Path(f"{base.data.path}-quick") if args.quick else Path(base.data.path)
     cfg = load_config(config, [*overrides, f"output_dir={run_dir}", f"data.path={data}"])
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"
         + (", --quick" if args.quick else "") + ")")
@@ -358,7 +369,6 @@ def run_multilingual(args: argparse.Namespace) -> int:
     group's policy; then the per-language table on the test split and the HTML report."""
     import yaml
 
-    from asrforge.config import load_config
     from asrforge.data.corpus import CorpusSpec, build_corpus
     from asrforge.matrix.executors import LocalExecutor, parse_devices
     from asrforge.matrix.plan import load_matrix
@@ -367,13 +377,7 @@ def run_multilingual(args: argparse.Namespace) -> int:
     from asrforge.matrix.run import Launcher
 
     say = Progress(total_phases=4)
-    config = find_config(MULTI_CONFIG, args.config)
-    overrides = list(MULTI_QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
-    if args.steps is not None:
-        overrides.append(f"train.max_steps={args.steps}")
-    base = load_config(config, overrides)
-    root = Path(args.out) if args.out else Path(f"{base.output_dir}-{time.strftime('%Y%m%d-%H%M%S')}")
-    data = Path(f"{base.data.path}-quick") if args.quick else Path(base.data.path)
+    config, overrides, base, root, data = _resolve(args, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
     say(f"asrforge demo --multilingual: a from-scratch tiny Whisper per language ({config})")
 
     sizes = MULTI_QUICK_SIZES if args.quick else MULTI_SIZES
