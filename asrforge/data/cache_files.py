@@ -1,7 +1,7 @@
 """The data files of the on-disk caches (encoder states, log-mels): written once, never in place.
 
 A cache directory holds ``index.json`` naming its current data file. A build streams the old
-rows and the new ones into a fresh ``<stem>-<id>.<suffix>`` (:func:`new_data_file`: rows are
+rows and the new ones into a fresh ``<stem>-<id>.<suffix>`` (:class:`NewDataFile`: rows are
 written as they are computed, so a build never holds a data set's worth of features in memory),
 then replaces ``index.json`` atomically, then removes the data files nobody uses
 (:func:`remove_unused`).
@@ -15,16 +15,15 @@ the files of killed builds and superseded indexes are removed by the next build.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
+import json
 import os
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import fsync_dir
+from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
 
 CHUNK_ROWS = 256  # rows copied at a time from the previous file (bounded memory)
 
@@ -35,39 +34,38 @@ def _lock_shared(path: Path) -> int:
     return fd
 
 
-@contextlib.contextmanager
-def new_data_file(directory: Path, stem: str, suffix: str) -> Iterator[tuple[Path, str]]:
-    """``(path to write, final name)``: the body writes ``path`` (created empty, share-locked);
-    on a clean exit the file is fsynced and renamed to ``directory/<final name>`` and stays
-    locked until :func:`release_written` (call it once ``index.json`` names the file); on an
-    exception it is deleted."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = f"{stem}-{secrets.token_hex(6)}.{suffix}"
-    tmp = directory / f".{name}"
-    tmp.touch()
-    fd = _lock_shared(tmp)
-    try:
-        yield tmp, name
-        with open(tmp, "rb") as f:
+class NewDataFile:
+    """A cache data file being written: ``with NewDataFile(directory, stem, suffix) as new``,
+    write ``new.tmp`` (created empty and share-locked), then :meth:`publish` it. The lock is held
+    until the ``with`` block ends, so take the reader's lock on the published file inside the
+    block; a file not published is deleted at the end of the block."""
+
+    def __init__(self, directory: Path, stem: str, suffix: str):
+        self.directory = Path(directory)
+        self.name = f"{stem}-{secrets.token_hex(6)}.{suffix}"
+        self.tmp = self.directory / f".{self.name}"
+        self.published = False
+
+    def __enter__(self) -> NewDataFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.tmp.touch()
+        self._fd = _lock_shared(self.tmp)
+        return self
+
+    def publish(self, index_file: Path, meta: dict) -> None:
+        """fsync the file, rename it into place, then replace ``index_file`` with ``meta`` (which
+        names it) atomically: an index only ever names a complete file."""
+        with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, directory / name)
-        fsync_dir(directory)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        os.close(fd)
-        raise
-    _PENDING[directory / name] = fd  # released by release_written() once the index names it
+        os.replace(self.tmp, self.directory / self.name)
+        fsync_dir(self.directory)
+        self.published = True
+        atomic_write_text(index_file, json.dumps(meta))
 
-
-_PENDING: dict[Path, int] = {}
-
-
-def release_written(path: Path) -> None:
-    """Drop the writer's lock on ``path`` (after ``index.json`` names it)."""
-    fd = _PENDING.pop(Path(path), None)
-    if fd is not None:
-        os.close(fd)
+    def __exit__(self, *exc) -> None:
+        if not self.published:
+            self.tmp.unlink(missing_ok=True)
+        os.close(self._fd)
 
 
 def remove_unused(directory: Path, pattern: str, keep: str) -> list[str]:

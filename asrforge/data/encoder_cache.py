@@ -30,13 +30,7 @@ import numpy as np
 import torch
 
 from asrforge.checkpoint.atomic import atomic_write_text
-from asrforge.data.cache_files import (
-    SharedData,
-    copy_rows,
-    new_data_file,
-    release_written,
-    remove_unused,
-)
+from asrforge.data.cache_files import NewDataFile, SharedData, copy_rows, remove_unused
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +112,11 @@ class EncoderCache:
         was_training = encoder.training
         encoder.eval()
         n_total = len(index) + len(missing)
+        new_index = dict(index)
+        for j, i in enumerate(missing):
+            new_index[dataset.utts[i].audio_key] = len(index) + j
         try:
-            with new_data_file(directory, "states", "npy") as (tmp, new_states), torch.no_grad():
+            with NewDataFile(directory, "states", "npy") as new, torch.no_grad():
                 out, pos = None, len(index)
                 for start in range(0, len(missing), batch_size):
                     items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
@@ -128,7 +125,7 @@ class EncoderCache:
                         hidden = forward(feats).float().cpu().numpy()
                     if out is None:  # the row shape is known now: the whole file at once
                         out = np.lib.format.open_memmap(
-                            tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
+                            new.tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
                         )
                         if have is not None:
                             copy_rows(out, have.data.array)
@@ -136,16 +133,12 @@ class EncoderCache:
                     pos += len(hidden)
                 out.flush()
                 del out
+                new.publish(index_file, {"states": new.name, "rows": new_index})
+                cache = cls(directory, new_index, new.name).hold()  # before the writer's lock goes
         finally:
             encoder.train(was_training)
-        new_index = dict(index)
-        for j, i in enumerate(missing):
-            new_index[dataset.utts[i].audio_key] = len(index) + j
-        atomic_write_text(index_file, json.dumps({"states": new_states, "rows": new_index}))
-        cache = cls(directory, new_index, new_states).hold()  # held before the writer's lock goes
-        release_written(directory / new_states)
         if have is not None:
             have.data.close()
-        remove_unused(directory, "states-*.npy", keep=new_states)
+        remove_unused(directory, "states-*.npy", keep=cache.states)
         log.info("encoder cache: %d rows written in %.1f s", len(missing), time.perf_counter() - t0)
         return cache

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text
-from asrforge.data.cache_files import SharedData, new_data_file, release_written, remove_unused
+from asrforge.data.cache_files import NewDataFile, SharedData, remove_unused
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -154,48 +153,48 @@ class FeatureCache:
             ds.feature_cache = None  # compute, do not read back
         shape, failed, added = None, 0, 0
         try:
-            with new_data_file(directory, "values", "f32") as (tmp, values), open(tmp, "wb") as out:
-                if have is not None:  # the previous rows first, their offsets unchanged
-                    with open(have.data.path, "rb") as old:
-                        shutil.copyfileobj(old, out, 16 << 20)
-                offset = out.tell() // 4
-                for key, (ds, i) in missing.items():
-                    try:
-                        feats = ds.features_of(i)
-                    except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
-                        failed += 1
-                        continue
-                    shape = shape or feats.shape
-                    if have is not None and (have.n_mels, have.n_frames) != shape:
-                        raise RuntimeError(
-                            f"feature cache {directory}: window {shape} differs from the cached one"
-                        )
-                    columns, fill = trim(feats)
-                    out.write(np.ascontiguousarray(columns, dtype=np.float32).tobytes())
-                    index[key] = [offset, columns.shape[1], fill]
-                    offset += columns.size
-                    added += 1
+            with NewDataFile(directory, "values", "f32") as new:
+                with open(new.tmp, "wb") as out:
+                    if have is not None:  # the previous rows first, their offsets unchanged
+                        with open(have.data.path, "rb") as old:
+                            shutil.copyfileobj(old, out, 16 << 20)
+                    offset = out.tell() // 4
+                    for key, (ds, i) in missing.items():
+                        try:
+                            feats = ds.features_of(i)
+                        except Exception:  # noqa: BLE001 - an undecodable clip stays uncached
+                            failed += 1
+                            continue
+                        shape = shape or feats.shape
+                        if have is not None and (have.n_mels, have.n_frames) != shape:
+                            raise RuntimeError(
+                                f"feature cache {directory}: window {shape} differs from the "
+                                "cached one"
+                            )
+                        columns, fill = trim(feats)
+                        out.write(np.ascontiguousarray(columns, dtype=np.float32).tobytes())
+                        index[key] = [offset, columns.shape[1], fill]
+                        offset += columns.size
+                        added += 1
                 if not added:  # nothing decoded: keep the cache as it was
                     raise _NothingAdded
-                total = offset
+                meta = {"values": new.name, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
+                new.publish(directory / "index.json", meta)
+                cache = cls(directory, new.name, index, shape[0], shape[1])
+                cache.data.array  # noqa: B018 - held before the writer's lock goes
         except _NothingAdded:
             return have
         finally:
             for ds, source in zip(datasets, sources, strict=True):
                 ds.feature_cache = source
-        meta = {"values": values, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
-        atomic_write_text(directory / "index.json", json.dumps(meta))
-        cache = cls(directory, values, index, shape[0], shape[1])
-        cache.data.array  # noqa: B018 - held before the writer's lock goes
-        release_written(directory / values)
         if have is not None:
             have.data.close()
-        removed = remove_unused(directory, "values-*.f32", keep=values)
+        removed = remove_unused(directory, "values-*.f32", keep=cache.values)
         log.info(
             "feature cache: %d utterances written in %.1f s (%.1f MB in all%s%s)",
             added,
             time.perf_counter() - t0,
-            total * 4 / 1e6,
+            offset * 4 / 1e6,
             f"; {failed} failed to decode" if failed else "",
             f"; removed {len(removed)} unused data files" if removed else "",
         )
