@@ -86,3 +86,10 @@ def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     # encoder self, decoder self, cross: (2 matmuls x 2 flops x b*q*k*d) x (1 fwd + 2 bwd)
     attention = sum(3 * 4 * b * q * k * d for q, k in ((t, t), (s, s), (s, t)))
     assert ours - plain.get_total_flops() == attention
+
+
+def test_bench_metrics_finds_both_sides_equal(capsys):
+    import bench_metrics
+
+    assert bench_metrics.main(["--utterances", "40", "--repeats", "1"]) == 0
+    assert "RESULT metrics utterances=40 equal=True" in capsys.readouterr().out

@@ -17,15 +17,19 @@ hypotheses are empty too, and ``inf`` when they are not (errors over zero units;
 the bare insertion count there, which is not a rate). ``inf`` compares as worse than any score,
 so a selection policy never prefers such an evaluation.
 
-jiwer is only a test dependency: the distance is computed here, with the bit-parallel algorithm
-of Myers (1999) in Hyyrö's formulation (one pass of integer operations per hypothesis unit).
+The distance and the alignment come from rapidfuzz (C++), which jiwer itself uses; this module
+keeps only the documented differences above (units, empty references, corpus-level rates).
+jiwer is only a test dependency. ``bench/bench_metrics.py`` compares both on one corpus.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal, NamedTuple
+
+from rapidfuzz.distance import Levenshtein
 
 from asrforge.text.normalizers import normalize
 from asrforge.text.scripts import is_unspaced, primary_metric
@@ -60,8 +64,8 @@ def split_units(text: str, unit: Unit) -> list[str]:
 def edit_counts(ref: str, hyp: str, unit: Unit = "word") -> EditCounts:
     """Substitutions, deletions and insertions that turn ``ref`` into ``hyp``, for one utterance.
 
-    Among the minimum alignments, the one found by preferring substitution, then deletion, then
-    insertion when tracing back; the total ``errors`` does not depend on that choice.
+    Among the minimum alignments, the one rapidfuzz's ``editops`` picks; the total ``errors``
+    does not depend on that choice.
     """
     a, b = split_units(ref, unit), split_units(hyp, unit)
     subs, dels, ins = _alignment_counts(a, b)
@@ -141,7 +145,7 @@ def _error_rate(refs: str | Sequence[str], hyps: str | Sequence[str], unit: Unit
     errors = n_ref = 0
     for ref, hyp in zip(refs, hyps, strict=True):
         a, b = split_units(ref, unit), split_units(hyp, unit)
-        errors += _distance(a, b)
+        errors += Levenshtein.distance(a, b)
         n_ref += len(a)
     return _rate(errors, n_ref)
 
@@ -152,74 +156,7 @@ def _rate(errors: int, n_ref: int) -> float:
     return errors / n_ref
 
 
-def _trim(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[Sequence, Sequence]:
-    """Drop the common prefix and suffix (always matched by some minimum alignment)."""
-    start = 0
-    end_a, end_b = len(a), len(b)
-    while start < end_a and start < end_b and a[start] == b[start]:
-        start += 1
-    while end_a > start and end_b > start and a[end_a - 1] == b[end_b - 1]:
-        end_a -= 1
-        end_b -= 1
-    return a[start:end_a], b[start:end_b]
-
-
-def _distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
-    """Levenshtein distance (unit costs) between two sequences of hashable units."""
-    a, b = _trim(a, b)
-    if len(a) < len(b):
-        a, b = b, a  # the longer one becomes the bit vector: fewer Python-level iterations
-    m = len(a)
-    if not b:
-        return m
-    # Bit i of peq[u] is set where a[i] == u. Vertical deltas of the DP column are kept as
-    # bit vectors pv (+1) and mv (-1); ``score`` tracks the bottom cell D[m][j].
-    peq: dict[Hashable, int] = {}
-    for i, u in enumerate(a):
-        peq[u] = peq.get(u, 0) | (1 << i)
-    full = (1 << m) - 1
-    top = 1 << (m - 1)
-    pv, mv, score = full, 0, m
-    for u in b:
-        eq = peq.get(u, 0)
-        xv = eq | mv
-        xh = (((eq & pv) + pv) ^ pv) | eq
-        ph = mv | (~(xh | pv) & full)
-        mh = pv & xh
-        if ph & top:
-            score += 1
-        elif mh & top:
-            score -= 1
-        ph = (ph << 1) | 1  # D[0][j] = j: the top row always rises by one
-        mh <<= 1
-        pv = (mh | ~(xv | ph)) & full
-        mv = ph & xv & full
-    return score
-
-
 def _alignment_counts(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[int, int, int]:
     """(substitutions, deletions, insertions) of a minimum alignment of ``b`` to ``a``."""
-    a, b = _trim(a, b)
-    n, m = len(a), len(b)
-    if n == 0 or m == 0:
-        return 0, n, m
-    rows = [list(range(m + 1))]
-    for i in range(1, n + 1):
-        prev, cur, ai = rows[-1], [i] * (m + 1), a[i - 1]
-        for j in range(1, m + 1):
-            cur[j] = min(prev[j - 1] + (ai != b[j - 1]), prev[j] + 1, cur[j - 1] + 1)
-        rows.append(cur)
-    subs = dels = ins = 0
-    i, j = n, m
-    while i > 0 or j > 0:
-        d = rows[i][j]
-        if i > 0 and j > 0 and d == rows[i - 1][j - 1] + (a[i - 1] != b[j - 1]):
-            subs += a[i - 1] != b[j - 1]
-            i, j = i - 1, j - 1
-        elif i > 0 and d == rows[i - 1][j] + 1:
-            dels += 1
-            i -= 1
-        else:
-            ins += 1
-            j -= 1
-    return subs, dels, ins
+    ops = Counter(op.tag for op in Levenshtein.editops(a, b))
+    return ops["replace"], ops["delete"], ops["insert"]
