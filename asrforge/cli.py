@@ -18,6 +18,7 @@ from asrforge.errors import CheckpointSaveError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
+    "asrforge.config_reference",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
     "asrforge.demo",

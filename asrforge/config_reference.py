@@ -1,0 +1,182 @@
+"""The config reference, generated from the schema: ``asrforge config fields`` and
+``asrforge config show``.
+
+Nothing here lists fields by hand: every row comes from the pydantic models in
+:mod:`asrforge.config`, whose field docstrings are the documentation, so the reference cannot
+drift from what :func:`asrforge.config.load_config` accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from asrforge.config import TrainConfig, load_config
+
+# Where a section's fields sit below the field that holds it, by how it holds it.
+_ITEM_PATH = {"": ".", "list": "[].", "dict": ".<name>."}
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One config field as a user writes it."""
+
+    path: str
+    """Its YAML path, e.g. ``optim.lr``; list items as ``callbacks[].name``."""
+    type: str
+    default: str
+    """The default as YAML would write it; ``(required)`` when there is none."""
+    description: str
+
+
+def field_docs(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[FieldDoc]:
+    """Every field of ``model`` and of the sections below it, in schema order.
+
+    A section held in a list is documented under ``path[].``, one in a mapping under
+    ``path.<name>.``; a field with an alias (``_target_``) is listed by the name YAML uses.
+    """
+    rows = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{info.alias or name}"
+        section, container = _section_of(info.annotation)
+        if section is None or container:  # a plain field, or a list or mapping of sections
+            rows.append(
+                FieldDoc(
+                    path,
+                    _type_name(info.annotation),
+                    _default(info),
+                    _one_paragraph(info.description),
+                )
+            )
+        if section is not None:
+            rows.extend(field_docs(section, path + _ITEM_PATH[container]))
+    return rows
+
+
+def undocumented(model: type[BaseModel] = TrainConfig) -> list[str]:
+    """YAML paths of fields without a description (the schema's docstring)."""
+    return [row.path for row in field_docs(model) if not row.description]
+
+
+def render_fields(rows: list[FieldDoc]) -> str:
+    """Rows as plain text: path, type and default on one line, the description indented below."""
+    out = []
+    for row in rows:
+        out.append(f"{row.path}: {row.type} = {row.default}")
+        if row.description:
+            out.append(f"    {row.description}")
+    return "\n".join(out)
+
+
+def render_resolved(cfg: TrainConfig) -> str:
+    """The resolved config, every default filled in, as the YAML a run would record."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "config",
+        help="print the config reference or a resolved config",
+        description="Every config field with its type, default and description, generated from "
+        "the schema; or a config file resolved with its overrides and every default.",
+    )
+    actions = p.add_subparsers(dest="config_action", required=True, metavar="ACTION")
+    fields = actions.add_parser("fields", help="list every field: type, default, description")
+    fields.add_argument(
+        "section", nargs="?", help="only fields under this YAML path prefix, e.g. optim or eval"
+    )
+    fields.set_defaults(func=_run_fields)
+    show = actions.add_parser(
+        "show", help="print CONFIG resolved (overrides applied, every default filled in)"
+    )
+    show.add_argument("config", help="the YAML config file; dotted.key=value overrides may follow")
+    show.set_defaults(func=_run_show, accepts_overrides=True)
+
+
+def _run_fields(args: argparse.Namespace) -> int:
+    rows = field_docs()
+    if args.section:
+        rows = [r for r in rows if r.path == args.section or r.path.startswith(args.section + ".")]
+        if not rows:
+            sections = sorted({r.path.split(".")[0].split("[")[0] for r in field_docs()})
+            from asrforge.errors import UserError
+
+            raise UserError(
+                f"no config field under {args.section!r}; sections: {', '.join(sections)}"
+            )
+    print(render_fields(rows))
+    return 0
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    print(render_resolved(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """The pydantic model a field holds and how: directly or optionally (``""``), as list items
+    (``"list"``) or as mapping values (``"dict"``); (None, "") for a plain field."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, ""
+    origin = typing.get_origin(annotation)
+    for arg in typing.get_args(annotation):
+        section, container = _section_of(arg)
+        if section is not None:
+            if origin is list:
+                return section, "list"
+            if origin is dict:
+                return section, "dict"
+            return section, container
+    return None, ""
+
+
+def _type_name(annotation: Any) -> str:
+    """A type as a user reads it: ``int | null``, ``'sdpa' | 'eager'``, ``list[str]``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        return (
+            f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+        )
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(info) -> str:
+    if info.default is PydanticUndefined and info.default_factory is None:
+        return "(required)"
+    value = info.default_factory() if info.default_factory is not None else info.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    dumped = yaml.safe_dump(_plain(value), default_flow_style=True).strip()
+    return dumped.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _one_paragraph(text: str | None) -> str:
+    return " ".join((text or "").split())
