@@ -24,7 +24,12 @@ from asrforge.train.events import Callback
 REGISTRY: dict[str, type[Callback]] = {
     cls.name: cls
     for cls in (
-        MetricsJsonl, TensorBoardLogger, LRMonitor, ProgressBar, EarlyStopping, AverageCheckpoints
+        MetricsJsonl,
+        TensorBoardLogger,
+        LRMonitor,
+        ProgressBar,
+        EarlyStopping,
+        AverageCheckpoints,
     )
 }
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
@@ -67,7 +72,11 @@ def build_callbacks(cfg: TrainConfig, *, allow_external: bool = False) -> list[C
             cls = REGISTRY.get(spec.name)
             if cls is None:
                 close = difflib.get_close_matches(spec.name, list(REGISTRY), n=1)
-                hint = f" — did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(REGISTRY))})"
+                hint = (
+                    f" — did you mean {close[0]}?"
+                    if close
+                    else f" (known: {', '.join(sorted(REGISTRY))})"
+                )
                 problems.append(f"{where}.name: unknown callback {spec.name!r}{hint}")
                 continue
         if not enabled:
@@ -113,6 +122,15 @@ def _instantiate(cls: type[Callback], opts: dict[str, Any], where: str) -> Callb
 
 
 __all__ = [
-    "REGISTRY", "AverageCheckpoints", "Callback", "EarlyStopping", "LRMonitor", "MetricsJsonl", "Options", "ProgressBar",
-    "TensorBoardLogger", "build_callbacks", "register",
+    "REGISTRY",
+    "AverageCheckpoints",
+    "Callback",
+    "EarlyStopping",
+    "LRMonitor",
+    "MetricsJsonl",
+    "Options",
+    "ProgressBar",
+    "TensorBoardLogger",
+    "build_callbacks",
+    "register",
 ]

@@ -33,8 +33,13 @@ class AverageCheckpoints(Callback):
         after_each_eval: bool = False
         """Also re-average after every evaluation that changes the top-k."""
 
-    def __init__(self, metric: str = "wer", k: int = 5, mode: str | None = None,
-                 after_each_eval: bool = False):
+    def __init__(
+        self,
+        metric: str = "wer",
+        k: int = 5,
+        mode: str | None = None,
+        after_each_eval: bool = False,
+    ):
         self.metric, self.k, self.mode, self.after_each_eval = metric, k, mode, after_each_eval
         self.root: Path | None = None
         self._members: list[int] = []
@@ -54,8 +59,12 @@ class AverageCheckpoints(Callback):
             return
         self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
         self._members = members
-        log.info("average_checkpoints: averaged steps %s by %s into %s", members, self.metric,
-                 self.written)
+        log.info(
+            "average_checkpoints: averaged steps %s by %s into %s",
+            members,
+            self.metric,
+            self.written,
+        )
 
     def on_save(self, state: TrainState, *, path: Path, kind: str) -> None:
         if self.after_each_eval and self.root is not None and self._top() != self._members:

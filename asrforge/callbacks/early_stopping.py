@@ -31,7 +31,9 @@ class EarlyStopping(Callback):
         min_delta: float = Field(default=0.0, ge=0)
         """An improvement smaller than this does not count."""
 
-    def __init__(self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+    def __init__(
+        self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0
+    ):
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
         self.best: float | None = None
         self.bad_evals = 0

@@ -33,15 +33,25 @@ class ProgressBar(Callback):
         sps = metrics["samples"] / metrics["step_seconds"] if metrics.get("step_seconds") else 0.0
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.2e}", sps=f"{sps:.1f}")
+            self.bar.set_postfix(
+                loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.2e}", sps=f"{sps:.1f}"
+            )
         elif state.step % self.every == 0:
-            log.info("step %d/%d loss %.4f lr %.3g %.1f samples/s", state.step, self.total,
-                     metrics["loss"], metrics["lr"], sps)
+            log.info(
+                "step %d/%d loss %.4f lr %.3g %.1f samples/s",
+                state.step,
+                self.total,
+                metrics["loss"],
+                metrics["lr"],
+                sps,
+            )
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         if self.bar is not None:
-            self.bar.write(f"step {state.step}: wer {metrics['wer']:.3f} cer {metrics['cer']:.3f} "
-                           f"loss {metrics['loss']:.3f} — {decision.reason}")
+            self.bar.write(
+                f"step {state.step}: wer {metrics['wer']:.3f} cer {metrics['cer']:.3f} "
+                f"loss {metrics['loss']:.3f} — {decision.reason}"
+            )
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.bar is not None:

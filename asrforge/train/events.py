@@ -141,7 +141,11 @@ class CallbackList:
                 self.failures[key] = self.failures.get(key, 0) + 1
                 log.error(
                     "callback %r failed in %s (%s: %s); the run goes on",
-                    cb.name, event, type(e).__name__, e, exc_info=self.failures[key] == 1,
+                    cb.name,
+                    event,
+                    type(e).__name__,
+                    e,
+                    exc_info=self.failures[key] == 1,
                 )
 
     def state_dict(self) -> dict[str, dict]:
