@@ -11,7 +11,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -200,15 +200,22 @@ class DataConfig(Section):
         return self
 
 
+_Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimConfig(Section):
     """AdamW and the learning-rate schedule."""
+
+    # No optimizer setting means anything at inf or nan (clip_grad_norm: null disables clipping).
+    model_config = ConfigDict(allow_inf_nan=False)
 
     lr: float = Field(default=1e-3, gt=0)
     """Peak learning rate."""
     embedding_lr_scale: float = Field(default=1.0, gt=0)
     """Multiplier on ``lr`` for the token and position embeddings."""
     weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.98)
+    """AdamW's decay rates of the gradient's running mean and of its square, each in [0, 1)."""
     eps: float = Field(default=1e-8, gt=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     warmup_steps: int = Field(default=0, ge=0)

@@ -134,3 +134,17 @@ def test_a_pretrained_config_roundtrips_through_its_yaml():
     cfg = load_config(data={**MINIMAL, "model": {"pretrained": "some/dir"}})
     again = load_config(data=yaml.safe_load(cfg.to_yaml()))
     assert again.model.pretrained == cfg.model.pretrained
+
+
+def test_optim_betas_must_be_in_0_1():
+    # AdamW would raise a torch traceback at the first step
+    assert problems(overrides=["optim.betas=[0.9, 1]"]) == ["optim.betas.1: must be < 1, got 1"]
+    (p,) = problems(overrides=["optim.betas=[-0.1, 0.9]"])
+    assert p == "optim.betas.0: must be >= 0, got -0.1"
+    assert load_config(data=MINIMAL, overrides=["optim.betas=[0, 0.999]"]).optim.betas == (0, 0.999)
+
+
+def test_optim_settings_must_be_finite():
+    not_finite = "input should be a finite number, got"
+    assert problems(overrides=["optim.lr=.inf"]) == [f"optim.lr: {not_finite} inf"]
+    assert problems(overrides=["optim.eps=.nan"]) == [f"optim.eps: {not_finite} nan"]
