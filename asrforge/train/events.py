@@ -14,14 +14,18 @@ on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, preci
 on_epoch_begin ``epoch: int``
 on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
 on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
-               ``grad_norm`` (before clipping; None when skipped), ``skipped`` (bool),
-               ``samples``, ``tokens``, ``step_seconds``
+               ``grad_norm`` (the global norm before clipping; None when it is inf or nan,
+               which skips the step), ``skipped`` (bool), ``samples``, ``tokens``,
+               ``step_seconds``
 on_eval_begin  ``split: str``
 on_eval_end    ``metrics: dict`` (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts,
-               ``per_language``), ``decision: Decision`` (save?, reason, stop?)
+               ``per_language``; :func:`eval_metric_names` lists the scalar ones),
+               ``decision: Decision`` (save?, reason, stop?)
 on_predict_end ``predictions: list[dict]`` — one per utterance: ``uid``, ``language``, ``ref``,
                ``hyp``, ``n_tokens``, flags
-on_save        ``path: Path``, ``kind: str`` (``step``, ``best``, ``final``, ``interrupt``)
+on_save        ``path: Path``, ``kind: str``: ``best`` (the selection policy's new best),
+               ``interrupt`` (saved on SIGTERM/SIGINT), ``final`` (after the last step),
+               ``step`` (any other save)
 on_epoch_end   ``epoch: int``
 on_train_end   ``result: FitResult``
 on_exception   ``error: BaseException`` (then the error propagates)
