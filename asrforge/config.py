@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -317,6 +318,27 @@ class CheckpointConfig(Section):
     keep_best: list[TopKSpec] = Field(default_factory=list)
     """Top-k per metric, each kept as ``best-<metric>-<rank>/``."""
 
+    def unknown_metrics(self, produced: Collection[str]) -> list[str]:
+        """One problem line per ``keep_best`` metric that evaluation never produces (a top-k
+        by it would stay empty forever). ``produced``: the evaluation's metric names, which
+        only the training code knows (``asrforge.train.events.eval_metric_names``)."""
+        return [
+            f"checkpoint.keep_best.{i}.metric: {metric_problem(spec.metric, produced)}"
+            for i, spec in enumerate(self.keep_best)
+            if spec.metric not in produced
+        ]
+
+
+def metric_problem(metric: str, produced: Collection[str]) -> str:
+    """Why ``metric`` cannot be selected by: evaluation does not produce it. Names the close
+    match, if any, and every valid name."""
+    close = difflib.get_close_matches(metric, list(produced), n=1)
+    hint = f", did you mean {close[0]!r}?" if close else ""
+    return (
+        f"{metric!r} is not a metric evaluation produces{hint} "
+        f"(it produces: {', '.join(sorted(produced))})"
+    )
+
 
 class CallbackSpec(BaseModel):
     """One callback: a registered ``name`` (or ``_target_``, a dotted class path, which needs
@@ -326,6 +348,10 @@ class CallbackSpec(BaseModel):
 
     name: str | None = None
     target: str | None = Field(default=None, alias="_target_")
+    id: str | None = Field(default=None, min_length=1)
+    """The key of this callback's state in a checkpoint's ``callbacks.json``. Default: the name,
+    numbered from the second callback of that name on (``early_stopping#2``), so set an id when
+    callbacks of one name may be reordered or removed between a run and its resume."""
     critical: bool | None = None
     """A critical callback's failure stops the run; an optional one's is logged and skipped.
     Default: the callback's own choice (checkpointing is critical)."""

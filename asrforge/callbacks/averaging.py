@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asrforge.callbacks.options import Options
+from asrforge.callbacks.options import EvalMetric, Options
 from asrforge.checkpoint.average import average_top_k, rank_checkpoints
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
@@ -25,8 +25,9 @@ class AverageCheckpoints(Callback):
     critical = True
 
     class Options(Options):
-        metric: str = "wer"
-        """Manifest metric to rank checkpoints by (``wer``, ``cer``, ``loss``)."""
+        metric: EvalMetric = "wer"
+        """The evaluation metric (as in the checkpoints' manifests) to rank checkpoints by
+        (``wer``, ``cer``, ``loss``, ...)."""
         k: int = Field(default=5, gt=0)
         mode: Literal["min", "max"] | None = None
         """Default: ``min`` for error rates and losses."""

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asrforge.callbacks.options import Options
+from asrforge.callbacks.options import EvalMetric, Options
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -23,8 +23,8 @@ class EarlyStopping(Callback):
     rank_zero_only = False  # every process must stop at the same step
 
     class Options(Options):
-        monitor: str = "wer"
-        """Key of the evaluation metrics to watch (``wer``, ``cer``, ``loss``, ...)."""
+        monitor: EvalMetric = "wer"
+        """The evaluation metric to watch (``wer``, ``cer``, ``loss``, ``wer_raw``, ...)."""
         mode: Literal["min", "max"] = "min"
         patience: int = Field(default=3, gt=0)
         """Evaluations without improvement before stopping."""

@@ -202,6 +202,9 @@ class LRMonitor(Callback):
     name = "lr_monitor"
     rank_zero_only = True
 
+    class Options(Options):
+        """No options: the groups and the warmup length come from the run."""
+
     def __init__(self):
         self.warmup_steps = 0
 
