@@ -353,8 +353,11 @@ class CallbackSpec(BaseModel):
     numbered from the second callback of that name on (``early_stopping#2``), so set an id when
     callbacks of one name may be reordered or removed between a run and its resume."""
     critical: bool | None = None
-    """A critical callback's failure stops the run; an optional one's is logged and skipped.
-    Default: the callback's own choice (checkpointing is critical)."""
+    """A critical callback's failure stops the run (exit 1); an optional one's is logged with its
+    traceback and the run goes on. Default: the callback's own choice; every built-in callback
+    is optional, because each only observes the run and what it writes is a log or can be rebuilt
+    offline (``asrforge average``). Saving checkpoints is the loop's own work, not a callback's:
+    a failed save always stops the run."""
 
     @model_validator(mode="after")
     def _one_of_name_or_target(self) -> CallbackSpec:

@@ -9,6 +9,7 @@ import os
 import signal
 
 import pytest
+import yaml
 
 from asrforge.callbacks import REGISTRY, EarlyStopping, Options, build_callbacks
 from asrforge.cli import main
@@ -167,6 +168,37 @@ def test_progress_log_every_sets_the_report_interval(tmp_path, tones_dir, caplog
         r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("step ")
     ]
     assert steps == ["1/3", "2/3", "3/3"]  # every step, not every train.log_every=2
+
+
+def test_a_failing_average_does_not_fail_a_good_run(tmp_path, tones_dir, monkeypatch, caplog):
+    from asrforge.callbacks import averaging
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(averaging, "average_top_k", disk_full)
+    path = _config_file(
+        tmp_path,
+        tones_dir,
+        train={"max_steps": 2},
+        eval={"eval_steps": 1},
+        callbacks=[{"name": "average_checkpoints", "metric": "loss", "k": 2}],
+    )
+    with caplog.at_level(logging.ERROR, logger="asrforge.callbacks"):
+        assert main(["train", path]) == 0  # was exit 1: the callback was critical
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        "average_checkpoints: averaging steps" in m and "FAILED" in m and "asrforge average" in m
+        for m in errors
+    ), errors
+    assert (tmp_path / "run/checkpoints/latest/manifest.json").is_file()
+    # critical: true restores the old behaviour
+    data = yaml.safe_load(open(path))
+    data["callbacks"][0]["critical"] = True
+    data["output_dir"] = str(tmp_path / "run2")
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    assert main(["train", path]) == 1
 
 
 class SigtermAt(Callback):

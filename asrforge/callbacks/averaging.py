@@ -19,10 +19,11 @@ log = logging.getLogger("asrforge.callbacks")
 
 class AverageCheckpoints(Callback):
     """Writes ``checkpoints/<metric>.ave_<k>best/`` (weights averaged over the k best checkpoints
-    by ``metric``, with its own manifest). Critical by default: a failed average is an error."""
+    by ``metric``, with its own manifest). Optional by default: the average is a copy that
+    ``asrforge average`` rebuilds from the checkpoints, so its failure is logged as an error with
+    that command and the run goes on (``critical: true`` makes it stop the run)."""
 
     name = "average_checkpoints"
-    critical = True
 
     class Options(Options):
         metric: EvalMetric = "wer"
@@ -58,7 +59,23 @@ class AverageCheckpoints(Callback):
         if not members:
             log.warning("average_checkpoints: no checkpoint has metric %r yet", self.metric)
             return
-        self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
+        try:
+            self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
+        except Exception as e:
+            mode = f" --mode {self.mode}" if self.mode else ""
+            log.error(
+                "average_checkpoints: averaging steps %s by %s FAILED (%s: %s); the checkpoints "
+                "are intact, rebuild the average with: asrforge average %s --metric %s --k %d%s",
+                members,
+                self.metric,
+                type(e).__name__,
+                e,
+                self.root.parent,
+                self.metric,
+                self.k,
+                mode,
+            )
+            raise
         self._members = members
         log.info(
             "average_checkpoints: averaged steps %s by %s into %s",
