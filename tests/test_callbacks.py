@@ -191,6 +191,10 @@ def test_a_failing_average_does_not_fail_a_good_run(tmp_path, tones_dir, monkeyp
         "average_checkpoints: averaging steps" in m and "FAILED" in m and "asrforge average" in m
         for m in errors
     ), errors
+    assert (
+        "optional callbacks failed during this run (callback.event: times): "
+        "average_checkpoints.on_train_end: 1" in errors[-1]
+    )  # repeated at the end
     assert (tmp_path / "run/checkpoints/latest/manifest.json").is_file()
     # critical: true restores the old behaviour
     data = yaml.safe_load(open(path))

@@ -164,6 +164,12 @@ class CallbackList:
                     e,
                     exc_info=self.failures[key] == 1,
                 )
+        if event == "on_train_end" and self.failures:
+            # the errors may be thousands of lines up: repeat them where the run's end is read
+            log.error(
+                "optional callbacks failed during this run (callback.event: times): %s",
+                ", ".join(f"{k}: {n}" for k, n in self.failures.items()),
+            )
 
     def state_dict(self) -> dict[str, dict]:
         return {key: cb.state_dict() for key, cb in self.keyed}
