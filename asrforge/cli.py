@@ -63,7 +63,7 @@ def _run_train(args) -> int:
     from asrforge.train.events import CriticalCallbackError
     from asrforge.train.loop import Trainer
 
-    callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks)
+    callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks, source=args.config)
     startup = {"imports": _seconds_since_process_start() - t_config, "config": t_config}
     try:
         result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume)

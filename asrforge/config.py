@@ -10,8 +10,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -200,15 +201,22 @@ class DataConfig(Section):
         return self
 
 
+_Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimConfig(Section):
     """AdamW and the learning-rate schedule."""
+
+    # No optimizer setting means anything at inf or nan (clip_grad_norm: null disables clipping).
+    model_config = ConfigDict(allow_inf_nan=False)
 
     lr: float = Field(default=1e-3, gt=0)
     """Peak learning rate."""
     embedding_lr_scale: float = Field(default=1.0, gt=0)
     """Multiplier on ``lr`` for the token and position embeddings."""
     weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.98)
+    """AdamW's decay rates of the gradient's running mean and of its square, each in [0, 1)."""
     eps: float = Field(default=1e-8, gt=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     warmup_steps: int = Field(default=0, ge=0)
@@ -310,6 +318,27 @@ class CheckpointConfig(Section):
     keep_best: list[TopKSpec] = Field(default_factory=list)
     """Top-k per metric, each kept as ``best-<metric>-<rank>/``."""
 
+    def unknown_metrics(self, produced: Collection[str]) -> list[str]:
+        """One problem line per ``keep_best`` metric that evaluation never produces (a top-k
+        by it would stay empty forever). ``produced``: the evaluation's metric names, which
+        only the training code knows (``asrforge.train.events.eval_metric_names``)."""
+        return [
+            f"checkpoint.keep_best.{i}.metric: {metric_problem(spec.metric, produced)}"
+            for i, spec in enumerate(self.keep_best)
+            if spec.metric not in produced
+        ]
+
+
+def metric_problem(metric: str, produced: Collection[str]) -> str:
+    """Why ``metric`` cannot be selected by: evaluation does not produce it. Names the close
+    match, if any, and every valid name."""
+    close = difflib.get_close_matches(metric, list(produced), n=1)
+    hint = f", did you mean {close[0]!r}?" if close else ""
+    return (
+        f"{metric!r} is not a metric evaluation produces{hint} "
+        f"(it produces: {', '.join(sorted(produced))})"
+    )
+
 
 class CallbackSpec(BaseModel):
     """One callback: a registered ``name`` (or ``_target_``, a dotted class path, which needs
@@ -319,9 +348,16 @@ class CallbackSpec(BaseModel):
 
     name: str | None = None
     target: str | None = Field(default=None, alias="_target_")
+    id: str | None = Field(default=None, min_length=1)
+    """The key of this callback's state in a checkpoint's ``callbacks.json``. Default: the name,
+    numbered from the second callback of that name on (``early_stopping#2``), so set an id when
+    callbacks of one name may be reordered or removed between a run and its resume."""
     critical: bool | None = None
-    """A critical callback's failure stops the run; an optional one's is logged and skipped.
-    Default: the callback's own choice (checkpointing is critical)."""
+    """A critical callback's failure stops the run (exit 1); an optional one's is logged with its
+    traceback and the run goes on. Default: the callback's own choice; every built-in callback
+    is optional, because each only observes the run and what it writes is a log or can be rebuilt
+    offline (``asrforge average``). Saving checkpoints is the loop's own work, not a callback's:
+    a failed save always stops the run."""
 
     @model_validator(mode="after")
     def _one_of_name_or_target(self) -> CallbackSpec:

@@ -134,3 +134,40 @@ def test_a_pretrained_config_roundtrips_through_its_yaml():
     cfg = load_config(data={**MINIMAL, "model": {"pretrained": "some/dir"}})
     again = load_config(data=yaml.safe_load(cfg.to_yaml()))
     assert again.model.pretrained == cfg.model.pretrained
+
+
+def test_optim_betas_must_be_in_0_1():
+    # AdamW would raise a torch traceback at the first step
+    assert problems(overrides=["optim.betas=[0.9, 1]"]) == ["optim.betas.1: must be < 1, got 1"]
+    (p,) = problems(overrides=["optim.betas=[-0.1, 0.9]"])
+    assert p == "optim.betas.0: must be >= 0, got -0.1"
+    assert load_config(data=MINIMAL, overrides=["optim.betas=[0, 0.999]"]).optim.betas == (0, 0.999)
+
+
+def test_optim_settings_must_be_finite():
+    not_finite = "input should be a finite number, got"
+    assert problems(overrides=["optim.lr=.inf"]) == [f"optim.lr: {not_finite} inf"]
+    assert problems(overrides=["optim.eps=.nan"]) == [f"optim.eps: {not_finite} nan"]
+
+
+def test_a_keep_best_metric_evaluation_never_produces_is_refused_before_training(tmp_path, capsys):
+    from asrforge.callbacks import build_callbacks
+    from asrforge.cli import main
+    from asrforge.train.events import eval_metric_names
+
+    data = {
+        **MINIMAL,
+        "output_dir": str(tmp_path / "run"),
+        "checkpoint": {"keep_best": [{"metric": "wer"}, {"metric": "wre", "k": 2}]},
+    }
+    with pytest.raises(ConfigError) as e:
+        build_callbacks(load_config(data=data))
+    assert e.value.problems == [
+        "checkpoint.keep_best.1.metric: 'wre' is not a metric evaluation produces, did you mean "
+        f"'wer'? (it produces: {', '.join(eval_metric_names())})"
+    ]
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert main(["train", str(f)]) == 2
+    assert f"invalid config {f}:\n  checkpoint.keep_best.1.metric: 'wre'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

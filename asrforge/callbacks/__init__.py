@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -19,12 +20,17 @@ from asrforge.callbacks.loggers import LRMonitor, MetricsJsonl, TensorBoardLogge
 from asrforge.callbacks.options import Options
 from asrforge.callbacks.progress import ProgressBar
 from asrforge.config import ConfigError, TrainConfig, format_errors
-from asrforge.train.events import Callback
+from asrforge.train.events import Callback, eval_metric_names, state_keys
 
 REGISTRY: dict[str, type[Callback]] = {
     cls.name: cls
     for cls in (
-        MetricsJsonl, TensorBoardLogger, LRMonitor, ProgressBar, EarlyStopping, AverageCheckpoints
+        MetricsJsonl,
+        TensorBoardLogger,
+        LRMonitor,
+        ProgressBar,
+        EarlyStopping,
+        AverageCheckpoints,
     )
 }
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
@@ -37,20 +43,38 @@ def register(cls: type[Callback]) -> type[Callback]:
     return cls
 
 
-def build_callbacks(cfg: TrainConfig, *, allow_external: bool = False) -> list[Callback]:
+def build_callbacks(
+    cfg: TrainConfig, *, allow_external: bool = False, source: str | Path | None = None
+) -> list[Callback]:
     """Instantiate the configured callbacks plus the defaults, in a stable order.
 
+    Also checks every metric the config selects by (callbacks' ``monitor``/``metric`` options
+    and ``checkpoint.keep_best``) against what evaluation produces: with the loop imported,
+    the names come from the evaluation code itself.
+
+    Args:
+        source: the config file, named in the error.
+
     Raises:
-        ConfigError: unknown names, bad options, or ``_target_`` without permission, each with
-            its YAML path (``callbacks.1.patience: ...``).
+        ConfigError: unknown names, bad options, metrics no evaluation produces, ``_target_``
+            without permission, or one ``id`` twice, each with its YAML path
+            (``callbacks.1.patience: ...``).
     """
-    problems: list[str] = []
+    produced = eval_metric_names()
+    problems: list[str] = cfg.checkpoint.unknown_metrics(produced)
     built: dict[int, Callback] = {}
     disabled: set[str] = set()
+    ids: dict[str, int] = {}
     for i, spec in enumerate(cfg.callbacks):
         where = f"callbacks.{i}"
         opts = spec.options
         enabled = opts.pop("enabled", True)
+        if spec.id is not None:
+            if spec.id in ids:
+                problems.append(
+                    f"{where}.id: {spec.id!r} is already the id of callbacks.{ids[spec.id]}"
+                )
+            ids.setdefault(spec.id, i)
         if spec.target is not None:
             if not allow_external:
                 problems.append(
@@ -67,28 +91,43 @@ def build_callbacks(cfg: TrainConfig, *, allow_external: bool = False) -> list[C
             cls = REGISTRY.get(spec.name)
             if cls is None:
                 close = difflib.get_close_matches(spec.name, list(REGISTRY), n=1)
-                hint = f" — did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(REGISTRY))})"
+                hint = (
+                    f" — did you mean {close[0]}?"
+                    if close
+                    else f" (known: {', '.join(sorted(REGISTRY))})"
+                )
                 problems.append(f"{where}.name: unknown callback {spec.name!r}{hint}")
                 continue
         if not enabled:
             disabled.add(getattr(cls, "name", spec.name or ""))
             continue
         try:
-            cb = _instantiate(cls, opts, where)
+            cb = _instantiate(cls, opts, where, produced)
         except ConfigError as e:
             problems.extend(e.problems)
             continue
         if spec.critical is not None:
             cb.critical = spec.critical
+        if spec.id is not None:
+            cb.id = spec.id
         built[i] = cb
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, _source(source))
     names = {cb.name for cb in built.values()}
     defaults = [REGISTRY[n]() for n in DEFAULTS if n not in names and n not in disabled]
     # Enrichers first (lr_monitor adds keys the loggers write), then configured, then the rest.
     head = [cb for cb in defaults if cb.name == "lr_monitor"]
     tail = [cb for cb in defaults if cb.name != "lr_monitor"]
-    return head + [built[i] for i in sorted(built)] + tail
+    callbacks = head + [built[i] for i in sorted(built)] + tail
+    try:
+        state_keys(callbacks)
+    except ValueError as e:  # an id equal to another callback's name
+        raise ConfigError([f"callbacks: {e}"], _source(source)) from None
+    return callbacks
+
+
+def _source(source: str | Path | None) -> str | None:
+    return str(source) if source is not None else None
 
 
 def _import_target(target: str) -> type:
@@ -101,18 +140,32 @@ def _import_target(target: str) -> type:
     return cls
 
 
-def _instantiate(cls: type[Callback], opts: dict[str, Any], where: str) -> Callback:
+def _instantiate(
+    cls: type[Callback], opts: dict[str, Any], where: str, produced: tuple[str, ...]
+) -> Callback:
     schema: type[BaseModel] | None = getattr(cls, "Options", None)
-    if schema is None:
-        return cls(**opts)
+    if schema is None:  # an external callback without a schema: its signature is the schema
+        try:
+            return cls(**opts)
+        except TypeError as e:
+            raise ConfigError([f"{where}: bad options for {cls.__name__}: {e}"]) from None
     try:
-        parsed = schema.model_validate(opts)
+        parsed = schema.model_validate(opts, context={"eval_metrics": produced})
     except ValidationError as e:
         raise ConfigError(format_errors(e, schema, prefix=where)) from None
     return cls(**parsed.model_dump())
 
 
 __all__ = [
-    "REGISTRY", "AverageCheckpoints", "Callback", "EarlyStopping", "LRMonitor", "MetricsJsonl", "Options", "ProgressBar",
-    "TensorBoardLogger", "build_callbacks", "register",
+    "REGISTRY",
+    "AverageCheckpoints",
+    "Callback",
+    "EarlyStopping",
+    "LRMonitor",
+    "MetricsJsonl",
+    "Options",
+    "ProgressBar",
+    "TensorBoardLogger",
+    "build_callbacks",
+    "register",
 ]

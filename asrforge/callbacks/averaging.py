@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asrforge.callbacks.options import Options
+from asrforge.callbacks.options import EvalMetric, Options
 from asrforge.checkpoint.average import average_top_k, rank_checkpoints
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
@@ -19,22 +19,29 @@ log = logging.getLogger("asrforge.callbacks")
 
 class AverageCheckpoints(Callback):
     """Writes ``checkpoints/<metric>.ave_<k>best/`` (weights averaged over the k best checkpoints
-    by ``metric``, with its own manifest). Critical by default: a failed average is an error."""
+    by ``metric``, with its own manifest). Optional by default: the average is a copy that
+    ``asrforge average`` rebuilds from the checkpoints, so its failure is logged as an error with
+    that command and the run goes on (``critical: true`` makes it stop the run)."""
 
     name = "average_checkpoints"
-    critical = True
 
     class Options(Options):
-        metric: str = "wer"
-        """Manifest metric to rank checkpoints by (``wer``, ``cer``, ``loss``)."""
+        metric: EvalMetric = "wer"
+        """The evaluation metric (as in the checkpoints' manifests) to rank checkpoints by
+        (``wer``, ``cer``, ``loss``, ...)."""
         k: int = Field(default=5, gt=0)
         mode: Literal["min", "max"] | None = None
         """Default: ``min`` for error rates and losses."""
         after_each_eval: bool = False
         """Also re-average after every evaluation that changes the top-k."""
 
-    def __init__(self, metric: str = "wer", k: int = 5, mode: str | None = None,
-                 after_each_eval: bool = False):
+    def __init__(
+        self,
+        metric: str = "wer",
+        k: int = 5,
+        mode: str | None = None,
+        after_each_eval: bool = False,
+    ):
         self.metric, self.k, self.mode, self.after_each_eval = metric, k, mode, after_each_eval
         self.root: Path | None = None
         self._members: list[int] = []
@@ -52,10 +59,30 @@ class AverageCheckpoints(Callback):
         if not members:
             log.warning("average_checkpoints: no checkpoint has metric %r yet", self.metric)
             return
-        self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
+        try:
+            self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
+        except Exception as e:
+            mode = f" --mode {self.mode}" if self.mode else ""
+            log.error(
+                "average_checkpoints: averaging steps %s by %s FAILED (%s: %s); the checkpoints "
+                "are intact, rebuild the average with: asrforge average %s --metric %s --k %d%s",
+                members,
+                self.metric,
+                type(e).__name__,
+                e,
+                self.root.parent,
+                self.metric,
+                self.k,
+                mode,
+            )
+            raise
         self._members = members
-        log.info("average_checkpoints: averaged steps %s by %s into %s", members, self.metric,
-                 self.written)
+        log.info(
+            "average_checkpoints: averaged steps %s by %s into %s",
+            members,
+            self.metric,
+            self.written,
+        )
 
     def on_save(self, state: TrainState, *, path: Path, kind: str) -> None:
         if self.after_each_eval and self.root is not None and self._top() != self._members:

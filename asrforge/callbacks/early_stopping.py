@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from asrforge.callbacks.options import Options
+from asrforge.callbacks.options import EvalMetric, Options
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -23,15 +23,17 @@ class EarlyStopping(Callback):
     rank_zero_only = False  # every process must stop at the same step
 
     class Options(Options):
-        monitor: str = "wer"
-        """Key of the evaluation metrics to watch (``wer``, ``cer``, ``loss``, ...)."""
+        monitor: EvalMetric = "wer"
+        """The evaluation metric to watch (``wer``, ``cer``, ``loss``, ``wer_raw``, ...)."""
         mode: Literal["min", "max"] = "min"
         patience: int = Field(default=3, gt=0)
         """Evaluations without improvement before stopping."""
         min_delta: float = Field(default=0.0, ge=0)
         """An improvement smaller than this does not count."""
 
-    def __init__(self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+    def __init__(
+        self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0
+    ):
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
         self.best: float | None = None
         self.bad_evals = 0

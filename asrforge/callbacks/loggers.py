@@ -21,7 +21,14 @@ class _StepAverager:
         self.reset()
 
     def reset(self) -> None:
-        self.n, self.sums, self.samples, self.tokens, self.seconds, self.skipped = 0, {}, 0, 0, 0.0, 0
+        self.n, self.sums, self.samples, self.tokens, self.seconds, self.skipped = (
+            0,
+            {},
+            0,
+            0,
+            0.0,
+            0,
+        )
 
     def add(self, m: dict) -> None:
         self.n += 1
@@ -71,28 +78,59 @@ class MetricsJsonl(Callback):
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
         self.fh = open(Path(run.output_dir) / self.filename, "a", encoding="utf-8")  # noqa: SIM115
-        self._write({"event": "train_begin", "time": time.time(), "step": state.step,
-                     "n_params": run.n_params, "precision": run.precision, "device": run.device,
-                     "selection": run.selection})
+        self._write(
+            {
+                "event": "train_begin",
+                "time": time.time(),
+                "step": state.step,
+                "n_params": run.n_params,
+                "precision": run.precision,
+                "device": run.device,
+                "selection": run.selection,
+            }
+        )
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
         self.avg.add(metrics)
         if state.step % self.log_every == 0:
-            self._write({"event": "train", "step": state.step, "epoch": state.epoch,
-                         "time": time.time(), **self.avg.summary(metrics)})
+            self._write(
+                {
+                    "event": "train",
+                    "step": state.step,
+                    "epoch": state.epoch,
+                    "time": time.time(),
+                    **self.avg.summary(metrics),
+                }
+            )
             self.avg.reset()
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
-        self._write({"event": "eval", "step": state.step, "time": time.time(), **metrics,
-                     "save": decision.save, "reason": decision.reason})
+        self._write(
+            {
+                "event": "eval",
+                "step": state.step,
+                "time": time.time(),
+                **metrics,
+                "save": decision.save,
+                "reason": decision.reason,
+            }
+        )
 
     def on_save(self, state: TrainState, *, path: Path, kind: str) -> None:
         self._write({"event": "save", "step": state.step, "path": str(path), "kind": kind})
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.fh is not None:
-            self._write({"event": "train_end", "step": state.step, "status": result.status,
-                         "reason": result.reason, "best_step": result.best_step, "best": result.best})
+            self._write(
+                {
+                    "event": "train_end",
+                    "step": state.step,
+                    "status": result.status,
+                    "reason": result.reason,
+                    "best_step": result.best_step,
+                    "best": result.best,
+                }
+            )
             self.fh.close()
             self.fh = None
 
@@ -122,7 +160,10 @@ class TensorBoardLogger(Callback):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_every = self.log_every or run.config.train.log_every
-        self.writer = SummaryWriter(log_dir=str(Path(run.output_dir) / self.subdir), purge_step=state.step + 1 if state.step else None)
+        self.writer = SummaryWriter(
+            log_dir=str(Path(run.output_dir) / self.subdir),
+            purge_step=state.step + 1 if state.step else None,
+        )
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
         self.avg.add(metrics)
@@ -160,6 +201,9 @@ class LRMonitor(Callback):
 
     name = "lr_monitor"
     rank_zero_only = True
+
+    class Options(Options):
+        """No options: the groups and the warmup length come from the run."""
 
     def __init__(self):
         self.warmup_steps = 0

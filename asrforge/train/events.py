@@ -5,6 +5,11 @@ observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothin
 optional callback that raises is logged with its name and the run goes on; a critical one
 stops the run with :class:`CriticalCallbackError`.
 
+Each callback's state (``state_dict``) is saved in the checkpoint's ``callbacks.json`` under its
+:attr:`Callback.id` if it has one, else under its name, numbered from the second callback of that
+name on (``early_stopping``, ``early_stopping#2``, ...): several callbacks of one kind each resume
+their own state.
+
 Events and their payloads (every event also gets ``state: TrainState``):
 
 ============== ==================================================================================
@@ -14,14 +19,18 @@ on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, preci
 on_epoch_begin ``epoch: int``
 on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
 on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
-               ``grad_norm`` (before clipping; None when skipped), ``skipped`` (bool),
-               ``samples``, ``tokens``, ``step_seconds``
+               ``grad_norm`` (the global norm before clipping; None when it is inf or nan,
+               which skips the step), ``skipped`` (bool), ``samples``, ``tokens``,
+               ``step_seconds``
 on_eval_begin  ``split: str``
 on_eval_end    ``metrics: dict`` (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts,
-               ``per_language``), ``decision: Decision`` (save?, reason, stop?)
+               ``per_language``; :func:`eval_metric_names` lists the scalar ones),
+               ``decision: Decision`` (save?, reason, stop?)
 on_predict_end ``predictions: list[dict]`` — one per utterance: ``uid``, ``language``, ``ref``,
                ``hyp``, ``n_tokens``, flags
-on_save        ``path: Path``, ``kind: str`` (``step``, ``best``, ``final``, ``interrupt``)
+on_save        ``path: Path``, ``kind: str``: ``best`` (the selection policy's new best),
+               ``interrupt`` (saved on SIGTERM/SIGINT), ``final`` (after the last step),
+               ``step`` (any other save)
 on_epoch_end   ``epoch: int``
 on_train_end   ``result: FitResult``
 on_exception   ``error: BaseException`` (then the error propagates)
@@ -92,12 +101,17 @@ class Callback:
     """Base class: override the events you need. Every method gets ``state`` first.
 
     Attributes:
-        name: the registered name (used in logs and in the checkpoint's callback state).
-        critical: a critical callback's failure stops the run.
+        name: the registered name (used in logs).
+        id: the key of this callback's state in the checkpoint's ``callbacks.json``; None: the
+            name, numbered from the second callback of that name on (see the module docstring).
+        critical: a critical callback's failure stops the run (exit 1); an optional one's is
+            logged, with its traceback, and the run goes on. No built-in callback is critical:
+            each only observes, and what it writes is a log or can be rebuilt offline.
         rank_zero_only: called only on the main process (all file-writing callbacks).
     """
 
     name: str = "callback"
+    id: str | None = None
     critical: bool = False
     rank_zero_only: bool = True
 
@@ -125,7 +139,10 @@ class CallbackList:
     """Calls an event on every callback, in order, isolating optional failures."""
 
     def __init__(self, callbacks: list[Callback], *, is_main: bool = True):
-        self.callbacks = [c for c in callbacks if is_main or not c.rank_zero_only]
+        # Keys come from the whole list, so every process agrees on them.
+        keyed = zip(state_keys(callbacks), callbacks, strict=True)
+        self.keyed = [(k, c) for k, c in keyed if is_main or not c.rank_zero_only]
+        self.callbacks = [c for _, c in self.keyed]
         self.failures: dict[str, int] = {}
 
     def call(self, event: str, state: TrainState, **payload: Any) -> None:
@@ -141,13 +158,72 @@ class CallbackList:
                 self.failures[key] = self.failures.get(key, 0) + 1
                 log.error(
                     "callback %r failed in %s (%s: %s); the run goes on",
-                    cb.name, event, type(e).__name__, e, exc_info=self.failures[key] == 1,
+                    cb.name,
+                    event,
+                    type(e).__name__,
+                    e,
+                    exc_info=self.failures[key] == 1,
                 )
+        if event == "on_train_end" and self.failures:
+            # the errors may be thousands of lines up: repeat them where the run's end is read
+            log.error(
+                "optional callbacks failed during this run (callback.event: times): %s",
+                ", ".join(f"{k}: {n}" for k, n in self.failures.items()),
+            )
 
     def state_dict(self) -> dict[str, dict]:
-        return {cb.name: cb.state_dict() for cb in self.callbacks}
+        return {key: cb.state_dict() for key, cb in self.keyed}
 
     def load_state_dict(self, states: dict[str, dict]) -> None:
-        for cb in self.callbacks:
-            if cb.name in states:
-                cb.load_state_dict(states[cb.name])
+        for key, cb in self.keyed:
+            if key in states:
+                cb.load_state_dict(states[key])
+
+
+def state_keys(callbacks: list[Callback]) -> list[str]:
+    """Each callback's key in ``callbacks.json``: its ``id``, else its name, then ``name#2``,
+    ``name#3``, ... for later callbacks of the same name. The first keeps the bare name, so a
+    checkpoint written when state was keyed by name alone still resumes it.
+
+    Raises:
+        ValueError: two callbacks would share a key (an ``id`` given twice, or equal to another
+            callback's key).
+    """
+    keys: list[str] = []
+    seen: dict[str, int] = {}
+    for cb in callbacks:
+        if cb.id is not None:
+            key = cb.id
+        else:
+            seen[cb.name] = seen.get(cb.name, 0) + 1
+            key = cb.name if seen[cb.name] == 1 else f"{cb.name}#{seen[cb.name]}"
+        if key in keys:
+            raise ValueError(f"two callbacks would save their state under {key!r}: give each an id")
+        keys.append(key)
+    return keys
+
+
+def eval_metric_names() -> tuple[str, ...]:
+    """The scalar metrics every evaluation produces (the ``on_eval_end`` payload's numbers): what
+    an early-stopping ``monitor``, an averaging ``metric`` or a ``checkpoint.keep_best`` metric
+    may name. Read from the evaluation code itself, by summarizing one probe prediction."""
+    from asrforge.text import repetition_flags
+    from asrforge.train.evaluate import summarize
+
+    probe = {
+        "uid": "probe",
+        "language": "en",
+        "ref": "a",
+        "hyp": "a",
+        "n_tokens": 1,
+        "loss": 0.0,
+        "n_label_tokens": 1,
+        **repetition_flags("a", n_tokens=1, max_new_tokens=2),
+    }
+    return tuple(
+        sorted(
+            k
+            for k, v in summarize([probe]).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        )
+    )

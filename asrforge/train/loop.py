@@ -352,7 +352,7 @@ class Trainer:
                         state.should_save = True
                     if state.should_save:
                         save(
-                            "step",
+                            "interrupt" if self._signal is not None else "step",
                             last_metrics if state.last_eval_step == state.step else None,
                             is_best,
                         )
