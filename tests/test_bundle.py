@@ -509,3 +509,55 @@ def test_tensors_that_do_not_fit_the_config_are_named(bundle_dir, tmp_path) -> N
         _reseal(copy)
         with pytest.raises(CheckpointNotSupportedError, match=message):
             load_bundle(copy)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI reports every problem at once, and write failures in one line
+
+
+def cli_problems(capsys) -> list[str]:
+    """The problems of a failed command's one error message (no traceback), in order."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [x for x in err.strip().splitlines() if not re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", x)]
+    assert lines[0].startswith("asrforge: error:"), err
+    if len(lines) == 1:
+        return [lines[0].removeprefix("asrforge: error: ")]
+    assert lines[0] == f"asrforge: error: {len(lines) - 1} problems:", err
+    return [x.strip() for x in lines[1:]]
+
+
+def test_transcribe_reports_the_model_and_every_audio_problem_at_once(tmp_path, capsys):
+    (tmp_path / "clips").mkdir()
+    argv = [str(tmp_path / "no-bundle"), str(tmp_path / "missing.wav"), str(tmp_path / "clips")]
+    assert main(["transcribe", *argv, "--batch-size", "0"]) == 2
+    assert cli_problems(capsys) == [
+        "--batch-size: must be >= 1, got 0",
+        f"{tmp_path / 'no-bundle'}: no such bundle directory",
+        f"{tmp_path / 'missing.wav'}: no such audio file",
+        f"{tmp_path / 'clips'}: a directory, not an audio file",
+    ]
+
+
+def test_a_directory_given_as_audio_is_named_a_directory(bundle, bundle_dir, tmp_path, capsys):
+    assert main(["transcribe", str(bundle_dir), str(tmp_path)]) == 2
+    assert cli_problems(capsys) == [f"{tmp_path}: a directory, not an audio file"]
+    with pytest.raises(UserError, match="a directory, not an audio file"):
+        bundle.transcribe(tmp_path)
+
+
+def test_export_reports_the_source_and_the_target_at_once(tmp_path, capsys) -> None:
+    (tmp_path / "a-file").write_text("mine")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    argv = ["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "a-file" / "b")]
+    assert main([*argv, "--k", "0"]) == 2
+    assert cli_problems(capsys) == [
+        "--k: must be >= 1, got 0",
+        f"{tmp_path / 'nothing'}: no such directory",
+        f"--out {tmp_path / 'a-file' / 'b'}: a parent of it is a file, not a directory",
+    ]
+    for out, problem in (("a-file", "exists and is not a directory"), ("loop", "a symlink loop")):
+        assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / out)]) == 2
+        assert problem in cli_problems(capsys)[1]
+    assert (tmp_path / "a-file").read_text() == "mine"

@@ -304,6 +304,8 @@ class Bundle:
         if isinstance(audio, bytes | bytearray):
             return decode_audio(bytes(audio), SAMPLE_RATE)
         if isinstance(audio, str | Path):
+            if Path(audio).is_dir():
+                raise UserError(f"{audio}: a directory, not an audio file")
             if not Path(audio).is_file():
                 raise UserError(f"{audio}: no such audio file")
             return decode_audio(Path(audio), SAMPLE_RATE)
