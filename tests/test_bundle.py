@@ -6,6 +6,7 @@ damage a bundle work on copies.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -520,7 +521,9 @@ def cli_problems(capsys) -> list[str]:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     lines = [x for x in err.strip().splitlines() if not re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", x)]
-    assert lines[0].startswith("asrforge: error:"), err
+    errors = [i for i, x in enumerate(lines) if x.startswith("asrforge: error:")]
+    assert len(errors) == 1, err
+    lines = lines[errors[0] :]  # after what the command said it was doing
     if len(lines) == 1:
         return [lines[0].removeprefix("asrforge: error: ")]
     assert lines[0] == f"asrforge: error: {len(lines) - 1} problems:", err
@@ -561,3 +564,63 @@ def test_export_reports_the_source_and_the_target_at_once(tmp_path, capsys) -> N
         assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / out)]) == 2
         assert problem in cli_problems(capsys)[1]
     assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def _no_space(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_export_and_average_on_a_full_disk_fail_in_one_line(trained_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["export", str(trained_run), "--out", str(out / "kept")]) == 0
+    kept = read_manifest(out / "kept")
+    capsys.readouterr()
+    commands = {
+        "export-new": ["export", str(trained_run), "--out", str(out / "bundle")],
+        "export-over": ["export", str(trained_run), "--out", str(out / "kept")],
+        "average": ["average", str(trained_run), "--k", "2", "--out", str(out / "avg")],
+    }
+    for name, argv in commands.items():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("asrforge.checkpoint.atomic.fsync_file", _no_space)
+            assert main(argv) == 1, name  # the disk, not the input, is at fault
+        (message,) = cli_problems(capsys)
+        assert f"could not write {argv[-1]}: No space left on device (errno 28)" in message
+    # nothing half-written, and the bundle that was there is whole
+    assert sorted(p.name for p in out.iterdir()) == ["kept"]
+    assert read_manifest(out / "kept") == kept and load_bundle(out / "kept")
+
+
+def test_average_onto_a_file_is_an_input_error(trained_run, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    assert main(["average", str(trained_run), "--k", "2", "--out", str(tmp_path / "a-file")]) == 2
+    assert str(tmp_path / "a-file") in cli_problems(capsys)[0]
+    assert (tmp_path / "a-file").read_text() == "mine" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_checkpoint_weights_that_are_not_safetensors_are_named(
+    trained_run, tones_dir, tmp_path, capsys
+):
+    """A checkpoint built wrong (its manifest rewritten to match): export, evaluate and average
+    name the file instead of a safetensors traceback."""
+    from asrforge.checkpoint.manifest import write_manifest
+
+    run = _copy(trained_run, tmp_path / "run")
+    for ckpt in (run / "checkpoints").glob("step-*"):
+        (ckpt / "model.safetensors").write_bytes(b"not safetensors" * 16)
+        meta = {
+            k: v for k, v in read_manifest(ckpt).items() if k not in ("format_version", "files")
+        }
+        write_manifest(ckpt, meta)
+    ckpt = run / "checkpoints" / "step-000004"
+    for argv in (
+        ["export", str(ckpt), "--out", str(tmp_path / "b"), "--weights", "raw"],
+        ["export", str(ckpt), "--out", str(tmp_path / "b")],  # EMA over the raw weights
+        ["evaluate", str(ckpt), "--data", str(tones_dir)],
+        ["average", str(run), "--k", "2", "--metric", "loss"],
+    ):
+        assert main(argv) == 2, argv
+        (message,) = cli_problems(capsys)
+        assert re.search(r"step-00000\d/model\.safetensors: not a readable safetensors", message)
+    assert not (tmp_path / "b").exists()
