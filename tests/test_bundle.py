@@ -475,7 +475,7 @@ def test_a_newer_major_version_is_refused_naming_the_version(bundle_dir, tmp_pat
     info.update(bundle_version="2.0.0", asrforge_version="3.1.0", new_field={"x": 1})
     (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
     _reseal(copy)
-    with pytest.raises(CheckpointNotSupportedError, match=r"2\.0\.0.*asrforge >= 3\.1\.0.*1\.x"):
+    with pytest.raises(CheckpointNotSupportedError, match=r"2\.0\.0.*1\.x.*asrforge >= 3\.1\.0"):
         load_bundle(copy)
 
     info.update(bundle_version="1.7.0")  # newer minor: unknown optional fields are dropped
@@ -624,3 +624,105 @@ def test_checkpoint_weights_that_are_not_safetensors_are_named(
         (message,) = cli_problems(capsys)
         assert re.search(r"step-00000\d/model\.safetensors: not a readable safetensors", message)
     assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that pass the manifest (a bundle built wrong) but are malformed: named, exit 2
+
+
+def _edit_json(name: str, edit):
+    def apply(directory: Path) -> None:
+        path = directory / name
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+    return apply
+
+
+def _write(name: str, content: bytes):
+    return lambda directory: (directory / name).write_bytes(content)
+
+
+MALFORMED = {
+    "config-type": (
+        _edit_json("config.json", lambda c: {**c, "encoder_layers": "two"}),
+        r"config\.json: encoder_layers must be int, got 'two'",
+    ),
+    "config-bool": (
+        _edit_json("config.json", lambda c: {**c, "scale_embedding": "yes"}),
+        r"config\.json: scale_embedding must be bool, got 'yes'",
+    ),
+    "tokenizer-list": (_write("tokenizer.json", b"[1, 2]"), r"tokenizer\.json: not a tokenizers"),
+    "tokenizer-no-model": (
+        _edit_json("tokenizer.json", lambda t: {k: v for k, v in t.items() if k != "model"}),
+        r"tokenizer\.json: not a tokenizers file",
+    ),
+    "tokenizer-vocab": (
+        _edit_json("tokenizer.json", lambda t: {**t, "model": {**t["model"], "vocab": [1]}}),
+        r"tokenizer\.json: not a tokenizers file: invalid type",
+    ),
+    "preprocessor-garbage": (
+        _write("preprocessor_config.json", b"\x00\x01 garbage"),
+        r"preprocessor_config\.json: not valid JSON",
+    ),
+    "preprocessor-mels": (
+        _edit_json("preprocessor_config.json", lambda c: {**c, "feature_size": 3}),
+        r"preprocessor_config\.json: feature_size 3 \(the inference_config\.json features say 80\)",
+    ),
+    "generation-garbage": (
+        _write("generation_config.json", b"garbage"),
+        r"generation_config\.json: not valid JSON",
+    ),
+    "generation-list": (_write("generation_config.json", b"[1]"), r"not a JSON object"),
+    "generation-prompt": (
+        _edit_json("generation_config.json", lambda c: {**c, "decoder_start_token_id": 7}),
+        r"generation_config\.json: decoder_start_token_id 7 \(the tokenizer's: \d+\)",
+    ),
+    "generation-type": (
+        _edit_json("generation_config.json", lambda c: {**c, "max_length": "long"}),
+        r"generation_config\.json: max_length must be int, got 'long'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_file_that_passes_the_manifest_is_named(bundle_dir, tmp_path, capsys, case):
+    edit, message = MALFORMED[case]
+    copy = _copy(bundle_dir, tmp_path / "bundle")
+    edit(copy)
+    _reseal(copy)  # built wrong, not tampered with: the checksums pass
+    with pytest.raises(UserError, match=message):
+        load_bundle(copy)
+    wav = tmp_path / "x.wav"
+    sf.write(wav, np.zeros(1600, dtype=np.float32), 16_000)
+    assert main(["transcribe", str(copy), str(wav)]) == 2
+    (problem,) = cli_problems(capsys)
+    assert re.search(message, problem), problem
+
+
+def test_a_training_checkpoint_or_run_given_as_a_bundle_says_how_to_export(trained_run):
+    best = trained_run / "checkpoints" / "best"
+    for path, what in ((best, "a training checkpoint"), (trained_run, "a training run directory")):
+        with pytest.raises(CheckpointNotSupportedError) as e:
+            load_bundle(path)
+        assert str(e.value) == (
+            f"{path}: {what}, not an inference bundle; export it first: "
+            f"asrforge export {path} --out BUNDLE_DIR"
+        )
+
+
+def test_a_newer_bundle_from_a_writer_no_newer_than_us_names_both_versions(bundle_dir, tmp_path):
+    from asrforge.bundle.schema import BUNDLE_VERSION, asrforge_version
+
+    copy = _copy(bundle_dir, tmp_path / "v2")
+    info = json.loads((copy / INFERENCE_CONFIG).read_text())
+    info.update(bundle_version="2.0.0", asrforge_version=asrforge_version())
+    (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
+    _reseal(copy)
+    with pytest.raises(CheckpointNotSupportedError) as e:
+        load_bundle(copy)
+    message = str(e.value)
+    assert "bundle_version 2.0.0 is newer than this asrforge supports" in message
+    assert (
+        f"asrforge {asrforge_version()} reads bundle format 1.x (up to {BUNDLE_VERSION})" in message
+    )
+    assert "asrforge >=" not in message  # the writer's version is no minimum to upgrade to
