@@ -1,11 +1,16 @@
 """Loading an inference bundle and transcribing with it, with no training code imported.
 
-:func:`load_bundle` checks, in this order, before any weight is read: every file against the
-manifest's sha256 (and the manifest against its own seal), that no file could hold a pickle
-(``.bin``, ``.pt``, ...) and every file is listed, the bundle version, the ``inference_config.json``
-schema, ``config.json`` against it, and the safetensors header's tensor names and shapes against
-the model ``config.json`` describes (built on the meta device). Weights are read with
-safetensors only: nothing in a bundle is ever unpickled.
+:func:`load_bundle` checks, in this order, before any weight is read: that the directory is not a
+training checkpoint or run (which must be exported first), every file against the manifest's
+sha256 (and the manifest against its own seal), that no file could hold a pickle (``.bin``,
+``.pt``, ...) and every file is listed, the bundle version, the ``inference_config.json`` schema,
+``config.json``'s field types and its shape against the inference config, and the safetensors
+header's tensor names and shapes against the model ``config.json`` describes (built on the meta
+device). After the weights: ``tokenizer.json`` (readable by tokenizers), and
+``preprocessor_config.json`` and ``generation_config.json``, which transformers reads instead of
+the inference config, against it and the tokenizer. A file that passes the manifest but is
+malformed is named with what is wrong. Weights are read with safetensors only: nothing in a
+bundle is ever unpickled.
 """
 
 from __future__ import annotations
