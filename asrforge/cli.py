@@ -8,12 +8,14 @@ config, a path, a file): one message naming what is wrong, no traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 import time
 from collections.abc import Callable
 
+from asrforge.checkpoint.atomic import describe_os_error, directory_problem
 from asrforge.errors import CheckpointSaveError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
@@ -57,6 +59,8 @@ def _run_train(args) -> int:
 
     t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
+    if problem := directory_problem(cfg.output_dir):
+        raise UserError(f"output_dir: {problem}")
     t_config = time.perf_counter() - t1
 
     from asrforge.callbacks import build_callbacks
@@ -126,9 +130,40 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return 2
+    except (CheckpointSaveError, OSError) as e:
+        # A write the OS refused outside a training run (export, average, ...; `train` reports
+        # its own): one line, no traceback. Nothing was half-written: writes are atomic.
+        print(f"asrforge: error: {_describe_write_failure(e)}", file=sys.stderr)
+        return 2 if _path_at_fault(e) else 1
     except KeyboardInterrupt:
         print("asrforge: interrupted", file=sys.stderr)
         return 130
+
+
+# The path the user named is at fault (exit 2), unlike a full disk or an I/O error (exit 1).
+_PATH_ERRNOS = {
+    errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENOENT, errno.EACCES,
+    errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
+}  # fmt: skip
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind ``e`` (itself, or what a CheckpointSaveError wraps)."""
+    if isinstance(e, OSError):
+        return e
+    return e.__cause__ if isinstance(e.__cause__, OSError) else None
+
+
+def _describe_write_failure(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename is not None else ""
+        return f"{where}{describe_os_error(e)}"
+    return str(e)
+
+
+def _path_at_fault(e: BaseException) -> bool:
+    cause = _os_error(e)
+    return cause is not None and cause.errno in _PATH_ERRNOS
 
 
 if __name__ == "__main__":

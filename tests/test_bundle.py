@@ -6,6 +6,7 @@ damage a bundle work on copies.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -474,7 +475,7 @@ def test_a_newer_major_version_is_refused_naming_the_version(bundle_dir, tmp_pat
     info.update(bundle_version="2.0.0", asrforge_version="3.1.0", new_field={"x": 1})
     (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
     _reseal(copy)
-    with pytest.raises(CheckpointNotSupportedError, match=r"2\.0\.0.*asrforge >= 3\.1\.0.*1\.x"):
+    with pytest.raises(CheckpointNotSupportedError, match=r"2\.0\.0.*1\.x.*asrforge >= 3\.1\.0"):
         load_bundle(copy)
 
     info.update(bundle_version="1.7.0")  # newer minor: unknown optional fields are dropped
@@ -509,3 +510,219 @@ def test_tensors_that_do_not_fit_the_config_are_named(bundle_dir, tmp_path) -> N
         _reseal(copy)
         with pytest.raises(CheckpointNotSupportedError, match=message):
             load_bundle(copy)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI reports every problem at once, and write failures in one line
+
+
+def cli_problems(capsys) -> list[str]:
+    """The problems of a failed command's one error message (no traceback), in order."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [x for x in err.strip().splitlines() if not re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", x)]
+    errors = [i for i, x in enumerate(lines) if x.startswith("asrforge: error:")]
+    assert len(errors) == 1, err
+    lines = lines[errors[0] :]  # after what the command said it was doing
+    if len(lines) == 1:
+        return [lines[0].removeprefix("asrforge: error: ")]
+    assert lines[0] == f"asrforge: error: {len(lines) - 1} problems:", err
+    return [x.strip() for x in lines[1:]]
+
+
+def test_transcribe_reports_the_model_and_every_audio_problem_at_once(tmp_path, capsys):
+    (tmp_path / "clips").mkdir()
+    argv = [str(tmp_path / "no-bundle"), str(tmp_path / "missing.wav"), str(tmp_path / "clips")]
+    assert main(["transcribe", *argv, "--batch-size", "0"]) == 2
+    assert cli_problems(capsys) == [
+        "--batch-size: must be >= 1, got 0",
+        f"{tmp_path / 'no-bundle'}: no such bundle directory",
+        f"{tmp_path / 'missing.wav'}: no such audio file",
+        f"{tmp_path / 'clips'}: a directory, not an audio file",
+    ]
+
+
+def test_a_directory_given_as_audio_is_named_a_directory(bundle, bundle_dir, tmp_path, capsys):
+    assert main(["transcribe", str(bundle_dir), str(tmp_path)]) == 2
+    assert cli_problems(capsys) == [f"{tmp_path}: a directory, not an audio file"]
+    with pytest.raises(UserError, match="a directory, not an audio file"):
+        bundle.transcribe(tmp_path)
+
+
+def test_export_reports_the_source_and_the_target_at_once(tmp_path, capsys) -> None:
+    (tmp_path / "a-file").write_text("mine")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    argv = ["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "a-file" / "b")]
+    assert main([*argv, "--k", "0"]) == 2
+    assert cli_problems(capsys) == [
+        "--k: must be >= 1, got 0",
+        f"{tmp_path / 'nothing'}: no such directory",
+        f"--out {tmp_path / 'a-file' / 'b'}: a parent of it is a file, not a directory",
+    ]
+    for out, problem in (("a-file", "exists and is not a directory"), ("loop", "a symlink loop")):
+        assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / out)]) == 2
+        assert problem in cli_problems(capsys)[1]
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def _no_space(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_export_and_average_on_a_full_disk_fail_in_one_line(trained_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["export", str(trained_run), "--out", str(out / "kept")]) == 0
+    kept = read_manifest(out / "kept")
+    capsys.readouterr()
+    commands = {
+        "export-new": ["export", str(trained_run), "--out", str(out / "bundle")],
+        "export-over": ["export", str(trained_run), "--out", str(out / "kept")],
+        "average": ["average", str(trained_run), "--k", "2", "--out", str(out / "avg")],
+    }
+    for name, argv in commands.items():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("asrforge.checkpoint.atomic.fsync_file", _no_space)
+            assert main(argv) == 1, name  # the disk, not the input, is at fault
+        (message,) = cli_problems(capsys)
+        assert f"could not write {argv[-1]}: No space left on device (errno 28)" in message
+    # nothing half-written, and the bundle that was there is whole
+    assert sorted(p.name for p in out.iterdir()) == ["kept"]
+    assert read_manifest(out / "kept") == kept and load_bundle(out / "kept")
+
+
+def test_average_onto_a_file_is_an_input_error(trained_run, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    assert main(["average", str(trained_run), "--k", "2", "--out", str(tmp_path / "a-file")]) == 2
+    assert str(tmp_path / "a-file") in cli_problems(capsys)[0]
+    assert (tmp_path / "a-file").read_text() == "mine" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_checkpoint_weights_that_are_not_safetensors_are_named(
+    trained_run, tones_dir, tmp_path, capsys
+):
+    """A checkpoint built wrong (its manifest rewritten to match): export, evaluate and average
+    name the file instead of a safetensors traceback."""
+    from asrforge.checkpoint.manifest import write_manifest
+
+    run = _copy(trained_run, tmp_path / "run")
+    for ckpt in (run / "checkpoints").glob("step-*"):
+        (ckpt / "model.safetensors").write_bytes(b"not safetensors" * 16)
+        meta = {
+            k: v for k, v in read_manifest(ckpt).items() if k not in ("format_version", "files")
+        }
+        write_manifest(ckpt, meta)
+    ckpt = run / "checkpoints" / "step-000004"
+    for argv in (
+        ["export", str(ckpt), "--out", str(tmp_path / "b"), "--weights", "raw"],
+        ["export", str(ckpt), "--out", str(tmp_path / "b")],  # EMA over the raw weights
+        ["evaluate", str(ckpt), "--data", str(tones_dir)],
+        ["average", str(run), "--k", "2", "--metric", "loss"],
+    ):
+        assert main(argv) == 2, argv
+        (message,) = cli_problems(capsys)
+        assert re.search(r"step-00000\d/model\.safetensors: not a readable safetensors", message)
+    assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that pass the manifest (a bundle built wrong) but are malformed: named, exit 2
+
+
+def _edit_json(name: str, edit):
+    def apply(directory: Path) -> None:
+        path = directory / name
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+    return apply
+
+
+def _write(name: str, content: bytes):
+    return lambda directory: (directory / name).write_bytes(content)
+
+
+MALFORMED = {
+    "config-type": (
+        _edit_json("config.json", lambda c: {**c, "encoder_layers": "two"}),
+        r"config\.json: encoder_layers must be int, got 'two'",
+    ),
+    "config-bool": (
+        _edit_json("config.json", lambda c: {**c, "scale_embedding": "yes"}),
+        r"config\.json: scale_embedding must be bool, got 'yes'",
+    ),
+    "tokenizer-list": (_write("tokenizer.json", b"[1, 2]"), r"tokenizer\.json: not a tokenizers"),
+    "tokenizer-no-model": (
+        _edit_json("tokenizer.json", lambda t: {k: v for k, v in t.items() if k != "model"}),
+        r"tokenizer\.json: not a tokenizers file",
+    ),
+    "tokenizer-vocab": (
+        _edit_json("tokenizer.json", lambda t: {**t, "model": {**t["model"], "vocab": [1]}}),
+        r"tokenizer\.json: not a tokenizers file: invalid type",
+    ),
+    "preprocessor-garbage": (
+        _write("preprocessor_config.json", b"\x00\x01 garbage"),
+        r"preprocessor_config\.json: not valid JSON",
+    ),
+    "preprocessor-mels": (
+        _edit_json("preprocessor_config.json", lambda c: {**c, "feature_size": 3}),
+        r"preprocessor_config\.json: feature_size 3 \(the inference_config\.json features say 80\)",
+    ),
+    "generation-garbage": (
+        _write("generation_config.json", b"garbage"),
+        r"generation_config\.json: not valid JSON",
+    ),
+    "generation-list": (_write("generation_config.json", b"[1]"), r"not a JSON object"),
+    "generation-prompt": (
+        _edit_json("generation_config.json", lambda c: {**c, "decoder_start_token_id": 7}),
+        r"generation_config\.json: decoder_start_token_id 7 \(the tokenizer's: \d+\)",
+    ),
+    "generation-type": (
+        _edit_json("generation_config.json", lambda c: {**c, "max_length": "long"}),
+        r"generation_config\.json: max_length must be int, got 'long'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_file_that_passes_the_manifest_is_named(bundle_dir, tmp_path, capsys, case):
+    edit, message = MALFORMED[case]
+    copy = _copy(bundle_dir, tmp_path / "bundle")
+    edit(copy)
+    _reseal(copy)  # built wrong, not tampered with: the checksums pass
+    with pytest.raises(UserError, match=message):
+        load_bundle(copy)
+    wav = tmp_path / "x.wav"
+    sf.write(wav, np.zeros(1600, dtype=np.float32), 16_000)
+    assert main(["transcribe", str(copy), str(wav)]) == 2
+    (problem,) = cli_problems(capsys)
+    assert re.search(message, problem), problem
+
+
+def test_a_training_checkpoint_or_run_given_as_a_bundle_says_how_to_export(trained_run):
+    best = trained_run / "checkpoints" / "best"
+    for path, what in ((best, "a training checkpoint"), (trained_run, "a training run directory")):
+        with pytest.raises(CheckpointNotSupportedError) as e:
+            load_bundle(path)
+        assert str(e.value) == (
+            f"{path}: {what}, not an inference bundle; export it first: "
+            f"asrforge export {path} --out BUNDLE_DIR"
+        )
+
+
+def test_a_newer_bundle_from_a_writer_no_newer_than_us_names_both_versions(bundle_dir, tmp_path):
+    from asrforge.bundle.schema import BUNDLE_VERSION, asrforge_version
+
+    copy = _copy(bundle_dir, tmp_path / "v2")
+    info = json.loads((copy / INFERENCE_CONFIG).read_text())
+    info.update(bundle_version="2.0.0", asrforge_version=asrforge_version())
+    (copy / INFERENCE_CONFIG).write_text(json.dumps(info))
+    _reseal(copy)
+    with pytest.raises(CheckpointNotSupportedError) as e:
+        load_bundle(copy)
+    message = str(e.value)
+    assert "bundle_version 2.0.0 is newer than this asrforge supports" in message
+    assert (
+        f"asrforge {asrforge_version()} reads bundle format 1.x (up to {BUNDLE_VERSION})" in message
+    )
+    assert "asrforge >=" not in message  # the writer's version is no minimum to upgrade to

@@ -16,6 +16,7 @@ from asrforge.checkpoint import atomic, manifest
 from asrforge.checkpoint.atomic import (
     atomic_directory,
     atomic_write_text,
+    directory_problem,
     recover_interrupted,
 )
 from asrforge.checkpoint.manifest import FORMAT_VERSION, verify, write_manifest
@@ -391,3 +392,50 @@ def test_whisper_tied_weights_round_trip(tmp_path):
 
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert "proj_out.weight" not in f.keys() and ALIASES_KEY in f.metadata()
+
+
+def test_a_full_disk_under_safetensors_is_an_os_error_naming_the_file(tmp_path):
+    """safetensors reports its write errors as SafetensorError: given back as the OSError it
+    is, the atomic writers turn it into one line and remove the half-written directory."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the cap fail, EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, hard))
+    try:
+        with pytest.raises(OSError) as ei:
+            save_weights(tmp_path / "w.safetensors", {"w": torch.zeros(100_000)})
+        with pytest.raises(CheckpointSaveError, match=r"ckpt: File too large \(errno 27\)"):
+            with atomic_directory(tmp_path / "ckpt") as tmp:
+                save_weights(tmp / "w.safetensors", {"w": torch.zeros(100_000)})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert ei.value.errno == errno.EFBIG and ei.value.filename == str(tmp_path / "w.safetensors")
+    assert _entries(tmp_path) == []  # nothing half-written: no ckpt, no .tmp-*
+
+
+def test_a_file_that_is_not_safetensors_is_named(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"not safetensors at all" * 8)
+    for read in (load_weights, weights_aliases):
+        with pytest.raises(CheckpointCorruptError, match=r"model\.safetensors: not a readable"):
+            read(path)
+
+
+def test_directory_problem_names_what_is_in_the_way(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "dir").mkdir()
+    assert directory_problem(tmp_path / "dir") is None
+    assert directory_problem(tmp_path / "new" / "deeper") is None  # created with its parents
+    problems = {
+        "file": "exists and is not a directory",
+        "file/sub": "a parent of it is a file",
+        "loop": "a symlink loop",
+        "dangling": f"a broken symlink (to {tmp_path / 'nowhere'})",
+    }
+    for rel, want in problems.items():
+        assert str(directory_problem(tmp_path / rel)).startswith(f"{tmp_path / rel}: {want}"), rel

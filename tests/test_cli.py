@@ -7,7 +7,9 @@ import argparse
 import subprocess
 import sys
 
-from asrforge.cli import HEAVY_COMMANDS, build_parser
+import yaml
+
+from asrforge.cli import HEAVY_COMMANDS, build_parser, main
 
 PROBE = """
 import sys
@@ -48,3 +50,33 @@ def test_heavy_commands_are_listed_with_their_modules_help():
         # named on the line, the command's real parser (its options, its help) is built
         real = _commands(build_parser(name)).choices[name]
         assert len(real._actions) > 1 and real.format_help()  # noqa: SLF001
+
+
+def _train_yaml(tmp_path, **fields) -> str:
+    path = tmp_path / "run.yaml"
+    data = {"path": str(tmp_path / "tones"), "generate": "tones"}
+    path.write_text(yaml.safe_dump({"data": data, "train": {"max_steps": 1}, **fields}))
+    return str(path)
+
+
+def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    assert main(["train", _train_yaml(tmp_path, output_dir=str(tmp_path / "a-file"))]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"asrforge: error: output_dir: {tmp_path / 'a-file'}: exists and is not a directory\n"
+    )
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
+    loop = tmp_path / "data" / "tones"
+    loop.parent.mkdir()
+    loop.symlink_to(loop)
+    config = _train_yaml(
+        tmp_path, output_dir=str(tmp_path / "run"), data={"path": str(loop), "generate": "tones"}
+    )
+    assert main(["train", config]) == 2
+    assert f"data.path: {loop}: a symlink loop" in capsys.readouterr().err
+    assert [p.name for p in loop.parent.iterdir()] == ["tones"]  # no tones.tmp beside it

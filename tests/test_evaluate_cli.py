@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from test_bundle import cli_error, one_thread, train_tiny_run  # noqa: F401  (one_thread: autouse)
+from test_bundle import (  # noqa: F401  (one_thread: autouse)
+    cli_error,
+    cli_problems,
+    one_thread,
+    train_tiny_run,
+)
 
 from asrforge.bundle.export import export_bundle
 from asrforge.checkpoint.manifest import read_manifest
@@ -84,3 +90,20 @@ def test_bad_input_exits_2_with_one_line(run, tones_dir, tmp_path, capsys) -> No
     ):
         assert main(argv) == 2, argv
         assert message in cli_error(capsys)
+
+
+def test_the_model_and_the_data_are_reported_at_once(run, tmp_path, capsys) -> None:
+    argv = ["evaluate", str(tmp_path / "none"), "--data", str(tmp_path / "nope")]
+    assert main([*argv, "--max-samples", "0"]) == 2
+    assert cli_problems(capsys) == [
+        "--max-samples: must be >= 1, got 0",
+        f"{tmp_path / 'none'}: no such directory",
+        f"--data {tmp_path / 'nope'}: no such directory",
+    ]
+    # a checkpoint that does not load is reported with the missing data
+    broken = tmp_path / "broken"
+    shutil.copytree(run / "checkpoints" / "best", broken)
+    (broken / "config.yaml").write_text("model: [1]\n")
+    assert main(["evaluate", str(broken), "--data", str(tmp_path / "nope")]) == 2
+    first, second = cli_problems(capsys)
+    assert "config.yaml" in first and second == f"--data {tmp_path / 'nope'}: no such directory"

@@ -11,9 +11,11 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
 
 
@@ -75,16 +77,39 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_evaluate)
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise UserError(f"{name}: must be >= 1, got {value}")
+def _positive(name: str, value: int | None) -> str | None:
+    """The problem with an option that must be >= 1 (None: unset), or None."""
+    return f"{name}: must be >= 1, got {value}" if value is not None and value < 1 else None
+
+
+def raise_problems(problems: list[str | None]) -> None:
+    """One UserError listing every problem (as config errors do); nothing when all are None."""
+    problems = [p for p in problems if p]
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    if problems:
+        raise UserError(f"{len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def audio_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as an audio file, or None (the decoder judges its contents)."""
+    if path.is_dir():
+        return f"{path}: a directory, not an audio file"
+    if not path.exists():
+        return f"{path}: no such audio file"
+    if not path.is_file():
+        return f"{path}: not a regular file"
+    return None
 
 
 def run_export(args: argparse.Namespace) -> int:
     from asrforge.bundle.export import export_bundle, resolve_source
 
-    _positive("--k", args.k)
-    kind, path = resolve_source(args.source)
+    problems = [_positive("--k", args.k)]
+    _kind, path = _attempt(lambda: resolve_source(args.source), problems) or (None, None)
+    if out_problem := directory_problem(args.out):
+        problems.append(f"--out {out_problem}")
+    raise_problems(problems)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
     out = export_bundle(
@@ -108,14 +133,16 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
-    _positive("--batch-size", args.batch_size)
-    _positive("--max-new-tokens", args.max_new_tokens)
-    for path in args.audio:
-        if not path.is_file():
-            raise UserError(f"{path}: no such audio file")
+    problems = [
+        _positive("--batch-size", args.batch_size),
+        _positive("--max-new-tokens", args.max_new_tokens),
+    ]
     from asrforge.bundle.load import load_bundle
 
-    bundle = load_bundle(args.bundle)
+    # the model first, then every audio file: all the problems in one message
+    bundle = _attempt(lambda: load_bundle(args.bundle), problems)
+    problems += [audio_problem(path) for path in args.audio]
+    raise_problems(problems)
     waves = [bundle.load_audio(p) for p in args.audio]
     results = bundle.recognize(
         waves, args.language, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens
@@ -138,24 +165,29 @@ def run_transcribe(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    _positive("--batch-size", args.batch_size)
-    _positive("--max-new-tokens", args.max_new_tokens)
-    _positive("--max-samples", args.max_samples)
-    if not args.data.is_dir():
-        raise UserError(f"--data {args.data}: no such directory")
-    if not args.model.is_dir():
-        raise UserError(f"{args.model}: no such directory")
+    problems = [
+        _positive("--batch-size", args.batch_size),
+        _positive("--max-new-tokens", args.max_new_tokens),
+        _positive("--max-samples", args.max_samples),
+    ]
     from asrforge.bundle.export import bundle_from_checkpoint
     from asrforge.bundle.load import load_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG
     from asrforge.train.evaluate import evaluate_split
 
-    if (args.model / INFERENCE_CONFIG).is_file():
+    bundle = None
+    if not args.model.is_dir():  # the model first, then the data: every problem in one message
+        problems.append(f"{args.model}: no such directory")
+    elif (args.model / INFERENCE_CONFIG).is_file():
         if args.weights is not None:
-            raise UserError("--weights applies to checkpoints; a bundle has one set of weights")
-        bundle = load_bundle(args.model)
+            problems.append("--weights applies to checkpoints; a bundle has one set of weights")
+        else:
+            bundle = _attempt(lambda: load_bundle(args.model), problems)
     else:
-        bundle = bundle_from_checkpoint(args.model, args.weights)
+        bundle = _attempt(lambda: bundle_from_checkpoint(args.model, args.weights), problems)
+    if not args.data.is_dir():
+        problems.append(f"--data {args.data}: no such directory")
+    raise_problems(problems)
     metrics, _preds, report = evaluate_split(
         bundle, args.data, args.split, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
@@ -178,6 +210,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
         )
         print(format_table(metrics))
     return 0
+
+
+def _attempt(load: Callable[[], Any], problems: list[str]) -> Any:
+    """``load()``, or None with its UserError's message appended to ``problems``."""
+    try:
+        return load()
+    except UserError as e:
+        problems.append(str(e))
+        return None
 
 
 def _plain(value: Any) -> Any:

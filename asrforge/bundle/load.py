@@ -1,11 +1,16 @@
 """Loading an inference bundle and transcribing with it, with no training code imported.
 
-:func:`load_bundle` checks, in this order, before any weight is read: every file against the
-manifest's sha256 (and the manifest against its own seal), that no file could hold a pickle
-(``.bin``, ``.pt``, ...) and every file is listed, the bundle version, the ``inference_config.json``
-schema, ``config.json`` against it, and the safetensors header's tensor names and shapes against
-the model ``config.json`` describes (built on the meta device). Weights are read with
-safetensors only: nothing in a bundle is ever unpickled.
+:func:`load_bundle` checks, in this order, before any weight is read: that the directory is not a
+training checkpoint or run (which must be exported first), every file against the manifest's
+sha256 (and the manifest against its own seal), that no file could hold a pickle (``.bin``,
+``.pt``, ...) and every file is listed, the bundle version, the ``inference_config.json`` schema,
+``config.json``'s field types and its shape against the inference config, and the safetensors
+header's tensor names and shapes against the model ``config.json`` describes (built on the meta
+device). After the weights: ``tokenizer.json`` (readable by tokenizers), and
+``preprocessor_config.json`` and ``generation_config.json``, which transformers reads instead of
+the inference config, against it and the tokenizer. A file that passes the manifest but is
+malformed is named with what is wrong. Weights are read with safetensors only: nothing in a
+bundle is ever unpickled.
 """
 
 from __future__ import annotations
@@ -37,9 +42,16 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError,
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 
+try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # older: a wrong type surfaces as TypeError or ValueError, if at all
+    StrictDataclassError = ValueError
+
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+GENERATION_CONFIG = "generation_config.json"
 SEAL_KEY = "bundle_seal"
 ALIASES_KEY = "asrforge_aliases"  # as written by asrforge.checkpoint.training.save_weights
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
@@ -70,7 +82,17 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: no such bundle directory")
+    if not (path / MANIFEST_NAME).is_file() and (path / "checkpoints").is_dir():
+        raise CheckpointNotSupportedError(
+            f"{path}: a training run directory, not an inference bundle; export it first: "
+            f"asrforge export {path} --out BUNDLE_DIR"
+        )
     manifest = read_manifest(path)
+    if INFERENCE_CONFIG not in manifest["files"] and "config.yaml" in manifest["files"]:
+        raise CheckpointNotSupportedError(
+            f"{path}: a training checkpoint, not an inference bundle; export it first: "
+            f"asrforge export {path} --out BUNDLE_DIR"
+        )
     seal = manifest.get(SEAL_KEY)
     if seal != manifest_digest(manifest):
         raise CheckpointCorruptError(
@@ -193,7 +215,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         raise CheckpointNotSupportedError(
             f"{path / 'config.json'}: model_type {hf_config.get('model_type')!r}, not 'whisper'"
         )
-    config = WhisperConfig.from_dict(hf_config)
+    config = _whisper_config(hf_config, path / "config.json")
     mismatched = [
         f"{name}: config.json {getattr(config, name)} != {INFERENCE_CONFIG} "
         f"{getattr(icfg.model, name)}"
@@ -221,7 +243,113 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         raise CheckpointNotSupportedError(
             f"{path}: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}"
         )
-    return Bundle(model, tokenizer, icfg, path=path, device=device)
+    bundle = Bundle(model, tokenizer, icfg, path=path, device=device)
+    # Bundle decodes with the inference config; transformers (from_pretrained, the ASR
+    # pipeline) reads these two files instead, so they must say the same.
+    check_preprocessor_config(path / PREPROCESSOR_CONFIG, icfg.features)
+    check_generation_config(path / GENERATION_CONFIG, bundle.specials)
+    return bundle
+
+
+def _whisper_config(data: dict[str, Any], where: Path) -> WhisperConfig:
+    """``config.json`` as a WhisperConfig; a field of the wrong type is named."""
+    defaults = WhisperConfig().to_dict()
+    check_field_types(data, {k: type(v) for k, v in defaults.items() if v is not None}, where)
+    try:
+        return WhisperConfig.from_dict(data)
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        reason = " ".join(str(e).split())  # one line
+        raise CheckpointCorruptError(f"{where}: not a valid Whisper config: {reason}") from None
+
+
+def check_field_types(data: dict[str, Any], types: dict[str, type], where: Path) -> None:
+    """Each field of ``data`` named in ``types`` must be of that type (or None); an int where a
+    float is due is fine, a bool where an int is due is not.
+
+    Raises:
+        CheckpointCorruptError: naming every field of the wrong type, with its value.
+    """
+    wrong = []
+    for key, value in data.items():
+        want = types.get(key)
+        if want is None or value is None:
+            continue
+        allowed = (int, float) if want is float else (want,)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and want is not bool):
+            wrong.append(f"{key} must be {want.__name__}, got {value!r}")
+    if wrong:
+        raise CheckpointCorruptError(f"{where}: " + "; ".join(wrong))
+
+
+GENERATION_TYPES = {
+    **dict.fromkeys(("decoder_start_token_id", "no_timestamps_token_id", "max_length"), int),
+    **dict.fromkeys(("bos_token_id", "pad_token_id", "max_initial_timestamp_index"), int),
+    **dict.fromkeys(("suppress_tokens", "begin_suppress_tokens", "alignment_heads"), list),
+    **dict.fromkeys(("lang_to_id", "task_to_id"), dict),
+    "is_multilingual": bool,
+    "return_timestamps": bool,
+}
+"""Types of the fields transformers' Whisper ``generate`` reads (most defaults are None, so
+they cannot be read off ``GenerationConfig()``)."""
+
+
+def check_preprocessor_config(path: Path, features: Any) -> None:
+    """``preprocessor_config.json`` must describe the front end the inference config records.
+
+    Raises:
+        CheckpointCorruptError: not a JSON object, not a WhisperFeatureExtractor, or a setting
+            that differs (named, with both values).
+    """
+    data = _read_json(path)
+    kind = data.get("feature_extractor_type")
+    if kind != "WhisperFeatureExtractor":
+        raise CheckpointCorruptError(
+            f"{path}: feature_extractor_type {kind!r}, not 'WhisperFeatureExtractor'"
+        )
+    differ = [
+        f"{name} {data.get(name)!r} (the {INFERENCE_CONFIG} features say {getattr(features, name)})"
+        for name in ("feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length")
+        if data.get(name) != getattr(features, name)
+    ]
+    if differ:
+        raise CheckpointCorruptError(f"{path}: " + "; ".join(differ))
+
+
+def check_generation_config(path: Path, specials: SpecialTokens) -> None:
+    """``generation_config.json`` must prompt and stop with the tokenizer's special tokens.
+
+    Raises:
+        CheckpointCorruptError: not a JSON object transformers accepts, or a token id that is
+            not the tokenizer's (named, with both values).
+    """
+    from transformers import GenerationConfig
+
+    data = _read_json(path)
+    check_field_types(data, GENERATION_TYPES, path)
+    try:
+        GenerationConfig.from_dict(dict(data))
+    except (TypeError, ValueError) as e:
+        raise CheckpointCorruptError(f"{path}: not a valid generation config: {e}") from None
+    eos = data.get("eos_token_id")
+    want: dict[str, Any] = {
+        "decoder_start_token_id": specials.sot,
+        "no_timestamps_token_id": specials.no_timestamps,
+        "eos_token_id": eos if isinstance(eos, list) and specials.eot in eos else specials.eot,
+        "is_multilingual": specials.multilingual,
+    }
+    if specials.multilingual:
+        want["lang_to_id"] = {
+            token: specials.languages.get(token.strip("<|>"))
+            for token in data.get("lang_to_id") or {}
+        }
+        want["task_to_id"] = dict(specials.tasks)
+    differ = [
+        f"{key} {data.get(key)!r} (the tokenizer's: {value!r})"
+        for key, value in want.items()
+        if data.get(key) != value
+    ]
+    if differ:
+        raise CheckpointCorruptError(f"{path}: " + "; ".join(differ))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -304,6 +432,8 @@ class Bundle:
         if isinstance(audio, bytes | bytearray):
             return decode_audio(bytes(audio), SAMPLE_RATE)
         if isinstance(audio, str | Path):
+            if Path(audio).is_dir():
+                raise UserError(f"{audio}: a directory, not an audio file")
             if not Path(audio).is_file():
                 raise UserError(f"{audio}: no such audio file")
             return decode_audio(Path(audio), SAMPLE_RATE)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Mapping
 from importlib import metadata
 from types import UnionType
@@ -267,10 +268,20 @@ def check_version(raw: Mapping[str, Any], where: str) -> tuple[int, int, int]:
     ours = parse_version(BUNDLE_VERSION, "asrforge")
     writer = raw.get("asrforge_version", "an unknown asrforge")
     if got[0] > ours[0]:
+        if _is_newer(writer, asrforge_version()):
+            need = (
+                f"it was written by asrforge {writer}, which reads bundle format {got[0]}.x: "
+                f"upgrade to asrforge >= {writer}"
+            )
+        else:  # a writer no newer than us cannot tell which asrforge reads it
+            need = (
+                f"upgrade asrforge to one that reads bundle format {got[0]}.x (the bundle says "
+                f"it was written by asrforge {writer})"
+            )
         raise CheckpointNotSupportedError(
-            f"{where}: bundle_version {raw['bundle_version']} (written by asrforge {writer}) needs "
-            f"an asrforge that reads bundle format {got[0]}.x, i.e. asrforge >= {writer}; this "
-            f"asrforge {asrforge_version()} reads bundle format {ours[0]}.x (up to {BUNDLE_VERSION})"
+            f"{where}: bundle_version {raw['bundle_version']} is newer than this asrforge "
+            f"supports: asrforge {asrforge_version()} reads bundle format {ours[0]}.x (up to "
+            f"{BUNDLE_VERSION}); {need}"
         )
     if got[0] < ours[0]:
         raise CheckpointNotSupportedError(
@@ -279,6 +290,18 @@ def check_version(raw: Mapping[str, Any], where: str) -> tuple[int, int, int]:
             f"asrforge {writer}"
         )
     return got
+
+
+def _is_newer(version: Any, than: str) -> bool:
+    """Whether the asrforge ``version`` is a release after ``than``, by their leading numbers
+    (``0.2.0.dev1`` > ``0.1.0``; False when ``version`` has none)."""
+
+    def numbers(text: Any) -> tuple[int, ...] | None:
+        found = re.match(r"\d+(\.\d+)*", str(text))
+        return tuple(int(n) for n in found.group().split(".")) if found else None
+
+    mine, theirs = numbers(than), numbers(version)
+    return theirs is not None and (mine is None or theirs > mine)
 
 
 def parse_inference_config(raw: Mapping[str, Any], where: str) -> BaseModel:

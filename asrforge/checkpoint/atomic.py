@@ -15,6 +15,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,30 @@ def describe_os_error(e: OSError) -> str:
     """``"No space left on device (errno 28)"``-style text for an OSError."""
     reason = e.strerror or str(e)
     return f"{reason} (errno {e.errno})" if e.errno is not None else reason
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be created (or replaced) as a directory, or None when it can.
+
+    Checked before a command writes there, so that a file, a broken symlink or a symlink loop in
+    the way is named plainly instead of surfacing as an error from deep inside a write.
+    """
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"{path}: a broken symlink (to {os.readlink(path)})"
+        return None  # created, with its missing parents
+    except NotADirectoryError:
+        return f"{path}: a parent of it is a file, not a directory"
+    except OSError as e:  # EACCES, ...
+        if e.errno == errno.ELOOP:
+            return f"{path}: a symlink loop ({describe_os_error(e)})"
+        return f"{path}: {describe_os_error(e)}"
+    if not stat.S_ISDIR(mode):
+        return f"{path}: exists and is not a directory"
+    return None
 
 
 def fsync_dir(path: Path) -> None:

@@ -30,7 +30,12 @@ from safetensors import safe_open
 
 from asrforge.checkpoint.atomic import atomic_directory
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
-from asrforge.checkpoint.training import MODEL_FILE, TRAINING_ONLY_FILES, save_weights
+from asrforge.checkpoint.training import (
+    MODEL_FILE,
+    TRAINING_ONLY_FILES,
+    save_weights,
+    weights_aliases,
+)
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 
 log = logging.getLogger(__name__)
@@ -180,6 +185,7 @@ def average_checkpoints(
         verify(p)
         if not (p / weights_file).is_file():
             raise CheckpointError(f"{p}: has no {weights_file} to average")
+        weights_aliases(p / weights_file)  # raises, naming a file that is not safetensors
     files = [p / weights_file for p in paths]
     names = check_same_parameters(files)
     k = len(paths)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -105,11 +106,25 @@ def save_weights(
     meta = {"format": "pt", **(metadata or {})}
     if aliases:
         meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
-    save_file(tensors, str(path), metadata=meta)
+    try:
+        save_file(tensors, str(path), metadata=meta)
+    except SafetensorError as e:
+        raise _write_error(e, Path(path)) from e
     # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
     # shared run directory stays readable by the group, like every other file of the checkpoint.
     os.chmod(path, 0o666 & ~_umask(path.parent))
     return aliases
+
+
+def _write_error(e: SafetensorError, path: Path) -> Exception:
+    """safetensors reports a failed write (a full disk, ...) as a SafetensorError; the atomic
+    writers around every save turn an OSError into a one-line CheckpointSaveError and remove
+    what was half-written, so the OS error is given back its errno and the file's name."""
+    found = re.search(r"os error (\d+)", str(e))
+    if found is None:
+        return CheckpointSaveError(f"{path}: safetensors could not write it: {e}")
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
 
 
 def _umask(directory: Path) -> int:
@@ -131,20 +146,38 @@ def _umask(directory: Path) -> int:
 
 
 def load_weights(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Read a safetensors file written by :func:`save_weights`, re-creating tied aliases."""
-    state = load_file(str(path), device=str(device))
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    for alias, kept in json.loads(metadata.get(ALIASES_KEY, "{}")).items():
+    """Read a safetensors file written by :func:`save_weights`, re-creating tied aliases.
+
+    Raises:
+        CheckpointCorruptError: the file is not safetensors (named), or its alias record is
+            damaged.
+    """
+    try:
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointCorruptError(f"{path}: not a readable safetensors file: {e}") from None
+    for alias, kept in weights_aliases(path).items():
+        if kept not in state:
+            raise CheckpointCorruptError(f"{path}: alias {alias!r} names no tensor {kept!r}")
         state[alias] = state[kept]
     return state
 
 
 def weights_aliases(path: Path) -> dict[str, str]:
-    """The ``{alias: kept name}`` record of a safetensors file (empty when none)."""
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    return json.loads(metadata.get(ALIASES_KEY, "{}"))
+    """The ``{alias: kept name}`` record of a safetensors file (empty when none).
+
+    Raises:
+        CheckpointCorruptError: the file is not safetensors, or the record is damaged.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointCorruptError(f"{path}: not a readable safetensors file: {e}") from None
+    if not isinstance(aliases, dict):
+        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata")
+    return aliases
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from asrforge.checkpoint.atomic import directory_problem
+from asrforge.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
@@ -55,6 +58,8 @@ def make_tones_dataset(path: Path, seed: int = 1234, sizes: dict[str, int] | Non
     datasets.disable_progress_bars()
 
     path = Path(path)
+    if problem := directory_problem(path):  # a file, a broken symlink or a loop in the way
+        raise UserError(f"data.path: {problem}")
     rng = np.random.default_rng(seed)
     pyrng = random.Random(seed)
     # Written as plain {bytes, path} structs and cast to Audio: datasets' own encoder needs
@@ -79,9 +84,13 @@ def make_tones_dataset(path: Path, seed: int = 1234, sizes: dict[str, int] | Non
         splits[split] = ds.cast_column("audio", Audio(sampling_rate=SAMPLE_RATE, decode=False))
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    DatasetDict(splits).save_to_disk(str(tmp))
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
+    try:
+        DatasetDict(splits).save_to_disk(str(tmp))
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written copy left beside `path`
+        raise
     log.info("generated the tones data set at %s (%s)", path, {k: len(v) for k, v in splits.items()})
     return path

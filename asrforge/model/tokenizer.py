@@ -61,6 +61,8 @@ def load_tokenizer(path: Path) -> WhisperTokenizer:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"tokenizer directory {path} does not exist")
+    if (path / "tokenizer.json").is_file():
+        check_tokenizer_json(path / "tokenizer.json")
     try:
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
@@ -113,3 +115,31 @@ class SpecialTokens:
         if language not in self.languages:
             raise UserError(f"language {language!r} has no token in this tokenizer")
         return [self.sot, self.languages[language], self.tasks[task], self.no_timestamps]
+
+
+def check_tokenizer_json(path: Path) -> None:
+    """Refuse a ``tokenizer.json`` the tokenizers library cannot read, naming the file
+    (transformers would stop with a KeyError or a bare Exception from deep inside).
+
+    Raises:
+        UserError: not JSON, not shaped as a tokenizers file, or a model it cannot build.
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("model"), dict)
+        and isinstance(data.get("added_tokens"), list)
+    ):
+        raise UserError(
+            f"{path}: not a tokenizers file (a JSON object with a 'model' object and an "
+            "'added_tokens' list)"
+        )
+    try:
+        Tokenizer.from_str(json.dumps(data))
+    except Exception as e:  # tokenizers raises a bare Exception for what it cannot parse
+        raise UserError(f"{path}: not a tokenizers file: {e}") from None
