@@ -127,9 +127,12 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
     if top is not None:  # freeze_encoder (top 0) or train_encoder_layers (top N)
         freeze_encoder_part(model.model.encoder, top)
         if top:
-            log.info("encoder: the top %d of %d layers and the final layer norm train; the "
-                     "convolutions, positions and lower layers are frozen", top,
-                     model.config.encoder_layers)
+            log.info(
+                "encoder: the top %d of %d layers and the final layer norm train; the "
+                "convolutions, positions and lower layers are frozen",
+                top,
+                model.config.encoder_layers,
+            )
     features = WhisperFeatureExtractor(
         feature_size=n_mels,
         sampling_rate=SAMPLE_RATE,
@@ -154,26 +157,75 @@ def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int)
 
 
 def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
+    """Load ``cfg.pretrained``; every tensor of the model must come from its weights.
+
+    transformers re-initializes a tensor the weights file lacks and drops one the model has no
+    place for, reporting both only through its logger. Both are checked here instead: a missing
+    or wrongly shaped tensor is a UserError naming it, an unexpected one a warning naming it.
+    (The one deliberate change of the loaded weights, the vocabulary extension to an extended
+    tokenizer, happens after loading and reports itself: ``asrforge.model.embeddings``.)
+    """
     path = Path(cfg.pretrained)
     if not (path / "config.json").is_file():
-        raise UserError(f"model.pretrained: {path} is not a transformers model directory (no config.json)")
+        raise UserError(
+            f"model.pretrained: {path} is not a transformers model directory (no config.json)"
+        )
     level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # its load report is replaced by the checks below
     try:
-        return WhisperForConditionalGeneration.from_pretrained(
+        model, info = WhisperForConditionalGeneration.from_pretrained(
             str(path),
             local_files_only=True,
             use_safetensors=True,  # never unpickle a weights file
             attn_implementation=cfg.attn_implementation,
             dropout=cfg.dropout,
+            output_loading_info=True,
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
     finally:
         hf_logging.set_verbosity(level)
+    check_loading_info(path, info)
+    return model
 
 
-def _set_generation_defaults(model: WhisperForConditionalGeneration, specials: SpecialTokens) -> None:
+def check_loading_info(path: Path, info: dict) -> None:
+    """Refuse missing or mismatched tensors of a pretrained load; warn about unexpected ones.
+
+    Args:
+        path: the pretrained directory (named in the messages).
+        info: ``from_pretrained(..., output_loading_info=True)``'s report.
+
+    Raises:
+        UserError: naming every tensor the weights lack or hold in another shape.
+    """
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(
+        str(k if isinstance(k, str) else k[0]) for k in info.get("mismatched_keys") or ()
+    )
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        log.warning(
+            "model.pretrained %s: %d tensor(s) the model has no place for, ignored: %s",
+            path,
+            len(unexpected),
+            ", ".join(unexpected),
+        )
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing from its weights: {', '.join(missing)}")
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) of the wrong shape: {', '.join(mismatched)}")
+    if problems:
+        raise UserError(
+            f"model.pretrained {path}: {'; '.join(problems)} (they would be initialized at "
+            "random; restore the weights file)"
+        )
+
+
+def _set_generation_defaults(
+    model: WhisperForConditionalGeneration, specials: SpecialTokens
+) -> None:
     """Generation settings so that transformers' ``generate`` and pipeline agree with ours."""
     gc = model.generation_config
     gc.decoder_start_token_id = specials.sot
