@@ -254,16 +254,17 @@ def default_mode(metric: str) -> str:
 
 def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, int, Path]]:
     """``(value, step, dir)`` of each distinct step under ``root`` whose manifest has a finite
-    ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy)."""
+    ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy).
+
+    Raises:
+        CheckpointCorruptError: a manifest is damaged or does not match its seal (an edited step
+            or metric would change the ranking: it is refused, not skipped).
+    """
     by_step: dict[int, tuple[float, int, Path]] = {}
     for d in sorted(Path(root).iterdir()):
         if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
             continue
-        try:
-            manifest = read_manifest(d)
-        except CheckpointError as e:
-            log.warning("average: skipping %s: %s", d, e)
-            continue
+        manifest = read_manifest(d)
         if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
             continue
         value = (manifest.get("metrics") or {}).get(metric, manifest.get(metric))
