@@ -1,4 +1,5 @@
-"""What a run's checkpoints can be trusted for: sealed manifests (issue 12 item 26)."""
+"""What a run's checkpoints can be trusted for: sealed manifests (issue 12 item 26), top-k
+members that rotation keeps (item 8)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from asrforge.bundle.export import export_bundle
+from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint.average import average_top_k
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
+from asrforge.cli import main
 from asrforge.errors import CheckpointCorruptError
+from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
 
@@ -83,3 +87,59 @@ def test_resume_skips_a_checkpoint_whose_manifest_was_edited(run, caplog):
     assert manager.latest_valid() == ckpts / "step-000004"
     assert "skipping step-000006" in caplog.text and "seal" in caplog.text
 
+
+class EvalRecord(Callback):
+    """Every evaluation's metrics, by step."""
+
+    name = "eval_record"
+
+    def __init__(self):
+        self.by_step: dict[int, dict] = {}
+
+    def on_eval_end(self, state, *, metrics, decision):
+        self.by_step[state.step] = dict(metrics)
+
+
+def test_averaging_members_survive_rotation_and_the_cli_names_them(tmp_path, tones_dir, capsys):
+    """k=3 averaging with save_total_limit=1: rotation must keep the three best checkpoints
+    (issue 12 item 8: it deleted them, and the average silently used fewer, worse steps)."""
+    averaging = {"name": "average_checkpoints", "metric": "loss", "k": 3}
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 6, "log_every": 2},
+        eval={"eval_steps": 1}, checkpoint={"save_total_limit": 1}, callbacks=[averaging],
+    )  # fmt: skip
+    record = EvalRecord()
+    Trainer(cfg, [record, *build_callbacks(cfg)]).fit()
+    ranked = sorted(record.by_step, key=lambda s: (record.by_step[s]["loss"], s))
+    best3 = ranked[:3]
+    assert len(record.by_step) == 6 and len(set(record.by_step[s]["loss"] for s in ranked)) == 6
+    ckpts = tmp_path / "run" / "checkpoints"
+    averaged = read_manifest(ckpts / "loss.ave_3best")
+    assert averaged["steps"] == best3
+    for step in best3:  # the members are still there, as step directories
+        verify(ckpts / f"step-{step:06d}")
+
+    assert main(["average", str(tmp_path / "run"), "--metric", "loss", "--k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"steps {', '.join(map(str, best3))}" in out
+    for step in best3:
+        assert f"step {step}: loss {record.by_step[step]['loss']:.6g}" in out
+
+
+def test_averaging_specs_use_the_callbacks_own_defaults():
+    from asrforge.callbacks.averaging import AverageCheckpoints
+    from asrforge.checkpoint.manager import averaging_specs
+    from asrforge.config import CallbackSpec, TopKSpec
+
+    defaults = AverageCheckpoints.Options()
+    specs = averaging_specs(
+        [
+            CallbackSpec(name="average_checkpoints"),
+            CallbackSpec(name="average_checkpoints", metric="bleu", k=2),
+            CallbackSpec(name="early_stopping", monitor="wer"),
+        ]
+    )
+    assert specs == [
+        TopKSpec(metric=defaults.metric, k=defaults.k, mode="min"),
+        TopKSpec(metric="bleu", k=2, mode="max"),
+    ]

@@ -356,6 +356,21 @@ def run_cli(args: argparse.Namespace) -> int:
         args.run_dir, args.metric, args.k, args.out, mode=args.mode, weights_file=args.weights_file
     )
     manifest = read_manifest(out)
-    steps = ", ".join(str(s) for s in manifest.get("steps", []))
-    print(f"averaged {manifest['k']} checkpoints (steps {steps}) by {args.metric} -> {out}")
+    print(describe_average(manifest, args.k, out))
     return 0
+
+
+def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
+    """Which steps an average holds, each with its metric value and directory, best first."""
+    metric, steps = manifest.get("metric"), manifest.get("steps") or []
+    lines = [
+        f"averaged {len(steps)} checkpoint(s), the best by {metric} ({manifest.get('mode')}), "
+        f"-> {out}: steps {', '.join(str(s) for s in steps)}"
+    ]
+    if len(steps) < k:
+        lines.append(f"  only {len(steps)} of the {k} requested have {metric} in their manifests")
+    for step, value, src in zip(
+        steps, manifest.get("values") or [], manifest.get("averaged_from") or [], strict=False
+    ):
+        lines.append(f"  step {step}: {metric} {value:.6g} ({src})")
+    return "\n".join(lines)

@@ -28,6 +28,7 @@ from asrforge.checkpoint import (
     restore_rng_state,
 )
 from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
+from asrforge.checkpoint.manager import averaging_specs
 from asrforge.config import ModelConfig, TrainConfig
 from asrforge.data.dataset import (
     Collator,
@@ -298,7 +299,8 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     ckpt_root = out / "checkpoints"
     manager = CheckpointManager(
         ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
-        keep_best=list(cfg.checkpoint.keep_best), log=log,
+        keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
+        log=log,
     )
     if acc.is_main_process:
         manager.recover()
