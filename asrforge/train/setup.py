@@ -29,6 +29,7 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manager import averaging_specs
+from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
 from asrforge.config import ModelConfig, TrainConfig
 from asrforge.data.dataset import (
     Collator,
@@ -275,8 +276,13 @@ def _scalars(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
 
 
-def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
-    """Build the run. Raises UserError for anything the user must fix."""
+def prepare_run(
+    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False
+) -> RunSetup:
+    """Build the run. Raises UserError for anything the user must fix.
+
+    ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
+    """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -304,18 +310,11 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     )
     if acc.is_main_process:
         manager.recover()
-    resume_from = None
-    if resume:
-        latest = manager.latest_valid()
-        if latest is None:
-            log.warning("--resume: no complete checkpoint under %s; starting from scratch", ckpt_root)
-        else:
-            resume_from = load_training_checkpoint(latest)
-    elif manager.latest_valid() is not None:
-        raise UserError(
-            f"{out} already holds checkpoints: pass --resume to continue that run, or choose "
-            "another output_dir"
-        )
+    latest = find_resume_checkpoint(manager, resume=resume, start_over=start_over,
+                                    is_main=acc.is_main_process, log=log)
+    resume_from = load_training_checkpoint(latest) if latest is not None else None
+    if resume_from is not None:  # before anything is written: a refused resume changes nothing
+        check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
     seed_everything(cfg.seed)
     clock = _PhaseClock()
     log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
