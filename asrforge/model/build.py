@@ -12,7 +12,7 @@ import torch
 from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 from transformers import logging as hf_logging
 
-from asrforge.config import ModelConfig
+from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.partial import freeze_encoder_part
@@ -118,6 +118,8 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
             model = WhisperForConditionalGeneration(wcfg)
         n_mels, chunk = cfg.num_mel_bins, cfg.chunk_seconds
         base_vocab_size = len(tokenizer)
+    if cfg.pretrained is not None:
+        _record_shape(cfg, model.config)
     _record_vocab_sizes(cfg, model.config.vocab_size, base_vocab_size)
     _set_generation_defaults(model, specials)
     if cfg.gradient_checkpointing:
@@ -141,6 +143,23 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
         n_fft=400,
     )
     return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def _record_shape(cfg: ModelConfig, config: WhisperConfig) -> None:
+    """Check the shape fields set in ``cfg`` against the pretrained model's; fill in all of them
+    (so the run's config.yaml and checkpoints record the whole shape, heads included, and an
+    export needs no pretrained directory to rebuild the model)."""
+    built = {name: getattr(config, name) for name in SHAPE_FIELDS}
+    wrong = [
+        f"model.{name}: set to {getattr(cfg, name)}, but model.pretrained {cfg.pretrained} has "
+        f"{built[name]}"
+        for name in SHAPE_FIELDS
+        if name in cfg.model_fields_set and getattr(cfg, name) != built[name]
+    ]
+    if wrong:
+        raise UserError("; ".join(wrong))
+    for name, value in built.items():
+        setattr(cfg, name, value)
 
 
 def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int) -> None:

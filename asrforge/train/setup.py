@@ -247,6 +247,7 @@ class RunSetup:
         meta = {
             "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
             "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
+            "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
         }
         tok = self.model_bundle.tokenizer
         return self.checkpoints.save(
