@@ -48,6 +48,11 @@ def _add_train(sub) -> None:
     p.add_argument("config", help="the YAML config file")
     p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest")
     p.add_argument(
+        "--start-over", action="store_true",
+        help="train from step 0 when the run's checkpoints exist but none verifies (they are kept "
+        "in checkpoints.damaged-<time>/); without it such a run is refused",
+    )
+    p.add_argument(
         "--allow-external-callbacks", action="store_true",
         help="allow callbacks named by `_target_` (imports and runs that code)",
     )
@@ -70,7 +75,7 @@ def _run_train(args) -> int:
     callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks, source=args.config)
     startup = {"imports": _seconds_since_process_start() - t_config, "config": t_config}
     try:
-        result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume)
+        result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume, start_over=args.start_over)
     except CriticalCallbackError as e:
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1

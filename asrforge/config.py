@@ -60,8 +60,9 @@ class ModelConfig(Section):
     """The one place that defines the model's shape (or points at a pretrained model)."""
 
     pretrained: Path | None = None
-    """A local transformers Whisper directory (config.json + weights). Its shape is used; the
-    shape fields below must then be left unset. Nothing is ever downloaded."""
+    """A local transformers Whisper directory (config.json + weights). Its shape is used: the
+    shape fields below are filled in from it when the model is built (so the run's config.yaml
+    records the whole shape), and any set must equal it. Nothing is ever downloaded."""
     tokenizer: Path | None = None
     """A directory with tokenizer files. Default: the pretrained model's; for a model built from
     scratch, a byte-level BPE trained on the training transcripts (see ``bpe_vocab_size``)."""
@@ -103,11 +104,9 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> ModelConfig:
         problems = []
-        if self.pretrained is not None:
-            clash = sorted(set(SHAPE_FIELDS) & self.model_fields_set)
-            for name in clash:
-                problems.append(f"{name}: cannot be set together with model.pretrained (the shape comes from it)")
-        else:
+        # With `pretrained`, shape fields that are set are checked against it when the model is
+        # built (asrforge.model.build), which also fills them in.
+        if self.pretrained is None:
             if self.max_source_positions % 50:
                 problems.append(
                     "max_source_positions: must be a multiple of 50 (50 positions = 1 s of audio), "
@@ -402,8 +401,9 @@ class TrainConfig(Section):
     def to_plain(self) -> dict[str, Any]:
         plain = self.model_dump(mode="json", by_alias=True, exclude_none=False)
         if self.model.pretrained is not None:
-            # The shape comes from the pretrained model; dumping the defaults would make the
-            # resolved config.yaml fail its own "cannot be set together" rule.
+            # The shape comes from the pretrained model: defaults are not its shape. Building
+            # the model fills every shape field in (asrforge.model.build), so a built run's
+            # config.yaml records the whole shape.
             for name in set(SHAPE_FIELDS) - self.model.model_fields_set:
                 plain["model"].pop(name, None)
         return plain

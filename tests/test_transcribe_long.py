@@ -169,18 +169,20 @@ def test_a_checkpoint_fine_tuned_from_tiny_en_exports(
     pretrained_is_kept: bool,
 ) -> None:
     """A training checkpoint whose config points at a pretrained model: its config.json comes
-    from there, or, when that directory is gone, from the tensor shapes."""
+    from there, or, when that directory is gone, from the shape the run's config recorded."""
     from safetensors.torch import load_file
 
     from asrforge.checkpoint.training import capture_rng_state, save_training_checkpoint
-    from asrforge.config import load_config
+    from asrforge.config import SHAPE_FIELDS, load_config
     from asrforge.model.tokenizer import load_tokenizer
 
     pretrained = hf_tiny_en if pretrained_is_kept else tmp_path / "moved-away"
+    hf_config = json.loads((hf_tiny_en / "config.json").read_text())
+    shape = {name: hf_config[name] for name in SHAPE_FIELDS}  # as a run records it
     cfg = load_config(
         data={
             "output_dir": str(tmp_path / "run"),
-            "model": {"pretrained": str(pretrained)},
+            "model": {"pretrained": str(pretrained), **shape},
             "data": {"path": str(tmp_path / "no-data")},
         }
     )

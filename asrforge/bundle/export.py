@@ -233,7 +233,7 @@ def checkpoint_contents(
         raise CheckpointError(f"{ckpt}: not a training checkpoint (no config.yaml or tokenizer/)")
     cfg = _read_train_config(ckpt / "config.yaml")
     tokenizer = load_tokenizer(ckpt / "tokenizer")
-    multilingual = _multilingual(cfg.model, len(tokenizer))
+    multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual)
 
     has_ema = EMA_FILE in files
@@ -254,7 +254,7 @@ def checkpoint_contents(
     else:
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
 
-    config, base_gen = _whisper_config(cfg, tokenizer, state)
+    config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
     languages, stats = None, None
     if scan_data:
         languages, stats = _data_facts(cfg, specials, config, stats_utterances)
@@ -282,10 +282,6 @@ def checkpoint_contents(
 def _read_train_config(path: Path) -> TrainConfig:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        model = data.get("model") or {}
-        if model.get("pretrained"):  # the dump lists the unused shape fields too
-            for name in SHAPE_FIELDS:
-                model.pop(name, None)
         return load_config(data=data)
     except (yaml.YAMLError, AttributeError, ConfigError) as e:
         raise UserError(f"{path}: not a readable training config: {e}") from None
@@ -348,12 +344,16 @@ def _read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _multilingual(cfg: ModelConfig, vocab_size: int) -> bool:
+def _multilingual(cfg: ModelConfig, vocab_size: int, recorded: bool | None = None) -> bool:
+    """Whether the model's prompt has language and task tokens: as training recorded it in the
+    checkpoint's manifest, else as the pretrained directory says."""
+    if isinstance(recorded, bool):
+        return recorded
     if cfg.pretrained is None:
         return True
     if (Path(cfg.pretrained) / "config.json").is_file():
         return is_multilingual(cfg)
-    return vocab_size >= 51865  # transformers' rule, when the pretrained directory is gone
+    return vocab_size >= 51865  # transformers' rule, for checkpoints that did not record it
 
 
 def _with_ema(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -391,54 +391,74 @@ def _average(ckpt: Path, k: int, metric: str) -> tuple[dict[str, torch.Tensor], 
 
 
 def _whisper_config(
-    cfg: TrainConfig, tokenizer: WhisperTokenizer, state: dict[str, torch.Tensor]
+    cfg: TrainConfig, tokenizer: WhisperTokenizer, state: dict[str, torch.Tensor], ckpt: Path
 ) -> tuple[WhisperConfig, GenerationConfig | None]:
-    """The transformers config of the trained model and the base generation config, if any."""
+    """The transformers config of the trained model and the base generation config, if any.
+
+    From the shape the checkpoint's config.yaml records (every run records the whole shape,
+    heads included, pretrained runs too), with the pretrained directory's config.json for the
+    rest when it is still there. Never guessed: a pretrained run whose directory is gone and
+    whose config.yaml records no shape (an older asrforge) is refused.
+
+    Raises:
+        UserError: no recorded shape and no pretrained directory, or a pretrained directory
+            whose shape is no longer the one trained.
+        CheckpointNotSupportedError: the recorded shape does not fit the weights.
+    """
     pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained is not None else None
+    recorded = pretrained is None or set(SHAPE_FIELDS) <= cfg.model.model_fields_set
     base_gen = None
     if pretrained is None:
         with torch.device("meta"):  # exactly the config training built, at no cost
             config = build_model(cfg.model, tokenizer, cfg.seed).model.config
     elif (pretrained / "config.json").is_file():
         config = WhisperConfig.from_pretrained(str(pretrained), local_files_only=True)
+        changed = [
+            f"{name} {getattr(cfg.model, name)} when trained, {getattr(config, name)} now"
+            for name in SHAPE_FIELDS
+            if recorded and getattr(cfg.model, name) != getattr(config, name)
+        ]
+        if changed:
+            raise UserError(
+                f"{ckpt}: model.pretrained {pretrained} is no longer the model it was trained "
+                f"from ({'; '.join(changed)})"
+            )
         if (pretrained / "generation_config.json").is_file():
             base_gen = GenerationConfig.from_pretrained(str(pretrained), local_files_only=True)
-    else:
-        config = _config_from_shapes(state, tokenizer)
-        log.warning(
-            "model.pretrained %s is gone: the model shape is read from the weights (attention "
-            "heads assumed d_model/64, as in every Whisper)",
+    elif recorded:
+        config = _config_from_record(cfg.model, tokenizer)
+        log.info(
+            "model.pretrained %s is gone: the model config is rebuilt from the shape %s records",
             pretrained,
+            ckpt / "config.yaml",
+        )
+    else:
+        raise UserError(
+            f"{ckpt}: model.pretrained {pretrained} is gone and the checkpoint's config.yaml does "
+            "not record the model's shape (written by an older asrforge): the attention heads "
+            "cannot be read from the weights. Restore that directory to export this checkpoint"
         )
     config.vocab_size = int(state["model.decoder.embed_tokens.weight"].shape[0])
     config.use_cache = True
     config.architectures = ["WhisperForConditionalGeneration"]
+    if pretrained is not None and not (pretrained / "config.json").is_file():
+        check_tensors({k: tuple(v.shape) for k, v in state.items()}, config, str(ckpt))
     return config, base_gen
 
 
-def _config_from_shapes(state: dict[str, torch.Tensor], tokenizer) -> WhisperConfig:
-    """A Whisper config read off the tensor shapes (heads: d_model / 64, as in every Whisper)."""
-
-    def dim(name: str, axis: int = 0) -> int:
-        return int(state[name].shape[axis])
-
-    def layers(side: str) -> int:
-        prefix = f"model.{side}.layers."
-        return 1 + max(int(k[len(prefix) :].split(".")[0]) for k in state if k.startswith(prefix))
-
-    d_model, eot = dim("model.decoder.embed_tokens.weight", 1), tokenizer.eos_token_id
-    shape = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in (
-        ("layers", layers(side)), ("attention_heads", max(1, d_model // 64)),
-        ("ffn_dim", dim(f"model.{side}.layers.0.fc1.weight")))}  # fmt: skip
+def _config_from_record(cfg: ModelConfig, tokenizer: WhisperTokenizer) -> WhisperConfig:
+    """A Whisper config of the shape ``cfg`` records, token ids from the tokenizer."""
+    eot = tokenizer.eos_token_id
     return WhisperConfig(
-        **shape, d_model=d_model, vocab_size=dim("model.decoder.embed_tokens.weight"),
-        num_mel_bins=dim("model.encoder.conv1.weight", 1),
-        max_source_positions=dim("model.encoder.embed_positions.weight"),
-        max_target_positions=dim("model.decoder.embed_positions.weight"),
+        **{name: getattr(cfg, name) for name in SHAPE_FIELDS},
+        vocab_size=len(tokenizer),
         decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
-        eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
-        suppress_tokens=None, begin_suppress_tokens=None,
-    )  # fmt: skip
+        eos_token_id=eot,
+        pad_token_id=eot,
+        bos_token_id=eot,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+    )
 
 
 def _generation_config(

@@ -260,16 +260,17 @@ def default_mode(metric: str) -> str:
 
 def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, int, Path]]:
     """``(value, step, dir)`` of each distinct step under ``root`` whose manifest has a finite
-    ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy)."""
+    ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy).
+
+    Raises:
+        CheckpointCorruptError: a manifest is damaged or does not match its seal (an edited step
+            or metric would change the ranking: it is refused, not skipped).
+    """
     by_step: dict[int, tuple[float, int, Path]] = {}
     for d in sorted(Path(root).iterdir()):
         if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
             continue
-        try:
-            manifest = read_manifest(d)
-        except CheckpointError as e:
-            log.warning("average: skipping %s: %s", d, e)
-            continue
+        manifest = read_manifest(d)
         if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
             continue
         value = (manifest.get("metrics") or {}).get(metric, manifest.get(metric))
@@ -361,6 +362,21 @@ def run_cli(args: argparse.Namespace) -> int:
         args.run_dir, args.metric, args.k, args.out, mode=args.mode, weights_file=args.weights_file
     )
     manifest = read_manifest(out)
-    steps = ", ".join(str(s) for s in manifest.get("steps", []))
-    print(f"averaged {manifest['k']} checkpoints (steps {steps}) by {args.metric} -> {out}")
+    print(describe_average(manifest, args.k, out))
     return 0
+
+
+def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
+    """Which steps an average holds, each with its metric value and directory, best first."""
+    metric, steps = manifest.get("metric"), manifest.get("steps") or []
+    lines = [
+        f"averaged {len(steps)} checkpoint(s), the best by {metric} ({manifest.get('mode')}), "
+        f"-> {out}: steps {', '.join(str(s) for s in steps)}"
+    ]
+    if len(steps) < k:
+        lines.append(f"  only {len(steps)} of the {k} requested have {metric} in their manifests")
+    for step, value, src in zip(
+        steps, manifest.get("values") or [], manifest.get("averaged_from") or [], strict=False
+    ):
+        lines.append(f"  step {step}: {metric} {value:.6g} ({src})")
+    return "\n".join(lines)

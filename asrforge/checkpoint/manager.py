@@ -14,7 +14,9 @@ is built under a temporary name and renamed into place, like the step directorie
 
 Rotation (``save_total_limit``) runs only after the new checkpoint is complete, deletes the
 oldest ``step-*`` directories beyond the limit, and never deletes the best one, a top-k member's
-source, or the newest. The manager's own state (best step, top-k entries) is stored in each
+source (of a ``keep_best`` spec, or of the ``average_checkpoints`` callback's ranking, read from
+the manifests as ``asrforge average`` reads it), the newest, or one that does not verify (kept
+for inspection). The manager's own state (best step, top-k entries) is stored in each
 manifest under ``checkpoint_manager`` *including* that checkpoint, so on resume::
 
     manager.load_state_dict(ckpt.manifest["checkpoint_manager"])
@@ -42,9 +44,10 @@ from asrforge.checkpoint.atomic import (
     recover_interrupted,
     temp_sibling,
 )
+from asrforge.checkpoint.average import default_mode, rank_checkpoints
 from asrforge.checkpoint.manifest import MANIFEST_NAME, verify, write_manifest
 from asrforge.checkpoint.training import save_training_checkpoint
-from asrforge.config import TopKSpec
+from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 
 STATE_VERSION = 1
@@ -95,6 +98,26 @@ def _json_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+AVERAGING_CALLBACK = "average_checkpoints"
+
+
+def averaging_specs(callbacks: list[CallbackSpec]) -> list[TopKSpec]:
+    """The top-k each configured ``average_checkpoints`` callback will average (its ``metric``,
+    ``k`` and ``mode``, with the callback's defaults: wer, 5, :func:`default_mode`), so that
+    rotation keeps those checkpoints until the average is written."""
+    specs = []
+    for spec in callbacks:
+        if spec.name != AVERAGING_CALLBACK:
+            continue
+        opts = spec.options
+        metric = str(opts.get("metric", "wer"))
+        k = opts.get("k", 5)
+        mode = opts.get("mode") or default_mode(metric)
+        if isinstance(k, int) and k > 0 and mode in ("min", "max"):  # else the callback refuses
+            specs.append(TopKSpec(metric=metric, k=k, mode=mode))
+    return specs
+
+
 def verify_quick(directory: Path) -> bool:
     """True when ``directory``'s files have the sizes its manifest lists."""
     try:
@@ -118,6 +141,9 @@ class CheckpointManager:
         save_total_limit: keep at most this many ``step-*`` directories besides the best and
             top-k sources; None keeps all.
         keep_best: top-k specs; each keeps ``best-<metric>-<rank>/`` directories.
+        protect_top: top-k rankings (by the manifests' metrics, as :func:`rank_checkpoints`
+            ranks them) whose members rotation keeps, without directories of their own: what
+            checkpoint averaging will read (:func:`averaging_specs`).
         log: where recoveries, skipped corrupt checkpoints and saves are reported.
     """
 
@@ -127,11 +153,13 @@ class CheckpointManager:
         *,
         save_total_limit: int | None = None,
         keep_best: list[TopKSpec] | None = None,
+        protect_top: list[TopKSpec] | None = None,
         log: logging.Logger | None = None,
     ):
         self.root = Path(root)
         self.save_total_limit = save_total_limit
         self.specs = list(keep_best or [])
+        self.protect_top = list(protect_top or [])
         self.log = log or logging.getLogger(__name__)
         names = [metric_dir_name(s.metric, 1) for s in self.specs]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -140,6 +168,7 @@ class CheckpointManager:
         if save_total_limit is not None and save_total_limit < 1:
             raise UserError(f"checkpoint.save_total_limit: must be >= 1, got {save_total_limit}")
         self.best_step: int | None = None
+        self._kept_corrupt: set[str] = set()
         self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
 
     def recover(self) -> CheckpointManager:
@@ -194,10 +223,18 @@ class CheckpointManager:
         return None
 
     def protected_steps(self) -> set[int]:
-        """Steps rotation must not delete: the best one and every top-k member."""
+        """Steps rotation must not delete: the best one, every top-k member of a ``keep_best``
+        spec, and the first ``k`` of each ``protect_top`` ranking.
+
+        Raises:
+            CheckpointCorruptError: a manifest the ranking reads is damaged or edited.
+        """
         steps = {e["step"] for entries in self.top_k.values() for e in entries}
         if self.best_step is not None:
             steps.add(self.best_step)
+        for spec in self.protect_top:
+            ranked = rank_checkpoints(self.root, spec.metric, spec.mode)
+            steps.update(step for _value, step, _dir in ranked[: spec.k])
         return steps
 
     # -- state --------------------------------------------------------------------------------
@@ -345,9 +382,26 @@ class CheckpointManager:
     def _rotate(self, keep: int) -> None:
         if self.save_total_limit is None:
             return
-        protected = self.protected_steps()
+        try:
+            protected = self.protected_steps()
+        except CheckpointCorruptError as e:  # which steps are top-k is unknown: delete nothing
+            self.log.warning("checkpoints: nothing rotated out: %s", e)
+            return
         latest = self.latest()
-        counted = [(s, p) for s, p in self.step_dirs() if s not in protected]
+        counted = []
+        for s, p in self.step_dirs():
+            if s in protected:
+                continue
+            if not verify_quick(p):  # evidence of what went wrong: never rotated away
+                if p.name not in self._kept_corrupt:
+                    self._kept_corrupt.add(p.name)
+                    self.log.warning(
+                        "checkpoints: %s does not verify; kept for inspection (rotation never "
+                        "deletes it, nor counts it against save_total_limit)",
+                        p.name,
+                    )
+                continue
+            counted.append((s, p))
         excess = len(counted) - self.save_total_limit
         for s, p in counted:
             if excess <= 0:

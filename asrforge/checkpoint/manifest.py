@@ -4,7 +4,13 @@ The manifest is written last, so a directory with a manifest that verifies is co
 
     {"format_version": 1,
      "files": {"model.safetensors": {"sha256": "...", "size": 1234}, "tokenizer/vocab.json": ...},
-     ...meta given by the writer: "step", "metrics", "config_id", "seed", ...}
+     ...meta given by the writer: "step", "metrics", "config_id", "seed", ...,
+     "seal": "<sha256 of the canonical JSON of everything above>"}
+
+The seal covers the meta as well as the file list: a manifest whose ``step`` or metrics were
+edited by hand no longer matches its seal and is refused on every read, as a damaged one would
+be (export, averaging and resume rank and name checkpoints by those facts). Bundles, which
+carried their own ``bundle_seal`` before checkpoints were sealed, keep it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ from asrforge.errors import CheckpointCorruptError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+SEAL_KEY = "seal"
+BUNDLE_SEAL_KEY = "bundle_seal"
+"""The seal bundles carry (``asrforge.bundle``); a manifest with it alone is a bundle's."""
 _RESERVED = ("format_version", "files")
+_SEALS = (SEAL_KEY, BUNDLE_SEAL_KEY)
 _CHUNK = 4 << 20
 _PARALLEL_BYTES = 64 << 20  # below this, threads cost more than they save
 
@@ -50,6 +60,40 @@ def sha256_files(paths: list[Path]) -> list[str]:
     return [digests[i] for i in range(len(paths))]
 
 
+def manifest_seal(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON, its seals left out."""
+    body = {k: v for k, v in manifest.items() if k not in _SEALS}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def check_seal(manifest: dict[str, Any], path: Path) -> None:
+    """Raise unless the manifest matches its seal.
+
+    A bundle written before checkpoints were sealed has only ``bundle_seal`` (the digest of
+    everything but itself); it is checked the same way.
+
+    Raises:
+        CheckpointCorruptError: no seal, or one the manifest does not match.
+    """
+    altered = (
+        f"{path}: does not match its own seal (the manifest was edited or damaged: its step, "
+        "metrics or file list cannot be trusted)"
+    )
+    if SEAL_KEY in manifest:
+        if manifest[SEAL_KEY] != manifest_seal(manifest):
+            raise CheckpointCorruptError(altered)
+    elif BUNDLE_SEAL_KEY in manifest:
+        body = {k: v for k, v in manifest.items() if k != BUNDLE_SEAL_KEY}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        if manifest[BUNDLE_SEAL_KEY] != digest:
+            raise CheckpointCorruptError(altered)
+    else:
+        raise CheckpointCorruptError(
+            f"{path}: the manifest is not sealed (written by an asrforge before checkpoint "
+            "manifests were sealed, or edited)"
+        )
+
+
 def list_files(directory: Path) -> list[str]:
     """Every regular file under ``directory`` as a sorted POSIX relative path, the manifest
     excluded."""
@@ -70,7 +114,8 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     Args:
         directory: the (usually still temporary) checkpoint directory.
         meta: JSON-able facts stored at the top level of the manifest (``step``, ``metrics``,
-            ``config_id``, ``seed``, ...). ``format_version`` and ``files`` are reserved.
+            ``config_id``, ``seed``, ...). ``format_version`` and ``files`` are reserved; the
+            seals of a manifest it was copied from are dropped (the new one is sealed afresh).
 
     Returns:
         The manifest as written.
@@ -85,16 +130,19 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
         rel: {"sha256": digest, "size": (directory / rel).stat().st_size}
         for rel, digest in zip(rels, digests, strict=True)
     }
+    meta = {k: v for k, v in meta.items() if k not in _SEALS}
     manifest = {"format_version": FORMAT_VERSION, **meta, "files": files}
+    manifest[SEAL_KEY] = manifest_seal(manifest)
     atomic_write_text(directory / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """Parse ``manifest.json`` without checking the files.
+    """Parse ``manifest.json`` and check its seal, without checking the files.
 
     Raises:
-        CheckpointCorruptError: the manifest is missing, unparseable, or from a newer format.
+        CheckpointCorruptError: the manifest is missing, unparseable, from a newer format, or
+            does not match its seal.
     """
     path = Path(directory) / MANIFEST_NAME
     try:
@@ -119,6 +167,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path}: format_version {version} is newer than this asrforge supports "
             f"({FORMAT_VERSION}); upgrade asrforge to read it"
         )
+    check_seal(manifest, path)
     return manifest
 
 

@@ -12,7 +12,7 @@ import torch
 from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 from transformers import logging as hf_logging
 
-from asrforge.config import ModelConfig
+from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.partial import freeze_encoder_part
@@ -118,6 +118,8 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
             model = WhisperForConditionalGeneration(wcfg)
         n_mels, chunk = cfg.num_mel_bins, cfg.chunk_seconds
         base_vocab_size = len(tokenizer)
+    if cfg.pretrained is not None:
+        _record_shape(cfg, model.config)
     _record_vocab_sizes(cfg, model.config.vocab_size, base_vocab_size)
     _set_generation_defaults(model, specials)
     if cfg.gradient_checkpointing:
@@ -127,9 +129,12 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
     if top is not None:  # freeze_encoder (top 0) or train_encoder_layers (top N)
         freeze_encoder_part(model.model.encoder, top)
         if top:
-            log.info("encoder: the top %d of %d layers and the final layer norm train; the "
-                     "convolutions, positions and lower layers are frozen", top,
-                     model.config.encoder_layers)
+            log.info(
+                "encoder: the top %d of %d layers and the final layer norm train; the "
+                "convolutions, positions and lower layers are frozen",
+                top,
+                model.config.encoder_layers,
+            )
     features = WhisperFeatureExtractor(
         feature_size=n_mels,
         sampling_rate=SAMPLE_RATE,
@@ -138,6 +143,23 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
         n_fft=400,
     )
     return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def _record_shape(cfg: ModelConfig, config: WhisperConfig) -> None:
+    """Check the shape fields set in ``cfg`` against the pretrained model's; fill in all of them
+    (so the run's config.yaml and checkpoints record the whole shape, heads included, and an
+    export needs no pretrained directory to rebuild the model)."""
+    built = {name: getattr(config, name) for name in SHAPE_FIELDS}
+    wrong = [
+        f"model.{name}: set to {getattr(cfg, name)}, but model.pretrained {cfg.pretrained} has "
+        f"{built[name]}"
+        for name in SHAPE_FIELDS
+        if name in cfg.model_fields_set and getattr(cfg, name) != built[name]
+    ]
+    if wrong:
+        raise UserError("; ".join(wrong))
+    for name, value in built.items():
+        setattr(cfg, name, value)
 
 
 def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int) -> None:
@@ -154,26 +176,75 @@ def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int)
 
 
 def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
+    """Load ``cfg.pretrained``; every tensor of the model must come from its weights.
+
+    transformers re-initializes a tensor the weights file lacks and drops one the model has no
+    place for, reporting both only through its logger. Both are checked here instead: a missing
+    or wrongly shaped tensor is a UserError naming it, an unexpected one a warning naming it.
+    (The one deliberate change of the loaded weights, the vocabulary extension to an extended
+    tokenizer, happens after loading and reports itself: ``asrforge.model.embeddings``.)
+    """
     path = Path(cfg.pretrained)
     if not (path / "config.json").is_file():
-        raise UserError(f"model.pretrained: {path} is not a transformers model directory (no config.json)")
+        raise UserError(
+            f"model.pretrained: {path} is not a transformers model directory (no config.json)"
+        )
     level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # its load report is replaced by the checks below
     try:
-        return WhisperForConditionalGeneration.from_pretrained(
+        model, info = WhisperForConditionalGeneration.from_pretrained(
             str(path),
             local_files_only=True,
             use_safetensors=True,  # never unpickle a weights file
             attn_implementation=cfg.attn_implementation,
             dropout=cfg.dropout,
+            output_loading_info=True,
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
     finally:
         hf_logging.set_verbosity(level)
+    check_loading_info(path, info)
+    return model
 
 
-def _set_generation_defaults(model: WhisperForConditionalGeneration, specials: SpecialTokens) -> None:
+def check_loading_info(path: Path, info: dict) -> None:
+    """Refuse missing or mismatched tensors of a pretrained load; warn about unexpected ones.
+
+    Args:
+        path: the pretrained directory (named in the messages).
+        info: ``from_pretrained(..., output_loading_info=True)``'s report.
+
+    Raises:
+        UserError: naming every tensor the weights lack or hold in another shape.
+    """
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(
+        str(k if isinstance(k, str) else k[0]) for k in info.get("mismatched_keys") or ()
+    )
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        log.warning(
+            "model.pretrained %s: %d tensor(s) the model has no place for, ignored: %s",
+            path,
+            len(unexpected),
+            ", ".join(unexpected),
+        )
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing from its weights: {', '.join(missing)}")
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) of the wrong shape: {', '.join(mismatched)}")
+    if problems:
+        raise UserError(
+            f"model.pretrained {path}: {'; '.join(problems)} (they would be initialized at "
+            "random; restore the weights file)"
+        )
+
+
+def _set_generation_defaults(
+    model: WhisperForConditionalGeneration, specials: SpecialTokens
+) -> None:
     """Generation settings so that transformers' ``generate`` and pipeline agree with ours."""
     gc = model.generation_config
     gc.decoder_start_token_id = specials.sot

@@ -58,13 +58,19 @@ class Trainer:
         self._signal: str | None = None
 
     # ------------------------------------------------------------------------------------------
-    def fit(self, resume: bool = False) -> FitResult:
-        """Train until ``max_steps``, early stopping, a step cap, a signal or divergence."""
+    def fit(self, resume: bool = False, start_over: bool = False) -> FitResult:
+        """Train until ``max_steps``, early stopping, a step cap, a signal or divergence.
+
+        ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
+        from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
+        """
         cfg = self.cfg
         precision, why_precision = choose_precision(
             cfg.train.precision, cfg.train.device, model_width(cfg.model)
         )
-        run: RunSetup = prepare_run(cfg, precision=precision, resume=resume)
+        run: RunSetup = prepare_run(
+            cfg, precision=precision, resume=resume, start_over=start_over
+        )
         acc, model, bundle = run.accelerator, run.model, run.model_bundle
         log.info("precision: %s (%s)", precision, why_precision)
 

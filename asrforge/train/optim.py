@@ -7,6 +7,7 @@ import math
 import torch
 
 from asrforge.config import OptimConfig
+from asrforge.errors import CheckpointNotSupportedError
 
 EMBEDDING_PARAMS = ("embed_tokens", "embed_positions")
 
@@ -88,9 +89,32 @@ class EMA:
         return dict(self.shadow)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict`: exactly the same tensor names, each of the same shape.
+
+        Raises:
+            CheckpointNotSupportedError: naming the missing, unknown or misshapen tensors (a
+                silently skipped one would keep its initial weights in the average).
+        """
+        missing = sorted(set(self.shadow) - set(state))
+        unknown = sorted(set(state) - set(self.shadow))
+        misshapen = sorted(
+            n for n, t in state.items() if n in self.shadow and t.shape != self.shadow[n].shape
+        )
+        problems = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("missing", missing),
+                ("not in the model", unknown),
+                ("of another shape", misshapen),
+            )
+            if names
+        ]
+        if problems:
+            raise CheckpointNotSupportedError(
+                f"the EMA weights do not fit the model's trainable parameters ({'; '.join(problems)})"
+            )
         for n, t in state.items():
-            if n in self.shadow:
-                self.shadow[n].copy_(t)
+            self.shadow[n].copy_(t)
 
     def swapped_in(self, model: torch.nn.Module):
         return _Swap(model, self.shadow)

@@ -28,6 +28,8 @@ from asrforge.checkpoint import (
     restore_rng_state,
 )
 from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
+from asrforge.checkpoint.manager import averaging_specs
+from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
 from asrforge.config import ModelConfig, TrainConfig
 from asrforge.data.dataset import (
     Collator,
@@ -245,6 +247,7 @@ class RunSetup:
         meta = {
             "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
             "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
+            "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
         }
         tok = self.model_bundle.tokenizer
         return self.checkpoints.save(
@@ -274,8 +277,13 @@ def _scalars(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
 
 
-def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
-    """Build the run. Raises UserError for anything the user must fix."""
+def prepare_run(
+    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False
+) -> RunSetup:
+    """Build the run. Raises UserError for anything the user must fix.
+
+    ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
+    """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -298,22 +306,16 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     ckpt_root = out / "checkpoints"
     manager = CheckpointManager(
         ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
-        keep_best=list(cfg.checkpoint.keep_best), log=log,
+        keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
+        log=log,
     )
     if acc.is_main_process:
         manager.recover()
-    resume_from = None
-    if resume:
-        latest = manager.latest_valid()
-        if latest is None:
-            log.warning("--resume: no complete checkpoint under %s; starting from scratch", ckpt_root)
-        else:
-            resume_from = load_training_checkpoint(latest)
-    elif manager.latest_valid() is not None:
-        raise UserError(
-            f"{out} already holds checkpoints: pass --resume to continue that run, or choose "
-            "another output_dir"
-        )
+    latest = find_resume_checkpoint(manager, resume=resume, start_over=start_over,
+                                    is_main=acc.is_main_process, log=log)
+    resume_from = load_training_checkpoint(latest) if latest is not None else None
+    if resume_from is not None:  # before anything is written: a refused resume changes nothing
+        check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
     seed_everything(cfg.seed)
     clock = _PhaseClock()
     log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",

@@ -1,0 +1,216 @@
+"""Resuming a run: which checkpoint to continue from, and whether the config still fits it.
+
+Both checks run before the run writes anything (its config.yaml, tokenizer, caches), so a
+refused resume leaves the run directory as it was:
+
+- :func:`find_resume_checkpoint`: the newest checkpoint that verifies. When there are checkpoint
+  directories but none verifies, the run is refused (exit 2) unless told to start over; starting
+  over sets the damaged directories aside (renamed, never deleted).
+- :func:`check_resume_config`: the config given now against the one the checkpoint was written
+  with. A change of the model's shape, vocabulary or trained parameters (which the weights and
+  the optimizer state depend on) is refused, listing every differing field; any other change
+  (``optim.lr``, ``train.max_steps``, ...) is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from asrforge.checkpoint.manager import CheckpointManager
+from asrforge.checkpoint.manifest import verify
+from asrforge.config import SHAPE_FIELDS, TrainConfig
+from asrforge.errors import CheckpointCorruptError, UserError
+
+FIXED_MODEL_FIELDS = (
+    *SHAPE_FIELDS,
+    "pretrained",
+    "tokenizer",
+    "bpe_vocab_size",
+    "vocab_size",
+    "base_vocab_size",
+    "freeze_encoder",
+    "train_encoder_layers",
+)
+"""``model.*`` fields a resume may not change: the checkpoint's weights, tokenizer and optimizer
+state (one entry per trained parameter) were made for them."""
+
+_PATH_FIELDS = ("model.pretrained", "model.tokenizer")
+
+
+def find_resume_checkpoint(
+    manager: CheckpointManager,
+    *,
+    resume: bool,
+    start_over: bool = False,
+    is_main: bool = True,
+    log: logging.Logger | None = None,
+) -> Path | None:
+    """The checkpoint a run continues from, or None to train from step 0.
+
+    Args:
+        manager: the run's checkpoints directory.
+        resume: ``--resume``: continue from the newest checkpoint that verifies.
+        start_over: ``--start-over``: when checkpoint directories exist but none verifies, train
+            from step 0 anyway; the checkpoints directory is set aside (renamed
+            ``checkpoints.damaged-<time>``) by the main process, never deleted.
+        is_main: only the main process renames.
+        log: where the decision is reported.
+
+    Raises:
+        UserError: checkpoints exist without ``--resume`` (a valid one: pass ``--resume``), or
+            none of them verifies and ``start_over`` is not set. Nothing is changed on disk.
+    """
+    log = log or logging.getLogger(__name__)
+    root = manager.root
+    latest = manager.latest_valid()
+    if latest is not None:
+        if not resume:
+            raise UserError(
+                f"{root.parent} already holds checkpoints: pass --resume to continue that run, "
+                "or choose another output_dir"
+            )
+        return latest
+    damaged = manager.step_dirs()
+    if not damaged:
+        if resume:
+            log.warning("--resume: no checkpoint under %s yet; starting from step 0", root)
+        return None
+    if not start_over:
+        reasons = "; ".join(_why_damaged(path) for _step, path in damaged[-3:])
+        raise UserError(
+            f"{'--resume: ' if resume else ''}none of the {len(damaged)} checkpoint(s) under "
+            f"{root} verifies ({reasons}). Nothing was changed. Pass --start-over to train from "
+            "step 0 (the checkpoints directory is kept, renamed), or repair them"
+        )
+    if is_main:
+        aside = _set_aside(root)
+        log.warning(
+            "--start-over: none of the %d checkpoint(s) under %s verifies; they are kept in %s "
+            "and the run starts from step 0",
+            len(damaged),
+            root,
+            aside,
+        )
+    return None
+
+
+def _why_damaged(path: Path) -> str:
+    try:
+        verify(path)
+    except CheckpointCorruptError as e:
+        return f"{path.name}: {e}"
+    return f"{path.name}: changed while it was being checked"
+
+
+def _set_aside(root: Path) -> Path:
+    """Rename the checkpoints directory out of the way and make an empty one in its place."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = root.with_name(f"{root.name}.damaged-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = root.with_name(f"{root.name}.damaged-{stamp}-{n}")
+    os.rename(root, aside)
+    root.mkdir()
+    return aside
+
+
+def check_resume_config(
+    cfg: TrainConfig, config_yaml: str, where: Path, log: logging.Logger | None = None
+) -> list[str]:
+    """Compare the config of a resumed run with the one its checkpoint was written with.
+
+    Args:
+        cfg: the config given now.
+        config_yaml: the checkpoint's ``config.yaml`` text (empty: nothing to compare).
+        where: the checkpoint directory (named in messages).
+        log: where allowed changes are reported.
+
+    Returns:
+        The allowed changes, one ``path: old -> new`` line each (also logged).
+
+    Raises:
+        UserError: listing every field that may not change (see :data:`FIXED_MODEL_FIELDS`).
+    """
+    log = log or logging.getLogger(__name__)
+    if not config_yaml.strip():
+        log.warning("resume: %s has no config.yaml; the config cannot be compared", where)
+        return []
+    try:
+        old = yaml.safe_load(config_yaml)
+    except yaml.YAMLError as e:
+        raise UserError(f"{where / 'config.yaml'}: not readable YAML: {e}") from None
+    if not isinstance(old, dict):
+        raise UserError(f"{where / 'config.yaml'}: not a mapping")
+    before, now = _flatten(old), _flatten(cfg.to_plain())
+    _fill_pretrained_shape(now, cfg)
+    fixed, allowed = [], []
+    for key in sorted(set(before) | set(now)):
+        a, b = before.get(key, "(unset)"), now.get(key, "(unset)")
+        if _same(key, a, b):
+            continue
+        line = f"{key}: {_show(a)} -> {_show(b)}"
+        if _is_fixed(key, cfg, b):
+            fixed.append(line)
+        else:
+            allowed.append(line)
+    if fixed:
+        raise UserError(
+            f"--resume: the config changes what the checkpoint {where} was trained with "
+            f"({len(fixed)} field(s)): " + "; ".join(fixed) + ". Resume with the run's "
+            "config.yaml, or start a new run in another output_dir"
+        )
+    if allowed:
+        log.info("resume: config changed since %s: %s", where.name, "; ".join(allowed))
+    return allowed
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are values."""
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flatten(v, f"{prefix}{k}."))
+    return out
+
+
+def _fill_pretrained_shape(now: dict[str, Any], cfg: TrainConfig) -> None:
+    """A pretrained run's shape is its directory's: read it, so a replaced model shows up."""
+    if cfg.model.pretrained is None:
+        return
+    try:
+        hf = json.loads((Path(cfg.model.pretrained) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # building the model reports it
+    for name in SHAPE_FIELDS:
+        if f"model.{name}" not in now and isinstance(hf, dict) and name in hf:
+            now[f"model.{name}"] = hf[name]
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    if key in _PATH_FIELDS and isinstance(a, str) and isinstance(b, str):
+        return os.path.normpath(a) == os.path.normpath(b)
+    return a == b
+
+
+def _is_fixed(key: str, cfg: TrainConfig, now: Any) -> bool:
+    section, _, name = key.partition(".")
+    if section != "model" or name not in FIXED_MODEL_FIELDS:
+        return False
+    if name in ("vocab_size", "base_vocab_size") and now in (None, "(unset)"):
+        return False  # filled in when the model is built (and checked against the weights then)
+    if name == "bpe_vocab_size":  # only a from-scratch model trains its BPE
+        return cfg.model.pretrained is None and cfg.model.tokenizer is None
+    return True
+
+
+def _show(value: Any) -> str:
+    return value if value == "(unset)" else json.dumps(value)

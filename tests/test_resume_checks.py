@@ -1,0 +1,101 @@
+"""What ``--resume`` refuses before it changes anything: a config that no longer fits the
+checkpoint (issue 12 item 18) and a run whose every checkpoint is damaged (item 19)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asrforge.checkpoint.manifest import verify
+from asrforge.cli import main
+from asrforge.errors import CheckpointCorruptError
+from asrforge.train.loop import Trainer
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tones_dir) -> Path:
+    """A 3-step run with its checkpoint at step 3, and the YAML it was started from."""
+    root = tmp_path_factory.mktemp("resume-checks")
+    cfg = tiny_config(root / "run", tones_dir, train={"max_steps": 3}, eval={"eval_steps": 3})
+    (root / "run.yaml").write_text(cfg.to_yaml())
+    Trainer(cfg).fit()
+    return root
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> tuple[Path, Path]:
+    """(a private copy of the run directory, its config file)."""
+    out = tmp_path / "run"
+    shutil.copytree(trained / "run", out, symlinks=True)
+    yaml_text = (trained / "run.yaml").read_text().replace(str(trained / "run"), str(out))
+    (tmp_path / "run.yaml").write_text(yaml_text)
+    return out, tmp_path / "run.yaml"
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    """Every file under the run directory but its log, by path."""
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name != "train.log"
+    }
+
+
+def test_a_shape_or_tokenizer_change_is_refused_listing_every_field(run, capsys):
+    out, config = run
+    before = _snapshot(out)
+    code = main(["train", str(config), "--resume", "model.d_model=64", "model.bpe_vocab_size=400"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "model.d_model: 32 -> 64" in err and "model.bpe_vocab_size: 300 -> 400" in err
+    assert "Traceback" not in err
+    assert _snapshot(out) == before  # config.yaml included: nothing was rewritten
+
+
+def test_allowed_changes_are_logged_and_the_run_continues(run, capsys):
+    out, config = run
+    code = main(["train", str(config), "--resume", "train.max_steps=4", "optim.lr=0.002"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "resume: config changed since step-000003" in err
+    assert "optim.lr: 0.003 -> 0.002" in err and "train.max_steps: 3 -> 4" in err
+    assert verify(out / "checkpoints" / "step-000004")["step"] == 4
+    assert "max_steps: 4" in (out / "config.yaml").read_text()
+
+
+def _damage(step_dir: Path) -> None:
+    weights = step_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+
+def test_resume_with_every_checkpoint_damaged_is_refused_unless_starting_over(run, capsys):
+    out, config = run
+    ckpts = out / "checkpoints"
+    steps = sorted(p.name for p in ckpts.glob("step-*"))
+    for name in steps:
+        _damage(ckpts / name)
+    before = _snapshot(out)
+
+    assert main(["train", str(config), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"none of the {len(steps)} checkpoint(s)" in err and "--start-over" in err
+    assert "model.safetensors: sha256" in err
+    assert _snapshot(out) == before  # the damaged checkpoints are all still there, untouched
+
+    assert main(["train", str(config), "--resume", "--start-over"]) == 0
+    err = capsys.readouterr().err
+    (aside,) = out.glob("checkpoints.damaged-*")
+    assert str(aside) in err
+    assert sorted(p.name for p in aside.glob("step-*")) == steps
+    for name in steps:  # kept as they were, damage included
+        assert (aside / name / "model.safetensors").read_bytes() == before[
+            f"checkpoints/{name}/model.safetensors"
+        ]
+        with pytest.raises(CheckpointCorruptError):
+            verify(aside / name)
+    assert verify(ckpts / "step-000003")["step"] == 3  # trained again from step 0
