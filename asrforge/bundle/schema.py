@@ -82,7 +82,7 @@ MODEL_SHAPE = (*SHAPE_FIELDS, "vocab_size")
 INFERENCE_FIELDS: Split = {
     "config_id": ALL,
     "model": {**{name: ALL for name in MODEL_SHAPE}, "attn_implementation": ALL},
-    "data": {"task": ALL},
+    "data": {"task": ALL, "language_tokens": ALL},  # the prompt's language token
     "eval": {"max_new_tokens": ALL},
 }
 """Fields of ``TrainConfig`` an exported model keeps (in ``inference_config.json``)."""
