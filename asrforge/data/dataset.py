@@ -46,6 +46,12 @@ def load_arrow(path: Path):
     path = Path(path)
     if not path.exists():
         raise UserError(f"data.path: {path} does not exist (set data.generate: tones to make a small one)")
+    empty = _empty_splits(path)
+    if empty:  # datasets' load_from_disk fails on them with an IndexError
+        raise UserError(
+            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
+            "add rows or leave the split out of the saved DatasetDict"
+        )
     try:
         dd = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as e:
@@ -66,6 +72,17 @@ def load_arrow(path: Path):
         if isinstance(split.features["audio"], Audio):
             dd[name] = split.cast_column("audio", Audio(decode=False))
     return dd
+
+
+def _empty_splits(path: Path) -> list[str]:
+    """Splits of the ``save_to_disk`` directory ``path`` that were saved without rows (no data
+    files), read from its JSON files; [] when they cannot be read (load_from_disk reports it)."""
+    try:
+        names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        states = {n: json.loads((path / n / "state.json").read_text()) for n in names}
+        return [n for n, state in states.items() if not state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 @lru_cache(maxsize=1024)
