@@ -176,14 +176,29 @@ def test_ganda_mapped_to_an_existing_token_trains_under_group_c(tmp_path, tones_
     assert not (tmp_path / "run" / "skipped-train.json").exists()  # nothing dropped
     records = (tmp_path / "run" / "eval" / "step-000002.jsonl").read_text().splitlines()
     assert {json.loads(r)["language"] for r in records[:-1]} == {"lg"}
+    # the bundle keeps the mapping: it transcribes Ganda (by code or name) under <|sw|>
+    from asrforge.bundle import export_bundle, load_bundle
+
+    bundle = load_bundle(export_bundle(tmp_path / "run", tmp_path / "bundle"))
+    assert bundle.languages == ["lg"] and bundle.specials.token_language("lg") == "sw"
+    wave = np.full(8000, 0.01, dtype=np.float32)
+    assert bundle.recognize([wave], "Luganda")[0].language == "lg"
 
 
 # ---------------------------------------------------------------------------------------------
 # Items 10 and 20: NaN/inf and empty audio, evaluation drops
 
 
+CACHES = {
+    "no cache": {},
+    "log-mel cache": {"data": {"cache_features": True}},
+    "encoder cache": {"model": {"freeze_encoder": True}, "data": {"cache_encoder": True}},
+}
+
+
+@pytest.mark.parametrize("cache", list(CACHES))
 def test_nan_and_empty_clips_are_skipped_and_reported_in_training_and_evaluation(
-    tmp_path, tones_dir
+    tmp_path, tones_dir, cache
 ):
     broken: dict[str, dict[str, str]] = {"train": {}, "validation": {}}
 
@@ -203,11 +218,11 @@ def test_nan_and_empty_clips_are_skipped_and_reported_in_training_and_evaluation
     data = variant(tones_dir, tmp_path / "d", poison)
     cfg = tiny_config(
         tmp_path / "run", data, train={"max_steps": 6, "log_every": 1},
-        eval={"eval_steps": None, "max_new_tokens": 4},
+        eval={"eval_steps": None, "max_new_tokens": 4}, **CACHES[cache],
     )  # fmt: skip
     result = fit(cfg)
     run = tmp_path / "run"
-    assert result.status == "completed"  # no NaN loss, no divergence
+    assert result.status == "completed"  # no NaN loss, no divergence (nor a NaN cached)
     log_text = (run / "train.log").read_text()
     # 0-sample clips: the up-front skip report
     for split in ("train", "validation"):
