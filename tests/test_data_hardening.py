@@ -124,6 +124,17 @@ def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path,
     assert len(utts) == len(split)
 
 
+def test_vocab_build_reads_the_transcripts_of_every_spelling_of_its_language(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from asrforge.model.vocab import read_transcripts
+
+    rows = [("a", "Georgian"), ("b", "ka-GE"), ("c", "ka"), ("d", "en"), (None, "ka")]
+    split = Dataset.from_dict({"text": [t for t, _ in rows], "language": [x for _, x in rows]})
+    DatasetDict({"train": split}).save_to_disk(str(tmp_path / "d"))
+    assert read_transcripts(tmp_path / "d", "georgian") == ["a", "b", "c"]
+
+
 def test_cantonese_is_selected_as_cantonese_and_decoded_with_zh_without_a_yue_token(
     tmp_path, tones_dir, caplog
 ):

@@ -28,7 +28,7 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-BUNDLE_VERSION = "1.0.0"
+BUNDLE_VERSION = "1.1.0"  # 1.1: data.language_tokens
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 

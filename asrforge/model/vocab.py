@@ -451,7 +451,8 @@ def load_extended_tokenizer(directory: Path):
 
 
 def read_transcripts(data: Path, language: str, split: str = "train") -> list[str]:
-    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``."""
+    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``; the
+    ``language`` column and ``language`` may be codes, names or locales (resolved alike)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -465,13 +466,15 @@ def read_transcripts(data: Path, language: str, split: str = "train") -> list[st
     missing = {"text", "language"} - set(ds.column_names)
     if missing:
         raise UserError(f"--data {data}: split {split!r} lacks columns {sorted(missing)}")
+    wanted = find_language_code(language) or language
+    codes: dict[str, str] = {}  # the column's spellings ("English", "en-US") -> code
     texts = []
     for batch in ds.select_columns(["text", "language"]).iter(batch_size=4096):
-        texts.extend(
-            t.strip()
-            for t, lang in zip(batch["text"], batch["language"], strict=True)
-            if lang == language and t and t.strip()
-        )
+        for t, lang in zip(batch["text"], batch["language"], strict=True):
+            if lang not in codes:
+                codes[lang] = find_language_code(str(lang)) or str(lang)
+            if codes[lang] == wanted and isinstance(t, str) and t.strip():
+                texts.append(t.strip())
     return texts
 
 
@@ -540,7 +543,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
     b.add_argument("--data", type=Path, required=True, help="Arrow dataset (train split is read)")
-    b.add_argument("--language", required=True, help="ISO code of the language column")
+    b.add_argument(
+        "--language", required=True, help="the language (code, name or locale) to extend for"
+    )
     b.add_argument(
         "--vocab-size",
         type=int,
