@@ -165,8 +165,8 @@ class DataConfig(Section):
     language_tokens: dict[str, str] | None = None
     """Decode a language that has no token of its own under another language's token, e.g.
     ``{lg: sw}`` trains Ganda under ``<|sw|>`` (the run is still selected as Ganda). Without a
-    mapping such utterances are skipped as "language without a token", unless the tokenizer is
-    a vocabulary extension that added the language's token (``asrforge vocab build``)."""
+    mapping such utterances are skipped ("language 'lg' without a token"), unless the tokenizer
+    is a vocabulary extension that added the language's token (``asrforge vocab build``)."""
     task: Literal["transcribe", "translate"] = "transcribe"
     batch_size: int = Field(default=8, gt=0)
     """Utterances per micro-batch (per process)."""

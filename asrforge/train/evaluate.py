@@ -216,10 +216,13 @@ def evaluate_split(
         Collator,
         SpeechDataset,
         eval_batches,
+        language_filter,
         load_arrow,
         prepare_split,
     )
     from asrforge.errors import UserError
+
+    language_filter(languages, where="languages")  # named by this argument, not data.languages
 
     dd = load_arrow(data)
     if split not in dd:
