@@ -159,7 +159,14 @@ class DataConfig(Section):
     train_split: str = "train"
     eval_split: str = "validation"
     languages: list[str] | None = None
-    """Keep only utterances of these languages (ISO codes); default all."""
+    """Keep only utterances of these languages; default all. Codes, English names and locales
+    are resolved alike here and in the data's ``language`` column (``en``, ``English``,
+    ``en-US`` are one language; ``zh-HK`` is Cantonese, ``yue``)."""
+    language_tokens: dict[str, str] | None = None
+    """Decode a language that has no token of its own under another language's token, e.g.
+    ``{lg: sw}`` trains Ganda under ``<|sw|>`` (the run is still selected as Ganda). Without a
+    mapping such utterances are skipped ("language 'lg' without a token"), unless the tokenizer
+    is a vocabulary extension that added the language's token (``asrforge vocab build``)."""
     task: Literal["transcribe", "translate"] = "transcribe"
     batch_size: int = Field(default=8, gt=0)
     """Utterances per micro-batch (per process)."""

@@ -148,11 +148,12 @@ def test_export_writes_a_complete_bundle(trained_run, bundle_dir) -> None:
 
     info = json.loads((bundle_dir / INFERENCE_CONFIG).read_text())
     best = trained_run / "checkpoints" / "best"
-    assert info["bundle_version"] == "1.0.0" and info["weights"] == "ema"
+    assert info["bundle_version"] == "1.1.0" and info["weights"] == "ema"
     assert info["languages"] == ["en", "es"] and info["multilingual"] is True
     assert info["source"]["step"] == read_manifest(best)["step"]
     assert info["model"]["d_model"] == 32 and info["model"]["max_source_positions"] == 100
-    assert info["data"] == {"task": "transcribe"} and info["eval"] == {"max_new_tokens": 6}
+    assert info["data"] == {"task": "transcribe", "language_tokens": None}
+    assert info["eval"] == {"max_new_tokens": 6}
     assert info["features"]["chunk_length"] == 2 and len(info["features"]["mean"]) == 80
     assert "optim" not in info and "output_dir" not in info
 

@@ -63,7 +63,7 @@ def test_the_guard_names_a_field_added_without_a_decision() -> None:
 
 
 def test_the_guard_names_fields_in_both_sets_and_stale_names() -> None:
-    both = {**INFERENCE_FIELDS, "data": {"task": ALL, "batch_size": ALL}}
+    both = {**INFERENCE_FIELDS, "data": {**INFERENCE_FIELDS["data"], "batch_size": ALL}}
     assert unclassified_fields(TrainConfig, TRAINING_ONLY, both) == [
         "data.batch_size: in both TRAINING_ONLY and INFERENCE_FIELDS"
     ]
@@ -84,7 +84,7 @@ def test_inference_config_keeps_inference_fields_only() -> None:
         "vocab_size",
         "attn_implementation",
     }
-    assert set(fields["data"].annotation.model_fields) == {"task"}
+    assert set(fields["data"].annotation.model_fields) == {"task", "language_tokens"}
     assert not {"output_dir", "seed", "optim", "train", "selection", "checkpoint"} & set(fields)
     # the field docstrings come along
     derived = fields["model"].annotation.model_fields["max_source_positions"]

@@ -327,6 +327,41 @@ def test_build_model_extends_a_pretrained_model_to_an_extended_tokenizer(pretrai
     assert out.logits.shape[-1] == ext.vocab_size
 
 
+def test_a_language_without_a_token_gets_one_with_a_drawn_row(
+    tmp_path, pretrained, base_tok, ka_ext
+):
+    """Ganda (the seed's group C) has no Whisper token: the extension adds <|lg|> as its last
+    id, its embedding row is drawn like the other new rows, and prompts of lg carry it."""
+    from asrforge.config import SelectionConfig
+    from asrforge.selection import build_selector
+
+    rng = random.Random(0)
+    words = ["omusajja", "abaana", "ekitabo", "ennyumba", "okulya", "ŋŋaali", "ŋumi", "ñña"]
+    texts = [" ".join(rng.choices(words, k=6)) for _ in range(300)]
+    ext = build_extended_tokenizer(
+        TINY_EN, texts, language="lg", vocab_size=400, out=tmp_path / "lg"
+    )
+    assert ext.language_token == "<|lg|>" and VocabExtension.read(tmp_path / "lg") == ext
+    # a multilingual "pretrained" model (tiny.en's tokenizer has every language token)
+    (pretrained / "generation_config.json").write_text(json.dumps({"is_multilingual": True}))
+    cfg = ModelConfig(pretrained=pretrained, tokenizer=tmp_path / "lg")
+    tok = build_tokenizer(cfg)
+    lg = tok.convert_tokens_to_ids("<|lg|>")
+    assert lg == len(tok) - 1 == ext.vocab_size - 1 and len(base_tok) < lg
+    bundle = build_model(cfg, tok, seed=0)
+    assert bundle.specials.token_language("Luganda") == "lg"
+    assert bundle.specials.prompt("lg")[1] == lg
+    emb = bundle.model.model.decoder.embed_tokens.weight.detach()
+    assert torch.isfinite(emb[lg]).all() and emb[lg].std() > 0
+    assert (emb[: len(base_tok)] - emb[lg]).abs().sum(1).min() > 0  # drawn, not a copy
+    # a special token: decoding skips it; Ganda is still selected as Ganda (group C, by loss)
+    ids = [lg, *tok.encode(" okulya ŋumi", add_special_tokens=False)]
+    assert tok.decode(ids, skip_special_tokens=True).strip() == "okulya ŋumi"
+    assert build_selector(SelectionConfig(), "lg", partial=False).policy_name == "by_loss"
+    # a language the base has a token for (Georgian) gets none
+    assert VocabExtension.read(ka_ext).language_token is None
+
+
 def test_loading_a_base_checkpoint_into_an_extended_model_and_back_reports_the_vocab_tensors():
     base = _tiny_whisper(300, eot=256)
     extended = _tiny_whisper(300, eot=256)

@@ -54,6 +54,7 @@ from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig,
 from asrforge.errors import CheckpointError, UserError
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
+from asrforge.text.scripts import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def checkpoint_contents(
     cfg = _read_train_config(ckpt / "config.yaml")
     tokenizer = load_tokenizer(ckpt / "tokenizer")
     multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
-    specials = SpecialTokens.from_tokenizer(tokenizer, multilingual)
+    specials = SpecialTokens.from_tokenizer(tokenizer, multilingual, cfg.data.language_tokens)
 
     has_ema = EMA_FILE in files
     chosen = weights or ("ema" if has_ema else "raw")
@@ -508,16 +509,19 @@ def _data_facts(
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
     from asrforge.data.audio import decode_audio
-    from asrforge.data.dataset import load_arrow
+    from asrforge.data.dataset import data_language, language_filter, load_arrow
 
     try:
         split = load_arrow(Path(cfg.data.path))[cfg.data.train_split]
     except (UserError, KeyError, OSError) as e:
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None
-    langs = sorted(set(split["language"])) if specials.multilingual else ["en"]
-    if cfg.data.languages:
-        langs = [c for c in langs if c in cfg.data.languages]
+    langs = (
+        sorted({data_language(x) for x in split["language"]}) if specials.multilingual else ["en"]
+    )
+    keep = language_filter(cfg.data.languages)
+    if keep is not None:
+        langs = [c for c in langs if c in keep]
     if specials.multilingual:
         langs = [c for c in langs if c in specials.languages]
     stats = None
@@ -536,7 +540,8 @@ def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -
     if not specials.multilingual:
         return ["en"]
     if cfg.data.languages:
-        return [c for c in cfg.data.languages if c in specials.languages]
+        codes = [find_language_code(c) or c for c in cfg.data.languages]
+        return [c for c in codes if c in specials.languages]
     seen: set[str] = set()
     for records in sorted((ckpt.parent.parent / "eval").glob("step-*.jsonl")):
         for line in records.read_text(encoding="utf-8").splitlines():

@@ -37,10 +37,11 @@ from asrforge.bundle.schema import (
 )
 from asrforge.bundle.windows import segment
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
-from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
+from asrforge.text.scripts import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError
@@ -395,7 +396,9 @@ class Bundle:
         self.tokenizer = tokenizer
         self.config = config
         self.path = path
-        self.specials = SpecialTokens.from_tokenizer(tokenizer, config.multilingual)
+        self.specials = SpecialTokens.from_tokenizer(
+            tokenizer, config.multilingual, config.data.language_tokens
+        )
         self.features = config.features.extractor()
 
     @property
@@ -442,8 +445,8 @@ class Bundle:
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
         """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
         language, or the one detected among the bundle's languages."""
-        if language is not None:
-            code = language.strip().lower()
+        if language is not None:  # a code, name or locale ("de", "German", "de-AT")
+            code = find_language_code(language) or language.strip().lower()
             if not self.specials.multilingual:
                 if code not in ("en", "english"):
                     raise UserError(f"language {language!r}: this bundle is English-only")
@@ -531,6 +534,12 @@ class Bundle:
         out = []
         for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
             wave = self.load_audio(audio)
+            problem = audio_problem(wave)
+            if problem is not None:  # decoding it would only make up "" or noise
+                name = audio if isinstance(audio, str | Path) else f"recording {i}"
+                log.warning("%s: %s; not transcribed (empty text)", name, problem)
+                out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, 0))
+                continue
             code = self.resolve_language(wave, lang)
             prompt = tuple(self.specials.prompt(code, self.config.data.task))
             pieces = segment(wave, SAMPLE_RATE, self.window_seconds)

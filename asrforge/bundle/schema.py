@@ -29,7 +29,7 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-BUNDLE_VERSION = "1.0.0"
+BUNDLE_VERSION = "1.1.0"  # 1.1: data.language_tokens
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 
@@ -83,7 +83,7 @@ MODEL_SHAPE = (*SHAPE_FIELDS, "vocab_size")
 INFERENCE_FIELDS: Split = {
     "config_id": ALL,
     "model": {**{name: ALL for name in MODEL_SHAPE}, "attn_implementation": ALL},
-    "data": {"task": ALL},
+    "data": {"task": ALL, "language_tokens": ALL},  # the prompt's language token
     "eval": {"max_new_tokens": ALL},
 }
 """Fields of ``TrainConfig`` an exported model keeps (in ``inference_config.json``)."""

@@ -32,6 +32,20 @@ def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np
     return resample(wave, sr, target_sr)
 
 
+def audio_problem(wave: np.ndarray) -> str | None:
+    """Why decoded audio cannot be used, or None: no samples, or NaN/inf samples (a float file
+    written from a diverged DSP chain decodes "fine" and turns every log-mel into NaN).
+
+    Args:
+        wave: (n_samples,) decoded audio.
+    """
+    if wave.size == 0:
+        return "empty audio (0 samples)"
+    if not np.isfinite(wave).all():
+        return "non-finite audio (NaN/inf samples)"
+    return None
+
+
 def audio_info(source: bytes | str | Path) -> tuple[int, float]:
     """(sample rate, duration in seconds) from the header only."""
     handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)

@@ -1,8 +1,14 @@
 """ASR datasets: an Arrow split -> filtered utterances -> (log-mel, prompt, labels) batches.
 
-Filtering happens once, up front, in the main process: empty text, labels longer than the
-decoder allows, unreadable or over-long audio are skipped with their ids and counted, so an
-epoch never crashes halfway. Log-mels are computed in DataLoader workers.
+Filtering happens once, up front, in the main process: empty text, languages without a
+token, labels longer than the decoder allows, unreadable, empty or over-long audio are skipped
+with their ids and counted, so an epoch never crashes halfway. Log-mels are computed in
+DataLoader workers; a clip whose samples turn out NaN/inf (or that fails to decode there) is
+dropped from its batch with its id and reason (``Collator``), and reported by the loop and by
+evaluation.
+
+The ``language`` column and ``data.languages`` are resolved alike (:func:`data_language`): codes,
+English names and locales (``en``, ``English``, ``en-US``) are one language.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +26,15 @@ import torch
 from torch.utils.data import Dataset
 
 from asrforge.config import DataConfig
-from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
 from asrforge.errors import UserError
+from asrforge.text.scripts import find_language_code
 
 log = logging.getLogger(__name__)
 
 IGNORE = -100  # label id the loss skips
+TEXT_COLUMNS = ("text", "language")
+"""Columns that must hold strings (or nulls, which are skipped as empty)."""
 
 
 def load_arrow(path: Path):
@@ -36,6 +46,12 @@ def load_arrow(path: Path):
     path = Path(path)
     if not path.exists():
         raise UserError(f"data.path: {path} does not exist (set data.generate: tones to make a small one)")
+    empty = _empty_splits(path)
+    if empty:  # datasets' load_from_disk fails on them with an IndexError
+        raise UserError(
+            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
+            "add rows or leave the split out of the saved DatasetDict"
+        )
     try:
         dd = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as e:
@@ -46,9 +62,50 @@ def load_arrow(path: Path):
         missing = {"audio", "text", "language"} - set(split.column_names)
         if missing:
             raise UserError(f"data.path: split {name!r} lacks columns {sorted(missing)}")
+        for column in TEXT_COLUMNS:
+            dtype = getattr(split.features[column], "dtype", type(split.features[column]).__name__)
+            if dtype not in ("string", "large_string", "null"):
+                raise UserError(
+                    f"data.path: {path} split {name!r}: column {column!r} holds {dtype}, "
+                    "expected strings"
+                )
         if isinstance(split.features["audio"], Audio):
             dd[name] = split.cast_column("audio", Audio(decode=False))
     return dd
+
+
+def _empty_splits(path: Path) -> list[str]:
+    """Splits of the ``save_to_disk`` directory ``path`` that were saved without rows (no data
+    files), read from its JSON files; [] when they cannot be read (load_from_disk reports it)."""
+    try:
+        names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        states = {n: json.loads((path / n / "state.json").read_text()) for n in names}
+        return [n for n, state in states.items() if not state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+@lru_cache(maxsize=1024)
+def data_language(value: str | None) -> str:
+    """The language code of a ``language`` value (``"English"``, ``"en-US"`` -> ``"en"``;
+    ``"zh-HK"`` -> ``"yue"``), or the value itself when it names no known language."""
+    text = "" if value is None else str(value)
+    return find_language_code(text) or text
+
+
+def language_filter(languages: list[str] | None, where: str = "data.languages") -> set[str] | None:
+    """The codes of ``languages`` (codes, names or locales), or None for "all".
+
+    Raises:
+        UserError: an entry names no known language (by its path, e.g. ``data.languages.1``).
+    """
+    if not languages:
+        return None
+    unknown = [f"{where}.{i}: unknown language {x!r}" for i, x in enumerate(languages)
+               if find_language_code(x) is None]  # fmt: skip
+    if unknown:
+        raise UserError("; ".join(unknown) + " (give an ISO or Whisper code or an English name)")
+    return {find_language_code(x) for x in languages}
 
 
 @dataclass
@@ -107,22 +164,22 @@ def prepare_split(
 ) -> tuple[list[Utterance], SkipReport]:
     """Tokenize and check every utterance of ``split``; return the usable ones and a report."""
     report = SkipReport(split=name, total=len(split))
-    keep_langs = set(cfg.languages) if cfg.languages else None
+    keep_langs = language_filter(cfg.languages)
     ids = split["id"] if "id" in split.column_names else [f"{name}-{i}" for i in range(len(split))]
     texts, langs = split["text"], split["language"]
     out: list[Utterance] = []
     row = 0
     for batch in split.select_columns(["audio"]).iter(batch_size=256):
         for audio in batch["audio"]:
-            uid, text, lang = str(ids[row]), texts[row], langs[row]
+            uid, text, lang = str(ids[row]), texts[row], data_language(langs[row])
             r, row = row, row + 1
             if keep_langs is not None and lang not in keep_langs:
                 continue
             if text is None or not text.strip():
                 report.add("empty text", uid)
                 continue
-            if specials.multilingual and lang not in specials.languages:
-                report.add("language without a token", uid)
+            if specials.multilingual and specials.token_language(lang) is None:
+                report.add(f"language {lang!r} without a token", uid)
                 continue
             blob = audio.get("bytes") if isinstance(audio, dict) else None
             src = blob if blob else (audio.get("path") if isinstance(audio, dict) else None)
@@ -132,6 +189,9 @@ def prepare_split(
                 _, seconds = audio_info(src)
             except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
                 report.add("unreadable audio", uid)
+                continue
+            if seconds <= 0:
+                report.add("empty audio (0 samples)", uid)
                 continue
             if seconds > max_seconds:
                 report.add(f"audio longer than {max_seconds:g} s", uid)
@@ -143,15 +203,44 @@ def prepare_split(
                 continue
             key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
             out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids, key))
+    _log_language_tokens(name, out, specials, report)
     return out, report
+
+
+def _log_language_tokens(name: str, utts: list[Utterance], specials, report: SkipReport) -> None:
+    """Say which languages decode under another's token, and how to keep the tokenless ones."""
+    if not specials.multilingual:
+        return
+    for lang in sorted({u.language for u in utts} & set(specials.token_of)):
+        log.info(
+            "split %s: language %s is decoded with <|%s|> (the tokenizer has no <|%s|>); "
+            "checkpoint selection still goes by %s",
+            name, lang, specials.token_of[lang], lang, lang,
+        )
+    tokenless = sorted(r for r in report.skipped if r.startswith("language ") and "token" in r)
+    if tokenless:
+        log.warning(
+            "split %s: %s: map such a language to an existing token (data.language_tokens, "
+            "e.g. {lg: sw}) or add its token with `asrforge vocab build`",
+            name, ", ".join(f"{len(report.skipped[r])} {r}" for r in tokenless),
+        )
+
+
+class UnusableAudio(UserError):
+    """Audio that decodes but cannot be trained or evaluated on (see ``audio_problem``)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SpeechDataset(Dataset):
     """Utterances -> dicts with ``input_features: (n_mels, n_frames)`` float32, ``decoder_input_ids``
     and ``labels`` (same length; the prompt's positions are ``IGNORE`` in labels).
 
-    A clip that fails to decode in a worker yields ``None`` (the collator drops it and records
-    its id), never an exception that would end the epoch.
+    A clip that fails to decode in a worker, or whose samples are NaN/inf, yields
+    ``{"dropped": uid, "reason": ...}`` (the collator drops it and records both), never an
+    exception that would end the epoch.
     """
 
     def __init__(self, split, utterances: list[Utterance], feature_extractor, eot: int):
@@ -169,6 +258,7 @@ class SpeechDataset(Dataset):
         """Log-mel features of utterance ``i``: (n_mels, n_frames) float32.
 
         Raises:
+            UnusableAudio: the audio has no samples or NaN/inf ones.
             UserError: the audio cannot be decoded.
         """
         cache = self.feature_cache
@@ -176,6 +266,9 @@ class SpeechDataset(Dataset):
             return cache.features(self.utts[i].audio_key)
         audio = self.split[self.utts[i].row]["audio"]
         wave = decode_audio(audio.get("bytes") or audio.get("path"))
+        problem = audio_problem(wave)
+        if problem is not None:
+            raise UnusableAudio(problem)
         feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
         return np.asarray(feats, dtype=np.float32)
 
@@ -190,8 +283,10 @@ class SpeechDataset(Dataset):
         else:
             try:
                 inputs = {"input_features": torch.from_numpy(self.features_of(i))}
+            except UnusableAudio as e:
+                return {"dropped": u.uid, "reason": e.reason}
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
-                return {"dropped": u.uid}
+                return {"dropped": u.uid, "reason": "failed to decode"}
         dec = u.prompt + u.text_ids
         labels = [IGNORE] * (len(u.prompt) - 1) + u.text_ids + [self.eot]
         return {
@@ -213,9 +308,10 @@ class Collator:
 
     def __call__(self, items: list[dict]) -> dict:
         dropped = [it["dropped"] for it in items if "dropped" in it]
+        reasons = [it.get("reason", "failed to decode") for it in items if "dropped" in it]
         items = [it for it in items if "dropped" not in it]
         if not items:
-            return {"size": 0, "dropped": dropped}
+            return {"size": 0, "dropped": dropped, "dropped_reasons": reasons}
         t = max(len(it["labels"]) for it in items)
         dec = torch.full((len(items), t), self.pad_id, dtype=torch.long)
         lab = torch.full((len(items), t), IGNORE, dtype=torch.long)
@@ -234,7 +330,17 @@ class Collator:
             "text": [it["text"] for it in items],
             "size": len(items),
             "dropped": dropped,
+            "dropped_reasons": reasons,
         }
+
+
+def dropped_by_reason(batch: dict) -> dict[str, list[str]]:
+    """The ids a collated batch dropped, by reason (as :class:`SkipReport` groups them)."""
+    out: dict[str, list[str]] = {}
+    reasons = batch.get("dropped_reasons") or ["failed to decode"] * len(batch.get("dropped", []))
+    for uid, reason in zip(batch.get("dropped", []), reasons, strict=True):
+        out.setdefault(reason, []).append(uid)
+    return out
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:

@@ -111,15 +111,23 @@ class EncoderCache:
         log.info("encoder cache: computing %d of %d utterances into %s", len(missing), len(wanted), directory)
         was_training = encoder.training
         encoder.eval()
-        n_total = len(index) + len(missing)
+        n_total = len(index) + len(missing)  # rows of clips that fail to decode stay unused
         new_index = dict(index)
-        for j, i in enumerate(missing):
-            new_index[dataset.utts[i].audio_key] = len(index) + j
+        failed = 0
         try:
             with NewDataFile(directory, "states", "npy") as new, torch.no_grad():
                 out, pos = None, len(index)
                 for start in range(0, len(missing), batch_size):
-                    items = [dataset.features_of(i) for i in missing[start : start + batch_size]]
+                    items, keys = [], []
+                    for i in missing[start : start + batch_size]:
+                        try:
+                            items.append(dataset.features_of(i))
+                        except Exception:  # noqa: BLE001 - an undecodable or NaN clip stays
+                            failed += 1  # uncached; the data set drops and reports it
+                            continue
+                        keys.append(dataset.utts[i].audio_key)
+                    if not items:
+                        continue
                     feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
                     with autocast() if autocast is not None else contextlib.nullcontext():
                         hidden = forward(feats).float().cpu().numpy()
@@ -128,9 +136,14 @@ class EncoderCache:
                             new.tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
                         )
                         if have is not None:
-                            copy_rows(out, have.data.array)
+                            # used rows are 0..len(index)-1; an undecodable clip's tail row is not
+                            copy_rows(out, have.data.array[: len(index)])
                     out[pos : pos + len(hidden)] = hidden
+                    new_index.update({key: pos + k for k, key in enumerate(keys)})
                     pos += len(hidden)
+                if out is None:  # no clip decoded: keep the cache as it was
+                    log.warning("encoder cache: none of %d clips could be decoded", len(missing))
+                    return have
                 out.flush()
                 del out
                 new.publish(index_file, {"states": new.name, "rows": new_index})
@@ -140,5 +153,6 @@ class EncoderCache:
         if have is not None:
             have.data.close()
         remove_unused(directory, "states-*.npy", keep=cache.states)
-        log.info("encoder cache: %d rows written in %.1f s", len(missing), time.perf_counter() - t0)
+        log.info("encoder cache: %d rows written in %.1f s%s", len(missing) - failed,
+                 time.perf_counter() - t0, f" ({failed} clips not decodable)" if failed else "")
         return cache

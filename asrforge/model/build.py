@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +67,13 @@ def is_multilingual(cfg: ModelConfig) -> bool:
     return vocab >= 51865  # transformers' own rule for Whisper checkpoints
 
 
-def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> ModelBundle:
+def build_model(
+    cfg: ModelConfig,
+    tokenizer: WhisperTokenizer,
+    seed: int,
+    *,
+    language_tokens: Mapping[str, str] | None = None,
+) -> ModelBundle:
     """Build (from scratch) or load (from ``cfg.pretrained``) the model.
 
     Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``. When
@@ -76,8 +82,10 @@ def build_model(cfg: ModelConfig, tokenizer: WhisperTokenizer, seed: int) -> Mod
     ``cfg.vocab_size`` and ``cfg.base_vocab_size`` are checked when set, then filled in.
     ``cfg.freeze_encoder`` / ``cfg.train_encoder_layers`` freeze the encoder or its lower part
     (``asrforge.model.partial``; a UserError when the model has fewer encoder layers).
+    ``language_tokens`` (``data.language_tokens``) decodes languages without a token of their
+    own under another's (see :class:`SpecialTokens`).
     """
-    specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg))
+    specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg), language_tokens)
     if cfg.pretrained is not None:
         model = _load_pretrained(cfg)
         base_vocab_size = model.config.vocab_size

@@ -8,7 +8,8 @@ of ``<|startoftranscript|>``, the language and task tokens once, and builds deco
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
+from asrforge.text.scripts import LANGUAGES as KNOWN_LANGUAGES
+from asrforge.text.scripts import find_language_code
+
+log = logging.getLogger(__name__)
 
 EOT = "<|endoftext|>"
 SOT = "<|startoftranscript|>"
@@ -31,20 +36,33 @@ WHISPER_SPECIALS = [
     "<|nospeech|>",
     "<|notimestamps|>",
 ]
+FALLBACK_TOKENS = {"yue": "zh"}
+"""Language -> the language whose token decodes it when the tokenizer has none of its own:
+Whisper before large-v3 has no ``<|yue|>`` and learned Cantonese under ``<|zh|>``."""
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> WhisperTokenizer:
     """Train a byte-level BPE on ``texts`` and wrap it as a Whisper tokenizer.
 
     Args:
-        texts: transcripts (training split only: evaluation text must not leak into the vocab).
+        texts: transcripts (training split only: evaluation text must not leak into the vocab);
+            empty and missing (None) ones are skipped, with a warning.
         vocab_size: size of the BPE vocabulary (256 byte tokens + merges), before special tokens.
     """
     from tokenizers import ByteLevelBPETokenizer
 
+    texts = list(texts)
+    usable = [t for t in texts if isinstance(t, str) and t.strip()]
+    if not usable:
+        raise UserError(f"no non-empty transcript to train the tokenizer on ({len(texts)} rows)")
+    if len(usable) < len(texts):  # the data set skips the same rows as "empty text"
+        log.warning(
+            "tokenizer: %d of %d transcripts are empty or missing; trained on the other %d",
+            len(texts) - len(usable), len(texts), len(usable),
+        )
     bpe = ByteLevelBPETokenizer(add_prefix_space=False)
     bpe.train_from_iterator(
-        list(texts), vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        usable, vocab_size=vocab_size, min_frequency=2, show_progress=False,
         special_tokens=[EOT],
     )
     state = json.loads(bpe._tokenizer.to_str())["model"]  # the trained vocab and merges
@@ -80,6 +98,11 @@ class SpecialTokens:
 
     A multilingual model's prompt is ``<|startoftranscript|><|xx|><|task|><|notimestamps|>``; an
     English-only (``.en``) model's is ``<|startoftranscript|><|notimestamps|>``.
+
+    The language of an utterance (what checkpoint selection goes by) and the token its prompt
+    carries are two things: a language without a token of its own is decoded under another's
+    when ``data.language_tokens`` maps it (``{lg: sw}``), and Cantonese under ``<|zh|>`` when
+    the tokenizer has no ``<|yue|>`` (:data:`FALLBACK_TOKENS`).
     """
 
     sot: int
@@ -87,34 +110,74 @@ class SpecialTokens:
     no_timestamps: int
     tasks: dict[str, int]
     languages: dict[str, int] = field(default_factory=dict)
+    """Language code -> id of the token its prompt carries (its own, or the mapped one's)."""
     multilingual: bool = True
+    token_of: dict[str, str] = field(default_factory=dict)
+    """Language code -> code of the other language whose token it is decoded under."""
 
     @classmethod
-    def from_tokenizer(cls, tok: WhisperTokenizer, multilingual: bool) -> SpecialTokens:
+    def from_tokenizer(
+        cls,
+        tok: WhisperTokenizer,
+        multilingual: bool,
+        language_tokens: Mapping[str, str] | None = None,
+    ) -> SpecialTokens:
+        """Resolve the ids in ``tok``.
+
+        Args:
+            tok: a Whisper tokenizer; its language tokens are those ``<|xx|>`` of Whisper's
+                languages and of :data:`asrforge.text.scripts.LANGUAGES` it holds (a vocabulary
+                extension can add e.g. ``<|lg|>``).
+            multilingual: whether prompts carry a language and a task token.
+            language_tokens: ``data.language_tokens``: language -> language whose token to use
+                (codes, names or locales).
+
+        Raises:
+            UserError: Whisper's special tokens are missing, or a mapping names an unknown
+                language or a target without a token (by YAML path ``data.language_tokens``).
+        """
+
         def tid(token: str) -> int | None:
             i = tok.convert_tokens_to_ids(token)
             return None if i is None or i == tok.unk_token_id and token != EOT else int(i)
 
-        langs = {code: tid(f"<|{code}|>") for code in LANGUAGES}
+        codes = [*LANGUAGES, *(c for c in KNOWN_LANGUAGES if c not in LANGUAGES)]
+        own = {code: tid(f"<|{code}|>") for code in codes}
+        own = {code: i for code, i in own.items() if i is not None}
         missing = [t for t in (SOT, "<|notimestamps|>", "<|transcribe|>") if tid(t) is None]
         if missing:
             raise UserError(f"tokenizer lacks Whisper special tokens {missing}")
+        token_of = _token_map(language_tokens or {}, own) if multilingual else {}
         return cls(
             sot=tid(SOT),
             eot=tid(EOT),
             no_timestamps=tid("<|notimestamps|>"),
             tasks={t: tid(f"<|{t}|>") for t in TASKS if tid(f"<|{t}|>") is not None},
-            languages={c: i for c, i in langs.items() if i is not None},
+            languages={**own, **{code: own[target] for code, target in token_of.items()}},
             multilingual=multilingual,
+            token_of=token_of,
         )
 
+    def token_language(self, language: str) -> str | None:
+        """The code of the language whose token prompts of ``language`` carry (``"zh"`` for
+        ``"yue"`` without ``<|yue|>``), or None when there is none."""
+        code = language if language in self.languages else find_language_code(language)
+        if code is None or code not in self.languages:
+            return None
+        return self.token_of.get(code, code)
+
     def prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
-        """Decoder prompt ids for one utterance (the loss is not computed on these)."""
+        """Decoder prompt ids for one utterance (the loss is not computed on these).
+
+        Args:
+            language: a code (or a name or locale, resolved as ``find_language_code`` does).
+        """
         if not self.multilingual:
             return [self.sot, self.no_timestamps]
-        if language not in self.languages:
+        token = self.token_language(language) if language is not None else None
+        if token is None:
             raise UserError(f"language {language!r} has no token in this tokenizer")
-        return [self.sot, self.languages[language], self.tasks[task], self.no_timestamps]
+        return [self.sot, self.languages[token], self.tasks[task], self.no_timestamps]
 
 
 def check_tokenizer_json(path: Path) -> None:
@@ -143,3 +206,27 @@ def check_tokenizer_json(path: Path) -> None:
         Tokenizer.from_str(json.dumps(data))
     except Exception as e:  # tokenizers raises a bare Exception for what it cannot parse
         raise UserError(f"{path}: not a tokenizers file: {e}") from None
+
+
+def _token_map(language_tokens: Mapping[str, str], own: Mapping[str, int]) -> dict[str, str]:
+    """Language code -> code of the token it is decoded under: ``language_tokens`` (checked),
+    then :data:`FALLBACK_TOKENS` for languages without a token of their own."""
+    out: dict[str, str] = {}
+    problems = []
+    for source, target in language_tokens.items():
+        where = f"data.language_tokens.{source}"
+        code, target_code = find_language_code(str(source)), find_language_code(str(target))
+        if code is None:
+            problems.append(f"{where}: unknown language {source!r}")
+        elif target_code is None:
+            problems.append(f"{where}: unknown language {target!r}")
+        elif target_code not in own:
+            problems.append(f"{where}: {target!r} has no token <|{target_code}|> in the tokenizer")
+        elif code != target_code:
+            out[code] = target_code
+    if problems:
+        raise UserError("; ".join(problems))
+    for code, target in FALLBACK_TOKENS.items():
+        if code not in own and code not in out and target in own:
+            out[code] = target
+    return out

@@ -12,6 +12,9 @@ it into the base tokenizer:
   base merges they would mostly never fire: the base merges consume the bytes first). Only
   merges with a non-ASCII byte on one side are taken, so text without non-ASCII bytes
   (English, code, digits) tokenizes exactly as with the base tokenizer;
+* a language Whisper has no token for (Ganda, ``lg``) gets one: ``<|lg|>`` is appended after
+  the new BPE tokens as a special token, so its prompt is that language's own (its embedding
+  row is drawn like the other new rows);
 * the directory is a Whisper tokenizer (:func:`asrforge.model.tokenizer.load_tokenizer`) plus
   ``vocab_extension.json`` (sizes, language, the base tokenizer's sha256).
 
@@ -37,6 +40,7 @@ import numpy as np
 
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import load_tokenizer
+from asrforge.text.scripts import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,9 @@ class VocabExtension:
     merges_added: int | None = None
     merges_dropped: int | None = None
     """Merges of the language BPE left out: ASCII-only ones, and those building on them."""
+    language_token: str | None = None
+    """The language token the extension added (e.g. ``<|lg|>``, its last id), when the base
+    tokenizer had none for ``language``; counted in ``new_tokens``."""
     format: int = EXTENSION_FORMAT
 
     def write(self, directory: Path) -> None:
@@ -287,13 +294,22 @@ def build_extended_tokenizer(
         if model.get("type") != "BPE" or state.get("pre_tokenizer", {}).get("type") != "ByteLevel":
             raise UserError(f"{base}: not a byte-level BPE tokenizer; cannot extend it")
         added = {a["content"]: a["id"] for a in state["added_tokens"]}
+        language_token = _missing_language_token(language, added)
         merged = merge_bpe(
             model["vocab"],
             _pairs(model["merges"], str(base / "tokenizer.json")),
             lang_merges,
             first_new_id=len(base_tok),
-            reserved=set(added),
+            reserved=set(added) | ({language_token} if language_token else set()),
         )
+        n_new = len(merged.new_tokens)
+        if language_token is not None:  # after the BPE tokens: a special token, as Whisper's are
+            added[language_token] = len(base_tok) + n_new
+            state["added_tokens"].append(
+                {"id": added[language_token], "content": language_token, "single_word": False,
+                 "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            )  # fmt: skip
+            n_new += 1
         # The added tokens go into the BPE vocabulary too (as GPT-2 has <|endoftext|>): the
         # loader re-adds them at ``len(vocab)`` onwards unless it finds them there, and the new
         # tokens after them would otherwise push them off their ids.
@@ -303,13 +319,14 @@ def build_extended_tokenizer(
         ext = VocabExtension(
             language=language,
             base_vocab_size=len(base_tok),
-            vocab_size=len(base_tok) + len(merged.new_tokens),
-            new_tokens=len(merged.new_tokens),
+            vocab_size=len(base_tok) + n_new,
+            new_tokens=n_new,
             base_tokenizer_sha256=tokenizer_sha256(base_tok),
             base=str(base.resolve()),
             trained_vocab_size=len(lang_vocab),
             merges_added=merged.merges_added,
             merges_dropped=merged.merges_dropped,
+            language_token=language_token,
         )
         ext.write(tmp)
         check_extended_tokenizer(tmp, base_tok, load_tokenizer(tmp))
@@ -330,6 +347,16 @@ def build_extended_tokenizer(
         out,
     )
     return ext
+
+
+def _missing_language_token(language: str, added: dict[str, int]) -> str | None:
+    """``<|xx|>`` for ``language`` when the base tokenizer has language tokens (a multilingual
+    Whisper's ``<|en|>``) but none for it; else None."""
+    code = find_language_code(language)
+    if code is None or "<|en|>" not in added or f"<|{code}|>" in added:
+        return None
+    log.info("the base tokenizer has no <|%s|>: adding it as a new special token", code)
+    return f"<|{code}|>"
 
 
 def check_extended_tokenizer(directory: Path, base_tok=None, tok=None) -> VocabExtension:
@@ -424,7 +451,8 @@ def load_extended_tokenizer(directory: Path):
 
 
 def read_transcripts(data: Path, language: str, split: str = "train") -> list[str]:
-    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``."""
+    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``; the
+    ``language`` column and ``language`` may be codes, names or locales (resolved alike)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -438,13 +466,15 @@ def read_transcripts(data: Path, language: str, split: str = "train") -> list[st
     missing = {"text", "language"} - set(ds.column_names)
     if missing:
         raise UserError(f"--data {data}: split {split!r} lacks columns {sorted(missing)}")
+    wanted = find_language_code(language) or language
+    codes: dict[str, str] = {}  # the column's spellings ("English", "en-US") -> code
     texts = []
     for batch in ds.select_columns(["text", "language"]).iter(batch_size=4096):
-        texts.extend(
-            t.strip()
-            for t, lang in zip(batch["text"], batch["language"], strict=True)
-            if lang == language and t and t.strip()
-        )
+        for t, lang in zip(batch["text"], batch["language"], strict=True):
+            if lang not in codes:
+                codes[lang] = find_language_code(str(lang)) or str(lang)
+            if codes[lang] == wanted and isinstance(t, str) and t.strip():
+                texts.append(t.strip())
     return texts
 
 
@@ -513,7 +543,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
     b.add_argument("--data", type=Path, required=True, help="Arrow dataset (train split is read)")
-    b.add_argument("--language", required=True, help="ISO code of the language column")
+    b.add_argument(
+        "--language", required=True, help="the language (code, name or locale) to extend for"
+    )
     b.add_argument(
         "--vocab-size",
         type=int,

@@ -3,7 +3,10 @@
 The table holds Whisper's languages under Whisper's codes (ISO 639-1 where one exists, plus
 ``haw`` and ``yue``; ``jw`` for Javanese), and a few speech-corpus languages Whisper lacks
 (``lg`` Ganda, ...). Every function here takes a code or an English name, in any case, and a
-regional tag is tolerated (``en-US``, ``pt_BR`` resolve to ``en``, ``pt``).
+regional tag is tolerated (``en-US``, ``pt_BR`` resolve to ``en``, ``pt``). Cantonese locales
+(``zh-HK``, ``zh-yue``, ``yue-Hant-HK``) resolve to ``yue``, not to Chinese: the language a run
+is *selected* by is Cantonese even where the model has no ``<|yue|>`` token to *decode* with
+(that choice is :class:`asrforge.model.tokenizer.SpecialTokens`').
 """
 
 from __future__ import annotations
@@ -56,17 +59,26 @@ _ALIASES: dict[str, str] = {
 
 _BY_NAME: dict[str, str] = {name: code for code, name in LANGUAGES.items()} | _ALIASES
 
+# Locales whose language is not their head's: Hong Kong's and Macau's Chinese is Cantonese
+# (Common Voice's ``zh-HK`` is Cantonese speech), and ``zh-yue`` is the old tag for it.
+_LOCALES: dict[str, str] = {"zh-hk": "yue", "zh-mo": "yue", "zh-yue": "yue"}
+
 # Scripts that do not separate words with spaces: word error rate means little there.
 UNSPACED_LANGUAGES: frozenset[str] = frozenset({"th", "lo", "km", "my", "zh", "yue", "ja"})
 
 
 def find_language_code(language: str) -> str | None:
-    """The code of ``language`` (a code or an English name), or None if it is unknown."""
+    """The code of ``language`` (a code, an English name or a locale such as ``en-US``,
+    ``sv_SE``, ``zh-HK``), or None if it is unknown."""
     key = " ".join(language.strip().lower().replace("_", "-").split())
     if key in LANGUAGES:
         return key
     if key in _BY_NAME:
         return _BY_NAME[key]
+    parts = key.split("-")
+    for locale in ("-".join(parts[:2]), f"{parts[0]}-{parts[-1]}"):  # zh-yue-hk, zh-hant-hk
+        if locale in _LOCALES:
+            return _LOCALES[locale]
     head = key.split("-", 1)[0]  # a regional tag: "en-us" -> "en", "pt-br" -> "pt"
     if head != key:
         return find_language_code(head)

@@ -9,6 +9,7 @@ elsewhere); ``wer_raw`` and ``cer_raw`` are on the strings as decoded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -18,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from asrforge.data.dataset import IGNORE
+from asrforge.data.dataset import IGNORE, dropped_by_reason
 from asrforge.model.decoding import greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
+
+log = logging.getLogger(__name__)
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -51,14 +54,19 @@ def evaluate(
     Returns:
         (metrics, predictions). ``metrics`` has ``loss`` (token-weighted mean cross-entropy),
         ``wer``, ``cer``, ``wer_raw``, ``cer_raw``, ``n``, ``rep_trap_count``, ``rep_trap_rate``,
-        ``hit_cap_count`` and ``per_language`` ({lang: {wer, cer, loss, n, ...}}).
+        ``hit_cap_count``, ``per_language`` ({lang: {wer, cer, loss, n, ...}}), and the clips
+        the batches dropped (undecodable, NaN/inf or empty audio): ``n_dropped`` and
+        ``dropped_utterances`` ({reason: [ids]}), also logged, so a smaller ``n`` is explained.
     """
     was_training = model.training
     model.eval()
     loss_sum, tok_sum = 0.0, 0
     preds: list[dict] = []
+    dropped: dict[str, list[str]] = {}
     try:
         for batch in batches:
+            for reason, uids in dropped_by_reason(batch).items():
+                dropped.setdefault(reason, []).extend(uids)
             if not batch.get("size"):
                 continue
             feats = batch["input_features"].to(device)
@@ -108,7 +116,22 @@ def evaluate(
         model.train(was_training)
     metrics = summarize(preds)
     metrics["loss"] = loss_sum / tok_sum if tok_sum else math.nan
+    metrics.update(dropped_metrics(dropped, len(preds)))
     return metrics, preds
+
+
+def dropped_metrics(dropped: dict[str, list[str]], n: int) -> dict:
+    """``n_dropped`` and ``dropped_utterances`` of an evaluation of ``n`` clips; logs a warning
+    naming them when there are any."""
+    count = sum(len(ids) for ids in dropped.values())
+    if count:
+        ids = [u for group in dropped.values() for u in group]
+        shown = ", ".join(ids[:20]) + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else "")
+        log.warning(
+            "evaluation: dropped %d of %d clips (%s): %s",
+            count, count + n, ", ".join(f"{len(v)} {k}" for k, v in dropped.items()), shown,
+        )
+    return {"n_dropped": count, "dropped_utterances": dropped}
 
 
 def _prompt_length(labels: torch.Tensor) -> int:
@@ -193,10 +216,13 @@ def evaluate_split(
         Collator,
         SpeechDataset,
         eval_batches,
+        language_filter,
         load_arrow,
         prepare_split,
     )
     from asrforge.errors import UserError
+
+    language_filter(languages, where="languages")  # named by this argument, not data.languages
 
     dd = load_arrow(data)
     if split not in dd:
@@ -221,4 +247,7 @@ def evaluate_split(
         bundle.model, batches, tokenizer=bundle.tokenizer, eot=eot,
         max_new_tokens=max_new_tokens, device=bundle.device,
     )
+    for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
+        for uid in uids:
+            report.add(reason, uid)
     return metrics, preds, report

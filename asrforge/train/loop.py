@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import TrainConfig
+from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
@@ -231,7 +232,7 @@ class Trainer:
                         state.batch_in_epoch += 1
                     state.dropped_utterances.extend(batch["dropped"])
                     if batch["dropped"]:
-                        log.warning("dropped clips that failed to decode: %s", batch["dropped"])
+                        log.warning("dropped clips: %s", dropped_by_reason(batch))
                     accum += 1
                     if batch["size"]:
                         labels = batch["labels"].to(acc.device)

@@ -217,12 +217,17 @@ class RunSetup:
             return metrics, preds
         from accelerate.utils import gather_object
 
-        from asrforge.train.evaluate import summarize
+        from asrforge.train.evaluate import dropped_metrics, summarize
 
         allp = gather_object(preds)
         merged = summarize(allp)
         n_tok = sum(p["n_label_tokens"] for p in allp)
         merged["loss"] = sum(p["loss"] * p["n_label_tokens"] for p in allp) / max(1, n_tok)
+        dropped: dict[str, list[str]] = {}
+        for part in gather_object([metrics.get("dropped_utterances", {})]):
+            for reason, uids in part.items():
+                dropped.setdefault(reason, []).extend(uids)
+        merged.update(dropped_metrics(dropped, len(allp)))
         return merged, allp
 
     def write_eval_records(self, step: int, metrics: dict, preds: list[dict], decision: Decision) -> None:
@@ -232,6 +237,7 @@ class RunSetup:
         lines = [json.dumps(p, ensure_ascii=False) for p in preds]
         summary = {"summary": True, "step": step, **_scalars(metrics),
                    "per_language": metrics.get("per_language", {}),
+                   "dropped_utterances": metrics.get("dropped_utterances", {}),
                    "save": decision.save, "reason": decision.reason}
         lines.append(json.dumps(summary, ensure_ascii=False))
         (self.output_dir / "eval").mkdir(exist_ok=True)
@@ -331,6 +337,8 @@ def prepare_run(
     for split in (cfg.data.train_split, cfg.data.eval_split):
         if split not in dd:
             raise UserError(f"data: split {split!r} not in {data_path} (has {sorted(dd)})")
+        if len(dd[split]) == 0:
+            raise UserError(f"data: split {split!r} of {data_path} has no rows")
     train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
 
     clock.lap("data set")
@@ -349,7 +357,7 @@ def prepare_run(
     if tokenizer is None:
         tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
     clock.lap("tokenizer")
-    bundle = build_model(cfg.model, tokenizer, cfg.seed)
+    bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
     clock.lap("model")
     model = bundle.model
     n_params = count_parameters(model)

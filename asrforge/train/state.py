@@ -28,7 +28,8 @@ class TrainState:
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""
     consecutive_nonfinite: int = 0
     dropped_utterances: list[str] = field(default_factory=list)
-    """Ids of clips that failed to decode in a worker (skipped, never a crash)."""
+    """Ids of clips that failed to decode in a worker or had NaN/inf samples (skipped, never a
+    crash)."""
     running_loss: float | None = None
     """Exponential moving average of the training loss (0.98)."""
     best: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,336 @@
+"""Data the loop used to lose or crash on: languages by name or locale, Cantonese, Ganda, NaN and
+empty audio, evaluation drops, empty splits, missing and non-string transcripts."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrforge.cli import main
+from asrforge.config import DataConfig, SelectionConfig
+from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.dataset import data_language, language_filter, load_arrow, prepare_split
+from asrforge.errors import UserError
+from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
+from asrforge.selection import build_selector
+from asrforge.text.scripts import find_language_code
+from tests.conftest import tiny_config
+
+NAN_REASON = "non-finite audio (NaN/inf samples)"
+
+
+def variant(tones_dir: Path, out: Path, edit, same_types: bool = True) -> Path:
+    """A copy of the tones data set with ``edit(split, rows)`` applied to each split's rows
+    (a dict of columns), e.g. to relabel languages or break clips; with ``same_types`` the
+    columns keep their types, else they are inferred from the edited rows."""
+    from datasets import Dataset, DatasetDict, Features, Value
+
+    dd = load_arrow(tones_dir)
+    splits = {}
+    for name, split in dd.items():
+        rows = split.to_dict()
+        edit(name, rows)
+        # audio as the plain struct it is stored as (encoding an Audio feature needs torchcodec)
+        audio = {"bytes": Value("binary"), "path": Value("string")}
+        features = Features({**split.features, "audio": audio}) if same_types else None
+        splits[name] = Dataset.from_dict(rows, features=features)
+    DatasetDict(splits).save_to_disk(str(out))
+    return out
+
+
+def wav_bytes(samples: np.ndarray, subtype: str = "FLOAT") -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples.astype(np.float32), SAMPLE_RATE, format="WAV", subtype=subtype)
+    return buf.getvalue()
+
+
+def tokenizer_without(*languages: str):
+    """A small BPE tokenizer with Whisper's special tokens except those of ``languages``
+    (a pre-v3 Whisper has no ``<|yue|>``)."""
+    tok = train_bpe_tokenizer(["la la tone beep boop"] * 20, 300)
+    if not languages:
+        return tok
+    from transformers import WhisperTokenizer
+
+    state = json.loads(tok.backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    out = WhisperTokenizer(vocab=state["vocab"], merges=merges)
+    drop = {f"<|{c}|>" for c in languages}
+    out.add_special_tokens(
+        {"additional_special_tokens": [t for t in WHISPER_SPECIALS if t not in drop]}
+    )
+    out.pad_token = "<|endoftext|>"
+    return out
+
+
+def prepare(split, tok, specials, **data):
+    cfg = DataConfig(path=Path("unused"), **data)
+    return prepare_split(
+        split, "train", cfg=cfg, tokenizer=tok, specials=specials,
+        max_target_positions=64, max_seconds=30.0,
+    )  # fmt: skip
+
+
+def fit(cfg):
+    from asrforge.train.loop import Trainer
+
+    return Trainer(cfg, []).fit()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 9: languages
+
+
+@pytest.mark.parametrize(
+    "given, code",
+    [("English", "en"), ("en-US", "en"), ("en_us", "en"), ("zh-CN", "zh"), ("sv-SE", "sv"),
+     ("zh-HK", "yue"), ("zh-yue", "yue"), ("yue_Hant_HK", "yue"), ("Cantonese", "yue"),
+     ("zh-TW", "zh"), ("Luganda", "lg")],
+)  # fmt: skip
+def test_codes_names_and_locales_resolve_alike(given, code):
+    assert find_language_code(given) == code
+    assert data_language(given) == code
+
+
+def test_an_unknown_language_filter_is_an_error_naming_its_entry():
+    assert language_filter(["English", "es-MX"]) == {"en", "es"}
+    with pytest.raises(UserError, match=r"data\.languages\.1: unknown language 'klingon'"):
+        language_filter(["en", "klingon"])
+
+
+def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path, tones_dir):
+    spellings = {"en": ["en-US", "English", "en"], "es": ["es-ES", "Spanish"]}
+
+    def relabel(_split, rows):
+        rows["language"] = [
+            spellings[x][i % len(spellings[x])] for i, x in enumerate(rows["language"])
+        ]
+
+    split = load_arrow(variant(tones_dir, tmp_path / "d", relabel))["train"]
+    n_en = sum(data_language(x) == "en" for x in split["language"])
+    tok = tokenizer_without()
+    specials = SpecialTokens.from_tokenizer(tok, True)
+    utts, report = prepare(split, tok, specials, languages=["english"])
+    assert len(utts) == n_en > 0 and report.n_skipped == 0
+    assert {u.language for u in utts} == {"en"}
+    assert all(u.prompt[1] == specials.languages["en"] for u in utts)
+    utts, _ = prepare(split, tok, specials, languages=["en-GB", "es"])
+    assert len(utts) == len(split)
+
+
+def test_vocab_build_reads_the_transcripts_of_every_spelling_of_its_language(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from asrforge.model.vocab import read_transcripts
+
+    rows = [("a", "Georgian"), ("b", "ka-GE"), ("c", "ka"), ("d", "en"), (None, "ka")]
+    split = Dataset.from_dict({"text": [t for t, _ in rows], "language": [x for _, x in rows]})
+    DatasetDict({"train": split}).save_to_disk(str(tmp_path / "d"))
+    assert read_transcripts(tmp_path / "d", "georgian") == ["a", "b", "c"]
+
+
+def test_cantonese_is_selected_as_cantonese_and_decoded_with_zh_without_a_yue_token(
+    tmp_path, tones_dir, caplog
+):
+    def cantonese(_split, rows):
+        rows["language"] = ["zh-HK"] * len(rows["language"])
+
+    split = load_arrow(variant(tones_dir, tmp_path / "d", cantonese))["train"]
+    pre_v3 = tokenizer_without("yue")
+    specials = SpecialTokens.from_tokenizer(pre_v3, True)
+    assert specials.token_language("zh-HK") == "zh"
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        utts, report = prepare(split, pre_v3, specials)
+    assert len(utts) == len(split) and report.n_skipped == 0
+    assert {u.language for u in utts} == {"yue"}  # what selection and metrics go by
+    assert {u.prompt[1] for u in utts} == {specials.languages["zh"]}  # what the decoder sees
+    assert "language yue is decoded with <|zh|>" in caplog.text
+    # a tokenizer with <|yue|> decodes it with its own token
+    v3 = SpecialTokens.from_tokenizer(tokenizer_without(), True)
+    assert v3.token_language("zh-HK") == "yue" and v3.prompt("yue")[1] != v3.prompt("zh")[1]
+    # selection: Cantonese is in group A (by_wer, 3000 steps), not Chinese's group B
+    selector = build_selector(SelectionConfig(), "zh-HK", partial=False)
+    assert selector.policy_name == "by_wer" and selector.max_steps == 3000
+    assert "cantonese" in selector.why and "group A" in selector.why
+
+
+def test_language_tokens_must_name_known_languages_with_a_token():
+    tok = tokenizer_without()
+    specials = SpecialTokens.from_tokenizer(tok, True, {"Ganda": "Swahili"})
+    assert specials.token_language("lg") == "sw" and specials.prompt("lg") == specials.prompt("sw")
+    with pytest.raises(UserError, match=r"data\.language_tokens\.lg: unknown language 'xx'"):
+        SpecialTokens.from_tokenizer(tok, True, {"lg": "xx"})
+    with pytest.raises(UserError, match=r"data\.language_tokens\.yue: 'ig' has no token"):
+        SpecialTokens.from_tokenizer(tok, True, {"yue": "ig"})
+
+
+def test_ganda_mapped_to_an_existing_token_trains_under_group_c(tmp_path, tones_dir):
+    def ganda(_split, rows):
+        rows["language"] = ["lg"] * len(rows["language"])
+
+    data = variant(tones_dir, tmp_path / "d", ganda)
+    cfg = tiny_config(
+        tmp_path / "run", data, data={"language_tokens": {"lg": "sw"}},
+        train={"max_steps": 2, "log_every": 1}, eval={"eval_steps": None, "max_new_tokens": 4},
+    )  # fmt: skip
+    result = fit(cfg)
+    assert result.status == "completed" and result.step == 2
+    log_text = (tmp_path / "run" / "train.log").read_text()
+    assert "group C" in log_text and "by_loss" in log_text
+    assert "language lg is decoded with <|sw|>" in log_text
+    assert not (tmp_path / "run" / "skipped-train.json").exists()  # nothing dropped
+    records = (tmp_path / "run" / "eval" / "step-000002.jsonl").read_text().splitlines()
+    assert {json.loads(r)["language"] for r in records[:-1]} == {"lg"}
+    # the bundle keeps the mapping: it transcribes Ganda (by code or name) under <|sw|>
+    from asrforge.bundle import export_bundle, load_bundle
+
+    bundle = load_bundle(export_bundle(tmp_path / "run", tmp_path / "bundle"))
+    assert bundle.languages == ["lg"] and bundle.specials.token_language("lg") == "sw"
+    wave = np.full(8000, 0.01, dtype=np.float32)
+    assert bundle.recognize([wave], "Luganda")[0].language == "lg"
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 10 and 20: NaN/inf and empty audio, evaluation drops
+
+
+CACHES = {
+    "no cache": {},
+    "log-mel cache": {"data": {"cache_features": True}},
+    "encoder cache": {"model": {"freeze_encoder": True}, "data": {"cache_encoder": True}},
+}
+
+
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_nan_and_empty_clips_are_skipped_and_reported_in_training_and_evaluation(
+    tmp_path, tones_dir, cache
+):
+    broken: dict[str, dict[str, str]] = {"train": {}, "validation": {}}
+
+    def poison(split, rows):
+        if split not in broken:
+            return
+        nan = np.full(8000, 0.1, dtype=np.float32)
+        nan[100] = np.nan
+        inf = np.full(8000, 0.1, dtype=np.float32)
+        inf[5] = np.inf
+        for i, (samples, why) in enumerate(
+            [(nan, NAN_REASON), (inf, NAN_REASON), (np.zeros(0), "empty audio (0 samples)")]
+        ):
+            rows["audio"][i] = {"bytes": wav_bytes(samples), "path": None}
+            broken[split][rows["id"][i]] = why
+
+    data = variant(tones_dir, tmp_path / "d", poison)
+    cfg = tiny_config(
+        tmp_path / "run", data, train={"max_steps": 6, "log_every": 1},
+        eval={"eval_steps": None, "max_new_tokens": 4}, **CACHES[cache],
+    )  # fmt: skip
+    result = fit(cfg)
+    run = tmp_path / "run"
+    assert result.status == "completed"  # no NaN loss, no divergence (nor a NaN cached)
+    log_text = (run / "train.log").read_text()
+    # 0-sample clips: the up-front skip report
+    for split in ("train", "validation"):
+        skipped = json.loads((run / f"skipped-{split}.json").read_text())
+        assert skipped == {
+            "empty audio (0 samples)": [u for u, w in broken[split].items() if "empty" in w]
+        }
+    # NaN/inf clips: dropped from their batches, by id and reason
+    nan_train = sorted(u for u, w in broken["train"].items() if w == NAN_REASON)
+    assert "dropped clips: {'non-finite audio (NaN/inf samples)'" in log_text
+    assert all(u in log_text for u in nan_train)
+    assert "skipped: non-finite" not in log_text  # no step saw a NaN loss or gradient
+    # evaluation: n shrinks by the dropped clips, and the record says which and why
+    summary = json.loads((run / "eval" / "step-000006.jsonl").read_text().splitlines()[-1])
+    nan_eval = sorted(u for u, w in broken["validation"].items() if w == NAN_REASON)
+    assert summary["n_dropped"] == len(nan_eval) == 2
+    assert sorted(summary["dropped_utterances"][NAN_REASON]) == nan_eval
+    assert summary["n"] == 12 - 3  # 12 clips, one skipped up front, two dropped in evaluation
+    assert np.isfinite(summary["loss"])
+    assert f"evaluation: dropped 2 of 11 clips (2 {NAN_REASON})" in log_text
+
+
+def test_transcribe_warns_about_nan_and_empty_audio(tmp_path, caplog):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from asrforge.bundle import export_bundle, load_bundle
+
+    tok = tokenizer_without()
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = WhisperConfig(
+        vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, num_mel_bins=80, max_source_positions=100, max_target_positions=32,
+        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"),
+        begin_suppress_tokens=None, suppress_tokens=None,
+    )  # fmt: skip
+    hf = tmp_path / "hf"
+    WhisperForConditionalGeneration(cfg).save_pretrained(str(hf))
+    tok.save_pretrained(str(hf))
+    bundle = load_bundle(export_bundle(hf, tmp_path / "bundle"))
+    nan = np.full(16000, 0.1, dtype=np.float32)
+    nan[7] = np.nan
+    with caplog.at_level(logging.WARNING):
+        out = bundle.recognize([nan, np.zeros(0, np.float32)], "en")
+    assert [t.text for t in out] == ["", ""] and [t.segments for t in out] == [0, 0]
+    assert f"recording 0: {NAN_REASON}" in caplog.text
+    assert "recording 1: empty audio (0 samples)" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 21: data errors are clear
+
+
+def test_an_empty_train_split_is_a_user_error(tmp_path, tones_dir, capsys):
+    def empty(split, rows):
+        if split == "train":
+            for column in rows.values():
+                column.clear()
+
+    data = variant(tones_dir, tmp_path / "d", empty)
+    with pytest.raises(UserError, match=r"split\(s\) 'train' have no rows"):
+        fit(tiny_config(tmp_path / "run", data))
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config(tmp_path / "run", data).to_yaml())
+    assert main(["train", str(config)]) == 2
+    assert "have no rows" in capsys.readouterr().err
+
+
+def test_missing_transcripts_are_skipped_before_the_tokenizer_is_trained(tmp_path, tones_dir):
+    missing: list[str] = []
+
+    def holes(split, rows):
+        if split == "train":
+            for i in range(0, len(rows["text"]), 5):
+                rows["text"][i] = None
+                missing.append(rows["id"][i])
+
+    data = variant(tones_dir, tmp_path / "d", holes)
+    cfg = tiny_config(
+        tmp_path / "run", data, train={"max_steps": 1}, eval={"eval_steps": None, "at_end": False}
+    )
+    assert fit(cfg).status == "completed"
+    run = tmp_path / "run"
+    assert json.loads((run / "skipped-train.json").read_text()) == {"empty text": missing}
+    assert (
+        f"{len(missing)} of 48 transcripts are empty or missing" in (run / "train.log").read_text()
+    )
+
+
+def test_a_text_column_of_numbers_is_an_error_naming_the_column_and_type(tmp_path, tones_dir):
+    def numbers(_split, rows):
+        rows["text"] = list(range(len(rows["text"])))
+
+    data = variant(tones_dir, tmp_path / "d", numbers, same_types=False)
+    with pytest.raises(UserError, match=r"column 'text' holds int64, expected strings"):
+        load_arrow(data)
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config(tmp_path / "run", data).to_yaml())
+    assert main(["train", str(config)]) == 2
