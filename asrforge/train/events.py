@@ -208,7 +208,7 @@ def eval_metric_names() -> tuple[str, ...]:
     an early-stopping ``monitor``, an averaging ``metric`` or a ``checkpoint.keep_best`` metric
     may name. Read from the evaluation code itself, by summarizing one probe prediction."""
     from asrforge.text import repetition_flags
-    from asrforge.train.evaluate import summarize
+    from asrforge.train.evaluate import dropped_metrics, summarize
 
     probe = {
         "uid": "probe",
@@ -220,10 +220,11 @@ def eval_metric_names() -> tuple[str, ...]:
         "n_label_tokens": 1,
         **repetition_flags("a", n_tokens=1, max_new_tokens=2),
     }
+    produced = {**summarize([probe]), **dropped_metrics({}, 1)}
     return tuple(
         sorted(
             k
-            for k, v in summarize([probe]).items()
+            for k, v in produced.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         )
     )
