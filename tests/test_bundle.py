@@ -369,7 +369,7 @@ def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     assert long.shape[0] > 2 * 16_000 * 2  # the tiny model's window is 2 s
     [result] = bundle.recognize([long], "en")
     assert result.segments >= 2 and result.seconds == pytest.approx(long.shape[0] / 16_000)
-    from asrforge.bundle.windows import segment
+    from asrforge.model.windows import segment
 
     pieces = [long[a:b] for a, b in segment(long, 16_000, 2.0)]
     texts = [bundle.transcribe(p, language="en") for p in pieces]

@@ -30,12 +30,12 @@ from asrforge.bundle.schema import (
     check_version,
     parse_inference_config,
 )
-from asrforge.bundle.windows import segment
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
+from asrforge.model.windows import segment
 
 log = logging.getLogger(__name__)
 
