@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,14 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
-from asrforge.model.decoding import greedy_decode
+from asrforge.model.decoding import TimestampRules, TimestampVocab
+from asrforge.model.longform import (
+    CHUNKINGS,
+    Segment,
+    decode_windows,
+    transcribe_by_silence,
+    transcribe_by_timestamps,
+)
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.windows import segment
 
@@ -244,8 +251,10 @@ class Transcript:
     language: str
     seconds: float
     """Duration of the audio."""
-    segments: int
-    """Windows the audio was cut into."""
+    segments: list[Segment] = field(default_factory=list)
+    """Stretches of the audio with their text, in order, times in seconds."""
+    chunking: str = "timestamps"
+    """How long audio was cut into windows: ``timestamps`` or ``silence``."""
 
 
 class Bundle:
@@ -351,7 +360,8 @@ class Bundle:
 
     # -- transcription ------------------------------------------------------------------------
     def transcribe(
-        self, audio: Audio, language: str | None = None, *, max_new_tokens: int | None = None
+        self, audio: Audio, language: str | None = None, *, max_new_tokens: int | None = None,
+        chunking: str | None = None,
     ) -> str:
         """Transcribe one recording of any length.
 
@@ -359,8 +369,11 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array at 16 kHz.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
+            chunking: see :meth:`recognize`.
         """
-        return self.recognize([audio], language, max_new_tokens=max_new_tokens)[0].text
+        return self.recognize(
+            [audio], language, max_new_tokens=max_new_tokens, chunking=chunking
+        )[0].text
 
     def transcribe_many(
         self,
@@ -369,14 +382,42 @@ class Bundle:
         *,
         batch_size: int = 8,
         max_new_tokens: int | None = None,
+        chunking: str | None = None,
     ) -> list[str]:
         """Transcribe several recordings; windows of all of them are decoded in batches."""
         return [
             t.text
             for t in self.recognize(
-                audios, language, batch_size=batch_size, max_new_tokens=max_new_tokens
+                audios, language, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                chunking=chunking,
             )
         ]
+
+    @property
+    def timestamp_vocab(self) -> TimestampVocab | None:
+        """The tokenizer's timestamp tokens, if it has enough for the model's window."""
+        return TimestampVocab.of(self.tokenizer, self.model.config.vocab_size, self.window_seconds)
+
+    def chunking_for(self, requested: str | None) -> tuple[str, str]:
+        """``(chunking, why)`` for long audio: ``timestamps`` when the model's vocabulary has
+        timestamp tokens, else ``silence``; ``requested`` (one of ``CHUNKINGS``) overrides.
+
+        Raises:
+            UserError: an unknown chunking, or ``timestamps`` for a model without them.
+        """
+        if requested is not None and requested not in CHUNKINGS:
+            raise UserError(f"chunking: must be one of {', '.join(CHUNKINGS)}, got {requested!r}")
+        has = self.timestamp_vocab is not None
+        if requested == "timestamps" and not has:
+            raise UserError(
+                "chunking timestamps: this model's vocabulary has no timestamp tokens "
+                "(<|0.00|> ...); use chunking silence"
+            )
+        if requested is not None:
+            return requested, "as requested"
+        if has:
+            return "timestamps", "the model predicts timestamps"
+        return "silence", "the vocabulary has no timestamp tokens: long audio is cut at silences"
 
     def recognize(
         self,
@@ -385,10 +426,27 @@ class Bundle:
         *,
         batch_size: int = 8,
         max_new_tokens: int | None = None,
+        chunking: str | None = None,
+        condition_on_previous_text: bool = False,
     ) -> list[Transcript]:
-        """:meth:`transcribe_many` with the language, duration and window count of each."""
+        """:meth:`transcribe_many` with the language, duration and timed segments of each.
+
+        Args:
+            chunking: how audio longer than one window is decoded. ``timestamps`` (default when
+                the model has timestamp tokens): sequential windows in timestamp mode, each
+                starting at the end of the last complete segment of the one before, as
+                openai-whisper and faster-whisper transcribe. ``silence`` (default otherwise):
+                cut at the quietest moments, windows decoded without timestamps.
+            condition_on_previous_text: ``timestamps`` only: prompt each window with the text
+                decoded before it (``<|startofprev|>``). Off by default: a window that went
+                wrong (a repetition loop) then steers the next ones, and with greedy decoding
+                there is no temperature fallback to recover; a model fine-tuned without such
+                prompts has never seen them.
+        """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        mode, why = self.chunking_for(chunking)
+        log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
             [language] * len(audios)
             if language is None or isinstance(language, str)
@@ -397,20 +455,68 @@ class Bundle:
         if len(langs) != len(audios):
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         cap = max_new_tokens or self.config.eval.max_new_tokens
-        items: list[tuple[int, np.ndarray, tuple[int, ...]]] = []  # (recording, window, prompt)
-        out = []
-        for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
+        waves, codes, prompts = [], [], []
+        for audio, lang in zip(audios, langs, strict=True):
             wave = self.load_audio(audio)
             code = self.resolve_language(wave, lang)
-            prompt = tuple(self.specials.prompt(code, self.config.data.task))
-            pieces = segment(wave, SAMPLE_RATE, self.window_seconds)
-            items += [(i, wave[a:b], prompt) for a, b in pieces]
-            out.append(Transcript("", code, wave.shape[0] / SAMPLE_RATE, len(pieces)))
-        texts = self._decode_windows([(w, p) for _, w, p in items], batch_size, cap)
-        for (i, _w, _p), text in zip(items, texts, strict=True):
-            if text:
-                out[i].text = f"{out[i].text} {text}" if out[i].text else text
-        return out
+            waves.append(wave)
+            codes.append(code)
+            prompts.append(self.specials.prompt(code, self.config.data.task))
+        segments = self._long_form(waves, prompts, mode, batch_size, cap, condition_on_previous_text)
+        return [
+            Transcript(
+                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
+            )
+            for wave, code, segs in zip(waves, codes, segments, strict=True)
+        ]
+
+    def _long_form(
+        self,
+        waves: list[np.ndarray],
+        prompts: list[list[int]],
+        mode: str,
+        batch_size: int,
+        cap: int,
+        condition_on_previous_text: bool,
+    ) -> list[list[Segment]]:
+        def text(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        if mode == "silence":
+            return transcribe_by_silence(
+                waves, prompts, self._decoder(batch_size, cap), decode_text=text,
+                window_seconds=self.window_seconds, sample_rate=SAMPLE_RATE,
+            )
+        vocab = self.timestamp_vocab
+        # Whisper's own cap in timestamp mode: half the decoder's context (the other half holds
+        # the previous text)
+        cap = min(cap, self.model.config.max_target_positions // 2)
+        return transcribe_by_timestamps(
+            waves,
+            [p[:-1] if p[-1] == self.specials.no_timestamps else p for p in prompts],
+            self._decoder(batch_size, cap, TimestampRules(vocab)),
+            vocab,
+            decode_text=text,
+            window_samples=round(self.window_seconds * SAMPLE_RATE),
+            sample_rate=SAMPLE_RATE,
+            startofprev=self._startofprev() if condition_on_previous_text else None,
+        )
+
+    def _startofprev(self) -> int:
+        i = self.tokenizer.convert_tokens_to_ids("<|startofprev|>")
+        if i is None or i == self.tokenizer.unk_token_id:
+            raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
+        return int(i)
+
+    def _decoder(self, batch_size: int, cap: int, rules=None):
+        def decode(windows: list[np.ndarray], prompts: list[list[int]]) -> list[list[int]]:
+            return decode_windows(
+                self.model, self.features, windows, prompts, eot=self.specials.eot,
+                max_new_tokens=cap, batch_size=batch_size, device=self.device, rules=rules,
+                sample_rate=SAMPLE_RATE,
+            )
+
+        return decode
 
     @torch.no_grad()
     def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:
@@ -421,21 +527,3 @@ class Bundle:
         ]
         x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
         return self.model.model.encoder(x).last_hidden_state
-
-    def _decode_windows(
-        self, windows: list[tuple[np.ndarray, tuple[int, ...]]], batch_size: int, cap: int
-    ) -> list[str]:
-        """Greedy-decode windows (in order of appearance, batched by prompt) -> their texts."""
-        texts = [""] * len(windows)
-        by_prompt: dict[tuple[int, ...], list[int]] = {}
-        for j, (_w, prompt) in enumerate(windows):
-            by_prompt.setdefault(prompt, []).append(j)
-        for prompt, idx in by_prompt.items():
-            for k in range(0, len(idx), batch_size):
-                chunk = idx[k : k + batch_size]
-                enc = self._encode([windows[j][0] for j in chunk])
-                prompts = torch.tensor([list(prompt)] * len(chunk), device=self.device)
-                seqs, _ = greedy_decode(self.model, enc, prompts, self.specials.eot, cap)
-                for j, ids in zip(chunk, seqs, strict=True):
-                    texts[j] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-        return texts
