@@ -377,7 +377,9 @@ def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     texts = [bundle.transcribe(long[a:b], language="en") for a, b in cuts]
     assert result.text == " ".join(t for t in texts if t)
     assert [s.text for s in result.segments] == [t for t in texts if t]
-    assert {(s.start, s.end) for s in result.segments} <= {(a / 16_000, b / 16_000) for a, b in cuts}
+    assert {(s.start, s.end) for s in result.segments} <= {
+        (a / 16_000, b / 16_000) for a, b in cuts
+    }
 
 
 def test_transcribe_cli_json_and_errors(bundle_dir, validation, tmp_path, capsys) -> None:

@@ -51,28 +51,37 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "and faster-whisper do), or cut at silences for models without timestamp tokens.",
     )
     p.add_argument(
-        "bundle", type=Path,
+        "bundle",
+        type=Path,
         help="a bundle directory (asrforge export), a checkpoint or run directory, or a "
         "transformers Whisper directory (not verified: no manifest)",
     )
     p.add_argument("audio", type=Path, nargs="+", help="audio files")
     p.add_argument("--language", default=None, help="ISO code; default: detected")
     p.add_argument(
-        "--format", dest="fmt", choices=OUTPUT_FORMATS, default=None,
+        "--format",
+        dest="fmt",
+        choices=OUTPUT_FORMATS,
+        default=None,
         help="text (default), json (text, language, seconds and timed segments), srt or vtt",
     )
     p.add_argument("--json", action="store_true", help="the same as --format json")
     p.add_argument(
-        "--output-dir", type=Path, default=None,
+        "--output-dir",
+        type=Path,
+        default=None,
         help="write <audio name>.<format> files here instead of printing",
     )
     p.add_argument(
-        "--chunking", choices=["timestamps", "silence"], default=None,
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
         help="long audio: timestamp-driven windows (default when the model has timestamp "
         "tokens) or cuts at silences (default otherwise)",
     )
     p.add_argument(
-        "--condition-on-previous-text", action="store_true",
+        "--condition-on-previous-text",
+        action="store_true",
         help="timestamps: prompt each window with the text before it (<|startofprev|>)",
     )
     p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
@@ -86,7 +95,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "(the training loop's evaluation: teacher-forced loss and greedy decoding).",
     )
     p.add_argument(
-        "model", type=Path,
+        "model",
+        type=Path,
         help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
     )
     p.add_argument("--data", type=Path, required=True, help="an Arrow DatasetDict directory")
@@ -183,8 +193,12 @@ def run_transcribe(args: argparse.Namespace) -> int:
         raise UserError("--condition-on-previous-text needs --chunking timestamps")
     waves = [bundle.load_audio(p) for p in args.audio]
     results = bundle.recognize(
-        waves, args.language, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-        chunking=chunking, condition_on_previous_text=args.condition_on_previous_text,
+        waves,
+        args.language,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        chunking=chunking,
+        condition_on_previous_text=args.condition_on_previous_text,
     )
     for path, r in zip(args.audio, results, strict=True):
         if fmt == "json":
@@ -229,7 +243,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     bundle = open_model(args.model, args.weights)
     metrics, _preds, report = evaluate_split(
-        bundle, args.data, args.split, batch_size=args.batch_size,
+        bundle,
+        args.data,
+        args.split,
+        batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
     )

@@ -360,7 +360,11 @@ class Bundle:
 
     # -- transcription ------------------------------------------------------------------------
     def transcribe(
-        self, audio: Audio, language: str | None = None, *, max_new_tokens: int | None = None,
+        self,
+        audio: Audio,
+        language: str | None = None,
+        *,
+        max_new_tokens: int | None = None,
         chunking: str | None = None,
     ) -> str:
         """Transcribe one recording of any length.
@@ -371,9 +375,10 @@ class Bundle:
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
             chunking: see :meth:`recognize`.
         """
-        return self.recognize(
+        [result] = self.recognize(
             [audio], language, max_new_tokens=max_new_tokens, chunking=chunking
-        )[0].text
+        )
+        return result.text
 
     def transcribe_many(
         self,
@@ -388,7 +393,10 @@ class Bundle:
         return [
             t.text
             for t in self.recognize(
-                audios, language, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                audios,
+                language,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
                 chunking=chunking,
             )
         ]
@@ -462,7 +470,9 @@ class Bundle:
             waves.append(wave)
             codes.append(code)
             prompts.append(self.specials.prompt(code, self.config.data.task))
-        segments = self._long_form(waves, prompts, mode, batch_size, cap, condition_on_previous_text)
+        segments = self._long_form(
+            waves, prompts, mode, batch_size, cap, condition_on_previous_text
+        )
         return [
             Transcript(
                 " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
@@ -484,8 +494,12 @@ class Bundle:
 
         if mode == "silence":
             return transcribe_by_silence(
-                waves, prompts, self._decoder(batch_size, cap), decode_text=text,
-                window_seconds=self.window_seconds, sample_rate=SAMPLE_RATE,
+                waves,
+                prompts,
+                self._decoder(batch_size, cap),
+                decode_text=text,
+                window_seconds=self.window_seconds,
+                sample_rate=SAMPLE_RATE,
             )
         vocab = self.timestamp_vocab
         # Whisper's own cap in timestamp mode: half the decoder's context (the other half holds
@@ -511,8 +525,15 @@ class Bundle:
     def _decoder(self, batch_size: int, cap: int, rules=None):
         def decode(windows: list[np.ndarray], prompts: list[list[int]]) -> list[list[int]]:
             return decode_windows(
-                self.model, self.features, windows, prompts, eot=self.specials.eot,
-                max_new_tokens=cap, batch_size=batch_size, device=self.device, rules=rules,
+                self.model,
+                self.features,
+                windows,
+                prompts,
+                eot=self.specials.eot,
+                max_new_tokens=cap,
+                batch_size=batch_size,
+                device=self.device,
+                rules=rules,
                 sample_rate=SAMPLE_RATE,
             )
 

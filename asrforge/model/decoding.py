@@ -138,7 +138,9 @@ class TimestampVocab:
 
         def tid(token: str) -> int | None:
             i = tokenizer.convert_tokens_to_ids(token)
-            return None if i is None or i == tokenizer.unk_token_id else int(i)
+            # Whisper's unknown token is <|endoftext|> itself
+            unknown = i == tokenizer.unk_token_id and token != "<|endoftext|>"
+            return None if i is None or unknown else int(i)
 
         no_ts, first, eot = tid("<|notimestamps|>"), tid("<|0.00|>"), tid("<|endoftext|>")
         count = round(window_seconds / TIME_PRECISION) + 1

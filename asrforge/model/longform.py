@@ -64,7 +64,8 @@ def parse_window(
         ``(segments, seek)``. Each segment is ``(start, end, ids)``, times in timestamp steps
         (0.02 s) from the window's start; ``end`` None means "to the end of the window's audio"
         (text without a closing timestamp). ``seek`` is the steps to move to the end of the last
-        complete segment, or None to move past the whole window.
+        complete segment (where the next window starts, so that an unfinished segment is
+        decoded whole there), or None to move past the whole window.
     """
     stamp = [vocab.is_timestamp(t) for t in tokens]
     single_ending = stamp[-2:] == [False, True]  # the last segment closed, nothing opened after
@@ -206,8 +207,9 @@ def decode_windows(
         for k in range(0, len(idx), batch_size):
             chunk = idx[k : k + batch_size]
             feats = [
-                extractor(windows[j], sampling_rate=sample_rate, return_tensors="np")
-                .input_features[0]
+                extractor(
+                    windows[j], sampling_rate=sample_rate, return_tensors="np"
+                ).input_features[0]
                 for j in chunk
             ]
             x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
