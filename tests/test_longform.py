@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import jiwer
 import numpy as np
@@ -460,3 +461,159 @@ def test_timestamps_cannot_be_forced_on_a_model_without_them(hf_tiny_en) -> None
         bundle.chunking_for("timestamps")
     with pytest.raises(UserError, match="chunking: must be one of"):
         bundle.chunking_for("words")
+
+
+# ---------------------------------------------------------------------------------------------
+# Long-form evaluation
+
+
+def _utterances(n: int, langs=("en", "es")) -> list:
+    from types import SimpleNamespace
+
+    return [
+        SimpleNamespace(
+            uid=f"u{i}", language=langs[i % len(langs)], text=f"word{i}", seconds=1 + i % 3
+        )
+        for i in range(n)
+    ]
+
+
+def _fake_wave(u) -> np.ndarray:
+    return np.full(u.seconds * SR, int(u.uid[1:]), np.float32)
+
+
+def test_long_items_are_deterministic_one_language_each_and_in_range() -> None:
+    from asrforge.train.longform import build_items
+
+    utts = _utterances(60)
+    kw = dict(count=4, min_seconds=8.0, max_seconds=12.0)
+    items = build_items(utts, _fake_wave, seed=3, **kw)
+    again = build_items(utts, _fake_wave, seed=3, **kw)
+    other = build_items(utts, _fake_wave, seed=4, **kw)
+    assert [(it.parts, it.wave.tobytes()) for it in items] == [
+        (it.parts, it.wave.tobytes()) for it in again
+    ]
+    assert [it.parts for it in items] != [it.parts for it in other]
+    assert [it.language for it in items] == ["en", "es", "en", "es"]
+    by_uid = {u.uid: u for u in utts}
+    used = [p for it in items for p in it.parts]
+    assert len(used) == len(set(used))  # no utterance twice
+    for it in items:
+        assert {by_uid[p].language for p in it.parts} == {it.language}
+        assert it.text == " ".join(by_uid[p].text for p in it.parts)
+        assert 8.0 <= it.seconds <= 12.0 + 3 + 0.8  # one utterance and a gap past the target
+        speech = sum(by_uid[p].seconds for p in it.parts)
+        assert 0.2 * (len(it.parts) - 1) <= it.seconds - speech <= 0.8 * (len(it.parts) - 1) + 1e-3
+
+
+def test_long_items_stop_when_the_split_runs_out(caplog) -> None:
+    from asrforge.train.longform import build_items
+
+    items = build_items(
+        _utterances(6, ("en",)), _fake_wave, count=3, min_seconds=8, max_seconds=9, seed=0
+    )
+    assert len(items) == 2 and sum(len(it.parts) for it in items) == 6
+    assert "short of 8 s" in caplog.text and "audio for 2 recordings, not 3" in caplog.text
+
+
+def test_eval_config_checks_the_long_form_range() -> None:
+    from asrforge.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="longform_min_seconds: must be <= longform_max_seconds"):
+        load_config(
+            data={
+                "output_dir": "x",
+                "data": {"path": "d"},
+                "eval": {"longform_min_seconds": 9, "longform_max_seconds": 3},
+            }
+        )
+
+
+@pytest.fixture(scope="module")
+def longform_run(tmp_path_factory, tones_dir) -> Path:
+    from accelerate.state import AcceleratorState
+    from conftest import tiny_config
+
+    from asrforge.callbacks import build_callbacks
+    from asrforge.train.loop import Trainer
+
+    AcceleratorState._reset_state()
+    cfg = tiny_config(
+        tmp_path_factory.mktemp("longform") / "run",
+        tones_dir,
+        train={"max_steps": 4, "log_every": 2, "ema_decay": 0.5, "precision": "no"},
+        eval={
+            "eval_steps": 2,
+            "max_new_tokens": 6,
+            "longform_items": 2,
+            "longform_min_seconds": 4.0,
+            "longform_max_seconds": 6.0,
+        },
+    )
+    try:
+        Trainer(cfg, build_callbacks(cfg)).fit()
+    finally:
+        AcceleratorState._reset_state()
+    return cfg.output_dir
+
+
+def test_the_loop_reports_long_form_metrics_decoded_as_transcribe_decodes(
+    longform_run, tones_dir
+) -> None:
+    from asrforge.bundle.export import bundle_from_checkpoint
+    from asrforge.train.longform import evaluate_split_longform
+
+    evals = [json.loads(x) for x in (longform_run / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e.get("event") == "eval"]
+    assert [e["step"] for e in evals] == [2, 4]
+    for e in evals:
+        assert e["longform_n"] == 2 and 0 <= e["longform_wer"] and e["longform_cer"] >= 0
+        assert e["longform_chunking"] == "silence"  # a from-scratch BPE: no timestamps
+        summary = json.loads(
+            (longform_run / "eval" / f"step-{e['step']:06d}.jsonl").read_text().splitlines()[-1]
+        )
+        assert summary["longform_wer"] == e["longform_wer"]
+    lines = (longform_run / "eval" / "longform-step-000004.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines[:-1]]
+    assert len(records) == 2 and all(4.0 <= r["seconds"] <= 6.0 + 3 for r in records)
+
+    # the same recordings, through a bundle of the last checkpoint's (EMA) weights, as
+    # `asrforge evaluate --longform-items` and `transcribe` decode them: the same text
+    bundle = bundle_from_checkpoint(longform_run / "checkpoints" / "step-000004")
+    metrics, again = evaluate_split_longform(
+        bundle,
+        tones_dir,
+        "validation",
+        count=2,
+        min_seconds=4.0,
+        max_seconds=6.0,
+        seed=0,
+        batch_size=8,
+        max_new_tokens=6,
+    )
+    assert [(r["parts"], r["hyp"]) for r in again] == [(r["parts"], r["hyp"]) for r in records]
+    assert metrics["longform_wer"] == pytest.approx(evals[-1]["longform_wer"])
+
+
+def test_evaluate_cli_reports_long_form(longform_run, tones_dir, capsys) -> None:
+    ckpt = longform_run / "checkpoints" / "step-000004"
+    argv = [
+        "evaluate",
+        str(ckpt),
+        "--data",
+        str(tones_dir),
+        "--longform-items",
+        "2",
+        "--longform-min-seconds",
+        "4",
+        "--longform-max-seconds",
+        "6",
+        "--max-new-tokens",
+        "6",
+    ]
+    assert main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["longform_n"] == 2 and "longform_wer" in record and "wer" in record
+    assert main(argv) == 0
+    assert "long-form: WER" in capsys.readouterr().out
+    assert main([*argv[:-4], "--longform-min-seconds", "9", "--longform-max-seconds", "3"]) == 2

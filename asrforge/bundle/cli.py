@@ -106,6 +106,22 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
     p.add_argument(
+        "--longform-items",
+        type=int,
+        default=0,
+        help="also join utterances of the split into this many long recordings, transcribe them "
+        "as `transcribe` does and report longform_wer/longform_cer (default 0: off)",
+    )
+    p.add_argument("--longform-min-seconds", type=float, default=60.0)
+    p.add_argument("--longform-max-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
+        help="long-form: how long audio is decoded (default: as transcribe would)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="long-form: which utterances are joined")
+    p.add_argument(
         "--weights",
         choices=["ema", "raw"],
         default=None,
@@ -235,6 +251,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     _positive("--max-new-tokens", args.max_new_tokens)
     _positive("--max-samples", args.max_samples)
+    if args.longform_items < 0:
+        raise UserError(f"--longform-items: must be >= 0, got {args.longform_items}")
+    if not 0 < args.longform_min_seconds <= args.longform_max_seconds:
+        raise UserError(
+            "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
+            f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
+        )
     if not args.data.is_dir():
         raise UserError(f"--data {args.data}: no such directory")
     if not args.model.is_dir():
@@ -250,6 +273,22 @@ def run_evaluate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
     )
+    if args.longform_items:
+        from asrforge.train.longform import evaluate_split_longform
+
+        long_metrics, _records = evaluate_split_longform(
+            bundle,
+            args.data,
+            args.split,
+            count=args.longform_items,
+            min_seconds=args.longform_min_seconds,
+            max_seconds=args.longform_max_seconds,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+            chunking=args.chunking,
+        )
+        metrics.update(long_metrics)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     if args.json:
         record = {
@@ -266,7 +305,22 @@ def run_evaluate(args: argparse.Namespace) -> int:
             + (f", skipped {skipped}" if skipped else "")
         )
         print(format_table(metrics))
+        if args.longform_items:
+            print(format_longform(metrics))
     return 0
+
+
+def format_longform(metrics: dict[str, Any]) -> str:
+    """The long-form line under the table: WER/CER in %, recordings, seconds, chunking."""
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:.2f}" if isinstance(v, int | float) and math.isfinite(v) else "-"
+
+    return (
+        f"long-form: WER {pct(metrics.get('longform_wer'))} % CER "
+        f"{pct(metrics.get('longform_cer'))} % on {metrics.get('longform_n', 0)} recordings "
+        f"({metrics.get('longform_seconds', 0):.0f} s, chunking {metrics.get('longform_chunking')})"
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -33,14 +33,7 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
-from asrforge.model.decoding import TimestampRules, TimestampVocab
-from asrforge.model.longform import (
-    CHUNKINGS,
-    Segment,
-    decode_windows,
-    transcribe_by_silence,
-    transcribe_by_timestamps,
-)
+from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.windows import segment
 
@@ -401,31 +394,13 @@ class Bundle:
             )
         ]
 
-    @property
-    def timestamp_vocab(self) -> TimestampVocab | None:
-        """The tokenizer's timestamp tokens, if it has enough for the model's window."""
-        return TimestampVocab.of(self.tokenizer, self.model.config.vocab_size, self.window_seconds)
-
     def chunking_for(self, requested: str | None) -> tuple[str, str]:
-        """``(chunking, why)`` for long audio: ``timestamps`` when the model's vocabulary has
-        timestamp tokens, else ``silence``; ``requested`` (one of ``CHUNKINGS``) overrides.
+        """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
 
         Raises:
             UserError: an unknown chunking, or ``timestamps`` for a model without them.
         """
-        if requested is not None and requested not in CHUNKINGS:
-            raise UserError(f"chunking: must be one of {', '.join(CHUNKINGS)}, got {requested!r}")
-        has = self.timestamp_vocab is not None
-        if requested == "timestamps" and not has:
-            raise UserError(
-                "chunking timestamps: this model's vocabulary has no timestamp tokens "
-                "(<|0.00|> ...); use chunking silence"
-            )
-        if requested is not None:
-            return requested, "as requested"
-        if has:
-            return "timestamps", "the model predicts timestamps"
-        return "silence", "the vocabulary has no timestamp tokens: long audio is cut at silences"
+        return choose_chunking(self.tokenizer, self.model.config, requested)
 
     def recognize(
         self,
@@ -470,8 +445,19 @@ class Bundle:
             waves.append(wave)
             codes.append(code)
             prompts.append(self.specials.prompt(code, self.config.data.task))
-        segments = self._long_form(
-            waves, prompts, mode, batch_size, cap, condition_on_previous_text
+        segments = transcribe_long(
+            self.model,
+            self.tokenizer,
+            self.features,
+            waves,
+            prompts,
+            chunking=mode,
+            no_timestamps=self.specials.no_timestamps,
+            eot=self.specials.eot,
+            max_new_tokens=cap,
+            batch_size=batch_size,
+            device=self.device,
+            condition_on_previous_text=condition_on_previous_text,
         )
         return [
             Transcript(
@@ -479,65 +465,6 @@ class Bundle:
             )
             for wave, code, segs in zip(waves, codes, segments, strict=True)
         ]
-
-    def _long_form(
-        self,
-        waves: list[np.ndarray],
-        prompts: list[list[int]],
-        mode: str,
-        batch_size: int,
-        cap: int,
-        condition_on_previous_text: bool,
-    ) -> list[list[Segment]]:
-        def text(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-        if mode == "silence":
-            return transcribe_by_silence(
-                waves,
-                prompts,
-                self._decoder(batch_size, cap),
-                decode_text=text,
-                window_seconds=self.window_seconds,
-                sample_rate=SAMPLE_RATE,
-            )
-        vocab = self.timestamp_vocab
-        # Whisper's own cap in timestamp mode: half the decoder's context (the other half holds
-        # the previous text)
-        cap = min(cap, self.model.config.max_target_positions // 2)
-        return transcribe_by_timestamps(
-            waves,
-            [p[:-1] if p[-1] == self.specials.no_timestamps else p for p in prompts],
-            self._decoder(batch_size, cap, TimestampRules(vocab)),
-            vocab,
-            decode_text=text,
-            window_samples=round(self.window_seconds * SAMPLE_RATE),
-            sample_rate=SAMPLE_RATE,
-            startofprev=self._startofprev() if condition_on_previous_text else None,
-        )
-
-    def _startofprev(self) -> int:
-        i = self.tokenizer.convert_tokens_to_ids("<|startofprev|>")
-        if i is None or i == self.tokenizer.unk_token_id:
-            raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
-        return int(i)
-
-    def _decoder(self, batch_size: int, cap: int, rules=None):
-        def decode(windows: list[np.ndarray], prompts: list[list[int]]) -> list[list[int]]:
-            return decode_windows(
-                self.model,
-                self.features,
-                windows,
-                prompts,
-                eot=self.specials.eot,
-                max_new_tokens=cap,
-                batch_size=batch_size,
-                device=self.device,
-                rules=rules,
-                sample_rate=SAMPLE_RATE,
-            )
-
-        return decode
 
     @torch.no_grad()
     def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:

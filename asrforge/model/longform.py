@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from asrforge.model.decoding import TIME_PRECISION, TimestampVocab, greedy_decode
+from asrforge.errors import UserError
+from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.windows import segment
 
 CHUNKINGS = ("timestamps", "silence")
@@ -220,3 +221,110 @@ def decode_windows(
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
+
+
+def window_seconds(model_config) -> float:
+    """The encoder's window: 50 positions per second (30 s for the real Whisper models)."""
+    return model_config.max_source_positions / 50.0
+
+
+def choose_chunking(tokenizer, model_config, requested: str | None) -> tuple[str, str]:
+    """``(chunking, why)``: ``timestamps`` when the vocabulary has timestamp tokens for the
+    model's whole window, else ``silence``; ``requested`` (one of :data:`CHUNKINGS`) overrides.
+
+    Raises:
+        UserError: an unknown chunking, or ``timestamps`` for a model without timestamp tokens.
+    """
+    if requested is not None and requested not in CHUNKINGS:
+        raise UserError(f"chunking: must be one of {', '.join(CHUNKINGS)}, got {requested!r}")
+    vocab = TimestampVocab.of(tokenizer, model_config.vocab_size, window_seconds(model_config))
+    if requested == "timestamps" and vocab is None:
+        raise UserError(
+            "chunking timestamps: this model's vocabulary has no timestamp tokens "
+            "(<|0.00|> ...); use chunking silence"
+        )
+    if requested is not None:
+        return requested, "as requested"
+    if vocab is not None:
+        return "timestamps", "the model predicts timestamps"
+    return "silence", "the vocabulary has no timestamp tokens: long audio is cut at silences"
+
+
+def transcribe_long(
+    model,
+    tokenizer,
+    extractor,
+    waves: Sequence[np.ndarray],
+    prompts: Sequence[list[int]],
+    *,
+    chunking: str,
+    no_timestamps: int,
+    eot: int,
+    max_new_tokens: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    condition_on_previous_text: bool = False,
+    sample_rate: int = 16_000,
+) -> list[list[Segment]]:
+    """Transcribe recordings of any length with ``model`` (in eval mode), the way
+    ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
+    :func:`transcribe_by_silence`, per ``chunking`` (see :func:`choose_chunking`).
+
+    Args:
+        prompts: each recording's ``<|notimestamps|>`` prompt (as for short clips); timestamp
+            mode drops that token.
+        max_new_tokens: cap per window; in timestamp mode at most half the decoder's context,
+            as Whisper caps it (the other half holds the previous text).
+        condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
+    """
+    seconds = window_seconds(model.config)
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decoder(cap: int, rules=None) -> WindowDecoder:
+        def decode(windows: list[np.ndarray], ps: list[list[int]]) -> list[list[int]]:
+            return decode_windows(
+                model,
+                extractor,
+                windows,
+                ps,
+                eot=eot,
+                max_new_tokens=cap,
+                batch_size=batch_size,
+                device=device,
+                rules=rules,
+                autocast=autocast,
+                sample_rate=sample_rate,
+            )
+
+        return decode
+
+    if chunking == "silence":
+        return transcribe_by_silence(
+            waves,
+            prompts,
+            decoder(max_new_tokens),
+            decode_text=text,
+            window_seconds=seconds,
+            sample_rate=sample_rate,
+        )
+    vocab = TimestampVocab.of(tokenizer, model.config.vocab_size, seconds)
+    if vocab is None:
+        raise UserError("chunking timestamps: this model's vocabulary has no timestamp tokens")
+    startofprev = None
+    if condition_on_previous_text:
+        startofprev = tokenizer.convert_tokens_to_ids("<|startofprev|>")
+        if startofprev is None or startofprev == tokenizer.unk_token_id:
+            raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
+    return transcribe_by_timestamps(
+        waves,
+        [p[:-1] if p and p[-1] == no_timestamps else list(p) for p in prompts],
+        decoder(min(max_new_tokens, model.config.max_target_positions // 2), TimestampRules(vocab)),
+        vocab,
+        decode_text=text,
+        window_samples=round(seconds * sample_rate),
+        sample_rate=sample_rate,
+        startofprev=startofprev,
+    )
