@@ -617,3 +617,14 @@ def test_evaluate_cli_reports_long_form(longform_run, tones_dir, capsys) -> None
     assert main(argv) == 0
     assert "long-form: WER" in capsys.readouterr().out
     assert main([*argv[:-4], "--longform-min-seconds", "9", "--longform-max-seconds", "3"]) == 2
+
+
+def test_the_matrix_report_shows_the_best_checkpoints_long_form_wer(longform_run, tmp_path):
+    from asrforge.matrix.report import collect, write_report
+
+    [row] = collect(longform_run.parent)
+    evals = {e["step"]: e for e in row.evals}
+    assert row.best["longform_wer"] == evals[row.best_step]["longform_wer"]
+    write_report(longform_run.parent, tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()
+    assert "long-form WER" in page and f"{row.best['longform_wer']:.4f}" in page
