@@ -628,3 +628,25 @@ def test_the_matrix_report_shows_the_best_checkpoints_long_form_wer(longform_run
     write_report(longform_run.parent, tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     assert "long-form WER" in page and f"{row.best['longform_wer']:.4f}" in page
+
+
+def test_a_damaged_bundle_is_not_taken_for_a_plain_directory(
+    hf_tiny_en,  # noqa: F811
+    tmp_path,
+    capsys,
+) -> None:
+    """Only a directory with neither manifest.json nor inference_config.json is loaded
+    unverified: a bundle that lost one of them is refused as before."""
+    from asrforge.bundle.export import bundle_from_pretrained
+
+    wav = tmp_path / "a.wav"
+    sf.write(wav, np.zeros(SR, np.float32), SR)
+    bundle = bundle_from_pretrained(hf_tiny_en, tmp_path / "bundle")
+    (bundle / "inference_config.json").unlink()
+    assert main(["transcribe", str(bundle), str(wav)]) == 2
+    assert "inference_config.json: missing (listed in manifest.json)" in capsys.readouterr().err
+    bundle = bundle_from_pretrained(hf_tiny_en, tmp_path / "bundle2")
+    (bundle / "manifest.json").unlink()
+    assert main(["transcribe", str(bundle), str(wav)]) == 2
+    err = capsys.readouterr().err
+    assert "manifest.json" in err and "without verification" not in err
