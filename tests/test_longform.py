@@ -641,11 +641,14 @@ def test_a_damaged_bundle_is_not_taken_for_a_plain_directory(
 
     wav = tmp_path / "a.wav"
     sf.write(wav, np.zeros(SR, np.float32), SR)
+    import shutil
+
     bundle = bundle_from_pretrained(hf_tiny_en, tmp_path / "bundle")
+    shutil.copytree(bundle, tmp_path / "bundle2")
     (bundle / "inference_config.json").unlink()
     assert main(["transcribe", str(bundle), str(wav)]) == 2
     assert "inference_config.json: missing (listed in manifest.json)" in capsys.readouterr().err
-    bundle = bundle_from_pretrained(hf_tiny_en, tmp_path / "bundle2")
+    bundle = tmp_path / "bundle2"
     (bundle / "manifest.json").unlink()
     assert main(["transcribe", str(bundle), str(wav)]) == 2
     err = capsys.readouterr().err
