@@ -445,6 +445,7 @@ def test_transcribe_refuses_impossible_options(hf_tiny_en, tmp_path, capsys) -> 
         [str(wav), str(wav), "--format", "srt"],  # several files to stdout
         [str(wav), "--json", "--format", "vtt"],
         [str(wav), "--chunking", "silence", "--condition-on-previous-text"],
+        [str(wav), str(wav), "--output-dir", str(tmp_path / "out")],  # the same output name
     ):
         assert main(["transcribe", str(hf_tiny_en), *argv]) == 2, argv
         assert "asrforge: error:" in capsys.readouterr().err

@@ -199,8 +199,13 @@ def run_transcribe(args: argparse.Namespace) -> int:
     for path in args.audio:
         if not path.is_file():
             raise UserError(f"{path}: no such audio file")
-    if args.output_dir is not None and args.output_dir.exists() and not args.output_dir.is_dir():
-        raise UserError(f"--output-dir {args.output_dir}: not a directory")
+    if args.output_dir is not None:
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            raise UserError(f"--output-dir {args.output_dir}: not a directory")
+        stems = [p.stem for p in args.audio]
+        twice = sorted({s for s in stems if stems.count(s) > 1})
+        if twice:  # one output file would overwrite the other
+            raise UserError(f"--output-dir: several audio files are named {twice[0]!r}")
     bundle = open_model(args.bundle)
     chunking, why = bundle.chunking_for(args.chunking)
     if args.chunking is None and chunking == "silence":

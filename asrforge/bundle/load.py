@@ -415,11 +415,12 @@ class Bundle:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
         Args:
-            chunking: how audio longer than one window is decoded. ``timestamps`` (default when
-                the model has timestamp tokens): sequential windows in timestamp mode, each
-                starting at the end of the last complete segment of the one before, as
-                openai-whisper and faster-whisper transcribe. ``silence`` (default otherwise):
-                cut at the quietest moments, windows decoded without timestamps.
+            chunking: how audio is decoded. ``timestamps`` (default when the model has
+                timestamp tokens): windows in timestamp mode, each starting at the end of the
+                last complete segment of the one before, as openai-whisper and faster-whisper
+                transcribe (audio within one window is one window, its segments timed by the
+                model). ``silence`` (default otherwise): cut at the quietest moments, pieces
+                decoded without timestamps, one segment per piece.
             condition_on_previous_text: ``timestamps`` only: prompt each window with the text
                 decoded before it (``<|startofprev|>``). Off by default: a window that went
                 wrong (a repetition loop) then steers the next ones, and with greedy decoding

@@ -302,6 +302,8 @@ def transcribe_long(
         return decode
 
     if chunking == "silence":
+        if condition_on_previous_text:
+            raise UserError("condition_on_previous_text: needs chunking timestamps")
         return transcribe_by_silence(
             waves,
             prompts,
