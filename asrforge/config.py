@@ -258,7 +258,8 @@ class EvalConfig(Section):
     longform_items: int = Field(default=0, ge=0)
     """Long-form evaluation: join held-out utterances of the evaluation split into this many
     long recordings (one language each, fixed by the seed), decode them as ``asrforge
-    transcribe`` decodes long audio and report ``longform_wer``/``longform_cer``; 0: off."""
+    transcribe`` decodes long audio and report ``longform_wer``/``longform_cer``; 0: off. Each
+    evaluation transcribes them again (tiny.en: ~0.1 CPU-s per second of audio)."""
     longform_min_seconds: float = Field(default=60.0, gt=0)
     """Shortest long-form recording, in seconds (shorter only when the split runs out)."""
     longform_max_seconds: float = Field(default=120.0, gt=0)
