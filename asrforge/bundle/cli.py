@@ -208,8 +208,6 @@ def run_transcribe(args: argparse.Namespace) -> int:
             raise UserError(f"--output-dir: several audio files are named {twice[0]!r}")
     bundle = open_model(args.bundle)
     chunking, why = bundle.chunking_for(args.chunking)
-    if args.chunking is None and chunking == "silence":
-        print(f"asrforge: {why}", file=sys.stderr)
     if args.condition_on_previous_text and chunking != "timestamps":
         raise UserError("--condition-on-previous-text needs --chunking timestamps")
     waves = [bundle.load_audio(p) for p in args.audio]
@@ -221,6 +219,8 @@ def run_transcribe(args: argparse.Namespace) -> int:
         chunking=chunking,
         condition_on_previous_text=args.condition_on_previous_text,
     )
+    if args.chunking is None and chunking == "silence":  # after the errors: one line each
+        print(f"asrforge: {why}", file=sys.stderr)
     for path, r in zip(args.audio, results, strict=True):
         if fmt == "json":
             record = {
