@@ -269,6 +269,27 @@ class EvalConfig(Section):
     """Cap on generated tokens per utterance during greedy decoding."""
     at_end: bool = True
     """Evaluate once more after the last step (unless that step was just evaluated)."""
+    longform_items: int = Field(default=0, ge=0)
+    """Long-form evaluation: join held-out utterances of the evaluation split into this many
+    long recordings (one language each, fixed by the seed), decode them as ``asrforge
+    transcribe`` decodes long audio and report ``longform_wer``/``longform_cer``; 0: off. Each
+    evaluation transcribes them again (tiny.en: ~0.1 CPU-s per second of audio)."""
+    longform_min_seconds: float = Field(default=60.0, gt=0)
+    """Shortest long-form recording, in seconds (shorter only when the split runs out)."""
+    longform_max_seconds: float = Field(default=120.0, gt=0)
+    """Longest long-form recording, in seconds; each one's length is drawn between the two."""
+    longform_chunking: Literal["timestamps", "silence"] | None = None
+    """How the long recordings are decoded; null: as ``asrforge transcribe`` would (timestamps
+    when the model's vocabulary has them, else cuts at silences)."""
+
+    @model_validator(mode="after")
+    def _longform_range(self) -> EvalConfig:
+        if self.longform_min_seconds > self.longform_max_seconds:
+            raise ValueError(
+                f"longform_min_seconds: must be <= longform_max_seconds "
+                f"({self.longform_max_seconds:g}), got {self.longform_min_seconds:g}"
+            )
+        return self
 
 
 class PolicyGroup(Section):

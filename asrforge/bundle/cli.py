@@ -18,6 +18,8 @@ from typing import Any
 from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
 
+OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
+
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``export``, ``transcribe`` and ``evaluate``."""
@@ -45,12 +47,45 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "transcribe",
         help="transcribe audio files with a bundle",
-        description="Transcribe wav/flac/mp3 files (any sample rate, any length) with a bundle.",
+        description="Transcribe wav/flac/mp3 files (any sample rate, any length) with a bundle, "
+        "a training checkpoint or run, or a transformers Whisper directory. Long audio is "
+        "decoded in sequential 30 s windows moved by the model's timestamps (as openai-whisper "
+        "and faster-whisper do), or cut at silences for models without timestamp tokens.",
     )
-    p.add_argument("bundle", type=Path, help="a bundle directory (asrforge export)")
+    p.add_argument(
+        "bundle",
+        type=Path,
+        help="a bundle directory (asrforge export), a checkpoint or run directory, or a "
+        "transformers Whisper directory (not verified: no manifest)",
+    )
     p.add_argument("audio", type=Path, nargs="+", help="audio files")
     p.add_argument("--language", default=None, help="ISO code; default: detected")
-    p.add_argument("--json", action="store_true", help="one JSON object per line per file")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=OUTPUT_FORMATS,
+        default=None,
+        help="text (default), json (text, language, seconds and timed segments), srt or vtt",
+    )
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write <audio name>.<format> files here instead of printing",
+    )
+    p.add_argument(
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
+        help="long audio: timestamp-driven windows (default when the model has timestamp "
+        "tokens) or cuts at silences (default otherwise)",
+    )
+    p.add_argument(
+        "--condition-on-previous-text",
+        action="store_true",
+        help="timestamps: prompt each window with the text before it (<|startofprev|>)",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap per 30 s window")
     p.set_defaults(func=run_transcribe)
@@ -61,13 +96,33 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate a training checkpoint or a bundle on a split of an Arrow data set "
         "(the training loop's evaluation: teacher-forced loss and greedy decoding).",
     )
-    p.add_argument("model", type=Path, help="a checkpoint, run or bundle directory")
+    p.add_argument(
+        "model",
+        type=Path,
+        help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
+    )
     p.add_argument("--data", type=Path, required=True, help="an Arrow DatasetDict directory")
     p.add_argument("--split", default="validation")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
+    p.add_argument(
+        "--longform-items",
+        type=int,
+        default=0,
+        help="also join utterances of the split into this many long recordings, transcribe them "
+        "as `transcribe` does and report longform_wer/longform_cer (default 0: off)",
+    )
+    p.add_argument("--longform-min-seconds", type=float, default=60.0)
+    p.add_argument("--longform-max-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
+        help="long-form: how long audio is decoded (default: as transcribe would)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="long-form: which utterances are joined")
     p.add_argument(
         "--weights",
         choices=["ema", "raw"],
@@ -132,35 +187,95 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def open_model(path: Path, weights: str | None = None):
+    """A :class:`~asrforge.bundle.Bundle` from a bundle (verified by ``load_bundle``), a training
+    checkpoint or run (verified against its manifest), or a plain transformers Whisper
+    directory, which has no manifest and is loaded unverified (said on stderr)."""
+    from asrforge.bundle.export import bundle_from_checkpoint, resolve_source
+    from asrforge.bundle.load import load_bundle
+    from asrforge.bundle.schema import INFERENCE_CONFIG
+
+    if not path.is_dir():
+        raise UserError(f"{path}: no such directory")
+    if (path / INFERENCE_CONFIG).is_file():
+        if weights is not None:
+            raise UserError("--weights applies to checkpoints; a bundle has one set of weights")
+        return load_bundle(path)
+    kind, _resolved = resolve_source(path)
+    if kind == "pretrained":
+        print(
+            f"asrforge: {path}: a transformers directory, not a bundle: loaded without "
+            "verification (no manifest); `asrforge export` makes a verified bundle",
+            file=sys.stderr,
+        )
+    return bundle_from_checkpoint(path, weights)
+
+
 def run_transcribe(args: argparse.Namespace) -> int:
+    from asrforge.bundle.subtitles import to_srt, to_vtt
+
     problems = [
         _positive("--batch-size", args.batch_size),
         _positive("--max-new-tokens", args.max_new_tokens),
     ]
-    from asrforge.bundle.load import load_bundle
-
+    if args.json and args.fmt not in (None, "json"):
+        problems.append(f"--json and --format {args.fmt}: choose one")
+    fmt = "json" if args.json else args.fmt or "text"
+    if fmt in ("srt", "vtt") and len(args.audio) > 1 and args.output_dir is None:
+        problems.append(f"--format {fmt} with {len(args.audio)} files: give --output-dir")
+    if args.output_dir is not None:
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            problems.append(f"--output-dir {args.output_dir}: not a directory")
+        stems = [p.stem for p in args.audio]
+        twice = sorted({s for s in stems if stems.count(s) > 1})
+        if twice:  # one output file would overwrite the other
+            problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
     # the model first, then every audio file: all the problems in one message
-    bundle = _attempt(lambda: load_bundle(args.bundle), problems)
+    bundle = _attempt(lambda: open_model(args.bundle), problems)
     problems += [audio_problem(path) for path in args.audio]
     raise_problems(problems)
+    chunking, why = bundle.chunking_for(args.chunking)
+    if args.condition_on_previous_text and chunking != "timestamps":
+        raise UserError("--condition-on-previous-text needs --chunking timestamps")
     waves = [bundle.load_audio(p) for p in args.audio]
     results = bundle.recognize(
-        waves, args.language, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens
+        waves,
+        args.language,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        chunking=chunking,
+        condition_on_previous_text=args.condition_on_previous_text,
     )
+    if args.chunking is None and chunking == "silence":  # after the errors: one line each
+        print(f"asrforge: {why}", file=sys.stderr)
     for path, r in zip(args.audio, results, strict=True):
-        if args.json:
+        if fmt == "json":
             record = {
                 "path": str(path),
                 "text": r.text,
                 "language": r.language,
                 "seconds": round(r.seconds, 3),
-                "segments": r.segments,
+                "chunking": r.chunking,
+                "segments": [s.to_dict() for s in r.segments],
             }
-            print(json.dumps(record, ensure_ascii=False))
-        elif len(args.audio) > 1:
-            print(f"{path}\t{r.text}")
+            out = json.dumps(record, ensure_ascii=False)
+        elif fmt == "srt":
+            out = to_srt(r.segments)
+        elif fmt == "vtt":
+            out = to_vtt(r.segments)
         else:
-            print(r.text)
+            out = r.text
+        if args.output_dir is not None:
+            from asrforge.checkpoint.atomic import atomic_write_text
+
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            target = args.output_dir / f"{path.stem}.{'txt' if fmt == 'text' else fmt}"
+            atomic_write_text(target, out if out.endswith("\n") else out + "\n")
+            print(f"wrote {target}", file=sys.stderr)
+        elif fmt == "text" and len(args.audio) > 1:
+            print(f"{path}\t{out}")
+        else:
+            print(out)
     return 0
 
 
@@ -170,29 +285,44 @@ def run_evaluate(args: argparse.Namespace) -> int:
         _positive("--max-new-tokens", args.max_new_tokens),
         _positive("--max-samples", args.max_samples),
     ]
-    from asrforge.bundle.export import bundle_from_checkpoint
-    from asrforge.bundle.load import load_bundle
-    from asrforge.bundle.schema import INFERENCE_CONFIG
+    if args.longform_items < 0:
+        problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
+    if not 0 < args.longform_min_seconds <= args.longform_max_seconds:
+        problems.append(
+            "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
+            f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
+        )
     from asrforge.train.evaluate import evaluate_split
 
-    bundle = None
-    if not args.model.is_dir():  # the model first, then the data: every problem in one message
-        problems.append(f"{args.model}: no such directory")
-    elif (args.model / INFERENCE_CONFIG).is_file():
-        if args.weights is not None:
-            problems.append("--weights applies to checkpoints; a bundle has one set of weights")
-        else:
-            bundle = _attempt(lambda: load_bundle(args.model), problems)
-    else:
-        bundle = _attempt(lambda: bundle_from_checkpoint(args.model, args.weights), problems)
+    # the model first, then the data: every problem in one message
+    bundle = _attempt(lambda: open_model(args.model, args.weights), problems)
     if not args.data.is_dir():
         problems.append(f"--data {args.data}: no such directory")
     raise_problems(problems)
     metrics, _preds, report = evaluate_split(
-        bundle, args.data, args.split, batch_size=args.batch_size,
+        bundle,
+        args.data,
+        args.split,
+        batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
     )
+    if args.longform_items:
+        from asrforge.train.longform import evaluate_split_longform
+
+        long_metrics, _records = evaluate_split_longform(
+            bundle,
+            args.data,
+            args.split,
+            count=args.longform_items,
+            min_seconds=args.longform_min_seconds,
+            max_seconds=args.longform_max_seconds,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+            chunking=args.chunking,
+        )
+        metrics.update(long_metrics)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     if args.json:
         record = {
@@ -209,6 +339,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             + (f", skipped {skipped}" if skipped else "")
         )
         print(format_table(metrics))
+        if args.longform_items:
+            print(format_longform(metrics))
     return 0
 
 
@@ -219,6 +351,19 @@ def _attempt(load: Callable[[], Any], problems: list[str]) -> Any:
     except UserError as e:
         problems.append(str(e))
         return None
+
+
+def format_longform(metrics: dict[str, Any]) -> str:
+    """The long-form line under the table: WER/CER in %, recordings, seconds, chunking."""
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:.2f}" if isinstance(v, int | float) and math.isfinite(v) else "-"
+
+    return (
+        f"long-form: WER {pct(metrics.get('longform_wer'))} % CER "
+        f"{pct(metrics.get('longform_cer'))} % on {metrics.get('longform_n', 0)} recordings "
+        f"({metrics.get('longform_seconds', 0):.0f} s, chunking {metrics.get('longform_chunking')})"
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,12 @@ from asrforge.bundle.schema import (
     check_version,
     parse_inference_config,
 )
-from asrforge.bundle.windows import segment
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
-from asrforge.model.decoding import greedy_decode
+from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
+from asrforge.model.windows import segment
 from asrforge.text.scripts import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
@@ -373,8 +373,10 @@ class Transcript:
     language: str
     seconds: float
     """Duration of the audio."""
-    segments: int
-    """Windows the audio was cut into."""
+    segments: list[Segment] = field(default_factory=list)
+    """Stretches of the audio with their text, in order, times in seconds."""
+    chunking: str = "timestamps"
+    """How long audio was cut into windows: ``timestamps`` or ``silence``."""
 
 
 class Bundle:
@@ -484,7 +486,12 @@ class Bundle:
 
     # -- transcription ------------------------------------------------------------------------
     def transcribe(
-        self, audio: Audio, language: str | None = None, *, max_new_tokens: int | None = None
+        self,
+        audio: Audio,
+        language: str | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        chunking: str | None = None,
     ) -> str:
         """Transcribe one recording of any length.
 
@@ -492,8 +499,12 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array at 16 kHz.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
+            chunking: see :meth:`recognize`.
         """
-        return self.recognize([audio], language, max_new_tokens=max_new_tokens)[0].text
+        [result] = self.recognize(
+            [audio], language, max_new_tokens=max_new_tokens, chunking=chunking
+        )
+        return result.text
 
     def transcribe_many(
         self,
@@ -502,14 +513,27 @@ class Bundle:
         *,
         batch_size: int = 8,
         max_new_tokens: int | None = None,
+        chunking: str | None = None,
     ) -> list[str]:
         """Transcribe several recordings; windows of all of them are decoded in batches."""
         return [
             t.text
             for t in self.recognize(
-                audios, language, batch_size=batch_size, max_new_tokens=max_new_tokens
+                audios,
+                language,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                chunking=chunking,
             )
         ]
+
+    def chunking_for(self, requested: str | None) -> tuple[str, str]:
+        """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
+
+        Raises:
+            UserError: an unknown chunking, or ``timestamps`` for a model without them.
+        """
+        return choose_chunking(self.tokenizer, self.model.config, requested)
 
     def recognize(
         self,
@@ -518,10 +542,28 @@ class Bundle:
         *,
         batch_size: int = 8,
         max_new_tokens: int | None = None,
+        chunking: str | None = None,
+        condition_on_previous_text: bool = False,
     ) -> list[Transcript]:
-        """:meth:`transcribe_many` with the language, duration and window count of each."""
+        """:meth:`transcribe_many` with the language, duration and timed segments of each.
+
+        Args:
+            chunking: how audio is decoded. ``timestamps`` (default when the model has
+                timestamp tokens): windows in timestamp mode, each starting at the end of the
+                last complete segment of the one before, as openai-whisper and faster-whisper
+                transcribe (audio within one window is one window, its segments timed by the
+                model). ``silence`` (default otherwise): cut at the quietest moments, pieces
+                decoded without timestamps, one segment per piece.
+            condition_on_previous_text: ``timestamps`` only: prompt each window with the text
+                decoded before it (``<|startofprev|>``). Off by default: a window that went
+                wrong (a repetition loop) then steers the next ones, and with greedy decoding
+                there is no temperature fallback to recover; a model fine-tuned without such
+                prompts has never seen them.
+        """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        mode, why = self.chunking_for(chunking)
+        log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
             [language] * len(audios)
             if language is None or isinstance(language, str)
@@ -530,26 +572,46 @@ class Bundle:
         if len(langs) != len(audios):
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         cap = max_new_tokens or self.config.eval.max_new_tokens
-        items: list[tuple[int, np.ndarray, tuple[int, ...]]] = []  # (recording, window, prompt)
-        out = []
+        waves, codes, prompts = [], [], []
+        out: list[Transcript | None] = []  # None: decoded below, in this order
         for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
             wave = self.load_audio(audio)
             problem = audio_problem(wave)
             if problem is not None:  # decoding it would only make up "" or noise
                 name = audio if isinstance(audio, str | Path) else f"recording {i}"
                 log.warning("%s: %s; not transcribed (empty text)", name, problem)
-                out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, 0))
+                out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, [], mode))
                 continue
             code = self.resolve_language(wave, lang)
-            prompt = tuple(self.specials.prompt(code, self.config.data.task))
-            pieces = segment(wave, SAMPLE_RATE, self.window_seconds)
-            items += [(i, wave[a:b], prompt) for a, b in pieces]
-            out.append(Transcript("", code, wave.shape[0] / SAMPLE_RATE, len(pieces)))
-        texts = self._decode_windows([(w, p) for _, w, p in items], batch_size, cap)
-        for (i, _w, _p), text in zip(items, texts, strict=True):
-            if text:
-                out[i].text = f"{out[i].text} {text}" if out[i].text else text
-        return out
+            waves.append(wave)
+            codes.append(code)
+            prompts.append(self.specials.prompt(code, self.config.data.task))
+            out.append(None)
+        segments = (
+            transcribe_long(
+                self.model,
+                self.tokenizer,
+                self.features,
+                waves,
+                prompts,
+                chunking=mode,
+                no_timestamps=self.specials.no_timestamps,
+                eot=self.specials.eot,
+                max_new_tokens=cap,
+                batch_size=batch_size,
+                device=self.device,
+                condition_on_previous_text=condition_on_previous_text,
+            )
+            if waves
+            else []
+        )
+        decoded = iter(
+            Transcript(
+                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
+            )
+            for wave, code, segs in zip(waves, codes, segments, strict=True)
+        )
+        return [t if t is not None else next(decoded) for t in out]
 
     @torch.no_grad()
     def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:
@@ -560,21 +622,3 @@ class Bundle:
         ]
         x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
         return self.model.model.encoder(x).last_hidden_state
-
-    def _decode_windows(
-        self, windows: list[tuple[np.ndarray, tuple[int, ...]]], batch_size: int, cap: int
-    ) -> list[str]:
-        """Greedy-decode windows (in order of appearance, batched by prompt) -> their texts."""
-        texts = [""] * len(windows)
-        by_prompt: dict[tuple[int, ...], list[int]] = {}
-        for j, (_w, prompt) in enumerate(windows):
-            by_prompt.setdefault(prompt, []).append(j)
-        for prompt, idx in by_prompt.items():
-            for k in range(0, len(idx), batch_size):
-                chunk = idx[k : k + batch_size]
-                enc = self._encode([windows[j][0] for j in chunk])
-                prompts = torch.tensor([list(prompt)] * len(chunk), device=self.device)
-                seqs, _ = greedy_decode(self.model, enc, prompts, self.specials.eot, cap)
-                for j, ids in zip(chunk, seqs, strict=True):
-                    texts[j] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-        return texts

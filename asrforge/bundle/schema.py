@@ -73,7 +73,15 @@ TRAINING_ONLY: Split = {
         "text_path": ALL,
         "max_text_lines": ALL,
     },
-    "eval": {"eval_steps": ALL, "at_end": ALL},
+    "eval": {
+        "eval_steps": ALL,
+        "at_end": ALL,
+        # the long-form evaluation's recordings: a bundle's transcribe decodes long audio anyway
+        "longform_items": ALL,
+        "longform_min_seconds": ALL,
+        "longform_max_seconds": ALL,
+        "longform_chunking": ALL,
+    },
 }
 """Fields of ``TrainConfig`` an exported model does not need."""
 

@@ -2,7 +2,7 @@
 
 Everything is inline (CSS, a little JS, SVG): the page opens from disk or an e-mail attachment.
 It holds a sortable table of every job (language, config, seed, status, best step, WER, CER,
-loss, rep-trap rate, selection policy and the condition that chose the best checkpoint), a
+long-form WER, loss, rep-trap rate, selection policy and the condition that chose the best checkpoint), a
 language × config grid of the best WER (mean over seeds), and per job the WER / CER / loss
 curves against step with saved checkpoints marked.
 
@@ -45,7 +45,8 @@ class JobReport:
     ``queued``."""
     best_step: int | None = None
     best: dict[str, float | None] = field(default_factory=dict)
-    """``wer``, ``cer``, ``loss``, ``rep_trap_rate`` of the evaluation at ``best_step``."""
+    """``wer``, ``cer``, ``loss``, ``rep_trap_rate`` (and ``longform_wer`` with
+    ``eval.longform_items``) of the evaluation at ``best_step``."""
     chosen_by: str | None = None
     """The ``reason`` of the evaluation whose checkpoint was selected."""
     policy: str | None = None
@@ -161,6 +162,8 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     if chosen:
         e = chosen[-1]
         r.best = {k: e.get(k) for k in (*METRICS, "rep_trap_rate")}
+        if e.get("longform_wer") is not None:
+            r.best["longform_wer"] = e["longform_wer"]
         r.chosen_by = e.get("reason")
     m = POLICY_RE.search((begin or {}).get("selection") or "")
     r.policy = m.group(1) if m else _policy_from_checkpoint(run_dir)
@@ -256,8 +259,8 @@ JS = """
 COLUMNS = [  # key, header, type
     ("job", "job", "text"), ("language", "language", "text"), ("config", "config", "text"),
     ("seed", "seed", "num"), ("status", "status", "text"), ("best_step", "best step", "num"),
-    ("wer", "WER", "num"), ("cer", "CER", "num"), ("loss", "loss", "num"),
-    ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
+    ("wer", "WER", "num"), ("cer", "CER", "num"), ("longform_wer", "long-form WER", "num"),
+    ("loss", "loss", "num"), ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
     ("chosen_by", "chosen by", "text"), ("steps", "steps", "num"),
     ("attempts", "attempts", "num"), ("time", "time", "num"),
 ]
@@ -290,6 +293,7 @@ def _row(r: JobReport) -> str:
          f'<span class="st st-{_e(r.status)}">{_e(r.status)}</span>', ""),
         (*_num(r.best_step, "d"), "n"),
         (*_num(r.best.get("wer"), ".4f"), "n"), (*_num(r.best.get("cer"), ".4f"), "n"),
+        (*_num(r.best.get("longform_wer"), ".4f"), "n"),
         (*_num(r.best.get("loss"), ".4f"), "n"), (*_num(r.best.get("rep_trap_rate"), ".1%"), "n"),
         (r.policy, _e(r.policy or "–"), ""), (r.chosen_by, _e(r.chosen_by or "–"), "reason"),
         (*_num(r.last_step, "d"), "n"), (*_num(r.attempts, "d"), "n"),

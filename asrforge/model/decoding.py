@@ -1,8 +1,15 @@
-"""Greedy decoding with a KV cache, shared by evaluation and inference bundles."""
+"""Greedy decoding with a KV cache, shared by evaluation and inference bundles, and Whisper's
+timestamp rules for long-form transcription (:class:`TimestampRules`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+
+TIME_PRECISION = 0.02
+"""Seconds per timestamp token step: Whisper's ``<|0.00|>``, ``<|0.02|>``, ..."""
 
 
 def suppressed_ids(model) -> tuple[list[int], list[int]]:
@@ -37,6 +44,7 @@ def greedy_decode(
     *,
     cache=None,
     first_tokens: torch.Tensor | None = None,
+    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Greedy decoding with a KV cache. A sequence that emitted EOT leaves the batch (its rows
     are dropped from the cache), so a batch costs what its sequences need, not batch x longest.
@@ -51,6 +59,9 @@ def greedy_decode(
             cropped to the prompt); then ``first_tokens`` must be given too.
         first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given
             (chosen with :func:`pick` and both suppression lists, as here).
+        rules: ``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied
+            at every step before the pick; ``logits`` is (live, vocab), ``generated`` (live, t)
+            the ids each live sequence generated so far (e.g. :class:`TimestampRules`).
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
@@ -76,7 +87,10 @@ def greedy_decode(
                 input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[:, -1]
-            nxt = pick(model.proj_out(h), always + at_begin if t == 0 else always)
+            logits = model.proj_out(h)
+            if rules is not None:
+                logits = rules(logits, out[rows, :t])
+            nxt = pick(logits, always + at_begin if t == 0 else always)
         out[rows, t] = nxt
         n = t + 1
         live = nxt != eot
@@ -93,3 +107,108 @@ def greedy_decode(
         seqs.append(row[:k])
         hit_cap.append(eot not in row)
     return seqs, hit_cap
+
+
+@dataclass(frozen=True)
+class TimestampVocab:
+    """Where a vocabulary keeps Whisper's timestamp tokens: ``<|0.00|>`` is ``begin``, and
+    ``begin + k`` stands for ``k * 0.02`` s into the window, for ``k < count``. Ids at or past
+    ``begin + count`` (an extended vocabulary's new tokens) are text again."""
+
+    begin: int
+    count: int
+    eot: int
+    no_timestamps: int
+
+    @property
+    def end(self) -> int:
+        return self.begin + self.count
+
+    def is_timestamp(self, token: int) -> bool:
+        return self.begin <= token < self.end
+
+    def is_text(self, token: int) -> bool:
+        return token < self.eot or token >= self.end
+
+    @classmethod
+    def of(cls, tokenizer, vocab_size: int, window_seconds: float) -> TimestampVocab | None:
+        """The timestamp tokens of ``tokenizer``, or None when it has none or too few to cover
+        ``window_seconds`` (a from-scratch BPE has no timestamps: such a model cannot drive
+        long-form decoding by timestamps)."""
+
+        def tid(token: str) -> int | None:
+            i = tokenizer.convert_tokens_to_ids(token)
+            # Whisper's unknown token is <|endoftext|> itself
+            unknown = i == tokenizer.unk_token_id and token != "<|endoftext|>"
+            return None if i is None or unknown else int(i)
+
+        no_ts, first, eot = tid("<|notimestamps|>"), tid("<|0.00|>"), tid("<|endoftext|>")
+        count = round(window_seconds / TIME_PRECISION) + 1
+        last = tid(f"<|{(count - 1) * TIME_PRECISION:.2f}|>")
+        if None in (no_ts, first, eot, last) or last != first + count - 1:
+            return None
+        if first + count > vocab_size:
+            return None
+        return cls(begin=first, count=count, eot=eot, no_timestamps=no_ts)
+
+
+class TimestampRules:
+    """openai-whisper's ``ApplyTimestampRules`` for greedy decoding in timestamp mode (a prompt
+    without ``<|notimestamps|>``), as a ``rules`` argument of :func:`greedy_decode`:
+
+    * ``<|notimestamps|>`` and the other special tokens between EOT and the timestamps are
+      never picked;
+    * the first token is a timestamp, at most ``max_initial_timestamp`` seconds;
+    * timestamps come in pairs (a segment's end, then the next one's start), except right
+      before EOT: after a lone timestamp comes another timestamp or EOT, after a pair text;
+    * timestamps never decrease, and a segment's end is later than its start;
+    * when the probability mass of all timestamps exceeds that of the likeliest other token,
+      a timestamp is picked.
+
+    Args:
+        vocab: the timestamp tokens.
+        max_initial_timestamp: seconds; None: no limit.
+    """
+
+    def __init__(self, vocab: TimestampVocab, max_initial_timestamp: float | None = 1.0):
+        self.vocab = vocab
+        self.max_initial = (
+            None if max_initial_timestamp is None else round(max_initial_timestamp / TIME_PRECISION)
+        )
+
+    def __call__(self, logits: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """(rows, vocab) logits, (rows, t) generated ids -> masked float logits."""
+        v = self.vocab
+        logits = logits.float().clone()
+        logits[:, v.eot + 1 : v.begin] = float("-inf")  # sot, languages, tasks, notimestamps
+        text = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        text[v.eot : v.end] = False
+        if generated.shape[1] == 0:
+            logits[:, : v.begin] = float("-inf")
+            logits[:, v.end :] = float("-inf")
+            if self.max_initial is not None:
+                logits[:, v.begin + self.max_initial + 1 :] = float("-inf")
+        for k, seq in enumerate(generated.tolist()):
+            self._pairs_and_order(logits[k], seq, text)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        stamps = logprobs[:, v.begin : v.end].logsumexp(-1)
+        others = torch.cat([logprobs[:, : v.begin], logprobs[:, v.end :]], -1).amax(-1)
+        logits[stamps > others, : v.begin] = float("-inf")
+        logits[stamps > others, v.end :] = float("-inf")
+        return logits
+
+    def _pairs_and_order(self, row: torch.Tensor, seq: list[int], text: torch.Tensor) -> None:
+        v = self.vocab
+        if not seq:
+            return
+        last = v.is_timestamp(seq[-1])
+        penultimate = len(seq) < 2 or v.is_timestamp(seq[-2])
+        if last and penultimate:  # a pair (or the opening stamp): text must follow
+            row[v.begin : v.end] = float("-inf")
+        elif last:  # a segment's end: the next segment's start, or EOT
+            row[text] = float("-inf")
+        stamps = [t for t in seq if v.is_timestamp(t)]
+        if stamps:
+            # never backwards; a segment's end must be later than its start (no endless loop)
+            floor = stamps[-1] if last and not penultimate else stamps[-1] + 1
+            row[v.begin : floor] = float("-inf")

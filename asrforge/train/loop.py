@@ -21,6 +21,7 @@ from asrforge.errors import CheckpointSaveError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
+from asrforge.train.longform import run_longform_eval
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler
 from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
 from asrforge.train.state import TrainState
@@ -143,6 +144,7 @@ class Trainer:
             if top is not None:  # evaluate() restored train mode everywhere
                 set_frozen_eval(raw_model.model.encoder, top)
             metrics, preds = run.gather_eval(metrics, preds)
+            metrics.update(run_longform_eval(run, raw_model, ema, step=state.step, autocast=acc.autocast))
             d = run.selector.update(metrics, step=state.step)
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
             state.selection = run.selector.state_dict()

@@ -1,0 +1,39 @@
+"""Subtitle files from timed segments: SubRip (``.srt``) and WebVTT (``.vtt``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asrforge.model.longform import Segment
+
+
+def timestamp(seconds: float, separator: str) -> str:
+    """``HH:MM:SS,mmm`` (``separator`` ``,``: SubRip) or ``HH:MM:SS.mmm`` (``.``: WebVTT)."""
+    ms = max(0, round(seconds * 1000))
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    secs, ms = divmod(ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{ms:03d}"
+
+
+def _cue_text(text: str) -> str:
+    # a blank line ends a cue, and "-->" would start a timing line: neither may appear inside
+    return " ".join(text.replace("-->", "->").split())
+
+
+def to_srt(segments: Sequence[Segment]) -> str:
+    """Numbered SubRip cues, one per segment."""
+    cues = [
+        f"{i}\n{timestamp(s.start, ',')} --> {timestamp(s.end, ',')}\n{_cue_text(s.text)}\n"
+        for i, s in enumerate(segments, start=1)
+    ]
+    return "\n".join(cues)
+
+
+def to_vtt(segments: Sequence[Segment]) -> str:
+    """A WebVTT file, one cue per segment."""
+    cues = [
+        f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{_cue_text(s.text)}\n"
+        for s in segments
+    ]
+    return "\n".join(["WEBVTT\n", *cues])

@@ -1,0 +1,332 @@
+"""Long-form transcription: audio longer than the encoder's window, decoded window by window.
+
+Two ways, shared by :meth:`asrforge.bundle.Bundle.recognize` and the training loop's long-form
+evaluation:
+
+* **timestamps** (openai-whisper's and faster-whisper's ``transcribe``): decode a full window in
+  timestamp mode (:class:`~asrforge.model.decoding.TimestampRules`); the output is segments
+  ``<|t0|> text <|t1|>``. The next window starts at the end of the last complete segment, so a
+  sentence the window cut off is decoded again, whole, in the next one. When the window's last
+  segment is complete (a single timestamp before EOT), or there are no pairs of timestamps, the
+  next window starts where this one ended.
+* **silence** (:mod:`asrforge.model.windows`): cut the audio at its quietest moments into pieces
+  of at most one window and decode each in ``<|notimestamps|>`` mode; for models whose
+  vocabulary has no timestamp tokens (a from-scratch BPE).
+
+Both return :class:`Segment` lists with times in seconds from the start of the recording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from asrforge.errors import UserError
+from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.windows import segment
+
+CHUNKINGS = ("timestamps", "silence")
+MAX_PREVIOUS_TOKENS = 223
+"""Previous-text tokens kept after ``<|startofprev|>`` (Whisper: half the decoder context - 1)."""
+
+WindowDecoder = Callable[[list[np.ndarray], list[list[int]]], list[list[int]]]
+"""``decode(windows, prompts)``: the ids each (n_samples,) window generated after its prompt."""
+
+
+@dataclass
+class Segment:
+    """A stretch of a recording and its text."""
+
+    start: float
+    """Seconds from the start of the recording."""
+    end: float
+    text: str
+    tokens: list[int] = field(default_factory=list, repr=False)
+    """The generated ids, timestamps included (what conditions the next window)."""
+
+    def to_dict(self) -> dict:
+        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+
+
+def parse_window(
+    tokens: Sequence[int], vocab: TimestampVocab
+) -> tuple[list[tuple[int, int | None, list[int]]], int | None]:
+    """One window's generated ids -> its segments and how far the next window moves.
+
+    Args:
+        tokens: generated ids, without the prompt and EOT.
+        vocab: the timestamp tokens.
+
+    Returns:
+        ``(segments, seek)``. Each segment is ``(start, end, ids)``, times in timestamp steps
+        (0.02 s) from the window's start; ``end`` None means "to the end of the window's audio"
+        (text without a closing timestamp). ``seek`` is the steps to move to the end of the last
+        complete segment (where the next window starts, so that an unfinished segment is
+        decoded whole there), or None to move past the whole window.
+    """
+    stamp = [vocab.is_timestamp(t) for t in tokens]
+    single_ending = stamp[-2:] == [False, True]  # the last segment closed, nothing opened after
+    consecutive = [i + 1 for i in range(len(tokens) - 1) if stamp[i] and stamp[i + 1]]
+    if not consecutive:
+        # one segment: up to its last timestamp, if any beyond the first position
+        ends = [t - vocab.begin for t, s in zip(tokens, stamp, strict=True) if s]
+        end = ends[-1] if ends and ends[-1] > 0 else None
+        start = tokens[0] - vocab.begin if tokens and stamp[0] else 0
+        if end is not None and end <= start:
+            end = None
+        return [(start, end, list(tokens))], None
+    slices = consecutive + ([len(tokens)] if single_ending else [])
+    segments, last = [], 0
+    for cut in slices:
+        piece = list(tokens[last:cut])
+        start = piece[0] - vocab.begin if stamp[last] else 0
+        end = piece[-1] - vocab.begin if stamp[cut - 1] else None
+        segments.append((start, end, piece))
+        last = cut
+    if single_ending:
+        return segments, None
+    return segments, tokens[last - 1] - vocab.begin  # the unfinished segment is decoded again
+
+
+def with_previous(prompt: list[int], previous: list[int], startofprev: int | None) -> list[int]:
+    """``<|startofprev|> previous-text prompt``: the condition_on_previous_text prompt."""
+    if startofprev is None or not previous:
+        return list(prompt)
+    return [startofprev, *previous[-MAX_PREVIOUS_TOKENS:], *prompt]
+
+
+def transcribe_by_timestamps(
+    waves: Sequence[np.ndarray],
+    prompts: Sequence[list[int]],
+    decode: WindowDecoder,
+    vocab: TimestampVocab,
+    *,
+    decode_text: Callable[[list[int]], str],
+    window_samples: int,
+    sample_rate: int = 16_000,
+    startofprev: int | None = None,
+) -> list[list[Segment]]:
+    """Sequential windows moved by timestamps (see the module docstring). The current windows
+    of all recordings are decoded together in each round.
+
+    Args:
+        waves: (n_samples,) recordings at ``sample_rate``.
+        prompts: each recording's decoder prompt, without ``<|notimestamps|>``.
+        decode: decodes windows (see :data:`WindowDecoder`).
+        vocab: the timestamp tokens.
+        decode_text: text ids -> text.
+        window_samples: the encoder's window.
+        startofprev: the ``<|startofprev|>`` id to condition each window on the text before it
+            (``condition_on_previous_text``); None: each window stands alone.
+
+    Returns:
+        Each recording's segments, in order, within its duration.
+    """
+    step = round(TIME_PRECISION * sample_rate)
+    seeks = [0] * len(waves)
+    previous: list[list[int]] = [[] for _ in waves]
+    out: list[list[Segment]] = [[] for _ in waves]
+    pending = [i for i, w in enumerate(waves) if w.shape[0] > 0]
+    while pending:
+        windows = [waves[i][seeks[i] : seeks[i] + window_samples] for i in pending]
+        generated = decode(
+            windows, [with_previous(prompts[i], previous[i], startofprev) for i in pending]
+        )
+        for i, window, tokens in zip(pending, windows, generated, strict=True):
+            offset, limit = seeks[i] / sample_rate, (seeks[i] + window.shape[0]) / sample_rate
+            pieces, seek = parse_window(tokens, vocab)
+            for start, end, ids in pieces:
+                a = min(offset + start * TIME_PRECISION, limit)
+                b = limit if end is None else min(offset + end * TIME_PRECISION, limit)
+                text = decode_text([t for t in ids if vocab.is_text(t)]).strip()
+                if text and b > a:
+                    out[i].append(Segment(a, b, text, list(ids)))
+                    previous[i] += ids
+            moved = window.shape[0] if seek is None else min(seek * step, window.shape[0])
+            seeks[i] += moved if moved > 0 else window.shape[0]  # never decode a window twice
+        pending = [i for i in pending if seeks[i] < waves[i].shape[0]]
+    return out
+
+
+def transcribe_by_silence(
+    waves: Sequence[np.ndarray],
+    prompts: Sequence[list[int]],
+    decode: WindowDecoder,
+    *,
+    decode_text: Callable[[list[int]], str],
+    window_seconds: float,
+    sample_rate: int = 16_000,
+) -> list[list[Segment]]:
+    """Cut each recording at its quietest moments (:func:`asrforge.model.windows.segment`) and
+    decode every piece; one segment per piece that has text."""
+    pieces = [
+        (i, a, b)
+        for i, wave in enumerate(waves)
+        for a, b in segment(wave, sample_rate, window_seconds)
+    ]
+    generated = decode([waves[i][a:b] for i, a, b in pieces], [prompts[i] for i, _, _ in pieces])
+    out: list[list[Segment]] = [[] for _ in waves]
+    for (i, a, b), ids in zip(pieces, generated, strict=True):
+        text = decode_text(ids).strip()
+        if text:
+            out[i].append(Segment(a / sample_rate, b / sample_rate, text, list(ids)))
+    return out
+
+
+@torch.no_grad()
+def decode_windows(
+    model,
+    extractor,
+    windows: Sequence[np.ndarray],
+    prompts: Sequence[list[int]],
+    *,
+    eot: int,
+    max_new_tokens: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    rules=None,
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    sample_rate: int = 16_000,
+) -> list[list[int]]:
+    """Greedy-decode windows (each at most one encoder window long), batched among windows of
+    equal prompts -> the ids each generated (no prompt, no EOT).
+
+    Args:
+        extractor: the log-mel front end (a transformers ``WhisperFeatureExtractor``).
+        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``).
+        autocast: a context manager factory for the forward passes (the training loop's).
+    """
+    out: list[list[int]] = [[] for _ in windows]
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for j, prompt in enumerate(prompts):
+        by_prompt.setdefault(tuple(prompt), []).append(j)
+    for prompt, idx in by_prompt.items():
+        for k in range(0, len(idx), batch_size):
+            chunk = idx[k : k + batch_size]
+            feats = [
+                extractor(
+                    windows[j], sampling_rate=sample_rate, return_tensors="np"
+                ).input_features[0]
+                for j in chunk
+            ]
+            x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                enc = model.model.encoder(x).last_hidden_state
+                ids = torch.tensor([list(prompt)] * len(chunk), device=device)
+                seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
+            for j, seq in zip(chunk, seqs, strict=True):
+                out[j] = seq
+    return out
+
+
+def window_seconds(model_config) -> float:
+    """The encoder's window: 50 positions per second (30 s for the real Whisper models)."""
+    return model_config.max_source_positions / 50.0
+
+
+def choose_chunking(tokenizer, model_config, requested: str | None) -> tuple[str, str]:
+    """``(chunking, why)``: ``timestamps`` when the vocabulary has timestamp tokens for the
+    model's whole window, else ``silence``; ``requested`` (one of :data:`CHUNKINGS`) overrides.
+
+    Raises:
+        UserError: an unknown chunking, or ``timestamps`` for a model without timestamp tokens.
+    """
+    if requested is not None and requested not in CHUNKINGS:
+        raise UserError(f"chunking: must be one of {', '.join(CHUNKINGS)}, got {requested!r}")
+    vocab = TimestampVocab.of(tokenizer, model_config.vocab_size, window_seconds(model_config))
+    if requested == "timestamps" and vocab is None:
+        raise UserError(
+            "chunking timestamps: this model's vocabulary has no timestamp tokens "
+            "(<|0.00|> ...); use chunking silence"
+        )
+    if requested is not None:
+        return requested, "as requested"
+    if vocab is not None:
+        return "timestamps", "the model predicts timestamps"
+    return "silence", "the vocabulary has no timestamp tokens: long audio is cut at silences"
+
+
+def transcribe_long(
+    model,
+    tokenizer,
+    extractor,
+    waves: Sequence[np.ndarray],
+    prompts: Sequence[list[int]],
+    *,
+    chunking: str,
+    no_timestamps: int,
+    eot: int,
+    max_new_tokens: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    condition_on_previous_text: bool = False,
+    sample_rate: int = 16_000,
+) -> list[list[Segment]]:
+    """Transcribe recordings of any length with ``model`` (in eval mode), the way
+    ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
+    :func:`transcribe_by_silence`, per ``chunking`` (see :func:`choose_chunking`).
+
+    Args:
+        prompts: each recording's ``<|notimestamps|>`` prompt (as for short clips); timestamp
+            mode drops that token.
+        max_new_tokens: cap per window; in timestamp mode at most half the decoder's context,
+            as Whisper caps it (the other half holds the previous text).
+        condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
+    """
+    seconds = window_seconds(model.config)
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decoder(cap: int, rules=None) -> WindowDecoder:
+        def decode(windows: list[np.ndarray], ps: list[list[int]]) -> list[list[int]]:
+            return decode_windows(
+                model,
+                extractor,
+                windows,
+                ps,
+                eot=eot,
+                max_new_tokens=cap,
+                batch_size=batch_size,
+                device=device,
+                rules=rules,
+                autocast=autocast,
+                sample_rate=sample_rate,
+            )
+
+        return decode
+
+    if chunking == "silence":
+        if condition_on_previous_text:
+            raise UserError("condition_on_previous_text: needs chunking timestamps")
+        return transcribe_by_silence(
+            waves,
+            prompts,
+            decoder(max_new_tokens),
+            decode_text=text,
+            window_seconds=seconds,
+            sample_rate=sample_rate,
+        )
+    vocab = TimestampVocab.of(tokenizer, model.config.vocab_size, seconds)
+    if vocab is None:
+        raise UserError("chunking timestamps: this model's vocabulary has no timestamp tokens")
+    startofprev = None
+    if condition_on_previous_text:
+        startofprev = tokenizer.convert_tokens_to_ids("<|startofprev|>")
+        if startofprev is None or startofprev == tokenizer.unk_token_id:
+            raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
+    return transcribe_by_timestamps(
+        waves,
+        [p[:-1] if p and p[-1] == no_timestamps else list(p) for p in prompts],
+        decoder(min(max_new_tokens, model.config.max_target_positions // 2), TimestampRules(vocab)),
+        vocab,
+        decode_text=text,
+        window_samples=round(seconds * sample_rate),
+        sample_rate=sample_rate,
+        startofprev=startofprev,
+    )
