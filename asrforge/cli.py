@@ -64,9 +64,9 @@ def _run_train(args) -> int:
 
     t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
-    if problem := directory_problem(cfg.output_dir):
-        raise UserError(f"output_dir: {problem}")
     t_config = time.perf_counter() - t1
+    if problem := directory_problem(cfg.output_dir):  # a file or a symlink loop in the way
+        raise UserError(f"output_dir: {problem}")
 
     from asrforge.callbacks import build_callbacks
     from asrforge.train.events import CriticalCallbackError
@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return 2
     except (CheckpointSaveError, OSError) as e:
-        # A write the OS refused outside a training run (export, average, ...; `train` reports
-        # its own): one line, no traceback. Nothing was half-written: writes are atomic.
+        # A write (or read) the OS refused: export, average, a run's set-up, ... (a failed
+        # checkpoint save is reported by `_run_train`). One line, no traceback; nothing
+        # was half-written, as every write is atomic.
         print(f"asrforge: error: {_describe_write_failure(e)}", file=sys.stderr)
         return 2 if _path_at_fault(e) else 1
     except KeyboardInterrupt:
