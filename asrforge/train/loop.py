@@ -274,13 +274,10 @@ class Trainer:
                     accum = 0
                     params = [p for p in raw_model.parameters() if p.requires_grad]
                     clip = cfg.optim.clip_grad_norm or float("inf")
-                    grad_norm = float(acc.clip_grad_norm_(params, clip))
-                    finite = math.isfinite(step_loss) and math.isfinite(grad_norm)
-                    if finite:
-                        optimizer.step()
-                        skipped = bool(acc.optimizer_step_was_skipped)
-                    else:
-                        skipped = True
+                    grad_norm, skip, diverging = _optimizer_step(
+                        acc, optimizer, params, clip, step_loss
+                    )
+                    skipped = skip is not None
                     optimizer.zero_grad(set_to_none=True)
                     scheduler.step()
                     if ema is not None and not skipped:
@@ -289,14 +286,11 @@ class Trainer:
                     state.samples_seen += step_samples
                     if skipped:
                         state.skipped_steps += 1
-                        log.warning(
-                            "step %d skipped: non-finite %s",
-                            state.step,
-                            "loss" if not math.isfinite(step_loss) else "gradient",
-                        )
-                    state.consecutive_nonfinite = (
-                        state.consecutive_nonfinite + 1 if not finite else 0
-                    )
+                        log.warning("step %d skipped: %s", state.step, skip)
+                    if diverging:
+                        state.consecutive_nonfinite += 1
+                    elif not skipped:
+                        state.consecutive_nonfinite = 0
                     if math.isfinite(step_loss):
                         rl = state.running_loss
                         state.running_loss = (
@@ -316,6 +310,8 @@ class Trainer:
                         "tokens": step_tokens,
                         "step_seconds": now - t_step,
                     }
+                    if acc.scaler is not None:  # fp16: the dynamic loss scale after this step
+                        metrics["grad_scale"] = acc.scaler.get_scale()
                     if run.text is not None:  # per-task mean loss; None when the step had none
                         for name, values in task_losses.items():
                             metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
@@ -412,6 +408,35 @@ class Trainer:
     def _restore_signal_handlers(self) -> None:
         for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+
+def _optimizer_step(acc, optimizer, params, clip: float, loss: float) -> tuple[float, str | None, bool]:
+    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient.
+
+    Returns:
+        (the gradient norm before clipping, why the step was skipped or None, whether the skip
+        counts towards ``train.max_consecutive_nonfinite``). Under fp16 a gradient overflow
+        while the loss scale is above 1 does not count: that is the scaler finding its scale
+        (the first steps overflow at 65536), not the run diverging (DeepSpeed's
+        ``min_loss_scale`` is 1 for the same reason).
+    """
+    scaler = acc.scaler
+    scale = scaler.get_scale() if scaler is not None else None
+    grad_norm = float(acc.clip_grad_norm_(params, clip))  # unscales the gradients under fp16
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        optimizer.step()  # under fp16: scaler.step + scaler.update
+        return grad_norm, "the loss scaler skipped it" if acc.optimizer_step_was_skipped else None, False
+    if scaler is None:
+        return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
+    # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
+    # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
+    # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
+    # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
+    scaler.update()
+    if not math.isfinite(loss):
+        return grad_norm, "non-finite loss", True
+    why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
+    return grad_norm, why, scale <= 1.0
 
 
 class _nullcontext:

@@ -79,7 +79,8 @@ def model_width(cfg: ModelConfig) -> int | None:
 
 
 def choose_precision(requested: str, device: str, width: int | None = None) -> tuple[str, str]:
-    """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling.
+    """(autocast precision, why). A requested precision is used as it is, on a CPU too (fp16
+    there: torch's CPU autocast and ``GradScaler("cpu")``, see :func:`enable_cpu_fp16`).
 
     ``auto`` on a CPU: bf16 when the CPU has bf16 units and the model is at least
     ``BF16_MIN_WIDTH`` wide (``width``, its d_model), fp32 otherwise.
@@ -103,8 +104,19 @@ def choose_precision(requested: str, device: str, width: int | None = None) -> t
             return "bf16", "auto: this GPU supports bf16"
         return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
     if requested == "fp16" and not cuda:
-        return "bf16", "fp16 loss scaling is not supported on CPU; using bf16 instead"
+        return "fp16", "set in train.precision: fp16 autocast with dynamic loss scaling on the CPU"
     return requested, "set in train.precision"
+
+
+def enable_cpu_fp16(acc) -> None:
+    """Make accelerate's fp16 on a CPU what it is on a GPU: fp16 autocast and a dynamic loss
+    scaler. accelerate leaves both off on a CPU (it silently trains in fp32), although torch
+    supports them there; with them on, a CPU run takes the GPU's code path (scaled backward,
+    unscale in ``clip_grad_norm_``, ``scaler.step`` + ``update`` in ``optimizer.step``), so the
+    tests cover it. Call before ``acc.prepare`` (the prepared optimizer takes the scaler)."""
+    if acc.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
+        acc.native_amp = True
+        acc.scaler = torch.amp.GradScaler("cpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -291,6 +303,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         mixed_precision=precision, cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
     )
+    enable_cpu_fp16(acc)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
