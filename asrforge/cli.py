@@ -74,8 +74,20 @@ def _run_train(args) -> int:
         return 1
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
-        print(f"asrforge: best checkpoint at step {result.best_step}: {result.best}")
+        print(f"asrforge: {_describe_best(result)}")
     return 1 if result.status == "diverged" else 0
+
+
+def _describe_best(result) -> str:
+    """The best checkpoint's own evaluation, then the policy's bests over all evaluations that
+    differ from it (named ``best_<metric>``: they may be other evaluations' numbers)."""
+    best, tracked = result.best, result.tracked_bests
+    own = ", ".join(f"{k} {best[k]:.4f}" for k in ("wer", "cer", "loss") if k in best)
+    others = ", ".join(
+        f"{k} {v:.4f}" for k, v in tracked.items() if k.startswith("best_") and best.get(k[5:]) != v
+    )
+    line = f"best checkpoint at step {result.best_step}: {own or 'not evaluated'}"
+    return f"{line}; the selection policy's bests over all evaluations: {others}" if others else line
 
 
 def _seconds_since_process_start() -> float:

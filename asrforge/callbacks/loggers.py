@@ -92,7 +92,8 @@ class MetricsJsonl(Callback):
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.fh is not None:
             self._write({"event": "train_end", "step": state.step, "status": result.status,
-                         "reason": result.reason, "best_step": result.best_step, "best": result.best})
+                         "reason": result.reason, "best_step": result.best_step, "best": result.best,
+                         "tracked_bests": result.tracked_bests})
             self.fh.close()
             self.fh = None
 

@@ -252,8 +252,8 @@ class Launcher:
             best = end.get("best") or {}
             score = ", ".join(f"{k} {best[k]:.4g}" for k in ("wer", "cer", "loss") if k in best)
             self.say(f"done {r.job.job_id} in {summary['duration_s']:.0f} s: "
-                     f"step {end.get('step')}, best checkpoint step {end.get('best_step')}; "
-                     f"lowest {score or '–'}")
+                     f"step {end.get('step')}, best checkpoint step {end.get('best_step')}: "
+                     f"{score or '–'}")
         elif self.stopping:
             self.claims.event("release", r.job.job_id, reason="launcher stopping")
             r.claim.release()

@@ -20,7 +20,7 @@ from asrforge.errors import CheckpointSaveError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
-from asrforge.train.optim import EMA, build_optimizer, build_scheduler
+from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
 from asrforge.train.state import TrainState
 
@@ -36,8 +36,12 @@ class FitResult:
     step: int
     best_step: int | None
     best: dict[str, float]
+    """The evaluation of the best checkpoint (at ``best_step``): ``wer``, ``cer``, ``loss``, ..."""
     output_dir: Path
     last_metrics: dict = field(default_factory=dict)
+    tracked_bests: dict[str, float] = field(default_factory=dict)
+    """The bests the selection policy keeps over all evaluations (``best_wer``, ``best_loss``,
+    ``best_cer``), which may come from evaluations other than the best checkpoint's."""
 
 
 class Trainer:
@@ -140,12 +144,9 @@ class Trainer:
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
             state.selection = run.selector.state_dict()
             state.last_eval_step = state.step
-            for k in ("wer", "cer", "loss"):
-                v = metrics.get(k)
-                if v is not None and not math.isnan(v) and v < state.best.get(k, math.inf):
-                    state.best[k] = v
             if decision.save:
                 state.best_step = state.step
+                state.best = _numbers(metrics)
             run.write_eval_records(state.step, metrics, preds, decision)
             log.info(
                 "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s",
@@ -299,7 +300,7 @@ class Trainer:
                     now = time.perf_counter()
                     metrics = {
                         "loss": step_loss,
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": main_lr(optimizer),  # the others by name in lr_groups
                         "lr_groups": {
                             g.get("name", str(i)): g["lr"]
                             for i, g in enumerate(optimizer.param_groups)
@@ -346,7 +347,14 @@ class Trainer:
                         status, reason = "interrupted", f"received {self._signal}"
                         state.should_stop = True
                         state.should_save = True
-                    if state.should_save:
+                    # the run ends here: the end-of-run evaluation and save come next, don't save twice
+                    final_eval_follows = (
+                        self._signal is None
+                        and cfg.eval.at_end
+                        and state.last_eval_step != state.step
+                        and _run_ends_after_this_step(state, run, max_steps)
+                    )
+                    if state.should_save and not final_eval_follows:
                         save(
                             "step",
                             last_metrics if state.last_eval_step == state.step else None,
@@ -377,6 +385,7 @@ class Trainer:
                 dict(state.best),
                 run.output_dir,
                 last_metrics,
+                tracked_bests=_numbers(run.selector.state_dict().get("policy_state") or {}),
             )
             log.info("run %s at step %d: %s", status, state.step, reason)
             callbacks.call("on_train_end", state, result=result)
@@ -408,6 +417,25 @@ class Trainer:
     def _restore_signal_handlers(self) -> None:
         for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+
+def _numbers(metrics: dict) -> dict[str, float]:
+    return {
+        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) -> bool:
+    """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the last
+    speech batch of the last epoch (``train.max_epochs``) consumed."""
+    if state.should_stop or state.step >= max_steps:
+        return True
+    max_epochs = run.cfg.train.max_epochs
+    return (
+        max_epochs is not None
+        and state.epoch + 1 >= max_epochs
+        and state.batch_in_epoch >= run.batches_per_epoch
+    )
 
 
 def _optimizer_step(acc, optimizer, params, clip: float, loss: float) -> tuple[float, str | None, bool]:

@@ -204,6 +204,13 @@ class RunSetup:
         return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
                           asr_ratio=self.cfg.data.asr_ratio, start=micro_batch)
 
+    @property
+    def batches_per_epoch(self) -> int:
+        """Speech micro-batches of one epoch on this process (as :meth:`train_loader` cuts them)."""
+        acc = self.accelerator
+        n_batches = -(-len(self.train_set) // self.cfg.data.batch_size)
+        return len(range(acc.process_index, n_batches, acc.num_processes))
+
     def eval_loader(self) -> DataLoader:
         acc = self.accelerator
         bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
