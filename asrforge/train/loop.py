@@ -77,7 +77,6 @@ class Trainer:
         scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
         model, optimizer = acc.prepare(model, optimizer)
         raw_model = acc.unwrap_model(model)
-        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         state = TrainState()
         callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
         top = cfg.model.frozen_encoder_top  # None: the whole encoder trains (asrforge.model.partial)
@@ -89,8 +88,6 @@ class Trainer:
             scheduler.load_state_dict(ckpt.scheduler)
             if ckpt.scaler and acc.scaler is not None:
                 acc.scaler.load_state_dict(ckpt.scaler)
-            if ema is not None and ckpt.ema is not None:
-                ema.load_state_dict(ckpt.ema)
             state = TrainState.from_dict(ckpt.train_state)
             if state.selection:
                 run.selector.load_state_dict(state.selection)
@@ -105,6 +102,14 @@ class Trainer:
                 state.epoch,
                 state.batch_in_epoch,
             )
+        # built from the weights training starts with: the resumed ones on a resume
+        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        if ema is not None and run.resume_from is not None:
+            if run.resume_from.ema is not None:
+                ema.load_state_dict(run.resume_from.ema)
+            else:
+                log.info("EMA (decay %g) starts at step %d from the resumed weights (the "
+                         "checkpoint has none)", cfg.train.ema_decay, state.step)
 
         info = RunInfo(
             config=cfg,
