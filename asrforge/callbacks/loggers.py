@@ -35,6 +35,18 @@ class _StepAverager:
         self.seconds += m.get("step_seconds", 0.0)
         self.skipped += int(bool(m.get("skipped")))
 
+    def state_dict(self) -> dict:
+        """The open window, saved with each checkpoint: a resumed run's first line then averages
+        the same steps as an uninterrupted run's."""
+        return {"n": self.n, "sums": {k: list(v) for k, v in self.sums.items()},
+                "samples": self.samples, "tokens": self.tokens, "seconds": self.seconds,
+                "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n, self.samples, self.tokens = state["n"], state["samples"], state["tokens"]
+        self.seconds, self.skipped = state["seconds"], state["skipped"]
+        self.sums = {k: (s, c) for k, (s, c) in state["sums"].items()}
+
     def summary(self, last: dict) -> dict:
         out = {k: s / c for k, (s, c) in self.sums.items() if c}
         out.update(
@@ -43,7 +55,7 @@ class _StepAverager:
             tokens_per_s=self.tokens / self.seconds if self.seconds else None,
             skipped_steps=self.skipped,
         )
-        out.update({k: v for k, v in last.items() if k.startswith("lr/")})
+        out.update({k: v for k, v in last.items() if k.startswith("lr/") or k == "grad_scale"})
         return out
 
 
@@ -81,6 +93,13 @@ class MetricsJsonl(Callback):
             self._write({"event": "train", "step": state.step, "epoch": state.epoch,
                          "time": time.time(), **self.avg.summary(metrics)})
             self.avg.reset()
+
+    def state_dict(self) -> dict:
+        return {"window": self.avg.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "window" in state:  # checkpoints before the window was saved have none
+            self.avg.load_state_dict(state["window"])
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         self._write({"event": "eval", "step": state.step, "time": time.time(), **metrics,
@@ -132,6 +151,13 @@ class TensorBoardLogger(Callback):
                 if isinstance(v, int | float) and v is not None:
                     self.writer.add_scalar(f"train/{k}", v, state.step)
             self.avg.reset()
+
+    def state_dict(self) -> dict:
+        return {"window": self.avg.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "window" in state:
+            self.avg.load_state_dict(state["window"])
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         for k, v in metrics.items():
