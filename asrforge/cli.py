@@ -1,8 +1,10 @@
 """The ``asrforge`` command.
 
-Exit codes: 0 success (also a run stopped early or by SIGTERM/SIGINT after saving), 1 a run that
-failed (diverged, a checkpoint that could not be saved, a critical callback), 2 bad input (a
-config, a path, a file): one message naming what is wrong, no traceback.
+Exit codes: 0 success (also a run stopped early by a callback or the selection policy), 1 a run
+that failed (diverged, a checkpoint that could not be saved, a critical callback), 2 bad input (a
+config, a path, a file): one message naming what is wrong, no traceback; 75
+(``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint, which
+``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from asrforge.errors import CheckpointSaveError, UserError
+from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
@@ -75,7 +77,7 @@ def _run_train(args) -> int:
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
         print(f"asrforge: {_describe_best(result)}")
-    return 1 if result.status == "diverged" else 0
+    return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(result.status, 0)
 
 
 def _describe_best(result) -> str:
@@ -106,7 +108,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asrforge",
         description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
-        epilog="Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file).",
+        epilog=(
+            "Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file), "
+            f"{EXIT_INTERRUPTED} a run stopped by SIGTERM/SIGINT after saving (--resume continues it)."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in BUILTIN_COMMANDS:

@@ -22,3 +22,8 @@ class CheckpointNotSupportedError(CheckpointError):
 
 class CheckpointSaveError(RuntimeError):
     """Writing a checkpoint failed (disk full, permissions, ...). The previous one is intact."""
+
+
+EXIT_INTERRUPTED = 75
+"""Exit code of ``asrforge train`` stopped by SIGTERM/SIGINT after saving a checkpoint
+(sysexits' EX_TEMPFAIL: try again later): ``--resume`` continues it, and the matrix retries it."""
