@@ -1,10 +1,10 @@
 """The ``asrforge`` command.
 
 Exit codes: 0 success (also a run stopped early by a callback or the selection policy), 1 a run
-that failed (diverged, a checkpoint that could not be saved, a critical callback), 2 bad input (a
-config, a path, a file): one message naming what is wrong, no traceback; 75
-(``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint, which
-``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
+that failed (diverged, a checkpoint or another file that could not be written, a critical
+callback), 2 bad input (a config, a path, a file): one message naming what is wrong, no
+traceback; 75 (``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint,
+which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError
+from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
@@ -71,8 +71,8 @@ def _run_train(args) -> int:
     except CriticalCallbackError as e:
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
-    except CheckpointSaveError as e:
-        print(f"asrforge: run stopped: a checkpoint could not be saved: {e}", file=sys.stderr)
+    except (CheckpointSaveError, RunIOError) as e:  # the message names the file
+        print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:

@@ -110,17 +110,26 @@ class MetricsJsonl(Callback):
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.fh is not None:
-            self._write({"event": "train_end", "step": state.step, "status": result.status,
-                         "reason": result.reason, "best_step": result.best_step, "best": result.best,
-                         "tracked_bests": result.tracked_bests})
-            self.fh.close()
-            self.fh = None
+            try:
+                self._write({"event": "train_end", "step": state.step, "status": result.status,
+                             "reason": result.reason, "best_step": result.best_step,
+                             "best": result.best, "tracked_bests": result.tracked_bests})
+            finally:
+                self._close()
 
     def on_exception(self, state: TrainState, *, error: BaseException) -> None:
         if self.fh is not None:
-            self._write({"event": "exception", "step": state.step, "error": repr(error)})
-            self.fh.close()
-            self.fh = None
+            try:
+                self._write({"event": "exception", "step": state.step, "error": repr(error)})
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        fh, self.fh = self.fh, None
+        try:
+            fh.close()
+        except OSError:  # flushing what a failed write left (a full disk): that write raised
+            pass
 
 
 class TensorBoardLogger(Callback):

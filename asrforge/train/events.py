@@ -3,7 +3,8 @@
 The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``). Callbacks
 observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
 optional callback that raises is logged with its name and the run goes on; a critical one
-stops the run with :class:`CriticalCallbackError`.
+stops the run with :class:`CriticalCallbackError`. An OSError (a file that cannot be written:
+a full disk, permissions) stops the run whichever callback raises it.
 
 Events and their payloads (every event also gets ``state: TrainState``):
 
@@ -132,6 +133,10 @@ class CallbackList:
         for cb in self.callbacks:
             try:
                 getattr(cb, event)(state, **payload)
+            except OSError as e:
+                if event != "on_exception":
+                    raise  # a file that cannot be written (a full disk) stops the run
+                log.error("callback %r failed in %s: %s", cb.name, event, e)  # one is ending it
             except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
                 if cb.critical:
                     raise CriticalCallbackError(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import TrainConfig
-from asrforge.errors import CheckpointSaveError
+from asrforge.errors import CheckpointSaveError, RunIOError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
@@ -68,7 +68,10 @@ class Trainer:
         precision, why_precision = choose_precision(
             cfg.train.precision, cfg.train.device, model_width(cfg.model)
         )
-        run: RunSetup = prepare_run(cfg, precision=precision, resume=resume)
+        try:
+            run: RunSetup = prepare_run(cfg, precision=precision, resume=resume)
+        except (OSError, CheckpointSaveError) as e:  # e.g. the tokenizer's write on a full disk
+            raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
         acc, model, bundle = run.accelerator, run.model, run.model_bundle
         log.info("precision: %s (%s)", precision, why_precision)
 
@@ -176,29 +179,18 @@ class Trainer:
             state.should_save = False
             last_saved[0] = state.step
             cb_states = callbacks.state_dict()
-            try:
-                path = run.save_checkpoint(
-                    step=state.step,
-                    model=raw_model,
-                    ema=ema,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    scaler=acc.scaler,
-                    state=state,
-                    callback_states=cb_states,
-                    metrics=metrics,
-                    is_best=is_best,
-                )
-            except CheckpointSaveError as e:
-                # A run that cannot save must not go on silently.
-                previous = run.checkpoints.latest_valid(check_hashes=False)
-                kept = (
-                    f"the previous checkpoint {previous} is intact"
-                    if previous
-                    else "no earlier checkpoint exists"
-                )
-                log.error("saving step %d failed: %s; %s; stopping", state.step, e, kept)
-                raise CheckpointSaveError(f"{e}; {kept}") from e
+            path = run.save_checkpoint(  # a failure stops the run (the handler at the end of fit)
+                step=state.step,
+                model=raw_model,
+                ema=ema,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=acc.scaler,
+                state=state,
+                callback_states=cb_states,
+                metrics=metrics,
+                is_best=is_best,
+            )
             if path is not None:
                 callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
 
@@ -395,6 +387,16 @@ class Trainer:
             log.info("run %s at step %d: %s", status, state.step, reason)
             callbacks.call("on_train_end", state, result=result)
             return result
+        except (OSError, CheckpointSaveError) as e:
+            # a file could not be written (a full disk, permissions): one message, no traceback
+            previous = run.checkpoints.latest_valid(check_hashes=False)
+            kept = (f"the checkpoint {previous} is intact (--resume continues from it)"
+                    if previous else "no checkpoint was written")
+            stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
+            error = stop(f"{_describe(e)}; {kept}")
+            log.error("run stopped at step %d: %s", state.step, error)
+            callbacks.call("on_exception", state, error=error)
+            raise error from e
         except BaseException as e:
             callbacks.call("on_exception", state, error=e)
             raise
@@ -422,6 +424,13 @@ class Trainer:
     def _restore_signal_handlers(self) -> None:
         for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+
+def _describe(e: OSError | CheckpointSaveError) -> str:
+    if isinstance(e, CheckpointSaveError):  # its message names the path
+        return str(e)
+    what = e.strerror or str(e)
+    return f"{e.filename}: {what}" if e.filename else what
 
 
 def _numbers(metrics: dict) -> dict[str, float]:

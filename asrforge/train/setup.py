@@ -136,10 +136,33 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
         root.addHandler(h)
     if output_dir is None or not is_main:
         return None
-    fh = logging.FileHandler(output_dir / "train.log")
+    fh = _RunLogFile(output_dir / "train.log")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(fh)
     return fh
+
+
+class _RunLogFile(logging.FileHandler):
+    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
+    file is written no more; logging's default prints a traceback for every later record."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not self.failed:
+            self.failed = True
+            print(f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
+                  "goes on on stderr only", file=sys.stderr)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # flushing what a failed write left: reported already, and must not
+            pass  # mask the error that is ending the run
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -361,8 +384,7 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     if tokenizer is None and acc.is_main_process:
         tokenizer = build_tokenizer(cfg.model, train_split["text"])
-        with atomic_directory(tok_dir) as tmp:
-            tokenizer.save_pretrained(str(tmp))
+        _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
@@ -458,6 +480,19 @@ def prepare_run(cfg: TrainConfig, *, precision: str, resume: bool) -> RunSetup:
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
         log_handler=handler, text=text, startup=clock.phases,
     )
+
+
+def _save_tokenizer(tokenizer, directory: Path) -> None:
+    """Write the run's tokenizer, atomically; CheckpointSaveError names the directory when it
+    fails. The Rust tokenizers library reports a failed write (a full disk) as a bare
+    ``Exception``: it is made the OSError it is, which ``atomic_directory`` reports."""
+    with atomic_directory(directory) as tmp:
+        try:
+            tokenizer.save_pretrained(str(tmp))
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
+            raise OSError(None, str(e)) from e
 
 
 class _PhaseClock:
