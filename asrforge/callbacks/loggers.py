@@ -38,9 +38,14 @@ class _StepAverager:
     def state_dict(self) -> dict:
         """The open window, saved with each checkpoint: a resumed run's first line then averages
         the same steps as an uninterrupted run's."""
-        return {"n": self.n, "sums": {k: list(v) for k, v in self.sums.items()},
-                "samples": self.samples, "tokens": self.tokens, "seconds": self.seconds,
-                "skipped": self.skipped}
+        return {
+            "n": self.n,
+            "sums": {k: list(v) for k, v in self.sums.items()},
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "skipped": self.skipped,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.n, self.samples, self.tokens = state["n"], state["samples"], state["tokens"]

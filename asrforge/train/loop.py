@@ -111,8 +111,12 @@ class Trainer:
             if run.resume_from.ema is not None:
                 ema.load_state_dict(run.resume_from.ema)
             else:
-                log.info("EMA (decay %g) starts at step %d from the resumed weights (the "
-                         "checkpoint has none)", cfg.train.ema_decay, state.step)
+                log.info(
+                    "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
+                    "has none)",
+                    cfg.train.ema_decay,
+                    state.step,
+                )
 
         info = RunInfo(
             config=cfg,
@@ -344,7 +348,7 @@ class Trainer:
                         status, reason = "interrupted", f"received {self._signal}"
                         state.should_stop = True
                         state.should_save = True
-                    # the run ends here: the end-of-run evaluation and save come next, don't save twice
+                    # when the run ends here, the end-of-run evaluation's save is this step's
                     final_eval_follows = (
                         self._signal is None
                         and cfg.eval.at_end
@@ -390,8 +394,11 @@ class Trainer:
         except (OSError, CheckpointSaveError) as e:
             # a file could not be written (a full disk, permissions): one message, no traceback
             previous = run.checkpoints.latest_valid(check_hashes=False)
-            kept = (f"the checkpoint {previous} is intact (--resume continues from it)"
-                    if previous else "no checkpoint was written")
+            kept = (
+                f"the checkpoint {previous} is intact (--resume continues from it)"
+                if previous
+                else "no checkpoint was written"
+            )
             stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
             error = stop(f"{_describe(e)}; {kept}")
             log.error("run stopped at step %d: %s", state.step, error)
@@ -452,7 +459,9 @@ def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) 
     )
 
 
-def _optimizer_step(acc, optimizer, params, clip: float, loss: float) -> tuple[float, str | None, bool]:
+def _optimizer_step(
+    acc, optimizer, params, clip: float, loss: float
+) -> tuple[float, str | None, bool]:
     """unscale -> clip -> step, or skip the step on a non-finite loss or gradient.
 
     Returns:
@@ -467,7 +476,8 @@ def _optimizer_step(acc, optimizer, params, clip: float, loss: float) -> tuple[f
     grad_norm = float(acc.clip_grad_norm_(params, clip))  # unscales the gradients under fp16
     if math.isfinite(loss) and math.isfinite(grad_norm):
         optimizer.step()  # under fp16: scaler.step + scaler.update
-        return grad_norm, "the loss scaler skipped it" if acc.optimizer_step_was_skipped else None, False
+        skipped = acc.optimizer_step_was_skipped
+        return grad_norm, "the loss scaler skipped it" if skipped else None, False
     if scaler is None:
         return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
     # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
