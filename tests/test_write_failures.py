@@ -54,6 +54,21 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, c
     assert "INFO checkpoints: saved step-000001" in err
 
 
+def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys):
+    cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 2})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to("/dev/full")
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert stopped == [
+        f"asrforge: run stopped: {run / 'metrics.jsonl'}: No space left on device; "
+        "no checkpoint was written"
+    ]
+
+
 @pytest.mark.parametrize(
     "error",
     [

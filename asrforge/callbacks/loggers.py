@@ -82,8 +82,12 @@ class MetricsJsonl(Callback):
         self.fh = None
 
     def _write(self, obj: dict) -> None:
-        self.fh.write(json.dumps(obj, default=str) + "\n")
-        self.fh.flush()
+        try:
+            self.fh.write(json.dumps(obj, default=str) + "\n")
+            self.fh.flush()
+        except OSError as e:
+            e.filename = e.filename or self.fh.name  # a failed flush does not say which file
+            raise
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every

@@ -3,8 +3,8 @@
 The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``). Callbacks
 observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
 optional callback that raises is logged with its name and the run goes on; a critical one
-stops the run with :class:`CriticalCallbackError`. An OSError (a file that cannot be written:
-a full disk, permissions) stops the run whichever callback raises it.
+stops the run with :class:`CriticalCallbackError`. A disk that is full or failing
+(:data:`DISK_ERRORS`) stops the run whichever callback meets it: the next save would fail too.
 
 Events and their payloads (every event also gets ``state: TrainState``):
 
@@ -31,6 +31,7 @@ on_exception   ``error: BaseException`` (then the error propagates)
 
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,10 @@ EVENTS = (
     "on_train_end",
     "on_exception",
 )
+
+
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+"""OSError numbers that mean the run's disk is full or failing."""
 
 
 class CriticalCallbackError(RuntimeError):
@@ -133,11 +138,9 @@ class CallbackList:
         for cb in self.callbacks:
             try:
                 getattr(cb, event)(state, **payload)
-            except OSError as e:
-                if event != "on_exception":
-                    raise  # a file that cannot be written (a full disk) stops the run
-                log.error("callback %r failed in %s: %s", cb.name, event, e)  # one is ending it
             except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
+                if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
+                    raise
                 if cb.critical:
                     raise CriticalCallbackError(
                         f"critical callback {cb.name!r} failed in {event}: {type(e).__name__}: {e}"
@@ -146,7 +149,8 @@ class CallbackList:
                 self.failures[key] = self.failures.get(key, 0) + 1
                 log.error(
                     "callback %r failed in %s (%s: %s); the run goes on",
-                    cb.name, event, type(e).__name__, e, exc_info=self.failures[key] == 1,
+                    cb.name, event, type(e).__name__, e,
+                    exc_info=self.failures[key] == 1 and not isinstance(e, OSError),
                 )
 
     def state_dict(self) -> dict[str, dict]:
