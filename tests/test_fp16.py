@@ -4,6 +4,7 @@ lowers the scale, and training goes on; a run that keeps producing inf/nan still
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import torch
@@ -71,8 +72,6 @@ def test_an_overflow_skips_the_step_lowers_the_scale_and_training_goes_on(
     assert m[2]["grad_scale"] == m[1]["grad_scale"] / 2
     assert not m[-1]["skipped"] and math.isfinite(m[-1]["loss"])
     latest = tmp_path / "run" / "checkpoints" / "latest"
-    import json
-
     state = json.loads((latest / "train_state.json").read_text())
     assert state["skipped_steps"] == sum(x["skipped"] for x in m) >= 1
     assert torch.load(latest / "scaler.pt", weights_only=True)["scale"] == m[-1]["grad_scale"]
