@@ -1,8 +1,10 @@
 """The ``asrforge`` command.
 
-Exit codes: 0 success (also a run stopped early or by SIGTERM/SIGINT after saving), 1 a run that
-failed (diverged, a checkpoint that could not be saved, a critical callback), 2 bad input (a
-config, a path, a file): one message naming what is wrong, no traceback.
+Exit codes: 0 success (also a run stopped early by a callback or the selection policy), 1 a run
+that failed (diverged, a checkpoint or another file that could not be written, a critical
+callback), 2 bad input (a config, a path, a file): one message naming what is wrong, no
+traceback; 75 (``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint,
+which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from asrforge.checkpoint.atomic import describe_os_error, directory_problem
-from asrforge.errors import CheckpointSaveError, UserError
+from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
@@ -79,13 +81,25 @@ def _run_train(args) -> int:
     except CriticalCallbackError as e:
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
-    except CheckpointSaveError as e:
-        print(f"asrforge: run stopped: a checkpoint could not be saved: {e}", file=sys.stderr)
+    except (CheckpointSaveError, RunIOError) as e:  # the message names the file
+        print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
-        print(f"asrforge: best checkpoint at step {result.best_step}: {result.best}")
-    return 1 if result.status == "diverged" else 0
+        print(f"asrforge: {_describe_best(result)}")
+    return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(result.status, 0)
+
+
+def _describe_best(result) -> str:
+    """The best checkpoint's own evaluation, then the policy's bests over all evaluations that
+    differ from it (named ``best_<metric>``: they may be other evaluations' numbers)."""
+    best, tracked = result.best, result.tracked_bests
+    own = ", ".join(f"{k} {best[k]:.4f}" for k in ("wer", "cer", "loss") if k in best)
+    others = ", ".join(
+        f"{k} {v:.4f}" for k, v in tracked.items() if k.startswith("best_") and best.get(k[5:]) != v
+    )
+    line = f"best checkpoint at step {result.best_step}: {own or 'not evaluated'}"
+    return f"{line}; the selection policy's bests over all evaluations: {others}" if others else line
 
 
 def _seconds_since_process_start() -> float:
@@ -104,7 +118,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asrforge",
         description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
-        epilog="Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file).",
+        epilog=(
+            "Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file), "
+            f"{EXIT_INTERRUPTED} a run stopped by SIGTERM/SIGINT after saving (--resume continues it)."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in BUILTIN_COMMANDS:

@@ -249,7 +249,9 @@ class TrainLoopConfig(Section):
     log_every: int = Field(default=10, gt=0)
     """Optimizer steps between ``on_step_end`` payloads carrying averaged metrics to loggers."""
     max_consecutive_nonfinite: int = Field(default=5, gt=0)
-    """Stop the run after this many optimizer steps in a row with a non-finite loss or gradient."""
+    """Stop the run after this many optimizer steps in a row with a non-finite loss or gradient
+    (under fp16 a gradient overflow while the loss scale is above 1 does not count: that is the
+    scaler finding its scale)."""
     ema_decay: float | None = Field(default=None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -22,3 +22,13 @@ class CheckpointNotSupportedError(CheckpointError):
 
 class CheckpointSaveError(RuntimeError):
     """Writing a checkpoint failed (disk full, permissions, ...). The previous one is intact."""
+
+
+class RunIOError(RuntimeError):
+    """A run stopped because a file could not be written (a full disk, permissions): the message
+    names the file and the checkpoint a resume continues from."""
+
+
+EXIT_INTERRUPTED = 75
+"""Exit code of ``asrforge train`` stopped by SIGTERM/SIGINT after saving a checkpoint
+(sysexits' EX_TEMPFAIL: try again later): ``--resume`` continues it, and the matrix retries it."""

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from asrforge.config import ConfigError, load_config
+from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.matrix.claims import Claims, lock_is_held
 from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
 from asrforge.matrix.plan import load_matrix
@@ -227,8 +228,8 @@ def test_a_dead_launchers_claim_is_stale_but_its_running_job_keeps_the_lock(tmp_
 
 class ScriptedExecutor:
     """Runs each attempt instantly: ``outcomes[job_id]`` lists what each attempt does —
-    ``ok``, ``crash`` (exit 1, a checkpoint left behind), ``interrupted`` (exit 0 without a
-    normal end, like a run stopped by SIGTERM) or ``bad`` (exit 2: a config to fix)."""
+    ``ok``, ``crash`` (exit 1, a checkpoint left behind), ``interrupted`` (exit 75 without a
+    normal end, as a run stopped by SIGTERM) or ``bad`` (exit 2: a config to fix)."""
 
     name = "scripted"
 
@@ -259,7 +260,7 @@ class ScriptedExecutor:
             f.write(f"attempt {attempt.number}\n")
             if what == "crash":
                 f.write("Traceback: boom\n")
-        rc = {"crash": 1, "bad": 2}.get(what, 0)
+        rc = {"crash": 1, "bad": 2, "interrupted": EXIT_INTERRUPTED}.get(what, 0)
         self.results.append(AttemptResult(job.job_id, attempt.number, attempt.device.label, rc,
                                           time.time(), time.time(), "here"))
 
@@ -290,7 +291,8 @@ def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_co
     assert tries == [("en-a-s1", 1, False), ("en-a-s1", 2, True), ("en-a-s1", 3, True)]
     done = json.loads((plan.root / "runs" / "en-a-s1" / "DONE").read_text())
     assert done["attempts"] == 3 and done["best_step"] == 4 and done["status"] == "completed"
-    assert [h["error"] for h in done["history"]] == ["exit code 1", "the run was interrupted", None]
+    assert [h["error"] for h in done["history"]] == [
+        "exit code 1", "interrupted by a signal after saving a checkpoint (exit code 75)", None]
     failed = json.loads((plan.root / "runs" / "es-a-s0" / "FAILED").read_text())
     assert failed["attempts"] == 3 and "Traceback: boom" in failed["log_tail"]
     bad = json.loads((plan.root / "runs" / "es-a-s1" / "FAILED").read_text())

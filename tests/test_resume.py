@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint import CheckpointManager
 from asrforge.checkpoint.manifest import verify
+from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -108,7 +109,7 @@ def _train_cmd(cfg_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "asrforge", "train", str(cfg_path), *extra]
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_zero(tmp_path, tones_dir):
+def test_sigterm_finishes_the_step_saves_and_exits_interrupted(tmp_path, tones_dir):
     cfg_path = _write_config(tmp_path, tones_dir, train={"max_steps": 100000, "log_every": 1},
                              eval={"eval_steps": None, "at_end": False})
     proc = subprocess.Popen(_train_cmd(cfg_path), cwd=ROOT, stdout=subprocess.PIPE,
@@ -121,7 +122,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_zero(tmp_path, tones_dir):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
+    assert proc.returncode == EXIT_INTERRUPTED == 75, out  # not 0: the run did not finish
     assert "SIGTERM received" in out and "interrupted" in out
     latest = tmp_path / "run" / "checkpoints" / "latest"
     manifest = verify(latest)

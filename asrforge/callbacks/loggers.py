@@ -42,6 +42,23 @@ class _StepAverager:
         self.seconds += m.get("step_seconds", 0.0)
         self.skipped += int(bool(m.get("skipped")))
 
+    def state_dict(self) -> dict:
+        """The open window, saved with each checkpoint: a resumed run's first line then averages
+        the same steps as an uninterrupted run's."""
+        return {
+            "n": self.n,
+            "sums": {k: list(v) for k, v in self.sums.items()},
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "skipped": self.skipped,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n, self.samples, self.tokens = state["n"], state["samples"], state["tokens"]
+        self.seconds, self.skipped = state["seconds"], state["skipped"]
+        self.sums = {k: (s, c) for k, (s, c) in state["sums"].items()}
+
     def summary(self, last: dict) -> dict:
         out = {k: s / c for k, (s, c) in self.sums.items() if c}
         out.update(
@@ -50,7 +67,7 @@ class _StepAverager:
             tokens_per_s=self.tokens / self.seconds if self.seconds else None,
             skipped_steps=self.skipped,
         )
-        out.update({k: v for k, v in last.items() if k.startswith("lr/")})
+        out.update({k: v for k, v in last.items() if k.startswith("lr/") or k == "grad_scale"})
         return out
 
 
@@ -72,8 +89,12 @@ class MetricsJsonl(Callback):
         self.fh = None
 
     def _write(self, obj: dict) -> None:
-        self.fh.write(json.dumps(obj, default=str) + "\n")
-        self.fh.flush()
+        try:
+            self.fh.write(json.dumps(obj, default=str) + "\n")
+            self.fh.flush()
+        except OSError as e:
+            e.filename = e.filename or self.fh.name  # a failed flush does not say which file
+            raise
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
@@ -104,6 +125,13 @@ class MetricsJsonl(Callback):
             )
             self.avg.reset()
 
+    def state_dict(self) -> dict:
+        return {"window": self.avg.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "window" in state:  # checkpoints before the window was saved have none
+            self.avg.load_state_dict(state["window"])
+
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         self._write(
             {
@@ -121,24 +149,34 @@ class MetricsJsonl(Callback):
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.fh is not None:
-            self._write(
-                {
-                    "event": "train_end",
-                    "step": state.step,
-                    "status": result.status,
-                    "reason": result.reason,
-                    "best_step": result.best_step,
-                    "best": result.best,
-                }
-            )
-            self.fh.close()
-            self.fh = None
+            try:
+                self._write(
+                    {
+                        "event": "train_end",
+                        "step": state.step,
+                        "status": result.status,
+                        "reason": result.reason,
+                        "best_step": result.best_step,
+                        "best": result.best,
+                        "tracked_bests": result.tracked_bests,
+                    }
+                )
+            finally:
+                self._close()
 
     def on_exception(self, state: TrainState, *, error: BaseException) -> None:
         if self.fh is not None:
-            self._write({"event": "exception", "step": state.step, "error": repr(error)})
-            self.fh.close()
-            self.fh = None
+            try:
+                self._write({"event": "exception", "step": state.step, "error": repr(error)})
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        fh, self.fh = self.fh, None
+        try:
+            fh.close()
+        except OSError:  # flushing what a failed write left (a full disk): that write raised
+            pass
 
 
 class TensorBoardLogger(Callback):
@@ -172,6 +210,13 @@ class TensorBoardLogger(Callback):
                 if isinstance(v, int | float) and v is not None:
                     self.writer.add_scalar(f"train/{k}", v, state.step)
             self.avg.reset()
+
+    def state_dict(self) -> dict:
+        return {"window": self.avg.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "window" in state:
+            self.avg.load_state_dict(state["window"])
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         for k, v in metrics.items():

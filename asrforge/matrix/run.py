@@ -2,7 +2,7 @@
 results, and show progress with an ETA.
 
 An attempt succeeded when ``asrforge train`` exited 0 and its ``metrics.jsonl`` ends the run
-``completed`` or ``stopped``. Anything else (a crash, a kill, a run interrupted by SIGTERM) is
+``completed`` or ``stopped``. Anything else (a crash, a kill, a run stopped by SIGTERM: exit 75) is
 retried on the same device with ``--resume``, up to ``retries`` times, except exit code 2: bad
 input (a config, a path, a corrupt checkpoint) that no retry fixes.
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import Job, Plan
@@ -231,6 +232,8 @@ class Launcher:
                or ("the run was interrupted" if end else "the run did not end normally"))
         if res.returncode == 2:
             why += " (bad input: a config, path or checkpoint to fix; not retried)"
+        elif res.returncode == EXIT_INTERRUPTED:
+            why = f"interrupted by a signal after saving a checkpoint (exit code {EXIT_INTERRUPTED})"
         r.history.append({"attempt": r.attempt, "device": r.device.label, "host": res.host,
                           "returncode": res.returncode,
                           "seconds": round(res.finished - res.started, 3),
@@ -252,8 +255,8 @@ class Launcher:
             best = end.get("best") or {}
             score = ", ".join(f"{k} {best[k]:.4g}" for k in ("wer", "cer", "loss") if k in best)
             self.say(f"done {r.job.job_id} in {summary['duration_s']:.0f} s: "
-                     f"step {end.get('step')}, best checkpoint step {end.get('best_step')}; "
-                     f"lowest {score or '–'}")
+                     f"step {end.get('step')}, best checkpoint step {end.get('best_step')}: "
+                     f"{score or '–'}")
         elif self.stopping:
             self.claims.event("release", r.job.job_id, reason="launcher stopping")
             r.claim.release()

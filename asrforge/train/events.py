@@ -3,7 +3,8 @@
 The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``). Callbacks
 observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
 optional callback that raises is logged with its name and the run goes on; a critical one
-stops the run with :class:`CriticalCallbackError`.
+stops the run with :class:`CriticalCallbackError`. A disk that is full or failing
+(:data:`DISK_ERRORS`) stops the run whichever callback meets it: the next save would fail too.
 
 Each callback's state (``state_dict``) is saved in the checkpoint's ``callbacks.json`` under its
 :attr:`Callback.id` if it has one, else under its name, numbered from the second callback of that
@@ -39,6 +40,7 @@ on_exception   ``error: BaseException`` (then the error propagates)
 
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +63,10 @@ EVENTS = (
     "on_train_end",
     "on_exception",
 )
+
+
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+"""OSError numbers that mean the run's disk is full or failing."""
 
 
 class CriticalCallbackError(RuntimeError):
@@ -150,6 +156,8 @@ class CallbackList:
             try:
                 getattr(cb, event)(state, **payload)
             except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
+                if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
+                    raise
                 if cb.critical:
                     raise CriticalCallbackError(
                         f"critical callback {cb.name!r} failed in {event}: {type(e).__name__}: {e}"
@@ -162,7 +170,7 @@ class CallbackList:
                     event,
                     type(e).__name__,
                     e,
-                    exc_info=self.failures[key] == 1,
+                    exc_info=self.failures[key] == 1 and not isinstance(e, OSError),
                 )
         if event == "on_train_end" and self.failures:
             # the errors may be thousands of lines up: repeat them where the run's end is read

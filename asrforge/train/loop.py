@@ -17,12 +17,12 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
-from asrforge.errors import CheckpointSaveError
+from asrforge.errors import CheckpointSaveError, RunIOError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.longform import run_longform_eval
-from asrforge.train.optim import EMA, build_optimizer, build_scheduler
+from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
 from asrforge.train.state import TrainState
 
@@ -38,8 +38,12 @@ class FitResult:
     step: int
     best_step: int | None
     best: dict[str, float]
+    """The evaluation of the best checkpoint (at ``best_step``): ``wer``, ``cer``, ``loss``, ..."""
     output_dir: Path
     last_metrics: dict = field(default_factory=dict)
+    tracked_bests: dict[str, float] = field(default_factory=dict)
+    """The bests the selection policy keeps over all evaluations (``best_wer``, ``best_loss``,
+    ``best_cer``), which may come from evaluations other than the best checkpoint's."""
 
 
 class Trainer:
@@ -51,7 +55,9 @@ class Trainer:
     """
 
     def __init__(
-        self, cfg: TrainConfig, callbacks: list[Callback] | None = None,
+        self,
+        cfg: TrainConfig,
+        callbacks: list[Callback] | None = None,
         startup: dict[str, float] | None = None,
     ):
         self.cfg = cfg
@@ -70,9 +76,12 @@ class Trainer:
         precision, why_precision = choose_precision(
             cfg.train.precision, cfg.train.device, model_width(cfg.model)
         )
-        run: RunSetup = prepare_run(
-            cfg, precision=precision, resume=resume, start_over=start_over
-        )
+        try:
+            run: RunSetup = prepare_run(
+                cfg, precision=precision, resume=resume, start_over=start_over
+            )
+        except (OSError, CheckpointSaveError) as e:  # e.g. the tokenizer's write on a full disk
+            raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
         acc, model, bundle = run.accelerator, run.model, run.model_bundle
         log.info("precision: %s (%s)", precision, why_precision)
 
@@ -81,10 +90,11 @@ class Trainer:
         scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
         model, optimizer = acc.prepare(model, optimizer)
         raw_model = acc.unwrap_model(model)
-        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         state = TrainState()
         callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
-        top = cfg.model.frozen_encoder_top  # None: the whole encoder trains (asrforge.model.partial)
+        top = (
+            cfg.model.frozen_encoder_top
+        )  # None: the whole encoder trains (asrforge.model.partial)
 
         if run.resume_from is not None:
             ckpt = run.resume_from
@@ -93,8 +103,6 @@ class Trainer:
             scheduler.load_state_dict(ckpt.scheduler)
             if ckpt.scaler and acc.scaler is not None:
                 acc.scaler.load_state_dict(ckpt.scaler)
-            if ema is not None and ckpt.ema is not None:
-                ema.load_state_dict(ckpt.ema)
             state = TrainState.from_dict(ckpt.train_state)
             if state.selection:
                 run.selector.load_state_dict(state.selection)
@@ -109,6 +117,18 @@ class Trainer:
                 state.epoch,
                 state.batch_in_epoch,
             )
+        # built from the weights training starts with: the resumed ones on a resume
+        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        if ema is not None and run.resume_from is not None:
+            if run.resume_from.ema is not None:
+                ema.load_state_dict(run.resume_from.ema)
+            else:
+                log.info(
+                    "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
+                    "has none)",
+                    cfg.train.ema_decay,
+                    state.step,
+                )
 
         info = RunInfo(
             config=cfg,
@@ -144,17 +164,16 @@ class Trainer:
             if top is not None:  # evaluate() restored train mode everywhere
                 set_frozen_eval(raw_model.model.encoder, top)
             metrics, preds = run.gather_eval(metrics, preds)
-            metrics.update(run_longform_eval(run, raw_model, ema, step=state.step, autocast=acc.autocast))
+            metrics.update(
+                run_longform_eval(run, raw_model, ema, step=state.step, autocast=acc.autocast)
+            )
             d = run.selector.update(metrics, step=state.step)
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
             state.selection = run.selector.state_dict()
             state.last_eval_step = state.step
-            for k in ("wer", "cer", "loss"):
-                v = metrics.get(k)
-                if v is not None and not math.isnan(v) and v < state.best.get(k, math.inf):
-                    state.best[k] = v
             if decision.save:
                 state.best_step = state.step
+                state.best = _numbers(metrics)
             run.write_eval_records(state.step, metrics, preds, decision)
             log.info(
                 "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s",
@@ -179,29 +198,18 @@ class Trainer:
             state.should_save = False
             last_saved[0] = state.step
             cb_states = callbacks.state_dict()
-            try:
-                path = run.save_checkpoint(
-                    step=state.step,
-                    model=raw_model,
-                    ema=ema,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    scaler=acc.scaler,
-                    state=state,
-                    callback_states=cb_states,
-                    metrics=metrics,
-                    is_best=is_best,
-                )
-            except CheckpointSaveError as e:
-                # A run that cannot save must not go on silently.
-                previous = run.checkpoints.latest_valid(check_hashes=False)
-                kept = (
-                    f"the previous checkpoint {previous} is intact"
-                    if previous
-                    else "no earlier checkpoint exists"
-                )
-                log.error("saving step %d failed: %s; %s; stopping", state.step, e, kept)
-                raise CheckpointSaveError(f"{e}; {kept}") from e
+            path = run.save_checkpoint(  # a failure stops the run (the handler at the end of fit)
+                step=state.step,
+                model=raw_model,
+                ema=ema,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=acc.scaler,
+                state=state,
+                callback_states=cb_states,
+                metrics=metrics,
+                is_best=is_best,
+            )
             if path is not None:
                 callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
 
@@ -259,7 +267,9 @@ class Trainer:
                                 else:  # the whole encoder trains, or is frozen (eval mode)
                                     frozen = None
                                 if frozen is None:
-                                    inputs = {"input_features": batch["input_features"].to(acc.device)}
+                                    inputs = {
+                                        "input_features": batch["input_features"].to(acc.device)
+                                    }
                                 else:  # the trained top layers run here; the model's forward
                                     # below still runs through the DDP wrapper, which syncs
                                     # the gradients of every trainable parameter
@@ -283,13 +293,10 @@ class Trainer:
                     accum = 0
                     params = [p for p in raw_model.parameters() if p.requires_grad]
                     clip = cfg.optim.clip_grad_norm or float("inf")
-                    grad_norm = float(acc.clip_grad_norm_(params, clip))
-                    finite = math.isfinite(step_loss) and math.isfinite(grad_norm)
-                    if finite:
-                        optimizer.step()
-                        skipped = bool(acc.optimizer_step_was_skipped)
-                    else:
-                        skipped = True
+                    grad_norm, skip, diverging = _optimizer_step(
+                        acc, optimizer, params, clip, step_loss
+                    )
+                    skipped = skip is not None
                     optimizer.zero_grad(set_to_none=True)
                     scheduler.step()
                     if ema is not None and not skipped:
@@ -298,14 +305,11 @@ class Trainer:
                     state.samples_seen += step_samples
                     if skipped:
                         state.skipped_steps += 1
-                        log.warning(
-                            "step %d skipped: non-finite %s",
-                            state.step,
-                            "loss" if not math.isfinite(step_loss) else "gradient",
-                        )
-                    state.consecutive_nonfinite = (
-                        state.consecutive_nonfinite + 1 if not finite else 0
-                    )
+                        log.warning("step %d skipped: %s", state.step, skip)
+                    if diverging:
+                        state.consecutive_nonfinite += 1
+                    elif not skipped:
+                        state.consecutive_nonfinite = 0
                     if math.isfinite(step_loss):
                         rl = state.running_loss
                         state.running_loss = (
@@ -314,7 +318,7 @@ class Trainer:
                     now = time.perf_counter()
                     metrics = {
                         "loss": step_loss,
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": main_lr(optimizer),  # the others by name in lr_groups
                         "lr_groups": {
                             g.get("name", str(i)): g["lr"]
                             for i, g in enumerate(optimizer.param_groups)
@@ -325,6 +329,8 @@ class Trainer:
                         "tokens": step_tokens,
                         "step_seconds": now - t_step,
                     }
+                    if acc.scaler is not None:  # fp16: the dynamic loss scale after this step
+                        metrics["grad_scale"] = acc.scaler.get_scale()
                     if run.text is not None:  # per-task mean loss; None when the step had none
                         for name, values in task_losses.items():
                             metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
@@ -334,8 +340,11 @@ class Trainer:
                     if t_first is not None:
                         startup["first step"] = time.perf_counter() - t_first
                         t_first = None
-                        log.info("time to first step %.1f s: %s", sum(startup.values()),
-                                 ", ".join(f"{k} {v:.2f}" for k, v in startup.items()))
+                        log.info(
+                            "time to first step %.1f s: %s",
+                            sum(startup.values()),
+                            ", ".join(f"{k} {v:.2f}" for k, v in startup.items()),
+                        )
 
                     if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
                         status = "diverged"
@@ -359,7 +368,14 @@ class Trainer:
                         status, reason = "interrupted", f"received {self._signal}"
                         state.should_stop = True
                         state.should_save = True
-                    if state.should_save:
+                    # when the run ends here, the end-of-run evaluation's save is this step's
+                    final_eval_follows = (
+                        self._signal is None
+                        and cfg.eval.at_end
+                        and state.last_eval_step != state.step
+                        and _run_ends_after_this_step(state, run, max_steps)
+                    )
+                    if state.should_save and not final_eval_follows:
                         save(
                             "interrupt" if self._signal is not None else "step",
                             last_metrics if state.last_eval_step == state.step else None,
@@ -390,10 +406,24 @@ class Trainer:
                 dict(state.best),
                 run.output_dir,
                 last_metrics,
+                tracked_bests=_numbers(run.selector.state_dict().get("policy_state") or {}),
             )
             log.info("run %s at step %d: %s", status, state.step, reason)
             callbacks.call("on_train_end", state, result=result)
             return result
+        except (OSError, CheckpointSaveError) as e:
+            # a file could not be written (a full disk, permissions): one message, no traceback
+            previous = run.checkpoints.latest_valid(check_hashes=False)
+            kept = (
+                f"the checkpoint {previous} is intact (--resume continues from it)"
+                if previous
+                else "no checkpoint was written"
+            )
+            stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
+            error = stop(f"{_describe(e)}; {kept}")
+            log.error("run stopped at step %d: %s", state.step, error)
+            callbacks.call("on_exception", state, error=error)
+            raise error from e
         except BaseException as e:
             callbacks.call("on_exception", state, error=e)
             raise
@@ -421,6 +451,64 @@ class Trainer:
     def _restore_signal_handlers(self) -> None:
         for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+
+def _describe(e: OSError | CheckpointSaveError) -> str:
+    if isinstance(e, CheckpointSaveError):  # its message names the path
+        return str(e)
+    what = e.strerror or str(e)
+    return f"{e.filename}: {what}" if e.filename else what
+
+
+def _numbers(metrics: dict) -> dict[str, float]:
+    return {
+        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) -> bool:
+    """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the last
+    speech batch of the last epoch (``train.max_epochs``) consumed."""
+    if state.should_stop or state.step >= max_steps:
+        return True
+    max_epochs = run.cfg.train.max_epochs
+    return (
+        max_epochs is not None
+        and state.epoch + 1 >= max_epochs
+        and state.batch_in_epoch >= run.batches_per_epoch
+    )
+
+
+def _optimizer_step(
+    acc, optimizer, params, clip: float, loss: float
+) -> tuple[float, str | None, bool]:
+    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient.
+
+    Returns:
+        (the gradient norm before clipping, why the step was skipped or None, whether the skip
+        counts towards ``train.max_consecutive_nonfinite``). Under fp16 a gradient overflow
+        while the loss scale is above 1 does not count: that is the scaler finding its scale
+        (the first steps overflow at 65536), not the run diverging (DeepSpeed's
+        ``min_loss_scale`` is 1 for the same reason).
+    """
+    scaler = acc.scaler
+    scale = scaler.get_scale() if scaler is not None else None
+    grad_norm = float(acc.clip_grad_norm_(params, clip))  # unscales the gradients under fp16
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        optimizer.step()  # under fp16: scaler.step + scaler.update
+        skipped = acc.optimizer_step_was_skipped
+        return grad_norm, "the loss scaler skipped it" if skipped else None, False
+    if scaler is None:
+        return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
+    # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
+    # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
+    # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
+    # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
+    scaler.update()
+    if not math.isfinite(loss):
+        return grad_norm, "non-finite loss", True
+    why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
+    return grad_norm, why, scale <= 1.0
 
 
 class _nullcontext:

@@ -47,6 +47,16 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Ada
     )
 
 
+MAIN_GROUP = "decay"
+"""The parameter group logged as ``lr``: the weights, at ``optim.lr`` x the schedule."""
+
+
+def main_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate of :data:`MAIN_GROUP` (the first group's when a model has none)."""
+    groups = optimizer.param_groups
+    return next((g["lr"] for g in groups if g.get("name") == MAIN_GROUP), groups[0]["lr"])
+
+
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
     """Multiplier on each group's peak LR after ``step`` optimizer steps: linear warmup, then
     cosine (or linear) decay to ``min_lr_ratio`` at ``total_steps``, or constant."""

@@ -81,7 +81,8 @@ def model_width(cfg: ModelConfig) -> int | None:
 
 
 def choose_precision(requested: str, device: str, width: int | None = None) -> tuple[str, str]:
-    """(autocast precision, why). fp16 needs a GPU for dynamic loss scaling.
+    """(autocast precision, why). A requested precision is used as it is, on a CPU too (fp16
+    there: torch's CPU autocast and ``GradScaler("cpu")``, see :func:`enable_cpu_fp16`).
 
     ``auto`` on a CPU: bf16 when the CPU has bf16 units and the model is at least
     ``BF16_MIN_WIDTH`` wide (``width``, its d_model), fp32 otherwise.
@@ -105,8 +106,19 @@ def choose_precision(requested: str, device: str, width: int | None = None) -> t
             return "bf16", "auto: this GPU supports bf16"
         return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
     if requested == "fp16" and not cuda:
-        return "bf16", "fp16 loss scaling is not supported on CPU; using bf16 instead"
+        return "fp16", "set in train.precision: fp16 autocast with dynamic loss scaling on the CPU"
     return requested, "set in train.precision"
+
+
+def enable_cpu_fp16(acc) -> None:
+    """Make accelerate's fp16 on a CPU what it is on a GPU: fp16 autocast and a dynamic loss
+    scaler. accelerate leaves both off on a CPU (it silently trains in fp32), although torch
+    supports them there; with them on, a CPU run takes the GPU's code path (scaled backward,
+    unscale in ``clip_grad_norm_``, ``scaler.step`` + ``update`` in ``optimizer.step``), so the
+    tests cover it. Call before ``acc.prepare`` (the prepared optimizer takes the scaler)."""
+    if acc.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
+        acc.native_amp = True
+        acc.scaler = torch.amp.GradScaler("cpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -126,10 +138,33 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
         root.addHandler(h)
     if output_dir is None or not is_main:
         return None
-    fh = logging.FileHandler(output_dir / "train.log")
+    fh = _RunLogFile(output_dir / "train.log")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(fh)
     return fh
+
+
+class _RunLogFile(logging.FileHandler):
+    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
+    file is written no more; logging's default prints a traceback for every later record."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not self.failed:
+            self.failed = True
+            print(f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
+                  "goes on on stderr only", file=sys.stderr)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # flushing what a failed write left: reported already, and must not
+            pass  # mask the error that is ending the run
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -193,6 +228,13 @@ class RunSetup:
             return loader
         return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
                           asr_ratio=self.cfg.data.asr_ratio, start=micro_batch)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Speech micro-batches of one epoch on this process (as :meth:`train_loader` cuts them)."""
+        acc = self.accelerator
+        n_batches = -(-len(self.train_set) // self.cfg.data.batch_size)
+        return len(range(acc.process_index, n_batches, acc.num_processes))
 
     def eval_loader(self) -> DataLoader:
         acc = self.accelerator
@@ -305,6 +347,7 @@ def prepare_run(
         mixed_precision=precision, cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
     )
+    enable_cpu_fp16(acc)
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
@@ -351,8 +394,7 @@ def prepare_run(
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     if tokenizer is None and acc.is_main_process:
         tokenizer = build_tokenizer(cfg.model, train_split["text"])
-        with atomic_directory(tok_dir) as tmp:
-            tokenizer.save_pretrained(str(tmp))
+        _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
@@ -448,6 +490,19 @@ def prepare_run(
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
         log_handler=handler, text=text, startup=clock.phases,
     )
+
+
+def _save_tokenizer(tokenizer, directory: Path) -> None:
+    """Write the run's tokenizer, atomically; CheckpointSaveError names the directory when it
+    fails. The Rust tokenizers library reports a failed write (a full disk) as a bare
+    ``Exception``: it is made the OSError it is, which ``atomic_directory`` reports."""
+    with atomic_directory(directory) as tmp:
+        try:
+            tokenizer.save_pretrained(str(tmp))
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
+            raise OSError(None, str(e)) from e
 
 
 class _PhaseClock:

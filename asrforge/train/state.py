@@ -33,7 +33,8 @@ class TrainState:
     running_loss: float | None = None
     """Exponential moving average of the training loss (0.98)."""
     best: dict[str, float] = field(default_factory=dict)
-    """Best value of each evaluation metric so far (``wer``, ``cer``, ``loss``, ...)."""
+    """The evaluation of the checkpoint the selection policy chose (``wer``, ``cer``, ``loss``,
+    ``n``, ...), at ``best_step``; the policy's own bests are in ``selection``."""
     best_step: int | None = None
     """Step of the checkpoint the selection policy chose."""
     last_eval_step: int | None = None

@@ -1,0 +1,101 @@
+"""A file a run cannot write (a full disk, a file where a directory should be) stops it with one
+message naming the file and the checkpoint that is intact: no traceback, exit code 1."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from asrforge.cli import main
+from asrforge.train import setup as train_setup
+from tests.conftest import tiny_config
+
+
+def _config_file(tmp_path, tones_dir, **sections):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(tiny_config(tmp_path / "run", tones_dir, **sections).to_yaml())
+    return path
+
+
+def _eval_is_a_file(run):
+    (run / "eval").write_text("")  # where eval/step-000002.jsonl's directory goes
+    return f"{run / 'eval'}: File exists"
+
+
+def _eval_records_are_a_directory(run):
+    (run / "eval" / "step-000002.jsonl").mkdir(parents=True)  # the atomic rename onto it fails
+    return f"could not write {run / 'eval' / 'step-000002.jsonl'}: Is a directory (errno 21)"
+
+
+@pytest.mark.parametrize("obstacle", [_eval_is_a_file, _eval_records_are_a_directory])
+def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, capsys, obstacle):
+    cfg = _config_file(
+        tmp_path,
+        tones_dir,
+        train={"max_steps": 3},
+        eval={"eval_steps": 2, "max_new_tokens": 2},
+        checkpoint={"checkpoint_every": 1},
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    what = obstacle(run)
+    (run / "train.log").symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Logging error" not in err
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert stopped == [
+        f"asrforge: run stopped: {what}; the checkpoint {run / 'checkpoints' / 'step-000001'} "
+        "is intact (--resume continues from it)"
+    ]
+    # train.log's failure: one line, then the log goes on on stderr
+    assert err.count(f"cannot write {run / 'train.log'}") == 1
+    assert "INFO checkpoints: saved step-000001" in err
+
+
+def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys):
+    cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 2})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to("/dev/full")
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert stopped == [
+        f"asrforge: run stopped: {run / 'metrics.jsonl'}: No space left on device; "
+        "no checkpoint was written"
+    ]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Exception("No space left on device (os error 28)"),  # what tokenizers' Rust writer raises
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+)
+def test_a_full_disk_at_start_up_is_one_clear_error(
+    tmp_path, tones_dir, monkeypatch, capsys, error
+):
+    real = train_setup.build_tokenizer
+
+    def build_tokenizer(*args, **kwargs):
+        tokenizer = real(*args, **kwargs)
+
+        def save_pretrained(*_a, **_k):
+            raise error
+
+        tokenizer.save_pretrained = save_pretrained
+        return tokenizer
+
+    monkeypatch.setattr(train_setup, "build_tokenizer", build_tokenizer)
+    cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 1})
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    tokenizer = tmp_path / "run" / "tokenizer"
+    assert f"asrforge: run stopped: could not write {tokenizer}: No space left on device" in err
+    assert "the run stopped before its first step" in err
+    assert not (tmp_path / "run" / "tokenizer").exists()  # nothing half-written
