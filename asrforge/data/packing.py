@@ -6,8 +6,8 @@ to forget timestamps, and spends most of each encoder pass on padding. Here each
 utterances are laid out into windows (``data.pack``, :class:`~asrforge.config.PackConfig`):
 
 * utterances of one language follow each other, separated by a silence drawn from
-  ``gap_seconds`` (a packed window also starts after one), until the next would overflow the
-  window (``max_seconds``) or the decoder's positions; a share stays alone at offset 0;
+  ``gap_seconds`` (a packed window also starts after one), as long as they fit the window
+  (``max_seconds``) and the decoder's positions; a share stays alone at offset 0;
 * a share of windows is in timestamp mode, a share is conditioned on the previous window's
   transcript of the same language (:mod:`asrforge.data.targets`).
 
@@ -42,6 +42,9 @@ from asrforge.errors import UserError
 log = logging.getLogger(__name__)
 
 _SALT = 0x5041434B  # "PACK": keeps this stream apart from the other (seed, epoch) streams
+OPEN_WINDOWS = 4
+"""Windows of a language kept open at once: an utterance goes into the first that has room for
+it, so a long one does not close a window a short one could still fill."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,9 @@ def compose_windows(
     """Lay out one epoch's utterances into windows: a pure function of its arguments.
 
     Utterances are visited in a (seed, epoch) permutation. Each stays alone with probability
-    ``cfg.single_share``; otherwise it joins the open window of its language after a gap when
-    it fits (``max_samples``, ``max_positions``), or closes that window and opens the next.
+    ``cfg.single_share``; otherwise it goes, after a gap, into the first of its language's open
+    windows it fits (``max_samples``, ``max_positions``), or opens a new one (closing the
+    oldest when more than ``OPEN_WINDOWS`` are open).
 
     Args:
         max_samples: the window's length in samples (16 kHz).
@@ -183,7 +187,7 @@ def compose_windows(
     lo, hi = (round(s * SAMPLE_RATE) for s in cfg.gap_seconds)
     stats = PackStats(utterances=len(items.languages))
     windows: list[Window] = []
-    open_windows: dict[str, _Open] = {}
+    open_windows: dict[str, list[_Open]] = {}
 
     def draw_mode() -> bool:
         draw = rng.random()  # drawn even when timestamps are impossible: the layout stays put
@@ -207,18 +211,19 @@ def compose_windows(
         if rng.random() < cfg.single_share:
             close(_Open(lang, draw_mode(), [Piece(i, 0, n)]))
             continue
-        current = open_windows.get(lang)
-        offset = (current.end if current is not None else 0) + int(rng.integers(lo, hi + 1))
-        if current is not None and fits(current, i, offset):
-            current.pieces.append(Piece(i, offset, n))
+        gap = int(rng.integers(lo, hi + 1))
+        candidates = open_windows.setdefault(lang, [])
+        target = next((w for w in candidates if fits(w, i, w.end + gap)), None)
+        if target is not None:  # first fit among the language's open windows
+            target.pieces.append(Piece(i, target.end + gap, n))
             continue
-        if current is not None:
-            close(current)
-        start = int(rng.integers(lo, hi + 1))
-        start = start if start + n <= max_samples else 0
-        open_windows[lang] = _Open(lang, draw_mode(), [Piece(i, start, n)])
-    for w in open_windows.values():
-        close(w)
+        start = gap if gap + n <= max_samples else 0
+        candidates.append(_Open(lang, draw_mode(), [Piece(i, start, n)]))
+        if len(candidates) > OPEN_WINDOWS:
+            close(candidates.pop(0))
+    for candidates in open_windows.values():
+        for w in candidates:
+            close(w)
     windows = _with_previous_text(windows, items, cfg, max_positions, seed, epoch)
 
     for w in windows:
