@@ -86,3 +86,15 @@ def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     # encoder self, decoder self, cross: (2 matmuls x 2 flops x b*q*k*d) x (1 fwd + 2 bwd)
     attention = sum(3 * 4 * b * q * k * d for q, k in ((t, t), (s, s), (s, t)))
     assert ours - plain.get_total_flops() == attention
+
+
+def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
+    import bench_packing
+
+    args = ["--quick", "--budget", "1", "--batch-size", "2", "--threads", "1"]
+    out = bench_packing.main([*args, "--max-new-tokens", "2", "--work-dir", str(tmp_path)])
+    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1
+    # packed windows carry more than one utterance each on average
+    assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
+    assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
+    assert "RESULT packing utterances/s asrforge=" in capsys.readouterr().out
