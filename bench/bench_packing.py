@@ -65,8 +65,9 @@ from asrforge.train.setup import choose_precision, model_width  # noqa: E402
 
 
 def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:
-    """The corpus: tones (``quick``), else English espeak-ng speech whose validation split has
-    sentences and speakers the training split lacks (``asrforge.data.corpus``)."""
+    """The corpus: tones (``quick``), else English espeak-ng speech whose test split (the
+    held-out one here) has sentences and speakers the training split lacks
+    (``asrforge.data.corpus``)."""
     if quick:
         path = work / f"tones-{n_train}-{n_test}"
         if not path.exists():
@@ -75,7 +76,8 @@ def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:
     from asrforge.data.corpus import CorpusSpec, build_corpus
 
     path = work / f"espeak-en-{n_train}-{n_test}"
-    build_corpus(CorpusSpec(["en"], {"train": n_train, "validation": n_test}, seed=0), path)
+    sizes = {"train": n_train, "validation": 1, "test": n_test}  # held out: test's speakers
+    build_corpus(CorpusSpec(["en"], sizes, seed=0), path)
     return path
 
 
@@ -107,6 +109,7 @@ def make_config(
                 "path": str(data),
                 "batch_size": args.batch_size,
                 "languages": ["en"],
+                "eval_split": "validation" if args.quick else "test",
                 "pack": {"enabled": pack},
             },
             "optim": {
