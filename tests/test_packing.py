@@ -322,7 +322,8 @@ def test_resume_with_packing_is_bit_identical(tmp_path, tones_dir):
         eval={"eval_steps": 2},
         checkpoint={"save_total_limit": 5},
     )
-    full, _ = run(tiny_config(tmp_path / "full", tones_dir, **sections), [])
+    full, full_result = run(tiny_config(tmp_path / "full", tones_dir, **sections), [])
+    assert full_result.status == "completed", full_result.reason  # e.g. a stray SIGTERM
     cfg = tiny_config(tmp_path / "split", tones_dir, **sections)
     first, interrupted = run(cfg, [PreemptAt(2)])
     assert interrupted.status == "interrupted" and sorted(first) == [1, 2]
