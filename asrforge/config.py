@@ -161,7 +161,7 @@ class PackConfig(Section):
     max_seconds: float | None = Field(default=None, gt=0)
     """Fill each window up to this many seconds of audio (silences included); default the model's
     window (30 s for Whisper, ``model.max_source_positions / 50`` for a model built here). At most
-    the model's window."""
+    the model's window. An utterance longer than this stays alone in its window."""
     gap_seconds: tuple[float, float] = (0.1, 0.6)
     """Range of the silence before each utterance of a packed window, drawn uniformly."""
     single_share: float = Field(default=0.1, ge=0, le=1)

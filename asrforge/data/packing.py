@@ -193,15 +193,17 @@ def compose_windows(
         draw = rng.random()  # drawn even when timestamps are impossible: the layout stays put
         return timestamps and draw < cfg.timestamp_share
 
-    def fits(w: _Open, extra: int | None, offset: int) -> bool:
-        utts = [p.utt for p in w.pieces] + ([extra] if extra is not None else [])
-        end = offset + items.n_samples[extra] if extra is not None else w.end
+    def tokens_fit(utts: list[int], stamps: bool) -> bool:
         tokens = [items.n_text_tokens[u] for u in utts]
-        need = positions(items.prompt_lengths[utts[0]], tokens, w.timestamps)
-        return end <= max_samples and need <= max_positions
+        return positions(items.prompt_lengths[utts[0]], tokens, stamps) <= max_positions
+
+    def fits(w: _Open, extra: int, offset: int) -> bool:
+        utts = [p.utt for p in w.pieces] + [extra]
+        return offset + items.n_samples[extra] <= max_samples and tokens_fit(utts, w.timestamps)
 
     def close(w: _Open) -> None:
-        if w.timestamps and not fits(w, None, 0):
+        # only a window opened in timestamp mode can be over: what joined it was checked
+        if w.timestamps and not tokens_fit([p.utt for p in w.pieces], True):
             w.timestamps = False
             stats.timestamp_fallbacks += 1
         windows.append(Window(tuple(w.pieces), w.timestamps))
