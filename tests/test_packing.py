@@ -369,7 +369,8 @@ def test_an_utterance_longer_than_max_seconds_stays_alone_in_its_mode():
     # 3 s clips, windows of 2 s (shorter than the model's): each clip alone, timestamps kept
     items = PackItems(["en"] * 3, [3 * SAMPLE_RATE] * 3, [5] * 3, [4] * 3)
     cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=1.0)
-    windows, stats = compose_windows(items, cfg, max_samples=2 * SAMPLE_RATE, max_positions=64,
-                                     seed=0, epoch=0, timestamps=True)
+    windows, stats = compose_windows(
+        items, cfg, max_samples=2 * SAMPLE_RATE, max_positions=64, seed=0, epoch=0, timestamps=True
+    )
     assert [len(w.pieces) for w in windows] == [1, 1, 1]
     assert all(w.timestamps for w in windows) and stats.timestamp_fallbacks == 0
