@@ -374,3 +374,19 @@ def test_an_utterance_longer_than_max_seconds_stays_alone_in_its_mode():
     )
     assert [len(w.pieces) for w in windows] == [1, 1, 1]
     assert all(w.timestamps for w in windows) and stats.timestamp_fallbacks == 0
+
+
+def test_tokens_appended_after_the_timestamps_are_not_timestamps(tones_parts):
+    # an extended vocabulary (asrforge vocab build) appends its tokens after the base's last id,
+    # i.e. after <|30.00|> for Whisper; the timestamp range must stop before them
+    split, tok, _ = tones_parts
+    extended = train_bpe_tokenizer(split["text"], 300, timestamp_seconds=WINDOW)
+    extended.add_tokens(["ქართ", "ული"])
+    specials = SpecialTokens.from_tokenizer(extended, True)
+    stamps = TimestampTokens.from_tokenizer(extended, specials.no_timestamps)
+    assert stamps.count == round(WINDOW / TIME_PRECISION) + 1
+    new = extended.convert_tokens_to_ids("ქართ")
+    assert new == stamps.begin + stamps.count and new not in stamps
+    assert stamps.id_of(WINDOW) == new - 1
+    with pytest.raises(ValueError, match="outside the timestamp tokens"):
+        stamps.id_of(WINDOW + TIME_PRECISION)
