@@ -390,3 +390,19 @@ def test_tokens_appended_after_the_timestamps_are_not_timestamps(tones_parts):
     assert stamps.id_of(WINDOW) == new - 1
     with pytest.raises(ValueError, match="outside the timestamp tokens"):
         stamps.id_of(WINDOW + TIME_PRECISION)
+
+
+def test_the_encoder_cache_is_off_with_packing_and_the_log_says_why(tmp_path, tones_dir, caplog):
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        model={**PACKED["model"], "freeze_encoder": True},
+        data={**PACKED["data"], "cache_encoder": True},
+        train={"max_steps": 1},
+        eval={"eval_steps": None, "at_end": False},
+    )
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        result = Trainer(cfg, []).fit()
+    assert result.status == "completed"
+    assert "data.cache_encoder: off for training with data.pack.enabled" in caplog.text
+    assert not (tmp_path / "run" / "cache" / "encoder").exists()
