@@ -165,7 +165,8 @@ class PackConfig(Section):
     gap_seconds: tuple[float, float] = (0.1, 0.6)
     """Range of the silence before each utterance of a packed window, drawn uniformly."""
     single_share: float = Field(default=0.1, ge=0, le=1)
-    """Fraction of utterances that stay alone in their window (at offset 0)."""
+    """Fraction of the windows that hold a single utterance, alone at offset 0 (as in
+    short-form use); the rest are packed."""
     timestamp_share: float = Field(default=0.5, ge=0, le=1)
     """Fraction of windows trained in timestamp mode. Needs timestamp tokens (``<|0.00|>`` right
     after ``<|notimestamps|>``, 0.02 s apart, as every Whisper tokenizer has); a tokenizer

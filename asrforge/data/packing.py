@@ -7,7 +7,8 @@ utterances are laid out into windows (``data.pack``, :class:`~asrforge.config.Pa
 
 * utterances of one language follow each other, separated by a silence drawn from
   ``gap_seconds`` (a packed window also starts after one), as long as they fit the window
-  (``max_seconds``) and the decoder's positions; a share stays alone at offset 0;
+  (``max_seconds``) and the decoder's positions; a share of the windows holds one utterance
+  alone at offset 0;
 * a share of windows is in timestamp mode, a share is conditioned on the previous window's
   transcript of the same language (:mod:`asrforge.data.targets`).
 
@@ -170,10 +171,11 @@ def compose_windows(
 ) -> tuple[list[Window], PackStats]:
     """Lay out one epoch's utterances into windows: a pure function of its arguments.
 
-    Utterances are visited in a (seed, epoch) permutation. Each stays alone with probability
-    ``cfg.single_share``; otherwise it goes, after a gap, into the first of its language's open
-    windows it fits (``max_samples``, ``max_positions``), or opens a new one (closing the
-    oldest when more than ``OPEN_WINDOWS`` are open).
+    Utterances are visited in a (seed, epoch) permutation. Each goes, after a gap, into the first
+    of its language's open windows it fits (``max_samples``, ``max_positions``), or else starts
+    a new window: with probability ``cfg.single_share`` one that holds it alone at offset 0,
+    otherwise an open one (closing the oldest when more than ``OPEN_WINDOWS`` are open). So
+    about ``cfg.single_share`` of the windows are single utterances.
 
     Args:
         max_samples: the window's length in samples (16 kHz).
@@ -210,14 +212,14 @@ def compose_windows(
 
     for i in rng.permutation(len(items.languages)).tolist():
         lang, n = items.languages[i], items.n_samples[i]
-        if rng.random() < cfg.single_share:
-            close(_Open(lang, draw_mode(), [Piece(i, 0, n)]))
-            continue
         gap = int(rng.integers(lo, hi + 1))
         candidates = open_windows.setdefault(lang, [])
         target = next((w for w in candidates if fits(w, i, w.end + gap)), None)
         if target is not None:  # first fit among the language's open windows
             target.pieces.append(Piece(i, target.end + gap, n))
+            continue
+        if rng.random() < cfg.single_share:  # of the windows opened, this share stays single
+            close(_Open(lang, draw_mode(), [Piece(i, 0, n)]))
             continue
         start = gap if gap + n <= max_samples else 0
         candidates.append(_Open(lang, draw_mode(), [Piece(i, start, n)]))
@@ -461,7 +463,7 @@ def build_packing(
             log.warning("data.pack.prev_text_share: the tokenizer has no <|startofprev|>: off")
         cfg = cfg.model_copy(update={"prev_text_share": 0.0})
     log.info(
-        "packing: windows up to %g s, gaps %g-%g s, %.0f%% of utterances alone, timestamp mode "
+        "packing: windows up to %g s, gaps %g-%g s, %.0f%% of windows single, timestamp mode "
         "%.0f%%, previous text %.0f%%",
         max_seconds,
         *cfg.gap_seconds,
