@@ -93,7 +93,7 @@ def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
 
     args = ["--quick", "--budget", "1", "--batch-size", "2", "--threads", "1"]
     out = bench_packing.main([*args, "--max-new-tokens", "2", "--work-dir", str(tmp_path)])
-    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1
+    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1 and out["ratio"] > 0
     # packed windows carry more than one utterance each on average
     assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
     assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
