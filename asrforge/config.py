@@ -148,6 +148,43 @@ class ModelConfig(Section):
         return self.max_source_positions / 50.0
 
 
+class PackConfig(Section):
+    """Packed training windows (Whisper's own recipe): several utterances of one language in one
+    window, separated by short silences, their transcripts joined; a share of windows in
+    timestamp mode (``<|t_start|> text <|t_end|>`` per utterance, no ``<|notimestamps|>``) and a
+    share conditioned on the previous text (``<|startofprev|>`` + a transcript). Which
+    utterances share a window is a pure function of (seed, epoch), so resume stays exact.
+    Evaluation is never packed."""
+
+    enabled: bool = False
+    """Train on packed windows instead of one utterance per window."""
+    max_seconds: float | None = Field(default=None, gt=0)
+    """Fill each window up to this many seconds of audio (silences included); default the model's
+    window (30 s for Whisper, ``model.max_source_positions / 50`` for a model built here). At most
+    the model's window. An utterance longer than this stays alone in its window."""
+    gap_seconds: tuple[float, float] = (0.1, 0.6)
+    """Range of the silence before each utterance of a packed window, drawn uniformly."""
+    single_share: float = Field(default=0.1, ge=0, le=1)
+    """Fraction of the windows that hold a single utterance, alone at offset 0 (as in
+    short-form use); the rest are packed."""
+    timestamp_share: float = Field(default=0.5, ge=0, le=1)
+    """Fraction of windows trained in timestamp mode. Needs timestamp tokens (``<|0.00|>`` right
+    after ``<|notimestamps|>``, 0.02 s apart, as every Whisper tokenizer has); a tokenizer
+    trained here gets them up to the model's window; with other tokenizers that lack them the
+    log says so and timestamp mode stays off."""
+    prev_text_share: float = Field(default=0.2, ge=0, le=1)
+    """Fraction of windows whose prompt starts with ``<|startofprev|>`` and the transcript of the
+    window before it of the same language (never a target; at most half the decoder's
+    positions, cut from the left), as ``condition_on_previous_text`` decoders feed it."""
+
+    @model_validator(mode="after")
+    def _gap_range(self) -> PackConfig:
+        lo, hi = self.gap_seconds
+        if not 0 <= lo <= hi:
+            raise ValueError(f"gap_seconds: must be [min, max] with 0 <= min <= max, got [{lo}, {hi}]")
+        return self
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
@@ -197,6 +234,8 @@ class DataConfig(Section):
     Streamed: only the lines used are ever read."""
     max_text_lines: int | None = Field(default=None, gt=0)
     """Use the first N lines of ``text_path`` (then start over); default all of them."""
+    pack: PackConfig = Field(default_factory=PackConfig)
+    """Packed training windows with timestamp and previous-text targets (see ``PackConfig``)."""
 
     @model_validator(mode="after")
     def _text_only_needs_text(self) -> DataConfig:

@@ -106,3 +106,15 @@ def test_bench_longform_runs_every_asrforge_path(tmp_path, capsys):
     assert {"timestamps", "silence"} <= set(out)
     assert out["timestamps"]["wer"] <= 0.2 and out["timestamps"]["segments"] >= 2
     assert "RESULT longform wer timestamps=" in capsys.readouterr().out
+
+
+def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
+    import bench_packing
+
+    args = ["--quick", "--budget", "1", "--batch-size", "2", "--threads", "1"]
+    out = bench_packing.main([*args, "--max-new-tokens", "2", "--work-dir", str(tmp_path)])
+    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1 and out["ratio"] > 0
+    # packed windows carry more than one utterance each on average
+    assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
+    assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
+    assert "RESULT packing utterances/s asrforge=" in capsys.readouterr().out

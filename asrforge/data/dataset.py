@@ -117,6 +117,7 @@ class Utterance:
     prompt: list[int]
     text_ids: list[int]
     audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
+    seconds: float = 0.0  # the audio's duration (from its header): packing lays windows out by it
 
 
 @dataclass
@@ -202,7 +203,7 @@ def prepare_split(
                 report.add(f"labels longer than {max_target_positions} tokens", uid)
                 continue
             key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
-            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids, key))
+            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids, key, seconds))
     _log_language_tokens(name, out, specials, report)
     return out, report
 
@@ -309,6 +310,10 @@ class Collator:
     def __call__(self, items: list[dict]) -> dict:
         dropped = [it["dropped"] for it in items if "dropped" in it]
         reasons = [it.get("reason", "failed to decode") for it in items if "dropped" in it]
+        # a packed window's clips that failed to decode (the rest of the window trains)
+        parts = [uid for it in items for uid in it.get("dropped_parts", ())]
+        dropped += parts
+        reasons += ["failed to decode"] * len(parts)
         items = [it for it in items if "dropped" not in it]
         if not items:
             return {"size": 0, "dropped": dropped, "dropped_reasons": reasons}

@@ -40,9 +40,12 @@ class ModelBundle:
     features: WhisperFeatureExtractor
 
 
-def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str] | None = None) -> WhisperTokenizer:
+def build_tokenizer(
+    cfg: ModelConfig, train_texts: Iterable[str] | None = None, *, timestamps: bool = False
+) -> WhisperTokenizer:
     """The tokenizer the config asks for: ``cfg.tokenizer``, the pretrained model's, or a BPE
-    trained on ``train_texts`` for a from-scratch model."""
+    trained on ``train_texts`` for a from-scratch model (with timestamp tokens over the model's
+    window when ``timestamps``; given tokenizers are taken as they are)."""
     if cfg.tokenizer is not None:
         if VocabExtension.read(cfg.tokenizer) is not None:
             return load_extended_tokenizer(cfg.tokenizer)
@@ -51,7 +54,9 @@ def build_tokenizer(cfg: ModelConfig, train_texts: Iterable[str] | None = None) 
         return load_tokenizer(cfg.pretrained)
     if train_texts is None:
         raise UserError("model.tokenizer is not set and there are no training texts to build one")
-    return train_bpe_tokenizer(train_texts, cfg.bpe_vocab_size)
+    return train_bpe_tokenizer(
+        train_texts, cfg.bpe_vocab_size, cfg.chunk_seconds if timestamps else None
+    )
 
 
 def is_multilingual(cfg: ModelConfig) -> bool:

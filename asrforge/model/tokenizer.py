@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 EOT = "<|endoftext|>"
 SOT = "<|startoftranscript|>"
 TASKS = ("translate", "transcribe")
-# Whisper's special tokens after <|endoftext|>, in Whisper's order (timestamps are not used).
+TIME_PRECISION = 0.02  # seconds per timestamp token
+# Whisper's special tokens after <|endoftext|>, in Whisper's order (timestamp tokens, when a
+# run trains them, follow as plain added tokens).
 WHISPER_SPECIALS = [
     SOT,
     *[f"<|{code}|>" for code in LANGUAGES],
@@ -41,13 +43,19 @@ FALLBACK_TOKENS = {"yue": "zh"}
 Whisper before large-v3 has no ``<|yue|>`` and learned Cantonese under ``<|zh|>``."""
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> WhisperTokenizer:
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, timestamp_seconds: float | None = None
+) -> WhisperTokenizer:
     """Train a byte-level BPE on ``texts`` and wrap it as a Whisper tokenizer.
 
     Args:
         texts: transcripts (training split only: evaluation text must not leak into the vocab);
             empty and missing (None) ones are skipped, with a warning.
         vocab_size: size of the BPE vocabulary (256 byte tokens + merges), before special tokens.
+        timestamp_seconds: also add Whisper's timestamp tokens ``<|0.00|>`` ..
+            ``<|timestamp_seconds|>`` (0.02 s apart) right after ``<|notimestamps|>``, where
+            Whisper and transformers look for them; None: none (the tokenizer stays as before
+            timestamp training existed).
     """
     from tokenizers import ByteLevelBPETokenizer
 
@@ -70,6 +78,11 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> WhisperTokeniz
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
     tok = WhisperTokenizer(vocab=vocab, merges=merges)
     tok.add_special_tokens({"additional_special_tokens": WHISPER_SPECIALS})
+    if timestamp_seconds is not None:
+        # Plain added tokens, as in openai/whisper-* tokenizers: transformers takes the first id
+        # after the last special token for <|0.00|>, and strips them from decoded text.
+        steps = round(timestamp_seconds / TIME_PRECISION)
+        tok.add_tokens([f"<|{i * TIME_PRECISION:.2f}|>" for i in range(steps + 1)])
     tok.pad_token = EOT
     return tok
 

@@ -41,6 +41,7 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
+from asrforge.data.packing import Packing, build_packing
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
@@ -204,6 +205,8 @@ class RunSetup:
     """Seconds per start-up phase (data set, tokenizer, model, splits)."""
     text: TextBatches | None = None
     """Text-only batches (``data.asr_ratio < 1``), else None."""
+    packing: Packing | None = None
+    """Packed training windows (``data.pack.enabled``), else None: one utterance per window."""
 
     @property
     def model(self):
@@ -219,11 +222,13 @@ class RunSetup:
         the text stream stands (``TrainState.text_position``).
         """
         acc = self.accelerator
+        # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
+        train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
         batches = epoch_batches(
-            len(self.train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
+            len(train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
             acc.process_index, acc.num_processes,
         )
-        loader = self._loader(self.train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
+        loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
         if self.text is None:
             return loader
         return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
@@ -392,12 +397,17 @@ def prepare_run(
     tok_dir = out / "tokenizer"
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
+    # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
+    stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
     if tokenizer is None and acc.is_main_process:
-        tokenizer = build_tokenizer(cfg.model, train_split["text"])
+        tokenizer = build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
         _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:
-        tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
+        tokenizer = (
+            load_tokenizer(tok_dir) if scratch
+            else build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
+        )
     clock.lap("tokenizer")
     bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
     clock.lap("model")
@@ -432,7 +442,22 @@ def prepare_run(
             "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
             "states are computed once from unmasked features: SpecAugment is not applied"
         )
-    if cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
+    packing = None
+    if cfg.data.pack.enabled:
+        packing = build_packing(
+            cfg.data.pack, train_set, tokenizer=tokenizer, no_timestamps=bundle.specials.no_timestamps,
+            seed=cfg.seed, window_seconds=max_seconds,
+            max_positions=model.config.max_target_positions,
+        )
+        if cfg.data.cache_features:
+            log.info("data.cache_features with packing: the cache serves evaluation and the "
+                     "windows holding one utterance at offset 0; packed windows are computed "
+                     "from audio (a window's log-mels are not its clips' log-mels side by side)")
+    if cfg.data.cache_encoder and packing is not None:
+        log.warning("data.cache_encoder: off for training with data.pack.enabled: packed windows "
+                    "change every epoch and the encoder sees the whole window at once, so their "
+                    "encoder states cannot be cached; the frozen part runs every step")
+    elif cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
         cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
         encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
         producer = {
@@ -451,7 +476,7 @@ def prepare_run(
         if not acc.is_main_process:
             train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
     caches = [n for n, on in (("features", cfg.data.cache_features),
-                              ("encoder", cfg.data.cache_encoder)) if on]
+                              ("encoder", cfg.data.cache_encoder and packing is None)) if on]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
     # selection policy for the run's language
     langs = Counter(u.language for u in train_utts)
@@ -488,7 +513,7 @@ def prepare_run(
         cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock.phases,
+        log_handler=handler, text=text, startup=clock.phases, packing=packing,
     )
 
 
