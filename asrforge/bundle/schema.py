@@ -72,7 +72,7 @@ TRAINING_ONLY: Split = {
         "text_path": ALL,
         "max_text_lines": ALL,
     },
-    "eval": {"eval_steps": ALL, "at_end": ALL},
+    "eval": {"eval_steps": ALL, "at_end": ALL, "guard": ALL},
 }
 """Fields of ``TrainConfig`` an exported model does not need."""
 
