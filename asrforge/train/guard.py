@@ -319,5 +319,5 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         prompt=lambda code: bundle.specials.prompt(code, task),
         eot=bundle.specials.eot,
         batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
-        max_new_tokens=cfg.eval.max_new_tokens,
+        max_new_tokens=gcfg.max_new_tokens,
     )
