@@ -49,7 +49,7 @@ CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
 EVAL_SIZES = {"validation": 30, "test": 40}
 """English corpus of the demo: held-out utterances; the train split holds one pass of the
-fine-tuning (``max_steps x batch_size x grad_accum`` sentences), so none is seen twice."""
+fine-tuning (:func:`train_sentences`), so none is seen twice."""
 QUICK_SIZES = {"train": 12, "validation": 4, "test": 4}
 QUICK_OVERRIDES = [
     "train.max_steps=3", "eval.eval_steps=2", "data.batch_size=2", "data.eval_batch_size=4",
@@ -57,6 +57,11 @@ QUICK_OVERRIDES = [
     "eval.guard.max_items=2", "eval.guard.tolerance=1.0",
 ]
 """``--quick``: a CI-sized run of the same steps (a few minutes at most)."""
+MAX_TRAIN = 4000
+"""Most training sentences the demo synthesizes (espeak-ng time; the fortunes package holds
+about 6,000 speakable English sentences of 4-16 words)."""
+PACKED_CLIP_SECONDS = 3.6
+"""Mean share of a packed window one demo clip takes: 3.3 s of speech (measured) and its gap."""
 MAX_WORDS = 16
 """Longest sentence of the demo corpus (natural sentences of 4-16 words: 1-6 s of speech)."""
 LONGFORM_GAP_SECONDS = 0.6
@@ -358,6 +363,18 @@ def _resolve(args: argparse.Namespace, default_config: str, quick_overrides: lis
     return config, overrides, base, root, data
 
 
+def train_sentences(cfg) -> int:
+    """Training sentences of the demo corpus: one pass of the fine-tuning (``max_steps x
+    batch_size x grad_accum`` windows, times the clips a packed window holds when
+    ``data.pack.enabled``), at most :data:`MAX_TRAIN` (then sentences repeat across epochs)."""
+    n = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
+    pack = getattr(cfg.data, "pack", None)  # packed windows: data.pack (asrforge.data.packing)
+    if pack is not None and pack.enabled:
+        window = pack.max_seconds or 30.0  # tiny.en's window
+        n = int(n * window / PACKED_CLIP_SECONDS)
+    return min(n, MAX_TRAIN)
+
+
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.config import load_config
@@ -370,8 +387,7 @@ def run_english(args: argparse.Namespace) -> int:
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"
         + (", --quick" if args.quick else "") + ")")
 
-    one_pass = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
-    sizes = QUICK_SIZES if args.quick else {"train": one_pass, **EVAL_SIZES}
+    sizes = QUICK_SIZES if args.quick else {"train": train_sentences(cfg), **EVAL_SIZES}
     say.phase("corpus", f"English espeak-ng speech of natural sentences, {sizes} utterances, "
               f"at {data}")
     spec = CorpusSpec(["en"], dict(sizes), seed=cfg.seed, max_words=MAX_WORDS, text="fortunes")

@@ -113,3 +113,19 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
     assert (run / "report.html").is_file() and (run / "MATRIX.yaml").is_file()
     for lang in ("es", "en", "zh"):
         assert (run / "runs" / f"{lang}-demo-multilingual-s0" / "checkpoints" / "best").exists()
+
+
+def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
+    from types import SimpleNamespace as NS
+
+    from asrforge.demo import MAX_TRAIN, train_sentences
+
+    def cfg(steps, pack=None):
+        data = NS(batch_size=8, **({"pack": pack} if pack is not None else {}))
+        return NS(train=NS(max_steps=steps, grad_accum=1), data=data)
+
+    assert train_sentences(cfg(240)) == 1920  # one utterance per window
+    assert train_sentences(cfg(240, NS(enabled=False, max_seconds=None))) == 1920
+    packed = train_sentences(cfg(20, NS(enabled=True, max_seconds=None)))
+    assert 160 * 7 < packed < 160 * 9  # ~8 clips of 3.3 s and a gap fill a 30 s window
+    assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import TrainConfig
-from asrforge.errors import CheckpointSaveError
+from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
@@ -109,6 +109,9 @@ class Trainer:
             window_seconds=raw_model.config.max_source_positions / 50,
         )
         if guard is not None and not run.selector.guard.started:
+            if run.resume_from is not None:  # its starting model is gone
+                raise UserError("eval.guard: the checkpoint holds no guard start (saved by a run "
+                                "without eval.guard); remove eval.guard to resume it")
             guard.measure_start(raw_model, run.selector.guard, device=acc.device,
                                 autocast=acc.autocast)
             state.selection = run.selector.state_dict()
