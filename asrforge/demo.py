@@ -72,8 +72,8 @@ GUARD_SOURCE = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
 speaker), which Whisper tiny.en transcribes almost perfectly: what the fine-tuned model must not
 forget."""
 GUARD_SECONDS = (6.0, 15.0)
-"""Prompts of this length are guard candidates: full sentences, yet short enough that their
-transcript fits eval.max_new_tokens."""
+"""Prompts of this length (seconds) are guard candidates: full sentences, yet one window each
+and short enough that their transcript ends well before eval.guard.max_new_tokens."""
 GUARD_NOT_SPEECH = ("tt-monkeys", "beep", "ascending", "descending", "silence")
 """Prompts that are sounds, not speech."""
 MULTI_LANGUAGES = ("es", "en", "zh")
@@ -166,9 +166,6 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     """
     import soundfile as sf
 
-    if dest.is_dir() and any(dest.glob("*.wav")):
-        say(f"reusing the guard set {dest}")
-        return dest
     if not GUARD_SOURCE.is_dir():
         raise UserError(f"demo: the forgetting guard's speech comes from Debian's {GUARD_PACKAGE} "
                         f"package, which is not installed (no {GUARD_SOURCE}): `sudo apt-get "
@@ -179,6 +176,9 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
         if not p.name.startswith(GUARD_NOT_SPEECH)
     ]
     chosen = sorted((d, name) for d, name in prompts if lo <= d <= hi)[::-1][:n]
+    if dest.is_dir() and sorted(p.name for p in dest.iterdir()) == sorted(name for _, name in chosen):
+        say(f"reusing the guard set {dest}")
+        return dest
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -411,7 +411,7 @@ def run_english(args: argparse.Namespace) -> int:
     )
     say(f"before: WER {pct(before['wer']).strip()}% CER {pct(before['cer']).strip()}%")
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
-    before["longform_wer"], before_long = longform_wer(base_bundle, long_path, long_ref)
+    before["longform_wer"], before["longform_hyp"] = longform_wer(base_bundle, long_path, long_ref)
     say(f"before: long-form WER {pct(before['longform_wer']).strip()}% on {long_path} "
         f"({long_seconds:.0f} s)")
     window = base_bundle.window_seconds
@@ -419,6 +419,7 @@ def run_english(args: argparse.Namespace) -> int:
         guard_ids, guard_before = guard_transcripts(base_bundle, guard_cfg, window, bs,
                                                     guard_cfg.max_new_tokens)
         before["guard_drift"] = 0.0  # the starting model against itself
+        before["guard_hyps"] = dict(zip(guard_ids, guard_before, strict=True))
         say(f"before: transcribed {len(guard_ids)} guard windows (the drift reference)")
     del base_bundle
 
@@ -452,11 +453,12 @@ def run_english(args: argparse.Namespace) -> int:
     preds = transcribe_split(bundle, data, "test", batch_size=bs,
                              max_new_tokens=cfg.eval.max_new_tokens, say=say)
     after = summarize(preds)
-    after["longform_wer"], after_long = longform_wer(bundle, long_path, long_ref)
+    after["longform_wer"], after["longform_hyp"] = longform_wer(bundle, long_path, long_ref)
     say(f"after: long-form WER {pct(after['longform_wer']).strip()}%")
     if guard_cfg is not None:
         _, guard_after = guard_transcripts(bundle, guard_cfg, window, bs, guard_cfg.max_new_tokens)
         after["guard_drift"] = drift(guard_before, guard_after)
+        after["guard_hyps"] = dict(zip(guard_ids, guard_after, strict=True))
         say(f"after: guard drift {pct(after['guard_drift']).strip()} points")
     say.end_phase()
 
