@@ -76,7 +76,7 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, demo_packages, tmp_path, 
     assert report["before"]["guard_drift"] == 0.0 and report["after"]["guard_drift"] >= 0.0
     assert report["after"]["longform_wer"] >= 0.0
     # the corpus speaks natural sentences of the fortunes package, not word draws
-    card = json.loads((tmp_path / "corpus" / "card.json").read_text())
+    card = json.loads((Path(reported["corpus"]) / "card.json").read_text())
     assert card["sources"] == {"en": "fortunes"}
     assert len(report["utterances"]) == 4
     assert set(report["phases_s"]) == {"corpus", "model", "before", "fine-tune", "export", "after"}
