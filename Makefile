@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test demo install lint clean espeak chromium
+.PHONY: test demo install lint clean espeak chromium demo-data
 
 # espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
 # when we may (root with apt); otherwise those tests skip and say why.
@@ -15,6 +15,17 @@ espeak:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null) \
 	      || echo "warning: could not install espeak-ng; speech tests will skip"; \
 	  else echo "note: espeak-ng is missing: run 'sudo apt-get install espeak-ng' for the speech tests and the demo"; fi; }
+
+# The demo's text and guard speech come from Debian packages (no text or audio lives in the repo):
+# fortunes (natural English sentences for the corpus) and asterisk-core-sounds-en-wav (real human
+# speech for the forgetting guard). Installed the same way as espeak-ng.
+DEMO_PACKAGES := fortunes asterisk-core-sounds-en-wav
+demo-data:
+	@test -f /usr/share/games/fortunes/wisdom && test -d /usr/share/asterisk/sounds/en_US_f_Allison || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEMO_PACKAGES) >/dev/null) \
+	      || echo "warning: could not install $(DEMO_PACKAGES); the demo and its test will not run"; \
+	  else echo "note: run 'sudo apt-get install $(DEMO_PACKAGES)' for the demo and its test"; fi; }
 
 # Headless Chromium renders the matrix report in its tests: installed the same way as espeak-ng.
 chromium:
@@ -33,11 +44,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) espeak chromium
+test: $(STAMP) espeak chromium demo-data
 	$(BIN)/ruff check asrforge tests bench
 	$(BIN)/python -m pytest -q tests
 
-demo: $(STAMP) espeak
+demo: $(STAMP) espeak demo-data
 	$(BIN)/asrforge demo
 
 lint: $(STAMP)

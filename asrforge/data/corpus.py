@@ -2,8 +2,11 @@
 
 ``asrforge corpus --languages en,es,de --per-language 200 --out DIR`` (or :func:`build_corpus`):
 
-* **Text**: random 4-10-word sentences drawn from ``wordfreq``'s word lists
-  (:mod:`asrforge.data.sentences`); nothing is downloaded, no text lives in the repository.
+* **Text**: natural sentences from the fortune collections a Debian ``fortunes*`` package
+  installs (en, de, es, it, pl, ru, cs, bg, pt, zh; filtered to short speakable sentences), or
+  random 4-10-word sentences drawn from ``wordfreq``'s word lists for the other languages
+  (:mod:`asrforge.data.sentences`; ``--text`` chooses). Nothing is downloaded, no text lives in
+  the repository.
 * **Speakers**: a speaker is a setting of espeak-ng: the language's voice plus a voice variant
   (``en-us+m3``), a speed (``-s``, words per minute) and a pitch (``-p``). The variants are
   split between train, validation and test, so no speaker setting (and no variant) of one split
@@ -48,11 +51,15 @@ import soundfile as sf
 
 from asrforge.data.audio import SAMPLE_RATE, resample
 from asrforge.data.sentences import (
+    FORTUNES,
     MAX_WORDS,
     MIN_WORDS,
+    NATURAL_RULES_VERSION,
     POOL_SIZE,
     RULES_VERSION,
+    fortunes_available,
     make_sentences,
+    natural_sentences,
     word_pool,
 )
 from asrforge.errors import UserError
@@ -60,9 +67,10 @@ from asrforge.text.scripts import LANGUAGES, find_language_code
 
 log = logging.getLogger(__name__)
 
-CORPUS_FORMAT = 2
+CORPUS_FORMAT = 3
 """Bumped when the same arguments would give a different corpus (a rebuild, not a reuse)."""
 SPLITS = ("train", "validation", "test")
+TEXT_SOURCES = ("auto", "fortunes", "wordfreq")
 
 # code (Whisper's) -> (wordfreq code, espeak-ng voices; speakers alternate between them)
 LANGUAGES_TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -141,6 +149,10 @@ class CorpusSpec:
         seed: seeds sentences and speaker settings.
         min_words, max_words: words per sentence.
         japanese_kana_only: allow ``ja``, with sentences of kana-written words only.
+        text: where sentences come from: ``fortunes`` (natural sentences of the language's
+            Debian fortunes package; refused when it is not installed), ``wordfreq`` (random
+            draws of frequent words), or ``auto``: fortunes for each language whose package is
+            installed, wordfreq for the rest (:meth:`sources` says which; the card records it).
     """
 
     languages: list[str]
@@ -149,6 +161,7 @@ class CorpusSpec:
     min_words: int = MIN_WORDS
     max_words: int = MAX_WORDS
     japanese_kana_only: bool = False
+    text: str = "auto"
     format: int = field(default=CORPUS_FORMAT)
 
     def __post_init__(self) -> None:
@@ -179,6 +192,11 @@ class CorpusSpec:
         if not 1 <= self.min_words <= self.max_words:
             problems.append(f"words per sentence: need 1 <= min <= max, got "
                             f"{self.min_words}..{self.max_words}")
+        if self.text not in TEXT_SOURCES:
+            problems.append(f"text: {self.text!r} is not one of {', '.join(TEXT_SOURCES)}")
+        elif self.text == "fortunes":
+            problems += [f"{c}: no natural sentences (no Debian fortunes package for it); use "
+                         f"--text wordfreq or auto" for c in codes if c not in FORTUNES]
         if problems:
             raise UserError("corpus: " + "; ".join(problems))
         self.languages = codes
@@ -186,6 +204,12 @@ class CorpusSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def sources(self) -> dict[str, str]:
+        """Where each language's sentences come from: ``fortunes`` or ``wordfreq``."""
+        if self.text == "auto":
+            return {c: "fortunes" if fortunes_available(c) else "wordfreq" for c in self.languages}
+        return dict.fromkeys(self.languages, self.text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,17 +238,21 @@ def plan_speakers(language: str, seed: int) -> dict[str, list[Speaker]]:
 def plan_digest() -> str:
     """A hash of the planning constants: a corpus built under other ones is rebuilt."""
     blob = json.dumps([VARIANTS, SPEED_RANGE, PITCH_RANGE, SPEAKERS, POOL_SIZE, RULES_VERSION,
-                       CORPUS_FORMAT])
+                       NATURAL_RULES_VERSION, CORPUS_FORMAT])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def plan_corpus(spec: CorpusSpec) -> list[Clip]:
     """Every clip of the corpus: distinct sentences, speakers assigned round-robin per split."""
     clips = []
+    sources = spec.sources()
     for lang in spec.languages:
-        pool = word_pool(LANGUAGES_TABLE[lang][0], kana_only=lang == "ja")
         total = sum(spec.sizes.values())
-        sentences = make_sentences(pool, total, lang, spec.seed, spec.min_words, spec.max_words)
+        if sources[lang] == "fortunes":
+            sentences = draw_natural(lang, total, spec)
+        else:
+            pool = word_pool(LANGUAGES_TABLE[lang][0], kana_only=lang == "ja")
+            sentences = make_sentences(pool, total, lang, spec.seed, spec.min_words, spec.max_words)
         speakers = plan_speakers(lang, spec.seed)
         i = 0
         # test and validation draw first: their sentences do not change with the train size
@@ -234,6 +262,34 @@ def plan_corpus(spec: CorpusSpec) -> list[Clip]:
                                   speakers[split][j % len(speakers[split])]))
                 i += 1
     return clips
+
+
+def draw_natural(language: str, n: int, spec: CorpusSpec) -> list[str]:
+    """``n`` distinct natural sentences of ``language``, in an order shuffled by the seed.
+
+    Raises:
+        UserError: the package is missing, or holds fewer than ``n`` speakable sentences.
+    """
+    pool = natural_sentences(language, spec.min_words, spec.max_words)
+    if len(pool) < n:
+        raise UserError(
+            f"corpus: {language}: the {FORTUNES[language].package} package holds only {len(pool)} "
+            f"speakable sentences of {spec.min_words}-{spec.max_words} words, {n} asked; ask "
+            f"fewer, allow longer sentences, or use --text wordfreq"
+        )
+    rng = random.Random(f"asrforge-natural/{language}/{spec.seed}")
+    rng.shuffle(pool)
+    return pool[:n]
+
+
+def package_version(package: str) -> str | None:
+    """The installed version of a Debian package (None without dpkg or the package)."""
+    exe = shutil.which("dpkg-query")
+    if exe is None:
+        return None
+    out = subprocess.run([exe, "-W", "-f=${Version}", package], capture_output=True, text=True,
+                         timeout=30)
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +403,9 @@ def build_corpus(
             raise UserError(f"corpus --out: {out} exists and is not a directory")
         if card_path.is_file():
             card = json.loads(card_path.read_text())
-            if not force and card.get("spec") == spec.to_dict() and card.get("plan") == plan_digest():
+            same = (card.get("spec") == spec.to_dict() and card.get("plan") == plan_digest()
+                    and card.get("sources") == spec.sources())
+            if not force and same:
                 say(f"corpus: {out} already holds this corpus ({_summary(card)}); reusing it")
                 return card
         elif any(p.name != ".cache" for p in out.iterdir()):
@@ -365,7 +423,7 @@ def build_corpus(
     clips = plan_corpus(spec)
     n_workers = max(1, workers or os.cpu_count() or 1)
     say(f"corpus: {len(clips)} clips in {len(spec.languages)} language(s) "
-        f"({', '.join(spec.languages)}), espeak-ng with {n_workers} worker(s), cache {cache}")
+        f"({', '.join(f'{c}: {t}' for c, t in spec.sources().items())} sentences), espeak-ng with {n_workers} worker(s), cache {cache}")
     results: dict[str, tuple[bytes, float]] = {}
     n_cached, last = 0, time.perf_counter()
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
@@ -441,13 +499,22 @@ def _card(spec: CorpusSpec, clips: list[Clip], results: dict, espeak_version: st
             "hours": round(sum(results[c.id][1] for c in rows) / 3600, 4),
             "languages": per_lang,
         }
+    sources = spec.sources()
+    texts = {}
+    for lang, source in sources.items():
+        if source == "fortunes":
+            package = FORTUNES[lang].package
+            texts[lang] = f"fortunes: Debian package {package} {package_version(package) or ''}"
+        else:
+            texts[lang] = f"wordfreq: word list {LANGUAGES_TABLE[lang][0]!r}"
     return {
         "name": "asrforge espeak-ng corpus",
         "spec": spec.to_dict(),
         "plan": plan_digest(),
+        "sources": sources,
         "languages": {
             lang: {"name": LANGUAGES[lang], "wordfreq": LANGUAGES_TABLE[lang][0],
-                   "voices": list(LANGUAGES_TABLE[lang][1])}
+                   "text": texts[lang].strip(), "voices": list(LANGUAGES_TABLE[lang][1])}
             for lang in spec.languages
         },
         "splits": splits,
@@ -456,7 +523,11 @@ def _card(spec: CorpusSpec, clips: list[Clip], results: dict, espeak_version: st
         "wordfreq": version("wordfreq"),
         "build": {"clips_from_cache": n_cached, "synthesis_seconds": round(seconds, 2)},
         "notes": [
-            "Sentences are random draws of frequent words (wordfreq.top_n_list), weighted by "
+            "fortunes: natural sentences from the allow-listed fortune collections of the "
+            "language's Debian package (never the off/ collections), cut at sentence ends and "
+            "kept when short and speakable (letters and , ; ' - only, no quotes, digits, "
+            "acronyms or code), shuffled by the seed.",
+            "wordfreq: random draws of frequent words (wordfreq.top_n_list), weighted by "
             "1/sqrt(rank): speech material, not meaningful language.",
             "Speakers are espeak-ng settings (voice+variant, speed -s, pitch -p); train, "
             "validation and test use disjoint variants, and no sentence occurs twice.",
@@ -477,9 +548,10 @@ def card_markdown(card: dict) -> str:
     """The corpus card as Markdown (``README.md``)."""
     lines = [
         "# asrforge espeak-ng corpus", "",
-        "Synthetic speech: sentences drawn from wordfreq word lists, spoken by espeak-ng at "
-        f"{card['sample_rate']} Hz. Built by `asrforge corpus` ({card['espeak_ng']}; wordfreq "
-        f"{card['wordfreq']}; seed {card['spec']['seed']}).", "",
+        "Synthetic speech: natural sentences from Debian's fortune collections, or sentences "
+        f"drawn from wordfreq word lists, spoken by espeak-ng at {card['sample_rate']} Hz. Built "
+        f"by `asrforge corpus` ({card['espeak_ng']}; wordfreq {card['wordfreq']}; seed "
+        f"{card['spec']['seed']}).", "",
         "| split | utterances | hours | " + " | ".join(card["languages"]) + " |",
         "|---|---|---|" + "---|" * len(card["languages"]),
     ]
@@ -488,8 +560,8 @@ def card_markdown(card: dict) -> str:
         lines.append(f"| {split} | {v['utterances']} | {v['hours']:.3f} | " + " | ".join(cells) + " |")
     lines += ["", "## Languages and voices", ""]
     for lang, info in card["languages"].items():
-        lines.append(f"- `{lang}` ({info['name']}): voices {', '.join(info['voices'])}; words "
-                     f"from wordfreq `{info['wordfreq']}`")
+        lines.append(f"- `{lang}` ({info['name']}): voices {', '.join(info['voices'])}; "
+                     f"sentences: {info['text']}")
         for split, v in card["splits"].items():
             speakers = v["languages"][lang]["speakers"]
             lines.append(f"  - {split}: {', '.join(f'`{s}`' for s in speakers)}")
@@ -508,8 +580,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "corpus",
         help="synthesize a multilingual speech corpus with espeak-ng",
         description=(
-            "Synthesize a speech corpus with espeak-ng from sentences drawn from wordfreq's word "
-            "lists: train/validation/test splits with disjoint sentences and speakers, saved as "
+            "Synthesize a speech corpus with espeak-ng from natural sentences of Debian's "
+            "fortunes packages (en, de, es, it, pl, ru, cs, bg, pt, zh) or sentences drawn "
+            "from wordfreq's word lists: train/validation/test splits with disjoint sentences and speakers, saved as "
             "an Arrow dataset with a card (README.md, card.json). Clips are cached; a re-run "
             f"with the same arguments is near-instant. Languages: {langs}. Not available: "
             "km (espeak-ng has no Khmer voice); th, my, sw (no wordfreq list); ja only with "
@@ -530,6 +603,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="espeak-ng processes (default: CPUs)")
     p.add_argument("--cache-dir", type=Path, default=None, help="clip cache (default DIR/.cache)")
     p.add_argument("--force", action="store_true", help="rebuild even if DIR holds this corpus")
+    p.add_argument("--text", choices=TEXT_SOURCES, default="auto",
+                   help="sentences from fortunes packages (natural), wordfreq (word draws), or "
+                        "auto: fortunes where the language's package is installed (default)")
     p.add_argument("--japanese-kana-only", action="store_true",
                    help="allow ja: sentences of kana-written words only")
     p.set_defaults(func=run_cli)
@@ -565,7 +641,7 @@ def run_cli(args: argparse.Namespace) -> int:
         languages=[s.strip() for s in args.languages.split(",") if s.strip()],
         sizes=split_sizes(args.per_language, args.split_sizes), seed=args.seed,
         min_words=args.min_words, max_words=args.max_words,
-        japanese_kana_only=args.japanese_kana_only,
+        japanese_kana_only=args.japanese_kana_only, text=args.text,
     )
     if args.workers is not None and args.workers < 1:
         raise UserError(f"corpus --workers: must be >= 1, got {args.workers}")

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from asrforge.errors import UserError
 
@@ -160,3 +163,208 @@ def make_sentences(
         seen.add(s)
         out.append(s)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Natural sentences: Debian's fortune collections
+
+FORTUNES_ROOT = Path("/usr/share/games/fortunes")
+"""Where Debian's ``fortunes*`` packages install their collections."""
+NATURAL_RULES_VERSION = 1
+"""Bumped whenever a change here changes the natural sentences of a language."""
+
+
+@dataclass(frozen=True)
+class FortuneSource:
+    """Where a language's fortune collections lie and which of them the corpus reads.
+
+    Only the collections named are read (an allow list, by the files' names): the packages also
+    hold ASCII art, program code, riddles in question/answer form, and collections unsuitable
+    for a demo (the ``off/`` directories, and others about ethnic groups, sex, drugs and
+    politics), none of which is read.
+    """
+
+    package: str
+    """The Debian package that ships the collections."""
+    collections: tuple[str, ...]
+    """Paths under :data:`FORTUNES_ROOT`."""
+
+
+FORTUNES: dict[str, FortuneSource] = {
+    "en": FortuneSource("fortunes", (
+        "cookie", "education", "food", "fortunes", "goedel", "humorists", "kids", "literature",
+        "love", "magic", "miscellaneous", "paradoxum", "people", "pets", "platitudes", "science",
+        "sports", "tao", "wisdom", "work",
+    )),
+    "de": FortuneSource("fortunes-de", tuple(f"de/{c}" for c in (
+        "kinderzitate", "letzteworte", "lieberals", "mathematiker", "murphy", "regeln",
+        "sprichworte", "sprichwortev", "sprueche", "tips", "wusstensie", "zitate",
+    ))),
+    "es": FortuneSource("fortunes-es", tuple(f"es/{c}.fortunes" for c in (
+        "amistad", "arte", "asimov", "ciencia", "familia", "filosofia", "humanos", "lao-tse",
+        "libertad", "proverbios", "refranes", "sabiduria", "sentimientos", "verdad", "vida",
+    ))),
+    "it": FortuneSource("fortunes-it", tuple(f"it/{c}" for c in (
+        "adams", "definizioni", "formiche", "leggi",
+    ))),
+    "pl": FortuneSource("fortunes-pl", tuple(f"pl/{c}" for c in (
+        "bajki", "dzieci", "milosc", "nauka", "puchatek", "sapkowski", "seneka", "zen",
+    ))),
+    "ru": FortuneSource("fortunes-ru", tuple(f"ru/{c}" for c in (
+        "citates", "conscience", "education", "freewill", "friendship", "future", "happy",
+        "innocence", "knowledge", "life", "success", "time", "truth", "wealth", "work",
+    ))),
+    "cs": FortuneSource("fortunes-cs", tuple(f"cs/{c}" for c in (
+        "chesterton", "citace", "citat", "jerome", "murphy", "parkinson", "prislovi", "wikiquote",
+    ))),
+    "bg": FortuneSource("fortunes-bg", tuple(f"bg/{c}" for c in (
+        "bgauthors", "bgproverb", "intauthors", "intproverb",
+    ))),
+    "pt": FortuneSource("fortunes-br", ("brasil",)),
+    "zh": FortuneSource("fortunes-zh", ("chinese",)),
+}  # fmt: skip
+"""Languages with natural sentences, by Whisper code. Every other language draws its sentences
+from word lists (:func:`make_sentences`)."""
+
+# A sentence ends at . ! ? (or the CJK full stops) before a space and a capital, or at the end.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^\W\d_])|(?<=[。！？])")
+_END_MARKS = ".!?。！？"
+_SHORT_LINE = 45
+"""Characters: a line this short that ends without punctuation does not run on."""
+_ABBREVIATIONS = {
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "jr",
+    "sr",
+    "vs",
+    "etc",
+    "prof",
+    "gen",
+    "col",
+    "lt",
+    "sgt",
+    "mt",
+    "inc",
+    "co",
+    "no",
+    "sen",
+    "rep",
+    "gov",
+    "rev",
+    "hr",
+    "fr",
+}
+"""Words a full stop ends without ending the sentence (their sentence is cut there)."""
+_INNER_MARKS = ",;'-，、"
+"""Punctuation a speakable sentence may hold besides its final mark: no quotes, brackets,
+colons, digits or symbols, which espeak-ng would read out or a reference could not match."""
+
+
+def fortunes_available(language: str) -> bool:
+    """Whether the fortune collections of ``language`` (a Whisper code) are installed."""
+    source = FORTUNES.get(language)
+    return source is not None and any((FORTUNES_ROOT / c).is_file() for c in source.collections)
+
+
+def natural_sentences(
+    language: str,
+    min_words: int = MIN_WORDS,
+    max_words: int = 16,
+    root: Path | None = None,
+) -> list[str]:
+    """Every distinct speakable sentence of ``language``'s fortune collections, in file order.
+
+    A cookie's attribution lines (``-- Author``) are dropped; a line break ends a sentence when
+    the line has no punctuation and the next one starts with a capital (titles and verse). A
+    sentence is kept when it has ``min_words``..``max_words`` words (characters/4 for unspaced
+    scripts), starts with a capital (cased scripts), ends with . ! or ?, holds only letters,
+    spaces and ``, ; ' -``, no word of capitals only but "I" (acronyms, shouting), and no quote
+    made of apostrophes. A file that is not UTF-8 is skipped.
+
+    Raises:
+        UserError: ``language`` has no fortune collections, or none of them is installed.
+    """
+    source = FORTUNES.get(language)
+    if source is None:
+        raise UserError(
+            f"{language}: no fortune collections known for this language "
+            f"(known: {', '.join(sorted(FORTUNES))})"
+        )
+    root = FORTUNES_ROOT if root is None else root
+    paths = [root / c for c in source.collections if (root / c).is_file()]
+    if not paths:
+        raise UserError(
+            f"{language}: the natural sentences come from Debian's {source.package} "
+            f"package, which is not installed (no {root / source.collections[0]}): "
+            f"`sudo apt-get install {source.package}`"
+        )
+    seen: set[str] = set()
+    out: list[str] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for cookie in re.split(r"\n%\n", text):
+            for sentence in _cookie_sentences(cookie):
+                if sentence not in seen and _speakable(sentence, language, min_words, max_words):
+                    seen.add(sentence)
+                    out.append(sentence)
+    return out
+
+
+def _cookie_sentences(cookie: str) -> list[str]:
+    lines = [ln.strip() for ln in cookie.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("--")]
+    blocks, current, previous = [], "", ""
+    for line in lines:
+        # wrapped prose fills its lines; a short line without punctuation is a title or verse
+        if (
+            current
+            and len(previous) < _SHORT_LINE
+            and previous[-1] not in _END_MARKS + _INNER_MARKS
+        ):
+            blocks.append(current)
+            current = line
+        else:
+            sep = "" if current and _is_cjk(current[-1]) else " "
+            current = f"{current}{sep}{line}" if current else line
+        previous = line
+    if current:
+        blocks.append(current)
+    return [
+        s.strip() for b in blocks for s in _SENTENCE_END.split(" ".join(b.split())) if s.strip()
+    ]
+
+
+def _is_cjk(ch: str) -> bool:
+    return _script(ch) in ("CJK", "HIRAGANA", "KATAKANA")
+
+
+def _speakable(sentence: str, language: str, min_words: int, max_words: int) -> bool:
+    if sentence[-1] not in _END_MARKS:
+        return False
+    body = sentence[:-1]
+    if any(not (unicodedata.category(c)[0] in "LM" or c == " " or c in _INNER_MARKS) for c in body):
+        return False
+    if language in _UNSPACED:
+        if any(not _is_cjk(c) and c not in _INNER_MARKS for c in body):
+            return False  # Latin words and spaces inside a Chinese sentence
+        n_words = len(body) / 4  # about four characters a word, for the same length bounds
+    else:
+        words = body.replace(",", " ").replace(";", " ").split()
+        n_words = len(words)
+        if not words or len(words[-1]) == 1 or words[-1].lower() in _ABBREVIATIONS:
+            return False  # cut at an initial or an abbreviation ("R. A. Heinlein", "Mr.")
+        if not body[0].isupper() and body[0].lower() != body[0].upper():
+            return False
+        if any(len(w) > 1 and w.isupper() for w in words):
+            return False
+        if any(w.startswith(("'", "-")) or w.endswith("-") for w in words):
+            return False
+        if any(w.endswith("'") and not w.endswith("s'") for w in words):
+            return False  # a closing quote, or Italian "e'" written for "è"
+    return min_words <= n_words <= max_words

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
-from asrforge.errors import CheckpointSaveError, RunIOError
+from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
+from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.longform import run_longform_eval
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
@@ -130,6 +131,21 @@ class Trainer:
                     state.step,
                 )
 
+        # the forgetting guard: the starting model's transcripts, once (a resume restored them)
+        guard = build_guard(
+            cfg, bundle, language=run_language(cfg, [u.language for u in run.train_set.utts]),
+            window_seconds=raw_model.config.max_source_positions / 50,
+        )
+        if guard is not None and not run.selector.guard.started:
+            if run.resume_from is not None:  # its starting model is gone
+                raise UserError("eval.guard: the checkpoint holds no guard start (saved by a run "
+                                "without eval.guard); remove eval.guard to resume it")
+            guard.measure_start(raw_model, run.selector.guard, device=acc.device,
+                                autocast=acc.autocast)
+            state.selection = run.selector.state_dict()
+            if acc.is_main_process:
+                guard.write_records(run.output_dir, state.step, run.selector.guard)
+
         info = RunInfo(
             config=cfg,
             output_dir=run.output_dir,
@@ -161,12 +177,19 @@ class Trainer:
                     device=acc.device,
                     autocast=acc.autocast,
                 )
+                if guard is not None:
+                    guard_metrics = guard.measure(raw_model, run.selector.guard,
+                                                  device=acc.device, autocast=acc.autocast)
             if top is not None:  # evaluate() restored train mode everywhere
                 set_frozen_eval(raw_model.model.encoder, top)
             metrics, preds = run.gather_eval(metrics, preds)
             metrics.update(
                 run_longform_eval(run, raw_model, ema, step=state.step, autocast=acc.autocast)
             )
+            if guard is not None:
+                metrics.update(guard_metrics)
+                if acc.is_main_process:
+                    guard.write_records(run.output_dir, state.step, run.selector.guard)
             d = run.selector.update(metrics, step=state.step)
             decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
             state.selection = run.selector.state_dict()
@@ -176,13 +199,14 @@ class Trainer:
                 state.best = _numbers(metrics)
             run.write_eval_records(state.step, metrics, preds, decision)
             log.info(
-                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s | %s",
+                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
                 state.step,
                 metrics["loss"],
                 metrics["wer"],
                 metrics["cer"],
                 metrics["n"],
                 f" rep-trap {metrics.get('rep_trap_count', 0)}",
+                log_text(metrics),
                 decision.reason,
             )
             callbacks.call("on_predict_end", state, predictions=preds)
@@ -409,6 +433,9 @@ class Trainer:
                 tracked_bests=_numbers(run.selector.state_dict().get("policy_state") or {}),
             )
             log.info("run %s at step %d: %s", status, state.step, reason)
+            if guard is not None and state.best_step is None:
+                log.warning("forgetting guard: no evaluation kept the guard within tolerance, so "
+                            "no checkpoint became best; the starting model is still the better one")
             callbacks.call("on_train_end", state, result=result)
             return result
         except (OSError, CheckpointSaveError) as e:

@@ -52,6 +52,8 @@ from asrforge.selection import build_selector
 from asrforge.train.events import Decision
 
 log = logging.getLogger("asrforge.train")
+GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
+"""The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
 
 
 def cpu_bf16_units() -> list[str]:
@@ -301,6 +303,7 @@ class RunSetup:
             "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
             "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
             "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
+            "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
         }
         tok = self.model_bundle.tokenizer
         return self.checkpoints.save(
@@ -482,7 +485,7 @@ def prepare_run(
     langs = Counter(u.language for u in train_utts)
     language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
     partial = cfg.model.frozen_encoder_top is not None  # only part of the model trains
-    selector = build_selector(cfg.selection, language, partial)
+    selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:

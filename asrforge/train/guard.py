@@ -1,0 +1,323 @@
+"""The forgetting guard's measurement: how well the model still transcribes speech it already
+handled before fine-tuning (``eval.guard``).
+
+The guard set is loaded once (:func:`load_guard_items`): an Arrow data set, a directory of
+audio files, or one file; audio longer than the model's window is cut into windows at pauses
+(:func:`asrforge.model.windows.segment`). :class:`Guard` transcribes it greedily, like the
+evaluation, and scores the transcripts:
+
+* ``wer`` (every item has a reference): WER against the references;
+* ``drift`` (no references needed): WER against the starting model's own transcripts, which
+  :meth:`Guard.measure_start` records in the selector's :class:`~asrforge.selection.GuardGate`
+  at step 0 (and which therefore ride in every checkpoint's selection state).
+
+The selector refuses a save whose ``guard_wer`` exceeds the start by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asrforge.model.windows import segment
+from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.config import GuardConfig
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.errors import UserError
+from asrforge.model.decoding import greedy_decode
+from asrforge.selection import GuardGate
+from asrforge.text import normalize, wer
+
+log = logging.getLogger("asrforge.train")
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
+"""Files a guard directory contributes (others are ignored)."""
+
+
+@dataclass(frozen=True)
+class GuardItem:
+    """One window of guard audio."""
+
+    id: str
+    """``<file or row id>`` or ``<id>#<window>`` for the windows of a longer recording."""
+    wave: np.ndarray
+    """(n_samples,) float32 at 16 kHz, at most one model window long."""
+    reference: str | None
+    """The transcript, when the source has one (only for audio that fits one window)."""
+    language: str
+
+
+def load_guard_items(cfg: GuardConfig, language: str, window_seconds: float) -> list[GuardItem]:
+    """The guard set as windows the model takes, in a fixed order, at most ``cfg.max_items``.
+
+    Raises:
+        UserError: the path does not exist, holds no audio, lacks the split, an audio file does
+            not decode, or ``mode: wer`` is asked of items without references.
+    """
+    path = Path(cfg.path)
+    if not path.exists():
+        raise UserError(f"eval.guard.path: {path} does not exist")
+    if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
+        sources = _arrow_sources(path, cfg.split, language)
+    else:
+        sources = _file_sources(path, language)
+    items: list[GuardItem] = []
+    for uid, load, reference, lang in sources:
+        wave = load()
+        pieces = segment(wave, SAMPLE_RATE, window_seconds)
+        for k, (a, b) in enumerate(pieces):
+            if b - a < SAMPLE_RATE // 10:  # a sliver after the last pause: nothing to say
+                continue
+            ref = reference if len(pieces) == 1 else None
+            items.append(GuardItem(uid if len(pieces) == 1 else f"{uid}#{k}", wave[a:b], ref, lang))
+        if cfg.max_items is not None and len(items) >= cfg.max_items:
+            break
+    items = items[: cfg.max_items] if cfg.max_items is not None else items
+    if not items:
+        raise UserError(f"eval.guard.path: {path} holds no audio")
+    if cfg.mode == "wer" and any(not i.reference for i in items):
+        missing = [i.id for i in items if not i.reference][:5]
+        raise UserError(
+            f"eval.guard.mode: wer needs a reference for every item; {path} has none for "
+            f"{missing} (recordings longer than one window have none either); use mode: drift"
+        )
+    return items
+
+
+def _file_sources(path: Path, language: str):
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
+    )
+    for f in files:
+        yield f.stem if path.is_dir() else f.name, lambda f=f: _decode(f), None, language
+
+
+def _arrow_sources(path: Path, split: str, language: str):
+    from asrforge.data.dataset import load_arrow
+
+    dd = load_arrow(path)
+    if split not in dd:
+        raise UserError(f"eval.guard.split: {split!r} not in {path} (has {sorted(dd)})")
+    ds = dd[split]
+    for i, row in enumerate(ds):
+        uid = str(row.get("id") or i)
+        ref = (row.get("text") or "").strip() or None
+        blob = row["audio"]["bytes"] if isinstance(row["audio"], dict) else row["audio"]
+        yield uid, lambda b=blob, u=uid: _decode(b, u), ref, row.get("language") or language
+
+
+def _decode(source, name=None) -> np.ndarray:
+    try:
+        return decode_audio(source, SAMPLE_RATE)
+    except Exception as e:  # any decoder error: the user's file is the problem
+        raise UserError(f"eval.guard: cannot decode {name or source}: {e}") from None
+
+
+class Guard:
+    """Transcribes the guard set and scores it (see the module docstring).
+
+    Args:
+        items: from :func:`load_guard_items`.
+        mode: ``auto``, ``wer`` or ``drift`` (``eval.guard.mode``).
+        features: the log-mel extractor of the model.
+        tokenizer: decodes generated ids.
+        prompt: ``prompt(language) -> ids``, the forced decoder prefix.
+        eot: end-of-text id.
+        batch_size: windows per decoding batch.
+        max_new_tokens: cap per window.
+    """
+
+    def __init__(
+        self,
+        items: Sequence[GuardItem],
+        *,
+        mode: str,
+        features,
+        tokenizer,
+        prompt: Callable[[str], list[int]],
+        eot: int,
+        batch_size: int,
+        max_new_tokens: int,
+    ):
+        self.items = list(items)
+        has_refs = all(i.reference for i in self.items)
+        self.kind = "wer" if mode == "wer" or (mode == "auto" and has_refs) else "drift"
+        self.features, self.tokenizer, self.prompt, self.eot = features, tokenizer, prompt, eot
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+
+    @torch.no_grad()
+    def transcribe(self, model, *, device, autocast=None) -> list[str]:
+        """The model's greedy transcript of each item (model left in the mode it was in)."""
+        was_training = model.training
+        model.eval()
+        texts: list[str] = []
+        try:
+            for start in range(0, len(self.items), self.batch_size):
+                chunk = self.items[start : start + self.batch_size]
+                feats = np.stack(
+                    [
+                        self.features(
+                            i.wave, sampling_rate=SAMPLE_RATE, return_tensors="np"
+                        ).input_features[0]
+                        for i in chunk
+                    ]
+                ).astype(np.float32)
+                prompts = torch.tensor([self.prompt(i.language) for i in chunk], device=device)
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
+                    seqs, _ = greedy_decode(model, enc, prompts, self.eot, self.max_new_tokens)
+                texts += [self.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
+        finally:
+            model.train(was_training)
+        return texts
+
+    def score(self, hyps: Sequence[str], gate: GuardGate) -> float:
+        """WER of ``hyps`` against the references (``wer``) or the start's transcripts
+        (``drift``), on normalized text."""
+        if self.kind == "wer":
+            refs = [i.reference or "" for i in self.items]
+        else:
+            refs = [gate.start_transcripts.get(i.id, "") for i in self.items]
+        return _wer(refs, list(hyps), [i.language for i in self.items])
+
+    def measure_start(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+        """Transcribe with the starting model and record the start in ``gate``. Returns the
+        guard's metrics at step 0 (see :meth:`measure`)."""
+        hyps = self.transcribe(model, device=device, autocast=autocast)
+        transcripts = {i.id: h for i, h in zip(self.items, hyps, strict=True)}
+        start = self.score(hyps, gate) if self.kind == "wer" else 0.0
+        gate.set_start(start, self.kind, transcripts)
+        log.info(
+            "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
+            len(self.items),
+            "WER against references"
+            if self.kind == "wer"
+            else "drift against the starting model's transcripts",
+            self.kind,
+            start,
+            gate.tolerance,
+        )
+        self.last_hyps = hyps
+        return self.metrics(start, gate)
+
+    def measure(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+        """The guard's metrics for ``model`` now: ``guard_wer`` (the value the selector judges),
+        ``guard_start``, ``guard_tolerance``, ``guard_within`` (bool), ``guard_drift`` (bool: the
+        value is drift, not WER against references) and ``guard_n``."""
+        if gate.kind is not None and gate.kind != self.kind:
+            raise UserError(
+                f"eval.guard: the run started with a {gate.kind} guard, this config "
+                f"measures {self.kind}; resume with the same eval.guard"
+            )
+        hyps = self.transcribe(model, device=device, autocast=autocast)
+        self.last_hyps = hyps
+        return self.metrics(self.score(hyps, gate), gate)
+
+    def metrics(self, value: float, gate: GuardGate) -> dict:
+        start = gate.start if gate.start is not None else value
+        return {
+            "guard_wer": value,
+            "guard_start": start,
+            "guard_tolerance": gate.tolerance,
+            "guard_within": bool(math.isfinite(value) and value <= start + gate.tolerance + 1e-12),
+            "guard_drift": self.kind == "drift",
+            "guard_n": len(self.items),
+        }
+
+    def write_records(self, out_dir: Path, step: int, gate: GuardGate) -> None:
+        """``eval/guard-step-NNNNNN.jsonl``: each item's transcript now (and the start's or
+        reference it is scored against)."""
+        hyps = getattr(self, "last_hyps", None)
+        if hyps is None:
+            return
+        lines = []
+        for item, hyp in zip(self.items, hyps, strict=True):
+            against = item.reference if self.kind == "wer" else gate.start_transcripts.get(item.id)
+            lines.append(
+                json.dumps(
+                    {
+                        "uid": item.id,
+                        "language": item.language,
+                        "ref": against,
+                        "hyp": hyp,
+                        "kind": self.kind,
+                    },
+                    ensure_ascii=False,
+                )
+            )
+        (out_dir / "eval").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            out_dir / "eval" / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+        )
+
+
+def _wer(refs: list[str], hyps: list[str], languages: list[str]) -> float:
+    r = [normalize(x, lang) for x, lang in zip(refs, languages, strict=True)]
+    h = [normalize(x, lang) for x, lang in zip(hyps, languages, strict=True)]
+    return float(wer(r, h))  # no reference words: 0.0 when nothing is said either, else inf
+
+
+def run_language(cfg, train_languages: Sequence[str]) -> str:
+    """The language the guard is transcribed in: ``eval.guard.language``, else the run's
+    (``selection.language``, the first of ``data.languages``, the training split's most
+    frequent)."""
+    from collections import Counter
+
+    from asrforge.text.scripts import find_language_code
+
+    guard = cfg.eval.guard
+    language = (
+        (guard.language if guard is not None else None)
+        or cfg.selection.language
+        or (cfg.data.languages or [None])[0]
+        or Counter(train_languages).most_common(1)[0][0]
+    )
+    return find_language_code(language) or language
+
+
+def log_text(metrics: dict) -> str:
+    """The guard's part of the evaluation log line ("" without a guard)."""
+    if "guard_wer" not in metrics:
+        return ""
+    kind = "drift" if metrics["guard_drift"] else "wer"
+    verdict = "within" if metrics["guard_within"] else "OUTSIDE"
+    return (
+        f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
+        f"{verdict} tolerance {metrics['guard_tolerance']:g})"
+    )
+
+
+def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard | None:
+    """The run's guard from ``cfg.eval.guard`` (None without one).
+
+    Args:
+        cfg: the run's ``TrainConfig``.
+        bundle: the run's ``ModelBundle`` (features, tokenizer, special tokens).
+        language: the language to transcribe in (:func:`run_language`).
+        window_seconds: the model's window.
+    """
+    gcfg = cfg.eval.guard
+    if gcfg is None:
+        return None
+    items = load_guard_items(gcfg, language, window_seconds)
+    task = cfg.data.task
+    return Guard(
+        items,
+        mode=gcfg.mode,
+        features=bundle.features,
+        tokenizer=bundle.tokenizer,
+        prompt=lambda code: bundle.specials.prompt(code, task),
+        eot=bundle.specials.eot,
+        batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+        max_new_tokens=gcfg.max_new_tokens,
+    )

@@ -1,0 +1,165 @@
+"""The forgetting guard: a save the policy would make is refused while the guard is outside its
+tolerance (every policy), the guard's start survives a resume, and a real run measures it at
+step 0 and at every evaluation and records it everywhere a user looks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrforge.config import GuardConfig
+from asrforge.errors import UserError
+from asrforge.selection import ByLoss, ByWer, CombinedGate, GuardGate, Selector
+from asrforge.train.guard import Guard, GuardItem, load_guard_items
+
+POLICIES = {"by_wer": ByWer, "by_loss": ByLoss, "combined_gate": CombinedGate}
+
+
+def _selector(policy: str, tolerance: float = 0.02) -> Selector:
+    gate = GuardGate(tolerance)
+    gate.set_start(0.0, "drift", {"a": "hello world"})
+    return Selector(POLICIES[policy](), patience=10, max_steps=None, guard=gate)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_rising_drift_blocks_a_save_the_policy_alone_would_make(policy):
+    # Every evaluation improves both wer and loss: each policy alone saves every time.
+    evals = [
+        {"wer": 0.50, "loss": 1.00, "guard_wer": 0.00},
+        {"wer": 0.40, "loss": 0.90, "guard_wer": 0.05},  # drift rose past 0 + 0.02
+        {"wer": 0.45, "loss": 0.95, "guard_wer": 0.01},  # back within, and better than eval 1
+    ]
+    alone = Selector(POLICIES[policy](), patience=10, max_steps=None)
+    assert [alone.update(m, step=i).save for i, m in enumerate(evals)] == [True, True, False]
+
+    guarded = _selector(policy)
+    decisions = [guarded.update(m, step=i) for i, m in enumerate(evals)]
+    assert [d.save for d in decisions] == [True, False, True]
+    assert "but guard drift 0.05 > start 0 + tolerance 0.02" in decisions[1].reason
+    assert "guard drift 0.01 <= start 0 + tolerance 0.02" in decisions[2].reason
+    # the refused evaluation moved no best: eval 3 saves because it beats eval 1, not eval 2
+    assert guarded.best_step == 2
+    assert guarded.evals_without_save == 0
+
+
+def test_guard_on_its_tolerance_saves_and_a_nan_guard_never_does():
+    sel = _selector("by_wer", tolerance=0.02)
+    assert sel.update({"wer": 0.5, "loss": 1, "guard_wer": 0.02}).save  # exactly start + tol
+    assert not sel.update({"wer": 0.4, "loss": 1, "guard_wer": math.nan}).save
+    with pytest.raises(KeyError, match="guard_wer"):
+        sel.update({"wer": 0.3, "loss": 1})
+
+
+def test_guard_start_rides_in_the_selector_state():
+    sel = _selector("combined_gate")
+    sel.update({"wer": 0.5, "loss": 1.0, "guard_wer": 0.0}, step=2)
+    state = json.loads(json.dumps(sel.state_dict()))  # it goes to train_state.json
+
+    resumed = Selector(CombinedGate(), patience=10, max_steps=None, guard=GuardGate(0.02))
+    resumed.load_state_dict(state)
+    assert resumed.guard.start == 0.0 and resumed.guard.kind == "drift"
+    assert resumed.guard.start_transcripts == {"a": "hello world"}
+    assert not resumed.update({"wer": 0.4, "loss": 0.9, "guard_wer": 0.5}).save
+
+    unguarded = Selector(CombinedGate(), patience=10, max_steps=None)
+    unguarded_state = unguarded.state_dict()
+    with pytest.raises(UserError, match="without the forgetting guard"):
+        Selector(
+            CombinedGate(), patience=10, max_steps=None, guard=GuardGate(0.02)
+        ).load_state_dict(unguarded_state)
+
+
+def _items(*refs):
+    return [GuardItem(f"u{i}", np.zeros(1600, np.float32), r, "en") for i, r in enumerate(refs)]
+
+
+def test_drift_is_scored_against_the_start_transcripts():
+    guard = Guard(
+        _items(None, None),
+        mode="auto",
+        features=None,
+        tokenizer=None,
+        prompt=lambda _: [],
+        eot=0,
+        batch_size=2,
+        max_new_tokens=4,
+    )
+    assert guard.kind == "drift"
+    gate = GuardGate(0.02)
+    gate.set_start(0.0, "drift", {"u0": "the cat sat", "u1": "on the mat"})
+    assert guard.score(["the cat sat", "on the mat"], gate) == 0.0
+    assert guard.score(["the dog sat", "on the mat"], gate) == pytest.approx(1 / 6)
+    with_refs = Guard(
+        _items("a b", "c d"),
+        mode="auto",
+        features=None,
+        tokenizer=None,
+        prompt=lambda _: [],
+        eot=0,
+        batch_size=2,
+        max_new_tokens=4,
+    )
+    assert with_refs.kind == "wer"
+    assert with_refs.score(["a b", "c x"], gate) == pytest.approx(0.25)
+
+
+def test_guard_audio_is_cut_into_windows_and_bad_paths_are_named(tmp_path):
+    sr = 16000
+    rng = np.random.default_rng(0)
+    long = np.concatenate(
+        [0.3 * rng.standard_normal(sr * 3), np.zeros(sr // 2), 0.3 * rng.standard_normal(sr * 2)]
+    ).astype(np.float32)
+    sf.write(tmp_path / "b-long.wav", long, sr)
+    sf.write(tmp_path / "a-short.wav", long[:sr], sr)
+    (tmp_path / "notes.txt").write_text("not audio")
+    items = load_guard_items(GuardConfig(path=tmp_path, max_items=None), "en", window_seconds=4.0)
+    assert [i.id for i in items] == ["a-short", "b-long#0", "b-long#1"]
+    assert all(i.wave.shape[0] <= 4 * sr and i.reference is None for i in items)
+    assert sum(i.wave.shape[0] for i in items[1:]) == long.shape[0]
+    assert len(load_guard_items(GuardConfig(path=tmp_path, max_items=2), "en", 4.0)) == 2
+    with pytest.raises(UserError, match="does not exist"):
+        load_guard_items(GuardConfig(path=tmp_path / "nope"), "en", 4.0)
+    with pytest.raises(UserError, match="mode: wer needs a reference"):
+        load_guard_items(GuardConfig(path=tmp_path, mode="wer"), "en", 4.0)
+
+
+def test_a_run_measures_the_guard_from_step_0_and_records_it(tones_dir, tmp_path):
+    from conftest import tiny_config
+
+    from asrforge.callbacks import build_callbacks
+    from asrforge.train.loop import Trainer
+
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        eval={
+            "guard": {
+                "path": str(tones_dir),
+                "split": "validation",
+                "mode": "drift",
+                "max_items": 6,
+                "tolerance": 10.0,
+            }
+        },
+    )
+    result = Trainer(cfg, build_callbacks(cfg)).fit()
+    out = tmp_path / "run"
+    start = [json.loads(line) for line in (out / "eval" / "guard-step-000000.jsonl").open()]
+    assert len(start) == 6 and all(r["kind"] == "drift" for r in start)
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    evals = [e for e in evals if e.get("event") == "eval"]
+    assert [e["step"] for e in evals] == [3, 6]
+    assert all(e["guard_drift"] and e["guard_start"] == 0.0 and "guard_wer" in e for e in evals)
+    summary = json.loads((out / "eval" / "step-000003.jsonl").read_text().splitlines()[-1])
+    assert "guard_wer" in summary and "guard drift" in summary["reason"]
+    assert "guard drift" in (out / "train.log").read_text()
+    best = out / "checkpoints" / "best"
+    manifest = json.loads((best / "manifest.json").read_text())
+    assert manifest["guard"]["guard_drift"] is True
+    state = json.loads((best / "train_state.json").read_text())
+    assert len(state["selection"]["guard"]["start_transcripts"]) == 6
+    assert result.best_step is not None
