@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.model.windows import segment
 from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.config import GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import UserError
 from asrforge.model.decoding import greedy_decode
+from asrforge.model.windows import segment
 from asrforge.selection import GuardGate
 from asrforge.text import normalize, wer
 
