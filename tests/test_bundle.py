@@ -545,7 +545,7 @@ def test_transcribe_reports_the_model_and_every_audio_problem_at_once(tmp_path, 
     assert main(["transcribe", *argv, "--batch-size", "0"]) == 2
     assert cli_problems(capsys) == [
         "--batch-size: must be >= 1, got 0",
-        f"{tmp_path / 'no-bundle'}: no such bundle directory",
+        f"{tmp_path / 'no-bundle'}: no such directory",
         f"{tmp_path / 'missing.wav'}: no such audio file",
         f"{tmp_path / 'clips'}: a directory, not an audio file",
     ]

@@ -469,7 +469,10 @@ def _generation_config(
     prompt tokens, the bundle's languages (detection picks among them) and the task."""
     fields: dict[str, Any] = {}
     if base is not None:
-        fields = {k: v for k, v in base.to_diff_dict().items() if k != "transformers_version"}
+        # `_from_model_config` would make save_pretrained write a config derived from the model
+        # config instead of this one, losing the prompt tokens set below
+        skip = ("transformers_version", "_from_model_config")
+        fields = {k: v for k, v in base.to_diff_dict().items() if k not in skip}
         fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
     fields.update(
         decoder_start_token_id=specials.sot,
