@@ -40,6 +40,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=5, help="--weights average: how many checkpoints")
     p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
     p.add_argument("--quantization", default=None, help="--format ct2: e.g. int8, float16")
+    p.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="a model.lora run: write its LoRA adapters alone (peft's adapter_model.safetensors "
+        "+ adapter_config.json) instead of a bundle with the adapters merged in",
+    )
     p.set_defaults(func=run_export)
 
     p = subparsers.add_parser(
@@ -112,6 +118,12 @@ def run_export(args: argparse.Namespace) -> int:
     raise_problems(problems)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
+    if args.adapter_only:
+        from asrforge.bundle.export import export_adapter
+
+        out = export_adapter(path, args.out, args.weights)
+        print(f"wrote the LoRA adapters of {path} to {out}")
+        return 0
     out = export_bundle(
         path,
         args.out,

@@ -44,6 +44,7 @@ from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
+from asrforge.model import lora
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import frozen_forward, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
@@ -169,6 +170,9 @@ class RunSetup:
     """Seconds per start-up phase (data set, tokenizer, model, splits)."""
     text: TextBatches | None = None
     """Text-only batches (``data.asr_ratio < 1``), else None."""
+    lora_base: str | None = None
+    """With ``model.lora``: sha256 of the base weights under the adapters (see
+    ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
 
     @property
     def model(self):
@@ -255,11 +259,13 @@ class RunSetup:
             "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
             "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
         }
+        if self.lora_base is not None:  # the checkpoint holds adapters only; export rebuilds this
+            meta[lora.BASE_KEY] = self.lora_base
         tok = self.model_bundle.tokenizer
         return self.checkpoints.save(
             step,
             dict(
-                model=model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                model=lora.checkpoint_weights(model), ema=ema.state_dict() if ema is not None else None,
                 optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                 scaler=scaler.state_dict() if scaler is not None else None,
                 rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
@@ -358,8 +364,14 @@ def prepare_run(
         tokenizer = load_tokenizer(tok_dir) if scratch else build_tokenizer(cfg.model, train_split["text"])
     clock.lap("tokenizer")
     bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
-    clock.lap("model")
     model = bundle.model
+    lora_base = None
+    if cfg.model.lora is not None:  # before the optimizer exists: it sees only the adapters
+        lora_base = lora.base_fingerprint(model)
+        if resume_from is not None:
+            lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
+        lora.add_adapters(model, cfg.model.lora)
+    clock.lap("model")
     n_params = count_parameters(model)
     log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
              f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
@@ -446,7 +458,7 @@ def prepare_run(
         cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock.phases,
+        log_handler=handler, text=text, startup=clock.phases, lora_base=lora_base,
     )
 
 
