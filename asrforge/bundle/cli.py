@@ -115,6 +115,8 @@ def run_export(args: argparse.Namespace) -> int:
     _kind, path = _attempt(lambda: resolve_source(args.source), problems) or (None, None)
     if out_problem := directory_problem(args.out):
         problems.append(f"--out {out_problem}")
+    if args.adapter_only and args.fmt != "hf":
+        problems.append("--adapter-only writes peft's adapter files: --format does not apply")
     raise_problems(problems)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
