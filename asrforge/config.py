@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from asrforge.config_hf import hf_hint
 from asrforge.errors import UserError
 
 
@@ -555,7 +556,9 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
         if kind == "extra_forbidden":
             msg = "unknown field"
             parent = _model_at(root, rel[:-1])
-            if parent is not None:
+            if hint := hf_hint(loc[-1]):  # a TrainingArguments name: say where it lives here
+                msg += f" — {hint}"
+            elif parent is not None:
                 names = [f.alias or n for n, f in parent.model_fields.items()]
                 close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
                 if close:

@@ -25,12 +25,30 @@ import torch
 
 def shape(quick: bool) -> dict:
     if quick:
-        return dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                    decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
-                    vocab_size=1000, max_source_positions=100, max_target_positions=64)
-    return dict(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
-                decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536,
-                vocab_size=51864, max_source_positions=1500, max_target_positions=448)
+        return dict(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=256,
+            decoder_ffn_dim=256,
+            vocab_size=1000,
+            max_source_positions=100,
+            max_target_positions=64,
+        )
+    return dict(
+        d_model=384,
+        encoder_layers=4,
+        decoder_layers=4,
+        encoder_attention_heads=6,
+        decoder_attention_heads=6,
+        encoder_ffn_dim=1536,
+        decoder_ffn_dim=1536,
+        vocab_size=51864,
+        max_source_positions=1500,
+        max_target_positions=448,
+    )
 
 
 def run_variant(variant: str, args: argparse.Namespace) -> dict:
@@ -44,8 +62,9 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     s = shape(args.quick)
-    config = WhisperConfig(**s, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                           decoder_start_token_id=1)
+    config = WhisperConfig(
+        **s, pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=1
+    )
     model = WhisperForConditionalGeneration(config)
     if variant == "lora":
         add_adapters(model, LoraConfig(r=args.r, target_modules=args.targets))
@@ -76,8 +95,11 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
         "rss_before_steps_mib": rss_before / 1024,
         "optimizer_state_mib": sum(
             t.numel() * t.element_size()
-            for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)
-        ) / 2**20,
+            for st in optimizer.state.values()
+            for t in st.values()
+            if torch.is_tensor(t)
+        )
+        / 2**20,
     }
 
 
@@ -97,19 +119,27 @@ def main() -> None:
         return
     results = {}
     for variant in ("full", "lora"):
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", variant],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--variant", variant],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         results[variant] = json.loads(out.strip().splitlines()[-1])
     full, lora = results["full"], results["lora"]
     for r in (full, lora):
-        print(f"{r['variant']:>4}: trainable {r['trainable']:,} of {r['total']:,} | step "
-              f"{r['step_s']:.3f} s (median of {len(r['steps_s'])}) | peak RSS "
-              f"{r['peak_rss_mib']:.0f} MiB (before the first step {r['rss_before_steps_mib']:.0f})"
-              f" | AdamW state {r['optimizer_state_mib']:.1f} MiB")
-    print(f"LoRA/full: step time {lora['step_s'] / full['step_s']:.2f}x, peak RSS "
-          f"{lora['peak_rss_mib'] / full['peak_rss_mib']:.2f}x, growth during training "
-          f"{(lora['peak_rss_mib'] - lora['rss_before_steps_mib']):.0f} vs "
-          f"{(full['peak_rss_mib'] - full['rss_before_steps_mib']):.0f} MiB")
+        print(
+            f"{r['variant']:>4}: trainable {r['trainable']:,} of {r['total']:,} | step "
+            f"{r['step_s']:.3f} s (median of {len(r['steps_s'])}) | peak RSS "
+            f"{r['peak_rss_mib']:.0f} MiB (before the first step {r['rss_before_steps_mib']:.0f})"
+            f" | AdamW state {r['optimizer_state_mib']:.1f} MiB"
+        )
+    print(
+        f"LoRA/full: step time {lora['step_s'] / full['step_s']:.2f}x, peak RSS "
+        f"{lora['peak_rss_mib'] / full['peak_rss_mib']:.2f}x, growth during training "
+        f"{(lora['peak_rss_mib'] - lora['rss_before_steps_mib']):.0f} vs "
+        f"{(full['peak_rss_mib'] - full['rss_before_steps_mib']):.0f} MiB"
+    )
 
 
 if __name__ == "__main__":
