@@ -125,6 +125,9 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         h._asrforge = True  # noqa: SLF001
         root.addHandler(h)
+    for h in root.handlers:  # the console is rank zero's; the other ranks show only errors
+        if getattr(h, "_asrforge", False):
+            h.setLevel(logging.INFO if is_main else logging.ERROR)
     if output_dir is None or not is_main:
         return None
     fh = logging.FileHandler(output_dir / "train.log")
