@@ -187,3 +187,21 @@ def test_lora_config_is_checked(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path / "bad", tones_dir, model={"lora": {"target_modules": ["qproj"]}})
     with pytest.raises(UserError, match=r"model.lora.target_modules \['qproj'\]: .*not found"):
         Trainer(cfg).fit()
+
+
+def test_export_cli_adapter_only(lora_run, tmp_path, capsys):
+    from asrforge.cli import main
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), "--out", str(out), "--adapter-only"]) == 0
+    assert "wrote the LoRA adapters" in capsys.readouterr().out
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8
+    assert sorted(config["target_modules"]) == ["fc1", "q_proj", "v_proj"]
+    ema = load_file(_latest(lora_run) / "ema.safetensors")  # EMA weights by default
+    written = load_file(out / "adapter_model.safetensors")
+    key = "model.encoder.layers.0.self_attn.q_proj.lora_B.default.weight"
+    assert torch.equal(written["base_model.model." + key.replace(".default.", ".")], ema[key])
+    bad = ["export", str(lora_run), "--out", str(tmp_path / "x"), "--adapter-only"]
+    assert main([*bad, "--format", "ct2"]) == 2
+    assert "--format does not apply" in capsys.readouterr().err
