@@ -168,8 +168,9 @@ class MLflowLogger(_Tracker):
     class Options(Options):
         tracking_uri: str | None = None
         """Default: ``MLFLOW_TRACKING_URI`` if set, else a local file store,
-        ``output_dir/mlruns`` (no server, no network; ``mlflow ui --backend-store-uri
-        output_dir/mlruns`` shows it)."""
+        ``output_dir/mlruns`` (no server, no network, no database; ``mlflow ui
+        --backend-store-uri output_dir/mlruns`` shows it). ``sqlite:///path/mlflow.db`` needs
+        the full ``mlflow`` package (SQLAlchemy)."""
         experiment: str = "asrforge"
         run_name: str | None = None
         """Default: the config's ``config_id``."""
@@ -197,11 +198,12 @@ class MLflowLogger(_Tracker):
 
         from mlflow.tracking import MlflowClient
 
-        uri = (
-            self.tracking_uri
-            or os.environ.get("MLFLOW_TRACKING_URI")
-            or (Path(run.output_dir).resolve() / "mlruns").as_uri()
-        )
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None:
+            uri = (Path(run.output_dir).resolve() / "mlruns").as_uri()
+            # MLflow >= 3.7 refuses its file store (in "maintenance mode") unless opted into;
+            # it is the store that needs no server, database or extra package.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         if self.run_id is None:  # a resumed run logs into the run it started
             found = self.client.get_experiment_by_name(self.experiment)
