@@ -205,3 +205,15 @@ def test_export_cli_adapter_only(lora_run, tmp_path, capsys):
     bad = ["export", str(lora_run), "--out", str(tmp_path / "x"), "--adapter-only"]
     assert main([*bad, "--format", "ct2"]) == 2
     assert "--format does not apply" in capsys.readouterr().err
+
+
+def test_resume_refuses_another_lora_setting(lora_run, tmp_path, tones_dir):
+    import shutil
+
+    for change in ({"lora": {**LORA, "r": 2}}, {"lora": None}):
+        run_dir = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(lora_run, run_dir, symlinks=True)
+        sections = {**SECTIONS, "model": change, "train": {**SECTIONS["train"], "max_steps": 8}}
+        cfg = tiny_config(run_dir, tones_dir, **sections)
+        with pytest.raises(UserError, match=r"--resume: the config changes .*model\.lora"):
+            Trainer(cfg).fit(resume=True)
