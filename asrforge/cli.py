@@ -84,6 +84,8 @@ def _run_train(args) -> int:
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
+    if os.environ.get("RANK", "0") != "0":  # torchrun / accelerate: the console is rank zero's
+        return 1 if result.status == "diverged" else 0
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
         print(f"asrforge: {_describe_best(result)}")

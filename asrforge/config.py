@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from asrforge.config_hf import hf_hint
 from asrforge.errors import UserError
 
 
@@ -54,6 +55,23 @@ SHAPE_FIELDS = (
     "max_source_positions",
     "max_target_positions",
 )
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft): low-rank updates ``W + (alpha/r) * B @ A`` on the named linear
+    layers; only the adapters train, the base weights stay fixed."""
+
+    r: int = Field(default=8, gt=0)
+    """Rank of each adapter's update (A: r x in, B: out x r)."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scale of the update: it is multiplied by ``alpha / r``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input (in training only)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+    """Names (last part of the module path, as in peft) of the linear layers that get an adapter:
+    ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (attention), ``fc1``, ``fc2`` (MLP), in the
+    encoder and decoder; a longer path suffix (``decoder.layers.3.fc1``) picks single layers.
+    The default, the queries and values, is the common Whisper LoRA."""
 
 
 class ModelConfig(Section):
@@ -93,6 +111,9 @@ class ModelConfig(Section):
     the convolutions, positions and lower layers stay fixed and run in eval mode (no dropout).
     0 freezes the whole encoder, like ``freeze_encoder``; null: the whole encoder trains (unless
     ``freeze_encoder``). At most the model's number of encoder layers."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of the model's weights (needs ``peft``). Checkpoints hold
+    the adapters only; ``asrforge export`` merges them into plain Whisper weights."""
     vocab_size: int | None = Field(default=None, gt=0)
     """Rows of the token embedding (the tokenizer's length). Filled in when the model is built,
     so the run's config.yaml records it; when set, the built model must have exactly this."""
@@ -118,6 +139,11 @@ class ModelConfig(Section):
                     problems.append(
                         f"{side}_attention_heads: must divide d_model={self.d_model}, got {heads}"
                     )
+        if self.lora is not None and (self.freeze_encoder or self.train_encoder_layers is not None):
+            problems.append(
+                "lora: cannot be combined with model.freeze_encoder or model.train_encoder_layers "
+                "(with LoRA only the adapters train)"
+            )
         top = self.train_encoder_layers
         if top is not None:
             if self.freeze_encoder:
@@ -627,7 +653,9 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
         if kind == "extra_forbidden":
             msg = "unknown field"
             parent = _model_at(root, rel[:-1])
-            if parent is not None:
+            if hint := hf_hint(loc[-1]):  # a TrainingArguments name: say where it lives here
+                msg += f" — {hint}"
+            elif parent is not None:
                 names = [f.alias or n for n, f in parent.model_fields.items()]
                 close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
                 if close:

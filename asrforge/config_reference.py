@@ -46,7 +46,8 @@ def field_docs(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[F
     for name, info in model.model_fields.items():
         path = f"{prefix}{info.alias or name}"
         section, container = _section_of(info.annotation)
-        if section is None or container:  # a plain field, or a list or mapping of sections
+        # a plain field, a list or mapping of sections, or a section that is off unless set
+        if section is None or container or info.default is None:
             rows.append(
                 FieldDoc(
                     path,
@@ -98,6 +99,10 @@ def add_cli(sub) -> None:
     )
     show.add_argument("config", help="the YAML config file; dotted.key=value overrides may follow")
     show.set_defaults(func=_run_show, accepts_overrides=True)
+    hf = actions.add_parser(
+        "hf", help="Hugging Face TrainingArguments names and the asrforge field for each"
+    )
+    hf.set_defaults(func=_run_hf)
 
 
 def _run_fields(args: argparse.Namespace) -> int:
@@ -112,6 +117,14 @@ def _run_fields(args: argparse.Namespace) -> int:
                 f"no config field under {args.section!r}; sections: {', '.join(sections)}"
             )
     print(render_fields(rows))
+    return 0
+
+
+def _run_hf(args: argparse.Namespace) -> int:
+    from asrforge.config_hf import HF_NAMES
+
+    width = max(map(len, HF_NAMES))
+    print("\n".join(f"{name:<{width}}  {where}" for name, where in HF_NAMES.items()))
     return 0
 
 

@@ -365,6 +365,25 @@ def test_transcribe_accepts_paths_bytes_and_arrays_at_any_rate(bundle, validatio
         bundle.transcribe(wave, language="fr")
 
 
+def test_transcribe_resamples_an_array_given_its_sampling_rate(bundle, validation):
+    blob = validation[1]["audio"]["bytes"]
+    wave = decode_audio(blob)
+    at_44k = decode_audio(blob, 44_100)
+    back = bundle.load_audio(at_44k, sampling_rate=44_100)
+    assert abs(back.shape[0] - wave.shape[0]) <= 1
+    n = min(back.shape[0], wave.shape[0])
+    assert np.abs(back[:n] - wave[:n]).max() < 0.05  # the same signal at 16 kHz
+    got = bundle.recognize([at_44k], "en", sampling_rate=44_100)[0]
+    assert got.seconds == pytest.approx(wave.shape[0] / 16_000, abs=1e-3)
+    assert got.text == bundle.transcribe(back, language="en")
+    assert bundle.transcribe(at_44k, language="en", sampling_rate=44_100) == got.text
+    # without the rate an array is taken as 16 kHz: 2.76 times too long
+    assert bundle.recognize([at_44k], "en")[0].seconds > 2.7 * got.seconds
+    for bad in (0, -8_000, 16_000.5, "16k"):
+        with pytest.raises(UserError, match="sampling_rate must be a positive integer"):
+            bundle.transcribe(at_44k, language="en", sampling_rate=bad)
+
+
 def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     waves = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(6))]
     long = np.concatenate(waves)

@@ -270,6 +270,9 @@ def test_two_processes_train_one_run(tmp_path, tones_dir):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
-    assert out.stdout.count("asrforge: completed at step 4") == 2  # both processes ran...
-    # ...as one run: rank zero alone logs to the run dir and builds the cache
+    # one run of two processes: rank zero alone logs to the run dir and builds the cache...
+    assert "2 process(es)" in log
     assert log.count("step 4/4") == 1 and log.count("feature cache: computing") == 1
+    # ...and alone writes to the console (the log lines and the result line once each)
+    assert out.stdout.count("asrforge: completed at step 4") == 1
+    assert out.stderr.count("asrforge run in") == 1 and out.stderr.count("step 4/4") == 1

@@ -42,6 +42,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=5, help="--weights average: how many checkpoints")
     p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
     p.add_argument("--quantization", default=None, help="--format ct2: e.g. int8, float16")
+    p.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="a model.lora run: write its LoRA adapters alone (peft's adapter_model.safetensors "
+        "+ adapter_config.json) instead of a bundle with the adapters merged in",
+    )
     p.set_defaults(func=run_export)
 
     p = subparsers.add_parser(
@@ -164,9 +170,17 @@ def run_export(args: argparse.Namespace) -> int:
     _kind, path = _attempt(lambda: resolve_source(args.source), problems) or (None, None)
     if out_problem := directory_problem(args.out):
         problems.append(f"--out {out_problem}")
+    if args.adapter_only and args.fmt != "hf":
+        problems.append("--adapter-only writes peft's adapter files: --format does not apply")
     raise_problems(problems)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
+    if args.adapter_only:
+        from asrforge.bundle.export import export_adapter
+
+        out = export_adapter(path, args.out, args.weights)
+        print(f"wrote the LoRA adapters of {path} to {out}")
+        return 0
     out = export_bundle(
         path,
         args.out,

@@ -52,6 +52,7 @@ from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, w
 from asrforge.checkpoint.training import EMA_FILE, load_weights, save_weights, weights_aliases
 from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
 from asrforge.errors import CheckpointError, UserError
+from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.text.scripts import find_language_code
@@ -136,6 +137,45 @@ def export_bundle(
     if converter is not None:
         return _write_ct2(contents, out, converter, ct2_quantization)
     return write_bundle(contents, out)
+
+
+def export_adapter(source: str | Path, out: str | Path, weights: Weights | None = None) -> Path:
+    """Write a LoRA checkpoint's adapters alone, as peft writes them (``adapter_model.safetensors``
+    + ``adapter_config.json``, with a sha256 manifest), for ``PeftModel.from_pretrained`` on the
+    base model it was trained on.
+
+    Args:
+        source: a training checkpoint or run directory of a run with ``model.lora``.
+        weights: ``ema`` (default when the checkpoint has EMA weights) or ``raw``.
+
+    Raises:
+        UserError: the source is not a LoRA checkpoint, or ``weights`` is ``average``.
+    """
+    source, out = Path(source), Path(out)
+    _check_out(out, source)
+    kind, ckpt = resolve_source(source)
+    manifest = verify(ckpt) if kind == "checkpoint" else {}
+    if lora.BASE_KEY not in manifest:
+        raise UserError(f"{source}: --adapter-only needs a checkpoint of a run with model.lora")
+    chosen = weights or ("ema" if EMA_FILE in manifest["files"] else "raw")
+    if chosen not in ("ema", "raw"):
+        raise UserError(f"--adapter-only: --weights must be ema or raw, got {chosen!r}")
+    if chosen == "ema" and EMA_FILE not in manifest["files"]:
+        raise UserError(f"{ckpt}: has no EMA weights (train.ema_decay was off); use --weights raw")
+    cfg = _read_train_config(ckpt / "config.yaml")
+    adapters = _with_ema(ckpt) if chosen == "ema" else load_weights(ckpt / MODEL_FILE)
+    base = str(cfg.model.pretrained) if cfg.model.pretrained is not None else None
+    with atomic_directory(out) as tmp:
+        lora.write_adapter(tmp, adapters, cfg.model.lora, base)
+        write_bundle_manifest(
+            tmp,
+            {
+                "kind": "lora_adapter", "weights": chosen, "step": manifest.get("step"),
+                "checkpoint": str(ckpt), lora.BASE_KEY: manifest[lora.BASE_KEY],
+            },
+        )
+    log.info("wrote the LoRA adapters of %s (%s weights) to %s", ckpt, chosen, out)
+    return out
 
 
 def bundle_from_pretrained(hf_dir: str | Path, out: str | Path) -> Path:
@@ -254,6 +294,13 @@ def checkpoint_contents(
         source.update(averaged)
     else:
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
+    if lora.BASE_KEY in manifest:  # LoRA adapters: merged into the rebuilt base weights
+        if chosen == "average":
+            raise UserError(
+                f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
+                "updates: use --weights raw or ema"
+            )
+        state = lora.merged_state(cfg, tokenizer, state, manifest[lora.BASE_KEY], ckpt)
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
     languages, stats = None, None

@@ -36,7 +36,7 @@ from asrforge.bundle.schema import (
     parse_inference_config,
 )
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
-from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
@@ -423,17 +423,24 @@ class Bundle:
         )
 
     # -- audio and language -------------------------------------------------------------------
-    def load_audio(self, audio: Audio) -> np.ndarray:
-        """A path (wav/flac/mp3/... at any rate), encoded bytes, or a 16 kHz float array ->
+    def load_audio(self, audio: Audio, sampling_rate: int | None = None) -> np.ndarray:
+        """A path (wav/flac/mp3/... at any rate), encoded bytes, or a float array ->
         (n_samples,) float32 at 16 kHz.
 
+        Args:
+            sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
+                and bytes carry their own rate.
+
         Raises:
-            UserError: a missing or unreadable file, or an array that is not 1-D.
+            UserError: a missing or unreadable file, an array that is not 1-D, or a rate <= 0.
         """
         if isinstance(audio, np.ndarray):
             if audio.ndim != 1:
-                raise UserError(f"audio array must be 1-D (mono, 16 kHz), got shape {audio.shape}")
-            return np.ascontiguousarray(audio, dtype=np.float32)
+                raise UserError(f"audio array must be 1-D (mono), got shape {audio.shape}")
+            rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
+            if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
+                raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
+            return resample(audio.astype(np.float32, copy=False), int(rate), SAMPLE_RATE)
         if isinstance(audio, bytes | bytearray):
             return decode_audio(bytes(audio), SAMPLE_RATE)
         if isinstance(audio, str | Path):
@@ -492,19 +499,24 @@ class Bundle:
         *,
         max_new_tokens: int | None = None,
         chunking: str | None = None,
+        sampling_rate: int | None = None,
     ) -> str:
         """Transcribe one recording of any length.
 
         Args:
-            audio: a path, encoded bytes, or a (n_samples,) float32 array at 16 kHz.
+            audio: a path, encoded bytes, or a (n_samples,) float32 array.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
             chunking: see :meth:`recognize`.
+            sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
         """
-        [result] = self.recognize(
-            [audio], language, max_new_tokens=max_new_tokens, chunking=chunking
-        )
-        return result.text
+        return self.recognize(
+            [audio],
+            language,
+            max_new_tokens=max_new_tokens,
+            chunking=chunking,
+            sampling_rate=sampling_rate,
+        )[0].text
 
     def transcribe_many(
         self,
@@ -514,8 +526,10 @@ class Bundle:
         batch_size: int = 8,
         max_new_tokens: int | None = None,
         chunking: str | None = None,
+        sampling_rate: int | None = None,
     ) -> list[str]:
-        """Transcribe several recordings; windows of all of them are decoded in batches."""
+        """Transcribe several recordings; windows of all of them are decoded in batches.
+        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz)."""
         return [
             t.text
             for t in self.recognize(
@@ -524,6 +538,7 @@ class Bundle:
                 batch_size=batch_size,
                 max_new_tokens=max_new_tokens,
                 chunking=chunking,
+                sampling_rate=sampling_rate,
             )
         ]
 
@@ -544,6 +559,7 @@ class Bundle:
         max_new_tokens: int | None = None,
         chunking: str | None = None,
         condition_on_previous_text: bool = False,
+        sampling_rate: int | None = None,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -575,7 +591,7 @@ class Bundle:
         waves, codes, prompts = [], [], []
         out: list[Transcript | None] = []  # None: decoded below, in this order
         for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
-            wave = self.load_audio(audio)
+            wave = self.load_audio(audio, sampling_rate)
             problem = audio_problem(wave)
             if problem is not None:  # decoding it would only make up "" or noise
                 name = audio if isinstance(audio, str | Path) else f"recording {i}"

@@ -19,6 +19,7 @@ from asrforge.callbacks.early_stopping import EarlyStopping
 from asrforge.callbacks.loggers import LRMonitor, MetricsJsonl, TensorBoardLogger
 from asrforge.callbacks.options import Options
 from asrforge.callbacks.progress import ProgressBar
+from asrforge.callbacks.trackers import MLflowLogger, WandbLogger
 from asrforge.config import ConfigError, TrainConfig, format_errors
 from asrforge.train.events import Callback, eval_metric_names, state_keys
 
@@ -31,6 +32,8 @@ REGISTRY: dict[str, type[Callback]] = {
         ProgressBar,
         EarlyStopping,
         AverageCheckpoints,
+        WandbLogger,
+        MLflowLogger,
     )
 }
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.

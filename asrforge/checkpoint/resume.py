@@ -37,6 +37,7 @@ FIXED_MODEL_FIELDS = (
     "base_vocab_size",
     "freeze_encoder",
     "train_encoder_layers",
+    "lora",  # and each of its fields: a checkpoint holds the adapters of exactly this setting
 )
 """``model.*`` fields a resume may not change: the checkpoint's weights, tokenizer and optimizer
 state (one entry per trained parameter) were made for them."""
@@ -203,7 +204,7 @@ def _same(key: str, a: Any, b: Any) -> bool:
 
 def _is_fixed(key: str, cfg: TrainConfig, now: Any) -> bool:
     section, _, name = key.partition(".")
-    if section != "model" or name not in FIXED_MODEL_FIELDS:
+    if section != "model" or name.partition(".")[0] not in FIXED_MODEL_FIELDS:
         return False
     if name in ("vocab_size", "base_vocab_size") and now in (None, "(unset)"):
         return False  # filled in when the model is built (and checked against the weights then)

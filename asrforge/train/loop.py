@@ -18,6 +18,7 @@ from pathlib import Path
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
+from asrforge.model.lora import load_model_state
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
@@ -99,7 +100,7 @@ class Trainer:
 
         if run.resume_from is not None:
             ckpt = run.resume_from
-            raw_model.load_state_dict(ckpt.model, strict=True)
+            load_model_state(raw_model, ckpt.model)  # the whole model, or its LoRA adapters
             optimizer.load_state_dict(ckpt.optimizer)
             scheduler.load_state_dict(ckpt.scheduler)
             if ckpt.scaler and acc.scaler is not None:

@@ -45,6 +45,7 @@ from asrforge.data.packing import Packing, build_packing
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
+from asrforge.model import lora
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import frozen_forward, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
@@ -139,6 +140,9 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         h._asrforge = True  # noqa: SLF001
         root.addHandler(h)
+    for h in root.handlers:  # the console is rank zero's; the other ranks show only errors
+        if getattr(h, "_asrforge", False):
+            h.setLevel(logging.INFO if is_main else logging.ERROR)
     if output_dir is None or not is_main:
         return None
     fh = _RunLogFile(output_dir / "train.log")
@@ -209,6 +213,9 @@ class RunSetup:
     """Text-only batches (``data.asr_ratio < 1``), else None."""
     packing: Packing | None = None
     """Packed training windows (``data.pack.enabled``), else None: one utterance per window."""
+    lora_base: str | None = None
+    """With ``model.lora``: sha256 of the base weights under the adapters (see
+    ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
 
     @property
     def model(self):
@@ -305,11 +312,13 @@ class RunSetup:
             "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
             "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
         }
+        if self.lora_base is not None:  # the checkpoint holds adapters only; export rebuilds this
+            meta[lora.BASE_KEY] = self.lora_base
         tok = self.model_bundle.tokenizer
         return self.checkpoints.save(
             step,
             dict(
-                model=model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                model=lora.checkpoint_weights(model), ema=ema.state_dict() if ema is not None else None,
                 optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                 scaler=scaler.state_dict() if scaler is not None else None,
                 rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
@@ -413,8 +422,14 @@ def prepare_run(
         )
     clock.lap("tokenizer")
     bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
-    clock.lap("model")
     model = bundle.model
+    lora_base = None
+    if cfg.model.lora is not None:  # before the optimizer exists: it sees only the adapters
+        lora_base = lora.base_fingerprint(model)
+        if resume_from is not None:
+            lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
+        lora.add_adapters(model, cfg.model.lora)
+    clock.lap("model")
     n_params = count_parameters(model)
     log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
              f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
@@ -517,6 +532,7 @@ def prepare_run(
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
         log_handler=handler, text=text, startup=clock.phases, packing=packing,
+        lora_base=lora_base,
     )
 
 

@@ -1,0 +1,61 @@
+"""Hugging Face ``TrainingArguments`` / ``Seq2SeqTrainingArguments`` names and what asrforge
+calls them, for the hint an unknown config field gets (``learning_rate`` -> ``optim.lr``) and
+for ``asrforge config hf``.
+
+No aliases: a setting has one name in a config, in ``config.yaml`` of a run and in resume's
+comparison. Where the meaning differs (``warmup_ratio`` is a fraction, ``optim.warmup_steps``
+a count) the hint says how.
+"""
+
+from __future__ import annotations
+
+HF_NAMES: dict[str, str] = {
+    "learning_rate": "optim.lr",
+    "per_device_train_batch_size": "data.batch_size (utterances per micro-batch per process)",
+    "per_device_eval_batch_size": "data.eval_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum",
+    "warmup_steps": "optim.warmup_steps",
+    "warmup_ratio": "optim.warmup_steps, a number of steps (warmup_ratio x train.max_steps)",
+    "lr_scheduler_type": "optim.schedule (cosine, linear or constant)",
+    "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.betas: [beta1, beta2]",
+    "adam_beta2": "optim.betas: [beta1, beta2]",
+    "adam_epsilon": "optim.eps",
+    "max_grad_norm": "optim.clip_grad_norm",
+    "num_train_epochs": "train.max_epochs (train.max_steps still caps the run)",
+    "max_steps": "train.max_steps",
+    "fp16": "train.precision: fp16",
+    "bf16": "train.precision: bf16",
+    "tf32": "train.precision (no separate tf32 switch)",
+    "use_cpu": "train.device: cpu",
+    "no_cuda": "train.device: cpu",
+    "seed": "seed (at the top level)",
+    "logging_steps": "train.log_every",
+    "eval_steps": "eval.eval_steps",
+    "eval_strategy": "eval.eval_steps (every N steps; null: only at the end)",
+    "evaluation_strategy": "eval.eval_steps (every N steps; null: only at the end)",
+    "save_steps": "checkpoint.checkpoint_every",
+    "save_strategy": "checkpoint.save_on_eval and checkpoint.checkpoint_every",
+    "save_total_limit": "checkpoint.save_total_limit",
+    "load_best_model_at_end": "nothing to set: checkpoints/best is always kept and export uses it",
+    "metric_for_best_model": "selection.policy (by_wer, by_loss, combined_gate) and "
+    "checkpoint.keep_best[].metric",
+    "greater_is_better": "checkpoint.keep_best[].mode (min or max)",
+    "early_stopping_patience": "selection.patience, or callbacks: [{name: early_stopping}]",
+    "gradient_checkpointing": "model.gradient_checkpointing",
+    "dataloader_num_workers": "data.num_workers",
+    "predict_with_generate": "nothing to set: evaluation always decodes (greedy) and reports WER",
+    "generation_max_length": "eval.max_new_tokens",
+    "report_to": "callbacks: [{name: tensorboard}, {name: wandb}, {name: mlflow}, ...]",
+    "logging_dir": "output_dir (tensorboard/ is written under it)",
+    "resume_from_checkpoint": "the command line: asrforge train CONFIG --resume",
+    "output_dir": "output_dir (at the top level)",
+    "model_name_or_path": "model.pretrained (a local directory; nothing is downloaded)",
+    "push_to_hub": "nothing: asrforge never uploads; export a bundle and upload it yourself",
+}
+
+
+def hf_hint(name: str) -> str | None:
+    """The hint for a Hugging Face argument name, or None when ``name`` is not one."""
+    where = HF_NAMES.get(name)
+    return None if where is None else f"Hugging Face's {name}; asrforge calls this {where}"

@@ -1,0 +1,59 @@
+"""Hugging Face TrainingArguments names in a config get a precise hint (``asrforge config hf``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from asrforge.cli import main
+from asrforge.config import ConfigError, load_config
+from asrforge.config_hf import HF_NAMES
+from asrforge.config_reference import field_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_hint_names_real_config_fields():
+    listed = {row.path for row in field_docs()}
+    for name, where in HF_NAMES.items():
+        for path in re.findall(r"\b[a-z_]+(?:(?:\.|\[\]\.)[a-z_]+)+\b", where):
+            assert path in listed, (name, path)
+
+
+def test_hf_names_get_the_asrforge_name_not_a_lookalike():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            ROOT / "configs" / "tiny.yaml",
+            [
+                "learning_rate=1e-5",
+                "data.per_device_train_batch_size=16",
+                "train.gradient_accumulation_steps=2",
+                "warmup_ratio=0.1",
+                "fp16=true",
+                "optim.adam_beta2=0.999",
+            ],
+        )
+    lines = e.value.problems
+    assert (
+        "learning_rate: unknown field — Hugging Face's learning_rate; asrforge calls this optim.lr"
+        in lines
+    )
+    by_field = {line.split(":")[0]: line for line in lines}
+    assert "data.batch_size" in by_field["data.per_device_train_batch_size"]
+    assert "eval_batch_size" not in by_field["data.per_device_train_batch_size"]
+    assert "train.grad_accum" in by_field["train.gradient_accumulation_steps"]
+    assert "optim.warmup_steps, a number of steps" in by_field["warmup_ratio"]
+    assert "train.precision: fp16" in by_field["fp16"]
+    assert "optim.betas" in by_field["optim.adam_beta2"]
+    # a typo of an asrforge name still gets the close match
+    with pytest.raises(ConfigError, match=r"did you mean eval.eval_steps\?"):
+        load_config(ROOT / "configs" / "tiny.yaml", ["eval.eval_step=3"])
+
+
+def test_config_hf_lists_the_table(capsys):
+    assert main(["config", "hf"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(HF_NAMES)
+    assert any(re.fullmatch(r"learning_rate +optim\.lr", line) for line in out)

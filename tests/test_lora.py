@@ -1,0 +1,219 @@
+"""LoRA (model.lora): only the adapters train and are saved, resume is exact, export merges them
+into plain Whisper weights that transformers and CTranslate2 load, or writes them alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from asrforge.bundle.export import export_adapter, export_bundle
+from asrforge.bundle.load import load_bundle
+from asrforge.config import ConfigError
+from asrforge.errors import UserError
+from asrforge.model import lora
+from asrforge.model.build import build_model
+from asrforge.model.tokenizer import load_tokenizer
+from asrforge.train.loop import Trainer
+from tests.conftest import tiny_config
+from tests.test_resume import PreemptAt, run
+
+pytest.importorskip("peft")
+
+LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "fc1"]}
+SECTIONS = dict(
+    model={"lora": LORA},
+    optim={"lr": 1e-2, "warmup_steps": 0},
+    train={"max_steps": 6, "grad_accum": 2, "ema_decay": 0.9},
+    eval={"eval_steps": 3, "max_new_tokens": 8},
+    checkpoint={"save_total_limit": 5},
+)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tones_dir) -> Path:
+    out = tmp_path_factory.mktemp("lora") / "run"
+    Trainer(tiny_config(out, tones_dir, **SECTIONS)).fit()
+    return out
+
+
+def _latest(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "latest"
+
+
+def _base_model(ckpt: Path):
+    """The base the run trained on, rebuilt from its checkpoint as training built it."""
+    from asrforge.bundle.export import _read_train_config
+
+    cfg = _read_train_config(ckpt / "config.yaml")
+    tok = load_tokenizer(ckpt / "tokenizer")
+    return build_model(cfg.model, tok, cfg.seed).model.eval(), tok
+
+
+def test_checkpoints_hold_only_the_adapters_and_the_optimizer_only_them(lora_run):
+    ckpt = _latest(lora_run)
+    weights = load_file(ckpt / "model.safetensors")
+    # 2 encoder + 2 decoder layers: q_proj, v_proj in self-attention (+ cross-attention in the
+    # decoder) and fc1, each with lora_A and lora_B
+    assert len(weights) == 2 * (2 * 3 + 2 * 5) and all(".lora_" in k for k in weights)
+    assert weights["model.encoder.layers.0.self_attn.q_proj.lora_A.default.weight"].shape == (4, 32)
+    base, _ = _base_model(ckpt)
+    full = sum(p.numel() for p in base.parameters())
+    assert sum(t.numel() for t in weights.values()) < full / 4
+    ema = load_file(ckpt / "ema.safetensors")
+    assert ema.keys() == weights.keys()
+    optimizer = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    n_opt = sum(len(g["params"]) for g in optimizer["param_groups"])
+    assert n_opt == len(weights) == len(optimizer["state"])
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest[lora.BASE_KEY] == lora.base_fingerprint(base)
+    # training moved the adapters (lora_B starts at zero)
+    assert any(t.abs().sum() > 0 for k, t in weights.items() if "lora_B" in k)
+
+
+def test_lora_resume_is_bit_identical(tmp_path, tones_dir):
+    full, _ = run(tiny_config(tmp_path / "full", tones_dir, **SECTIONS), [])
+    cfg = tiny_config(tmp_path / "split", tones_dir, **SECTIONS)
+    first, interrupted = run(cfg, [PreemptAt(2)])
+    assert interrupted.status == "interrupted" and sorted(first) == [1, 2]
+    second, _ = run(cfg, [], resume=True)
+    assert {**first, **second} == full  # per-step losses, exactly (adapter dropout included)
+    for name in ("model.safetensors", "ema.safetensors"):
+        a = load_file(_latest(tmp_path / "full") / name)
+        b = load_file(_latest(tmp_path / "split") / name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), (name, k)
+
+
+def test_export_merges_the_adapters_into_plain_whisper_weights(lora_run, tmp_path):
+    from peft import PeftModel
+    from transformers import WhisperForConditionalGeneration
+
+    ckpt = _latest(lora_run)
+    bundle_dir = export_bundle(lora_run, tmp_path / "bundle", weights="raw")
+    adapter_dir = export_adapter(lora_run, tmp_path / "adapter", weights="raw")
+    assert sorted(p.name for p in adapter_dir.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "manifest.json",
+    ]
+    hf = WhisperForConditionalGeneration.from_pretrained(bundle_dir).eval()
+    assert not any("lora" in k for k in hf.state_dict())
+    base, _ = _base_model(ckpt)
+    peft_model = PeftModel.from_pretrained(base, adapter_dir).eval()
+
+    feats = torch.randn(2, 80, 200)
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    with torch.no_grad():
+        want = peft_model(input_features=feats, decoder_input_ids=ids).logits
+        got = hf(input_features=feats, decoder_input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with peft_model.disable_adapter(), torch.no_grad():
+        plain = peft_model(input_features=feats, decoder_input_ids=ids).logits
+    assert (plain - want).abs().max() > 1e-3  # the adapters do change the model
+    # asrforge's own loader reads the merged bundle
+    assert load_bundle(bundle_dir).model.state_dict().keys() == hf.state_dict().keys()
+
+
+def test_ct2_export_of_a_lora_run_decodes_as_the_merged_bundle(lora_run, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from asrforge.model.decoding import greedy_decode
+
+    bundle = load_bundle(export_bundle(lora_run, tmp_path / "bundle"))
+    out = export_bundle(lora_run, tmp_path / "ct2", fmt="ct2")
+    wave = np.sin(np.arange(16_000, dtype=np.float32) * 0.05) * 0.3
+    feats = bundle.features(wave, sampling_rate=16_000, return_tensors="np").input_features
+    model = ctranslate2.models.Whisper(str(out), device="cpu", compute_type="float32")
+    prompt = bundle.tokenizer.convert_ids_to_tokens(bundle.specials.prompt("en"))
+    result = model.generate(
+        ctranslate2.StorageView.from_array(np.ascontiguousarray(feats)),
+        [prompt],
+        beam_size=1,
+        max_length=10,
+    )
+    ours, _ = greedy_decode(
+        bundle.model,
+        bundle._encode([wave]),
+        torch.tensor([bundle.specials.prompt("en")]),
+        bundle.specials.eot,
+        6,
+    )
+    got = result[0].sequences_ids[0]
+    assert got == ours[0][: len(got)] and got
+
+
+def test_adapters_on_other_base_weights_are_refused(lora_run):
+    ckpt = _latest(lora_run)
+    from asrforge.bundle.export import _read_train_config
+
+    cfg = _read_train_config(ckpt / "config.yaml")
+    tok = load_tokenizer(ckpt / "tokenizer")
+    adapters = load_file(ckpt / "model.safetensors")
+    with pytest.raises(UserError, match="trained on other base weights"):
+        lora.merged_state(cfg, tok, adapters, "0" * 64, ckpt)
+    cfg.model.lora.r = 2  # another rank: the tensors are not this configuration's adapters
+    with pytest.raises(Exception, match="of another shape"):
+        lora.merged_state(
+            cfg,
+            tok,
+            adapters,
+            json.loads((ckpt / "manifest.json").read_text())[lora.BASE_KEY],
+            ckpt,
+        )
+
+
+def test_average_and_adapter_only_of_a_full_run_are_refused(lora_run, tmp_path, tones_dir):
+    with pytest.raises(UserError, match="averaging their factors"):
+        export_bundle(lora_run, tmp_path / "avg", weights="average")
+    with pytest.raises(UserError, match="--weights must be ema or raw"):
+        export_adapter(lora_run, tmp_path / "a", weights="average")
+    full = tmp_path / "full"
+    Trainer(tiny_config(full, tones_dir, train={"max_steps": 1}, eval={"eval_steps": None})).fit()
+    with pytest.raises(UserError, match="needs a checkpoint of a run with model.lora"):
+        export_adapter(full, tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_lora_config_is_checked(tmp_path, tones_dir):
+    with pytest.raises(ConfigError, match="model.lora: cannot be combined"):
+        tiny_config(tmp_path, tones_dir, model={"lora": {}, "freeze_encoder": True})
+    with pytest.raises(ConfigError, match="model.lora.r: must be > 0"):
+        tiny_config(tmp_path, tones_dir, model={"lora": {"r": 0}})
+    cfg = tiny_config(tmp_path / "bad", tones_dir, model={"lora": {"target_modules": ["qproj"]}})
+    with pytest.raises(UserError, match=r"model.lora.target_modules \['qproj'\]: .*not found"):
+        Trainer(cfg).fit()
+
+
+def test_export_cli_adapter_only(lora_run, tmp_path, capsys):
+    from asrforge.cli import main
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), "--out", str(out), "--adapter-only"]) == 0
+    assert "wrote the LoRA adapters" in capsys.readouterr().out
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8
+    assert sorted(config["target_modules"]) == ["fc1", "q_proj", "v_proj"]
+    ema = load_file(_latest(lora_run) / "ema.safetensors")  # EMA weights by default
+    written = load_file(out / "adapter_model.safetensors")
+    key = "model.encoder.layers.0.self_attn.q_proj.lora_B.default.weight"
+    assert torch.equal(written["base_model.model." + key.replace(".default.", ".")], ema[key])
+    bad = ["export", str(lora_run), "--out", str(tmp_path / "x"), "--adapter-only"]
+    assert main([*bad, "--format", "ct2"]) == 2
+    assert "--format does not apply" in capsys.readouterr().err
+
+
+def test_resume_refuses_another_lora_setting(lora_run, tmp_path, tones_dir):
+    import shutil
+
+    for change in ({"lora": {**LORA, "r": 2}}, {"lora": None}):
+        run_dir = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(lora_run, run_dir, symlinks=True)
+        sections = {**SECTIONS, "model": change, "train": {**SECTIONS["train"], "max_steps": 8}}
+        cfg = tiny_config(run_dir, tones_dir, **sections)
+        with pytest.raises(UserError, match=r"--resume: the config changes .*model\.lora"):
+            Trainer(cfg).fit(resume=True)
