@@ -88,6 +88,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap per 30 s window")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per window (openai-whisper uses 5); 1: greedy decoding (default)",
+    )
     p.set_defaults(func=run_transcribe)
 
     p = subparsers.add_parser(
@@ -107,6 +113,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per utterance for the split (not the long-form recordings); 1: greedy",
+    )
     p.add_argument(
         "--longform-items",
         type=int,
@@ -217,6 +229,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     problems = [
         _positive("--batch-size", args.batch_size),
         _positive("--max-new-tokens", args.max_new_tokens),
+        _positive("--beam-size", args.beam_size),
     ]
     if args.json and args.fmt not in (None, "json"):
         problems.append(f"--json and --format {args.fmt}: choose one")
@@ -245,6 +258,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chunking=chunking,
         condition_on_previous_text=args.condition_on_previous_text,
+        beam_size=args.beam_size,
     )
     if args.chunking is None and chunking == "silence":  # after the errors: one line each
         print(f"asrforge: {why}", file=sys.stderr)
@@ -284,6 +298,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         _positive("--batch-size", args.batch_size),
         _positive("--max-new-tokens", args.max_new_tokens),
         _positive("--max-samples", args.max_samples),
+        _positive("--beam-size", args.beam_size),
     ]
     if args.longform_items < 0:
         problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
@@ -306,6 +321,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
+        beam_size=args.beam_size,
     )
     if args.longform_items:
         from asrforge.train.longform import evaluate_split_longform

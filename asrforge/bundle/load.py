@@ -492,6 +492,7 @@ class Bundle:
         *,
         max_new_tokens: int | None = None,
         chunking: str | None = None,
+        beam_size: int = 1,
     ) -> str:
         """Transcribe one recording of any length.
 
@@ -499,10 +500,14 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array at 16 kHz.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking: see :meth:`recognize`.
+            chunking, beam_size: see :meth:`recognize`.
         """
         [result] = self.recognize(
-            [audio], language, max_new_tokens=max_new_tokens, chunking=chunking
+            [audio],
+            language,
+            max_new_tokens=max_new_tokens,
+            chunking=chunking,
+            beam_size=beam_size,
         )
         return result.text
 
@@ -514,6 +519,7 @@ class Bundle:
         batch_size: int = 8,
         max_new_tokens: int | None = None,
         chunking: str | None = None,
+        beam_size: int = 1,
     ) -> list[str]:
         """Transcribe several recordings; windows of all of them are decoded in batches."""
         return [
@@ -524,6 +530,7 @@ class Bundle:
                 batch_size=batch_size,
                 max_new_tokens=max_new_tokens,
                 chunking=chunking,
+                beam_size=beam_size,
             )
         ]
 
@@ -544,6 +551,7 @@ class Bundle:
         max_new_tokens: int | None = None,
         chunking: str | None = None,
         condition_on_previous_text: bool = False,
+        beam_size: int = 1,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -559,9 +567,12 @@ class Bundle:
                 wrong (a repetition loop) then steers the next ones, and with greedy decoding
                 there is no temperature fallback to recover; a model fine-tuned without such
                 prompts has never seen them.
+            beam_size: beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy.
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if beam_size < 1:
+            raise UserError(f"beam_size must be >= 1, got {beam_size}")
         mode, why = self.chunking_for(chunking)
         log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
@@ -601,6 +612,7 @@ class Bundle:
                 batch_size=batch_size,
                 device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
+                beam_size=beam_size,
             )
             if waves
             else []

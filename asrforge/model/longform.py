@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from asrforge.errors import UserError
+from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.windows import segment
 
@@ -191,14 +192,17 @@ def decode_windows(
     rules=None,
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     sample_rate: int = 16_000,
+    beam_size: int = 1,
 ) -> list[list[int]]:
-    """Greedy-decode windows (each at most one encoder window long), batched among windows of
-    equal prompts -> the ids each generated (no prompt, no EOT).
+    """Decode windows (each at most one encoder window long), batched among windows of equal
+    prompts -> the ids each generated (no prompt, no EOT).
 
     Args:
         extractor: the log-mel front end (a transformers ``WhisperFeatureExtractor``).
-        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``).
+        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``;
+            applied to every beam).
         autocast: a context manager factory for the forward passes (the training loop's).
+        beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
     """
     out: list[list[int]] = [[] for _ in windows]
     by_prompt: dict[tuple[int, ...], list[int]] = {}
@@ -217,7 +221,12 @@ def decode_windows(
             with autocast() if autocast is not None else contextlib.nullcontext():
                 enc = model.model.encoder(x).last_hidden_state
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
-                seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
+                if beam_size > 1:
+                    seqs, _ = beam_decode(
+                        model, enc, ids, eot, max_new_tokens, beam_size=beam_size, rules=rules
+                    )
+                else:
+                    seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
@@ -266,6 +275,7 @@ def transcribe_long(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     condition_on_previous_text: bool = False,
     sample_rate: int = 16_000,
+    beam_size: int = 1,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -277,6 +287,7 @@ def transcribe_long(
         max_new_tokens: cap per window; in timestamp mode at most half the decoder's context,
             as Whisper caps it (the other half holds the previous text).
         condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
+        beam_size: beams per window (both chunkings); 1: greedy decoding.
     """
     seconds = window_seconds(model.config)
 
@@ -297,6 +308,7 @@ def transcribe_long(
                 rules=rules,
                 autocast=autocast,
                 sample_rate=sample_rate,
+                beam_size=beam_size,
             )
 
         return decode

@@ -140,6 +140,7 @@ class Trainer:
                     max_new_tokens=cfg.eval.max_new_tokens,
                     device=acc.device,
                     autocast=acc.autocast,
+                    beam_size=cfg.eval.beam_size,
                 )
             if top is not None:  # evaluate() restored train mode everywhere
                 set_frozen_eval(raw_model.model.encoder, top)
