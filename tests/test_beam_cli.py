@@ -50,6 +50,8 @@ def test_transcribe_beam_size(best, tones_dir, tmp_path, capsys) -> None:
     assert [x["path"] for x in beam] == paths
     assert all(isinstance(x["text"], str) for x in beam)
     assert _json(capsys, [*common, "--beam-size", "1"]) == greedy
+    fallback = _json(capsys, [*common, "--beam-size", "2", "--temperature-fallback"])
+    assert [x["path"] for x in fallback] == paths
     assert main([*common, "--beam-size", "-1"]) == 2
     assert "--beam-size: must be >= 1, got -1" in cli_error(capsys)
 

@@ -94,6 +94,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="beams per window (openai-whisper uses 5); 1: greedy decoding (default)",
     )
+    p.add_argument(
+        "--temperature-fallback",
+        action="store_true",
+        help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
+        "1.0 (seeded sampling), as openai-whisper does",
+    )
     p.set_defaults(func=run_transcribe)
 
     p = subparsers.add_parser(
@@ -259,6 +265,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         chunking=chunking,
         condition_on_previous_text=args.condition_on_previous_text,
         beam_size=args.beam_size,
+        temperature_fallback=args.temperature_fallback,
     )
     if args.chunking is None and chunking == "silence":  # after the errors: one line each
         print(f"asrforge: {why}", file=sys.stderr)

@@ -38,6 +38,7 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.model.fallback import Fallback
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.windows import segment
@@ -552,6 +553,7 @@ class Bundle:
         chunking: str | None = None,
         condition_on_previous_text: bool = False,
         beam_size: int = 1,
+        temperature_fallback: bool = False,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -568,6 +570,9 @@ class Bundle:
                 there is no temperature fallback to recover; a model fine-tuned without such
                 prompts has never seen them.
             beam_size: beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy.
+            temperature_fallback: decode a window whose text looks like a loop (it compresses
+                too well, is unlikely, or repeats itself) again by seeded sampling at
+                temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -613,6 +618,7 @@ class Bundle:
                 device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
                 beam_size=beam_size,
+                fallback=Fallback() if temperature_fallback else None,
             )
             if waves
             else []
