@@ -367,6 +367,9 @@ class EvalConfig(Section):
     """Evaluate every N optimizer steps (and at the end); null: only at the end."""
     max_new_tokens: int = Field(default=256, gt=0)
     """Cap on generated tokens per utterance during greedy decoding."""
+    beam_size: int = Field(default=1, ge=1)
+    """Beams per utterance when decoding the evaluation split; 1: greedy decoding (fast, the
+    in-training default); 5 is openai-whisper's and faster-whisper's inference default."""
     at_end: bool = True
     """Evaluate once more after the last step (unless that step was just evaluated)."""
     longform_items: int = Field(default=0, ge=0)

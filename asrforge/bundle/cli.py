@@ -94,6 +94,18 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap per 30 s window")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per window (openai-whisper uses 5); 1: greedy decoding (default)",
+    )
+    p.add_argument(
+        "--temperature-fallback",
+        action="store_true",
+        help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
+        "1.0 (seeded sampling), as openai-whisper does",
+    )
     p.set_defaults(func=run_transcribe)
 
     p = subparsers.add_parser(
@@ -113,6 +125,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per utterance for the split (not the long-form recordings); 1: greedy",
+    )
     p.add_argument(
         "--longform-items",
         type=int,
@@ -231,6 +249,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     problems = [
         _positive("--batch-size", args.batch_size),
         _positive("--max-new-tokens", args.max_new_tokens),
+        _positive("--beam-size", args.beam_size),
     ]
     if args.json and args.fmt not in (None, "json"):
         problems.append(f"--json and --format {args.fmt}: choose one")
@@ -259,6 +278,8 @@ def run_transcribe(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chunking=chunking,
         condition_on_previous_text=args.condition_on_previous_text,
+        beam_size=args.beam_size,
+        temperature_fallback=args.temperature_fallback,
     )
     if args.chunking is None and chunking == "silence":  # after the errors: one line each
         print(f"asrforge: {why}", file=sys.stderr)
@@ -298,6 +319,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         _positive("--batch-size", args.batch_size),
         _positive("--max-new-tokens", args.max_new_tokens),
         _positive("--max-samples", args.max_samples),
+        _positive("--beam-size", args.beam_size),
     ]
     if args.longform_items < 0:
         problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
@@ -320,6 +342,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
+        beam_size=args.beam_size,
     )
     if args.longform_items:
         from asrforge.train.longform import evaluate_split_longform

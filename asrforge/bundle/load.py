@@ -38,6 +38,7 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.model.fallback import Fallback
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.windows import segment
@@ -500,6 +501,7 @@ class Bundle:
         max_new_tokens: int | None = None,
         chunking: str | None = None,
         sampling_rate: int | None = None,
+        beam_size: int = 1,
     ) -> str:
         """Transcribe one recording of any length.
 
@@ -507,7 +509,7 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking: see :meth:`recognize`.
+            chunking, beam_size: see :meth:`recognize`.
             sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
         """
         return self.recognize(
@@ -516,6 +518,7 @@ class Bundle:
             max_new_tokens=max_new_tokens,
             chunking=chunking,
             sampling_rate=sampling_rate,
+            beam_size=beam_size,
         )[0].text
 
     def transcribe_many(
@@ -527,6 +530,7 @@ class Bundle:
         max_new_tokens: int | None = None,
         chunking: str | None = None,
         sampling_rate: int | None = None,
+        beam_size: int = 1,
     ) -> list[str]:
         """Transcribe several recordings; windows of all of them are decoded in batches.
         ``sampling_rate``: the arrays' rate in Hz (default 16 kHz)."""
@@ -539,6 +543,7 @@ class Bundle:
                 max_new_tokens=max_new_tokens,
                 chunking=chunking,
                 sampling_rate=sampling_rate,
+                beam_size=beam_size,
             )
         ]
 
@@ -560,6 +565,8 @@ class Bundle:
         chunking: str | None = None,
         condition_on_previous_text: bool = False,
         sampling_rate: int | None = None,
+        beam_size: int = 1,
+        temperature_fallback: bool = False,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -575,9 +582,15 @@ class Bundle:
                 wrong (a repetition loop) then steers the next ones, and with greedy decoding
                 there is no temperature fallback to recover; a model fine-tuned without such
                 prompts has never seen them.
+            beam_size: beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy.
+            temperature_fallback: decode a window whose text looks like a loop (it compresses
+                too well, is unlikely, or repeats itself) again by seeded sampling at
+                temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if beam_size < 1:
+            raise UserError(f"beam_size must be >= 1, got {beam_size}")
         mode, why = self.chunking_for(chunking)
         log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
@@ -617,6 +630,8 @@ class Bundle:
                 batch_size=batch_size,
                 device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
+                beam_size=beam_size,
+                fallback=Fallback() if temperature_fallback else None,
             )
             if waves
             else []

@@ -76,6 +76,7 @@ TRAINING_ONLY: Split = {
     "eval": {
         "eval_steps": ALL,
         "at_end": ALL,
+        "beam_size": ALL,  # a bundle decodes with the beams its caller asks for
         # the long-form evaluation's recordings: a bundle's transcribe decodes long audio anyway
         "longform_items": ALL,
         "longform_min_seconds": ALL,

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from asrforge.errors import UserError
+from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.fallback import Fallback, decode_with_fallback
 from asrforge.model.windows import segment
 
 CHUNKINGS = ("timestamps", "silence")
@@ -191,15 +193,24 @@ def decode_windows(
     rules=None,
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     sample_rate: int = 16_000,
+    beam_size: int = 1,
+    fallback: Fallback | None = None,
+    decode_text: Callable[[list[int]], str] | None = None,
 ) -> list[list[int]]:
-    """Greedy-decode windows (each at most one encoder window long), batched among windows of
-    equal prompts -> the ids each generated (no prompt, no EOT).
+    """Decode windows (each at most one encoder window long), batched among windows of equal
+    prompts -> the ids each generated (no prompt, no EOT).
 
     Args:
         extractor: the log-mel front end (a transformers ``WhisperFeatureExtractor``).
-        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``).
+        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``;
+            applied to every beam).
         autocast: a context manager factory for the forward passes (the training loop's).
+        beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
+        fallback: decode a window that looks like a loop again at higher temperatures
+            (:func:`~asrforge.model.fallback.decode_with_fallback`; needs ``decode_text``).
     """
+    if fallback is not None and decode_text is None:
+        raise ValueError("fallback needs decode_text")
     out: list[list[int]] = [[] for _ in windows]
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for j, prompt in enumerate(prompts):
@@ -217,7 +228,25 @@ def decode_windows(
             with autocast() if autocast is not None else contextlib.nullcontext():
                 enc = model.model.encoder(x).last_hidden_state
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
-                seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
+                if fallback is not None:
+                    hyps, _temps = decode_with_fallback(
+                        model,
+                        enc,
+                        ids,
+                        eot,
+                        max_new_tokens,
+                        decode_text=decode_text,
+                        fallback=fallback,
+                        beam_size=beam_size,
+                        rules=rules,
+                    )
+                    seqs = [h.tokens for h in hyps]
+                elif beam_size > 1:
+                    seqs, _ = beam_decode(
+                        model, enc, ids, eot, max_new_tokens, beam_size=beam_size, rules=rules
+                    )
+                else:
+                    seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
@@ -266,6 +295,8 @@ def transcribe_long(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     condition_on_previous_text: bool = False,
     sample_rate: int = 16_000,
+    beam_size: int = 1,
+    fallback: Fallback | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -277,6 +308,8 @@ def transcribe_long(
         max_new_tokens: cap per window; in timestamp mode at most half the decoder's context,
             as Whisper caps it (the other half holds the previous text).
         condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
+        beam_size: beams per window (both chunkings); 1: greedy decoding.
+        fallback: temperature fallback per window (:mod:`asrforge.model.fallback`); None: off.
     """
     seconds = window_seconds(model.config)
 
@@ -297,6 +330,9 @@ def transcribe_long(
                 rules=rules,
                 autocast=autocast,
                 sample_rate=sample_rate,
+                beam_size=beam_size,
+                fallback=fallback,
+                decode_text=text,
             )
 
         return decode

@@ -1,4 +1,5 @@
-"""Evaluation: teacher-forced loss and greedy decoding from one encoder pass per batch.
+"""Evaluation: teacher-forced loss and greedy (or beam search) decoding from one encoder pass per
+batch.
 
 ``evaluate()`` returns corpus metrics (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts and a
 per-language breakdown) and one prediction record per utterance. WER and CER are computed on
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.data.dataset import IGNORE, dropped_by_reason
+from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
@@ -48,8 +50,12 @@ def evaluate(
     max_new_tokens: int = 256,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    beam_size: int = 1,
 ) -> tuple[dict, list[dict]]:
     """Evaluate ``model`` on collated batches (see ``asrforge.data.dataset.Collator``).
+
+    Args:
+        beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
 
     Returns:
         (metrics, predictions). ``metrics`` has ``loss`` (token-weighted mean cross-entropy),
@@ -84,13 +90,21 @@ def evaluate(
                 ).last_hidden_state
                 logits = model.proj_out(h[mask])  # (n_label_tokens, vocab): label positions only
                 flat = token_loss(logits, labels[mask], reduction="none")
-                cache.crop(-(dec_in.shape[1] - prompt_len))
-                # each row's first label position is its last prompt position: the first token
-                first = pick(logits[(mask.cumsum(1) == 1)[mask]], sum(suppressed_ids(model), []))
-                seqs, hit_cap = greedy_decode(
-                    model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
-                    first_tokens=first,
-                )
+                if beam_size > 1:  # beams start from the prompt with caches of their own
+                    seqs, hit_cap = beam_decode(
+                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens,
+                        beam_size=beam_size,
+                    )
+                else:
+                    cache.crop(-(dec_in.shape[1] - prompt_len))
+                    # each row's first label position is its last prompt position: the first token
+                    first = pick(
+                        logits[(mask.cumsum(1) == 1)[mask]], sum(suppressed_ids(model), [])
+                    )
+                    seqs, hit_cap = greedy_decode(
+                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
+                        first_tokens=first,
+                    )
             per_tok = torch.zeros(labels.shape, dtype=flat.dtype, device=flat.device)
             per_tok[mask] = flat
             loss_sum += float(per_tok[mask].sum())
@@ -194,6 +208,7 @@ def evaluate_split(
     languages: list[str] | None = None,
     max_samples: int | None = None,
     progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
+    beam_size: int = 1,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
     one split of an Arrow data set, with the training loop's filtering and batch order.
@@ -202,6 +217,7 @@ def evaluate_split(
         languages: keep only these languages' utterances (default: all).
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
+        beam_size: see :func:`evaluate`.
 
     Returns:
         ``(metrics, predictions, skip_report)``.
@@ -245,7 +261,7 @@ def evaluate_split(
     batches = progress(loader, len(utts)) if progress is not None else loader
     metrics, preds = evaluate(
         bundle.model, batches, tokenizer=bundle.tokenizer, eot=eot,
-        max_new_tokens=max_new_tokens, device=bundle.device,
+        max_new_tokens=max_new_tokens, device=bundle.device, beam_size=beam_size,
     )
     for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
         for uid in uids:

@@ -177,6 +177,7 @@ class Trainer:
                     max_new_tokens=cfg.eval.max_new_tokens,
                     device=acc.device,
                     autocast=acc.autocast,
+                    beam_size=cfg.eval.beam_size,
                 )
                 if guard is not None:
                     guard_metrics = guard.measure(raw_model, run.selector.guard,

@@ -1,0 +1,235 @@
+"""Beam search with a KV cache, batched over utterances, as openai-whisper's
+``BeamSearchDecoder`` and ``MaximumLikelihoodRanker`` define it (written anew for transformers'
+Whisper): ``beam_size``, ``patience`` and ``length_penalty`` mean what they mean there.
+
+At each step every live beam's next-token log-probabilities (after suppression and ``rules``,
+renormalized, as openai-whisper) are added to the beam's sum; of all candidates of one
+utterance, in score order, the first ``beam_size`` that do not end in EOT continue, and those
+ending in EOT before that point are finished hypotheses. An utterance is done when it has
+``round(beam_size * patience)`` finished hypotheses; they are ranked by
+``sum_logprob / penalty(length)`` (see :func:`length_normalized`).
+
+Differences from transformers' ``generate(num_beams=k)`` (``tests/test_beam.py`` shows both
+equal where the conventions agree: ``length_penalty=0``, ``early_stopping=True``, nothing
+suppressed):
+
+* transformers ranks finished hypotheses by ``sum_logprob / n**length_penalty`` with ``n``
+  counting EOT (default 1.0); openai-whisper by ``sum_logprob / n`` (``length_penalty`` None)
+  or ``sum_logprob / ((5 + n) / 6)**length_penalty``, ``n`` without EOT;
+* transformers stops (``early_stopping=False``, its default) when no running beam can beat the
+  worst finished one by its heuristic; openai-whisper when ``patience * beam_size`` finished;
+* transformers applies suppression to log-probabilities without renormalizing; openai-whisper
+  renormalizes over the tokens left (the sums differ by the suppressed tokens' mass);
+* transformers accepts an EOT candidate only among the ``k`` best of the step; openai-whisper
+  any EOT ranked before the ``k``-th continuing candidate, so its pool fills sooner and it may
+  stop before a longer, likelier ending arrives (on tiny.en, 22 of 24 espeak clips decode alike
+  with ``length_penalty=0``; in the other two, transformers ends with a final period, ours one
+  token earlier; ``bench/bench_beam.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from asrforge.model.decoding import suppressed_ids
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One decoded sequence: ``tokens`` without prompt and EOT; ``sum_logprob`` the sum of the
+    chosen tokens' log-probabilities including EOT's (natural log); ``hit_cap``: the sequence
+    ran out of tokens before EOT."""
+
+    tokens: list[int]
+    sum_logprob: float
+    hit_cap: bool
+
+    @property
+    def avg_logprob(self) -> float:
+        """openai-whisper's ``avg_logprob``: per token, EOT counted."""
+        return self.sum_logprob / (len(self.tokens) + 1)
+
+
+def length_normalized(sum_logprob: float, length: int, length_penalty: float | None) -> float:
+    """openai-whisper's ranking score: ``sum_logprob / length`` when ``length_penalty`` is None,
+    else ``sum_logprob / ((5 + length) / 6) ** length_penalty`` (Google NMT's penalty;
+    0 ranks by the plain sum). ``length``: tokens without EOT."""
+    if length_penalty is None:
+        return sum_logprob / max(length, 1)
+    return sum_logprob / ((5 + length) / 6) ** length_penalty
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    encoder_hidden: torch.Tensor,
+    prompts: torch.Tensor,
+    eot: int,
+    max_new_tokens: int,
+    *,
+    beam_size: int = 5,
+    patience: float = 1.0,
+    length_penalty: float | None = None,
+    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> list[Hypothesis]:
+    """The best hypothesis of each utterance by beam search with a KV cache.
+
+    The prompt is decoded once per utterance and its cache repeated per beam; each step the
+    self-attention cache is reordered to the surviving beams' parents, and an utterance that
+    is done leaves the batch (its rows are dropped from both caches).
+
+    Args:
+        encoder_hidden: (batch, frames, d_model) encoder output.
+        prompts: (batch, prompt_len) forced prefix ids.
+        max_new_tokens: cap on generated tokens per sequence (the decoder's limit applies too).
+        beam_size: beams per utterance; 1 is greedy decoding.
+        patience: finished hypotheses to collect per utterance, in units of ``beam_size``.
+        length_penalty: see :func:`length_normalized`.
+        rules: ``rules(logits, generated)`` -> masked logits, as in
+            :func:`~asrforge.model.decoding.greedy_decode` (rows are beams here).
+
+    Returns:
+        One :class:`Hypothesis` per utterance, in input order.
+    """
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    if beam_size < 1:
+        raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
+    if patience <= 0:
+        raise ValueError(f"patience: must be > 0, got {patience}")
+    k = beam_size
+    max_candidates = max(1, round(k * patience))
+    device = prompts.device
+    decoder = model.model.decoder
+    n_audio, p = prompts.shape
+    cap = min(max_new_tokens, model.config.max_target_positions - p)
+    always, at_begin = suppressed_ids(model)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    if cap <= 0:  # the prompt fills the decoder's context
+        return [Hypothesis([], 0.0, True) for _ in range(n_audio)]
+
+    finished: list[list[tuple[list[int], float]]] = [[] for _ in range(n_audio)]
+    audios = torch.arange(n_audio, device=device)  # the utterance of each live group of k rows
+    generated = torch.zeros((n_audio, 0), dtype=torch.long, device=device)  # (rows, t)
+    sums = torch.zeros(n_audio, device=device)  # (rows,) summed log-probs
+    tokens, enc = prompts, encoder_hidden
+    for t in range(cap):
+        h = decoder(
+            input_ids=tokens, encoder_hidden_states=enc, past_key_values=cache, use_cache=True
+        ).last_hidden_state[:, -1]
+        logits = model.proj_out(h).float()
+        if rules is not None:
+            logits = rules(logits, generated)
+        suppress = always + at_begin if t == 0 else always
+        if suppress:
+            logits = logits.index_fill(-1, torch.tensor(suppress, device=device), float("-inf"))
+        logprobs = torch.log_softmax(logits, dim=-1)
+        # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
+        per_audio = 1 if t == 0 else k
+        vocab = logprobs.shape[-1]
+        cand = (sums[:, None] + logprobs).view(len(audios), per_audio * vocab)
+        # k continuing candidates are always among the best 2k: at most one EOT per beam
+        n_top = min(2 * k, per_audio * vocab)
+        top_scores, top_idx = cand.topk(n_top, dim=-1)
+        top_rows = top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
+        top_tokens = top_idx % vocab
+        is_eot = top_tokens == eot
+        # a candidate's rank among the continuing ones (1-based) / how many continue before it
+        rank = (~is_eot).cumsum(-1)
+        keep = ~is_eot & (rank <= k)
+        # EOT before the k-th continuing candidate (and not a forbidden one)
+        ends = is_eot & (rank < k) & (top_scores > float("-inf"))
+        _collect_finished(finished, audios, generated, top_rows, top_scores, ends, max_candidates)
+        # the k continuing beams of each utterance, in score order
+        order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
+        src = top_rows.gather(1, order).reshape(-1)
+        nxt = top_tokens.gather(1, order).reshape(-1)
+        sums = top_scores.gather(1, order).reshape(-1)
+        generated = torch.cat([generated[src], nxt[:, None]], dim=1)
+        if t == 0:  # one prompt row per utterance becomes its k beams' rows
+            cache.reorder_cache(src)
+            enc = enc[src]
+        else:  # beams move within an utterance: its cross-attention rows are all the same
+            cache.self_attention_cache.reorder_cache(src)
+        done = torch.tensor([len(finished[int(a)]) >= max_candidates for a in audios.tolist()])
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            live = (~done).nonzero().squeeze(1).to(device)
+            rows = (live[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+            audios = audios[live]
+            generated, sums, nxt, enc = generated[rows], sums[rows], nxt[rows], enc[rows]
+            cache.batch_select_indices(rows)
+        tokens = nxt[:, None]
+    else:
+        _add_unfinished(finished, audios, generated, sums, k)
+    return [_best(f, eot, length_penalty) for f in finished]
+
+
+def _collect_finished(finished, audios, generated, top_rows, top_scores, ends, max_candidates):
+    """Append each utterance's newly finished hypotheses (in score order) until it has
+    ``max_candidates``."""
+    if not bool(ends.any()):
+        return
+    for i, j in ends.nonzero().tolist():
+        pool = finished[int(audios[i])]
+        if len(pool) < max_candidates:
+            row = int(top_rows[i, j])
+            pool.append((generated[row].tolist(), float(top_scores[i, j])))
+
+
+def _add_unfinished(finished, audios, generated, sums, k):
+    """At the cap: fill each live utterance's pool up to ``k`` with its best running beams."""
+    for i, a in enumerate(audios.tolist()):
+        pool = finished[a]
+        beams = range(i * k, (i + 1) * k)
+        for row in sorted(beams, key=lambda r: -float(sums[r])):
+            if len(pool) >= k:
+                break
+            pool.append((generated[row].tolist() + [None], float(sums[row])))
+
+
+def _best(pool, eot, length_penalty) -> Hypothesis:
+    """The pool's best by :func:`length_normalized` (a trailing None marks a capped beam)."""
+
+    def score(item):
+        seq, s = item
+        n = len(seq) - 1 if seq and seq[-1] is None else len(seq)
+        return length_normalized(s, n, length_penalty)
+
+    seq, s = max(pool, key=score)
+    capped = bool(seq) and seq[-1] is None
+    return Hypothesis(
+        tokens=[int(x) for x in (seq[:-1] if capped else seq)], sum_logprob=s, hit_cap=capped
+    )
+
+
+def beam_decode(
+    model,
+    encoder_hidden: torch.Tensor,
+    prompts: torch.Tensor,
+    eot: int,
+    max_new_tokens: int,
+    *,
+    beam_size: int = 5,
+    patience: float = 1.0,
+    length_penalty: float | None = None,
+    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[list[list[int]], list[bool]]:
+    """:func:`beam_search` in :func:`~asrforge.model.decoding.greedy_decode`'s return shape:
+    the generated ids of each sequence (no prompt, no EOT) and whether each hit the cap."""
+    hyps = beam_search(
+        model,
+        encoder_hidden,
+        prompts,
+        eot,
+        max_new_tokens,
+        beam_size=beam_size,
+        patience=patience,
+        length_penalty=length_penalty,
+        rules=rules,
+    )
+    return [h.tokens for h in hyps], [h.hit_cap for h in hyps]
