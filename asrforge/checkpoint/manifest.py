@@ -137,6 +137,21 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+PRUNED_KEY = "pruned_after_run"
+"""Manifest key listing the files ``checkpoint.after_run: best`` deleted from a checkpoint."""
+
+
+def write_pruned_manifest(directory: Path, manifest: dict[str, Any], removed: list[str]) -> None:
+    """Write ``manifest`` without the ``removed`` files into ``directory``, listing them under
+    :data:`PRUNED_KEY` and sealed afresh; the kept files' hashes are carried over (they are the
+    same inodes, not re-read)."""
+    out = {k: v for k, v in manifest.items() if k not in _SEALS}
+    out["files"] = {rel: e for rel, e in manifest["files"].items() if rel not in removed}
+    out[PRUNED_KEY] = sorted({*out.get(PRUNED_KEY, []), *removed})
+    out[SEAL_KEY] = manifest_seal(out)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(out, indent=2) + "\n")
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse ``manifest.json`` and check its seal, without checking the files.
 

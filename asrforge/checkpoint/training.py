@@ -41,7 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from asrforge.checkpoint.atomic import atomic_directory
-from asrforge.checkpoint.manifest import verify, write_manifest
+from asrforge.checkpoint.manifest import PRUNED_KEY, verify, write_manifest
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 
 ALIASES_KEY = "asrforge_aliases"
@@ -406,6 +406,12 @@ def load_training_checkpoint(
     path = Path(path)
     manifest = verify(path, check_hashes=check_hashes)
     files = manifest["files"]
+    if manifest.get(PRUNED_KEY):
+        raise CheckpointError(
+            f"{path}: its {', '.join(manifest[PRUNED_KEY])} were deleted when the run ended "
+            "(checkpoint.after_run: best): it can be exported, not resumed. Set "
+            "checkpoint.after_run: all for runs you may want to extend"
+        )
     for required in (MODEL_FILE, "optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
         if required not in files:
             raise CheckpointCorruptError(f"{path}: not a training checkpoint ({required} missing)")

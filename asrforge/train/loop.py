@@ -391,6 +391,10 @@ class Trainer:
             )
             log.info("run %s at step %d: %s", status, state.step, reason)
             callbacks.call("on_train_end", state, result=result)
+            # after on_train_end: the averaging callback reads the step checkpoints there
+            if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
+                if acc.is_main_process:
+                    run.checkpoints.prune_after_run()
             return result
         except BaseException as e:
             callbacks.call("on_exception", state, error=e)
