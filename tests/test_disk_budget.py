@@ -12,6 +12,7 @@ from asrforge.checkpoint.disk import GB, RESUME_ONLY_FILES, tree_bytes
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import PRUNED_KEY, verify
 from asrforge.checkpoint.training import load_training_checkpoint
+from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointError, CheckpointSaveError, UserError
 from tests.conftest import tiny_config
 
@@ -37,7 +38,13 @@ def test_after_run_best_keeps_a_loadable_best_and_nothing_else(tmp_path, tones_d
     from asrforge.bundle.export import export_bundle
     from asrforge.bundle.load import load_bundle
 
-    cfg = tiny_config(tmp_path / "run", tones_dir, data={"max_eval_samples": 4})
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        data={"max_eval_samples": 4},
+        checkpoint={"save_total_limit": 2, "after_run": "best"},
+    )
+    assert TrainConfig.model_fields["checkpoint"].default_factory().after_run == "best"
     result = _fit(cfg)
     root = tmp_path / "run" / "checkpoints"
     assert result.status == "completed" and result.best_step is not None
@@ -80,7 +87,9 @@ def test_after_run_all_keeps_every_checkpoint(tmp_path, tones_dir):
 
 def test_a_budget_too_small_for_one_save_is_refused_before_writing(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path / "run", tones_dir, checkpoint={"max_disk_gb": 1e-6})
-    with pytest.raises(CheckpointSaveError, match=r"needs about .* GB.* of its 0\.000001 GB"):
+    with pytest.raises(
+        CheckpointSaveError, match=r"needs about [\d.]+ MB; .* holds 0 B of its 1\.0 kB budget"
+    ):
         _fit(cfg)
     root = tmp_path / "run" / "checkpoints"
     assert list(root.iterdir()) == []  # nothing half-written, no temporary left
@@ -107,7 +116,9 @@ def test_a_budget_for_one_checkpoint_refuses_the_second_and_keeps_the_first(tmp_
     m.save(1, _writer(size))
     before = sorted(os.listdir(tmp_path))
     # the newest checkpoint is never rotated out for room: the one intact copy if this fails
-    with pytest.raises(CheckpointSaveError, match="needs about 0.000100 GB"):
+    with pytest.raises(
+        CheckpointSaveError, match=r"needs about 100\.\d kB; .* holds 100\.\d kB of its 150\.0 kB"
+    ):
         m.save(2, _writer(size))
     assert sorted(os.listdir(tmp_path)) == before  # nothing deleted, nothing written
     verify(tmp_path / "step-000001")
@@ -116,3 +127,21 @@ def test_a_budget_for_one_checkpoint_refuses_the_second_and_keeps_the_first(tmp_
 def test_max_disk_gb_must_be_positive(tmp_path):
     with pytest.raises(UserError, match="max_disk_gb"):
         CheckpointManager(tmp_path, max_disk_gb=0)
+
+
+def test_the_matrix_report_shows_disk_per_job_and_in_total(tmp_path):
+    from asrforge.matrix.report import collect, render
+
+    for job, size in (("en-tiny-s0", 3_000_000), ("es-tiny-s0", 1_000_000)):
+        run = tmp_path / "runs" / job
+        (run / "checkpoints" / "step-000002").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("")
+        weights = run / "checkpoints" / "step-000002" / "model.safetensors"
+        weights.write_bytes(b"w" * size)
+        (run / "checkpoints" / "best").mkdir()
+        os.link(weights, run / "checkpoints" / "best" / "model.safetensors")  # costs nothing
+    rows = {r.job_id: r for r in collect(tmp_path)}
+    assert rows["en-tiny-s0"].disk_bytes == 3_000_000
+    assert rows["es-tiny-s0"].disk_bytes == 1_000_000
+    page = render(list(rows.values()), "t")
+    assert "4.0 MB on disk" in page and ">3.0 MB</td>" in page and ">1.0 MB</td>" in page

@@ -90,6 +90,8 @@ def estimate_save_bytes(payload: Mapping[str, Any]) -> int:
 
 
 def format_gb(n: int | float) -> str:
-    """``1.234 GB`` (10^9 bytes), with more digits for small sizes, so two differ visibly."""
-    gb = n / GB
-    return f"{gb:.3f} GB" if gb >= 0.01 else f"{gb:.6f} GB"
+    """A size for people: ``2.35 GB``, ``14.2 MB``, ``310.0 kB``, ``900 B`` (powers of 10)."""
+    for unit, scale in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{int(n)} B"

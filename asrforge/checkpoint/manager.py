@@ -489,7 +489,8 @@ class CheckpointManager:
             raise CheckpointSaveError(
                 f"checkpoint.max_disk_gb: saving {step_dir_name(step)} needs about "
                 f"{format_gb(need)}; {self.root} holds {format_gb(used)} of its "
-                f"{format_gb(budget)} budget and rotation may free only {format_gb(can_free)} "
+                f"{format_gb(budget)} budget (checkpoint.max_disk_gb={self.max_disk_gb:g}) "
+                f"and rotation may free only {format_gb(can_free)} "
                 "(the latest, best and top-k checkpoints are kept). Nothing was written or "
                 "deleted. Raise checkpoint.max_disk_gb (room for at least two checkpoints), or "
                 "keep fewer (checkpoint.keep_best, average_checkpoints k)"
