@@ -50,7 +50,8 @@ class _StepAverager:
             tokens_per_s=self.tokens / self.seconds if self.seconds else None,
             skipped_steps=self.skipped,
         )
-        out.update({k: v for k, v in last.items() if k.startswith("lr/")})
+        # lr/ (lr_monitor) and sys/ (system_monitor) are already per window: the last values
+        out.update({k: v for k, v in last.items() if k.startswith(("lr/", "sys/"))})
         return out
 
 

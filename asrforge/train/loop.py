@@ -19,6 +19,7 @@ from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
+from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler
@@ -213,6 +214,7 @@ class Trainer:
             accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
             task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
             t_step = time.perf_counter()
+            data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
             while state.step < max_steps and not state.should_stop:
                 if cfg.train.max_epochs is not None and state.epoch >= cfg.train.max_epochs:
                     status, reason = "completed", f"reached max_epochs={cfg.train.max_epochs}"
@@ -220,9 +222,9 @@ class Trainer:
                 if state.batch_in_epoch == 0:
                     callbacks.call("on_epoch_begin", state, epoch=state.epoch)
                 micro_batch = state.step * cfg.train.grad_accum + accum  # run-wide index
-                for batch in run.train_loader(
+                for batch in data_wait.timed(run.train_loader(
                     state.epoch, state.batch_in_epoch, micro_batch, state.text_position
-                ):
+                )):
                     if accum == 0:
                         callbacks.call("on_step_begin", state, step=state.step + 1)
                     task = batch.get("task", "asr")
@@ -322,6 +324,7 @@ class Trainer:
                         "samples": step_samples,
                         "tokens": step_tokens,
                         "step_seconds": now - t_step,
+                        "data_wait_seconds": data_wait.take(),
                     }
                     if run.text is not None:  # per-task mean loss; None when the step had none
                         for name, values in task_losses.items():
