@@ -145,3 +145,36 @@ def test_the_matrix_report_shows_disk_per_job_and_in_total(tmp_path):
     assert rows["es-tiny-s0"].disk_bytes == 1_000_000
     page = render(list(rows.values()), "t")
     assert "4.0 MB on disk" in page and ">3.0 MB</td>" in page and ">1.0 MB</td>" in page
+
+
+def _training_like(step: int):
+    def write(d: Path) -> None:
+        (d / "model.safetensors").write_bytes(bytes([step]) * 1000)
+        for name in RESUME_ONLY_FILES:
+            (d / name).write_bytes(b"o" * 2000)
+        (d / "config.yaml").write_text("seed: 0\n")
+
+    return write
+
+
+def test_prune_keeps_everything_when_the_best_cannot_be_rebuilt(tmp_path, monkeypatch):
+    from asrforge.checkpoint import manager as manager_module
+
+    m = CheckpointManager(tmp_path, save_total_limit=None)
+    m.save(1, _training_like(1), is_best=True)
+    m.save(2, _training_like(2))
+    before = sorted(os.listdir(tmp_path))
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager_module, "link_files", full_disk)
+    m.prune_after_run()  # logged, not raised: the run itself succeeded
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (tmp_path / "best" / "optimizer.pt").is_file()
+    monkeypatch.undo()
+
+    m.prune_after_run()
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+    assert verify(tmp_path / "best")["step"] == 1
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() == bytes([1]) * 1000

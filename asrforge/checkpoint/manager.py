@@ -550,11 +550,16 @@ class CheckpointManager:
         before = self.disk_bytes()
         for d, manifest in manifests.items():
             removed = [f for f in RESUME_ONLY_FILES if f in manifest["files"]]
-            if removed:
+            if not removed:
+                continue
+            try:
                 with atomic_directory(d, fsync_files=False) as tmp:
                     link_files(d, tmp, exclude={*removed, MANIFEST_NAME})
                     write_pruned_manifest(tmp, manifest, removed)
-                actions.append(f"kept {d.name} without {', '.join(removed)}")
+            except CheckpointSaveError as e:  # the run itself succeeded: keep everything
+                self.log.warning("checkpoints: not pruned after the run: %s", e)
+                return actions
+            actions.append(f"kept {d.name} without {', '.join(removed)}")
         for _s, p in self.step_dirs():
             if p in kept:
                 continue
