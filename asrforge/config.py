@@ -449,6 +449,16 @@ class CheckpointConfig(Section):
     against it and are never deleted by it."""
     keep_best: list[TopKSpec] = Field(default_factory=list)
     """Top-k per metric, each kept as ``best-<metric>-<rank>/``."""
+    after_run: Literal["best", "all"] = "best"
+    """What stays under ``checkpoints/`` when a run ends (completed or stopped early). ``best``:
+    ``best/`` (and the ``keep_best`` and averaged directories) with their weights, config,
+    tokenizer and manifest; the optimizer, scheduler, scaler and RNG state and every
+    ``step-*`` checkpoint are deleted, so the run can be exported but not resumed. ``all``: keep
+    everything (needed to extend the run later with ``--resume``). Logs are always kept."""
+    max_disk_gb: float | None = Field(default=None, gt=0)
+    """Most bytes (in GB, 10^9) the run's ``checkpoints/`` may hold. Before each save, rotation
+    deletes the oldest step checkpoints it may delete until the new one fits; a save that cannot
+    fit even then is refused before anything is written. null: no limit."""
 
     def unknown_metrics(self, produced: Collection[str]) -> list[str]:
         """One problem line per ``keep_best`` metric that evaluation never produces (a top-k

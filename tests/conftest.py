@@ -39,7 +39,9 @@ def tiny_config(out: Path, data_dir: Path, **sections) -> TrainConfig:
         "optim": {"lr": 3e-3, "warmup_steps": 2},
         "train": {"max_steps": 6, "log_every": 2},
         "eval": {"eval_steps": 3, "max_new_tokens": 8},
-        "checkpoint": {"save_total_limit": 2},
+        # tests inspect and resume the step checkpoints a run leaves; test_disk_budget tests
+        # the default (after_run: best, which prunes them)
+        "checkpoint": {"save_total_limit": 2, "after_run": "all"},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from asrforge.callbacks.averaging import AverageCheckpoints
 from asrforge.callbacks.early_stopping import EarlyStopping
 from asrforge.callbacks.loggers import LRMonitor, MetricsJsonl, TensorBoardLogger
+from asrforge.callbacks.monitor import SystemMonitor
 from asrforge.callbacks.options import Options
 from asrforge.callbacks.progress import ProgressBar
 from asrforge.callbacks.trackers import MLflowLogger, WandbLogger
@@ -34,10 +35,13 @@ REGISTRY: dict[str, type[Callback]] = {
         AverageCheckpoints,
         WandbLogger,
         MLflowLogger,
+        SystemMonitor,
     )
 }
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
-DEFAULTS = ("lr_monitor", "metrics_jsonl", "tensorboard", "progress")
+DEFAULTS = ("lr_monitor", "system_monitor", "metrics_jsonl", "tensorboard", "progress")
+ENRICHERS = ("lr_monitor", "system_monitor")
+"""Defaults that add keys to the step metrics: they run before the loggers that write them."""
 
 
 def register(cls: type[Callback]) -> type[Callback]:
@@ -119,8 +123,8 @@ def build_callbacks(
     names = {cb.name for cb in built.values()}
     defaults = [REGISTRY[n]() for n in DEFAULTS if n not in names and n not in disabled]
     # Enrichers first (lr_monitor adds keys the loggers write), then configured, then the rest.
-    head = [cb for cb in defaults if cb.name == "lr_monitor"]
-    tail = [cb for cb in defaults if cb.name != "lr_monitor"]
+    head = [cb for cb in defaults if cb.name in ENRICHERS]
+    tail = [cb for cb in defaults if cb.name not in ENRICHERS]
     callbacks = head + [built[i] for i in sorted(built)] + tail
     try:
         state_keys(callbacks)
@@ -170,5 +174,6 @@ __all__ = [
     "ProgressBar",
     "TensorBoardLogger",
     "build_callbacks",
+    "SystemMonitor",
     "register",
 ]

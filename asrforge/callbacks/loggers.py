@@ -67,7 +67,10 @@ class _StepAverager:
             tokens_per_s=self.tokens / self.seconds if self.seconds else None,
             skipped_steps=self.skipped,
         )
-        out.update({k: v for k, v in last.items() if k.startswith("lr/") or k == "grad_scale"})
+        # lr/ (lr_monitor) and sys/ (system_monitor) are already per window: the last values
+        out.update(
+            {k: v for k, v in last.items() if k.startswith(("lr/", "sys/")) or k == "grad_scale"}
+        )
         return out
 
 

@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,22 @@ from asrforge.checkpoint.atomic import (
     temp_sibling,
 )
 from asrforge.checkpoint.average import default_mode, rank_checkpoints
-from asrforge.checkpoint.manifest import MANIFEST_NAME, verify, write_manifest
+from asrforge.checkpoint.disk import (
+    GB,
+    RESUME_ONLY_FILES,
+    estimate_save_bytes,
+    exclusive_bytes,
+    format_gb,
+    tree_bytes,
+)
+from asrforge.checkpoint.manifest import (
+    MANIFEST_NAME,
+    PRUNED_KEY,
+    read_manifest,
+    verify,
+    write_manifest,
+    write_pruned_manifest,
+)
 from asrforge.checkpoint.training import save_training_checkpoint
 from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
@@ -71,15 +86,23 @@ def link_tree(src: Path, dst: Path) -> None:
     the filesystem allows (copies otherwise)."""
     # Linked files are the source's fsynced inodes: only copies need an fsync of their own.
     with atomic_directory(dst, fsync_files=False) as tmp:
-        for dirpath, _dirnames, filenames in os.walk(src):
-            rel = Path(dirpath).relative_to(src)
-            (tmp / rel).mkdir(parents=True, exist_ok=True)
-            for name in filenames:
-                try:
-                    os.link(Path(dirpath, name), tmp / rel / name)
-                except OSError:
-                    shutil.copy2(Path(dirpath, name), tmp / rel / name)
-                    fsync_file(tmp / rel / name)
+        link_files(src, tmp)
+
+
+def link_files(src: Path, dst: Path, exclude: Collection[str] = ()) -> None:
+    """Hard-link (else copy and fsync) every file under ``src`` into the existing directory
+    ``dst``, keeping relative paths; ``exclude``: POSIX relative paths to leave out."""
+    for dirpath, _dirnames, filenames in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            if (rel / name).as_posix() in exclude:
+                continue
+            try:
+                os.link(Path(dirpath, name), dst / rel / name)
+            except OSError:
+                shutil.copy2(Path(dirpath, name), dst / rel / name)
+                fsync_file(dst / rel / name)
 
 
 def _manifest_bytes(directory: Path) -> bytes | None:
@@ -154,12 +177,14 @@ class CheckpointManager:
         save_total_limit: int | None = None,
         keep_best: list[TopKSpec] | None = None,
         protect_top: list[TopKSpec] | None = None,
+        max_disk_gb: float | None = None,
         log: logging.Logger | None = None,
     ):
         self.root = Path(root)
         self.save_total_limit = save_total_limit
         self.specs = list(keep_best or [])
         self.protect_top = list(protect_top or [])
+        self.max_disk_gb = max_disk_gb
         self.log = log or logging.getLogger(__name__)
         names = [metric_dir_name(s.metric, 1) for s in self.specs]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -167,6 +192,8 @@ class CheckpointManager:
             raise UserError(f"checkpoint.keep_best: a metric is listed twice ({', '.join(dup)})")
         if save_total_limit is not None and save_total_limit < 1:
             raise UserError(f"checkpoint.save_total_limit: must be >= 1, got {save_total_limit}")
+        if max_disk_gb is not None and not max_disk_gb > 0:
+            raise UserError(f"checkpoint.max_disk_gb: must be > 0, got {max_disk_gb}")
         self.best_step: int | None = None
         self._kept_corrupt: set[str] = set()
         self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
@@ -309,13 +336,16 @@ class CheckpointManager:
             The step directory.
 
         Raises:
-            CheckpointSaveError: the save failed; every earlier checkpoint is intact. (When only
+            CheckpointSaveError: the save failed, or would not fit in ``max_disk_gb`` (refused
+                before anything was written); every earlier checkpoint is intact. (When only
                 updating ``best``/top-k fails, the step directory itself is complete.)
         """
         t0 = time.perf_counter()
         final = self.root / step_dir_name(step)
         metrics = _json_metrics(metrics)
         state = self._next_state(step, metrics, is_best)
+        if self.max_disk_gb is not None:
+            self._make_room(step, payload)
         meta = {"step": step, "metrics": metrics, "is_best": is_best, "checkpoint_manager": state}
         if callable(payload):
             with atomic_directory(final) as tmp:
@@ -411,6 +441,144 @@ class CheckpointManager:
             self._delete(p)
             excess -= 1
             self.log.info("checkpoints: rotated out %s", p.name)
+
+    # -- disk budget and the end of a run ------------------------------------------------------
+
+    def disk_bytes(self) -> int:
+        """Bytes the directory holds (hard-linked files counted once)."""
+        return tree_bytes(self.root) if self.root.is_dir() else 0
+
+    def _expected_bytes(self, payload: Payload) -> int:
+        """The size of the next checkpoint: estimated from the tensors to save, and at least
+        the size of the newest one (same model, same optimizer)."""
+        estimate = 0 if callable(payload) else estimate_save_bytes(payload)
+        dirs = self.step_dirs()
+        return max(estimate, tree_bytes(dirs[-1][1]) if dirs else 0)
+
+    def _disposable(self, step: int) -> list[tuple[int, Path]]:
+        """Step directories rotation may delete to make room, oldest first: not the best or a
+        top-k source, not ``latest`` (the one intact checkpoint should this save fail), not
+        ``step`` itself, not one that does not verify (kept for inspection)."""
+        try:
+            protected = self.protected_steps()
+        except CheckpointCorruptError as e:
+            self.log.warning("checkpoints: nothing can be rotated out to make room: %s", e)
+            return []
+        latest = self.latest()
+        return [
+            (s, p)
+            for s, p in self.step_dirs()
+            if s not in protected
+            and s != step
+            and (latest is None or p.name != latest.name)
+            and verify_quick(p)
+        ]
+
+    def _make_room(self, step: int, payload: Payload) -> None:
+        """Delete the oldest disposable step directories until the next save fits in
+        ``max_disk_gb``; when it cannot fit even then, refuse before deleting anything."""
+        budget = int(self.max_disk_gb * GB)
+        need = self._expected_bytes(payload)
+        used = self.disk_bytes()
+        if used + need <= budget:
+            return
+        candidates = self._disposable(step)
+        freeable = exclusive_bytes(self.root)
+        can_free = sum(freeable.get(p.name, 0) for _s, p in candidates)
+        if used - can_free + need > budget:
+            raise CheckpointSaveError(
+                f"checkpoint.max_disk_gb: saving {step_dir_name(step)} needs about "
+                f"{format_gb(need)}; {self.root} holds {format_gb(used)} of its "
+                f"{format_gb(budget)} budget (checkpoint.max_disk_gb={self.max_disk_gb:g}) "
+                f"and rotation may free only {format_gb(can_free)} "
+                "(the latest, best and top-k checkpoints are kept). Nothing was written or "
+                "deleted. Raise checkpoint.max_disk_gb (room for at least two checkpoints), or "
+                "keep fewer (checkpoint.keep_best, average_checkpoints k)"
+            )
+        for _s, p in candidates:
+            if used + need <= budget:
+                break
+            self._delete(p)
+            used -= freeable.get(p.name, 0)
+            self.log.info(
+                "checkpoints: rotated out %s to keep within checkpoint.max_disk_gb=%g",
+                p.name,
+                self.max_disk_gb,
+            )
+
+    def pruned_result(self) -> Path | None:
+        """The directory :meth:`prune_after_run` kept (``best/``, else the final step), when
+        the run was pruned; None otherwise."""
+        latest = self.latest()
+        for d in (self.root / "best", latest):
+            if d is not None and (d / MANIFEST_NAME).is_file():
+                try:
+                    if PRUNED_KEY in read_manifest(d):
+                        return d
+                except CheckpointCorruptError:
+                    continue
+        return None
+
+    def prune_after_run(self) -> list[str]:
+        """``checkpoint.after_run: best``: keep ``best/`` (else the final step directory) and
+        the ``best-<metric>-<rank>/`` directories without their resume-only files
+        (:data:`RESUME_ONLY_FILES`), delete every other step directory and ``latest``.
+        Directories that are not checkpoints of this manager (averages) are left alone.
+
+        Each kept directory is rebuilt atomically (hard links, a new sealed manifest that lists
+        what was removed) before anything is deleted; when one cannot be read, nothing is
+        pruned. Returns one line per action, for the log.
+        """
+        latest = self.latest()
+        kept = [
+            p
+            for p in sorted(self.root.iterdir())
+            if p.is_dir()
+            and not p.is_symlink()
+            and (p.name == "best" or p.name.startswith("best-"))
+        ]
+        if not (self.root / "best").is_dir() and latest is not None and latest.is_dir():
+            kept.append(latest)  # no evaluation chose a best: the final weights are the result
+        try:
+            manifests = {d: verify(d, check_hashes=False) for d in kept}
+        except CheckpointCorruptError as e:
+            self.log.warning(
+                "checkpoints: not pruned after the run, a kept directory is bad: %s", e
+            )
+            return []
+        actions = []
+        before = self.disk_bytes()
+        for d, manifest in manifests.items():
+            removed = [f for f in RESUME_ONLY_FILES if f in manifest["files"]]
+            if not removed:
+                continue
+            try:
+                with atomic_directory(d, fsync_files=False) as tmp:
+                    link_files(d, tmp, exclude={*removed, MANIFEST_NAME})
+                    write_pruned_manifest(tmp, manifest, removed)
+            except CheckpointSaveError as e:  # the run itself succeeded: keep everything
+                self.log.warning("checkpoints: not pruned after the run: %s", e)
+                return actions
+            actions.append(f"kept {d.name} without {', '.join(removed)}")
+        for _s, p in self.step_dirs():
+            if p in kept:
+                continue
+            if not verify_quick(p):
+                actions.append(f"kept {p.name}: it does not verify (for inspection)")
+                continue
+            self._delete(p)
+            actions.append(f"deleted {p.name}")
+        if latest is None or latest not in kept:
+            for link in (self.root / "latest", self.root / "latest.txt"):
+                if link.is_symlink() or link.is_file():
+                    link.unlink()
+        fsync_dir(self.root)
+        actions.append(
+            f"{format_gb(before)} -> {format_gb(self.disk_bytes())} (checkpoint.after_run: best)"
+        )
+        for line in actions:
+            self.log.info("checkpoints after the run: %s", line)
+        return actions
 
     def _delete(self, path: Path) -> None:
         """Rename to a ``.tmp-`` name first, so a half-deleted directory never looks real."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,9 @@ def list_files(directory: Path) -> list[str]:
     return sorted(out)
 
 
-def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(
+    directory: Path, meta: dict[str, Any], known: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Hash every file of ``directory`` and write ``manifest.json`` (atomically); call it last.
 
     Args:
@@ -116,6 +119,9 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
         meta: JSON-able facts stored at the top level of the manifest (``step``, ``metrics``,
             ``config_id``, ``seed``, ...). ``format_version`` and ``files`` are reserved; the
             seals of a manifest it was copied from are dropped (the new one is sealed afresh).
+        known: ``{relative path: digest}`` (objects with ``sha256`` and ``size``) of files
+            hashed while they were written; those are not read again (a size that differs
+            from the file's is re-hashed).
 
     Returns:
         The manifest as written.
@@ -124,17 +130,35 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     clash = [k for k in _RESERVED if k in meta]
     if clash:
         raise ValueError(f"manifest meta may not set the reserved keys {clash}")
+    known = known or {}
     rels = list_files(directory)
-    digests = sha256_files([directory / rel for rel in rels])
+    sizes = {rel: (directory / rel).stat().st_size for rel in rels}
+    fresh = [rel for rel in rels if rel not in known or known[rel].size != sizes[rel]]
+    hashed = dict(zip(fresh, sha256_files([directory / rel for rel in fresh]), strict=True))
     files = {
-        rel: {"sha256": digest, "size": (directory / rel).stat().st_size}
-        for rel, digest in zip(rels, digests, strict=True)
+        rel: {"sha256": hashed[rel] if rel in hashed else known[rel].sha256, "size": sizes[rel]}
+        for rel in rels
     }
     meta = {k: v for k, v in meta.items() if k not in _SEALS}
     manifest = {"format_version": FORMAT_VERSION, **meta, "files": files}
     manifest[SEAL_KEY] = manifest_seal(manifest)
     atomic_write_text(directory / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+PRUNED_KEY = "pruned_after_run"
+"""Manifest key listing the files ``checkpoint.after_run: best`` deleted from a checkpoint."""
+
+
+def write_pruned_manifest(directory: Path, manifest: dict[str, Any], removed: list[str]) -> None:
+    """Write ``manifest`` without the ``removed`` files into ``directory``, listing them under
+    :data:`PRUNED_KEY` and sealed afresh; the kept files' hashes are carried over (they are the
+    same inodes, not re-read)."""
+    out = {k: v for k, v in manifest.items() if k not in _SEALS}
+    out["files"] = {rel: e for rel, e in manifest["files"].items() if rel not in removed}
+    out[PRUNED_KEY] = sorted({*out.get(PRUNED_KEY, []), *removed})
+    out[SEAL_KEY] = manifest_seal(out)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(out, indent=2) + "\n")
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

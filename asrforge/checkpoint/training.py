@@ -25,12 +25,14 @@ the file as is: it re-ties ``proj_out`` itself.) Tensors that overlap only partl
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from asrforge.checkpoint.atomic import atomic_directory
-from asrforge.checkpoint.manifest import verify, write_manifest
+from asrforge.checkpoint.atomic import atomic_directory, fsync_tree
+from asrforge.checkpoint.manifest import PRUNED_KEY, sha256_file, verify, write_manifest
+from asrforge.checkpoint.streaming import (
+    FileDigest,
+    can_stream,
+    torch_save,
+    write_safetensors,
+    write_text,
+)
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 
 ALIASES_KEY = "asrforge_aliases"
@@ -75,6 +84,43 @@ def save_weights(
     Returns:
         The dropped aliases, ``{alias: kept name}``.
     """
+    tensors, aliases = _distinct_tensors(path, state)
+    meta = _weights_metadata(aliases, metadata)
+    try:
+        save_file(tensors, str(path), metadata=meta)
+    except SafetensorError as e:
+        raise _write_error(e, Path(path)) from e
+    # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
+    # shared run directory stays readable by the group, like every other file of the checkpoint.
+    os.chmod(path, 0o666 & ~_umask(path.parent))
+    return aliases
+
+
+def save_weights_hashed(
+    path: Path, state: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> FileDigest:
+    """:func:`save_weights` in one pass: the file's sha256 computed while it is written
+    (:mod:`asrforge.checkpoint.streaming`), fsynced."""
+    tensors, aliases = _distinct_tensors(path, state)
+    meta = _weights_metadata(aliases, metadata)
+    if not can_stream(tensors):  # a dtype the streaming writer does not name: the library's
+        save_weights(path, state, metadata)
+        return FileDigest(sha256_file(path), Path(path).stat().st_size)
+    return write_safetensors(path, tensors, meta)
+
+
+def _weights_metadata(aliases: dict[str, str], metadata: dict[str, str] | None) -> dict[str, str]:
+    meta = {"format": "pt", **(metadata or {})}
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    return meta
+
+
+def _distinct_tensors(
+    path: Path, state: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors safetensors accepts (exact aliases dropped, views cloned, contiguous) and
+    the dropped aliases, ``{alias: kept name}``."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
@@ -103,17 +149,7 @@ def save_weights(
     for name, t in tensors.items():
         if not t.is_contiguous():
             tensors[name] = t.contiguous()
-    meta = {"format": "pt", **(metadata or {})}
-    if aliases:
-        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
-    try:
-        save_file(tensors, str(path), metadata=meta)
-    except SafetensorError as e:
-        raise _write_error(e, Path(path)) from e
-    # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
-    # shared run directory stays readable by the group, like every other file of the checkpoint.
-    os.chmod(path, 0o666 & ~_umask(path.parent))
-    return aliases
+    return tensors, aliases
 
 
 def _write_error(e: SafetensorError, path: Path) -> Exception:
@@ -264,10 +300,12 @@ def write_training_files(
     callbacks: dict[str, dict] | None = None,
     config_yaml: str,
     tokenizer_save: Callable[[Path], None] | None = None,
-) -> None:
+) -> dict[str, FileDigest]:
     """Write the files of a training checkpoint into an existing (temporary) ``directory``.
 
-    No manifest, no atomicity: :func:`save_training_checkpoint` adds both.
+    No manifest, no atomicity: :func:`save_training_checkpoint` adds both. Each file is
+    hashed and fsynced as it is written; returns ``{file name: digest}`` (the tokenizer's files,
+    written by the tokenizer, are not in it).
 
     Raises:
         CheckpointSaveError: a value cannot be saved safely, or a library reported a write error.
@@ -285,24 +323,30 @@ def write_training_files(
         except (TypeError, ValueError) as e:
             raise CheckpointSaveError(f"{name}.json: {name} is not JSON-serializable: {e}") from e
 
+    # Independent files, written at once: hashing and os.write release the GIL, so the big
+    # ones (weights, EMA, optimizer state) overlap on the CPU and the disk.
+    jobs: dict[str, Callable[[], FileDigest]] = {}
     for fname, state in ((MODEL_FILE, model), (EMA_FILE, ema)):
-        if state is None:
-            continue
-        try:
-            save_weights(directory / fname, state)
-        except SafetensorError as e:
-            raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
+        if state is not None:
+            jobs[fname] = functools.partial(save_weights_hashed, directory / fname, state)
     for name, obj in torch_objs.items():
         if obj is not None:
-            # A Python file object (not a path): write errors surface as OSError on close.
-            with open(directory / f"{name}.pt", "wb") as f:
-                torch.save(obj, f)
-    for fname, text in json_texts.items():
-        (directory / fname).write_text(text, encoding="utf-8")
-    (directory / "config.yaml").write_text(config_yaml, encoding="utf-8")
+            jobs[f"{name}.pt"] = functools.partial(torch_save, obj, directory / f"{name}.pt")
+    texts = {**json_texts, "config.yaml": config_yaml}
+    for fname, text in texts.items():
+        jobs[fname] = functools.partial(write_text, directory / fname, text)
+    with ThreadPoolExecutor(max_workers=min(4, len(jobs))) as pool:
+        futures = {fname: pool.submit(job) for fname, job in jobs.items()}
+        digests = {}
+        for fname, future in futures.items():
+            try:
+                digests[fname] = future.result()
+            except SafetensorError as e:
+                raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
         (directory / "tokenizer").mkdir()
         tokenizer_save(directory / "tokenizer")
+    return digests
 
 
 def save_training_checkpoint(
@@ -343,8 +387,9 @@ def save_training_checkpoint(
         CheckpointSaveError: nothing was written at ``path`` (a previous version is intact).
     """
     path = Path(path)
-    with atomic_directory(path) as tmp:
-        write_training_files(
+    # The files fsync themselves as they are written; the tokenizer's are fsynced below.
+    with atomic_directory(path, fsync_files=False) as tmp:
+        digests = write_training_files(
             tmp,
             model=model,
             ema=ema,
@@ -357,7 +402,9 @@ def save_training_checkpoint(
             config_yaml=config_yaml,
             tokenizer_save=tokenizer_save,
         )
-        write_manifest(tmp, {"kind": "training", **(meta or {})})
+        if (tmp / "tokenizer").is_dir():
+            fsync_tree(tmp / "tokenizer")
+        write_manifest(tmp, {"kind": "training", **(meta or {})}, known=digests)
     return path
 
 
@@ -406,6 +453,12 @@ def load_training_checkpoint(
     path = Path(path)
     manifest = verify(path, check_hashes=check_hashes)
     files = manifest["files"]
+    if manifest.get(PRUNED_KEY):
+        raise CheckpointError(
+            f"{path}: its {', '.join(manifest[PRUNED_KEY])} were deleted when the run ended "
+            "(checkpoint.after_run: best): it can be exported, not resumed. Set "
+            "checkpoint.after_run: all for runs you may want to extend"
+        )
     for required in (MODEL_FILE, "optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
         if required not in files:
             raise CheckpointCorruptError(f"{path}: not a training checkpoint ({required} missing)")

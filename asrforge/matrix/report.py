@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from asrforge.checkpoint.disk import format_gb, tree_bytes
 from asrforge.matrix.claims import lock_is_held, read_marker
 
 METRICS = ("wer", "cer", "loss")
@@ -56,6 +57,8 @@ class JobReport:
     evals: list[dict[str, Any]] = field(default_factory=list)
     train_loss: list[tuple[int, float]] = field(default_factory=list)
     saves: list[tuple[int, str]] = field(default_factory=list)
+    disk_bytes: int | None = None
+    """Bytes the run directory holds (checkpoints, logs, TensorBoard; hard links once)."""
     note: str | None = None
     """Why it failed / how it ended, and for a failed job the tail of its log."""
 
@@ -142,6 +145,8 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
         r.language = r.language or (cfg.get("selection") or {}).get("language") or langs[0]
         r.config_id = r.config_id or cfg.get("config_id")
         r.seed = r.seed if r.seed is not None else cfg.get("seed")
+    if run_dir.is_dir():
+        r.disk_bytes = tree_bytes(run_dir)
     run = read_run(run_dir)
     r.evals, r.train_loss, r.saves = run["evals"], run["train"], run["saves"]
     logged = {s for s, _ in r.saves}
@@ -262,7 +267,7 @@ COLUMNS = [  # key, header, type
     ("wer", "WER", "num"), ("cer", "CER", "num"), ("longform_wer", "long-form WER", "num"),
     ("loss", "loss", "num"), ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
     ("chosen_by", "chosen by", "text"), ("steps", "steps", "num"),
-    ("attempts", "attempts", "num"), ("time", "time", "num"),
+    ("attempts", "attempts", "num"), ("time", "time", "num"), ("disk", "disk", "num"),
 ]
 
 
@@ -298,6 +303,8 @@ def _row(r: JobReport) -> str:
         (r.policy, _e(r.policy or "–"), ""), (r.chosen_by, _e(r.chosen_by or "–"), "reason"),
         (*_num(r.last_step, "d"), "n"), (*_num(r.attempts, "d"), "n"),
         (repr(float(r.duration_s)) if r.duration_s is not None else "", _clock(r.duration_s), "n"),
+        (r.disk_bytes if r.disk_bytes is not None else "",
+         format_gb(r.disk_bytes) if r.disk_bytes is not None else "–", "n"),
     ]
     tds = "".join(f'<td data-v="{_e(v)}"{f" class={c}" if c else ""}>{shown}</td>'
                   for v, shown, c in cells)
@@ -402,7 +409,8 @@ def render(rows: list[JobReport], title: str) -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f'<meta name="viewport" content="width=device-width"><style>{CSS}</style></head><body>'
-        f"<h1>{_e(title)}</h1><p>{len(rows)} jobs · generated "
+        f"<h1>{_e(title)}</h1><p>{len(rows)} jobs · "
+        f"{_e(format_gb(sum(r.disk_bytes or 0 for r in rows)))} on disk · generated "
         f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</p><p class=counts>{counts_html}</p>"
         f'<h2>Jobs</h2><p>Click a header to sort. WER, CER, loss and rep-trap rate are those of '
         f"the selected (best) checkpoint's evaluation; “chosen by” is the condition that "

@@ -22,7 +22,8 @@ on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
 on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
                ``grad_norm`` (the global norm before clipping; None when it is inf or nan,
                which skips the step), ``skipped`` (bool), ``samples``, ``tokens``,
-               ``step_seconds``
+               ``step_seconds``, ``data_wait_seconds`` (of those, the time spent waiting
+               in the data loader's ``next()``)
 on_eval_begin  ``split: str``
 on_eval_end    ``metrics: dict`` (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts,
                ``per_language``; :func:`eval_metric_names` lists the scalar ones),

@@ -20,6 +20,7 @@ from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.model.lora import load_model_state
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
+from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.guard import build_guard, log_text, run_language
@@ -249,6 +250,7 @@ class Trainer:
             accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
             task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
             t_step = time.perf_counter()
+            data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
             while state.step < max_steps and not state.should_stop:
                 if cfg.train.max_epochs is not None and state.epoch >= cfg.train.max_epochs:
                     status, reason = "completed", f"reached max_epochs={cfg.train.max_epochs}"
@@ -256,9 +258,9 @@ class Trainer:
                 if state.batch_in_epoch == 0:
                     callbacks.call("on_epoch_begin", state, epoch=state.epoch)
                 micro_batch = state.step * cfg.train.grad_accum + accum  # run-wide index
-                for batch in run.train_loader(
+                for batch in data_wait.timed(run.train_loader(
                     state.epoch, state.batch_in_epoch, micro_batch, state.text_position
-                ):
+                )):
                     if accum == 0:
                         callbacks.call("on_step_begin", state, step=state.step + 1)
                     task = batch.get("task", "asr")
@@ -354,6 +356,7 @@ class Trainer:
                         "samples": step_samples,
                         "tokens": step_tokens,
                         "step_seconds": now - t_step,
+                        "data_wait_seconds": data_wait.take(),
                     }
                     if acc.scaler is not None:  # fp16: the dynamic loss scale after this step
                         metrics["grad_scale"] = acc.scaler.get_scale()
@@ -439,6 +442,10 @@ class Trainer:
                 log.warning("forgetting guard: no evaluation kept the guard within tolerance, so "
                             "no checkpoint became best; the starting model is still the better one")
             callbacks.call("on_train_end", state, result=result)
+            # after on_train_end: the averaging callback reads the step checkpoints there
+            if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
+                if acc.is_main_process:
+                    run.checkpoints.prune_after_run()
             return result
         except (OSError, CheckpointSaveError) as e:
             # a file could not be written (a full disk, permissions): one message, no traceback

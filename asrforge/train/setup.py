@@ -373,7 +373,7 @@ def prepare_run(
     manager = CheckpointManager(
         ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
-        log=log,
+        max_disk_gb=cfg.checkpoint.max_disk_gb, log=log,
     )
     if acc.is_main_process:
         manager.recover()
