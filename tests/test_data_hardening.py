@@ -279,7 +279,7 @@ def test_transcribe_warns_about_nan_and_empty_audio(tmp_path, caplog):
     nan[7] = np.nan
     with caplog.at_level(logging.WARNING):
         out = bundle.recognize([nan, np.zeros(0, np.float32)], "en")
-    assert [t.text for t in out] == ["", ""] and [t.segments for t in out] == [0, 0]
+    assert [t.text for t in out] == ["", ""] and [t.segments for t in out] == [[], []]
     assert f"recording 0: {NAN_REASON}" in caplog.text
     assert "recording 1: empty audio (0 samples)" in caplog.text
 
