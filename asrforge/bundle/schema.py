@@ -55,6 +55,7 @@ TRAINING_ONLY: Split = {
         "freeze_encoder": ALL,
         "train_encoder_layers": ALL,
         "base_vocab_size": ALL,  # the pretrained vocabulary before an extension: history
+        "lora": ALL,  # export merges the adapters: the bundle holds plain Whisper weights
     },
     "data": {
         "path": ALL,
@@ -72,6 +73,7 @@ TRAINING_ONLY: Split = {
         "asr_ratio": ALL,
         "text_path": ALL,
         "max_text_lines": ALL,
+        "pack": ALL,  # how training windows were composed; inference decodes any audio
     },
     "eval": {
         "eval_steps": ALL,
