@@ -666,7 +666,9 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
         if kind == "extra_forbidden":
             msg = "unknown field"
             parent = _model_at(root, rel[:-1])
-            if hint := hf_hint(loc[-1]):  # a TrainingArguments name: say where it lives here
+            # a TrainingArguments name in a run's config: say where it lives here (not in
+            # other schemas that reuse this formatter, such as the matrix's)
+            if root.__module__ == __name__ and (hint := hf_hint(loc[-1])):
                 msg += f" — {hint}"
             elif parent is not None:
                 names = [f.alias or n for n, f in parent.model_fields.items()]
