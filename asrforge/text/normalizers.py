@@ -3,9 +3,9 @@
 English gets a subset of Whisper's ``EnglishTextNormalizer``: lowercase; drop ``[...]``,
 ``<...>`` and ``(...)`` spans and the fillers hmm/mm/mhm/mmm/uh/um; expand common contractions
 and titles; strip diacritics; turn punctuation and symbols into spaces (keeping ``. % $ ¢ € £``
-attached to numbers); a few British spellings become American. Numbers are left as written
-(Whisper's spoken-number-to-digits rewriting is not implemented), so ``"twenty"`` and ``"20"``
-differ.
+attached to numbers); spoken numbers are rewritten as Whisper does (transformers'
+``EnglishNumberNormalizer``: ``"twenty five"`` -> ``"25"``, a lone ``"1"`` -> ``"one"``), so a
+model is not scored on number style; a few British spellings become American.
 
 Every other language gets a basic normalizer: Unicode NFKC, case folding, drop bracketed spans,
 punctuation and symbols (categories P* and S*) become spaces. Unlike Whisper's
@@ -18,6 +18,7 @@ word break in Khmer, Burmese and Thai text) count as whitespace.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -128,12 +129,22 @@ def _normalize_english(text: str) -> str:
     text = re.sub(r"\.(\D|$)", r" \1", text)  # a period not before a digit ends a sentence
     text = _strip_symbols_and_diacritics(text)
     text = _FILLERS.sub("", text)  # again: stripping accents can make one ("ÙM" -> "um")
+    text = _english_numbers()(text)  # "twenty five" -> "25", "press 1" -> "press one"
     text = " ".join(_SPELLINGS.get(w, w) for w in text.split())
     text = re.sub(r"([$¢€£])\s+(\d)", r"\1\2", text)  # "$ 5" -> "$5"
     text = re.sub(r"(\d)\s+%", r"\1%", text)  # "5 %" -> "5%"
     text = re.sub(r"[.$¢€£](\D|$)", r" \1", text)  # symbols not before a number
     text = re.sub(r"(^|\D)%", r"\1 ", text)  # % not after a number
     return " ".join(text.split())
+
+
+@functools.cache
+def _english_numbers():
+    """Whisper's spoken-number rewriting, as transformers ships it (imported on first use: the
+    CLI's quick paths never load transformers)."""
+    from transformers.models.whisper.english_normalizer import EnglishNumberNormalizer
+
+    return EnglishNumberNormalizer()
 
 
 def _strip_symbols_and_diacritics(text: str) -> str:
