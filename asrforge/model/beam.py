@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asrforge.model.decoding import suppressed_ids
+from asrforge.model.decoding import suppress, suppressed_ids
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,7 @@ def beam_search(
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)
-        suppress = always + at_begin if t == 0 else always
-        if suppress:
-            logits = logits.index_fill(-1, torch.tensor(suppress, device=device), float("-inf"))
+        logits = suppress(logits, always + at_begin if t == 0 else always)
         logprobs = torch.log_softmax(logits, dim=-1)
         # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
         per_audio = 1 if t == 0 else k

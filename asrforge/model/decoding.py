@@ -27,11 +27,17 @@ def suppressed_ids(model) -> tuple[list[int], list[int]]:
     return ids("suppress_tokens"), ids("begin_suppress_tokens")
 
 
-def pick(logits: torch.Tensor, suppress: list[int]) -> torch.Tensor:
-    """Argmax over the last axis with the ``suppress`` ids excluded (``logits`` is left as is)."""
-    if suppress:
-        logits = logits.index_fill(-1, torch.tensor(suppress, device=logits.device), float("-inf"))
-    return logits.argmax(-1)
+def suppress(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """``logits`` with the ``ids`` set to -inf on the last axis (a copy; the input is left as
+    is), so no decoder picks or samples a suppressed token."""
+    if not ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), float("-inf"))
+
+
+def pick(logits: torch.Tensor, suppress_ids: list[int]) -> torch.Tensor:
+    """Argmax over the last axis with the ``suppress_ids`` excluded (``logits`` is left as is)."""
+    return suppress(logits, suppress_ids).argmax(-1)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from asrforge.model.beam import Hypothesis, beam_search
-from asrforge.model.decoding import suppressed_ids
+from asrforge.model.decoding import suppress, suppressed_ids
 from asrforge.text.repetition import repetition_score
 
 
@@ -95,9 +95,7 @@ def sample(
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)
-        suppress = always + at_begin if t == 0 else always
-        if suppress:
-            logits = logits.index_fill(-1, torch.tensor(suppress, device=device), float("-inf"))
+        logits = suppress(logits, always + at_begin if t == 0 else always)
         probs = torch.softmax(logits / temperature, dim=-1)
         nxt = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
         nxt = torch.where(done, eot, nxt)
