@@ -89,11 +89,17 @@ class ModelConfig(Section):
     d_model: int = Field(default=64, gt=0)
     """Width of encoder and decoder."""
     encoder_layers: int = Field(default=2, gt=0)
+    """Transformer layers in the encoder."""
     decoder_layers: int = Field(default=2, gt=0)
+    """Transformer layers in the decoder."""
     encoder_attention_heads: int = Field(default=4, gt=0)
+    """Attention heads per encoder layer; must divide ``d_model``."""
     decoder_attention_heads: int = Field(default=4, gt=0)
+    """Attention heads per decoder layer; must divide ``d_model``."""
     encoder_ffn_dim: int = Field(default=256, gt=0)
+    """Hidden width of each encoder layer's feed-forward block."""
     decoder_ffn_dim: int = Field(default=256, gt=0)
+    """Hidden width of each decoder layer's feed-forward block."""
     num_mel_bins: int = Field(default=80, gt=0)
     """Log-mel channels of the input features."""
     max_source_positions: int = Field(default=1500, gt=0)
@@ -101,9 +107,13 @@ class ModelConfig(Section):
     max_target_positions: int = Field(default=448, gt=4)
     """Longest label sequence, special prefix tokens included; longer utterances are skipped."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout probability in the encoder and decoder (transformers' ``WhisperConfig.dropout``),
+    in training only; a pretrained model gets it too."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernel: ``sdpa`` (torch's fused scaled_dot_product_attention) or ``eager``
+    (plain matmuls)."""
     freeze_encoder: bool = False
     """Train the decoder only (the encoder's weights stay fixed)."""
     train_encoder_layers: int | None = Field(default=None, ge=0)
@@ -220,7 +230,9 @@ class DataConfig(Section):
     generate: Literal["tones"] | None = None
     """Build this small synthetic data set at ``path`` when it is missing (deterministic)."""
     train_split: str = "train"
+    """The split of ``path`` that trains."""
     eval_split: str = "validation"
+    """The split of ``path`` that is evaluated and selects the checkpoints."""
     languages: list[str] | None = None
     """Keep only utterances of these languages; default all. Codes, English names and locales
     are resolved alike here and in the data's ``language`` column (``en``, ``English``,
@@ -231,6 +243,8 @@ class DataConfig(Section):
     mapping such utterances are skipped ("language 'lg' without a token"), unless the tokenizer
     is a vocabulary extension that added the language's token (``asrforge vocab build``)."""
     task: Literal["transcribe", "translate"] = "transcribe"
+    """Whisper's task token: ``transcribe`` (text in the spoken language) or ``translate``
+    (English text)."""
     batch_size: int = Field(default=8, gt=0)
     """Utterances per micro-batch (per process)."""
     eval_batch_size: int | None = Field(default=None, gt=0)
@@ -286,10 +300,15 @@ class OptimConfig(Section):
     embedding_lr_scale: float = Field(default=1.0, gt=0)
     """Multiplier on ``lr`` for the token and position embeddings."""
     weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW's decoupled weight decay on the weight matrices (never on embeddings, biases or
+    norms); 0: none."""
     betas: tuple[_Beta, _Beta] = (0.9, 0.98)
     """AdamW's decay rates of the gradient's running mean and of its square, each in [0, 1)."""
     eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon, added to the denominator for numerical stability."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning rate after warmup: cosine or linear decay to ``lr * min_lr_ratio`` at
+    ``train.max_steps``, or constant ``lr``."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps of linear warmup from 0 to ``lr``."""
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
@@ -304,6 +323,8 @@ class TrainLoopConfig(Section):
     max_steps: int = Field(default=100, gt=0)
     """Optimizer steps to train (the run may stop earlier: early stopping, step caps)."""
     max_epochs: int | None = Field(default=None, gt=0)
+    """Stop after this many passes over the training split (``max_steps`` still caps the run);
+    null: no epoch limit."""
     grad_accum: int = Field(default=1, gt=0)
     """Micro-batches per optimizer step."""
     precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
@@ -320,6 +341,7 @@ class TrainLoopConfig(Section):
     ema_decay: float | None = Field(default=None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto``: the GPU when one is visible, else the CPU; ``cpu`` even when a GPU is visible."""
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -403,6 +425,8 @@ class PolicyGroup(Section):
     languages: list[str] = Field(default_factory=list)
     """ISO codes or English names; an empty list matches every language not in another group."""
     policy: Literal["by_wer", "by_loss", "combined_gate"]
+    """How runs of this group select: ``by_wer``, ``by_loss``, or ``combined_gate`` (WER and loss
+    both within ``selection.wer_tol``/``loss_eps`` of their bests)."""
     max_steps: int | None = Field(default=None, gt=0)
     """Cap on optimizer steps for runs of this group; null: no cap."""
 
@@ -434,7 +458,9 @@ class TopKSpec(Section):
     metric: str
     """A key of the evaluation metrics: ``wer``, ``cer``, ``loss``, ..."""
     k: int = Field(default=1, gt=0)
+    """How many checkpoints to keep by ``metric``."""
     mode: Literal["min", "max"] = "min"
+    """``min``: lower is better (WER, loss); ``max``: higher is better."""
 
 
 class CheckpointConfig(Section):
@@ -486,10 +512,14 @@ class CallbackSpec(BaseModel):
     """One callback: a registered ``name`` (or ``_target_``, a dotted class path, which needs
     ``--allow-external-callbacks``) plus the callback's own options."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, use_attribute_docstrings=True)
 
     name: str | None = None
+    """A registered callback (``early_stopping``, ``average_checkpoints``, ``wandb``, ...;
+    ``asrforge.callbacks.REGISTRY``); its options sit beside it."""
     target: str | None = Field(default=None, alias="_target_")
+    """A dotted class path (``package.module.Class``) to import instead of a registered ``name``;
+    needs ``--allow-external-callbacks``."""
     id: str | None = Field(default=None, min_length=1)
     """The key of this callback's state in a checkpoint's ``callbacks.json``. Default: the name,
     numbered from the second callback of that name on (``early_stopping#2``), so set an id when
@@ -518,16 +548,28 @@ class TrainConfig(Section):
     output_dir: Path
     """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/."""
     seed: int = 0
+    """Seeds the weights of a model built here, the data order, dropout, packing and every other
+    random draw of the run."""
     config_id: str | None = None
     """A name for this configuration in reports and manifests; default the YAML file's stem."""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model's shape (or a pretrained model) and which part of it trains."""
     data: DataConfig
+    """Where the speech comes from and how it is batched."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    """AdamW and the learning-rate schedule."""
     train: TrainLoopConfig = Field(default_factory=TrainLoopConfig)
+    """How long the run trains and how each step runs."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """When and how the validation split is evaluated; the forgetting guard."""
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    """Which evaluation makes the best checkpoint, and when patience stops the run."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """What is saved under ``output_dir/checkpoints`` and what rotation keeps."""
     callbacks: list[CallbackSpec] = Field(default_factory=list)
+    """Callbacks that observe the run, called in list order. ``metrics_jsonl``, ``tensorboard``,
+    ``lr_monitor``, ``system_monitor`` and ``progress`` are on by default (``enabled: false``
+    turns one off)."""
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainConfig:

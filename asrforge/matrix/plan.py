@@ -55,7 +55,9 @@ class MatrixConfig(Section):
     """ISO codes; each job trains and selects on one of them (``data.languages``,
     ``selection.language``)."""
     configs: list[ConfigEntry] = Field(min_length=1)
+    """The training configs; every language runs each of them."""
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    """Each language × config runs once per seed (the job's ``seed``)."""
     overrides: Overrides = Field(default_factory=list)
     """Overrides for every job (applied before the config entry's own)."""
     language_overrides: dict[str, Overrides] = Field(default_factory=dict)
