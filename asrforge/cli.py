@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from asrforge.checkpoint.atomic import describe_os_error, directory_problem
+from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
@@ -46,6 +47,8 @@ def _add_train(sub) -> None:
         "train",
         help="train a model from a YAML config",
         description="Train from CONFIG.yaml; dotted.key=value overrides may come anywhere.",
+        epilog=fields_epilog(),  # generated from the schema, every field's docstring
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", help="the YAML config file")
     p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest")

@@ -1,5 +1,5 @@
-"""The config reference, generated from the schema: ``asrforge config fields`` and
-``asrforge config show``.
+"""The config reference, generated from the schema: ``asrforge config fields``, ``asrforge
+config show`` and the field list of ``asrforge train --help``.
 
 Nothing here lists fields by hand: every row comes from the pydantic models in
 :mod:`asrforge.config`, whose field docstrings are the documentation, so the reference cannot
@@ -9,6 +9,7 @@ drift from what :func:`asrforge.config.load_config` accepts.
 from __future__ import annotations
 
 import argparse
+import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -31,13 +32,15 @@ class FieldDoc:
     path: str
     """Its YAML path, e.g. ``optim.lr``; list items as ``callbacks[].name``."""
     type: str
+    """The type as a user reads it (``int | null``); ``section`` for a mapping of fields."""
     default: str
     """The default as YAML would write it; ``(required)`` when there is none."""
     description: str
 
 
 def field_docs(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[FieldDoc]:
-    """Every field of ``model`` and of the sections below it, in schema order.
+    """Every field of ``model`` and of the sections below it, in schema order, each section's
+    own row before its fields.
 
     A section held in a list is documented under ``path[].``, one in a mapping under
     ``path.<name>.``; a field with an alias (``_target_``) is listed by the name YAML uses.
@@ -46,16 +49,16 @@ def field_docs(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[F
     for name, info in model.model_fields.items():
         path = f"{prefix}{info.alias or name}"
         section, container = _section_of(info.annotation)
-        # a plain field, a list or mapping of sections, or a section that is off unless set
-        if section is None or container or info.default is None:
-            rows.append(
-                FieldDoc(
-                    path,
-                    _type_name(info.annotation),
-                    _default(info),
-                    _one_paragraph(info.description),
-                )
+        # a section that is always there has no type or default worth a line of its own
+        always_there = section is not None and not container and info.default is not None
+        rows.append(
+            FieldDoc(
+                path,
+                "section" if always_there else _type_name(info.annotation),
+                _default(info),
+                _one_paragraph(info.description),
             )
+        )
         if section is not None:
             rows.extend(field_docs(section, path + _ITEM_PATH[container]))
     return rows
@@ -66,14 +69,38 @@ def undocumented(model: type[BaseModel] = TrainConfig) -> list[str]:
     return [row.path for row in field_docs(model) if not row.description]
 
 
-def render_fields(rows: list[FieldDoc]) -> str:
-    """Rows as plain text: path, type and default on one line, the description indented below."""
+def render_fields(rows: list[FieldDoc], width: int = 100) -> str:
+    """Rows as plain text: path, type and default on one line (a section: its path and
+    ``section``), the description indented below, wrapped at ``width`` columns."""
     out = []
     for row in rows:
-        out.append(f"{row.path}: {row.type} = {row.default}")
+        if row.type == "section":
+            required = " (required)" if row.default == "(required)" else ""
+            out.append(f"{row.path}: section{required}")
+        else:
+            out.append(f"{row.path}: {row.type} = {row.default}")
         if row.description:
-            out.append(f"    {row.description}")
+            out.append(
+                textwrap.fill(
+                    row.description,
+                    width,
+                    initial_indent="    ",
+                    subsequent_indent="    ",
+                    break_on_hyphens=False,
+                )
+            )
     return "\n".join(out)
+
+
+TRAIN_FIELDS_INTRO = (
+    "Config fields (YAML path: type = default), set in the file or as dotted.key=value "
+    "overrides; `asrforge config fields SECTION` lists one section:"
+)
+
+
+def fields_epilog(model: type[BaseModel] = TrainConfig, intro: str = TRAIN_FIELDS_INTRO) -> str:
+    """The field reference a command's ``--help`` ends with (``asrforge train --help``)."""
+    return textwrap.fill(intro, 100) + "\n\n" + render_fields(field_docs(model))
 
 
 def render_resolved(cfg: TrainConfig) -> str:
@@ -192,4 +219,5 @@ def _plain(value: Any) -> Any:
 
 
 def _one_paragraph(text: str | None) -> str:
-    return " ".join((text or "").split())
+    """A docstring as one line of terminal text (reST's ````code```` shown as ```code```)."""
+    return " ".join((text or "").split()).replace("``", "`")

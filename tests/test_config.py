@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
+from schema_fields import schema_fields
 
 from asrforge.config import ConfigError, TrainConfig, load_config
 from asrforge.matrix.plan import MatrixConfig
@@ -103,27 +101,6 @@ def test_config_id_defaults_to_file_stem_and_roundtrips(tmp_path):
     assert cfg.config_id == "my-run"
     again = load_config(data=yaml.safe_load(cfg.to_yaml()))
     assert again == cfg and again.fingerprint() == cfg.fingerprint()
-
-
-def schema_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, FieldInfo]]:
-    """Every field of ``model`` and of every model reachable from it (through ``X | None``,
-    ``list[X]``, ``dict[str, X]``, ``tuple``), by YAML path: ``checkpoint.keep_best[].metric``,
-    ``selection.groups.<name>.policy``."""
-    fields = []
-    for name, info in model.model_fields.items():
-        path = f"{prefix}{info.alias or name}"
-        fields.append((path, info))
-        for section, below in _sections(info.annotation, path):
-            fields += schema_fields(section, below)
-    return fields
-
-
-def _sections(annotation, path: str) -> list[tuple[type[BaseModel], str]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [(annotation, path + ".")]
-    origin = typing.get_origin(annotation)
-    below = {list: path + "[]", dict: path + ".<name>"}.get(origin, path)
-    return [s for arg in typing.get_args(annotation) for s in _sections(arg, below)]
 
 
 @pytest.mark.parametrize("schema", [TrainConfig, MatrixConfig], ids=lambda m: m.__name__)

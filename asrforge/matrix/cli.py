@@ -3,21 +3,28 @@ of a matrix's runs)."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 
 def add_cli(sub) -> None:
+    from asrforge.config_reference import fields_epilog
+    from asrforge.matrix.plan import MatrixConfig
+
     p = sub.add_parser(
         "matrix",
         help="run a matrix of training jobs (languages × configs × seeds)",
-        description=(
+        description=textwrap.fill(  # filled here: the raw formatter keeps the field list's lines
             "Run every job of MATRIX.yaml, one per device, each as `asrforge train` with its "
             "language, seed and output_dir. Launch again (or on another machine sharing the "
             "matrix root) at any time: finished jobs are skipped, interrupted ones resume. "
-            "dotted.key=value overrides apply to every job."
+            "dotted.key=value overrides apply to every job.", 80
         ),
+        epilog=fields_epilog(MatrixConfig, "MATRIX.yaml fields (YAML path: type = default):"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("matrix", help="the MATRIX.yaml file")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
