@@ -171,9 +171,10 @@ class ModelConfig(Section):
         return self
 
     @property
-    def frozen_encoder_top(self) -> int | None:
-        """Encoder layers that train above a frozen lower part: None when nothing of the encoder
-        is frozen, 0 when all of it is (``freeze_encoder`` or ``train_encoder_layers: 0``)."""
+    def trained_top_encoder_layers(self) -> int | None:
+        """How many top encoder layers train while the rest of the encoder is frozen:
+        ``train_encoder_layers``, or 0 with ``freeze_encoder``; None when the whole encoder
+        trains. Derived from those two fields, not a field itself."""
         if self.freeze_encoder:
             return 0
         return self.train_encoder_layers
@@ -573,7 +574,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainConfig:
-        if self.data.cache_encoder and self.model.frozen_encoder_top is None:
+        if self.data.cache_encoder and self.model.trained_top_encoder_layers is None:
             raise ValueError(
                 "data.cache_encoder: needs model.freeze_encoder: true or model.train_encoder_layers "
                 "(a training encoder's output changes every step)"

@@ -111,6 +111,16 @@ def test_every_field_of_every_section_has_a_description(schema):
     assert not missing, f"{len(missing)} of {len(fields)} fields have no description: {missing}"
 
 
+def test_trained_top_encoder_layers_counts_the_layers_that_train():
+    # (it was `frozen_encoder_top`, a name that read as the count of frozen layers)
+    def model(**fields):
+        return load_config(data={**MINIMAL, "model": {"encoder_layers": 4, **fields}}).model
+
+    assert model().trained_top_encoder_layers is None  # the whole encoder trains
+    assert model(train_encoder_layers=1).trained_top_encoder_layers == 1
+    assert model(freeze_encoder=True).trained_top_encoder_layers == 0
+
+
 TRAIN_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.startswith("matrix-"))
 
 

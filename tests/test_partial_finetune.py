@@ -224,7 +224,7 @@ def test_cache_is_allowed_with_train_encoder_layers(tmp_path, tones_dir):
     cfg = tiny_config(
         tmp_path, tones_dir, model={"train_encoder_layers": 0}, data={"cache_encoder": True}
     )
-    assert cfg.model.frozen_encoder_top == 0
+    assert cfg.model.trained_top_encoder_layers == 0
     with pytest.raises(
         ConfigError, match="needs model.freeze_encoder: true or model.train_encoder_layers"
     ):

@@ -138,7 +138,7 @@ def build_model(
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    top = cfg.frozen_encoder_top
+    top = cfg.trained_top_encoder_layers
     if top is not None:  # freeze_encoder (top 0) or train_encoder_layers (top N)
         freeze_encoder_part(model.model.encoder, top)
         if top:

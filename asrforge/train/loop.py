@@ -96,7 +96,7 @@ class Trainer:
         state = TrainState()
         callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
         top = (
-            cfg.model.frozen_encoder_top
+            cfg.model.trained_top_encoder_layers
         )  # None: the whole encoder trains (asrforge.model.partial)
 
         if run.resume_from is not None:

@@ -477,7 +477,7 @@ def prepare_run(
                     "encoder states cannot be cached; the frozen part runs every step")
     elif cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
         cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
-        encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
+        encoder, top = model.model.encoder, cfg.model.trained_top_encoder_layers
         producer = {
             **frozen_part_id(encoder, top), "precision": precision,
             "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
@@ -499,7 +499,7 @@ def prepare_run(
     # selection policy for the run's language
     langs = Counter(u.language for u in train_utts)
     language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
-    partial = cfg.model.frozen_encoder_top is not None  # only part of the model trains
+    partial = cfg.model.trained_top_encoder_layers is not None  # only part of the model trains
     selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps
