@@ -217,3 +217,102 @@ def test_report_screenshot(matrix_root, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a blank page is ~5 KB
+
+
+# ---------------------------------------------------------------------------------------------
+# At scale: 300 jobs (25 languages × 4 configs × 3 seeds)
+
+LANGS = ["af", "am", "ar", "az", "be", "bg", "bn", "bs", "ca", "cs", "cy", "da", "de", "el",
+         "en", "es", "et", "fa", "fi", "fr", "gl", "gu", "ha", "he", "hi"]
+CONFIGS = ["base", "lora", "pack", "tiny"]
+
+
+def synthetic_wer(lang_i: int, cfg_i: int, seed: int, step: int) -> float:
+    """A plausible curve: starts at 0.6-0.8, falls with steps, config and seed shift it."""
+    start = 0.6 + 0.008 * lang_i
+    return round(start - (0.05 + 0.03 * cfg_i) * step / 50 + 0.004 * seed, 6)
+
+
+@pytest.fixture
+def big_matrix(tmp_path) -> Path:
+    root = tmp_path / "big"
+    jobs = []
+    for li, lang in enumerate(LANGS):
+        for ci, cfg in enumerate(CONFIGS):
+            for seed in range(3):
+                job = f"{lang}-{cfg}-s{seed}"
+                jobs.append({"job_id": job, "language": lang, "config_id": cfg, "seed": seed})
+                if (li, ci, seed) == (3, 1, 2):
+                    write_run(root, job, lang, seed, [{"event": "train_begin", "step": 0}],
+                              ("FAILED", {"attempts": 3, "reason": "exit code 1",
+                                          "log_tail": "CUDA out of memory"}))
+                    continue
+                recs = [{"event": "train_begin", "step": 0}]
+                for step in (0, 50, 100, 150):
+                    recs += [{"event": "train", "step": step + s, "loss": 3.0 - step / 100}
+                             for s in (10, 30)] if step else []
+                    wer = synthetic_wer(li, ci, seed, step)
+                    recs.append({"event": "eval", "step": step, "wer": wer, "cer": wer / 2,
+                                 "loss": 2.0 - step / 200, "save": step > 0, "reason": "r"})
+                recs.append({"event": "train_end", "step": 150, "status": "completed",
+                             "reason": "reached max_steps=150", "best_step": 150})
+                write_run(root, job, lang, seed, recs, ("DONE", {"attempts": 1,
+                                                                 "duration_s": 600.0}))
+    (root / "claims").mkdir()
+    (root / "matrix.json").write_text(json.dumps({"jobs": jobs}))
+    return root
+
+
+def test_seed_spread_and_start_delta_per_language_and_config(big_matrix):
+    from statistics import fmean, stdev
+
+    from asrforge.matrix.report import summarize
+
+    rows = collect(big_matrix)
+    assert len(rows) == 300
+    groups = {(g.language, g.config_id): g for g in summarize(rows)}
+    assert len(groups) == 100 and all(len(g.jobs) == 3 for g in groups.values())
+    de = groups[("de", "pack")]
+    wers = [synthetic_wer(LANGS.index("de"), 2, s, 150) for s in range(3)]
+    mean, sd, n = de.spread("wer")
+    assert n == 3 and mean == pytest.approx(fmean(wers)) and sd == pytest.approx(stdev(wers))
+    deltas = [synthetic_wer(12, 2, s, 150) - synthetic_wer(12, 2, s, 0) for s in range(3)]
+    assert de.spread("delta_wer")[0] == pytest.approx(fmean(deltas)) and fmean(deltas) < 0
+    # the failed job counts in its group but not in its spread
+    az = groups[("az", "lora")]
+    assert az.count("failed") == 1 and az.spread("wer")[2] == 2
+
+
+def test_report_at_scale_filters_in_chromium(big_matrix, tmp_path):
+    page = tmp_path / "report.html"
+    write_report(big_matrix, page)
+    assert page.stat().st_size < 3_000_000  # ~900 jobs stay a page a browser opens at once
+
+    def shown(query: str) -> tuple[int, int, int]:
+        proc = run_chromium("--virtual-time-budget=5000", "--dump-dom", f"{page.as_uri()}?{query}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        parsed = DomRows()
+        parsed.feed(proc.stdout)
+        a = parsed.html
+        return (int(a["data-jobs-shown"]), int(a["data-groups-shown"]),
+                int(a["data-sections-shown"]))
+
+    assert shown("x=1") == (300, 100, 25)  # no filter: everything
+    assert shown("language=de") == (12, 4, 1)
+    assert shown("language=de&config=lora") == (3, 1, 1)
+    assert shown("status=failed") == (1, 100, 1)  # the groups table keeps every group
+    assert shown("q=out%20of%20memory") == (0, 0, 0)  # the log tail is not searched
+    assert shown("q=az-lora") == (3, 1, 1)  # words of job ids match
+    assert shown("q=zz") == (0, 0, 0)
+
+
+def test_report_at_scale_screenshot(big_matrix, tmp_path):
+    """A look at the page of 300 jobs filtered to one language: the screenshot is kept in
+    the test's tmp dir for a human to open (pytest --basetemp=DIR)."""
+    page, shot = tmp_path / "report.html", tmp_path / "shot.png"
+    write_report(big_matrix, page)
+    proc = run_chromium("--window-size=1400,2400", "--virtual-time-budget=5000",
+                        f"--screenshot={shot}", f"{page.as_uri()}?language=de")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 60_000

@@ -1,10 +1,15 @@
 """``asrforge report``: one self-contained HTML page of a matrix's runs.
 
 Everything is inline (CSS, a little JS, SVG): the page opens from disk or an e-mail attachment.
-It holds a sortable table of every job (language, config, seed, status, best step, WER, CER,
-long-form WER, loss, rep-trap rate, selection policy and the condition that chose the best checkpoint), a
-language × config grid of the best WER (mean over seeds), and per job the WER / CER / loss
-curves against step with saved checkpoints marked.
+It is built for a matrix of ~100 languages × configs × seeds (~900 jobs):
+- filters (free text, language, config, status) that apply to everything below them;
+- a language × config table: each metric of the selected checkpoints as mean ± sd over seeds,
+  and the change of WER from the starting model (the run's step-0 evaluation);
+- a sortable table of every job (language, config, seed, status, best step, WER and its
+  change, CER, long-form WER, loss, rep-trap rate, selection policy, the condition that chose
+  the best checkpoint, steps, attempts, time, disk);
+- per language, one plot per metric with every job of that language overlaid (a line per job,
+  coloured by config, a dot at its selected checkpoint), not one block per job.
 
 Sources per run dir: ``metrics.jsonl`` (``train_begin`` / ``train`` / ``eval`` / ``save`` /
 ``train_end``; a resumed run's records after its resume step replace the crashed attempt's),
@@ -18,6 +23,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.checkpoint.disk import format_gb, tree_bytes
 from asrforge.matrix.claims import lock_is_held, read_marker
 
@@ -61,6 +68,15 @@ class JobReport:
     """Bytes the run directory holds (checkpoints, logs, TensorBoard; hard links once)."""
     note: str | None = None
     """Why it failed / how it ended, and for a failed job the tail of its log."""
+    start_wer: float | None = None
+    """WER of the evaluation at step 0 (the starting model), when the run made one."""
+
+    def delta_wer(self) -> float | None:
+        """The selected checkpoint's WER minus the starting model's: negative is better."""
+        wer = self.best.get("wer")
+        if self.start_wer is None or not isinstance(wer, int | float):
+            return None
+        return wer - self.start_wer
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -163,6 +179,9 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     else:
         saved = [e["step"] for e in r.evals if e.get("save")]
         r.best_step = saved[-1] if saved else None
+    start = [e.get("wer") for e in r.evals if e["step"] == 0]
+    if start and isinstance(start[-1], int | float):
+        r.start_wer = float(start[-1])
     chosen = [e for e in r.evals if e["step"] == r.best_step]
     if chosen:
         e = chosen[-1]
@@ -199,7 +218,52 @@ def _policy_from_checkpoint(run_dir: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Seed spread and before/after, per language × config
+
+
+@dataclass
+class GroupSummary:
+    """One language × config: its jobs' best metrics over seeds."""
+
+    language: str
+    config_id: str
+    jobs: list[JobReport]
+
+    def values(self, metric: str) -> list[float]:
+        """``metric`` of every job's selected checkpoint that has one (``delta_wer``: best WER
+        minus the step-0 WER, for jobs evaluated at step 0)."""
+        out = []
+        for r in self.jobs:
+            v = r.delta_wer() if metric == "delta_wer" else r.best.get(metric)
+            if isinstance(v, int | float) and v == v:
+                out.append(float(v))
+        return out
+
+    def spread(self, metric: str) -> tuple[float, float | None, int] | None:
+        """(mean, sample standard deviation or None for one seed, n)."""
+        xs = self.values(metric)
+        if not xs:
+            return None
+        return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None), len(xs)
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.jobs)
+
+
+def summarize(rows: list[JobReport]) -> list[GroupSummary]:
+    """The jobs grouped by language × config (in the order they first appear)."""
+    groups: dict[tuple[str, str], GroupSummary] = {}
+    for r in rows:
+        key = (r.language or "–", r.config_id or "–")
+        groups.setdefault(key, GroupSummary(*key, jobs=[])).jobs.append(r)
+    return list(groups.values())
+
+
+# ---------------------------------------------------------------------------------------------
 # HTML
+
+PALETTE = ("#1f6fb2", "#e0532d", "#2a9d4b", "#8e44ad", "#c9a100", "#16a2b8", "#d63384",
+           "#6c757d", "#7a4b1f", "#004c3f")
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -207,32 +271,37 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}h3{font-size:1em;margin:
 table{border-collapse:collapse;margin:.5em 0}
 th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
-#jobs th{cursor:pointer;user-select:none;background:#f4f4f4;position:sticky;top:0}
-#jobs th[aria-sort=ascending]::after{content:" ▲"}
-#jobs th[aria-sort=descending]::after{content:" ▼"}
+table.sortable th{cursor:pointer;user-select:none;background:#f4f4f4;position:sticky;top:0}
+table.sortable th[aria-sort=ascending]::after{content:" ▲"}
+table.sortable th[aria-sort=descending]::after{content:" ▼"}
 td.reason{white-space:normal;max-width:28em;font-size:.9em;color:#444}
+td.better{color:#17743a}td.worse{color:#b3261e}
 .st{padding:1px 6px;border-radius:8px;font-size:.85em}
 .st-done{background:#d9f2dd}.st-failed{background:#f8d4d4}.st-running{background:#d8e6fb}
 .st-interrupted{background:#fbecc8}.st-queued{background:#eee}
 .counts span{margin-right:1.2em}
-.job{border-top:1px solid #ccc;padding:.6em 0}
-.plots{display:flex;flex-wrap:wrap;gap:10px}
+#filters{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:1px solid #ccc;
+  z-index:2;display:flex;gap:.8em;align-items:center;flex-wrap:wrap}
+#filters input{width:18em}
+.scroll{max-height:32em;overflow:auto;border:1px solid #eee}
+details.lang{border-top:1px solid #ccc;padding:.4em 0}
+details.lang summary{cursor:pointer;font-weight:600}
+.plots{display:flex;flex-wrap:wrap;gap:10px;margin:.4em 0}
+.legend span{margin-right:1em;font-size:.9em}
+.legend i{display:inline-block;width:1.4em;height:3px;vertical-align:middle;margin-right:.3em}
 svg.plot{background:#fcfcfc;border:1px solid #e4e4e4}
 svg text{font-size:10px;fill:#555}
-polyline.curve{fill:none;stroke:#1f6fb2;stroke-width:1.6}
-polyline.curve[data-series=train]{stroke:#b9b9b9;stroke-width:1;stroke-dasharray:3 2}
-circle.point{fill:#1f6fb2}circle.save{fill:#fff;stroke:#1f6fb2;stroke-width:1.4}
-circle.best{fill:#e0532d;stroke:#e0532d}
+polyline.curve{fill:none;stroke-width:1.4;stroke-opacity:.85}
+polyline.curve[data-series=train]{stroke-width:1;stroke-dasharray:3 2}
+circle.best{stroke:#fff;stroke-width:1}
 pre{background:#f6f6f6;padding:.5em;max-height:16em;overflow:auto;font-size:12px}
-.grid td{text-align:center}
 """
 
 JS = """
 (function(){
-  var table=document.getElementById('jobs');
   function key(td,num){var v=td.getAttribute('data-v');if(v===null||v==='')return null;
     return num?parseFloat(v):v.toLowerCase();}
-  function sortBy(th){
+  function sortBy(table,th){
     var col=Array.prototype.indexOf.call(th.parentNode.children,th);
     var num=th.getAttribute('data-type')==='num';
     var dir=th.getAttribute('aria-sort')==='ascending'?-1:1;
@@ -247,15 +316,56 @@ JS = """
     rows.forEach(function(r){body.appendChild(r);});
     table.setAttribute('data-sorted-by',th.getAttribute('data-key')+(dir===1?':asc':':desc'));
   }
-  Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th){
-    th.addEventListener('click',function(){sortBy(th);});});
-  // Test hook: ?sort=wer,wer clicks those headers in turn; ?selftest records what was drawn.
-  var q=new URLSearchParams(location.search);
-  (q.get('sort')||'').split(',').filter(Boolean).forEach(function(k){
-    var th=table.querySelector('th[data-key="'+k+'"]');if(th)th.click();});
-  if(q.has('selftest')){
+  Array.prototype.forEach.call(document.querySelectorAll('table.sortable'),function(table){
+    Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th){
+      th.addEventListener('click',function(){sortBy(table,th);});});});
+  // Filters: free text over a row's words, and language / config / status selects. They hide
+  // rows of both tables and whole language sections of the curves.
+  var form=document.getElementById('filters');
+  function field(name){return form.elements[name];}
+  function apply(){
+    var q=field('q').value.trim().toLowerCase().split(/\\s+/).filter(Boolean);
+    var want={language:field('language').value,config:field('config').value,
+              status:field('status').value};
+    function keep(el,checkStatus){
+      if(want.language&&el.getAttribute('data-language')!==want.language)return false;
+      if(want.config&&el.getAttribute('data-config')!==want.config)return false;
+      if(checkStatus&&want.status&&el.getAttribute('data-status')!==want.status)return false;
+      var text=(el.getAttribute('data-search')||'');
+      return q.every(function(w){return text.indexOf(w)>=0;});}
+    var shown=0,total=0;
+    Array.prototype.forEach.call(document.querySelectorAll('tr.job-row'),function(tr){
+      var ok=keep(tr,true);tr.hidden=!ok;total++;if(ok)shown++;});
+    var groups=0;
+    Array.prototype.forEach.call(document.querySelectorAll('tr.group-row'),function(tr){
+      var ok=keep(tr,false);tr.hidden=!ok;if(ok)groups++;});
+    var langs={};
+    Array.prototype.forEach.call(document.querySelectorAll('tr.job-row'),function(tr){
+      if(!tr.hidden)langs[tr.getAttribute('data-language')]=1;});
+    var sections=0;
+    Array.prototype.forEach.call(document.querySelectorAll('details.lang'),function(d){
+      var ok=langs.hasOwnProperty(d.getAttribute('data-language'));d.hidden=!ok;
+      if(ok)sections++;});
+    document.getElementById('shown').textContent=shown+' of '+total+' jobs shown';
+    var root=document.documentElement;
+    root.setAttribute('data-jobs-shown',String(shown));
+    root.setAttribute('data-groups-shown',String(groups));
+    root.setAttribute('data-sections-shown',String(sections));
+  }
+  form.addEventListener('input',apply);form.addEventListener('change',apply);
+  form.addEventListener('submit',function(e){e.preventDefault();});
+  // Test hooks and shareable views: ?q=&language=&config=&status= set the filters;
+  // ?sort=wer,wer clicks those headers of the jobs table in turn; ?selftest records what
+  // was drawn.
+  var p=new URLSearchParams(location.search);
+  ['q','language','config','status'].forEach(function(k){if(p.has(k))field(k).value=p.get(k);});
+  apply();
+  var jobs=document.getElementById('jobs');
+  (p.get('sort')||'').split(',').filter(Boolean).forEach(function(k){
+    var th=jobs.querySelector('th[data-key="'+k+'"]');if(th)th.click();});
+  if(p.has('selftest')){
     var lines=document.querySelectorAll('svg polyline');
-    var drawn=Array.prototype.filter.call(lines,function(p){return p.getTotalLength()>0;});
+    var drawn=Array.prototype.filter.call(lines,function(l){return l.getTotalLength()>0;});
     document.documentElement.setAttribute('data-polylines-drawn',String(drawn.length));
   }
 })();
@@ -264,10 +374,18 @@ JS = """
 COLUMNS = [  # key, header, type
     ("job", "job", "text"), ("language", "language", "text"), ("config", "config", "text"),
     ("seed", "seed", "num"), ("status", "status", "text"), ("best_step", "best step", "num"),
-    ("wer", "WER", "num"), ("cer", "CER", "num"), ("longform_wer", "long-form WER", "num"),
-    ("loss", "loss", "num"), ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
+    ("wer", "WER", "num"), ("delta_wer", "Δ WER vs step 0", "num"), ("cer", "CER", "num"),
+    ("longform_wer", "long-form WER", "num"), ("loss", "loss", "num"),
+    ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
     ("chosen_by", "chosen by", "text"), ("steps", "steps", "num"),
     ("attempts", "attempts", "num"), ("time", "time", "num"), ("disk", "disk", "num"),
+]
+
+GROUP_COLUMNS = [
+    ("language", "language", "text"), ("config", "config", "text"), ("seeds", "seeds", "num"),
+    ("wer", "WER mean ± sd", "num"), ("start_wer", "step-0 WER", "num"),
+    ("delta_wer", "Δ WER mean ± sd", "num"), ("cer", "CER mean ± sd", "num"),
+    ("longform_wer", "long-form WER mean ± sd", "num"), ("failed", "failed", "num"),
 ]
 
 
@@ -282,6 +400,15 @@ def _num(v: Any, fmt: str) -> tuple[str, str]:
     return repr(float(v)), format(v, fmt)
 
 
+def _spread(s: tuple[float, float | None, int] | None, signed: bool = False) -> tuple[str, str]:
+    """(sort value, shown text) of a (mean, sd, n) spread: ``0.1234 ± 0.0100``."""
+    if s is None:
+        return "", "–"
+    mean, sd, _ = s
+    shown = format(mean, "+.4f" if signed else ".4f")
+    return repr(mean), shown + (f" ± {sd:.4f}" if sd is not None else "")
+
+
 def _clock(seconds: float | None) -> str:
     if seconds is None:
         return "–"
@@ -289,15 +416,39 @@ def _clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _filter_attrs(language: str | None, config: str | None, words: list[Any],
+                  status: str | None = None) -> str:
+    """The data-* attributes the page's filters read."""
+    text = " ".join(str(w) for w in (language, config, status, *words) if w is not None).lower()
+    attrs = f' data-language="{_e(language or "–")}" data-config="{_e(config or "–")}"'
+    if status is not None:
+        attrs += f' data-status="{_e(status)}"'
+    return attrs + f' data-search="{_e(text)}"'
+
+
+def _cells(cells: list[tuple[Any, str, str]]) -> str:
+    return "".join(f'<td data-v="{_e(v)}"{f" class={c}" if c else ""}>{shown}</td>'
+                   for v, shown, c in cells)
+
+
+def _delta_class(delta: float | None) -> str:
+    """Colour a change of WER: lower is better."""
+    if delta is None or delta != delta:
+        return "n"
+    return "n better" if delta < 0 else "n worse" if delta > 0 else "n"
+
+
 def _row(r: JobReport) -> str:
+    delta = r.delta_wer()
     cells = [
-        (r.job_id, f'<a href="#job-{_e(r.job_id)}">{_e(r.job_id)}</a>', ""),
+        (r.job_id, f'<a href="#lang-{_e(r.language or "–")}">{_e(r.job_id)}</a>', ""),
         (r.language, _e(r.language or "–"), ""), (r.config_id, _e(r.config_id or "–"), ""),
         (*_num(r.seed, "d"), "n"),
         (f"{STATUS_ORDER.index(r.status)}{r.status}",  # sorts the failed first, done last
          f'<span class="st st-{_e(r.status)}">{_e(r.status)}</span>', ""),
         (*_num(r.best_step, "d"), "n"),
-        (*_num(r.best.get("wer"), ".4f"), "n"), (*_num(r.best.get("cer"), ".4f"), "n"),
+        (*_num(r.best.get("wer"), ".4f"), "n"), (*_num(delta, "+.4f"), _delta_class(delta)),
+        (*_num(r.best.get("cer"), ".4f"), "n"),
         (*_num(r.best.get("longform_wer"), ".4f"), "n"),
         (*_num(r.best.get("loss"), ".4f"), "n"), (*_num(r.best.get("rep_trap_rate"), ".1%"), "n"),
         (r.policy, _e(r.policy or "–"), ""), (r.chosen_by, _e(r.chosen_by or "–"), "reason"),
@@ -306,17 +457,32 @@ def _row(r: JobReport) -> str:
         (r.disk_bytes if r.disk_bytes is not None else "",
          format_gb(r.disk_bytes) if r.disk_bytes is not None else "–", "n"),
     ]
-    tds = "".join(f'<td data-v="{_e(v)}"{f" class={c}" if c else ""}>{shown}</td>'
-                  for v, shown, c in cells)
-    return f'<tr class="job-row" data-job="{_e(r.job_id)}">{tds}</tr>'
+    attrs = _filter_attrs(r.language, r.config_id, [r.job_id, r.policy, r.chosen_by], r.status)
+    return f'<tr class="job-row" data-job="{_e(r.job_id)}"{attrs}>{_cells(cells)}</tr>'
 
 
-def _plot(title: str, series: list[tuple[str, list[tuple[int, float]]]], saves: list[int],
-          best: int | None, max_step: int) -> str:
-    """An SVG line plot: ``series`` of (name, [(step, value)]); circles at saved steps on the
-    first series (the best one filled)."""
-    w, h, ml, mr, mt, mb = 300, 150, 44, 10, 18, 22
-    pts = [(s, v) for _, xs in series for s, v in xs if isinstance(v, int | float) and v == v]
+def _group_row(g: GroupSummary) -> str:
+    delta = g.spread("delta_wer")
+    start = [r.start_wer for r in g.jobs if r.start_wer is not None]
+    cells = [
+        (g.language, _e(g.language), ""), (g.config_id, _e(g.config_id), ""),
+        (len(g.jobs), f"{g.count('done')}/{len(g.jobs)} done", "n"),
+        (*_spread(g.spread("wer")), "n"),
+        (*_num(statistics.fmean(start) if start else None, ".4f"), "n"),
+        (*_spread(delta, signed=True), _delta_class(delta[0] if delta else None)),
+        (*_spread(g.spread("cer")), "n"), (*_spread(g.spread("longform_wer")), "n"),
+        (g.count("failed"), str(g.count("failed")), "n"),
+    ]
+    attrs = _filter_attrs(g.language, g.config_id, [r.job_id for r in g.jobs])
+    return f'<tr class="group-row"{attrs}>{_cells(cells)}</tr>'
+
+
+def _plot(title: str, lines: list[tuple[str, str, list[tuple[int, float]], int | None]],
+          max_step: int) -> str:
+    """An SVG line plot of several runs: ``lines`` of (label, colour, [(step, value)], best
+    step); the best step of each line gets a dot."""
+    w, h, ml, mr, mt, mb = 330, 160, 44, 10, 18, 22
+    pts = [(s, v) for _, _, xs, _ in lines for s, v in xs if isinstance(v, int | float) and v == v]
     head = f'<svg class="plot" data-metric="{_e(title)}" width="{w}" height="{h}" ' \
            f'viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">' \
            f'<text x="{ml}" y="12">{_e(title)}</text>'
@@ -338,63 +504,60 @@ def _plot(title: str, series: list[tuple[str, list[tuple[int, float]]]], saves: 
              f'<text x="{ml - 4}" y="{h - mb}" text-anchor="end">{lo:.{digits}g}</text>',
              f'<text x="{ml}" y="{h - 6}">0</text>',
              f'<text x="{w - mr}" y="{h - 6}" text-anchor="end">step {xmax}</text>']
-    for name, xs in reversed(series):  # the first series on top
-        good = [(s, v) for s, v in xs if isinstance(v, int | float) and v == v]
-        if good:
-            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in good))
-            parts.append(f'<polyline class="curve" data-series="{_e(name)}" points="{coords}"/>')
-            if len(good) == 1:  # a line of one point is invisible
-                x, y = xy(*good[0])
-                parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2"/>')
-    main = dict(series[0][1])
-    for s in sorted(set(saves)):
-        if s in main and main[s] == main[s]:
-            x, y = xy(s, main[s])
-        else:
-            x, y = xy(s, lo)
-        cls = "best" if s == best else "save"
-        parts.append(f'<circle class="{cls}" data-step="{s}" cx="{x:.1f}" cy="{y:.1f}" '
-                     f'r="{4 if cls == "best" else 3}"><title>checkpoint step {s}'
-                     f'{" (best)" if cls == "best" else ""}</title></circle>')
+    for label, colour, xs, best in lines:
+        good = sorted((s, v) for s, v in xs if isinstance(v, int | float) and v == v)
+        if not good:
+            continue
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in good))
+        parts.append(f'<polyline class="curve" stroke="{colour}" points="{coords}">'
+                     f"<title>{_e(label)}</title></polyline>")
+        at = dict(good)
+        # the selected checkpoint; a run of a single evaluation still shows as a dot
+        for s in {best} & set(at) or ({good[0][0]} if len(good) == 1 else set()):
+            x, y = xy(s, at[s])
+            parts.append(f'<circle class="best" fill="{colour}" data-step="{s}" cx="{x:.1f}" '
+                         f'cy="{y:.1f}" r="3"><title>{_e(label)}: step {s}</title></circle>')
     return "".join(parts) + "</svg>"
 
 
-def _job_section(r: JobReport) -> str:
-    max_step = r.last_step or 0
-    saves = [s for s, _ in r.saves]
-    plots = [
-        _plot(m, [("eval", [(e["step"], e.get(m)) for e in r.evals])]
-              + ([("train", r.train_loss)] if m == "loss" else []), saves, r.best_step, max_step)
-        for m in METRICS
-    ]
-    facts = (f"{_e(r.language)} · {_e(r.config_id)} · seed {_e(r.seed)} · "
-             f'<span class="st st-{_e(r.status)}">{_e(r.status)}</span> · policy {_e(r.policy)}'
-             f" · best step {_e(r.best_step)} · checkpoints at "
-             f"{_e(', '.join(map(str, sorted(set(saves)))) or '–')}")
-    note = f"<pre>{_e(r.note)}</pre>" if r.note and r.status == "failed" else (
-        f"<div>{_e(r.note)}</div>" if r.note else "")
-    return (f'<section class="job" id="job-{_e(r.job_id)}"><h3>{_e(r.job_id)}</h3>'
-            f"<div>{facts}</div>{note}<div class=plots>{''.join(plots)}</div></section>")
+def _language_section(language: str, jobs: list[JobReport], colours: dict[str, str]) -> str:
+    """Every job of one language overlaid: a curve per job, coloured by config."""
+    max_step = max((r.last_step or 0 for r in jobs), default=0)
+
+    def lines(metric: str) -> list[tuple[str, str, list[tuple[int, float]], int | None]]:
+        out = []
+        for r in jobs:
+            xs = r.train_loss if metric == "train loss" else [(e["step"], e.get(metric))
+                                                               for e in r.evals]
+            best = None if metric == "train loss" else r.best_step
+            out.append((f"{r.job_id} ({r.status})", colours.get(r.config_id or "–", "#555"),
+                        xs, best))
+        return out
+
+    plots = "".join(_plot(m, lines(m), max_step) for m in (*METRICS, "train loss"))
+    configs = sorted({r.config_id or "–" for r in jobs})
+    legend = "".join(f'<span><i style="background:{colours.get(c, "#555")}"></i>{_e(c)}</span>'
+                     for c in configs)
+    notes = "".join(f"<div><b>{_e(r.job_id)}</b>: <pre>{_e(r.note)}</pre></div>"
+                    for r in jobs if r.status == "failed" and r.note)
+    done = sum(r.status == "done" for r in jobs)
+    return (f'<details class="lang" open id="lang-{_e(language)}" data-language="{_e(language)}">'
+            f"<summary>{_e(language)} · {len(jobs)} jobs, {done} done</summary>"
+            f'<div class="legend">{legend} (a line per job; dot: its selected checkpoint)</div>'
+            f'<div class="plots">{plots}</div>{notes}</details>')
 
 
-def _grid(rows: list[JobReport]) -> str:
-    """Language × config: mean best WER over seeds (and how many seeds have one)."""
-    langs = sorted({r.language for r in rows if r.language})
-    cfgs = sorted({r.config_id for r in rows if r.config_id})
-    if not langs or not cfgs:
-        return ""
-    head = "".join(f"<th>{_e(c)}</th>" for c in cfgs)
-    body = []
-    for lang in langs:
-        cells = []
-        for c in cfgs:
-            wers = [r.best.get("wer") for r in rows if r.language == lang and r.config_id == c]
-            got = [w for w in wers if isinstance(w, int | float)]
-            text = f"{sum(got) / len(got):.4f} ({len(got)}/{len(wers)})" if got else "–"
-            cells.append(f"<td>{text}</td>")
-        body.append(f"<tr><th>{_e(lang)}</th>{''.join(cells)}</tr>")
-    return (f'<h2>Best WER by language × config</h2><table class="grid"><tr><th></th>{head}</tr>'
-            f"{''.join(body)}</table>")
+def _select(name: str, label: str, values: list[str]) -> str:
+    options = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in values)
+    return (f'<label>{_e(label)} <select name="{name}"><option value="">all</option>'
+            f"{options}</select></label>")
+
+
+def _table(table_id: str, columns: list[tuple[str, str, str]], rows: str) -> str:
+    ths = "".join(f'<th data-key="{k}" data-type="{t}">{_e(label)}</th>'
+                  for k, label, t in columns)
+    return (f'<div class="scroll"><table id="{table_id}" class="sortable"><thead><tr>{ths}</tr>'
+            f"</thead><tbody>{rows}</tbody></table></div>")
 
 
 def render(rows: list[JobReport], title: str) -> str:
@@ -404,27 +567,44 @@ def render(rows: list[JobReport], title: str) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     counts_html = "".join(f'<span class="st st-{s}">{s}: {counts[s]}</span>'
                           for s in reversed(STATUS_ORDER) if s in counts)
-    ths = "".join(f'<th data-key="{k}" data-type="{t}">{_e(label)}</th>'
-                  for k, label, t in COLUMNS)
+    languages = sorted({r.language or "–" for r in rows})
+    configs = sorted({r.config_id or "–" for r in rows})
+    colours = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
+    by_language: dict[str, list[JobReport]] = {}
+    for r in rows:
+        by_language.setdefault(r.language or "–", []).append(r)
+    filters = (
+        '<form id="filters"><label>search <input name="q" type="search" '
+        'placeholder="job, language, config, reason…"></label>'
+        f'{_select("language", "language", languages)}{_select("config", "config", configs)}'
+        f'{_select("status", "status", [s for s in STATUS_ORDER if s in counts])}'
+        '<span id="shown"></span></form>'
+    )
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f'<meta name="viewport" content="width=device-width"><style>{CSS}</style></head><body>'
-        f"<h1>{_e(title)}</h1><p>{len(rows)} jobs · "
+        f"<h1>{_e(title)}</h1><p>{len(rows)} jobs · {len(languages)} languages · "
+        f"{len(configs)} configs · "
         f"{_e(format_gb(sum(r.disk_bytes or 0 for r in rows)))} on disk · generated "
         f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</p><p class=counts>{counts_html}</p>"
-        f'<h2>Jobs</h2><p>Click a header to sort. WER, CER, loss and rep-trap rate are those of '
-        f"the selected (best) checkpoint's evaluation; “chosen by” is the condition that "
-        f"selected it.</p>"
-        f'<table id="jobs"><thead><tr>{ths}</tr></thead><tbody>'
-        f"{''.join(_row(r) for r in rows)}</tbody></table>"
-        f"{_grid(rows)}<h2>Curves</h2><p>Blue: evaluation; grey dashes: training loss; circles: "
-        f"saved checkpoints, the filled one selected.</p>"
-        f"{''.join(_job_section(r) for r in rows)}<script>{JS}</script></body></html>"
+        f"{filters}"
+        "<h2>Language × config, over seeds</h2><p>Metrics of each job's selected (best) "
+        "checkpoint: mean ± sample standard deviation over seeds. Δ WER is the selected "
+        "checkpoint's WER minus the same run's step-0 evaluation (the starting model; "
+        "<code>eval.at_start</code>), negative when fine-tuning helped. Click a header to "
+        "sort.</p>"
+        f"{_table('groups', GROUP_COLUMNS, ''.join(_group_row(g) for g in summarize(rows)))}"
+        "<h2>Jobs</h2><p>“chosen by” is the condition that selected the checkpoint.</p>"
+        f"{_table('jobs', COLUMNS, ''.join(_row(r) for r in rows))}"
+        "<h2>Curves by language</h2><p>Evaluation WER, CER and loss, and training loss, of "
+        "every job of a language on one plot per metric, coloured by config.</p>"
+        + "".join(_language_section(lang, by_language[lang], colours) for lang in languages)
+        + f"<script>{JS}</script></body></html>"
     )
 
 
 def write_report(runs_dir: Path, out: Path, *, title: str | None = None) -> list[JobReport]:
-    """Collect ``runs_dir`` and write the page to ``out``; returns the rows."""
+    """Collect ``runs_dir`` and write the page to ``out`` (atomically); returns the rows."""
     from asrforge.errors import UserError
 
     if not Path(runs_dir).is_dir():
@@ -433,5 +613,5 @@ def write_report(runs_dir: Path, out: Path, *, title: str | None = None) -> list
     page = render(rows, title or f"asrforge report: {Path(runs_dir).resolve().name}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    atomic_write_text(out, page)
     return rows
