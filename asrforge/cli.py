@@ -59,7 +59,8 @@ def _add_train(sub) -> None:
     )
     p.add_argument(
         "--allow-external-callbacks", action="store_true",
-        help="allow callbacks named by `_target_` (imports and runs that code)",
+        help="allow callbacks named by `_target_` and augmentation transforms named "
+        "'module:function' (imports and runs that code)",
     )
     p.set_defaults(func=_run_train, accepts_overrides=True)
 
@@ -78,6 +79,10 @@ def _run_train(args) -> int:
     from asrforge.train.loop import Trainer
 
     callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks, source=args.config)
+    if cfg.data.augment.transforms:  # the same permission as callbacks' _target_
+        from asrforge.data.augment import import_transforms
+
+        import_transforms(cfg.data.augment.transforms, allowed=args.allow_external_callbacks)
     startup = {"imports": _seconds_since_process_start() - t_config, "config": t_config}
     try:
         result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume, start_over=args.start_over)

@@ -222,6 +222,74 @@ class PackConfig(Section):
         return self
 
 
+class SpecAugmentConfig(Section):
+    """SpecAugment (Park et al., 2019) on the log-mel features of training windows: bands of mel
+    bins and spans of frames set to zero. The defaults are LibriSpeech's LD policy."""
+
+    freq_masks: int = Field(default=2, ge=0)
+    """Frequency masks per window."""
+    freq_width: int = Field(default=27, ge=0)
+    """Widest frequency mask, in mel bins (each mask's width is drawn from 0 to this)."""
+    time_masks: int = Field(default=2, ge=0)
+    """Time masks per window, placed within its audio (never in the padding)."""
+    time_width: int = Field(default=100, ge=0)
+    """Widest time mask, in frames (10 ms each)."""
+    max_time_share: float = Field(default=0.2, gt=0, le=1)
+    """A time mask covers at most this share of the window's audio (a short clip gets short
+    masks)."""
+
+
+class SpeedConfig(Section):
+    """Speed perturbation (as Kaldi's): the clip is resampled so it plays faster or slower,
+    pitch included. One factor per utterance and epoch, drawn uniformly from ``factors``."""
+
+    factors: list[float] = Field(default_factory=lambda: [0.9, 1.0, 1.1], min_length=1)
+    """Speed factors to draw from, each 0.5 to 2 (1.1: 10% faster and shorter)."""
+
+    @model_validator(mode="after")
+    def _factor_range(self) -> SpeedConfig:
+        bad = [f for f in self.factors if not 0.5 <= f <= 2.0]
+        if bad:
+            raise ValueError(f"factors: each must be between 0.5 and 2, got {bad[0]:g}")
+        return self
+
+
+class NoiseConfig(Section):
+    """Background noise from your own recordings, mixed into training clips."""
+
+    path: Path
+    """A directory of noise recordings (wav, flac, ogg, mp3; searched recursively)."""
+    snr_db: tuple[float, float] = (10.0, 30.0)
+    """Signal-to-noise ratio range in dB; each noisy clip draws one uniformly."""
+    share: float = Field(default=0.5, ge=0, le=1)
+    """Fraction of the training clips that get noise."""
+
+    @model_validator(mode="after")
+    def _snr_range(self) -> NoiseConfig:
+        lo, hi = self.snr_db
+        if lo > hi:
+            raise ValueError(f"snr_db: must be [min, max] with min <= max, got [{lo}, {hi}]")
+        return self
+
+
+class AugmentConfig(Section):
+    """Training-time augmentation, in the DataLoader workers and never in evaluation. Every draw
+    is a pure function of (seed, utterance, epoch), so resume stays exact. The audio
+    augmentations (speed, noise, transforms) cannot be served from ``data.cache_features`` or
+    ``data.cache_encoder``; SpecAugment can use the log-mel cache."""
+
+    spec_augment: SpecAugmentConfig | None = None
+    """SpecAugment masks on the log-mel features (``{}`` for the defaults)."""
+    speed: SpeedConfig | None = None
+    """Speed perturbation (``{}`` for factors 0.9, 1.0, 1.1)."""
+    noise: NoiseConfig | None = None
+    """Noise mixed in at a drawn SNR."""
+    transforms: list[str] = Field(default_factory=list)
+    """Your own waveform transforms ``f(wave, rng) -> wave``, applied in order after noise: names
+    registered with ``asrforge.data.augment.register_transform``, or ``"module:function"``,
+    which imports code and needs ``--allow-external-callbacks``."""
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
@@ -277,12 +345,33 @@ class DataConfig(Section):
     """Use the first N lines of ``text_path`` (then start over); default all of them."""
     pack: PackConfig = Field(default_factory=PackConfig)
     """Packed training windows with timestamp and previous-text targets (see ``PackConfig``)."""
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    """Training-time augmentation: SpecAugment, speed, noise, your transforms (see
+    ``AugmentConfig``); off by default."""
 
     @model_validator(mode="after")
     def _text_only_needs_text(self) -> DataConfig:
         if self.asr_ratio < 1.0 and self.text_path is None:
             raise ValueError(
                 f"text_path: needed for text-only batches (asr_ratio is {self.asr_ratio:g} < 1)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _caches_serve_unaugmented_inputs(self) -> DataConfig:
+        aug = self.augment
+        audio = [n for n in ("speed", "noise") if getattr(aug, n) is not None]
+        audio += ["transforms"] if aug.transforms else []
+        if self.cache_features and audio:
+            raise ValueError(
+                f"cache_features: the log-mel cache holds un-augmented features, so it cannot serve "
+                f"augment.{audio[0]} (which changes the audio); turn one of them off"
+            )
+        if self.cache_encoder and (audio or aug.spec_augment is not None):
+            what = audio[0] if audio else "spec_augment"
+            raise ValueError(
+                f"cache_encoder: cached encoder states are computed from un-augmented inputs, so "
+                f"they cannot serve augment.{what}; turn one of them off"
             )
         return self
 

@@ -52,6 +52,13 @@ HF_NAMES: dict[str, str] = {
     "output_dir": "output_dir (at the top level)",
     "model_name_or_path": "model.pretrained (a local directory; nothing is downloaded)",
     "push_to_hub": "nothing: asrforge never uploads; export a bundle and upload it yourself",
+    # WhisperConfig's SpecAugment switches, which users set on the model
+    "apply_spec_augment": "data.augment.spec_augment ({} for LibriSpeech's LD policy)",
+    "mask_time_prob": "data.augment.spec_augment.time_masks and time_width (counts, not a "
+    "probability)",
+    "mask_time_length": "data.augment.spec_augment.time_width",
+    "mask_feature_prob": "data.augment.spec_augment.freq_masks and freq_width",
+    "mask_feature_length": "data.augment.spec_augment.freq_width",
 }
 
 

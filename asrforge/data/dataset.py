@@ -251,6 +251,8 @@ class SpeechDataset(Dataset):
         self.eot = eot
         self.encoder_cache = None  # an EncoderCache: yield encoder states instead of log-mels
         self.feature_cache = None  # a FeatureCache: read log-mels instead of computing them
+        self.augment = None  # an Augmenter (training set only): data.augment
+        self.epoch = 0  # the epoch being loaded: augmentation draws depend on it
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -265,13 +267,42 @@ class SpeechDataset(Dataset):
         cache = self.feature_cache
         if cache is not None and self.utts[i].audio_key in cache:
             return cache.features(self.utts[i].audio_key)
+        return self.log_mel(self.wave_of(i))
+
+    def wave_of(self, i: int) -> np.ndarray:
+        """Utterance ``i``'s audio, 16 kHz mono float32.
+
+        Raises:
+            UnusableAudio: the audio has no samples or NaN/inf ones.
+            UserError: the audio cannot be decoded.
+        """
         audio = self.split[self.utts[i].row]["audio"]
         wave = decode_audio(audio.get("bytes") or audio.get("path"))
         problem = audio_problem(wave)
         if problem is not None:
             raise UnusableAudio(problem)
+        return wave
+
+    def log_mel(self, wave: np.ndarray) -> np.ndarray:
+        """(n_mels, n_frames) float32 log-mel features of one window's audio."""
         feats = self.fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
         return np.asarray(feats, dtype=np.float32)
+
+    def training_features(self, i: int) -> np.ndarray:
+        """Utterance ``i``'s log-mels as training sees them this epoch: its augmented audio
+        (``data.augment``), else what :meth:`features_of` gives."""
+        aug = self.augment
+        if aug is None or not aug.changes_audio:
+            return self.features_of(i)
+        return self.log_mel(aug.wave(self.wave_of(i), self.utts[i].uid, self.epoch))
+
+    def masked(self, feats: np.ndarray, i: int) -> np.ndarray:
+        """SpecAugment of utterance ``i``'s window this epoch (unchanged without it)."""
+        aug, u = self.augment, self.utts[i]
+        if aug is None:
+            return feats
+        seconds = aug.n_samples(u.uid, self.epoch, round(u.seconds * SAMPLE_RATE)) / SAMPLE_RATE
+        return aug.features(feats, u.uid, self.epoch, seconds)
 
     def __getitem__(self, i: int) -> dict | None:
         u = self.utts[i]
@@ -280,10 +311,11 @@ class SpeechDataset(Dataset):
             inputs = {"encoder_hidden_states": torch.from_numpy(cache.row(u.audio_key))}
         elif features is not None and u.audio_key in features:  # a cache read error is no
             # decoding failure: it propagates instead of dropping every clip
-            inputs = {"input_features": torch.from_numpy(features.features(u.audio_key))}
+            feats = self.masked(features.features(u.audio_key), i)
+            inputs = {"input_features": torch.from_numpy(feats)}
         else:
             try:
-                inputs = {"input_features": torch.from_numpy(self.features_of(i))}
+                inputs = {"input_features": torch.from_numpy(self.masked(self.training_features(i), i))}
             except UnusableAudio as e:
                 return {"dropped": u.uid, "reason": e.reason}
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch

@@ -91,10 +91,15 @@ class PackItems:
     """Forced prompt in text mode, ``<|notimestamps|>`` included."""
 
     @classmethod
-    def of(cls, utts) -> PackItems:
+    def of(cls, utts, augment=None, epoch: int = 0) -> PackItems:
+        """From the training utterances; with an :class:`~asrforge.data.augment.Augmenter`,
+        their lengths after this epoch's speed perturbation."""
+        n_samples = [round(u.seconds * SAMPLE_RATE) for u in utts]
+        if augment is not None:
+            n_samples = [augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)]
         return cls(
             languages=[u.language for u in utts],
-            n_samples=[round(u.seconds * SAMPLE_RATE) for u in utts],
+            n_samples=n_samples,
             n_text_tokens=[len(u.text_ids) for u in utts],
             prompt_lengths=[len(u.prompt) for u in utts],
         )
@@ -328,17 +333,28 @@ class PackedWindows(Dataset):
         """The window's samples (silence between utterances) and the utterances that failed."""
         wave = np.zeros(w.n_samples, dtype=np.float32)
         failed = []
+        base, aug = self.base, self.base.augment
         for p in w.pieces:
-            audio = self.base.split[self.base.utts[p.utt].row]["audio"]
+            audio = base.split[base.utts[p.utt].row]["audio"]
             try:
-                clip = decode_audio(audio.get("bytes") or audio.get("path"))[: p.n_samples]
+                clip = decode_audio(audio.get("bytes") or audio.get("path"))
                 if not np.isfinite(clip).all():
                     raise ValueError("non-finite samples")
+                if aug is not None and aug.changes_audio:
+                    clip = aug.wave(clip, base.utts[p.utt].uid, base.epoch)
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
                 failed.append(p.utt)
                 continue
+            clip = clip[: p.n_samples]
             wave[p.offset : p.offset + len(clip)] = clip
         return wave, failed
+
+    def _masked_window(self, feats: np.ndarray, w: Window, first_uid: str) -> np.ndarray:
+        """SpecAugment of a packed window (its draws keyed by its first utterance)."""
+        aug = self.base.augment
+        if aug is None:
+            return feats
+        return aug.features(feats, first_uid, self.base.epoch, w.n_samples / SAMPLE_RATE)
 
     def __getitem__(self, j: int) -> dict:
         w = self.windows[j]
@@ -349,19 +365,17 @@ class PackedWindows(Dataset):
         if w.alone and cache is not None and utts[w.pieces[0].utt].audio_key in cache:
             # the utterance's own window, cached; a cache read error is no decoding failure:
             # it propagates instead of dropping every clip
-            feats = cache.features(utts[w.pieces[0].utt].audio_key)
+            feats = self.base.masked(cache.features(utts[w.pieces[0].utt].audio_key), w.pieces[0].utt)
         else:
             try:
                 if w.alone:
-                    feats = self.base.features_of(w.pieces[0].utt)
+                    first = w.pieces[0].utt
+                    feats = self.base.masked(self.base.training_features(first), first)
                 else:
                     wave, failed = self._waveform(w)
                     if len(failed) == len(w.pieces):
                         raise ValueError("no clip decoded")
-                    fe = self.base.fe
-                    feats = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[
-                        0
-                    ]
+                    feats = self._masked_window(self.base.log_mel(wave), w, uids[0])
             except Exception:  # noqa: BLE001 - as SpeechDataset: skip, keep the epoch
                 return {"dropped": uids[0], "dropped_parts": uids[1:]}
         dec, labels = self.sequences(w, frozenset(failed))
@@ -397,7 +411,7 @@ class Packing:
     def windows(self, epoch: int) -> tuple[list[Window], PackStats]:
         if self._epoch is None or self._epoch[0] != epoch:
             windows, stats = compose_windows(
-                PackItems.of(self.base.utts),
+                PackItems.of(self.base.utts, self.base.augment, epoch),
                 self.cfg,
                 max_samples=self.max_samples,
                 max_positions=self.max_positions,
@@ -410,6 +424,7 @@ class Packing:
         return self._epoch[1], self._epoch[2]
 
     def dataset(self, epoch: int) -> PackedWindows:
+        self.base.epoch = epoch  # augmentation draws (the loader of each epoch is new)
         return PackedWindows(
             self.base,
             self.windows(epoch)[0],

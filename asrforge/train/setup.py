@@ -31,6 +31,7 @@ from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
 from asrforge.config import ModelConfig, TrainConfig
+from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
     Collator,
     SpeechDataset,
@@ -232,6 +233,7 @@ class RunSetup:
         """
         acc = self.accelerator
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
+        self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
         batches = epoch_batches(
             len(train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
@@ -448,6 +450,8 @@ def prepare_run(
         raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
     train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
     eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    # training only: the evaluation set never augments
+    train_set.augment = build_augmenter(cfg.data.augment, seed=cfg.seed, window_seconds=max_seconds)
     if cfg.data.cache_features:  # log-mels once, for both splits; the other ranks open the result
         feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
         features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
