@@ -252,8 +252,10 @@ def big_matrix(tmp_path) -> Path:
                     recs += [{"event": "train", "step": step + s, "loss": 3.0 - step / 100}
                              for s in (10, 30)] if step else []
                     wer = synthetic_wer(li, ci, seed, step)
+                    guard = {"guard_wer": 0.1 + 0.01 * seed * step / 150, "guard_start": 0.1}
                     recs.append({"event": "eval", "step": step, "wer": wer, "cer": wer / 2,
-                                 "loss": 2.0 - step / 200, "save": step > 0, "reason": "r"})
+                                 "loss": 2.0 - step / 200, "save": step > 0, "reason": "r",
+                                 **(guard if cfg == "pack" else {})})
                 recs.append({"event": "train_end", "step": 150, "status": "completed",
                              "reason": "reached max_steps=150", "best_step": 150})
                 write_run(root, job, lang, seed, recs, ("DONE", {"attempts": 1,
@@ -278,6 +280,9 @@ def test_seed_spread_and_start_delta_per_language_and_config(big_matrix):
     assert n == 3 and mean == pytest.approx(fmean(wers)) and sd == pytest.approx(stdev(wers))
     deltas = [synthetic_wer(12, 2, s, 150) - synthetic_wer(12, 2, s, 0) for s in range(3)]
     assert de.spread("delta_wer")[0] == pytest.approx(fmean(deltas)) and fmean(deltas) < 0
+    guard = de.spread("guard_change")  # the forgetting guard's change from the start
+    assert guard[2] == 3 and guard[0] == pytest.approx(0.01) and guard[1] == pytest.approx(0.01)
+    assert groups[("de", "base")].spread("guard_change") is None  # that config has no guard
     # the failed job counts in its group but not in its spread
     az = groups[("az", "lora")]
     assert az.count("failed") == 1 and az.spread("wer")[2] == 2

@@ -4,7 +4,8 @@ Everything is inline (CSS, a little JS, SVG): the page opens from disk or an e-m
 It is built for a matrix of ~100 languages × configs × seeds (~900 jobs):
 - filters (free text, language, config, status) that apply to everything below them;
 - a language × config table: each metric of the selected checkpoints as mean ± sd over seeds,
-  and the change of WER from the starting model (the run's step-0 evaluation);
+  the change of WER from the starting model (the run's step-0 evaluation) and the forgetting
+  guard's change from the start (``eval.guard``);
 - a sortable table of every job (language, config, seed, status, best step, WER and its
   change, CER, long-form WER, loss, rep-trap rate, selection policy, the condition that chose
   the best checkpoint, steps, attempts, time, disk);
@@ -188,6 +189,9 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
         r.best = {k: e.get(k) for k in (*METRICS, "rep_trap_rate")}
         if e.get("longform_wer") is not None:
             r.best["longform_wer"] = e["longform_wer"]
+        if isinstance(e.get("guard_wer"), int | float) and isinstance(e.get("guard_start"), int | float):
+            # the forgetting guard: how much worse than the starting model (WER or drift)
+            r.best["guard_change"] = e["guard_wer"] - e["guard_start"]
         r.chosen_by = e.get("reason")
     m = POLICY_RE.search((begin or {}).get("selection") or "")
     r.policy = m.group(1) if m else _policy_from_checkpoint(run_dir)
@@ -375,8 +379,8 @@ COLUMNS = [  # key, header, type
     ("job", "job", "text"), ("language", "language", "text"), ("config", "config", "text"),
     ("seed", "seed", "num"), ("status", "status", "text"), ("best_step", "best step", "num"),
     ("wer", "WER", "num"), ("delta_wer", "Δ WER vs step 0", "num"), ("cer", "CER", "num"),
-    ("longform_wer", "long-form WER", "num"), ("loss", "loss", "num"),
-    ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
+    ("longform_wer", "long-form WER", "num"), ("guard_change", "guard Δ", "num"),
+    ("loss", "loss", "num"), ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
     ("chosen_by", "chosen by", "text"), ("steps", "steps", "num"),
     ("attempts", "attempts", "num"), ("time", "time", "num"), ("disk", "disk", "num"),
 ]
@@ -385,7 +389,8 @@ GROUP_COLUMNS = [
     ("language", "language", "text"), ("config", "config", "text"), ("seeds", "seeds", "num"),
     ("wer", "WER mean ± sd", "num"), ("start_wer", "step-0 WER", "num"),
     ("delta_wer", "Δ WER mean ± sd", "num"), ("cer", "CER mean ± sd", "num"),
-    ("longform_wer", "long-form WER mean ± sd", "num"), ("failed", "failed", "num"),
+    ("longform_wer", "long-form WER mean ± sd", "num"),
+    ("guard_change", "guard Δ mean ± sd", "num"), ("failed", "failed", "num"),
 ]
 
 
@@ -450,6 +455,7 @@ def _row(r: JobReport) -> str:
         (*_num(r.best.get("wer"), ".4f"), "n"), (*_num(delta, "+.4f"), _delta_class(delta)),
         (*_num(r.best.get("cer"), ".4f"), "n"),
         (*_num(r.best.get("longform_wer"), ".4f"), "n"),
+        (*_num(r.best.get("guard_change"), "+.4f"), _delta_class(r.best.get("guard_change"))),
         (*_num(r.best.get("loss"), ".4f"), "n"), (*_num(r.best.get("rep_trap_rate"), ".1%"), "n"),
         (r.policy, _e(r.policy or "–"), ""), (r.chosen_by, _e(r.chosen_by or "–"), "reason"),
         (*_num(r.last_step, "d"), "n"), (*_num(r.attempts, "d"), "n"),
@@ -471,6 +477,7 @@ def _group_row(g: GroupSummary) -> str:
         (*_num(statistics.fmean(start) if start else None, ".4f"), "n"),
         (*_spread(delta, signed=True), _delta_class(delta[0] if delta else None)),
         (*_spread(g.spread("cer")), "n"), (*_spread(g.spread("longform_wer")), "n"),
+        (*_spread(g.spread("guard_change"), signed=True), "n"),
         (g.count("failed"), str(g.count("failed")), "n"),
     ]
     attrs = _filter_attrs(g.language, g.config_id, [r.job_id for r in g.jobs])
@@ -591,8 +598,9 @@ def render(rows: list[JobReport], title: str) -> str:
         "<h2>Language × config, over seeds</h2><p>Metrics of each job's selected (best) "
         "checkpoint: mean ± sample standard deviation over seeds. Δ WER is the selected "
         "checkpoint's WER minus the same run's step-0 evaluation (the starting model; "
-        "<code>eval.at_start</code>), negative when fine-tuning helped. Click a header to "
-        "sort.</p>"
+        "<code>eval.at_start</code>), negative when fine-tuning helped; guard Δ is how much "
+        "worse the forgetting guard's WER (or drift) is than the starting model's "
+        "(<code>eval.guard</code>). Click a header to sort.</p>"
         f"{_table('groups', GROUP_COLUMNS, ''.join(_group_row(g) for g in summarize(rows)))}"
         "<h2>Jobs</h2><p>“chosen by” is the condition that selected the checkpoint.</p>"
         f"{_table('jobs', COLUMNS, ''.join(_row(r) for r in rows))}"
