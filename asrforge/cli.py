@@ -17,8 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from asrforge.checkpoint.atomic import describe_os_error, directory_problem
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
+from asrforge.io.atomic import describe_os_error, directory_problem
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [

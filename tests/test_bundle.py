@@ -611,7 +611,7 @@ def test_export_and_average_on_a_full_disk_fail_in_one_line(trained_run, tmp_pat
     }
     for name, argv in commands.items():
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("asrforge.checkpoint.atomic.fsync_file", _no_space)
+            mp.setattr("asrforge.io.atomic.fsync_file", _no_space)
             assert main(argv) == 1, name  # the disk, not the input, is at fault
         (message,) = cli_problems(capsys)
         assert f"could not write {argv[-1]}: No space left on device (errno 28)" in message

@@ -12,13 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from asrforge.checkpoint import atomic, manifest
-from asrforge.checkpoint.atomic import (
-    atomic_directory,
-    atomic_write_text,
-    directory_problem,
-    recover_interrupted,
-)
+from asrforge.checkpoint import manifest
 from asrforge.checkpoint.manifest import FORMAT_VERSION, verify, write_manifest
 from asrforge.checkpoint.training import (
     ALIASES_KEY,
@@ -31,6 +25,13 @@ from asrforge.checkpoint.training import (
     weights_aliases,
 )
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
+from asrforge.io import atomic
+from asrforge.io.atomic import (
+    atomic_directory,
+    atomic_write_text,
+    directory_problem,
+    recover_interrupted,
+)
 
 # ---------------------------------------------------------------------------------------------
 # atomic_directory

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
+from asrforge.io.atomic import directory_problem
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
 
@@ -301,7 +301,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         else:
             out = r.text
         if args.output_dir is not None:
-            from asrforge.checkpoint.atomic import atomic_write_text
+            from asrforge.io.atomic import atomic_write_text
 
             args.output_dir.mkdir(parents=True, exist_ok=True)
             target = args.output_dir / f"{path.stem}.{'txt' if fmt == 'text' else fmt}"

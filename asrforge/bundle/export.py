@@ -47,11 +47,11 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import EMA_FILE, load_weights, save_weights, weights_aliases
 from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
 from asrforge.errors import CheckpointError, UserError
+from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer

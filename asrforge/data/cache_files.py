@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
+from asrforge.io.atomic import atomic_write_text, fsync_dir
 
 CHUNK_ROWS = 256  # rows copied at a time from the previous file (bounded memory)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
+from asrforge.io.atomic import directory_problem
 
 log = logging.getLogger(__name__)
 

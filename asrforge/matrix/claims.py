@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.io.atomic import atomic_write_text
 
 log = logging.getLogger("asrforge.matrix")
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import Job, Plan

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.config import GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.windows import segment
 from asrforge.selection import GuardGate

@@ -27,7 +27,6 @@ from asrforge.checkpoint import (
     load_training_checkpoint,
     restore_rng_state,
 )
-from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
 from asrforge.config import ModelConfig, TrainConfig
@@ -45,6 +44,7 @@ from asrforge.data.packing import Packing, build_packing
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import frozen_forward, frozen_part_id
