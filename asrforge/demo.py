@@ -8,7 +8,7 @@ laptop CPU, with nothing downloaded.
    and the forgetting guard's set: real human speech, the telephone prompts Debian's
    ``asterisk-core-sounds-en-wav`` package ships (no references needed: the guard measures
    drift from the starting model's own transcripts).
-3. **before**: its WER/CER on the held-out test split (:func:`asrforge.train.evaluate.evaluate`),
+3. **before**: its WER/CER on the held-out test split (:func:`asrforge.evaluation.evaluate.evaluate`),
    its long-form WER on the test clips joined into one recording of a minute or more, and its
    transcripts of the guard set.
 4. **fine-tune**: :class:`asrforge.train.loop.Trainer` with ``configs/demo.yaml``: evaluation
@@ -257,7 +257,7 @@ def evaluate_split(bundle, data: Path, split: str, *, languages: list[str] | Non
     """The training loop's evaluation (teacher-forced loss + greedy decoding) of a
     :class:`~asrforge.bundle.Bundle` on one split, reporting progress. Returns
     ``(metrics, predictions)``."""
-    from asrforge.train.evaluate import evaluate_split as evaluate_bundle_split
+    from asrforge.evaluation.evaluate import evaluate_split as evaluate_bundle_split
 
     metrics, preds, _ = evaluate_bundle_split(
         bundle, data, split, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -448,7 +448,7 @@ def run_english(args: argparse.Namespace) -> int:
 
     say.phase("after", "the bundle transcribes the test clips, the long recording and the guard")
     bundle = load_bundle(bundle_dir)
-    from asrforge.train.evaluate import summarize
+    from asrforge.evaluation.evaluate import summarize
 
     preds = transcribe_split(bundle, data, "test", batch_size=bs,
                              max_new_tokens=cfg.eval.max_new_tokens, say=say)

@@ -57,8 +57,8 @@ from asrforge.data.dataset import (  # noqa: E402
 from asrforge.data.packing import PackItems, compose_windows  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.targets import TimestampTokens  # noqa: E402
+from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.model.build import ModelBundle, build_model  # noqa: E402
-from asrforge.train.evaluate import evaluate  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 from asrforge.train.setup import choose_precision, model_width  # noqa: E402

@@ -328,7 +328,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
-    from asrforge.train.evaluate import evaluate_split
+    from asrforge.evaluation.evaluate import evaluate_split
 
     # the model first, then the data: every problem in one message
     bundle = _attempt(lambda: open_model(args.model, args.weights), problems)
@@ -345,7 +345,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         beam_size=args.beam_size,
     )
     if args.longform_items:
-        from asrforge.train.longform import evaluate_split_longform
+        from asrforge.evaluation.longform import evaluate_split_longform
 
         long_metrics, _records = evaluate_split_longform(
             bundle,

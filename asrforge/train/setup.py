@@ -273,7 +273,7 @@ class RunSetup:
             return metrics, preds
         from accelerate.utils import gather_object
 
-        from asrforge.train.evaluate import dropped_metrics, summarize
+        from asrforge.evaluation.evaluate import dropped_metrics, summarize
 
         allp = gather_object(preds)
         merged = summarize(allp)
