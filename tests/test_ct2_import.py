@@ -27,8 +27,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from asrforge.convert.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
 from asrforge.errors import UserError
-from asrforge.model.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
 
 SENTENCES = [
     "We will meet at the library tomorrow morning to discuss the project.",
