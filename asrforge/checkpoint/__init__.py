@@ -1,6 +1,6 @@
 """Checkpoints that survive anything: manifests, training checkpoints, the checkpoints directory
-of a run (latest, best, top-k, rotation), averaging and vocabulary resize. Their atomic writes
-are ``asrforge.io.atomic``.
+of a run (latest, best, top-k, rotation) and averaging. Their atomic writes are
+``asrforge.io.atomic``; vocabulary resize is ``asrforge.model.resize``.
 
 The training loop needs :class:`CheckpointManager` (save, ``latest_valid``, state),
 :func:`load_training_checkpoint` and the RNG helpers; the rest is for tools and tests.
@@ -23,7 +23,6 @@ _EXPORTS = {
     "read_manifest": "asrforge.checkpoint.manifest",
     "verify": "asrforge.checkpoint.manifest",
     "write_manifest": "asrforge.checkpoint.manifest",
-    "adapt_state_dict": "asrforge.checkpoint.resize",
     "TrainingCheckpoint": "asrforge.checkpoint.training",
     "capture_rng_state": "asrforge.checkpoint.training",
     "load_training_checkpoint": "asrforge.checkpoint.training",
@@ -37,7 +36,6 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
     "TrainingCheckpoint",
-    "adapt_state_dict",
     "average_checkpoints",
     "average_top_k",
     "capture_rng_state",
@@ -55,7 +53,6 @@ if TYPE_CHECKING:
     from asrforge.checkpoint.average import average_checkpoints, average_top_k
     from asrforge.checkpoint.manager import CheckpointManager
     from asrforge.checkpoint.manifest import FORMAT_VERSION, read_manifest, verify, write_manifest
-    from asrforge.checkpoint.resize import adapt_state_dict
     from asrforge.checkpoint.training import (
         TrainingCheckpoint,
         capture_rng_state,

@@ -7,7 +7,7 @@ nor prefers them before training (Hewitt, "Initializing new word embeddings for 
 language models", 2021). The draw is seeded; the covariance is regularized (``+ eps I``, eps
 growing) when it is not positive definite, e.g. with fewer rows than dimensions.
 
-The resizing itself is ``asrforge.checkpoint.resize.adapt_state_dict``: it refuses any other
+The resizing itself is ``asrforge.model.resize.adapt_state_dict``: it refuses any other
 difference and reports each adapted tensor.
 """
 
@@ -25,7 +25,7 @@ from asrforge.model.tokenizer import load_tokenizer
 from asrforge.model.vocab import EXTENSION_FILE, VocabExtension, check_base_ids, tokenizer_sha256
 
 if TYPE_CHECKING:
-    from asrforge.checkpoint.resize import RowInit
+    from asrforge.model.resize import RowInit
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def extend_model(model, vocab_size: int, seed: int) -> list[str]:
     Returns:
         One line per adapted tensor (as ``adapt_state_dict`` reports).
     """
-    from asrforge.checkpoint.resize import VOCAB_TENSORS, adapt_state_dict  # see adapt_vocab_state
+    from asrforge.model.resize import VOCAB_TENSORS, adapt_state_dict  # see adapt_vocab_state
 
     state = model.state_dict()
     shapes = {k: v.shape for k, v in state.items()}
@@ -124,7 +124,7 @@ def adapt_vocab_state(state, model, *, seed: int, row_map: list[int] | None = No
         ``(state, report)`` from ``adapt_state_dict``: one line per adapted tensor.
     """
     # Imported here: checkpoint/ sits above model/ and may import it at module level.
-    from asrforge.checkpoint.resize import adapt_state_dict
+    from asrforge.model.resize import adapt_state_dict
 
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     return adapt_state_dict(state, shapes, init=new_row_init(seed), row_map=row_map)
