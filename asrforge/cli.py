@@ -25,7 +25,7 @@ EXTERNAL_COMMANDS = [
     "asrforge.config_reference",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
-    "asrforge.demo",
+    "asrforge.recipes.demo",
 ]
 # Those whose modules import torch or transformers at the top are imported only when their
 # command is named, so `asrforge --help` and a mistyped line answer without seconds of imports;
@@ -37,7 +37,7 @@ HEAVY_COMMANDS = {
         "convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
     ),
     "vocab": ("asrforge.model.vocab", "per-language vocabulary extension"),
-    "corpus": ("asrforge.data.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
+    "corpus": ("asrforge.recipes.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
 }
 
 

@@ -67,13 +67,13 @@ from asrforge.train.setup import choose_precision, model_width  # noqa: E402
 def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:
     """The corpus: tones (``quick``), else English espeak-ng speech whose test split (the
     held-out one here) has sentences and speakers the training split lacks
-    (``asrforge.data.corpus``)."""
+    (``asrforge.recipes.corpus``)."""
     if quick:
         path = work / f"tones-{n_train}-{n_test}"
         if not path.exists():
             make_tones_dataset(path, sizes={"train": n_train, "validation": n_test})
         return path
-    from asrforge.data.corpus import CorpusSpec, build_corpus
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     path = work / f"espeak-en-{n_train}-{n_test}"
     sizes = {"train": n_train, "validation": 1, "test": n_test}  # held out: test's speakers

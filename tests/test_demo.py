@@ -23,8 +23,8 @@ def tiny_en_installed() -> None:
 def demo_packages() -> None:
     """The demo's text (fortunes) and guard speech (asterisk prompts) come from Debian packages
     that `make test` / `make demo` install."""
-    from asrforge.data.sentences import fortunes_available
-    from asrforge.demo import GUARD_PACKAGE, GUARD_SOURCE
+    from asrforge.recipes.demo import GUARD_PACKAGE, GUARD_SOURCE
+    from asrforge.recipes.sentences import fortunes_available
 
     if not fortunes_available("en"):
         pytest.skip("Debian's fortunes package is missing: `make test` installs it")
@@ -118,7 +118,7 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
 def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     from types import SimpleNamespace as NS
 
-    from asrforge.demo import MAX_TRAIN, train_sentences
+    from asrforge.recipes.demo import MAX_TRAIN, train_sentences
 
     def cfg(steps, pack=None):
         data = NS(batch_size=8, **({"pack": pack} if pack is not None else {}))

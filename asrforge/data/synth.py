@@ -2,7 +2,7 @@
 
 Each word is a short two-tone chord of its own pitch, words are separated by silence, so audio
 and text are tied by a rule a tiny model can learn in a minute on a CPU. The real speech corpus
-(espeak-ng) lives in :mod:`asrforge.data.corpus`.
+(espeak-ng) lives in :mod:`asrforge.recipes.corpus`.
 """
 
 from __future__ import annotations

