@@ -55,7 +55,7 @@ from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from asrforge.model.fallback import Fallback
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.windows import segment
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError

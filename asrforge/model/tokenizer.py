@@ -17,8 +17,8 @@ from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
-from asrforge.text.scripts import LANGUAGES as KNOWN_LANGUAGES
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class SpecialTokens:
 
         Args:
             tok: a Whisper tokenizer; its language tokens are those ``<|xx|>`` of Whisper's
-                languages and of :data:`asrforge.text.scripts.LANGUAGES` it holds (a vocabulary
+                languages and of :data:`asrforge.text.languages.LANGUAGES` it holds (a vocabulary
                 extension can add e.g. ``<|lg|>``).
             multilingual: whether prompts carry a language and a task token.
             language_tokens: ``data.language_tokens``: language -> language whose token to use

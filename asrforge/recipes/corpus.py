@@ -63,7 +63,7 @@ from asrforge.recipes.sentences import (
     natural_sentences,
     word_pool,
 )
-from asrforge.text.scripts import LANGUAGES, find_language_code
+from asrforge.text.languages import LANGUAGES, find_language_code
 
 log = logging.getLogger(__name__)
 

@@ -273,7 +273,7 @@ def run_language(cfg, train_languages: Sequence[str]) -> str:
     frequent)."""
     from collections import Counter
 
-    from asrforge.text.scripts import find_language_code
+    from asrforge.text.languages import find_language_code
 
     guard = cfg.eval.guard
     language = (
