@@ -45,7 +45,7 @@ from asrforge.data.dataset import (
     prepare_split,
 )
 from asrforge.data.synth import make_tones_dataset
-from asrforge.model.build import ModelBundle, build_model, build_tokenizer
+from asrforge.model.build import BuiltModel, build_model, build_tokenizer
 
 # English sentences for espeak-ng; each is 2-6 s of speech at 150 words per minute.
 SENTENCES = [
@@ -234,7 +234,7 @@ class Workload:
     """What ``prepare_run`` builds for asrforge's loop, built the same way for the other side."""
 
     cfg: TrainConfig
-    bundle: ModelBundle
+    bundle: BuiltModel
     train_set: SpeechDataset
     eval_set: SpeechDataset
     collator: Collator

@@ -31,8 +31,10 @@ HOP_LENGTH = 160  # 100 feature frames per second; the encoder's stride-2 conv h
 
 
 @dataclass
-class ModelBundle:
-    """What the loop needs of the model side."""
+class BuiltModel:
+    """A model built for training or evaluation, with what the loop needs beside it: its
+    tokenizer, special tokens and feature extractor. (The inference side is
+    :class:`asrforge.bundle.Bundle`.)"""
 
     model: WhisperForConditionalGeneration
     tokenizer: WhisperTokenizer
@@ -78,7 +80,7 @@ def build_model(
     seed: int,
     *,
     language_tokens: Mapping[str, str] | None = None,
-) -> ModelBundle:
+) -> BuiltModel:
     """Build (from scratch) or load (from ``cfg.pretrained``) the model.
 
     Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``. When
@@ -155,7 +157,7 @@ def build_model(
         chunk_length=int(chunk),
         n_fft=400,
     )
-    return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+    return BuiltModel(model=model, tokenizer=tokenizer, specials=specials, features=features)
 
 
 def _record_shape(cfg: ModelConfig, config: WhisperConfig) -> None:

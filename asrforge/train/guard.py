@@ -302,7 +302,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
 
     Args:
         cfg: the run's ``TrainConfig``.
-        bundle: the run's ``ModelBundle`` (features, tokenizer, special tokens).
+        bundle: the run's ``BuiltModel`` (features, tokenizer, special tokens).
         language: the language to transcribe in (:func:`run_language`).
         window_seconds: the model's window.
     """

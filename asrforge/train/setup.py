@@ -46,7 +46,7 @@ from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
-from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
+from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import frozen_forward, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import build_selector
@@ -197,7 +197,7 @@ class RunSetup:
     cfg: TrainConfig
     output_dir: Path
     accelerator: Any
-    model_bundle: ModelBundle
+    model_bundle: BuiltModel
     train_set: SpeechDataset
     eval_set: SpeechDataset
     collator: Collator
