@@ -129,3 +129,14 @@ def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     packed = train_sentences(cfg(20, NS(enabled=True, max_seconds=None)))
     assert 160 * 7 < packed < 160 * 9  # ~8 clips of 3.3 s and a gap fill a 30 s window
     assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN
+
+
+def test_demo_progress_passes_every_batch_through_and_reports_the_total():
+    """The demo evaluates with the library's evaluate_split; its progress wrapper only counts."""
+    from asrforge.recipes.demo import counting
+
+    said: list[str] = []
+    batches = [{"size": 2, "id": 0}, {"size": 0, "id": 1}, {"size": 3, "id": 2}]
+    seen = list(counting("before", said.append)(iter(batches), 5))
+    assert seen == batches
+    assert said[-1] == "before: 5/5 utterances"

@@ -38,7 +38,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from asrforge.errors import UserError
@@ -242,28 +242,20 @@ def drift(before: list[str], after: list[str]) -> float:
     return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
 
 
-def _counting(batches: Iterable[dict], total: int, label: str, say: Progress) -> Iterator[dict]:
-    done, last = 0, time.perf_counter()
-    for batch in batches:
-        yield batch  # evaluate() works on it before asking for the next one
-        done += batch.get("size", 0)
-        if time.perf_counter() - last > 2.0 or done >= total:
-            last = time.perf_counter()
-            say(f"{label}: {done}/{total} utterances")
+def counting(label: str, say: Progress) -> Callable[[Iterable[dict], int], Iterator[dict]]:
+    """The ``progress`` of :func:`~asrforge.evaluation.evaluate.evaluate_split` that reports
+    ``label: done/total utterances`` every two seconds."""
 
+    def progress(batches: Iterable[dict], total: int) -> Iterator[dict]:
+        done, last = 0, time.perf_counter()
+        for batch in batches:
+            yield batch  # evaluate() works on it before asking for the next one
+            done += batch.get("size", 0)
+            if time.perf_counter() - last > 2.0 or done >= total:
+                last = time.perf_counter()
+                say(f"{label}: {done}/{total} utterances")
 
-def evaluate_split(bundle, data: Path, split: str, *, languages: list[str] | None,
-                   batch_size: int, max_new_tokens: int, label: str, say: Progress):
-    """The training loop's evaluation (teacher-forced loss + greedy decoding) of a
-    :class:`~asrforge.bundle.Bundle` on one split, reporting progress. Returns
-    ``(metrics, predictions)``."""
-    from asrforge.evaluation.evaluate import evaluate_split as evaluate_bundle_split
-
-    metrics, preds, _ = evaluate_bundle_split(
-        bundle, data, split, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        languages=languages, progress=lambda batches, n: _counting(batches, n, label, say),
-    )
-    return metrics, preds
+    return progress
 
 
 def transcribe_split(bundle, data: Path, split: str, *, batch_size: int, max_new_tokens: int,
@@ -402,12 +394,13 @@ def run_english(args: argparse.Namespace) -> int:
     say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
               "joined into one recording, and on the guard set")
     from asrforge.bundle import bundle_from_checkpoint, export_bundle, load_bundle
+    from asrforge.evaluation.evaluate import evaluate_split
 
     base_bundle = bundle_from_checkpoint(cfg.model.pretrained)
     bs = cfg.data.eval_batch_size or cfg.data.batch_size
-    before, before_preds = evaluate_split(
-        base_bundle, data, "test", languages=None, batch_size=bs,
-        max_new_tokens=cfg.eval.max_new_tokens, label="before", say=say,
+    before, before_preds, _ = evaluate_split(
+        base_bundle, data, "test", batch_size=bs, max_new_tokens=cfg.eval.max_new_tokens,
+        progress=counting("before", say),
     )
     say(f"before: WER {pct(before['wer']).strip()}% CER {pct(before['cer']).strip()}%")
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
@@ -574,14 +567,15 @@ def run_multilingual(args: argparse.Namespace) -> int:
 
     say.phase("test", "each language's selected checkpoint on its held-out test clips")
     from asrforge.bundle import bundle_from_checkpoint
+    from asrforge.evaluation.evaluate import evaluate_split
 
     jobs = {r.language: r for r in collect(root)}
     rows = []
     for job in plan.jobs:
         bundle = bundle_from_checkpoint(plan.run_dir(job))
-        metrics, _ = evaluate_split(
+        metrics, _, _ = evaluate_split(
             bundle, data, "test", languages=[job.language], batch_size=16,
-            max_new_tokens=base.eval.max_new_tokens, label=f"test {job.language}", say=say,
+            max_new_tokens=base.eval.max_new_tokens, progress=counting(f"test {job.language}", say),
         )
         rows.append((job.language, jobs.get(job.language), metrics))
 
