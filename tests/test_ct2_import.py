@@ -69,6 +69,13 @@ def _features(hf_dir: Path, texts: list[str]) -> torch.Tensor:
     return extractor(audio, sampling_rate=16_000, return_tensors="pt").input_features
 
 
+def test_import_writes_files_others_can_read(hf_tiny_en: Path) -> None:
+    """mkdtemp (0o700) and safetensors (0o600) create private entries; the import opens them up
+    before flushing them with asrforge.io's fsync."""
+    assert hf_tiny_en.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in hf_tiny_en.iterdir()} == {0o644}
+
+
 def test_import_writes_a_loadable_transformers_directory(hf_tiny_en: Path, hf_model) -> None:
     names = {p.name for p in hf_tiny_en.iterdir()}
     assert {

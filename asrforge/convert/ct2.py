@@ -49,6 +49,7 @@ from transformers import (
 )
 
 from asrforge.errors import CheckpointNotSupportedError, UserError
+from asrforge.io.atomic import fsync_dir, fsync_file
 
 # The layout below is checked against ctranslate2's writer (specs/model_spec.py, `_serialize`)
 # and reader (src/models/model.cc). Versions 4 and 5 share this layout in the reader, but no
@@ -147,25 +148,19 @@ def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
             return_attention_mask=False,
         ).save_pretrained(tmp)
         _write_tokenizer_files(tmp, tokenizer_json, specials, shape["max_target_positions"])
-        for path in [*tmp.iterdir(), tmp]:
-            path.chmod(0o755 if path == tmp else 0o644)  # mkdtemp and safetensors use 0o600
-            _fsync(path)
+        for path in tmp.iterdir():
+            path.chmod(0o644)  # safetensors writes 0o600
+            fsync_file(path)
+        tmp.chmod(0o755)  # mkdtemp makes it 0o700
+        fsync_dir(tmp)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
-        _fsync(out_dir.parent)
+        fsync_dir(out_dir.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_model_bin(path: Path) -> dict[str, torch.Tensor]:
