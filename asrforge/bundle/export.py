@@ -54,6 +54,7 @@ from asrforge.errors import CheckpointError, UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
+from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.text.languages import find_language_code
 
@@ -548,7 +549,7 @@ def _generation_config(
 
 def _feature_config(config: WhisperConfig, stats: tuple | None = None) -> FeatureConfig:
     mean, std, n = stats if stats else (None, None, 0)
-    chunk = config.max_source_positions // 50
+    chunk = int(window_seconds(config))
     return FeatureConfig(feature_size=config.num_mel_bins, chunk_length=chunk, mean=mean, std=std,
                          stats_utterances=n)  # fmt: skip
 

@@ -15,6 +15,7 @@ from transformers import logging as hf_logging
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
+from asrforge.model.frames import window_seconds
 from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (
     SpecialTokens,
@@ -105,7 +106,7 @@ def build_model(
                 f"{cfg.pretrained} has {model.config.vocab_size}: extend the vocabulary with "
                 "`asrforge vocab build` instead of pointing at another tokenizer"
             )
-        n_mels, chunk = model.config.num_mel_bins, model.config.max_source_positions / 50
+        n_mels, chunk = model.config.num_mel_bins, window_seconds(model.config)
     else:
         wcfg = WhisperConfig(
             vocab_size=len(tokenizer),

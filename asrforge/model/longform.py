@@ -29,6 +29,7 @@ from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.fallback import Fallback, decode_with_fallback
+from asrforge.model.frames import window_seconds
 from asrforge.model.windows import segment
 
 CHUNKINGS = ("timestamps", "silence")
@@ -250,11 +251,6 @@ def decode_windows(
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
-
-
-def window_seconds(model_config) -> float:
-    """The encoder's window: 50 positions per second (30 s for the real Whisper models)."""
-    return model_config.max_source_positions / 50.0
 
 
 def choose_chunking(tokenizer, model_config, requested: str | None) -> tuple[str, str]:
