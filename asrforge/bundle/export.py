@@ -522,25 +522,17 @@ def _generation_config(
         skip = ("transformers_version", "_from_model_config")
         fields = {k: v for k, v in base.to_diff_dict().items() if k not in skip}
         fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
+    for key in ("lang_to_id", "task_to_id", "task", "language"):  # the bundle's, not the base's
+        fields.pop(key, None)
     fields.update(
-        decoder_start_token_id=specials.sot,
+        specials.generation_fields(icfg.languages),
         bos_token_id=specials.eot,
-        eos_token_id=specials.eot,
-        pad_token_id=specials.eot,
-        no_timestamps_token_id=specials.no_timestamps,
-        is_multilingual=specials.multilingual,
         max_length=config.max_target_positions,
         return_timestamps=False,
     )
     fields.setdefault("suppress_tokens", [])
     fields.setdefault("begin_suppress_tokens", [])
-    for key in ("lang_to_id", "task_to_id", "task", "language"):
-        fields.pop(key, None)
     if specials.multilingual:
-        fields["lang_to_id"] = {
-            f"<|{c}|>": specials.languages[c] for c in icfg.languages if c in specials.languages
-        }
-        fields["task_to_id"] = dict(specials.tasks)
         fields["task"] = icfg.data.task
         if len(icfg.languages) == 1:
             fields["language"] = icfg.languages[0]

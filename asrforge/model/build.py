@@ -262,15 +262,8 @@ def _set_generation_defaults(
     model: WhisperForConditionalGeneration, specials: SpecialTokens
 ) -> None:
     """Generation settings so that transformers' ``generate`` and pipeline agree with ours."""
-    gc = model.generation_config
-    gc.decoder_start_token_id = specials.sot
-    gc.eos_token_id = specials.eot
-    gc.pad_token_id = specials.eot
-    gc.no_timestamps_token_id = specials.no_timestamps
-    gc.is_multilingual = specials.multilingual
-    if specials.multilingual:
-        gc.lang_to_id = {f"<|{c}|>": i for c, i in specials.languages.items()}
-        gc.task_to_id = dict(specials.tasks)
+    for name, value in specials.generation_fields().items():
+        setattr(model.generation_config, name, value)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
