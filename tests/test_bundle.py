@@ -391,7 +391,7 @@ def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     [result] = bundle.recognize([long], "en")
     assert result.chunking == "silence"  # a from-scratch BPE has no timestamp tokens
     assert result.seconds == pytest.approx(long.shape[0] / 16_000)
-    from asrforge.model.windows import segment
+    from asrforge.model.silence import segment
 
     cuts = segment(long, 16_000, 2.0)
     assert len(cuts) >= 2

@@ -41,8 +41,8 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError,
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
+from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
-from asrforge.model.windows import segment
 from asrforge.text.languages import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
@@ -415,7 +415,7 @@ class Bundle:
 
     @property
     def window_seconds(self) -> float:
-        """The encoder's window: longer audio is cut into windows (see ``windows.py``)."""
+        """The encoder's window: longer audio is cut into windows (see ``model/longform.py``)."""
         return window_seconds(self.model.config)
 
     def __repr__(self) -> str:

@@ -3,7 +3,7 @@ handled before fine-tuning (``eval.guard``).
 
 The guard set is loaded once (:func:`load_guard_items`): an Arrow data set, a directory of
 audio files, or one file; audio longer than the model's window is cut into windows at pauses
-(:func:`asrforge.model.windows.segment`). :class:`Guard` transcribes it greedily, like the
+(:func:`asrforge.model.silence.segment`). :class:`Guard` transcribes it greedily, like the
 evaluation, and scores the transcripts:
 
 * ``wer`` (every item has a reference): WER against the references;
@@ -32,7 +32,7 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
-from asrforge.model.windows import segment
+from asrforge.model.silence import segment
 from asrforge.selection import GuardGate
 from asrforge.text import normalize, wer
 
