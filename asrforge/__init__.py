@@ -23,7 +23,7 @@ _EXPORTS = {
     "wer": "asrforge.text",
     "cer": "asrforge.text",
     "normalize": "asrforge.text",
-    "import_ct2": "asrforge.model.ct2",
+    "import_ct2": "asrforge.convert.ct2",
     "average_checkpoints": "asrforge.checkpoint.average",
 }
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from asrforge.callbacks import build_callbacks
     from asrforge.checkpoint.average import average_checkpoints
     from asrforge.config import TrainConfig, load_config
-    from asrforge.model.ct2 import import_ct2
+    from asrforge.convert.ct2 import import_ct2
     from asrforge.text import cer, normalize, wer
     from asrforge.train.events import Callback
     from asrforge.train.loop import Trainer

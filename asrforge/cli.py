@@ -17,16 +17,16 @@ import sys
 import time
 from collections.abc import Callable
 
-from asrforge.checkpoint.atomic import describe_os_error, directory_problem
 from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
+from asrforge.io.atomic import describe_os_error, directory_problem
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
     "asrforge.config_reference",
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
-    "asrforge.demo",
+    "asrforge.recipes.demo",
 ]
 # Those whose modules import torch or transformers at the top are imported only when their
 # command is named, so `asrforge --help` and a mistyped line answer without seconds of imports;
@@ -34,11 +34,11 @@ EXTERNAL_COMMANDS = [
 HEAVY_COMMANDS = {
     "average": ("asrforge.checkpoint.average", "average the k best checkpoints of a run by a metric"),
     "import-ct2": (
-        "asrforge.model.ct2",
+        "asrforge.convert.ct2",
         "convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
     ),
     "vocab": ("asrforge.model.vocab", "per-language vocabulary extension"),
-    "corpus": ("asrforge.data.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
+    "corpus": ("asrforge.recipes.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
 }
 
 

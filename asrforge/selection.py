@@ -39,7 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig
 from asrforge.errors import UserError
-from asrforge.text.scripts import LANGUAGES, find_language_code
+from asrforge.text.languages import LANGUAGES, find_language_code
 
 GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
 PATIENCE_FULL = 5

@@ -51,8 +51,8 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     unwrap,
 )
 
+from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.text import normalize, wer  # noqa: E402
-from asrforge.train.evaluate import evaluate  # noqa: E402
 
 
 def run_asrforge(w: Workload, precision: str = "fp32") -> dict:

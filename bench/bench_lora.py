@@ -55,8 +55,8 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     from asrforge.config import LoraConfig, OptimConfig
+    from asrforge.evaluation.evaluate import token_loss
     from asrforge.model.lora import add_adapters
-    from asrforge.train.evaluate import token_loss
     from asrforge.train.optim import build_optimizer
 
     torch.set_num_threads(args.threads)

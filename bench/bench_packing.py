@@ -57,8 +57,8 @@ from asrforge.data.dataset import (  # noqa: E402
 from asrforge.data.packing import PackItems, compose_windows  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.targets import TimestampTokens  # noqa: E402
-from asrforge.model.build import ModelBundle, build_model  # noqa: E402
-from asrforge.train.evaluate import evaluate  # noqa: E402
+from asrforge.evaluation.evaluate import evaluate  # noqa: E402
+from asrforge.model.build import BuiltModel, build_model  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 from asrforge.train.setup import choose_precision, model_width  # noqa: E402
@@ -67,13 +67,13 @@ from asrforge.train.setup import choose_precision, model_width  # noqa: E402
 def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:
     """The corpus: tones (``quick``), else English espeak-ng speech whose test split (the
     held-out one here) has sentences and speakers the training split lacks
-    (``asrforge.data.corpus``)."""
+    (``asrforge.recipes.corpus``)."""
     if quick:
         path = work / f"tones-{n_train}-{n_test}"
         if not path.exists():
             make_tones_dataset(path, sizes={"train": n_train, "validation": n_test})
         return path
-    from asrforge.data.corpus import CorpusSpec, build_corpus
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     path = work / f"espeak-en-{n_train}-{n_test}"
     sizes = {"train": n_train, "validation": 1, "test": n_test}  # held out: test's speakers
@@ -165,7 +165,7 @@ def run_asrforge(cfg: TrainConfig, budget: float, clock) -> dict:
     }
 
 
-def speech_set(cfg: TrainConfig, bundle: ModelBundle, split: str) -> SpeechDataset:
+def speech_set(cfg: TrainConfig, bundle: BuiltModel, split: str) -> SpeechDataset:
     """``split`` of the corpus as the training loop filters and tokenizes it for ``bundle``."""
     ds = load_arrow(cfg.data.path)[split]
     config = bundle.model.config
@@ -182,7 +182,7 @@ def speech_set(cfg: TrainConfig, bundle: ModelBundle, split: str) -> SpeechDatas
 
 
 def packed_utterances(
-    cfg: TrainConfig, bundle: ModelBundle, epoch: int, batch_in_epoch: int
+    cfg: TrainConfig, bundle: BuiltModel, epoch: int, batch_in_epoch: int
 ) -> int:
     """Utterances in the windows of the epochs before ``epoch`` and the first
     ``batch_in_epoch`` batches of it: the layout is a pure function of (seed, epoch), so it is
@@ -278,7 +278,7 @@ def run_hf(cfg: TrainConfig, out: Path, budget: float, clock, precision: str) ->
     return {"bundle": w.bundle, **seen}
 
 
-def held_out_wer(bundle: ModelBundle, cfg: TrainConfig, precision: str) -> float:
+def held_out_wer(bundle: BuiltModel, cfg: TrainConfig, precision: str) -> float:
     """WER of ``bundle``'s model on the validation split, decoded by asrforge's ``evaluate``."""
     eval_set = speech_set(cfg, bundle, cfg.data.eval_split)
     eot = bundle.specials.eot

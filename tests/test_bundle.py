@@ -391,7 +391,7 @@ def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     [result] = bundle.recognize([long], "en")
     assert result.chunking == "silence"  # a from-scratch BPE has no timestamp tokens
     assert result.seconds == pytest.approx(long.shape[0] / 16_000)
-    from asrforge.model.windows import segment
+    from asrforge.model.silence import segment
 
     cuts = segment(long, 16_000, 2.0)
     assert len(cuts) >= 2
@@ -611,7 +611,7 @@ def test_export_and_average_on_a_full_disk_fail_in_one_line(trained_run, tmp_pat
     }
     for name, argv in commands.items():
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("asrforge.checkpoint.atomic.fsync_file", _no_space)
+            mp.setattr("asrforge.io.atomic.fsync_file", _no_space)
             assert main(argv) == 1, name  # the disk, not the input, is at fault
         (message,) = cli_problems(capsys)
         assert f"could not write {argv[-1]}: No space left on device (errno 28)" in message

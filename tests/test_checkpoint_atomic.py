@@ -12,13 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from asrforge.checkpoint import atomic, manifest
-from asrforge.checkpoint.atomic import (
-    atomic_directory,
-    atomic_write_text,
-    directory_problem,
-    recover_interrupted,
-)
+from asrforge.checkpoint import manifest
 from asrforge.checkpoint.manifest import FORMAT_VERSION, verify, write_manifest
 from asrforge.checkpoint.training import (
     ALIASES_KEY,
@@ -31,6 +25,13 @@ from asrforge.checkpoint.training import (
     weights_aliases,
 )
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
+from asrforge.io import atomic
+from asrforge.io.atomic import (
+    atomic_directory,
+    atomic_write_text,
+    directory_problem,
+    recover_interrupted,
+)
 
 # ---------------------------------------------------------------------------------------------
 # atomic_directory
@@ -439,3 +440,22 @@ def test_directory_problem_names_what_is_in_the_way(tmp_path):
     }
     for rel, want in problems.items():
         assert str(directory_problem(tmp_path / rel)).startswith(f"{tmp_path / rel}: {want}"), rel
+
+
+def test_a_failed_file_or_symlink_replacement_keeps_the_old_one_and_no_temporary(tmp_path):
+    """atomic_write_bytes and atomic_symlink share one replace-from-a-temporary recipe."""
+    (tmp_path / "old").write_text("old")
+    link = tmp_path / "latest"
+    atomic.atomic_symlink(link, "old")
+    assert os.readlink(link) == "old"
+    atomic.atomic_symlink(link, "new")  # replaced, not refused as existing
+    assert os.readlink(link) == "new"
+
+    in_the_way = tmp_path / "dir"
+    (in_the_way / "child").mkdir(parents=True)  # a non-empty directory cannot be replaced
+    with pytest.raises(CheckpointSaveError, match=r"could not update .*dir: .*errno"):
+        atomic.atomic_symlink(in_the_way, "old")
+    with pytest.raises(CheckpointSaveError, match=r"could not write .*dir: .*errno"):
+        atomic.atomic_write_bytes(in_the_way, b"x")
+    assert (in_the_way / "child").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "latest", "old"]

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from asrforge.checkpoint import atomic
 from asrforge.checkpoint.manager import CheckpointManager, metric_dir_name
 from asrforge.checkpoint.manifest import read_manifest, verify
 from asrforge.checkpoint.training import capture_rng_state, load_training_checkpoint
 from asrforge.config import TopKSpec
 from asrforge.errors import CheckpointSaveError, UserError
+from asrforge.io import atomic
 
 
 def _writer(step: int):

@@ -12,9 +12,11 @@ import pytest
 from audio_fixtures import requires_espeak
 
 from asrforge.cli import main
-from asrforge.data import corpus as corpus_mod
 from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
-from asrforge.data.corpus import (
+from asrforge.data.dataset import load_arrow
+from asrforge.errors import UserError
+from asrforge.recipes import corpus as corpus_mod
+from asrforge.recipes.corpus import (
     LANGUAGES_TABLE,
     SPLITS,
     CorpusSpec,
@@ -23,9 +25,7 @@ from asrforge.data.corpus import (
     plan_corpus,
     split_sizes,
 )
-from asrforge.data.dataset import load_arrow
-from asrforge.data.sentences import make_sentences, word_pool
-from asrforge.errors import UserError
+from asrforge.recipes.sentences import make_sentences, word_pool
 
 SIZES = {"train": 4, "validation": 1, "test": 1}  # 6 sentences per language
 
@@ -214,7 +214,7 @@ Do or do not, there is no try!  Is it late?  Fine.
 def fortunes_root(tmp_path, monkeypatch):
     """A fake /usr/share/games/fortunes holding one allowed English collection and one that the
     allow list leaves out."""
-    from asrforge.data import sentences
+    from asrforge.recipes import sentences
 
     (tmp_path / "wisdom").write_text(FORTUNE_FILE)
     (tmp_path / "off").mkdir()
@@ -225,7 +225,7 @@ def fortunes_root(tmp_path, monkeypatch):
 
 
 def test_natural_sentences_keep_only_short_speakable_ones(fortunes_root):
-    from asrforge.data.sentences import natural_sentences
+    from asrforge.recipes.sentences import natural_sentences
 
     got = natural_sentences("en", min_words=4, max_words=16)
     assert got == [
@@ -256,7 +256,7 @@ def test_a_corpus_from_fortunes_uses_natural_sentences_and_records_them(fortunes
 
 
 def test_missing_fortunes_package_is_named(tmp_path, monkeypatch):
-    from asrforge.data import sentences
+    from asrforge.recipes import sentences
 
     monkeypatch.setattr(sentences, "FORTUNES_ROOT", tmp_path)
     assert CorpusSpec(["de"], SIZES).sources() == {"de": "wordfreq"}  # auto falls back

@@ -27,8 +27,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from asrforge.convert.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
 from asrforge.errors import UserError
-from asrforge.model.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
 
 SENTENCES = [
     "We will meet at the library tomorrow morning to discuss the project.",
@@ -67,6 +67,13 @@ def _features(hf_dir: Path, texts: list[str]) -> torch.Tensor:
     extractor = WhisperFeatureExtractor.from_pretrained(hf_dir)
     audio = [synthesize(text) for text in texts]
     return extractor(audio, sampling_rate=16_000, return_tensors="pt").input_features
+
+
+def test_import_writes_files_others_can_read(hf_tiny_en: Path) -> None:
+    """mkdtemp (0o700) and safetensors (0o600) create private entries; the import opens them up
+    before flushing them with asrforge.io's fsync."""
+    assert hf_tiny_en.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in hf_tiny_en.iterdir()} == {0o644}
 
 
 def test_import_writes_a_loadable_transformers_directory(hf_tiny_en: Path, hf_model) -> None:

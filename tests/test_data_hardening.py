@@ -19,7 +19,7 @@ from asrforge.data.dataset import data_language, language_filter, load_arrow, pr
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
 from asrforge.selection import build_selector
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 from tests.conftest import tiny_config
 
 NAN_REASON = "non-finite audio (NaN/inf samples)"

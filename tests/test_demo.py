@@ -23,8 +23,8 @@ def tiny_en_installed() -> None:
 def demo_packages() -> None:
     """The demo's text (fortunes) and guard speech (asterisk prompts) come from Debian packages
     that `make test` / `make demo` install."""
-    from asrforge.data.sentences import fortunes_available
-    from asrforge.demo import GUARD_PACKAGE, GUARD_SOURCE
+    from asrforge.recipes.demo import GUARD_PACKAGE, GUARD_SOURCE
+    from asrforge.recipes.sentences import fortunes_available
 
     if not fortunes_available("en"):
         pytest.skip("Debian's fortunes package is missing: `make test` installs it")
@@ -118,7 +118,7 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
 def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     from types import SimpleNamespace as NS
 
-    from asrforge.demo import MAX_TRAIN, train_sentences
+    from asrforge.recipes.demo import MAX_TRAIN, train_sentences
 
     def cfg(steps, pack=None):
         data = NS(batch_size=8, **({"pack": pack} if pack is not None else {}))
@@ -129,3 +129,14 @@ def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     packed = train_sentences(cfg(20, NS(enabled=True, max_seconds=None)))
     assert 160 * 7 < packed < 160 * 9  # ~8 clips of 3.3 s and a gap fill a 30 s window
     assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN
+
+
+def test_demo_progress_passes_every_batch_through_and_reports_the_total():
+    """The demo evaluates with the library's evaluate_split; its progress wrapper only counts."""
+    from asrforge.recipes.demo import counting
+
+    said: list[str] = []
+    batches = [{"size": 2, "id": 0}, {"size": 0, "id": 1}, {"size": 3, "id": 2}]
+    seen = list(counting("before", said.append)(iter(batches), 5))
+    assert seen == batches
+    assert said[-1] == "before: 5/5 utterances"

@@ -484,7 +484,7 @@ def _fake_wave(u) -> np.ndarray:
 
 
 def test_long_items_are_deterministic_one_language_each_and_in_range() -> None:
-    from asrforge.train.longform import build_items
+    from asrforge.evaluation.longform import build_items
 
     utts = _utterances(60)
     kw = dict(count=4, min_seconds=8.0, max_seconds=12.0)
@@ -508,7 +508,7 @@ def test_long_items_are_deterministic_one_language_each_and_in_range() -> None:
 
 
 def test_long_items_stop_when_the_split_runs_out(caplog) -> None:
-    from asrforge.train.longform import build_items
+    from asrforge.evaluation.longform import build_items
 
     items = build_items(
         _utterances(6, ("en",)), _fake_wave, count=3, min_seconds=8, max_seconds=9, seed=0
@@ -562,7 +562,7 @@ def test_the_loop_reports_long_form_metrics_decoded_as_transcribe_decodes(
     longform_run, tones_dir
 ) -> None:
     from asrforge.bundle.export import bundle_from_checkpoint
-    from asrforge.train.longform import evaluate_split_longform
+    from asrforge.evaluation.longform import evaluate_split_longform
 
     evals = [json.loads(x) for x in (longform_run / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in evals if e.get("event") == "eval"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asrforge.checkpoint.resize import VOCAB_TENSORS, adapt_state_dict
 from asrforge.errors import CheckpointNotSupportedError
+from asrforge.model.resize import VOCAB_TENSORS, adapt_state_dict
 
 EMB, PROJ = VOCAB_TENSORS
 

@@ -17,7 +17,7 @@ from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixt
 
 from asrforge.bundle.export import bundle_from_pretrained, export_bundle
 from asrforge.bundle.load import Bundle, load_bundle
-from asrforge.model.windows import quietest_point, segment, split_points
+from asrforge.model.silence import quietest_point, segment, split_points
 
 SR = 16_000
 

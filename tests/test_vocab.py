@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from asrforge.checkpoint.resize import VOCAB_TENSORS
 from asrforge.cli import main
 from asrforge.config import ModelConfig
 from asrforge.errors import UserError
@@ -23,6 +22,7 @@ from asrforge.model.embeddings import (
     sample_like_rows,
     vocab_row_map,
 )
+from asrforge.model.resize import VOCAB_TENSORS
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.model.vocab import (
     EXTENSION_FILE,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
+from asrforge.io.atomic import directory_problem
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
 
@@ -301,7 +301,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         else:
             out = r.text
         if args.output_dir is not None:
-            from asrforge.checkpoint.atomic import atomic_write_text
+            from asrforge.io.atomic import atomic_write_text
 
             args.output_dir.mkdir(parents=True, exist_ok=True)
             target = args.output_dir / f"{path.stem}.{'txt' if fmt == 'text' else fmt}"
@@ -328,7 +328,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
-    from asrforge.train.evaluate import evaluate_split
+    from asrforge.evaluation.evaluate import evaluate_split
 
     # the model first, then the data: every problem in one message
     bundle = _attempt(lambda: open_model(args.model, args.weights), problems)
@@ -345,7 +345,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         beam_size=args.beam_size,
     )
     if args.longform_items:
-        from asrforge.train.longform import evaluate_split_longform
+        from asrforge.evaluation.longform import evaluate_split_longform
 
         long_metrics, _records = evaluate_split_longform(
             bundle,

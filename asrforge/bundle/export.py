@@ -47,15 +47,16 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import EMA_FILE, load_weights, save_weights, weights_aliases
 from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
 from asrforge.errors import CheckpointError, UserError
+from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
+from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -521,25 +522,17 @@ def _generation_config(
         skip = ("transformers_version", "_from_model_config")
         fields = {k: v for k, v in base.to_diff_dict().items() if k not in skip}
         fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
+    for key in ("lang_to_id", "task_to_id", "task", "language"):  # the bundle's, not the base's
+        fields.pop(key, None)
     fields.update(
-        decoder_start_token_id=specials.sot,
+        specials.generation_fields(icfg.languages),
         bos_token_id=specials.eot,
-        eos_token_id=specials.eot,
-        pad_token_id=specials.eot,
-        no_timestamps_token_id=specials.no_timestamps,
-        is_multilingual=specials.multilingual,
         max_length=config.max_target_positions,
         return_timestamps=False,
     )
     fields.setdefault("suppress_tokens", [])
     fields.setdefault("begin_suppress_tokens", [])
-    for key in ("lang_to_id", "task_to_id", "task", "language"):
-        fields.pop(key, None)
     if specials.multilingual:
-        fields["lang_to_id"] = {
-            f"<|{c}|>": specials.languages[c] for c in icfg.languages if c in specials.languages
-        }
-        fields["task_to_id"] = dict(specials.tasks)
         fields["task"] = icfg.data.task
         if len(icfg.languages) == 1:
             fields["language"] = icfg.languages[0]
@@ -548,7 +541,7 @@ def _generation_config(
 
 def _feature_config(config: WhisperConfig, stats: tuple | None = None) -> FeatureConfig:
     mean, std, n = stats if stats else (None, None, 0)
-    chunk = config.max_source_positions // 50
+    chunk = int(window_seconds(config))
     return FeatureConfig(feature_size=config.num_mel_bins, chunk_length=chunk, mean=mean, std=std,
                          stats_utterances=n)  # fmt: skip
 

@@ -39,10 +39,11 @@ from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifes
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.model.fallback import Fallback
+from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
+from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
-from asrforge.model.windows import segment
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError
@@ -414,8 +415,8 @@ class Bundle:
 
     @property
     def window_seconds(self) -> float:
-        """The encoder's window: longer audio is cut into windows (see ``windows.py``)."""
-        return self.model.config.max_source_positions / 50.0
+        """The encoder's window: longer audio is cut into windows (see ``model/longform.py``)."""
+        return window_seconds(self.model.config)
 
     def __repr__(self) -> str:
         return (

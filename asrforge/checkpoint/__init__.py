@@ -1,11 +1,12 @@
-"""Checkpoints that survive anything: atomic writes, manifests, training checkpoints, the
-checkpoints directory of a run (latest, best, top-k, rotation), averaging and vocabulary resize.
+"""Checkpoints that survive anything: manifests, training checkpoints, the checkpoints directory
+of a run (latest, best, top-k, rotation) and averaging. Their atomic writes are
+``asrforge.io.atomic``; vocabulary resize is ``asrforge.model.resize``.
 
 The training loop needs :class:`CheckpointManager` (save, ``latest_valid``, state),
 :func:`load_training_checkpoint` and the RNG helpers; the rest is for tools and tests.
 
-Lazy: importing one submodule (``asrforge.checkpoint.atomic``, which light tools use) does not
-import torch through this package; each name below is imported on first use.
+Lazy: importing one submodule does not import torch through this package; each name below is
+imported on first use.
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ from typing import TYPE_CHECKING
 from asrforge._lazy import lazy_exports
 
 _EXPORTS = {
-    "atomic_directory": "asrforge.checkpoint.atomic",
-    "atomic_write_bytes": "asrforge.checkpoint.atomic",
-    "atomic_write_text": "asrforge.checkpoint.atomic",
-    "fsync_dir": "asrforge.checkpoint.atomic",
-    "recover_interrupted": "asrforge.checkpoint.atomic",
     "average_checkpoints": "asrforge.checkpoint.average",
     "average_top_k": "asrforge.checkpoint.average",
     "CheckpointManager": "asrforge.checkpoint.manager",
@@ -27,7 +23,6 @@ _EXPORTS = {
     "read_manifest": "asrforge.checkpoint.manifest",
     "verify": "asrforge.checkpoint.manifest",
     "write_manifest": "asrforge.checkpoint.manifest",
-    "adapt_state_dict": "asrforge.checkpoint.resize",
     "TrainingCheckpoint": "asrforge.checkpoint.training",
     "capture_rng_state": "asrforge.checkpoint.training",
     "load_training_checkpoint": "asrforge.checkpoint.training",
@@ -41,18 +36,12 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
     "TrainingCheckpoint",
-    "adapt_state_dict",
-    "atomic_directory",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "average_checkpoints",
     "average_top_k",
     "capture_rng_state",
-    "fsync_dir",
     "load_training_checkpoint",
     "load_weights",
     "read_manifest",
-    "recover_interrupted",
     "restore_rng_state",
     "save_training_checkpoint",
     "save_weights",
@@ -61,17 +50,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from asrforge.checkpoint.atomic import (
-        atomic_directory,
-        atomic_write_bytes,
-        atomic_write_text,
-        fsync_dir,
-        recover_interrupted,
-    )
     from asrforge.checkpoint.average import average_checkpoints, average_top_k
     from asrforge.checkpoint.manager import CheckpointManager
     from asrforge.checkpoint.manifest import FORMAT_VERSION, read_manifest, verify, write_manifest
-    from asrforge.checkpoint.resize import adapt_state_dict
     from asrforge.checkpoint.training import (
         TrainingCheckpoint,
         capture_rng_state,

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from asrforge.checkpoint.atomic import atomic_directory
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import (
     MODEL_FILE,
@@ -37,6 +36,7 @@ from asrforge.checkpoint.training import (
     weights_aliases,
 )
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
+from asrforge.io.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
 

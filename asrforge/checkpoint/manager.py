@@ -34,16 +34,6 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.atomic import (
-    atomic_directory,
-    atomic_symlink,
-    atomic_write_text,
-    describe_os_error,
-    fsync_dir,
-    fsync_file,
-    recover_interrupted,
-    temp_sibling,
-)
 from asrforge.checkpoint.average import default_mode, rank_checkpoints
 from asrforge.checkpoint.disk import (
     GB,
@@ -64,6 +54,16 @@ from asrforge.checkpoint.manifest import (
 from asrforge.checkpoint.training import save_training_checkpoint
 from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
+from asrforge.io.atomic import (
+    atomic_directory,
+    atomic_symlink,
+    atomic_write_text,
+    describe_os_error,
+    fsync_dir,
+    fsync_file,
+    recover_interrupted,
+    temp_sibling,
+)
 
 STATE_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")

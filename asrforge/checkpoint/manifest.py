@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.errors import CheckpointCorruptError
+from asrforge.io.atomic import atomic_write_text
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -42,7 +42,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from asrforge.checkpoint.atomic import atomic_directory, fsync_tree
 from asrforge.checkpoint.manifest import PRUNED_KEY, sha256_file, verify, write_manifest
 from asrforge.checkpoint.streaming import (
     FileDigest,
@@ -52,6 +51,7 @@ from asrforge.checkpoint.streaming import (
     write_text,
 )
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
+from asrforge.io.atomic import atomic_directory, fsync_tree
 
 ALIASES_KEY = "asrforge_aliases"
 MODEL_FILE = "model.safetensors"

@@ -15,7 +15,6 @@ the files of killed builds and superseded indexes are removed by the next build.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -23,15 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.checkpoint.atomic import atomic_write_text, fsync_dir
+from asrforge.io.atomic import atomic_write_text, fsync_dir
+from asrforge.io.locks import hold_shared, try_lock
 
 CHUNK_ROWS = 256  # rows copied at a time from the previous file (bounded memory)
-
-
-def _lock_shared(path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    return fd
 
 
 class NewDataFile:
@@ -49,7 +43,7 @@ class NewDataFile:
     def __enter__(self) -> NewDataFile:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.tmp.touch()
-        self._fd = _lock_shared(self.tmp)
+        self._fd = hold_shared(self.tmp)
         return self
 
     def publish(self, index_file: Path, meta: dict) -> None:
@@ -81,8 +75,10 @@ def remove_unused(directory: Path, pattern: str, keep: str) -> list[str]:
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a reader or a writer still uses it
+            unused = try_lock(fd)
+        except OSError:  # cannot tell: keep it
+            unused = False
+        if not unused:  # a reader or a writer still uses it
             os.close(fd)
             continue
         try:
@@ -109,7 +105,7 @@ class SharedData:
     @property
     def array(self) -> np.ndarray:
         if self._array is None:
-            self._fd = _lock_shared(self.path)
+            self._fd = hold_shared(self.path)
             if self.kind == "npy":
                 self._array = np.load(self.path, mmap_mode="r")
             elif os.path.getsize(self.path) == 0:  # every stored row empty (all silence)

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
 from asrforge.errors import UserError
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 

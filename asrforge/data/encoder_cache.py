@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.data.cache_files import NewDataFile, SharedData, copy_rows, remove_unused
+from asrforge.io.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Each word is a short two-tone chord of its own pitch, words are separated by silence, so audio
 and text are tied by a rule a tiny model can learn in a minute on a CPU. The real speech corpus
-(espeak-ng) lives in :mod:`asrforge.data.corpus`.
+(espeak-ng) lives in :mod:`asrforge.recipes.corpus`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from asrforge.checkpoint.atomic import directory_problem
 from asrforge.errors import UserError
+from asrforge.io.atomic import directory_problem
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,6 @@ another launcher finished a moment ago is never run twice.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -30,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from asrforge.checkpoint.atomic import atomic_write_text
+from asrforge.io.atomic import atomic_write_text
+from asrforge.io.locks import LOCKING_UNSUPPORTED, try_lock, unlock
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -68,14 +67,11 @@ def lock_is_held(lock: Path) -> bool | None:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not try_lock(fd, shared=True)
     except OSError:
         return None
     finally:
         os.close(fd)  # closing drops a lock we took
-    return False
 
 
 @dataclass
@@ -95,7 +91,7 @@ class Claim:
         except FileNotFoundError:
             pass
         if self.locked:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            unlock(self.lock_fd)
         os.close(self.lock_fd)
 
 
@@ -126,12 +122,11 @@ class Claims:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         locked = True
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return "held"
+            if not try_lock(fd):
+                os.close(fd)
+                return "held"
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            if e.errno not in LOCKING_UNSUPPORTED:
                 os.close(fd)
                 raise
             locked = False

@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.checkpoint.disk import format_gb, tree_bytes
+from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker
 
 METRICS = ("wer", "cer", "loss")

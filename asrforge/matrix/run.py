@@ -15,7 +15,6 @@ its launcher dies).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -26,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.io.atomic import atomic_write_text
+from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import Job, Plan
@@ -100,8 +100,7 @@ def prepare_data(plan: Plan) -> None:
     each found the path missing would otherwise write it at the same time)."""
     for path, kind in plan.data_to_generate:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another launcher may be building it
+        with exclusive(path.with_name(path.name + ".lock")):  # another launcher may be building it
             if path.exists():
                 continue
             if kind == "tones":

@@ -15,6 +15,7 @@ from transformers import logging as hf_logging
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
+from asrforge.model.frames import window_seconds
 from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (
     SpecialTokens,
@@ -31,8 +32,10 @@ HOP_LENGTH = 160  # 100 feature frames per second; the encoder's stride-2 conv h
 
 
 @dataclass
-class ModelBundle:
-    """What the loop needs of the model side."""
+class BuiltModel:
+    """A model built for training or evaluation, with what the loop needs beside it: its
+    tokenizer, special tokens and feature extractor. (The inference side is
+    :class:`asrforge.bundle.Bundle`.)"""
 
     model: WhisperForConditionalGeneration
     tokenizer: WhisperTokenizer
@@ -78,7 +81,7 @@ def build_model(
     seed: int,
     *,
     language_tokens: Mapping[str, str] | None = None,
-) -> ModelBundle:
+) -> BuiltModel:
     """Build (from scratch) or load (from ``cfg.pretrained``) the model.
 
     Weights of a from-scratch model are drawn under ``torch.manual_seed(seed)``. When
@@ -103,7 +106,7 @@ def build_model(
                 f"{cfg.pretrained} has {model.config.vocab_size}: extend the vocabulary with "
                 "`asrforge vocab build` instead of pointing at another tokenizer"
             )
-        n_mels, chunk = model.config.num_mel_bins, model.config.max_source_positions / 50
+        n_mels, chunk = model.config.num_mel_bins, window_seconds(model.config)
     else:
         wcfg = WhisperConfig(
             vocab_size=len(tokenizer),
@@ -155,7 +158,7 @@ def build_model(
         chunk_length=int(chunk),
         n_fft=400,
     )
-    return ModelBundle(model=model, tokenizer=tokenizer, specials=specials, features=features)
+    return BuiltModel(model=model, tokenizer=tokenizer, specials=specials, features=features)
 
 
 def _record_shape(cfg: ModelConfig, config: WhisperConfig) -> None:
@@ -259,15 +262,8 @@ def _set_generation_defaults(
     model: WhisperForConditionalGeneration, specials: SpecialTokens
 ) -> None:
     """Generation settings so that transformers' ``generate`` and pipeline agree with ours."""
-    gc = model.generation_config
-    gc.decoder_start_token_id = specials.sot
-    gc.eos_token_id = specials.eot
-    gc.pad_token_id = specials.eot
-    gc.no_timestamps_token_id = specials.no_timestamps
-    gc.is_multilingual = specials.multilingual
-    if specials.multilingual:
-        gc.lang_to_id = {f"<|{c}|>": i for c, i in specials.languages.items()}
-        gc.task_to_id = dict(specials.tasks)
+    for name, value in specials.generation_fields().items():
+        setattr(model.generation_config, name, value)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

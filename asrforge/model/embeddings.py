@@ -7,7 +7,7 @@ nor prefers them before training (Hewitt, "Initializing new word embeddings for 
 language models", 2021). The draw is seeded; the covariance is regularized (``+ eps I``, eps
 growing) when it is not positive definite, e.g. with fewer rows than dimensions.
 
-The resizing itself is ``asrforge.checkpoint.resize.adapt_state_dict``: it refuses any other
+The resizing itself is ``asrforge.model.resize.adapt_state_dict``: it refuses any other
 difference and reports each adapted tensor.
 """
 
@@ -16,16 +16,13 @@ from __future__ import annotations
 import logging
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from asrforge.errors import UserError
+from asrforge.model.resize import VOCAB_TENSORS, RowInit, adapt_state_dict
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.model.vocab import EXTENSION_FILE, VocabExtension, check_base_ids, tokenizer_sha256
-
-if TYPE_CHECKING:
-    from asrforge.checkpoint.resize import RowInit
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +86,6 @@ def extend_model(model, vocab_size: int, seed: int) -> list[str]:
     Returns:
         One line per adapted tensor (as ``adapt_state_dict`` reports).
     """
-    from asrforge.checkpoint.resize import VOCAB_TENSORS, adapt_state_dict  # see adapt_vocab_state
-
     state = model.state_dict()
     shapes = {k: v.shape for k, v in state.items()}
     for name in VOCAB_TENSORS:
@@ -123,9 +118,6 @@ def adapt_vocab_state(state, model, *, seed: int, row_map: list[int] | None = No
     Returns:
         ``(state, report)`` from ``adapt_state_dict``: one line per adapted tensor.
     """
-    # Imported here: checkpoint/ sits above model/ and may import it at module level.
-    from asrforge.checkpoint.resize import adapt_state_dict
-
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     return adapt_state_dict(state, shapes, init=new_row_init(seed), row_map=row_map)
 

@@ -9,7 +9,7 @@ evaluation:
   sentence the window cut off is decoded again, whole, in the next one. When the window's last
   segment is complete (a single timestamp before EOT), or there are no pairs of timestamps, the
   next window starts where this one ended.
-* **silence** (:mod:`asrforge.model.windows`): cut the audio at its quietest moments into pieces
+* **silence** (:mod:`asrforge.model.silence`): cut the audio at its quietest moments into pieces
   of at most one window and decode each in ``<|notimestamps|>`` mode; for models whose
   vocabulary has no timestamp tokens (a from-scratch BPE).
 
@@ -29,7 +29,8 @@ from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.fallback import Fallback, decode_with_fallback
-from asrforge.model.windows import segment
+from asrforge.model.frames import window_seconds
+from asrforge.model.silence import segment
 
 CHUNKINGS = ("timestamps", "silence")
 MAX_PREVIOUS_TOKENS = 223
@@ -163,7 +164,7 @@ def transcribe_by_silence(
     window_seconds: float,
     sample_rate: int = 16_000,
 ) -> list[list[Segment]]:
-    """Cut each recording at its quietest moments (:func:`asrforge.model.windows.segment`) and
+    """Cut each recording at its quietest moments (:func:`asrforge.model.silence.segment`) and
     decode every piece; one segment per piece that has text."""
     pieces = [
         (i, a, b)
@@ -250,11 +251,6 @@ def decode_windows(
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
-
-
-def window_seconds(model_config) -> float:
-    """The encoder's window: 50 positions per second (30 s for the real Whisper models)."""
-    return model_config.max_source_positions / 50.0
 
 
 def choose_chunking(tokenizer, model_config, requested: str | None) -> tuple[str, str]:

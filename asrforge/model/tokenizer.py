@@ -12,13 +12,14 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
-from asrforge.text.scripts import LANGUAGES as KNOWN_LANGUAGES
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class SpecialTokens:
 
         Args:
             tok: a Whisper tokenizer; its language tokens are those ``<|xx|>`` of Whisper's
-                languages and of :data:`asrforge.text.scripts.LANGUAGES` it holds (a vocabulary
+                languages and of :data:`asrforge.text.languages.LANGUAGES` it holds (a vocabulary
                 extension can add e.g. ``<|lg|>``).
             multilingual: whether prompts carry a language and a task token.
             language_tokens: ``data.language_tokens``: language -> language whose token to use
@@ -191,6 +192,30 @@ class SpecialTokens:
         if token is None:
             raise UserError(f"language {language!r} has no token in this tokenizer")
         return [self.sot, self.languages[token], self.tasks[task], self.no_timestamps]
+
+    def generation_fields(self, languages: Iterable[str] | None = None) -> dict[str, Any]:
+        """The generation-config fields by which transformers' ``generate`` and ASR pipeline
+        prompt and stop as asrforge decodes: the start, end, padding and no-timestamps tokens,
+        and for a multilingual model the language and task tokens.
+
+        Args:
+            languages: the codes ``lang_to_id`` offers (language detection picks among them);
+                default every language with a token here. Codes without one are left out.
+        """
+        fields: dict[str, Any] = {
+            "decoder_start_token_id": self.sot,
+            "eos_token_id": self.eot,
+            "pad_token_id": self.eot,
+            "no_timestamps_token_id": self.no_timestamps,
+            "is_multilingual": self.multilingual,
+        }
+        if self.multilingual:
+            codes = self.languages if languages is None else languages
+            fields["lang_to_id"] = {
+                f"<|{c}|>": self.languages[c] for c in codes if c in self.languages
+            }
+            fields["task_to_id"] = dict(self.tasks)
+        return fields
 
 
 def check_tokenizer_json(path: Path) -> None:

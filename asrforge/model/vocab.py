@@ -40,7 +40,7 @@ import numpy as np
 
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import load_tokenizer
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,13 @@
 """Text: normalization, word and character error rates, repetition diagnostics, languages."""
 
+from asrforge.text.languages import (
+    LANGUAGES,
+    find_language_code,
+    is_unspaced,
+    language_code,
+    language_name,
+    primary_metric,
+)
 from asrforge.text.metrics import (
     EditCounts,
     cer,
@@ -15,14 +23,6 @@ from asrforge.text.repetition import (
     repetition_flags,
     repetition_score,
     summarize_flags,
-)
-from asrforge.text.scripts import (
-    LANGUAGES,
-    find_language_code,
-    is_unspaced,
-    language_code,
-    language_name,
-    primary_metric,
 )
 
 __all__ = [

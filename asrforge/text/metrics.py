@@ -31,8 +31,8 @@ from typing import Literal, NamedTuple
 
 from rapidfuzz.distance import Levenshtein
 
+from asrforge.text.languages import is_unspaced, primary_metric
 from asrforge.text.normalizers import normalize
-from asrforge.text.scripts import is_unspaced, primary_metric
 
 Unit = Literal["word", "char"]
 

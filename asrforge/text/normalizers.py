@@ -22,7 +22,7 @@ import functools
 import re
 import unicodedata
 
-from asrforge.text.scripts import language_code
+from asrforge.text.languages import language_code
 
 _BRACKETED = re.compile(r"[<\[][^>\]]*[>\]]|\([^)]*\)")
 _INVISIBLE = str.maketrans({"\u200b": " ", "\ufeff": None, "\u2060": None})

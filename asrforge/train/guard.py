@@ -3,7 +3,7 @@ handled before fine-tuning (``eval.guard``).
 
 The guard set is loaded once (:func:`load_guard_items`): an Arrow data set, a directory of
 audio files, or one file; audio longer than the model's window is cut into windows at pauses
-(:func:`asrforge.model.windows.segment`). :class:`Guard` transcribes it greedily, like the
+(:func:`asrforge.model.silence.segment`). :class:`Guard` transcribes it greedily, like the
 evaluation, and scores the transcripts:
 
 * ``wer`` (every item has a reference): WER against the references;
@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.checkpoint.atomic import atomic_write_text
 from asrforge.config import GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
-from asrforge.model.windows import segment
+from asrforge.model.silence import segment
 from asrforge.selection import GuardGate
 from asrforge.text import normalize, wer
 
@@ -273,7 +273,7 @@ def run_language(cfg, train_languages: Sequence[str]) -> str:
     frequent)."""
     from collections import Counter
 
-    from asrforge.text.scripts import find_language_code
+    from asrforge.text.languages import find_language_code
 
     guard = cfg.eval.guard
     language = (
@@ -302,7 +302,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
 
     Args:
         cfg: the run's ``TrainConfig``.
-        bundle: the run's ``ModelBundle`` (features, tokenizer, special tokens).
+        bundle: the run's ``BuiltModel`` (features, tokenizer, special tokens).
         language: the language to transcribe in (:func:`run_language`).
         window_seconds: the model's window.
     """

@@ -18,13 +18,13 @@ from pathlib import Path
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
+from asrforge.evaluation.evaluate import evaluate, token_loss
+from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.lora import load_model_state
 from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.data_wait import DataWaitClock
-from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.guard import build_guard, log_text, run_language
-from asrforge.train.longform import run_longform_eval
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
 from asrforge.train.state import TrainState

@@ -27,7 +27,6 @@ from asrforge.checkpoint import (
     load_training_checkpoint,
     restore_rng_state,
 )
-from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
 from asrforge.config import ModelConfig, TrainConfig
@@ -46,8 +45,9 @@ from asrforge.data.packing import Packing, build_packing
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
-from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
+from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import frozen_forward, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import build_selector
@@ -198,7 +198,7 @@ class RunSetup:
     cfg: TrainConfig
     output_dir: Path
     accelerator: Any
-    model_bundle: ModelBundle
+    model_bundle: BuiltModel
     train_set: SpeechDataset
     eval_set: SpeechDataset
     collator: Collator
@@ -275,7 +275,7 @@ class RunSetup:
             return metrics, preds
         from accelerate.utils import gather_object
 
-        from asrforge.train.evaluate import dropped_metrics, summarize
+        from asrforge.evaluation.evaluate import dropped_metrics, summarize
 
         allp = gather_object(preds)
         merged = summarize(allp)

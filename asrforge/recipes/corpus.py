@@ -5,7 +5,7 @@
 * **Text**: natural sentences from the fortune collections a Debian ``fortunes*`` package
   installs (en, de, es, it, pl, ru, cs, bg, pt, zh; filtered to short speakable sentences), or
   random 4-10-word sentences drawn from ``wordfreq``'s word lists for the other languages
-  (:mod:`asrforge.data.sentences`; ``--text`` chooses). Nothing is downloaded, no text lives in
+  (:mod:`asrforge.recipes.sentences`; ``--text`` chooses). Nothing is downloaded, no text lives in
   the repository.
 * **Speakers**: a speaker is a setting of espeak-ng: the language's voice plus a voice variant
   (``en-us+m3``), a speed (``-s``, words per minute) and a pitch (``-p``). The variants are
@@ -50,7 +50,8 @@ import numpy as np
 import soundfile as sf
 
 from asrforge.data.audio import SAMPLE_RATE, resample
-from asrforge.data.sentences import (
+from asrforge.errors import UserError
+from asrforge.recipes.sentences import (
     FORTUNES,
     MAX_WORDS,
     MIN_WORDS,
@@ -62,8 +63,7 @@ from asrforge.data.sentences import (
     natural_sentences,
     word_pool,
 )
-from asrforge.errors import UserError
-from asrforge.text.scripts import LANGUAGES, find_language_code
+from asrforge.text.languages import LANGUAGES, find_language_code
 
 log = logging.getLogger(__name__)
 

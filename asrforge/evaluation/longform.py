@@ -281,7 +281,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
 
 def write_records(path: Path, records: list[dict], metrics: dict) -> None:
     """One line per recording, then a summary line (as ``eval/step-NNNNNN.jsonl``)."""
-    from asrforge.checkpoint.atomic import atomic_write_text
+    from asrforge.io.atomic import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(r, ensure_ascii=False) for r in records]

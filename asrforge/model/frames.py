@@ -1,0 +1,14 @@
+"""Whisper's time grid: how many encoder positions a second of audio makes, hence how long the
+window the encoder sees is."""
+
+from __future__ import annotations
+
+ENCODER_POSITIONS_PER_SECOND = 50
+"""16 kHz audio at a hop of 160 samples makes 100 log-mel frames per second; the encoder's
+stride-2 convolution halves that. (A timestamp token, 0.02 s, is one position.)"""
+
+
+def window_seconds(model_config) -> float:
+    """The encoder's window in seconds (30 for Whisper's models): a ``WhisperConfig``'s (or a
+    ``ModelConfig``'s) ``max_source_positions`` at :data:`ENCODER_POSITIONS_PER_SECOND`."""
+    return model_config.max_source_positions / ENCODER_POSITIONS_PER_SECOND
