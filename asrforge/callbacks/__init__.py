@@ -38,9 +38,9 @@ REGISTRY: dict[str, type[Callback]] = {
         SystemMonitor,
     )
 }
-# Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
 ALLOW_EXTERNAL_HINT = "pass --allow-external-callbacks to allow it"
 """How a user of ``asrforge train`` permits ``_target_`` callbacks (the matrix says its own)."""
+# Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
 DEFAULTS = ("lr_monitor", "system_monitor", "metrics_jsonl", "tensorboard", "progress")
 ENRICHERS = ("lr_monitor", "system_monitor")
 """Defaults that add keys to the step metrics: they run before the loggers that write them."""

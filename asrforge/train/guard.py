@@ -8,9 +8,9 @@ evaluation, and scores the transcripts:
 
 * ``wer`` (every item has a reference): the error rate against the references;
 * ``drift`` (no references needed): the error rate against the starting model's own
-  transcripts, which
-  :meth:`Guard.measure_start` records in the selector's :class:`~asrforge.selection.GuardGate`
-  at step 0 (and which therefore ride in every checkpoint's selection state).
+  transcripts, which :meth:`Guard.measure_start` records in the selector's
+  :class:`~asrforge.selection.GuardGate` at step 0 (and which therefore ride in every
+  checkpoint's selection state).
 
 The error rate is the one the evaluation judges the language by
 (:func:`asrforge.text.primary_metric`): CER for scripts without spaces between words (zh, ja,
