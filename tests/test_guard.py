@@ -107,6 +107,46 @@ def test_drift_is_scored_against_the_start_transcripts():
     assert with_refs.score(["a b", "c x"], gate) == pytest.approx(0.25)
 
 
+def test_unspaced_languages_are_guarded_by_cer_as_evaluation_judges_them():
+    """A Chinese sentence is one "word": one wrong character made the old guard's WER 100%,
+    so a barely changed model looked like it forgot everything. CER, as evaluation uses."""
+    from asrforge.train.guard import log_text
+
+    def guard(language: str, refs: tuple[str, str] | None) -> Guard:
+        items = [
+            GuardItem(
+                f"u{k}", np.zeros(1600, np.float32), None if refs is None else refs[k], language
+            )
+            for k in range(2)
+        ]
+        return Guard(
+            items,
+            mode="auto",
+            features=None,
+            tokenizer=None,
+            prompt=lambda _: [],
+            eot=0,
+            batch_size=2,
+            max_new_tokens=4,
+        )
+
+    zh = guard("zh", ("今天天气很好", "我们去公园散步"))
+    assert zh.metric == "cer"
+    gate = GuardGate(0.02)
+    assert zh.score(["今天天气很好", "我们去公园散跑"], gate) == pytest.approx(1 / 13)
+    metrics = zh.metrics(1 / 13, gate)
+    assert metrics["guard_metric"] == "cer" and "guard cer 0.0769" in log_text(metrics)
+    # drift against the start's transcripts: CER too, and said so
+    drift = guard("ja", None)
+    gate.set_start(0.0, "drift", {"u0": "今日は晴れです", "u1": "公園に行きます"})
+    assert drift.score(["今日は晴れです", "公園に行きました"], gate) == pytest.approx(2 / 14)
+    assert "guard drift (cer)" in log_text(drift.metrics(0.1, gate))
+    # spaced languages keep WER
+    en = guard("en", ("the cat sat", "on the mat"))
+    assert en.metric == "wer"
+    assert en.score(["the cat sat", "on the hat"], gate) == pytest.approx(1 / 6)
+
+
 def test_guard_audio_is_cut_into_windows_and_bad_paths_are_named(tmp_path):
     sr = 16000
     rng = np.random.default_rng(0)

@@ -5,6 +5,7 @@ Whisper tiny.en without a sentence lost."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from pathlib import Path
@@ -129,6 +130,65 @@ def test_parse_window_cases() -> None:
     # one segment without a following pair
     assert parse_window([ts(0.5), 1, ts(3)], BIG) == ([(25, 150, [ts(0.5), 1, ts(3)])], None)
     assert parse_window([], BIG) == ([(0, None, [])], None)
+
+
+def _whisper_rule(tokens: list[int], begin: int, window_steps: int):
+    """openai-whisper's ``transcribe()`` (c0d2f62; faster-whisper's and transformers' are the
+    same), literally: segments as (start, end) steps and how far the window moves, in steps."""
+    stamp = [t >= begin for t in tokens]
+    single_timestamp_ending = stamp[-2:] == [False, True]
+    consecutive = [i + 1 for i in range(len(tokens) - 1) if stamp[i] and stamp[i + 1]]
+    if consecutive:
+        slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
+        segments, last = [], 0
+        for cut in slices:
+            segments.append((tokens[last] - begin, tokens[cut - 1] - begin))
+            last = cut
+        return segments, window_steps if single_timestamp_ending else tokens[last - 1] - begin
+    stamps = [t for t in tokens if t >= begin]
+    end = stamps[-1] - begin if stamps and stamps[-1] != begin else window_steps
+    return [(0, end)], window_steps
+
+
+def _rule_abiding_window(rng: random.Random) -> list[int]:
+    """What the timestamp rules let a window be: an opening stamp, segments closed by a later
+    stamp, each followed by the next one's opening stamp or the end; the last one may be left
+    unfinished (text, no closing stamp) or end on a pair."""
+    t = rng.randrange(0, 50)
+    ids = [ts(t * 0.02)]
+    for _ in range(rng.randrange(0, 5)):
+        ids += [rng.randrange(1, 40) for _ in range(rng.randrange(1, 4))]
+        if rng.random() < 0.2:
+            return ids  # unfinished
+        t = min(t + rng.randrange(1, 300), 1500)
+        ids.append(ts(t * 0.02))  # closed
+        if rng.random() < 0.3 or t == 1500:
+            return ids  # a lone timestamp at the end: nothing after it
+        t = min(t + rng.randrange(0, 50), 1500)
+        ids.append(ts(t * 0.02))  # the next one's start
+    return ids + [rng.randrange(1, 40) for _ in range(rng.randrange(0, 3))]
+
+
+def test_parse_window_seeks_as_openai_whisper_does() -> None:
+    """The seek rule next to openai-whisper's on windows the rules allow, the lone timestamp
+    early in the window included: then Whisper (and this) moves past the whole window, taking
+    it for "no speech after this point" (the model emitted EOT there), as its comment says."""
+    rng = random.Random(0)
+    windows = [_rule_abiding_window(rng) for _ in range(500)]
+    windows += [[ts(0), 1, ts(1)], [ts(0), 1, ts(1), ts(1), 2, ts(2)], [ts(0), 1, ts(1), ts(1)]]
+    for ids in windows:
+        segments, seek = parse_window(ids, BIG)
+        want_segments, want_seek = _whisper_rule(ids, BIG.begin, 1500)
+        assert (1500 if seek is None else seek) == want_seek, ids
+        stamp = [BIG.is_timestamp(t) for t in ids]
+        paired = any(a and b for a, b in zip(stamp, stamp[1:], strict=False))
+        if paired:  # segments cut at the pairs: the same
+            assert [(a, 1500 if b is None else b) for a, b, _ in segments] == want_segments, ids
+        # else one segment, timed differently on purpose: Whisper from the window's start to
+        # the last stamp (the opening one when it is unfinished: before its text); here from
+        # the opening stamp to the closing one, else to the end of the window
+    early_lone = [ts(0), 1, ts(1), ts(1), 2, ts(2)]
+    assert parse_window(early_lone, BIG)[1] is None  # the whole window, as Whisper
 
 
 def _ramp(seconds: float) -> np.ndarray:

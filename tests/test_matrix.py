@@ -134,9 +134,48 @@ def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs)
     m = write_yaml(tmp_path / "m.yaml", {
         "languages": ["en"], "configs": [{"config_id": "a", "path": str(a)}],
         "overrides": {"callbacks": [{"_target_": "x.Y"}]}})
-    with pytest.raises(ConfigError, match="job en-a-s0: callbacks.0._target_: 'x.Y' needs "
-                                          "allow_external_callbacks: true"):
+    with pytest.raises(ConfigError, match="job en-a-s0: callbacks.0._target_: 'x.Y' would "
+                                          "import .*allow_external_callbacks: true"):
         load_matrix(m)
+
+
+def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
+    tmp_path, two_configs, capsys
+):
+    """A typo in a metric name used to pass the plan and fail each job as it started."""
+    from asrforge.cli import main
+
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en", "es"],
+        "configs": [{"config_id": "a", "path": str(a),
+                     "overrides": {"checkpoint.keep_best": [{"metric": "wer_rw"}]}}],
+        "language_overrides": {"es": {"callbacks": [
+            {"name": "early_stopping", "monitor": "cerr"},
+            {"name": "early_stoping"},
+            {"_target_": "no_such_module_anywhere.Callback"},
+        ]}},
+    })
+    assert main(["matrix", str(m)]) == 2
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
+    assert any(line.startswith("job en-a-s0 (and 1 more): checkpoint.keep_best.0.metric: "
+                               "'wer_rw' is not a metric evaluation produces, did you mean "
+                               "'wer_raw'?") for line in lines)
+    assert any(line.startswith("job es-a-s0: callbacks.0.monitor: 'cerr' is not a metric "
+                               "evaluation produces, did you mean 'cer'?") for line in lines)
+    assert "job es-a-s0: callbacks.1.name: unknown callback 'early_stoping' — did you mean " \
+           "early_stopping?" in lines
+    # not imported (the matrix does not allow it): refused by name, not "cannot import"
+    target = [line for line in lines if "callbacks.2._target_" in line]
+    assert len(target) == 1 and "allow_external_callbacks: true in the matrix file" in target[0]
+    assert not (tmp_path / "root").exists()  # nothing launched, nothing written
+    # allowed, the target is imported and checked like the rest
+    allowed = write_yaml(tmp_path / "m.yaml", {**yaml.safe_load(m.read_text()),
+                                               "allow_external_callbacks": True})
+    with pytest.raises(ConfigError) as e:
+        load_matrix(allowed)
+    assert any(p.startswith("job es-a-s0: callbacks.2._target_: cannot import "
+                            "'no_such_module_anywhere.Callback'") for p in e.value.problems)
 
 
 def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):

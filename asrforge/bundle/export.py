@@ -56,6 +56,7 @@ from asrforge.model import lora
 from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
 from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
+from asrforge.model.vocab import ids_read_as_timestamps
 from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def export_bundle(
             stats_utterances=stats_utterances,
         )
     log.info("exporting %s", contents.note)
+    _check_timestamp_reading(contents.tokenizer, fmt)
     if converter is not None:
         return _write_ct2(contents, out, converter, ct2_quantization)
     return write_bundle(contents, out)
@@ -596,6 +598,33 @@ def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -
         log.warning("no record of the training languages: the bundle accepts every language token")
         langs = list(specials.languages)
     return langs
+
+
+def _check_timestamp_reading(tokenizer, fmt: str) -> None:
+    """An extended vocabulary's new tokens follow the timestamps, and Whisper code outside
+    asrforge reads them as timestamps: faster-whisper's text drops every id past
+    ``<|endoftext|>`` (so a ct2 export would lose each new token, silently: refused), and
+    transformers' ASR pipeline drops them too (the hf bundle is fine for asrforge and for
+    ``generate`` + ``decode``: warned)."""
+    misread = ids_read_as_timestamps(tokenizer)
+    if not misread:
+        return
+    what = (
+        f"the vocabulary has {len(misread)} token(s) after its timestamp tokens (ids "
+        f"{misread.start}..{misread.stop - 1}, an extended vocabulary)"
+    )
+    if fmt == "ct2":
+        raise UserError(
+            f"--format ct2: {what}; faster-whisper reads every id past <|notimestamps|> as a "
+            "timestamp and leaves those tokens out of its text. Export --format hf and "
+            "transcribe with asrforge"
+        )
+    log.warning(
+        "%s: transformers' ASR pipeline and its timestamp decoding (output_offsets, "
+        "return_timestamps) read them as timestamps and drop them from the text; transcribe "
+        "with asrforge, or model.generate() + tokenizer.decode() (README, Vocabulary)",
+        what,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ REGISTRY: dict[str, type[Callback]] = {
         SystemMonitor,
     )
 }
+ALLOW_EXTERNAL_HINT = "pass --allow-external-callbacks to allow it"
+"""How a user of ``asrforge train`` permits ``_target_`` callbacks (the matrix says its own)."""
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
 DEFAULTS = ("lr_monitor", "system_monitor", "metrics_jsonl", "tensorboard", "progress")
 ENRICHERS = ("lr_monitor", "system_monitor")
@@ -51,7 +53,11 @@ def register(cls: type[Callback]) -> type[Callback]:
 
 
 def build_callbacks(
-    cfg: TrainConfig, *, allow_external: bool = False, source: str | Path | None = None
+    cfg: TrainConfig,
+    *,
+    allow_external: bool = False,
+    source: str | Path | None = None,
+    allow_external_hint: str = ALLOW_EXTERNAL_HINT,
 ) -> list[Callback]:
     """Instantiate the configured callbacks plus the defaults, in a stable order.
 
@@ -61,6 +67,7 @@ def build_callbacks(
 
     Args:
         source: the config file, named in the error.
+        allow_external_hint: how to permit a ``_target_``, in its problem line.
 
     Raises:
         ConfigError: unknown names, bad options, metrics no evaluation produces, ``_target_``
@@ -86,7 +93,7 @@ def build_callbacks(
             if not allow_external:
                 problems.append(
                     f"{where}._target_: {spec.target!r} would import and run code named in the "
-                    "config; pass --allow-external-callbacks to allow it"
+                    f"config; {allow_external_hint}"
                 )
                 continue
             try:

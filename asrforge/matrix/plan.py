@@ -14,7 +14,9 @@ A matrix file names languages, config files (each with a ``config_id``), seeds a
 Each job is ``asrforge train CONFIG <overrides> seed=S output_dir=<out>/runs/<job_id>``. Its
 overrides, last wins: the matrix's ``overrides``, the config entry's, ``data.languages=[xx]`` and
 ``selection.language=xx``, the language's own, then seed and output_dir. Every job's config is
-validated before anything starts; problems are reported by YAML path like ``asrforge train``'s.
+validated before anything starts, its callbacks and the metrics they and ``checkpoint.keep_best``
+select by included (what ``asrforge train`` checks before it writes anything, so a typo fails the
+launch, not the job hours later); problems are reported by YAML path like ``asrforge train``'s.
 """
 
 from __future__ import annotations
@@ -188,12 +190,8 @@ def load_matrix(
                     for line in e.problems:
                         by_problem.setdefault(line, []).append(jid)
                     continue
-                if not m.allow_external_callbacks:
-                    for i, cb in enumerate(cfg.callbacks):
-                        if cb.target is not None:
-                            line = (f"callbacks.{i}._target_: {cb.target!r} needs "
-                                    "allow_external_callbacks: true in the matrix file")
-                            by_problem.setdefault(line, []).append(jid)
+                for line in _callback_problems(cfg, m.allow_external_callbacks):
+                    by_problem.setdefault(line, []).append(jid)
                 data_path = Path(cfg.data.path).absolute()
                 if cfg.data.generate and not data_path.exists():
                     to_generate[data_path] = cfg.data.generate
@@ -212,6 +210,25 @@ def load_matrix(
     return Plan(root=root, jobs=jobs, retries=m.retries,
                 allow_external_callbacks=m.allow_external_callbacks, source=source,
                 data_to_generate=tuple(to_generate.items()))
+
+
+def _callback_problems(cfg, allow_external: bool) -> list[str]:
+    """What ``asrforge train`` would refuse in the job's callbacks: unknown names, bad options,
+    metrics no evaluation produces (theirs and ``checkpoint.keep_best``'s), ``_target_``
+    without ``allow_external_callbacks`` (then never imported). The callbacks are built, not
+    run: this imports the callback registry and evaluation's metric names (torch), not the loop.
+    """
+    from asrforge.callbacks import build_callbacks
+
+    try:
+        build_callbacks(
+            cfg,
+            allow_external=allow_external,
+            allow_external_hint="set allow_external_callbacks: true in the matrix file",
+        )
+    except ConfigError as e:
+        return list(e.problems)
+    return []
 
 
 def _cross_field_problems(m: MatrixConfig) -> list[str]:

@@ -125,16 +125,24 @@ class TimestampVocab:
     count: int
     eot: int
     no_timestamps: int
+    specials: int | None = None
+    """The first special token after the text tokens (``<|startoftranscript|>``), when it is
+    not ``eot + 1`` (Whisper's layout): a BPE asrforge trains has EOT first (id 0), its text
+    tokens, then the specials and timestamps."""
 
     @property
     def end(self) -> int:
         return self.begin + self.count
 
+    @property
+    def first_special(self) -> int:
+        return self.eot + 1 if self.specials is None else self.specials
+
     def is_timestamp(self, token: int) -> bool:
         return self.begin <= token < self.end
 
     def is_text(self, token: int) -> bool:
-        return token < self.eot or token >= self.end
+        return token != self.eot and not self.first_special <= token < self.end
 
     @classmethod
     def of(cls, tokenizer, vocab_size: int, window_seconds: float) -> TimestampVocab | None:
@@ -149,13 +157,15 @@ class TimestampVocab:
             return None if i is None or unknown else int(i)
 
         no_ts, first, eot = tid("<|notimestamps|>"), tid("<|0.00|>"), tid("<|endoftext|>")
+        sot = tid("<|startoftranscript|>")
         count = round(window_seconds / TIME_PRECISION) + 1
         last = tid(f"<|{(count - 1) * TIME_PRECISION:.2f}|>")
         if None in (no_ts, first, eot, last) or last != first + count - 1:
             return None
         if first + count > vocab_size:
             return None
-        return cls(begin=first, count=count, eot=eot, no_timestamps=no_ts)
+        specials = None if sot is None or sot == eot + 1 else sot
+        return cls(begin=first, count=count, eot=eot, no_timestamps=no_ts, specials=specials)
 
 
 class TimestampRules:
@@ -186,9 +196,10 @@ class TimestampRules:
         """(rows, vocab) logits, (rows, t) generated ids -> masked float logits."""
         v = self.vocab
         logits = logits.float().clone()
-        logits[:, v.eot + 1 : v.begin] = float("-inf")  # sot, languages, tasks, notimestamps
+        logits[:, v.first_special : v.begin] = float("-inf")  # sot, languages, notimestamps...
         text = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        text[v.eot : v.end] = False
+        text[v.eot] = False
+        text[v.first_special : v.end] = False
         if generated.shape[1] == 0:
             logits[:, : v.begin] = float("-inf")
             logits[:, v.end :] = float("-inf")

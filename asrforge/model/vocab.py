@@ -18,6 +18,11 @@ it into the base tokenizer:
 * the directory is a Whisper tokenizer (:func:`asrforge.model.tokenizer.load_tokenizer`) plus
   ``vocab_extension.json`` (sizes, language, the base tokenizer's sha256).
 
+The new tokens come after the timestamp tokens (``<|30.00|>``). asrforge reads timestamps as
+the ids from ``<|0.00|>`` to the last one (``decoding.TimestampVocab``); transformers' and
+faster-whisper's Whisper code read *every* id past ``<|notimestamps|>`` as a timestamp, so they
+misread the new tokens (:func:`ids_read_as_timestamps`; README, "Vocabulary").
+
 The model side (the embedding rows of new tokens) is :mod:`asrforge.model.embeddings`.
 """
 
@@ -39,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.errors import UserError
-from asrforge.model.tokenizer import load_tokenizer
+from asrforge.model.tokenizer import TIME_PRECISION, load_tokenizer
 from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
@@ -448,6 +453,21 @@ def load_extended_tokenizer(directory: Path):
     tok = load_tokenizer(directory)
     _check_loaded_ids(tok, ids, directory / "tokenizer.json")
     return tok
+
+
+def ids_read_as_timestamps(tok) -> range:
+    """The ids that transformers (``_decode_asr``, ``_compute_offsets``, timestamp generation)
+    and faster-whisper take for timestamps though they are not: every id past the timestamp
+    tokens, since they read any id >= ``<|notimestamps|>`` + 1 as one. Those are an extended
+    vocabulary's new tokens (and a language token it added); empty for Whisper's own."""
+    no_timestamps = tok.convert_tokens_to_ids("<|notimestamps|>")
+    if no_timestamps is None or no_timestamps == tok.unk_token_id:
+        return range(0)
+    end, size = no_timestamps + 1, len(tok)
+    step = 0  # <|0.00|>, <|0.02|>, ... follow <|notimestamps|>
+    while end < size and tok.convert_ids_to_tokens(end) == f"<|{step * TIME_PRECISION:.2f}|>":
+        end, step = end + 1, step + 1
+    return range(end, size)
 
 
 def read_transcripts(data: Path, language: str, split: str = "train") -> list[str]:

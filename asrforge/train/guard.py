@@ -6,10 +6,15 @@ audio files, or one file; audio longer than the model's window is cut into windo
 (:func:`asrforge.model.silence.segment`). :class:`Guard` transcribes it greedily, like the
 evaluation, and scores the transcripts:
 
-* ``wer`` (every item has a reference): WER against the references;
-* ``drift`` (no references needed): WER against the starting model's own transcripts, which
-  :meth:`Guard.measure_start` records in the selector's :class:`~asrforge.selection.GuardGate`
-  at step 0 (and which therefore ride in every checkpoint's selection state).
+* ``wer`` (every item has a reference): the error rate against the references;
+* ``drift`` (no references needed): the error rate against the starting model's own
+  transcripts, which :meth:`Guard.measure_start` records in the selector's
+  :class:`~asrforge.selection.GuardGate` at step 0 (and which therefore ride in every
+  checkpoint's selection state).
+
+The error rate is the one the evaluation judges the language by
+(:func:`asrforge.text.primary_metric`): CER for scripts without spaces between words (zh, ja,
+th, ...), where WER counts whole phrases, else WER; ``guard_metric`` says which.
 
 The selector refuses a save whose ``guard_wer`` exceeds the start by more than the tolerance.
 """
@@ -34,7 +39,7 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
 from asrforge.selection import GuardGate
-from asrforge.text import normalize, wer
+from asrforge.text import error_rates, normalize, primary_metric, wer
 
 log = logging.getLogger("asrforge.train")
 
@@ -152,6 +157,7 @@ class Guard:
         self.items = list(items)
         has_refs = all(i.reference for i in self.items)
         self.kind = "wer" if mode == "wer" or (mode == "auto" and has_refs) else "drift"
+        self.metric = guard_metric([i.language for i in self.items])
         self.features, self.tokenizer, self.prompt, self.eot = features, tokenizer, prompt, eot
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
 
@@ -182,13 +188,13 @@ class Guard:
         return texts
 
     def score(self, hyps: Sequence[str], gate: GuardGate) -> float:
-        """WER of ``hyps`` against the references (``wer``) or the start's transcripts
-        (``drift``), on normalized text."""
+        """The error rate (:attr:`metric`) of ``hyps`` against the references (``wer``) or the
+        start's transcripts (``drift``), on normalized text."""
         if self.kind == "wer":
             refs = [i.reference or "" for i in self.items]
         else:
             refs = [gate.start_transcripts.get(i.id, "") for i in self.items]
-        return _wer(refs, list(hyps), [i.language for i in self.items])
+        return _wer(refs, list(hyps), [i.language for i in self.items], self.metric)
 
     def measure_start(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
         """Transcribe with the starting model and record the start in ``gate``. Returns the
@@ -200,10 +206,10 @@ class Guard:
         log.info(
             "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
-            "WER against references"
+            f"{self.metric.upper()} against references"
             if self.kind == "wer"
-            else "drift against the starting model's transcripts",
-            self.kind,
+            else f"drift ({self.metric.upper()}) against the starting model's transcripts",
+            self.metric if self.kind == "wer" else "drift",
             start,
             gate.tolerance,
         )
@@ -231,6 +237,7 @@ class Guard:
             "guard_tolerance": gate.tolerance,
             "guard_within": bool(math.isfinite(value) and value <= start + gate.tolerance + 1e-12),
             "guard_drift": self.kind == "drift",
+            "guard_metric": self.metric,
             "guard_n": len(self.items),
         }
 
@@ -251,6 +258,7 @@ class Guard:
                         "ref": against,
                         "hyp": hyp,
                         "kind": self.kind,
+                        "metric": self.metric,
                     },
                     ensure_ascii=False,
                 )
@@ -261,9 +269,18 @@ class Guard:
         )
 
 
-def _wer(refs: list[str], hyps: list[str], languages: list[str]) -> float:
+def guard_metric(languages: Sequence[str]) -> str:
+    """``"cer"`` when every guard language is judged by CER in evaluation (unspaced scripts),
+    else ``"wer"``."""
+    metrics = {primary_metric(lang) for lang in languages}
+    return "cer" if metrics == {"cer"} else "wer"
+
+
+def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer") -> float:
     r = [normalize(x, lang) for x, lang in zip(refs, languages, strict=True)]
     h = [normalize(x, lang) for x, lang in zip(hyps, languages, strict=True)]
+    if metric == "cer":  # as the evaluation's: characters, the spaces between phrases ignored
+        return float(error_rates(r, h, languages[0], normalized=True)["cer"])
     return float(wer(r, h))  # no reference words: 0.0 when nothing is said either, else inf
 
 
@@ -289,7 +306,8 @@ def log_text(metrics: dict) -> str:
     """The guard's part of the evaluation log line ("" without a guard)."""
     if "guard_wer" not in metrics:
         return ""
-    kind = "drift" if metrics["guard_drift"] else "wer"
+    metric = metrics.get("guard_metric", "wer")
+    kind = f"drift ({metric})" if metrics["guard_drift"] else metric
     verdict = "within" if metrics["guard_within"] else "OUTSIDE"
     return (
         f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
