@@ -109,7 +109,9 @@ def test_a_bundle_with_an_lm_records_it_and_round_trips(lm_bundle_dir, arpa):
     assert bundle.language_of_prompt(bundle.specials.prompt("es")) == "es"
 
 
-def test_transformers_and_ctranslate2_load_a_bundle_with_an_lm(lm_bundle_dir, run, arpa, tmp_path):
+def test_transformers_and_ctranslate2_load_a_bundle_with_an_lm(
+    lm_bundle_dir, run, arpa, waves, tmp_path
+):
     from transformers import WhisperForConditionalGeneration
 
     hf = WhisperForConditionalGeneration.from_pretrained(lm_bundle_dir)
@@ -119,7 +121,13 @@ def test_transformers_and_ctranslate2_load_a_bundle_with_an_lm(lm_bundle_dir, ru
     out = export_bundle(run, tmp_path / "ct2", fmt="ct2", lm=arpa)
     assert "lm.arpa" in read_manifest(out)["files"]
     model = ctranslate2.models.Whisper(str(out), device="cpu", compute_type="float32")
-    assert model.is_multilingual  # read the en/es model's config, the LM beside it ignored
+    bundle = load_bundle(lm_bundle_dir)
+    feats = bundle.features(waves[0], sampling_rate=16_000, return_tensors="np").input_features
+    prompt = bundle.tokenizer.convert_ids_to_tokens(bundle.specials.prompt("en"))
+    [result] = model.generate(
+        ctranslate2.StorageView.from_array(np.ascontiguousarray(feats)), [prompt], max_length=8
+    )
+    assert result.sequences_ids[0]  # it decodes, the LM beside it ignored
 
 
 def test_a_tampered_lm_byte_is_refused(lm_bundle_dir, tmp_path, capsys):
