@@ -11,6 +11,8 @@ one word at a time here, so ``"twenty five"`` is two LM words (the LM learned ``
 small mismatch.
 
 Utterances in a language the LM was not built for are decoded without it (their bonus is 0).
+Languages written without spaces (Chinese, Japanese, Thai) have no word boundaries here: their
+"words" would be whole phrases; a word LM does not fit them.
 With ``alpha = beta = 0`` every bonus is exactly 0.0 and beam search picks what it picks
 without an LM.
 """

@@ -7,7 +7,9 @@ renormalized, as openai-whisper) are added to the beam's sum; of all candidates 
 utterance, in score order, the first ``beam_size`` that do not end in EOT continue, and those
 ending in EOT before that point are finished hypotheses. An utterance is done when it has
 ``round(beam_size * patience)`` finished hypotheses; they are ranked by
-``sum_logprob / penalty(length)`` (see :func:`length_normalized`).
+``sum_logprob / penalty(length)`` (see :func:`length_normalized`). With ``fusion`` (an n-gram
+LM, :mod:`asrforge.lm.fusion`) the sums that rank candidates and hypotheses also hold the LM's
+word bonuses.
 
 Differences from transformers' ``generate(num_beams=k)`` (``tests/test_beam.py`` shows both
 equal where the conventions agree: ``length_penalty=0``, ``early_stopping=True``, nothing
@@ -119,7 +121,8 @@ def beam_search(
     if cap <= 0:  # the prompt fills the decoder's context
         return [Hypothesis([], 0.0, True) for _ in range(n_audio)]
 
-    finished: list[list[tuple[list[int], float]]] = [[] for _ in range(n_audio)]
+    # per utterance: (tokens, ranking sum, the model's own sum) of each finished hypothesis
+    finished: list[list[tuple[list[int], float, float]]] = [[] for _ in range(n_audio)]
     audios = torch.arange(n_audio, device=device)  # the utterance of each live group of k rows
     generated = torch.zeros((n_audio, 0), dtype=torch.long, device=device)  # (rows, t)
     sums = torch.zeros(n_audio, device=device)  # (rows,) summed log-probs (+ LM bonuses)
@@ -143,6 +146,7 @@ def beam_search(
         if fusion is not None:
             boundary, end = fusion.bonuses(states)
             starts = fusion.starts_word(vocab, device)
+            word_starts = starts.bool().tolist()
             cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
             cand[:, eot] += torch.tensor(end, device=device)
         cand = cand.reshape(len(audios), per_audio * vocab)
@@ -169,7 +173,7 @@ def beam_search(
         am_sums = sums if fusion is None else top_am.gather(1, order).reshape(-1)
         if states is not None:
             states = [
-                fusion.advance(states[r], tok, bool(starts[tok]))
+                fusion.advance(states[r], tok, word_starts[tok])
                 for r, tok in zip(src.tolist(), nxt.tolist(), strict=True)
             ]
         generated = torch.cat([generated[src], nxt[:, None]], dim=1)
