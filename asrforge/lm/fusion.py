@@ -10,6 +10,13 @@ The completed word's tokens are decoded and normalized as the LM's text was
 one word at a time here, so ``"twenty five"`` is two LM words (the LM learned ``25``): a known,
 small mismatch.
 
+A beam that hits the token cap pays for its last word as one that ends does (without
+``</s>``). A known weakness of scoring at word boundaries only: tokens that continue a word
+cost nothing until the word ends, so with a strong LM and no word bonus (``alpha`` 0.5,
+``beta`` 0 on tiny.en) beams can glue pieces into one long "word" until the cap; measured WER
+then explodes (``bench/bench_lm.py``). A word bonus of 1-2 offsets it, and ``asrforge lm tune``
+never records weights that do worse than no LM on its split.
+
 Utterances in a language the LM was not built for are decoded without it (their bonus is 0).
 Languages written without spaces (Chinese, Japanese, Thai) have no word boundaries here: their
 "words" would be whole phrases; a word LM does not fit them.

@@ -196,6 +196,8 @@ def beam_search(
             cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
+        if fusion is not None:  # a capped beam's last word is complete too: it pays for it
+            sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
         _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, length_penalty) for f in finished]
 
