@@ -5,7 +5,8 @@ per language, on two corpora the repo builds.
   espeak-ng English corpus (``--corpus``; default: ``asrforge corpus --languages en`` built here,
   fortunes sentences when Debian's ``fortunes`` is installed). The LM (trigram) is built from
   the corpus's ``train`` transcripts, its weights tuned on ``validation`` (as ``asrforge lm
-  tune`` does), and all three decoders are scored on ``test`` (sentences and speakers the other
+  tune`` does; ``+lm*``: the best weights with an LM when the tuned ones are none), and all
+  decoders are scored on ``test`` (sentences and speakers the other
   splits lack).
 * ``tones``: a tiny from-scratch model trained ``--tones-steps`` steps on the tones data set
   (English and Spanish words as chords); the LM is built from its train split (``by-language``).
@@ -41,7 +42,7 @@ from workload import add_session_args, bench_session, load_average, tiny_en_dir 
 from asrforge.text import normalize, wer  # noqa: E402
 
 BEAM = 5
-ALPHAS = (0.0, 0.25, 0.5, 1.0)
+ALPHAS = (0.25, 0.5, 1.0)
 BETAS = (0.0, 1.0, 2.0)
 
 
@@ -94,18 +95,22 @@ def attach_lm(bundle, arpa: Path) -> None:
     bundle.config = bundle.config.model_copy(update={"lm": info})
 
 
-def tune(bundle, batches) -> tuple[float, float, float]:
-    """The ``(alpha, beta)`` with the lowest WER on ``batches`` and that WER."""
+def tune(bundle, batches, alphas, betas) -> list[tuple[float, float]]:
+    """The ``(alpha, beta)`` with the lowest WER on ``batches`` (``(0, 0)``, no LM, included),
+    and, when that is ``(0, 0)``, also the best with ``alpha > 0`` (what the LM does at best)."""
     refs = [r for _, _, rs in batches for r in rs]
-    best = None
-    for alpha in ALPHAS:
-        for beta in BETAS if alpha else (0.0,):
+    scores = {}
+    for alpha in sorted({0.0, *alphas}):
+        for beta in betas if alpha else (0.0,):
             hyps, _ = decode(bundle, batches, "beam", bundle.fusion(alpha, beta))
-            score = corpus_wer(refs, hyps)
-            print(f"  tune alpha {alpha:g} beta {beta:g}: WER {100 * score:.2f}", flush=True)
-            if best is None or score < best[2]:
-                best = (alpha, beta, score)
-    return best
+            scores[(alpha, beta)] = corpus_wer(refs, hyps)
+            print(f"  tune alpha {alpha:g} beta {beta:g}: WER {100 * scores[(alpha, beta)]:.2f}",
+                  flush=True)  # fmt: skip
+    best = min(scores, key=lambda p: (scores[p], p))
+    with_lm = [p for p in scores if p[0] > 0]
+    if best[0] == 0 and with_lm:
+        return [best, min(with_lm, key=lambda p: (scores[p], p))]
+    return [best]
 
 
 def corpus_wer(refs, hyps) -> float:
@@ -114,14 +119,18 @@ def corpus_wer(refs, hyps) -> float:
     return float(wer(r, h))
 
 
-def measure(bundle, batches, corpus: str, alpha: float, beta: float) -> list[dict]:
-    """One row per language and decoder."""
+def measure(bundle, batches, corpus: str, points: list[tuple[float, float]]) -> list[dict]:
+    """One row per language and decoder: greedy, beam, beam + LM at the tuned weights and (when
+    those are no LM) ``+lm*`` at the best weights with an LM."""
     refs = [r for _, _, rs in batches for r in rs]
     runs = {
         "greedy": decode(bundle, batches, "greedy"),
         f"beam{BEAM}": decode(bundle, batches, "beam"),
-        f"beam{BEAM}+lm": decode(bundle, batches, "beam", bundle.fusion(alpha, beta)),
     }
+    weights = {}
+    for name, (alpha, beta) in zip([f"beam{BEAM}+lm", f"beam{BEAM}+lm*"], points, strict=False):
+        runs[name] = decode(bundle, batches, "beam", bundle.fusion(alpha, beta))
+        weights[name] = (alpha, beta)
     rows = []
     for lang in sorted({lang for lang, _ in refs}):
         idx = [i for i, (lg, _) in enumerate(refs) if lg == lang]
@@ -130,7 +139,7 @@ def measure(bundle, batches, corpus: str, alpha: float, beta: float) -> list[dic
                 "corpus": corpus, "language": lang, "decoder": name, "n": len(idx),
                 "wer": corpus_wer([refs[i] for i in idx], [hyps[i] for i in idx]),
                 "cpu_s_per_utt": seconds / len(refs),
-                "alpha_beta": (alpha, beta) if name.endswith("lm") else None,
+                "alpha_beta": weights.get(name),
             })  # fmt: skip
     return rows
 
@@ -156,9 +165,9 @@ def english(args, work: Path) -> list[dict]:
     print(f"english LM: {lm.meta['sentences']} sentences, {lm.vocab_size} unigrams", flush=True)
     attach_lm(bundle, arpa)
     dev = encode(bundle, corpus, "validation", args.batch_size, args.max_samples)
-    alpha, beta, _ = tune(bundle, dev)
+    points = tune(bundle, dev, args.alphas, args.betas)
     test = encode(bundle, corpus, "test", args.batch_size, args.max_samples)
-    return measure(bundle, test, "espeak-en", alpha, beta)
+    return measure(bundle, test, "espeak-en", points)
 
 
 def tones(args, work: Path) -> list[dict]:
@@ -194,9 +203,13 @@ def tones(args, work: Path) -> list[dict]:
     build_lm_file(arpa, 3, data=data, split="train")
     attach_lm(bundle, arpa)
     dev = encode(bundle, data, "validation", args.batch_size, args.max_samples)
-    alpha, beta, _ = tune(bundle, dev)
+    points = tune(bundle, dev, args.alphas, args.betas)
     test = encode(bundle, data, "test", args.batch_size, args.max_samples)
-    return measure(bundle, test, "tones", alpha, beta)
+    return measure(bundle, test, "tones", points)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -208,6 +221,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-samples", type=int, default=None, help="utterances per split")
     p.add_argument("--skip", choices=["english", "tones"], default=None)
+    p.add_argument("--alphas", type=_floats, default=ALPHAS, help="LM weights to tune over")
+    p.add_argument("--betas", type=_floats, default=BETAS, help="word bonuses to tune over")
     add_session_args(p)
     args = p.parse_args(argv)
     if args.quick:

@@ -127,8 +127,8 @@ def test_bench_lm_measures_three_decoders_per_language(tmp_path, capsys):
         ["--quick", "--tones-steps", "2", "--max-samples", "4", "--threads", "1",
          "--work-dir", str(tmp_path)]
     )  # fmt: skip
-    assert {(r["language"], r["decoder"]) for r in rows} == {
+    assert {(r["language"], r["decoder"]) for r in rows} >= {
         (lang, d) for lang in ("en", "es") for d in ("greedy", "beam5", "beam5+lm")
-    }
+    }  # and beam5+lm* (the best weights with an LM) when tuning chose none
     assert all(r["cpu_s_per_utt"] > 0 for r in rows)
     assert "RESULT lm wer tones/en/greedy=" in capsys.readouterr().out
