@@ -27,6 +27,7 @@ EXTERNAL_COMMANDS = [
     "asrforge.matrix.cli",
     "asrforge.bundle.cli",
     "asrforge.recipes.demo",
+    "asrforge.lm.cli",
 ]
 # Those whose modules import torch or transformers at the top are imported only when their
 # command is named, so `asrforge --help` and a mistyped line answer without seconds of imports;

@@ -118,3 +118,17 @@ def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
     assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
     assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
     assert "RESULT packing utterances/s asrforge=" in capsys.readouterr().out
+
+
+def test_bench_lm_measures_three_decoders_per_language(tmp_path, capsys):
+    import bench_lm
+
+    rows = bench_lm.main(
+        ["--quick", "--tones-steps", "2", "--max-samples", "4", "--threads", "1",
+         "--work-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert {(r["language"], r["decoder"]) for r in rows} >= {
+        (lang, d) for lang in ("en", "es") for d in ("greedy", "beam5", "beam5+lm")
+    }  # and beam5+lm* (the best weights with an LM) when tuning chose none
+    assert all(r["cpu_s_per_utt"] > 0 for r in rows)
+    assert "RESULT lm wer tones/en/greedy=" in capsys.readouterr().out

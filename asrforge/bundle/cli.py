@@ -48,6 +48,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help="a model.lora run: write its LoRA adapters alone (peft's adapter_model.safetensors "
         "+ adapter_config.json) instead of a bundle with the adapters merged in",
     )
+    p.add_argument(
+        "--lm",
+        type=Path,
+        default=None,
+        help="an ARPA word n-gram LM (`asrforge lm build`) to carry for beam search; "
+        "transformers and CTranslate2 ignore it",
+    )
     p.set_defaults(func=run_export)
 
     p = subparsers.add_parser(
@@ -106,6 +113,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
         "1.0 (seeded sampling), as openai-whisper does",
     )
+    _add_lm_options(p)
     p.set_defaults(func=run_transcribe)
 
     p = subparsers.add_parser(
@@ -148,12 +156,48 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="long-form: which utterances are joined")
     p.add_argument(
+        "--temperature-fallback",
+        action="store_true",
+        help="long-form: decode a window that looks like a repetition loop again at higher "
+        "temperatures, as transcribe --temperature-fallback does",
+    )
+    p.add_argument(
         "--weights",
         choices=["ema", "raw"],
         default=None,
         help="checkpoints: which weights (default ema when present, as the loop evaluates)",
     )
+    _add_lm_options(p)
     p.set_defaults(func=run_evaluate)
+
+
+def _add_lm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lm-alpha",
+        type=float,
+        default=None,
+        help="a bundle with an n-gram LM: its weight in beam search (default: the one "
+        "`asrforge lm tune` recorded, else the bundle's default)",
+    )
+    p.add_argument("--lm-beta", type=float, default=None, help="the LM's bonus per word")
+    p.add_argument("--no-lm", action="store_true", help="decode without the bundle's n-gram LM")
+
+
+def lm_fusion(bundle, args: argparse.Namespace):
+    """The bundle's LM fusion the options ask for, or None (no LM, or ``--no-lm``)."""
+    if bundle.lm is None:
+        if args.lm_alpha is not None or args.lm_beta is not None:
+            raise UserError("--lm-alpha/--lm-beta: this model has no n-gram LM (export --lm)")
+        return None
+    if args.no_lm:
+        return None
+    fusion = bundle.fusion(args.lm_alpha, args.lm_beta)
+    print(
+        f"asrforge: fusing the bundle's {bundle.lm.order}-gram LM: alpha {fusion.alpha:g}, "
+        f"beta {fusion.beta:g} (--no-lm: without it)",
+        file=sys.stderr,
+    )
+    return fusion
 
 
 def _positive(name: str, value: int | None) -> str | None:
@@ -190,6 +234,10 @@ def run_export(args: argparse.Namespace) -> int:
         problems.append(f"--out {out_problem}")
     if args.adapter_only and args.fmt != "hf":
         problems.append("--adapter-only writes peft's adapter files: --format does not apply")
+    if args.adapter_only and args.lm is not None:
+        problems.append("--adapter-only writes peft's adapter files: --lm does not apply")
+    if args.lm is not None and not args.lm.is_file():
+        problems.append(f"--lm {args.lm}: no such file")
     raise_problems(problems)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
@@ -207,6 +255,7 @@ def run_export(args: argparse.Namespace) -> int:
         average_k=args.k,
         average_metric=args.metric,
         ct2_quantization=args.quantization,
+        lm=args.lm,
     )
     info = json.loads((out / "inference_config.json").read_text())
     step = info["source"].get("step")
@@ -271,6 +320,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     if args.condition_on_previous_text and chunking != "timestamps":
         raise UserError("--condition-on-previous-text needs --chunking timestamps")
     waves = [bundle.load_audio(p) for p in args.audio]
+    fusion = lm_fusion(bundle, args)
     results = bundle.recognize(
         waves,
         args.language,
@@ -280,6 +330,9 @@ def run_transcribe(args: argparse.Namespace) -> int:
         condition_on_previous_text=args.condition_on_previous_text,
         beam_size=args.beam_size,
         temperature_fallback=args.temperature_fallback,
+        use_lm=fusion is not None,
+        lm_alpha=fusion.alpha if fusion is not None else None,
+        lm_beta=fusion.beta if fusion is not None else None,
     )
     if args.chunking is None and chunking == "silence":  # after the errors: one line each
         print(f"asrforge: {why}", file=sys.stderr)
@@ -335,6 +388,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if not args.data.is_dir():
         problems.append(f"--data {args.data}: no such directory")
     raise_problems(problems)
+    fusion = lm_fusion(bundle, args)
     metrics, _preds, report = evaluate_split(
         bundle,
         args.data,
@@ -343,6 +397,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
         beam_size=args.beam_size,
+        fusion=fusion,
     )
     if args.longform_items:
         from asrforge.evaluation.longform import evaluate_split_longform
@@ -358,6 +413,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
             chunking=args.chunking,
+            fallback=_fallback(args.temperature_fallback),
         )
         metrics.update(long_metrics)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
@@ -379,6 +435,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if args.longform_items:
             print(format_longform(metrics))
     return 0
+
+
+def _fallback(on: bool):
+    from asrforge.model.fallback import Fallback
+
+    return Fallback() if on else None
 
 
 def _attempt(load: Callable[[], Any], problems: list[str]) -> Any:

@@ -9,6 +9,7 @@
       preprocessor_config.json  WhisperFeatureExtractor   } ASR pipeline load unchanged
       tokenizer.json, tokenizer_config.json, ...
       inference_config.json     InferenceConfig (asrforge.bundle.schema)
+      lm.arpa                   optional word n-gram LM (export --lm; transformers ignores it)
       manifest.json             sha256 + size of each file, sealed with its own digest
 
 The directory is built under a temporary name and renamed into place (complete or absent).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from asrforge.bundle.schema import (
     MODEL_SHAPE,
     FeatureConfig,
     InferenceConfig,
+    LMInfo,
     asrforge_version,
     inference_view,
 )
@@ -77,6 +80,8 @@ class BundleContents:
     """The ``InferenceConfig``."""
     note: str = ""
     """What was exported, for the user (``checkpoints/best (step 200), EMA weights``)."""
+    lm: Path | None = None
+    """An ARPA file to carry (its facts are in ``inference.lm``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +98,7 @@ def export_bundle(
     average_metric: str = "wer",
     stats_utterances: int = 16,
     ct2_quantization: str | None = None,
+    lm: str | Path | None = None,
 ) -> Path:
     """Write an inference bundle.
 
@@ -107,6 +113,7 @@ def export_bundle(
         fmt: ``hf`` (transformers safetensors, loadable by ``load_bundle``) or ``ct2``.
         stats_utterances: training utterances whose log-mel statistics are recorded (0: none).
         ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as is.
+        lm: an ARPA file from ``asrforge lm build`` to carry for beam search (``lm.arpa``).
 
     Returns:
         ``out``.
@@ -135,11 +142,48 @@ def export_bundle(
             average_metric=average_metric,
             stats_utterances=stats_utterances,
         )
+    if lm is not None:
+        contents = with_lm(contents, Path(lm))
     log.info("exporting %s", contents.note)
     _check_timestamp_reading(contents.tokenizer, fmt)
     if converter is not None:
         return _write_ct2(contents, out, converter, ct2_quantization)
     return write_bundle(contents, out)
+
+
+def with_lm(contents: BundleContents, path: Path) -> BundleContents:
+    """``contents`` carrying the LM at ``path``, its facts read from the file.
+
+    Raises:
+        UserError: not a readable ARPA file, or an LM of none of the bundle's languages.
+    """
+    from asrforge.lm.ngram import read_arpa
+
+    if not path.is_file():
+        raise UserError(f"--lm {path}: no such file")
+    try:
+        lm = read_arpa(path)
+    except CheckpointError as e:
+        raise UserError(f"--lm {e}") from None
+    languages = lm.meta.get("languages")
+    normalizer = lm.meta.get("normalizer")
+    if not languages or not normalizer:
+        raise UserError(
+            f"--lm {path}: records no languages or normalizer (not built by `asrforge lm build`): "
+            "the words it expects are unknown"
+        )
+    if not set(languages) & set(contents.inference.languages):
+        raise UserError(
+            f"--lm {path}: an LM of {', '.join(languages)}; the bundle transcribes "
+            f"{', '.join(contents.inference.languages)}"
+        )
+    info = LMInfo(
+        order=lm.order, vocab_size=lm.vocab_size, normalizer=normalizer, languages=languages
+    )
+    contents.inference = contents.inference.model_copy(update={"lm": info})
+    contents.lm = path
+    contents.note += f", {lm.order}-gram LM {path.name}"
+    return contents
 
 
 def export_adapter(source: str | Path, out: str | Path, weights: Weights | None = None) -> Path:
@@ -647,11 +691,33 @@ def _write_inference_config(contents: BundleContents, directory: Path, fmt: str)
     (directory / INFERENCE_CONFIG).write_text(text, encoding="utf-8")
 
 
+def _copy_lm(contents: BundleContents, directory: Path) -> None:
+    if contents.lm is not None:
+        shutil.copyfile(contents.lm, directory / contents.inference.lm.file)
+
+
+def update_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Add ``meta`` to a bundle's manifest (the files unchanged) and seal it afresh, in one
+    atomic rename: the bundle is verified first and is never left half-updated."""
+    from asrforge.bundle.load import verify_bundle
+    from asrforge.checkpoint.manifest import SEAL_KEY as FILES_SEAL
+    from asrforge.checkpoint.manifest import manifest_seal
+
+    manifest = verify_bundle(directory)
+    body = {k: v for k, v in manifest.items() if k not in (FILES_SEAL, SEAL_KEY)}
+    body.update(meta)
+    body[FILES_SEAL] = manifest_seal(body)
+    body[SEAL_KEY] = manifest_digest(body)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(body, indent=2) + "\n")
+    return body
+
+
 def write_bundle(contents: BundleContents, out: Path) -> Path:
     """Write ``contents`` as a transformers-format bundle at ``out``, atomically."""
     with atomic_directory(out) as tmp:
         _write_hf_files(contents, tmp)
         _write_inference_config(contents, tmp, "hf")
+        _copy_lm(contents, tmp)
         for p in tmp.iterdir():
             p.chmod(0o644)  # safetensors writes 0o600
         write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})
@@ -686,6 +752,7 @@ def _write_ct2(
                 str(tmp), quantization=quantization, force=True
             )
             _write_inference_config(contents, tmp, "ct2")
+            _copy_lm(contents, tmp)
             write_bundle_manifest(
                 tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2"}
             )

@@ -8,8 +8,9 @@ sha256 (and the manifest against its own seal), that no file could hold a pickle
 header's tensor names and shapes against the model ``config.json`` describes (built on the meta
 device). After the weights: ``tokenizer.json`` (readable by tokenizers), and
 ``preprocessor_config.json`` and ``generation_config.json``, which transformers reads instead of
-the inference config, against it and the tokenizer. A file that passes the manifest but is
-malformed is named with what is wrong. Weights are read with safetensors only: nothing in a
+the inference config, against it and the tokenizer; an optional n-gram LM (``lm.arpa``, text,
+checksummed like every file) against the order and vocabulary the inference config records. A
+file that passes the manifest but is malformed is named with what is wrong. Weights are read with safetensors only: nothing in a
 bundle is ever unpickled.
 """
 
@@ -56,6 +57,8 @@ MODEL_FILE = "model.safetensors"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 GENERATION_CONFIG = "generation_config.json"
 SEAL_KEY = "bundle_seal"
+LM_WEIGHTS_KEY = "lm_weights"
+"""Manifest key of the LM weights ``asrforge lm tune`` chose (``alpha``, ``beta``, how)."""
 ALIASES_KEY = "asrforge_aliases"  # as written by asrforge.checkpoint.training.save_weights
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 """Files that may hold a pickle: a bundle with one is refused (none is ever opened)."""
@@ -246,12 +249,43 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         raise CheckpointNotSupportedError(
             f"{path}: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}"
         )
-    bundle = Bundle(model, tokenizer, icfg, path=path, device=device)
+    lm = _read_lm(path, icfg, manifest)
+    weights = manifest.get(LM_WEIGHTS_KEY) or {}
+    bundle = Bundle(model, tokenizer, icfg, path=path, device=device, lm=lm, lm_weights=weights)
     # Bundle decodes with the inference config; transformers (from_pretrained, the ASR
     # pipeline) reads these two files instead, so they must say the same.
     check_preprocessor_config(path / PREPROCESSOR_CONFIG, icfg.features)
     check_generation_config(path / GENERATION_CONFIG, bundle.specials)
     return bundle
+
+
+def _read_lm(path: Path, icfg, manifest: dict[str, Any]):
+    """The bundle's n-gram LM (None when it has none), checked against what the inference
+    config records of it.
+
+    Raises:
+        CheckpointCorruptError: the file is not listed in the manifest (so never verified), not
+            ARPA, or of another order or vocabulary size than recorded.
+    """
+    info = icfg.lm
+    if info is None:
+        return None
+    from asrforge.lm.ngram import read_arpa
+
+    if info.file not in manifest["files"]:
+        raise CheckpointCorruptError(
+            f"{path}: {INFERENCE_CONFIG} names the LM {info.file!r}, which {MANIFEST_NAME} "
+            "does not list"
+        )
+    lm = read_arpa(path / info.file)
+    differ = [
+        f"{name} {getattr(lm, name)} (the {INFERENCE_CONFIG} says {getattr(info, name)})"
+        for name in ("order", "vocab_size")
+        if getattr(lm, name) != getattr(info, name)
+    ]
+    if differ:
+        raise CheckpointCorruptError(f"{path / info.file}: " + "; ".join(differ))
+    return lm
 
 
 def _whisper_config(data: dict[str, Any], where: Path) -> WhisperConfig:
@@ -390,9 +424,22 @@ class Bundle:
         config: the bundle's ``InferenceConfig``.
         path: where it was loaded from, if anywhere.
         device: where the model runs.
+        lm: the word n-gram LM (:class:`~asrforge.lm.ngram.NGramLM`) beam search fuses, if any.
+        lm_weights: ``alpha`` and ``beta`` ``asrforge lm tune`` recorded (default: the inference
+            config's ``lm.alpha``/``lm.beta``).
     """
 
-    def __init__(self, model, tokenizer, config, *, path: Path | None = None, device="cpu"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config,
+        *,
+        path: Path | None = None,
+        device="cpu",
+        lm=None,
+        lm_weights: dict[str, Any] | None = None,
+    ):
         self.device = torch.device(device)
         if self.device.type == "cpu":
             model = model.float()
@@ -404,6 +451,8 @@ class Bundle:
             tokenizer, config.multilingual, config.data.language_tokens
         )
         self.features = config.features.extractor()
+        self.lm = lm
+        self.lm_weights = dict(lm_weights or {})
 
     @property
     def version(self) -> str:
@@ -548,6 +597,41 @@ class Bundle:
             )
         ]
 
+    def lm_alpha_beta(self) -> tuple[float, float]:
+        """The LM weight and word bonus to decode with: tuned ones, else the recorded defaults."""
+        info = self.config.lm
+        return (
+            float(self.lm_weights.get("alpha", info.alpha if info else 0.0)),
+            float(self.lm_weights.get("beta", info.beta if info else 0.0)),
+        )
+
+    def fusion(self, alpha: float | None = None, beta: float | None = None):
+        """A :class:`~asrforge.lm.fusion.ShallowFusion` of the bundle's LM for beam search
+        (None when it has none); ``alpha``/``beta`` default to :meth:`lm_alpha_beta`."""
+        if self.lm is None:
+            return None
+        from asrforge.lm.fusion import ShallowFusion
+
+        tuned = self.lm_alpha_beta()
+        return ShallowFusion(
+            self.lm,
+            self.tokenizer,
+            self.specials.eot,
+            tuned[0] if alpha is None else alpha,
+            tuned[1] if beta is None else beta,
+            language_of=self.language_of_prompt,
+        )
+
+    def language_of_prompt(self, prompt: Sequence[int]) -> str:
+        """The language a decoder prompt asks for (``en`` for an English-only model); the LM's
+        language when several share the prompt's token (``data.language_tokens``)."""
+        if not self.specials.multilingual:
+            return "en"
+        ids = set(prompt)
+        codes = [c for c, i in self.specials.languages.items() if i in ids]
+        known = set(self.config.lm.languages) if self.config.lm else set()
+        return next((c for c in codes if c in known), codes[0] if codes else "")
+
     def chunking_for(self, requested: str | None) -> tuple[str, str]:
         """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
 
@@ -568,6 +652,9 @@ class Bundle:
         sampling_rate: int | None = None,
         beam_size: int = 1,
         temperature_fallback: bool = False,
+        use_lm: bool = True,
+        lm_alpha: float | None = None,
+        lm_beta: float | None = None,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -587,6 +674,9 @@ class Bundle:
             temperature_fallback: decode a window whose text looks like a loop (it compresses
                 too well, is unlikely, or repeats itself) again by seeded sampling at
                 temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
+            use_lm: fuse the bundle's n-gram LM, when it has one, into beam search (then beam
+                search runs even at ``beam_size`` 1); ``lm_alpha``/``lm_beta`` override the
+                tuned or recorded weights (:meth:`lm_alpha_beta`).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -633,6 +723,7 @@ class Bundle:
                 condition_on_previous_text=condition_on_previous_text,
                 beam_size=beam_size,
                 fallback=Fallback() if temperature_fallback else None,
+                fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
             )
             if waves
             else []

@@ -29,7 +29,7 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-BUNDLE_VERSION = "1.1.0"  # 1.1: data.language_tokens
+BUNDLE_VERSION = "1.2.0"  # 1.1: data.language_tokens; 1.2: lm
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 
@@ -139,6 +139,27 @@ class FeatureConfig(_Strict):
         )
 
 
+class LMInfo(_Strict):
+    """A word n-gram LM the bundle carries for beam search (``asrforge export --lm``)."""
+
+    file: str = "lm.arpa"
+    """The ARPA file in the bundle (listed in the manifest with its sha256, like the weights)."""
+    order: int = Field(ge=1)
+    """The n of its n-grams."""
+    vocab_size: int = Field(ge=1)
+    """Its unigrams: the words, ``<s>``, ``</s>`` and ``<unk>``."""
+    normalizer: str
+    """How its text was normalized, and hypotheses must be before it scores them:
+    :func:`asrforge.text.normalize`'s ``english`` (Whisper's English normalizer), ``basic``, or
+    ``by-language`` (each language's own)."""
+    languages: list[str]
+    """The languages of its text; utterances in others are decoded without it."""
+    alpha: float = 0.5
+    """LM weight when ``asrforge lm tune`` has recorded none (in the manifest's ``lm_weights``)."""
+    beta: float = 1.0
+    """Word bonus when none is tuned."""
+
+
 class BundleFacts(_Strict):
     """What a bundle records besides the inference fields of the training config."""
 
@@ -157,6 +178,8 @@ class BundleFacts(_Strict):
     features: FeatureConfig
     source: dict[str, Any] = Field(default_factory=dict)
     """Where the weights came from: checkpoint path, step, metrics, averaged steps."""
+    lm: LMInfo | None = None
+    """The word n-gram LM beam search fuses (None: the bundle has none)."""
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -51,11 +51,14 @@ def evaluate(
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     beam_size: int = 1,
+    fusion=None,
 ) -> tuple[dict, list[dict]]:
     """Evaluate ``model`` on collated batches (see ``asrforge.data.dataset.Collator``).
 
     Args:
         beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
+        fusion: an n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
+            beam search even at ``beam_size`` 1).
 
     Returns:
         (metrics, predictions). ``metrics`` has ``loss`` (token-weighted mean cross-entropy),
@@ -90,10 +93,10 @@ def evaluate(
                 ).last_hidden_state
                 logits = model.proj_out(h[mask])  # (n_label_tokens, vocab): label positions only
                 flat = token_loss(logits, labels[mask], reduction="none")
-                if beam_size > 1:  # beams start from the prompt with caches of their own
+                if beam_size > 1 or fusion is not None:  # beams start from the prompt, own caches
                     seqs, hit_cap = beam_decode(
                         model, enc, dec_in[:, :prompt_len], eot, max_new_tokens,
-                        beam_size=beam_size,
+                        beam_size=beam_size, fusion=fusion,
                     )
                 else:
                     cache.crop(-(dec_in.shape[1] - prompt_len))
@@ -209,6 +212,7 @@ def evaluate_split(
     max_samples: int | None = None,
     progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
     beam_size: int = 1,
+    fusion=None,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
     one split of an Arrow data set, with the training loop's filtering and batch order.
@@ -217,10 +221,42 @@ def evaluate_split(
         languages: keep only these languages' utterances (default: all).
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
-        beam_size: see :func:`evaluate`.
+        beam_size, fusion: see :func:`evaluate`.
 
     Returns:
         ``(metrics, predictions, skip_report)``.
+
+    Raises:
+        UserError: the split is missing or has no usable utterance.
+    """
+    loader, n, report = split_loader(
+        bundle, data, split, batch_size=batch_size, languages=languages, max_samples=max_samples
+    )
+    batches = progress(loader, n) if progress is not None else loader
+    metrics, preds = evaluate(
+        bundle.model, batches, tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
+        max_new_tokens=max_new_tokens, device=bundle.device, beam_size=beam_size, fusion=fusion,
+    )
+    for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
+        for uid in uids:
+            report.add(reason, uid)
+    return metrics, preds, report
+
+
+def split_loader(
+    bundle,
+    data: Path,
+    split: str,
+    *,
+    batch_size: int,
+    languages: list[str] | None = None,
+    max_samples: int | None = None,
+):
+    """The collated evaluation batches of one split of an Arrow data set, filtered and ordered as
+    the training loop's evaluation has them.
+
+    Returns:
+        ``(loader, utterance count, skip_report)``.
 
     Raises:
         UserError: the split is missing or has no usable utterance.
@@ -258,12 +294,4 @@ def evaluate_split(
         SpeechDataset(ds, utts, bundle.features, eot),
         batch_sampler=eval_batches(utts, batch_size), collate_fn=Collator(pad_id=eot),
     )
-    batches = progress(loader, len(utts)) if progress is not None else loader
-    metrics, preds = evaluate(
-        bundle.model, batches, tokenizer=bundle.tokenizer, eot=eot,
-        max_new_tokens=max_new_tokens, device=bundle.device, beam_size=beam_size,
-    )
-    for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
-        for uid in uids:
-            report.add(reason, uid)
-    return metrics, preds, report
+    return loader, len(utts), report

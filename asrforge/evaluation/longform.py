@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
 from asrforge.text import cer, normalize, wer
 
@@ -156,8 +157,12 @@ def evaluate_items(
     batch_size: int,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    fallback: Fallback | None = None,
 ) -> tuple[dict, list[dict]]:
     """Transcribe the long recordings and score them.
+
+    ``fallback``: temperature fallback per window, as ``transcribe --temperature-fallback``
+    decodes (:mod:`asrforge.model.fallback`); None: off.
 
     Every module's train/eval mode is put back as it was (a frozen encoder stays in eval mode).
 
@@ -183,6 +188,7 @@ def evaluate_items(
             batch_size=batch_size,
             device=device,
             autocast=autocast,
+            fallback=fallback,
         )
     finally:
         for m, training in modes.items():
@@ -306,6 +312,7 @@ def evaluate_split_longform(
     max_new_tokens: int,
     chunking: str | None = None,
     languages: list[str] | None = None,
+    fallback: Fallback | None = None,
 ) -> tuple[dict, list[dict]]:
     """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of an Arrow data
     set, with the utterances the short-clip evaluation uses.
@@ -354,4 +361,5 @@ def evaluate_split_longform(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         device=bundle.device,
+        fallback=fallback,
     )

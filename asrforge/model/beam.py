@@ -7,7 +7,9 @@ renormalized, as openai-whisper) are added to the beam's sum; of all candidates 
 utterance, in score order, the first ``beam_size`` that do not end in EOT continue, and those
 ending in EOT before that point are finished hypotheses. An utterance is done when it has
 ``round(beam_size * patience)`` finished hypotheses; they are ranked by
-``sum_logprob / penalty(length)`` (see :func:`length_normalized`).
+``sum_logprob / penalty(length)`` (see :func:`length_normalized`). With ``fusion`` (an n-gram
+LM, :mod:`asrforge.lm.fusion`) the sums that rank candidates and hypotheses also hold the LM's
+word bonuses.
 
 Differences from transformers' ``generate(num_beams=k)`` (``tests/test_beam.py`` shows both
 equal where the conventions agree: ``length_penalty=0``, ``early_stopping=True``, nothing
@@ -31,10 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from asrforge.model.decoding import suppress, suppressed_ids
+
+if TYPE_CHECKING:
+    from asrforge.lm.fusion import ShallowFusion
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ def beam_search(
     patience: float = 1.0,
     length_penalty: float | None = None,
     rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    fusion: ShallowFusion | None = None,
 ) -> list[Hypothesis]:
     """The best hypothesis of each utterance by beam search with a KV cache.
 
@@ -90,6 +97,9 @@ def beam_search(
         length_penalty: see :func:`length_normalized`.
         rules: ``rules(logits, generated)`` -> masked logits, as in
             :func:`~asrforge.model.decoding.greedy_decode` (rows are beams here).
+        fusion: a word n-gram LM fused at word boundaries
+            (:class:`~asrforge.lm.fusion.ShallowFusion`): beams are ranked by the fused score;
+            each hypothesis's ``sum_logprob`` stays the model's own.
 
     Returns:
         One :class:`Hypothesis` per utterance, in input order.
@@ -111,10 +121,13 @@ def beam_search(
     if cap <= 0:  # the prompt fills the decoder's context
         return [Hypothesis([], 0.0, True) for _ in range(n_audio)]
 
-    finished: list[list[tuple[list[int], float]]] = [[] for _ in range(n_audio)]
+    # per utterance: (tokens, ranking sum, the model's own sum) of each finished hypothesis
+    finished: list[list[tuple[list[int], float, float]]] = [[] for _ in range(n_audio)]
     audios = torch.arange(n_audio, device=device)  # the utterance of each live group of k rows
     generated = torch.zeros((n_audio, 0), dtype=torch.long, device=device)  # (rows, t)
-    sums = torch.zeros(n_audio, device=device)  # (rows,) summed log-probs
+    sums = torch.zeros(n_audio, device=device)  # (rows,) summed log-probs (+ LM bonuses)
+    am_sums = sums  # (rows,) the model's own summed log-probs (the same without an LM)
+    states = [fusion.start(row) for row in prompts.tolist()] if fusion is not None else None
     tokens, enc = prompts, encoder_hidden
     for t in range(cap):
         h = decoder(
@@ -128,24 +141,41 @@ def beam_search(
         # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
         per_audio = 1 if t == 0 else k
         vocab = logprobs.shape[-1]
-        cand = (sums[:, None] + logprobs).view(len(audios), per_audio * vocab)
+        cand_am = am_sums[:, None] + logprobs
+        cand = cand_am if fusion is None else sums[:, None] + logprobs
+        if fusion is not None:
+            boundary, end = fusion.bonuses(states)
+            starts = fusion.starts_word(vocab, device)
+            word_starts = starts.bool().tolist()
+            cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
+            cand[:, eot] += torch.tensor(end, device=device)
+        cand = cand.reshape(len(audios), per_audio * vocab)
         # k continuing candidates are always among the best 2k: at most one EOT per beam
         n_top = min(2 * k, per_audio * vocab)
         top_scores, top_idx = cand.topk(n_top, dim=-1)
         top_rows = top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
         top_tokens = top_idx % vocab
+        top_am = top_scores if fusion is None else cand_am.reshape(cand.shape).gather(1, top_idx)
         is_eot = top_tokens == eot
         # a candidate's rank among the continuing ones (1-based) / how many continue before it
         rank = (~is_eot).cumsum(-1)
         keep = ~is_eot & (rank <= k)
         # EOT before the k-th continuing candidate (and not a forbidden one)
         ends = is_eot & (rank < k) & (top_scores > float("-inf"))
-        _collect_finished(finished, audios, generated, top_rows, top_scores, ends, max_candidates)
+        _collect_finished(
+            finished, audios, generated, top_rows, (top_scores, top_am), ends, max_candidates
+        )
         # the k continuing beams of each utterance, in score order
         order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
         src = top_rows.gather(1, order).reshape(-1)
         nxt = top_tokens.gather(1, order).reshape(-1)
         sums = top_scores.gather(1, order).reshape(-1)
+        am_sums = sums if fusion is None else top_am.gather(1, order).reshape(-1)
+        if states is not None:
+            states = [
+                fusion.advance(states[r], tok, word_starts[tok])
+                for r, tok in zip(src.tolist(), nxt.tolist(), strict=True)
+            ]
         generated = torch.cat([generated[src], nxt[:, None]], dim=1)
         if t == 0:  # one prompt row per utterance becomes its k beams' rows
             cache.reorder_cache(src)
@@ -160,26 +190,31 @@ def beam_search(
             rows = (live[:, None] * k + torch.arange(k, device=device)).reshape(-1)
             audios = audios[live]
             generated, sums, nxt, enc = generated[rows], sums[rows], nxt[rows], enc[rows]
+            am_sums = am_sums[rows]
+            if states is not None:
+                states = [states[r] for r in rows.tolist()]
             cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
-        _add_unfinished(finished, audios, generated, sums, k)
+        if fusion is not None:  # a capped beam's last word is complete too: it pays for it
+            sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
+        _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, length_penalty) for f in finished]
 
 
-def _collect_finished(finished, audios, generated, top_rows, top_scores, ends, max_candidates):
+def _collect_finished(finished, audios, generated, top_rows, scores, ends, max_candidates):
     """Append each utterance's newly finished hypotheses (in score order) until it has
-    ``max_candidates``."""
+    ``max_candidates``; ``scores``: the (ranking, model's own) sums of the candidates."""
     if not bool(ends.any()):
         return
     for i, j in ends.nonzero().tolist():
         pool = finished[int(audios[i])]
         if len(pool) < max_candidates:
             row = int(top_rows[i, j])
-            pool.append((generated[row].tolist(), float(top_scores[i, j])))
+            pool.append((generated[row].tolist(), float(scores[0][i, j]), float(scores[1][i, j])))
 
 
-def _add_unfinished(finished, audios, generated, sums, k):
+def _add_unfinished(finished, audios, generated, sums, am_sums, k):
     """At the cap: fill each live utterance's pool up to ``k`` with its best running beams."""
     for i, a in enumerate(audios.tolist()):
         pool = finished[a]
@@ -187,21 +222,22 @@ def _add_unfinished(finished, audios, generated, sums, k):
         for row in sorted(beams, key=lambda r: -float(sums[r])):
             if len(pool) >= k:
                 break
-            pool.append((generated[row].tolist() + [None], float(sums[row])))
+            pool.append((generated[row].tolist() + [None], float(sums[row]), float(am_sums[row])))
 
 
 def _best(pool, eot, length_penalty) -> Hypothesis:
-    """The pool's best by :func:`length_normalized` (a trailing None marks a capped beam)."""
+    """The pool's best by :func:`length_normalized` of its ranking sum (a trailing None marks a
+    capped beam); its ``sum_logprob`` is the model's own."""
 
     def score(item):
-        seq, s = item
+        seq, s, _ = item
         n = len(seq) - 1 if seq and seq[-1] is None else len(seq)
         return length_normalized(s, n, length_penalty)
 
-    seq, s = max(pool, key=score)
+    seq, _, am = max(pool, key=score)
     capped = bool(seq) and seq[-1] is None
     return Hypothesis(
-        tokens=[int(x) for x in (seq[:-1] if capped else seq)], sum_logprob=s, hit_cap=capped
+        tokens=[int(x) for x in (seq[:-1] if capped else seq)], sum_logprob=am, hit_cap=capped
     )
 
 
@@ -216,6 +252,7 @@ def beam_decode(
     patience: float = 1.0,
     length_penalty: float | None = None,
     rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    fusion: ShallowFusion | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """:func:`beam_search` in :func:`~asrforge.model.decoding.greedy_decode`'s return shape:
     the generated ids of each sequence (no prompt, no EOT) and whether each hit the cap."""
@@ -229,5 +266,6 @@ def beam_decode(
         patience=patience,
         length_penalty=length_penalty,
         rules=rules,
+        fusion=fusion,
     )
     return [h.tokens for h in hyps], [h.hit_cap for h in hyps]

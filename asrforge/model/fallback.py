@@ -124,9 +124,12 @@ def decode_with_fallback(
     fallback: Fallback,
     beam_size: int = 1,
     rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    fusion=None,
 ) -> tuple[list[Hypothesis], list[float]]:
     """Decode each row at the first temperature, then again at the next ones the rows that
-    :func:`fallback_reason` rejects.
+    :func:`fallback_reason` rejects. ``fusion`` (an n-gram LM,
+    :class:`~asrforge.lm.fusion.ShallowFusion`) joins the beam search at temperature 0 only:
+    the samples are the model's.
 
     Returns:
         The kept hypothesis of each row and the temperature it was decoded at.
@@ -142,7 +145,14 @@ def decode_with_fallback(
         enc, ps = encoder_hidden[idx], prompts[idx]
         if temperature == 0:
             found = beam_search(
-                model, enc, ps, eot, max_new_tokens, beam_size=beam_size, rules=rules
+                model,
+                enc,
+                ps,
+                eot,
+                max_new_tokens,
+                beam_size=beam_size,
+                rules=rules,
+                fusion=fusion,
             )
         else:
             found = _best_of(

@@ -197,6 +197,7 @@ def decode_windows(
     beam_size: int = 1,
     fallback: Fallback | None = None,
     decode_text: Callable[[list[int]], str] | None = None,
+    fusion=None,
 ) -> list[list[int]]:
     """Decode windows (each at most one encoder window long), batched among windows of equal
     prompts -> the ids each generated (no prompt, no EOT).
@@ -209,6 +210,8 @@ def decode_windows(
         beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
         fallback: decode a window that looks like a loop again at higher temperatures
             (:func:`~asrforge.model.fallback.decode_with_fallback`; needs ``decode_text``).
+        fusion: an n-gram LM fused into beam search
+            (:class:`~asrforge.lm.fusion.ShallowFusion`; beam search even at ``beam_size`` 1).
     """
     if fallback is not None and decode_text is None:
         raise ValueError("fallback needs decode_text")
@@ -240,11 +243,19 @@ def decode_windows(
                         fallback=fallback,
                         beam_size=beam_size,
                         rules=rules,
+                        fusion=fusion,
                     )
                     seqs = [h.tokens for h in hyps]
-                elif beam_size > 1:
+                elif beam_size > 1 or fusion is not None:
                     seqs, _ = beam_decode(
-                        model, enc, ids, eot, max_new_tokens, beam_size=beam_size, rules=rules
+                        model,
+                        enc,
+                        ids,
+                        eot,
+                        max_new_tokens,
+                        beam_size=beam_size,
+                        rules=rules,
+                        fusion=fusion,
                     )
                 else:
                     seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
@@ -293,6 +304,7 @@ def transcribe_long(
     sample_rate: int = 16_000,
     beam_size: int = 1,
     fallback: Fallback | None = None,
+    fusion=None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -306,6 +318,7 @@ def transcribe_long(
         condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
         beam_size: beams per window (both chunkings); 1: greedy decoding.
         fallback: temperature fallback per window (:mod:`asrforge.model.fallback`); None: off.
+        fusion: an n-gram LM fused into each window's beam search (see :func:`decode_windows`).
     """
     seconds = window_seconds(model.config)
 
@@ -329,6 +342,7 @@ def transcribe_long(
                 beam_size=beam_size,
                 fallback=fallback,
                 decode_text=text,
+                fusion=fusion,
             )
 
         return decode

@@ -1,0 +1,132 @@
+"""``asrforge lm build``: training text -> normalized word sentences -> a Kneser–Ney ARPA file.
+
+The text is normalized as evaluation normalizes transcripts before WER
+(:func:`asrforge.text.normalize`: Whisper's English normalizer for English, the basic one
+elsewhere), so the LM's words are the words WER counts; the ARPA header records which
+(``normalizer``: ``english``, ``basic`` or ``by-language`` for a mixed text) and the languages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from asrforge.errors import UserError
+from asrforge.lm.ngram import NGramLM, estimate, write_arpa
+from asrforge.text import normalize
+
+log = logging.getLogger(__name__)
+
+MAX_ORDER = 6
+
+
+def normalizer_name(languages: list[str]) -> str:
+    """What :func:`asrforge.text.normalize` does to text of these languages."""
+    if set(languages) == {"en"}:
+        return "english"
+    return "basic" if "en" not in languages else "by-language"
+
+
+def text_sentences(path: Path, language: str) -> Iterator[tuple[str, str]]:
+    """``(language, line)`` of each non-empty line of a UTF-8 text file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield language, line
+    except UnicodeDecodeError as e:
+        raise UserError(f"--text {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def data_sentences(path: Path, split: str, languages: set[str] | None) -> Iterator[tuple[str, str]]:
+    """``(language, transcript)`` of each utterance of an Arrow split (audio is not read)."""
+    from asrforge.data.dataset import data_language, load_arrow
+
+    dd = load_arrow(path)
+    if split not in dd:
+        raise UserError(f"--split {split!r}: not in {path} (has {sorted(dd)})")
+    ds = dd[split]
+    missing = [c for c in ("text", "language") if c not in ds.column_names]
+    if missing:
+        raise UserError(f"--data {path} split {split!r}: no column {missing[0]!r}")
+    for row in ds.select_columns(["text", "language"]):
+        code = data_language(row["language"])
+        if languages is None or code in languages:
+            yield code, row["text"] or ""
+
+
+def build_lm(sentences: Iterator[tuple[str, str]], order: int, source: str) -> NGramLM:
+    """Normalize each ``(language, text)`` and estimate the model.
+
+    Raises:
+        UserError: ``order`` out of range, or no words at all after normalization.
+    """
+    if not 1 <= order <= MAX_ORDER:
+        raise UserError(f"--order: must be between 1 and {MAX_ORDER}, got {order}")
+    words, seen = [], set()
+    for language, text in sentences:
+        normalized = normalize(text, language).split()
+        if normalized:
+            words.append(normalized)
+            seen.add(language)
+    if not words:
+        raise UserError(f"{source}: no words to learn from (empty after normalization)")
+    languages = sorted(seen)
+    meta = {
+        "normalizer": normalizer_name(languages),
+        "languages": languages,
+        "sentences": len(words),
+        "words": sum(len(w) for w in words),
+        "source": source,
+    }
+    lm = estimate(words, order, meta=meta)
+    log.info(
+        "%s: %d sentences, %d words, %d word types; %d-gram counts %s",
+        source, len(words), meta["words"], lm.vocab_size - 3, order,
+        [len(p) for p in lm.probs],
+    )  # fmt: skip
+    return lm
+
+
+def build_lm_file(
+    out: Path,
+    order: int,
+    *,
+    text: Path | None = None,
+    data: Path | None = None,
+    split: str = "train",
+    language: str | None = None,
+) -> NGramLM:
+    """``asrforge lm build``: write the ARPA file ``out`` from a text file or an Arrow split.
+
+    Args:
+        text: one sentence per line, in ``language``.
+        data: an Arrow DatasetDict; its ``split``'s ``text`` column, each row normalized for its
+            ``language``; ``language`` keeps only that language's rows.
+
+    Raises:
+        UserError: both or neither source, a missing source, no language for ``text``, or an
+            ``out`` that is a directory.
+    """
+    from asrforge.data.dataset import language_filter
+
+    if (text is None) == (data is None):
+        raise UserError("give one of --text FILE or --data DIR")
+    if out.is_dir():
+        raise UserError(f"--out {out}: a directory; give the ARPA file to write")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: no directory {out.parent}")
+    keep = language_filter([language], where="--language") if language else None
+    if text is not None:
+        if not text.is_file():
+            raise UserError(f"--text {text}: no such file")
+        if keep is None:
+            raise UserError("--text: give its --language (it decides how words are normalized)")
+        lm = build_lm(text_sentences(text, next(iter(keep))), order, str(text))
+    else:
+        if not data.is_dir():
+            raise UserError(f"--data {data}: no such directory")
+        lm = build_lm(data_sentences(data, split, keep), order, f"{data} ({split})")
+    write_arpa(lm, out)
+    return lm

@@ -1,0 +1,149 @@
+"""``asrforge lm tune``: choose a bundle's LM weight ``alpha`` and word bonus ``beta`` by grid
+search on a development split, and record them in the bundle's manifest.
+
+Each batch is encoded once and decoded by beam search at every grid point; the point with the
+lowest corpus error rate (WER, or CER when a language is scored by characters) wins, ties going
+to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is beam search
+without the LM (bit for bit), so the recorded weights never score worse on that split than no
+LM. The manifest is rewritten in one atomic rename and sealed afresh
+(:func:`asrforge.bundle.export.update_bundle_manifest`): the bundle is never half-updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asrforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BETAS = (0.0, 0.5, 1.0, 2.0)
+
+
+def grid(alphas: Sequence[float], betas: Sequence[float]) -> list[tuple[float, float]]:
+    """Every ``(alpha, beta)``, ``(0, 0)`` (no LM) included.
+
+    Raises:
+        UserError: an empty list, a negative or non-finite alpha, or a non-finite beta.
+    """
+    problems = []
+    if not alphas or not betas:
+        problems.append("--alphas/--betas: give at least one value each")
+    problems += [
+        f"--alphas: {a:g} must be a finite number >= 0"
+        for a in alphas
+        if not (math.isfinite(a) and a >= 0)
+    ]
+    problems += [f"--betas: {b:g} must be a finite number" for b in betas if not math.isfinite(b)]
+    if problems:
+        raise UserError("; ".join(problems))
+    points = {(0.0, 0.0)} | {(float(a), float(b)) for a in alphas for b in betas}
+    return sorted(points)
+
+
+@torch.no_grad()
+def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) -> dict:
+    """``{(alpha, beta): [hypothesis text, ...]}`` and the references, in one pass over the
+    batches (the encoder runs once per batch)."""
+    from asrforge.evaluation.evaluate import _prompt_length
+    from asrforge.model.beam import beam_decode
+
+    model, eot = bundle.model, bundle.specials.eot
+    hyps: dict[tuple[float, float], list[str]] = {p: [] for p in points}
+    refs: list[tuple[str, str]] = []
+    for batch in loader:
+        if not batch.get("size"):
+            continue
+        prompts = batch["decoder_input_ids"][:, : _prompt_length(batch["labels"])]
+        enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
+        prompts = prompts.to(bundle.device)
+        refs += list(zip(batch["language"], batch["text"], strict=True))
+        for alpha, beta in points:
+            seqs, _ = beam_decode(
+                model,
+                enc,
+                prompts,
+                eot,
+                max_new_tokens,
+                beam_size=beam_size,
+                fusion=bundle.fusion(alpha, beta),
+            )
+            hyps[(alpha, beta)] += [
+                bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs
+            ]
+    return {"hyps": hyps, "refs": refs}
+
+
+def error_rate(refs: list[tuple[str, str]], hyps: list[str]) -> tuple[str, float]:
+    """``(metric, value)``: corpus WER on normalized text, or CER when a language of ``refs``
+    is scored by characters (:func:`asrforge.text.primary_metric`)."""
+    from asrforge.text import cer, normalize, primary_metric, wer
+
+    metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
+    r = [normalize(text, lang) for lang, text in refs]
+    h = [normalize(text, lang) for (lang, _), text in zip(refs, hyps, strict=True)]
+    return metric, float((wer if metric == "wer" else cer)(r, h))
+
+
+def tune(
+    bundle_dir: Path,
+    data: Path,
+    split: str = "validation",
+    *,
+    alphas: Sequence[float] = ALPHAS,
+    betas: Sequence[float] = BETAS,
+    beam_size: int = 5,
+    batch_size: int = 8,
+    max_samples: int | None = None,
+    max_new_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Grid-search the bundle's LM weights on ``split`` and record the best in its manifest.
+
+    Returns:
+        What was recorded (``alpha``, ``beta``, the metric, its value, the value without the
+        LM, the split, the beam size, the utterance count) plus ``table``: every grid point's
+        value.
+
+    Raises:
+        UserError: the bundle has no LM, a bad grid, or a bad split; CheckpointError: the bundle
+            does not verify.
+    """
+    from asrforge.bundle.export import update_bundle_manifest
+    from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+    from asrforge.evaluation.evaluate import split_loader
+
+    points = grid(alphas, betas)
+    if beam_size < 1:
+        raise UserError(f"--beam-size: must be >= 1, got {beam_size}")
+    bundle = load_bundle(bundle_dir)
+    if bundle.lm is None:
+        raise UserError(f"{bundle_dir}: has no n-gram LM to tune (export it with --lm)")
+    loader, n, _report = split_loader(
+        bundle, data, split, batch_size=batch_size, max_samples=max_samples
+    )
+    cap = max_new_tokens or bundle.config.eval.max_new_tokens
+    log.info("tuning on %d utterances of %s (%s): %d grid points", n, data, split, len(points))
+    decoded = decode_grid(bundle, loader, points, beam_size=beam_size, max_new_tokens=cap)
+    table = {p: error_rate(decoded["refs"], decoded["hyps"][p]) for p in points}
+    metric = table[(0.0, 0.0)][0]
+    alpha, beta = min(points, key=lambda p: (table[p][1], p[0], abs(p[1])))
+    record = {
+        "alpha": alpha,
+        "beta": beta,
+        "metric": metric,
+        "value": table[(alpha, beta)][1],
+        "without_lm": table[(0.0, 0.0)][1],
+        "data": str(data),
+        "split": split,
+        "beam_size": beam_size,
+        "n": len(decoded["refs"]),
+    }
+    update_bundle_manifest(Path(bundle_dir), {LM_WEIGHTS_KEY: record})
+    return {**record, "table": {f"{a:g},{b:g}": v for (a, b), (_, v) in table.items()}}

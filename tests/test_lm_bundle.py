@@ -1,0 +1,219 @@
+"""An n-gram LM in a bundle: ``lm build``, ``export --lm``, verification, fusion in transcribe and
+evaluate, ``lm tune``; transformers and CTranslate2 load such a bundle and ignore the LM."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from test_bundle import (  # noqa: F401  (one_thread: autouse)
+    _reseal,
+    cli_error,
+    one_thread,
+    train_tiny_run,
+)
+
+from asrforge.bundle.export import export_bundle
+from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+from asrforge.bundle.schema import INFERENCE_CONFIG
+from asrforge.checkpoint.manifest import read_manifest
+from asrforge.cli import main
+from asrforge.data.audio import decode_audio
+from asrforge.data.dataset import load_arrow
+from asrforge.errors import CheckpointCorruptError
+from asrforge.lm.build import build_lm_file
+from asrforge.lm.ngram import read_arpa
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tones_dir) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("lm-run"), tones_dir)
+
+
+@pytest.fixture(scope="module")
+def arpa(tmp_path_factory, tones_dir) -> Path:
+    out = tmp_path_factory.mktemp("lm") / "tones.arpa"
+    build_lm_file(out, 3, data=tones_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm_bundle_dir(run, arpa, tmp_path_factory) -> Path:
+    return export_bundle(run, tmp_path_factory.mktemp("lm-bundles") / "tiny", lm=arpa)
+
+
+@pytest.fixture(scope="module")
+def waves(tones_dir) -> list[np.ndarray]:
+    split = load_arrow(tones_dir)["validation"]
+    return [decode_audio(split[i]["audio"]["bytes"]) for i in range(4)]
+
+
+def test_lm_build_cli_writes_an_arpa_file_of_the_normalized_text(tmp_path, capsys):
+    text = tmp_path / "en.txt"
+    text.write_text("Hello, World!\n\nhello there.\n", encoding="utf-8")
+    out = tmp_path / "en.arpa"
+    assert main(["lm", "build", "--text", str(text), "--language", "en", "--order", "2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    lm = read_arpa(out)
+    assert lm.order == 2 and lm.meta["normalizer"] == "english" and lm.meta["sentences"] == 2
+    assert {g[0] for g in lm.probs[0]} == {"hello", "world", "there", "<s>", "</s>", "<unk>"}
+    assert "wrote" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--text", "{tmp}/en.txt", "--out", "{tmp}/x.arpa"], "--text: give its --language"),
+        (["--text", "{tmp}/nope.txt", "--language", "en", "--out", "{tmp}/x.arpa"],
+         "--text {tmp}/nope.txt: no such file"),
+        (["--text", "{tmp}/empty.txt", "--language", "en", "--out", "{tmp}/x.arpa"],
+         "{tmp}/empty.txt: no words to learn from"),
+        (["--text", "{tmp}/en.txt", "--language", "en", "--order", "0", "--out", "{tmp}/x.arpa"],
+         "--order: must be between 1 and 6, got 0"),
+        (["--text", "{tmp}/en.txt", "--language", "en", "--out", "{tmp}"], "a directory"),
+        (["--text", "{tmp}/en.txt", "--language", "xx-nope", "--out", "{tmp}/x.arpa"],
+         "unknown language 'xx-nope'"),
+        (["--data", "{tmp}/nodata", "--out", "{tmp}/x.arpa"], "--data {tmp}/nodata: no such"),
+        (["--text", "{tmp}/latin1.txt", "--language", "en", "--out", "{tmp}/x.arpa"],
+         "not UTF-8"),
+        (["--out", "{tmp}/x.arpa"], "give one of --text FILE or --data DIR"),
+    ],
+)  # fmt: skip
+def test_lm_build_bad_input_exits_2_naming_it(tmp_path, capsys, argv, message):
+    (tmp_path / "en.txt").write_text("a b c\n")
+    (tmp_path / "empty.txt").write_text("...\n  \n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["lm", "build", *argv]) == 2
+    assert message.replace("{tmp}", str(tmp_path)) in cli_error(capsys)
+    assert not (tmp_path / "x.arpa").exists()
+
+
+def test_a_bundle_with_an_lm_records_it_and_round_trips(lm_bundle_dir, arpa):
+    manifest = read_manifest(lm_bundle_dir)
+    entry = manifest["files"]["lm.arpa"]
+    assert entry["sha256"] == hashlib.sha256((lm_bundle_dir / "lm.arpa").read_bytes()).hexdigest()
+    assert (lm_bundle_dir / "lm.arpa").read_bytes() == arpa.read_bytes()
+    info = json.loads((lm_bundle_dir / INFERENCE_CONFIG).read_text())["lm"]
+    source = read_arpa(arpa)
+    assert info["order"] == 3 and info["vocab_size"] == source.vocab_size
+    assert info["normalizer"] == "by-language" and info["languages"] == ["en", "es"]
+    bundle = load_bundle(lm_bundle_dir)
+    assert bundle.lm.probs == source.probs and bundle.lm.backoffs == source.backoffs
+    assert bundle.lm_alpha_beta() == (info["alpha"], info["beta"])
+    assert bundle.language_of_prompt(bundle.specials.prompt("es")) == "es"
+
+
+def test_transformers_and_ctranslate2_load_a_bundle_with_an_lm(
+    lm_bundle_dir, run, arpa, waves, tmp_path
+):
+    from transformers import WhisperForConditionalGeneration
+
+    hf = WhisperForConditionalGeneration.from_pretrained(lm_bundle_dir)
+    ours = load_bundle(lm_bundle_dir).model.state_dict()
+    assert all((hf.state_dict()[k] == t).all() for k, t in ours.items())
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = export_bundle(run, tmp_path / "ct2", fmt="ct2", lm=arpa)
+    assert "lm.arpa" in read_manifest(out)["files"]
+    model = ctranslate2.models.Whisper(str(out), device="cpu", compute_type="float32")
+    bundle = load_bundle(lm_bundle_dir)
+    feats = bundle.features(waves[0], sampling_rate=16_000, return_tensors="np").input_features
+    prompt = bundle.tokenizer.convert_ids_to_tokens(bundle.specials.prompt("en"))
+    [result] = model.generate(
+        ctranslate2.StorageView.from_array(np.ascontiguousarray(feats)), [prompt], max_length=8
+    )
+    assert result.sequences_ids[0]  # it decodes, the LM beside it ignored
+
+
+def test_a_tampered_lm_byte_is_refused(lm_bundle_dir, tmp_path, capsys):
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "flip"))
+    data = bytearray((copy / "lm.arpa").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (copy / "lm.arpa").write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match=r"lm\.arpa"):
+        load_bundle(copy)
+    wav = tmp_path / "x.wav"
+    sf.write(wav, np.zeros(1600, dtype=np.float32), 16_000)
+    assert main(["transcribe", str(copy), str(wav)]) == 2
+    assert "lm.arpa" in cli_error(capsys)
+
+
+def test_another_lm_under_a_resealed_manifest_is_refused(lm_bundle_dir, tmp_path):
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "swap"))
+    build_lm_file(copy / "lm.arpa", 2, text=_text(tmp_path, "a b\n"), language="en")
+    _reseal(copy)  # the checksums pass: the recorded order does not
+    with pytest.raises(CheckpointCorruptError, match=r"lm\.arpa: order 2 \(.* says 3\)"):
+        load_bundle(copy)
+
+
+def _text(tmp_path: Path, content: str) -> Path:
+    path = tmp_path / "text.txt"
+    path.write_text(content)
+    return path
+
+
+def test_export_refuses_an_lm_of_other_languages(run, tmp_path, capsys):
+    de = tmp_path / "de.arpa"
+    build_lm_file(de, 2, text=_text(tmp_path, "hallo welt\n"), language="de")
+    best = str(run / "checkpoints" / "best")
+    assert main(["export", best, "--out", str(tmp_path / "b"), "--lm", str(de)]) == 2
+    assert "an LM of de; the bundle transcribes en, es" in cli_error(capsys)
+    assert main(["export", str(run), "--out", str(tmp_path / "b"), "--lm", str(tmp_path)]) == 2
+    assert "no such file" in cli_error(capsys)
+    assert not (tmp_path / "b").exists()
+
+
+def test_fusion_at_alpha_and_beta_zero_transcribes_as_without_the_lm(lm_bundle_dir, waves):
+    bundle = load_bundle(lm_bundle_dir)
+    plain = bundle.recognize(waves, "en", beam_size=3, use_lm=False)
+    zero = bundle.recognize(waves, "en", beam_size=3, lm_alpha=0.0, lm_beta=0.0)
+    assert [t.text for t in zero] == [t.text for t in plain]
+    loud = bundle.recognize(waves, "en", beam_size=3, lm_alpha=0.0, lm_beta=-50.0)
+    assert all(len(t.text.split()) <= 1 for t in loud)  # every extra word costs 50
+
+
+def _evaluate(capsys, *argv: str) -> dict:
+    assert main(["evaluate", *argv, "--json"]) == 0
+    out = capsys.readouterr()
+    return {**json.loads(out.out.strip().splitlines()[-1]), "stderr": out.err}
+
+
+def test_evaluate_with_the_lm_options(lm_bundle_dir, tones_dir, capsys):
+    common = [str(lm_bundle_dir), "--data", str(tones_dir), "--max-samples", "6",
+              "--beam-size", "2"]  # fmt: skip
+    plain = _evaluate(capsys, *common, "--no-lm")
+    zero = _evaluate(capsys, *common, "--lm-alpha", "0", "--lm-beta", "0")
+    assert "fusing the bundle's 3-gram LM: alpha 0, beta 0" in zero.pop("stderr")
+    plain.pop("stderr")
+    assert zero == plain
+
+
+def test_lm_tune_records_the_best_weights_atomically(lm_bundle_dir, tones_dir, tmp_path, capsys):
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "tune"))
+    argv = ["lm", "tune", str(copy), "--data", str(tones_dir), "--max-samples", "6",
+            "--beam-size", "2", "--alphas", "0.5", "--betas=-20,0"]  # fmt: skip
+    assert main(argv) == 0
+    assert "recorded alpha" in capsys.readouterr().out
+    record = read_manifest(copy)[LM_WEIGHTS_KEY]
+    assert (record["alpha"], record["beta"]) in {(0.0, 0.0), (0.5, -20.0), (0.5, 0.0)}
+    assert record["value"] <= record["without_lm"] and record["n"] == 6
+    bundle = load_bundle(copy)  # the resealed manifest verifies
+    assert bundle.lm_alpha_beta() == (record["alpha"], record["beta"])
+    assert bundle.config.model_dump() == load_bundle(lm_bundle_dir).config.model_dump()
+
+
+def test_lm_tune_bad_input_exits_2(lm_bundle_dir, run, tones_dir, tmp_path, capsys):
+    plain = export_bundle(run, tmp_path / "plain")
+    assert main(["lm", "tune", str(plain), "--data", str(tones_dir)]) == 2
+    assert "has no n-gram LM to tune" in cli_error(capsys)
+    assert main(["lm", "tune", str(lm_bundle_dir), "--data", str(tones_dir),
+                 "--alphas", "-1"]) == 2  # fmt: skip
+    assert "--alphas: -1 must be a finite number >= 0" in cli_error(capsys)
+    assert main(["lm", "tune", str(lm_bundle_dir), "--data", str(tmp_path / "none")]) == 2
+    assert "no such directory" in cli_error(capsys)
+    assert LM_WEIGHTS_KEY not in read_manifest(lm_bundle_dir)
