@@ -26,3 +26,13 @@ def test_an_exported_window_of_a_fraction_of_a_second_rounds_down_as_before():
     whisper = WhisperConfig(max_source_positions=175, num_mel_bins=80)
     assert window_seconds(whisper) == 3.5
     assert _feature_config(whisper).chunk_length == 3
+
+
+def test_a_timestamp_token_is_one_encoder_position_in_every_layer():
+    """model/ holds the step once; data/ (below model/ in the layers) keeps a copy that must
+    stay equal, or packed targets and decoded timestamps would disagree."""
+    from asrforge.data import targets
+    from asrforge.model import decoding, frames, tokenizer
+
+    assert frames.TIME_PRECISION == 0.02 == 1 / frames.ENCODER_POSITIONS_PER_SECOND
+    assert targets.TIME_PRECISION == tokenizer.TIME_PRECISION == decoding.TIME_PRECISION == 0.02

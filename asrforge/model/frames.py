@@ -5,7 +5,11 @@ from __future__ import annotations
 
 ENCODER_POSITIONS_PER_SECOND = 50
 """16 kHz audio at a hop of 160 samples makes 100 log-mel frames per second; the encoder's
-stride-2 convolution halves that. (A timestamp token, 0.02 s, is one position.)"""
+stride-2 convolution halves that."""
+
+TIME_PRECISION = 1 / ENCODER_POSITIONS_PER_SECOND
+"""Seconds per timestamp token step (0.02: Whisper's ``<|0.00|>``, ``<|0.02|>``, ...): one
+encoder position."""
 
 
 def window_seconds(model_config) -> float:
