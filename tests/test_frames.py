@@ -26,3 +26,28 @@ def test_an_exported_window_of_a_fraction_of_a_second_rounds_down_as_before():
     whisper = WhisperConfig(max_source_positions=175, num_mel_bins=80)
     assert window_seconds(whisper) == 3.5
     assert _feature_config(whisper).chunk_length == 3
+
+
+def test_a_timestamp_token_is_one_encoder_position_in_every_layer():
+    """model/ holds the step once; data/ (below model/ in the layers) keeps a copy that must
+    stay equal, or packed targets and decoded timestamps would disagree."""
+    from asrforge.data import targets
+    from asrforge.model import decoding, frames, tokenizer
+
+    assert frames.TIME_PRECISION == 0.02 == 1 / frames.ENCODER_POSITIONS_PER_SECOND
+    assert targets.TIME_PRECISION == tokenizer.TIME_PRECISION == decoding.TIME_PRECISION == 0.02
+
+
+def test_the_built_and_the_imported_front_ends_are_the_same(tmp_path):
+    """Model building and the CTranslate2 import make the feature extractor in one place; its
+    settings are transformers' for openai's Whisper (tiny.en's preprocessor_config.json)."""
+    from transformers import WhisperFeatureExtractor
+
+    from asrforge.model.build import feature_extractor
+
+    ours = feature_extractor(80, window_seconds(WhisperConfig(max_source_positions=1500)))
+    ours.save_pretrained(tmp_path)
+    again = WhisperFeatureExtractor.from_pretrained(tmp_path)
+    for name in ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft"):
+        assert getattr(again, name) == getattr(WhisperFeatureExtractor(), name), name
+    assert (again.padding_value, again.return_attention_mask) == (0.0, False)

@@ -56,8 +56,8 @@ from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig,
 from asrforge.errors import CheckpointError, UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
-from asrforge.model.build import HOP_LENGTH, SAMPLE_RATE, build_model, is_multilingual
-from asrforge.model.frames import window_seconds
+from asrforge.model.build import build_model, is_multilingual
+from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.model.vocab import ids_read_as_timestamps
 from asrforge.text.languages import find_language_code

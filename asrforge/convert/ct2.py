@@ -44,12 +44,13 @@ from safetensors.torch import save_file
 from transformers import (
     GenerationConfig,
     WhisperConfig,
-    WhisperFeatureExtractor,
     WhisperForConditionalGeneration,
 )
 
 from asrforge.errors import CheckpointNotSupportedError, UserError
 from asrforge.io.atomic import fsync_dir, fsync_file
+from asrforge.model.build import feature_extractor
+from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens
 
 # The layout below is checked against ctranslate2's writer (specs/model_spec.py, `_serialize`)
@@ -68,7 +69,6 @@ _EXPECTED_FLAGS = {
     "decoder/alibi": 0,
 }
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-SAMPLE_RATE = 16_000
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 
 
@@ -139,15 +139,7 @@ def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
         config.save_pretrained(tmp)
         _generation_config(config, ct2_config, ids).save_pretrained(tmp)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        WhisperFeatureExtractor(
-            feature_size=shape["num_mel_bins"],
-            sampling_rate=SAMPLE_RATE,
-            hop_length=160,
-            chunk_length=30,
-            n_fft=400,
-            padding_value=0.0,
-            return_attention_mask=False,
-        ).save_pretrained(tmp)
+        feature_extractor(shape["num_mel_bins"], window_seconds(config)).save_pretrained(tmp)
         _write_tokenizer_files(tmp, tokenizer_json, specials, shape["max_target_positions"])
         for path in tmp.iterdir():
             path.chmod(0o644)  # safetensors writes 0o600

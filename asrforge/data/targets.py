@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from asrforge.data.dataset import IGNORE
 
-TIME_PRECISION = 0.02  # seconds per timestamp token, Whisper's (= asrforge.model.tokenizer's)
+TIME_PRECISION = 0.02  # seconds per timestamp token: asrforge.model.frames' (data sits below model)
 
 
 @dataclass(frozen=True)

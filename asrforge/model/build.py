@@ -15,7 +15,7 @@ from transformers import logging as hf_logging
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
-from asrforge.model.frames import window_seconds
+from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
 from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (
     SpecialTokens,
@@ -27,8 +27,6 @@ from asrforge.model.vocab import VocabExtension, load_extended_tokenizer
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
-HOP_LENGTH = 160  # 100 feature frames per second; the encoder's stride-2 conv halves that
 
 
 @dataclass
@@ -151,14 +149,20 @@ def build_model(
                 top,
                 model.config.encoder_layers,
             )
-    features = WhisperFeatureExtractor(
+    features = feature_extractor(n_mels, chunk)
+    return BuiltModel(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def feature_extractor(n_mels: int, window_seconds: float) -> WhisperFeatureExtractor:
+    """Whisper's log-mel front end: ``n_mels`` channels, 25 ms frames every 10 ms of 16 kHz
+    audio, padded or cut to the encoder's window (whole seconds)."""
+    return WhisperFeatureExtractor(
         feature_size=n_mels,
         sampling_rate=SAMPLE_RATE,
         hop_length=HOP_LENGTH,
-        chunk_length=int(chunk),
+        chunk_length=int(window_seconds),
         n_fft=400,
     )
-    return BuiltModel(model=model, tokenizer=tokenizer, specials=specials, features=features)
 
 
 def _record_shape(cfg: ModelConfig, config: WhisperConfig) -> None:

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-TIME_PRECISION = 0.02
-"""Seconds per timestamp token step: Whisper's ``<|0.00|>``, ``<|0.02|>``, ..."""
+from asrforge.model.frames import TIME_PRECISION
 
 
 def suppressed_ids(model) -> tuple[list[int], list[int]]:

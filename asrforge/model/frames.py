@@ -3,9 +3,16 @@ window the encoder sees is."""
 
 from __future__ import annotations
 
+SAMPLE_RATE = 16_000
+"""Hz of the audio Whisper's feature extractor takes (``asrforge.data.audio`` decodes to it)."""
+HOP_LENGTH = 160
+"""Samples between log-mel frames: 100 frames per second."""
 ENCODER_POSITIONS_PER_SECOND = 50
-"""16 kHz audio at a hop of 160 samples makes 100 log-mel frames per second; the encoder's
-stride-2 convolution halves that. (A timestamp token, 0.02 s, is one position.)"""
+"""The encoder's stride-2 convolution halves the 100 log-mel frames per second."""
+
+TIME_PRECISION = 1 / ENCODER_POSITIONS_PER_SECOND
+"""Seconds per timestamp token step (0.02: Whisper's ``<|0.00|>``, ``<|0.02|>``, ...): one
+encoder position."""
 
 
 def window_seconds(model_config) -> float:

@@ -27,9 +27,9 @@ import torch
 
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import TIME_PRECISION, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.decoding import TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.fallback import Fallback, decode_with_fallback
-from asrforge.model.frames import window_seconds
+from asrforge.model.frames import TIME_PRECISION, window_seconds
 from asrforge.model.silence import segment
 
 CHUNKINGS = ("timestamps", "silence")

@@ -18,6 +18,7 @@ from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
+from asrforge.model.frames import TIME_PRECISION
 from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
 from asrforge.text.languages import find_language_code
 
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 EOT = "<|endoftext|>"
 SOT = "<|startoftranscript|>"
 TASKS = ("translate", "transcribe")
-TIME_PRECISION = 0.02  # seconds per timestamp token
 # Whisper's special tokens after <|endoftext|>, in Whisper's order (timestamp tokens, when a
 # run trains them, follow as plain added tokens).
 WHISPER_SPECIALS = [
