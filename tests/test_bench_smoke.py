@@ -118,3 +118,19 @@ def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
     assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
     assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
     assert "RESULT packing utterances/s asrforge=" in capsys.readouterr().out
+
+
+def test_bench_memory_measures_the_smallest_shape_against_the_formula(capsys):
+    import bench_memory
+
+    out = bench_memory.main(
+        ["--d-models", "384", "--enc-frames", "50", "--dec-tokens", "8", "--vocab", "500",
+         "--steps", "1"]
+    )  # fmt: skip
+    # one row per mode; the child's parameter count equals the formula's (checked inside)
+    assert [r["checkpointing"] for r in out["rows"]] == [False, True]
+    for row in out["rows"]:
+        assert row["measured"] > 0 and row["total"] > row["weights"] > 0
+    # checkpointing keeps fewer activations
+    assert out["rows"][1]["activations"] < out["rows"][0]["activations"]
+    assert "RESULT memory peak_model max_abs_error=" in capsys.readouterr().out
