@@ -575,6 +575,27 @@ class CheckpointConfig(Section):
     """Most bytes (in GB, 10^9) the run's ``checkpoints/`` may hold. Before each save, rotation
     deletes the oldest step checkpoints it may delete until the new one fits; a save that cannot
     fit even then is refused before anything is written. null: no limit."""
+    max_shard_size: int | str | None = "5GB"
+    """Weights (and EMA weights) larger than this are saved as safetensors shards with a
+    ``model.safetensors.index.json``, as transformers' ``save_pretrained(max_shard_size=...)``
+    writes them: a number of bytes or a size such as ``5GB``, ``500MB``, ``2GiB``. Averaging
+    and export then hold one shard in memory at a time. null: always one file."""
+
+    @field_validator("max_shard_size")
+    @classmethod
+    def _a_size(cls, v: int | str | None) -> int | str | None:
+        from asrforge.checkpoint.disk import parse_size
+
+        if v is not None:
+            parse_size(v)  # ValueError: pydantic names the field
+        return v
+
+    @property
+    def max_shard_bytes(self) -> int | None:
+        """``max_shard_size`` in bytes (None: never shard)."""
+        from asrforge.checkpoint.disk import parse_size
+
+        return None if self.max_shard_size is None else parse_size(self.max_shard_size)
 
     def unknown_metrics(self, produced: Collection[str]) -> list[str]:
         """One problem line per ``keep_best`` metric that evaluation never produces (a top-k

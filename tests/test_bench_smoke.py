@@ -132,3 +132,19 @@ def test_bench_lm_measures_three_decoders_per_language(tmp_path, capsys):
     }  # and beam5+lm* (the best weights with an LM) when tuning chose none
     assert all(r["cpu_s_per_utt"] > 0 for r in rows)
     assert "RESULT lm wer tones/en/greedy=" in capsys.readouterr().out
+
+
+def test_bench_memory_measures_the_smallest_shape_against_the_formula(capsys):
+    import bench_memory
+
+    out = bench_memory.main(
+        ["--d-models", "384", "--enc-frames", "50", "--dec-tokens", "8", "--vocab", "500",
+         "--steps", "1"]
+    )  # fmt: skip
+    # one row per mode; the child's parameter count equals the formula's (checked inside)
+    assert [r["checkpointing"] for r in out["rows"]] == [False, True]
+    for row in out["rows"]:
+        assert row["measured"] > 0 and row["total"] > row["weights"] > 0
+    # checkpointing keeps fewer activations
+    assert out["rows"][1]["activations"] < out["rows"][0]["activations"]
+    assert "RESULT memory peak_model max_abs_error=" in capsys.readouterr().out

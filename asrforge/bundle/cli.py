@@ -43,6 +43,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
     p.add_argument("--quantization", default=None, help="--format ct2: e.g. int8, float16")
     p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="weights larger than this are written as safetensors shards with an index, as "
+        "transformers' save_pretrained does (e.g. 2GB, 500MB; 0: one file; default 5GB)",
+    )
+    p.add_argument(
         "--adapter-only",
         action="store_true",
         help="a model.lora run: write its LoRA adapters alone (peft's adapter_model.safetensors "
@@ -229,6 +235,14 @@ def run_export(args: argparse.Namespace) -> int:
     from asrforge.bundle.export import export_bundle, resolve_source
 
     problems = [_positive("--k", args.k)]
+    shard_size = None if str(args.max_shard_size).strip() == "0" else args.max_shard_size
+    if shard_size is not None:
+        from asrforge.checkpoint.disk import parse_size
+
+        try:
+            parse_size(shard_size)
+        except ValueError as e:
+            problems.append(f"--max-shard-size: {e}")
     _kind, path = _attempt(lambda: resolve_source(args.source), problems) or (None, None)
     if out_problem := directory_problem(args.out):
         problems.append(f"--out {out_problem}")
@@ -256,6 +270,7 @@ def run_export(args: argparse.Namespace) -> int:
         average_metric=args.metric,
         ct2_quantization=args.quantization,
         lm=args.lm,
+        max_shard_size=shard_size,
     )
     info = json.loads((out / "inference_config.json").read_text())
     step = info["source"].get("step")

@@ -3,7 +3,9 @@
 ::
 
     bundle/
-      model.safetensors         the chosen weights, transformers names (tied proj_out recorded)
+      model.safetensors         the chosen weights, transformers names (tied proj_out recorded);
+                                past max_shard_size, transformers' shards and index instead
+                                (model-0000i-of-0000N.safetensors, model.safetensors.index.json)
       config.json               WhisperConfig             } what WhisperForConditionalGeneration
       generation_config.json    prompt tokens, languages  } .from_pretrained and transformers'
       preprocessor_config.json  WhisperFeatureExtractor   } ASR pipeline load unchanged
@@ -14,6 +16,10 @@
 
 The directory is built under a temporary name and renamed into place (complete or absent).
 ``fmt="ct2"`` converts the same contents with CTranslate2's own ``TransformersConverter``.
+
+Checkpoint weights are read lazily (:class:`~asrforge.checkpoint.shards.LazyWeights`): an export
+of raw, EMA or averaged weights holds one shard of them in memory at a time. LoRA checkpoints,
+whose adapters are merged into the base weights, are read whole.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,8 +57,15 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
+from asrforge.checkpoint.disk import parse_size
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
-from asrforge.checkpoint.training import EMA_FILE, load_weights, save_weights, weights_aliases
+from asrforge.checkpoint.shards import LazyWeights, has_weights
+from asrforge.checkpoint.training import (
+    EMA_FILE,
+    EMA_STEM,
+    MODEL_STEM,
+    save_weights_sharded,
+)
 from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
 from asrforge.errors import CheckpointError, UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
@@ -71,8 +85,9 @@ Weights = Literal["ema", "raw", "average"]
 class BundleContents:
     """Everything a bundle holds, in memory."""
 
-    state: dict[str, torch.Tensor]
-    """Weights in transformers names; tied names share one tensor."""
+    state: Mapping[str, torch.Tensor]
+    """Weights in transformers names; tied names share one tensor. A checkpoint's are
+    :class:`~asrforge.checkpoint.shards.LazyWeights`, read from disk a tensor at a time."""
     config: WhisperConfig
     generation: GenerationConfig
     tokenizer: WhisperTokenizer
@@ -99,6 +114,7 @@ def export_bundle(
     stats_utterances: int = 16,
     ct2_quantization: str | None = None,
     lm: str | Path | None = None,
+    max_shard_size: int | str | None = "5GB",
 ) -> Path:
     """Write an inference bundle.
 
@@ -114,6 +130,8 @@ def export_bundle(
         stats_utterances: training utterances whose log-mel statistics are recorded (0: none).
         ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as is.
         lm: an ARPA file from ``asrforge lm build`` to carry for beam search (``lm.arpa``).
+        max_shard_size: weights larger than this are written as transformers' shards and index
+            (bytes, or ``"5GB"``, ``"500MB"``, ...); None: one file.
 
     Returns:
         ``out``.
@@ -125,6 +143,10 @@ def export_bundle(
     source, out = Path(source), Path(out)
     if fmt not in ("hf", "ct2"):
         raise UserError(f"format: must be hf or ct2, got {fmt!r}")
+    try:
+        shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
+    except ValueError as e:
+        raise UserError(f"max_shard_size: {e}") from None
     _check_out(out, source)
     converter = _ct2_converter() if fmt == "ct2" else None
     kind, path = resolve_source(source)
@@ -147,8 +169,8 @@ def export_bundle(
     log.info("exporting %s", contents.note)
     _check_timestamp_reading(contents.tokenizer, fmt)
     if converter is not None:
-        return _write_ct2(contents, out, converter, ct2_quantization)
-    return write_bundle(contents, out)
+        return _write_ct2(contents, out, converter, ct2_quantization, shard_bytes)
+    return write_bundle(contents, out, max_shard_bytes=shard_bytes)
 
 
 def with_lm(contents: BundleContents, path: Path) -> BundleContents:
@@ -204,13 +226,16 @@ def export_adapter(source: str | Path, out: str | Path, weights: Weights | None 
     manifest = verify(ckpt) if kind == "checkpoint" else {}
     if lora.BASE_KEY not in manifest:
         raise UserError(f"{source}: --adapter-only needs a checkpoint of a run with model.lora")
-    chosen = weights or ("ema" if EMA_FILE in manifest["files"] else "raw")
+    has_ema = has_weights(manifest["files"], EMA_STEM)
+    chosen = weights or ("ema" if has_ema else "raw")
     if chosen not in ("ema", "raw"):
         raise UserError(f"--adapter-only: --weights must be ema or raw, got {chosen!r}")
-    if chosen == "ema" and EMA_FILE not in manifest["files"]:
+    if chosen == "ema" and not has_ema:
         raise UserError(f"{ckpt}: has no EMA weights (train.ema_decay was off); use --weights raw")
     cfg = _read_train_config(ckpt / "config.yaml")
-    adapters = _with_ema(ckpt) if chosen == "ema" else load_weights(ckpt / MODEL_FILE)
+    adapters = (
+        _with_ema(ckpt) if chosen == "ema" else LazyWeights.open(ckpt, MODEL_STEM)
+    ).materialize()
     base = str(cfg.model.pretrained) if cfg.model.pretrained is not None else None
     with atomic_directory(out) as tmp:
         lora.write_adapter(tmp, adapters, cfg.model.lora, base)
@@ -245,10 +270,8 @@ def bundle_from_checkpoint(
 
 
 def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bundle:
-    model = check_tensors(
-        {k: tuple(v.shape) for k, v in contents.state.items()}, contents.config, "weights"
-    )
-    model.load_state_dict(contents.state, strict=False, assign=True)
+    model = check_tensors(_shapes(contents.state), contents.config, "weights")
+    model.load_state_dict(_in_memory(contents.state), strict=False, assign=True)
     model.tie_weights()
     model.generation_config = contents.generation
     return Bundle(model, contents.tokenizer, contents.inference, device=device)
@@ -273,7 +296,7 @@ def resolve_source(source: Path) -> tuple[str, Path]:
         raise UserError(f"{source}: no such directory")
     if (source / INFERENCE_CONFIG).is_file():
         raise UserError(f"{source}: already an inference bundle")
-    if (source / MANIFEST_NAME).is_file() and (source / MODEL_FILE).is_file():
+    if (source / MANIFEST_NAME).is_file() and has_weights(source, MODEL_STEM):
         return "checkpoint", source
     root = source / "checkpoints"
     if root.is_dir():
@@ -324,7 +347,7 @@ def checkpoint_contents(
     multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual, cfg.data.language_tokens)
 
-    has_ema = EMA_FILE in files
+    has_ema = has_weights(files, EMA_STEM)
     chosen = weights or ("ema" if has_ema else "raw")
     source: dict[str, Any] = {"checkpoint": str(ckpt), "step": manifest.get("step")}
     source["metrics"] = manifest.get("metrics") or {}
@@ -335,7 +358,7 @@ def checkpoint_contents(
             )
         state = _with_ema(ckpt)
     elif chosen == "raw":
-        state = load_weights(ckpt / MODEL_FILE)
+        state = LazyWeights.open(ckpt, MODEL_STEM)
     elif chosen == "average":
         state, averaged = _average(ckpt, average_k, average_metric)
         source.update(averaged)
@@ -347,7 +370,7 @@ def checkpoint_contents(
                 f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
                 "updates: use --weights raw or ema"
             )
-        state = lora.merged_state(cfg, tokenizer, state, manifest[lora.BASE_KEY], ckpt)
+        state = lora.merged_state(cfg, tokenizer, _in_memory(state), manifest[lora.BASE_KEY], ckpt)
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
     languages, stats = None, None
@@ -451,29 +474,38 @@ def _multilingual(cfg: ModelConfig, vocab_size: int, recorded: bool | None = Non
     return vocab_size >= 51865  # transformers' rule, for checkpoints that did not record it
 
 
-def _with_ema(ckpt: Path) -> dict[str, torch.Tensor]:
-    """Raw weights with the EMA tensors put over them (EMA keeps trainable parameters only:
-    frozen ones and buffers come from the raw weights); tied aliases re-pointed."""
-    state = load_weights(ckpt / MODEL_FILE)
-    ema = load_weights(ckpt / EMA_FILE)
-    unknown = sorted(set(ema) - set(state))
-    if unknown:
-        raise CheckpointError(f"{ckpt / EMA_FILE}: tensors the model lacks: {unknown[:3]}")
-    for name, t in ema.items():
-        state[name] = t.to(state[name].dtype)
-    for alias, kept in weights_aliases(ckpt / MODEL_FILE).items():
-        state[alias] = state[kept]
-    return state
+def _with_ema(ckpt: Path) -> LazyWeights:
+    """Raw weights with the EMA tensors put over them, cast to the raw dtypes (EMA keeps
+    trainable parameters only: frozen ones and buffers come from the raw weights); tied aliases
+    are the raw weights' (an EMA alias of a kept name reads the kept name's EMA tensor)."""
+    raw, ema = LazyWeights.open(ckpt, MODEL_STEM), LazyWeights.open(ckpt, EMA_STEM)
+    try:
+        return raw.overlaid(ema)
+    except CheckpointError as e:
+        raise CheckpointError(f"{ckpt / EMA_FILE}: {e}") from None
 
 
-def _average(ckpt: Path, k: int, metric: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _in_memory(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` as a dict of tensors (a lazy one read whole; ties kept as one object)."""
+    return state.materialize() if isinstance(state, LazyWeights) else dict(state)
+
+
+def _shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape, without reading a lazy state's tensors."""
+    if isinstance(state, LazyWeights):
+        return state.shapes()
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def _average(ckpt: Path, k: int, metric: str) -> tuple[LazyWeights, dict[str, Any]]:
     from asrforge.checkpoint.average import average_top_k
 
     root = ckpt.parent
-    with tempfile.TemporaryDirectory(prefix=".asrforge-average-") as tmp:
-        out = average_top_k(root, metric, k, Path(tmp) / "avg")
-        manifest = read_manifest(out)
-        state = load_weights(out / MODEL_FILE)
+    # Read lazily: the directory lives as long as the weights do (removed when they are freed)
+    tmp = tempfile.TemporaryDirectory(prefix=".asrforge-average-")
+    out = average_top_k(root, metric, k, Path(tmp.name) / "avg")
+    manifest = read_manifest(out)
+    state = LazyWeights.open(out, MODEL_STEM, keepalive=tmp)
     facts = {
         "averaged_steps": manifest.get("steps"),
         "average_metric": metric,
@@ -533,11 +565,12 @@ def _whisper_config(
             "not record the model's shape (written by an older asrforge): the attention heads "
             "cannot be read from the weights. Restore that directory to export this checkpoint"
         )
-    config.vocab_size = int(state["model.decoder.embed_tokens.weight"].shape[0])
+    shapes = _shapes(state)
+    config.vocab_size = int(shapes["model.decoder.embed_tokens.weight"][0])
     config.use_cache = True
     config.architectures = ["WhisperForConditionalGeneration"]
     if pretrained is not None and not (pretrained / "config.json").is_file():
-        check_tensors({k: tuple(v.shape) for k, v in state.items()}, config, str(ckpt))
+        check_tensors(shapes, config, str(ckpt))
     return config, base_gen
 
 
@@ -675,8 +708,10 @@ def _check_timestamp_reading(tokenizer, fmt: str) -> None:
 # Writing
 
 
-def _write_hf_files(contents: BundleContents, directory: Path) -> None:
-    save_weights(directory / MODEL_FILE, contents.state)
+def _write_hf_files(
+    contents: BundleContents, directory: Path, max_shard_bytes: int | None = None
+) -> None:
+    save_weights_sharded(directory, MODEL_STEM, contents.state, max_shard_bytes=max_shard_bytes)
     contents.config.save_pretrained(str(directory))
     contents.generation.save_pretrained(str(directory))
     # transformers ignores this cleanup for BPE tokenizers and warns on every decode when set
@@ -712,10 +747,13 @@ def update_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, A
     return body
 
 
-def write_bundle(contents: BundleContents, out: Path) -> Path:
-    """Write ``contents`` as a transformers-format bundle at ``out``, atomically."""
+def write_bundle(
+    contents: BundleContents, out: Path, *, max_shard_bytes: int | None = 5 * 10**9
+) -> Path:
+    """Write ``contents`` as a transformers-format bundle at ``out``, atomically; weights past
+    ``max_shard_bytes`` sharded."""
     with atomic_directory(out) as tmp:
-        _write_hf_files(contents, tmp)
+        _write_hf_files(contents, tmp, max_shard_bytes)
         _write_inference_config(contents, tmp, "hf")
         _copy_lm(contents, tmp)
         for p in tmp.iterdir():
@@ -737,11 +775,15 @@ def _ct2_converter() -> type:
 
 
 def _write_ct2(
-    contents: BundleContents, out: Path, converter: type, quantization: str | None
+    contents: BundleContents,
+    out: Path,
+    converter: type,
+    quantization: str | None,
+    max_shard_bytes: int | None = None,
 ) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".asrforge-hf-", dir=out.parent) as hf_dir:
-        _write_hf_files(contents, Path(hf_dir))
+        _write_hf_files(contents, Path(hf_dir), max_shard_bytes)
         with atomic_directory(out) as tmp:
             copy = [
                 f

@@ -37,6 +37,7 @@ from asrforge.bundle.schema import (
     parse_inference_config,
 )
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
+from asrforge.checkpoint.shards import index_name, weight_files
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.model.fallback import Fallback
@@ -155,6 +156,20 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[int, ...]], dic
     return shapes, aliases
 
 
+def bundle_weight_files(path: Path) -> list[str]:
+    """The bundle's weights files: ``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` names (transformers' layout).
+
+    Raises:
+        CheckpointCorruptError: neither is there, or the index is damaged.
+    """
+    if (Path(path) / MODEL_FILE).is_file():
+        return [MODEL_FILE]
+    if not (Path(path) / index_name("model")).is_file():
+        raise CheckpointCorruptError(f"{path / MODEL_FILE}: missing")
+    return weight_files(path, "model")
+
+
 def check_tensors(
     shapes: dict[str, tuple[int, ...]], config: WhisperConfig, where: str
 ) -> WhisperForConditionalGeneration:
@@ -234,9 +249,16 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
             f"{path}: config files disagree: " + "; ".join(mismatched)
         )
     config._attn_implementation = icfg.model.attn_implementation  # noqa: SLF001
-    shapes, aliases = read_safetensors_header(path / MODEL_FILE)
-    model = check_tensors(shapes, config, str(path / MODEL_FILE))
-    state = load_file(str(path / MODEL_FILE))
+    files = bundle_weight_files(path)
+    shapes, aliases = {}, {}
+    for fname in files:
+        file_shapes, file_aliases = read_safetensors_header(path / fname)
+        shapes.update(file_shapes)
+        aliases.update(file_aliases)
+    model = check_tensors(shapes, config, str(path / files[0]) if len(files) == 1 else where)
+    state = {}
+    for fname in files:  # shard by shard: one file's buffer at a time besides the model's
+        state.update(load_file(str(path / fname)))
     for alias, kept in aliases.items():
         state[alias] = state[kept]
     model.load_state_dict(state, strict=False, assign=True)

@@ -4,10 +4,12 @@ Floating tensors are averaged in float64 and cast back; integer tensors (counter
 BatchNorm's ``num_batches_tracked``) are summed, as ESPnet does; bool tensors are taken from the
 first (best) checkpoint. The work is streamed: tensor by tensor, and a large tensor in blocks of
 rows, over all inputs at once, read with ``pread`` (a memory map would keep every touched page of
-k files resident). Memory holds the output (one checkpoint's worth), a float64 accumulator block
-of at most 16 MiB and one input block; never several checkpoints. The result is a directory
-with the averaged weights, the best input's non-training files (``config.yaml``, ``tokenizer/``,
-...) and its own manifest.
+k files resident). Sharded weights (:mod:`asrforge.checkpoint.shards`) are averaged shard by
+shard, the output laid out as the best input is: memory holds one output shard (one file's
+worth when unsharded), a float64 accumulator block of at most 16 MiB and one input block; never
+a whole checkpoint of a sharded model, never several. The result is a directory with the
+averaged weights, the best input's non-training files (``config.yaml``, ``tokenizer/``, ...)
+and its own manifest.
 
 CLI: ``asrforge average RUN_DIR --metric wer --k 5 [--mode min] [--out DIR]``.
 """
@@ -16,23 +18,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
+from asrforge.checkpoint.shards import (
+    TensorReader,
+    has_weights,
+    is_weights_file,
+    read_header,
+    read_metadata,
+    weight_files,
+    weight_map,
+    write_shards,
+)
 from asrforge.checkpoint.training import (
+    EMA_STEM,
     MODEL_FILE,
+    MODEL_STEM,
     TRAINING_ONLY_FILES,
-    save_weights,
     weights_aliases,
 )
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
@@ -44,112 +54,44 @@ _HIGHER_IS_BETTER = ("acc", "bleu", "f1", "precision", "recall")
 
 
 _BLOCK_BYTES = 16 << 20  # float64 accumulator block
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "C64": torch.complex64,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+_RowReader = TensorReader  # the reader of one input file (tests spy on its reads)
 
 
-class _RowReader:
-    """Reads blocks of rows of the tensors of one safetensors file with ``pread``.
-
-    The header was validated by ``safe_open`` (:func:`check_same_parameters`) first; this only
-    locates bytes. Safetensors data is little-endian, like every host torch ships for.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
-        n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
-        self.header = json.loads(os.pread(self.fd, n, 8))
-        self.header.pop("__metadata__", None)
-        self.base = 8 + n
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def shape(self, name: str) -> list[int]:
-        return self.header[name]["shape"]
-
-    def dtype(self, name: str) -> torch.dtype:
-        code = self.header[name]["dtype"]
-        if code not in _DTYPES:
-            raise CheckpointNotSupportedError(
-                f"{self.path}: {name!r} has dtype {code}, not averaged"
-            )
-        return _DTYPES[code]
-
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """``tensor[start:stop]`` (the whole tensor for a 0-d one)."""
-        info = self.header[name]
-        dtype, shape = _DTYPES[info["dtype"]], info["shape"]
-        begin, end = info["data_offsets"]
-        if not shape:
-            start, stop, shape = 0, 1, [1]
-        row = (end - begin) // shape[0] if shape[0] else 0
-        buf = torch.empty((stop - start) * row, dtype=torch.uint8)
-        view, offset = memoryview(buf.numpy()), self.base + begin + start * row
-        while view:
-            got = os.preadv(self.fd, [view], offset)
-            if got <= 0:
-                raise CheckpointError(f"{self.path}: ends inside tensor {name!r}")
-            view, offset = view[got:], offset + got
-        return buf.view(dtype).reshape(stop - start, *shape[1:])
-
-
-@contextlib.contextmanager
-def _open_weights(path: Path) -> Iterator[_RowReader]:
-    reader = _RowReader(path)
-    try:
-        yield reader
-    finally:
-        reader.close()
-
-
-def _header(f: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
-    out = {}
-    for name in f.keys():
-        sl = f.get_slice(name)
-        out[name] = (sl.get_dtype(), tuple(sl.get_shape()))
+def weights_header(directory: Path, stem: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype code, shape)}`` of ``stem``'s weights in ``directory`` (every shard's
+    header, validated by the library), in file order and by name within a file."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for fname in weight_files(directory, stem):
+        header = read_header(directory / fname)
+        for name in sorted(header):
+            out[name] = (header[name]["dtype"], tuple(header[name]["shape"]))
     return out
 
 
-def check_same_parameters(files: list[Path]) -> list[str]:
-    """Check that the safetensors ``files`` hold the same names, shapes and dtypes (headers only).
+def check_same_parameters(headers: list[dict[str, Any]], where: list[Path]) -> list[str]:
+    """Check that the inputs' :func:`weights_header` hold the same names, shapes and dtypes.
 
     Returns:
-        The tensor names, in the first file's order.
+        The tensor names, in the first input's order.
 
     Raises:
-        CheckpointNotSupportedError: naming the first mismatch and the two files.
+        CheckpointNotSupportedError: naming the first mismatch and the two inputs.
     """
-    with safe_open(str(files[0]), framework="pt") as f:
-        ref = _header(f)
-    for other in files[1:]:
-        with safe_open(str(other), framework="pt") as f:
-            got = _header(f)
+    ref = headers[0]
+    for other, got in zip(where[1:], headers[1:], strict=True):
         missing = [n for n in ref if n not in got]
         extra = [n for n in got if n not in ref]
         if missing or extra:
             what = f"lacks {missing[0]!r}" if missing else f"has an extra tensor {extra[0]!r}"
             raise CheckpointNotSupportedError(
-                f"cannot average: {other} {what} compared to {files[0]} "
+                f"cannot average: {other} {what} compared to {where[0]} "
                 f"({len(missing)} missing, {len(extra)} extra)"
             )
         for name, (dtype, shape) in ref.items():
             if got[name] != (dtype, shape):
                 raise CheckpointNotSupportedError(
                     f"cannot average: {name!r} is {got[name][0]}{list(got[name][1])} in {other} "
-                    f"but {dtype}{list(shape)} in {files[0]}"
+                    f"but {dtype}{list(shape)} in {where[0]}"
                 )
     return list(ref)
 
@@ -181,36 +123,45 @@ def average_checkpoints(
     paths = [Path(p) for p in paths]
     if not paths:
         raise UserError("average_checkpoints: no checkpoints given")
+    stem = weights_file.removesuffix(".safetensors")
     for p in paths:
         verify(p)
-        if not (p / weights_file).is_file():
+        if not has_weights(p, stem):
             raise CheckpointError(f"{p}: has no {weights_file} to average")
         weights_aliases(p / weights_file)  # raises, naming a file that is not safetensors
-    files = [p / weights_file for p in paths]
-    names = check_same_parameters(files)
+    headers = [weights_header(p, stem) for p in paths]
+    names = check_same_parameters(headers, [p / weights_file for p in paths])
+    maps = [weight_map(p, stem) for p in paths]
+    # The output is laid out as the best input is: the same shards, the same names in each.
+    best_files = weight_files(paths[0], stem)
+    plan = [[n for n in names if maps[0][n] == f] for f in best_files]
+    metadata = read_metadata(paths[0] / best_files[0])
     k = len(paths)
-    with safe_open(str(files[0]), framework="pt") as f:
-        metadata = f.metadata() or {}
-    averaged: dict[str, torch.Tensor] = {}
     with contextlib.ExitStack() as stack:
-        readers = [stack.enter_context(_open_weights(f)) for f in files]
-        for name in names:
-            averaged[name] = _average_one(readers, name)
-    with atomic_directory(Path(out)) as tmp:
-        save_weights(tmp / weights_file, averaged, metadata)
-        del averaged
-        skip = {weights_file, MODEL_FILE, MANIFEST_NAME, *TRAINING_ONLY_FILES}
-        for rel in sorted(read_manifest(paths[0])["files"]):
-            if rel in skip:
-                continue
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(paths[0] / rel, dst)
-            except OSError:
-                shutil.copy2(paths[0] / rel, dst)
-        info = {"kind": "average", "averaged_from": [str(p) for p in paths], "k": k}
-        write_manifest(tmp, {**info, **(meta or {}), "weights_file": weights_file})
+        readers = [
+            {f: stack.enter_context(_RowReader(p / f)) for f in sorted(set(m.values()))}
+            for p, m in zip(paths, maps, strict=True)
+        ]
+
+        def averaged(name: str) -> torch.Tensor:
+            return _average_one([r[m[name]] for r, m in zip(readers, maps, strict=True)], name)
+
+        with atomic_directory(Path(out)) as tmp:
+            # One output shard in memory at a time, each tensor computed as its shard is written
+            digests = write_shards(tmp, stem, plan, averaged, metadata)
+            skip = {MANIFEST_NAME, *TRAINING_ONLY_FILES}
+            for rel in sorted(read_manifest(paths[0])["files"]):
+                if rel in skip or any(is_weights_file(rel, s) for s in (MODEL_STEM, EMA_STEM)):
+                    continue
+                dst = tmp / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(paths[0] / rel, dst)
+                except OSError:
+                    shutil.copy2(paths[0] / rel, dst)
+            info = {"kind": "average", "averaged_from": [str(p) for p in paths], "k": k}
+            meta = {**info, **(meta or {}), "weights_file": weights_file}
+            write_manifest(tmp, meta, known=digests)
     return Path(out)
 
 

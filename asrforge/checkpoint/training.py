@@ -3,8 +3,10 @@
 ::
 
     step-000200/
-      model.safetensors    weights (tied aliases dropped, recorded in the header; see below)
-      ema.safetensors      EMA weights, when EMA is on
+      model.safetensors    weights (tied aliases dropped, recorded in the header; see below);
+                           past ``max_shard_size``: model-0000i-of-0000N.safetensors shards and
+                           model.safetensors.index.json (:mod:`asrforge.checkpoint.shards`)
+      ema.safetensors      EMA weights, when EMA is on (sharded the same way)
       optimizer.pt         optimizer.state_dict()         } torch.save; loaded with
       scheduler.pt         lr_scheduler.state_dict()      } weights_only=True, so only
       scaler.pt            GradScaler state, when used    } tensors, numbers, strings, lists,
@@ -39,10 +41,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from asrforge.checkpoint.manifest import PRUNED_KEY, sha256_file, verify, write_manifest
+from asrforge.checkpoint.shards import (
+    LazyWeights,
+    has_weights,
+    index_name,
+    plan_shards,
+    read_aliases,
+    single_name,
+    write_shards,
+)
 from asrforge.checkpoint.streaming import (
     FileDigest,
     can_stream,
@@ -54,8 +65,9 @@ from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointS
 from asrforge.io.atomic import atomic_directory, fsync_tree
 
 ALIASES_KEY = "asrforge_aliases"
-MODEL_FILE = "model.safetensors"
-EMA_FILE = "ema.safetensors"
+MODEL_STEM, EMA_STEM = "model", "ema"
+MODEL_FILE = single_name(MODEL_STEM)
+EMA_FILE = single_name(EMA_STEM)
 TORCH_FILES = ("optimizer", "scheduler", "scaler", "rng")
 TRAINING_ONLY_FILES = (
     EMA_FILE,
@@ -107,6 +119,34 @@ def save_weights_hashed(
         save_weights(path, state, metadata)
         return FileDigest(sha256_file(path), Path(path).stat().st_size)
     return write_safetensors(path, tensors, meta)
+
+
+def save_weights_sharded(
+    directory: Path,
+    stem: str,
+    state: Mapping[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+    max_shard_bytes: int | None = None,
+) -> dict[str, FileDigest]:
+    """Write ``stem``'s weights into ``directory``: ``<stem>.safetensors``, or shards and an
+    index past ``max_shard_bytes`` (:mod:`asrforge.checkpoint.shards`), each file hashed and
+    fsynced as it is written. One shard's tensors are in memory at a time when ``state`` is a
+    :class:`~asrforge.checkpoint.shards.LazyWeights` (read from disk).
+
+    Returns:
+        ``{file name: digest}``.
+    """
+    directory = Path(directory)
+    if isinstance(state, LazyWeights):
+        names = state.stored()
+        sizes = {name: state.nbytes(name) for name in names}
+        aliases, get = state.aliases, state.__getitem__
+    else:
+        tensors, aliases = _distinct_tensors(directory / single_name(stem), state)
+        sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
+        get = tensors.__getitem__
+    plan = plan_shards(sizes, max_shard_bytes)
+    return write_shards(directory, stem, plan, get, _weights_metadata(aliases, metadata))
 
 
 def _weights_metadata(aliases: dict[str, str], metadata: dict[str, str] | None) -> dict[str, str]:
@@ -181,13 +221,30 @@ def _umask(directory: Path) -> int:
         os.unlink(probe)
 
 
+def _sharded_stem(path: Path) -> str | None:
+    """``model`` for ``dir/model.safetensors`` when the directory holds that stem sharded."""
+    path = Path(path)
+    stem = path.name.removesuffix(".safetensors")
+    if path.name.endswith(".safetensors") and not path.exists():
+        if (path.parent / index_name(stem)).is_file():
+            return stem
+    return None
+
+
 def load_weights(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Read a safetensors file written by :func:`save_weights`, re-creating tied aliases.
+
+    ``dir/model.safetensors`` of a directory that holds the model sharded (only
+    ``model.safetensors.index.json`` and its shards) reads every shard.
 
     Raises:
         CheckpointCorruptError: the file is not safetensors (named), or its alias record is
             damaged.
     """
+    stem = _sharded_stem(path)
+    if stem is not None:
+        state = LazyWeights.open(Path(path).parent, stem).materialize()
+        return {k: v.to(device) for k, v in state.items()} if str(device) != "cpu" else state
     try:
         state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError) as e:
@@ -205,15 +262,10 @@ def weights_aliases(path: Path) -> dict[str, str]:
     Raises:
         CheckpointCorruptError: the file is not safetensors, or the record is damaged.
     """
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointCorruptError(f"{path}: not a readable safetensors file: {e}") from None
-    if not isinstance(aliases, dict):
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata")
-    return aliases
+    stem = _sharded_stem(path)
+    if stem is not None:
+        return LazyWeights.open(Path(path).parent, stem).aliases
+    return read_aliases(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,12 +352,13 @@ def write_training_files(
     callbacks: dict[str, dict] | None = None,
     config_yaml: str,
     tokenizer_save: Callable[[Path], None] | None = None,
+    max_shard_bytes: int | None = None,
 ) -> dict[str, FileDigest]:
     """Write the files of a training checkpoint into an existing (temporary) ``directory``.
 
     No manifest, no atomicity: :func:`save_training_checkpoint` adds both. Each file is
     hashed and fsynced as it is written; returns ``{file name: digest}`` (the tokenizer's files,
-    written by the tokenizer, are not in it).
+    written by the tokenizer, are not in it). Weights past ``max_shard_bytes`` are sharded.
 
     Raises:
         CheckpointSaveError: a value cannot be saved safely, or a library reported a write error.
@@ -325,28 +378,39 @@ def write_training_files(
 
     # Independent files, written at once: hashing and os.write release the GIL, so the big
     # ones (weights, EMA, optimizer state) overlap on the CPU and the disk.
-    jobs: dict[str, Callable[[], FileDigest]] = {}
-    for fname, state in ((MODEL_FILE, model), (EMA_FILE, ema)):
+    # Each job returns {file name: digest}: the weights may be several files (shards).
+    jobs: dict[str, Callable[[], dict[str, FileDigest]]] = {}
+    for stem, state in ((MODEL_STEM, model), (EMA_STEM, ema)):
         if state is not None:
-            jobs[fname] = functools.partial(save_weights_hashed, directory / fname, state)
+            jobs[single_name(stem)] = functools.partial(
+                save_weights_sharded, directory, stem, state, max_shard_bytes=max_shard_bytes
+            )
     for name, obj in torch_objs.items():
         if obj is not None:
-            jobs[f"{name}.pt"] = functools.partial(torch_save, obj, directory / f"{name}.pt")
+            path = directory / f"{name}.pt"
+            jobs[path.name] = _one_file(path, functools.partial(torch_save, obj, path))
     texts = {**json_texts, "config.yaml": config_yaml}
     for fname, text in texts.items():
-        jobs[fname] = functools.partial(write_text, directory / fname, text)
+        jobs[fname] = _one_file(
+            directory / fname, functools.partial(write_text, directory / fname, text)
+        )
     with ThreadPoolExecutor(max_workers=min(4, len(jobs))) as pool:
         futures = {fname: pool.submit(job) for fname, job in jobs.items()}
         digests = {}
         for fname, future in futures.items():
             try:
-                digests[fname] = future.result()
+                digests.update(future.result())
             except SafetensorError as e:
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
         (directory / "tokenizer").mkdir()
         tokenizer_save(directory / "tokenizer")
     return digests
+
+
+def _one_file(path: Path, write: Callable[[], FileDigest]) -> Callable[[], dict[str, FileDigest]]:
+    """A writer job of one file, returning ``{its name: digest}`` like the weights' jobs."""
+    return lambda: {path.name: write()}
 
 
 def save_training_checkpoint(
@@ -363,6 +427,7 @@ def save_training_checkpoint(
     config_yaml: str,
     tokenizer_save: Callable[[Path], None] | None = None,
     meta: dict[str, Any] | None = None,
+    max_shard_bytes: int | None = None,
 ) -> Path:
     """Write a complete training checkpoint directory at ``path``, atomically.
 
@@ -379,6 +444,8 @@ def save_training_checkpoint(
         config_yaml: the resolved config as YAML text.
         tokenizer_save: called with ``path/tokenizer`` (an existing empty directory).
         meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
+        max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
+            an index, as transformers does; None: one file each.
 
     Returns:
         ``path``.
@@ -401,6 +468,7 @@ def save_training_checkpoint(
             callbacks=callbacks,
             config_yaml=config_yaml,
             tokenizer_save=tokenizer_save,
+            max_shard_bytes=max_shard_bytes,
         )
         if (tmp / "tokenizer").is_dir():
             fsync_tree(tmp / "tokenizer")
@@ -459,7 +527,9 @@ def load_training_checkpoint(
             "(checkpoint.after_run: best): it can be exported, not resumed. Set "
             "checkpoint.after_run: all for runs you may want to extend"
         )
-    for required in (MODEL_FILE, "optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
+    if not has_weights(files, MODEL_STEM):
+        raise CheckpointCorruptError(f"{path}: not a training checkpoint ({MODEL_FILE} missing)")
+    for required in ("optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
         if required not in files:
             raise CheckpointCorruptError(f"{path}: not a training checkpoint ({required} missing)")
 
@@ -479,7 +549,7 @@ def load_training_checkpoint(
             raise CheckpointCorruptError(f"{path / name}: not valid JSON ({e})") from None
 
     def weights(name: str) -> dict[str, torch.Tensor] | None:
-        if name not in files:
+        if not has_weights(files, name.removesuffix(".safetensors")):
             return None
         try:
             return load_weights(path / name, device=map_location)

@@ -325,7 +325,7 @@ class RunSetup:
                 scaler=scaler.state_dict() if scaler is not None else None,
                 rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
                 config_yaml=self.cfg.to_yaml(), tokenizer_save=lambda d: tok.save_pretrained(str(d)),
-                meta=meta,
+                meta=meta, max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
             ),
             metrics=_scalars(metrics) if metrics else None,
             is_best=is_best,
