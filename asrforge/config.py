@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,6 +37,34 @@ class ConfigError(UserError, ValueError):
         self.source = source
         head = f"invalid config {source}" if source else "invalid config"
         super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes of a size as transformers' ``max_shard_size`` takes it: an int (bytes) or a number
+    and a unit, ``"5GB"`` (10^9), ``"500MiB"`` (2^20), ``"1.5GB"``, ``"4096"``.
+
+    Raises:
+        ValueError: not a positive size (the message shows the accepted forms).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size such as 5GB, 500MB or a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    else:
+        found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(value))
+        if found is None or found.group(2).upper() not in _UNITS:
+            raise ValueError(
+                f"expected a size such as 5GB, 500MB, 2GiB or a number of bytes, got {value!r}"
+            )
+        number, unit = float(found.group(1)), found.group(2).upper()
+    size = int(number * _UNITS[unit])
+    if size < 1:
+        raise ValueError(f"must be at least 1 byte, got {value!r}")
+    return size
 
 
 class Section(BaseModel):
@@ -584,8 +613,6 @@ class CheckpointConfig(Section):
     @field_validator("max_shard_size")
     @classmethod
     def _a_size(cls, v: int | str | None) -> int | str | None:
-        from asrforge.checkpoint.disk import parse_size
-
         if v is not None:
             parse_size(v)  # ValueError: pydantic names the field
         return v
@@ -593,8 +620,6 @@ class CheckpointConfig(Section):
     @property
     def max_shard_bytes(self) -> int | None:
         """``max_shard_size`` in bytes (None: never shard)."""
-        from asrforge.checkpoint.disk import parse_size
-
         return None if self.max_shard_size is None else parse_size(self.max_shard_size)
 
     def unknown_metrics(self, produced: Collection[str]) -> list[str]:

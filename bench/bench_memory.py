@@ -168,10 +168,10 @@ def peak_bytes(terms: dict[str, float], tied_gradient: float, step_temporaries: 
 def child(shape: Shape, checkpointing: bool, steps: int, idle: bool) -> None:
     """Train ``shape`` for ``steps`` steps (or only import, when ``idle``); print the counts."""
     import torch
-    from asrforge.train.evaluate import token_loss
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     from asrforge.config import OptimConfig
+    from asrforge.evaluation.evaluate import token_loss
     from asrforge.train.optim import build_optimizer
 
     torch.set_num_threads(1)

@@ -13,7 +13,6 @@ import torch
 
 from asrforge.checkpoint import average
 from asrforge.checkpoint.average import average_checkpoints
-from asrforge.checkpoint.disk import parse_size
 from asrforge.checkpoint.manifest import sha256_file, verify, write_manifest
 from asrforge.checkpoint.shards import LazyWeights, plan_shards
 from asrforge.checkpoint.training import (
@@ -23,6 +22,7 @@ from asrforge.checkpoint.training import (
     save_training_checkpoint,
     save_weights_sharded,
 )
+from asrforge.config import parse_size
 from asrforge.errors import CheckpointCorruptError
 from tests.conftest import tiny_config
 

@@ -237,7 +237,7 @@ def run_export(args: argparse.Namespace) -> int:
     problems = [_positive("--k", args.k)]
     shard_size = None if str(args.max_shard_size).strip() == "0" else args.max_shard_size
     if shard_size is not None:
-        from asrforge.checkpoint.disk import parse_size
+        from asrforge.config import parse_size
 
         try:
             parse_size(shard_size)

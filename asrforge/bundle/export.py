@@ -57,7 +57,6 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.disk import parse_size
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
 from asrforge.checkpoint.shards import LazyWeights, has_weights
 from asrforge.checkpoint.training import (
@@ -66,7 +65,14 @@ from asrforge.checkpoint.training import (
     MODEL_STEM,
     save_weights_sharded,
 )
-from asrforge.config import SHAPE_FIELDS, ConfigError, ModelConfig, TrainConfig, load_config
+from asrforge.config import (
+    SHAPE_FIELDS,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    load_config,
+    parse_size,
+)
 from asrforge.errors import CheckpointError, UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora

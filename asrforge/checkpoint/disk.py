@@ -7,7 +7,6 @@ directories are hard links of a step directory's files and cost nothing of their
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -88,34 +87,6 @@ def estimate_save_bytes(payload: Mapping[str, Any]) -> int:
             total += tensor_bytes(payload[key]) + _FILE_OVERHEAD
     total += len(str(payload.get("config_yaml") or "").encode()) + 4 * _FILE_OVERHEAD
     return total
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": GB, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes of a size as transformers' ``max_shard_size`` takes it: an int (bytes) or a number
-    and a unit, ``"5GB"`` (10^9), ``"500MiB"`` (2^20), ``"1.5GB"``, ``"4096"``.
-
-    Raises:
-        ValueError: not a positive size (the message shows the accepted forms).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 5GB, 500MB or a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        number, unit = float(value), ""
-    else:
-        found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(value))
-        if found is None or found.group(2).upper() not in _UNITS:
-            raise ValueError(
-                f"expected a size such as 5GB, 500MB, 2GiB or a number of bytes, got {value!r}"
-            )
-        number, unit = float(found.group(1)), found.group(2).upper()
-    size = int(number * _UNITS[unit])
-    if size < 1:
-        raise ValueError(f"must be at least 1 byte, got {value!r}")
-    return size
 
 
 def format_gb(n: int | float) -> str:
