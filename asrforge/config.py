@@ -244,7 +244,8 @@ class SpeedConfig(Section):
     pitch included. One factor per utterance and epoch, drawn uniformly from ``factors``."""
 
     factors: list[float] = Field(default_factory=lambda: [0.9, 1.0, 1.1], min_length=1)
-    """Speed factors to draw from, each 0.5 to 2 (1.1: 10% faster and shorter)."""
+    """Speed factors to draw from, each 0.5 to 2 (1.1: 10% faster and shorter), applied in
+    steps of 1/160 (the audio is resampled from a multiple of 100 Hz)."""
 
     @model_validator(mode="after")
     def _factor_range(self) -> SpeedConfig:

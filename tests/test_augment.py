@@ -5,6 +5,8 @@ and exact resume with all of it on."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -76,6 +78,22 @@ def test_speed_changes_the_length_as_planned_and_never_past_the_window():
     long = aug.speed("slow", 0, 29.0) if aug.speed("slow", 0, 1.0) == 0.8 else None
     assert long is None or long == pytest.approx(29.0 / WINDOW)
     assert all(aug.n_samples(f"u{i}", 0, 29 * SAMPLE_RATE) <= WINDOW * SAMPLE_RATE for i in range(20))
+
+
+def test_speed_raised_to_fit_never_passes_the_window_and_resamples_cheaply():
+    # a clip slowed down past the window gets the factor that just fits; the old rate
+    # round(16000 * factor) could land a few samples past the window (441994 -> 480005) and
+    # share no divisor with 16 kHz (a 16000-filter resampling bank, ~2 GB)
+    aug = build_augmenter(AugmentConfig(speed={"factors": [0.9]}), seed=0, window_seconds=WINDOW)
+    window = round(WINDOW * SAMPLE_RATE)
+    for n in range(440_000, window + 1, 997):
+        assert aug.n_samples("u", 0, n) <= window, n
+        rate = aug._source_rate(aug.speed("u", 0, n / SAMPLE_RATE), n)
+        assert SAMPLE_RATE // math.gcd(rate, SAMPLE_RATE) <= 160, (n, rate)
+    wave = _speech(441_994 / SAMPLE_RATE)
+    out = aug.wave(wave, "u", 0)
+    assert len(out) == aug.n_samples("u", 0, len(wave)) <= window
+    assert len(out) > 0.99 * window  # it still fills the window: the factor rose only to fit
 
 
 def test_noise_is_mixed_at_the_drawn_snr(noise_dir):

@@ -40,6 +40,7 @@ _SALT = 0x41554730  # "AUG0": keeps these draws apart from every other (seed, ep
 _SPEED, _NOISE, _USER, _SPEC = range(4)  # one independent stream per kind of draw
 NOISE_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop: 160 samples at 16 kHz
+RATE_STEP = 100  # Hz: speed perturbation resamples from a multiple of it (see _source_rate)
 
 _REGISTRY: dict[str, WaveTransform] = {}
 
@@ -148,19 +149,25 @@ class Augmenter:
         factor = self.speed(uid, epoch, n / SAMPLE_RATE)
         if factor == 1.0:
             return n
-        return -(-n * SAMPLE_RATE // self._source_rate(factor))
+        return -(-n * SAMPLE_RATE // self._source_rate(factor, n))
 
-    @staticmethod
-    def _source_rate(factor: float) -> int:
-        # playing 16 kHz audio as if it were factor x 16 kHz makes it factor x faster (and
-        # higher, as Kaldi's speed perturbation does); resampling back gives the new length
-        return int(round(SAMPLE_RATE * factor))
+    def _source_rate(self, factor: float, n: int) -> int:
+        # Playing 16 kHz audio as if it were factor x 16 kHz makes it factor x faster (and
+        # higher, as Kaldi's speed perturbation does); resampling back gives the new length.
+        # The rate is a multiple of RATE_STEP: resample() builds 16000 / gcd(rate, 16000)
+        # filters, and a factor raised to fit the window (29.3 / 30 -> 15627 Hz, gcd 1) would
+        # build 16000 of 15600 taps (~2 GB). Rounded up when it fits the window, so the
+        # rounding never stretches the clip past it.
+        rate = RATE_STEP * round(SAMPLE_RATE * factor / RATE_STEP)
+        window = round(self.window_seconds * SAMPLE_RATE)
+        fit = -(-n * SAMPLE_RATE // window)  # the lowest rate that fits n samples into it
+        return max(rate, RATE_STEP * -(-fit // RATE_STEP))
 
     def wave(self, wave: np.ndarray, uid: str, epoch: int) -> np.ndarray:
         """The utterance's training audio this epoch: speed, then noise, then user transforms."""
         factor = self.speed(uid, epoch, len(wave) / SAMPLE_RATE)
         if factor != 1.0:
-            wave = resample(wave, self._source_rate(factor), SAMPLE_RATE)
+            wave = resample(wave, self._source_rate(factor, len(wave)), SAMPLE_RATE)
         noise = self.cfg.noise
         if noise is not None and self.noise_files:
             rng = draws(self.seed, uid, epoch, _NOISE)
