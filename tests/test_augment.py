@@ -13,12 +13,13 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-from asrforge.config import AugmentConfig, ConfigError
+from asrforge.config import AugmentConfig, ConfigError, PackConfig
 from asrforge.data import augment
 from asrforge.data.audio import SAMPLE_RATE
-from asrforge.data.augment import Augmenter, build_augmenter, mix_at_snr, spec_augment
+from asrforge.data.augment import Augmenter, AugmentError, build_augmenter, mix_at_snr, spec_augment
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
+from tests.test_packing import _packed, tones_parts  # noqa: F401 - tones_parts: a fixture
 from tests.test_resume import PreemptAt, run
 
 WINDOW = 30.0
@@ -179,6 +180,46 @@ def test_user_transforms_need_registration_or_the_import_flag(tmp_path, tones_di
     assert imported.__qualname__ == "invert" and np.array_equal(imported(wave, None), -wave)
     with pytest.raises(UserError, match="cannot import 'tests.nothing:x'"):
         augment.import_transforms(["tests.nothing:x"], allowed=True)
+
+
+def _raises(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    raise RuntimeError("boom")
+
+
+def _nan(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.full_like(wave, np.nan)
+
+
+def test_an_augmentation_failure_stops_instead_of_dropping_clips_as_undecodable(
+    tones_parts, tmp_path, monkeypatch  # noqa: F811 - the fixture imported above
+):
+    # a broken transform or noise file is no clip's fault: caught with the decoding failures,
+    # it dropped every clip it touched as "failed to decode" (or mixed NaN into them)
+    monkeypatch.setattr(augment, "_REGISTRY", {"boom": _raises, "nan": _nan})
+    cfg = PackConfig(enabled=True, single_share=0.5, timestamp_share=0.0, prev_text_share=0.0)
+    packing, _ = _packed(tones_parts, multilingual=True, cfg=cfg)
+    base = packing.base
+    base.augment = build_augmenter(AugmentConfig(transforms=["boom"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"transforms\[0\] \('boom'\) on utterance train-\d+ failed: "
+                       "RuntimeError: boom"):
+        base[0]
+    windows = packing.dataset(0)
+    packed = next(j for j, w in enumerate(windows.windows) if len(w.pieces) > 1)
+    alone = next(j for j, w in enumerate(windows.windows) if w.alone)
+    for j in (packed, alone):
+        with pytest.raises(AugmentError, match="'boom'"):
+            windows[j]
+    base.augment = build_augmenter(AugmentConfig(transforms=["nan"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match="'nan'.*must return 1-D finite audio"):
+        base[0]
+    (tmp_path / "noise").mkdir()
+    (tmp_path / "noise" / "bad.wav").write_bytes(b"RIFF not really")
+    noisy = AugmentConfig(noise={"path": tmp_path / "noise", "share": 1.0})
+    base.augment = build_augmenter(noisy, seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"data.augment.noise.path: cannot read audio .*bad.wav"):
+        base[0]
+    base.augment = None
+    assert "input_features" in base[0]  # the clip itself was fine all along
 
 
 SECTIONS = dict(

@@ -45,6 +45,12 @@ RATE_STEP = 100  # Hz: speed perturbation resamples from a multiple of it (see _
 _REGISTRY: dict[str, WaveTransform] = {}
 
 
+class AugmentError(UserError):
+    """``data.augment`` itself failed (a noise file, a user transform). The datasets let it
+    stop the run: caught as a decoding failure, it would drop every clip it touched and blame
+    the clips' audio."""
+
+
 def register_transform(name: str, transform: WaveTransform) -> None:
     """Make ``transform`` available to ``data.augment.transforms`` under ``name``."""
     _REGISTRY[name] = transform
@@ -94,7 +100,13 @@ def mix_at_snr(wave: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray
 @lru_cache(maxsize=32)
 def _noise_samples(path: Path) -> np.ndarray:
     # each worker decodes a noise file once (a few files are used over and over)
-    return decode_audio(path)
+    try:
+        samples = decode_audio(path)
+    except UserError as e:
+        raise AugmentError(f"data.augment.noise.path: {e}") from None
+    if not np.isfinite(samples).all():  # it would turn every clip it is mixed into NaN
+        raise AugmentError(f"data.augment.noise.path: {path} has NaN/inf samples")
+    return samples
 
 
 def spec_augment(
@@ -177,9 +189,26 @@ class Augmenter:
                 )
         if self.transforms:
             rng = draws(self.seed, uid, epoch, _USER)
-            for transform in self.transforms:
-                wave = np.asarray(transform(wave, rng), dtype=np.float32)
+            for k, transform in enumerate(self.transforms):
+                wave = self._transformed(k, transform, wave, rng, uid)
         return wave
+
+    def _transformed(
+        self, k: int, transform: WaveTransform, wave: np.ndarray, rng: np.random.Generator, uid: str
+    ) -> np.ndarray:
+        """``transform(wave, rng)``, checked: finite 1-D audio.
+
+        Raises:
+            AugmentError: the transform raised, or returned something else.
+        """
+        where = f"data.augment.transforms[{k}] ('{self.cfg.transforms[k]}') on utterance {uid}"
+        try:
+            out = np.asarray(transform(wave, rng), dtype=np.float32)
+        except Exception as e:  # noqa: BLE001 - the user's code: any failure is theirs to see
+            raise AugmentError(f"{where} failed: {type(e).__name__}: {e}") from e
+        if out.ndim != 1 or not np.isfinite(out).all():
+            raise AugmentError(f"{where}: must return 1-D finite audio, got shape {out.shape}")
+        return out
 
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` samples of a drawn noise file from a drawn offset (looped when it is short)."""
