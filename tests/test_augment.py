@@ -190,12 +190,16 @@ def _nan(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.full_like(wave, np.nan)
 
 
+def _stretch(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.repeat(wave, 2)
+
+
 def test_an_augmentation_failure_stops_instead_of_dropping_clips_as_undecodable(
     tones_parts, tmp_path, monkeypatch  # noqa: F811 - the fixture imported above
 ):
     # a broken transform or noise file is no clip's fault: caught with the decoding failures,
     # it dropped every clip it touched as "failed to decode" (or mixed NaN into them)
-    monkeypatch.setattr(augment, "_REGISTRY", {"boom": _raises, "nan": _nan})
+    monkeypatch.setattr(augment, "_REGISTRY", {"boom": _raises, "nan": _nan, "slow": _stretch})
     cfg = PackConfig(enabled=True, single_share=0.5, timestamp_share=0.0, prev_text_share=0.0)
     packing, _ = _packed(tones_parts, multilingual=True, cfg=cfg)
     base = packing.base
@@ -212,6 +216,10 @@ def test_an_augmentation_failure_stops_instead_of_dropping_clips_as_undecodable(
     base.augment = build_augmenter(AugmentConfig(transforms=["nan"]), seed=0, window_seconds=4.0)
     with pytest.raises(AugmentError, match="'nan'.*must return 1-D finite audio"):
         base[0]
+    # a packed window placed the clip (and its end timestamp) by its length: it must keep it
+    base.augment = build_augmenter(AugmentConfig(transforms=["slow"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"'slow'.*returned \d+ samples for \d+; a transform keeps"):
+        windows[packed]
     (tmp_path / "noise").mkdir()
     (tmp_path / "noise" / "bad.wav").write_bytes(b"RIFF not really")
     noisy = AugmentConfig(noise={"path": tmp_path / "noise", "share": 1.0})

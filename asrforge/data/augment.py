@@ -196,7 +196,8 @@ class Augmenter:
     def _transformed(
         self, k: int, transform: WaveTransform, wave: np.ndarray, rng: np.random.Generator, uid: str
     ) -> np.ndarray:
-        """``transform(wave, rng)``, checked: finite 1-D audio.
+        """``transform(wave, rng)``, checked: finite 1-D audio of the same length (packing
+        placed the clip, and its timestamps, by the length speed perturbation gives it).
 
         Raises:
             AugmentError: the transform raised, or returned something else.
@@ -208,6 +209,12 @@ class Augmenter:
             raise AugmentError(f"{where} failed: {type(e).__name__}: {e}") from e
         if out.ndim != 1 or not np.isfinite(out).all():
             raise AugmentError(f"{where}: must return 1-D finite audio, got shape {out.shape}")
+        if len(out) != len(wave):
+            raise AugmentError(
+                f"{where}: returned {len(out)} samples for {len(wave)}; a transform keeps the "
+                "length (packed windows and their timestamps are laid out by it; "
+                "data.augment.speed changes it)"
+            )
         return out
 
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
