@@ -141,6 +141,10 @@ def test_config_says_what_a_cache_cannot_serve(tmp_path, tones_dir):
         tiny_config(tmp_path, tones_dir, data={"augment": {"speed": {"factors": [1.0, 3.0]}}})
     with pytest.raises(ConfigError, match=r"snr_db: must be \[min, max\]"):
         tiny_config(tmp_path, tones_dir, data={"augment": {"noise": {"path": "x", "snr_db": [30, 5]}}})
+    # augmentation and packing draw from numpy seed sequences, which refuse a negative seed:
+    # inside a worker that error read as a decoding failure and dropped every training clip
+    with pytest.raises(ConfigError, match="seed: must be >= 0, got -1"):
+        tiny_config(tmp_path, tones_dir, seed=-1, data={"augment": {"speed": {}}})
     # SpecAugment can read the log-mel cache: allowed
     tiny_config(tmp_path, tones_dir, data={"cache_features": True, "augment": {"spec_augment": {}}})
 
