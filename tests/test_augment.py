@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 from asrforge.config import AugmentConfig, ConfigError, PackConfig
 from asrforge.data import augment
-from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.augment import Augmenter, AugmentError, build_augmenter, mix_at_snr, spec_augment
+from asrforge.data.targets import TIME_PRECISION
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
 from tests.test_packing import _packed, tones_parts  # noqa: F401 - tones_parts: a fixture
@@ -184,6 +185,34 @@ def test_user_transforms_need_registration_or_the_import_flag(tmp_path, tones_di
     assert imported.__qualname__ == "invert" and np.array_equal(imported(wave, None), -wave)
     with pytest.raises(UserError, match="cannot import 'tests.nothing:x'"):
         augment.import_transforms(["tests.nothing:x"], allowed=True)
+
+
+def test_packed_windows_hold_the_sped_up_clips_where_their_timestamps_say(tones_parts):  # noqa: F811
+    split, tok, _ = tones_parts
+    cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=1.0, prev_text_share=0.0)
+    packing, _ = _packed(tones_parts, multilingual=True, cfg=cfg)
+    base = packing.base
+    base.augment = build_augmenter(
+        AugmentConfig(speed={"factors": [0.7, 1.3]}), seed=0, window_seconds=4.0
+    )
+    ds = packing.dataset(1)
+    assert all(w.n_samples <= packing.max_samples for w in ds.windows)
+    sped = 0
+    for j, w in enumerate(ds.windows[:4]):
+        wave, failed = ds._waveform(w)  # noqa: SLF001
+        assert not failed and len(wave) == w.n_samples
+        for p in w.pieces:
+            u = base.utts[p.utt]
+            clip = base.augment.wave(decode_audio(split[u.row]["audio"]["bytes"]), u.uid, 1)
+            sped += len(clip) != round(u.seconds * SAMPLE_RATE)
+            assert len(clip) == p.n_samples  # laid out with the length the workers make
+            np.testing.assert_array_equal(wave[p.offset : p.offset + p.n_samples], clip)
+        targets = [t for t in ds[j]["labels"].tolist() if t >= 0]
+        got = tok.decode(targets, output_offsets=True)["offsets"]
+        for seg, p in zip(got, w.pieces, strict=True):
+            end = (p.offset + p.n_samples) / SAMPLE_RATE
+            assert abs(seg["timestamp"][1] - end) <= TIME_PRECISION / 2 + 1e-9
+    assert sped > 0  # the clips were sped up or slowed down
 
 
 def _raises(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
