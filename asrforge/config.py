@@ -273,7 +273,8 @@ class SpeedConfig(Section):
     pitch included. One factor per utterance and epoch, drawn uniformly from ``factors``."""
 
     factors: list[float] = Field(default_factory=lambda: [0.9, 1.0, 1.1], min_length=1)
-    """Speed factors to draw from, each 0.5 to 2 (1.1: 10% faster and shorter)."""
+    """Speed factors to draw from, each 0.5 to 2 (1.1: 10% faster and shorter), applied in
+    steps of 1/160 (the audio is resampled from a multiple of 100 Hz)."""
 
     @model_validator(mode="after")
     def _factor_range(self) -> SpeedConfig:
@@ -683,9 +684,9 @@ class TrainConfig(Section):
 
     output_dir: Path
     """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     """Seeds the weights of a model built here, the data order, dropout, packing and every other
-    random draw of the run."""
+    random draw of the run (numpy's seed sequences take no negative numbers)."""
     config_id: str | None = None
     """A name for this configuration in reports and manifests; default the YAML file's stem."""
     model: ModelConfig = Field(default_factory=ModelConfig)

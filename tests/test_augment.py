@@ -5,18 +5,23 @@ and exact resume with all of it on."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-from asrforge.config import AugmentConfig, ConfigError
+from asrforge.config import AugmentConfig, ConfigError, PackConfig
 from asrforge.data import augment
-from asrforge.data.audio import SAMPLE_RATE
-from asrforge.data.augment import Augmenter, build_augmenter, mix_at_snr, spec_augment
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.augment import Augmenter, AugmentError, build_augmenter, mix_at_snr, spec_augment
+from asrforge.data.targets import TIME_PRECISION
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
+from tests.test_packing import _packed, tones_parts  # noqa: F401 - tones_parts: a fixture
 from tests.test_resume import PreemptAt, run
 
 WINDOW = 30.0
@@ -73,9 +78,25 @@ def test_speed_changes_the_length_as_planned_and_never_past_the_window():
         assert len(out) == aug.n_samples(f"u{i}", 0, len(wave))
         assert len(out) == pytest.approx(len(wave) / aug.speed(f"u{i}", 0, 2.0), abs=2)
     # a 29 s clip slowed by 0.8 would be 36 s: the factor rises just enough to fit 30 s
-    long = aug.speed("slow", 0, 29.0) if aug.speed("slow", 0, 1.0) == 0.8 else None
-    assert long is None or long == pytest.approx(29.0 / WINDOW)
+    slow = build_augmenter(AugmentConfig(speed={"factors": [0.8]}), seed=0, window_seconds=WINDOW)
+    assert slow.speed("u", 0, 1.0) == 0.8 and slow.speed("u", 0, 29.0) == pytest.approx(29.0 / WINDOW)
     assert all(aug.n_samples(f"u{i}", 0, 29 * SAMPLE_RATE) <= WINDOW * SAMPLE_RATE for i in range(20))
+
+
+def test_speed_raised_to_fit_never_passes_the_window_and_resamples_cheaply():
+    # a clip slowed down past the window gets the factor that just fits; the old rate
+    # round(16000 * factor) could land a few samples past the window (441994 -> 480005) and
+    # share no divisor with 16 kHz (a 16000-filter resampling bank, ~2 GB)
+    aug = build_augmenter(AugmentConfig(speed={"factors": [0.9]}), seed=0, window_seconds=WINDOW)
+    window = round(WINDOW * SAMPLE_RATE)
+    for n in range(440_000, window + 1, 997):
+        assert aug.n_samples("u", 0, n) <= window, n
+        rate = aug._source_rate(aug.speed("u", 0, n / SAMPLE_RATE), n)
+        assert SAMPLE_RATE // math.gcd(rate, SAMPLE_RATE) <= 160, (n, rate)
+    wave = _speech(441_994 / SAMPLE_RATE)
+    out = aug.wave(wave, "u", 0)
+    assert len(out) == aug.n_samples("u", 0, len(wave)) <= window
+    assert len(out) > 0.99 * window  # it still fills the window: the factor rose only to fit
 
 
 def test_noise_is_mixed_at_the_drawn_snr(noise_dir):
@@ -122,6 +143,10 @@ def test_config_says_what_a_cache_cannot_serve(tmp_path, tones_dir):
         tiny_config(tmp_path, tones_dir, data={"augment": {"speed": {"factors": [1.0, 3.0]}}})
     with pytest.raises(ConfigError, match=r"snr_db: must be \[min, max\]"):
         tiny_config(tmp_path, tones_dir, data={"augment": {"noise": {"path": "x", "snr_db": [30, 5]}}})
+    # augmentation and packing draw from numpy seed sequences, which refuse a negative seed:
+    # inside a worker that error read as a decoding failure and dropped every training clip
+    with pytest.raises(ConfigError, match="seed: must be >= 0, got -1"):
+        tiny_config(tmp_path, tones_dir, seed=-1, data={"augment": {"speed": {}}})
     # SpecAugment can read the log-mel cache: allowed
     tiny_config(tmp_path, tones_dir, data={"cache_features": True, "augment": {"spec_augment": {}}})
 
@@ -163,6 +188,82 @@ def test_user_transforms_need_registration_or_the_import_flag(tmp_path, tones_di
         augment.import_transforms(["tests.nothing:x"], allowed=True)
 
 
+def test_packed_windows_hold_the_sped_up_clips_where_their_timestamps_say(tones_parts):  # noqa: F811
+    split, tok, _ = tones_parts
+    cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=1.0, prev_text_share=0.0)
+    packing, _ = _packed(tones_parts, multilingual=True, cfg=cfg)
+    base = packing.base
+    base.augment = build_augmenter(
+        AugmentConfig(speed={"factors": [0.7, 1.3]}), seed=0, window_seconds=4.0
+    )
+    ds = packing.dataset(1)
+    assert all(w.n_samples <= packing.max_samples for w in ds.windows)
+    sped = 0
+    for j, w in enumerate(ds.windows[:4]):
+        wave, failed = ds._waveform(w)  # noqa: SLF001
+        assert not failed and len(wave) == w.n_samples
+        for p in w.pieces:
+            u = base.utts[p.utt]
+            clip = base.augment.wave(decode_audio(split[u.row]["audio"]["bytes"]), u.uid, 1)
+            sped += len(clip) != round(u.seconds * SAMPLE_RATE)
+            assert len(clip) == p.n_samples  # laid out with the length the workers make
+            np.testing.assert_array_equal(wave[p.offset : p.offset + p.n_samples], clip)
+        targets = [t for t in ds[j]["labels"].tolist() if t >= 0]
+        got = tok.decode(targets, output_offsets=True)["offsets"]
+        for seg, p in zip(got, w.pieces, strict=True):
+            end = (p.offset + p.n_samples) / SAMPLE_RATE
+            assert abs(seg["timestamp"][1] - end) <= TIME_PRECISION / 2 + 1e-9
+    assert sped > 0  # the clips were sped up or slowed down
+
+
+def _raises(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    raise RuntimeError("boom")
+
+
+def _nan(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.full_like(wave, np.nan)
+
+
+def _stretch(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.repeat(wave, 2)
+
+
+def test_an_augmentation_failure_stops_instead_of_dropping_clips_as_undecodable(
+    tones_parts, tmp_path, monkeypatch  # noqa: F811 - the fixture imported above
+):
+    # a broken transform or noise file is no clip's fault: caught with the decoding failures,
+    # it dropped every clip it touched as "failed to decode" (or mixed NaN into them)
+    monkeypatch.setattr(augment, "_REGISTRY", {"boom": _raises, "nan": _nan, "slow": _stretch})
+    cfg = PackConfig(enabled=True, single_share=0.5, timestamp_share=0.0, prev_text_share=0.0)
+    packing, _ = _packed(tones_parts, multilingual=True, cfg=cfg)
+    base = packing.base
+    base.augment = build_augmenter(AugmentConfig(transforms=["boom"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"transforms\[0\] \('boom'\) on utterance train-\d+ failed: "
+                       "RuntimeError: boom"):
+        base[0]
+    windows = packing.dataset(0)
+    packed = next(j for j, w in enumerate(windows.windows) if len(w.pieces) > 1)
+    alone = next(j for j, w in enumerate(windows.windows) if w.alone)
+    for j in (packed, alone):
+        with pytest.raises(AugmentError, match="'boom'"):
+            windows[j]
+    base.augment = build_augmenter(AugmentConfig(transforms=["nan"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match="'nan'.*must return 1-D finite audio"):
+        base[0]
+    # a packed window placed the clip (and its end timestamp) by its length: it must keep it
+    base.augment = build_augmenter(AugmentConfig(transforms=["slow"]), seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"'slow'.*returned \d+ samples for \d+; a transform keeps"):
+        windows[packed]
+    (tmp_path / "noise").mkdir()
+    (tmp_path / "noise" / "bad.wav").write_bytes(b"RIFF not really")
+    noisy = AugmentConfig(noise={"path": tmp_path / "noise", "share": 1.0})
+    base.augment = build_augmenter(noisy, seed=0, window_seconds=4.0)
+    with pytest.raises(AugmentError, match=r"data.augment.noise.path: cannot read audio .*bad.wav"):
+        base[0]
+    base.augment = None
+    assert "input_features" in base[0]  # the clip itself was fine all along
+
+
 SECTIONS = dict(
     data={"pack": {"enabled": True, "max_seconds": 2.0},
           "augment": {"speed": {}, "spec_augment": {"time_width": 20}}},
@@ -196,7 +297,9 @@ def test_training_augments_never_evaluation(tmp_path, tones_dir, noise_dir, monk
     assert all(uid.startswith("train-") for uid in seen["wave"] | seen["features"])
     log = (tmp_path / "r" / "train.log").read_text()
     assert "augmentation (training only): speed 0.9/1/1.1; noise from 2 file(s)" in log
-    assert "'wer'" in log or "wer" in log  # it evaluated
+    # it evaluated (else "evaluation was never augmented" would hold vacuously)
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("event") == "eval" and "wer" in r for r in records)
 
 
 def test_resume_with_augmentation_and_packing_is_bit_identical(tmp_path, tones_dir):

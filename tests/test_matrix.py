@@ -178,6 +178,28 @@ def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
                             "'no_such_module_anywhere.Callback'") for p in e.value.problems)
 
 
+def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path, two_configs):
+    """A 'module:function' transform imports code as a _target_ does: without the matrix's
+    permission every job failed as it started (exit 2), after the launch."""
+    a, _ = two_configs
+    transforms = ["tests.test_augment:invert", "no_such_module_anywhere:f"]
+    spec = {"languages": ["en"], "configs": [{"config_id": "a", "path": str(a)}],
+            "overrides": {"data.augment.transforms": transforms}}
+    with pytest.raises(ConfigError) as e:
+        load_matrix(write_yaml(tmp_path / "m.yaml", spec))
+    assert e.value.problems == [
+        f"job en-a-s0: data.augment.transforms[{i}]: '{name}' imports code named in the "
+        "config; set allow_external_callbacks: true in the matrix file"
+        for i, name in enumerate(transforms)
+    ]
+    # allowed, they are imported and checked like a _target_
+    with pytest.raises(ConfigError) as e:
+        load_matrix(write_yaml(tmp_path / "m.yaml", {**spec, "allow_external_callbacks": True}))
+    assert len(e.value.problems) == 1
+    assert e.value.problems[0].startswith(
+        "job en-a-s0: data.augment.transforms[1]: cannot import 'no_such_module_anywhere:f'")
+
+
 def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):
     from asrforge.cli import main
 

@@ -125,6 +125,28 @@ def test_collect_reads_every_state(matrix_root, held_lock):
     assert sorted(r.job_id for r in collect(plain)) == sorted(set(rows) - {"th-tiny-s1"})
 
 
+def test_a_change_of_wer_is_coloured_better_or_worse():
+    from asrforge.matrix.report import JobReport, render
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.classes: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "td":
+                self.classes.append(dict(attrs).get("class") or "")
+
+    improved = JobReport("a", "en", "c", 0, "done", best_step=4, best={"wer": 0.5},
+                         start_wer=0.8)
+    worse = JobReport("b", "en", "c", 1, "done", best_step=4, best={"wer": 0.9},
+                      start_wer=0.8)
+    cells = Cells()
+    cells.feed(render([improved, worse], "t"))
+    # the page's CSS colours td.better / td.worse: each job row's delta cell must carry them
+    assert cells.classes.count("n better") >= 1 and cells.classes.count("n worse") >= 1
+
+
 def test_the_page_is_self_contained(matrix_root, tmp_path):
     from asrforge.cli import main
 

@@ -40,8 +40,15 @@ _SALT = 0x41554730  # "AUG0": keeps these draws apart from every other (seed, ep
 _SPEED, _NOISE, _USER, _SPEC = range(4)  # one independent stream per kind of draw
 NOISE_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop: 160 samples at 16 kHz
+RATE_STEP = 100  # Hz: speed perturbation resamples from a multiple of it (see _source_rate)
 
 _REGISTRY: dict[str, WaveTransform] = {}
+
+
+class AugmentError(UserError):
+    """``data.augment`` itself failed (a noise file, a user transform). The datasets let it
+    stop the run: caught as a decoding failure, it would drop every clip it touched and blame
+    the clips' audio."""
 
 
 def register_transform(name: str, transform: WaveTransform) -> None:
@@ -93,7 +100,13 @@ def mix_at_snr(wave: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray
 @lru_cache(maxsize=32)
 def _noise_samples(path: Path) -> np.ndarray:
     # each worker decodes a noise file once (a few files are used over and over)
-    return decode_audio(path)
+    try:
+        samples = decode_audio(path)
+    except UserError as e:
+        raise AugmentError(f"data.augment.noise.path: {e}") from None
+    if not np.isfinite(samples).all():  # it would turn every clip it is mixed into NaN
+        raise AugmentError(f"data.augment.noise.path: {path} has NaN/inf samples")
+    return samples
 
 
 def spec_augment(
@@ -148,19 +161,25 @@ class Augmenter:
         factor = self.speed(uid, epoch, n / SAMPLE_RATE)
         if factor == 1.0:
             return n
-        return -(-n * SAMPLE_RATE // self._source_rate(factor))
+        return -(-n * SAMPLE_RATE // self._source_rate(factor, n))
 
-    @staticmethod
-    def _source_rate(factor: float) -> int:
-        # playing 16 kHz audio as if it were factor x 16 kHz makes it factor x faster (and
-        # higher, as Kaldi's speed perturbation does); resampling back gives the new length
-        return int(round(SAMPLE_RATE * factor))
+    def _source_rate(self, factor: float, n: int) -> int:
+        # Playing 16 kHz audio as if it were factor x 16 kHz makes it factor x faster (and
+        # higher, as Kaldi's speed perturbation does); resampling back gives the new length.
+        # The rate is a multiple of RATE_STEP: resample() builds 16000 / gcd(rate, 16000)
+        # filters, and a factor raised to fit the window (29.3 / 30 -> 15627 Hz, gcd 1) would
+        # build 16000 of 15600 taps (~2 GB). Rounded up when it fits the window, so the
+        # rounding never stretches the clip past it.
+        rate = RATE_STEP * round(SAMPLE_RATE * factor / RATE_STEP)
+        window = round(self.window_seconds * SAMPLE_RATE)
+        fit = -(-n * SAMPLE_RATE // window)  # the lowest rate that fits n samples into it
+        return max(rate, RATE_STEP * -(-fit // RATE_STEP))
 
     def wave(self, wave: np.ndarray, uid: str, epoch: int) -> np.ndarray:
         """The utterance's training audio this epoch: speed, then noise, then user transforms."""
         factor = self.speed(uid, epoch, len(wave) / SAMPLE_RATE)
         if factor != 1.0:
-            wave = resample(wave, self._source_rate(factor), SAMPLE_RATE)
+            wave = resample(wave, self._source_rate(factor, len(wave)), SAMPLE_RATE)
         noise = self.cfg.noise
         if noise is not None and self.noise_files:
             rng = draws(self.seed, uid, epoch, _NOISE)
@@ -170,9 +189,33 @@ class Augmenter:
                 )
         if self.transforms:
             rng = draws(self.seed, uid, epoch, _USER)
-            for transform in self.transforms:
-                wave = np.asarray(transform(wave, rng), dtype=np.float32)
+            for k, transform in enumerate(self.transforms):
+                wave = self._transformed(k, transform, wave, rng, uid)
         return wave
+
+    def _transformed(
+        self, k: int, transform: WaveTransform, wave: np.ndarray, rng: np.random.Generator, uid: str
+    ) -> np.ndarray:
+        """``transform(wave, rng)``, checked: finite 1-D audio of the same length (packing
+        placed the clip, and its timestamps, by the length speed perturbation gives it).
+
+        Raises:
+            AugmentError: the transform raised, or returned something else.
+        """
+        where = f"data.augment.transforms[{k}] ('{self.cfg.transforms[k]}') on utterance {uid}"
+        try:
+            out = np.asarray(transform(wave, rng), dtype=np.float32)
+        except Exception as e:  # noqa: BLE001 - the user's code: any failure is theirs to see
+            raise AugmentError(f"{where} failed: {type(e).__name__}: {e}") from e
+        if out.ndim != 1 or not np.isfinite(out).all():
+            raise AugmentError(f"{where}: must return 1-D finite audio, got shape {out.shape}")
+        if len(out) != len(wave):
+            raise AugmentError(
+                f"{where}: returned {len(out)} samples for {len(wave)}; a transform keeps the "
+                "length (packed windows and their timestamps are laid out by it; "
+                "data.augment.speed changes it)"
+            )
+        return out
 
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` samples of a drawn noise file from a drawn offset (looped when it is short)."""

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
+from asrforge.data.augment import AugmentError
 from asrforge.errors import UserError
 from asrforge.text.languages import find_language_code
 
@@ -318,6 +319,8 @@ class SpeechDataset(Dataset):
                 inputs = {"input_features": torch.from_numpy(self.masked(self.training_features(i), i))}
             except UnusableAudio as e:
                 return {"dropped": u.uid, "reason": e.reason}
+            except AugmentError:  # the augmentation's own failure, not the clip's: it stops
+                raise
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
                 return {"dropped": u.uid, "reason": "failed to decode"}
         dec = u.prompt + u.text_ids

@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 from asrforge.config import PackConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
 from asrforge.data.targets import (
     Segment,
@@ -340,11 +341,11 @@ class PackedWindows(Dataset):
                 clip = decode_audio(audio.get("bytes") or audio.get("path"))
                 if not np.isfinite(clip).all():
                     raise ValueError("non-finite samples")
-                if aug is not None and aug.changes_audio:
-                    clip = aug.wave(clip, base.utts[p.utt].uid, base.epoch)
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
                 failed.append(p.utt)
                 continue
+            if aug is not None and aug.changes_audio:  # its failure is no clip's: it stops
+                clip = aug.wave(clip, base.utts[p.utt].uid, base.epoch)
             clip = clip[: p.n_samples]
             wave[p.offset : p.offset + len(clip)] = clip
         return wave, failed
@@ -376,6 +377,8 @@ class PackedWindows(Dataset):
                     if len(failed) == len(w.pieces):
                         raise ValueError("no clip decoded")
                     feats = self._masked_window(self.base.log_mel(wave), w, uids[0])
+            except AugmentError:  # as SpeechDataset: the augmentation's failure stops the run
+                raise
             except Exception:  # noqa: BLE001 - as SpeechDataset: skip, keep the epoch
                 return {"dropped": uids[0], "dropped_parts": uids[1:]}
         dec, labels = self.sequences(w, frozenset(failed))

@@ -31,6 +31,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from asrforge.config import ConfigError, Section, format_errors, load_config, read_yaml_mapping
+from asrforge.errors import UserError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
@@ -215,20 +216,32 @@ def load_matrix(
 def _callback_problems(cfg, allow_external: bool) -> list[str]:
     """What ``asrforge train`` would refuse in the job's callbacks: unknown names, bad options,
     metrics no evaluation produces (theirs and ``checkpoint.keep_best``'s), ``_target_``
-    without ``allow_external_callbacks`` (then never imported). The callbacks are built, not
+    without ``allow_external_callbacks`` (then never imported), and likewise its
+    ``data.augment.transforms`` named ``"module:function"``. The callbacks are built, not
     run: this imports the callback registry and evaluation's metric names (torch), not the loop.
     """
     from asrforge.callbacks import build_callbacks
 
+    hint = "set allow_external_callbacks: true in the matrix file"
+    problems = []
     try:
-        build_callbacks(
-            cfg,
-            allow_external=allow_external,
-            allow_external_hint="set allow_external_callbacks: true in the matrix file",
-        )
+        build_callbacks(cfg, allow_external=allow_external, allow_external_hint=hint)
     except ConfigError as e:
-        return list(e.problems)
-    return []
+        problems += e.problems
+    # data.augment.transforms' "module:function" imports code under the same permission
+    for i, name in enumerate(cfg.data.augment.transforms):
+        if ":" in name and not allow_external:
+            problems.append(
+                f"data.augment.transforms[{i}]: '{name}' imports code named in the config; {hint}"
+            )
+        elif ":" in name:
+            from asrforge.data.augment import import_transforms
+
+            try:
+                import_transforms([name], allowed=True)
+            except UserError as e:
+                problems.append(str(e).replace("transforms[0]", f"transforms[{i}]", 1))
+    return problems
 
 
 def _cross_field_problems(m: MatrixConfig) -> list[str]:

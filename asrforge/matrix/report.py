@@ -432,7 +432,8 @@ def _filter_attrs(language: str | None, config: str | None, words: list[Any],
 
 
 def _cells(cells: list[tuple[Any, str, str]]) -> str:
-    return "".join(f'<td data-v="{_e(v)}"{f" class={c}" if c else ""}>{shown}</td>'
+    # quoted: "n better" unquoted is class "n" and a stray attribute "better"
+    return "".join(f'<td data-v="{_e(v)}"' + (f' class="{c}"' if c else "") + f">{shown}</td>"
                    for v, shown, c in cells)
 
 
