@@ -138,9 +138,9 @@ def test_a_change_of_wer_is_coloured_better_or_worse():
                 self.classes.append(dict(attrs).get("class") or "")
 
     improved = JobReport("a", "en", "c", 0, "done", best_step=4, best={"wer": 0.5},
-                         start_wer=0.8)
+                         start={"wer": 0.8})
     worse = JobReport("b", "en", "c", 1, "done", best_step=4, best={"wer": 0.9},
-                      start_wer=0.8)
+                      start={"wer": 0.8})
     cells = Cells()
     cells.feed(render([improved, worse], "t"))
     # the page's CSS colours td.better / td.worse: each job row's delta cell must carry them
@@ -301,10 +301,16 @@ def test_seed_spread_and_start_delta_per_language_and_config(big_matrix):
     mean, sd, n = de.spread("wer")
     assert n == 3 and mean == pytest.approx(fmean(wers)) and sd == pytest.approx(stdev(wers))
     deltas = [synthetic_wer(12, 2, s, 150) - synthetic_wer(12, 2, s, 0) for s in range(3)]
-    assert de.spread("delta_wer")[0] == pytest.approx(fmean(deltas)) and fmean(deltas) < 0
+    assert de.spread("delta")[0] == pytest.approx(fmean(deltas)) and fmean(deltas) < 0
     guard = de.spread("guard_change")  # the forgetting guard's change from the start
     assert guard[2] == 3 and guard[0] == pytest.approx(0.01) and guard[1] == pytest.approx(0.01)
     assert groups[("de", "base")].spread("guard_change") is None  # that config has no guard
+    # a language written without spaces is judged by CER, as selection judges it
+    from asrforge.matrix.report import JobReport
+
+    zh = JobReport("z", "zh", "c", 0, "done", best={"wer": 0.9, "cer": 0.2},
+                   start={"wer": 0.95, "cer": 0.5})
+    assert zh.metric == "cer" and zh.delta() == pytest.approx(-0.3)
     # the failed job counts in its group but not in its spread
     az = groups[("az", "lora")]
     assert az.count("failed") == 1 and az.spread("wer")[2] == 2

@@ -4,7 +4,8 @@ Everything is inline (CSS, a little JS, SVG): the page opens from disk or an e-m
 It is built for a matrix of ~100 languages × configs × seeds (~900 jobs):
 - filters (free text, language, config, status) that apply to everything below them;
 - a language × config table: each metric of the selected checkpoints as mean ± sd over seeds,
-  the change of WER from the starting model (the run's step-0 evaluation) and the forgetting
+  the change of the error rate (WER; CER for unspaced scripts) from the starting model (the
+  run's step-0 evaluation) and the forgetting
   guard's change from the start (``eval.guard``);
 - a sortable table of every job (language, config, seed, status, best step, WER and its
   change, CER, long-form WER, loss, rep-trap rate, selection policy, the condition that chose
@@ -33,8 +34,10 @@ from typing import Any
 import yaml
 
 from asrforge.checkpoint.disk import format_gb, tree_bytes
+from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker
+from asrforge.text.languages import primary_metric
 
 METRICS = ("wer", "cer", "loss")
 STATUS_ORDER = ("failed", "running", "interrupted", "queued", "done")
@@ -69,15 +72,26 @@ class JobReport:
     """Bytes the run directory holds (checkpoints, logs, TensorBoard; hard links once)."""
     note: str | None = None
     """Why it failed / how it ended, and for a failed job the tail of its log."""
-    start_wer: float | None = None
-    """WER of the evaluation at step 0 (the starting model), when the run made one."""
+    start: dict[str, float] = field(default_factory=dict)
+    """``wer`` and ``cer`` of the evaluation at step 0 (the starting model), when the run made
+    one."""
 
-    def delta_wer(self) -> float | None:
-        """The selected checkpoint's WER minus the starting model's: negative is better."""
-        wer = self.best.get("wer")
-        if self.start_wer is None or not isinstance(wer, int | float):
+    @property
+    def metric(self) -> str:
+        """The error rate the language is judged by: CER for unspaced scripts, else WER (as
+        evaluation and selection judge it)."""
+        try:
+            return primary_metric(self.language) if self.language else "wer"
+        except UserError:  # a language the table does not know
+            return "wer"
+
+    def delta(self) -> float | None:
+        """The selected checkpoint's error rate (:attr:`metric`) minus the starting model's:
+        negative is better."""
+        now, then = self.best.get(self.metric), self.start.get(self.metric)
+        if not isinstance(now, int | float) or then is None:
             return None
-        return wer - self.start_wer
+        return now - then
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -180,9 +194,10 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     else:
         saved = [e["step"] for e in r.evals if e.get("save")]
         r.best_step = saved[-1] if saved else None
-    start = [e.get("wer") for e in r.evals if e["step"] == 0]
-    if start and isinstance(start[-1], int | float):
-        r.start_wer = float(start[-1])
+    start = [e for e in r.evals if e["step"] == 0]
+    if start:
+        r.start = {k: float(v) for k, v in start[-1].items()
+                   if k in ("wer", "cer") and isinstance(v, int | float)}
     chosen = [e for e in r.evals if e["step"] == r.best_step]
     if chosen:
         e = chosen[-1]
@@ -234,11 +249,11 @@ class GroupSummary:
     jobs: list[JobReport]
 
     def values(self, metric: str) -> list[float]:
-        """``metric`` of every job's selected checkpoint that has one (``delta_wer``: best WER
-        minus the step-0 WER, for jobs evaluated at step 0)."""
+        """``metric`` of every job's selected checkpoint that has one (``delta``: its error rate
+        minus the step-0 one, for jobs evaluated at step 0)."""
         out = []
         for r in self.jobs:
-            v = r.delta_wer() if metric == "delta_wer" else r.best.get(metric)
+            v = r.delta() if metric == "delta" else r.best.get(metric)
             if isinstance(v, int | float) and v == v:
                 out.append(float(v))
         return out
@@ -378,7 +393,7 @@ JS = """
 COLUMNS = [  # key, header, type
     ("job", "job", "text"), ("language", "language", "text"), ("config", "config", "text"),
     ("seed", "seed", "num"), ("status", "status", "text"), ("best_step", "best step", "num"),
-    ("wer", "WER", "num"), ("delta_wer", "Δ WER vs step 0", "num"), ("cer", "CER", "num"),
+    ("wer", "WER", "num"), ("delta", "Δ vs step 0", "num"), ("cer", "CER", "num"),
     ("longform_wer", "long-form WER", "num"), ("guard_change", "guard Δ", "num"),
     ("loss", "loss", "num"), ("rep_trap", "rep-trap", "num"), ("policy", "policy", "text"),
     ("chosen_by", "chosen by", "text"), ("steps", "steps", "num"),
@@ -387,8 +402,8 @@ COLUMNS = [  # key, header, type
 
 GROUP_COLUMNS = [
     ("language", "language", "text"), ("config", "config", "text"), ("seeds", "seeds", "num"),
-    ("wer", "WER mean ± sd", "num"), ("start_wer", "step-0 WER", "num"),
-    ("delta_wer", "Δ WER mean ± sd", "num"), ("cer", "CER mean ± sd", "num"),
+    ("wer", "WER mean ± sd", "num"), ("start", "step-0 WER/CER", "num"),
+    ("delta", "Δ mean ± sd", "num"), ("cer", "CER mean ± sd", "num"),
     ("longform_wer", "long-form WER mean ± sd", "num"),
     ("guard_change", "guard Δ mean ± sd", "num"), ("failed", "failed", "num"),
 ]
@@ -445,7 +460,7 @@ def _delta_class(delta: float | None) -> str:
 
 
 def _row(r: JobReport) -> str:
-    delta = r.delta_wer()
+    delta = r.delta()
     cells = [
         (r.job_id, f'<a href="#lang-{_e(r.language or "–")}">{_e(r.job_id)}</a>', ""),
         (r.language, _e(r.language or "–"), ""), (r.config_id, _e(r.config_id or "–"), ""),
@@ -469,8 +484,8 @@ def _row(r: JobReport) -> str:
 
 
 def _group_row(g: GroupSummary) -> str:
-    delta = g.spread("delta_wer")
-    start = [r.start_wer for r in g.jobs if r.start_wer is not None]
+    delta = g.spread("delta")
+    start = [r.start[r.metric] for r in g.jobs if r.metric in r.start]
     cells = [
         (g.language, _e(g.language), ""), (g.config_id, _e(g.config_id), ""),
         (len(g.jobs), f"{g.count('done')}/{len(g.jobs)} done", "n"),
@@ -597,8 +612,9 @@ def render(rows: list[JobReport], title: str) -> str:
         f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</p><p class=counts>{counts_html}</p>"
         f"{filters}"
         "<h2>Language × config, over seeds</h2><p>Metrics of each job's selected (best) "
-        "checkpoint: mean ± sample standard deviation over seeds. Δ WER is the selected "
-        "checkpoint's WER minus the same run's step-0 evaluation (the starting model; "
+        "checkpoint: mean ± sample standard deviation over seeds. Δ is the selected "
+        "checkpoint's error rate (WER; CER for languages written without spaces, as selection "
+        "judges them) minus the same run's step-0 evaluation (the starting model; "
         "<code>eval.at_start</code>), negative when fine-tuning helped; guard Δ is how much "
         "worse the forgetting guard's WER (or drift) is than the starting model's "
         "(<code>eval.guard</code>). Click a header to sort.</p>"
@@ -614,7 +630,6 @@ def render(rows: list[JobReport], title: str) -> str:
 
 def write_report(runs_dir: Path, out: Path, *, title: str | None = None) -> list[JobReport]:
     """Collect ``runs_dir`` and write the page to ``out`` (atomically); returns the rows."""
-    from asrforge.errors import UserError
 
     if not Path(runs_dir).is_dir():
         raise UserError(f"{runs_dir}: no such directory")
