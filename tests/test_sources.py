@@ -285,3 +285,16 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     assert skipped == [{"audio file not found": [clips[5]["file"]]}]
     summary = json.loads((run / "eval" / "step-000004.jsonl").read_text().splitlines()[-1])
     assert summary["step"] == 4 and summary["wer"] is not None
+
+
+def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
+    """"NA" is a transcript, not a missing value; a Common Voice TSV's quotes are text."""
+    root = tmp_path / "corpus"
+    texts = ["NA", 'he said "go" now', "null", '"quoted"']
+    rows = [{"audio": r["file"], "text": t} for r, t in zip(clips, texts, strict=False)]
+    write_table(root / "a.tsv", rows, "\t")
+    tsv = load_source(DataConfig(path=root / "a.tsv", language="en"), cache_dir=tmp_path / "c")
+    assert list(tsv.splits["train"]["text"]) == texts
+    write_table(root / "a.csv", [r for r in rows if '"' not in r["text"]], ",")
+    csv = load_source(DataConfig(path=root / "a.csv", language="en"), cache_dir=tmp_path / "c")
+    assert list(csv.splits["train"]["text"]) == ["NA", "null"]

@@ -21,6 +21,7 @@ run reads them back.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import re
@@ -36,8 +37,8 @@ from asrforge.text.scripts import find_language_code
 log = logging.getLogger(__name__)
 
 FILE_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
-                ".csv": "csv", ".tsv": "csv"}  # fmt: skip
-"""File extension -> the ``datasets`` loader that reads it."""
+                ".csv": "csv", ".tsv": "tsv"}  # fmt: skip
+"""File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
 SPLIT_ALIASES = {"dev": "validation", "valid": "validation", "val": "validation"}
 USUAL_COLUMNS = {
     "audio": ("audio", "audio_filepath", "path"),
@@ -165,10 +166,14 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
             raise UserError(f"data.path: cannot read {files[0]} as an Arrow file: {e}") from None
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    options = {"sep": "\t"} if files[0].suffix.lower() == ".tsv" else {}
+    options: dict = {}
+    if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
+        options["keep_default_na"] = False
+    if fmt == "tsv":  # unquoted, as Common Voice writes it: a " is text
+        options.update(sep="\t", quoting=csv.QUOTE_NONE)
     try:
         return datasets.load_dataset(
-            fmt,
+            "csv" if fmt == "tsv" else fmt,
             data_files=[str(f) for f in files],
             split="train",
             cache_dir=str(cache_dir) if cache_dir is not None else None,
