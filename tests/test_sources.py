@@ -165,26 +165,30 @@ def test_each_source_format_loads_with_its_columns_mapped(
 def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips, capsys):
     root = tmp_path / "corpus"
     write_table(root / "x.csv", [{"path": r["file"], "transcript": r["text"]} for r in clips], ",")
+    cache = tmp_path / "cache"
     cfg = DataConfig(
-        path=root / "x.csv", columns={"audio": "path", "text": "sentence"}, language="en"
-    )
+        path=root / "x.csv", columns={"audio": "path", "text": "sentence"}, language="en",
+        cache_dir=cache,
+    )  # fmt: skip
     with pytest.raises(UserError) as e:
-        load_source(cfg, cache_dir=tmp_path / "cache")
+        load_source(cfg)
     assert str(e.value) == (f"data.columns.text: column 'sentence' not in {root / 'x.csv'} "
                             "(columns: path, transcript)")  # fmt: skip
     with pytest.raises(UserError, match=r"data\.language: .* has no language column"):
-        load_source(DataConfig(path=root / "x.csv", columns={"text": "transcript"}))
+        load_source(
+            DataConfig(path=root / "x.csv", columns={"text": "transcript"}, cache_dir=cache)
+        )
     write_table(root / "y.csv", [{"wav": r["file"], "text": r["text"]} for r in clips], ",")
     with pytest.raises(UserError, match=r"data\.columns\.audio: .*no audio column .*looked for"):
-        load_source(DataConfig(path=root / "y.csv", language="en"))
+        load_source(DataConfig(path=root / "y.csv", language="en", cache_dir=cache))
     with pytest.raises(UserError, match=r"data\.language: unknown language 'Klingon'"):
         load_source(DataConfig(path=root / "x.csv", columns={"audio": "path", "text": "transcript"},
-                               language="Klingon"))  # fmt: skip
+                               language="Klingon", cache_dir=cache))  # fmt: skip
     # and the CLI: exit 2, the message, no traceback
     config = tmp_path / "c.yaml"
     tiny = tiny_config(tmp_path / "run", root / "x.csv", data={
         "path": str(root / "x.csv"), "columns": {"audio": "path", "text": "sentence"},
-        "language": "en", "eval_carve": {"size": 0.25}})  # fmt: skip
+        "language": "en", "eval_carve": {"size": 0.25}, "cache_dir": str(cache)})  # fmt: skip
     config.write_text(tiny.to_yaml())
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
@@ -198,9 +202,9 @@ def test_a_language_without_a_token_stops_naming_the_value(tmp_path, clips, spec
     write_jsonl(tmp_path / "m.jsonl", [{"audio": r["file"], "text": r["text"],
                                         "language": r["language"]} for r in rows])  # fmt: skip
     cfg = DataConfig(
-        path=tmp_path / "m.jsonl", audio_dir=tmp_path / "corpus", eval_carve={"size": 0.2}
+        path=tmp_path / "m.jsonl", audio_dir=tmp_path / "corpus", cache_dir=tmp_path / "cache"
     )
-    train = load_source(cfg, cache_dir=tmp_path / "cache").splits["train"]
+    train = load_source(cfg).splits["train"]
     kw = dict(cfg=cfg, tokenizer=tok, specials=specials, max_target_positions=64, max_seconds=30.0)
     with pytest.raises(UserError, match=r"language 'Klingon' \(15 utterances\) has no token"):
         prepare_split(train, "train", **kw)
@@ -220,8 +224,8 @@ def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, speci
     root = tmp_path / "corpus"
     (root / clips[3]["file"]).unlink()
     path, data = source("NeMo manifest", root, clips)
-    cfg = DataConfig(path=path, **data)
-    train = load_source(cfg, cache_dir=tmp_path / "cache").splits["train"]
+    cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
+    train = load_source(cfg).splits["train"]
     utts, report = prepare_split(
         train, "train", cfg=cfg, tokenizer=tok, specials=specials, max_target_positions=64,
         max_seconds=30.0,
@@ -237,7 +241,7 @@ def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, speci
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
-    full = load_source(cfg, cache_dir=tmp_path / "cache").splits["train"]
+    full = load_source(cfg).splits["train"]
     run = tmp_path / "run"
 
     def carve(size, seed, resuming=False, data=full):
@@ -265,7 +269,7 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
     (tmp_path / "other").mkdir()
     dd, _ = source("jsonl dir, paths", tmp_path / "other", clips)
     with pytest.raises(UserError, match=r"data\.eval_carve: .* has a 'validation' split already"):
-        training_splits(DataConfig(path=dd, eval_carve={"size": 5}), run_dir=run, resuming=False,
+        training_splits(DataConfig(path=dd, eval_carve={"size": 5}, cache_dir=tmp_path / "cache"), run_dir=run, resuming=False,
                         is_main=True)  # fmt: skip
 
 
@@ -274,7 +278,7 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     (root / clips[5]["file"]).unlink()
     path, data = source("CSV, Common Voice columns", root, clips)
     run = tmp_path / "run"
-    cfg = tiny_config(run, path, data={"path": str(path), "batch_size": 8, **data},
+    cfg = tiny_config(run, path, data={"path": str(path), "cache_dir": str(tmp_path / "cache"), **data},
                       train={"max_steps": 4}, eval={"eval_steps": 4, "max_new_tokens": 4})  # fmt: skip
     config = tmp_path / "c.yaml"
     config.write_text(cfg.to_yaml())
@@ -288,13 +292,13 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
 
 
 def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
-    """"NA" is a transcript, not a missing value; a Common Voice TSV's quotes are text."""
+    """ "NA" is a transcript, not a missing value; a Common Voice TSV's quotes are text."""
     root = tmp_path / "corpus"
     texts = ["NA", 'he said "go" now', "null", '"quoted"']
     rows = [{"audio": r["file"], "text": t} for r, t in zip(clips, texts, strict=False)]
     write_table(root / "a.tsv", rows, "\t")
-    tsv = load_source(DataConfig(path=root / "a.tsv", language="en"), cache_dir=tmp_path / "c")
+    tsv = load_source(DataConfig(path=root / "a.tsv", language="en", cache_dir=tmp_path / "c"))
     assert list(tsv.splits["train"]["text"]) == texts
     write_table(root / "a.csv", [r for r in rows if '"' not in r["text"]], ",")
-    csv = load_source(DataConfig(path=root / "a.csv", language="en"), cache_dir=tmp_path / "c")
+    csv = load_source(DataConfig(path=root / "a.csv", language="en", cache_dir=tmp_path / "c"))
     assert list(csv.splits["train"]["text"]) == ["NA", "null"]

@@ -559,10 +559,11 @@ def _data_facts(
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
     from asrforge.data.audio import decode_audio
-    from asrforge.data.dataset import data_language, language_filter, load_arrow
+    from asrforge.data.dataset import data_language, language_filter
+    from asrforge.data.sources import load_source
 
     try:
-        split = load_arrow(Path(cfg.data.path))[cfg.data.train_split]
+        split = load_source(cfg.data).splits[cfg.data.train_split]
     except (UserError, KeyError, OSError) as e:
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None

@@ -59,13 +59,13 @@ class Source:
     """``data.path``, for messages."""
 
 
-def load_source(cfg: DataConfig, *, cache_dir: Path | None = None) -> Source:
+def load_source(cfg: DataConfig) -> Source:
     """Read ``cfg.path`` and give every split the standard columns.
 
     Args:
-        cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``).
-        cache_dir: where ``datasets`` keeps the Arrow copy of parquet/json/csv files; default
-            its own cache.
+        cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
+            for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
+            cache).
 
     Raises:
         UserError: the path is missing or holds nothing readable, or a column is missing or of
@@ -75,6 +75,7 @@ def load_source(cfg: DataConfig, *, cache_dir: Path | None = None) -> Source:
 
     datasets.disable_progress_bars()
     path = Path(cfg.path)
+    cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
     if not path.exists():
         raise UserError(
             f"data.path: {path} does not exist (set data.generate: tones to make a small one)"
@@ -312,8 +313,7 @@ def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: 
     Raises:
         UserError: a split is missing or empty, or a carve does not fit the data.
     """
-    cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
-    source = load_source(cfg, cache_dir=cache_dir)
+    source = load_source(cfg)
     splits, where = source.splits, source.where
     if cfg.train_split not in splits:
         raise UserError(f"data: split {cfg.train_split!r} not in {where} (has {sorted(splits)})")
