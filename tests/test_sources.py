@@ -114,6 +114,19 @@ def source(fmt: str, root: Path, rows: list[dict]) -> tuple[Path, dict]:
             "language": [r["language"] for r in rows],
         }).save_to_disk(str(root / "ds"))  # fmt: skip
         return root / "ds", carve
+    if fmt == "save_to_disk Dataset, Audio of relative paths, audio_dir":
+        from datasets import Features, Value
+
+        # Audio's {bytes, path} struct, as written without torchcodec (save_to_disk of an Audio
+        # feature would look for the relative files from the working directory)
+        paths = Features({"audio": {"bytes": Value("binary"), "path": Value("string")},
+                          "text": Value("string"), "language": Value("string")})  # fmt: skip
+        Dataset.from_dict({
+            "audio": [{"bytes": None, "path": r["file"]} for r in rows],
+            "text": [r["text"] for r in rows],
+            "language": [r["language"] for r in rows],
+        }, features=paths).save_to_disk(str(root / "ds"))  # fmt: skip
+        return root / "ds", {**carve, "audio_dir": root}
     raise AssertionError(fmt)
 
 
@@ -121,6 +134,7 @@ FORMATS = [
     "parquet dir, audio bytes", "jsonl dir, paths", "arrow dir", "NeMo manifest",
     "CSV, Common Voice columns", "TSV, FLEURS columns, absolute paths",
     "CSV without a language column", "save_to_disk DatasetDict, paths", "save_to_disk Dataset",
+    "save_to_disk Dataset, Audio of relative paths, audio_dir",
 ]  # fmt: skip
 
 
@@ -236,6 +250,15 @@ def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, speci
     assert skipped == {
         "audio file not found": [clips[3]["file"]]
     }  # the path as the manifest has it
+
+
+def test_a_manifest_of_segments_is_refused(tmp_path, clips):
+    rows = [{"audio_filepath": r["file"], "text": r["text"], "offset": 0.5 * (i % 2)}
+            for i, r in enumerate(clips)]  # fmt: skip
+    write_jsonl(tmp_path / "corpus" / "m.jsonl", rows)
+    cfg = DataConfig(path=tmp_path / "corpus" / "m.jsonl", language="en", cache_dir=tmp_path / "c")
+    with pytest.raises(UserError, match=r"m\.jsonl has segments \(a nonzero 'offset'\)"):
+        load_source(cfg)
 
 
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):

@@ -216,28 +216,24 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
             f"{', '.join(USUAL_COLUMNS['language'])}; columns: {', '.join(ds.column_names)}): set "
             "data.language (e.g. en) or name the column in data.columns.language"
         )
+    _refuse_segments(ds, where)
     keep = [c for c in found.values() if c is not None]
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
-    audio_type = ds.features[found["audio"]]
-    if (
-        isinstance(audio_type, Audio)
-        or isinstance(audio_type, dict)
-        and {"bytes", "path"} & set(audio_type)
-    ):
-        ds = ds.cast_column(
-            found["audio"], Audio(decode=False)
-        )  # an Audio written as a plain struct too
-    elif _dtype(audio_type) in ("string", "large_string"):
-        ds = _absolute_paths(ds, found["audio"], audio_root, keep_as_id=found["id"] is None)
+    audio = found["audio"]
+    if _is_audio_struct(ds.features[audio]) and not _has_bytes(ds, audio):
+        ds = _paths_of_struct(ds, audio)  # an Audio of paths only: resolved like path strings
+    kind = _dtype(ds.features[audio])
+    if _is_audio_struct(ds.features[audio]) or kind in ("binary", "large_binary"):
+        ds = ds.cast_column(audio, Audio(decode=False))
+    elif kind in ("string", "large_string"):
+        ds = _absolute_paths(ds, audio, audio_root, keep_as_id=found["id"] is None)
         found["id"] = found["id"] or "id"
-        ds = ds.cast_column(found["audio"], Audio(decode=False))
-    elif _dtype(audio_type) in ("binary", "large_binary"):
-        ds = ds.cast_column(found["audio"], Audio(decode=False))
+        ds = ds.cast_column(audio, Audio(decode=False))
     else:
         raise UserError(
-            f"data.columns.audio: column {found['audio']!r} of {where} holds "
-            f"{_dtype(audio_type)}; expected audio (an Audio feature, bytes or a path)"
+            f"data.columns.audio: column {audio!r} of {where} holds {kind}; expected audio "
+            "(an Audio feature, bytes or a path)"
         )
     for key in ("text", "language"):
         column = found[key]
@@ -276,6 +272,52 @@ def _column(ds, key: str, named: str | None, where: str) -> str | None:
             f"data.columns.{key}: {columns[0] if columns else key}"
         )
     return column
+
+
+def _is_audio_struct(feature) -> bool:
+    """An ``Audio`` feature, or the ``{bytes, path}`` struct it is stored as."""
+    from datasets import Audio
+
+    return (
+        isinstance(feature, Audio)
+        or isinstance(feature, dict)
+        and {"bytes", "path"} <= set(feature)
+    )
+
+
+def _has_bytes(ds, column: str) -> bool:
+    import pyarrow.compute as pc
+
+    encoded = pc.struct_field(ds.data.column(column), "bytes")
+    return encoded.null_count < len(encoded)
+
+
+def _paths_of_struct(ds, column: str):
+    """``ds`` with the ``{bytes, path}`` column ``column`` (no bytes) as a column of its paths."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    paths = pa.chunked_array(pc.struct_field(ds.data.column(column), "path"))
+    return ds.remove_columns(column).add_column(column, paths)
+
+
+def _refuse_segments(ds, where: str) -> None:
+    """A NeMo manifest's ``offset``: asrforge reads whole files, and would train the whole file
+    on one segment's transcript.
+
+    Raises:
+        UserError: some row starts at a nonzero offset.
+    """
+    import pyarrow.compute as pc
+
+    if "offset" not in ds.column_names:
+        return
+    offsets = ds.data.column("offset")
+    if pc.any(pc.not_equal(pc.fill_null(offsets, 0), 0)).as_py():
+        raise UserError(
+            f"data.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
+            "cut each segment into a file of its own"
+        )
 
 
 def _dtype(feature) -> str:
