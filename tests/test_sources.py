@@ -312,6 +312,13 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     assert skipped == [{"audio file not found": [clips[5]["file"]]}]
     summary = json.loads((run / "eval" / "step-000004.jsonl").read_text().splitlines()[-1])
     assert summary["step"] == 4 and summary["wer"] is not None
+    # export reads the CSV too: its languages and the log-mel statistics of 16 training clips
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.schema import INFERENCE_CONFIG
+
+    bundle = export_bundle(run / "checkpoints" / "step-000004", tmp_path / "bundle")
+    info = json.loads((bundle / INFERENCE_CONFIG).read_text())
+    assert info["languages"] == ["en", "es"] and info["features"]["stats_utterances"] == 16
 
 
 def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):

@@ -578,12 +578,19 @@ def _data_facts(
     stats = None
     if n_stats > 0 and len(split):
         fe, frames = _feature_config(config).extractor(), []
-        for row in split.select(range(min(n_stats, len(split))))["audio"]:
-            wave = decode_audio(row.get("bytes") or row.get("path"))
+        for row in split.select_columns(["audio"]):
+            audio = row["audio"]
+            try:
+                wave = decode_audio(audio.get("bytes") or audio.get("path"))
+            except UserError:  # a missing or unreadable clip: training skipped it too
+                continue
             mel = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
             frames.append(mel[:, : max(1, wave.shape[0] // HOP_LENGTH)])  # the padding left out
-        mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
-        stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
+            if len(frames) == n_stats:
+                break
+        if frames:
+            mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
+            stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
     return langs, stats
 
 
