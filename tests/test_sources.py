@@ -332,3 +332,29 @@ def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
     write_table(root / "a.csv", [r for r in rows if '"' not in r["text"]], ",")
     csv = load_source(DataConfig(path=root / "a.csv", language="en", cache_dir=tmp_path / "c"))
     assert list(csv.splits["train"]["text"]) == ["NA", "null"]
+
+
+def test_a_hub_snapshot_layout_splits_by_file_name(tmp_path, clips, caplog):
+    """Files in data/, dev_clean + dev_other are the validation split, a file whose name says
+    no split is named in a warning (not silently read or dropped)."""
+    from datasets import Dataset
+
+    root = tmp_path / "corpus"
+    (root / "data").mkdir()
+    (root / "README.md").write_text("a dataset card")
+    parts = {"train-00000-of-00001": by_split(clips, "train"),
+             "dev_clean": by_split(clips, "validation")[:5],
+             "dev_other": by_split(clips, "validation")[5:]}  # fmt: skip
+    for name, rows in parts.items():
+        Dataset.from_dict({
+            "audio": [(root / r["file"]).read_bytes() for r in rows],
+            "text": [r["text"] for r in rows], "language": [r["language"] for r in rows],
+        }).to_parquet(str(root / "data" / f"{name}.parquet"))  # fmt: skip
+    write_jsonl(root / "data" / "notes.jsonl", [{"note": "not data"}])
+    cfg = DataConfig(path=root, cache_dir=tmp_path / "cache")
+    with caplog.at_level("WARNING", logger="asrforge"):
+        train, evaluation = training_splits(
+            cfg, run_dir=tmp_path / "run", resuming=False, is_main=True
+        )
+    assert (len(train), len(evaluation)) == (48, 12)
+    assert "not read, their names say no split: data/notes.jsonl" in caplog.text

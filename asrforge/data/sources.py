@@ -3,8 +3,9 @@
 
 ``data.path`` may be a ``save_to_disk`` ``DatasetDict`` or ``Dataset``, a directory of parquet,
 arrow, jsonl/json, csv or tsv files (each file's split is the word its name starts with:
-``train-0000.parquet``, ``validation.jsonl``; ``dev``/``valid``/``val`` mean ``validation``), or
-one such file, which is the training split (a NeMo JSONL manifest, a CSV/TSV with a header row).
+``train-0000.parquet``, ``validation.jsonl``, ``data/test_clean.csv``; ``dev``/``valid``/``val``
+mean ``validation``), or one such file, which is the training split (a NeMo JSONL manifest, a
+CSV/TSV with a header row).
 Files are read with the ``datasets`` library's own loaders; parquet, json and csv are converted to
 Arrow once into its cache (``data.cache_dir``/datasets, else ``HF_DATASETS_CACHE``) and reused
 from there; arrow files and ``save_to_disk`` directories are memory-mapped where they are.
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 FILE_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
                 ".csv": "csv", ".tsv": "tsv"}  # fmt: skip
 """File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
-SPLIT_ALIASES = {"dev": "validation", "valid": "validation", "val": "validation"}
+SPLIT_WORDS = {"train": "train", "validation": "validation", "dev": "validation",
+               "valid": "validation", "val": "validation", "test": "test"}  # fmt: skip
+"""The word a data file's name starts with -> its split."""
 USUAL_COLUMNS = {
     "audio": ("audio", "audio_filepath", "path"),
     "text": ("text",),
@@ -85,9 +88,9 @@ def load_source(cfg: DataConfig) -> Source:
     elif path.is_dir():
         raw, root = _load_directory(path, cache_dir), path
     else:
-        raw, root = {"train": _load_files(_format_of(path), [path], cache_dir)}, path.parent
-        if cfg.train_split != "train":  # one file is one split: the one training reads
-            raw = {cfg.train_split: raw["train"]}
+        raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
+    if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
+        raw = {cfg.train_split: raw}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
     language = _language_code(cfg.language) if cfg.language is not None else None
     splits = {}
@@ -97,8 +100,8 @@ def load_source(cfg: DataConfig) -> Source:
     return Source(splits, path)
 
 
-def _load_saved(path: Path) -> dict:
-    """A ``save_to_disk`` directory: its splits (a single ``Dataset`` is the training split)."""
+def _load_saved(path: Path):
+    """A ``save_to_disk`` directory: its splits, or its one ``Dataset``."""
     import datasets
 
     from asrforge.data.dataset import _empty_splits
@@ -115,26 +118,31 @@ def _load_saved(path: Path) -> dict:
         raise UserError(
             f"data.path: {path} is not a dataset saved with save_to_disk: {e}"
         ) from None
-    return {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
+    return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
 def _load_directory(path: Path, cache_dir: Path | None) -> dict:
-    """A directory of data files, grouped into splits by the word each file name starts with."""
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FILE_FORMATS)
-    if not files:
+    """A directory of data files, grouped into splits by the word each file name, or else its
+    folder's name, starts with. The files are the directory's own, or when none of those names a
+    split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
+    of a million clips beside a manifest is not walked."""
+    by_split: dict[str | None, list[Path]] = {}
+    for pattern in ("*", "*/*"):
+        for f in sorted(path.glob(pattern)):
+            if f.suffix.lower() in FILE_FORMATS and f.is_file():
+                by_split.setdefault(_split_word(f.name) or _split_word(f.parent.name), []).append(f)
+        if set(by_split) - {None}:
+            break
+    unsplit = by_split.pop(None, [])
+    if not by_split:
         raise UserError(
-            f"data.path: {path} holds no data files ({', '.join(sorted(FILE_FORMATS))}) and is "
-            "not a dataset saved with save_to_disk"
+            f"data.path: {path} holds no data files named by their split (train*, validation*, "
+            f"dev*, test*; formats {', '.join(sorted(FILE_FORMATS))}) and is not a dataset "
+            "saved with save_to_disk"
         )
-    by_split: dict[str, list[Path]] = {}
-    for f in files:
-        word = re.match(r"[a-z]*", f.name.lower()).group()
-        if not word:
-            raise UserError(
-                f"data.path: cannot tell the split of {f}: start its name with it "
-                "(train..., validation..., test...)"
-            )
-        by_split.setdefault(SPLIT_ALIASES.get(word, word), []).append(f)
+    if unsplit:
+        log.warning("data.path: %s: not read, their names say no split: %s", path,
+                    ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
     splits = {}
     for name, group in by_split.items():
         formats = {_format_of(f) for f in group}
@@ -145,6 +153,12 @@ def _load_directory(path: Path, cache_dir: Path | None) -> dict:
             )
         splits[name] = _load_files(formats.pop(), group, cache_dir)
     return splits
+
+
+def _split_word(name: str) -> str | None:
+    """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
+    word = re.match(r"[a-z]*", name.lower()).group()
+    return SPLIT_WORDS.get(word)
 
 
 def _format_of(path: Path) -> str:
