@@ -312,6 +312,21 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     assert skipped == [{"audio file not found": [clips[5]["file"]]}]
     summary = json.loads((run / "eval" / "step-000004.jsonl").read_text().splitlines()[-1])
     assert summary["step"] == 4 and summary["wer"] is not None
+
+    # a resume evaluates on the rows the run started with, though data.eval_carve changed
+    def eval_ids(step: int) -> list[str]:
+        lines = (run / "eval" / f"step-{step:06d}.jsonl").read_text().splitlines()[:-1]
+        return sorted(json.loads(line)["uid"] for line in lines)
+
+    args = [
+        "train",
+        str(config),
+        "train.max_steps=6",
+        "eval.eval_steps=6",
+        "data.eval_carve.seed=9",
+    ]
+    assert main([*args, "--resume"]) == 0
+    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12
     # export reads the CSV too: its languages and the log-mel statistics of 16 training clips
     from asrforge.bundle.export import export_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG
