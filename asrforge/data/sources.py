@@ -50,6 +50,7 @@ USUAL_COLUMNS = {
     "id": ("id",),
 }
 """Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``: NeMo)."""
+STRING_TYPES = ("string", "large_string", "null")
 CARVE_FILE = "eval_carve.json"
 
 
@@ -210,7 +211,7 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     Raises:
         UserError: a column is missing or holds the wrong type.
     """
-    from datasets import Audio, Value
+    from datasets import Value
 
     found = {key: _column(ds, key, getattr(cfg.columns, key), where)
              for key in ("audio", "text", "language", "id")}  # fmt: skip
@@ -234,28 +235,10 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     keep = [c for c in found.values() if c is not None]
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
-    audio = found["audio"]
-    if _is_audio_struct(ds.features[audio]) and not _has_bytes(ds, audio):
-        ds = _paths_of_struct(ds, audio)  # an Audio of paths only: resolved like path strings
-    kind = _dtype(ds.features[audio])
-    if _is_audio_struct(ds.features[audio]) or kind in ("binary", "large_binary"):
-        ds = ds.cast_column(audio, Audio(decode=False))
-    elif kind in ("string", "large_string"):
-        ds = _absolute_paths(ds, audio, audio_root, keep_as_id=found["id"] is None)
-        found["id"] = found["id"] or "id"
-        ds = ds.cast_column(audio, Audio(decode=False))
-    else:
-        raise UserError(
-            f"data.columns.audio: column {audio!r} of {where} holds {kind}; expected audio "
-            "(an Audio feature, bytes or a path)"
-        )
+    ds = _audio_column(ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None)
     for key in ("text", "language"):
         column = found[key]
-        if column is not None and _dtype(ds.features[column]) not in (
-            "string",
-            "large_string",
-            "null",
-        ):
+        if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
             raise UserError(
                 f"data.columns.{key}: column {column!r} of {where} holds "
                 f"{_dtype(ds.features[column])}, expected strings"
@@ -263,9 +246,32 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
     if language is not None:
         ds = ds.add_column("language", [language] * len(ds))
-    if "id" in ds.column_names and _dtype(ds.features["id"]) not in ("string", "large_string"):
+    if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
         ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
     return ds
+
+
+def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool):
+    """``ds`` with ``column`` as an undecoded ``Audio`` (``{bytes, path}``): an ``Audio`` feature
+    or its struct, encoded bytes, or paths (made absolute against ``root``; with ``paths_as_id``
+    they are also the ``id`` column, as the data gives them).
+
+    Raises:
+        UserError: the column holds something else.
+    """
+    from datasets import Audio
+
+    if _is_audio_struct(ds.features[column]) and not _has_bytes(ds, column):
+        ds = _paths_of_struct(ds, column)  # an Audio of paths only: resolved like path strings
+    kind = _dtype(ds.features[column])
+    if kind in ("string", "large_string"):
+        ds = _absolute_paths(ds, column, root, keep_as_id=paths_as_id)
+    elif not (_is_audio_struct(ds.features[column]) or kind in ("binary", "large_binary")):
+        raise UserError(
+            f"data.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
+            "(an Audio feature, bytes or a path)"
+        )
+    return ds.cast_column(column, Audio(decode=False))
 
 
 def _column(ds, key: str, named: str | None, where: str) -> str | None:
