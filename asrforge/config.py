@@ -320,18 +320,69 @@ class AugmentConfig(Section):
     which imports code and needs ``--allow-external-callbacks``."""
 
 
+class ColumnsConfig(Section):
+    """Which of the data's columns hold what; unset: the usual names are looked for."""
+
+    audio: str | None = None
+    """The audio: an ``Audio`` feature, encoded bytes, or a file path (relative paths are read
+    from the manifest's directory, or ``data.audio_dir``); default ``audio``, ``audio_filepath``
+    (NeMo) or ``path``, the first present."""
+    text: str | None = None
+    """The transcript (``sentence`` in Common Voice, ``raw_transcription`` in FLEURS); default
+    ``text``."""
+    language: str | None = None
+    """The language: an ISO or Whisper code, an English name (``English``) or a locale (``sv-SE``,
+    ``zh-CN``); default ``language`` or ``lang`` (NeMo), or ``data.language`` for all."""
+    id: str | None = None
+    """An utterance id for reports; default ``id``, else the audio's path as the data gives it, or
+    ``<split>-<row>``."""
+
+
+class CarveConfig(Section):
+    """An evaluation split held out of the training split: the same rows for a given data set,
+    ``size`` and ``seed``, whatever the run's seed (runs of one matrix compare on one split)."""
+
+    size: float = Field(gt=0)
+    """Rows to hold out: a count (``200``) or, below 1, a fraction of the training rows (``0.05``)."""
+    seed: int = 0
+    """Seed of the draw."""
+
+    @field_validator("size")
+    @classmethod
+    def _count_or_fraction(cls, v: float) -> float:
+        if v >= 1 and v != int(v):
+            raise ValueError(f"a count (a whole number) or a fraction below 1, got {v:g}")
+        return v
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
     path: Path
-    """An Arrow dataset directory (``datasets.load_from_disk``) with columns ``audio`` (16 kHz),
-    ``text`` and ``language``, holding the train and evaluation splits."""
+    """The data (see README "Your data"): a ``save_to_disk`` ``DatasetDict`` or ``Dataset``; a
+    directory of parquet, arrow, jsonl/json, csv or tsv files whose names start with their split
+    (``train-0000.parquet``, ``validation.jsonl``, ``dev.csv`` is ``validation``); or one such
+    file, the training split: a JSONL manifest (NeMo: ``audio_filepath``, ``text``, ``duration``,
+    optional ``lang``) or a CSV/TSV with a header row. See ``columns`` for the column names."""
     generate: Literal["tones"] | None = None
     """Build this small synthetic data set at ``path`` when it is missing (deterministic)."""
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    """The data's column names, e.g. ``{audio: path, text: sentence, language: locale}``."""
+    language: str | None = None
+    """The language of every utterance when the data has no language column (a code, an English
+    name or a locale)."""
+    audio_dir: Path | None = None
+    """Where relative audio paths are read from; default the directory of the manifest (of
+    ``path`` itself when it is a directory)."""
     train_split: str = "train"
     """The split of ``path`` that trains."""
     eval_split: str = "validation"
-    """The split of ``path`` that is evaluated and selects the checkpoints."""
+    """The evaluation split's name: one of the data's splits, or the split ``eval_carve`` holds
+    out of the training split."""
+    eval_carve: CarveConfig | None = None
+    """Hold the evaluation split out of the training split (for data without one), e.g.
+    ``{size: 0.05, seed: 0}``. The held-out rows are recorded in the run directory
+    (``eval_carve.json``): a resumed run evaluates on the same rows and trains on the rest."""
     languages: list[str] | None = None
     """Keep only utterances of these languages; default all. Codes, English names and locales
     are resolved alike here and in the data's ``language`` column (``en``, ``English``,

@@ -637,10 +637,11 @@ def _data_facts(
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
     from asrforge.data.audio import decode_audio
-    from asrforge.data.dataset import data_language, language_filter, load_arrow
+    from asrforge.data.dataset import data_language, language_filter
+    from asrforge.data.sources import load_source
 
     try:
-        split = load_arrow(Path(cfg.data.path))[cfg.data.train_split]
+        split = load_source(cfg.data).splits[cfg.data.train_split]
     except (UserError, KeyError, OSError) as e:
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None
@@ -655,12 +656,19 @@ def _data_facts(
     stats = None
     if n_stats > 0 and len(split):
         fe, frames = _feature_config(config).extractor(), []
-        for row in split.select(range(min(n_stats, len(split))))["audio"]:
-            wave = decode_audio(row.get("bytes") or row.get("path"))
+        for row in split.select_columns(["audio"]):
+            audio = row["audio"]
+            try:
+                wave = decode_audio(audio.get("bytes") or audio.get("path"))
+            except UserError:  # a missing or unreadable clip: training skipped it too
+                continue
             mel = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
             frames.append(mel[:, : max(1, wave.shape[0] // HOP_LENGTH)])  # the padding left out
-        mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
-        stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
+            if len(frames) == n_stats:
+                break
+        if frames:
+            mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
+            stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
     return langs, stats
 
 

@@ -60,8 +60,12 @@ TRAINING_ONLY: Split = {
     "data": {
         "path": ALL,
         "generate": ALL,
+        "columns": ALL,
+        "language": ALL,  # the training data's; the bundle records the languages it saw
+        "audio_dir": ALL,
         "train_split": ALL,
         "eval_split": ALL,
+        "eval_carve": ALL,
         "languages": ALL,  # the training filter; the bundle records the languages it saw instead
         "batch_size": ALL,
         "eval_batch_size": ALL,

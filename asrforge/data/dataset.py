@@ -1,11 +1,12 @@
 """ASR datasets: an Arrow split -> filtered utterances -> (log-mel, prompt, labels) batches.
 
-Filtering happens once, up front, in the main process: empty text, languages without a
-token, labels longer than the decoder allows, unreadable, empty or over-long audio are skipped
-with their ids and counted, so an epoch never crashes halfway. Log-mels are computed in
-DataLoader workers; a clip whose samples turn out NaN/inf (or that fails to decode there) is
-dropped from its batch with its id and reason (``Collator``), and reported by the loop and by
-evaluation.
+Filtering happens once, up front, in the main process: empty text, labels longer than the
+decoder allows, missing audio files, unreadable, empty or over-long audio are skipped with their
+ids and counted, so an epoch never crashes halfway. A language the tokenizer has no token for
+stops the run (:func:`check_language_tokens`) instead of dropping all of its utterances.
+Log-mels are computed in DataLoader workers; a clip whose samples turn out NaN/inf (or that
+fails to decode there) is dropped from its batch with its id and reason (``Collator``), and
+reported by the loop and by evaluation.
 
 The ``language`` column and ``data.languages`` are resolved alike (:func:`data_language`): codes,
 English names and locales (``en``, ``English``, ``en-US``) are one language.
@@ -169,6 +170,8 @@ def prepare_split(
     keep_langs = language_filter(cfg.languages)
     ids = split["id"] if "id" in split.column_names else [f"{name}-{i}" for i in range(len(split))]
     texts, langs = split["text"], split["language"]
+    if specials.multilingual:
+        check_language_tokens(langs, name, specials, keep_langs)
     out: list[Utterance] = []
     row = 0
     for batch in split.select_columns(["audio"]).iter(batch_size=256):
@@ -180,9 +183,6 @@ def prepare_split(
             if text is None or not text.strip():
                 report.add("empty text", uid)
                 continue
-            if specials.multilingual and specials.token_language(lang) is None:
-                report.add(f"language {lang!r} without a token", uid)
-                continue
             blob = audio.get("bytes") if isinstance(audio, dict) else None
             src = blob if blob else (audio.get("path") if isinstance(audio, dict) else None)
             try:
@@ -190,7 +190,11 @@ def prepare_split(
                     raise ValueError("no audio")
                 _, seconds = audio_info(src)
             except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
-                report.add("unreadable audio", uid)
+                if isinstance(src, str) and not Path(src).exists():  # named: the id may not say
+                    named = uid if src.endswith(uid) else f"{uid} ({src})"
+                    report.add("audio file not found", named)
+                else:
+                    report.add("unreadable audio", uid)
                 continue
             if seconds <= 0:
                 report.add("empty audio (0 samples)", uid)
@@ -209,8 +213,39 @@ def prepare_split(
     return out, report
 
 
+def check_language_tokens(values: list, split: str, specials, keep: set[str] | None) -> None:
+    """Refuse a language (a value of the ``language`` column) the tokenizer has no token for:
+    training would otherwise drop every one of its utterances.
+
+    Raises:
+        UserError: naming each such value, its utterance count and the ways to fix it.
+    """
+    counts = Counter(values)
+    tokenless: dict[str | None, int] = {}
+    for value, n in counts.items():
+        code = data_language(value)
+        if (keep is None or code in keep) and specials.token_language(code) is None:
+            tokenless[value] = n
+    if not tokenless:
+        return
+    found = ", ".join(_language_value(v, n) for v, n in tokenless.items())
+    raise UserError(
+        f"data: split {split!r}: language {found} has no token in this tokenizer. Map it to an "
+        "existing token (data.language_tokens, e.g. {lg: sw}), add its token with `asrforge "
+        "vocab build`, or leave it out (data.languages); a value that names no language: give "
+        "ISO codes, English names or locales (data.columns.language names the column)"
+    )
+
+
+def _language_value(value: str | None, n: int) -> str:
+    if not value:
+        return f"none given ({n} utterances)"
+    code = data_language(value)
+    return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"
+
+
 def _log_language_tokens(name: str, utts: list[Utterance], specials, report: SkipReport) -> None:
-    """Say which languages decode under another's token, and how to keep the tokenless ones."""
+    """Say which languages decode under another's token."""
     if not specials.multilingual:
         return
     for lang in sorted({u.language for u in utts} & set(specials.token_of)):
@@ -218,13 +253,6 @@ def _log_language_tokens(name: str, utts: list[Utterance], specials, report: Ski
             "split %s: language %s is decoded with <|%s|> (the tokenizer has no <|%s|>); "
             "checkpoint selection still goes by %s",
             name, lang, specials.token_of[lang], lang, lang,
-        )
-    tokenless = sorted(r for r in report.skipped if r.startswith("language ") and "token" in r)
-    if tokenless:
-        log.warning(
-            "split %s: %s: map such a language to an existing token (data.language_tokens, "
-            "e.g. {lg: sw}) or add its token with `asrforge vocab build`",
-            name, ", ".join(f"{len(report.skipped[r])} {r}" for r in tokenless),
         )
 
 

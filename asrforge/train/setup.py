@@ -36,12 +36,12 @@ from asrforge.data.dataset import (
     SpeechDataset,
     epoch_batches,
     eval_batches,
-    load_arrow,
     prepare_split,
 )
 from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.packing import Packing, build_packing
+from asrforge.data.sources import training_splits
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
@@ -395,13 +395,9 @@ def prepare_run(
         if acc.is_main_process:
             make_tones_dataset(data_path)
         acc.wait_for_everyone()
-    dd = load_arrow(data_path)
-    for split in (cfg.data.train_split, cfg.data.eval_split):
-        if split not in dd:
-            raise UserError(f"data: split {split!r} not in {data_path} (has {sorted(dd)})")
-        if len(dd[split]) == 0:
-            raise UserError(f"data: split {split!r} of {data_path} has no rows")
-    train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
+    train_split, eval_split = training_splits(
+        cfg.data, run_dir=out, resuming=resume_from is not None, is_main=acc.is_main_process
+    )
 
     clock.lap("data set")
     # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)

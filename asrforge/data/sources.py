@@ -1,0 +1,457 @@
+"""Data sources: whatever ``data.path`` holds -> splits with the columns ``audio``, ``text``,
+``language`` (and ``id`` when there is one) that :func:`asrforge.data.dataset.prepare_split` reads.
+
+``data.path`` may be a ``save_to_disk`` ``DatasetDict`` or ``Dataset``, a directory of parquet,
+arrow, jsonl/json, csv or tsv files (each file's split is the word its name starts with:
+``train-0000.parquet``, ``validation.jsonl``, ``data/test_clean.csv``; ``dev``/``valid``/``val``
+mean ``validation``), or one such file, which is the training split (a NeMo JSONL manifest, a
+CSV/TSV with a header row).
+Files are read with the ``datasets`` library's own loaders; parquet, json and csv are converted to
+Arrow once into its cache (``data.cache_dir``/datasets, else ``HF_DATASETS_CACHE``) and reused
+from there; arrow files and ``save_to_disk`` directories are memory-mapped where they are.
+
+Columns are found by ``data.columns`` or by their usual names. Audio becomes an undecoded
+``Audio`` column (``{"bytes", "path"}``) whether the data holds an ``Audio`` feature, encoded bytes
+or file paths; relative paths are made absolute against the manifest's directory (or
+``data.audio_dir``) here, so the audio is read from where it lies, not copied.
+
+Without an evaluation split, ``data.eval_carve`` holds one out of the training split
+(:func:`carve_rows`); the rows are written to the run directory (``eval_carve.json``) and a resumed
+run reads them back.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asrforge.config import CarveConfig, DataConfig
+from asrforge.errors import UserError
+from asrforge.text.scripts import find_language_code
+
+log = logging.getLogger(__name__)
+
+FILE_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
+                ".csv": "csv", ".tsv": "tsv"}  # fmt: skip
+"""File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
+SPLIT_WORDS = {"train": "train", "validation": "validation", "dev": "validation",
+               "valid": "validation", "val": "validation", "test": "test"}  # fmt: skip
+"""The word a data file's name starts with -> its split."""
+USUAL_COLUMNS = {
+    "audio": ("audio", "audio_filepath", "path"),
+    "text": ("text",),
+    "language": ("language", "lang"),
+    "id": ("id",),
+}
+"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``: NeMo)."""
+STRING_TYPES = ("string", "large_string", "null")
+CARVE_FILE = "eval_carve.json"
+
+
+@dataclass
+class Source:
+    """The splits of ``data.path``, each with the standard columns."""
+
+    splits: dict  # split name -> datasets.Dataset
+    where: Path
+    """``data.path``, for messages."""
+
+
+def load_source(cfg: DataConfig) -> Source:
+    """Read ``cfg.path`` and give every split the standard columns.
+
+    Args:
+        cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
+            for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
+            cache).
+
+    Raises:
+        UserError: the path is missing or holds nothing readable, or a column is missing or of
+            the wrong type (named by its ``data.columns`` path, the file and the columns there).
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(cfg.path)
+    cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
+    if not path.exists():
+        raise UserError(
+            f"data.path: {path} does not exist (set data.generate: tones to make a small one)"
+        )
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        raw, root = _load_saved(path), path
+    elif path.is_dir():
+        raw, root = _load_directory(path, cache_dir), path
+    else:
+        raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
+    if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
+        raw = {cfg.train_split: raw}
+    root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
+    language = _language_code(cfg.language) if cfg.language is not None else None
+    splits = {}
+    for name, ds in raw.items():
+        where = path if len(raw) == 1 or not path.is_dir() else f"{path} (split {name!r})"
+        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language)
+    return Source(splits, path)
+
+
+def _load_saved(path: Path):
+    """A ``save_to_disk`` directory: its splits, or its one ``Dataset``."""
+    import datasets
+
+    from asrforge.data.dataset import _empty_splits
+
+    empty = _empty_splits(path)
+    if empty:  # datasets' load_from_disk fails on them with an IndexError
+        raise UserError(
+            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
+            "add rows or leave the split out of the saved DatasetDict"
+        )
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(
+            f"data.path: {path} is not a dataset saved with save_to_disk: {e}"
+        ) from None
+    return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
+
+
+def _load_directory(path: Path, cache_dir: Path | None) -> dict:
+    """A directory of data files, grouped into splits by the word each file name, or else its
+    folder's name, starts with. The files are the directory's own, or when none of those names a
+    split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
+    of a million clips beside a manifest is not walked."""
+    by_split: dict[str | None, list[Path]] = {}
+    for pattern in ("*", "*/*"):
+        for f in sorted(path.glob(pattern)):
+            if f.suffix.lower() in FILE_FORMATS and f.is_file():
+                by_split.setdefault(_split_word(f.name) or _split_word(f.parent.name), []).append(f)
+        if set(by_split) - {None}:
+            break
+    unsplit = by_split.pop(None, [])
+    if not by_split:
+        raise UserError(
+            f"data.path: {path} holds no data files named by their split (train*, validation*, "
+            f"dev*, test*; formats {', '.join(sorted(FILE_FORMATS))}) and is not a dataset "
+            "saved with save_to_disk"
+        )
+    if unsplit:
+        log.warning("data.path: %s: not read, their names say no split: %s", path,
+                    ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
+    splits = {}
+    for name, group in by_split.items():
+        formats = {_format_of(f) for f in group}
+        if len(formats) > 1:
+            raise UserError(
+                f"data.path: split {name!r} of {path} mixes formats "
+                f"({', '.join(f.name for f in group)}); convert them to one"
+            )
+        splits[name] = _load_files(formats.pop(), group, cache_dir)
+    return splits
+
+
+def _split_word(name: str) -> str | None:
+    """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
+    word = re.match(r"[a-z]*", name.lower()).group()
+    return SPLIT_WORDS.get(word)
+
+
+def _format_of(path: Path) -> str:
+    fmt = FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise UserError(
+            f"data.path: {path}: not a format asrforge reads (a save_to_disk directory, "
+            f"or {', '.join(sorted(FILE_FORMATS))} files)"
+        )
+    return fmt
+
+
+def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
+    """One split from files of one format, by ``datasets``' loader for it."""
+    import datasets
+
+    if fmt == "arrow":  # memory-mapped where it lies, no copy
+        try:
+            parts = [datasets.Dataset.from_file(str(f)) for f in files]
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
+            raise UserError(f"data.path: cannot read {files[0]} as an Arrow file: {e}") from None
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    options: dict = {}
+    if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
+        options["keep_default_na"] = False
+    if fmt == "tsv":  # unquoted, as Common Voice writes it: a " is text
+        options.update(sep="\t", quoting=csv.QUOTE_NONE)
+    try:
+        return datasets.load_dataset(
+            "csv" if fmt == "tsv" else fmt,
+            data_files=[str(f) for f in files],
+            split="train",
+            cache_dir=str(cache_dir) if cache_dir is not None else None,
+            **options,
+        )
+    except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
+        cause = e.__cause__ or e
+        raise UserError(
+            f"data.path: cannot read {', '.join(map(str, files))} as {fmt}: "
+            f"{type(cause).__name__}: {cause}"
+        ) from None
+
+
+def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None):
+    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
+    when the data has ids or gives audio as paths; other columns are left out (``duration`` is
+    kept).
+
+    Raises:
+        UserError: a column is missing or holds the wrong type.
+    """
+    from datasets import Value
+
+    found = {key: _column(ds, key, getattr(cfg.columns, key), where)
+             for key in ("audio", "text", "language", "id")}  # fmt: skip
+    if language is not None:
+        if cfg.columns.language is not None:
+            raise UserError(
+                f"data.language: set, and data.columns.language names column "
+                f"{cfg.columns.language!r}: give one of the two"
+            )
+        if found["language"] is not None:
+            log.info("data.language: every utterance of %s is %s (its column %r is not read)",
+                     where, language, found["language"])  # fmt: skip
+        found["language"] = None
+    elif found["language"] is None:
+        raise UserError(
+            f"data.language: {where} has no language column (looked for "
+            f"{', '.join(USUAL_COLUMNS['language'])}; columns: {', '.join(ds.column_names)}): set "
+            "data.language (e.g. en) or name the column in data.columns.language"
+        )
+    _refuse_segments(ds, where)
+    keep = [c for c in found.values() if c is not None]
+    keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
+    ds = ds.select_columns(list(dict.fromkeys(keep)))
+    ds = _audio_column(ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None)
+    for key in ("text", "language"):
+        column = found[key]
+        if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
+            raise UserError(
+                f"data.columns.{key}: column {column!r} of {where} holds "
+                f"{_dtype(ds.features[column])}, expected strings"
+            )
+    ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
+    if language is not None:
+        ds = ds.add_column("language", [language] * len(ds))
+    if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
+        ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
+    return ds
+
+
+def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool):
+    """``ds`` with ``column`` as an undecoded ``Audio`` (``{bytes, path}``): an ``Audio`` feature
+    or its struct, encoded bytes, or paths (made absolute against ``root``; with ``paths_as_id``
+    they are also the ``id`` column, as the data gives them).
+
+    Raises:
+        UserError: the column holds something else.
+    """
+    from datasets import Audio
+
+    if _is_audio_struct(ds.features[column]) and not _has_bytes(ds, column):
+        ds = _paths_of_struct(ds, column)  # an Audio of paths only: resolved like path strings
+    kind = _dtype(ds.features[column])
+    if kind in ("string", "large_string"):
+        ds = _absolute_paths(ds, column, root, keep_as_id=paths_as_id)
+    elif not (_is_audio_struct(ds.features[column]) or kind in ("binary", "large_binary")):
+        raise UserError(
+            f"data.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
+            "(an Audio feature, bytes or a path)"
+        )
+    return ds.cast_column(column, Audio(decode=False))
+
+
+def _column(ds, key: str, named: str | None, where: str) -> str | None:
+    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one."""
+    columns = ds.column_names
+    if named is not None:
+        if named not in columns:
+            raise UserError(
+                f"data.columns.{key}: column {named!r} not in {where} "
+                f"(columns: {', '.join(columns)})"
+            )
+        return named
+    column = next((c for c in USUAL_COLUMNS[key] if c in columns), None)
+    if column is None and key in ("audio", "text"):
+        raise UserError(
+            f"data.columns.{key}: {where} has no {key} column (looked for "
+            f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
+            f"data.columns.{key}: {columns[0] if columns else key}"
+        )
+    return column
+
+
+def _is_audio_struct(feature) -> bool:
+    """An ``Audio`` feature, or the ``{bytes, path}`` struct it is stored as."""
+    from datasets import Audio
+
+    return (
+        isinstance(feature, Audio)
+        or isinstance(feature, dict)
+        and {"bytes", "path"} <= set(feature)
+    )
+
+
+def _has_bytes(ds, column: str) -> bool:
+    import pyarrow.compute as pc
+
+    encoded = pc.struct_field(ds.data.column(column), "bytes")
+    return encoded.null_count < len(encoded)
+
+
+def _paths_of_struct(ds, column: str):
+    """``ds`` with the ``{bytes, path}`` column ``column`` (no bytes) as a column of its paths."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    paths = pa.chunked_array(pc.struct_field(ds.data.column(column), "path"))
+    return ds.remove_columns(column).add_column(column, paths)
+
+
+def _refuse_segments(ds, where: str) -> None:
+    """A NeMo manifest's ``offset``: asrforge reads whole files, and would train the whole file
+    on one segment's transcript.
+
+    Raises:
+        UserError: some row starts at a nonzero offset.
+    """
+    import pyarrow.compute as pc
+
+    if "offset" not in ds.column_names:
+        return
+    offsets = ds.data.column("offset")
+    if pc.any(pc.not_equal(pc.fill_null(offsets, 0), 0)).as_py():
+        raise UserError(
+            f"data.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
+            "cut each segment into a file of its own"
+        )
+
+
+def _dtype(feature) -> str:
+    return getattr(feature, "dtype", type(feature).__name__)
+
+
+def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
+    """Relative paths of ``column`` joined to ``root`` (Arrow compute, no pass in Python); the
+    paths as the data gives them become the ``id`` column when ``keep_as_id``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    paths = ds.data.column(column).cast(pa.string())  # csv gives large_string
+    relative = pc.invert(pc.starts_with(paths, "/"))
+    joined = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
+    absolute = pc.if_else(relative, joined, paths)
+    out = ds.remove_columns(column).add_column(column, pa.chunked_array(absolute))
+    return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
+
+
+def _language_code(value: str) -> str:
+    code = find_language_code(value)
+    if code is None:
+        raise UserError(
+            f"data.language: unknown language {value!r} (give an ISO or Whisper code, "
+            "an English name or a locale, e.g. en, English, en-US)"
+        )
+    return code
+
+
+def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: bool):
+    """(train, eval) splits for a run: from ``data.path``, the evaluation split carved out of the
+    training split with ``data.eval_carve`` (see :func:`carve_eval`).
+
+    Raises:
+        UserError: a split is missing or empty, or a carve does not fit the data.
+    """
+    source = load_source(cfg)
+    splits, where = source.splits, source.where
+    if cfg.train_split not in splits:
+        raise UserError(f"data: split {cfg.train_split!r} not in {where} (has {sorted(splits)})")
+    train = splits[cfg.train_split]
+    if cfg.eval_carve is not None:
+        if cfg.eval_split in splits:
+            raise UserError(
+                f"data.eval_carve: {where} has a {cfg.eval_split!r} split already; use it (leave "
+                "data.eval_carve out) or carve into another name (data.eval_split)"
+            )
+        train, evaluation = carve_eval(train, cfg.eval_carve, run_dir=run_dir, resuming=resuming,
+                                       is_main=is_main, where=str(where))  # fmt: skip
+        splits = {**splits, cfg.train_split: train, cfg.eval_split: evaluation}
+    for split in (cfg.train_split, cfg.eval_split):
+        if split not in splits:
+            hint = "; hold one out of the training split with data.eval_carve: {size: 0.05}"
+            raise UserError(
+                f"data: split {split!r} not in {where} (has {sorted(splits)})"
+                + (hint if split == cfg.eval_split else "")
+            )
+        if len(splits[split]) == 0:
+            raise UserError(f"data: split {split!r} of {where} has no rows")
+    return splits[cfg.train_split], splits[cfg.eval_split]
+
+
+def carve_rows(n_rows: int, carve: CarveConfig) -> np.ndarray:
+    """The rows (sorted) of an ``n_rows`` training split held out for evaluation: a pure function
+    of (``n_rows``, ``carve.size``, ``carve.seed``).
+
+    Raises:
+        UserError: the carve would leave no training rows or hold out none.
+    """
+    k = round(carve.size * n_rows) if carve.size < 1 else int(carve.size)
+    if not 0 < k < n_rows:
+        raise UserError(
+            f"data.eval_carve.size: {carve.size:g} of {n_rows} training rows holds out "
+            f"{k}: it must leave at least one row on each side"
+        )
+    return np.sort(np.random.default_rng(carve.seed).permutation(n_rows)[:k])
+
+
+def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_main: bool,
+               where: str):  # fmt: skip
+    """(train without the held-out rows, the held-out rows), disjoint.
+
+    A run records the rows in ``run_dir/eval_carve.json``; resuming reads them back (a changed
+    ``data.eval_carve`` does not move rows between the splits mid-run).
+
+    Raises:
+        UserError: resuming on a training split of another size than the recorded one.
+    """
+    from asrforge.checkpoint.atomic import atomic_write_text
+
+    record = Path(run_dir) / CARVE_FILE
+    rows = None
+    if resuming and record.exists():
+        saved = json.loads(record.read_text())
+        if saved["train_rows"] != len(train):
+            raise UserError(
+                f"data.eval_carve: {record} held out rows of a {saved['train_rows']}-row training "
+                f"split; {where} has {len(train)} rows now: resume on the data the run started with"
+            )
+        if (saved["size"], saved["seed"]) != (carve.size, carve.seed):
+            log.warning("data.eval_carve: the run keeps the split it started with (size %g, seed "
+                        "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
+        rows = np.asarray(saved["rows"], dtype=np.int64)
+    if rows is None:
+        rows = carve_rows(len(train), carve)
+        if is_main:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(record, json.dumps({
+                "size": carve.size, "seed": carve.seed, "train_rows": len(train),
+                "rows": rows.tolist(),
+            }))  # fmt: skip
+    held = np.zeros(len(train), dtype=bool)
+    held[rows] = True
+    log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
+             len(rows), len(train), carve.seed, record)  # fmt: skip
+    return train.select(np.flatnonzero(~held)), train.select(rows)

@@ -1,0 +1,375 @@
+"""Data sources (issue 15, item 1): every format built here from the tones clips, column
+mapping, languages by name and locale, path audio relative to its manifest, missing files named
+in the skip report, and an evaluation split carved out of the training split."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asrforge.cli import main
+from asrforge.config import CarveConfig, DataConfig
+from asrforge.data.audio import decode_audio
+from asrforge.data.dataset import load_arrow, prepare_split
+from asrforge.data.sources import CARVE_FILE, carve_eval, load_source, training_splits
+from asrforge.errors import UserError
+from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
+from tests.conftest import tiny_config
+
+LOCALES = {"en": "en-US", "es": "es-ES"}  # Common Voice's
+NAMES = {"en": "English", "es": "Spanish"}  # FLEURS'
+
+
+@pytest.fixture
+def clips(tmp_path, tones_dir) -> list[dict]:
+    """The tones' train and validation clips as wav files under ``tmp_path/corpus/clips``: one
+    row per clip (``file`` relative to ``tmp_path/corpus``, ``text``, ``language``, ``split``)."""
+    (tmp_path / "corpus" / "clips").mkdir(parents=True)
+    rows = []
+    for split in ("train", "validation"):
+        for r in load_arrow(tones_dir)[split]:
+            file = f"clips/{r['id']}.wav"
+            (tmp_path / "corpus" / file).write_bytes(r["audio"]["bytes"])
+            rows.append(
+                {"file": file, "text": r["text"], "language": r["language"], "split": split}
+            )
+    return rows
+
+
+def by_split(rows: list[dict], split: str) -> list[dict]:
+    return [r for r in rows if r["split"] == split]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_table(path: Path, rows: list[dict], sep: str) -> None:
+    lines = [sep.join(rows[0])] + [sep.join(str(v) for v in r.values()) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def source(fmt: str, root: Path, rows: list[dict]) -> tuple[Path, dict]:
+    """Write ``rows`` in format ``fmt`` under ``root``: (data.path, the rest of the data config)."""
+    from datasets import Dataset, DatasetDict
+
+    carve = {"eval_carve": {"size": 12, "seed": 0}}
+    if fmt == "parquet dir, audio bytes":
+        for split in ("train", "validation"):
+            Dataset.from_dict({
+                "audio": [(root / r["file"]).read_bytes() for r in by_split(rows, split)],
+                "text": [r["text"] for r in by_split(rows, split)],
+                "language": [r["language"] for r in by_split(rows, split)],
+            }).to_parquet(str(root / f"{split}-00000-of-00001.parquet"))  # fmt: skip
+        return root, {}
+    if fmt == "jsonl dir, paths":  # dev.jsonl: the validation split
+        for split, name in (("train", "train.jsonl"), ("validation", "dev.jsonl")):
+            write_jsonl(root / name, [{"audio": r["file"], "text": r["text"],
+                                       "language": r["language"]} for r in by_split(rows, split)])  # fmt: skip
+        return root, {}
+    if fmt == "arrow dir":
+        for split in ("train", "validation"):
+            saved = root / f"saved-{split}"
+            Dataset.from_dict({
+                "id": [r["file"] for r in by_split(rows, split)],
+                "audio": [(root / r["file"]).read_bytes() for r in by_split(rows, split)],
+                "text": [r["text"] for r in by_split(rows, split)],
+                "language": [r["language"] for r in by_split(rows, split)],
+            }).save_to_disk(str(saved))  # fmt: skip
+            (root / "arrow").mkdir(exist_ok=True)
+            shutil.copy(next(saved.glob("*.arrow")), root / "arrow" / f"{split}-00000.arrow")
+        return root / "arrow", {}
+    if fmt == "NeMo manifest":
+        write_jsonl(root / "train_manifest.json", [
+            {"audio_filepath": r["file"], "text": r["text"], "duration": 1.0, "lang": r["language"]}
+            for r in rows])  # fmt: skip
+        return root / "train_manifest.json", carve
+    if fmt == "CSV, Common Voice columns":
+        write_table(root / "train.csv", [{"path": r["file"], "sentence": r["text"],
+                                          "locale": LOCALES[r["language"]]} for r in rows], ",")  # fmt: skip
+        return root / "train.csv", {**carve, "columns": {"audio": "path", "text": "sentence",
+                                                         "language": "locale"}}  # fmt: skip
+    if fmt == "TSV, FLEURS columns, absolute paths":
+        write_table(root / "train.tsv", [{"path": str(root / r["file"]), "raw_transcription": r["text"],
+                                          "language": NAMES[r["language"]]} for r in rows], "\t")  # fmt: skip
+        return root / "train.tsv", {**carve, "columns": {"text": "raw_transcription"}}
+    if fmt == "CSV without a language column":
+        write_table(root / "all.csv", [{"audio": r["file"], "text": r["text"]} for r in rows], ",")
+        return root / "all.csv", {**carve, "language": "en"}
+    if fmt == "save_to_disk DatasetDict, paths":
+        DatasetDict({split: Dataset.from_dict({
+            "file": [str(root / r["file"]) for r in by_split(rows, split)],
+            "transcription": [r["text"] for r in by_split(rows, split)],
+            "lang": [r["language"] for r in by_split(rows, split)],
+        }) for split in ("train", "validation")}).save_to_disk(str(root / "dd"))  # fmt: skip
+        return root / "dd", {"columns": {"audio": "file", "text": "transcription"}}
+    if fmt == "save_to_disk Dataset":
+        Dataset.from_dict({
+            "audio": [(root / r["file"]).read_bytes() for r in rows],
+            "text": [r["text"] for r in rows],
+            "language": [r["language"] for r in rows],
+        }).save_to_disk(str(root / "ds"))  # fmt: skip
+        return root / "ds", carve
+    if fmt == "save_to_disk Dataset, Audio of relative paths, audio_dir":
+        from datasets import Features, Value
+
+        # Audio's {bytes, path} struct, as written without torchcodec (save_to_disk of an Audio
+        # feature would look for the relative files from the working directory)
+        paths = Features({"audio": {"bytes": Value("binary"), "path": Value("string")},
+                          "text": Value("string"), "language": Value("string")})  # fmt: skip
+        Dataset.from_dict({
+            "audio": [{"bytes": None, "path": r["file"]} for r in rows],
+            "text": [r["text"] for r in rows],
+            "language": [r["language"] for r in rows],
+        }, features=paths).save_to_disk(str(root / "ds"))  # fmt: skip
+        return root / "ds", {**carve, "audio_dir": root}
+    raise AssertionError(fmt)
+
+
+FORMATS = [
+    "parquet dir, audio bytes", "jsonl dir, paths", "arrow dir", "NeMo manifest",
+    "CSV, Common Voice columns", "TSV, FLEURS columns, absolute paths",
+    "CSV without a language column", "save_to_disk DatasetDict, paths", "save_to_disk Dataset",
+    "save_to_disk Dataset, Audio of relative paths, audio_dir",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def specials_and_tokenizer():
+    tok = train_bpe_tokenizer(["la la tone beep boop"] * 20, 300)
+    return tok, SpecialTokens.from_tokenizer(tok, True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_source_format_loads_with_its_columns_mapped(
+    fmt, tmp_path, clips, specials_and_tokenizer
+):
+    root = tmp_path / "corpus"
+    path, data = source(fmt, root, clips)
+    cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
+    before = sorted(p.name for p in path.rglob("*")) if path.is_dir() else None
+    train, evaluation = training_splits(cfg, run_dir=tmp_path / "run", resuming=False, is_main=True)
+    assert len(train) == 48 and len(evaluation) == 12
+    assert {"audio", "text", "language"} <= set(train.column_names)
+    assert sorted([*train["text"], *evaluation["text"]]) == sorted(r["text"] for r in clips)
+    if "language" not in data:  # given by code, locale or name: all resolve to the clip's code
+        tok, specials = specials_and_tokenizer
+        utts, report = prepare_split(
+            train, "train", cfg=cfg, tokenizer=tok, specials=specials,
+            max_target_positions=64, max_seconds=30.0,
+        )  # fmt: skip
+        # path audio decodes (it was "unreadable audio" before) and no clip is skipped
+        assert report.n_skipped == 0 and len(utts) == 48
+        assert {u.language for u in utts} == {"en", "es"}
+        assert sorted(u.text for u in utts) == sorted(list(train["text"]))
+    expected = {r["text"]: (tmp_path / "corpus" / r["file"]).read_bytes() for r in clips}
+    first = train[0]
+    audio = first["audio"]
+    assert audio["bytes"] or Path(audio["path"]).is_absolute()
+    got = decode_audio(audio["bytes"] or audio["path"])
+    np.testing.assert_array_equal(got, decode_audio(expected[first["text"]]))
+    if before is not None:  # nothing written into the user's data directory
+        assert sorted(p.name for p in path.rglob("*")) == before
+
+
+def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips, capsys):
+    root = tmp_path / "corpus"
+    write_table(root / "x.csv", [{"path": r["file"], "transcript": r["text"]} for r in clips], ",")
+    cache = tmp_path / "cache"
+    cfg = DataConfig(
+        path=root / "x.csv", columns={"audio": "path", "text": "sentence"}, language="en",
+        cache_dir=cache,
+    )  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_source(cfg)
+    assert str(e.value) == (f"data.columns.text: column 'sentence' not in {root / 'x.csv'} "
+                            "(columns: path, transcript)")  # fmt: skip
+    with pytest.raises(UserError, match=r"data\.language: .* has no language column"):
+        load_source(
+            DataConfig(path=root / "x.csv", columns={"text": "transcript"}, cache_dir=cache)
+        )
+    write_table(root / "y.csv", [{"wav": r["file"], "text": r["text"]} for r in clips], ",")
+    with pytest.raises(UserError, match=r"data\.columns\.audio: .*no audio column .*looked for"):
+        load_source(DataConfig(path=root / "y.csv", language="en", cache_dir=cache))
+    with pytest.raises(UserError, match=r"data\.language: unknown language 'Klingon'"):
+        load_source(DataConfig(path=root / "x.csv", columns={"audio": "path", "text": "transcript"},
+                               language="Klingon", cache_dir=cache))  # fmt: skip
+    # and the CLI: exit 2, the message, no traceback
+    config = tmp_path / "c.yaml"
+    tiny = tiny_config(tmp_path / "run", root / "x.csv", data={
+        "path": str(root / "x.csv"), "columns": {"audio": "path", "text": "sentence"},
+        "language": "en", "eval_carve": {"size": 0.25}, "cache_dir": str(cache)})  # fmt: skip
+    config.write_text(tiny.to_yaml())
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "data.columns.text: column 'sentence' not in" in err and "Traceback" not in err
+
+
+def test_a_language_without_a_token_stops_naming_the_value(tmp_path, clips, specials_and_tokenizer):
+    tok, specials = specials_and_tokenizer
+    rows = [{**r, "language": "Klingon" if i % 4 == 0 else NAMES[r["language"]]}
+            for i, r in enumerate(clips)]  # fmt: skip
+    write_jsonl(tmp_path / "m.jsonl", [{"audio": r["file"], "text": r["text"],
+                                        "language": r["language"]} for r in rows])  # fmt: skip
+    cfg = DataConfig(
+        path=tmp_path / "m.jsonl", audio_dir=tmp_path / "corpus", cache_dir=tmp_path / "cache"
+    )
+    train = load_source(cfg).splits["train"]
+    kw = dict(cfg=cfg, tokenizer=tok, specials=specials, max_target_positions=64, max_seconds=30.0)
+    with pytest.raises(UserError, match=r"language 'Klingon' \(15 utterances\) has no token"):
+        prepare_split(train, "train", **kw)
+    # Ganda has no Whisper token: named with its code, and data.languages may leave it out
+    ganda = train.map(
+        lambda r: {"language": "Luganda" if r["language"] == "Klingon" else r["language"]}
+    )
+    with pytest.raises(UserError, match=r"'Luganda' \(15 utterances, code 'lg'\) has no token"):
+        prepare_split(ganda, "train", **kw)
+    kw["cfg"] = DataConfig(path=cfg.path, languages=["English", "es-ES"])
+    utts, report = prepare_split(ganda, "train", **kw)
+    assert len(utts) == 45 and report.n_skipped == 0
+
+
+def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, specials_and_tokenizer):
+    tok, specials = specials_and_tokenizer
+    root = tmp_path / "corpus"
+    (root / clips[3]["file"]).unlink()
+    path, data = source("NeMo manifest", root, clips)
+    cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
+    train = load_source(cfg).splits["train"]
+    utts, report = prepare_split(
+        train, "train", cfg=cfg, tokenizer=tok, specials=specials, max_target_positions=64,
+        max_seconds=30.0,
+    )  # fmt: skip
+    assert len(utts) == len(clips) - 1
+    report.log(tmp_path)
+    skipped = json.loads((tmp_path / "skipped-train.json").read_text())
+    assert skipped == {
+        "audio file not found": [clips[3]["file"]]
+    }  # the path as the manifest has it
+
+
+def test_a_manifest_of_segments_is_refused(tmp_path, clips):
+    rows = [{"audio_filepath": r["file"], "text": r["text"], "offset": 0.5 * (i % 2)}
+            for i, r in enumerate(clips)]  # fmt: skip
+    write_jsonl(tmp_path / "corpus" / "m.jsonl", rows)
+    cfg = DataConfig(path=tmp_path / "corpus" / "m.jsonl", language="en", cache_dir=tmp_path / "c")
+    with pytest.raises(UserError, match=r"m\.jsonl has segments \(a nonzero 'offset'\)"):
+        load_source(cfg)
+
+
+def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
+    path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
+    cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
+    full = load_source(cfg).splits["train"]
+    run = tmp_path / "run"
+
+    def carve(size, seed, resuming=False, data=full):
+        train, held = carve_eval(data, CarveConfig(size=size, seed=seed), run_dir=run,
+                                 resuming=resuming, is_main=True, where=str(path))  # fmt: skip
+        return list(train["id"]), list(held["id"])
+
+    train, held = carve(0.25, 0)
+    assert len(held) == 15 and len(train) == 45
+    assert not set(train) & set(held) and sorted(train + held) == sorted(list(full["id"]))
+    assert carve(0.25, 0) == (train, held)  # the same rows again
+    assert carve(0.25, 1)[1] != held  # another seed, other rows
+    assert len(carve(7, 0)[1]) == 7  # a count
+    carve(0.25, 0)
+    recorded = json.loads((run / CARVE_FILE).read_text())
+    assert recorded["seed"] == 0 and len(recorded["rows"]) == 15 and recorded["train_rows"] == 60
+    # a resumed run keeps the rows it started with, whatever data.eval_carve says now
+    assert carve(0.5, 3, resuming=True) == (train, held)
+    with pytest.raises(UserError, match=r"60-row training split; .* has 59 rows now"):
+        carve(0.25, 0, resuming=True, data=full.select(range(59)))
+    for size in (60, 0.001):
+        with pytest.raises(UserError, match=r"data\.eval_carve\.size: .* at least one row"):
+            carve(size, 0)
+    # data with its own validation split is not carved silently
+    (tmp_path / "other").mkdir()
+    dd, _ = source("jsonl dir, paths", tmp_path / "other", clips)
+    with pytest.raises(UserError, match=r"data\.eval_carve: .* has a 'validation' split already"):
+        training_splits(DataConfig(path=dd, eval_carve={"size": 5}, cache_dir=tmp_path / "cache"), run_dir=run, resuming=False,
+                        is_main=True)  # fmt: skip
+
+
+def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips):
+    root = tmp_path / "corpus"
+    (root / clips[5]["file"]).unlink()
+    path, data = source("CSV, Common Voice columns", root, clips)
+    run = tmp_path / "run"
+    cfg = tiny_config(run, path, data={"path": str(path), "cache_dir": str(tmp_path / "cache"), **data},
+                      train={"max_steps": 4}, eval={"eval_steps": 4, "max_new_tokens": 4})  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(cfg.to_yaml())
+    assert main(["train", str(config)]) == 0
+    assert (run / CARVE_FILE).exists() and (run / "checkpoints" / "step-000004").is_dir()
+    # the missing clip is in whichever split the carve put it: named there, with its reason
+    skipped = [json.loads(f.read_text()) for f in run.glob("skipped-*.json")]
+    assert skipped == [{"audio file not found": [clips[5]["file"]]}]
+    summary = json.loads((run / "eval" / "step-000004.jsonl").read_text().splitlines()[-1])
+    assert summary["step"] == 4 and summary["wer"] is not None
+
+    # a resume evaluates on the rows the run started with, though data.eval_carve changed
+    def eval_ids(step: int) -> list[str]:
+        lines = (run / "eval" / f"step-{step:06d}.jsonl").read_text().splitlines()[:-1]
+        return sorted(json.loads(line)["uid"] for line in lines)
+
+    args = [
+        "train",
+        str(config),
+        "train.max_steps=6",
+        "eval.eval_steps=6",
+        "data.eval_carve.seed=9",
+    ]
+    assert main([*args, "--resume"]) == 0
+    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12
+    # export reads the CSV too: its languages and the log-mel statistics of 16 training clips
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.schema import INFERENCE_CONFIG
+
+    bundle = export_bundle(run / "checkpoints" / "step-000004", tmp_path / "bundle")
+    info = json.loads((bundle / INFERENCE_CONFIG).read_text())
+    assert info["languages"] == ["en", "es"] and info["features"]["stats_utterances"] == 16
+
+
+def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
+    """ "NA" is a transcript, not a missing value; a Common Voice TSV's quotes are text."""
+    root = tmp_path / "corpus"
+    texts = ["NA", 'he said "go" now', "null", '"quoted"']
+    rows = [{"audio": r["file"], "text": t} for r, t in zip(clips, texts, strict=False)]
+    write_table(root / "a.tsv", rows, "\t")
+    tsv = load_source(DataConfig(path=root / "a.tsv", language="en", cache_dir=tmp_path / "c"))
+    assert list(tsv.splits["train"]["text"]) == texts
+    write_table(root / "a.csv", [r for r in rows if '"' not in r["text"]], ",")
+    csv = load_source(DataConfig(path=root / "a.csv", language="en", cache_dir=tmp_path / "c"))
+    assert list(csv.splits["train"]["text"]) == ["NA", "null"]
+
+
+def test_a_hub_snapshot_layout_splits_by_file_name(tmp_path, clips, caplog):
+    """Files in data/, dev_clean + dev_other are the validation split, a file whose name says
+    no split is named in a warning (not silently read or dropped)."""
+    from datasets import Dataset
+
+    root = tmp_path / "corpus"
+    (root / "data").mkdir()
+    (root / "README.md").write_text("a dataset card")
+    parts = {"train-00000-of-00001": by_split(clips, "train"),
+             "dev_clean": by_split(clips, "validation")[:5],
+             "dev_other": by_split(clips, "validation")[5:]}  # fmt: skip
+    for name, rows in parts.items():
+        Dataset.from_dict({
+            "audio": [(root / r["file"]).read_bytes() for r in rows],
+            "text": [r["text"] for r in rows], "language": [r["language"] for r in rows],
+        }).to_parquet(str(root / "data" / f"{name}.parquet"))  # fmt: skip
+    write_jsonl(root / "data" / "notes.jsonl", [{"note": "not data"}])
+    cfg = DataConfig(path=root, cache_dir=tmp_path / "cache")
+    with caplog.at_level("WARNING", logger="asrforge"):
+        train, evaluation = training_splits(
+            cfg, run_dir=tmp_path / "run", resuming=False, is_main=True
+        )
+    assert (len(train), len(evaluation)) == (48, 12)
+    assert "not read, their names say no split: data/notes.jsonl" in caplog.text
