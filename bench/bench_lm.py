@@ -145,11 +145,10 @@ def measure(bundle, batches, corpus: str, points: list[tuple[float, float]]) -> 
 
 
 def english(args, work: Path) -> list[dict]:
-    from asrforge.data.corpus import CorpusSpec, build_corpus
-
     from asrforge.bundle.export import bundle_from_checkpoint
     from asrforge.bundle.load import load_bundle
     from asrforge.lm.build import build_lm_file
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     corpus = args.corpus
     if corpus is None:

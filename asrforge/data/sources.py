@@ -33,7 +33,7 @@ import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.errors import UserError
-from asrforge.text.scripts import find_language_code
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
@@ -427,7 +427,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     Raises:
         UserError: resuming on a training split of another size than the recorded one.
     """
-    from asrforge.checkpoint.atomic import atomic_write_text
+    from asrforge.io.atomic import atomic_write_text
 
     record = Path(run_dir) / CARVE_FILE
     rows = None
