@@ -396,7 +396,8 @@ class DataConfig(Section):
     """Whisper's task token: ``transcribe`` (text in the spoken language) or ``translate``
     (English text)."""
     batch_size: int = Field(default=8, gt=0)
-    """Utterances per micro-batch (per process)."""
+    """Utterances per micro-batch (per process); with ``pack.enabled``, windows (each holds
+    several utterances)."""
     eval_batch_size: int | None = Field(default=None, gt=0)
     """Utterances per evaluation batch; default ``batch_size``."""
     num_workers: int = Field(default=0, ge=0)

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -59,6 +60,8 @@ from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.targets import TimestampTokens  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.model.build import BuiltModel, build_model  # noqa: E402
+from asrforge.text import edit_counts, normalize  # noqa: E402
+from asrforge.text.metrics import EditCounts  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 from asrforge.train.setup import choose_precision, model_width  # noqa: E402
@@ -82,8 +85,13 @@ def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:
 
 
 def make_config(
-    work: Path, out: Path, data: Path, args: argparse.Namespace, pack: bool
+    work: Path, out: Path, data: Path, args: argparse.Namespace, pack: dict | None
 ) -> TrainConfig:
+    """The run's config; ``pack``: None for one utterance per window, else the packed side's
+    variant (``data.pack`` fields, and ``batch_size``/``lr``/``warmup`` overriding the shared
+    settings, see :func:`parse_variant`)."""
+    pack = dict(pack) if pack is not None else None
+    side = {k: pack.pop(k) for k in ("batch_size", "lr", "warmup") if k in pack} if pack else {}
     if args.quick:
         model = {
             "d_model": 64,
@@ -103,18 +111,18 @@ def make_config(
     return load_config(
         data={
             "output_dir": str(out),
-            "seed": 0,
+            "seed": args.seed,
             "model": model,
             "data": {
                 "path": str(data),
-                "batch_size": args.batch_size,
+                "batch_size": side.get("batch_size", args.batch_size),
                 "languages": ["en"],
                 "eval_split": "validation" if args.quick else "test",
-                "pack": {"enabled": pack},
+                "pack": {"enabled": True, **pack} if pack is not None else {"enabled": False},
             },
             "optim": {
-                "lr": args.lr,
-                "warmup_steps": args.warmup,
+                "lr": side.get("lr", args.lr),
+                "warmup_steps": side.get("warmup", args.warmup),
                 "schedule": "constant",
                 "weight_decay": 0.0,
                 "clip_grad_norm": 1.0,
@@ -278,8 +286,9 @@ def run_hf(cfg: TrainConfig, out: Path, budget: float, clock, precision: str) ->
     return {"bundle": w.bundle, **seen}
 
 
-def held_out_wer(bundle: BuiltModel, cfg: TrainConfig, precision: str) -> float:
-    """WER of ``bundle``'s model on the validation split, decoded by asrforge's ``evaluate``."""
+def held_out_wer(bundle: BuiltModel, cfg: TrainConfig, precision: str) -> tuple[float, list]:
+    """WER of ``bundle``'s model on the held-out split, decoded by asrforge's ``evaluate`` (the
+    same greedy decoding, prompt and normalizer for every model), and its per-clip records."""
     eval_set = speech_set(cfg, bundle, cfg.data.eval_split)
     eot = bundle.specials.eot
     loader = DataLoader(
@@ -290,7 +299,7 @@ def held_out_wer(bundle: BuiltModel, cfg: TrainConfig, precision: str) -> float:
     def autocast():
         return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
 
-    metrics, _ = evaluate(
+    metrics, preds = evaluate(
         bundle.model,
         loader,
         tokenizer=bundle.tokenizer,
@@ -298,7 +307,70 @@ def held_out_wer(bundle: BuiltModel, cfg: TrainConfig, precision: str) -> float:
         max_new_tokens=cfg.eval.max_new_tokens,
         autocast=autocast,
     )
-    return float(metrics["wer"])
+    return float(metrics["wer"]), preds
+
+
+def clip_errors(preds: list[dict]) -> dict[str, EditCounts]:
+    """``{uid: word edits}`` under asrforge's normalizer."""
+    return {
+        p["uid"]: edit_counts(
+            normalize(p["ref"], p["language"]), normalize(p["hyp"], p["language"])
+        )
+        for p in preds
+    }
+
+
+def error_kinds(errors: dict[str, EditCounts]) -> str:
+    """Substitutions, deletions and insertions, in WER points."""
+    words = sum(c.n_ref for c in errors.values()) or 1
+    subs, dels, ins = (sum(getattr(c, k) for c in errors.values()) for k in ("subs", "dels", "ins"))
+    return f"sub {100 * subs / words:.1f} del {100 * dels / words:.1f} ins {100 * ins / words:.1f}"
+
+
+def wer_difference_interval(
+    a: dict[str, EditCounts], b: dict[str, EditCounts], n: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % paired-bootstrap interval of WER(a) - WER(b) over the held-out clips: how much of a
+    difference the choice of held-out clips alone makes (not the training's own noise)."""
+    uids = sorted(a)
+    ea = np.array([a[u].errors for u in uids])
+    eb = np.array([b[u].errors for u in uids])
+    words = np.array([a[u].n_ref for u in uids])
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(uids), size=(n, len(uids)))
+    diff = (ea[draws].sum(1) - eb[draws].sum(1)) / words[draws].sum(1)
+    lo, hi = np.quantile(diff, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+PACK_KEYS = {
+    "batch_size": int,
+    "lr": float,
+    "warmup": int,
+    "single_share": float,
+    "timestamp_share": float,
+    "prev_text_share": float,
+    "max_seconds": float,
+}
+
+
+def parse_variant(spec: str) -> dict:
+    """``--pack-variant`` ``key=value,...`` (keys: :data:`PACK_KEYS`, plus ``gap=lo:hi``) as a
+    dict; the empty string is the defaults."""
+    out: dict = {}
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if key == "gap" and sep:
+            lo, _, hi = value.partition(":")
+            out["gap_seconds"] = (float(lo), float(hi or lo))
+        elif key in PACK_KEYS and sep:
+            out[key] = PACK_KEYS[key](value)
+        else:
+            raise SystemExit(
+                f"--pack-variant {spec!r}: {part!r} is not key=value with a key of "
+                f"{', '.join([*PACK_KEYS, 'gap'])}"
+            )
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -323,6 +395,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="windows per step, both sides")
     p.add_argument("--lr", type=float, default=None, help="default 2e-4 (the demo's; --quick 3e-3)")
     p.add_argument("--warmup", type=int, default=5, help="optimizer steps of warm-up")
+    p.add_argument("--seed", type=int, default=0, help="training seed of both sides")
+    p.add_argument(
+        "--pack-variant",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="a packed side to train (repeatable; each is one asrforge row against the same "
+        "transformers run): overrides of batch_size, lr, warmup, single_share, timestamp_share, "
+        "prev_text_share, max_seconds, gap=LO:HI; default one row of data.pack's defaults",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (--quick 16)")
     p.add_argument(
         "--sides",
@@ -338,7 +420,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.test = args.test or (12 if q else 40)
     args.lr = args.lr or (3e-3 if q else 2e-4)
     args.max_new_tokens = args.max_new_tokens or (16 if q else 64)
+    args.variants = [parse_variant(v) for v in (args.pack_variant or [""])]
     return args
+
+
+def variant_name(variant: dict) -> str:
+    return "asrforge" + (
+        "[" + ",".join(f"{k}={v}" for k, v in variant.items()) + "]" if variant else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -346,39 +435,58 @@ def main(argv: list[str] | None = None) -> dict:
     clock = clock_of(args.clock)
     with bench_session("bench-packing-", args) as (tmp, work):
         data = build_data(work, args.quick, args.train, args.test)
-        packed = make_config(work, tmp / "asrforge", data, args, pack=True)
-        single = make_config(work, tmp / "hf", data, args, pack=False)
-        precision, _ = choose_precision("auto", "cpu", model_width(packed.model))
+        single = make_config(work, tmp / "hf", data, args, pack=None)
+        precision, _ = choose_precision("auto", "cpu", model_width(single.model))
         sides = set(args.sides.split(","))
         start = None
+        errors: dict[str, dict] = {}
         if "start" in sides:
-            start = held_out_wer(build_workload(single).bundle, single, precision)
-            print(f"start: held-out WER {start:.3f} (load {load_average()})")
+            start, preds = held_out_wer(build_workload(single).bundle, single, precision)
+            errors["start"] = clip_errors(preds)
+            words = sum(c.n_ref for c in errors["start"].values())
+            print(
+                f"start: held-out WER {start:.3f} on {len(preds)} clips, {words} words: one "
+                f"word is {100 / words:.2f} WER points, one clip's words "
+                f"{100 / len(preds):.2f} on average (load {load_average()})"
+            )
+        runs = []
+        if "asrforge" in sides:
+            for k, variant in enumerate(args.variants):
+                cfg = make_config(work, tmp / f"asrforge-{k}", data, args, pack=variant)
+                runs.append(
+                    (variant_name(variant), lambda c=cfg: run_asrforge(c, args.budget, clock))
+                )
+        if "hf" in sides:
+            runs.append(
+                ("hf", lambda: run_hf(single, tmp / "hf-out", args.budget, clock, precision))
+            )
         rows = {}
-        for side, run in (
-            ("asrforge", lambda: run_asrforge(packed, args.budget, clock)),
-            ("hf", lambda: run_hf(single, tmp / "hf-out", args.budget, clock, precision)),
-        ):
-            if side not in sides:
-                continue
+        for side, run in runs:
             r = run()
-            r["wer"] = held_out_wer(r.pop("bundle"), single, precision)
+            r["wer"], preds = held_out_wer(r.pop("bundle"), single, precision)
+            errors[side] = clip_errors(preds)
             r["rate"] = r["utterances"] / r["seconds"]
             rows[side] = r
             print(
-                f"{side:9s} {r['steps']:4d} steps, {r['utterances']:5d} utterances in "
+                f"{side} {r['steps']:4d} steps, {r['utterances']:5d} utterances in "
                 f"{r['seconds']:6.1f} s ({args.clock}): {r['rate']:6.2f} utterances/s, held-out "
-                f"WER {r['wer']:.3f} (load {load_average()})"
+                f"WER {r['wer']:.3f} ({error_kinds(errors[side])}; load {load_average()})",
+                flush=True,
             )
-    if {"asrforge", "hf"} <= sides:
-        a, h = rows["asrforge"], rows["hf"]
-        ratio = a["rate"] / h["rate"]
-        print(
-            f"RESULT packing utterances/s asrforge={a['rate']:.2f} hf={h['rate']:.2f} "
-            f"ratio={ratio:.2f} wer asrforge={a['wer']:.3f} hf={h['wer']:.3f} "
-            f"start={start if start is None else round(start, 3)} precision={precision}"
-        )
-        rows["ratio"] = ratio
+    if "hf" in rows:
+        h = rows["hf"]
+        for side, a in rows.items():
+            if side == "hf":
+                continue
+            ratio = a["rate"] / h["rate"]
+            lo, hi = wer_difference_interval(errors[side], errors["hf"])
+            print(
+                f"RESULT packing utterances/s asrforge={a['rate']:.2f} hf={h['rate']:.2f} "
+                f"ratio={ratio:.2f} wer asrforge={a['wer']:.3f} hf={h['wer']:.3f} "
+                f"start={start if start is None else round(start, 3)} precision={precision} "
+                f"wer_diff_95%=[{lo:+.3f},{hi:+.3f}] side={side}"
+            )
+            a["ratio"] = ratio
     return {"start": start, **rows}
 
 

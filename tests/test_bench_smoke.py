@@ -27,13 +27,13 @@ def test_bench_train_runs_both_loops_on_the_same_batches(tmp_path, capsys):
     assert "RESULT train samples/s asrforge=" in capsys.readouterr().out
 
 
-
 def test_bench_cache_runs_and_the_cache_changes_no_loss(tmp_path, capsys):
     import bench_cache
 
     out = bench_cache.main([*QUICK_TRAINING, "--work-dir", str(tmp_path)])
     assert len(out) == 2 and all(v["loss_diff"] == 0.0 and v["speedup"] > 0 for v in out.values())
     assert "RESULT cache speedup decoder_only=" in capsys.readouterr().out
+
 
 def test_bench_eval_decodes_alike_on_both_sides(tmp_path, capsys):
     import bench_eval
@@ -66,10 +66,21 @@ def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     from workload import training_flops
 
     cfg = WhisperConfig(
-        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        max_source_positions=50, max_target_positions=16, num_mel_bins=80,
+        d_model=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        vocab_size=100,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        max_source_positions=50,
+        max_target_positions=16,
+        num_mel_bins=80,
         attn_implementation="sdpa",
     )
     model = WhisperForConditionalGeneration(cfg)
@@ -112,12 +123,46 @@ def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
     import bench_packing
 
     args = ["--quick", "--budget", "1", "--batch-size", "2", "--threads", "1"]
-    out = bench_packing.main([*args, "--max-new-tokens", "2", "--work-dir", str(tmp_path)])
-    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1 and out["ratio"] > 0
+    variants = ["--pack-variant", "", "--pack-variant", "batch_size=1,lr=1e-3"]
+    out = bench_packing.main(
+        [*args, *variants, "--max-new-tokens", "2", "--work-dir", str(tmp_path)]
+    )
+    assert out["asrforge"]["steps"] >= 1 and out["hf"]["steps"] >= 1
+    assert out["asrforge"]["ratio"] > 0
     # packed windows carry more than one utterance each on average
     assert out["asrforge"]["utterances"] > out["asrforge"]["steps"] * 2
     assert out["hf"]["utterances"] == out["hf"]["steps"] * 2
-    assert "RESULT packing utterances/s asrforge=" in capsys.readouterr().out
+    # a variant is its own row: one window per step, still several utterances each
+    one = out["asrforge[batch_size=1,lr=0.001]"]
+    assert one["steps"] >= 1 and one["utterances"] > one["steps"]
+    text = capsys.readouterr().out
+    assert text.count("RESULT packing utterances/s asrforge=") == 2
+    assert "one word is" in text  # the held-out set's resolution
+
+
+def test_bench_packing_variants_parse_and_reject_unknown_keys():
+    from bench_packing import parse_variant
+
+    assert parse_variant("") == {}
+    assert parse_variant("batch_size=1, lr=5e-4,gap=0.2:0.4") == {
+        "batch_size": 1,
+        "lr": 5e-4,
+        "gap_seconds": (0.2, 0.4),
+    }
+    with pytest.raises(SystemExit, match="'bacth_size=1' is not key=value"):
+        parse_variant("bacth_size=1")
+
+
+def test_bench_packing_wer_difference_interval_is_paired():
+    from bench_packing import wer_difference_interval
+
+    from asrforge.text.metrics import EditCounts
+
+    same = {f"u{i}": EditCounts(i % 3, 0, 0, 10) for i in range(30)}
+    assert wer_difference_interval(same, same) == (0.0, 0.0)
+    worse = {u: c._replace(subs=c.subs + 1) for u, c in same.items()}  # one more error a clip
+    lo, hi = wer_difference_interval(worse, same)
+    assert lo == hi == pytest.approx(0.1)
 
 
 def test_bench_lm_measures_three_decoders_per_language(tmp_path, capsys):

@@ -367,6 +367,33 @@ def test_packing_trains_and_says_where_a_cache_cannot_serve(tmp_path, tones_dir,
     assert "packed windows are computed from audio" in caplog.text
 
 
+def test_max_epochs_with_packing_ends_at_the_last_batch_of_windows(tmp_path, tones_dir):
+    # the run's end is known at the epoch's last batch of *windows*: that step is saved once,
+    # by the end-of-run evaluation, not also as a plain step checkpoint before it (the epoch
+    # was counted in utterances, ~3x the batches here, so the end was never seen coming)
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        **PACKED,
+        train={"max_steps": 1000, "max_epochs": 1},
+        eval={"eval_steps": None, "at_end": True},
+        checkpoint={"checkpoint_every": 1, "save_total_limit": 2},
+    )
+    saves = []
+
+    class Saves(Callback):
+        name = "saves"
+
+        def on_save(self, state, *, path, kind):
+            saves.append((state.step, kind))
+
+    result = Trainer(cfg, [Saves()]).fit()
+    assert result.status == "completed", result.reason
+    last = [kind for step, kind in saves if step == result.step]
+    assert len(last) == 1 and last[0] != "step", saves
+    assert result.step < 48 // 4  # fewer batches than the utterances would make
+
+
 def test_an_utterance_longer_than_max_seconds_stays_alone_in_its_mode():
     # 3 s clips, windows of 2 s (shorter than the model's): each clip alone, timestamps kept
     items = PackItems(["en"] * 3, [3 * SAMPLE_RATE] * 3, [5] * 3, [4] * 3)

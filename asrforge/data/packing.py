@@ -426,6 +426,10 @@ class Packing:
             log.info("packing, epoch %d: %s", epoch, stats.line())
         return self._epoch[1], self._epoch[2]
 
+    def current_windows(self) -> list[Window]:
+        """The windows of the epoch composed last (epoch 0 when none was)."""
+        return self.windows(0 if self._epoch is None else self._epoch[0])[0]
+
     def dataset(self, epoch: int) -> PackedWindows:
         self.base.epoch = epoch  # augmentation draws (the loader of each epoch is new)
         return PackedWindows(
