@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+from contextlib import nullcontext
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +170,7 @@ class Trainer:
 
         def do_eval() -> tuple[dict, Decision]:
             callbacks.call("on_eval_begin", state, split=cfg.data.eval_split)
-            with ema.swapped_in(raw_model) if ema is not None else _nullcontext():
+            with ema.swapped_in(raw_model) if ema is not None else nullcontext():
                 metrics, preds = evaluate(
                     raw_model,
                     run.eval_loader(),
@@ -275,7 +276,7 @@ class Trainer:
                     if batch["size"]:
                         labels = batch["labels"].to(acc.device)
                         sync = accum == cfg.train.grad_accum
-                        with acc.no_sync(model) if not sync else _nullcontext(), acc.autocast():
+                        with acc.no_sync(model) if not sync else nullcontext(), acc.autocast():
                             if task == "lm":  # decoder only: without encoder states, no cross-attn
                                 hidden = raw_model.model.decoder(
                                     input_ids=batch["decoder_input_ids"].to(acc.device),
@@ -545,11 +546,3 @@ def _optimizer_step(
         return grad_norm, "non-finite loss", True
     why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
     return grad_norm, why, scale <= 1.0
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
