@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import signal
-from contextlib import nullcontext
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.model.lora import load_model_state
-from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
+from asrforge.model.partial import encode_frozen_part, encode_trained_part, set_frozen_eval
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.evaluate import evaluate, token_loss
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
@@ -292,7 +292,7 @@ class Trainer:
                                     # SpecAugment, as WhisperModel.forward applies it in training
                                     # (a no-op unless the config's apply_spec_augment is on)
                                     feats = raw_model.model._mask_input_features(feats)  # noqa: SLF001
-                                    frozen = frozen_forward(encoder, feats, top)
+                                    frozen = encode_frozen_part(encoder, feats, top)
                                 else:  # the whole encoder trains, or is frozen (eval mode)
                                     frozen = None
                                 if frozen is None:
@@ -302,7 +302,7 @@ class Trainer:
                                 else:  # the trained top layers run here; the model's forward
                                     # below still runs through the DDP wrapper, which syncs
                                     # the gradients of every trainable parameter
-                                    hidden = trained_forward(encoder, frozen, top)
+                                    hidden = encode_trained_part(encoder, frozen, top)
                                     inputs = {"encoder_outputs": (hidden,)}
                                 logits = model(
                                     **inputs,

@@ -47,7 +47,7 @@ from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
 from asrforge.model import lora
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
-from asrforge.model.partial import frozen_forward, frozen_part_id
+from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import build_selector
 from asrforge.train.events import Decision
@@ -484,7 +484,7 @@ def prepare_run(
         }
         build = functools.partial(
             EncoderCache.build, cache_root, encoder, train_set, producer=producer,
-            forward=functools.partial(frozen_forward, encoder, top=top),
+            forward=functools.partial(encode_frozen_part, encoder, top=top),
         )
         if acc.is_main_process:
             train_set.encoder_cache = build(
