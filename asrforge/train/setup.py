@@ -190,6 +190,39 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class StartupClock:
+    """The run's record of its start-up: seconds per phase, from the CLI's imports to the first
+    optimizer step, logged once as the time-to-first-step breakdown.
+
+    Args:
+        before: phases timed before the run was built (the CLI's imports and config).
+    """
+
+    def __init__(self, before: dict[str, float] | None = None):
+        self.phases: dict[str, float] = dict(before or {})
+        self._t = time.perf_counter()
+        self._first_step_logged = False
+
+    def lap(self, name: str) -> None:
+        """Record the seconds since the last lap (or :meth:`restart`) as phase ``name``."""
+        now = time.perf_counter()
+        self.phases[name] = now - self._t
+        self._t = now
+
+    def restart(self) -> None:
+        """Start the next phase now (the time since the last lap is not a phase)."""
+        self._t = time.perf_counter()
+
+    def first_step_taken(self) -> None:
+        """Record the ``first step`` phase and log the breakdown, once per run."""
+        if self._first_step_logged:
+            return
+        self._first_step_logged = True
+        self.lap("first step")
+        log.info("time to first step %.1f s: %s", sum(self.phases.values()),
+                 ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()))
+
+
 @dataclass
 class RunSetup:
     """The built pieces of a run (see :func:`prepare_run`)."""
@@ -207,8 +240,9 @@ class RunSetup:
     n_params: tuple[int, int]
     resume_from: TrainingCheckpoint | None
     log_handler: logging.Handler | None
-    startup: dict[str, float] = field(default_factory=dict)
-    """Seconds per start-up phase (data set, tokenizer, model, splits)."""
+    startup: StartupClock = field(default_factory=StartupClock)
+    """Seconds per start-up phase (imports, config, data set, tokenizer, model, splits, first
+    step)."""
     text: TextBatches | None = None
     """Text-only batches (``data.asr_ratio < 1``), else None."""
     packing: Packing | None = None
@@ -343,14 +377,17 @@ def _scalars(metrics: dict) -> dict:
 
 
 def prepare_run(
-    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False
+    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False,
+    startup: dict[str, float] | None = None,
 ) -> RunSetup:
     """Build the run. Raises UserError for anything the user must fix.
 
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
+    ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedDataParallelKwargs
 
     out = Path(cfg.output_dir)
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
@@ -360,9 +397,12 @@ def prepare_run(
     # cpu=True also when "auto" finds no GPU: without it, accelerate under torchrun on a CPU-only
     # machine makes every process a separate one-process run (all writing the same run dir)
     on_cpu = cfg.train.device == "cpu" or not torch.cuda.is_available()
+    # a text-only batch leaves the encoder unused: DDP must not wait for its gradients
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.asr_ratio < 1.0)
     acc = Accelerator(
         mixed_precision=precision, cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
+        kwargs_handlers=[ddp],
     )
     enable_cpu_fp16(acc)
     if acc.is_main_process:
@@ -383,7 +423,7 @@ def prepare_run(
     if resume_from is not None:  # before anything is written: a refused resume changes nothing
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
     seed_everything(cfg.seed)
-    clock = _PhaseClock()
+    clock = StartupClock(startup)
     log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
              out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
 
@@ -510,9 +550,6 @@ def prepare_run(
 
     text = None
     if cfg.data.asr_ratio < 1.0:  # text-only batches in the run's language
-        if acc.num_processes > 1:
-            raise UserError("data.asr_ratio < 1: text-only batches run on one process only (the "
-                            "decoder-only pass bypasses the DDP wrapper's gradient sync)")
         text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
         text = TextBatches(
             cfg.data.text_path, tokenizer=tokenizer, prompt=bundle.specials.prompt(text_language),
@@ -531,7 +568,7 @@ def prepare_run(
         cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
         eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
         checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock.phases, packing=packing,
+        log_handler=handler, text=text, startup=clock, packing=packing,
         lora_base=lora_base,
     )
 
@@ -547,16 +584,3 @@ def _save_tokenizer(tokenizer, directory: Path) -> None:
             raise
         except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
             raise OSError(None, str(e)) from e
-
-
-class _PhaseClock:
-    """Wall time of each start-up phase, for the time-to-first-step breakdown in the log."""
-
-    def __init__(self):
-        self.phases: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = now - self._t
-        self._t = now
