@@ -49,7 +49,7 @@ from asrforge.model import lora
 from asrforge.model.build import ModelBundle, build_model, build_tokenizer, count_parameters
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
-from asrforge.selection import build_selector
+from asrforge.selection import Selector, build_selector
 from asrforge.train.events import Decision
 
 log = logging.getLogger("asrforge.train")
@@ -385,11 +385,64 @@ def prepare_run(
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
+    out = Path(cfg.output_dir)
+    acc = start_accelerator(cfg, precision)
+    handler = open_run_dir(out, acc)
+    manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    seed_everything(cfg.seed)
+    clock = StartupClock(startup)
+    log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
+             out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
+    train_split, eval_split = load_splits(cfg, acc)
+    clock.lap("data set")
+    tokenizer = run_tokenizer(cfg, out, acc, train_split["text"])
+    clock.lap("tokenizer")
+    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
+    clock.lap("model")
+    model = bundle.model
+    n_params = count_parameters(model)
+    log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
+             f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
+             model.config.encoder_layers, model.config.decoder_layers, model.config.vocab_size)
+    train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
+    if cfg.data.cache_features:
+        attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
+    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
+        log.warning(
+            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
+            "states are computed once from unmasked features: SpecAugment is not applied"
+        )
+    packing = build_run_packing(cfg, bundle, train_set) if cfg.data.pack.enabled else None
+    if cfg.data.cache_encoder and packing is not None:
+        log.warning("data.cache_encoder: off for training with data.pack.enabled: packed windows "
+                    "change every epoch and the encoder sees the whole window at once, so their "
+                    "encoder states cannot be cached; the frozen part runs every step")
+    elif cfg.data.cache_encoder:
+        attach_encoder_cache(cfg, out, acc, model, train_set, precision)
+    caches = [n for n, on in (("features", cfg.data.cache_features),
+                              ("encoder", cfg.data.cache_encoder and packing is None)) if on]
+    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
+    langs = Counter(u.language for u in train_set.utts)
+    selector, max_steps = build_run_selector(cfg, langs)
+    text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
+    if acc.is_main_process:
+        atomic_write_text(out / "config.yaml", cfg.to_yaml())
+    return RunSetup(
+        cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
+        eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
+        checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
+        log_handler=handler, text=text, startup=clock, packing=packing,
+        lora_base=lora_base,
+    )
+
+
+def start_accelerator(cfg: TrainConfig, precision: str):
+    """The run's ``Accelerator``: DDP across processes, ``precision`` autocast, and on a CPU the
+    fp16 loss scaler too (:func:`enable_cpu_fp16`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedDataParallelKwargs
 
-    out = Path(cfg.output_dir)
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
         # One process, several runs (a notebook, a test session): accelerate keeps one
         # precision per process; start this run's state afresh, keeping the process group.
@@ -405,13 +458,25 @@ def prepare_run(
         kwargs_handlers=[ddp],
     )
     enable_cpu_fp16(acc)
+    return acc
+
+
+def open_run_dir(out: Path, acc) -> logging.Handler | None:
+    """Create the run directory (rank zero, the others wait) and log to its ``train.log``."""
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
-    handler = setup_logging(out, acc.is_main_process)
-    ckpt_root = out / "checkpoints"
+    return setup_logging(out, acc.is_main_process)
+
+
+def find_resume(
+    cfg: TrainConfig, out: Path, acc, *, resume: bool, start_over: bool
+) -> tuple[CheckpointManager, TrainingCheckpoint | None]:
+    """The run's checkpoint manager (interrupted saves recovered) and the checkpoint to resume
+    from, its config checked against this one before anything is written (a refused resume
+    changes nothing)."""
     manager = CheckpointManager(
-        ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
+        out / "checkpoints", save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
         max_disk_gb=cfg.checkpoint.max_disk_gb, log=log,
     )
@@ -420,14 +485,14 @@ def prepare_run(
     latest = find_resume_checkpoint(manager, resume=resume, start_over=start_over,
                                     is_main=acc.is_main_process, log=log)
     resume_from = load_training_checkpoint(latest) if latest is not None else None
-    if resume_from is not None:  # before anything is written: a refused resume changes nothing
+    if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
-    seed_everything(cfg.seed)
-    clock = StartupClock(startup)
-    log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
-             out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
+    return manager, resume_from
 
-    # data
+
+def load_splits(cfg: TrainConfig, acc) -> tuple[Any, Any]:
+    """The training and evaluation splits of ``data.path`` (the tones data set generated first
+    when asked for and missing); a missing or row-less split is a UserError."""
     data_path = Path(cfg.data.path)
     if not data_path.exists() and cfg.data.generate == "tones":
         if acc.is_main_process:
@@ -439,45 +504,59 @@ def prepare_run(
             raise UserError(f"data: split {split!r} not in {data_path} (has {sorted(dd)})")
         if len(dd[split]) == 0:
             raise UserError(f"data: split {split!r} of {data_path} has no rows")
-    train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
+    return dd[cfg.data.train_split], dd[cfg.data.eval_split]
 
-    clock.lap("data set")
-    # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)
-    # The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
-    # resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
-    # rank).
+
+def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
+    """``model.tokenizer``, the pretrained directory's, or a BPE trained on ``train_texts`` once
+    and kept in ``out/tokenizer`` (a resume reuses it).
+
+    The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
+    resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
+    rank).
+    """
     tok_dir = out / "tokenizer"
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
     stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
     if tokenizer is None and acc.is_main_process:
-        tokenizer = build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
+        tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = (
             load_tokenizer(tok_dir) if scratch
-            else build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
+            else build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         )
-    clock.lap("tokenizer")
-    bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
-    model = bundle.model
-    lora_base = None
-    if cfg.model.lora is not None:  # before the optimizer exists: it sees only the adapters
-        lora_base = lora.base_fingerprint(model)
-        if resume_from is not None:
-            lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
-        lora.add_adapters(model, cfg.model.lora)
-    clock.lap("model")
-    n_params = count_parameters(model)
-    log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
-             f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
-             model.config.encoder_layers, model.config.decoder_layers, model.config.vocab_size)
+    return tokenizer
 
-    max_seconds = model.config.max_source_positions / 50.0
-    kw = dict(cfg=cfg.data, tokenizer=tokenizer, specials=bundle.specials,
-              max_target_positions=model.config.max_target_positions, max_seconds=max_seconds)
+
+def build_run_model(
+    cfg: TrainConfig, tokenizer, resume_from: TrainingCheckpoint | None
+) -> tuple[ModelBundle, str | None]:
+    """The model, and with ``model.lora`` its adapters (added before the optimizer exists: it
+    sees only them) and the base weights' fingerprint, checked against a resumed checkpoint's."""
+    bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
+    if cfg.model.lora is None:
+        return bundle, None
+    lora_base = lora.base_fingerprint(bundle.model)
+    if resume_from is not None:
+        lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
+    lora.add_adapters(bundle.model, cfg.model.lora)
+    return bundle, lora_base
+
+
+def build_datasets(
+    cfg: TrainConfig, out: Path, acc, bundle: ModelBundle, train_split, eval_split
+) -> tuple[SpeechDataset, SpeechDataset]:
+    """The training and evaluation data sets: each split's usable utterances (the skipped ones
+    reported in the log and ``skipped-<split>.json``); no usable training utterance is a
+    UserError."""
+    config = bundle.model.config
+    kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials,
+              max_target_positions=config.max_target_positions,
+              max_seconds=config.max_source_positions / 50.0)
     train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
@@ -485,59 +564,66 @@ def prepare_run(
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
-        raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
-    train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
-    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
-    if cfg.data.cache_features:  # log-mels once, for both splits; the other ranks open the result
-        feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
-        features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
-        acc.wait_for_everyone()
-        if features is None:
-            features = FeatureCache.open(feature_root, bundle.features)
-        train_set.feature_cache = eval_set.feature_cache = features
-    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
-        log.warning(
-            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
-            "states are computed once from unmasked features: SpecAugment is not applied"
+        raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of "
+                        f"{Path(cfg.data.path)}")
+    eot = bundle.specials.eot
+    return (SpeechDataset(train_split, train_utts, bundle.features, eot),
+            SpeechDataset(eval_split, eval_utts, bundle.features, eot))
+
+
+def attach_feature_cache(cfg: TrainConfig, out: Path, acc, bundle: ModelBundle,
+                         train_set: SpeechDataset, eval_set: SpeechDataset) -> None:
+    """``data.cache_features``: log-mels once, for both splits; the other ranks open the result."""
+    feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
+    features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
+    acc.wait_for_everyone()
+    if features is None:
+        features = FeatureCache.open(feature_root, bundle.features)
+    train_set.feature_cache = eval_set.feature_cache = features
+
+
+def build_run_packing(cfg: TrainConfig, bundle: ModelBundle, train_set: SpeechDataset) -> Packing:
+    """``data.pack``: the packed training windows of each epoch."""
+    config = bundle.model.config
+    packing = build_packing(
+        cfg.data.pack, train_set, tokenizer=bundle.tokenizer,
+        no_timestamps=bundle.specials.no_timestamps, seed=cfg.seed,
+        window_seconds=config.max_source_positions / 50.0,
+        max_positions=config.max_target_positions,
+    )
+    if cfg.data.cache_features:
+        log.info("data.cache_features with packing: the cache serves evaluation and the "
+                 "windows holding one utterance at offset 0; packed windows are computed "
+                 "from audio (a window's log-mels are not its clips' log-mels side by side)")
+    return packing
+
+
+def attach_encoder_cache(cfg: TrainConfig, out: Path, acc, model, train_set: SpeechDataset,
+                         precision: str) -> None:
+    """``data.cache_encoder``: the frozen part's output (the whole encoder's or the lower
+    layers'), computed once per training utterance by rank zero; the other ranks open it."""
+    cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
+    encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
+    producer = {
+        **frozen_part_id(encoder, top), "precision": precision,
+        "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
+    }
+    build = functools.partial(
+        EncoderCache.build, cache_root, encoder, train_set, producer=producer,
+        forward=functools.partial(encode_frozen_part, encoder, top=top),
+    )
+    if acc.is_main_process:
+        train_set.encoder_cache = build(
+            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, autocast=acc.autocast,
         )
-    packing = None
-    if cfg.data.pack.enabled:
-        packing = build_packing(
-            cfg.data.pack, train_set, tokenizer=tokenizer, no_timestamps=bundle.specials.no_timestamps,
-            seed=cfg.seed, window_seconds=max_seconds,
-            max_positions=model.config.max_target_positions,
-        )
-        if cfg.data.cache_features:
-            log.info("data.cache_features with packing: the cache serves evaluation and the "
-                     "windows holding one utterance at offset 0; packed windows are computed "
-                     "from audio (a window's log-mels are not its clips' log-mels side by side)")
-    if cfg.data.cache_encoder and packing is not None:
-        log.warning("data.cache_encoder: off for training with data.pack.enabled: packed windows "
-                    "change every epoch and the encoder sees the whole window at once, so their "
-                    "encoder states cannot be cached; the frozen part runs every step")
-    elif cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
-        cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
-        encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
-        producer = {
-            **frozen_part_id(encoder, top), "precision": precision,
-            "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
-        }
-        build = functools.partial(
-            EncoderCache.build, cache_root, encoder, train_set, producer=producer,
-            forward=functools.partial(encode_frozen_part, encoder, top=top),
-        )
-        if acc.is_main_process:
-            train_set.encoder_cache = build(
-                batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, autocast=acc.autocast,
-            )
-        acc.wait_for_everyone()
-        if not acc.is_main_process:
-            train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
-    caches = [n for n, on in (("features", cfg.data.cache_features),
-                              ("encoder", cfg.data.cache_encoder and packing is None)) if on]
-    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
-    # selection policy for the run's language
-    langs = Counter(u.language for u in train_utts)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
+
+
+def build_run_selector(cfg: TrainConfig, langs: Counter) -> tuple[Selector, int]:
+    """The selection policy for the run's language, and the run's step count: ``train.max_steps``
+    or the selection group's lower cap."""
     language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
     partial = cfg.model.frozen_encoder_top is not None  # only part of the model trains
     selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
@@ -547,30 +633,23 @@ def prepare_run(
         log.info("max_steps capped at %d by the selection group (train.max_steps=%d)",
                  selector.max_steps, max_steps)
         max_steps = selector.max_steps
+    return selector, max_steps
 
-    text = None
-    if cfg.data.asr_ratio < 1.0:  # text-only batches in the run's language
-        text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
-        text = TextBatches(
-            cfg.data.text_path, tokenizer=tokenizer, prompt=bundle.specials.prompt(text_language),
-            eot=bundle.specials.eot, batch_size=cfg.data.batch_size,
-            max_len=model.config.max_target_positions, max_lines=cfg.data.max_text_lines,
-            seed=cfg.seed,
-        )
-        text.check()
-        log.info("text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
-                 100 * (1 - cfg.data.asr_ratio), cfg.data.max_text_lines or "all",
-                 cfg.data.text_path, text_language)
 
-    if acc.is_main_process:
-        atomic_write_text(out / "config.yaml", cfg.to_yaml())
-    return RunSetup(
-        cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
-        eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
-        checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock, packing=packing,
-        lora_base=lora_base,
+def build_text_batches(cfg: TrainConfig, bundle: ModelBundle, langs: Counter) -> TextBatches:
+    """``data.asr_ratio < 1``: text-only batches in the run's language, the file checked now."""
+    text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    text = TextBatches(
+        cfg.data.text_path, tokenizer=bundle.tokenizer,
+        prompt=bundle.specials.prompt(text_language), eot=bundle.specials.eot,
+        batch_size=cfg.data.batch_size, max_len=bundle.model.config.max_target_positions,
+        max_lines=cfg.data.max_text_lines, seed=cfg.seed,
     )
+    text.check()
+    log.info("text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
+             100 * (1 - cfg.data.asr_ratio), cfg.data.max_text_lines or "all",
+             cfg.data.text_path, text_language)
+    return text
 
 
 def _save_tokenizer(tokenizer, directory: Path) -> None:
