@@ -83,11 +83,11 @@ class Trainer:
         """
         cfg = self.cfg
         run = self._build_run(resume=resume, start_over=start_over)
-        state, callbacks = run.state, run.callbacks
         if run.setup.resume_from is not None:
             run.restore(run.setup.resume_from)
         run.start_ema()  # from the weights training starts with: the resumed ones on a resume
         run.start_guard()
+        state, callbacks = run.state, run.callbacks  # the resumed state on a resume
         ended: tuple[str, str] | None = None  # (status, reason) when the loop itself ends the run
         self._install_signal_handlers()
         try:
