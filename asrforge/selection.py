@@ -234,7 +234,9 @@ class GuardGate:
         self.start_transcripts = dict(state.get("start_transcripts") or {})
 
 
-def improves(value: float, best: float | None, *, mode: str = "min", min_delta: float = 0.0) -> bool:
+def improves(
+    value: float, best: float | None, *, mode: str = "min", min_delta: float = 0.0
+) -> bool:
     """Whether ``value`` is a new best over ``best`` (None: nothing yet): lower (``mode="min"``)
     or higher (``"max"``) by more than ``min_delta``. A NaN or infinite value never improves."""
     if not math.isfinite(value):

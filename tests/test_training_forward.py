@@ -17,10 +17,22 @@ from tests.test_text_only import Steps, _multitask_config
 
 def _whisper(**kw) -> WhisperForConditionalGeneration:
     cfg = WhisperConfig(
-        vocab_size=60, d_model=32, encoder_layers=3, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
-        max_source_positions=50, max_target_positions=16, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=1, **kw,
+        vocab_size=60,
+        d_model=32,
+        encoder_layers=3,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=80,
+        max_source_positions=50,
+        max_target_positions=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        **kw,
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -30,9 +42,12 @@ def _whisper(**kw) -> WhisperForConditionalGeneration:
 def _modes(whisper) -> dict[str, bool]:
     enc = whisper.model.encoder
     return {
-        "conv1": enc.conv1.training, "layer0": enc.layers[0].training,
-        "layer2": enc.layers[2].training, "layer_norm": enc.layer_norm.training,
-        "encoder": enc.training, "decoder": whisper.model.decoder.training,
+        "conv1": enc.conv1.training,
+        "layer0": enc.layers[0].training,
+        "layer2": enc.layers[2].training,
+        "layer_norm": enc.layer_norm.training,
+        "encoder": enc.training,
+        "decoder": whisper.model.decoder.training,
     }
 
 
@@ -71,8 +86,9 @@ def test_each_kind_of_batch_gives_whispers_logits():
     without encoder states) computes."""
     whisper = _whisper().eval()
     batch = _batch()
-    want = whisper(input_features=batch["input_features"],
-                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    want = whisper(
+        input_features=batch["input_features"], decoder_input_ids=batch["decoder_input_ids"]
+    ).logits
     for top in (None, 0, 1, 3):
         got = TrainingWhisper(whisper, frozen_top=top).eval()(batch)
         torch.testing.assert_close(got, want, msg=f"top {top}")
@@ -131,9 +147,21 @@ def test_text_only_batches_train_with_two_processes(tmp_path, tones_dir):
     path = tmp_path / "cfg.yaml"
     path.write_text(cfg.to_yaml())
     out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "asrforge", "train", str(path)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "asrforge",
+            "train",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
@@ -147,7 +175,12 @@ def test_a_frozen_part_stays_in_eval_mode_through_training_and_evaluation(tmp_pa
     from tests.test_partial_finetune import Recorder
 
     rec = Recorder()
-    cfg = tiny_config(tmp_path / "run", tones_dir, model={"dropout": 0.1, "train_encoder_layers": 1},
-                      train={"max_steps": 4}, eval={"eval_steps": 1, "at_end": False})
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        model={"dropout": 0.1, "train_encoder_layers": 1},
+        train={"max_steps": 4},
+        eval={"eval_steps": 1, "at_end": False},
+    )
     assert Trainer(cfg, [rec]).fit().status == "completed"
     assert rec.modes == [(False, False, True)] * 4  # conv1, layers[0] frozen; layers[1] trains

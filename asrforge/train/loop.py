@@ -117,8 +117,11 @@ class Trainer:
                 # when the run ends here, the end-of-run evaluation's save is this step's
                 if state.should_save and (self._signal is not None or not run.final_eval_follows()):
                     evaluated = state.last_eval_step == state.step
-                    run.save_checkpoint("interrupt" if self._signal else "step",
-                                        run.last_metrics if evaluated else None, is_best)
+                    run.save_checkpoint(
+                        "interrupt" if self._signal else "step",
+                        run.last_metrics if evaluated else None,
+                        is_best,
+                    )
 
             status, reason = ended or run.end_reason()
             if status in ("completed", "stopped"):
@@ -130,8 +133,10 @@ class Trainer:
             result = run.result(status, reason)
             log.info("run %s at step %d: %s", status, state.step, reason)
             if run.guard is not None and result.best_step is None:
-                log.warning("forgetting guard: no evaluation kept the guard within tolerance, so "
-                            "no checkpoint became best; the starting model is still the better one")
+                log.warning(
+                    "forgetting guard: no evaluation kept the guard within tolerance, so "
+                    "no checkpoint became best; the starting model is still the better one"
+                )
             callbacks.call("on_train_end", state, result=result)
             # after on_train_end: the averaging callback reads the step checkpoints there
             if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
@@ -165,8 +170,9 @@ class Trainer:
             cfg.train.precision, cfg.train.device, model_width(cfg.model)
         )
         try:
-            setup = prepare_run(cfg, precision=precision, resume=resume, start_over=start_over,
-                                startup=self.startup)
+            setup = prepare_run(
+                cfg, precision=precision, resume=resume, start_over=start_over, startup=self.startup
+            )
         except (OSError, CheckpointSaveError) as e:  # e.g. the tokenizer's write on a full disk
             raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
         log.info("precision: %s (%s)", precision, why_precision)
@@ -234,8 +240,13 @@ class TrainingRun:
         self.callbacks.load_state_dict(ckpt.callbacks)
         self.setup.restore_rng(ckpt.rng)
         self.last_saved_step = state.step
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt.path, state.step,
-                 state.epoch, state.batch_in_epoch)
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            ckpt.path,
+            state.step,
+            state.epoch,
+            state.batch_in_epoch,
+        )
 
     def start_ema(self) -> None:
         """The EMA of the weights (``train.ema_decay``), from the current weights or the resumed
@@ -247,8 +258,12 @@ class TrainingRun:
         if resumed is not None and resumed.ema is not None:
             self.ema.load_state_dict(resumed.ema)
         elif resumed is not None:
-            log.info("EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
-                     "has none)", decay, self.state.step)
+            log.info(
+                "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
+                "has none)",
+                decay,
+                self.state.step,
+            )
 
     def start_guard(self) -> None:
         """The forgetting guard: the starting model's transcripts, once (a resume restored
@@ -256,14 +271,17 @@ class TrainingRun:
         setup, acc = self.setup, self.acc
         language = run_language(self.cfg, [u.language for u in setup.train_set.utts])
         window_seconds = self.whisper.config.max_source_positions / 50
-        self.guard = build_guard(self.cfg, setup.model_bundle, language=language,
-                                 window_seconds=window_seconds)
+        self.guard = build_guard(
+            self.cfg, setup.model_bundle, language=language, window_seconds=window_seconds
+        )
         gate = setup.selector.guard
         if self.guard is None or gate.started:
             return
         if setup.resume_from is not None:  # its starting model is gone
-            raise UserError("eval.guard: the checkpoint holds no guard start (saved by a run "
-                            "without eval.guard); remove eval.guard to resume it")
+            raise UserError(
+                "eval.guard: the checkpoint holds no guard start (saved by a run "
+                "without eval.guard); remove eval.guard to resume it"
+            )
         self.guard.measure_start(self.whisper, gate, device=acc.device, autocast=acc.autocast)
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
@@ -273,11 +291,19 @@ class TrainingRun:
         """The ``on_train_begin`` payload."""
         setup, acc = self.setup, self.acc
         return RunInfo(
-            config=self.cfg, output_dir=setup.output_dir, model=self.whisper,
-            tokenizer=setup.model_bundle.tokenizer, n_params=setup.n_params[0],
-            n_trainable=setup.n_params[1], precision=self.precision, device=str(acc.device),
-            world_size=acc.num_processes, is_main=acc.is_main_process,
-            n_train=len(setup.train_set), n_eval=len(setup.eval_set), selection=setup.selector.why,
+            config=self.cfg,
+            output_dir=setup.output_dir,
+            model=self.whisper,
+            tokenizer=setup.model_bundle.tokenizer,
+            n_params=setup.n_params[0],
+            n_trainable=setup.n_params[1],
+            precision=self.precision,
+            device=str(acc.device),
+            world_size=acc.num_processes,
+            is_main=acc.is_main_process,
+            n_train=len(setup.train_set),
+            n_eval=len(setup.eval_set),
+            selection=setup.selector.why,
         )
 
     # -- train ---------------------------------------------------------------------------------
@@ -404,9 +430,17 @@ class TrainingRun:
         state.last_eval_step = state.step
         state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
         setup.write_eval_records(state.step, metrics, preds, decision)
-        log.info("eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s", state.step,
-                 metrics["loss"], metrics["wer"], metrics["cer"], metrics["n"],
-                 f" rep-trap {metrics.get('rep_trap_count', 0)}", log_text(metrics), decision.reason)
+        log.info(
+            "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
+            state.step,
+            metrics["loss"],
+            metrics["wer"],
+            metrics["cer"],
+            metrics["n"],
+            f" rep-trap {metrics.get('rep_trap_count', 0)}",
+            log_text(metrics),
+            decision.reason,
+        )
         cb.call("on_predict_end", state, predictions=preds)
         cb.call("on_eval_end", state, metrics=metrics, decision=decision)
         if decision.should_stop:
@@ -421,13 +455,19 @@ class TrainingRun:
         guard_metrics: dict = {}
         with ema.swapped_in(whisper) if ema is not None else nullcontext():
             metrics, preds = evaluate(
-                whisper, setup.eval_loader(), tokenizer=setup.model_bundle.tokenizer,
-                eot=setup.model_bundle.specials.eot, max_new_tokens=self.cfg.eval.max_new_tokens,
-                device=acc.device, autocast=acc.autocast, beam_size=self.cfg.eval.beam_size,
+                whisper,
+                setup.eval_loader(),
+                tokenizer=setup.model_bundle.tokenizer,
+                eot=setup.model_bundle.specials.eot,
+                max_new_tokens=self.cfg.eval.max_new_tokens,
+                device=acc.device,
+                autocast=acc.autocast,
+                beam_size=self.cfg.eval.beam_size,
             )
             if self.guard is not None:
-                guard_metrics = self.guard.measure(whisper, setup.selector.guard,
-                                                   device=acc.device, autocast=acc.autocast)
+                guard_metrics = self.guard.measure(
+                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
+                )
         self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
         metrics, preds = setup.gather_eval(metrics, preds)
         metrics.update(
@@ -446,9 +486,16 @@ class TrainingRun:
         state.should_save = False
         self.last_saved_step = state.step
         path = self.setup.save_checkpoint(
-            step=state.step, model=self.whisper, ema=self.ema, optimizer=self.optimizer,
-            scheduler=self.scheduler, scaler=self.acc.scaler, state=state,
-            callback_states=self.callbacks.state_dict(), metrics=metrics, is_best=is_best,
+            step=state.step,
+            model=self.whisper,
+            ema=self.ema,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.acc.scaler,
+            state=state,
+            callback_states=self.callbacks.state_dict(),
+            metrics=metrics,
+            is_best=is_best,
         )
         if path is not None:
             self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
@@ -474,9 +521,16 @@ class TrainingRun:
 
     def result(self, status: str, reason: str) -> FitResult:
         selector = self.setup.selector  # the owner of the run's best
-        return FitResult(status, reason, self.state.step, selector.best_step, dict(selector.best),
-                         self.setup.output_dir, self.last_metrics,
-                         tracked_bests=selector.tracked_bests)
+        return FitResult(
+            status,
+            reason,
+            self.state.step,
+            selector.best_step,
+            dict(selector.best),
+            self.setup.output_dir,
+            self.last_metrics,
+            tracked_bests=selector.tracked_bests,
+        )
 
 
 class _StepTally:

@@ -61,7 +61,9 @@ def cpu_bf16_units() -> list[str]:
     """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
     except OSError:
         return []
     return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
@@ -164,8 +166,11 @@ class _RunLogFile(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         if not self.failed:
             self.failed = True
-            print(f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
-                  "goes on on stderr only", file=sys.stderr)
+            print(
+                f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
+                "goes on on stderr only",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         try:
@@ -219,8 +224,11 @@ class StartupClock:
             return
         self._first_step_logged = True
         self.lap("first step")
-        log.info("time to first step %.1f s: %s", sum(self.phases.values()),
-                 ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()))
+        log.info(
+            "time to first step %.1f s: %s",
+            sum(self.phases.values()),
+            ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()),
+        )
 
 
 @dataclass
@@ -268,14 +276,23 @@ class RunSetup:
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
         batches = epoch_batches(
-            len(train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
-            acc.process_index, acc.num_processes,
+            len(train_set),
+            self.cfg.data.batch_size,
+            self.cfg.seed,
+            epoch,
+            acc.process_index,
+            acc.num_processes,
         )
         loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
         if self.text is None:
             return loader
-        return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
-                          asr_ratio=self.cfg.data.asr_ratio, start=micro_batch)
+        return interleave(
+            loader,
+            self.text.batches(text_position),
+            seed=self.cfg.seed,
+            asr_ratio=self.cfg.data.asr_ratio,
+            start=micro_batch,
+        )
 
     @property
     def batches_per_epoch(self) -> int:
@@ -295,8 +312,12 @@ class RunSetup:
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
         return DataLoader(
-            ds, batch_sampler=batches, collate_fn=self.collator, num_workers=workers,
-            persistent_workers=False, prefetch_factor=4 if workers else None,
+            ds,
+            batch_sampler=batches,
+            collate_fn=self.collator,
+            num_workers=workers,
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
             generator=torch.Generator().manual_seed(seed),
         )
 
@@ -320,29 +341,54 @@ class RunSetup:
         merged.update(dropped_metrics(dropped, len(allp)))
         return merged, allp
 
-    def write_eval_records(self, step: int, metrics: dict, preds: list[dict], decision: Decision) -> None:
+    def write_eval_records(
+        self, step: int, metrics: dict, preds: list[dict], decision: Decision
+    ) -> None:
         """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
         if not self.accelerator.is_main_process:
             return
         lines = [json.dumps(p, ensure_ascii=False) for p in preds]
-        summary = {"summary": True, "step": step, **_scalars(metrics),
-                   "per_language": metrics.get("per_language", {}),
-                   "dropped_utterances": metrics.get("dropped_utterances", {}),
-                   "save": decision.save, "reason": decision.reason}
+        summary = {
+            "summary": True,
+            "step": step,
+            **_scalars(metrics),
+            "per_language": metrics.get("per_language", {}),
+            "dropped_utterances": metrics.get("dropped_utterances", {}),
+            "save": decision.save,
+            "reason": decision.reason,
+        }
         lines.append(json.dumps(summary, ensure_ascii=False))
         (self.output_dir / "eval").mkdir(exist_ok=True)
-        atomic_write_text(self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n")
+        atomic_write_text(
+            self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+        )
 
-    def save_checkpoint(self, *, step, model, ema, optimizer, scheduler, scaler, state,
-                        callback_states, metrics, is_best) -> Path | None:
+    def save_checkpoint(
+        self,
+        *,
+        step,
+        model,
+        ema,
+        optimizer,
+        scheduler,
+        scaler,
+        state,
+        callback_states,
+        metrics,
+        is_best,
+    ) -> Path | None:
         """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return None
         metrics = metrics or {}
         meta = {
-            "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
-            "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
+            "step": step,
+            "wer": metrics.get("wer"),
+            "cer": metrics.get("cer"),
+            "eval_loss": metrics.get("loss"),
+            "config_id": self.cfg.config_id,
+            "seed": self.cfg.seed,
             "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
             "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
         }
@@ -352,11 +398,16 @@ class RunSetup:
         return self.checkpoints.save(
             step,
             dict(
-                model=lora.checkpoint_weights(model), ema=ema.state_dict() if ema is not None else None,
-                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                model=lora.checkpoint_weights(model),
+                ema=ema.state_dict() if ema is not None else None,
+                optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(),
                 scaler=scaler.state_dict() if scaler is not None else None,
-                rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
-                config_yaml=self.cfg.to_yaml(), tokenizer_save=lambda d: tok.save_pretrained(str(d)),
+                rng=capture_rng_state(),
+                train_state=state.to_dict(),
+                callbacks=callback_states,
+                config_yaml=self.cfg.to_yaml(),
+                tokenizer_save=lambda d: tok.save_pretrained(str(d)),
                 meta=meta,
             ),
             metrics=_scalars(metrics) if metrics else None,
@@ -377,7 +428,11 @@ def _scalars(metrics: dict) -> dict:
 
 
 def prepare_run(
-    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False,
+    cfg: TrainConfig,
+    *,
+    precision: str,
+    resume: bool,
+    start_over: bool = False,
     startup: dict[str, float] | None = None,
 ) -> RunSetup:
     """Build the run. Raises UserError for anything the user must fix.
@@ -391,8 +446,14 @@ def prepare_run(
     manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
     seed_everything(cfg.seed)
     clock = StartupClock(startup)
-    log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
-             out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
+    log.info(
+        "asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
+        out,
+        platform.python_version(),
+        torch.__version__,
+        acc.device,
+        acc.num_processes,
+    )
     train_split, eval_split = load_splits(cfg, acc)
     clock.lap("data set")
     tokenizer = run_tokenizer(cfg, out, acc, train_split["text"])
@@ -401,9 +462,15 @@ def prepare_run(
     clock.lap("model")
     model = bundle.model
     n_params = count_parameters(model)
-    log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
-             f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
-             model.config.encoder_layers, model.config.decoder_layers, model.config.vocab_size)
+    log.info(
+        "model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
+        f"{n_params[0]:,}",
+        f"{n_params[1]:,}",
+        model.config.d_model,
+        model.config.encoder_layers,
+        model.config.decoder_layers,
+        model.config.vocab_size,
+    )
     train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
@@ -414,13 +481,21 @@ def prepare_run(
         )
     packing = build_run_packing(cfg, bundle, train_set) if cfg.data.pack.enabled else None
     if cfg.data.cache_encoder and packing is not None:
-        log.warning("data.cache_encoder: off for training with data.pack.enabled: packed windows "
-                    "change every epoch and the encoder sees the whole window at once, so their "
-                    "encoder states cannot be cached; the frozen part runs every step")
+        log.warning(
+            "data.cache_encoder: off for training with data.pack.enabled: packed windows "
+            "change every epoch and the encoder sees the whole window at once, so their "
+            "encoder states cannot be cached; the frozen part runs every step"
+        )
     elif cfg.data.cache_encoder:
         attach_encoder_cache(cfg, out, acc, model, train_set, precision)
-    caches = [n for n, on in (("features", cfg.data.cache_features),
-                              ("encoder", cfg.data.cache_encoder and packing is None)) if on]
+    caches = [
+        n
+        for n, on in (
+            ("features", cfg.data.cache_features),
+            ("encoder", cfg.data.cache_encoder and packing is None),
+        )
+        if on
+    ]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
     langs = Counter(u.language for u in train_set.utts)
     selector, max_steps = build_run_selector(cfg, langs)
@@ -428,10 +503,22 @@ def prepare_run(
     if acc.is_main_process:
         atomic_write_text(out / "config.yaml", cfg.to_yaml())
     return RunSetup(
-        cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
-        eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
-        checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock, packing=packing,
+        cfg=cfg,
+        output_dir=out,
+        accelerator=acc,
+        model_bundle=bundle,
+        train_set=train_set,
+        eval_set=eval_set,
+        collator=Collator(pad_id=bundle.specials.eot),
+        selector=selector,
+        checkpoints=manager,
+        max_steps=max_steps,
+        n_params=n_params,
+        resume_from=resume_from,
+        log_handler=handler,
+        text=text,
+        startup=clock,
+        packing=packing,
         lora_base=lora_base,
     )
 
@@ -453,7 +540,8 @@ def start_accelerator(cfg: TrainConfig, precision: str):
     # a text-only batch leaves the encoder unused: DDP must not wait for its gradients
     ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.asr_ratio < 1.0)
     acc = Accelerator(
-        mixed_precision=precision, cpu=on_cpu,
+        mixed_precision=precision,
+        cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
         kwargs_handlers=[ddp],
     )
@@ -476,14 +564,18 @@ def find_resume(
     from, its config checked against this one before anything is written (a refused resume
     changes nothing)."""
     manager = CheckpointManager(
-        out / "checkpoints", save_total_limit=cfg.checkpoint.save_total_limit,
-        keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
-        max_disk_gb=cfg.checkpoint.max_disk_gb, log=log,
+        out / "checkpoints",
+        save_total_limit=cfg.checkpoint.save_total_limit,
+        keep_best=list(cfg.checkpoint.keep_best),
+        protect_top=averaging_specs(cfg.callbacks),
+        max_disk_gb=cfg.checkpoint.max_disk_gb,
+        log=log,
     )
     if acc.is_main_process:
         manager.recover()
-    latest = find_resume_checkpoint(manager, resume=resume, start_over=start_over,
-                                    is_main=acc.is_main_process, log=log)
+    latest = find_resume_checkpoint(
+        manager, resume=resume, start_over=start_over, is_main=acc.is_main_process, log=log
+    )
     resume_from = load_training_checkpoint(latest) if latest is not None else None
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
@@ -526,7 +618,8 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = (
-            load_tokenizer(tok_dir) if scratch
+            load_tokenizer(tok_dir)
+            if scratch
             else build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         )
     return tokenizer
@@ -554,9 +647,13 @@ def build_datasets(
     reported in the log and ``skipped-<split>.json``); no usable training utterance is a
     UserError."""
     config = bundle.model.config
-    kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials,
-              max_target_positions=config.max_target_positions,
-              max_seconds=config.max_source_positions / 50.0)
+    kw = dict(
+        cfg=cfg.data,
+        tokenizer=bundle.tokenizer,
+        specials=bundle.specials,
+        max_target_positions=config.max_target_positions,
+        max_seconds=config.max_source_positions / 50.0,
+    )
     train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
@@ -564,18 +661,29 @@ def build_datasets(
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
-        raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of "
-                        f"{Path(cfg.data.path)}")
+        raise UserError(
+            f"data: no usable utterances in split {cfg.data.train_split!r} of {Path(cfg.data.path)}"
+        )
     eot = bundle.specials.eot
-    return (SpeechDataset(train_split, train_utts, bundle.features, eot),
-            SpeechDataset(eval_split, eval_utts, bundle.features, eot))
+    return (
+        SpeechDataset(train_split, train_utts, bundle.features, eot),
+        SpeechDataset(eval_split, eval_utts, bundle.features, eot),
+    )
 
 
-def attach_feature_cache(cfg: TrainConfig, out: Path, acc, bundle: ModelBundle,
-                         train_set: SpeechDataset, eval_set: SpeechDataset) -> None:
+def attach_feature_cache(
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: ModelBundle,
+    train_set: SpeechDataset,
+    eval_set: SpeechDataset,
+) -> None:
     """``data.cache_features``: log-mels once, for both splits; the other ranks open the result."""
     feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
-    features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
+    features = (
+        FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
+    )
     acc.wait_for_everyone()
     if features is None:
         features = FeatureCache.open(feature_root, bundle.features)
@@ -586,35 +694,47 @@ def build_run_packing(cfg: TrainConfig, bundle: ModelBundle, train_set: SpeechDa
     """``data.pack``: the packed training windows of each epoch."""
     config = bundle.model.config
     packing = build_packing(
-        cfg.data.pack, train_set, tokenizer=bundle.tokenizer,
-        no_timestamps=bundle.specials.no_timestamps, seed=cfg.seed,
+        cfg.data.pack,
+        train_set,
+        tokenizer=bundle.tokenizer,
+        no_timestamps=bundle.specials.no_timestamps,
+        seed=cfg.seed,
         window_seconds=config.max_source_positions / 50.0,
         max_positions=config.max_target_positions,
     )
     if cfg.data.cache_features:
-        log.info("data.cache_features with packing: the cache serves evaluation and the "
-                 "windows holding one utterance at offset 0; packed windows are computed "
-                 "from audio (a window's log-mels are not its clips' log-mels side by side)")
+        log.info(
+            "data.cache_features with packing: the cache serves evaluation and the "
+            "windows holding one utterance at offset 0; packed windows are computed "
+            "from audio (a window's log-mels are not its clips' log-mels side by side)"
+        )
     return packing
 
 
-def attach_encoder_cache(cfg: TrainConfig, out: Path, acc, model, train_set: SpeechDataset,
-                         precision: str) -> None:
+def attach_encoder_cache(
+    cfg: TrainConfig, out: Path, acc, model, train_set: SpeechDataset, precision: str
+) -> None:
     """``data.cache_encoder``: the frozen part's output (the whole encoder's or the lower
     layers'), computed once per training utterance by rank zero; the other ranks open it."""
     cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
     encoder, top = model.model.encoder, cfg.model.frozen_encoder_top
     producer = {
-        **frozen_part_id(encoder, top), "precision": precision,
+        **frozen_part_id(encoder, top),
+        "precision": precision,
         "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
     }
     build = functools.partial(
-        EncoderCache.build, cache_root, encoder, train_set, producer=producer,
+        EncoderCache.build,
+        cache_root,
+        encoder,
+        train_set,
+        producer=producer,
         forward=functools.partial(encode_frozen_part, encoder, top=top),
     )
     if acc.is_main_process:
         train_set.encoder_cache = build(
-            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, autocast=acc.autocast,
+            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            autocast=acc.autocast,
         )
     acc.wait_for_everyone()
     if not acc.is_main_process:
@@ -624,14 +744,19 @@ def attach_encoder_cache(cfg: TrainConfig, out: Path, acc, model, train_set: Spe
 def build_run_selector(cfg: TrainConfig, langs: Counter) -> tuple[Selector, int]:
     """The selection policy for the run's language, and the run's step count: ``train.max_steps``
     or the selection group's lower cap."""
-    language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    language = (
+        cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    )
     partial = cfg.model.frozen_encoder_top is not None  # only part of the model trains
     selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:
-        log.info("max_steps capped at %d by the selection group (train.max_steps=%d)",
-                 selector.max_steps, max_steps)
+        log.info(
+            "max_steps capped at %d by the selection group (train.max_steps=%d)",
+            selector.max_steps,
+            max_steps,
+        )
         max_steps = selector.max_steps
     return selector, max_steps
 
@@ -640,15 +765,23 @@ def build_text_batches(cfg: TrainConfig, bundle: ModelBundle, langs: Counter) ->
     """``data.asr_ratio < 1``: text-only batches in the run's language, the file checked now."""
     text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
     text = TextBatches(
-        cfg.data.text_path, tokenizer=bundle.tokenizer,
-        prompt=bundle.specials.prompt(text_language), eot=bundle.specials.eot,
-        batch_size=cfg.data.batch_size, max_len=bundle.model.config.max_target_positions,
-        max_lines=cfg.data.max_text_lines, seed=cfg.seed,
+        cfg.data.text_path,
+        tokenizer=bundle.tokenizer,
+        prompt=bundle.specials.prompt(text_language),
+        eot=bundle.specials.eot,
+        batch_size=cfg.data.batch_size,
+        max_len=bundle.model.config.max_target_positions,
+        max_lines=cfg.data.max_text_lines,
+        seed=cfg.seed,
     )
     text.check()
-    log.info("text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
-             100 * (1 - cfg.data.asr_ratio), cfg.data.max_text_lines or "all",
-             cfg.data.text_path, text_language)
+    log.info(
+        "text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
+        100 * (1 - cfg.data.asr_ratio),
+        cfg.data.max_text_lines or "all",
+        cfg.data.text_path,
+        text_language,
+    )
     return text
 
 
