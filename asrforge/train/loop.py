@@ -31,7 +31,8 @@ from asrforge.train.forward import TrainingWhisper
 from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.longform import run_longform_eval
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
-from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
+from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.train")

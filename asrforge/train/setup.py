@@ -8,8 +8,6 @@ import json
 import logging
 import platform
 import random
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from asrforge.checkpoint import (
 from asrforge.checkpoint.atomic import atomic_directory, atomic_write_text
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
-from asrforge.config import ModelConfig, TrainConfig
+from asrforge.config import TrainConfig
 from asrforge.data.dataset import (
     Collator,
     SpeechDataset,
@@ -51,184 +49,22 @@ from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import Selector, build_selector
 from asrforge.train.events import Decision
+from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
+    choose_precision,
+    enable_cpu_fp16,
+    model_width,
+)
+from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
 GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
 """The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
 
 
-def cpu_bf16_units() -> list[str]:
-    """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
-        return []
-    return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
-
-
-# bf16 autocast pays per op (casts, oneDNN primitives per shape): measured on this 2-core AMX
-# CPU it halves a Whisper tiny.en step (d_model 384) but makes the tiny test model (d_model 32)
-# 1.3x slower. Auto chooses it from this width up (every released Whisper is at least 384 wide).
-BF16_MIN_WIDTH = 256
-
-
-def model_width(cfg: ModelConfig) -> int | None:
-    """``d_model`` of the model ``cfg`` builds (read from a pretrained directory's config.json);
-    None when it cannot be read (the model build reports that properly)."""
-    if cfg.pretrained is None:
-        return cfg.d_model
-    try:
-        return int(json.loads((Path(cfg.pretrained) / "config.json").read_text())["d_model"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def choose_precision(requested: str, device: str, width: int | None = None) -> tuple[str, str]:
-    """(autocast precision, why). A requested precision is used as it is, on a CPU too (fp16
-    there: torch's CPU autocast and ``GradScaler("cpu")``, see :func:`enable_cpu_fp16`).
-
-    ``auto`` on a CPU: bf16 when the CPU has bf16 units and the model is at least
-    ``BF16_MIN_WIDTH`` wide (``width``, its d_model), fp32 otherwise.
-    """
-    cuda = torch.cuda.is_available() and device != "cpu"
-    if requested == "auto":
-        if not cuda:
-            units = cpu_bf16_units()
-            if not units:
-                return "no", "auto: fp32 on a CPU without bf16 units"
-            if width is not None and width >= BF16_MIN_WIDTH:
-                return "bf16", (
-                    f"auto: this CPU has bf16 units ({', '.join(units)}) and d_model {width} >= "
-                    f"{BF16_MIN_WIDTH}: bf16 autocast (~2x faster than fp32 for Whisper tiny.en)"
-                )
-            return "no", (
-                f"auto: fp32; this CPU has bf16 units ({', '.join(units)}) but d_model {width} < "
-                f"{BF16_MIN_WIDTH}: per-op bf16 overhead outweighs the faster matmuls"
-            )
-        if torch.cuda.is_bf16_supported():
-            return "bf16", "auto: this GPU supports bf16"
-        return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
-    if requested == "fp16" and not cuda:
-        return "fp16", "set in train.precision: fp16 autocast with dynamic loss scaling on the CPU"
-    return requested, "set in train.precision"
-
-
-def enable_cpu_fp16(acc) -> None:
-    """Make accelerate's fp16 on a CPU what it is on a GPU: fp16 autocast and a dynamic loss
-    scaler. accelerate leaves both off on a CPU (it silently trains in fp32), although torch
-    supports them there; with them on, a CPU run takes the GPU's code path (scaled backward,
-    unscale in ``clip_grad_norm_``, ``scaler.step`` + ``update`` in ``optimizer.step``), so the
-    tests cover it. Call before ``acc.prepare`` (the prepared optimizer takes the scaler)."""
-    if acc.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
-        acc.native_amp = True
-        acc.scaler = torch.amp.GradScaler("cpu")
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
-    """Log to stderr and (main process) to ``output_dir/train.log``."""
-    root = logging.getLogger("asrforge")
-    root.setLevel(logging.INFO)
-    if not any(getattr(h, "_asrforge", False) for h in root.handlers):
-        h = _StderrHandler()
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        h._asrforge = True  # noqa: SLF001
-        root.addHandler(h)
-    for h in root.handlers:  # the console is rank zero's; the other ranks show only errors
-        if getattr(h, "_asrforge", False):
-            h.setLevel(logging.INFO if is_main else logging.ERROR)
-    if output_dir is None or not is_main:
-        return None
-    fh = _RunLogFile(output_dir / "train.log")
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(fh)
-    return fh
-
-
-class _RunLogFile(logging.FileHandler):
-    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
-    file is written no more; logging's default prints a traceback for every later record."""
-
-    failed = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not self.failed:
-            super().emit(record)
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        if not self.failed:
-            self.failed = True
-            print(
-                f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
-                "goes on on stderr only",
-                file=sys.stderr,
-            )
-
-    def close(self) -> None:
-        try:
-            super().close()
-        except OSError:  # flushing what a failed write left: reported already, and must not
-            pass  # mask the error that is ending the run
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the record (test runners and
-    notebooks replace it; a handler holding the old stream would write to a closed file)."""
-
-    def __init__(self):
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-class StartupClock:
-    """The run's record of its start-up: seconds per phase, from the CLI's imports to the first
-    optimizer step, logged once as the time-to-first-step breakdown.
-
-    Args:
-        before: phases timed before the run was built (the CLI's imports and config).
-    """
-
-    def __init__(self, before: dict[str, float] | None = None):
-        self.phases: dict[str, float] = dict(before or {})
-        self._t = time.perf_counter()
-        self._first_step_logged = False
-
-    def lap(self, name: str) -> None:
-        """Record the seconds since the last lap (or :meth:`restart`) as phase ``name``."""
-        now = time.perf_counter()
-        self.phases[name] = now - self._t
-        self._t = now
-
-    def restart(self) -> None:
-        """Start the next phase now (the time since the last lap is not a phase)."""
-        self._t = time.perf_counter()
-
-    def first_step_taken(self) -> None:
-        """Record the ``first step`` phase and log the breakdown, once per run."""
-        if self._first_step_logged:
-            return
-        self._first_step_logged = True
-        self.lap("first step")
-        log.info(
-            "time to first step %.1f s: %s",
-            sum(self.phases.values()),
-            ", ".join(f"{k} {v:.2f}" for k, v in self.phases.items()),
-        )
 
 
 @dataclass
