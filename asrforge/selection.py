@@ -14,8 +14,10 @@ A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says
 A NaN or infinite metric is never better than anything: such an evaluation does not save and
 does not change the bests.
 
-A :class:`Selector` wraps the policy with patience (evaluations in a row without a save before
-the run should stop) and the step cap of the run language's group. :func:`build_selector` picks
+A :class:`Selector` wraps the policy with :class:`Patience` (evaluations in a row without a save
+before the run should stop) and the step cap of the run language's group. It owns the run's
+"best": the step and metrics of the evaluation whose checkpoint it chose. :func:`improves` and
+:class:`Patience` are also the early-stopping callback's, for the metric a user monitors. :func:`build_selector` picks
 all three from :class:`~asrforge.config.SelectionConfig` and the language table
 (``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
 
@@ -74,7 +76,7 @@ class ByMetric:
             return False
         if self.best is None:
             self.reason = f"first evaluation: {self.metric} {_f(value)}"
-        elif value < self.best:
+        elif improves(value, self.best):
             self.reason = f"{self.metric} {_f(value)} < best {_f(self.best)}"
         else:
             self.reason = f"{self.metric} {_f(value)} >= best {_f(self.best)}"
@@ -136,9 +138,9 @@ class CombinedGate:
             self.reason = f"first evaluation: wer {_f(wer)}, loss {_f(loss)}"
         else:
             better = []
-            if wer < self.best_wer:
+            if improves(wer, self.best_wer):
                 better.append(f"wer {_f(wer)} < best {_f(self.best_wer)}")
-            if loss < self.best_loss:
+            if improves(loss, self.best_loss):
                 better.append(f"loss {_f(loss)} < best {_f(self.best_loss)}")
             if not better:
                 self.reason = (
@@ -232,17 +234,49 @@ class GuardGate:
         self.start_transcripts = dict(state.get("start_transcripts") or {})
 
 
+def improves(
+    value: float, best: float | None, *, mode: str = "min", min_delta: float = 0.0
+) -> bool:
+    """Whether ``value`` is a new best over ``best`` (None: nothing yet): lower (``mode="min"``)
+    or higher (``"max"``) by more than ``min_delta``. A NaN or infinite value never improves."""
+    if not math.isfinite(value):
+        return False
+    if best is None:
+        return True
+    sign = 1.0 if mode == "min" else -1.0
+    return sign * (best - value) > min_delta
+
+
+class Patience:
+    """Counts evaluations in a row without improvement; it runs out at ``limit`` of them.
+
+    Raises:
+        ValueError: ``limit`` < 1.
+    """
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"patience must be >= 1, got {limit}")
+        self.limit = limit
+        self.count = 0
+
+    def update(self, improved: bool) -> bool:
+        """Count one evaluation; True when patience has run out."""
+        self.count = 0 if improved else self.count + 1
+        return self.count >= self.limit
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What one evaluation decided."""
+    """What one evaluation decided: the selector's verdict, the ``on_eval_end`` payload."""
 
     save: bool
     """This evaluation's checkpoint is the new best."""
     reason: str
     """Which condition decided ``save``."""
-    should_stop: bool
+    should_stop: bool = False
     """Patience has run out, or the step cap is reached."""
-    stop_reason: str | None
+    stop_reason: str | None = None
 
 
 class Selector:
@@ -266,16 +300,30 @@ class Selector:
         why: str = "",
         guard: GuardGate | None = None,
     ):
-        if patience < 1:
-            raise ValueError(f"patience must be >= 1, got {patience}")
         self.policy = policy
-        self.patience = patience
+        self.without_save = Patience(patience)
         self.max_steps = max_steps
         self.why = why
         self.guard = guard
-        self.evals_without_save = 0
         self.n_evals = 0
         self.best_step: int | None = None
+        """The step of the evaluation whose checkpoint is the best."""
+        self.best: dict[str, float] = {}
+        """That evaluation's metrics (``wer``, ``cer``, ``loss``, ``n``, ...; finite numbers)."""
+
+    @property
+    def patience(self) -> int:
+        return self.without_save.limit
+
+    @property
+    def evals_without_save(self) -> int:
+        return self.without_save.count
+
+    @property
+    def tracked_bests(self) -> dict[str, float]:
+        """The policy's own bests over all saved evaluations (``best_wer``, ``best_loss``,
+        ``best_cer``), which may come from evaluations other than the best checkpoint's."""
+        return _numbers(self.policy.state_dict())
 
     @property
     def policy_name(self) -> str:
@@ -302,12 +350,9 @@ class Selector:
                 reason = f"{reason}; {why}"
         self.n_evals += 1
         if save:
-            self.evals_without_save = 0
-            self.best_step = step
-        else:
-            self.evals_without_save += 1
+            self.best_step, self.best = step, _numbers(metrics)
         stop_reason = None
-        if self.evals_without_save >= self.patience:
+        if self.without_save.update(save):
             stop_reason = (
                 f"no new best in {self.evals_without_save} evaluations (patience {self.patience})"
             )
@@ -323,6 +368,7 @@ class Selector:
             "evals_without_save": self.evals_without_save,
             "n_evals": self.n_evals,
             "best_step": self.best_step,
+            "best": dict(self.best),
         }
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
@@ -349,9 +395,10 @@ class Selector:
                 )
             self.guard.load_state_dict(state["guard"])
         self.policy.load_state_dict(state["policy_state"])
-        self.evals_without_save = int(state["evals_without_save"])
+        self.without_save.count = int(state["evals_without_save"])
         self.n_evals = int(state["n_evals"])
         self.best_step = state.get("best_step")
+        self.best = dict(state.get("best") or {})
 
 
 def build_selector(
@@ -499,6 +546,15 @@ def _metric(metrics: Mapping[str, float], key: str, policy: str) -> float:
         raise KeyError(f"policy {policy} needs metric {key!r}; got {sorted(metrics)}")
     value = metrics[key]
     return math.nan if value is None else float(value)
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (they go to strict JSON: train_state.json)."""
+    return {
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def _min(best: float | None, value: float) -> float:

@@ -12,7 +12,7 @@ import torch
 from asrforge.train import loop as loop_module
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
-from asrforge.train.setup import choose_precision
+from asrforge.train.precision import choose_precision
 from tests.conftest import tiny_config
 
 

@@ -13,11 +13,11 @@ from asrforge.config import ConfigError, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.build import build_model, build_tokenizer
 from asrforge.model.partial import (
+    encode_frozen_part,
+    encode_trained_part,
     freeze_encoder_part,
-    frozen_forward,
     frozen_part_id,
     set_frozen_eval,
-    trained_forward,
 )
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
@@ -45,7 +45,7 @@ def test_the_two_parts_compute_the_encoder_exactly(top):
     feats = torch.randn(2, 80, 100)
     with torch.no_grad():
         want = encoder(feats).last_hidden_state
-        got = trained_forward(encoder, frozen_forward(encoder, feats, top), top)
+        got = encode_trained_part(encoder, encode_frozen_part(encoder, feats, top), top)
     assert torch.equal(got, want)
 
 
@@ -59,14 +59,14 @@ def test_layerdrop_and_dropout_of_the_trained_layers_follow_the_encoder():
         torch.manual_seed(seed)
         want = encoder(feats).last_hidden_state
         torch.manual_seed(seed)
-        got = trained_forward(encoder, frozen_forward(encoder, feats, 3), 3)
+        got = encode_trained_part(encoder, encode_frozen_part(encoder, feats, 3), 3)
         assert torch.equal(got, want)
 
 
 def test_the_frozen_part_must_be_in_eval_mode():
     encoder = _encoder().train()
     with pytest.raises(RuntimeError, match="eval mode"):
-        frozen_forward(encoder, torch.randn(1, 80, 100), 1)
+        encode_frozen_part(encoder, torch.randn(1, 80, 100), 1)
 
 
 def test_freezing_leaves_the_top_layers_and_the_norm_trainable():

@@ -14,6 +14,8 @@ from asrforge.selection import (
     ByLoss,
     ByWer,
     CombinedGate,
+    Decision,
+    Patience,
     Selector,
     build_selector,
     default_groups,
@@ -107,6 +109,33 @@ def test_patience_counts_evaluations_without_a_save():
     assert [d.should_stop for d in decisions] == [False] * 5 + [True]
     assert "patience 3" in decisions[-1].stop_reason
     assert sel.best_step == 2
+
+
+def test_the_selector_owns_the_best_evaluation_and_resumes_it():
+    sel = Selector(ByWer(), patience=3, max_steps=None)
+    sel.update({"wer": 0.5, "cer": math.nan, "n": 3, "per_language": {"en": {}}}, step=2)
+    sel.update({"wer": 0.6, "cer": 0.1, "n": 3}, step=4)
+    # the saved evaluation's finite numbers: the state goes to strict JSON
+    assert sel.best_step == 2 and sel.best == {"wer": 0.5, "n": 3}
+    assert sel.tracked_bests == {"best_wer": 0.5}
+    fresh = Selector(ByWer(), patience=3, max_steps=None)
+    fresh.load_state_dict(json.loads(json.dumps(sel.state_dict(), allow_nan=False)))
+    assert (fresh.best_step, fresh.best, fresh.evals_without_save) == (2, sel.best, 1)
+
+
+def test_early_stopping_shares_the_selectors_decision_and_patience():
+    from asrforge.callbacks.early_stopping import EarlyStopping
+    from asrforge.train import events
+    from asrforge.train.state import TrainState
+
+    assert events.Decision is Decision  # one payload type for on_eval_end
+    es, state = EarlyStopping(monitor="wer", patience=2), TrainState()
+    assert isinstance(es.without_improvement, Patience)
+    for wer in (0.5, math.inf, math.nan):  # as for the selector, inf and nan never improve
+        es.on_eval_end(state, metrics={"wer": wer}, decision=Decision(False, ""))
+    assert es.best == 0.5 and state.should_stop and "patience 2" in state.stop_reason
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        Patience(0)
 
 
 def test_step_cap_stops():

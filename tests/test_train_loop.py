@@ -49,7 +49,7 @@ def test_events_fire_in_order_with_their_payloads(tmp_path, tones_dir):
     assert ("on_eval_end", 4) in evals
     payload = {e: p for e, _, p in rec.events}
     run = payload["on_train_begin"]["run"]
-    from asrforge.train.setup import choose_precision
+    from asrforge.train.precision import choose_precision
 
     assert run.n_params > run.n_train > 0
     assert run.precision == choose_precision("auto", "auto", 32)[0] == "no"  # d_model 32 < 256
@@ -212,22 +212,23 @@ def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path,
 
 
 def test_precision_auto_on_cpu_follows_the_units_and_the_model_width(monkeypatch):
-    import asrforge.train.setup as setup
+    import asrforge.train.precision as precision_module
 
-    monkeypatch.setattr(setup.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(setup, "cpu_bf16_units", lambda: ["amx_bf16"])
-    precision, why = setup.choose_precision("auto", "auto", 384)
+    monkeypatch.setattr(precision_module.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision_module, "cpu_bf16_units", lambda: ["amx_bf16"])
+    precision, why = precision_module.choose_precision("auto", "auto", 384)
     assert precision == "bf16" and "amx_bf16" in why and "384" in why
-    assert setup.choose_precision("auto", "auto", 32)[0] == "no"
-    assert setup.choose_precision("auto", "auto", None)[0] == "no"  # width unknown: the safe side
-    assert setup.choose_precision("no", "auto", 384) == ("no", "set in train.precision")
-    monkeypatch.setattr(setup, "cpu_bf16_units", lambda: [])
-    assert setup.choose_precision("auto", "auto", 384)[0] == "no"
+    assert precision_module.choose_precision("auto", "auto", 32)[0] == "no"
+    # width unknown: the safe side
+    assert precision_module.choose_precision("auto", "auto", None)[0] == "no"
+    assert precision_module.choose_precision("no", "auto", 384) == ("no", "set in train.precision")
+    monkeypatch.setattr(precision_module, "cpu_bf16_units", lambda: [])
+    assert precision_module.choose_precision("auto", "auto", 384)[0] == "no"
 
 
 def test_model_width_reads_a_pretrained_directory(tmp_path):
     from asrforge.config import ModelConfig
-    from asrforge.train.setup import model_width
+    from asrforge.train.precision import model_width
 
     assert model_width(ModelConfig(d_model=48)) == 48
     (tmp_path / "config.json").write_text('{"d_model": 384}')

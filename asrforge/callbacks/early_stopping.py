@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Literal
 
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
-from asrforge.train.events import Callback, Decision
+from asrforge.selection import Decision, Patience, improves
+from asrforge.train.events import Callback
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.callbacks")
@@ -34,23 +34,26 @@ class EarlyStopping(Callback):
     def __init__(
         self, monitor: str = "wer", mode: str = "min", patience: int = 3, min_delta: float = 0.0
     ):
-        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
+        self.monitor, self.mode, self.min_delta = monitor, mode, min_delta
         self.best: float | None = None
-        self.bad_evals = 0
+        self.without_improvement = Patience(patience)  # the selector's patience code
+
+    @property
+    def patience(self) -> int:
+        return self.without_improvement.limit
+
+    @property
+    def bad_evals(self) -> int:
+        return self.without_improvement.count
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         if self.monitor not in metrics:
             raise KeyError(f"early_stopping: metric {self.monitor!r} not in {sorted(metrics)}")
         value = float(metrics[self.monitor])
-        sign = 1.0 if self.mode == "min" else -1.0
-        improved = not math.isnan(value) and (
-            self.best is None or sign * (self.best - value) > self.min_delta
-        )
+        improved = improves(value, self.best, mode=self.mode, min_delta=self.min_delta)
         if improved:
-            self.best, self.bad_evals = value, 0
-            return
-        self.bad_evals += 1
-        if self.bad_evals >= self.patience:
+            self.best = value
+        if self.without_improvement.update(improved):
             state.should_stop = True
             state.stop_reason = (
                 f"early stopping: {self.monitor} did not improve on {self.best} for "
@@ -62,4 +65,5 @@ class EarlyStopping(Callback):
         return {"best": self.best, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best, self.bad_evals = state.get("best"), int(state.get("bad_evals", 0))
+        self.best = state.get("best")
+        self.without_improvement.count = int(state.get("bad_evals", 0))

@@ -79,7 +79,7 @@ def frozen_part_id(encoder: nn.Module, top: int) -> dict[str, str]:
 
 
 @torch.no_grad()
-def frozen_forward(encoder: nn.Module, features: torch.Tensor, top: int) -> torch.Tensor:
+def encode_frozen_part(encoder: nn.Module, features: torch.Tensor, top: int) -> torch.Tensor:
     """The frozen part's output, without an autograd graph (nothing in it trains).
 
     Args:
@@ -108,14 +108,14 @@ def frozen_forward(encoder: nn.Module, features: torch.Tensor, top: int) -> torc
     return encoder.layer_norm(hidden) if top == 0 else hidden
 
 
-def trained_forward(encoder: nn.Module, hidden: torch.Tensor, top: int) -> torch.Tensor:
+def encode_trained_part(encoder: nn.Module, hidden: torch.Tensor, top: int) -> torch.Tensor:
     """The top ``top`` layers and the final ``layer_norm`` on the frozen part's output, as
     ``WhisperEncoder.forward`` runs them: LayerDrop (one ``torch.rand`` draw per layer while the
     encoder is in training mode and ``encoder_layerdrop > 0``), no attention mask, each layer's
     dropout by its own mode. ``top == 0`` returns ``hidden`` (the frozen part was all of it).
 
     Args:
-        hidden: (batch, max_source_positions, d_model), see :func:`frozen_forward`.
+        hidden: (batch, max_source_positions, d_model), see :func:`encode_frozen_part`.
 
     Returns:
         (batch, max_source_positions, d_model): the encoder's output for the decoder.

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asrforge.selection import Decision  # the on_eval_end payload: the selector's own
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.callbacks")
@@ -92,16 +93,6 @@ class RunInfo:
     n_eval: int
     selection: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Decision:
-    """What the selection policy made of one evaluation."""
-
-    save: bool
-    reason: str
-    should_stop: bool = False
-    stop_reason: str | None = None
 
 
 class Callback:

@@ -12,21 +12,28 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from asrforge.checkpoint import TrainingCheckpoint
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.evaluation.evaluate import evaluate, token_loss
 from asrforge.evaluation.longform import run_longform_eval
+from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
-from asrforge.model.partial import frozen_forward, set_frozen_eval, trained_forward
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
+from asrforge.train.forward import TrainingWhisper
 from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
-from asrforge.train.setup import RunSetup, choose_precision, model_width, prepare_run
+from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.train")
@@ -55,6 +62,7 @@ class Trainer:
     Args:
         cfg: the resolved config.
         callbacks: observers (see ``asrforge.callbacks.build_callbacks``).
+        startup: seconds of the start-up phases timed before ``fit`` (the CLI's imports, config).
     """
 
     def __init__(
@@ -65,7 +73,7 @@ class Trainer:
     ):
         self.cfg = cfg
         self.user_callbacks = list(callbacks or [])
-        self.startup = dict(startup or {})  # phases timed before fit (the CLI's imports, config)
+        self.startup = dict(startup or {})
         self._signal: str | None = None
 
     # ------------------------------------------------------------------------------------------
@@ -76,380 +84,70 @@ class Trainer:
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
         """
         cfg = self.cfg
-        precision, why_precision = choose_precision(
-            cfg.train.precision, cfg.train.device, model_width(cfg.model)
-        )
-        try:
-            run: RunSetup = prepare_run(
-                cfg, precision=precision, resume=resume, start_over=start_over
-            )
-        except (OSError, CheckpointSaveError) as e:  # e.g. the tokenizer's write on a full disk
-            raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
-        acc, model, bundle = run.accelerator, run.model, run.model_bundle
-        log.info("precision: %s (%s)", precision, why_precision)
-
-        optimizer = build_optimizer(model, cfg.optim)
-        max_steps = run.max_steps
-        scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
-        model, optimizer = acc.prepare(model, optimizer)
-        raw_model = acc.unwrap_model(model)
-        state = TrainState()
-        callbacks = CallbackList(self.user_callbacks, is_main=acc.is_main_process)
-        top = (
-            cfg.model.trained_top_encoder_layers
-        )  # None: the whole encoder trains (asrforge.model.partial)
-
-        if run.resume_from is not None:
-            ckpt = run.resume_from
-            load_model_state(raw_model, ckpt.model)  # the whole model, or its LoRA adapters
-            optimizer.load_state_dict(ckpt.optimizer)
-            scheduler.load_state_dict(ckpt.scheduler)
-            if ckpt.scaler and acc.scaler is not None:
-                acc.scaler.load_state_dict(ckpt.scaler)
-            state = TrainState.from_dict(ckpt.train_state)
-            if state.selection:
-                run.selector.load_state_dict(state.selection)
-            # the manifest holds the manager's records including this very checkpoint
-            run.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
-            callbacks.load_state_dict(ckpt.callbacks)
-            run.restore_rng(ckpt.rng)
-            log.info(
-                "resumed from %s at step %d (epoch %d, batch %d)",
-                ckpt.path,
-                state.step,
-                state.epoch,
-                state.batch_in_epoch,
-            )
-        # built from the weights training starts with: the resumed ones on a resume
-        ema = EMA(raw_model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        if ema is not None and run.resume_from is not None:
-            if run.resume_from.ema is not None:
-                ema.load_state_dict(run.resume_from.ema)
-            else:
-                log.info(
-                    "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
-                    "has none)",
-                    cfg.train.ema_decay,
-                    state.step,
-                )
-
-        # the forgetting guard: the starting model's transcripts, once (a resume restored them)
-        guard = build_guard(
-            cfg, bundle, language=run_language(cfg, [u.language for u in run.train_set.utts]),
-            window_seconds=raw_model.config.max_source_positions / 50,
-        )
-        if guard is not None and not run.selector.guard.started:
-            if run.resume_from is not None:  # its starting model is gone
-                raise UserError("eval.guard: the checkpoint holds no guard start (saved by a run "
-                                "without eval.guard); remove eval.guard to resume it")
-            guard.measure_start(raw_model, run.selector.guard, device=acc.device,
-                                autocast=acc.autocast)
-            state.selection = run.selector.state_dict()
-            if acc.is_main_process:
-                guard.write_records(run.output_dir, state.step, run.selector.guard)
-
-        info = RunInfo(
-            config=cfg,
-            output_dir=run.output_dir,
-            model=raw_model,
-            tokenizer=bundle.tokenizer,
-            n_params=run.n_params[0],
-            n_trainable=run.n_params[1],
-            precision=precision,
-            device=str(acc.device),
-            world_size=acc.num_processes,
-            is_main=acc.is_main_process,
-            n_train=len(run.train_set),
-            n_eval=len(run.eval_set),
-            selection=run.selector.why,
-        )
-        last_metrics: dict = {}
-        status, reason = "completed", f"reached max_steps={max_steps}"
+        run = self._build_run(resume=resume, start_over=start_over)
+        if run.setup.resume_from is not None:
+            run.restore(run.setup.resume_from)
+        run.start_ema()  # from the weights training starts with: the resumed ones on a resume
+        run.start_guard()
+        state, callbacks = run.state, run.callbacks  # the resumed state on a resume
+        ended: tuple[str, str] | None = None  # (status, reason) when the loop itself ends the run
         self._install_signal_handlers()
-
-        def do_eval() -> tuple[dict, Decision]:
-            callbacks.call("on_eval_begin", state, split=cfg.data.eval_split)
-            with ema.swapped_in(raw_model) if ema is not None else _nullcontext():
-                metrics, preds = evaluate(
-                    raw_model,
-                    run.eval_loader(),
-                    tokenizer=bundle.tokenizer,
-                    eot=bundle.specials.eot,
-                    max_new_tokens=cfg.eval.max_new_tokens,
-                    device=acc.device,
-                    autocast=acc.autocast,
-                    beam_size=cfg.eval.beam_size,
-                )
-                if guard is not None:
-                    guard_metrics = guard.measure(raw_model, run.selector.guard,
-                                                  device=acc.device, autocast=acc.autocast)
-            if top is not None:  # evaluate() restored train mode everywhere
-                set_frozen_eval(raw_model.model.encoder, top)
-            metrics, preds = run.gather_eval(metrics, preds)
-            metrics.update(
-                run_longform_eval(run, raw_model, ema, step=state.step, autocast=acc.autocast)
-            )
-            if guard is not None:
-                metrics.update(guard_metrics)
-                if acc.is_main_process:
-                    guard.write_records(run.output_dir, state.step, run.selector.guard)
-            d = run.selector.update(metrics, step=state.step)
-            decision = Decision(d.save, d.reason, d.should_stop, d.stop_reason)
-            state.selection = run.selector.state_dict()
-            state.last_eval_step = state.step
-            if decision.save:
-                state.best_step = state.step
-                state.best = _numbers(metrics)
-            run.write_eval_records(state.step, metrics, preds, decision)
-            log.info(
-                "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
-                state.step,
-                metrics["loss"],
-                metrics["wer"],
-                metrics["cer"],
-                metrics["n"],
-                f" rep-trap {metrics.get('rep_trap_count', 0)}",
-                log_text(metrics),
-                decision.reason,
-            )
-            callbacks.call("on_predict_end", state, predictions=preds)
-            callbacks.call("on_eval_end", state, metrics=metrics, decision=decision)
-            if decision.should_stop:
-                state.should_stop = True
-                state.stop_reason = decision.stop_reason
-            return metrics, decision
-
-        last_saved = [state.step if run.resume_from is not None else None]
-
-        def save(kind: str, metrics: dict | None, is_best: bool) -> None:
-            state.should_save = False
-            last_saved[0] = state.step
-            cb_states = callbacks.state_dict()
-            path = run.save_checkpoint(  # a failure stops the run (the handler at the end of fit)
-                step=state.step,
-                model=raw_model,
-                ema=ema,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                scaler=acc.scaler,
-                state=state,
-                callback_states=cb_states,
-                metrics=metrics,
-                is_best=is_best,
-            )
-            if path is not None:
-                callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
-
         try:
-            callbacks.call("on_train_begin", state, run=info)
-            startup = {**self.startup, **run.startup}
-            t_first = time.perf_counter()
-            model.train()
-            if top is not None:  # a frozen encoder (part) is a fixed function: no dropout
-                set_frozen_eval(raw_model.model.encoder, top)
-            accum, step_loss, step_samples, step_tokens = 0, 0.0, 0, 0
-            task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
-            t_step = time.perf_counter()
-            data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
-            while state.step < max_steps and not state.should_stop:
-                if cfg.train.max_epochs is not None and state.epoch >= cfg.train.max_epochs:
-                    status, reason = "completed", f"reached max_epochs={cfg.train.max_epochs}"
+            callbacks.call("on_train_begin", state, run=run.info())
+            run.setup.startup.restart()  # "first step" counts from here
+            run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
+            batches = run.micro_batches()
+            while state.step < run.max_steps and not state.should_stop:
+                metrics = run.train_step(batches)
+                if metrics is None:  # the data ran out: train.max_epochs
                     break
-                if state.batch_in_epoch == 0:
-                    callbacks.call("on_epoch_begin", state, epoch=state.epoch)
-                micro_batch = state.step * cfg.train.grad_accum + accum  # run-wide index
-                for batch in data_wait.timed(run.train_loader(
-                    state.epoch, state.batch_in_epoch, micro_batch, state.text_position
-                )):
-                    if accum == 0:
-                        callbacks.call("on_step_begin", state, step=state.step + 1)
-                    task = batch.get("task", "asr")
-                    if task == "lm":  # a text-only batch (data.asr_ratio < 1): not in the epoch
-                        state.text_position = batch["text_position"]
-                    else:
-                        state.batch_in_epoch += 1
-                    state.dropped_utterances.extend(batch["dropped"])
-                    if batch["dropped"]:
-                        log.warning("dropped clips: %s", dropped_by_reason(batch))
-                    accum += 1
-                    if batch["size"]:
-                        labels = batch["labels"].to(acc.device)
-                        sync = accum == cfg.train.grad_accum
-                        with acc.no_sync(model) if not sync else _nullcontext(), acc.autocast():
-                            if task == "lm":  # decoder only: without encoder states, no cross-attn
-                                hidden = raw_model.model.decoder(
-                                    input_ids=batch["decoder_input_ids"].to(acc.device),
-                                    use_cache=False,
-                                ).last_hidden_state
-                                logits = raw_model.proj_out(hidden)
-                            else:
-                                encoder = raw_model.model.encoder
-                                if "encoder_hidden_states" in batch:  # the frozen part's, cached
-                                    frozen = batch["encoder_hidden_states"].to(acc.device)
-                                elif top:  # frozen lower layers: run apart, in eval mode
-                                    feats = batch["input_features"].to(acc.device)
-                                    # SpecAugment, as WhisperModel.forward applies it in training
-                                    # (a no-op unless the config's apply_spec_augment is on)
-                                    feats = raw_model.model._mask_input_features(feats)  # noqa: SLF001
-                                    frozen = frozen_forward(encoder, feats, top)
-                                else:  # the whole encoder trains, or is frozen (eval mode)
-                                    frozen = None
-                                if frozen is None:
-                                    inputs = {
-                                        "input_features": batch["input_features"].to(acc.device)
-                                    }
-                                else:  # the trained top layers run here; the model's forward
-                                    # below still runs through the DDP wrapper, which syncs
-                                    # the gradients of every trainable parameter
-                                    hidden = trained_forward(encoder, frozen, top)
-                                    inputs = {"encoder_outputs": (hidden,)}
-                                logits = model(
-                                    **inputs,
-                                    decoder_input_ids=batch["decoder_input_ids"].to(acc.device),
-                                    use_cache=False,
-                                ).logits
-                            loss = token_loss(logits, labels)
-                        acc.backward(loss / cfg.train.grad_accum)
-                        step_loss += float(loss.detach()) / cfg.train.grad_accum
-                        task_losses[task].append(float(loss.detach()))
-                        step_samples += batch["size"]
-                        step_tokens += int((labels >= 0).sum())
-                    if accum < cfg.train.grad_accum:
-                        continue
-
-                    # ---- optimizer step: unscale -> clip -> step (or skip) -> schedule -> EMA
-                    accum = 0
-                    params = [p for p in raw_model.parameters() if p.requires_grad]
-                    clip = cfg.optim.clip_grad_norm or float("inf")
-                    grad_norm, skip, diverging = _optimizer_step(
-                        acc, optimizer, params, clip, step_loss
+                callbacks.call("on_step_end", state, metrics=metrics)
+                run.setup.startup.first_step_taken()
+                if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+                    ended = "diverged", _divergence(state, cfg)
+                    break  # no evaluation and no save of a diverged model
+                is_best = False
+                if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
+                    is_best = run.evaluate_and_select().save
+                    state.should_save |= cfg.checkpoint.save_on_eval or is_best
+                every = cfg.checkpoint.checkpoint_every
+                if every and state.step % every == 0:
+                    state.should_save = True
+                if self._signal is not None:
+                    ended = "interrupted", f"received {self._signal}"
+                    state.should_stop = state.should_save = True
+                # when the run ends here, the end-of-run evaluation's save is this step's
+                if state.should_save and (self._signal is not None or not run.final_eval_follows()):
+                    evaluated = state.last_eval_step == state.step
+                    run.save_checkpoint(
+                        "interrupt" if self._signal else "step",
+                        run.last_metrics if evaluated else None,
+                        is_best,
                     )
-                    skipped = skip is not None
-                    optimizer.zero_grad(set_to_none=True)
-                    scheduler.step()
-                    if ema is not None and not skipped:
-                        ema.update(raw_model)
-                    state.step += 1
-                    state.samples_seen += step_samples
-                    if skipped:
-                        state.skipped_steps += 1
-                        log.warning("step %d skipped: %s", state.step, skip)
-                    if diverging:
-                        state.consecutive_nonfinite += 1
-                    elif not skipped:
-                        state.consecutive_nonfinite = 0
-                    if math.isfinite(step_loss):
-                        rl = state.running_loss
-                        state.running_loss = (
-                            step_loss if rl is None else 0.98 * rl + 0.02 * step_loss
-                        )
-                    now = time.perf_counter()
-                    metrics = {
-                        "loss": step_loss,
-                        "lr": main_lr(optimizer),  # the others by name in lr_groups
-                        "lr_groups": {
-                            g.get("name", str(i)): g["lr"]
-                            for i, g in enumerate(optimizer.param_groups)
-                        },
-                        "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                        "skipped": skipped,
-                        "samples": step_samples,
-                        "tokens": step_tokens,
-                        "step_seconds": now - t_step,
-                        "data_wait_seconds": data_wait.take(),
-                    }
-                    if acc.scaler is not None:  # fp16: the dynamic loss scale after this step
-                        metrics["grad_scale"] = acc.scaler.get_scale()
-                    if run.text is not None:  # per-task mean loss; None when the step had none
-                        for name, values in task_losses.items():
-                            metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
-                    step_loss, step_samples, step_tokens, t_step = 0.0, 0, 0, now
-                    task_losses = {"asr": [], "lm": []}
-                    callbacks.call("on_step_end", state, metrics=metrics)
-                    if t_first is not None:
-                        startup["first step"] = time.perf_counter() - t_first
-                        t_first = None
-                        log.info(
-                            "time to first step %.1f s: %s",
-                            sum(startup.values()),
-                            ", ".join(f"{k} {v:.2f}" for k, v in startup.items()),
-                        )
 
-                    if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
-                        status = "diverged"
-                        reason = (
-                            f"{state.consecutive_nonfinite} optimizer steps in a row had a non-finite "
-                            f"loss or gradient (last at step {state.step}); try a lower optim.lr "
-                            f"(now {cfg.optim.lr:g}), optim.clip_grad_norm, a longer optim.warmup_steps, "
-                            "or train.precision: bf16 instead of fp16"
-                        )
-                        state.should_stop = True
-                        break
-                    is_best = False
-                    if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                        last_metrics, decision = do_eval()
-                        is_best = decision.save
-                        state.should_save |= cfg.checkpoint.save_on_eval or is_best
-                    every = cfg.checkpoint.checkpoint_every
-                    if every and state.step % every == 0:
-                        state.should_save = True
-                    if self._signal is not None:
-                        status, reason = "interrupted", f"received {self._signal}"
-                        state.should_stop = True
-                        state.should_save = True
-                    # when the run ends here, the end-of-run evaluation's save is this step's
-                    final_eval_follows = (
-                        self._signal is None
-                        and cfg.eval.at_end
-                        and state.last_eval_step != state.step
-                        and _run_ends_after_this_step(state, run, max_steps)
-                    )
-                    if state.should_save and not final_eval_follows:
-                        save(
-                            "interrupt" if self._signal is not None else "step",
-                            last_metrics if state.last_eval_step == state.step else None,
-                            is_best,
-                        )
-                    if state.should_stop or state.step >= max_steps:
-                        break
-                else:
-                    callbacks.call("on_epoch_end", state, epoch=state.epoch)
-                    state.epoch += 1
-                    state.batch_in_epoch = 0
-                    continue
-                break
-
-            if state.should_stop and status == "completed":
-                status, reason = "stopped", state.stop_reason or "stopped by a callback"
+            status, reason = ended or run.end_reason()
             if status in ("completed", "stopped"):
                 if cfg.eval.at_end and state.last_eval_step != state.step:
-                    last_metrics, decision = do_eval()
-                    save("final", last_metrics, decision.save)
-                elif last_saved[0] != state.step:
-                    save("final", None, False)
-            result = FitResult(
-                status,
-                reason,
-                state.step,
-                state.best_step,
-                dict(state.best),
-                run.output_dir,
-                last_metrics,
-                tracked_bests=_numbers(run.selector.state_dict().get("policy_state") or {}),
-            )
+                    decision = run.evaluate_and_select()
+                    run.save_checkpoint("final", run.last_metrics, decision.save)
+                elif run.last_saved_step != state.step:
+                    run.save_checkpoint("final", None, False)
+            result = run.result(status, reason)
             log.info("run %s at step %d: %s", status, state.step, reason)
-            if guard is not None and state.best_step is None:
-                log.warning("forgetting guard: no evaluation kept the guard within tolerance, so "
-                            "no checkpoint became best; the starting model is still the better one")
+            if run.guard is not None and result.best_step is None:
+                log.warning(
+                    "forgetting guard: no evaluation kept the guard within tolerance, so "
+                    "no checkpoint became best; the starting model is still the better one"
+                )
             callbacks.call("on_train_end", state, result=result)
             # after on_train_end: the averaging callback reads the step checkpoints there
             if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
-                if acc.is_main_process:
-                    run.checkpoints.prune_after_run()
+                if run.acc.is_main_process:
+                    run.setup.checkpoints.prune_after_run()
             return result
         except (OSError, CheckpointSaveError) as e:
             # a file could not be written (a full disk, permissions): one message, no traceback
-            previous = run.checkpoints.latest_valid(check_hashes=False)
+            previous = run.setup.checkpoints.latest_valid(check_hashes=False)
             kept = (
                 f"the checkpoint {previous} is intact (--resume continues from it)"
                 if previous
@@ -465,9 +163,24 @@ class Trainer:
             raise
         finally:
             self._restore_signal_handlers()
-            run.close()
+            run.setup.close()
 
     # ------------------------------------------------------------------------------------------
+    def _build_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
+        cfg = self.cfg
+        precision, why_precision = choose_precision(
+            cfg.train.precision, cfg.train.device, model_width(cfg.model)
+        )
+        try:
+            setup = prepare_run(
+                cfg, precision=precision, resume=resume, start_over=start_over, startup=self.startup
+            )
+        except (OSError, CheckpointSaveError) as e:  # e.g. the tokenizer's write on a full disk
+            raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
+        log.info("precision: %s (%s)", precision, why_precision)
+        callbacks = CallbackList(self.user_callbacks, is_main=setup.accelerator.is_main_process)
+        return TrainingRun(cfg, setup, callbacks, precision)
+
     def _install_signal_handlers(self) -> None:
         self._previous = {}
 
@@ -489,17 +202,371 @@ class Trainer:
             signal.signal(sig, h)
 
 
+class TrainingRun:
+    """One run's pieces and its progress: the set-up (data, selector, checkpoints), the prepared
+    model (:class:`~asrforge.train.forward.TrainingWhisper`, DDP-wrapped with several processes)
+    and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
+    ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
+
+    def __init__(self, cfg: TrainConfig, setup: RunSetup, callbacks: CallbackList, precision: str):
+        self.cfg, self.setup, self.callbacks, self.precision = cfg, setup, callbacks, precision
+        self.acc = setup.accelerator
+        self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
+        self.max_steps = setup.max_steps
+        optimizer = build_optimizer(self.whisper, cfg.optim)
+        self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
+        training_model = TrainingWhisper(self.whisper, cfg.model.trained_top_encoder_layers)
+        self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
+        self.state = TrainState()
+        self.ema: EMA | None = None
+        self.guard = None
+        self.last_metrics: dict = {}
+        """The metrics of the last evaluation."""
+        self.last_saved_step: int | None = None
+
+    # -- start ---------------------------------------------------------------------------------
+    def restore(self, ckpt: TrainingCheckpoint) -> None:
+        """Continue from ``ckpt`` exactly: weights (or LoRA adapters), optimizer, schedule, loss
+        scale, progress and data position, selection state, checkpoint records, callbacks'
+        states and the RNG."""
+        load_model_state(self.whisper, ckpt.model)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.scheduler.load_state_dict(ckpt.scheduler)
+        if ckpt.scaler and self.acc.scaler is not None:
+            self.acc.scaler.load_state_dict(ckpt.scaler)
+        state = self.state = TrainState.from_dict(ckpt.train_state)
+        if state.selection:  # a checkpoint from before the selector kept "best": the state's
+            self.setup.selector.load_state_dict({"best": state.best, **state.selection})
+        # the manifest holds the manager's records including this very checkpoint
+        self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
+        self.callbacks.load_state_dict(ckpt.callbacks)
+        self.setup.restore_rng(ckpt.rng)
+        self.last_saved_step = state.step
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            ckpt.path,
+            state.step,
+            state.epoch,
+            state.batch_in_epoch,
+        )
+
+    def start_ema(self) -> None:
+        """The EMA of the weights (``train.ema_decay``), from the current weights or the resumed
+        checkpoint's average."""
+        decay, resumed = self.cfg.train.ema_decay, self.setup.resume_from
+        if not decay:
+            return
+        self.ema = EMA(self.whisper, decay)
+        if resumed is not None and resumed.ema is not None:
+            self.ema.load_state_dict(resumed.ema)
+        elif resumed is not None:
+            log.info(
+                "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
+                "has none)",
+                decay,
+                self.state.step,
+            )
+
+    def start_guard(self) -> None:
+        """The forgetting guard: the starting model's transcripts, once (a resume restored
+        them with the selection state)."""
+        setup, acc = self.setup, self.acc
+        language = run_language(self.cfg, [u.language for u in setup.train_set.utts])
+        self.guard = build_guard(
+            self.cfg,
+            setup.model_bundle,
+            language=language,
+            window_seconds=window_seconds(self.whisper.config),
+        )
+        gate = setup.selector.guard
+        if self.guard is None or gate.started:
+            return
+        if setup.resume_from is not None:  # its starting model is gone
+            raise UserError(
+                "eval.guard: the checkpoint holds no guard start (saved by a run "
+                "without eval.guard); remove eval.guard to resume it"
+            )
+        self.guard.measure_start(self.whisper, gate, device=acc.device, autocast=acc.autocast)
+        self.state.selection = setup.selector.state_dict()
+        if acc.is_main_process:
+            self.guard.write_records(setup.output_dir, self.state.step, gate)
+
+    def info(self) -> RunInfo:
+        """The ``on_train_begin`` payload."""
+        setup, acc = self.setup, self.acc
+        return RunInfo(
+            config=self.cfg,
+            output_dir=setup.output_dir,
+            model=self.whisper,
+            tokenizer=setup.model_bundle.tokenizer,
+            n_params=setup.n_params[0],
+            n_trainable=setup.n_params[1],
+            precision=self.precision,
+            device=str(acc.device),
+            world_size=acc.num_processes,
+            is_main=acc.is_main_process,
+            n_train=len(setup.train_set),
+            n_eval=len(setup.eval_set),
+            selection=setup.selector.why,
+        )
+
+    # -- train ---------------------------------------------------------------------------------
+    def micro_batches(self) -> Iterator[dict]:
+        """The training micro-batches from the state's data position on, epoch after epoch,
+        with the epoch events; they end at ``train.max_epochs`` or when a callback stops the run
+        at an epoch's end. Starts the step clock."""
+        self._step_started = time.perf_counter()
+        self.data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
+        return self._epochs()
+
+    def _epochs(self) -> Iterator[dict]:
+        cfg, state = self.cfg, self.state
+        taken = state.step * cfg.train.grad_accum  # the run-wide index of the next micro-batch
+        while cfg.train.max_epochs is None or state.epoch < cfg.train.max_epochs:
+            if state.batch_in_epoch == 0:
+                self.callbacks.call("on_epoch_begin", state, epoch=state.epoch)
+            loader = self.setup.train_loader(
+                state.epoch, state.batch_in_epoch, taken, state.text_position
+            )
+            for batch in self.data_wait.timed(loader):
+                taken += 1
+                yield batch
+            self.callbacks.call("on_epoch_end", state, epoch=state.epoch)
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            if state.should_stop:
+                return
+
+    def train_step(self, batches: Iterator[dict]) -> dict | None:
+        """One optimizer step: ``train.grad_accum`` micro-batches forward and backward, then
+        unscale -> clip -> step (or skip on a non-finite loss or gradient) -> zero grads ->
+        schedule -> EMA.
+
+        Returns:
+            The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
+            ran out before the step was complete (its gradients are dropped).
+        """
+        cfg, state, acc = self.cfg, self.state, self.acc
+        accum = cfg.train.grad_accum
+        tally = _StepTally()
+        for i in range(accum):
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            if i == 0:
+                self.callbacks.call("on_step_begin", state, step=state.step + 1)
+            self._advance_data_position(batch)
+            if not batch["size"]:  # every clip of it was dropped
+                continue
+            labels = batch["labels"].to(acc.device)
+            # gradients are synchronized across processes on the step's last micro-batch only
+            with acc.no_sync(self.model) if i < accum - 1 else nullcontext(), acc.autocast():
+                loss = token_loss(self.model(batch), labels)
+            acc.backward(loss / accum)
+            tally.add(batch, loss.detach(), labels, accum)
+
+        params = [p for p in self.whisper.parameters() if p.requires_grad]
+        clip = cfg.optim.clip_grad_norm or float("inf")
+        grad_norm, skip, diverging = _optimizer_step(acc, self.optimizer, params, clip, tally.loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None and skip is None:
+            self.ema.update(self.whisper)
+        self._count_step(tally, skip, diverging)
+        return self._step_metrics(tally, grad_norm, skipped=skip is not None)
+
+    def _advance_data_position(self, batch: dict) -> None:
+        state = self.state
+        if batch.get("task", "asr") == "lm":  # text-only (data.asr_ratio < 1): not in the epoch
+            state.text_position = batch["text_position"]
+        else:
+            state.batch_in_epoch += 1
+        state.dropped_utterances.extend(batch["dropped"])
+        if batch["dropped"]:
+            log.warning("dropped clips: %s", dropped_by_reason(batch))
+
+    def _count_step(self, tally: _StepTally, skip: str | None, diverging: bool) -> None:
+        state = self.state
+        state.step += 1
+        state.samples_seen += tally.samples
+        if skip is not None:
+            state.skipped_steps += 1
+            log.warning("step %d skipped: %s", state.step, skip)
+        if diverging:
+            state.consecutive_nonfinite += 1
+        elif skip is None:
+            state.consecutive_nonfinite = 0
+        if math.isfinite(tally.loss):
+            rl = state.running_loss
+            state.running_loss = tally.loss if rl is None else 0.98 * rl + 0.02 * tally.loss
+
+    def _step_metrics(self, tally: _StepTally, grad_norm: float, skipped: bool) -> dict:
+        now = time.perf_counter()
+        groups = self.optimizer.param_groups
+        metrics = {
+            "loss": tally.loss,
+            "lr": main_lr(self.optimizer),  # the others by name in lr_groups
+            "lr_groups": {g.get("name", str(i)): g["lr"] for i, g in enumerate(groups)},
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "skipped": skipped,
+            "samples": tally.samples,
+            "tokens": tally.tokens,
+            "step_seconds": now - self._step_started,
+            "data_wait_seconds": self.data_wait.take(),
+        }
+        self._step_started = now
+        if self.acc.scaler is not None:  # fp16: the dynamic loss scale after this step
+            metrics["grad_scale"] = self.acc.scaler.get_scale()
+        if self.setup.text is not None:  # per-task mean loss; None when the step had none
+            for name, values in tally.task_losses.items():
+                metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
+        return metrics
+
+    # -- evaluate, save, stop ------------------------------------------------------------------
+    def evaluate_and_select(self) -> Decision:
+        """Evaluate (with the EMA weights when there are some; the guard and long-form too),
+        let the selector judge, write the records and tell the callbacks."""
+        state, setup, cb = self.state, self.setup, self.callbacks
+        cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
+        metrics, preds = self._evaluate()
+        decision = setup.selector.update(metrics, step=state.step)
+        state.selection = setup.selector.state_dict()
+        state.last_eval_step = state.step
+        state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
+        setup.write_eval_records(state.step, metrics, preds, decision)
+        log.info(
+            "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
+            state.step,
+            metrics["loss"],
+            metrics["wer"],
+            metrics["cer"],
+            metrics["n"],
+            f" rep-trap {metrics.get('rep_trap_count', 0)}",
+            log_text(metrics),
+            decision.reason,
+        )
+        cb.call("on_predict_end", state, predictions=preds)
+        cb.call("on_eval_end", state, metrics=metrics, decision=decision)
+        if decision.should_stop:
+            state.should_stop = True
+            state.stop_reason = decision.stop_reason
+        self.last_metrics = metrics
+        return decision
+
+    def _evaluate(self) -> tuple[dict, list[dict]]:
+        """Metrics and predictions of the evaluation split, gathered from every process."""
+        setup, acc, ema, whisper = self.setup, self.acc, self.ema, self.whisper
+        guard_metrics: dict = {}
+        with ema.swapped_in(whisper) if ema is not None else nullcontext():
+            metrics, preds = evaluate(
+                whisper,
+                setup.eval_loader(),
+                tokenizer=setup.model_bundle.tokenizer,
+                eot=setup.model_bundle.specials.eot,
+                max_new_tokens=self.cfg.eval.max_new_tokens,
+                device=acc.device,
+                autocast=acc.autocast,
+                beam_size=self.cfg.eval.beam_size,
+            )
+            if self.guard is not None:
+                guard_metrics = self.guard.measure(
+                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
+                )
+        self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
+        metrics, preds = setup.gather_eval(metrics, preds)
+        metrics.update(
+            run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
+        )
+        if self.guard is not None:
+            metrics.update(guard_metrics)
+            if acc.is_main_process:
+                self.guard.write_records(setup.output_dir, self.state.step, setup.selector.guard)
+        return metrics, preds
+
+    def save_checkpoint(self, kind: str, metrics: dict | None, is_best: bool) -> None:
+        """``checkpoints/step-NNNNNN`` with everything a resume needs; ``on_save`` names it
+        ``best`` when ``is_best``, else ``kind``. A failed save raises (the run stops)."""
+        state = self.state
+        state.should_save = False
+        self.last_saved_step = state.step
+        path = self.setup.save_checkpoint(
+            step=state.step,
+            model=self.whisper,
+            ema=self.ema,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.acc.scaler,
+            state=state,
+            callback_states=self.callbacks.state_dict(),
+            metrics=metrics,
+            is_best=is_best,
+        )
+        if path is not None:
+            self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
+
+    def final_eval_follows(self) -> bool:
+        """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
+        loop stops after it, and it was not evaluated."""
+        state = self.state
+        return (
+            self.cfg.eval.at_end
+            and state.last_eval_step != state.step
+            and _run_ends_after_this_step(state, self.setup, self.max_steps)
+        )
+
+    def end_reason(self) -> tuple[str, str]:
+        """(status, reason) of a run the loop ended without a divergence or a signal."""
+        state, max_epochs = self.state, self.cfg.train.max_epochs
+        if state.should_stop:
+            return "stopped", state.stop_reason or "stopped by a callback"
+        if state.step < self.max_steps and max_epochs is not None:
+            return "completed", f"reached max_epochs={max_epochs}"
+        return "completed", f"reached max_steps={self.max_steps}"
+
+    def result(self, status: str, reason: str) -> FitResult:
+        selector = self.setup.selector  # the owner of the run's best
+        return FitResult(
+            status,
+            reason,
+            self.state.step,
+            selector.best_step,
+            dict(selector.best),
+            self.setup.output_dir,
+            self.last_metrics,
+            tracked_bests=selector.tracked_bests,
+        )
+
+
+class _StepTally:
+    """What one optimizer step's micro-batches add up to."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0  # the mean over the step's micro-batches
+        self.samples = 0
+        self.tokens = 0
+        self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
+
+    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
+        self.loss += float(loss) / accum
+        self.task_losses[batch.get("task", "asr")].append(float(loss))
+        self.samples += batch["size"]
+        self.tokens += int((labels >= 0).sum())
+
+
+def _divergence(state: TrainState, cfg: TrainConfig) -> str:
+    return (
+        f"{state.consecutive_nonfinite} optimizer steps in a row had a non-finite "
+        f"loss or gradient (last at step {state.step}); try a lower optim.lr "
+        f"(now {cfg.optim.lr:g}), optim.clip_grad_norm, a longer optim.warmup_steps, "
+        "or train.precision: bf16 instead of fp16"
+    )
+
+
 def _describe(e: OSError | CheckpointSaveError) -> str:
     if isinstance(e, CheckpointSaveError):  # its message names the path
         return str(e)
     what = e.strerror or str(e)
     return f"{e.filename}: {what}" if e.filename else what
-
-
-def _numbers(metrics: dict) -> dict[str, float]:
-    return {
-        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    }
 
 
 def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) -> bool:
@@ -545,11 +612,3 @@ def _optimizer_step(
         return grad_norm, "non-finite loss", True
     why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
     return grad_norm, why, scale <= 1.0
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from asrforge.config import OptimConfig
 from asrforge.errors import CheckpointNotSupportedError
@@ -83,6 +84,9 @@ class EMA:
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.decay = decay
+        # torch's public EMA step (the kernel torch.optim.swa_utils.AveragedModel uses): one
+        # fused lerp over all tensors
+        self._lerp = get_ema_multi_avg_fn(decay)
         self.shadow = {
             n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad
         }
@@ -93,7 +97,7 @@ class EMA:
             *((n, p) for n, p in model.named_parameters() if n in self.shadow), strict=True
         )
         shadows = [self.shadow[n] for n in names]
-        torch._foreach_lerp_(shadows, [p.detach().float() for p in params], 1.0 - self.decay)
+        self._lerp(shadows, [p.detach().float() for p in params], None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.shadow)

@@ -8,8 +8,6 @@ import json
 import logging
 import platform
 import random
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
-from asrforge.config import ModelConfig, TrainConfig
+from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
     Collator,
@@ -48,147 +46,27 @@ from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
-from asrforge.model.partial import frozen_forward, frozen_part_id
+from asrforge.model.frames import window_seconds
+from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
-from asrforge.selection import build_selector
+from asrforge.selection import Selector, build_selector
 from asrforge.train.events import Decision
+from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
+    choose_precision,
+    enable_cpu_fp16,
+    model_width,
+)
+from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
 GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
 """The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
 
 
-def cpu_bf16_units() -> list[str]:
-    """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
-
-
-# bf16 autocast pays per op (casts, oneDNN primitives per shape): measured on this 2-core AMX
-# CPU it halves a Whisper tiny.en step (d_model 384) but makes the tiny test model (d_model 32)
-# 1.3x slower. Auto chooses it from this width up (every released Whisper is at least 384 wide).
-BF16_MIN_WIDTH = 256
-
-
-def model_width(cfg: ModelConfig) -> int | None:
-    """``d_model`` of the model ``cfg`` builds (read from a pretrained directory's config.json);
-    None when it cannot be read (the model build reports that properly)."""
-    if cfg.pretrained is None:
-        return cfg.d_model
-    try:
-        return int(json.loads((Path(cfg.pretrained) / "config.json").read_text())["d_model"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def choose_precision(requested: str, device: str, width: int | None = None) -> tuple[str, str]:
-    """(autocast precision, why). A requested precision is used as it is, on a CPU too (fp16
-    there: torch's CPU autocast and ``GradScaler("cpu")``, see :func:`enable_cpu_fp16`).
-
-    ``auto`` on a CPU: bf16 when the CPU has bf16 units and the model is at least
-    ``BF16_MIN_WIDTH`` wide (``width``, its d_model), fp32 otherwise.
-    """
-    cuda = torch.cuda.is_available() and device != "cpu"
-    if requested == "auto":
-        if not cuda:
-            units = cpu_bf16_units()
-            if not units:
-                return "no", "auto: fp32 on a CPU without bf16 units"
-            if width is not None and width >= BF16_MIN_WIDTH:
-                return "bf16", (
-                    f"auto: this CPU has bf16 units ({', '.join(units)}) and d_model {width} >= "
-                    f"{BF16_MIN_WIDTH}: bf16 autocast (~2x faster than fp32 for Whisper tiny.en)"
-                )
-            return "no", (
-                f"auto: fp32; this CPU has bf16 units ({', '.join(units)}) but d_model {width} < "
-                f"{BF16_MIN_WIDTH}: per-op bf16 overhead outweighs the faster matmuls"
-            )
-        if torch.cuda.is_bf16_supported():
-            return "bf16", "auto: this GPU supports bf16"
-        return "fp16", "auto: GPU without bf16, fp16 with dynamic loss scaling"
-    if requested == "fp16" and not cuda:
-        return "fp16", "set in train.precision: fp16 autocast with dynamic loss scaling on the CPU"
-    return requested, "set in train.precision"
-
-
-def enable_cpu_fp16(acc) -> None:
-    """Make accelerate's fp16 on a CPU what it is on a GPU: fp16 autocast and a dynamic loss
-    scaler. accelerate leaves both off on a CPU (it silently trains in fp32), although torch
-    supports them there; with them on, a CPU run takes the GPU's code path (scaled backward,
-    unscale in ``clip_grad_norm_``, ``scaler.step`` + ``update`` in ``optimizer.step``), so the
-    tests cover it. Call before ``acc.prepare`` (the prepared optimizer takes the scaler)."""
-    if acc.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
-        acc.native_amp = True
-        acc.scaler = torch.amp.GradScaler("cpu")
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
-    """Log to stderr and (main process) to ``output_dir/train.log``."""
-    root = logging.getLogger("asrforge")
-    root.setLevel(logging.INFO)
-    if not any(getattr(h, "_asrforge", False) for h in root.handlers):
-        h = _StderrHandler()
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        h._asrforge = True  # noqa: SLF001
-        root.addHandler(h)
-    for h in root.handlers:  # the console is rank zero's; the other ranks show only errors
-        if getattr(h, "_asrforge", False):
-            h.setLevel(logging.INFO if is_main else logging.ERROR)
-    if output_dir is None or not is_main:
-        return None
-    fh = _RunLogFile(output_dir / "train.log")
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(fh)
-    return fh
-
-
-class _RunLogFile(logging.FileHandler):
-    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
-    file is written no more; logging's default prints a traceback for every later record."""
-
-    failed = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not self.failed:
-            super().emit(record)
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        if not self.failed:
-            self.failed = True
-            print(f"asrforge: cannot write {self.baseFilename} ({sys.exc_info()[1]}); the log "
-                  "goes on on stderr only", file=sys.stderr)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        except OSError:  # flushing what a failed write left: reported already, and must not
-            pass  # mask the error that is ending the run
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the record (test runners and
-    notebooks replace it; a handler holding the old stream would write to a closed file)."""
-
-    def __init__(self):
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
 
 
 @dataclass
@@ -208,8 +86,9 @@ class RunSetup:
     n_params: tuple[int, int]
     resume_from: TrainingCheckpoint | None
     log_handler: logging.Handler | None
-    startup: dict[str, float] = field(default_factory=dict)
-    """Seconds per start-up phase (data set, tokenizer, model, splits)."""
+    startup: StartupClock = field(default_factory=StartupClock)
+    """Seconds per start-up phase (imports, config, data set, tokenizer, model, splits, first
+    step)."""
     text: TextBatches | None = None
     """Text-only batches (``data.asr_ratio < 1``), else None."""
     packing: Packing | None = None
@@ -236,14 +115,23 @@ class RunSetup:
         self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
         batches = epoch_batches(
-            len(train_set), self.cfg.data.batch_size, self.cfg.seed, epoch,
-            acc.process_index, acc.num_processes,
+            len(train_set),
+            self.cfg.data.batch_size,
+            self.cfg.seed,
+            epoch,
+            acc.process_index,
+            acc.num_processes,
         )
         loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
         if self.text is None:
             return loader
-        return interleave(loader, self.text.batches(text_position), seed=self.cfg.seed,
-                          asr_ratio=self.cfg.data.asr_ratio, start=micro_batch)
+        return interleave(
+            loader,
+            self.text.batches(text_position),
+            seed=self.cfg.seed,
+            asr_ratio=self.cfg.data.asr_ratio,
+            start=micro_batch,
+        )
 
     @property
     def batches_per_epoch(self) -> int:
@@ -266,8 +154,12 @@ class RunSetup:
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
         return DataLoader(
-            ds, batch_sampler=batches, collate_fn=self.collator, num_workers=workers,
-            persistent_workers=False, prefetch_factor=4 if workers else None,
+            ds,
+            batch_sampler=batches,
+            collate_fn=self.collator,
+            num_workers=workers,
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
             generator=torch.Generator().manual_seed(seed),
         )
 
@@ -291,29 +183,54 @@ class RunSetup:
         merged.update(dropped_metrics(dropped, len(allp)))
         return merged, allp
 
-    def write_eval_records(self, step: int, metrics: dict, preds: list[dict], decision: Decision) -> None:
+    def write_eval_records(
+        self, step: int, metrics: dict, preds: list[dict], decision: Decision
+    ) -> None:
         """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
         if not self.accelerator.is_main_process:
             return
         lines = [json.dumps(p, ensure_ascii=False) for p in preds]
-        summary = {"summary": True, "step": step, **_scalars(metrics),
-                   "per_language": metrics.get("per_language", {}),
-                   "dropped_utterances": metrics.get("dropped_utterances", {}),
-                   "save": decision.save, "reason": decision.reason}
+        summary = {
+            "summary": True,
+            "step": step,
+            **_scalars(metrics),
+            "per_language": metrics.get("per_language", {}),
+            "dropped_utterances": metrics.get("dropped_utterances", {}),
+            "save": decision.save,
+            "reason": decision.reason,
+        }
         lines.append(json.dumps(summary, ensure_ascii=False))
         (self.output_dir / "eval").mkdir(exist_ok=True)
-        atomic_write_text(self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n")
+        atomic_write_text(
+            self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+        )
 
-    def save_checkpoint(self, *, step, model, ema, optimizer, scheduler, scaler, state,
-                        callback_states, metrics, is_best) -> Path | None:
+    def save_checkpoint(
+        self,
+        *,
+        step,
+        model,
+        ema,
+        optimizer,
+        scheduler,
+        scaler,
+        state,
+        callback_states,
+        metrics,
+        is_best,
+    ) -> Path | None:
         """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return None
         metrics = metrics or {}
         meta = {
-            "step": step, "wer": metrics.get("wer"), "cer": metrics.get("cer"),
-            "eval_loss": metrics.get("loss"), "config_id": self.cfg.config_id, "seed": self.cfg.seed,
+            "step": step,
+            "wer": metrics.get("wer"),
+            "cer": metrics.get("cer"),
+            "eval_loss": metrics.get("loss"),
+            "config_id": self.cfg.config_id,
+            "seed": self.cfg.seed,
             "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
             "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
         }
@@ -323,12 +240,18 @@ class RunSetup:
         return self.checkpoints.save(
             step,
             dict(
-                model=lora.checkpoint_weights(model), ema=ema.state_dict() if ema is not None else None,
-                optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                model=lora.checkpoint_weights(model),
+                ema=ema.state_dict() if ema is not None else None,
+                optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(),
                 scaler=scaler.state_dict() if scaler is not None else None,
-                rng=capture_rng_state(), train_state=state.to_dict(), callbacks=callback_states,
-                config_yaml=self.cfg.to_yaml(), tokenizer_save=lambda d: tok.save_pretrained(str(d)),
-                meta=meta, max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
+                rng=capture_rng_state(),
+                train_state=state.to_dict(),
+                callbacks=callback_states,
+                config_yaml=self.cfg.to_yaml(),
+                tokenizer_save=lambda d: tok.save_pretrained(str(d)),
+                meta=meta,
+                max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
             ),
             metrics=_scalars(metrics) if metrics else None,
             is_best=is_best,
@@ -348,16 +271,108 @@ def _scalars(metrics: dict) -> dict:
 
 
 def prepare_run(
-    cfg: TrainConfig, *, precision: str, resume: bool, start_over: bool = False
+    cfg: TrainConfig,
+    *,
+    precision: str,
+    resume: bool,
+    start_over: bool = False,
+    startup: dict[str, float] | None = None,
 ) -> RunSetup:
     """Build the run. Raises UserError for anything the user must fix.
 
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
+    ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
+    out = Path(cfg.output_dir)
+    acc = start_accelerator(cfg, precision)
+    handler = open_run_dir(out, acc)
+    manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    seed_everything(cfg.seed)
+    clock = StartupClock(startup)
+    log.info(
+        "asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
+        out,
+        platform.python_version(),
+        torch.__version__,
+        acc.device,
+        acc.num_processes,
+    )
+    train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
+    clock.lap("data set")
+    tokenizer = run_tokenizer(cfg, out, acc, train_split["text"])
+    clock.lap("tokenizer")
+    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
+    clock.lap("model")
+    model = bundle.model
+    n_params = count_parameters(model)
+    log.info(
+        "model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
+        f"{n_params[0]:,}",
+        f"{n_params[1]:,}",
+        model.config.d_model,
+        model.config.encoder_layers,
+        model.config.decoder_layers,
+        model.config.vocab_size,
+    )
+    train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
+    if cfg.data.cache_features:
+        attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
+    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
+        log.warning(
+            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
+            "states are computed once from unmasked features: SpecAugment is not applied"
+        )
+    packing = build_run_packing(cfg, bundle, train_set) if cfg.data.pack.enabled else None
+    if cfg.data.cache_encoder and packing is not None:
+        log.warning(
+            "data.cache_encoder: off for training with data.pack.enabled: packed windows "
+            "change every epoch and the encoder sees the whole window at once, so their "
+            "encoder states cannot be cached; the frozen part runs every step"
+        )
+    elif cfg.data.cache_encoder:
+        attach_encoder_cache(cfg, out, acc, model, train_set, precision)
+    caches = [
+        n
+        for n, on in (
+            ("features", cfg.data.cache_features),
+            ("encoder", cfg.data.cache_encoder and packing is None),
+        )
+        if on
+    ]
+    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
+    langs = Counter(u.language for u in train_set.utts)
+    selector, max_steps = build_run_selector(cfg, langs)
+    text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
+    if acc.is_main_process:
+        atomic_write_text(out / "config.yaml", cfg.to_yaml())
+    return RunSetup(
+        cfg=cfg,
+        output_dir=out,
+        accelerator=acc,
+        model_bundle=bundle,
+        train_set=train_set,
+        eval_set=eval_set,
+        collator=Collator(pad_id=bundle.specials.eot),
+        selector=selector,
+        checkpoints=manager,
+        max_steps=max_steps,
+        n_params=n_params,
+        resume_from=resume_from,
+        log_handler=handler,
+        text=text,
+        startup=clock,
+        packing=packing,
+        lora_base=lora_base,
+    )
+
+
+def start_accelerator(cfg: TrainConfig, precision: str):
+    """The run's ``Accelerator``: DDP across processes, ``precision`` autocast, and on a CPU the
+    fp16 loss scaler too (:func:`enable_cpu_fp16`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedDataParallelKwargs
 
-    out = Path(cfg.output_dir)
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
         # One process, several runs (a notebook, a test session): accelerate keeps one
         # precision per process; start this run's state afresh, keeping the process group.
@@ -365,80 +380,118 @@ def prepare_run(
     # cpu=True also when "auto" finds no GPU: without it, accelerate under torchrun on a CPU-only
     # machine makes every process a separate one-process run (all writing the same run dir)
     on_cpu = cfg.train.device == "cpu" or not torch.cuda.is_available()
+    # a text-only batch leaves the encoder unused: DDP must not wait for its gradients
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.data.asr_ratio < 1.0)
     acc = Accelerator(
-        mixed_precision=precision, cpu=on_cpu,
+        mixed_precision=precision,
+        cpu=on_cpu,
         gradient_accumulation_steps=1,  # the loop accumulates itself, visibly
+        kwargs_handlers=[ddp],
     )
     enable_cpu_fp16(acc)
+    return acc
+
+
+def open_run_dir(out: Path, acc) -> logging.Handler | None:
+    """Create the run directory (rank zero, the others wait) and log to its ``train.log``."""
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
-    handler = setup_logging(out, acc.is_main_process)
-    ckpt_root = out / "checkpoints"
+    return setup_logging(out, acc.is_main_process)
+
+
+def find_resume(
+    cfg: TrainConfig, out: Path, acc, *, resume: bool, start_over: bool
+) -> tuple[CheckpointManager, TrainingCheckpoint | None]:
+    """The run's checkpoint manager (interrupted saves recovered) and the checkpoint to resume
+    from, its config checked against this one before anything is written (a refused resume
+    changes nothing)."""
     manager = CheckpointManager(
-        ckpt_root, save_total_limit=cfg.checkpoint.save_total_limit,
-        keep_best=list(cfg.checkpoint.keep_best), protect_top=averaging_specs(cfg.callbacks),
-        max_disk_gb=cfg.checkpoint.max_disk_gb, log=log,
+        out / "checkpoints",
+        save_total_limit=cfg.checkpoint.save_total_limit,
+        keep_best=list(cfg.checkpoint.keep_best),
+        protect_top=averaging_specs(cfg.callbacks),
+        max_disk_gb=cfg.checkpoint.max_disk_gb,
+        log=log,
     )
     if acc.is_main_process:
         manager.recover()
-    latest = find_resume_checkpoint(manager, resume=resume, start_over=start_over,
-                                    is_main=acc.is_main_process, log=log)
+    latest = find_resume_checkpoint(
+        manager, resume=resume, start_over=start_over, is_main=acc.is_main_process, log=log
+    )
     resume_from = load_training_checkpoint(latest) if latest is not None else None
-    if resume_from is not None:  # before anything is written: a refused resume changes nothing
+    if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
-    seed_everything(cfg.seed)
-    clock = _PhaseClock()
-    log.info("asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
-             out, platform.python_version(), torch.__version__, acc.device, acc.num_processes)
+    return manager, resume_from
 
-    # data
+
+def load_splits(cfg: TrainConfig, acc, out: Path, *, resuming: bool) -> tuple[Any, Any]:
+    """The training and evaluation splits of ``data.path`` in any of its formats
+    (:mod:`asrforge.data.sources`; the tones data set generated first when asked for and
+    missing); a carved evaluation split is recorded in ``out`` and read back on a resume."""
     data_path = Path(cfg.data.path)
     if not data_path.exists() and cfg.data.generate == "tones":
         if acc.is_main_process:
             make_tones_dataset(data_path)
         acc.wait_for_everyone()
-    train_split, eval_split = training_splits(
-        cfg.data, run_dir=out, resuming=resume_from is not None, is_main=acc.is_main_process
-    )
+    return training_splits(cfg.data, run_dir=out, resuming=resuming, is_main=acc.is_main_process)
 
-    clock.lap("data set")
-    # tokenizer and model (a from-scratch BPE is trained once and kept in the run dir)
-    # The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
-    # resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
-    # rank).
+
+def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
+    """``model.tokenizer``, the pretrained directory's, or a BPE trained on ``train_texts`` once
+    and kept in ``out/tokenizer`` (a resume reuses it).
+
+    The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
+    resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
+    rank).
+    """
     tok_dir = out / "tokenizer"
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
     stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
     if tokenizer is None and acc.is_main_process:
-        tokenizer = build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
+        tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = (
-            load_tokenizer(tok_dir) if scratch
-            else build_tokenizer(cfg.model, train_split["text"], timestamps=stamps)
+            load_tokenizer(tok_dir)
+            if scratch
+            else build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         )
-    clock.lap("tokenizer")
-    bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
-    model = bundle.model
-    lora_base = None
-    if cfg.model.lora is not None:  # before the optimizer exists: it sees only the adapters
-        lora_base = lora.base_fingerprint(model)
-        if resume_from is not None:
-            lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
-        lora.add_adapters(model, cfg.model.lora)
-    clock.lap("model")
-    n_params = count_parameters(model)
-    log.info("model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
-             f"{n_params[0]:,}", f"{n_params[1]:,}", model.config.d_model,
-             model.config.encoder_layers, model.config.decoder_layers, model.config.vocab_size)
+    return tokenizer
 
-    max_seconds = model.config.max_source_positions / 50.0
-    kw = dict(cfg=cfg.data, tokenizer=tokenizer, specials=bundle.specials,
-              max_target_positions=model.config.max_target_positions, max_seconds=max_seconds)
+
+def build_run_model(
+    cfg: TrainConfig, tokenizer, resume_from: TrainingCheckpoint | None
+) -> tuple[BuiltModel, str | None]:
+    """The model, and with ``model.lora`` its adapters (added before the optimizer exists: it
+    sees only them) and the base weights' fingerprint, checked against a resumed checkpoint's."""
+    bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
+    if cfg.model.lora is None:
+        return bundle, None
+    lora_base = lora.base_fingerprint(bundle.model)
+    if resume_from is not None:
+        lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
+    lora.add_adapters(bundle.model, cfg.model.lora)
+    return bundle, lora_base
+
+
+def build_datasets(
+    cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
+) -> tuple[SpeechDataset, SpeechDataset]:
+    """The training and evaluation data sets: each split's usable utterances (the skipped ones
+    reported in the log and ``skipped-<split>.json``); no usable training utterance is a
+    UserError."""
+    config = bundle.model.config
+    kw = dict(
+        cfg=cfg.data,
+        tokenizer=bundle.tokenizer,
+        specials=bundle.specials,
+        max_target_positions=config.max_target_positions,
+        max_seconds=window_seconds(config),
+    )
     train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
@@ -446,97 +499,130 @@ def prepare_run(
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
-        raise UserError(f"data: no usable utterances in split {cfg.data.train_split!r} of {data_path}")
-    train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
-    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+        raise UserError(
+            f"data: no usable utterances in split {cfg.data.train_split!r} of {Path(cfg.data.path)}"
+        )
+    eot = bundle.specials.eot
+    train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
     # training only: the evaluation set never augments
-    train_set.augment = build_augmenter(cfg.data.augment, seed=cfg.seed, window_seconds=max_seconds)
-    if cfg.data.cache_features:  # log-mels once, for both splits; the other ranks open the result
-        feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
-        features = FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
-        acc.wait_for_everyone()
-        if features is None:
-            features = FeatureCache.open(feature_root, bundle.features)
-        train_set.feature_cache = eval_set.feature_cache = features
-    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
-        log.warning(
-            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
-            "states are computed once from unmasked features: SpecAugment is not applied"
+    train_set.augment = build_augmenter(
+        cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
+    )
+    return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot)
+
+
+def attach_feature_cache(
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    train_set: SpeechDataset,
+    eval_set: SpeechDataset,
+) -> None:
+    """``data.cache_features``: log-mels once, for both splits; the other ranks open the result."""
+    feature_root = Path(cfg.data.cache_dir or out / "cache") / "features"
+    features = (
+        FeatureCache.build(feature_root, train_set, eval_set) if acc.is_main_process else None
+    )
+    acc.wait_for_everyone()
+    if features is None:
+        features = FeatureCache.open(feature_root, bundle.features)
+    train_set.feature_cache = eval_set.feature_cache = features
+
+
+def build_run_packing(cfg: TrainConfig, bundle: BuiltModel, train_set: SpeechDataset) -> Packing:
+    """``data.pack``: the packed training windows of each epoch."""
+    config = bundle.model.config
+    packing = build_packing(
+        cfg.data.pack,
+        train_set,
+        tokenizer=bundle.tokenizer,
+        no_timestamps=bundle.specials.no_timestamps,
+        seed=cfg.seed,
+        window_seconds=window_seconds(config),
+        max_positions=config.max_target_positions,
+    )
+    if cfg.data.cache_features:
+        log.info(
+            "data.cache_features with packing: the cache serves evaluation and the "
+            "windows holding one utterance at offset 0; packed windows are computed "
+            "from audio (a window's log-mels are not its clips' log-mels side by side)"
         )
-    packing = None
-    if cfg.data.pack.enabled:
-        packing = build_packing(
-            cfg.data.pack, train_set, tokenizer=tokenizer, no_timestamps=bundle.specials.no_timestamps,
-            seed=cfg.seed, window_seconds=max_seconds,
-            max_positions=model.config.max_target_positions,
+    return packing
+
+
+def attach_encoder_cache(
+    cfg: TrainConfig, out: Path, acc, model, train_set: SpeechDataset, precision: str
+) -> None:
+    """``data.cache_encoder``: the frozen part's output (the whole encoder's or the lower
+    layers'), computed once per training utterance by rank zero; the other ranks open it."""
+    cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
+    encoder, top = model.model.encoder, cfg.model.trained_top_encoder_layers
+    producer = {
+        **frozen_part_id(encoder, top),
+        "precision": precision,
+        "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
+    }
+    build = functools.partial(
+        EncoderCache.build,
+        cache_root,
+        encoder,
+        train_set,
+        producer=producer,
+        forward=functools.partial(encode_frozen_part, encoder, top=top),
+    )
+    if acc.is_main_process:
+        train_set.encoder_cache = build(
+            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            autocast=acc.autocast,
         )
-        if cfg.data.cache_features:
-            log.info("data.cache_features with packing: the cache serves evaluation and the "
-                     "windows holding one utterance at offset 0; packed windows are computed "
-                     "from audio (a window's log-mels are not its clips' log-mels side by side)")
-    if cfg.data.cache_encoder and packing is not None:
-        log.warning("data.cache_encoder: off for training with data.pack.enabled: packed windows "
-                    "change every epoch and the encoder sees the whole window at once, so their "
-                    "encoder states cannot be cached; the frozen part runs every step")
-    elif cfg.data.cache_encoder:  # the frozen part's output: the whole encoder's or the lower layers'
-        cache_root = Path(cfg.data.cache_dir or out / "cache") / "encoder"
-        encoder, top = model.model.encoder, cfg.model.trained_top_encoder_layers
-        producer = {
-            **frozen_part_id(encoder, top), "precision": precision,
-            "attn_implementation": str(model.config._attn_implementation),  # noqa: SLF001
-        }
-        build = functools.partial(
-            EncoderCache.build, cache_root, encoder, train_set, producer=producer,
-            forward=functools.partial(frozen_forward, encoder, top=top),
-        )
-        if acc.is_main_process:
-            train_set.encoder_cache = build(
-                batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, autocast=acc.autocast,
-            )
-        acc.wait_for_everyone()
-        if not acc.is_main_process:
-            train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
-    caches = [n for n, on in (("features", cfg.data.cache_features),
-                              ("encoder", cfg.data.cache_encoder and packing is None)) if on]
-    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
-    # selection policy for the run's language
-    langs = Counter(u.language for u in train_utts)
-    language = cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
+
+
+def build_run_selector(cfg: TrainConfig, langs: Counter) -> tuple[Selector, int]:
+    """The selection policy for the run's language, and the run's step count: ``train.max_steps``
+    or the selection group's lower cap."""
+    language = (
+        cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    )
     partial = cfg.model.trained_top_encoder_layers is not None  # only part of the model trains
     selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:
-        log.info("max_steps capped at %d by the selection group (train.max_steps=%d)",
-                 selector.max_steps, max_steps)
-        max_steps = selector.max_steps
-
-    text = None
-    if cfg.data.asr_ratio < 1.0:  # text-only batches in the run's language
-        if acc.num_processes > 1:
-            raise UserError("data.asr_ratio < 1: text-only batches run on one process only (the "
-                            "decoder-only pass bypasses the DDP wrapper's gradient sync)")
-        text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
-        text = TextBatches(
-            cfg.data.text_path, tokenizer=tokenizer, prompt=bundle.specials.prompt(text_language),
-            eot=bundle.specials.eot, batch_size=cfg.data.batch_size,
-            max_len=model.config.max_target_positions, max_lines=cfg.data.max_text_lines,
-            seed=cfg.seed,
+        log.info(
+            "max_steps capped at %d by the selection group (train.max_steps=%d)",
+            selector.max_steps,
+            max_steps,
         )
-        text.check()
-        log.info("text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
-                 100 * (1 - cfg.data.asr_ratio), cfg.data.max_text_lines or "all",
-                 cfg.data.text_path, text_language)
+        max_steps = selector.max_steps
+    return selector, max_steps
 
-    if acc.is_main_process:
-        atomic_write_text(out / "config.yaml", cfg.to_yaml())
-    return RunSetup(
-        cfg=cfg, output_dir=out, accelerator=acc, model_bundle=bundle, train_set=train_set,
-        eval_set=eval_set, collator=Collator(pad_id=bundle.specials.eot), selector=selector,
-        checkpoints=manager, max_steps=max_steps, n_params=n_params, resume_from=resume_from,
-        log_handler=handler, text=text, startup=clock.phases, packing=packing,
-        lora_base=lora_base,
+
+def build_text_batches(cfg: TrainConfig, bundle: BuiltModel, langs: Counter) -> TextBatches:
+    """``data.asr_ratio < 1``: text-only batches in the run's language, the file checked now."""
+    text_language = (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
+    text = TextBatches(
+        cfg.data.text_path,
+        tokenizer=bundle.tokenizer,
+        prompt=bundle.specials.prompt(text_language),
+        eot=bundle.specials.eot,
+        batch_size=cfg.data.batch_size,
+        max_len=bundle.model.config.max_target_positions,
+        max_lines=cfg.data.max_text_lines,
+        seed=cfg.seed,
     )
+    text.check()
+    log.info(
+        "text-only batches: %.0f%% of micro-batches, %s lines of %s (language %s)",
+        100 * (1 - cfg.data.asr_ratio),
+        cfg.data.max_text_lines or "all",
+        cfg.data.text_path,
+        text_language,
+    )
+    return text
 
 
 def _save_tokenizer(tokenizer, directory: Path) -> None:
@@ -550,16 +636,3 @@ def _save_tokenizer(tokenizer, directory: Path) -> None:
             raise
         except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
             raise OSError(None, str(e)) from e
-
-
-class _PhaseClock:
-    """Wall time of each start-up phase, for the time-to-first-step breakdown in the log."""
-
-    def __init__(self):
-        self.phases: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = now - self._t
-        self._t = now

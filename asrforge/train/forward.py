@@ -1,0 +1,92 @@
+"""The training forward pass: :class:`TrainingWhisper` turns one training batch into logits.
+
+A batch takes one of four paths through the Whisper model:
+
+* text-only (``task == "lm"``, ``data.asr_ratio < 1``): the decoder alone, without encoder states
+  (so without cross-attention input), then ``proj_out``;
+* the frozen part's output cached (``encoder_hidden_states``, ``data.cache_encoder``): the
+  trained top layers on it (:func:`~asrforge.model.partial.encode_trained_part`), then the
+  decoder;
+* a frozen lower encoder (``model.train_encoder_layers``): SpecAugment, the frozen part without
+  an autograd graph, the trained top layers, then the decoder;
+* otherwise Whisper's own forward (the whole encoder trains, or all of it is frozen).
+
+All four run inside this one module, which ``accelerate.prepare`` wraps (DDP with several
+processes): the gradients of every path are synchronized by the wrapper. A text-only batch leaves
+the encoder unused, so runs with text-only batches build the wrapper with
+``find_unused_parameters`` (``asrforge.train.setup``).
+
+It lives in ``train/`` rather than ``model/``: it reads the training batch format (the data
+caches' keys, the task of a batch) and nothing outside training runs it; ``model/`` holds what
+inference shares.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from asrforge.model.partial import encode_frozen_part, encode_trained_part, set_frozen_eval
+
+
+class TrainingWhisper(nn.Module):
+    """A Whisper model (``WhisperForConditionalGeneration``) as training runs it.
+
+    Args:
+        whisper: the model; its parameters are this module's, under ``whisper.``.
+        frozen_top: ``model.trained_top_encoder_layers``: None when the whole encoder trains, else the
+            number of top encoder layers that train above a frozen part (0: all frozen).
+    """
+
+    def __init__(self, whisper: nn.Module, frozen_top: int | None):
+        super().__init__()
+        self.whisper = whisper
+        self.frozen_top = frozen_top
+
+    def train(self, mode: bool = True) -> TrainingWhisper:
+        """Set the training mode; the frozen part of the encoder stays in eval mode (a fixed
+        function of the audio: no dropout, and its output may be cached)."""
+        super().train(mode)
+        if mode and self.frozen_top is not None:
+            set_frozen_eval(self.whisper.model.encoder, self.frozen_top)
+        return self
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Logits for one collated batch.
+
+        Args:
+            batch: ``decoder_input_ids`` (batch, tokens); a speech batch also ``input_features``
+                (batch, n_mels, frames) or ``encoder_hidden_states`` (batch, positions, d_model);
+                ``task`` is ``"lm"`` for a text-only batch (default ``"asr"``).
+
+        Returns:
+            (batch, tokens, vocab) logits.
+        """
+        device = self.whisper.proj_out.weight.device
+        decoder_input_ids = batch["decoder_input_ids"].to(device)
+        if batch.get("task", "asr") == "lm":
+            hidden = self.whisper.model.decoder(
+                input_ids=decoder_input_ids, use_cache=False
+            ).last_hidden_state
+            return self.whisper.proj_out(hidden)
+        encoder_states = self._encoder_states(batch, device)
+        if encoder_states is None:
+            inputs = {"input_features": batch["input_features"].to(device)}
+        else:
+            inputs = {"encoder_outputs": (encoder_states,)}
+        return self.whisper(**inputs, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+
+    def _encoder_states(self, batch: dict, device: torch.device) -> torch.Tensor | None:
+        """The encoder's output computed apart from Whisper's forward (a frozen lower part, fresh
+        or cached), or None when Whisper's own forward runs the encoder."""
+        encoder, top = self.whisper.model.encoder, self.frozen_top
+        if "encoder_hidden_states" in batch:  # the frozen part's, cached
+            frozen = batch["encoder_hidden_states"].to(device)
+        elif top:  # frozen lower layers, run apart in eval mode
+            # SpecAugment, as WhisperModel.forward applies it in training (a no-op unless the
+            # config's apply_spec_augment is on); transformers has no public function for it
+            features = self.whisper.model._mask_input_features(batch["input_features"].to(device))  # noqa: SLF001
+            frozen = encode_frozen_part(encoder, features, top)
+        else:
+            return None
+        return encode_trained_part(encoder, frozen, top)
