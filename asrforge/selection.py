@@ -24,7 +24,12 @@ all three from :class:`~asrforge.config.SelectionConfig` and the language table
 With a forgetting guard (``eval.guard``), the selector also holds a :class:`GuardGate`: a save
 the policy would make is refused when the guard's WER (``metrics["guard_wer"]``) is more than
 ``tolerance`` above the starting model's, whatever the policy; the refused evaluation moves none
-of the policy's bests.
+of the policy's bests. The guard decides which checkpoint becomes best, not when the run stops:
+patience counts evaluations in a row that neither saved nor made progress on the held-out
+metrics, judged by the policy as if no guard had ever refused (``Selector.held_out_state``). A model still improving on held-out
+data while it drifts is not stopped for the drift alone, as early stopping in other trainers
+(transformers' ``EarlyStoppingCallback``) watches the held-out metric only; drift measured on a
+few hundred words is noisy and often comes back within tolerance a few hundred steps later.
 """
 
 from __future__ import annotations
@@ -284,7 +289,9 @@ class Selector:
 
     Args:
         policy: the save rule.
-        patience: evaluations in a row without a save after which ``should_stop`` is set.
+        patience: evaluations in a row without a save after which ``should_stop`` is set. With
+            a guard, an evaluation the guard alone refused still counts as progress when the
+            policy, ignoring the guard, would have saved it (see the module docstring).
         max_steps: optimizer-step cap of this run's group (None: no cap). The loop trains for
             ``min(train.max_steps, max_steps)``; an update at ``step >= max_steps`` also stops.
         why: a sentence saying where the policy, cap and patience came from.
@@ -310,6 +317,10 @@ class Selector:
         """The step of the evaluation whose checkpoint is the best."""
         self.best: dict[str, float] = {}
         """That evaluation's metrics (``wer``, ``cer``, ``loss``, ``n``, ...; finite numbers)."""
+        self.held_out_state: dict[str, Any] | None = None
+        """With a guard: the policy's bests over every evaluation, refused ones included, as if
+        there were no guard; patience judges progress by them (None: no guard, or nothing
+        evaluated yet)."""
 
     @property
     def patience(self) -> int:
@@ -340,25 +351,45 @@ class Selector:
         before = self.policy.state_dict()
         save = self.policy.update(metrics)
         reason = self.policy.reason
+        progressed = save
         if self.guard is not None:
             within, why = self.guard.check(metrics)
+            after = self.policy.state_dict()
+            progressed = self._held_out_progress(metrics, before)
             if save and not within:  # refused: the policy's bests stay where they were
                 self.policy.load_state_dict(before)
                 save = False
                 reason = f"{reason}, but {why}"
             else:
+                self.policy.load_state_dict(after)
                 reason = f"{reason}; {why}"
         self.n_evals += 1
         if save:
             self.best_step, self.best = step, _numbers(metrics)
         stop_reason = None
-        if self.without_save.update(save):
+        # patience counts evaluations without held-out progress: drift alone must not stop a
+        # run that still improves on held-out data (the guard still decides what is best)
+        if self.without_save.update(save or progressed):
             stop_reason = (
                 f"no new best in {self.evals_without_save} evaluations (patience {self.patience})"
+                if self.held_out_state is None
+                else f"held-out metrics did not improve in {self.evals_without_save} evaluations "
+                f"(patience {self.patience})"
             )
         elif step is not None and self.max_steps is not None and step >= self.max_steps:
             stop_reason = f"step {step} reached max_steps {self.max_steps}"
         return Decision(save, reason, stop_reason is not None, stop_reason)
+
+    def _held_out_progress(self, metrics: Mapping[str, float], before: dict[str, Any]) -> bool:
+        """Would the policy have saved this evaluation if the guard had never refused one? The
+        held-out bests that answers it (:attr:`held_out_state`) move as if there were no guard.
+        Leaves the policy in that state; the caller restores its own."""
+        self.policy.load_state_dict(
+            self.held_out_state if self.held_out_state is not None else before
+        )
+        progressed = self.policy.update(metrics)
+        self.held_out_state = self.policy.state_dict()
+        return progressed
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: the policy's bests, the patience counter and the guard's start."""
@@ -372,6 +403,7 @@ class Selector:
         }
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
+            state["held_out_state"] = self.held_out_state
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -399,6 +431,7 @@ class Selector:
         self.n_evals = int(state["n_evals"])
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
+        self.held_out_state = state.get("held_out_state")  # None from a run before it existed
 
 
 def build_selector(

@@ -46,6 +46,52 @@ def test_rising_drift_blocks_a_save_the_policy_alone_would_make(policy):
     assert guarded.evals_without_save == 0
 
 
+def test_drift_alone_does_not_run_out_patience_while_held_out_improves():
+    # The demo's measured run: validation WER falls at every evaluation while the drift stays
+    # just over the tolerance. The guard refuses each save, but the held-out metrics still
+    # improve, so patience (here 2) must not stop the run.
+    evals = [
+        {"wer": 0.20, "loss": 0.40, "guard_wer": 0.024},
+        {"wer": 0.10, "loss": 0.31, "guard_wer": 0.029},
+        {"wer": 0.096, "loss": 0.30, "guard_wer": 0.021},
+        {"wer": 0.09, "loss": 0.29, "guard_wer": 0.015},  # back within: saves
+    ]
+    sel = Selector(CombinedGate(), patience=2, max_steps=None, guard=_gate())
+    decisions = [sel.update(m, step=25 * (i + 1)) for i, m in enumerate(evals)]
+    assert [d.save for d in decisions] == [False, False, False, True]
+    assert not any(d.should_stop for d in decisions)
+    assert sel.best_step == 100
+
+
+def test_patience_judges_held_out_progress_against_refused_evaluations_too():
+    # Eval 2 is refused but sets the held-out best (0.10); evals 3 and 4 beat the last saved
+    # 0.30 yet not 0.10: no held-out progress, so patience 2 runs out at eval 4.
+    evals = [
+        {"wer": 0.30, "loss": 0.50, "guard_wer": 0.00},
+        {"wer": 0.10, "loss": 0.30, "guard_wer": 0.05},
+        {"wer": 0.20, "loss": 0.40, "guard_wer": 0.05},
+        {"wer": 0.25, "loss": 0.45, "guard_wer": 0.05},
+    ]
+    sel = Selector(ByWer(), patience=2, max_steps=None, guard=_gate())
+    decisions = [sel.update(m, step=i) for i, m in enumerate(evals)]
+    assert [d.save for d in decisions] == [True, False, False, False]
+    assert [d.should_stop for d in decisions] == [False, False, False, True]
+    assert "held-out metrics did not improve in 2 evaluations" in decisions[3].stop_reason
+    # the held-out bests ride in the checkpoint, so a resumed run counts the same
+    state = json.loads(json.dumps(sel.state_dict()))
+    resumed = Selector(ByWer(), patience=4, max_steps=None, guard=GuardGate(0.02))
+    resumed.load_state_dict(state)
+    assert resumed.held_out_state == sel.held_out_state
+    assert not resumed.update({"wer": 0.15, "loss": 0.4, "guard_wer": 0.05}, step=4).should_stop
+    assert resumed.evals_without_save == 3 and resumed.held_out_state["best_wer"] == 0.10
+
+
+def _gate(tolerance: float = 0.02) -> GuardGate:
+    gate = GuardGate(tolerance)
+    gate.set_start(0.0, "drift", {"a": "hello world"})
+    return gate
+
+
 def test_guard_on_its_tolerance_saves_and_a_nan_guard_never_does():
     sel = _selector("by_wer", tolerance=0.02)
     assert sel.update({"wer": 0.5, "loss": 1, "guard_wer": 0.02}).save  # exactly start + tol
