@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -495,7 +496,11 @@ def test_relaunch_skips_finished_jobs_and_the_report_covers_them(matrix_run, tmp
     assert [e["step"] for e in es0.evals] == [2, 4] and es0.attempts == 2
     assert es0.best_step in (2, 4) and es0.chosen_by and es0.best["wer"] is not None
     page = (tmp_path / "report.html").read_text()
-    assert page.count('class="job-row"') == 6 and page.count('data-series="eval"') == 18
+    assert page.count('class="job-row"') == 6
+    # a curve per job on each of its language's plots: 6 jobs x (WER, CER, loss, training loss)
+    plots = re.findall(r'<svg class="plot" data-metric="([^"]+)".*?</svg>', page, flags=re.S)
+    assert sorted(set(plots)) == ["cer", "loss", "train loss", "wer"] and len(plots) == 3 * 4
+    assert page.count('<polyline class="curve"') == 6 * 4
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ TRAINING_ONLY: Split = {
         "text_path": ALL,
         "max_text_lines": ALL,
         "pack": ALL,  # how training windows were composed; inference decodes any audio
+        "augment": ALL,  # training-time only: inference never augments
     },
     "eval": {
         "eval_steps": ALL,
