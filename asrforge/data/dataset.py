@@ -48,16 +48,7 @@ def load_arrow(path: Path):
     path = Path(path)
     if not path.exists():
         raise UserError(f"data.path: {path} does not exist (set data.generate: tones to make a small one)")
-    empty = _empty_splits(path)
-    if empty:  # datasets' load_from_disk fails on them with an IndexError
-        raise UserError(
-            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
-            "add rows or leave the split out of the saved DatasetDict"
-        )
-    try:
-        dd = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(f"data.path: {path} is not a dataset saved with save_to_disk: {e}") from None
+    dd = load_saved(path)
     if isinstance(dd, datasets.Dataset):
         raise UserError(f"data.path: {path} holds one split; save a DatasetDict with named splits")
     for name, split in dd.items():
@@ -74,6 +65,26 @@ def load_arrow(path: Path):
         if isinstance(split.features["audio"], Audio):
             dd[name] = split.cast_column("audio", Audio(decode=False))
     return dd
+
+
+def load_saved(path: Path):
+    """``datasets.load_from_disk(path)``: a ``DatasetDict`` or one ``Dataset``.
+
+    Raises:
+        UserError: a split saved without rows, or not a ``save_to_disk`` directory.
+    """
+    import datasets
+
+    empty = _empty_splits(path)
+    if empty:  # datasets' load_from_disk fails on them with an IndexError
+        raise UserError(
+            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
+            "add rows or leave the split out of the saved DatasetDict"
+        )
+    try:
+        return datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"data.path: {path} is not a dataset saved with save_to_disk: {e}") from None
 
 
 def _empty_splits(path: Path) -> list[str]:

@@ -105,20 +105,9 @@ def _load_saved(path: Path):
     """A ``save_to_disk`` directory: its splits, or its one ``Dataset``."""
     import datasets
 
-    from asrforge.data.dataset import _empty_splits
+    from asrforge.data.dataset import load_saved
 
-    empty = _empty_splits(path)
-    if empty:  # datasets' load_from_disk fails on them with an IndexError
-        raise UserError(
-            f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
-            "add rows or leave the split out of the saved DatasetDict"
-        )
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(
-            f"data.path: {path} is not a dataset saved with save_to_disk: {e}"
-        ) from None
+    loaded = load_saved(path)
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
