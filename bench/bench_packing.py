@@ -41,7 +41,9 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     add_session_args,
     bench_session,
     build_workload,
+    hf_optim_args,
     load_average,
+    quick_model,
     tiny_en_dir,
 )
 
@@ -94,16 +96,7 @@ def make_config(
     side = {k: pack.pop(k) for k in ("batch_size", "lr", "warmup") if k in pack} if pack else {}
     if args.quick:
         model = {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 256,
-            "decoder_ffn_dim": 256,
-            "max_source_positions": 300,
-            "max_target_positions": 96,
-            "bpe_vocab_size": 300,
+            **quick_model(max_source_positions=300, max_target_positions=96),
             "train_encoder_layers": 1,
         }
     else:
@@ -249,19 +242,12 @@ def run_hf(cfg: TrainConfig, out: Path, budget: float, clock, precision: str) ->
             seen["utterances"] += int(inputs["labels"].shape[0])
             return super().training_step(model, inputs, *a, **kw)
 
-    o = cfg.optim
     args = Seq2SeqTrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=cfg.data.batch_size,
         max_steps=cfg.train.max_steps,
-        learning_rate=o.lr,
-        weight_decay=o.weight_decay,
-        adam_beta1=o.betas[0],
-        adam_beta2=o.betas[1],
-        adam_epsilon=o.eps,
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=o.warmup_steps,
-        max_grad_norm=o.clip_grad_norm,
+        **hf_optim_args(cfg.optim),
         save_strategy="no",
         eval_strategy="no",
         logging_strategy="no",

@@ -47,6 +47,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     add_session_args,
     bench_session,
     build_workload,
+    hf_optim_args,
     load_average,
     make_config,
     matmul_peak,
@@ -127,20 +128,13 @@ def run_hf(w: Workload, out: Path, warmup: int, hf_optimizer: str) -> dict:
             losses.append(float(loss))
             return loss
 
-    o = cfg.optim
     workers = cfg.data.num_workers
     args = Seq2SeqTrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=1,  # one item = one asrforge batch
         max_steps=cfg.train.max_steps,
-        learning_rate=o.lr,
-        weight_decay=o.weight_decay,
-        adam_beta1=o.betas[0],
-        adam_beta2=o.betas[1],
-        adam_epsilon=o.eps,
         lr_scheduler_type="cosine",
-        warmup_steps=o.warmup_steps,
-        max_grad_norm=o.clip_grad_norm,
+        **hf_optim_args(cfg.optim),
         gradient_accumulation_steps=cfg.train.grad_accum,
         save_strategy="no",
         eval_strategy="no",
@@ -158,8 +152,8 @@ def run_hf(w: Workload, out: Path, warmup: int, hf_optimizer: str) -> dict:
         bf16=cfg.train.precision == "bf16",  # CPU autocast to bfloat16, as asrforge's loop
     )
     if hf_optimizer == "asrforge":
-        optimizer = build_optimizer(model, o)
-        optimizers = (optimizer, build_scheduler(optimizer, o, cfg.train.max_steps))
+        optimizer = build_optimizer(model, cfg.optim)
+        optimizers = (optimizer, build_scheduler(optimizer, cfg.optim, cfg.train.max_steps))
     else:
         optimizers = (None, None)
     batches = w.train_batches(cfg.train.max_steps * cfg.train.grad_accum)

@@ -169,6 +169,36 @@ def prepare_data(work: Path, quick: bool, sizes: dict[str, int]) -> Path:
     return path
 
 
+def quick_model(*, max_source_positions: int, max_target_positions: int) -> dict:
+    """``model`` config of the --quick runs: a from-scratch 2+2-layer, d_model 64 Whisper."""
+    return {
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 256,
+        "decoder_ffn_dim": 256,
+        "max_source_positions": max_source_positions,
+        "max_target_positions": max_target_positions,
+        "bpe_vocab_size": 300,
+    }
+
+
+def hf_optim_args(o) -> dict:
+    """asrforge's ``optim`` section (an ``OptimConfig``) as ``Seq2SeqTrainingArguments``
+    keywords, so the transformers side optimizes exactly as asrforge does."""
+    return {
+        "learning_rate": o.lr,
+        "weight_decay": o.weight_decay,
+        "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1],
+        "adam_epsilon": o.eps,
+        "warmup_steps": o.warmup_steps,
+        "max_grad_norm": o.clip_grad_norm,
+    }
+
+
 def make_config(
     work: Path,
     output_dir: Path,
@@ -187,18 +217,7 @@ def make_config(
     """The asrforge config of the workload: fp32 (or ``precision``), no eval during training, no
     checkpoints at evaluations, eval at the end off (the transformers side gets the same settings)."""
     if quick:
-        model = {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 256,
-            "decoder_ffn_dim": 256,
-            "max_source_positions": 100,
-            "max_target_positions": 32,
-            "bpe_vocab_size": 300,
-        }
+        model = quick_model(max_source_positions=100, max_target_positions=32)
     else:
         model = {"pretrained": str(tiny_en_dir(work))}
     return load_config(
