@@ -3,15 +3,20 @@
 Each package is imported only when a run names its callback (in ``on_train_begin``; the options
 check only looks for it), so neither is a dependency. Both work without a network: W&B with
 ``mode: offline`` (or ``WANDB_MODE=offline``; ``wandb sync`` uploads later), MLflow with its
-default here, a local file store under the run directory. A resumed run continues the same
-tracker run: its id is part of the callback's checkpointed state.
+default here, a local file store under the run directory. Offline means no network attempt at
+all: each library's own usage telemetry is switched off too (see ``start``). A resumed run
+continues the same tracker run: its id is part of the callback's checkpointed state.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from pydantic import Field, model_validator
 
@@ -58,19 +63,25 @@ class _Tracker(Callback):
         self.log_every = log_every
         self.avg = _StepAverager()
         self.run_id: str | None = None
+        self.started = False
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
         self.start(run)
+        self.started = True
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
         self.avg.add(metrics)
         if state.step % self.log_every == 0:
-            self.log(_numbers(self.avg.summary(metrics), "train/"), state.step)
+            # a tracker that failed to start (W&B without a login, say) reported it once, in
+            # on_train_begin; it does not repeat that as an error at every logging step
+            if self.started:
+                self.log(_numbers(self.avg.summary(metrics), "train/"), state.step)
             self.avg.reset()
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
-        self.log(eval_scalars(metrics), state.step)
+        if self.started:
+            self.log(eval_scalars(metrics), state.step)
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         self.finish(failed=result.status == "diverged")
@@ -79,10 +90,14 @@ class _Tracker(Callback):
         self.finish(failed=True)
 
     def state_dict(self) -> dict:
-        return {"run_id": self.run_id}
+        # the open averaging window too: a resumed run's first point averages the same steps
+        # as an uninterrupted run's (as in metrics.jsonl and TensorBoard)
+        return {"run_id": self.run_id, "window": self.avg.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.run_id = state.get("run_id")
+        if "window" in state:  # checkpoints before the window was saved have none
+            self.avg.load_state_dict(state["window"])
 
     # what each tracker implements
     def start(self, run: RunInfo) -> None:
@@ -135,6 +150,10 @@ class WandbLogger(_Tracker):
     def start(self, run: RunInfo) -> None:
         import wandb
 
+        if self.mode in ("offline", "disabled"):
+            # wandb's usage analytics read the process-wide settings, not init's mode: with
+            # init(mode="offline") alone, wandb 0.31 still contacts its server at exit
+            wandb.setup(settings=wandb.Settings(mode=self.mode))
         out = Path(run.output_dir)
         self.run = wandb.init(
             project=self.project,
@@ -161,7 +180,8 @@ class WandbLogger(_Tracker):
 
 class MLflowLogger(_Tracker):
     """MLflow: the resolved config as parameters, training scalars and evaluation metrics
-    (overall and per language) as metrics by step."""
+    (overall and per language) as metrics by step. Names keep one ``/``: ``train/lr/decay``
+    is ``train/lr.decay`` here (see ``mlflow_key``)."""
 
     name = "mlflow"
 
@@ -194,16 +214,21 @@ class MLflowLogger(_Tracker):
         self.client = None
 
     def start(self, run: RunInfo) -> None:
-        import os
-
-        from mlflow.tracking import MlflowClient
-
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if uri is None:
             uri = (Path(run.output_dir).resolve() / "mlruns").as_uri()
+        scheme = urlparse(uri).scheme
+        if scheme in ("", "file"):
             # MLflow >= 3.7 refuses its file store (in "maintenance mode") unless opted into;
             # it is the store that needs no server, database or extra package.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        if scheme in ("", "file", "sqlite"):
+            # MLflow's usage telemetry (on unless CI is set) fetches its config from mlflow.org
+            # when mlflow is imported: a run with a local store makes no network attempt.
+            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
         self.client = MlflowClient(tracking_uri=uri)
         if self.run_id is None:  # a resumed run logs into the run it started
             found = self.client.get_experiment_by_name(self.experiment)
@@ -212,19 +237,35 @@ class MLflowLogger(_Tracker):
             )
             created = self.client.create_run(exp_id, run_name=self.run_name or run.config.config_id)
             self.run_id = created.info.run_id
-            for key, value in _flat(run.config.to_plain()).items():
-                self.client.log_param(self.run_id, key, value)
+            params = [Param(mlflow_key(k), v) for k, v in _flat(run.config.to_plain()).items()]
+            self.client.log_batch(self.run_id, params=params)  # in chunks of 100
         else:
             self.client.update_run(self.run_id, status="RUNNING")
 
     def log(self, values: dict[str, float], step: int) -> None:
-        for key, value in values.items():
-            self.client.log_metric(self.run_id, key, value, step=step)
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(k), v, now, step) for k, v in values.items()]
+        if metrics:  # one request per point, not one per metric
+            self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(self, failed: bool) -> None:
         if self.client is not None:
             self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
             self.client = None
+
+
+def mlflow_key(key: str) -> str:
+    """``train/lr/embeddings`` -> ``train/lr.embeddings``: an MLflow name for a metric or param.
+
+    MLflow's file store keeps each metric in a file named by its key, so ``train/lr`` (a file)
+    and ``train/lr/embeddings`` (a file in a directory of that name) cannot both exist; only
+    the first ``/`` (the namespace MLflow's UI groups charts by) stays a ``/``. Characters MLflow
+    refuses (it allows letters, digits, ``_ - . /`` and space) become ``_``.
+    """
+    head, sep, rest = key.partition("/")
+    return re.sub(r"[^\w\-. /]", "_", head + sep + rest.replace("/", "."))
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, str]:
