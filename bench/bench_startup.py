@@ -100,7 +100,8 @@ def make_clips(work: Path) -> list[tuple[Path, float]]:
 
 
 def make_model(work: Path) -> Path:
-    """The quick model with a BPE over :func:`words`, saved as a transformers directory."""
+    """The quick model with a BPE trained on ``workload.SENTENCES`` (whose words the transcripts
+    use), saved as a transformers directory (weights, tokenizer, feature extractor)."""
     out = work / "model"
     if (out / "config.json").is_file():
         return out
@@ -315,7 +316,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # workload
+    here = Path(__file__).resolve().parent
+    # workload, and this checkout's asrforge (the one the children run, see child_env)
+    sys.path[:0] = [str(here), str(here.parent)]
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = [m for m in args.modes.split(",") if m]
     if "stream" in modes and "asrforge" in args.sides and not stream_supported():
@@ -330,7 +333,9 @@ def main(argv: list[str] | None = None) -> dict:
         for size in sizes:
             t = time.perf_counter()
             data = write_manifests(work, size, clips)
-            print(f"manifest of {size:,} lines: {data} ({time.perf_counter() - t:.1f} s)")
+            print(
+                f"manifest of {size:,} lines: {data} ({time.perf_counter() - t:.1f} s)", flush=True
+            )
             for side in sides:
                 for cache in caches:
                     rows.append(measure(side, size, cache, data, model, work, args))
