@@ -11,7 +11,9 @@ Workload (built once under ``--work-dir``):
   differs from line to line;
 * data: per size, a directory as NeMo writes it, ``train_manifest.json`` (N lines) and
   ``dev_manifest.json`` (16 lines); ``data.path`` is the directory (its file names give the
-  splits), as a NeMo user with a train and a dev manifest would point at it;
+  splits), as a NeMo user with a train and a dev manifest would point at it (``--layout carve``:
+  ``data.path`` is the train manifest alone and ``data.eval_carve`` holds 16 rows out; the
+  transformers side loads that file and calls ``train_test_split(test_size=16)``);
 * model: a 2+2-layer d_model 64 Whisper on 2 s windows (``workload.quick_model``) with a
   300-token BPE, saved once as a transformers directory (weights, tokenizer, feature
   extractor): both sides load it as a pretrained model, so neither trains a tokenizer on the
@@ -20,8 +22,9 @@ Workload (built once under ``--work-dir``):
 Sides, each launched as its own child process per size (so its memory is its own):
 
 * ``asrforge``: ``asrforge train`` on the directory, ``data.language: en``, batch 4, fp32,
-  ``--steps`` steps, no evaluation; ``--modes map`` (default) and/or ``stream``
-  (``data.stream.enabled: true``; skipped with a message when the config has no such key);
+  ``--steps`` steps, no evaluation; ``--modes map,stream`` (the default): the map-style loader
+  and the streaming path (``data.stream.enabled: true``; skipped with a message when the config
+  has no such key);
 * ``hf``: transformers' usual recipe on the same two manifests:
   ``datasets.load_dataset("json", ...)``, a lazy ``with_transform`` reading the audio and
   computing log-mels and labels of the rows a batch takes, ``Seq2SeqTrainer`` with the usual
@@ -152,6 +155,9 @@ def asrforge_config(run_dir: Path, data: Path, model: Path, cache: Path, args, m
     """The run's YAML config (JSON is YAML), written beside the run directory."""
     data_section = {"path": str(data), "language": "en", "batch_size": args.batch_size,
                     "cache_dir": str(cache)}  # fmt: skip
+    if args.layout == "carve":  # the train manifest alone, 16 rows held out for evaluation
+        data_section.update(path=str(data / "train_manifest.json"),
+                            eval_carve={"size": DEV_LINES, "seed": 0})  # fmt: skip
     if mode == "stream":
         data_section["stream"] = {"enabled": True}
     cfg = {
@@ -225,12 +231,13 @@ def measure(side: str, size: int, cache_kind: str, data: Path, model: Path, work
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     result, log = run_dir.with_suffix(".result.json"), run_dir.with_suffix(".log")
     if side == "hf":
-        argv = ["hf", str(result), str(data), str(model), str(cache), str(run_dir),
+        argv = ["hf", str(result), str(data), str(model), str(cache), str(run_dir), args.layout,
                 str(args.batch_size), str(args.steps)]  # fmt: skip
     else:
         config = asrforge_config(run_dir, data, model, cache, args, mode=side.split("/")[1])
         argv = ["asrforge", str(result), "train", str(config)]
-    row = {"side": side, "lines": size, "cache": cache_kind, "load": os.getloadavg()[0]}
+    row = {"side": side, "lines": size, "cache": cache_kind, "layout": args.layout,
+           "load": os.getloadavg()[0]}  # fmt: skip
     row.update(run_child(argv, result, child_env(work, args.threads), log, args.timeout))
     if "error" not in row:  # start-up the phases do not name (asrforge: set-up between its laps)
         row["unaccounted"] = row["seconds"] - sum(row["phases"].values())
@@ -299,6 +306,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="cold,warm",
         help="cold (a fresh datasets cache per run) and/or warm (reuse the cold run's)",
     )
+    p.add_argument("--layout", choices=("dir", "carve"), default="dir",
+                   help="dir: data.path is the directory of the train and dev manifests; carve: "
+                   "the train manifest alone, data.eval_carve holding 16 rows out "
+                   "(transformers: train_test_split)")  # fmt: skip
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per run (default 2)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the children")

@@ -1,7 +1,7 @@
 """The child processes of ``bench_startup.py``: one launch of each side, up to its first step.
 
 ``python startup_child.py asrforge RESULT.json train CONFIG.yaml`` runs ``asrforge train`` in
-this process; ``python startup_child.py hf RESULT.json DATA MODEL CACHE OUT BATCH STEPS`` runs
+this process; ``python startup_child.py hf RESULT.json DATA MODEL CACHE OUT LAYOUT BATCH STEPS`` runs
 transformers' usual recipe. At the end of the first optimizer step each writes RESULT.json:
 ``first_step_time`` (``time.time()``), ``since_start`` (seconds since this process started, by
 its own record), ``cpu_seconds`` (this process's CPU time, all threads), ``phases`` (seconds),
@@ -80,10 +80,11 @@ def run_asrforge(result_path: str, argv: list[str]) -> int:
 
 
 def run_hf(result_path: str, data_dir: str, model_dir: str, cache_dir: str, out_dir: str,
-           batch_size: int, steps: int) -> int:  # fmt: skip
-    """transformers' usual Whisper fine-tuning recipe on ``data_dir``'s two manifests.
+           layout: str, batch_size: int, steps: int) -> int:  # fmt: skip
+    """transformers' usual Whisper fine-tuning recipe on ``data_dir``'s manifests.
 
-    ``datasets.load_dataset("json")``, a lazy ``with_transform`` computing log-mels and labels
+    ``datasets.load_dataset("json")`` of the train and dev manifests (``layout`` ``dir``), or of
+    the train manifest with 16 rows held out by ``train_test_split`` (``carve``), a lazy ``with_transform`` computing log-mels and labels
     of the rows a batch takes, ``Seq2SeqTrainer`` with the recipe's padding collator. The audio
     is read with soundfile in the transform: datasets >= 4 decodes ``Audio`` with torchcodec,
     which is not installed here (asrforge reads it with soundfile too).
@@ -103,9 +104,16 @@ def run_hf(result_path: str, data_dir: str, model_dir: str, cache_dir: str, out_
     phases["imports"] = since_process_start()
     t = time.perf_counter()
     datasets.disable_progress_bars()
-    files = {"train": f"{data_dir}/train_manifest.json",
-             "validation": f"{data_dir}/dev_manifest.json"}  # fmt: skip
-    ds = datasets.load_dataset("json", data_files=files, cache_dir=cache_dir)
+    train_file = f"{data_dir}/train_manifest.json"
+    if layout == "carve":
+        ds = datasets.load_dataset(
+            "json", data_files=train_file, split="train", cache_dir=cache_dir
+        )
+        ds = ds.train_test_split(test_size=16, seed=0)
+        ds["validation"] = ds.pop("test")
+    else:
+        files = {"train": train_file, "validation": f"{data_dir}/dev_manifest.json"}
+        ds = datasets.load_dataset("json", data_files=files, cache_dir=cache_dir)
     phases["load_dataset"] = time.perf_counter() - t
     t = time.perf_counter()
     features = WhisperFeatureExtractor.from_pretrained(model_dir)
@@ -169,5 +177,5 @@ if __name__ == "__main__":
     side, result, *rest = sys.argv[1:]
     if side == "asrforge":
         sys.exit(run_asrforge(result, rest))
-    *paths, batch, steps = rest
-    sys.exit(run_hf(result, *paths, int(batch), int(steps)))
+    *paths, layout, batch, steps = rest
+    sys.exit(run_hf(result, *paths, layout, int(batch), int(steps)))
