@@ -84,10 +84,11 @@ def run_hf(result_path: str, data_dir: str, model_dir: str, cache_dir: str, out_
     """transformers' usual Whisper fine-tuning recipe on ``data_dir``'s manifests.
 
     ``datasets.load_dataset("json")`` of the train and dev manifests (``layout`` ``dir``), or of
-    the train manifest with 16 rows held out by ``train_test_split`` (``carve``), a lazy ``with_transform`` computing log-mels and labels
-    of the rows a batch takes, ``Seq2SeqTrainer`` with the recipe's padding collator. The audio
-    is read with soundfile in the transform: datasets >= 4 decodes ``Audio`` with torchcodec,
-    which is not installed here (asrforge reads it with soundfile too).
+    the train manifest with 16 rows held out by ``train_test_split`` (``carve``); a lazy
+    ``with_transform`` computing log-mels and labels of the rows a batch takes;
+    ``Seq2SeqTrainer`` with the recipe's padding collator. The audio is read with soundfile in
+    the transform: datasets >= 4 decodes ``Audio`` with torchcodec, which is not installed here
+    (asrforge reads it with soundfile too).
     """
     phases: dict[str, float] = {}
     import datasets
