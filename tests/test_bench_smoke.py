@@ -193,3 +193,28 @@ def test_bench_memory_measures_the_smallest_shape_against_the_formula(capsys):
     # checkpointing keeps fewer activations
     assert out["rows"][1]["activations"] < out["rows"][0]["activations"]
     assert "RESULT memory peak_model max_abs_error=" in capsys.readouterr().out
+
+
+def test_bench_startup_reaches_the_first_step_on_each_side(tmp_path, capsys):
+    import json
+
+    import bench_startup
+
+    out = bench_startup.main(
+        ["--sizes", "200", "--cache", "cold", "--modes", "map,stream", "--steps", "1",
+         "--work-dir", str(tmp_path)]
+    )  # fmt: skip
+    rows = {r["side"]: r for r in out["rows"]}
+    stream = ["asrforge/stream"] if bench_startup.stream_supported() else []
+    assert sorted(rows) == sorted(["asrforge/map", *stream, "hf"])
+    for row in rows.values():
+        assert "error" not in row, row["error"]
+        assert row["lines"] == 200 and row["cache"] == "cold"
+        assert row["seconds"] > 0 and row["cpu_seconds"] > 0 and row["VmHWM"] > row["RssAnon"] > 0
+        assert row["phases"]["first step"] > 0
+    # asrforge's own breakdown, read from its "time to first step" log record
+    assert {"imports", "data set", "model"} <= set(rows["asrforge/map"]["phases"])
+    lines = (tmp_path / "manifest-200" / "train_manifest.json").read_text().splitlines()
+    assert len(lines) == 200 and len({json.loads(x)["text"] for x in lines}) > 100
+    assert json.loads((tmp_path / "startup.json").read_text())["rows"] == out["rows"]
+    assert "RESULT startup lines=200 cache=cold seconds asrforge/map=" in capsys.readouterr().out
