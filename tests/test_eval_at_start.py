@@ -12,12 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.callbacks import build_callbacks
+from asrforge.cli import _describe_best
+from asrforge.config import ConfigError, load_config
 from asrforge.matrix.report import collect, render
 from asrforge.model.build import build_model, build_tokenizer
 from asrforge.selection import ByWer, Selector
 from asrforge.train.events import Callback
 from asrforge.train.guard import Guard
-from asrforge.train.loop import NOT_IMPROVED, Trainer, TrainingRun
+from asrforge.train.loop import NOT_IMPROVED, FitResult, Trainer, TrainingRun
 from tests.conftest import tiny_config
 
 
@@ -177,3 +179,19 @@ def test_a_resume_from_the_start_checkpoint_is_exact_and_does_not_evaluate_it_ag
     b = load_file(tmp_path / "split" / "checkpoints" / "latest" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in records(tmp_path / "split", "eval")] == [0, 2, 4]
+
+
+def test_the_result_line_shows_the_start_and_eval_on_start_gets_its_name(tmp_path, tones_dir):
+    improved = FitResult("completed", "", 4, 3, {"wer": 0.5}, tmp_path, start={"wer": 0.8})
+    assert improved.improved_on_start is True
+    assert _describe_best(improved) == (
+        "best checkpoint at step 3: wer 0.5000 (the starting model at step 0: wer 0.8000)"
+    )
+    with pytest.raises(ConfigError, match=r"eval_on_start; asrforge calls this eval\.at_start"):
+        load_config(
+            data={
+                "output_dir": str(tmp_path),
+                "data": {"path": str(tones_dir)},
+                "eval": {"eval_on_start": True},
+            }
+        )
