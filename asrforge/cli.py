@@ -110,6 +110,11 @@ def _describe_best(result) -> str:
         f"{k} {v:.4f}" for k, v in tracked.items() if k.startswith("best_") and best.get(k[5:]) != v
     )
     line = f"best checkpoint at step {result.best_step}: {own or 'not evaluated'}"
+    start = ", ".join(
+        f"{k} {result.start[k]:.4f}" for k in ("wer", "cer", "loss") if k in result.start
+    )
+    if start and result.best_step != 0:  # eval.at_start: what fine-tuning changed
+        line = f"{line} (the starting model at step 0: {start})"
     return f"{line}; the selection policy's bests over all evaluations: {others}" if others else line
 
 

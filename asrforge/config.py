@@ -566,6 +566,14 @@ class EvalConfig(Section):
     in-training default); 5 is openai-whisper's and faster-whisper's inference default."""
     at_end: bool = True
     """Evaluate once more after the last step (unless that step was just evaluated)."""
+    at_start: bool | None = None
+    """Evaluate the starting model before the first optimizer step (step 0), like any
+    evaluation: metrics.jsonl, eval/step-000000.jsonl, the guard (drift 0 by definition). Its
+    result seeds the selection: a later step becomes best only by beating the starting model,
+    patience counts from it, and when none does the run says so and ``best/`` holds the
+    starting weights (a step-0 checkpoint is saved). A resumed run never evaluates step 0
+    again. null: on for a pretrained start (``model.pretrained``), off for a model built from
+    scratch (a random model's evaluation says nothing and costs as much as any other)."""
     longform_items: int = Field(default=0, ge=0)
     """Long-form evaluation: join held-out utterances of the evaluation split into this many
     long recordings (one language each, fixed by the seed), decode them as ``asrforge
@@ -768,6 +776,14 @@ class TrainConfig(Section):
                 "(a training encoder's output changes every step)"
             )
         return self
+
+    @property
+    def evaluates_at_start(self) -> bool:
+        """Whether the run evaluates its starting model at step 0 (``eval.at_start``; by
+        default only a pretrained start)."""
+        if self.eval.at_start is not None:
+            return self.eval.at_start
+        return self.model.pretrained is not None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_plain(), sort_keys=False)

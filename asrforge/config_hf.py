@@ -33,6 +33,7 @@ HF_NAMES: dict[str, str] = {
     "logging_steps": "train.log_every",
     "eval_steps": "eval.eval_steps",
     "eval_strategy": "eval.eval_steps (every N steps; null: only at the end)",
+    "eval_on_start": "eval.at_start (default: on for model.pretrained)",
     "evaluation_strategy": "eval.eval_steps (every N steps; null: only at the end)",
     "save_steps": "checkpoint.checkpoint_every",
     "save_strategy": "checkpoint.save_on_eval and checkpoint.checkpoint_every",

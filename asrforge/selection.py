@@ -16,7 +16,10 @@ does not change the bests.
 
 A :class:`Selector` wraps the policy with :class:`Patience` (evaluations in a row without a save
 before the run should stop) and the step cap of the run language's group. It owns the run's
-"best": the step and metrics of the evaluation whose checkpoint it chose. :func:`improves` and
+"best": the step and metrics of the evaluation whose checkpoint it chose. With
+``eval.at_start`` the first evaluation is the starting model's (step 0): it saves, so the
+starting model is the best to beat, and a run where no trained step beats it ends with the
+starting weights as its best (:attr:`Selector.start`). :func:`improves` and
 :class:`Patience` are also the early-stopping callback's, for the metric a user monitors. :func:`build_selector` picks
 all three from :class:`~asrforge.config.SelectionConfig` and the language table
 (``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
@@ -321,6 +324,10 @@ class Selector:
         """With a guard: the policy's bests over every evaluation, refused ones included, as if
         there were no guard; patience judges progress by them (None: no guard, or nothing
         evaluated yet)."""
+        self.start: dict[str, float] = {}
+        """The evaluation of the starting model (step 0, ``eval.at_start``); empty without one.
+        Being the first evaluation, it seeds the policy's bests: a trained step becomes best
+        only by beating it, and patience counts from it."""
 
     @property
     def patience(self) -> int:
@@ -351,6 +358,9 @@ class Selector:
         before = self.policy.state_dict()
         save = self.policy.update(metrics)
         reason = self.policy.reason
+        if step == 0:  # the starting model, before any optimizer step
+            self.start = _numbers(metrics)
+            reason = f"the starting model (step 0), {reason}"
         progressed = save
         if self.guard is not None:
             within, why = self.guard.check(metrics)
@@ -400,6 +410,7 @@ class Selector:
             "n_evals": self.n_evals,
             "best_step": self.best_step,
             "best": dict(self.best),
+            "start": dict(self.start),
         }
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
@@ -432,6 +443,7 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
+        self.start = dict(state.get("start") or {})  # none: the start was not evaluated
 
 
 def build_selector(

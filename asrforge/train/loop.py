@@ -38,6 +38,9 @@ from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.train")
 
+NOT_IMPROVED = "no step improved on the starting model"
+"""Appended to the reason of a run whose best checkpoint is the evaluated start (step 0)."""
+
 
 @dataclass
 class FitResult:
@@ -54,6 +57,16 @@ class FitResult:
     tracked_bests: dict[str, float] = field(default_factory=dict)
     """The bests the selection policy keeps over all evaluations (``best_wer``, ``best_loss``,
     ``best_cer``), which may come from evaluations other than the best checkpoint's."""
+    start: dict[str, float] = field(default_factory=dict)
+    """The evaluation of the starting model at step 0 (``eval.at_start``); empty without one."""
+
+    @property
+    def improved_on_start(self) -> bool | None:
+        """Whether a trained step became best over the evaluated starting model (None: the
+        start was not evaluated)."""
+        if not self.start:
+            return None
+        return self.best_step is not None and self.best_step > 0
 
 
 class Trainer:
@@ -94,6 +107,10 @@ class Trainer:
         self._install_signal_handlers()
         try:
             callbacks.call("on_train_begin", state, run=run.info())
+            if run.start_needs_evaluation():  # eval.at_start: the starting model at step 0
+                decision = run.evaluate_and_select()  # seeds the selector's bests
+                if decision.save:  # best/ must be able to hold the starting weights
+                    run.save_checkpoint("start", run.last_metrics, True)
             run.setup.startup.restart()  # "first step" counts from here
             run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
             batches = run.micro_batches()
@@ -132,6 +149,14 @@ class Trainer:
                     run.save_checkpoint("final", run.last_metrics, decision.save)
                 elif run.last_saved_step != state.step:
                     run.save_checkpoint("final", None, False)
+            if status in ("completed", "stopped") and run.start_stayed_best():
+                reason = f"{reason}; {NOT_IMPROVED}"
+                log.warning(
+                    "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
+                    "configured made no evaluated step better by the selection policy",
+                    NOT_IMPROVED,
+                    _brief(run.setup.selector.start),
+                )
             result = run.result(status, reason)
             log.info("run %s at step %d: %s", status, state.step, reason)
             if run.guard is not None and result.best_step is None:
@@ -223,6 +248,9 @@ class TrainingRun:
         self.last_metrics: dict = {}
         """The metrics of the last evaluation."""
         self.last_saved_step: int | None = None
+        self.guard_at_start: dict | None = None
+        """The guard's metrics of the starting model, measured by :meth:`start_guard` (the
+        step-0 evaluation reuses them rather than transcribing the guard set again)."""
 
     # -- start ---------------------------------------------------------------------------------
     def restore(self, ckpt: TrainingCheckpoint) -> None:
@@ -286,10 +314,23 @@ class TrainingRun:
                 "eval.guard: the checkpoint holds no guard start (saved by a run "
                 "without eval.guard); remove eval.guard to resume it"
             )
-        self.guard.measure_start(self.whisper, gate, device=acc.device, autocast=acc.autocast)
+        self.guard_at_start = self.guard.measure_start(
+            self.whisper, gate, device=acc.device, autocast=acc.autocast
+        )
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
             self.guard.write_records(setup.output_dir, self.state.step, gate)
+
+    def start_needs_evaluation(self) -> bool:
+        """Whether the starting model is evaluated now (``eval.at_start``): at step 0, never
+        evaluated yet; a resumed run's step-0 result is in its selection state already."""
+        state = self.state
+        return self.cfg.evaluates_at_start and state.step == 0 and state.last_eval_step is None
+
+    def start_stayed_best(self) -> bool:
+        """The starting model was evaluated and no later evaluation beat it."""
+        selector = self.setup.selector
+        return bool(selector.start) and selector.best_step == 0
 
     def info(self) -> RunInfo:
         """The ``on_train_begin`` payload."""
@@ -468,7 +509,9 @@ class TrainingRun:
                 autocast=acc.autocast,
                 beam_size=self.cfg.eval.beam_size,
             )
-            if self.guard is not None:
+            if self.guard is not None and self.state.step == 0 and self.guard_at_start:
+                guard_metrics = self.guard_at_start  # the start itself: drift 0 by definition
+            elif self.guard is not None:
                 guard_metrics = self.guard.measure(
                     whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
                 )
@@ -534,6 +577,7 @@ class TrainingRun:
             self.setup.output_dir,
             self.last_metrics,
             tracked_bests=selector.tracked_bests,
+            start=dict(selector.start),
         )
 
 
@@ -551,6 +595,11 @@ class _StepTally:
         self.task_losses[batch.get("task", "asr")].append(float(loss))
         self.samples += batch["size"]
         self.tokens += int((labels >= 0).sum())
+
+
+def _brief(metrics: dict) -> str:
+    """``wer 0.3000, cer 0.1200, loss 1.2345`` of the keys present."""
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in ("wer", "cer", "loss") if k in metrics)
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:
