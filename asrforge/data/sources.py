@@ -444,3 +444,70 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
              len(rows), len(train), carve.seed, record)  # fmt: skip
     return train.select(np.flatnonzero(~held)), train.select(rows)
+
+
+SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir")
+"""The ``data`` fields that say how to read a source: the ``data.*`` options of the commands that
+read data outside a run (``evaluate``, ``lm build``, ``lm tune``)."""
+
+
+def source_config(path: Path, options: list[str]) -> DataConfig:
+    """The data section of a command that reads ``path`` outside a run, from its ``data.*``
+    options written as a run's config overrides (``data.columns.text=sentence``,
+    ``data.language=en``, ``data.audio_dir=/corpus``): the same names, values and checks.
+
+    Raises:
+        UserError: an option outside :data:`SOURCE_OPTIONS` or a bad value, each named.
+    """
+    from pydantic import ValidationError
+
+    from asrforge.config import _apply_override, format_errors  # the run config's own parser
+
+    section: dict = {}
+    problems = []
+    for item in options:
+        key = item.partition("=")[0]
+        field = key.split(".")[1] if key.count(".") else ""
+        if not key.startswith("data.") or field not in SOURCE_OPTIONS:
+            problems.append(
+                f"{key}: not an option here (it takes data.columns.audio/text/language/id, "
+                "data.language, data.audio_dir, data.cache_dir)"
+            )
+            continue
+        try:
+            _apply_override(section, item)
+        except ValueError as e:
+            problems.append(str(e))
+    if not problems:
+        try:
+            return DataConfig.model_validate({**section.get("data", {}), "path": str(path)})
+        except ValidationError as e:
+            problems = format_errors(e, DataConfig, prefix="data")
+    raise UserError("; ".join(problems))
+
+
+def read_split(data: Path | DataConfig, split: str, *, option: str = "--split"):
+    """One split of ``data`` with the standard columns (:func:`load_source`). Data of one split
+    (a manifest, a CSV/TSV, a saved ``Dataset``) is that split, whatever ``split`` names.
+
+    Args:
+        data: a path (the usual column names), or a data section naming the columns etc.
+        option: what names ``split`` in messages.
+
+    Raises:
+        UserError: the split is missing (the message lists the splits there are) or has no rows,
+            or :func:`load_source` refuses the data.
+    """
+    source = load_source(data_config(data).model_copy(update={"train_split": split}))
+    if split not in source.splits:
+        raise UserError(
+            f"{option} {split!r}: not in {source.where} (it has {', '.join(sorted(source.splits))})"
+        )
+    if len(source.splits[split]) == 0:
+        raise UserError(f"{option} {split!r}: {source.where} has no rows in it")
+    return source.splits[split]
+
+
+def data_config(data: Path | DataConfig) -> DataConfig:
+    """``data`` as a data section: a path alone is read with the usual column names."""
+    return data if isinstance(data, DataConfig) else DataConfig(path=data)
