@@ -63,18 +63,38 @@ class Source:
     """``data.path``, for messages."""
 
 
-def load_source(cfg: DataConfig) -> Source:
+def load_source(
+    cfg: DataConfig,
+    *,
+    section: str = "data",
+    text_required: bool = True,
+    default_language: str | None = None,
+) -> Source:
     """Read ``cfg.path`` and give every split the standard columns.
 
     Args:
         cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
             for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
             cache).
+        section: the config section whose fields ``cfg`` holds, as messages name it
+            (``eval.guard`` for the forgetting guard's data).
+        text_required, default_language: see :func:`standardize`.
 
     Raises:
         UserError: the path is missing or holds nothing readable, or a column is missing or of
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
+    try:
+        return _load_source(cfg, text_required=text_required, default_language=default_language)
+    except UserError as e:
+        if section == "data":
+            raise
+        # the messages name the data section's fields; another section holds the same ones
+        raise UserError(re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.",
+                               str(e))) from None  # fmt: skip
+
+
+def _load_source(cfg: DataConfig, *, text_required: bool, default_language: str | None) -> Source:
     import datasets
 
     datasets.disable_progress_bars()
@@ -97,7 +117,9 @@ def load_source(cfg: DataConfig) -> Source:
     splits = {}
     for name, ds in raw.items():
         where = path if len(raw) == 1 or not path.is_dir() else f"{path} (split {name!r})"
-        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language)
+        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
+                                   text_required=text_required,
+                                   default_language=default_language)  # fmt: skip
     return Source(splits, path)
 
 
@@ -192,18 +214,29 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         ) from None
 
 
-def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None):
+def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
+                text_required: bool = True, default_language: str | None = None):  # fmt: skip
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
     when the data has ids or gives audio as paths; other columns are left out (``duration`` is
     kept).
+
+    Args:
+        language: the language of every row (``data.language``), or None: the data's column.
+        text_required: without it, data with no text column has none here (the forgetting
+            guard's recordings need no transcript).
+        default_language: the language of every row when the data has no language column and
+            ``language`` is None (the guard's: the run's).
 
     Raises:
         UserError: a column is missing or holds the wrong type.
     """
     from datasets import Value
 
-    found = {key: _column(ds, key, getattr(cfg.columns, key), where)
+    required = {"audio": True, "text": text_required, "language": False, "id": False}
+    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=required[key])
              for key in ("audio", "text", "language", "id")}  # fmt: skip
+    if language is None and found["language"] is None:
+        language = default_language
     if language is not None:
         if cfg.columns.language is not None:
             raise UserError(
@@ -263,7 +296,7 @@ def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool)
     return ds.cast_column(column, Audio(decode=False))
 
 
-def _column(ds, key: str, named: str | None, where: str) -> str | None:
+def _column(ds, key: str, named: str | None, where: str, *, required: bool) -> str | None:
     """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one."""
     columns = ds.column_names
     if named is not None:
@@ -274,7 +307,7 @@ def _column(ds, key: str, named: str | None, where: str) -> str | None:
             )
         return named
     column = next((c for c in USUAL_COLUMNS[key] if c in columns), None)
-    if column is None and key in ("audio", "text"):
+    if column is None and required:
         raise UserError(
             f"data.columns.{key}: {where} has no {key} column (looked for "
             f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
@@ -307,7 +340,7 @@ def _paths_of_struct(ds, column: str):
     import pyarrow.compute as pc
 
     paths = pa.chunked_array(pc.struct_field(ds.data.column(column), "path"))
-    return ds.remove_columns(column).add_column(column, paths)
+    return _replace_column(ds, column, paths)
 
 
 def _refuse_segments(ds, where: str) -> None:
@@ -343,8 +376,18 @@ def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
     relative = pc.invert(pc.starts_with(paths, "/"))
     joined = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
     absolute = pc.if_else(relative, joined, paths)
-    out = ds.remove_columns(column).add_column(column, pa.chunked_array(absolute))
+    out = _replace_column(ds, column, pa.chunked_array(absolute))
     return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
+
+
+def _replace_column(ds, column: str, values):
+    """``ds`` with ``values`` (an Arrow array) in ``column``'s place."""
+    import datasets
+    import pyarrow as pa
+
+    if ds.column_names == [column]:  # a data set left without columns has no rows to add to
+        return datasets.Dataset(pa.table({column: values}))
+    return ds.remove_columns(column).add_column(column, values)
 
 
 def _language_code(value: str) -> str:
@@ -486,19 +529,20 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
     raise UserError("; ".join(problems))
 
 
-def read_split(data: Path | DataConfig, split: str, *, option: str = "--split"):
+def read_split(data: Path | DataConfig, split: str, *, option: str = "--split", **options):
     """One split of ``data`` with the standard columns (:func:`load_source`). Data of one split
     (a manifest, a CSV/TSV, a saved ``Dataset``) is that split, whatever ``split`` names.
 
     Args:
         data: a path (the usual column names), or a data section naming the columns etc.
         option: what names ``split`` in messages.
+        options: :func:`load_source`'s keyword arguments.
 
     Raises:
         UserError: the split is missing (the message lists the splits there are) or has no rows,
             or :func:`load_source` refuses the data.
     """
-    source = load_source(data_config(data).model_copy(update={"train_split": split}))
+    source = load_source(data_config(data).model_copy(update={"train_split": split}), **options)
     if split not in source.splits:
         raise UserError(
             f"{option} {split!r}: not in {source.where} (it has {', '.join(sorted(source.splits))})"
