@@ -9,11 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from asrforge.bundle.cli import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
-
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``lm`` with its ``build`` and ``tune`` commands."""
+    from asrforge.bundle.cli import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP  # evaluate's --data
+
     lm = subparsers.add_parser(
         "lm",
         help="word n-gram language models for beam search (build, tune)",
@@ -73,6 +73,7 @@ def _floats(text: str) -> list[float]:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from asrforge.bundle.cli import data_options
     from asrforge.errors import UserError
     from asrforge.lm.build import build_lm_file
 
@@ -96,6 +97,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    from asrforge.bundle.cli import data_options
     from asrforge.errors import UserError
     from asrforge.lm.tune import ALPHAS, BETAS, tune
 
