@@ -67,7 +67,7 @@ def load_source(
     cfg: DataConfig,
     *,
     section: str = "data",
-    text_required: bool = True,
+    required: tuple[str, ...] = ("audio", "text"),
     default_language: str | None = None,
 ) -> Source:
     """Read ``cfg.path`` and give every split the standard columns.
@@ -78,14 +78,14 @@ def load_source(
             cache).
         section: the config section whose fields ``cfg`` holds, as messages name it
             (``eval.guard`` for the forgetting guard's data).
-        text_required, default_language: see :func:`standardize`.
+        required, default_language: see :func:`standardize`.
 
     Raises:
         UserError: the path is missing or holds nothing readable, or a column is missing or of
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
     try:
-        return _load_source(cfg, text_required=text_required, default_language=default_language)
+        return _load_source(cfg, required=required, default_language=default_language)
     except UserError as e:
         if section == "data":
             raise
@@ -94,7 +94,7 @@ def load_source(
                                str(e))) from None  # fmt: skip
 
 
-def _load_source(cfg: DataConfig, *, text_required: bool, default_language: str | None) -> Source:
+def _load_source(cfg: DataConfig, *, required: tuple[str, ...], default_language: str | None):
     import datasets
 
     datasets.disable_progress_bars()
@@ -118,7 +118,7 @@ def _load_source(cfg: DataConfig, *, text_required: bool, default_language: str 
     for name, ds in raw.items():
         where = path if len(raw) == 1 or not path.is_dir() else f"{path} (split {name!r})"
         splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
-                                   text_required=text_required,
+                                   required=required,
                                    default_language=default_language)  # fmt: skip
     return Source(splits, path)
 
@@ -215,15 +215,17 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
 
 
 def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
-                text_required: bool = True, default_language: str | None = None):  # fmt: skip
+                required: tuple[str, ...] = ("audio", "text"),
+                default_language: str | None = None):  # fmt: skip
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
     when the data has ids or gives audio as paths; other columns are left out (``duration`` is
     kept).
 
     Args:
         language: the language of every row (``data.language``), or None: the data's column.
-        text_required: without it, data with no text column has none here (the forgetting
-            guard's recordings need no transcript).
+        required: the columns the data must have; without one of ``audio`` and ``text``, data
+            with no such column has none here (the forgetting guard's recordings need no
+            transcript, a vocabulary no audio).
         default_language: the language of every row when the data has no language column and
             ``language`` is None (the guard's: the run's).
 
@@ -232,8 +234,7 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     """
     from datasets import Value
 
-    required = {"audio": True, "text": text_required, "language": False, "id": False}
-    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=required[key])
+    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
              for key in ("audio", "text", "language", "id")}  # fmt: skip
     if language is None and found["language"] is None:
         language = default_language
@@ -257,7 +258,9 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     keep = [c for c in found.values() if c is not None]
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
-    ds = _audio_column(ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None)
+    if found["audio"] is not None:
+        ds = _audio_column(ds, found["audio"], audio_root, where=where,
+                           paths_as_id=found["id"] is None)  # fmt: skip
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:

@@ -141,7 +141,7 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     data = DataConfig(path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir,
                       cache_dir=cache_dir)  # fmt: skip
     ds = read_split(data, cfg.split, option="eval.guard.split", section="eval.guard",
-                    text_required=False, default_language=language)  # fmt: skip
+                    required=("audio",), default_language=language)  # fmt: skip
     for i, row in enumerate(ds):
         uid = str(row.get("id") or i)
         ref = (row.get("text") or "").strip() or None
