@@ -390,3 +390,19 @@ def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
     assert list(text["text"]) == [r["text"] for r in clips] and "audio" not in text.column_names
     with pytest.raises(UserError, match=r"data\.columns\.text: .* has no text column"):
         load_source(DataConfig(path=root / "audio.csv", language="en", cache_dir=cache))
+
+
+def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
+    """Evaluating the validation split does not convert (or even open) the training files."""
+    from asrforge.data.sources import read_split
+
+    root = tmp_path / "corpus"
+    path, _ = source("parquet dir, audio bytes", root, clips)
+    (root / "train-00000-of-00001.parquet").write_bytes(b"not parquet")
+    cache = tmp_path / "cache"
+    validation = read_split(DataConfig(path=path, cache_dir=cache), "validation")
+    assert sorted(validation["text"]) == sorted(r["text"] for r in by_split(clips, "validation"))
+    with pytest.raises(UserError, match=r"--split 'dev': not in .* \(it has train, validation\)"):
+        read_split(DataConfig(path=path, cache_dir=cache), "dev")
+    with pytest.raises(UserError, match="cannot read .*train-00000-of-00001.parquet as parquet"):
+        read_split(DataConfig(path=path, cache_dir=cache), "train")

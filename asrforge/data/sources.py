@@ -26,7 +26,7 @@ import csv
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,11 +61,14 @@ class Source:
     splits: dict  # split name -> datasets.Dataset
     where: Path
     """``data.path``, for messages."""
+    names: list[str] = field(default_factory=list)
+    """Every split's name, also those not read (``load_source(split=...)``)."""
 
 
 def load_source(
     cfg: DataConfig,
     *,
+    split: str | None = None,
     section: str = "data",
     required: tuple[str, ...] = ("audio", "text"),
     default_language: str | None = None,
@@ -76,6 +79,8 @@ def load_source(
         cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
             for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
             cache).
+        split: read only this split (another split's files are not converted to Arrow); a
+            single file or saved ``Dataset`` is ``cfg.train_split``.
         section: the config section whose fields ``cfg`` holds, as messages name it
             (``eval.guard`` for the forgetting guard's data).
         required, default_language: see :func:`standardize`.
@@ -85,7 +90,7 @@ def load_source(
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
     try:
-        return _load_source(cfg, required=required, default_language=default_language)
+        return _load_source(cfg, split=split, required=required, default_language=default_language)
     except UserError as e:
         if section == "data":
             raise
@@ -94,7 +99,8 @@ def load_source(
                                str(e))) from None  # fmt: skip
 
 
-def _load_source(cfg: DataConfig, *, required: tuple[str, ...], default_language: str | None):
+def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...],
+                 default_language: str | None) -> Source:  # fmt: skip
     import datasets
 
     datasets.disable_progress_bars()
@@ -107,20 +113,22 @@ def _load_source(cfg: DataConfig, *, required: tuple[str, ...], default_language
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir), path
+        raw, root = _load_directory(path, cache_dir, only=split), path
     else:
         raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
         raw = {cfg.train_split: raw}
+    names = sorted(raw)
+    raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
     language = _language_code(cfg.language) if cfg.language is not None else None
     splits = {}
     for name, ds in raw.items():
-        where = path if len(raw) == 1 or not path.is_dir() else f"{path} (split {name!r})"
+        where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
         splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
                                    required=required,
                                    default_language=default_language)  # fmt: skip
-    return Source(splits, path)
+    return Source(splits, path, names)
 
 
 def _load_saved(path: Path):
@@ -133,11 +141,12 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(path: Path, cache_dir: Path | None) -> dict:
+def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None) -> dict:
     """A directory of data files, grouped into splits by the word each file name, or else its
     folder's name, starts with. The files are the directory's own, or when none of those names a
     split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
-    of a million clips beside a manifest is not walked."""
+    of a million clips beside a manifest is not walked. With ``only``, the other splits are
+    named but not read (None)."""
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
@@ -163,7 +172,9 @@ def _load_directory(path: Path, cache_dir: Path | None) -> dict:
                 f"data.path: split {name!r} of {path} mixes formats "
                 f"({', '.join(f.name for f in group)}); convert them to one"
             )
-        splits[name] = _load_files(formats.pop(), group, cache_dir)
+        splits[name] = (
+            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
+        )
     return splits
 
 
@@ -545,10 +556,11 @@ def read_split(data: Path | DataConfig, split: str, *, option: str = "--split", 
         UserError: the split is missing (the message lists the splits there are) or has no rows,
             or :func:`load_source` refuses the data.
     """
-    source = load_source(data_config(data).model_copy(update={"train_split": split}), **options)
+    cfg = data_config(data).model_copy(update={"train_split": split})
+    source = load_source(cfg, split=split, **options)
     if split not in source.splits:
         raise UserError(
-            f"{option} {split!r}: not in {source.where} (it has {', '.join(sorted(source.splits))})"
+            f"{option} {split!r}: not in {source.where} (it has {', '.join(source.names)})"
         )
     if len(source.splits[split]) == 0:
         raise UserError(f"{option} {split!r}: {source.where} has no rows in it")
