@@ -533,11 +533,16 @@ class GuardConfig(Section):
     serves."""
 
     path: Path
-    """An Arrow data set (``datasets.save_to_disk``: columns ``audio``, optional ``text`` and
-    ``language``), a directory of audio files (the files directly in it, in name order), or one
-    audio file. Audio longer than the model's window is cut into windows at pauses."""
+    """Data in any form ``data.path`` takes (a saved data set, a directory of data files, a NeMo
+    manifest, a CSV/TSV; columns ``audio``, optional ``text`` and ``language``), a directory of
+    audio files (the files directly in it, in name order), or one audio file. Audio longer than
+    the model's window is cut into windows at pauses."""
     split: str = "validation"
-    """The split of an Arrow data set."""
+    """The split of data with splits (a single file is read whole)."""
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    """The data's column names, as ``data.columns`` gives them (the text is optional here)."""
+    audio_dir: Path | None = None
+    """Where the data's relative audio paths are read from; default the manifest's directory."""
     tolerance: float = Field(default=0.02, ge=0)
     """How much worse than at step 0 the guard's WER may be on a save (absolute: 0.02 is two
     WER points)."""

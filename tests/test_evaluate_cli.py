@@ -83,7 +83,7 @@ def test_the_table_lists_each_language(run, tones_dir, capsys) -> None:
 def test_bad_input_exits_2_with_one_line(run, tones_dir, tmp_path, capsys) -> None:
     best = str(run / "checkpoints" / "best")
     for argv, message in (
-        (["evaluate", best, "--data", str(tmp_path / "nope")], "no such directory"),
+        (["evaluate", best, "--data", str(tmp_path / "nope")], "no such file or directory"),
         (["evaluate", str(tmp_path / "none"), "--data", str(tones_dir)], "no such directory"),
         (["evaluate", best, "--data", str(tones_dir), "--split", "dev"], "not in"),
         (["evaluate", best, "--data", str(tones_dir), "--batch-size", "0"], "must be >= 1"),
@@ -98,7 +98,7 @@ def test_the_model_and_the_data_are_reported_at_once(run, tmp_path, capsys) -> N
     assert cli_problems(capsys) == [
         "--max-samples: must be >= 1, got 0",
         f"{tmp_path / 'none'}: no such directory",
-        f"--data {tmp_path / 'nope'}: no such directory",
+        f"--data {tmp_path / 'nope'}: no such file or directory",
     ]
     # a checkpoint that does not load is reported with the missing data
     broken = tmp_path / "broken"
@@ -106,4 +106,111 @@ def test_the_model_and_the_data_are_reported_at_once(run, tmp_path, capsys) -> N
     (broken / "config.yaml").write_text("model: [1]\n")
     assert main(["evaluate", str(broken), "--data", str(tmp_path / "nope")]) == 2
     first, second = cli_problems(capsys)
-    assert "config.yaml" in first and second == f"--data {tmp_path / 'nope'}: no such directory"
+    assert "config.yaml" in first
+    assert second == f"--data {tmp_path / 'nope'}: no such file or directory"
+
+
+@pytest.fixture(scope="module")
+def validation_clips(tmp_path_factory, tones_dir) -> tuple[Path, list[dict]]:
+    """The tones' validation clips as wav files under ``root/clips``: (root, one row per clip
+    with ``file`` relative to root, ``text``, ``language``)."""
+    from asrforge.data.sources import read_split
+
+    root = tmp_path_factory.mktemp("formats")
+    (root / "clips").mkdir()
+    rows = []
+    for r in read_split(tones_dir, "validation"):
+        file = f"clips/{r['id']}.wav"
+        (root / file).write_bytes(r["audio"]["bytes"])
+        rows.append({"file": file, "text": r["text"], "language": r["language"]})
+    return root, rows
+
+
+def _nemo_manifest(root: Path, rows: list[dict]) -> Path:
+    path = root / "test_manifest.json"
+    path.write_text("".join(json.dumps({"audio_filepath": r["file"], "text": r["text"],
+                                        "duration": 1.0, "lang": r["language"]}) + "\n"
+                            for r in rows))  # fmt: skip
+    return path
+
+
+def _common_voice_csv(root: Path, rows: list[dict]) -> Path:
+    locales = {"en": "en-US", "es": "es-ES"}
+    path = root / "test.csv"
+    path.write_text("path,sentence,locale\n" + "".join(
+        f"{r['file']},{r['text']},{locales[r['language']]}\n" for r in rows))  # fmt: skip
+    return path
+
+
+def _parquet_dir(root: Path, rows: list[dict]) -> Path:
+    from datasets import Dataset
+
+    path = root / "parquet"
+    path.mkdir(exist_ok=True)
+    for split, part in (("train", rows[:4]), ("validation", rows)):
+        Dataset.from_dict({
+            "audio": [(root / r["file"]).read_bytes() for r in part],
+            "text": [r["text"] for r in part], "language": [r["language"] for r in part],
+        }).to_parquet(str(path / f"{split}-00000-of-00001.parquet"))  # fmt: skip
+    return path
+
+
+CV_COLUMNS = ["data.columns.audio=path", "data.columns.text=sentence",
+              "data.columns.language=locale"]  # fmt: skip
+
+
+def test_a_manifest_a_csv_and_a_parquet_directory_score_as_the_saved_dataset(
+    run, tones_dir, validation_clips, tmp_path, capsys
+):
+    """Data in the forms training reads evaluates as the same clips in a save_to_disk
+    DatasetDict; a single file is its split whatever --split says."""
+    root, rows = validation_clips
+    bundle = str(export_bundle(run / "checkpoints" / "best", tmp_path / "bundle"))
+    common = ["--max-samples", "6", "--batch-size", "8", "--max-new-tokens", "4",
+              "--longform-items", "1", "--longform-min-seconds", "3", "--longform-max-seconds", "6"]  # fmt: skip
+    saved = _evaluate(capsys, bundle, "--data", str(tones_dir), *common)
+    assert saved["n"] == 6 and saved["longform_n"] == 1
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    for data, options in (
+        (_nemo_manifest(root, rows), []),
+        (_common_voice_csv(root, rows), CV_COLUMNS),
+        (_parquet_dir(root, rows), []),
+    ):
+        got = _evaluate(capsys, bundle, "--data", str(data), *common, *options, cache)
+        assert got["data"] == str(data) and got["skipped"] == {}
+        for key in ("n", "wer", "cer", "wer_raw", "rep_trap_count", "longform_n", "longform_wer"):
+            assert got[key] == saved[key], (data, key)
+        assert got["loss"] == pytest.approx(saved["loss"], rel=1e-6), data
+        assert set(got["per_language"]) == {"en", "es"}
+    # the checkpoint reads the manifest too; a language given by data.language for all rows
+    no_lang = root / "en.jsonl"
+    no_lang.write_text("".join(json.dumps({"audio_filepath": r["file"], "text": r["text"]}) + "\n"
+                               for r in rows if r["language"] == "en"))  # fmt: skip
+    got = _evaluate(capsys, str(run / "checkpoints" / "best"), "--data", str(no_lang),
+                    "data.language=English", cache)  # fmt: skip
+    assert set(got["per_language"]) == {"en"}
+    assert got["n"] == sum(r["language"] == "en" for r in rows)
+
+
+def test_bad_data_options_exit_2_naming_the_split_or_the_mapping(
+    run, validation_clips, tmp_path, capsys
+):
+    root, rows = validation_clips
+    best = str(run / "checkpoints" / "best")
+    csv = str(_common_voice_csv(root, rows))
+    parquet = str(_parquet_dir(root, rows))
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    for argv, message in (
+        ([parquet, "--split", "test", cache],
+         f"--split 'test': not in {parquet} (it has train, validation)"),
+        ([csv, "data.columns.audio=path", "data.columns.text=transcript", cache],
+         f"data.columns.text: column 'transcript' not in {csv} (columns: path, sentence, locale)"),
+        ([csv, cache], "data.columns.text: " + csv + " has no text column (looked for text;"),
+        ([csv, *CV_COLUMNS, "data.batch_size=2", cache], "data.batch_size: not an option here"),
+        ([csv, "data.columns.sentence=text", cache], "data.columns.sentence: unknown field"),
+        ([csv, "data.language=Klingon", "data.columns.audio=path",
+          "data.columns.text=sentence", cache], "data.language: unknown language 'Klingon'"),
+        ([str(root / "clips" / f"{Path(rows[0]['file']).name}")], "not a format asrforge reads"),
+    ):  # fmt: skip
+        assert main(["evaluate", best, "--data", *argv]) == 2, argv
+        assert message in cli_error(capsys), argv

@@ -249,3 +249,51 @@ def test_a_run_measures_the_guard_from_step_0_and_records_it(tones_dir, tmp_path
     state = json.loads((best / "train_state.json").read_text())
     assert len(state["selection"]["guard"]["start_transcripts"]) == 6
     assert result.best_step is not None
+
+
+def test_guard_data_in_any_source_form_gives_the_saved_datasets_items(tones_dir, tmp_path):
+    """A NeMo manifest, a Common Voice CSV (columns mapped, audio beside it) and a CSV of paths
+    alone (no text: drift) give the windows, references and languages of the same clips in a
+    saved DatasetDict; a missing split and a bad column are named under eval.guard."""
+    from asrforge.data.sources import read_split
+
+    saved = load_guard_items(GuardConfig(path=tones_dir, max_items=None), "en", 4.0)
+    root = tmp_path / "corpus"
+    (root / "clips").mkdir(parents=True)
+    rows = []
+    for r in read_split(tones_dir, "validation"):
+        (root / "clips" / f"{r['id']}.wav").write_bytes(r["audio"]["bytes"])
+        rows.append((f"clips/{r['id']}.wav", r["text"], r["language"]))
+    manifest = root / "guard.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_filepath": f, "text": t, "lang": lang}) + "\n"
+                                for f, t, lang in rows))  # fmt: skip
+    locales = {"en": "en-US", "es": "es-ES"}
+    (root / "cv.csv").write_text("path,sentence,locale\n" + "".join(
+        f"{f},{t},{locales[lang]}\n" for f, t, lang in rows))  # fmt: skip
+    (root / "paths.csv").write_text("audio\n" + "".join(f"{f}\n" for f, _, _ in rows))
+    cache = tmp_path / "cache"
+    cv_columns = {"audio": "path", "text": "sentence", "language": "locale"}
+    for path, columns in ((manifest, {}), (root / "cv.csv", cv_columns), (root, {})):
+        if path == root:  # a directory of data files: its validation split
+            (root / "validation.jsonl").write_text(manifest.read_text())
+        cfg = GuardConfig(path=path, columns=columns, max_items=None)
+        items = load_guard_items(cfg, "en", 4.0, cache)
+        assert [i.id for i in items] == [f for f, _, _ in rows]
+        assert [(i.reference, i.language) for i in items] == [
+            (s.reference, s.language) for s in saved
+        ]
+        for item, expected in zip(items, saved, strict=True):
+            np.testing.assert_array_equal(item.wave, expected.wave)
+    drift = load_guard_items(GuardConfig(path=root / "paths.csv", max_items=3), "es", 4.0, cache)
+    assert [(i.reference, i.language) for i in drift] == [(None, "es")] * 3
+    with pytest.raises(UserError, match="mode: wer needs a reference"):
+        load_guard_items(GuardConfig(path=root / "paths.csv", mode="wer"), "es", 4.0, cache)
+    with pytest.raises(UserError) as e:
+        load_guard_items(GuardConfig(path=root, split="test"), "en", 4.0, cache)
+    assert str(e.value) == f"eval.guard.split 'test': not in {root} (it has validation)"
+    with pytest.raises(UserError) as e:
+        cfg = GuardConfig(path=root / "cv.csv", columns={"audio": "path", "text": "transcript"})
+        load_guard_items(cfg, "en", 4.0, cache)
+    assert str(e.value).startswith(
+        f"eval.guard.columns.text: column 'transcript' not in {root / 'cv.csv'}"
+    )

@@ -215,5 +215,73 @@ def test_lm_tune_bad_input_exits_2(lm_bundle_dir, run, tones_dir, tmp_path, caps
                  "--alphas", "-1"]) == 2  # fmt: skip
     assert "--alphas: -1 must be a finite number >= 0" in cli_error(capsys)
     assert main(["lm", "tune", str(lm_bundle_dir), "--data", str(tmp_path / "none")]) == 2
-    assert "no such directory" in cli_error(capsys)
+    assert "no such file or directory" in cli_error(capsys)
     assert LM_WEIGHTS_KEY not in read_manifest(lm_bundle_dir)
+
+
+LOCALES = {"en": "en-US", "es": "es-ES"}
+
+
+def _manifest(tones_dir, split: str, root: Path, *, audio: bool) -> Path:
+    """``split`` of the tones as a NeMo manifest under ``root`` (Common Voice's column names for
+    the CSV beside it); the wav files are written only with ``audio``."""
+    from asrforge.data.sources import read_split
+
+    (root / "clips").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for r in read_split(tones_dir, split):
+        file = f"clips/{r['id']}.wav"
+        if audio:
+            (root / file).write_bytes(r["audio"]["bytes"])
+        rows.append({"audio_filepath": file, "text": r["text"], "lang": r["language"]})
+    (root / f"{split}.csv").write_text("path,sentence,locale\n" + "".join(
+        f"{r['audio_filepath']},{r['text']},{LOCALES[r['lang']]}\n" for r in rows))  # fmt: skip
+    manifest = root / f"{split}_manifest.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return manifest
+
+
+def test_lm_build_reads_a_manifest_and_a_csv_as_the_saved_dataset(tones_dir, tmp_path, capsys):
+    """The transcripts are read without the audio (the clips named do not exist here)."""
+    manifest = _manifest(tones_dir, "train", tmp_path / "corpus", audio=False)
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    for data, language, options in (
+        (tones_dir, "es", []),
+        (manifest, "es", []),
+        (manifest.with_name("train.csv"), "Spanish",
+         ["data.columns.audio=path", "data.columns.text=sentence", "data.columns.language=locale"]),
+    ):  # fmt: skip
+        out = tmp_path / f"{Path(data).stem}.arpa"
+        argv = ["lm", "build", "--data", str(data), "--language", language, "--order", "2"]
+        assert main([*argv, "--out", str(out), *options, cache]) == 0, data
+        capsys.readouterr()
+    saved, *others = (
+        read_arpa(tmp_path / f"{n}.arpa") for n in ("tones", "train_manifest", "train")
+    )
+    assert saved.meta["languages"] == ["es"] and saved.meta["sentences"] > 0
+    for lm in others:
+        assert lm.probs == saved.probs and lm.meta["sentences"] == saved.meta["sentences"]
+    # a split a single file does not have is the file; a directory's missing split is named
+    assert main(["lm", "build", "--data", str(tones_dir), "--split", "dev",
+                 "--out", str(tmp_path / "x.arpa")]) == 2  # fmt: skip
+    assert f"--split 'dev': not in {tones_dir} (it has test, train, validation)" in cli_error(
+        capsys
+    )
+    assert main(["lm", "build", "--data", str(manifest.with_name("train.csv")), "--out",
+                 str(tmp_path / "x.arpa"), "data.columns.text=transcript", cache]) == 2  # fmt: skip
+    assert "data.columns.text: column 'transcript' not in" in cli_error(capsys)
+    assert main(["lm", "build", "--text", str(tmp_path / "x.txt"), "--language", "en",
+                 "--out", str(tmp_path / "x.arpa"), "data.language=en"]) == 2  # fmt: skip
+    assert "data.language=en: data options go with --data" in cli_error(capsys)
+    assert not (tmp_path / "x.arpa").exists()
+
+
+def test_lm_tune_on_a_manifest(lm_bundle_dir, tones_dir, tmp_path, capsys):
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "tune"))
+    manifest = _manifest(tones_dir, "validation", tmp_path / "corpus", audio=True)
+    argv = ["lm", "tune", str(copy), "--data", str(manifest), "--max-samples", "3",
+            "--beam-size", "2", "--alphas", "0.5", "--betas", "0",
+            f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    assert main(argv) == 0
+    record = read_manifest(copy)[LM_WEIGHTS_KEY]
+    assert record["data"] == str(manifest) and record["n"] == 3

@@ -373,3 +373,36 @@ def test_a_hub_snapshot_layout_splits_by_file_name(tmp_path, clips, caplog):
         )
     assert (len(train), len(evaluation)) == (48, 12)
     assert "not read, their names say no split: data/notes.jsonl" in caplog.text
+
+
+def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
+    """The guard reads recordings without transcripts; text alone reads without audio."""
+    root = tmp_path / "corpus"
+    write_table(root / "audio.csv", [{"audio": r["file"]} for r in clips], ",")
+    write_table(root / "text.csv", [{"text": r["text"]} for r in clips], ",")
+    cache = tmp_path / "cache"
+    audio = load_source(DataConfig(path=root / "audio.csv", cache_dir=cache), required=("audio",),
+                        default_language="sw").splits["train"]  # fmt: skip
+    assert set(audio.column_names) == {"audio", "id", "language"} and len(audio) == len(clips)
+    assert set(audio["language"]) == {"sw"} and Path(audio[0]["audio"]["path"]).is_file()
+    text = load_source(DataConfig(path=root / "text.csv", language="en", cache_dir=cache),
+                       required=("text",)).splits["train"]  # fmt: skip
+    assert list(text["text"]) == [r["text"] for r in clips] and "audio" not in text.column_names
+    with pytest.raises(UserError, match=r"data\.columns\.text: .* has no text column"):
+        load_source(DataConfig(path=root / "audio.csv", language="en", cache_dir=cache))
+
+
+def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
+    """Evaluating the validation split does not convert (or even open) the training files."""
+    from asrforge.data.sources import read_split
+
+    root = tmp_path / "corpus"
+    path, _ = source("parquet dir, audio bytes", root, clips)
+    (root / "train-00000-of-00001.parquet").write_bytes(b"not parquet")
+    cache = tmp_path / "cache"
+    validation = read_split(DataConfig(path=path, cache_dir=cache), "validation")
+    assert sorted(validation["text"]) == sorted(r["text"] for r in by_split(clips, "validation"))
+    with pytest.raises(UserError, match=r"--split 'dev': not in .* \(it has train, validation\)"):
+        read_split(DataConfig(path=path, cache_dir=cache), "dev")
+    with pytest.raises(UserError, match="cannot read .*train-00000-of-00001.parquet as parquet"):
+        read_split(DataConfig(path=path, cache_dir=cache), "train")

@@ -435,3 +435,27 @@ def test_mismatches_are_user_errors_naming_the_file(tmp_path, pretrained, ka_ext
     cfg = ModelConfig(pretrained=pretrained, tokenizer=ka_ext, vocab_size=123)
     with pytest.raises(UserError, match="model.vocab_size: set to 123"):
         build_model(cfg, build_tokenizer(cfg), seed=0)
+
+
+def test_vocab_reads_transcripts_from_a_tsv_with_its_columns_named(tmp_path, capsys):
+    """Common Voice's TSV (sentence, locale; no audio needed) and a text file of one language
+    without a language column give the transcripts a saved DatasetDict would."""
+    from asrforge.config import DataConfig
+    from asrforge.model.vocab import read_transcripts
+
+    rows = [("გამარჯობა", "ka-GE"), ("hello", "en-US"), ("მადლობა", "ka-GE"), ("", "ka-GE")]
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("sentence\tlocale\n" + "".join(f"{t}\t{lang}\n" for t, lang in rows))
+    cache = tmp_path / "cache"
+    cv = DataConfig(path=tsv, columns={"text": "sentence", "language": "locale"}, cache_dir=cache)
+    assert read_transcripts(cv, "Georgian") == ["გამარჯობა", "მადლობა"]
+    (tmp_path / "ka.csv").write_text("text\nგამარჯობა\nმადლობა\n")
+    plain = DataConfig(path=tmp_path / "ka.csv", cache_dir=cache)
+    assert read_transcripts(plain, "ka", split="validation") == ["გამარჯობა", "მადლობა"]
+    # the CLI: data.* options as evaluate takes them; a bad column is named by its mapping
+    argv = ["vocab", "build", "--data", str(tsv), "--language", "ka", "--vocab-size", "300",
+            "--out", str(tmp_path / "tok"), "--base", str(tmp_path / "none"),
+            f"data.cache_dir={cache}"]  # fmt: skip
+    assert main([*argv, "data.columns.text=transcript"]) == 2
+    assert "data.columns.text: column 'transcript' not in" in capsys.readouterr().err
+    assert not (tmp_path / "tok").exists()

@@ -19,6 +19,22 @@ from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
+DATA_HELP = (
+    "the data, in any form data.path takes: a save_to_disk DatasetDict or Dataset, a directory "
+    "of parquet/arrow/jsonl/csv/tsv files named by their split, a NeMo JSONL manifest, a CSV/TSV"
+)
+SPLIT_HELP = "the split of data with splits (default {default}); a single file is read whole"
+DATA_OPTIONS_HELP = """\
+How to read --data: the data options of a run's config, written as its overrides are:
+  data.columns.audio=COLUMN     the audio: an Audio feature, bytes or a path
+  data.columns.text=COLUMN      the transcript (default text)
+  data.columns.language=COLUMN  the language (default language or lang)
+  data.columns.id=COLUMN        an utterance id for reports
+  data.language=LANG            the language of every utterance, for data without a column
+  data.audio_dir=DIR            where relative audio paths are read from
+  data.cache_dir=DIR            where the Arrow copy of parquet/json/csv files is kept
+e.g. --data cv/test.tsv data.columns.audio=path data.columns.text=sentence \
+data.columns.language=locale"""
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -125,16 +141,19 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "evaluate",
         help="WER/CER/loss of a checkpoint or bundle on a data split",
-        description="Evaluate a training checkpoint or a bundle on a split of an Arrow data set "
-        "(the training loop's evaluation: teacher-forced loss and greedy decoding).",
+        description="Evaluate a training checkpoint or a bundle on a split of a data set, in any "
+        "form training reads (the training loop's evaluation: teacher-forced loss and greedy "
+        "decoding).",
+        epilog=DATA_OPTIONS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "model",
         type=Path,
         help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
     )
-    p.add_argument("--data", type=Path, required=True, help="an Arrow DatasetDict directory")
-    p.add_argument("--split", default="validation")
+    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
@@ -174,7 +193,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help="checkpoints: which weights (default ema when present, as the loop evaluates)",
     )
     _add_lm_options(p)
-    p.set_defaults(func=run_evaluate)
+    p.set_defaults(func=run_evaluate, accepts_overrides=True)
 
 
 def _add_lm_options(p: argparse.ArgumentParser) -> None:
@@ -400,13 +419,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     # the model first, then the data: every problem in one message
     bundle = _attempt(lambda: open_model(args.model, args.weights), problems)
-    if not args.data.is_dir():
-        problems.append(f"--data {args.data}: no such directory")
+    data = _attempt(lambda: data_options(args), problems)
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
     metrics, _preds, report = evaluate_split(
         bundle,
-        args.data,
+        data,
         args.split,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
@@ -419,7 +437,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
         long_metrics, _records = evaluate_split_longform(
             bundle,
-            args.data,
+            data,
             args.split,
             count=args.longform_items,
             min_seconds=args.longform_min_seconds,
@@ -450,6 +468,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if args.longform_items:
             print(format_longform(metrics))
     return 0
+
+
+def data_options(args: argparse.Namespace):
+    """The data section ``--data`` and the ``data.*`` options on the line describe.
+
+    Raises:
+        UserError: ``--data`` does not exist, or an option is unknown or bad.
+    """
+    from asrforge.data.sources import source_config
+
+    if not args.data.exists():
+        raise UserError(f"--data {args.data}: no such file or directory")
+    return source_config(args.data, args.overrides)
 
 
 def _fallback(on: bool):

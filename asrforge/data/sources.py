@@ -26,7 +26,7 @@ import csv
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,20 +61,46 @@ class Source:
     splits: dict  # split name -> datasets.Dataset
     where: Path
     """``data.path``, for messages."""
+    names: list[str] = field(default_factory=list)
+    """Every split's name, also those not read (``load_source(split=...)``)."""
 
 
-def load_source(cfg: DataConfig) -> Source:
+def load_source(
+    cfg: DataConfig,
+    *,
+    split: str | None = None,
+    section: str = "data",
+    required: tuple[str, ...] = ("audio", "text"),
+    default_language: str | None = None,
+) -> Source:
     """Read ``cfg.path`` and give every split the standard columns.
 
     Args:
         cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
             for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
             cache).
+        split: read only this split (another split's files are not converted to Arrow); a
+            single file or saved ``Dataset`` is ``cfg.train_split``.
+        section: the config section whose fields ``cfg`` holds, as messages name it
+            (``eval.guard`` for the forgetting guard's data).
+        required, default_language: see :func:`standardize`.
 
     Raises:
         UserError: the path is missing or holds nothing readable, or a column is missing or of
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
+    try:
+        return _load_source(cfg, split=split, required=required, default_language=default_language)
+    except UserError as e:
+        if section == "data":
+            raise
+        # the messages name the data section's fields; another section holds the same ones
+        raise UserError(re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.",
+                               str(e))) from None  # fmt: skip
+
+
+def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...],
+                 default_language: str | None) -> Source:  # fmt: skip
     import datasets
 
     datasets.disable_progress_bars()
@@ -87,18 +113,22 @@ def load_source(cfg: DataConfig) -> Source:
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir), path
+        raw, root = _load_directory(path, cache_dir, only=split), path
     else:
         raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
         raw = {cfg.train_split: raw}
+    names = sorted(raw)
+    raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
     language = _language_code(cfg.language) if cfg.language is not None else None
     splits = {}
     for name, ds in raw.items():
-        where = path if len(raw) == 1 or not path.is_dir() else f"{path} (split {name!r})"
-        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language)
-    return Source(splits, path)
+        where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
+        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
+                                   required=required,
+                                   default_language=default_language)  # fmt: skip
+    return Source(splits, path, names)
 
 
 def _load_saved(path: Path):
@@ -111,11 +141,12 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(path: Path, cache_dir: Path | None) -> dict:
+def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None) -> dict:
     """A directory of data files, grouped into splits by the word each file name, or else its
     folder's name, starts with. The files are the directory's own, or when none of those names a
     split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
-    of a million clips beside a manifest is not walked."""
+    of a million clips beside a manifest is not walked. With ``only``, the other splits are
+    named but not read (None)."""
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
@@ -141,7 +172,9 @@ def _load_directory(path: Path, cache_dir: Path | None) -> dict:
                 f"data.path: split {name!r} of {path} mixes formats "
                 f"({', '.join(f.name for f in group)}); convert them to one"
             )
-        splits[name] = _load_files(formats.pop(), group, cache_dir)
+        splits[name] = (
+            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
+        )
     return splits
 
 
@@ -192,18 +225,30 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         ) from None
 
 
-def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None):
+def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
+                required: tuple[str, ...] = ("audio", "text"),
+                default_language: str | None = None):  # fmt: skip
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
     when the data has ids or gives audio as paths; other columns are left out (``duration`` is
     kept).
+
+    Args:
+        language: the language of every row (``data.language``), or None: the data's column.
+        required: the columns the data must have; without one of ``audio`` and ``text``, data
+            with no such column has none here (the forgetting guard's recordings need no
+            transcript, a vocabulary no audio).
+        default_language: the language of every row when the data has no language column and
+            ``language`` is None (the guard's: the run's).
 
     Raises:
         UserError: a column is missing or holds the wrong type.
     """
     from datasets import Value
 
-    found = {key: _column(ds, key, getattr(cfg.columns, key), where)
+    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
              for key in ("audio", "text", "language", "id")}  # fmt: skip
+    if language is None and found["language"] is None:
+        language = default_language
     if language is not None:
         if cfg.columns.language is not None:
             raise UserError(
@@ -224,7 +269,9 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     keep = [c for c in found.values() if c is not None]
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
-    ds = _audio_column(ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None)
+    if found["audio"] is not None:
+        ds = _audio_column(ds, found["audio"], audio_root, where=where,
+                           paths_as_id=found["id"] is None)  # fmt: skip
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
@@ -263,7 +310,7 @@ def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool)
     return ds.cast_column(column, Audio(decode=False))
 
 
-def _column(ds, key: str, named: str | None, where: str) -> str | None:
+def _column(ds, key: str, named: str | None, where: str, *, required: bool) -> str | None:
     """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one."""
     columns = ds.column_names
     if named is not None:
@@ -274,7 +321,7 @@ def _column(ds, key: str, named: str | None, where: str) -> str | None:
             )
         return named
     column = next((c for c in USUAL_COLUMNS[key] if c in columns), None)
-    if column is None and key in ("audio", "text"):
+    if column is None and required:
         raise UserError(
             f"data.columns.{key}: {where} has no {key} column (looked for "
             f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
@@ -307,7 +354,7 @@ def _paths_of_struct(ds, column: str):
     import pyarrow.compute as pc
 
     paths = pa.chunked_array(pc.struct_field(ds.data.column(column), "path"))
-    return ds.remove_columns(column).add_column(column, paths)
+    return _replace_column(ds, column, paths)
 
 
 def _refuse_segments(ds, where: str) -> None:
@@ -343,8 +390,18 @@ def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
     relative = pc.invert(pc.starts_with(paths, "/"))
     joined = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
     absolute = pc.if_else(relative, joined, paths)
-    out = ds.remove_columns(column).add_column(column, pa.chunked_array(absolute))
+    out = _replace_column(ds, column, pa.chunked_array(absolute))
     return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
+
+
+def _replace_column(ds, column: str, values):
+    """``ds`` with ``values`` (an Arrow array) in ``column``'s place."""
+    import datasets
+    import pyarrow as pa
+
+    if ds.column_names == [column]:  # a data set left without columns has no rows to add to
+        return datasets.Dataset(pa.table({column: values}))
+    return ds.remove_columns(column).add_column(column, values)
 
 
 def _language_code(value: str) -> str:
@@ -444,3 +501,72 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
              len(rows), len(train), carve.seed, record)  # fmt: skip
     return train.select(np.flatnonzero(~held)), train.select(rows)
+
+
+SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir")
+"""The ``data`` fields that say how to read a source: the ``data.*`` options of the commands that
+read data outside a run (``evaluate``, ``lm build``, ``lm tune``)."""
+
+
+def source_config(path: Path, options: list[str]) -> DataConfig:
+    """The data section of a command that reads ``path`` outside a run, from its ``data.*``
+    options written as a run's config overrides (``data.columns.text=sentence``,
+    ``data.language=en``, ``data.audio_dir=/corpus``): the same names, values and checks.
+
+    Raises:
+        UserError: an option outside :data:`SOURCE_OPTIONS` or a bad value, each named.
+    """
+    from pydantic import ValidationError
+
+    from asrforge.config import _apply_override, format_errors  # the run config's own parser
+
+    section: dict = {}
+    problems = []
+    for item in options:
+        key = item.partition("=")[0]
+        field = key.split(".")[1] if key.count(".") else ""
+        if not key.startswith("data.") or field not in SOURCE_OPTIONS:
+            problems.append(
+                f"{key}: not an option here (it takes data.columns.audio/text/language/id, "
+                "data.language, data.audio_dir, data.cache_dir)"
+            )
+            continue
+        try:
+            _apply_override(section, item)
+        except ValueError as e:
+            problems.append(str(e))
+    if not problems:
+        try:
+            return DataConfig.model_validate({**section.get("data", {}), "path": str(path)})
+        except ValidationError as e:
+            problems = format_errors(e, DataConfig, prefix="data")
+    raise UserError("; ".join(problems))
+
+
+def read_split(data: Path | DataConfig, split: str, *, option: str = "--split", **options):
+    """One split of ``data`` with the standard columns (:func:`load_source`). Data of one split
+    (a manifest, a CSV/TSV, a saved ``Dataset``) is that split, whatever ``split`` names.
+
+    Args:
+        data: a path (the usual column names), or a data section naming the columns etc.
+        option: what names ``split`` in messages.
+        options: :func:`load_source`'s keyword arguments.
+
+    Raises:
+        UserError: the split is missing (the message lists the splits there are) or has no rows,
+            or :func:`load_source` refuses the data.
+    """
+    cfg = data_config(data).model_copy(update={"train_split": split})
+    source = load_source(cfg, split=split, **options)
+    if split not in source.splits:
+        raise UserError(
+            f"{option} {split!r}: not in {source.where} (it has {', '.join(source.names)})"
+        )
+    if len(source.splits[split]) == 0:
+        raise UserError(f"{option} {split!r}: {source.where} has no rows in it")
+    return source.splits[split]
+
+
+def data_config(data: Path | DataConfig) -> DataConfig:
+    """``data`` as a data section: a path alone is read with the usual column names."""
+    return data if isinstance(data, DataConfig) else DataConfig(path=data)

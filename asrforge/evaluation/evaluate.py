@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from asrforge.config import DataConfig
 from asrforge.data.dataset import IGNORE, dropped_by_reason
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import greedy_decode, pick, suppressed_ids
@@ -203,7 +204,7 @@ def _safe(fn, refs: list[str], hyps: list[str]) -> float:
 
 def evaluate_split(
     bundle,
-    data: Path,
+    data: Path | DataConfig,
     split: str,
     *,
     batch_size: int,
@@ -215,9 +216,12 @@ def evaluate_split(
     fusion=None,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
-    one split of an Arrow data set, with the training loop's filtering and batch order.
+    one split of a data set, with the training loop's filtering and batch order.
 
     Args:
+        data: a path ``data.path`` takes (a saved ``DatasetDict``, a directory of data files, a
+            manifest, a CSV/TSV; see :func:`asrforge.data.sources.read_split`), or a data
+            section that also names its columns, language, audio directory.
         languages: keep only these languages' utterances (default: all).
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
@@ -245,15 +249,16 @@ def evaluate_split(
 
 def split_loader(
     bundle,
-    data: Path,
+    data: Path | DataConfig,
     split: str,
     *,
     batch_size: int,
     languages: list[str] | None = None,
     max_samples: int | None = None,
 ):
-    """The collated evaluation batches of one split of an Arrow data set, filtered and ordered as
-    the training loop's evaluation has them.
+    """The collated evaluation batches of one split of a data set (a path or a data section, as
+    :func:`evaluate_split` takes it), filtered and ordered as the training loop's evaluation has
+    them.
 
     Returns:
         ``(loader, utterance count, skip_report)``.
@@ -263,24 +268,23 @@ def split_loader(
     """
     from torch.utils.data import DataLoader
 
-    from asrforge.config import DataConfig
     from asrforge.data.dataset import (
         Collator,
         SpeechDataset,
         eval_batches,
         language_filter,
-        load_arrow,
         prepare_split,
     )
+    from asrforge.data.sources import data_config, read_split
     from asrforge.errors import UserError
 
     language_filter(languages, where="languages")  # named by this argument, not data.languages
 
-    dd = load_arrow(data)
-    if split not in dd:
-        raise UserError(f"--split {split!r}: not in {data} (has {sorted(dd)})")
-    ds = dd[split]
-    dcfg = DataConfig(path=data, eval_split=split, languages=languages, task=bundle.config.data.task)
+    source = data_config(data)
+    ds = read_split(source, split)
+    dcfg = source.model_copy(
+        update={"eval_split": split, "languages": languages, "task": bundle.config.data.task}
+    )
     utts, report = prepare_split(
         ds, split, cfg=dcfg, tokenizer=bundle.tokenizer, specials=bundle.specials,
         max_target_positions=bundle.model.config.max_target_positions,
@@ -288,7 +292,7 @@ def split_loader(
     )
     utts = utts[:max_samples] if max_samples else utts
     if not utts:
-        raise UserError(f"{data} split {split!r}: no usable utterances")
+        raise UserError(f"{source.path} split {split!r}: no usable utterances")
     eot = bundle.specials.eot
     loader = DataLoader(
         SpeechDataset(ds, utts, bundle.features, eot),

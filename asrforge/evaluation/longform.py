@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
@@ -301,7 +302,7 @@ def write_records(path: Path, records: list[dict], metrics: dict) -> None:
 
 def evaluate_split_longform(
     bundle,
-    data: Path,
+    data: Path | DataConfig,
     split: str,
     *,
     count: int,
@@ -314,22 +315,21 @@ def evaluate_split_longform(
     languages: list[str] | None = None,
     fallback: Fallback | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of an Arrow data
-    set, with the utterances the short-clip evaluation uses.
+    """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of a data set (a
+    path or a data section, as :func:`~asrforge.evaluation.evaluate.evaluate_split` takes it),
+    with the utterances the short-clip evaluation uses.
 
     Raises:
         UserError: the split is missing or has no usable utterance.
     """
-    from asrforge.config import DataConfig
-    from asrforge.data.dataset import load_arrow, prepare_split
+    from asrforge.data.dataset import prepare_split
+    from asrforge.data.sources import data_config, read_split
     from asrforge.errors import UserError
 
-    dd = load_arrow(data)
-    if split not in dd:
-        raise UserError(f"--split {split!r}: not in {data} (has {sorted(dd)})")
-    ds = dd[split]
-    dcfg = DataConfig(
-        path=data, eval_split=split, languages=languages, task=bundle.config.data.task
+    source = data_config(data)
+    ds = read_split(source, split)
+    dcfg = source.model_copy(
+        update={"eval_split": split, "languages": languages, "task": bundle.config.data.task}
     )
     utts, _report = prepare_split(
         ds,
@@ -341,7 +341,7 @@ def evaluate_split_longform(
         max_seconds=bundle.window_seconds,
     )
     if not utts:
-        raise UserError(f"{data} split {split!r}: no usable utterances")
+        raise UserError(f"{source.path} split {split!r}: no usable utterances")
 
     def load_wave(u) -> np.ndarray:
         audio = ds[u.row]["audio"]

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from asrforge.config import DataConfig
 from asrforge.errors import UserError
 from asrforge.lm.ngram import NGramLM, estimate, write_arpa
 from asrforge.text import normalize
@@ -39,17 +40,15 @@ def text_sentences(path: Path, language: str) -> Iterator[tuple[str, str]]:
         raise UserError(f"--text {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def data_sentences(path: Path, split: str, languages: set[str] | None) -> Iterator[tuple[str, str]]:
-    """``(language, transcript)`` of each utterance of an Arrow split (audio is not read)."""
-    from asrforge.data.dataset import data_language, load_arrow
+def data_sentences(
+    data: Path | DataConfig, split: str, languages: set[str] | None
+) -> Iterator[tuple[str, str]]:
+    """``(language, transcript)`` of each utterance of a split of a data set (a path or a data
+    section, as :func:`asrforge.data.sources.read_split` takes it; audio is not read)."""
+    from asrforge.data.dataset import data_language
+    from asrforge.data.sources import read_split
 
-    dd = load_arrow(path)
-    if split not in dd:
-        raise UserError(f"--split {split!r}: not in {path} (has {sorted(dd)})")
-    ds = dd[split]
-    missing = [c for c in ("text", "language") if c not in ds.column_names]
-    if missing:
-        raise UserError(f"--data {path} split {split!r}: no column {missing[0]!r}")
+    ds = read_split(data, split)
     for row in ds.select_columns(["text", "language"]):
         code = data_language(row["language"])
         if languages is None or code in languages:
@@ -94,22 +93,24 @@ def build_lm_file(
     order: int,
     *,
     text: Path | None = None,
-    data: Path | None = None,
+    data: Path | DataConfig | None = None,
     split: str = "train",
     language: str | None = None,
 ) -> NGramLM:
-    """``asrforge lm build``: write the ARPA file ``out`` from a text file or an Arrow split.
+    """``asrforge lm build``: write the ARPA file ``out`` from a text file or a data split.
 
     Args:
         text: one sentence per line, in ``language``.
-        data: an Arrow DatasetDict; its ``split``'s ``text`` column, each row normalized for its
-            ``language``; ``language`` keeps only that language's rows.
+        data: data in any form training reads (a path, or a data section naming its columns);
+            its ``split``'s transcripts, each normalized for its language; ``language`` keeps
+            only that language's rows.
 
     Raises:
         UserError: both or neither source, a missing source, no language for ``text``, or an
             ``out`` that is a directory.
     """
     from asrforge.data.dataset import language_filter
+    from asrforge.data.sources import data_config
 
     if (text is None) == (data is None):
         raise UserError("give one of --text FILE or --data DIR")
@@ -125,8 +126,9 @@ def build_lm_file(
             raise UserError("--text: give its --language (it decides how words are normalized)")
         lm = build_lm(text_sentences(text, next(iter(keep))), order, str(text))
     else:
-        if not data.is_dir():
-            raise UserError(f"--data {data}: no such directory")
-        lm = build_lm(data_sentences(data, split, keep), order, f"{data} ({split})")
+        path = data_config(data).path
+        if not path.exists():
+            raise UserError(f"--data {path}: no such file or directory")
+        lm = build_lm(data_sentences(data, split, keep), order, f"{path} ({split})")
     write_arpa(lm, out)
     return lm

@@ -12,6 +12,8 @@ from pathlib import Path
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``lm`` with its ``build`` and ``tune`` commands."""
+    from asrforge.bundle.cli import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP  # evaluate's --data
+
     lm = subparsers.add_parser(
         "lm",
         help="word n-gram language models for beam search (build, tune)",
@@ -22,14 +24,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "build",
         help="build a Kneser-Ney word n-gram LM (ARPA) from text",
         description="Estimate a word n-gram LM with interpolated modified Kneser-Ney smoothing "
-        "from a text file (one sentence per line) or the transcripts of an Arrow data set, "
+        "from a text file (one sentence per line) or the transcripts of a data set, "
         "normalized as evaluation normalizes them before WER, and write it as an ARPA file "
         "(readable by KenLM too). `asrforge export --lm` puts it in a bundle.",
+        epilog=DATA_OPTIONS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--text", type=Path, default=None, help="a UTF-8 text file")
-    source.add_argument("--data", type=Path, default=None, help="an Arrow DatasetDict directory")
-    p.add_argument("--split", default="train", help="--data: the split to read (default train)")
+    source.add_argument("--data", type=Path, default=None, help=DATA_HELP)
+    p.add_argument("--split", default="train", help=SPLIT_HELP.format(default="train"))
     p.add_argument(
         "--language",
         default=None,
@@ -38,7 +42,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--order", type=int, default=3, help="the n of the n-grams (default 3)")
     p.add_argument("--out", type=Path, required=True, help="the ARPA file to write")
-    p.set_defaults(func=run_build)
+    p.set_defaults(func=run_build, accepts_overrides=True)
 
     p = sub.add_parser(
         "tune",
@@ -46,17 +50,19 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         description="Decode a split with beam search at every (alpha, beta) of a grid, (0, 0) "
         "(no LM) included, and record the pair with the lowest WER (CER for languages scored "
         "by characters) in the bundle's manifest, which transcribe and evaluate then use.",
+        epilog=DATA_OPTIONS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("bundle", type=Path, help="a bundle directory with an LM (export --lm)")
-    p.add_argument("--data", type=Path, required=True, help="an Arrow DatasetDict directory")
-    p.add_argument("--split", default="validation")
+    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--alphas", type=_floats, default=None, help="comma-separated LM weights")
     p.add_argument("--betas", type=_floats, default=None, help="comma-separated word bonuses")
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the bundle's")
-    p.set_defaults(func=run_tune)
+    p.set_defaults(func=run_tune, accepts_overrides=True)
 
 
 def _floats(text: str) -> list[float]:
@@ -67,13 +73,17 @@ def _floats(text: str) -> list[float]:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from asrforge.bundle.cli import data_options
+    from asrforge.errors import UserError
     from asrforge.lm.build import build_lm_file
 
+    if args.overrides and args.data is None:
+        raise UserError(f"{args.overrides[0]}: data options go with --data")
     lm = build_lm_file(
         args.out,
         args.order,
         text=args.text,
-        data=args.data,
+        data=data_options(args) if args.data is not None else None,
         split=args.split,
         language=args.language,
     )
@@ -87,18 +97,18 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    from asrforge.bundle.cli import data_options
     from asrforge.errors import UserError
     from asrforge.lm.tune import ALPHAS, BETAS, tune
 
-    if not args.data.is_dir():
-        raise UserError(f"--data {args.data}: no such directory")
+    data = data_options(args)
     for name in ("batch_size", "max_samples", "max_new_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
     result = tune(
         args.bundle,
-        args.data,
+        data,
         args.split,
         alphas=ALPHAS if args.alphas is None else args.alphas,
         betas=BETAS if args.betas is None else args.betas,

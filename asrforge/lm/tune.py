@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from asrforge.config import DataConfig
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def error_rate(refs: list[tuple[str, str]], hyps: list[str]) -> tuple[str, float
 
 def tune(
     bundle_dir: Path,
-    data: Path,
+    data: Path | DataConfig,
     split: str = "validation",
     *,
     alphas: Sequence[float] = ALPHAS,
@@ -105,6 +106,10 @@ def tune(
     max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Grid-search the bundle's LM weights on ``split`` and record the best in its manifest.
+
+    Args:
+        data: a path or a data section, as
+            :func:`~asrforge.evaluation.evaluate.evaluate_split` takes it.
 
     Returns:
         What was recorded (``alpha``, ``beta``, the metric, its value, the value without the
@@ -117,6 +122,7 @@ def tune(
     """
     from asrforge.bundle.export import update_bundle_manifest
     from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+    from asrforge.data.sources import data_config
     from asrforge.evaluation.evaluate import split_loader
 
     points = grid(alphas, betas)
@@ -129,7 +135,8 @@ def tune(
         bundle, data, split, batch_size=batch_size, max_samples=max_samples
     )
     cap = max_new_tokens or bundle.config.eval.max_new_tokens
-    log.info("tuning on %d utterances of %s (%s): %d grid points", n, data, split, len(points))
+    where = data_config(data).path
+    log.info("tuning on %d utterances of %s (%s): %d grid points", n, where, split, len(points))
     decoded = decode_grid(bundle, loader, points, beam_size=beam_size, max_new_tokens=cap)
     table = {p: error_rate(decoded["refs"], decoded["hyps"][p]) for p in points}
     metric = table[(0.0, 0.0)][0]
@@ -140,7 +147,7 @@ def tune(
         "metric": metric,
         "value": table[(alpha, beta)][1],
         "without_lm": table[(0.0, 0.0)][1],
-        "data": str(data),
+        "data": str(where),
         "split": split,
         "beam_size": beam_size,
         "n": len(decoded["refs"]),

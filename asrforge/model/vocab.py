@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asrforge.config import DataConfig
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import TIME_PRECISION, load_tokenizer
 from asrforge.text.languages import find_language_code
@@ -470,23 +471,15 @@ def ids_read_as_timestamps(tok) -> range:
     return range(end, size)
 
 
-def read_transcripts(data: Path, language: str, split: str = "train") -> list[str]:
-    """Non-empty transcripts of ``language`` in ``split`` of an Arrow ``DatasetDict``; the
-    ``language`` column and ``language`` may be codes, names or locales (resolved alike)."""
-    import datasets
+def read_transcripts(data: Path | DataConfig, language: str, split: str = "train") -> list[str]:
+    """Non-empty transcripts of ``language`` in ``split`` of a data set in any form ``data.path``
+    takes (a path, or a data section naming its columns; the audio is neither needed nor read);
+    the ``language`` column and ``language`` may be codes, names or locales (resolved alike), and
+    data without a language column is all ``language``."""
+    from asrforge.data.sources import read_split
 
-    datasets.disable_progress_bars()
-    try:
-        dd = datasets.load_from_disk(str(data))
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(f"--data {data}: not a dataset saved with save_to_disk: {e}") from None
-    if isinstance(dd, datasets.Dataset) or split not in dd:
-        raise UserError(f"--data {data}: has no split {split!r}")
-    ds = dd[split]
-    missing = {"text", "language"} - set(ds.column_names)
-    if missing:
-        raise UserError(f"--data {data}: split {split!r} lacks columns {sorted(missing)}")
     wanted = find_language_code(language) or language
+    ds = read_split(data, split, required=("text",), default_language=wanted)
     codes: dict[str, str] = {}  # the column's spellings ("English", "en-US") -> code
     texts = []
     for batch in ds.select_columns(["text", "language"]).iter(batch_size=4096):
@@ -562,7 +555,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
-    b.add_argument("--data", type=Path, required=True, help="Arrow dataset (train split is read)")
+    b.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="the data, in any form data.path takes (its transcripts are read); data.columns.*, "
+        "data.language, data.cache_dir as in `asrforge evaluate --help`",
+    )
     b.add_argument(
         "--language", required=True, help="the language (code, name or locale) to extend for"
     )
@@ -578,25 +577,32 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument(
         "--base", type=Path, required=True, help="the base Whisper tokenizer (or model) directory"
     )
-    b.add_argument("--split", default="train", help="split of --data to read (default train)")
-    b.set_defaults(func=run_cli)
+    b.add_argument(
+        "--split", default="train", help="split of --data to read (default train; a file: whole)"
+    )
+    b.set_defaults(func=run_cli, accepts_overrides=True)
     r = sub.add_parser("report", help="tokens per utterance before and after an extension")
-    r.add_argument("--data", type=Path, required=True)
+    r.add_argument("--data", type=Path, required=True, help="as for vocab build")
     r.add_argument("--language", required=True)
     r.add_argument("--tokenizer", type=Path, required=True, help="the extended tokenizer")
     r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
     r.add_argument("--split", default="train")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.set_defaults(func=run_cli)
+    r.set_defaults(func=run_cli, accepts_overrides=True)
     return parser
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
+    from asrforge.data.sources import source_config
+
+    if not args.data.exists():
+        raise UserError(f"--data {args.data}: no such file or directory")
+    data = source_config(args.data, args.overrides)
     if args.vocab_command == "build":
         if args.vocab_size <= 256:
             raise UserError(f"--vocab-size must be > 256 (the byte tokens), got {args.vocab_size}")
-        texts = read_transcripts(args.data, args.language, args.split)
+        texts = read_transcripts(data, args.language, args.split)
         extra = iter_text_file(args.text, args.max_text_lines) if args.text else iter(())
         ext = build_extended_tokenizer(
             args.base,
@@ -622,7 +628,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "(sha256 differs from vocab_extension.json)"
         )
     report = compare_tokenizers(
-        base_tok, ext_tok, read_transcripts(args.data, args.language, args.split)
+        base_tok, ext_tok, read_transcripts(data, args.language, args.split)
     )
     if args.json:
         print(json.dumps(report, indent=1))

@@ -1,8 +1,8 @@
 """The forgetting guard's measurement: how well the model still transcribes speech it already
 handled before fine-tuning (``eval.guard``).
 
-The guard set is loaded once (:func:`load_guard_items`): an Arrow data set, a directory of
-audio files, or one file; audio longer than the model's window is cut into windows at pauses
+The guard set is loaded once (:func:`load_guard_items`): data in any form ``data.path`` takes
+(:func:`is_data_source`), a directory of audio files, or one audio file; audio longer than the model's window is cut into windows at pauses
 (:func:`asrforge.model.silence.segment`). :class:`Guard` transcribes it greedily, like the
 evaluation, and scores the transcripts:
 
@@ -60,8 +60,14 @@ class GuardItem:
     language: str
 
 
-def load_guard_items(cfg: GuardConfig, language: str, window_seconds: float) -> list[GuardItem]:
+def load_guard_items(
+    cfg: GuardConfig, language: str, window_seconds: float, cache_dir: Path | None = None
+) -> list[GuardItem]:
     """The guard set as windows the model takes, in a fixed order, at most ``cfg.max_items``.
+
+    Args:
+        language: of audio files, and of data without a language column.
+        cache_dir: ``data.cache_dir``, for the Arrow copy of parquet/json/csv data.
 
     Raises:
         UserError: the path does not exist, holds no audio, lacks the split, an audio file does
@@ -70,8 +76,8 @@ def load_guard_items(cfg: GuardConfig, language: str, window_seconds: float) -> 
     path = Path(cfg.path)
     if not path.exists():
         raise UserError(f"eval.guard.path: {path} does not exist")
-    if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
-        sources = _arrow_sources(path, cfg.split, language)
+    if is_data_source(path):
+        sources = _data_sources(cfg, language, cache_dir)
     else:
         sources = _file_sources(path, language)
     items: list[GuardItem] = []
@@ -107,18 +113,42 @@ def _file_sources(path: Path, language: str):
         yield f.stem if path.is_dir() else f.name, lambda f=f: _decode(f), None, language
 
 
-def _arrow_sources(path: Path, split: str, language: str):
-    from asrforge.data.dataset import load_arrow
+def is_data_source(path: Path) -> bool:
+    """``path`` is data as ``data.path`` takes it (a saved data set, data files, a directory of
+    them), not audio files: a file of a data format, or a directory with no audio files directly
+    in it beside data files (or a saved data set's own)."""
+    from asrforge.data.sources import FILE_FORMATS
 
-    dd = load_arrow(path)
-    if split not in dd:
-        raise UserError(f"eval.guard.split: {split!r} not in {path} (has {sorted(dd)})")
-    ds = dd[split]
+    if path.is_file():
+        return path.suffix.lower() in FILE_FORMATS
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return True
+    suffixes = {p.suffix.lower() for p in path.iterdir() if p.is_file()}
+    if suffixes & set(FILE_FORMATS):
+        return True
+    if suffixes & set(AUDIO_SUFFIXES):
+        return False
+    return any(p.suffix.lower() in FILE_FORMATS for p in path.glob("*/*"))  # a data/ folder
+
+
+def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
+    """The rows of ``cfg.split`` of the data at ``cfg.path``, read as training reads its data
+    (:mod:`asrforge.data.sources`); ``language`` for data without a language column."""
+    from asrforge.config import DataConfig
+    from asrforge.data.dataset import data_language
+    from asrforge.data.sources import read_split
+
+    data = DataConfig(path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir,
+                      cache_dir=cache_dir)  # fmt: skip
+    ds = read_split(data, cfg.split, option="eval.guard.split", section="eval.guard",
+                    required=("audio",), default_language=language)  # fmt: skip
     for i, row in enumerate(ds):
         uid = str(row.get("id") or i)
         ref = (row.get("text") or "").strip() or None
-        blob = row["audio"]["bytes"] if isinstance(row["audio"], dict) else row["audio"]
-        yield uid, lambda b=blob, u=uid: _decode(b, u), ref, row.get("language") or language
+        audio = row["audio"]
+        source = audio["bytes"] or audio["path"]
+        lang = data_language(row["language"]) or language
+        yield uid, lambda b=source, u=uid: _decode(b, u), ref, lang
 
 
 def _decode(source, name=None) -> np.ndarray:
@@ -327,7 +357,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     gcfg = cfg.eval.guard
     if gcfg is None:
         return None
-    items = load_guard_items(gcfg, language, window_seconds)
+    items = load_guard_items(gcfg, language, window_seconds, cfg.data.cache_dir)
     task = cfg.data.task
     return Guard(
         items,
