@@ -63,13 +63,15 @@ class Source:
     """``data.path``, for messages."""
 
 
-def load_source(cfg: DataConfig) -> Source:
+def load_source(cfg: DataConfig, only: str | None = None) -> Source:
     """Read ``cfg.path`` and give every split the standard columns.
 
     Args:
         cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``; ``cache_dir``
             for the Arrow copy ``datasets`` makes of parquet/json/csv files, default its own
             cache).
+        only: read only this split's files of a directory (a streamed training split's files
+            are not converted); default every split.
 
     Raises:
         UserError: the path is missing or holds nothing readable, or a column is missing or of
@@ -87,7 +89,7 @@ def load_source(cfg: DataConfig) -> Source:
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir), path
+        raw, root = _load_directory(path, cache_dir, only), path
     else:
         raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
@@ -111,11 +113,33 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(path: Path, cache_dir: Path | None) -> dict:
+def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None) -> dict:
     """A directory of data files, grouped into splits by the word each file name, or else its
-    folder's name, starts with. The files are the directory's own, or when none of those names a
-    split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
-    of a million clips beside a manifest is not walked."""
+    folder's name, starts with (only the split ``only`` when given). The files are the
+    directory's own, or when none of those names a split, its subdirectories' (a Hub snapshot
+    keeps them in ``data/``); no deeper, so a folder of a million clips beside a manifest is not
+    walked."""
+    by_split = split_files(path)
+    if only is not None:
+        by_split = {only: by_split[only]} if only in by_split else {}
+    splits = {}
+    for name, group in by_split.items():
+        formats = {_format_of(f) for f in group}
+        if len(formats) > 1:
+            raise UserError(
+                f"data.path: split {name!r} of {path} mixes formats "
+                f"({', '.join(f.name for f in group)}); convert them to one"
+            )
+        splits[name] = _load_files(formats.pop(), group, cache_dir)
+    return splits
+
+
+def split_files(path: Path) -> dict[str, list[Path]]:
+    """The data files of the directory ``path`` by split (see :func:`_load_directory`).
+
+    Raises:
+        UserError: no file names a split.
+    """
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
@@ -133,16 +157,7 @@ def _load_directory(path: Path, cache_dir: Path | None) -> dict:
     if unsplit:
         log.warning("data.path: %s: not read, their names say no split: %s", path,
                     ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
-    splits = {}
-    for name, group in by_split.items():
-        formats = {_format_of(f) for f in group}
-        if len(formats) > 1:
-            raise UserError(
-                f"data.path: split {name!r} of {path} mixes formats "
-                f"({', '.join(f.name for f in group)}); convert them to one"
-            )
-        splits[name] = _load_files(formats.pop(), group, cache_dir)
-    return splits
+    return by_split
 
 
 def _split_word(name: str) -> str | None:
