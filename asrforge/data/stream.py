@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
@@ -390,6 +391,9 @@ class StreamedSplit:
             num_workers=workers,
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
+            # a private generator: starting the loader must not draw from the global RNG
+            # (dropout's), or a resumed run would see other dropout masks
+            generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),
         )
         return report.watch(loader)
 

@@ -285,6 +285,8 @@ class RunSetup:
         restore_rng_state(rng)
 
     def close(self) -> None:
+        if self.stream_report is not None:  # the drops since it was last written
+            self.stream_report.write()
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
