@@ -195,14 +195,30 @@ def _read_table(shard: Shard):
                 strings_can_be_null=False, quoted_strings_can_be_null=False
             ),
         )
-    return pa.Table.from_pylist(_json_rows(shard))
+    return _json_table(shard)
 
 
-def _json_rows(shard: Shard) -> list[dict]:
-    """The objects of a JSONL shard's lines (a blank line is a row with no fields)."""
+def _json_table(shard: Shard):
+    """A JSONL shard's lines, by pyarrow's JSON reader (about 10x faster than ``json.loads`` per
+    line); when it gives another row count (it skips blank lines) or fails, line by line, so
+    every line is a row, as the shard index counted them, and a bad line is named."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
     with open(shard.path, "rb") as f:
         f.seek(shard.start)
         data = f.read(shard.end - shard.start)
+    try:
+        table = pj.read_json(pa.BufferReader(data))
+        if table.num_rows == shard.rows:
+            return table
+    except pa.ArrowInvalid:
+        pass
+    return pa.Table.from_pylist(_json_rows(shard, data))
+
+
+def _json_rows(shard: Shard, data: bytes) -> list[dict]:
+    """The objects of a JSONL shard's lines (a blank line is a row with no fields)."""
     rows = []
     for n, line in enumerate(data.split(b"\n")[: shard.rows]):
         try:
