@@ -14,7 +14,13 @@ from safetensors.torch import load_file
 
 from asrforge.config import DataConfig
 from asrforge.data.dataset import load_arrow
-from asrforge.data.stream import StreamedSplit, StreamReport, _read_table, find_shards
+from asrforge.data.stream import (
+    StreamedSplit,
+    StreamReport,
+    _read_table,
+    epoch_blocks,
+    find_shards,
+)
 from asrforge.errors import UserError
 from asrforge.model.build import feature_extractor
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
@@ -167,8 +173,15 @@ def test_the_order_is_a_pure_function_of_seed_and_epoch(tmp_path, clips, tok_spe
     # rows are shuffled beyond their shard: the first batch is not one shard's first rows
     in_file_order = [r["file"] for r in by_split(clips, "train")]
     assert first[0] != in_file_order[:5]
-    # a start batch skips exactly: the rest of the epoch, batch for batch
-    assert epoch_uids(open_split(cfg, tok_specials), tmp_path, start=4) == first[4:]
+    # a start batch skips exactly: the rest of the epoch, batch for batch, reading only the
+    # shards the rest is in (none of the skipped rows' shards, no audio of skipped rows)
+    stream = open_split(cfg, tok_specials)
+    read = []
+    reader = stream.read_shard
+    stream.read_shard = lambda i: read.append(i) or reader(i)
+    assert epoch_uids(stream, tmp_path, start=9) == first[9:]
+    blocks = epoch_blocks(len(stream.shards), 2, 0, 0)
+    assert read == blocks[-1]  # the last batch's 3 rows are the last block's last rows
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])
