@@ -285,9 +285,11 @@ def test_streaming_resume_is_bit_identical(workers, tmp_path, clips):
 
 def test_a_run_on_a_directory_streams_and_evaluates_on_its_dev_file(tmp_path, clips):
     path, extra = stream_source("jsonl files", tmp_path / "corpus", clips)
+    # the epoch's length is known from the row counts: max_epochs ends the run after 6 batches
     cfg = tiny_config(tmp_path / "run", path, data={"path": str(path), "stream": {"enabled": True}},
-                      train={"max_steps": 2}, eval={"eval_steps": 2})  # fmt: skip
-    _, result = run(cfg, [])
-    assert result.status == "completed"
+                      train={"max_steps": 100, "max_epochs": 1}, eval={"eval_steps": None})  # fmt: skip
+    losses, result = run(cfg, [])
+    assert (result.status, result.reason) == ("completed", "reached max_epochs=1")
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert result.last_metrics["n"] == 12  # dev.jsonl
     assert not list((tmp_path / "run").glob("skipped-train*.json"))  # nothing skipped, no file
