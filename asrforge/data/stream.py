@@ -532,8 +532,13 @@ class StreamReport:
         self.write()
 
     def write(self) -> None:
+        """Rewrite the file when drops came in since the last write, and log the counts so far."""
         if self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, json.dumps(self.report.skipped, indent=1))
+            counts = ", ".join(f"{len(v)} {k}" for k, v in self.report.skipped.items())
+            log.warning("split %s (streamed): skipped so far: %s; all ids in %s",
+                        self.report.split, counts, self.path)  # fmt: skip
         self.written, self.dirty = time.monotonic(), False
 
 
