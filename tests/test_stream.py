@@ -184,7 +184,7 @@ def test_the_order_is_a_pure_function_of_seed_and_epoch(tmp_path, clips, tok_spe
     assert read == blocks[-1]  # the last batch's 3 rows are the last block's last rows
 
 
-@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("workers", [0, 3])  # 2 workers: the resume test
 def test_ranks_and_workers_partition_the_batches(workers, tmp_path, clips, tok_specials):
     path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
     one = epoch_uids(open_split(data_config(path, extra), tok_specials), tmp_path)
@@ -216,6 +216,13 @@ def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(
     assert sum(len(b) for b in batches) == 48  # a skipped row leaves its batch one shorter
     skipped = json.loads((tmp_path / "skipped-train.json").read_text())
     assert skipped == {"audio file not found": [train[3]["file"]], "empty text": [train[5]["file"]]}
+    # with an id column, a missing file is named by its id and its path
+    with_ids = [{**r, "id": f"u{i}"} for i, r in enumerate(rows)]
+    write_jsonl(root / "m.jsonl", with_ids)
+    epoch_uids(open_split(cfg, tok_specials), tmp_path / "ids")
+    skipped = json.loads((tmp_path / "ids" / "skipped-train.json").read_text())
+    missing = root / train[3]["file"]
+    assert skipped == {"audio file not found": [f"u3 ({missing})"], "empty text": ["u5"]}
 
     # a language with no token in a later shard: the run stops naming the value
     rows[40]["lang"] = "Klingon"

@@ -422,6 +422,11 @@ class StreamedSplit:
         for row, uid in rows:
             checked = check_row(row, uid, self.rules)
             if isinstance(checked, str):
+                path = (row.get("audio") or {}).get("path") or ""
+                if checked == "audio file not found" and not path.endswith(uid):
+                    uid = (
+                        f"{uid} ({path})"  # named: the id may not say which file (as prepare_split)
+                    )
                 items.append({"dropped": uid, "reason": checked})
                 continue
             checked.row = len(utts)
