@@ -342,9 +342,10 @@ class StreamedSplit:
         self.eot = 0
         self.augment = None  # an Augmenter: data.augment
         self.epoch = 0
-        first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
-        self.languages = Counter(data_language(x) for x in first["language"])
+        self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
+        first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
+        self.languages.update(data_language(x) for x in first["language"])
 
     def __len__(self) -> int:
         return int(self.first_rows[-1])
@@ -370,9 +371,16 @@ class StreamedSplit:
             raise UserError(f"data.path: {where} changed while training ({table.num_rows} rows, "
                             f"{shard.rows} when the run started)")  # fmt: skip
         ds = datasets.Dataset(InMemoryTable(table))
-        return standardize(
-            ds, self.cfg, where=where, audio_root=self.audio_root, language=self.language
-        )
+        sources_log = logging.getLogger("asrforge.data.sources")
+        level = sources_log.level
+        if index or self.languages:  # what it says of one shard it says of all: said once
+            sources_log.setLevel(max(level, logging.WARNING))
+        try:
+            return standardize(
+                ds, self.cfg, where=where, audio_root=self.audio_root, language=self.language
+            )
+        finally:
+            sources_log.setLevel(level)
 
     def texts(self) -> Iterator[str | None]:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
