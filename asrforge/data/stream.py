@@ -60,7 +60,14 @@ from asrforge.data.dataset import (
     dropped_by_reason,
     language_filter,
 )
-from asrforge.data.sources import _format_of, _language_code, load_source, split_files, standardize
+from asrforge.data.sources import (
+    _column,
+    _format_of,
+    _language_code,
+    load_source,
+    split_files,
+    standardize,
+)
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 
@@ -384,8 +391,10 @@ class StreamedSplit:
 
     def texts(self) -> Iterator[str | None]:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
-        for i in range(len(self.shards)):
-            yield from self.read_shard(i)["text"]
+        for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
+            table = _read_table(shard)
+            column = _column(table, "text", self.cfg.columns.text, shard.path)
+            yield from table.column(column).to_pylist()
 
     def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,
                 max_seconds: float) -> None:  # fmt: skip
