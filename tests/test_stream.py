@@ -185,6 +185,7 @@ def test_the_order_is_a_pure_function_of_seed_and_epoch(tmp_path, clips, tok_spe
 
 
 @pytest.mark.parametrize("workers", [0, 3])  # 2 workers: the resume test
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")  # 2 cores here
 def test_ranks_and_workers_partition_the_batches(workers, tmp_path, clips, tok_specials):
     path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
     one = epoch_uids(open_split(data_config(path, extra), tok_specials), tmp_path)

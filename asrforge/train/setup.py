@@ -507,6 +507,13 @@ def open_stream(
             f"(fingerprint {saved.get('fingerprint')}, now {stream.fingerprint}: files, row counts "
             "or data.stream.shard_rows changed); resume on the data the run started with"
         )
+    if resume_from is not None and not saved and resume_from.train_state.get("step"):
+        log.warning(
+            "data.stream: the checkpoint %s was not trained on a stream: its epoch %d goes on "
+            "in the stream's order, not the one it started in",
+            resume_from.path,
+            resume_from.train_state.get("epoch", 0),
+        )
     return stream, stream_eval_split(cfg.data)
 
 
