@@ -355,6 +355,29 @@ class CarveConfig(Section):
         return v
 
 
+class StreamConfig(Section):
+    """Stream the training split from its files instead of reading it whole before step 1 (see
+    README "Streaming"): for corpora too large to convert or index. Each epoch's row order is a
+    pure function of (seed, epoch) and the position is part of the run's state, so a resumed run
+    continues with exactly the rows an uninterrupted one would have seen. The evaluation split is
+    read as usual (it is small)."""
+
+    enabled: bool = False
+    """Stream the training split: a directory of parquet, arrow, jsonl/json, csv or tsv files
+    (the ``train*`` ones) or one JSONL/CSV/TSV manifest. Only the shards being read are in
+    memory; rows are checked as they stream by and skipped ones are reported as usual."""
+    shard_rows: int = Field(default=10_000, gt=0)
+    """Lines of a JSONL file read as one shard (a JSONL file is cut at line starts; a parquet
+    shard is a row group, an arrow, csv or tsv file is one shard)."""
+    shuffle_shards: int = Field(default=4, gt=0)
+    """Shards whose rows are shuffled together (the shards' order is shuffled too, every
+    epoch): each DataLoader worker holds the rows of about this many shards in memory."""
+    eval_path: Path | None = None
+    """Where the evaluation split is read from (any form ``data.path`` takes: its
+    ``data.eval_split`` split, or one file that is that split); default ``data.path``'s own
+    ``data.eval_split`` files."""
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
@@ -430,6 +453,8 @@ class DataConfig(Section):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     """Training-time augmentation: SpecAugment, speed, noise, your transforms (see
     ``AugmentConfig``); off by default."""
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    """Stream the training split from its files (see ``StreamConfig``); off by default."""
 
     @model_validator(mode="after")
     def _text_only_needs_text(self) -> DataConfig:
@@ -437,6 +462,30 @@ class DataConfig(Section):
             raise ValueError(
                 f"text_path: needed for text-only batches (asr_ratio is {self.asr_ratio:g} < 1)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _streaming_reads_rows_once_in_order(self) -> DataConfig:
+        if not self.stream.enabled:
+            return self
+        # each needs every training row before step 1, which is what streaming avoids
+        why = {
+            "pack.enabled": "packed windows are composed from every utterance's duration",
+            "cache_features": "the log-mel cache is built from every utterance first",
+            "cache_encoder": "the encoder cache is built from every utterance first",
+            "eval_carve": "a carve holds rows out of the whole training split: give the "
+            "evaluation split its own file (stream.eval_path)",
+        }
+        on = {
+            "pack.enabled": self.pack.enabled,
+            "cache_features": self.cache_features,
+            "cache_encoder": self.cache_encoder,
+            "eval_carve": self.eval_carve is not None,
+        }
+        problems = [f"{name}: not available with stream.enabled ({why[name]})"
+                    for name, value in on.items() if value]  # fmt: skip
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

@@ -79,6 +79,7 @@ TRAINING_ONLY: Split = {
         "max_text_lines": ALL,
         "pack": ALL,  # how training windows were composed; inference decodes any audio
         "augment": ALL,  # training-time only: inference never augments
+        "stream": ALL,  # how the training split was read
     },
     "eval": {
         "eval_steps": ALL,

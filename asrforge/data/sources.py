@@ -147,6 +147,27 @@ def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None)
     split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
     of a million clips beside a manifest is not walked. With ``only``, the other splits are
     named but not read (None)."""
+    by_split = split_files(path)
+    splits = {}
+    for name, group in by_split.items():
+        formats = {_format_of(f) for f in group}
+        if len(formats) > 1:
+            raise UserError(
+                f"data.path: split {name!r} of {path} mixes formats "
+                f"({', '.join(f.name for f in group)}); convert them to one"
+            )
+        splits[name] = (
+            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
+        )
+    return splits
+
+
+def split_files(path: Path) -> dict[str, list[Path]]:
+    """The data files of the directory ``path`` by split (see :func:`_load_directory`).
+
+    Raises:
+        UserError: no file names a split.
+    """
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
@@ -164,18 +185,7 @@ def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None)
     if unsplit:
         log.warning("data.path: %s: not read, their names say no split: %s", path,
                     ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
-    splits = {}
-    for name, group in by_split.items():
-        formats = {_format_of(f) for f in group}
-        if len(formats) > 1:
-            raise UserError(
-                f"data.path: split {name!r} of {path} mixes formats "
-                f"({', '.join(f.name for f in group)}); convert them to one"
-            )
-        splits[name] = (
-            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
-        )
-    return splits
+    return by_split
 
 
 def _split_word(name: str) -> str | None:

@@ -299,7 +299,7 @@ class TrainingRun:
         """The forgetting guard: the starting model's transcripts, once (a resume restored
         them with the selection state)."""
         setup, acc = self.setup, self.acc
-        language = run_language(self.cfg, [u.language for u in setup.train_set.utts])
+        language = run_language(self.cfg, list(setup.train_languages.elements()))
         self.guard = build_guard(
             self.cfg,
             setup.model_bundle,
@@ -422,6 +422,7 @@ class TrainingRun:
             state.text_position = batch["text_position"]
         else:
             state.batch_in_epoch += 1
+            state.stream_position = batch.get("stream_position", state.stream_position)
         state.dropped_utterances.extend(batch["dropped"])
         if batch["dropped"]:
             log.warning("dropped clips: %s", dropped_by_reason(batch))

@@ -40,6 +40,7 @@ from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.sources import training_splits
+from asrforge.data.stream import StreamedSplit, StreamReport, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
@@ -77,7 +78,8 @@ class RunSetup:
     output_dir: Path
     accelerator: Any
     model_bundle: BuiltModel
-    train_set: SpeechDataset
+    train_set: SpeechDataset | StreamedSplit
+    """The training split's utterances, or with ``data.stream.enabled`` its stream."""
     eval_set: SpeechDataset
     collator: Collator
     selector: Any
@@ -96,6 +98,13 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
+    stream_report: StreamReport | None = None
+    """With ``data.stream.enabled``: the skip report its batches add to."""
+
+    @property
+    def train_languages(self) -> Counter:
+        """Utterances per language of the training split (of a stream's first shard)."""
+        return _train_languages(self.train_set)
 
     @property
     def model(self):
@@ -111,6 +120,15 @@ class RunSetup:
         the text stream stands (``TrainState.text_position``).
         """
         acc = self.accelerator
+        if isinstance(self.train_set, StreamedSplit):
+            loader = self.train_set.loader(
+                epoch,
+                start_batch,
+                rank=acc.process_index,
+                world=acc.num_processes,
+                report=self.stream_report,
+            )
+            return self._with_text(loader, micro_batch, text_position)
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
         self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
@@ -123,6 +141,10 @@ class RunSetup:
             acc.num_processes,
         )
         loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
+        return self._with_text(loader, micro_batch, text_position)
+
+    def _with_text(self, loader: Iterable[dict], micro_batch: int, text_position: dict | None):
+        """``loader``'s speech batches, with text-only ones interleaved when there are some."""
         if self.text is None:
             return loader
         return interleave(
@@ -139,6 +161,8 @@ class RunSetup:
         Packed, the windows of the epoch :meth:`train_loader` last composed are batched, not the
         utterances (about a ninth as many batches for 3 s clips in 30 s windows)."""
         acc = self.accelerator
+        if isinstance(self.train_set, StreamedSplit):  # rows (skipped ones too) make batches
+            return self.train_set.batches_per_epoch(acc.process_index, acc.num_processes)
         items = len(self.train_set) if self.packing is None else len(self.packing.current_windows())
         n_batches = -(-items // self.cfg.data.batch_size)
         return len(range(acc.process_index, n_batches, acc.num_processes))
@@ -261,6 +285,8 @@ class RunSetup:
         restore_rng_state(rng)
 
     def close(self) -> None:
+        if self.stream_report is not None:  # the drops since it was last written
+            self.stream_report.write()
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
@@ -297,9 +323,15 @@ def prepare_run(
         acc.device,
         acc.num_processes,
     )
-    train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
+    stream = None
+    if cfg.data.stream.enabled:  # the training split streams: no pass over it here
+        stream, eval_split = open_stream(cfg, resume_from)
+        train_texts = stream.texts()  # read only when a tokenizer is trained here
+    else:
+        train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
+        train_texts = train_split["text"]
     clock.lap("data set")
-    tokenizer = run_tokenizer(cfg, out, acc, train_split["text"])
+    tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
     bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
     clock.lap("model")
@@ -314,7 +346,10 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
-    train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
+    if stream is not None:
+        train_set, eval_set = build_stream_datasets(cfg, out, acc, bundle, stream, eval_split)
+    else:
+        train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
     if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
@@ -340,7 +375,7 @@ def prepare_run(
         if on
     ]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
-    langs = Counter(u.language for u in train_set.utts)
+    langs = _train_languages(train_set)
     selector, max_steps = build_run_selector(cfg, langs)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
@@ -363,7 +398,18 @@ def prepare_run(
         startup=clock,
         packing=packing,
         lora_base=lora_base,
+        stream_report=(
+            StreamReport(cfg.data.train_split, out, acc.process_index)
+            if stream is not None
+            else None
+        ),
     )
+
+
+def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
+    if isinstance(train_set, StreamedSplit):
+        return train_set.languages
+    return Counter(u.language for u in train_set.utts)
 
 
 def start_accelerator(cfg: TrainConfig, precision: str):
@@ -435,6 +481,40 @@ def load_splits(cfg: TrainConfig, acc, out: Path, *, resuming: bool) -> tuple[An
             make_tones_dataset(data_path)
         acc.wait_for_everyone()
     return training_splits(cfg.data, run_dir=out, resuming=resuming, is_main=acc.is_main_process)
+
+
+def open_stream(
+    cfg: TrainConfig, resume_from: TrainingCheckpoint | None
+) -> tuple[StreamedSplit, Any]:
+    """``data.stream``: the training split's stream (its shards counted, the first one read) and
+    the evaluation split, read whole.
+
+    Raises:
+        UserError: the data cannot be read, or a resume would continue on other shards.
+    """
+    stream = StreamedSplit(cfg.data, cfg.seed)
+    log.info(
+        "data.stream: split %s streams from %d shard(s), %d rows (fingerprint %s)",
+        cfg.data.train_split,
+        len(stream.shards),
+        len(stream),
+        stream.fingerprint,
+    )
+    saved = (resume_from.train_state.get("stream_position") or {}) if resume_from else {}
+    if saved and saved.get("fingerprint") != stream.fingerprint:
+        raise UserError(
+            f"data.stream: the checkpoint {resume_from.path} was trained on other shards "
+            f"(fingerprint {saved.get('fingerprint')}, now {stream.fingerprint}: files, row counts "
+            "or data.stream.shard_rows changed); resume on the data the run started with"
+        )
+    if resume_from is not None and not saved and resume_from.train_state.get("step"):
+        log.warning(
+            "data.stream: the checkpoint %s was not trained on a stream: its epoch %d goes on "
+            "in the stream's order, not the one it started in",
+            resume_from.path,
+            resume_from.train_state.get("epoch", 0),
+        )
+    return stream, stream_eval_split(cfg.data)
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
@@ -509,6 +589,34 @@ def build_datasets(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
     return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot)
+
+
+def build_stream_datasets(
+    cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, stream: StreamedSplit, eval_split
+) -> tuple[StreamedSplit, SpeechDataset]:
+    """``data.stream``: the stream, given what its rows are checked and featurized with (they
+    are checked as they stream by), and the evaluation data set as :func:`build_datasets`
+    makes it."""
+    config = bundle.model.config
+    limits = dict(
+        max_target_positions=config.max_target_positions, max_seconds=window_seconds(config)
+    )
+    stream.prepare(
+        tokenizer=bundle.tokenizer,
+        specials=bundle.specials,
+        features=bundle.features,
+        eot=bundle.specials.eot,
+        **limits,
+    )
+    stream.augment = build_augmenter(
+        cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
+    )
+    kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials, **limits)
+    eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    if cfg.data.max_eval_samples:
+        eval_utts = eval_utts[: cfg.data.max_eval_samples]
+    eval_report.log(out if acc.is_main_process else None)
+    return stream, SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
 
 
 def attach_feature_cache(

@@ -23,6 +23,10 @@ class TrainState:
     text_position: dict[str, int] = field(default_factory=dict)
     """Where the text-only batches stand in ``data.text_path`` (pass, byte offset of the block,
     lines of it taken); empty without text-only batches."""
+    stream_position: dict[str, int | str] = field(default_factory=dict)
+    """With ``data.stream.enabled``: the streamed split's fingerprint (its shard list; a resume
+    on other shards is refused) and the last batch taken (epoch, batch of the epoch, rows before
+    its end); ``epoch`` and ``batch_in_epoch`` are the position a resume starts from."""
     samples_seen: int = 0
     skipped_steps: int = 0
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""

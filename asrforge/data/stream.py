@@ -1,0 +1,585 @@
+"""The streamed training split (``data.stream``): rows read from their files shard by shard,
+in an order that is a pure function of (seed, epoch), so a resumed run sees exactly the batches
+an uninterrupted one would have.
+
+Shards. A directory's ``train*`` files (as :mod:`asrforge.data.sources` splits them), or one
+manifest file: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of
+a JSONL file (found by counting newlines, which reads the bytes once and keeps one offset per
+shard). Row counts come from that index and from file metadata, so the epoch's length is known
+before step 1 without reading a clip; only csv/tsv files are parsed once to count their rows.
+
+Order. Epoch ``e``: the shards in the order ``permutation(seed, e)``, grouped in blocks of
+``data.stream.shuffle_shards``; the rows of each block in the order ``permutation(seed, e,
+block)``. The epoch's rows are those blocks one after another, cut into batches of
+``data.batch_size`` rows: batch ``j`` goes to rank ``j % world``, and that rank's ``i``-th batch to
+DataLoader worker ``i % num_workers`` (the DataLoader takes the workers' outputs round-robin,
+and lower workers never hold fewer batches, so the order is kept to the epoch's end). Every
+worker reads the rows of the blocks its batches come from and decodes audio only for its own.
+
+Checks. Rows are checked as their batch is built (:func:`check_row`: the checks
+``prepare_split`` makes up front); a skipped row leaves its batch one shorter and is reported by
+reason like a clip that fails to decode (the loop's log, ``TrainState.dropped_utterances``, and
+``skipped-<split>.json``, rewritten as drops come in). A language without a token stops the run
+naming the value, as it does up front for the map-style split.
+
+Position. ``TrainState.epoch`` and ``batch_in_epoch`` say where the stream is (a resume starts at
+that batch, skipping whole shards by their row counts, reading no audio); ``stream_position``
+records the shard list's fingerprint, so a resume on different shards is refused rather than
+continued on other rows.
+
+Why not ``datasets.IterableDataset``: its ``state_dict()`` keeps the shard and the row within it
+but not the shuffle buffer's content; datasets 5.2 documents that "examples from shuffle buffers
+are lost when resuming and the buffers are refilled with new data" (``iterable_dataset.py``,
+``IterableDataset.state_dict``), so a shuffled stream does not resume bit-identically there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from asrforge.config import DataConfig
+from asrforge.data.audio import audio_info
+from asrforge.data.dataset import (
+    Collator,
+    SkipReport,
+    SpeechDataset,
+    Utterance,
+    check_language_tokens,
+    data_language,
+    dropped_by_reason,
+    language_filter,
+)
+from asrforge.data.sources import (
+    _column,
+    _format_of,
+    _language_code,
+    read_split,
+    split_files,
+    standardize,
+)
+from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 24
+"""Bytes read at a time while counting a JSONL file's lines."""
+REPORT_SECONDS = 30.0
+"""At most this often the skip report of a streamed split is rewritten while drops come in."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A piece of the training split read at once: a file, a parquet row group, or lines
+    ``[first_line, first_line + rows)`` of a JSONL file at bytes ``[start, end)``."""
+
+    path: str
+    fmt: str  # the sources.FILE_FORMATS name: parquet, arrow, json, csv, tsv
+    rows: int
+    group: int = 0  # parquet row group
+    start: int = 0
+    end: int = 0
+    first_line: int = 0
+
+
+# -- shards ----------------------------------------------------------------------------------
+
+
+def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
+    """The shards of the training split of ``cfg.path`` in file order, and the directory relative
+    audio paths are read from.
+
+    Raises:
+        UserError: the path is missing, a ``save_to_disk`` directory, or has no training files.
+    """
+    path = Path(cfg.path)
+    if not path.exists():
+        raise UserError(f"data.path: {path} does not exist")
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        raise UserError(
+            f"data.stream.enabled: {path} is a save_to_disk directory, which is memory-mapped "
+            "where it lies already; stream a directory of parquet/arrow/jsonl/csv files or a "
+            "JSONL/CSV manifest, or turn data.stream.enabled off"
+        )
+    if path.is_dir():
+        files = split_files(path).get(cfg.train_split)
+        if not files:
+            raise UserError(f"data: no {cfg.train_split!r} files in {path} to stream")
+        root = path
+    else:
+        files, root = [path], path.parent
+    shards = [s for f in files for s in _file_shards(f, cfg.stream.shard_rows)]
+    if not sum(s.rows for s in shards):
+        raise UserError(f"data: split {cfg.train_split!r} of {path} has no rows")
+    return shards, Path(cfg.audio_dir) if cfg.audio_dir is not None else root
+
+
+def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
+    fmt = _format_of(path)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            return [Shard(str(path), fmt, meta.row_group(g).num_rows, group=g)
+                    for g in range(meta.num_row_groups)]  # fmt: skip
+        if fmt == "json":
+            return _jsonl_shards(path, shard_rows)
+        return [Shard(str(path), fmt, _read_table(Shard(str(path), fmt, 0)).num_rows)]
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
+        raise UserError(
+            f"data.path: cannot read {path} as {fmt}: {type(e).__name__}: {e}"
+        ) from None
+
+
+def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
+    """Shards of ``shard_rows`` lines: one pass over the bytes counting newlines, keeping only
+    the offsets where a shard starts (memory grows with the shards, not the lines)."""
+    starts, lines, offset = [0], 0, 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # line number (1-based, counted from the file's start) each newline ends
+            ends = lines + 1 + np.arange(len(newlines))
+            cuts = newlines[ends % shard_rows == 0]
+            starts += (offset + cuts + 1).tolist()
+            lines += len(newlines)
+            offset += len(chunk)
+            last = chunk[-1:]
+    if last != b"\n":  # a last line without a newline
+        lines += 1
+    if starts[-1] >= offset:  # the file ends at a shard's start: no shard there
+        starts.pop()
+    shards = []
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else offset
+        rows = min(shard_rows, lines - i * shard_rows)
+        shards.append(
+            Shard(str(path), "json", rows, start=start, end=end, first_line=i * shard_rows)
+        )
+    return shards
+
+
+def _read_table(shard: Shard):
+    """The rows of ``shard`` as a pyarrow table (every column, as the file has them)."""
+    import pyarrow as pa
+
+    if shard.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(shard.path).read_row_group(shard.group)
+    if shard.fmt == "arrow":  # datasets writes the IPC stream format; others write the file one
+        with pa.memory_map(shard.path) as source:
+            try:
+                return pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:
+                return pa.ipc.open_file(source).read_all()
+    if shard.fmt in ("csv", "tsv"):
+        import pyarrow.csv as pcsv
+
+        tabs = shard.fmt == "tsv"
+        return pcsv.read_csv(
+            shard.path,
+            parse_options=pcsv.ParseOptions(
+                delimiter="\t" if tabs else ",", quote_char=not tabs and '"'
+            ),
+            # a transcript "NA" or "null" is text, not a missing value (as sources reads them)
+            convert_options=pcsv.ConvertOptions(
+                strings_can_be_null=False, quoted_strings_can_be_null=False
+            ),
+        )
+    return _json_table(shard)
+
+
+def _json_table(shard: Shard):
+    """A JSONL shard's lines, by pyarrow's JSON reader (about 10x faster than ``json.loads`` per
+    line); when it gives another row count (it skips blank lines) or fails, line by line, so
+    every line is a row, as the shard index counted them, and a bad line is named."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    with open(shard.path, "rb") as f:
+        f.seek(shard.start)
+        data = f.read(shard.end - shard.start)
+    try:
+        table = pj.read_json(pa.BufferReader(data))
+        if table.num_rows == shard.rows:
+            return table
+    except pa.ArrowInvalid:
+        pass
+    return pa.Table.from_pylist(_json_rows(shard, data))
+
+
+def _json_rows(shard: Shard, data: bytes) -> list[dict]:
+    """The objects of a JSONL shard's lines (a blank line is a row with no fields)."""
+    rows = []
+    for n, line in enumerate(data.split(b"\n")[: shard.rows]):
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except ValueError as e:
+            raise UserError(
+                f"data.path: {shard.path} line {shard.first_line + n + 1}: not JSON ({e})"
+            ) from None
+        if not isinstance(row, dict):
+            raise UserError(
+                f"data.path: {shard.path} line {shard.first_line + n + 1}: not a JSON object"
+            )
+        rows.append(row)
+    return rows
+
+
+def fingerprint(shards: list[Shard]) -> str:
+    """Names the stream: the shard list (paths, sizes in rows and bytes)."""
+    text = json.dumps([[s.path, s.fmt, s.rows, s.group, s.start, s.end] for s in shards])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- order -----------------------------------------------------------------------------------
+
+
+def epoch_blocks(n_shards: int, block: int, seed: int, epoch: int) -> list[list[int]]:
+    """The shard indices of each block of ``epoch``, in the order they are read."""
+    order = np.random.default_rng([seed, epoch]).permutation(n_shards).tolist()
+    return [order[i : i + block] for i in range(0, n_shards, block)]
+
+
+def block_order(n_rows: int, seed: int, epoch: int, block: int) -> np.ndarray:
+    """The order in which a block's rows (numbered across its shards) are read."""
+    return np.random.default_rng([seed, epoch, block, 1]).permutation(n_rows)
+
+
+def local_batches(total_rows: int, batch_size: int, rank: int, world: int) -> int:
+    """Batches of an epoch of ``total_rows`` rows that rank ``rank`` of ``world`` takes."""
+    return len(range(rank, -(-total_rows // batch_size), world))
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RowRules:
+    """What :func:`check_row` needs: the split's name, the tokenizer and the limits."""
+
+    split: str
+    tokenizer: object
+    specials: object
+    task: str
+    keep: set[str] | None  # data.languages' codes, None: all
+    max_target_positions: int
+    max_seconds: float
+
+
+def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
+    """The utterance of one standardized row (``audio``, ``text``, ``language``), or why it is
+    skipped (the ``SkipReport`` reason ``prepare_split`` gives). ``Utterance.row`` is 0.
+
+    Raises:
+        UserError: its language has no token (every utterance of it would be dropped).
+    """
+    lang = data_language(row.get("language"))
+    if rules.keep is not None and lang not in rules.keep:
+        return "language not in data.languages"
+    text = row.get("text")
+    if text is None or not text.strip():
+        return "empty text"
+    specials = rules.specials
+    if specials.multilingual and specials.token_language(lang) is None:
+        check_language_tokens([row.get("language")], rules.split, specials, rules.keep)
+    audio = row.get("audio") or {}
+    blob = audio.get("bytes")
+    src = blob if blob else audio.get("path")
+    try:
+        if not src:
+            raise ValueError("no audio")
+        _, seconds = audio_info(src)
+    except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
+        if isinstance(src, str) and not Path(src).exists():
+            return "audio file not found"
+        return "unreadable audio"
+    if seconds <= 0:
+        return "empty audio (0 samples)"
+    if seconds > rules.max_seconds:
+        return f"audio longer than {rules.max_seconds:g} s"
+    text_ids = rules.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+    prompt = specials.prompt(lang, rules.task)
+    if len(prompt) + len(text_ids) + 1 > rules.max_target_positions:
+        return f"labels longer than {rules.max_target_positions} tokens"
+    key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
+    return Utterance(0, uid, lang, text.strip(), prompt, text_ids, key, seconds)
+
+
+# -- the stream ------------------------------------------------------------------------------
+
+
+class StreamedSplit:
+    """The training split as a stream of shards (see the module docstring).
+
+    Args:
+        cfg: the data section (``path``, ``columns``, ``language``, ``audio_dir``, ``stream``,
+            ``batch_size``, ``num_workers``, ``train_split``).
+        seed: the run's seed: the order of every epoch.
+
+    Raises:
+        UserError: the files cannot be read, or the first shard lacks a column.
+    """
+
+    def __init__(self, cfg: DataConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+        self.split = cfg.train_split
+        self.shards, self.audio_root = find_shards(cfg)
+        self.language = _language_code(cfg.language) if cfg.language is not None else None
+        self.fingerprint = fingerprint(self.shards)
+        self.first_rows = np.cumsum([0] + [s.rows for s in self.shards])  # global row numbers
+        self.rules: RowRules | None = None  # set by prepare()
+        self.features = None
+        self.eot = 0
+        self.augment = None  # an Augmenter: data.augment
+        self.epoch = 0
+        self.languages: Counter = Counter()
+        """The languages of the first shard (the run's language when none is configured)."""
+        first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
+        self.languages.update(data_language(x) for x in first["language"])
+
+    def __len__(self) -> int:
+        return int(self.first_rows[-1])
+
+    def read_shard(self, index: int):
+        """Shard ``index`` with the standard columns (a ``datasets.Dataset`` in memory)."""
+        import datasets
+        from datasets.table import InMemoryTable
+
+        shard = self.shards[index]
+        where = (
+            shard.path
+            if shard.fmt != "json"
+            else f"{shard.path} (lines from {shard.first_line + 1})"
+        )
+        try:
+            table = _read_table(shard)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
+            raise UserError(f"data.path: cannot read {where}: {type(e).__name__}: {e}") from None
+        if table.num_rows != shard.rows:
+            raise UserError(f"data.path: {where} changed while training ({table.num_rows} rows, "
+                            f"{shard.rows} when the run started)")  # fmt: skip
+        ds = datasets.Dataset(InMemoryTable(table))
+        sources_log = logging.getLogger("asrforge.data.sources")
+        level = sources_log.level
+        if index or self.languages:  # what it says of one shard it says of all: said once
+            sources_log.setLevel(max(level, logging.WARNING))
+        try:
+            return standardize(
+                ds, self.cfg, where=where, audio_root=self.audio_root, language=self.language
+            )
+        finally:
+            sources_log.setLevel(level)
+
+    def texts(self) -> Iterator[str | None]:
+        """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
+        for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
+            table = _read_table(shard)
+            column = _column(table, "text", self.cfg.columns.text, shard.path, required=True)
+            yield from table.column(column).to_pylist()
+
+    def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,
+                max_seconds: float) -> None:  # fmt: skip
+        """Give the stream what its rows are checked and featurized with; the first shard's
+        languages are checked for a token now.
+
+        Raises:
+            UserError: a language of the first shard has no token.
+        """
+        keep = language_filter(self.cfg.languages)
+        self.rules = RowRules(self.split, tokenizer, specials, self.cfg.task, keep,
+                              max_target_positions, max_seconds)  # fmt: skip
+        self.features, self.eot = features, eot
+        if specials.multilingual:
+            check_language_tokens(list(self.languages.elements()), self.split, specials, keep)
+
+    def batches_per_epoch(self, rank: int, world: int) -> int:
+        return local_batches(len(self), self.cfg.batch_size, rank, world)
+
+    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int, report: StreamReport):
+        """The batches of ``epoch`` on this rank from its ``start_batch``-th on."""
+        workers = self.cfg.num_workers
+        batches = _EpochBatches(self, epoch, start_batch, rank, world)
+        loader = DataLoader(
+            batches,
+            batch_size=None,  # each item is a collated batch
+            num_workers=workers,
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
+            # a private generator: starting the loader must not draw from the global RNG
+            # (dropout's), or a resumed run would see other dropout masks
+            generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),
+        )
+        return report.watch(loader)
+
+    # -- what a worker does ---------------------------------------------------------------------
+    def batch(self, rows: list[tuple[dict, str]], epoch: int, position: dict) -> dict:
+        """One collated batch of standardized rows ``(row, uid)``: checked, decoded, featurized
+        (as ``SpeechDataset`` does, augmentation included); skipped rows are dropped with their
+        reasons."""
+        utts, items = [], []
+        for row, uid in rows:
+            checked = check_row(row, uid, self.rules)
+            if isinstance(checked, str):
+                path = (row.get("audio") or {}).get("path") or ""
+                if checked == "audio file not found" and not path.endswith(uid):
+                    uid = (
+                        f"{uid} ({path})"  # named: the id may not say which file (as prepare_split)
+                    )
+                items.append({"dropped": uid, "reason": checked})
+                continue
+            checked.row = len(utts)
+            utts.append((checked, row))
+        ds = SpeechDataset([r for _, r in utts], [u for u, _ in utts], self.features, self.eot)
+        ds.augment, ds.epoch = self.augment, epoch
+        items += [ds[i] for i in range(len(utts))]
+        batch = Collator(pad_id=self.eot)(items)
+        batch["stream_position"] = position
+        return batch
+
+
+class _EpochBatches(IterableDataset):
+    """One rank's batches of one epoch, from ``start`` on; worker ``w`` of ``W`` yields the
+    rank's batches ``start + w``, ``start + w + W``, ..."""
+
+    def __init__(self, stream: StreamedSplit, epoch: int, start: int, rank: int, world: int):
+        self.stream, self.epoch, self.start, self.rank, self.world = (
+            stream,
+            epoch,
+            start,
+            rank,
+            world,
+        )
+
+    def __iter__(self) -> Iterator[dict]:
+        s = self.stream
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        size, total = s.cfg.batch_size, len(s)
+        blocks = epoch_blocks(len(s.shards), s.cfg.stream.shuffle_shards, s.seed, self.epoch)
+        block_rows = [sum(s.shards[i].rows for i in b) for b in blocks]
+        block_first = np.cumsum([0, *block_rows])  # the epoch's row position each block starts at
+        cache: dict[int, tuple] = {}  # block -> (its rows in read order, their tables)
+        n_local = local_batches(total, size, self.rank, self.world)
+        try:
+            for i in range(self.start + worker, n_local, n_workers):
+                j = i * self.world + self.rank  # the batch's number in the epoch
+                lo, hi = j * size, min((j + 1) * size, total)
+                rows = []
+                for pos in range(lo, hi):
+                    b = int(np.searchsorted(block_first, pos, side="right")) - 1
+                    if b not in cache:
+                        for old in [k for k in cache if k < b]:  # blocks are read in order
+                            del cache[old]
+                        cache[b] = self._load_block(blocks[b], b)
+                    rows.append(self._row(cache[b], pos - int(block_first[b])))
+                position = {"fingerprint": s.fingerprint, "epoch": self.epoch, "batch": j,
+                            "rows_before": hi}  # fmt: skip
+                yield s.batch(rows, self.epoch, position)
+        except UserError as e:  # a language without a token, a file gone bad: stop the run
+            yield {"stop": str(e), "size": 0, "dropped": [], "dropped_reasons": []}
+
+    def _load_block(self, shard_ids: list[int], b: int) -> tuple:
+        s = self.stream
+        tables = [s.read_shard(i) for i in shard_ids]
+        index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
+        order = block_order(len(index), s.seed, self.epoch, b)
+        return [index[o] for o in order], tables, shard_ids
+
+    def _row(self, block: tuple, k: int) -> tuple[dict, str]:
+        """Row ``k`` (in read order) of a loaded block and its id."""
+        rows, tables, shard_ids = block
+        t, r = rows[k]
+        row = tables[t][r]
+        uid = row.get("id")
+        if uid is None:  # as prepare_split names rows without an id: by their row number
+            uid = f"{self.stream.split}-{int(self.stream.first_rows[shard_ids[t]]) + r}"
+        return row, str(uid)
+
+
+class StreamReport:
+    """The skip report of a streamed split, built as batches come in: each loader's batches pass
+    through :meth:`watch`, which stops the run on a batch that says so and records drops.
+
+    ``skipped-<split>.json`` (rank zero; ``skipped-<split>-rank<r>.json`` on the others) is
+    rewritten atomically at most every :data:`REPORT_SECONDS` while drops come in and at the end
+    of each epoch; a resumed run adds to the one it finds (an id appears once)."""
+
+    def __init__(self, split: str, out_dir: Path, rank: int):
+        name = f"skipped-{split}.json" if rank == 0 else f"skipped-{split}-rank{rank}.json"
+        self.path = Path(out_dir) / name
+        self.report = SkipReport(split=split)
+        self.seen: set[tuple[str, str]] = set()
+        if self.path.exists():
+            for reason, uids in json.loads(self.path.read_text()).items():
+                for uid in uids:
+                    self._add(reason, uid)
+        self.written = time.monotonic()
+        self.dirty = False
+
+    def _add(self, reason: str, uid: str) -> None:
+        if (reason, uid) not in self.seen:
+            self.seen.add((reason, uid))
+            self.report.add(reason, uid)
+            self.dirty = True
+
+    def watch(self, batches) -> Iterator[dict]:
+        for batch in batches:
+            if "stop" in batch:
+                raise UserError(batch["stop"])
+            for reason, uids in dropped_by_reason(batch).items():
+                for uid in uids:
+                    self._add(reason, uid)
+            if self.dirty and time.monotonic() - self.written > REPORT_SECONDS:
+                self.write()
+            yield batch
+        self.write()
+
+    def write(self) -> None:
+        """Rewrite the file when drops came in since the last write, and log the counts so far."""
+        if self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path, json.dumps(self.report.skipped, indent=1))
+            counts = ", ".join(f"{len(v)} {k}" for k, v in self.report.skipped.items())
+            log.warning("split %s (streamed): skipped so far: %s; all ids in %s",
+                        self.report.split, counts, self.path)  # fmt: skip
+        self.written, self.dirty = time.monotonic(), False
+
+
+def stream_eval_split(cfg: DataConfig):
+    """The evaluation split of a streamed run: ``data.stream.eval_path``'s, else ``data.path``'s
+    ``data.eval_split`` files (read as :func:`~asrforge.data.sources.load_source` reads them;
+    the training files are not read).
+
+    Raises:
+        UserError: there is none.
+    """
+    path = Path(cfg.stream.eval_path or cfg.path)
+    if cfg.stream.eval_path is None and not path.is_dir():
+        raise UserError(
+            f"data.stream.eval_path: data.path {path} is one file, the training split; name the "
+            f"evaluation split's data (data.stream.eval_path)"
+        )
+    # one file (or one saved Dataset) is the evaluation split; a directory's named split is read
+    # alone, so the training files are never converted
+    return read_split(
+        cfg.model_copy(update={"path": path}), cfg.eval_split, option="data.eval_split"
+    )

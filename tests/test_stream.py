@@ -1,0 +1,303 @@
+"""The streamed training split (issue 15, item 2, ``data.stream``): every shard format and the
+virtual shards of one JSONL manifest, an order that is a pure function of (seed, epoch), ranks
+and DataLoader workers that partition the batches, skipped rows reported by reason, a language
+without a token that stops the run, the config's refusals, and a resume that is bit-identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from asrforge.config import DataConfig
+from asrforge.data.dataset import load_arrow
+from asrforge.data.stream import (
+    StreamedSplit,
+    StreamReport,
+    _read_table,
+    epoch_blocks,
+    find_shards,
+)
+from asrforge.errors import UserError
+from asrforge.model.build import feature_extractor
+from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
+from tests.conftest import tiny_config
+from tests.test_resume import PreemptAt, run
+from tests.test_sources import by_split, write_jsonl, write_table
+
+FORMATS = ["parquet row groups", "arrow files", "jsonl files", "csv", "tsv", "NeMo manifest"]
+
+
+@pytest.fixture
+def clips(tmp_path, tones_dir) -> list[dict]:
+    """The tones' clips as wav files under ``tmp_path/corpus/clips`` (as test_sources has them)."""
+    (tmp_path / "corpus" / "clips").mkdir(parents=True)
+    rows = []
+    for split in ("train", "validation"):
+        for r in load_arrow(tones_dir)[split]:
+            file = f"clips/{r['id']}.wav"
+            (tmp_path / "corpus" / file).write_bytes(r["audio"]["bytes"])
+            rows.append(
+                {"file": file, "text": r["text"], "language": r["language"], "split": split}
+            )
+    return rows
+
+
+def stream_source(fmt: str, root: Path, rows: list[dict]) -> tuple[Path, dict]:
+    """The training rows written as ``fmt`` under ``root`` (and a ``dev.jsonl`` evaluation split
+    beside them in a directory): (data.path, the rest of the data config)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    train = by_split(rows, "train")
+    columns = {
+        "audio": [r["file"] for r in train],
+        "text": [r["text"] for r in train],
+        "language": [r["language"] for r in train],
+    }
+    table = pa.table(columns)
+    evaluation = [{"audio": r["file"], "text": r["text"], "language": r["language"]}
+                  for r in by_split(rows, "validation")]  # fmt: skip
+    write_jsonl(root / "dev.jsonl", evaluation)
+    if fmt == "parquet row groups":  # 2 files, row groups of 10: 3 + 2 shards
+        pq.write_table(table.slice(0, 30), root / "train-0.parquet", row_group_size=10)
+        pq.write_table(table.slice(30), root / "train-1.parquet", row_group_size=10)
+        return root, {}
+    if fmt == "arrow files":
+        for k, part in enumerate((table.slice(0, 20), table.slice(20))):
+            with pa.ipc.new_stream(str(root / f"train-{k}.arrow"), part.schema) as w:
+                w.write_table(part)
+        return root, {}
+    if fmt == "jsonl files":
+        rows_out = [dict(zip(columns, v, strict=True)) for v in zip(*columns.values(), strict=True)]
+        write_jsonl(root / "train-a.jsonl", rows_out[:25])
+        write_jsonl(root / "train-b.jsonl", rows_out[25:])
+        return root, {}
+    if fmt in ("csv", "tsv"):
+        rows_out = [
+            {"path": r["file"], "sentence": r["text"], "locale": r["language"]} for r in train
+        ]
+        write_table(root / f"train.{fmt}", rows_out, "," if fmt == "csv" else "\t")
+        mapped = {"columns": {"audio": "path", "text": "sentence", "language": "locale"}}
+        return root, mapped
+    if fmt == "NeMo manifest":  # one file, no newline after its last line
+        lines = [json.dumps({"audio_filepath": r["file"], "text": r["text"], "duration": 1.0,
+                             "lang": r["language"]}) for r in train]  # fmt: skip
+        (root / "manifest.json").write_text("\n".join(lines))
+        return root / "manifest.json", {"stream": {"eval_path": str(root / "dev.jsonl")}}
+    raise AssertionError(fmt)
+
+
+def data_config(path: Path, extra: dict, **stream) -> DataConfig:
+    stream = {"enabled": True, "shard_rows": 7, "shuffle_shards": 2, **extra.get("stream", {}),
+              **stream}  # fmt: skip
+    return DataConfig(**{"path": path, "batch_size": 5, **extra, "stream": stream})
+
+
+@pytest.fixture(scope="module")
+def tok_specials():
+    tok = train_bpe_tokenizer(["la la tone beep boop"] * 20, 300)
+    return tok, SpecialTokens.from_tokenizer(tok, True)
+
+
+def open_split(cfg: DataConfig, tok_specials, seed: int = 0) -> StreamedSplit:
+    tok, specials = tok_specials
+    stream = StreamedSplit(cfg, seed)
+    stream.prepare(tokenizer=tok, specials=specials, features=feature_extractor(80, 2.0),
+                   eot=specials.eot, max_target_positions=64, max_seconds=30.0)  # fmt: skip
+    return stream
+
+
+def epoch_uids(stream: StreamedSplit, tmp_path: Path, epoch: int = 0, *, start: int = 0,
+               rank: int = 0, world: int = 1) -> list[list[str]]:  # fmt: skip
+    """The ids of each batch (kept and dropped) the loader gives."""
+    report = StreamReport(stream.split, tmp_path, rank)
+    loader = stream.loader(epoch, start, rank=rank, world=world, report=report)
+    return [[*b.get("uid", []), *b["dropped"]] for b in loader]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_shard_format_streams_every_row_once_per_epoch(fmt, tmp_path, clips, tok_specials):
+    root = tmp_path / "corpus"
+    path, extra = stream_source(fmt, root, clips)
+    stream = open_split(data_config(path, extra), tok_specials)
+    assert len(stream) == 48
+    n_shards = {"parquet row groups": 5, "arrow files": 2, "jsonl files": 8, "csv": 1, "tsv": 1,
+                "NeMo manifest": 7}[fmt]  # fmt: skip
+    assert len(stream.shards) == n_shards
+    batches = epoch_uids(stream, tmp_path)
+    assert [len(b) for b in batches] == [5] * 9 + [3]
+    uids = [u for b in batches for u in b]
+    train_files = {r["file"] for r in by_split(clips, "train")}
+    assert sorted(uids) == sorted(train_files)  # ids are the paths as the data gives them
+    assert stream.batches_per_epoch(0, 1) == 10
+    assert set(stream.languages) == {"en", "es"}
+
+
+def test_virtual_shards_of_a_manifest_cover_every_line(tmp_path):
+    lines = [json.dumps({"audio_filepath": f"{i}.wav", "text": "x"}) for i in range(23)]
+    for text, n in (
+        ("\n".join(lines), 23),
+        ("\n".join(lines) + "\n", 23),
+        ("\n".join(lines[:21]) + "\n", 21),
+    ):
+        (tmp_path / "m.jsonl").write_text(text)
+        cfg = DataConfig(path=tmp_path / "m.jsonl", language="en",
+                         stream={"enabled": True, "shard_rows": 7})  # fmt: skip
+        shards, _ = find_shards(cfg)
+        assert [s.rows for s in shards] == [7, 7, 7, n - 21][: 3 + (n > 21)]
+        got = []
+        for s in shards:
+            with open(s.path, "rb") as f:
+                f.seek(s.start)
+                got += f.read(s.end - s.start).decode().splitlines()
+        assert got == lines[:n]
+    # pyarrow's reader skips a blank line: read line by line then, so rows stay where counted
+    (tmp_path / "m.jsonl").write_text("\n".join([*lines[:3], "", *lines[4:9]]) + "\n")
+    shards, _ = find_shards(cfg)
+    tables = [_read_table(s) for s in shards]
+    assert [t.num_rows for t in tables] == [7, 2]
+    assert tables[0].column("text").to_pylist() == ["x", "x", "x", None, "x", "x", "x"]
+
+
+def test_the_order_is_a_pure_function_of_seed_and_epoch(tmp_path, clips, tok_specials):
+    path, extra = stream_source("NeMo manifest", tmp_path / "corpus", clips)
+    cfg = data_config(path, extra)
+    first = epoch_uids(open_split(cfg, tok_specials), tmp_path)
+    assert epoch_uids(open_split(cfg, tok_specials), tmp_path) == first
+    assert epoch_uids(open_split(cfg, tok_specials), tmp_path, epoch=1) != first
+    assert epoch_uids(open_split(cfg, tok_specials, seed=1), tmp_path) != first
+    # rows are shuffled beyond their shard: the first batch is not one shard's first rows
+    in_file_order = [r["file"] for r in by_split(clips, "train")]
+    assert first[0] != in_file_order[:5]
+    # a start batch skips exactly: the rest of the epoch, batch for batch, reading only the
+    # shards the rest is in (none of the skipped rows' shards, no audio of skipped rows)
+    stream = open_split(cfg, tok_specials)
+    read = []
+    reader = stream.read_shard
+    stream.read_shard = lambda i: read.append(i) or reader(i)
+    assert epoch_uids(stream, tmp_path, start=9) == first[9:]
+    blocks = epoch_blocks(len(stream.shards), 2, 0, 0)
+    assert read == blocks[-1]  # the last batch's 3 rows are the last block's last rows
+
+
+@pytest.mark.parametrize("workers", [0, 3])  # 2 workers: the resume test
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")  # 2 cores here
+def test_ranks_and_workers_partition_the_batches(workers, tmp_path, clips, tok_specials):
+    path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
+    one = epoch_uids(open_split(data_config(path, extra), tok_specials), tmp_path)
+    cfg = data_config(path, {**extra, "num_workers": workers})
+    for world in (1, 2, 3):
+        for rank in range(world):
+            # rank r takes batches r::world, in order; with 3 workers the ranks' counts (4 or 3)
+            # are not multiples of the workers': the last worker ends first, nothing is lost
+            got = epoch_uids(open_split(cfg, tok_specials), tmp_path, rank=rank, world=world)
+            assert got == one[rank::world]
+        resumed = epoch_uids(open_split(cfg, tok_specials), tmp_path, start=1, rank=1, world=2)
+        assert resumed == one[1::2][1:]
+
+
+def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(
+    tmp_path, clips, tok_specials
+):
+    root = tmp_path / "corpus"
+    train = by_split(clips, "train")
+    (root / train[3]["file"]).unlink()
+    rows = [{"audio_filepath": r["file"], "text": "" if i == 5 else r["text"], "lang": r["language"]}
+            for i, r in enumerate(train)]  # fmt: skip
+    write_jsonl(root / "m.jsonl", rows)
+    cfg = DataConfig(
+        path=root / "m.jsonl", batch_size=4, stream={"enabled": True, "shard_rows": 10}
+    )
+    stream = open_split(cfg, tok_specials)
+    batches = epoch_uids(stream, tmp_path)
+    assert sum(len(b) for b in batches) == 48  # a skipped row leaves its batch one shorter
+    skipped = json.loads((tmp_path / "skipped-train.json").read_text())
+    assert skipped == {"audio file not found": [train[3]["file"]], "empty text": [train[5]["file"]]}
+    # with an id column, a missing file is named by its id and its path
+    with_ids = [{**r, "id": f"u{i}"} for i, r in enumerate(rows)]
+    write_jsonl(root / "m.jsonl", with_ids)
+    epoch_uids(open_split(cfg, tok_specials), tmp_path / "ids")
+    skipped = json.loads((tmp_path / "ids" / "skipped-train.json").read_text())
+    missing = root / train[3]["file"]
+    assert skipped == {"audio file not found": [f"u3 ({missing})"], "empty text": ["u5"]}
+
+    # a language with no token in a later shard: the run stops naming the value
+    rows[40]["lang"] = "Klingon"
+    write_jsonl(root / "m.jsonl", rows)
+    stream = open_split(cfg, tok_specials)  # the first shard's languages are fine
+    with pytest.raises(UserError, match=r"language 'Klingon' \(1 utterances\) has no token"):
+        epoch_uids(stream, tmp_path)
+    rows[2]["lang"] = "Klingon"  # in the first shard: refused before training
+    write_jsonl(root / "m.jsonl", rows)
+    with pytest.raises(UserError, match="'Klingon'"):
+        open_split(cfg, tok_specials)
+
+
+def test_incompatible_options_are_refused_by_name(tmp_path):
+    from asrforge.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        tiny_config(tmp_path, tmp_path, data={"path": str(tmp_path), "stream": {"enabled": True},
+                                              "pack": {"enabled": True}, "cache_features": True,
+                                              "eval_carve": {"size": 3}})  # fmt: skip
+    for name in ("data.pack.enabled", "data.cache_features", "data.eval_carve"):
+        assert f"{name}: not available with stream.enabled" in str(e.value)
+    saved = tmp_path / "saved"
+    (saved / "train").mkdir(parents=True)
+    (saved / "dataset_dict.json").write_text("{}")
+    with pytest.raises(UserError, match="is a save_to_disk directory"):
+        find_shards(DataConfig(path=saved, stream={"enabled": True}))
+    (tmp_path / "m.jsonl").write_text("{}\n")
+    from asrforge.data.stream import stream_eval_split
+
+    with pytest.raises(UserError, match="data.stream.eval_path: data.path .* is one file"):
+        stream_eval_split(DataConfig(path=tmp_path / "m.jsonl", stream={"enabled": True}))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming_resume_is_bit_identical(workers, tmp_path, clips):
+    # 48 rows / 8 = 6 batches an epoch, 4 micro-batches a step: steps cross epoch boundaries;
+    # the run stops mid-epoch (after 8 batches: epoch 1, batch 2)
+    path, extra = stream_source("NeMo manifest", tmp_path / "corpus", clips)
+    data = {"path": str(path), "num_workers": workers,
+            "stream": {"enabled": True, "shard_rows": 7, "shuffle_shards": 2,
+                       "eval_path": extra["stream"]["eval_path"]}}  # fmt: skip
+    sections = dict(
+        data=data, model={"dropout": 0.1}, eval={"eval_steps": None, "at_end": False},
+        train={"max_steps": 4, "grad_accum": 4}, checkpoint={"save_total_limit": 5},
+    )  # fmt: skip
+    full, _ = run(tiny_config(tmp_path / "full", path, **sections), [])
+    cfg = tiny_config(tmp_path / "split", path, **sections)
+    first, interrupted = run(cfg, [PreemptAt(2)])
+    assert interrupted.status == "interrupted"
+    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
+    assert (state["epoch"], state["batch_in_epoch"]) == (1, 2)
+    assert state["stream_position"]["batch"] == 1
+    second, _ = run(cfg, [], resume=True)
+    assert {**first, **second} == full  # per-step losses, exactly
+    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
+    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+    # other shards (a changed shard size): the resume is refused, nothing written
+    moved = tiny_config(tmp_path / "split", path, **{**sections, "data": {
+        **data, "stream": {**data["stream"], "shard_rows": 5}}})  # fmt: skip
+    with pytest.raises(UserError, match="was trained on other shards"):
+        run(moved, [], resume=True)
+
+
+def test_a_run_on_a_directory_streams_and_evaluates_on_its_dev_file(tmp_path, clips):
+    path, extra = stream_source("jsonl files", tmp_path / "corpus", clips)
+    # the epoch's length is known from the row counts: max_epochs ends the run after 6 batches
+    cfg = tiny_config(tmp_path / "run", path, data={"path": str(path), "stream": {"enabled": True}},
+                      train={"max_steps": 100, "max_epochs": 1}, eval={"eval_steps": None})  # fmt: skip
+    losses, result = run(cfg, [])
+    assert (result.status, result.reason) == ("completed", "reached max_epochs=1")
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert result.last_metrics["n"] == 12  # dev.jsonl
+    assert not list((tmp_path / "run").glob("skipped-train*.json"))  # nothing skipped, no file
