@@ -162,3 +162,33 @@ def test_cli(tmp_path, capsys):
         run_cli(parser.parse_args(["average", str(run), "--k", "0"]))
     with pytest.raises(UserError, match="no such directory"):
         run_cli(parser.parse_args(["average", str(tmp_path / "nope")]))
+
+
+def test_the_starting_model_is_never_averaged_nor_kept_for_an_average(tmp_path):
+    """``eval.at_start`` saves the starting weights as ``step-000000`` with metrics: they are
+    no trained checkpoint, so no average takes them in (they tie with or beat undertrained
+    steps), and rotation does not keep them for one once they are no longer best."""
+    from asrforge.checkpoint.average import rank_checkpoints
+    from asrforge.config import TopKSpec
+
+    root = tmp_path / "run" / "checkpoints"
+    protect = [TopKSpec(metric="wer", k=2, mode="min")]
+    m = CheckpointManager(root, save_total_limit=1, protect_top=protect)
+    for step, wer in {0: 0.30, 2: 0.40, 4: 0.25, 6: 0.35}.items():
+
+        def write(d: Path, step: int = step) -> None:
+            save_weights(d / "model.safetensors", {"w": torch.full((2,), float(step))})
+
+        m.save(step, write, {"wer": wer}, is_best=step in (0, 4))
+    assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [4, 6, 2]
+    out = average_top_k(root, "wer", 5)
+    assert read_manifest(out)["steps"] == [4, 6, 2]
+    assert load_weights(out / "model.safetensors")["w"].tolist() == [4.0, 4.0]  # (4+6+2)/3
+    # not best since step 4 and no member of the top 2 an average will read: rotated out first
+    assert [p.name for p in sorted(root.glob("step-*"))] == [
+        "step-000002", "step-000004", "step-000006"
+    ]  # fmt: skip
+    with pytest.raises(CheckpointError, match="the starting model, step 0, is never averaged"):
+        only_start = tmp_path / "start" / "checkpoints"
+        CheckpointManager(only_start).save(0, write, {"wer": 0.3}, is_best=True)
+        average_top_k(only_start, "wer", 5)

@@ -195,3 +195,36 @@ def test_the_result_line_shows_the_start_and_eval_on_start_gets_its_name(tmp_pat
                 "eval": {"eval_on_start": True},
             }
         )
+
+
+def test_a_resume_from_the_start_checkpoint_purges_the_dead_runs_tensorboard_points(
+    tmp_path, tones_dir, monkeypatch
+):
+    """The process that died after step 3 had logged steps 1-3 to TensorBoard; the resume from
+    step-000000 logs them again, so its writer must purge the dead run's (as a resume from any
+    later step does), else every curve holds two points per step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        train={"max_steps": 4, "log_every": 1},
+        eval={"eval_steps": 10, "at_start": True},
+        callbacks=[{"name": "tensorboard"}],
+    )
+    original = TrainingRun.train_step
+
+    def dies_after_step_3(self, batches):
+        if self.state.step == 3:
+            raise Crash()
+        return original(self, batches)
+
+    with monkeypatch.context() as m:
+        m.setattr(TrainingRun, "train_step", dies_after_step_3)
+        with pytest.raises(Crash):
+            Trainer(cfg, build_callbacks(cfg)).fit()
+    Trainer(cfg, build_callbacks(cfg)).fit(resume=True)
+    tb = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    tb.Reload()
+    assert [e.step for e in tb.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.step for e in tb.Scalars("eval/wer")] == [0, 4]

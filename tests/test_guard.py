@@ -297,3 +297,25 @@ def test_guard_data_in_any_source_form_gives_the_saved_datasets_items(tones_dir,
     assert str(e.value).startswith(
         f"eval.guard.columns.text: column 'transcript' not in {root / 'cv.csv'}"
     )
+
+
+def test_a_directory_of_recordings_with_a_sidecar_file_is_still_audio_files(tones_dir, tmp_path):
+    """Recordings with a metadata.csv or a notes.json beside them (no split in their names, so
+    data.path would not read the directory as data) are the audio-file guard they were before
+    eval.guard.path read data files; a split-named file beside recordings makes it data."""
+    from asrforge.data.sources import read_split
+
+    guard = tmp_path / "recordings"
+    guard.mkdir()
+    rows = list(read_split(tones_dir, "validation"))[:3]
+    for r in rows:
+        (guard / f"{r['id']}.wav").write_bytes(r["audio"]["bytes"])
+    (guard / "metadata.csv").write_text("file_name,speaker\nx.wav,a\n")
+    (guard / "notes.json").write_text('{"recorded": "2026"}\n')
+    items = load_guard_items(GuardConfig(path=guard, max_items=None), "en", 4.0)
+    assert [i.id for i in items] == sorted(str(r["id"]) for r in rows)
+    assert all(i.reference is None for i in items)
+    lines = [{"audio": f"{r['id']}.wav", "text": r["text"]} for r in rows]
+    (guard / "validation.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    items = load_guard_items(GuardConfig(path=guard, max_items=None), "en", 4.0, tmp_path / "c")
+    assert [i.reference for i in items] == [r["text"] for r in rows]

@@ -285,3 +285,22 @@ def test_lm_tune_on_a_manifest(lm_bundle_dir, tones_dir, tmp_path, capsys):
     assert main(argv) == 0
     record = read_manifest(copy)[LM_WEIGHTS_KEY]
     assert record["data"] == str(manifest) and record["n"] == 3
+
+
+def test_lm_build_reads_transcripts_with_no_audio_column(tones_dir, tmp_path, capsys):
+    """An LM needs transcripts only: a saved DatasetDict or a CSV of text and language alone
+    builds the LM the tones' own data set gives (both were refused for lacking audio)."""
+    import datasets
+
+    train = load_arrow(tones_dir)["train"].select_columns(["text", "language"])
+    datasets.DatasetDict({"train": train}).save_to_disk(str(tmp_path / "text-only"))
+    train.to_csv(str(tmp_path / "train.csv"), index=False)
+    for data in (tones_dir, tmp_path / "text-only", tmp_path / "train.csv"):
+        out = tmp_path / f"{Path(data).stem}.arpa"
+        argv = ["lm", "build", "--data", str(data), "--language", "es", "--order", "2"]
+        assert main([*argv, "--out", str(out), f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+        capsys.readouterr()
+    saved, *others = (read_arpa(tmp_path / f"{n}.arpa") for n in ("tones", "text-only", "train"))
+    assert saved.meta["sentences"] > 0
+    for lm in others:
+        assert lm.probs == saved.probs and lm.meta["sentences"] == saved.meta["sentences"]

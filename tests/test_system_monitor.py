@@ -115,3 +115,25 @@ def test_the_data_wait_clock_counts_only_the_time_in_next():
         time.sleep(0.05)  # the "step": not counted
     waited = clock.take()
     assert 0.055 < waited < 0.12 and clock.take() == 0.0
+
+
+def test_the_step_0_evaluation_is_no_part_of_the_first_window(tmp_path, tones_dir):
+    """``eval.at_start`` evaluates before the step clock starts: its seconds are in no step's
+    time, so they must not make the first steps look like evaluation (eval_frac ~1, compute 0)."""
+    from asrforge.train.loop import Trainer
+
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        train={"max_steps": 2},
+        eval={"at_start": True, "eval_steps": None},
+        callbacks=[{"name": "system_monitor"}],
+    )
+    AcceleratorState._reset_state()
+    try:
+        Trainer(cfg, build_callbacks(cfg)).fit()
+    finally:
+        AcceleratorState._reset_state()
+    assert [r["step"] for r in _records(tmp_path / "run", "eval")] == [0, 2]
+    (first,) = _records(tmp_path / "run", "train")
+    assert first["step"] == 2 and first["sys/eval_frac"] == 0 and first["sys/compute_frac"] > 0

@@ -201,9 +201,12 @@ class TensorBoardLogger(Callback):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_every = self.log_every or run.config.train.log_every
+        # a resumed run (from step-000000 too: eval.at_start) re-logs the steps after its
+        # checkpoint, so the dead process's points from there on are purged
+        resumed = state.step > 0 or state.last_eval_step is not None
         self.writer = SummaryWriter(
             log_dir=str(Path(run.output_dir) / self.subdir),
-            purge_step=state.step + 1 if state.step else None,
+            purge_step=state.step + 1 if resumed else None,
         )
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:

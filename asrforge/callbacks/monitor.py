@@ -133,8 +133,9 @@ class SystemMonitor(Callback):
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
         t0 = time.perf_counter()
         if self._eval_t0 is not None:
-            # the pause is inside the next step's step_seconds: count it in those windows
-            seconds = t0 - self._eval_t0
+            # the pause is inside the next step's step_seconds: count it in those windows (the
+            # starting model's, eval.at_start, is before the step clock starts: in no step's)
+            seconds = t0 - self._eval_t0 if state.step > 0 else 0.0
             self.window.eval_s += seconds
             self.since_eval.eval_s += seconds
             self._eval_t0 = None

@@ -212,6 +212,9 @@ def default_mode(metric: str) -> str:
 def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, int, Path]]:
     """``(value, step, dir)`` of each distinct step under ``root`` whose manifest has a finite
     ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy).
+    Step 0 is left out: it is the starting model (``eval.at_start``), not a trained checkpoint,
+    and an average of fine-tuned weights must not take it in (it often ties with or beats the
+    first trained steps).
 
     Raises:
         CheckpointCorruptError: a manifest is damaged or does not match its seal (an edited step
@@ -223,6 +226,8 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
             continue
         manifest = read_manifest(d)
         if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
+            continue
+        if manifest["step"] == 0:  # the starting weights, before any optimizer step
             continue
         value = (manifest.get("metrics") or {}).get(metric, manifest.get(metric))
         if not isinstance(value, int | float) or not math.isfinite(value):
@@ -265,7 +270,8 @@ def average_top_k(
     ranked = rank_checkpoints(root, metric, mode)
     if not ranked:
         raise CheckpointError(
-            f"no checkpoint under {root} has the metric {metric!r} in its manifest"
+            f"no checkpoint under {root} has the metric {metric!r} in its manifest (the "
+            "starting model, step 0, is never averaged)"
         )
     chosen = ranked[:k]
     if len(chosen) < k:

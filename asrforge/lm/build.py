@@ -48,7 +48,7 @@ def data_sentences(
     from asrforge.data.dataset import data_language
     from asrforge.data.sources import read_split
 
-    ds = read_split(data, split)
+    ds = read_split(data, split, required=("text",))  # transcripts alone make an LM
     for row in ds.select_columns(["text", "language"]):
         code = data_language(row["language"])
         if languages is None or code in languages:

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,19 +116,23 @@ def _file_sources(path: Path, language: str):
 
 def is_data_source(path: Path) -> bool:
     """``path`` is data as ``data.path`` takes it (a saved data set, data files, a directory of
-    them), not audio files: a file of a data format, or a directory with no audio files directly
-    in it beside data files (or a saved data set's own)."""
-    from asrforge.data.sources import FILE_FORMATS
+    them), not audio files: a file of a data format, a saved data set, a directory of
+    recordings with a data file named by its split beside them (``validation.jsonl``), or a
+    directory of data files and no recordings. A ``metadata.csv`` or ``notes.json`` beside
+    recordings leaves them audio files, as they were before the guard read data."""
+    from asrforge.data.sources import FILE_FORMATS, SPLIT_WORDS
 
     if path.is_file():
         return path.suffix.lower() in FILE_FORMATS
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         return True
-    suffixes = {p.suffix.lower() for p in path.iterdir() if p.is_file()}
-    if suffixes & set(FILE_FORMATS):
+    files = [p for p in path.iterdir() if p.is_file()]
+    data = [p for p in files if p.suffix.lower() in FILE_FORMATS]
+    if any(p.suffix.lower() in AUDIO_SUFFIXES for p in files):
+        # data.path reads a directory's files only when their names say their split
+        return any(re.match(r"[a-z]*", p.name.lower()).group() in SPLIT_WORDS for p in data)
+    if data:
         return True
-    if suffixes & set(AUDIO_SUFFIXES):
-        return False
     return any(p.suffix.lower() in FILE_FORMATS for p in path.glob("*/*"))  # a data/ folder
 
 
