@@ -21,7 +21,7 @@ import torch
 
 from asrforge.checkpoint import TrainingCheckpoint
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import dropped_by_reason
+from asrforge.data.dataset import dropped_by_reason, language_counts
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.evaluation.evaluate import evaluate, token_loss
 from asrforge.evaluation.longform import run_longform_eval
@@ -132,6 +132,9 @@ class Trainer:
                     run.save_checkpoint("final", run.last_metrics, decision.save)
                 elif run.last_saved_step != state.step:
                     run.save_checkpoint("final", None, False)
+            if run.last_saved_step != state.step:  # the save wrote it otherwise
+                run.gather_dropped()
+                run.setup.write_skip_report(state.dropped, f" up to step {state.step}")
             result = run.result(status, reason)
             log.info("run %s at step %d: %s", status, state.step, reason)
             if run.guard is not None and result.best_step is None:
@@ -271,7 +274,7 @@ class TrainingRun:
         """The forgetting guard: the starting model's transcripts, once (a resume restored
         them with the selection state)."""
         setup, acc = self.setup, self.acc
-        language = run_language(self.cfg, [u.language for u in setup.train_set.utts])
+        language = run_language(self.cfg, language_counts(setup.train_set.utts))
         self.guard = build_guard(
             self.cfg,
             setup.model_bundle,
@@ -381,9 +384,11 @@ class TrainingRun:
             state.text_position = batch["text_position"]
         else:
             state.batch_in_epoch += 1
-        state.dropped_utterances.extend(batch["dropped"])
         if batch["dropped"]:
-            log.warning("dropped clips: %s", dropped_by_reason(batch))
+            by_reason = dropped_by_reason(batch)
+            log.warning("dropped clips: %s", by_reason)
+            if batch.get("task", "asr") != "lm":
+                _record_dropped(state, by_reason)
 
     def _count_step(self, tally: _StepTally, skip: str | None, diverging: bool) -> None:
         state = self.state
@@ -489,6 +494,8 @@ class TrainingRun:
         state = self.state
         state.should_save = False
         self.last_saved_step = state.step
+        self.gather_dropped()
+        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
         path = self.setup.save_checkpoint(
             step=state.step,
             model=self.whisper,
@@ -503,6 +510,16 @@ class TrainingRun:
         )
         if path is not None:
             self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
+
+    def gather_dropped(self) -> None:
+        """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
+        and the skip report hold them all. Every process calls it at the same point."""
+        if self.acc.num_processes == 1:
+            return
+        from accelerate.utils import gather_object
+
+        for part in gather_object([self.state.dropped]):
+            _record_dropped(self.state, part)
 
     def final_eval_follows(self) -> bool:
         """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
@@ -551,6 +568,16 @@ class _StepTally:
         self.task_losses[batch.get("task", "asr")].append(float(loss))
         self.samples += batch["size"]
         self.tokens += int((labels >= 0).sum())
+
+
+def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
+    """Add clips the workers dropped to the state, each once (the next epoch drops them
+    again)."""
+    for reason, uids in by_reason.items():
+        have = state.dropped.setdefault(reason, [])
+        new = [u for u in dict.fromkeys(uids) if u not in set(have)]
+        have += new
+        state.dropped_utterances += [u for u in new if u not in set(state.dropped_utterances)]
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:

@@ -31,9 +31,11 @@ from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
     Collator,
+    SkipReport,
     SpeechDataset,
     epoch_batches,
     eval_batches,
+    language_counts,
     prepare_split,
 )
 from asrforge.data.encoder_cache import EncoderCache
@@ -96,6 +98,9 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
+    train_skipped: SkipReport | None = None
+    """What preparing the training split skipped up front; the clips the workers drop during
+    training are added to it in ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
 
     @property
     def model(self):
@@ -257,6 +262,13 @@ class RunSetup:
             is_best=is_best,
         )
 
+    def write_skip_report(self, dropped: dict[str, list[str]], when: str) -> None:
+        """Rewrite ``skipped-<train split>.json``: the up-front skips and the clips dropped in
+        the workers so far (``TrainState.dropped``), and log them (main process only)."""
+        if self.train_skipped is None or not self.accelerator.is_main_process or not dropped:
+            return
+        self.train_skipped.with_dropped(dropped).log(self.output_dir, when)
+
     def restore_rng(self, rng: dict) -> None:
         restore_rng_state(rng)
 
@@ -314,7 +326,9 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
-    train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
+    train_set, eval_set, train_skipped = build_datasets(
+        cfg, out, acc, bundle, train_split, eval_split
+    )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
     if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
@@ -340,7 +354,7 @@ def prepare_run(
         if on
     ]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
-    langs = Counter(u.language for u in train_set.utts)
+    langs = language_counts(train_set.utts)
     selector, max_steps = build_run_selector(cfg, langs)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
@@ -363,6 +377,7 @@ def prepare_run(
         startup=clock,
         packing=packing,
         lora_base=lora_base,
+        train_skipped=train_skipped,
     )
 
 
@@ -480,10 +495,15 @@ def build_run_model(
 
 def build_datasets(
     cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
-) -> tuple[SpeechDataset, SpeechDataset]:
+) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
     """The training and evaluation data sets: each split's usable utterances (the skipped ones
-    reported in the log and ``skipped-<split>.json``); no usable training utterance is a
-    UserError."""
+    reported in the log and ``skipped-<split>.json``), and the training split's report; no
+    usable training utterance is a UserError.
+
+    The training split is prepared lazily (:func:`prepare_split`: metadata up front, audio and
+    labels checked in the workers) unless packing or a cache needs every clip's duration,
+    tokens or audio key first; the evaluation split (small) is checked in full.
+    """
     config = bundle.model.config
     kw = dict(
         cfg=cfg.data,
@@ -492,8 +512,10 @@ def build_datasets(
         max_target_positions=config.max_target_positions,
         max_seconds=window_seconds(config),
     )
-    train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
-    eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    data = cfg.data
+    lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder)
+    train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
+    eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
     for r in (train_report, eval_report):
@@ -508,7 +530,7 @@ def build_datasets(
     train_set.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
-    return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot)
+    return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot), train_report
 
 
 def attach_feature_cache(
