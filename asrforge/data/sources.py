@@ -48,8 +48,10 @@ USUAL_COLUMNS = {
     "text": ("text",),
     "language": ("language", "lang"),
     "id": ("id",),
+    "duration": ("duration",),
 }
-"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``: NeMo)."""
+"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``,
+``duration``: NeMo)."""
 STRING_TYPES = ("string", "large_string", "null")
 CARVE_FILE = "eval_carve.json"
 
@@ -193,9 +195,9 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
 
 
 def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None):
-    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
-    when the data has ids or gives audio as paths; other columns are left out (``duration`` is
-    kept).
+    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, ``id``
+    when the data has ids or gives audio as paths, and ``duration`` (seconds) when it has
+    durations; other columns are left out.
 
     Raises:
         UserError: a column is missing or holds the wrong type.
@@ -203,7 +205,7 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     from datasets import Value
 
     found = {key: _column(ds, key, getattr(cfg.columns, key), where)
-             for key in ("audio", "text", "language", "id")}  # fmt: skip
+             for key in ("audio", "text", "language", "id", "duration")}  # fmt: skip
     if language is not None:
         if cfg.columns.language is not None:
             raise UserError(
@@ -222,7 +224,6 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
         )
     _refuse_segments(ds, where)
     keep = [c for c in found.values() if c is not None]
-    keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
     ds = _audio_column(ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None)
     for key in ("text", "language"):
@@ -232,6 +233,12 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
                 f"data.columns.{key}: column {column!r} of {where} holds "
                 f"{_dtype(ds.features[column])}, expected strings"
             )
+    duration = found["duration"]
+    if duration is not None and not _is_number(_dtype(ds.features[duration])):
+        raise UserError(
+            f"data.columns.duration: column {duration!r} of {where} holds "
+            f"{_dtype(ds.features[duration])}, expected seconds (numbers)"
+        )
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
     if language is not None:
         ds = ds.add_column("language", [language] * len(ds))
@@ -331,6 +338,10 @@ def _refuse_segments(ds, where: str) -> None:
 
 def _dtype(feature) -> str:
     return getattr(feature, "dtype", type(feature).__name__)
+
+
+def _is_number(dtype: str) -> bool:
+    return dtype == "null" or dtype.startswith(("int", "uint", "float", "double"))
 
 
 def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
