@@ -145,3 +145,61 @@ def test_epoch_batches_keep_the_order_of_torch_randperm(n, batch, world):
             got = epoch_batches(n, batch, 5, epoch, rank, world)
             assert [list(b) for b in got] == old[rank::world]
             assert [list(b) for b in got[1:]] == old[rank::world][1:]  # a resume's slice
+
+
+def test_a_split_checked_in_full_is_cached_by_its_fingerprint(
+    tmp_path, manifest_rows, tokenizer_and_specials, monkeypatch
+):
+    rows = [{k: v for k, v in r.items() if k != "duration"} for r in manifest_rows]  # headers
+    rows[3]["text"] = LONG_TEXT
+    path = write_manifest(tmp_path / "corpus" / "train.jsonl", rows)
+    cfg = DataConfig(path=path, cache_dir=tmp_path / "cache")
+    tok, specials = tokenizer_and_specials
+    headers = []
+    real_info = utterances.audio_info
+    monkeypatch.setattr(utterances, "audio_info", lambda src: headers.append(src) or real_info(src))
+    cache = tmp_path / "prepared"
+
+    def prepare(tokenizer=tok, positions=32, config=cfg):
+        split = load_source(config).splits["train"]  # loaded afresh, as a resume does
+        headers.clear()
+        table, report = prepare_split(split, "train", cfg=config, tokenizer=tokenizer,
+                                      specials=specials, max_target_positions=positions,
+                                      max_seconds=30.0, cache=cache)  # fmt: skip
+        return table, report, len(headers)
+
+    first, report, read = prepare()
+    assert read == len(rows) and len(list(cache.iterdir())) == 1
+    assert report.skipped == {"labels longer than 32 tokens": [rows[3]["audio_filepath"]]}
+    again, report_again, read = prepare()
+    assert read == 0  # no header read: the cached result
+    assert report_again.skipped == report.skipped and report_again.total == len(rows)
+    for column in ("rows", "language_index", "seconds", "n_tokens"):
+        np.testing.assert_array_equal(getattr(again, column), getattr(first, column))
+    assert again[5] == first[5]  # items built alike
+    # another decoder length, tokenizer or language filter: checked again, cached apart
+    _, longer, read = prepare(positions=448)
+    assert read == len(rows) and longer.n_skipped == 0
+    other = train_bpe_tokenizer(["red blue cat dog sun"] * 20, 280)
+    assert prepare(tokenizer=other)[2] == len(rows)
+    english = DataConfig(path=path, cache_dir=tmp_path / "cache", languages=["en"])
+    table, _, read = prepare(config=english)
+    assert read == sum(r["lang"] == "en" for r in rows) and set(table.language_counts()) == {"en"}
+    assert len(list(cache.iterdir())) == 4
+
+
+def test_a_packed_run_checks_its_split_once_and_its_resume_reads_it(tmp_path, tones_dir):
+    run = tmp_path / "run"
+    cfg = tiny_config(run, tones_dir, data={"batch_size": 4, "pack": {"enabled": True}},
+                      train={"max_steps": 2}, eval={"eval_steps": None, "at_end": False})  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(cfg.to_yaml())
+    assert main(["train", str(config)]) == 0
+    assert len(list((run / "cache" / "prepared").iterdir())) == 2  # train and validation
+    assert "checked in full before" not in (run / "train.log").read_text()
+    config.write_text(cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"max_steps": 4})}).to_yaml())  # fmt: skip
+    assert main(["train", str(config), "--resume"]) == 0
+    log_text = (run / "train.log").read_text()
+    assert "split train: checked in full before" in log_text
+    assert len(list((run / "cache" / "prepared").iterdir())) == 2

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from asrforge.config import DataConfig
+from asrforge.data import prepared
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.augment import AugmentError
 from asrforge.data.utterances import (
@@ -42,7 +43,7 @@ from asrforge.data.utterances import (
     named,
     read_audio,
 )
-from asrforge.errors import UserError
+from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.text.languages import find_language_code
 
@@ -193,6 +194,7 @@ def prepare_split(
     max_target_positions: int,
     max_seconds: float,
     lazy: bool = False,
+    cache: Path | None = None,
 ) -> tuple[UtteranceTable, SkipReport]:
     """The usable utterances of ``split`` and a report of the skipped ones.
 
@@ -202,12 +204,28 @@ def prepare_split(
     remaining row is checked in full: audio header (duration, missing or unreadable files) and
     label length. ``lazy`` leaves those to the DataLoader workers (``SpeechDataset``), which
     drop such a clip from its batch with the same reason.
+
+    Args:
+        cache: a directory for the result of the full check (:mod:`asrforge.data.prepared`),
+            read back when the split, tokenizer and limits are the same; None: no cache.
     """
     rules = UtteranceRules(tokenizer, specials, cfg.task, max_target_positions, max_seconds)
+    key = prepared.fingerprint(split, cfg, rules) if cache is not None and not lazy else None
+    stored = prepared.load(cache, key, split, name, rules) if key is not None else None
+    if stored is not None:
+        table, skipped, total = stored
+        log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
+        _log_language_tokens(name, table, specials)
+        return table, SkipReport(name, total, skipped)
     report = SkipReport(split=name, total=len(split))
     table = _metadata_table(split, name, rules, cfg, report)
     if not lazy:
         table = check_in_full(table, report)
+    if key is not None:
+        try:
+            prepared.save(cache, key, table, report.skipped, report.total)
+        except CheckpointSaveError as e:  # the run goes on; the next one checks again
+            log.warning("split %s: the checked split is not cached: %s", name, e)
     _log_language_tokens(name, table, specials)
     return table, report
 

@@ -514,8 +514,15 @@ def build_datasets(
     )
     data = cfg.data
     lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder)
-    train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
-    eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
+    # a split checked in full is cached: rank zero checks it, the others (and a resume) read it
+    kw["cache"] = Path(data.cache_dir or out / "cache") / "prepared"
+    if acc.is_main_process:
+        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
+        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
+        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
     for r in (train_report, eval_report):
