@@ -1,12 +1,20 @@
-"""ASR datasets: an Arrow split -> filtered utterances -> (log-mel, prompt, labels) batches.
+"""ASR datasets: an Arrow split -> its usable utterances -> (log-mel, prompt, labels) batches.
 
-Filtering happens once, up front, in the main process: empty text, labels longer than the
-decoder allows, missing audio files, unreadable, empty or over-long audio are skipped with their
-ids and counted, so an epoch never crashes halfway. A language the tokenizer has no token for
-stops the run (:func:`check_language_tokens`) instead of dropping all of its utterances.
-Log-mels are computed in DataLoader workers; a clip whose samples turn out NaN/inf (or that
-fails to decode there) is dropped from its batch with its id and reason (``Collator``), and
-reported by the loop and by evaluation.
+:func:`prepare_split` reads the split's metadata columns (text, language, a duration when the
+data has one) with Arrow, never the audio: the language filter, empty text and durations out of
+range are skipped up front with their ids, and a language the tokenizer has no token for stops
+the run (:func:`check_language_tokens`) instead of dropping all of its utterances. What needs
+the audio or the tokenizer (labels longer than the decoder allows, missing, unreadable, empty or
+over-long audio) is either checked in full up front too (the evaluation split; packing and the
+caches, which need every clip's duration, tokens or audio key; cached by fingerprint,
+:mod:`asrforge.data.prepared`), or, for a lazily prepared training split, in the DataLoader
+workers. The usable rows are an :class:`~asrforge.data.utterances.UtteranceTable` (numpy
+columns, no Python object per row).
+
+Log-mels are computed in DataLoader workers; a clip that turns out unusable there (NaN/inf
+samples, a failed decode, or the lazy checks) is dropped from its batch with its id and the
+skip report's reason (``Collator``), and reported by the loop (``skipped-<split>.json``) and by
+evaluation.
 
 The ``language`` column and ``data.languages`` are resolved alike (:func:`data_language`): codes,
 English names and locales (``en``, ``English``, ``en-US``) are one language.

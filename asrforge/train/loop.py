@@ -245,6 +245,8 @@ class TrainingRun:
         self.callbacks.load_state_dict(ckpt.callbacks)
         self.setup.restore_rng(ckpt.rng)
         self.last_saved_step = state.step
+        # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
+        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
         log.info(
             "resumed from %s at step %d (epoch %d, batch %d)",
             ckpt.path,
