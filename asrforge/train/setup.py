@@ -311,7 +311,7 @@ def prepare_run(
     )
     train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
     clock.lap("data set")
-    tokenizer = run_tokenizer(cfg, out, acc, train_split["text"])
+    tokenizer = run_tokenizer(cfg, out, acc, SplitTexts(train_split))
     clock.lap("tokenizer")
     bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
     clock.lap("model")
@@ -450,6 +450,18 @@ def load_splits(cfg: TrainConfig, acc, out: Path, *, resuming: bool) -> tuple[An
             make_tones_dataset(data_path)
         acc.wait_for_everyone()
     return training_splits(cfg.data, run_dir=out, resuming=resuming, is_main=acc.is_main_process)
+
+
+class SplitTexts:
+    """A split's transcripts, read from Arrow only when iterated (a BPE trained from scratch): a
+    given or pretrained tokenizer never reads them, so start-up holds no list of every text."""
+
+    def __init__(self, split):
+        self.split = split
+
+    def __iter__(self):
+        for batch in self.split.select_columns(["text"]).iter(batch_size=4096):
+            yield from batch["text"]
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
