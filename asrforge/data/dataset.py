@@ -164,7 +164,8 @@ class SkipReport:
         merged = {k: list(v) for k, v in self.skipped.items()}
         for reason, uids in dropped.items():
             have = merged.setdefault(reason, [])
-            have += [u for u in dict.fromkeys(uids) if u not in set(have)]
+            seen = set(have)
+            have += [u for u in dict.fromkeys(uids) if u not in seen]
         return SkipReport(self.split, self.total, merged)
 
     def write(self, out_dir: Path) -> Path | None:

@@ -240,8 +240,11 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
             f"{_dtype(ds.features[duration])}, expected seconds (numbers)"
         )
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
-    if language is not None:
-        ds = ds.add_column("language", [language] * len(ds))
+    if language is not None:  # an Arrow column: no list of a million strings
+        import pyarrow as pa
+
+        same = pa.repeat(pa.scalar(language, pa.string()), len(ds))
+        ds = ds.add_column("language", pa.chunked_array([same]))
     if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
         ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
     return ds

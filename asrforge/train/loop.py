@@ -577,9 +577,11 @@ def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
     again)."""
     for reason, uids in by_reason.items():
         have = state.dropped.setdefault(reason, [])
-        new = [u for u in dict.fromkeys(uids) if u not in set(have)]
+        seen = set(have)
+        new = [u for u in dict.fromkeys(uids) if u not in seen]
         have += new
-        state.dropped_utterances += [u for u in new if u not in set(state.dropped_utterances)]
+        listed = set(state.dropped_utterances)
+        state.dropped_utterances += [u for u in new if u not in listed]
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:
