@@ -46,6 +46,7 @@ from asrforge.data.utterances import (
     Utterance,  # noqa: F401 - importers of the data set's Utterance find it here
     UtteranceRules,
     UtteranceTable,
+    arrow_columns,
     audio_source,
     header_seconds,
     named,
@@ -246,7 +247,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     import pyarrow.compute as pc
 
     columns = ["text", "language"] + (["duration"] if "duration" in split.column_names else [])
-    meta = split.select_columns(columns).with_format("arrow")[:]
+    meta = arrow_columns(split, columns)
     values, value_index = _dictionary(meta.column("language"))
     if rules.specials.multilingual:
         counts = np.bincount(value_index, minlength=len(values))
@@ -322,7 +323,7 @@ def _ids(split, name: str, rows: np.ndarray) -> list[str]:
         return []
     if "id" not in split.column_names:
         return [f"{name}-{r}" for r in rows.tolist()]
-    ids = split.select_columns(["id"]).with_format("arrow")[:]["id"]
+    ids = arrow_columns(split, ["id"]).column("id")
     return [str(x) for x in ids.take(rows).to_pylist()]
 
 

@@ -178,6 +178,18 @@ def header_seconds(audio) -> float:
         raise UnusableAudio(NOT_FOUND if missing else UNREADABLE, src) from None
 
 
+def arrow_columns(split, names: list[str]):
+    """``names`` of the ``datasets`` split as one ``pyarrow.Table`` in the split's row order.
+
+    A split selected from another (a carve) maps its rows through an indices table;
+    ``with_format("arrow")[:]`` gathers such rows one slice at a time (25 s and 3 GB for a
+    million), ``Table.take`` in one vectorized call.
+    """
+    table = split.data.table.select(names)
+    indices = getattr(split, "_indices", None)  # datasets' row map of a select(); None: identity
+    return table if indices is None else table.take(indices.column(0))
+
+
 class UtteranceTable(Sequence):
     """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
     :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
@@ -255,7 +267,7 @@ class UtteranceTable(Sequence):
         """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
         if "id" not in self.split.column_names:
             return [f"{self.name}-{r}" for r in self.rows.tolist()]
-        ids = self.split.select_columns(["id"]).with_format("arrow")[:]["id"]
+        ids = arrow_columns(self.split, ["id"]).column("id")
         return [str(x) for x in ids.take(self.rows).to_pylist()]
 
     def record(self, i: int) -> dict:
