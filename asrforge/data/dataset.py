@@ -48,6 +48,8 @@ from asrforge.data.utterances import (
     UtteranceTable,
     arrow_columns,
     audio_source,
+    column_seconds,
+    dictionary_encoded,
     header_seconds,
     named,
     read_audio,
@@ -248,7 +250,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
     columns = ["text", "language"] + (["duration"] if "duration" in split.column_names else [])
     meta = arrow_columns(split, columns)
-    values, value_index = _dictionary(meta.column("language"))
+    values, value_index = dictionary_encoded(meta.column("language"))
     if rules.specials.multilingual:
         counts = np.bincount(value_index, minlength=len(values))
         check_language_tokens(Counter(dict(zip(values, counts.tolist(), strict=True))), name,
@@ -267,7 +269,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
     seconds = np.full(len(split), np.nan)
     if "duration" in columns:
-        seconds = _seconds(meta.column("duration"))
+        seconds = column_seconds(meta.column("duration"))
     reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
     reasons = [EMPTY_TEXT, EMPTY_AUDIO, rules.long_audio]
     reason[seconds > rules.max_seconds] = 3
@@ -287,34 +289,6 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         split, name, rules, rows=np.flatnonzero(keep), languages=[languages[k] for k in used],
         language_index=renumber[language_index[keep]], seconds=seconds[keep],
     )  # fmt: skip
-
-
-def _dictionary(column) -> tuple[list, np.ndarray]:
-    """(distinct values, each row's index into them) of an Arrow string column (nulls too)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(pa.chunked_array(column), null_encoding="encode")
-    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
-    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
-
-
-def _seconds(column) -> np.ndarray:
-    """A ``duration`` column as float64 seconds, NaN where null.
-
-    Raises:
-        UserError: the column holds no numbers.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    try:
-        numbers = pc.cast(column, pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise UserError(
-            f"data.columns.duration: the duration column holds {column.type}, expected seconds"
-        ) from None
-    return pc.fill_null(numbers, float("nan")).to_numpy()
 
 
 def _ids(split, name: str, rows: np.ndarray) -> list[str]:

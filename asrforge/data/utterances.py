@@ -190,6 +190,34 @@ def arrow_columns(split, names: list[str]):
     return table if indices is None else table.take(indices.column(0))
 
 
+def dictionary_encoded(column) -> tuple[list, np.ndarray]:
+    """(distinct values, each row's index into them) of an Arrow string column (nulls too)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.chunked_array(column), null_encoding="encode")
+    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def column_seconds(column) -> np.ndarray:
+    """A ``duration`` column as float64 seconds, NaN where null.
+
+    Raises:
+        UserError: the column holds no numbers.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        numbers = pc.cast(column, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise UserError(
+            f"data.columns.duration: the duration column holds {column.type}, expected seconds"
+        ) from None
+    return pc.fill_null(numbers, float("nan")).to_numpy()
+
+
 class UtteranceTable(Sequence):
     """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
     :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
