@@ -355,8 +355,13 @@ def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
 
     paths = ds.data.column(column).cast(pa.string())  # csv gives large_string
     relative = pc.invert(pc.starts_with(paths, "/"))
-    joined = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
-    absolute = pc.if_else(relative, joined, paths)
+    n_relative = pc.sum(relative).as_py() or 0
+    if n_relative == 0:  # already absolute: no copy of a million paths
+        absolute = paths
+    else:
+        absolute = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
+        if n_relative < len(paths):  # a mix (rare): a third column only then
+            absolute = pc.if_else(relative, absolute, paths)
     out = ds.remove_columns(column).add_column(column, pa.chunked_array(absolute))
     return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
 
