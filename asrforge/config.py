@@ -336,6 +336,10 @@ class ColumnsConfig(Section):
     id: str | None = None
     """An utterance id for reports; default ``id``, else the audio's path as the data gives it, or
     ``<split>-<row>``."""
+    duration: str | None = None
+    """The audio's duration in seconds (NeMo's ``duration``); default ``duration`` when present.
+    With it, start-up reads no audio: a clip out of range (<= 0 s, longer than the model's
+    window) is skipped up front, the others are checked when a worker loads them."""
 
 
 class CarveConfig(Section):

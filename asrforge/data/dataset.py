@@ -1,12 +1,20 @@
-"""ASR datasets: an Arrow split -> filtered utterances -> (log-mel, prompt, labels) batches.
+"""ASR datasets: an Arrow split -> its usable utterances -> (log-mel, prompt, labels) batches.
 
-Filtering happens once, up front, in the main process: empty text, labels longer than the
-decoder allows, missing audio files, unreadable, empty or over-long audio are skipped with their
-ids and counted, so an epoch never crashes halfway. A language the tokenizer has no token for
-stops the run (:func:`check_language_tokens`) instead of dropping all of its utterances.
-Log-mels are computed in DataLoader workers; a clip whose samples turn out NaN/inf (or that
-fails to decode there) is dropped from its batch with its id and reason (``Collator``), and
-reported by the loop and by evaluation.
+:func:`prepare_split` reads the split's metadata columns (text, language, a duration when the
+data has one) with Arrow, never the audio: the language filter, empty text and durations out of
+range are skipped up front with their ids, and a language the tokenizer has no token for stops
+the run (:func:`check_language_tokens`) instead of dropping all of its utterances. What needs
+the audio or the tokenizer (labels longer than the decoder allows, missing, unreadable, empty or
+over-long audio) is either checked in full up front too (the evaluation split; packing and the
+caches, which need every clip's duration, tokens or audio key; cached by fingerprint,
+:mod:`asrforge.data.prepared`), or, for a lazily prepared training split, in the DataLoader
+workers. The usable rows are an :class:`~asrforge.data.utterances.UtteranceTable` (numpy
+columns, no Python object per row).
+
+Log-mels are computed in DataLoader workers; a clip that turns out unusable there (NaN/inf
+samples, a failed decode, or the lazy checks) is dropped from its batch with its id and the
+skip report's reason (``Collator``), and reported by the loop (``skipped-<split>.json``) and by
+evaluation.
 
 The ``language`` column and ``data.languages`` are resolved alike (:func:`data_language`): codes,
 English names and locales (``en``, ``English``, ``en-US``) are one language.
@@ -14,10 +22,10 @@ English names and locales (``en``, ``English``, ``en-US``) are one language.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,9 +35,27 @@ import torch
 from torch.utils.data import Dataset
 
 from asrforge.config import DataConfig
-from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
+from asrforge.data import prepared
+from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.augment import AugmentError
-from asrforge.errors import UserError
+from asrforge.data.utterances import (
+    EMPTY_AUDIO,
+    EMPTY_TEXT,
+    NOT_FOUND,
+    UnusableAudio,
+    Utterance,  # noqa: F401 - importers of the data set's Utterance find it here
+    UtteranceRules,
+    UtteranceTable,
+    arrow_columns,
+    audio_source,
+    column_seconds,
+    dictionary_encoded,
+    header_seconds,
+    named,
+    read_audio,
+)
+from asrforge.errors import CheckpointSaveError, UserError
+from asrforge.io.atomic import atomic_write_text
 from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
@@ -122,18 +148,6 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
 
 
 @dataclass
-class Utterance:
-    row: int  # row in the Arrow split
-    uid: str
-    language: str
-    text: str
-    prompt: list[int]
-    text_ids: list[int]
-    audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
-    seconds: float = 0.0  # the audio's duration (from its header): packing lays windows out by it
-
-
-@dataclass
 class SkipReport:
     """What filtering dropped, by reason."""
 
@@ -148,21 +162,37 @@ class SkipReport:
     def n_skipped(self) -> int:
         return sum(len(v) for v in self.skipped.values())
 
-    def log(self, out_dir: Path | None) -> None:
+    def with_dropped(self, dropped: dict[str, list[str]]) -> SkipReport:
+        """This report and the clips the workers dropped since (each id once per reason)."""
+        merged = {k: list(v) for k, v in self.skipped.items()}
+        for reason, uids in dropped.items():
+            have = merged.setdefault(reason, [])
+            seen = set(have)
+            have += [u for u in dict.fromkeys(uids) if u not in seen]
+        return SkipReport(self.split, self.total, merged)
+
+    def write(self, out_dir: Path) -> Path | None:
+        """``out_dir/skipped-<split>.json`` (atomically), when anything was skipped."""
+        if not self.n_skipped:
+            return None
+        target = Path(out_dir) / f"skipped-{self.split}.json"
+        atomic_write_text(target, json.dumps(self.skipped, indent=1))
+        return target
+
+    def log(self, out_dir: Path | None, when: str = "") -> None:
+        """Log the skipped counts and ids (and write them to ``out_dir``); ``when``: what the
+        counts cover, e.g. "up to step 200"."""
         if not self.n_skipped:
             log.info("split %s: %d utterances, none skipped", self.split, self.total)
             return
         counts = ", ".join(f"{len(v)} {k}" for k, v in self.skipped.items())
         ids = [u for v in self.skipped.values() for u in v]
         shown = ", ".join(ids[:20]) + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else "")
-        where = ""
-        if out_dir is not None:
-            target = Path(out_dir) / f"skipped-{self.split}.json"
-            target.write_text(json.dumps(self.skipped, indent=1))
-            where = f"; all ids in {target}"
+        target = self.write(out_dir) if out_dir is not None else None
+        where = f"; all ids in {target}" if target is not None else ""
         log.warning(
-            "split %s: skipped %d of %d utterances (%s): %s%s",
-            self.split, self.n_skipped, self.total, counts, shown, where,
+            "split %s: skipped %d of %d utterances%s (%s): %s%s",
+            self.split, self.n_skipped, self.total, when, counts, shown, where,
         )
 
 
@@ -175,53 +205,142 @@ def prepare_split(
     specials,
     max_target_positions: int,
     max_seconds: float,
-) -> tuple[list[Utterance], SkipReport]:
-    """Tokenize and check every utterance of ``split``; return the usable ones and a report."""
+    lazy: bool = False,
+    cache: Path | None = None,
+) -> tuple[UtteranceTable, SkipReport]:
+    """The usable utterances of ``split`` and a report of the skipped ones.
+
+    Up front, from metadata only (columns read with Arrow, no pass over the audio): the
+    language filter (``data.languages``), the language-token check, empty text, and durations
+    out of range when the data gives them (a ``duration`` column). Then, unless ``lazy``, every
+    remaining row is checked in full: audio header (duration, missing or unreadable files) and
+    label length. ``lazy`` leaves those to the DataLoader workers (``SpeechDataset``), which
+    drop such a clip from its batch with the same reason.
+
+    Args:
+        cache: a directory for the result of the full check (:mod:`asrforge.data.prepared`),
+            read back when the split, tokenizer and limits are the same; None: no cache.
+    """
+    rules = UtteranceRules(tokenizer, specials, cfg.task, max_target_positions, max_seconds)
+    key = prepared.fingerprint(split, cfg, rules) if cache is not None and not lazy else None
+    stored = prepared.load(cache, key, split, name, rules) if key is not None else None
+    if stored is not None:
+        table, skipped, total = stored
+        log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
+        _log_language_tokens(name, table, specials)
+        return table, SkipReport(name, total, skipped)
     report = SkipReport(split=name, total=len(split))
+    table = _metadata_table(split, name, rules, cfg, report)
+    if not lazy:
+        table = check_in_full(table, report)
+    if key is not None:
+        try:
+            prepared.save(cache, key, table, report.skipped, report.total)
+        except CheckpointSaveError as e:  # the run goes on; the next one checks again
+            log.warning("split %s: the checked split is not cached: %s", name, e)
+    _log_language_tokens(name, table, specials)
+    return table, report
+
+
+def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
+                    report: SkipReport) -> UtteranceTable:  # fmt: skip
+    """The rows of ``split`` that pass the checks metadata allows (see :func:`prepare_split`),
+    the others added to ``report``."""
+    import pyarrow.compute as pc
+
+    columns = ["text", "language"] + (["duration"] if "duration" in split.column_names else [])
+    meta = arrow_columns(split, columns)
+    values, value_index = dictionary_encoded(meta.column("language"))
+    if rules.specials.multilingual:
+        counts = np.bincount(value_index, minlength=len(values))
+        check_language_tokens(Counter(dict(zip(values, counts.tolist(), strict=True))), name,
+                              rules.specials, language_filter(cfg.languages))  # fmt: skip
+    codes = [data_language(v) for v in values]
+    languages = sorted(set(codes))
+    code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
+    language_index = code_of_value[value_index]
     keep_langs = language_filter(cfg.languages)
-    ids = split["id"] if "id" in split.column_names else [f"{name}-{i}" for i in range(len(split))]
-    texts, langs = split["text"], split["language"]
-    if specials.multilingual:
-        check_language_tokens(langs, name, specials, keep_langs)
-    out: list[Utterance] = []
-    row = 0
-    for batch in split.select_columns(["audio"]).iter(batch_size=256):
-        for audio in batch["audio"]:
-            uid, text, lang = str(ids[row]), texts[row], data_language(langs[row])
-            r, row = row, row + 1
-            if keep_langs is not None and lang not in keep_langs:
-                continue
-            if text is None or not text.strip():
-                report.add("empty text", uid)
-                continue
-            blob = audio.get("bytes") if isinstance(audio, dict) else None
-            src = blob if blob else (audio.get("path") if isinstance(audio, dict) else None)
+    wanted = np.ones(len(split), dtype=bool)
+    if keep_langs is not None:
+        allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
+        wanted = allowed[language_index]
+    text = meta.column("text")
+    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
+    empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
+    seconds = np.full(len(split), np.nan)
+    if "duration" in columns:
+        seconds = column_seconds(meta.column("duration"))
+    reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
+    reasons = [EMPTY_TEXT, EMPTY_AUDIO, rules.long_audio]
+    reason[seconds > rules.max_seconds] = 3
+    reason[seconds <= 0] = 2
+    reason[empty] = 1
+    reason[~wanted] = 0
+    for k, why in enumerate(reasons, start=1):
+        rows = np.flatnonzero(reason == k)
+        for uid in _ids(split, name, rows):
+            report.add(why, uid)
+    keep = wanted & (reason == 0)
+    del meta, text  # the metadata columns are not kept
+    used = np.unique(language_index[keep])  # the languages left out are not the table's
+    renumber = np.zeros(len(languages), dtype=np.int16)
+    renumber[used] = np.arange(len(used))
+    return UtteranceTable(
+        split, name, rules, rows=np.flatnonzero(keep), languages=[languages[k] for k in used],
+        language_index=renumber[language_index[keep]], seconds=seconds[keep],
+    )  # fmt: skip
+
+
+def _ids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split`` (``<name>-<row>`` without an ``id`` column)."""
+    if len(rows) == 0:
+        return []
+    if "id" not in split.column_names:
+        return [f"{name}-{r}" for r in rows.tolist()]
+    ids = arrow_columns(split, ["id"]).column("id")
+    return [str(x) for x in ids.take(rows).to_pylist()]
+
+
+def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:
+    """``table`` without the utterances whose audio or labels are unusable (added to
+    ``report``): audio headers read where the duration is not known (a file's existence
+    checked where it is), every text tokenized; ``n_tokens`` filled in."""
+    rules = table.rules
+    seconds = table.seconds.copy()
+    n_tokens = np.zeros(len(table), dtype=np.int32)
+    ok = np.ones(len(table), dtype=bool)
+    prompt_lengths = table.prompt_lengths()
+    source = table.split.select_columns(
+        ["audio", "text"] + (["id"] if "id" in table.split.column_names else [])
+    )
+    for start in range(0, len(table), block):
+        rows = table.rows[start : start + block]
+        records = source[rows.tolist()] if len(rows) else {"audio": [], "text": []}
+        n_tokens[start : start + len(rows)] = rules.count_tokens(records["text"])
+        for k, (row, audio) in enumerate(zip(rows.tolist(), records["audio"], strict=True)):
+            i = start + k
             try:
-                if not src:
-                    raise ValueError("no audio")
-                _, seconds = audio_info(src)
-            except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
-                if isinstance(src, str) and not Path(src).exists():  # named: the id may not say
-                    named = uid if src.endswith(uid) else f"{uid} ({src})"
-                    report.add("audio file not found", named)
-                else:
-                    report.add("unreadable audio", uid)
+                if np.isnan(seconds[i]):
+                    seconds[i] = header_seconds(audio)
+                elif isinstance(src := audio_source(audio), str) and not Path(src).exists():
+                    raise UnusableAudio(NOT_FOUND, src)
+            except UnusableAudio as e:
+                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                report.add(e.reason, named(uid, e.source) if e.reason == NOT_FOUND else uid)
+                ok[i] = False
                 continue
-            if seconds <= 0:
-                report.add("empty audio (0 samples)", uid)
-                continue
-            if seconds > max_seconds:
-                report.add(f"audio longer than {max_seconds:g} s", uid)
-                continue
-            text_ids = tokenizer.encode(" " + text.strip(), add_special_tokens=False)
-            prompt = specials.prompt(lang, cfg.task)
-            if len(prompt) + len(text_ids) + 1 > max_target_positions:
-                report.add(f"labels longer than {max_target_positions} tokens", uid)
-                continue
-            key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
-            out.append(Utterance(r, uid, lang, text.strip(), prompt, text_ids, key, seconds))
-    _log_language_tokens(name, out, specials, report)
-    return out, report
+            problem = rules.seconds_problem(seconds[i])
+            if problem is None and prompt_lengths[i] + n_tokens[i] + 1 > rules.max_positions:
+                problem = rules.long_labels
+            if problem is not None:
+                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                report.add(problem, uid)
+                ok[i] = False
+    full = UtteranceTable(
+        table.split, table.name, rules, rows=table.rows, languages=table.languages,
+        language_index=table.language_index, seconds=seconds, n_tokens=n_tokens,
+    )  # fmt: skip
+    return full.subset(ok)
 
 
 def check_language_tokens(values: list, split: str, specials, keep: set[str] | None) -> None:
@@ -255,11 +374,11 @@ def _language_value(value: str | None, n: int) -> str:
     return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"
 
 
-def _log_language_tokens(name: str, utts: list[Utterance], specials, report: SkipReport) -> None:
+def _log_language_tokens(name: str, table: UtteranceTable, specials) -> None:
     """Say which languages decode under another's token."""
     if not specials.multilingual:
         return
-    for lang in sorted({u.language for u in utts} & set(specials.token_of)):
+    for lang in sorted(set(table.language_counts()) & set(specials.token_of)):
         log.info(
             "split %s: language %s is decoded with <|%s|> (the tokenizer has no <|%s|>); "
             "checkpoint selection still goes by %s",
@@ -267,24 +386,21 @@ def _log_language_tokens(name: str, utts: list[Utterance], specials, report: Ski
         )
 
 
-class UnusableAudio(UserError):
-    """Audio that decodes but cannot be trained or evaluated on (see ``audio_problem``)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 class SpeechDataset(Dataset):
     """Utterances -> dicts with ``input_features: (n_mels, n_frames)`` float32, ``decoder_input_ids``
     and ``labels`` (same length; the prompt's positions are ``IGNORE`` in labels).
 
-    A clip that fails to decode in a worker, or whose samples are NaN/inf, yields
-    ``{"dropped": uid, "reason": ...}`` (the collator drops it and records both), never an
-    exception that would end the epoch.
+    A clip that cannot be used yields ``{"dropped": uid, "reason": ...}`` (the collator drops it
+    and records both), never an exception that would end the epoch: audio that fails to decode
+    or has NaN/inf samples, and for a lazily prepared table (``UtteranceTable.lazy``) what
+    ``prepare_split`` would have skipped up front (labels too long, a missing, unreadable,
+    empty or over-long audio file), with the skip report's reason.
+
+    Args:
+        utterances: an :class:`UtteranceTable` (or a list of :class:`Utterance`).
     """
 
-    def __init__(self, split, utterances: list[Utterance], feature_extractor, eot: int):
+    def __init__(self, split, utterances, feature_extractor, eot: int):
         self.split = split
         self.utts = utterances
         self.fe = feature_extractor
@@ -301,8 +417,7 @@ class SpeechDataset(Dataset):
         """Log-mel features of utterance ``i``: (n_mels, n_frames) float32.
 
         Raises:
-            UnusableAudio: the audio has no samples or NaN/inf ones.
-            UserError: the audio cannot be decoded.
+            UnusableAudio: the audio is missing, unreadable, has no samples or NaN/inf ones.
         """
         cache = self.feature_cache
         if cache is not None and self.utts[i].audio_key in cache:
@@ -313,15 +428,22 @@ class SpeechDataset(Dataset):
         """Utterance ``i``'s audio, 16 kHz mono float32.
 
         Raises:
-            UnusableAudio: the audio has no samples or NaN/inf ones.
-            UserError: the audio cannot be decoded.
+            UnusableAudio: the audio is missing, unreadable, has no samples or NaN/inf ones, or
+                (its duration not known before) is longer than the window.
         """
-        audio = self.split[self.utts[i].row]["audio"]
-        wave = decode_audio(audio.get("bytes") or audio.get("path"))
-        problem = audio_problem(wave)
-        if problem is not None:
-            raise UnusableAudio(problem)
-        return wave
+        audio = self.split[self._row(i)]["audio"]
+        return read_audio(audio, self._unchecked_length(i))
+
+    def _row(self, i: int) -> int:
+        utts = self.utts
+        return int(utts.rows[i]) if isinstance(utts, UtteranceTable) else utts[i].row
+
+    def _unchecked_length(self, i: int) -> float | None:
+        """The window, when utterance ``i``'s length was not checked up front; else None."""
+        utts = self.utts
+        if isinstance(utts, UtteranceTable) and np.isnan(utts.seconds[i]):
+            return utts.rules.max_seconds
+        return None
 
     def log_mel(self, wave: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 log-mel features of one window's audio."""
@@ -338,14 +460,22 @@ class SpeechDataset(Dataset):
 
     def masked(self, feats: np.ndarray, i: int) -> np.ndarray:
         """SpecAugment of utterance ``i``'s window this epoch (unchanged without it)."""
-        aug, u = self.augment, self.utts[i]
+        aug = self.augment
         if aug is None:
             return feats
-        seconds = aug.n_samples(u.uid, self.epoch, round(u.seconds * SAMPLE_RATE)) / SAMPLE_RATE
+        u = self.utts[i]
+        seconds = u.seconds
+        if np.isnan(seconds):  # prepared lazily, no duration in the data: the header says it
+            seconds = header_seconds(self.split[u.row]["audio"])
+        seconds = aug.n_samples(u.uid, self.epoch, round(seconds * SAMPLE_RATE)) / SAMPLE_RATE
         return aug.features(feats, u.uid, self.epoch, seconds)
 
     def __getitem__(self, i: int) -> dict | None:
         u = self.utts[i]
+        if isinstance(self.utts, UtteranceTable) and self.utts.lazy:
+            problem = self.utts.problem(u)
+            if problem is not None:
+                return {"dropped": u.uid, "reason": problem}
         cache, features = self.encoder_cache, self.feature_cache
         if cache is not None and u.audio_key in cache:
             inputs = {"encoder_hidden_states": torch.from_numpy(cache.row(u.audio_key))}
@@ -357,7 +487,8 @@ class SpeechDataset(Dataset):
             try:
                 inputs = {"input_features": torch.from_numpy(self.masked(self.training_features(i), i))}
             except UnusableAudio as e:
-                return {"dropped": u.uid, "reason": e.reason}
+                uid = named(u.uid, e.source) if e.reason == NOT_FOUND else u.uid
+                return {"dropped": uid, "reason": e.reason}
             except AugmentError:  # the augmentation's own failure, not the clip's: it stops
                 raise
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
@@ -422,21 +553,51 @@ def dropped_by_reason(batch: dict) -> dict[str, list[str]]:
     return out
 
 
-def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+class Batches(Sequence):
+    """Batches of indices cut from one permutation, without a Python list per batch until one
+    is read: ``batches[k]`` is a list of ints; slicing gives Batches again (a resume's
+    ``[start:]``, a rank's ``[rank::world]``)."""
+
+    def __init__(self, order: np.ndarray, batch_size: int, which: range | None = None):
+        self.order, self.batch_size = order, batch_size
+        self.which = which if which is not None else range(-(-len(order) // batch_size))
+
+    def __len__(self) -> int:
+        return len(self.which)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return Batches(self.order, self.batch_size, self.which[k])
+        start = self.which[k] * self.batch_size
+        return self.order[start : start + self.batch_size].tolist()
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+
+def epoch_batches(
+    n: int, batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1
+) -> Batches:
     """The shuffled batches of one epoch, a pure function of (seed, epoch): resuming at batch k
     of an epoch replays exactly the batches an uninterrupted run would have seen."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(n, generator=g).tolist()
-    batches = [perm[i : i + batch_size] for i in range(0, n, batch_size)]
-    return batches[rank::world]
+    perm = torch.randperm(n, generator=g).numpy()
+    return Batches(perm, batch_size)[rank::world]
 
 
-def eval_batches(utts: list[Utterance], batch_size: int) -> list[list[int]]:
+def eval_batches(utts, batch_size: int) -> list[list[int]]:
     """Evaluation batches ordered by label length (longest first) so a batch decodes about as
-    many steps as its members need."""
-    order = sorted(range(len(utts)), key=lambda i: -len(utts[i].text_ids))
+    many steps as its members need. A lazily prepared table's texts are tokenized here (an
+    evaluation split is small)."""
+    if isinstance(utts, UtteranceTable) and utts.n_tokens is not None:
+        order = np.argsort(-utts.n_tokens, kind="stable").tolist()
+    else:
+        order = sorted(range(len(utts)), key=lambda i: -len(utts[i].text_ids))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def language_counts(utts: list[Utterance]) -> Counter:
+def language_counts(utts) -> Counter:
+    """Utterances per language."""
+    if isinstance(utts, UtteranceTable):
+        return utts.language_counts()
     return Counter(u.language for u in utts)

@@ -39,6 +39,7 @@ from asrforge.data.targets import (
     previous_text,
     window_targets,
 )
+from asrforge.data.utterances import UtteranceTable
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,11 @@ class PackItems:
 
     @classmethod
     def of(cls, utts, augment=None, epoch: int = 0) -> PackItems:
-        """From the training utterances; with an :class:`~asrforge.data.augment.Augmenter`,
-        their lengths after this epoch's speed perturbation."""
+        """From the training utterances (an ``UtteranceTable`` checked in full: its columns, no
+        pass over the rows); with an :class:`~asrforge.data.augment.Augmenter`, their lengths
+        after this epoch's speed perturbation."""
+        if isinstance(utts, UtteranceTable):
+            return cls.of_table(utts, augment, epoch)
         n_samples = [round(u.seconds * SAMPLE_RATE) for u in utts]
         if augment is not None:
             n_samples = [augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)]
@@ -103,6 +107,21 @@ class PackItems:
             n_samples=n_samples,
             n_text_tokens=[len(u.text_ids) for u in utts],
             prompt_lengths=[len(u.prompt) for u in utts],
+        )
+
+    @classmethod
+    def of_table(cls, table: UtteranceTable, augment=None, epoch: int = 0) -> PackItems:
+        if table.n_tokens is None:
+            raise ValueError("packing needs a table checked in full (prepare_split(lazy=False))")
+        n_samples = np.round(table.seconds * SAMPLE_RATE).astype(np.int64).tolist()
+        if augment is not None:
+            n_samples = [augment.n_samples(uid, epoch, n)
+                         for uid, n in zip(table.uids(), n_samples, strict=True)]  # fmt: skip
+        return cls(
+            languages=[table.languages[k] for k in table.language_index.tolist()],
+            n_samples=n_samples,
+            n_text_tokens=table.n_tokens.tolist(),
+            prompt_lengths=table.prompt_lengths().tolist(),
         )
 
 

@@ -48,8 +48,10 @@ USUAL_COLUMNS = {
     "text": ("text",),
     "language": ("language", "lang"),
     "id": ("id",),
+    "duration": ("duration",),
 }
-"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``: NeMo)."""
+"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``,
+``duration``: NeMo)."""
 STRING_TYPES = ("string", "large_string", "null")
 CARVE_FILE = "eval_carve.json"
 
@@ -238,9 +240,9 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
 def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
                 required: tuple[str, ...] = ("audio", "text"),
                 default_language: str | None = None):  # fmt: skip
-    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
-    when the data has ids or gives audio as paths; other columns are left out (``duration`` is
-    kept).
+    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, ``id``
+    when the data has ids or gives audio as paths, and ``duration`` (seconds) when it has
+    durations; other columns are left out.
 
     Args:
         language: the language of every row (``data.language``), or None: the data's column.
@@ -256,7 +258,7 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     from datasets import Value
 
     found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
-             for key in ("audio", "text", "language", "id")}  # fmt: skip
+             for key in ("audio", "text", "language", "id", "duration")}  # fmt: skip
     if language is None and found["language"] is None:
         language = default_language
     if language is not None:
@@ -277,7 +279,6 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
         )
     _refuse_segments(ds, where)
     keep = [c for c in found.values() if c is not None]
-    keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
     if found["audio"] is not None:
         ds = _audio_column(ds, found["audio"], audio_root, where=where,
@@ -289,9 +290,18 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
                 f"data.columns.{key}: column {column!r} of {where} holds "
                 f"{_dtype(ds.features[column])}, expected strings"
             )
+    duration = found["duration"]
+    if duration is not None and not _is_number(_dtype(ds.features[duration])):
+        raise UserError(
+            f"data.columns.duration: column {duration!r} of {where} holds "
+            f"{_dtype(ds.features[duration])}, expected seconds (numbers)"
+        )
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
-    if language is not None:
-        ds = ds.add_column("language", [language] * len(ds))
+    if language is not None:  # an Arrow column: no list of a million strings
+        import pyarrow as pa
+
+        same = pa.repeat(pa.scalar(language, pa.string()), len(ds))
+        ds = ds.add_column("language", pa.chunked_array([same]))
     if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
         ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
     return ds
@@ -390,6 +400,10 @@ def _dtype(feature) -> str:
     return getattr(feature, "dtype", type(feature).__name__)
 
 
+def _is_number(dtype: str) -> bool:
+    return dtype == "null" or dtype.startswith(("int", "uint", "float", "double"))
+
+
 def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
     """Relative paths of ``column`` joined to ``root`` (Arrow compute, no pass in Python); the
     paths as the data gives them become the ``id`` column when ``keep_as_id``."""
@@ -398,8 +412,13 @@ def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
 
     paths = ds.data.column(column).cast(pa.string())  # csv gives large_string
     relative = pc.invert(pc.starts_with(paths, "/"))
-    joined = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
-    absolute = pc.if_else(relative, joined, paths)
+    n_relative = pc.sum(relative).as_py() or 0
+    if n_relative == 0:  # already absolute: no copy of a million paths
+        absolute = paths
+    else:
+        absolute = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
+        if n_relative < len(paths):  # a mix (rare): a third column only then
+            absolute = pc.if_else(relative, absolute, paths)
     out = _replace_column(ds, column, pa.chunked_array(absolute))
     return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
 

@@ -149,6 +149,9 @@ class Trainer:
                     run.save_checkpoint("final", run.last_metrics, decision.save)
                 elif run.last_saved_step != state.step:
                     run.save_checkpoint("final", None, False)
+            if run.last_saved_step != state.step:  # the save wrote it otherwise
+                run.gather_dropped()
+                run.setup.write_skip_report(state.dropped, f" up to step {state.step}")
             if status in ("completed", "stopped") and run.start_stayed_best():
                 reason = f"{reason}; {NOT_IMPROVED}"
                 log.warning(
@@ -270,6 +273,8 @@ class TrainingRun:
         self.callbacks.load_state_dict(ckpt.callbacks)
         self.setup.restore_rng(ckpt.rng)
         self.last_saved_step = state.step
+        # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
+        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
         log.info(
             "resumed from %s at step %d (epoch %d, batch %d)",
             ckpt.path,
@@ -299,7 +304,7 @@ class TrainingRun:
         """The forgetting guard: the starting model's transcripts, once (a resume restored
         them with the selection state)."""
         setup, acc = self.setup, self.acc
-        language = run_language(self.cfg, list(setup.train_languages.elements()))
+        language = run_language(self.cfg, setup.train_languages)
         self.guard = build_guard(
             self.cfg,
             setup.model_bundle,
@@ -423,9 +428,11 @@ class TrainingRun:
         else:
             state.batch_in_epoch += 1
             state.stream_position = batch.get("stream_position", state.stream_position)
-        state.dropped_utterances.extend(batch["dropped"])
         if batch["dropped"]:
-            log.warning("dropped clips: %s", dropped_by_reason(batch))
+            by_reason = dropped_by_reason(batch)
+            log.warning("dropped clips: %s", by_reason)
+            if batch.get("task", "asr") != "lm":
+                _record_dropped(state, by_reason)
 
     def _count_step(self, tally: _StepTally, skip: str | None, diverging: bool) -> None:
         state = self.state
@@ -533,6 +540,8 @@ class TrainingRun:
         state = self.state
         state.should_save = False
         self.last_saved_step = state.step
+        self.gather_dropped()
+        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
         path = self.setup.save_checkpoint(
             step=state.step,
             model=self.whisper,
@@ -547,6 +556,16 @@ class TrainingRun:
         )
         if path is not None:
             self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
+
+    def gather_dropped(self) -> None:
+        """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
+        and the skip report hold them all. Every process calls it at the same point."""
+        if self.acc.num_processes == 1:
+            return
+        from accelerate.utils import gather_object
+
+        for part in gather_object([self.state.dropped]):
+            _record_dropped(self.state, part)
 
     def final_eval_follows(self) -> bool:
         """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
@@ -601,6 +620,18 @@ class _StepTally:
 def _brief(metrics: dict) -> str:
     """``wer 0.3000, cer 0.1200, loss 1.2345`` of the keys present."""
     return ", ".join(f"{k} {metrics[k]:.4f}" for k in ("wer", "cer", "loss") if k in metrics)
+
+
+def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
+    """Add clips the workers dropped to the state, each once (the next epoch drops them
+    again)."""
+    for reason, uids in by_reason.items():
+        have = state.dropped.setdefault(reason, [])
+        seen = set(have)
+        new = [u for u in dict.fromkeys(uids) if u not in seen]
+        have += new
+        listed = set(state.dropped_utterances)
+        state.dropped_utterances += [u for u in new if u not in listed]
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:

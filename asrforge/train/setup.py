@@ -31,9 +31,11 @@ from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
     Collator,
+    SkipReport,
     SpeechDataset,
     epoch_batches,
     eval_batches,
+    language_counts,
     prepare_split,
 )
 from asrforge.data.encoder_cache import EncoderCache
@@ -105,6 +107,10 @@ class RunSetup:
     def train_languages(self) -> Counter:
         """Utterances per language of the training split (of a stream's first shard)."""
         return _train_languages(self.train_set)
+
+    train_skipped: SkipReport | None = None
+    """What preparing the training split skipped up front; the clips the workers drop during
+    training are added to it in ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
 
     @property
     def model(self):
@@ -281,6 +287,13 @@ class RunSetup:
             is_best=is_best,
         )
 
+    def write_skip_report(self, dropped: dict[str, list[str]], when: str) -> None:
+        """Rewrite ``skipped-<train split>.json``: the up-front skips and the clips dropped in
+        the workers so far (``TrainState.dropped``), and log them (main process only)."""
+        if self.train_skipped is None or not self.accelerator.is_main_process or not dropped:
+            return
+        self.train_skipped.with_dropped(dropped).log(self.output_dir, when)
+
     def restore_rng(self, rng: dict) -> None:
         restore_rng_state(rng)
 
@@ -329,7 +342,7 @@ def prepare_run(
         train_texts = stream.texts()  # read only when a tokenizer is trained here
     else:
         train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
-        train_texts = train_split["text"]
+        train_texts = SplitTexts(train_split)  # read only when a tokenizer is trained here
     clock.lap("data set")
     tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
@@ -346,10 +359,13 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
+    train_skipped = None
     if stream is not None:
         train_set, eval_set = build_stream_datasets(cfg, out, acc, bundle, stream, eval_split)
     else:
-        train_set, eval_set = build_datasets(cfg, out, acc, bundle, train_split, eval_split)
+        train_set, eval_set, train_skipped = build_datasets(
+            cfg, out, acc, bundle, train_split, eval_split
+        )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
     if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
@@ -403,13 +419,14 @@ def prepare_run(
             if stream is not None
             else None
         ),
+        train_skipped=train_skipped,
     )
 
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
     if isinstance(train_set, StreamedSplit):
         return train_set.languages
-    return Counter(u.language for u in train_set.utts)
+    return language_counts(train_set.utts)
 
 
 def start_accelerator(cfg: TrainConfig, precision: str):
@@ -517,6 +534,18 @@ def open_stream(
     return stream, stream_eval_split(cfg.data)
 
 
+class SplitTexts:
+    """A split's transcripts, read from Arrow only when iterated (a BPE trained from scratch): a
+    given or pretrained tokenizer never reads them, so start-up holds no list of every text."""
+
+    def __init__(self, split):
+        self.split = split
+
+    def __iter__(self):
+        for batch in self.split.select_columns(["text"]).iter(batch_size=4096):
+            yield from batch["text"]
+
+
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     """``model.tokenizer``, the pretrained directory's, or a BPE trained on ``train_texts`` once
     and kept in ``out/tokenizer`` (a resume reuses it).
@@ -560,10 +589,15 @@ def build_run_model(
 
 def build_datasets(
     cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
-) -> tuple[SpeechDataset, SpeechDataset]:
+) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
     """The training and evaluation data sets: each split's usable utterances (the skipped ones
-    reported in the log and ``skipped-<split>.json``); no usable training utterance is a
-    UserError."""
+    reported in the log and ``skipped-<split>.json``), and the training split's report; no
+    usable training utterance is a UserError.
+
+    The training split is prepared lazily (:func:`prepare_split`: metadata up front, audio and
+    labels checked in the workers) unless packing or a cache needs every clip's duration,
+    tokens or audio key first; the evaluation split (small) is checked in full.
+    """
     config = bundle.model.config
     kw = dict(
         cfg=cfg.data,
@@ -572,8 +606,17 @@ def build_datasets(
         max_target_positions=config.max_target_positions,
         max_seconds=window_seconds(config),
     )
-    train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
-    eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    data = cfg.data
+    lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder)
+    # a split checked in full is cached: rank zero checks it, the others (and a resume) read it
+    kw["cache"] = Path(data.cache_dir or out / "cache") / "prepared"
+    if acc.is_main_process:
+        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
+        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
+        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
     for r in (train_report, eval_report):
@@ -588,7 +631,7 @@ def build_datasets(
     train_set.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
-    return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot)
+    return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot), train_report
 
 
 def build_stream_datasets(

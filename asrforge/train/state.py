@@ -32,8 +32,12 @@ class TrainState:
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""
     consecutive_nonfinite: int = 0
     dropped_utterances: list[str] = field(default_factory=list)
-    """Ids of clips that failed to decode in a worker or had NaN/inf samples (skipped, never a
-    crash)."""
+    """Ids of the training clips the workers dropped (each once, however many epochs), never a
+    crash: failed to decode, NaN/inf samples, and on a lazily prepared split what preparation
+    would have skipped (see ``dropped``)."""
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+    """The same ids by reason, as ``skipped-<split>.json`` lists them (all processes' after a
+    checkpoint)."""
     running_loss: float | None = None
     """Exponential moving average of the training loss (0.98)."""
     best: dict[str, float] = field(default_factory=dict)

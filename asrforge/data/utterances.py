@@ -1,0 +1,328 @@
+"""Utterances as columns, and the rules that decide whether one can be trained on.
+
+A split's usable rows are held as a few numpy arrays (:class:`UtteranceTable`: row, language,
+seconds and, once counted, text tokens; about 20 bytes a row), not a Python object per row, so
+a million-row manifest costs megabytes. An :class:`Utterance` (id, text, tokens, audio key) is
+built when one is asked for, from its row of the Arrow split.
+
+:class:`UtteranceRules` are the checks ``prepare_split`` applies up front and a DataLoader worker
+applies to a split prepared lazily (:func:`utterance_problem`, :func:`read_audio`): the same
+rules, with the same reason strings, so the skip report reads alike either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
+from asrforge.errors import UserError
+
+EMPTY_TEXT = "empty text"
+EMPTY_AUDIO = "empty audio (0 samples)"
+NOT_FOUND = "audio file not found"
+UNREADABLE = "unreadable audio"
+
+
+@dataclass
+class Utterance:
+    row: int  # row in the Arrow split
+    uid: str
+    language: str
+    text: str
+    prompt: list[int]
+    text_ids: list[int]
+    audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
+    seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
+
+
+class UnusableAudio(UserError):
+    """Audio that cannot be trained or evaluated on; ``reason`` is the skip report's."""
+
+    def __init__(self, reason: str, source: bytes | str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.source = source
+
+
+@dataclass(frozen=True)
+class UtteranceRules:
+    """What an utterance must satisfy, and how its decoder tokens are made."""
+
+    tokenizer: Any
+    specials: Any  # SpecialTokens: the prompt of a language
+    task: str
+    max_positions: int
+    """The decoder's positions (``max_target_positions``): prompt + text + end of text."""
+    max_seconds: float
+    """The model's window."""
+
+    @property
+    def long_labels(self) -> str:
+        return f"labels longer than {self.max_positions} tokens"
+
+    @property
+    def long_audio(self) -> str:
+        return f"audio longer than {self.max_seconds:g} s"
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+
+    def count_tokens(self, texts: list[str]) -> np.ndarray:
+        """Text tokens of each of ``texts`` (one batched call of the fast tokenizer), as
+        :meth:`text_ids` counts them."""
+        if not texts:
+            return np.zeros(0, dtype=np.int32)
+        ids = self.tokenizer([" " + t.strip() for t in texts], add_special_tokens=False)
+        return np.fromiter((len(x) for x in ids["input_ids"]), dtype=np.int32, count=len(texts))
+
+    def prompt(self, language: str) -> list[int]:
+        return self.specials.prompt(language, self.task)
+
+    def seconds_problem(self, seconds: float) -> str | None:
+        """Why audio of ``seconds`` is unusable, or None (NaN: not known, nothing to say)."""
+        if seconds <= 0:
+            return EMPTY_AUDIO
+        if seconds > self.max_seconds:
+            return self.long_audio
+        return None
+
+
+def utterance_problem(
+    rules: UtteranceRules,
+    *,
+    text: str | None,
+    n_prompt: int,
+    n_text: int,
+    seconds: float = math.nan,
+) -> str | None:
+    """Why an utterance cannot be trained on, from what is known without its audio, or None.
+
+    Args:
+        text: the transcript (None or blank: empty text).
+        n_prompt: tokens of its prompt (``rules.prompt(language)``).
+        n_text: tokens of its text (``rules.text_ids(text)``).
+        seconds: its duration when known (metadata or header), else NaN.
+    """
+    if text is None or not text.strip():
+        return EMPTY_TEXT
+    if n_prompt + n_text + 1 > rules.max_positions:
+        return rules.long_labels
+    return None if math.isnan(seconds) else rules.seconds_problem(seconds)
+
+
+def audio_source(audio) -> bytes | str | None:
+    """The encoded bytes of an undecoded ``Audio`` value, else its path (None: neither)."""
+    if not isinstance(audio, dict):
+        return None
+    return audio.get("bytes") or audio.get("path") or None
+
+
+def audio_key(audio) -> str:
+    """sha256 of the audio's bytes, or of its path: the feature and encoder caches' key."""
+    src = audio_source(audio)
+    return hashlib.sha256(src if isinstance(src, bytes) else str(src).encode()).hexdigest()
+
+
+def named(uid: str, source) -> str:
+    """How the skip report names a clip whose file is missing: its id, and the path when the id
+    does not say it."""
+    return uid if not isinstance(source, str) or source.endswith(uid) else f"{uid} ({source})"
+
+
+def read_audio(audio, max_seconds: float | None = None) -> np.ndarray:
+    """Decode an undecoded ``Audio`` value: (n_samples,) float32 at 16 kHz.
+
+    Args:
+        max_seconds: refuse audio longer than this (a split prepared lazily, without durations).
+
+    Raises:
+        UnusableAudio: the file is missing, unreadable, empty, NaN/inf or too long.
+    """
+    src = audio_source(audio)
+    if src is None:
+        raise UnusableAudio(UNREADABLE)
+    try:
+        wave = decode_audio(src)
+    except UserError:
+        missing = isinstance(src, str) and not Path(src).exists()
+        raise UnusableAudio(NOT_FOUND if missing else UNREADABLE, src) from None
+    problem = audio_problem(wave)
+    if problem is not None:
+        raise UnusableAudio(problem, src)
+    if max_seconds is not None and wave.shape[0] > max_seconds * SAMPLE_RATE:
+        raise UnusableAudio(f"audio longer than {max_seconds:g} s", src)
+    return wave
+
+
+def header_seconds(audio) -> float:
+    """The audio's duration from its header.
+
+    Raises:
+        UnusableAudio: the file is missing or unreadable.
+    """
+    src = audio_source(audio)
+    try:
+        if src is None:
+            raise ValueError("no audio")
+        return audio_info(src)[1]
+    except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
+        missing = isinstance(src, str) and not Path(src).exists()
+        raise UnusableAudio(NOT_FOUND if missing else UNREADABLE, src) from None
+
+
+def arrow_columns(split, names: list[str]):
+    """``names`` of the ``datasets`` split as one ``pyarrow.Table`` in the split's row order.
+
+    A split selected from another (a carve) maps its rows through an indices table;
+    ``with_format("arrow")[:]`` gathers such rows one slice at a time (25 s and 3 GB for a
+    million), ``Table.take`` in one vectorized call.
+    """
+    table = split.data.table.select(names)
+    indices = getattr(split, "_indices", None)  # datasets' row map of a select(); None: identity
+    return table if indices is None else table.take(indices.column(0))
+
+
+def dictionary_encoded(column) -> tuple[list, np.ndarray]:
+    """(distinct values, each row's index into them) of an Arrow string column (nulls too)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.chunked_array(column), null_encoding="encode")
+    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def column_seconds(column) -> np.ndarray:
+    """A ``duration`` column as float64 seconds, NaN where null.
+
+    Raises:
+        UserError: the column holds no numbers.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        numbers = pc.cast(column, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise UserError(
+            f"data.columns.duration: the duration column holds {column.type}, expected seconds"
+        ) from None
+    return pc.fill_null(numbers, float("nan")).to_numpy()
+
+
+class UtteranceTable(Sequence):
+    """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
+    :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
+
+    Attributes:
+        rows: (n,) int64 row of each utterance in ``split``.
+        language_index: (n,) int16 index into ``languages`` (codes).
+        seconds: (n,) float64 duration, NaN where not known (read when the audio is).
+        n_tokens: (n,) int32 text tokens, or None when the split was prepared lazily (its
+            labels are checked in the workers).
+    """
+
+    def __init__(
+        self,
+        split,
+        name: str,
+        rules: UtteranceRules,
+        *,
+        rows: np.ndarray,
+        languages: list[str],
+        language_index: np.ndarray,
+        seconds: np.ndarray,
+        n_tokens: np.ndarray | None = None,
+    ):
+        self.split, self.name, self.rules = split, name, rules
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.languages = list(languages)
+        self.language_index = np.asarray(language_index, dtype=np.int16)
+        self.seconds = np.asarray(seconds, dtype=np.float64)
+        self.n_tokens = None if n_tokens is None else np.asarray(n_tokens, dtype=np.int32)
+
+    @property
+    def lazy(self) -> bool:
+        """Labels and audio are checked when an item is built (see :func:`utterance_problem`)."""
+        return self.n_tokens is None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.subset(np.arange(len(self))[i])
+        return self.utterance(int(i))
+
+    def subset(self, keep: np.ndarray) -> UtteranceTable:
+        """The utterances at positions (or where the boolean mask) ``keep``, in its order."""
+        return UtteranceTable(
+            self.split,
+            self.name,
+            self.rules,
+            rows=self.rows[keep],
+            languages=self.languages,
+            language_index=self.language_index[keep],
+            seconds=self.seconds[keep],
+            n_tokens=None if self.n_tokens is None else self.n_tokens[keep],
+        )
+
+    def language(self, i: int) -> str:
+        return self.languages[self.language_index[i]]
+
+    def language_counts(self) -> Counter:
+        """Utterances per language code."""
+        counts = np.bincount(self.language_index, minlength=len(self.languages))
+        return Counter({lang: int(n) for lang, n in zip(self.languages, counts, strict=True) if n})
+
+    def prompt_lengths(self) -> np.ndarray:
+        """(n,) int32 tokens of each utterance's prompt (one per language)."""
+        per_language = [len(self.rules.prompt(lang)) for lang in self.languages]
+        return np.asarray(per_language, dtype=np.int32)[self.language_index]
+
+    def uid_of_row(self, record: dict, row: int) -> str:
+        return str(record["id"]) if record.get("id") is not None else f"{self.name}-{row}"
+
+    def uids(self) -> list[str]:
+        """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
+        if "id" not in self.split.column_names:
+            return [f"{self.name}-{r}" for r in self.rows.tolist()]
+        ids = arrow_columns(self.split, ["id"]).column("id")
+        return [str(x) for x in ids.take(self.rows).to_pylist()]
+
+    def record(self, i: int) -> dict:
+        """Utterance ``i``'s row of the split (audio undecoded)."""
+        return self.split[int(self.rows[i])]
+
+    def utterance(self, i: int) -> Utterance:
+        """Utterance ``i``: its row read, its text tokenized."""
+        row = int(self.rows[i])
+        record = self.split[row]
+        language = self.language(i)
+        text = (record["text"] or "").strip()
+        return Utterance(
+            row=row,
+            uid=self.uid_of_row(record, row),
+            language=language,
+            text=text,
+            prompt=self.rules.prompt(language),
+            text_ids=self.rules.text_ids(text),
+            audio_key=audio_key(record["audio"]),
+            seconds=float(self.seconds[i]),
+        )
+
+    def problem(self, u: Utterance) -> str | None:
+        """Why utterance ``u`` of a lazily prepared table cannot be trained on (None: it can, as
+        far as its text and metadata tell)."""
+        return utterance_problem(
+            self.rules, text=u.text, n_prompt=len(u.prompt), n_text=len(u.text_ids),
+            seconds=u.seconds,
+        )  # fmt: skip
