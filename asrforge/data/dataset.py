@@ -183,6 +183,7 @@ def prepare_split(
     texts, langs = split["text"], split["language"]
     if specials.multilingual:
         check_language_tokens(langs, name, specials, keep_langs)
+    check_english_only(langs, name, specials, keep_langs)
     out: list[Utterance] = []
     row = 0
     for batch in split.select_columns(["audio"]).iter(batch_size=256):
@@ -246,6 +247,36 @@ def check_language_tokens(values: list, split: str, specials, keep: set[str] | N
         "vocab build`, or leave it out (data.languages); a value that names no language: give "
         "ISO codes, English names or locales (data.columns.language names the column)"
     )
+
+
+def check_english_only(values: list, split: str, specials, keep: set[str] | None) -> None:
+    """Under an English-only model (``*.en``: its prompt carries no language token), refuse a
+    language other than English (a value of the ``language`` column): its utterances would
+    train under the English prompt, and the bundle would then refuse to transcribe it. A row
+    without a language is English's. Nothing to check for a multilingual model.
+
+    Raises:
+        UserError: naming each such value, its utterance count and the ways to fix it.
+    """
+    if specials.multilingual:
+        return
+    counts = Counter(values)
+    other = {value: n for value, n in counts.items()
+             if value and not is_english(value) and (keep is None or data_language(value) in keep)}  # fmt: skip
+    if not other:
+        return
+    found = ", ".join(_language_value(v, n) for v, n in other.items())
+    raise UserError(
+        f"data: split {split!r}: the model is English-only (its tokenizer has no language "
+        f"tokens), but the data has language {found}: they would train under the English "
+        "prompt. Leave them out (data.languages: [en]) or fine-tune a multilingual model "
+        "(model.pretrained)"
+    )
+
+
+def is_english(value: str | None) -> bool:
+    """Whether a ``language`` value is English (or empty: an English-only model's every row)."""
+    return not value or data_language(value) == "en"
 
 
 def _language_value(value: str | None, n: int) -> str:
