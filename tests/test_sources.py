@@ -296,6 +296,41 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
                         is_main=True)  # fmt: skip
 
 
+def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, caplog):
+    path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
+    full = load_source(DataConfig(path=path, cache_dir=tmp_path / "cache", **data)).splits["train"]
+    run = tmp_path / "run"
+
+    def carve(split, resuming=False):
+        train, held = carve_eval(split, CarveConfig(size=12, seed=0), run_dir=run,
+                                 resuming=resuming, is_main=True, where=str(path))  # fmt: skip
+        return list(held["id" if "id" in held.column_names else "text"])
+
+    held = carve(full)
+    assert carve(full, resuming=True) == held
+    shuffled = full.shuffle(seed=1)  # the same rows, in another order: other rows held out
+    with pytest.raises(UserError, match=r"eval_carve\.json was carved from .*12 held-out"):
+        carve(shuffled, resuming=True)
+    # the held-out rows where they were, the others swapped: still not the split carved
+    rows = np.flatnonzero(~np.isin(np.asarray(full["id"]), held))
+    order = np.arange(len(full))
+    order[[rows[0], rows[1]]] = order[[rows[1], rows[0]]]
+    with pytest.raises(UserError, match=r"eval_carve\.json.*other rows are reordered"):
+        carve(full.select(order), resuming=True)
+    # without ids, rows are named by their audio's path and text
+    no_ids = full.remove_columns("id")
+    carve(no_ids)
+    with pytest.raises(UserError, match=r"eval_carve\.json was carved from other data"):
+        carve(no_ids.shuffle(seed=1), resuming=True)
+    # a record an older asrforge wrote (rows, no fingerprint) still resumes, with a warning
+    record = json.loads((run / CARVE_FILE).read_text())
+    old = {k: record[k] for k in ("size", "seed", "train_rows", "rows")}
+    (run / CARVE_FILE).write_text(json.dumps(old))
+    with caplog.at_level("WARNING", logger="asrforge"):
+        assert carve(full, resuming=True) == [full["id"][i] for i in old["rows"]]
+    assert "records no fingerprint" in caplog.text
+
+
 def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips):
     root = tmp_path / "corpus"
     (root / clips[5]["file"]).unlink()

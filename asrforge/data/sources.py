@@ -23,6 +23,7 @@ run reads them back.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import re
@@ -477,11 +478,14 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
                where: str):  # fmt: skip
     """(train without the held-out rows, the held-out rows), disjoint.
 
-    A run records the rows in ``run_dir/eval_carve.json``; resuming reads them back (a changed
-    ``data.eval_carve`` does not move rows between the splits mid-run).
+    A run records the rows in ``run_dir/eval_carve.json`` with fingerprints of the held-out rows'
+    keys and of the whole split's (:func:`row_keys`); resuming reads the rows back (a changed
+    ``data.eval_carve`` does not move rows between the splits mid-run) once the fingerprints
+    show the data is the one the run was carved from.
 
     Raises:
-        UserError: resuming on a training split of another size than the recorded one.
+        UserError: resuming on a training split other than the recorded one (another size, or
+            its rows reordered or replaced).
     """
     from asrforge.io.atomic import atomic_write_text
 
@@ -489,28 +493,79 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     rows = None
     if resuming and record.exists():
         saved = json.loads(record.read_text())
-        if saved["train_rows"] != len(train):
-            raise UserError(
-                f"data.eval_carve: {record} held out rows of a {saved['train_rows']}-row training "
-                f"split; {where} has {len(train)} rows now: resume on the data the run started with"
-            )
+        rows = np.asarray(saved["rows"], dtype=np.int64)
+        check_carved_data(saved, train, rows, record=record, where=where)
         if (saved["size"], saved["seed"]) != (carve.size, carve.seed):
             log.warning("data.eval_carve: the run keeps the split it started with (size %g, seed "
                         "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
-        rows = np.asarray(saved["rows"], dtype=np.int64)
     if rows is None:
         rows = carve_rows(len(train), carve)
         if is_main:
+            keys = row_keys(train)
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(record, json.dumps({
                 "size": carve.size, "seed": carve.seed, "train_rows": len(train),
-                "rows": rows.tolist(),
+                "rows": rows.tolist(), "held_out_sha256": _keys_digest(keys[i] for i in rows),
+                "split_sha256": _keys_digest(keys),
             }))  # fmt: skip
     held = np.zeros(len(train), dtype=bool)
     held[rows] = True
     log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
              len(rows), len(train), carve.seed, record)  # fmt: skip
     return train.select(np.flatnonzero(~held)), train.select(rows)
+
+
+def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, where: str) -> None:
+    """Refuse to resume a carve (``saved``: ``eval_carve.json``) on other data: the recorded row
+    numbers would hold out other rows, some of them already trained on.
+
+    Raises:
+        UserError: naming ``record`` and what changed: the row count, the held-out rows, or the
+            order or content of the rest.
+    """
+    if saved["train_rows"] != len(train):
+        raise UserError(
+            f"data.eval_carve: {record} held out rows of a {saved['train_rows']}-row training "
+            f"split; {where} has {len(train)} rows now: resume on the data the run started with"
+        )
+    if "split_sha256" not in saved:  # carved before fingerprints were recorded
+        log.warning("data.eval_carve: %s records no fingerprint of the data (an older asrforge "
+                    "wrote it): only the row count (%d) is checked", record, len(train))  # fmt: skip
+        return
+    keys = row_keys(train)
+    if _keys_digest(keys[i] for i in rows) != saved["held_out_sha256"]:
+        changed = f"the {len(rows)} held-out rows (by id, else audio path and text) are others"
+    elif _keys_digest(keys) != saved["split_sha256"]:
+        changed = "the held-out rows are the same, but the other rows are reordered or replaced"
+    else:
+        return
+    raise UserError(
+        f"data.eval_carve: {record} was carved from other data than {where} holds now: {changed}, "
+        "so the evaluation split would differ or hold rows already trained on. Resume on the data "
+        "the run started with, or start a new run (another output_dir)"
+    )
+
+
+def row_keys(split) -> list[str]:
+    """What names each row of a standardized split: its ``id``, else its audio's path and its
+    text (tab-separated)."""
+    if "id" in split.column_names:
+        return [str(x) for x in split["id"]]
+    import pyarrow.compute as pc
+
+    paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
+    for batch in split.select_columns(["audio"]).with_format("arrow").iter(batch_size=4096):
+        paths += pc.struct_field(batch.column("audio"), "path").to_pylist()
+    texts = split["text"] if "text" in split.column_names else [None] * len(split)
+    return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
+
+
+def _keys_digest(keys) -> str:
+    h = hashlib.sha256()
+    for key in keys:
+        h.update(key.encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir")
