@@ -404,8 +404,10 @@ class DataConfig(Section):
     out of the training split."""
     eval_carve: CarveConfig | None = None
     """Hold the evaluation split out of the training split (for data without one), e.g.
-    ``{size: 0.05, seed: 0}``. The held-out rows are recorded in the run directory
-    (``eval_carve.json``): a resumed run evaluates on the same rows and trains on the rest."""
+    ``{size: 0.05, seed: 0}``, stratified by language (each language with two rows or more
+    gets its share, at least one). The held-out rows are recorded in the run directory
+    (``eval_carve.json``, with fingerprints of the data): a resumed run evaluates on the same
+    rows and trains on the rest, and refuses data that changed."""
     languages: list[str] | None = None
     """Keep only utterances of these languages; default all. Codes, English names and locales
     are resolved alike here and in the data's ``language`` column (``en``, ``English``,

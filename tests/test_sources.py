@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,13 @@ from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
 from asrforge.data.dataset import load_arrow, prepare_split
-from asrforge.data.sources import CARVE_FILE, carve_eval, load_source, training_splits
+from asrforge.data.sources import (
+    CARVE_FILE,
+    carve_eval,
+    carve_rows,
+    load_source,
+    training_splits,
+)
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.conftest import tiny_config
@@ -331,6 +338,38 @@ def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, cap
     assert "records no fingerprint" in caplog.text
 
 
+def test_a_carve_holds_out_rows_of_every_language_in_proportion():
+    en_sv = ["en"] * 20 + ["sv"] * 20
+    held = carve_rows(en_sv, CarveConfig(size=1))  # one row asked: one of each language
+    assert sorted(en_sv[i] for i in held) == ["en", "sv"]
+    skewed = ["en"] * 36 + ["sv"] * 3 + ["fi"] * 1
+    for seed in range(3):
+        held = carve_rows(skewed, CarveConfig(size=0.25, seed=seed))
+        by_lang = Counter(skewed[i] for i in held)
+        assert by_lang == {"en": 9, "sv": 1}  # fi's one row trains
+        assert list(held) == list(carve_rows(skewed, CarveConfig(size=0.25, seed=seed)))
+    # one language: the rows the unstratified carve drew (runs carved before keep their split)
+    old = np.sort(np.random.default_rng(4).permutation(60)[:15])
+    assert list(carve_rows(["en"] * 60, CarveConfig(size=0.25, seed=4))) == list(old)
+    assert list(carve_rows(60, CarveConfig(size=0.25, seed=4))) == list(old)
+    with pytest.raises(UserError, match="every language .* has one row only"):
+        carve_rows(["en", "sv", "fi"], CarveConfig(size=1))
+
+
+def test_a_carved_split_names_the_languages_it_has_no_rows_of(tmp_path, caplog):
+    from datasets import Dataset
+
+    langs = ["en"] * 10 + ["sv"] * 10 + ["Finnish"]
+    train = Dataset.from_dict({"id": [f"u{i}" for i in range(21)], "text": ["a"] * 21,
+                               "language": langs})  # fmt: skip
+    with caplog.at_level("INFO", logger="asrforge"):
+        _, held = carve_eval(train, CarveConfig(size=2), run_dir=tmp_path, resuming=False,
+                             is_main=True, where="data")  # fmt: skip
+    assert sorted(held["language"]) == ["en", "sv"]
+    assert "held out by language: en 1/10, fi 0/1, sv 1/10" in caplog.text
+    assert "language(s) fi have no evaluation rows (fi: 1 row(s))" in caplog.text
+
+
 def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips):
     root = tmp_path / "corpus"
     (root / clips[5]["file"]).unlink()
@@ -361,7 +400,8 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
         "data.eval_carve.seed=9",
     ]
     assert main([*args, "--resume"]) == 0
-    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12
+    held_missing = (run / "skipped-validation.json").exists()  # the missing clip: in either
+    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12 - held_missing
     # export reads the CSV too: its languages and the log-mel statistics of 16 training clips
     from asrforge.bundle.export import export_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG

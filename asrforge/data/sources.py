@@ -16,7 +16,7 @@ or file paths; relative paths are made absolute against the manifest's directory
 ``data.audio_dir``) here, so the audio is read from where it lies, not copied.
 
 Without an evaluation split, ``data.eval_carve`` holds one out of the training split
-(:func:`carve_rows`); the rows are written to the run directory (``eval_carve.json``) and a resumed
+(:func:`carve_rows`, stratified by language); the rows are written to the run directory (``eval_carve.json``) and a resumed
 run reads them back.
 """
 
@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -458,20 +459,51 @@ def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: 
     return splits[cfg.train_split], splits[cfg.eval_split]
 
 
-def carve_rows(n_rows: int, carve: CarveConfig) -> np.ndarray:
-    """The rows (sorted) of an ``n_rows`` training split held out for evaluation: a pure function
-    of (``n_rows``, ``carve.size``, ``carve.seed``).
+def carve_rows(languages: list[str] | int, carve: CarveConfig) -> np.ndarray:
+    """The rows (sorted) of a training split held out for evaluation, stratified by language: a
+    pure function of (the rows' languages, ``carve.size``, ``carve.seed``).
+
+    Each language gets its share of the held-out rows (largest remainders), at least one when it
+    has two rows or more, and keeps at least one training row; a language of one row is not held
+    out. With one language (or an ``int``: that many rows of one) the draw is the unstratified one.
+
+    Args:
+        languages: the language code of each row.
 
     Raises:
         UserError: the carve would leave no training rows or hold out none.
     """
+    langs = np.zeros(languages, dtype=np.int64) if isinstance(languages, int) else np.asarray(languages)
+    n_rows = len(langs)
     k = round(carve.size * n_rows) if carve.size < 1 else int(carve.size)
     if not 0 < k < n_rows:
         raise UserError(
             f"data.eval_carve.size: {carve.size:g} of {n_rows} training rows holds out "
             f"{k}: it must leave at least one row on each side"
         )
-    return np.sort(np.random.default_rng(carve.seed).permutation(n_rows)[:k])
+    groups = {lang: np.flatnonzero(langs == lang) for lang in sorted(set(langs.tolist()))}
+    shares = language_shares({lang: len(rows) for lang, rows in groups.items()}, k)
+    rng = np.random.default_rng(carve.seed)
+    held = np.concatenate([rng.permutation(rows)[: shares[lang]] for lang, rows in groups.items()])
+    if not len(held):
+        raise UserError(
+            f"data.eval_carve: every language of the {n_rows} training rows has one row only: "
+            "none can be held out and still train (give an evaluation split, data.eval_split)"
+        )
+    return np.sort(held)
+
+
+def language_shares(counts: dict[str, int], k: int) -> dict[str, int]:
+    """How many of ``k`` held-out rows each language gives (``counts``: its rows): in proportion
+    (largest remainders, ties in the order of ``counts``), at least 1 and at most all but one of
+    its rows."""
+    total = sum(counts.values())
+    exact = {lang: k * n / total for lang, n in counts.items()}
+    shares = {lang: int(x) for lang, x in exact.items()}
+    by_remainder = sorted(counts, key=lambda lang: -(exact[lang] - shares[lang]))
+    for lang in by_remainder[: k - sum(shares.values())]:
+        shares[lang] += 1
+    return {lang: min(max(shares[lang], 1), n - 1) for lang, n in counts.items()}
 
 
 def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_main: bool,
@@ -499,7 +531,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
             log.warning("data.eval_carve: the run keeps the split it started with (size %g, seed "
                         "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
     if rows is None:
-        rows = carve_rows(len(train), carve)
+        rows = carve_rows(_row_languages(train), carve)
         if is_main:
             keys = row_keys(train)
             record.parent.mkdir(parents=True, exist_ok=True)
@@ -512,7 +544,31 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     held[rows] = True
     log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
              len(rows), len(train), carve.seed, record)  # fmt: skip
+    _log_carve_languages(_row_languages(train), rows)
     return train.select(np.flatnonzero(~held)), train.select(rows)
+
+
+def _row_languages(split) -> list[str]:
+    """The language code of each row (``""`` for none), as training resolves them."""
+    values = split["language"] if "language" in split.column_names else [None] * len(split)
+    codes = {v: (find_language_code(str(v)) or str(v)) if v else "" for v in set(values)}
+    return [codes[v] for v in values]
+
+
+def _log_carve_languages(languages: list[str], rows: np.ndarray) -> None:
+    """Say how many rows of each language are held out; warn about languages with none (one
+    row only, or a carve recorded before it was stratified)."""
+    total = Counter(languages)
+    held = Counter(languages[i] for i in rows)
+    if len(total) < 2:
+        return
+    log.info("data.eval_carve: held out by language: %s",
+             ", ".join(f"{lang or 'none'} {held[lang]}/{n}" for lang, n in sorted(total.items())))  # fmt: skip
+    without = sorted(lang or "none" for lang in total if not held[lang])
+    if without:
+        log.warning("data.eval_carve: language(s) %s have no evaluation rows (%s): their WER is not "
+                    "measured", ", ".join(without),
+                    ", ".join(f"{lang or 'none'}: {total[lang]} row(s)" for lang in total if not held[lang]))  # fmt: skip
 
 
 def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, where: str) -> None:
