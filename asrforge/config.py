@@ -997,7 +997,12 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
                 else:
                     lines.append(f"{path}: {piece}")
         else:
-            lines.append(f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}")
+            line = f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}"
+            # a TrainingArguments name that is a section here (optim=adamw_torch): say so
+            hf_value = root.__module__ == __name__ and len(loc) == 1 and isinstance(got, str)
+            if hf_value and (hint := hf_hint(loc[0])):
+                line += f" — {hint}"
+            lines.append(line)
     return lines
 
 
