@@ -268,6 +268,17 @@ def test_a_manifest_of_segments_is_refused(tmp_path, clips):
         load_source(cfg)
 
 
+@pytest.mark.parametrize("bad", [0, 4])
+def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad):
+    lines = [json.dumps({"audio_filepath": r["file"], "text": r["text"], "lang": r["language"]})
+             for r in clips[:8]]  # fmt: skip
+    lines[bad] = lines[bad].replace(', "text"', ' "text"')  # a comma left out
+    manifest = tmp_path / "corpus" / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"m\.jsonl line {bad + 1}: not JSON \(Expecting ','"):
+        load_source(DataConfig(path=manifest, cache_dir=tmp_path / "cache"))
+
+
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)

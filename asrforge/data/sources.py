@@ -231,10 +231,32 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
         cause = e.__cause__ or e
+        bad = _bad_json_line(files) if fmt == "json" else None
+        if bad is not None:  # pyarrow counts rows of a block from 0: "row 1" of another line
+            raise UserError(f"data.path: {bad}") from None
         raise UserError(
             f"data.path: cannot read {', '.join(map(str, files))} as {fmt}: "
             f"{type(cause).__name__}: {cause}"
         ) from None
+
+
+def _bad_json_line(files: list[Path]) -> str | None:
+    """``FILE line N: not JSON (why)`` for the first line of JSON-lines ``files`` that is not a
+    JSON object, or None (none, or a file that is one JSON document rather than JSON lines).
+    Read only after the loader failed, to name the line as an editor numbers it."""
+    for file in files:
+        whole = Path(file).suffix != ".jsonl"  # .json may be one document: not told apart
+        with open(file, "rb") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    return None if n == 1 and whole else f"{file} line {n}: not JSON ({e})"
+                if not isinstance(row, dict):
+                    return None if n == 1 and whole else f"{file} line {n}: not a JSON object"
+    return None
 
 
 def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
@@ -473,7 +495,7 @@ def carve_rows(languages: list[str] | int, carve: CarveConfig) -> np.ndarray:
     Raises:
         UserError: the carve would leave no training rows or hold out none.
     """
-    langs = np.zeros(languages, dtype=np.int64) if isinstance(languages, int) else np.asarray(languages)
+    langs = np.zeros(languages, dtype=int) if isinstance(languages, int) else np.asarray(languages)
     n_rows = len(langs)
     k = round(carve.size * n_rows) if carve.size < 1 else int(carve.size)
     if not 0 < k < n_rows:
