@@ -197,6 +197,26 @@ def test_fine_tuning_an_english_only_model_on_swedish_stops_before_training(tmp_
     assert not list((tmp_path / "run").rglob("step-*"))  # not a step trained
 
 
+def test_rows_without_a_language_are_named_with_the_ways_to_give_one(tmp_path, tones_dir):
+    def blank_two(name, rows):
+        rows["language"][3] = rows["language"][7] = None if name == "train" else "en"
+
+    split = load_arrow(variant(tones_dir, tmp_path / "d", blank_two))["train"]
+    tok = tokenizer_without()
+    with pytest.raises(UserError) as e:
+        prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
+    message = str(e.value)
+    ids = split["id"]
+    assert f"2 utterance(s) give no language (ids {ids[3]}, {ids[7]})" in message
+    assert "data.language" in message and "data.columns.language" in message
+    assert "none given" not in message and "{lg: sw}" not in message
+    # with a language that has no token as well, both are said
+    split = split.map(lambda r, i: {"language": "Klingon" if i == 0 else r["language"]},
+                      with_indices=True)  # fmt: skip
+    with pytest.raises(UserError, match=r"give no language .*; and language 'Klingon' \(1 utt"):
+        prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
+
+
 def test_language_tokens_must_name_known_languages_with_a_token():
     tok = tokenizer_without()
     specials = SpecialTokens.from_tokenizer(tok, True, {"Ganda": "Swahili"})

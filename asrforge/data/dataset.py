@@ -182,7 +182,7 @@ def prepare_split(
     ids = split["id"] if "id" in split.column_names else [f"{name}-{i}" for i in range(len(split))]
     texts, langs = split["text"], split["language"]
     if specials.multilingual:
-        check_language_tokens(langs, name, specials, keep_langs)
+        check_language_tokens(langs, name, specials, keep_langs, ids)
     check_english_only(langs, name, specials, keep_langs)
     out: list[Utterance] = []
     row = 0
@@ -225,12 +225,18 @@ def prepare_split(
     return out, report
 
 
-def check_language_tokens(values: list, split: str, specials, keep: set[str] | None) -> None:
+def check_language_tokens(
+    values: list, split: str, specials, keep: set[str] | None, ids: list | None = None
+) -> None:
     """Refuse a language (a value of the ``language`` column) the tokenizer has no token for:
     training would otherwise drop every one of its utterances.
 
+    Args:
+        ids: the rows' ids (as ``values``), to name the rows that give no language.
+
     Raises:
-        UserError: naming each such value, its utterance count and the ways to fix it.
+        UserError: naming each such value, its utterance count and the ways to fix it; rows
+            without a language by their ids.
     """
     counts = Counter(values)
     tokenless: dict[str | None, int] = {}
@@ -240,12 +246,31 @@ def check_language_tokens(values: list, split: str, specials, keep: set[str] | N
             tokenless[value] = n
     if not tokenless:
         return
-    found = ", ".join(_language_value(v, n) for v, n in tokenless.items())
-    raise UserError(
-        f"data: split {split!r}: language {found} has no token in this tokenizer. Map it to an "
-        "existing token (data.language_tokens, e.g. {lg: sw}), add its token with `asrforge "
-        "vocab build`, or leave it out (data.languages); a value that names no language: give "
-        "ISO codes, English names or locales (data.columns.language names the column)"
+    problems = []
+    unnamed = sum(n for v, n in tokenless.items() if not v)
+    if unnamed:
+        problems.append(_no_language(values, unnamed, ids))
+    found = ", ".join(_language_value(v, n) for v, n in tokenless.items() if v)
+    if found:
+        problems.append(
+            f"language {found} has no token in this tokenizer. Map it to an existing token "
+            "(data.language_tokens, e.g. {lg: sw}), add its token with `asrforge vocab build`, "
+            "or leave it out (data.languages); a value that names no language: give ISO codes, "
+            "English names or locales (data.columns.language names the column)"
+        )
+    raise UserError(f"data: split {split!r}: " + "; and ".join(problems))
+
+
+def _no_language(values: list, n: int, ids: list | None) -> str:
+    """What to say of the ``n`` rows whose ``language`` cell is empty."""
+    which = ""
+    if ids is not None:
+        named = [str(ids[i]) for i, v in enumerate(values) if not v]
+        which = f" (ids {', '.join(named[:10])}{f' ... (+{n - 10})' if n > 10 else ''})"
+    return (
+        f"{n} utterance(s) give no language{which}. Fill in their language cells, set "
+        "data.language (e.g. data.language=sw) when all of the data is one language, or name "
+        "the column that holds it with data.columns.language"
     )
 
 
@@ -279,9 +304,7 @@ def is_english(value: str | None) -> bool:
     return not value or data_language(value) == "en"
 
 
-def _language_value(value: str | None, n: int) -> str:
-    if not value:
-        return f"none given ({n} utterances)"
+def _language_value(value: str, n: int) -> str:
     code = data_language(value)
     return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"
 
