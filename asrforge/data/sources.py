@@ -544,6 +544,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     from asrforge.io.atomic import atomic_write_text
 
     record = Path(run_dir) / CARVE_FILE
+    languages = _row_languages(train)
     rows = None
     if resuming and record.exists():
         saved = json.loads(record.read_text())
@@ -553,7 +554,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
             log.warning("data.eval_carve: the run keeps the split it started with (size %g, seed "
                         "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
     if rows is None:
-        rows = carve_rows(_row_languages(train), carve)
+        rows = carve_rows(languages, carve)
         if is_main:
             keys = row_keys(train)
             record.parent.mkdir(parents=True, exist_ok=True)
@@ -566,7 +567,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
     held[rows] = True
     log.info("data.eval_carve: %d of %d training rows held out for evaluation (seed %d, %s)",
              len(rows), len(train), carve.seed, record)  # fmt: skip
-    _log_carve_languages(_row_languages(train), rows)
+    _log_carve_languages(languages, rows)
     return train.select(np.flatnonzero(~held)), train.select(rows)
 
 
