@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from asrforge.config_hf import flag_hint
 from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 from asrforge.io.atomic import describe_os_error, directory_problem
@@ -161,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in extra if "=" in a and not a.startswith("-")]
     unknown = [a for a in extra if a not in overrides]
     if unknown or (overrides and not getattr(args, "accepts_overrides", False)):
-        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
+        flags = [a for a in unknown if a.startswith("--")]
+        takes_overrides = getattr(args, "accepts_overrides", False)
+        hint = f" ({flag_hint(flags[0])})" if flags and takes_overrides else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}{hint}")
     args.overrides = overrides
     try:
         return int(args.func(args) or 0)

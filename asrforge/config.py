@@ -408,8 +408,10 @@ class DataConfig(Section):
     out of the training split."""
     eval_carve: CarveConfig | None = None
     """Hold the evaluation split out of the training split (for data without one), e.g.
-    ``{size: 0.05, seed: 0}``. The held-out rows are recorded in the run directory
-    (``eval_carve.json``): a resumed run evaluates on the same rows and trains on the rest."""
+    ``{size: 0.05, seed: 0}``, stratified by language (each language with two rows or more
+    gets its share, at least one). The held-out rows are recorded in the run directory
+    (``eval_carve.json``, with fingerprints of the data): a resumed run evaluates on the same
+    rows and trains on the rest, and refuses data that changed."""
     languages: list[str] | None = None
     """Keep only utterances of these languages; default all. Codes, English names and locales
     are resolved alike here and in the data's ``language`` column (``en``, ``English``,
@@ -999,7 +1001,12 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
                 else:
                     lines.append(f"{path}: {piece}")
         else:
-            lines.append(f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}")
+            line = f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}"
+            # a TrainingArguments name that is a section here (optim=adamw_torch): say so
+            hf_value = root.__module__ == __name__ and len(loc) == 1 and isinstance(got, str)
+            if hf_value and (hint := hf_hint(loc[0])):
+                line += f" — {hint}"
+            lines.append(line)
     return lines
 
 

@@ -39,6 +39,8 @@ HF_NAMES: dict[str, str] = {
     "save_strategy": "checkpoint.save_on_eval and checkpoint.checkpoint_every",
     "save_total_limit": "checkpoint.save_total_limit",
     "load_best_model_at_end": "nothing to set: checkpoints/best is always kept and export uses it",
+    "optim": "nothing to set: the optimizer is always AdamW (torch's); its settings are "
+    "optim.lr, optim.betas, optim.eps, optim.weight_decay, optim.schedule",
     "metric_for_best_model": "selection.policy (by_wer, by_loss, combined_gate) and "
     "checkpoint.keep_best[].metric",
     "greater_is_better": "checkpoint.keep_best[].mode (min or max)",
@@ -49,10 +51,10 @@ HF_NAMES: dict[str, str] = {
     "generation_max_length": "eval.max_new_tokens",
     "report_to": "callbacks: [{name: tensorboard}, {name: wandb}, {name: mlflow}, ...]",
     "logging_dir": "output_dir (tensorboard/ is written under it)",
-    "resume_from_checkpoint": "the command line: asrforge train CONFIG --resume",
+    "resume_from_checkpoint": "--resume on the command line (asrforge train CONFIG --resume)",
     "output_dir": "output_dir (at the top level)",
     "model_name_or_path": "model.pretrained (a local directory; nothing is downloaded)",
-    "push_to_hub": "nothing: asrforge never uploads; export a bundle and upload it yourself",
+    "push_to_hub": "nothing to set: asrforge never uploads; export a bundle and upload it yourself",
     # WhisperConfig's SpecAugment switches, which users set on the model
     "apply_spec_augment": "data.augment.spec_augment ({} for LibriSpeech's LD policy)",
     "mask_time_prob": "data.augment.spec_augment.time_masks and time_width (counts, not a "
@@ -63,7 +65,24 @@ HF_NAMES: dict[str, str] = {
 }
 
 
+NOTHING = "nothing to set: "
+"""How a table entry starts when asrforge has no setting for the name (it says why)."""
+
+
 def hf_hint(name: str) -> str | None:
     """The hint for a Hugging Face argument name, or None when ``name`` is not one."""
     where = HF_NAMES.get(name)
-    return None if where is None else f"Hugging Face's {name}; asrforge calls this {where}"
+    if where is None:
+        return None
+    if where.startswith(NOTHING):
+        return f"Hugging Face's {name} has no asrforge setting: {where.removeprefix(NOTHING)}"
+    return f"Hugging Face's {name}; asrforge calls this {where}"
+
+
+def flag_hint(flag: str) -> str:
+    """The hint for a command-line flag where asrforge takes a ``key=value`` override
+    (``--learning_rate`` -> ``optim.lr=...``)."""
+    name = flag.lstrip("-").partition("=")[0].replace("-", "_")
+    hint = hf_hint(name)
+    said = f"config overrides are key=value without dashes (e.g. optim.lr=1e-5), not {flag}"
+    return f"{said}; {hint}" if hint else said

@@ -447,7 +447,12 @@ class Selector:
 
 
 def build_selector(
-    cfg: SelectionConfig, language: str | None, partial: bool, guard: GuardConfig | None = None
+    cfg: SelectionConfig,
+    language: str | None,
+    partial: bool,
+    guard: GuardConfig | None = None,
+    *,
+    trains: str | None = None,
 ) -> Selector:
     """The selector for a run: policy, patience and step cap from config and language table.
 
@@ -457,6 +462,8 @@ def build_selector(
         partial: only part of the model trains (e.g. a frozen encoder): default patience 3,
             else 5.
         guard: the ``eval.guard`` section: every save must keep the guard within its tolerance.
+        trains: what trains, as the reason for the default patience says it (default: "part of
+            the model trains" or "the whole model trains", by ``partial``).
 
     Raises:
         UserError: no language, an unknown language, or an invalid group table (ConfigError).
@@ -493,7 +500,8 @@ def build_selector(
         parts.append(f"patience {patience} (selection.patience)")
     else:
         patience = PATIENCE_PARTIAL if partial else PATIENCE_FULL
-        trains = "part of the model trains" if partial else "the whole model trains"
+        if trains is None:
+            trains = "part of the model trains" if partial else "the whole model trains"
         parts.append(f"patience {patience} ({trains})")
 
     policy: Policy

@@ -57,3 +57,30 @@ def test_config_hf_lists_the_table(capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(HF_NAMES)
     assert any(re.fullmatch(r"learning_rate +optim\.lr", line) for line in out)
+
+
+def test_names_asrforge_has_no_setting_for_say_so_in_plain_words():
+    for name in ("load_best_model_at_end", "predict_with_generate", "push_to_hub"):
+        with pytest.raises(ConfigError) as e:
+            load_config(ROOT / "configs" / "tiny.yaml", [f"{name}=true"])
+        (line,) = e.value.problems
+        assert f"Hugging Face's {name} has no asrforge setting: " in line
+        assert "calls this nothing" not in line
+
+
+def test_optim_given_an_optimizer_name_says_asrforge_trains_with_adamw():
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs" / "tiny.yaml", ["optim=adamw_torch"])
+    (line,) = e.value.problems
+    assert line.startswith("optim: input should be a valid dictionary")
+    assert "the optimizer is always AdamW" in line and "optim.lr, optim.betas" in line
+
+
+@pytest.mark.parametrize("flags", [["--learning_rate", "1e-5"], ["--learning-rate=1e-5"]])
+def test_a_flag_style_override_says_overrides_are_key_value(flags, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", str(ROOT / "configs" / "tiny.yaml"), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "config overrides are key=value without dashes" in err
+    assert "Hugging Face's learning_rate; asrforge calls this optim.lr" in err

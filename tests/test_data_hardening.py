@@ -160,6 +160,63 @@ def test_cantonese_is_selected_as_cantonese_and_decoded_with_zh_without_a_yue_to
     assert "cantonese" in selector.why and "group A" in selector.why
 
 
+def swedish_half(_split, rows):
+    """Every utterance not in English becomes Swedish (the tones are English and Spanish)."""
+    rows["language"] = ["en" if x == "en" else "sv-SE" for x in rows["language"]]
+
+
+def test_an_english_only_model_refuses_other_languages_naming_them(tmp_path, tones_dir):
+    split = load_arrow(variant(tones_dir, tmp_path / "d", swedish_half))["train"]
+    n_sv = sum(x == "sv-SE" for x in split["language"])
+    tok = tokenizer_without()
+    english_only = SpecialTokens.from_tokenizer(tok, False)
+    with pytest.raises(UserError, match=rf"English-only.*'sv-SE' \({n_sv} utterances, code 'sv'\)"):
+        prepare(split, tok, english_only)
+    with pytest.raises(UserError, match=r"data\.languages: \[en\]\) or fine-tune a multilingual"):
+        prepare(split, tok, english_only)
+    utts, report = prepare(split, tok, english_only, languages=["English"])  # Swedish left out
+    assert len(utts) == len(split) - n_sv and report.n_skipped == 0
+    assert {u.language for u in utts} == {"en"}
+
+
+def test_fine_tuning_an_english_only_model_on_swedish_stops_before_training(tmp_path, tones_dir):
+    from asrforge.model.build import build_model, build_tokenizer
+
+    base = tiny_config(tmp_path / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    pretrained = tmp_path / "tiny-en"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(pretrained))
+    tokenizer.save_pretrained(str(pretrained))
+    gen = pretrained / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    data = variant(tones_dir, tmp_path / "d", swedish_half)
+    cfg = tiny_config(tmp_path / "run", data, model={"pretrained": str(pretrained)},
+                      train={"max_steps": 1, "log_every": 1}, eval={"eval_steps": None})  # fmt: skip
+    with pytest.raises(UserError, match=r"English-only.*'sv-SE' \(\d+ utterances"):
+        fit(cfg)
+    assert not list((tmp_path / "run").rglob("step-*"))  # not a step trained
+
+
+def test_rows_without_a_language_are_named_with_the_ways_to_give_one(tmp_path, tones_dir):
+    def blank_two(name, rows):
+        rows["language"][3] = rows["language"][7] = None if name == "train" else "en"
+
+    split = load_arrow(variant(tones_dir, tmp_path / "d", blank_two))["train"]
+    tok = tokenizer_without()
+    with pytest.raises(UserError) as e:
+        prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
+    message = str(e.value)
+    ids = split["id"]
+    assert f"2 utterance(s) give no language (ids {ids[3]}, {ids[7]})" in message
+    assert "data.language" in message and "data.columns.language" in message
+    assert "none given" not in message and "{lg: sw}" not in message
+    # with a language that has no token as well, both are said
+    split = split.map(lambda r, i: {"language": "Klingon" if i == 0 else r["language"]},
+                      with_indices=True)  # fmt: skip
+    with pytest.raises(UserError, match=r"give no language .*; and language 'Klingon' \(1 utt"):
+        prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
+
+
 def test_language_tokens_must_name_known_languages_with_a_token():
     tok = tokenizer_without()
     specials = SpecialTokens.from_tokenizer(tok, True, {"Ganda": "Swahili"})

@@ -62,6 +62,7 @@ def test_allowed_changes_are_logged_and_the_run_continues(run, capsys):
     assert code == 0
     assert "resume: config changed since step-000003" in err
     assert "optim.lr: 0.003 -> 0.002" in err and "train.max_steps: 3 -> 4" in err
+    assert "vocab_size" not in err  # resolved when the model was built, not changed by the user
     assert verify(out / "checkpoints" / "step-000004")["step"] == 4
     assert "max_steps: 4" in (out / "config.yaml").read_text()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,13 @@ from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
 from asrforge.data.dataset import load_arrow, prepare_split
-from asrforge.data.sources import CARVE_FILE, carve_eval, load_source, training_splits
+from asrforge.data.sources import (
+    CARVE_FILE,
+    carve_eval,
+    carve_rows,
+    load_source,
+    training_splits,
+)
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.conftest import tiny_config
@@ -261,6 +268,17 @@ def test_a_manifest_of_segments_is_refused(tmp_path, clips):
         load_source(cfg)
 
 
+@pytest.mark.parametrize("bad", [0, 4])
+def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad):
+    lines = [json.dumps({"audio_filepath": r["file"], "text": r["text"], "lang": r["language"]})
+             for r in clips[:8]]  # fmt: skip
+    lines[bad] = lines[bad].replace(', "text"', ' "text"')  # a comma left out
+    manifest = tmp_path / "corpus" / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"m\.jsonl line {bad + 1}: not JSON \(Expecting ','"):
+        load_source(DataConfig(path=manifest, cache_dir=tmp_path / "cache"))
+
+
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
@@ -296,6 +314,73 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
                         is_main=True)  # fmt: skip
 
 
+def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, caplog):
+    path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
+    full = load_source(DataConfig(path=path, cache_dir=tmp_path / "cache", **data)).splits["train"]
+    run = tmp_path / "run"
+
+    def carve(split, resuming=False):
+        train, held = carve_eval(split, CarveConfig(size=12, seed=0), run_dir=run,
+                                 resuming=resuming, is_main=True, where=str(path))  # fmt: skip
+        return list(held["id" if "id" in held.column_names else "text"])
+
+    held = carve(full)
+    assert carve(full, resuming=True) == held
+    shuffled = full.shuffle(seed=1)  # the same rows, in another order: other rows held out
+    with pytest.raises(UserError, match=r"eval_carve\.json was carved from .*12 held-out"):
+        carve(shuffled, resuming=True)
+    # the held-out rows where they were, the others swapped: still not the split carved
+    rows = np.flatnonzero(~np.isin(np.asarray(full["id"]), held))
+    order = np.arange(len(full))
+    order[[rows[0], rows[1]]] = order[[rows[1], rows[0]]]
+    with pytest.raises(UserError, match=r"eval_carve\.json.*other rows are reordered"):
+        carve(full.select(order), resuming=True)
+    # without ids, rows are named by their audio's path and text
+    no_ids = full.remove_columns("id")
+    carve(no_ids)
+    with pytest.raises(UserError, match=r"eval_carve\.json was carved from other data"):
+        carve(no_ids.shuffle(seed=1), resuming=True)
+    # a record an older asrforge wrote (rows, no fingerprint) still resumes, with a warning
+    record = json.loads((run / CARVE_FILE).read_text())
+    old = {k: record[k] for k in ("size", "seed", "train_rows", "rows")}
+    (run / CARVE_FILE).write_text(json.dumps(old))
+    with caplog.at_level("WARNING", logger="asrforge"):
+        assert carve(full, resuming=True) == [full["id"][i] for i in old["rows"]]
+    assert "records no fingerprint" in caplog.text
+
+
+def test_a_carve_holds_out_rows_of_every_language_in_proportion():
+    en_sv = ["en"] * 20 + ["sv"] * 20
+    held = carve_rows(en_sv, CarveConfig(size=1))  # one row asked: one of each language
+    assert sorted(en_sv[i] for i in held) == ["en", "sv"]
+    skewed = ["en"] * 36 + ["sv"] * 3 + ["fi"] * 1
+    for seed in range(3):
+        held = carve_rows(skewed, CarveConfig(size=0.25, seed=seed))
+        by_lang = Counter(skewed[i] for i in held)
+        assert by_lang == {"en": 9, "sv": 1}  # fi's one row trains
+        assert list(held) == list(carve_rows(skewed, CarveConfig(size=0.25, seed=seed)))
+    # one language: the rows the unstratified carve drew (runs carved before keep their split)
+    old = np.sort(np.random.default_rng(4).permutation(60)[:15])
+    assert list(carve_rows(["en"] * 60, CarveConfig(size=0.25, seed=4))) == list(old)
+    assert list(carve_rows(60, CarveConfig(size=0.25, seed=4))) == list(old)
+    with pytest.raises(UserError, match="every language .* has one row only"):
+        carve_rows(["en", "sv", "fi"], CarveConfig(size=1))
+
+
+def test_a_carved_split_names_the_languages_it_has_no_rows_of(tmp_path, caplog):
+    from datasets import Dataset
+
+    langs = ["en"] * 10 + ["sv"] * 10 + ["Finnish"]
+    train = Dataset.from_dict({"id": [f"u{i}" for i in range(21)], "text": ["a"] * 21,
+                               "language": langs})  # fmt: skip
+    with caplog.at_level("INFO", logger="asrforge"):
+        _, held = carve_eval(train, CarveConfig(size=2), run_dir=tmp_path, resuming=False,
+                             is_main=True, where="data")  # fmt: skip
+    assert sorted(held["language"]) == ["en", "sv"]
+    assert "held out by language: en 1/10, fi 0/1, sv 1/10" in caplog.text
+    assert "language(s) fi have no evaluation rows (fi: 1 row(s))" in caplog.text
+
+
 def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips):
     root = tmp_path / "corpus"
     (root / clips[5]["file"]).unlink()
@@ -326,7 +411,8 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
         "data.eval_carve.seed=9",
     ]
     assert main([*args, "--resume"]) == 0
-    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12
+    held_missing = (run / "skipped-validation.json").exists()  # the missing clip: in either
+    assert eval_ids(6) == eval_ids(4) and len(eval_ids(4)) == 12 - held_missing
     # export reads the CSV too: its languages and the log-mel statistics of 16 training clips
     from asrforge.bundle.export import export_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG

@@ -237,6 +237,28 @@ def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(
         open_split(cfg, tok_specials)
 
 
+def test_an_english_only_model_refuses_a_streamed_language_other_than_english(
+    tmp_path, clips, tok_specials
+):
+    root = tmp_path / "corpus"
+    rows = [{"audio_filepath": r["file"], "text": r["text"], "lang": "en"}
+            for r in by_split(clips, "train")]  # fmt: skip
+    rows[40]["lang"] = "Swedish"  # in a later shard: stops when it is read
+    write_jsonl(root / "m.jsonl", rows)
+    cfg = DataConfig(
+        path=root / "m.jsonl", batch_size=4, stream={"enabled": True, "shard_rows": 10}
+    )
+    tok, _ = tok_specials
+    english_only = (tok, SpecialTokens.from_tokenizer(tok, False))
+    stream = open_split(cfg, english_only)
+    with pytest.raises(UserError, match=r"English-only.*'Swedish' \(1 utterances, code 'sv'\)"):
+        epoch_uids(stream, tmp_path)
+    rows[2]["lang"] = "sv"  # in the first shard: refused before training
+    write_jsonl(root / "m.jsonl", rows)
+    with pytest.raises(UserError, match="English-only.*'sv'"):
+        open_split(cfg, english_only)
+
+
 def test_incompatible_options_are_refused_by_name(tmp_path):
     from asrforge.config import ConfigError
 

@@ -43,6 +43,10 @@ FIXED_MODEL_FIELDS = (
 state (one entry per trained parameter) were made for them."""
 
 _PATH_FIELDS = ("model.pretrained", "model.tokenizer")
+RESOLVED_FIELDS = ("model.vocab_size", "model.base_vocab_size")
+"""Fields the checkpoint's config holds as resolved (filled in when the model was built) that a
+config leaves unset: unset now is no change (building the model fills them in and checks them
+against the weights then)."""
 
 
 def find_resume_checkpoint(
@@ -162,7 +166,7 @@ def check_resume_config(
     fixed, allowed = [], []
     for key in sorted(set(before) | set(now)):
         a, b = before.get(key, "(unset)"), now.get(key, "(unset)")
-        if _same(key, a, b):
+        if _same(key, a, b) or (key in RESOLVED_FIELDS and b in (None, "(unset)")):
             continue
         line = f"{key}: {_show(a)} -> {_show(b)}"
         if _is_fixed(key, cfg, b):
@@ -213,8 +217,6 @@ def _is_fixed(key: str, cfg: TrainConfig, now: Any) -> bool:
     section, _, name = key.partition(".")
     if section != "model" or name.partition(".")[0] not in FIXED_MODEL_FIELDS:
         return False
-    if name in ("vocab_size", "base_vocab_size") and now in (None, "(unset)"):
-        return False  # filled in when the model is built (and checked against the weights then)
     if name == "bpe_vocab_size":  # only a from-scratch model trains its BPE
         return cfg.model.pretrained is None and cfg.model.tokenizer is None
     return True

@@ -251,10 +251,13 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     columns = ["text", "language"] + (["duration"] if "duration" in split.column_names else [])
     meta = arrow_columns(split, columns)
     values, value_index = dictionary_encoded(meta.column("language"))
+    counts = np.bincount(value_index, minlength=len(values))
+    by_value = Counter(dict(zip(values, counts.tolist(), strict=True)))
     if rules.specials.multilingual:
-        counts = np.bincount(value_index, minlength=len(values))
-        check_language_tokens(Counter(dict(zip(values, counts.tolist(), strict=True))), name,
-                              rules.specials, language_filter(cfg.languages))  # fmt: skip
+        unnamed = np.flatnonzero(np.isin(value_index, [k for k, v in enumerate(values) if not v]))
+        check_language_tokens(by_value, name, rules.specials, language_filter(cfg.languages),
+                              _ids(split, name, unnamed[:10]))  # fmt: skip
+    check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
     codes = [data_language(v) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
@@ -343,14 +346,21 @@ def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) 
     return full.subset(ok)
 
 
-def check_language_tokens(values: list, split: str, specials, keep: set[str] | None) -> None:
+def check_language_tokens(
+    counts: Counter, split: str, specials, keep: set[str] | None,
+    unnamed_ids: list[str] | None = None,
+) -> None:
     """Refuse a language (a value of the ``language`` column) the tokenizer has no token for:
     training would otherwise drop every one of its utterances.
 
+    Args:
+        counts: utterances per value of the ``language`` column.
+        unnamed_ids: ids of (some of) the rows that give no language, to name them.
+
     Raises:
-        UserError: naming each such value, its utterance count and the ways to fix it.
+        UserError: naming each such value, its utterance count and the ways to fix it; rows
+            without a language by their ids.
     """
-    counts = Counter(values)
     tokenless: dict[str | None, int] = {}
     for value, n in counts.items():
         code = data_language(value)
@@ -358,18 +368,63 @@ def check_language_tokens(values: list, split: str, specials, keep: set[str] | N
             tokenless[value] = n
     if not tokenless:
         return
-    found = ", ".join(_language_value(v, n) for v, n in tokenless.items())
-    raise UserError(
-        f"data: split {split!r}: language {found} has no token in this tokenizer. Map it to an "
-        "existing token (data.language_tokens, e.g. {lg: sw}), add its token with `asrforge "
-        "vocab build`, or leave it out (data.languages); a value that names no language: give "
-        "ISO codes, English names or locales (data.columns.language names the column)"
+    problems = []
+    unnamed = sum(n for v, n in tokenless.items() if not v)
+    if unnamed:
+        problems.append(_no_language(unnamed, unnamed_ids))
+    found = ", ".join(_language_value(v, n) for v, n in tokenless.items() if v)
+    if found:
+        problems.append(
+            f"language {found} has no token in this tokenizer. Map it to an existing token "
+            "(data.language_tokens, e.g. {lg: sw}), add its token with `asrforge vocab build`, "
+            "or leave it out (data.languages); a value that names no language: give ISO codes, "
+            "English names or locales (data.columns.language names the column)"
+        )
+    raise UserError(f"data: split {split!r}: " + "; and ".join(problems))
+
+
+def _no_language(n: int, ids: list[str] | None) -> str:
+    """What to say of the ``n`` rows whose ``language`` cell is empty (``ids``: some of them)."""
+    which = ""
+    if ids:
+        which = f" (ids {', '.join(ids[:10])}{f' ... (+{n - 10})' if n > 10 else ''})"
+    return (
+        f"{n} utterance(s) give no language{which}. Fill in their language cells, set "
+        "data.language (e.g. data.language=sw) when all of the data is one language, or name "
+        "the column that holds it with data.columns.language"
     )
 
 
-def _language_value(value: str | None, n: int) -> str:
-    if not value:
-        return f"none given ({n} utterances)"
+def check_english_only(counts: Counter, split: str, specials, keep: set[str] | None) -> None:
+    """Under an English-only model (``*.en``: its prompt carries no language token), refuse a
+    language other than English (a value of the ``language`` column): its utterances would
+    train under the English prompt, and the bundle would then refuse to transcribe it. A row
+    without a language is English's. Nothing to check for a multilingual model.
+
+    Raises:
+        UserError: naming each such value, its utterance count and the ways to fix it.
+    """
+    if specials.multilingual:
+        return
+    other = {value: n for value, n in counts.items()
+             if value and not is_english(value) and (keep is None or data_language(value) in keep)}  # fmt: skip
+    if not other:
+        return
+    found = ", ".join(_language_value(v, n) for v, n in other.items())
+    raise UserError(
+        f"data: split {split!r}: the model is English-only (its tokenizer has no language "
+        f"tokens), but the data has language {found}: they would train under the English "
+        "prompt. Leave them out (data.languages: [en]) or fine-tune a multilingual model "
+        "(model.pretrained)"
+    )
+
+
+def is_english(value: str | None) -> bool:
+    """Whether a ``language`` value is English (or empty: an English-only model's every row)."""
+    return not value or data_language(value) == "en"
+
+
+def _language_value(value: str, n: int) -> str:
     code = data_language(value)
     return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"
 

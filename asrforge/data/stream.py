@@ -55,9 +55,11 @@ from asrforge.data.dataset import (
     SkipReport,
     SpeechDataset,
     Utterance,
+    check_english_only,
     check_language_tokens,
     data_language,
     dropped_by_reason,
+    is_english,
     language_filter,
 )
 from asrforge.data.sources import (
@@ -288,7 +290,8 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
     skipped (the ``SkipReport`` reason ``prepare_split`` gives). ``Utterance.row`` is 0.
 
     Raises:
-        UserError: its language has no token (every utterance of it would be dropped).
+        UserError: its language has no token (every utterance of it would be dropped), or is
+            not English under an English-only model.
     """
     lang = data_language(row.get("language"))
     if rules.keep is not None and lang not in rules.keep:
@@ -298,7 +301,9 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
         return "empty text"
     specials = rules.specials
     if specials.multilingual and specials.token_language(lang) is None:
-        check_language_tokens([row.get("language")], rules.split, specials, rules.keep)
+        check_language_tokens(Counter([row.get("language")]), rules.split, specials, rules.keep, [uid])
+    if not specials.multilingual and not is_english(row.get("language")):
+        check_english_only([row.get("language")], rules.split, specials, rules.keep)
     audio = row.get("audio") or {}
     blob = audio.get("bytes")
     src = blob if blob else audio.get("path")
@@ -409,7 +414,8 @@ class StreamedSplit:
                               max_target_positions, max_seconds)  # fmt: skip
         self.features, self.eot = features, eot
         if specials.multilingual:
-            check_language_tokens(list(self.languages.elements()), self.split, specials, keep)
+            check_language_tokens(self.languages, self.split, specials, keep)
+        check_english_only(self.languages, self.split, specials, keep)
 
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)

@@ -392,7 +392,7 @@ def prepare_run(
     ]
     clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
     langs = _train_languages(train_set)
-    selector, max_steps = build_run_selector(cfg, langs)
+    selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
         atomic_write_text(out / "config.yaml", cfg.to_yaml())
@@ -732,14 +732,20 @@ def attach_encoder_cache(
         train_set.encoder_cache = build(batch_size=1, autocast=acc.autocast)
 
 
-def build_run_selector(cfg: TrainConfig, langs: Counter) -> tuple[Selector, int]:
+def build_run_selector(
+    cfg: TrainConfig, langs: Counter, n_params: tuple[int, int] | None = None
+) -> tuple[Selector, int]:
     """The selection policy for the run's language, and the run's step count: ``train.max_steps``
-    or the selection group's lower cap."""
+    or the selection group's lower cap. ``n_params``: the model's (all, trainable) parameters,
+    which a LoRA run's selection line names (only its adapters train)."""
     language = (
         cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
     )
     partial = cfg.model.trained_top_encoder_layers is not None  # only part of the model trains
-    selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard)
+    trains = None
+    if cfg.model.lora is not None and n_params is not None:
+        trains = f"LoRA: the adapters train, {n_params[1]:,} of {n_params[0]:,} parameters"
+    selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard, trains=trains)
     log.info("selection: %s", selector.why)
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:
