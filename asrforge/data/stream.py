@@ -301,9 +301,11 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
         return "empty text"
     specials = rules.specials
     if specials.multilingual and specials.token_language(lang) is None:
-        check_language_tokens(Counter([row.get("language")]), rules.split, specials, rules.keep, [uid])
+        check_language_tokens(
+            Counter([row.get("language")]), rules.split, specials, rules.keep, [uid]
+        )
     if not specials.multilingual and not is_english(row.get("language")):
-        check_english_only([row.get("language")], rules.split, specials, rules.keep)
+        check_english_only(Counter([row.get("language")]), rules.split, specials, rules.keep)
     audio = row.get("audio") or {}
     blob = audio.get("bytes")
     src = blob if blob else audio.get("path")
