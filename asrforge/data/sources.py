@@ -528,7 +528,7 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
     """
     from pydantic import ValidationError
 
-    from asrforge.config import _apply_override, format_errors  # the run config's own parser
+    from asrforge.config import apply_override, format_errors  # the run config's own parser
 
     section: dict = {}
     problems = []
@@ -542,7 +542,7 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
             )
             continue
         try:
-            _apply_override(section, item)
+            apply_override(section, item)
         except ValueError as e:
             problems.append(str(e))
     if not problems:
