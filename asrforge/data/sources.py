@@ -37,11 +37,23 @@ from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
-FILE_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
-                ".csv": "csv", ".tsv": "tsv"}  # fmt: skip
+FILE_FORMATS = {
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+}
 """File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
-SPLIT_WORDS = {"train": "train", "validation": "validation", "dev": "validation",
-               "valid": "validation", "val": "validation", "test": "test"}  # fmt: skip
+SPLIT_WORDS = {
+    "train": "train",
+    "validation": "validation",
+    "dev": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "test": "test",
+}
 """The word a data file's name starts with -> its split."""
 USUAL_COLUMNS = {
     "audio": ("audio", "audio_filepath", "path"),
@@ -95,12 +107,14 @@ def load_source(
         if section == "data":
             raise
         # the messages name the data section's fields; another section holds the same ones
-        raise UserError(re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.",
-                               str(e))) from None  # fmt: skip
+        raise UserError(
+            re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.", str(e))
+        ) from None
 
 
-def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...],
-                 default_language: str | None) -> Source:  # fmt: skip
+def _load_source(
+    cfg: DataConfig, *, split: str | None, required: tuple[str, ...], default_language: str | None
+) -> Source:
     import datasets
 
     datasets.disable_progress_bars()
@@ -125,9 +139,15 @@ def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...
     splits = {}
     for name, ds in raw.items():
         where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
-        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
-                                   required=required,
-                                   default_language=default_language)  # fmt: skip
+        splits[name] = standardize(
+            ds,
+            cfg,
+            where=str(where),
+            audio_root=root,
+            language=language,
+            required=required,
+            default_language=default_language,
+        )
     return Source(splits, path, names)
 
 
@@ -183,8 +203,11 @@ def split_files(path: Path) -> dict[str, list[Path]]:
             "saved with save_to_disk"
         )
     if unsplit:
-        log.warning("data.path: %s: not read, their names say no split: %s", path,
-                    ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
+        log.warning(
+            "data.path: %s: not read, their names say no split: %s",
+            path,
+            ", ".join(str(f.relative_to(path)) for f in unsplit),
+        )
     return by_split
 
 
@@ -235,9 +258,16 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         ) from None
 
 
-def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
-                required: tuple[str, ...] = ("audio", "text"),
-                default_language: str | None = None):  # fmt: skip
+def standardize(
+    ds,
+    cfg: DataConfig,
+    *,
+    where: str,
+    audio_root: Path,
+    language: str | None,
+    required: tuple[str, ...] = ("audio", "text"),
+    default_language: str | None = None,
+):
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
     when the data has ids or gives audio as paths; other columns are left out (``duration`` is
     kept).
@@ -255,8 +285,10 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     """
     from datasets import Value
 
-    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
-             for key in ("audio", "text", "language", "id")}  # fmt: skip
+    found = {
+        key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
+        for key in ("audio", "text", "language", "id")
+    }
     if language is None and found["language"] is None:
         language = default_language
     if language is not None:
@@ -266,8 +298,12 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
                 f"{cfg.columns.language!r}: give one of the two"
             )
         if found["language"] is not None:
-            log.info("data.language: every utterance of %s is %s (its column %r is not read)",
-                     where, language, found["language"])  # fmt: skip
+            log.info(
+                "data.language: every utterance of %s is %s (its column %r is not read)",
+                where,
+                language,
+                found["language"],
+            )
         found["language"] = None
     elif found["language"] is None:
         raise UserError(
@@ -280,8 +316,9 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
     if found["audio"] is not None:
-        ds = _audio_column(ds, found["audio"], audio_root, where=where,
-                           paths_as_id=found["id"] is None)  # fmt: skip
+        ds = _audio_column(
+            ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None
+        )
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:

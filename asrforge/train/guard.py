@@ -143,10 +143,17 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     from asrforge.data.dataset import data_language
     from asrforge.data.sources import read_split
 
-    data = DataConfig(path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir,
-                      cache_dir=cache_dir)  # fmt: skip
-    ds = read_split(data, cfg.split, option="eval.guard.split", section="eval.guard",
-                    required=("audio",), default_language=language)  # fmt: skip
+    data = DataConfig(
+        path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir, cache_dir=cache_dir
+    )
+    ds = read_split(
+        data,
+        cfg.split,
+        option="eval.guard.split",
+        section="eval.guard",
+        required=("audio",),
+        default_language=language,
+    )
     for i, row in enumerate(ds):
         uid = str(row.get("id") or i)
         ref = (row.get("text") or "").strip() or None
