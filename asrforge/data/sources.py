@@ -101,20 +101,6 @@ def load_source(
         UserError: the path is missing or holds nothing readable, or a column is missing or of
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
-    try:
-        return _load_source(cfg, split=split, required=required, default_language=default_language)
-    except UserError as e:
-        if section == "data":
-            raise
-        # the messages name the data section's fields; another section holds the same ones
-        raise UserError(
-            re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.", str(e))
-        ) from None
-
-
-def _load_source(
-    cfg: DataConfig, *, split: str | None, required: tuple[str, ...], default_language: str | None
-) -> Source:
     import datasets
 
     datasets.disable_progress_bars()
@@ -122,20 +108,21 @@ def _load_source(
     cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
     if not path.exists():
         raise UserError(
-            f"data.path: {path} does not exist (set data.generate: tones to make a small one)"
+            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
         )
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir, only=split), path
+        raw, root = _load_directory(path, cache_dir, only=split, section=section), path
     else:
-        raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
+        fmt = _format_of(path, section=section)
+        raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
         raw = {cfg.train_split: raw}
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
-    language = _language_code(cfg.language) if cfg.language is not None else None
+    language = _language_code(cfg.language, section=section) if cfg.language is not None else None
     splits = {}
     for name, ds in raw.items():
         where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
@@ -147,6 +134,7 @@ def _load_source(
             language=language,
             required=required,
             default_language=default_language,
+            section=section,
         )
     return Source(splits, path, names)
 
@@ -161,29 +149,34 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None) -> dict:
+def _load_directory(
+    path: Path, cache_dir: Path | None, only: str | None = None, *, section: str = "data"
+) -> dict:
     """A directory of data files, grouped into splits by the word each file name, or else its
     folder's name, starts with. The files are the directory's own, or when none of those names a
     split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
     of a million clips beside a manifest is not walked. With ``only``, the other splits are
-    named but not read (None)."""
-    by_split = split_files(path)
+    named but not read (None); ``section`` names ``path`` in messages (see :func:`load_source`)."""
+    by_split = split_files(path, section=section)
     splits = {}
     for name, group in by_split.items():
-        formats = {_format_of(f) for f in group}
+        formats = {_format_of(f, section=section) for f in group}
         if len(formats) > 1:
             raise UserError(
-                f"data.path: split {name!r} of {path} mixes formats "
+                f"{section}.path: split {name!r} of {path} mixes formats "
                 f"({', '.join(f.name for f in group)}); convert them to one"
             )
         splits[name] = (
-            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
+            _load_files(formats.pop(), group, cache_dir, section=section)
+            if only in (None, name)
+            else None
         )
     return splits
 
 
-def split_files(path: Path) -> dict[str, list[Path]]:
-    """The data files of the directory ``path`` by split (see :func:`_load_directory`).
+def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
+    """The data files of the directory ``path`` by split (see :func:`_load_directory`);
+    ``section`` names ``path`` in messages.
 
     Raises:
         UserError: no file names a split.
@@ -198,13 +191,14 @@ def split_files(path: Path) -> dict[str, list[Path]]:
     unsplit = by_split.pop(None, [])
     if not by_split:
         raise UserError(
-            f"data.path: {path} holds no data files named by their split (train*, validation*, "
+            f"{section}.path: {path} holds no data files named by their split (train*, validation*, "
             f"dev*, test*; formats {', '.join(sorted(FILE_FORMATS))}) and is not a dataset "
             "saved with save_to_disk"
         )
     if unsplit:
         log.warning(
-            "data.path: %s: not read, their names say no split: %s",
+            "%s.path: %s: not read, their names say no split: %s",
+            section,
             path,
             ", ".join(str(f.relative_to(path)) for f in unsplit),
         )
@@ -217,25 +211,29 @@ def _split_word(name: str) -> str | None:
     return SPLIT_WORDS.get(word)
 
 
-def _format_of(path: Path) -> str:
+def _format_of(path: Path, *, section: str = "data") -> str:
+    """The ``datasets`` loader of the file ``path`` (``section.path`` in messages)."""
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UserError(
-            f"data.path: {path}: not a format asrforge reads (a save_to_disk directory, "
+            f"{section}.path: {path}: not a format asrforge reads (a save_to_disk directory, "
             f"or {', '.join(sorted(FILE_FORMATS))} files)"
         )
     return fmt
 
 
-def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
-    """One split from files of one format, by ``datasets``' loader for it."""
+def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section: str = "data"):
+    """One split from files of one format, by ``datasets``' loader for it (``section.path`` in
+    messages)."""
     import datasets
 
     if fmt == "arrow":  # memory-mapped where it lies, no copy
         try:
             parts = [datasets.Dataset.from_file(str(f)) for f in files]
         except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-            raise UserError(f"data.path: cannot read {files[0]} as an Arrow file: {e}") from None
+            raise UserError(
+                f"{section}.path: cannot read {files[0]} as an Arrow file: {e}"
+            ) from None
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     options: dict = {}
     if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
@@ -253,7 +251,7 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
         cause = e.__cause__ or e
         raise UserError(
-            f"data.path: cannot read {', '.join(map(str, files))} as {fmt}: "
+            f"{section}.path: cannot read {', '.join(map(str, files))} as {fmt}: "
             f"{type(cause).__name__}: {cause}"
         ) from None
 
@@ -267,6 +265,7 @@ def standardize(
     language: str | None,
     required: tuple[str, ...] = ("audio", "text"),
     default_language: str | None = None,
+    section: str = "data",
 ):
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, and ``id``
     when the data has ids or gives audio as paths; other columns are left out (``duration`` is
@@ -279,6 +278,7 @@ def standardize(
             transcript, a vocabulary no audio).
         default_language: the language of every row when the data has no language column and
             ``language`` is None (the guard's: the run's).
+        section: the config section whose fields ``cfg`` holds, as messages name it.
 
     Raises:
         UserError: a column is missing or holds the wrong type.
@@ -286,7 +286,9 @@ def standardize(
     from datasets import Value
 
     found = {
-        key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
+        key: _column(
+            ds, key, getattr(cfg.columns, key), where, required=key in required, section=section
+        )
         for key in ("audio", "text", "language", "id")
     }
     if language is None and found["language"] is None:
@@ -294,12 +296,13 @@ def standardize(
     if language is not None:
         if cfg.columns.language is not None:
             raise UserError(
-                f"data.language: set, and data.columns.language names column "
+                f"{section}.language: set, and {section}.columns.language names column "
                 f"{cfg.columns.language!r}: give one of the two"
             )
         if found["language"] is not None:
             log.info(
-                "data.language: every utterance of %s is %s (its column %r is not read)",
+                "%s.language: every utterance of %s is %s (its column %r is not read)",
+                section,
                 where,
                 language,
                 found["language"],
@@ -307,23 +310,28 @@ def standardize(
         found["language"] = None
     elif found["language"] is None:
         raise UserError(
-            f"data.language: {where} has no language column (looked for "
+            f"{section}.language: {where} has no language column (looked for "
             f"{', '.join(USUAL_COLUMNS['language'])}; columns: {', '.join(ds.column_names)}): set "
-            "data.language (e.g. en) or name the column in data.columns.language"
+            f"{section}.language (e.g. en) or name the column in {section}.columns.language"
         )
-    _refuse_segments(ds, where)
+    _refuse_segments(ds, where, section=section)
     keep = [c for c in found.values() if c is not None]
     keep += ["duration"] if "duration" in ds.column_names and "duration" not in keep else []
     ds = ds.select_columns(list(dict.fromkeys(keep)))
     if found["audio"] is not None:
         ds = _audio_column(
-            ds, found["audio"], audio_root, where=where, paths_as_id=found["id"] is None
+            ds,
+            found["audio"],
+            audio_root,
+            where=where,
+            paths_as_id=found["id"] is None,
+            section=section,
         )
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
             raise UserError(
-                f"data.columns.{key}: column {column!r} of {where} holds "
+                f"{section}.columns.{key}: column {column!r} of {where} holds "
                 f"{_dtype(ds.features[column])}, expected strings"
             )
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
@@ -334,7 +342,9 @@ def standardize(
     return ds
 
 
-def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool):
+def _audio_column(
+    ds, column: str, root: Path, *, where: str, paths_as_id: bool, section: str = "data"
+):
     """``ds`` with ``column`` as an undecoded ``Audio`` (``{bytes, path}``): an ``Audio`` feature
     or its struct, encoded bytes, or paths (made absolute against ``root``; with ``paths_as_id``
     they are also the ``id`` column, as the data gives them).
@@ -351,28 +361,31 @@ def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool)
         ds = _absolute_paths(ds, column, root, keep_as_id=paths_as_id)
     elif not (_is_audio_struct(ds.features[column]) or kind in ("binary", "large_binary")):
         raise UserError(
-            f"data.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
+            f"{section}.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
             "(an Audio feature, bytes or a path)"
         )
     return ds.cast_column(column, Audio(decode=False))
 
 
-def _column(ds, key: str, named: str | None, where: str, *, required: bool) -> str | None:
-    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one."""
+def _column(
+    ds, key: str, named: str | None, where: str, *, required: bool, section: str = "data"
+) -> str | None:
+    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one;
+    ``section.columns.<key>`` names it in messages."""
     columns = ds.column_names
     if named is not None:
         if named not in columns:
             raise UserError(
-                f"data.columns.{key}: column {named!r} not in {where} "
+                f"{section}.columns.{key}: column {named!r} not in {where} "
                 f"(columns: {', '.join(columns)})"
             )
         return named
     column = next((c for c in USUAL_COLUMNS[key] if c in columns), None)
     if column is None and required:
         raise UserError(
-            f"data.columns.{key}: {where} has no {key} column (looked for "
+            f"{section}.columns.{key}: {where} has no {key} column (looked for "
             f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
-            f"data.columns.{key}: {columns[0] if columns else key}"
+            f"{section}.columns.{key}: {columns[0] if columns else key}"
         )
     return column
 
@@ -404,7 +417,7 @@ def _paths_of_struct(ds, column: str):
     return _replace_column(ds, column, paths)
 
 
-def _refuse_segments(ds, where: str) -> None:
+def _refuse_segments(ds, where: str, *, section: str = "data") -> None:
     """A NeMo manifest's ``offset``: asrforge reads whole files, and would train the whole file
     on one segment's transcript.
 
@@ -418,7 +431,7 @@ def _refuse_segments(ds, where: str) -> None:
     offsets = ds.data.column("offset")
     if pc.any(pc.not_equal(pc.fill_null(offsets, 0), 0)).as_py():
         raise UserError(
-            f"data.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
+            f"{section}.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
             "cut each segment into a file of its own"
         )
 
@@ -451,11 +464,12 @@ def _replace_column(ds, column: str, values):
     return ds.remove_columns(column).add_column(column, values)
 
 
-def _language_code(value: str) -> str:
+def _language_code(value: str, *, section: str = "data") -> str:
+    """The language code ``value`` (``section.language``) names."""
     code = find_language_code(value)
     if code is None:
         raise UserError(
-            f"data.language: unknown language {value!r} (give an ISO or Whisper code, "
+            f"{section}.language: unknown language {value!r} (give an ISO or Whisper code, "
             "an English name or a locale, e.g. en, English, en-US)"
         )
     return code
