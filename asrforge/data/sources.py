@@ -115,14 +115,14 @@ def load_source(
     elif path.is_dir():
         raw, root = _load_directory(path, cache_dir, only=split, section=section), path
     else:
-        fmt = _format_of(path, section=section)
+        fmt = format_of(path, section=section)
         raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
         raw = {cfg.train_split: raw}
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
-    language = _language_code(cfg.language, section=section) if cfg.language is not None else None
+    language = language_code(cfg.language, section=section) if cfg.language is not None else None
     splits = {}
     for name, ds in raw.items():
         where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
@@ -160,7 +160,7 @@ def _load_directory(
     by_split = split_files(path, section=section)
     splits = {}
     for name, group in by_split.items():
-        formats = {_format_of(f, section=section) for f in group}
+        formats = {format_of(f, section=section) for f in group}
         if len(formats) > 1:
             raise UserError(
                 f"{section}.path: split {name!r} of {path} mixes formats "
@@ -185,7 +185,7 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
             if f.suffix.lower() in FILE_FORMATS and f.is_file():
-                by_split.setdefault(_split_word(f.name) or _split_word(f.parent.name), []).append(f)
+                by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
         if set(by_split) - {None}:
             break
     unsplit = by_split.pop(None, [])
@@ -205,13 +205,13 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
     return by_split
 
 
-def _split_word(name: str) -> str | None:
+def split_of(name: str) -> str | None:
     """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
     word = re.match(r"[a-z]*", name.lower()).group()
     return SPLIT_WORDS.get(word)
 
 
-def _format_of(path: Path, *, section: str = "data") -> str:
+def format_of(path: Path, *, section: str = "data") -> str:
     """The ``datasets`` loader of the file ``path`` (``section.path`` in messages)."""
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -286,7 +286,7 @@ def standardize(
     from datasets import Value
 
     found = {
-        key: _column(
+        key: find_column(
             ds, key, getattr(cfg.columns, key), where, required=key in required, section=section
         )
         for key in ("audio", "text", "language", "id")
@@ -367,7 +367,7 @@ def _audio_column(
     return ds.cast_column(column, Audio(decode=False))
 
 
-def _column(
+def find_column(
     ds, key: str, named: str | None, where: str, *, required: bool, section: str = "data"
 ) -> str | None:
     """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one;
@@ -464,7 +464,7 @@ def _replace_column(ds, column: str, values):
     return ds.remove_columns(column).add_column(column, values)
 
 
-def _language_code(value: str, *, section: str = "data") -> str:
+def language_code(value: str, *, section: str = "data") -> str:
     """The language code ``value`` (``section.language``) names."""
     code = find_language_code(value)
     if code is None:
