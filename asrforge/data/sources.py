@@ -604,21 +604,31 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
     raise UserError("; ".join(problems))
 
 
-def read_split(data: Path | DataConfig, split: str, *, option: str = "--split", **options):
+def read_split(
+    data: Path | DataConfig,
+    split: str,
+    *,
+    option: str = "--split",
+    section: str = "data",
+    required: tuple[str, ...] = ("audio", "text"),
+    default_language: str | None = None,
+):
     """One split of ``data`` with the standard columns (:func:`load_source`). Data of one split
     (a manifest, a CSV/TSV, a saved ``Dataset``) is that split, whatever ``split`` names.
 
     Args:
         data: a path (the usual column names), or a data section naming the columns etc.
         option: what names ``split`` in messages.
-        options: :func:`load_source`'s keyword arguments.
+        section, required, default_language: see :func:`load_source`.
 
     Raises:
         UserError: the split is missing (the message lists the splits there are) or has no rows,
             or :func:`load_source` refuses the data.
     """
     cfg = data_config(data).model_copy(update={"train_split": split})
-    source = load_source(cfg, split=split, **options)
+    source = load_source(
+        cfg, split=split, section=section, required=required, default_language=default_language
+    )
     if split not in source.splits:
         raise UserError(
             f"{option} {split!r}: not in {source.where} (it has {', '.join(source.names)})"
