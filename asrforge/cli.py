@@ -105,15 +105,15 @@ def _run_train(args) -> int:
 def _describe_best(result) -> str:
     """The best checkpoint's own evaluation, then the policy's bests over all evaluations that
     differ from it (named ``best_<metric>``: they may be other evaluations' numbers)."""
+    from asrforge.selection import format_metrics
+
     best, tracked = result.best, result.tracked_bests
-    own = ", ".join(f"{k} {best[k]:.4f}" for k in ("wer", "cer", "loss") if k in best)
+    own = format_metrics(best)
     others = ", ".join(
         f"{k} {v:.4f}" for k, v in tracked.items() if k.startswith("best_") and best.get(k[5:]) != v
     )
     line = f"best checkpoint at step {result.best_step}: {own or 'not evaluated'}"
-    start = ", ".join(
-        f"{k} {result.start[k]:.4f}" for k in ("wer", "cer", "loss") if k in result.start
-    )
+    start = format_metrics(result.start)
     if start and result.best_step != 0:  # eval.at_start: what fine-tuning changed
         line = f"{line} (the starting model at step 0: {start})"
     return f"{line}; the selection policy's bests over all evaluations: {others}" if others else line

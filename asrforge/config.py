@@ -889,7 +889,7 @@ def load_config(
     problems = []
     for item in overrides or []:
         try:
-            _apply_override(data, item)
+            apply_override(data, item)
         except ValueError as e:
             problems.append(str(e))
     if problems:
@@ -918,7 +918,13 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Set ``item`` (``dotted.key=value``, the value read as YAML) in the config tree ``data``.
+
+    Raises:
+        ValueError: ``item`` is not ``dotted.key=value``, or its path crosses a value or a
+            missing list item.
+    """
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ValueError(f"{item}: an override must look like dotted.key=value")

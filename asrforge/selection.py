@@ -255,6 +255,12 @@ def improves(
     return sign * (best - value) > min_delta
 
 
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """``wer 0.3000, cer 0.1200, loss 1.2345``: the selection metrics ``metrics`` holds, as the
+    log and the console name an evaluation ("" for none)."""
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in ("wer", "cer", "loss") if k in metrics)
+
+
 class Patience:
     """Counts evaluations in a row without improvement; it runs out at ``limit`` of them.
 

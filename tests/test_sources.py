@@ -478,6 +478,27 @@ def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
         load_source(DataConfig(path=root / "audio.csv", language="en", cache_dir=cache))
 
 
+def test_messages_name_the_section_read_and_leave_paths_as_written(tmp_path, clips):
+    """The guard's data (eval.guard.*) and a run's (data.*) each name their own fields, however
+    the message is worded; a user's path holding ``data.path`` is quoted as it is."""
+    root = tmp_path / "data.path"  # what a rewrite of data.* messages into eval.guard.* would hit
+    root.mkdir()
+    write_table(root / "x.csv", [{"path": r["file"], "transcript": r["text"]} for r in clips], ",")
+    (root / "notes.txt").write_text("not data")
+    cache = tmp_path / "cache"
+    missing = DataConfig(path=root / "x.csv", columns={"text": "sentence"}, cache_dir=cache)
+    for section in ("data", "eval.guard"):
+        with pytest.raises(UserError) as e:
+            load_source(missing, section=section, required=("audio",), default_language="en")
+        assert str(e.value) == (
+            f"{section}.columns.text: column 'sentence' not in {root / 'x.csv'} "
+            "(columns: path, transcript)"
+        )
+        with pytest.raises(UserError) as e:
+            load_source(DataConfig(path=root / "notes.txt"), section=section)
+        assert str(e.value).startswith(f"{section}.path: {root / 'notes.txt'}: not a format")
+
+
 def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
     """Evaluating the validation split does not convert (or even open) the training files."""
     from asrforge.data.sources import read_split

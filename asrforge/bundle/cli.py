@@ -15,26 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asrforge.data.options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
 from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
-DATA_HELP = (
-    "the data, in any form data.path takes: a save_to_disk DatasetDict or Dataset, a directory "
-    "of parquet/arrow/jsonl/csv/tsv files named by their split, a NeMo JSONL manifest, a CSV/TSV"
-)
-SPLIT_HELP = "the split of data with splits (default {default}); a single file is read whole"
-DATA_OPTIONS_HELP = """\
-How to read --data: the data options of a run's config, written as its overrides are:
-  data.columns.audio=COLUMN     the audio: an Audio feature, bytes or a path
-  data.columns.text=COLUMN      the transcript (default text)
-  data.columns.language=COLUMN  the language (default language or lang)
-  data.columns.id=COLUMN        an utterance id for reports
-  data.language=LANG            the language of every utterance, for data without a column
-  data.audio_dir=DIR            where relative audio paths are read from
-  data.cache_dir=DIR            where the Arrow copy of parquet/json/csv files is kept
-e.g. --data cv/test.tsv data.columns.audio=path data.columns.text=sentence \
-data.columns.language=locale"""
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -468,19 +453,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if args.longform_items:
             print(format_longform(metrics))
     return 0
-
-
-def data_options(args: argparse.Namespace):
-    """The data section ``--data`` and the ``data.*`` options on the line describe.
-
-    Raises:
-        UserError: ``--data`` does not exist, or an option is unknown or bad.
-    """
-    from asrforge.data.sources import source_config
-
-    if not args.data.exists():
-        raise UserError(f"--data {args.data}: no such file or directory")
-    return source_config(args.data, args.overrides)
 
 
 def _fallback(on: bool):

@@ -39,11 +39,23 @@ from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
 
-FILE_FORMATS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json",
-                ".csv": "csv", ".tsv": "tsv"}  # fmt: skip
+FILE_FORMATS = {
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+}
 """File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
-SPLIT_WORDS = {"train": "train", "validation": "validation", "dev": "validation",
-               "valid": "validation", "val": "validation", "test": "test"}  # fmt: skip
+SPLIT_WORDS = {
+    "train": "train",
+    "validation": "validation",
+    "dev": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "test": "test",
+}
 """The word a data file's name starts with -> its split."""
 USUAL_COLUMNS = {
     "audio": ("audio", "audio_filepath", "path"),
@@ -93,18 +105,6 @@ def load_source(
         UserError: the path is missing or holds nothing readable, or a column is missing or of
             the wrong type (named by its ``data.columns`` path, the file and the columns there).
     """
-    try:
-        return _load_source(cfg, split=split, required=required, default_language=default_language)
-    except UserError as e:
-        if section == "data":
-            raise
-        # the messages name the data section's fields; another section holds the same ones
-        raise UserError(re.sub(r"\bdata\.(?=path|columns|language|audio_dir)", f"{section}.",
-                               str(e))) from None  # fmt: skip
-
-
-def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...],
-                 default_language: str | None) -> Source:  # fmt: skip
     import datasets
 
     datasets.disable_progress_bars()
@@ -112,26 +112,34 @@ def _load_source(cfg: DataConfig, *, split: str | None, required: tuple[str, ...
     cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
     if not path.exists():
         raise UserError(
-            f"data.path: {path} does not exist (set data.generate: tones to make a small one)"
+            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
         )
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir, only=split), path
+        raw, root = _load_directory(path, cache_dir, only=split, section=section), path
     else:
-        raw, root = _load_files(_format_of(path), [path], cache_dir), path.parent
+        fmt = format_of(path, section=section)
+        raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
     if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
         raw = {cfg.train_split: raw}
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
-    language = _language_code(cfg.language) if cfg.language is not None else None
+    language = language_code(cfg.language, section=section) if cfg.language is not None else None
     splits = {}
     for name, ds in raw.items():
         where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
-        splits[name] = standardize(ds, cfg, where=str(where), audio_root=root, language=language,
-                                   required=required,
-                                   default_language=default_language)  # fmt: skip
+        splits[name] = standardize(
+            ds,
+            cfg,
+            where=str(where),
+            audio_root=root,
+            language=language,
+            required=required,
+            default_language=default_language,
+            section=section,
+        )
     return Source(splits, path, names)
 
 
@@ -145,29 +153,34 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(path: Path, cache_dir: Path | None, only: str | None = None) -> dict:
+def _load_directory(
+    path: Path, cache_dir: Path | None, only: str | None = None, *, section: str = "data"
+) -> dict:
     """A directory of data files, grouped into splits by the word each file name, or else its
     folder's name, starts with. The files are the directory's own, or when none of those names a
     split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
     of a million clips beside a manifest is not walked. With ``only``, the other splits are
-    named but not read (None)."""
-    by_split = split_files(path)
+    named but not read (None); ``section`` names ``path`` in messages (see :func:`load_source`)."""
+    by_split = split_files(path, section=section)
     splits = {}
     for name, group in by_split.items():
-        formats = {_format_of(f) for f in group}
+        formats = {format_of(f, section=section) for f in group}
         if len(formats) > 1:
             raise UserError(
-                f"data.path: split {name!r} of {path} mixes formats "
+                f"{section}.path: split {name!r} of {path} mixes formats "
                 f"({', '.join(f.name for f in group)}); convert them to one"
             )
         splits[name] = (
-            _load_files(formats.pop(), group, cache_dir) if only in (None, name) else None
+            _load_files(formats.pop(), group, cache_dir, section=section)
+            if only in (None, name)
+            else None
         )
     return splits
 
 
-def split_files(path: Path) -> dict[str, list[Path]]:
-    """The data files of the directory ``path`` by split (see :func:`_load_directory`).
+def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
+    """The data files of the directory ``path`` by split (see :func:`_load_directory`);
+    ``section`` names ``path`` in messages.
 
     Raises:
         UserError: no file names a split.
@@ -176,47 +189,55 @@ def split_files(path: Path) -> dict[str, list[Path]]:
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
             if f.suffix.lower() in FILE_FORMATS and f.is_file():
-                by_split.setdefault(_split_word(f.name) or _split_word(f.parent.name), []).append(f)
+                by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
         if set(by_split) - {None}:
             break
     unsplit = by_split.pop(None, [])
     if not by_split:
         raise UserError(
-            f"data.path: {path} holds no data files named by their split (train*, validation*, "
+            f"{section}.path: {path} holds no data files named by their split (train*, validation*, "
             f"dev*, test*; formats {', '.join(sorted(FILE_FORMATS))}) and is not a dataset "
             "saved with save_to_disk"
         )
     if unsplit:
-        log.warning("data.path: %s: not read, their names say no split: %s", path,
-                    ", ".join(str(f.relative_to(path)) for f in unsplit))  # fmt: skip
+        log.warning(
+            "%s.path: %s: not read, their names say no split: %s",
+            section,
+            path,
+            ", ".join(str(f.relative_to(path)) for f in unsplit),
+        )
     return by_split
 
 
-def _split_word(name: str) -> str | None:
+def split_of(name: str) -> str | None:
     """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
     word = re.match(r"[a-z]*", name.lower()).group()
     return SPLIT_WORDS.get(word)
 
 
-def _format_of(path: Path) -> str:
+def format_of(path: Path, *, section: str = "data") -> str:
+    """The ``datasets`` loader of the file ``path`` (``section.path`` in messages)."""
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UserError(
-            f"data.path: {path}: not a format asrforge reads (a save_to_disk directory, "
+            f"{section}.path: {path}: not a format asrforge reads (a save_to_disk directory, "
             f"or {', '.join(sorted(FILE_FORMATS))} files)"
         )
     return fmt
 
 
-def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
-    """One split from files of one format, by ``datasets``' loader for it."""
+def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section: str = "data"):
+    """One split from files of one format, by ``datasets``' loader for it (``section.path`` in
+    messages)."""
     import datasets
 
     if fmt == "arrow":  # memory-mapped where it lies, no copy
         try:
             parts = [datasets.Dataset.from_file(str(f)) for f in files]
         except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-            raise UserError(f"data.path: cannot read {files[0]} as an Arrow file: {e}") from None
+            raise UserError(
+                f"{section}.path: cannot read {files[0]} as an Arrow file: {e}"
+            ) from None
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     options: dict = {}
     if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
@@ -237,7 +258,7 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None):
         if bad is not None:  # pyarrow counts rows of a block from 0: "row 1" of another line
             raise UserError(f"data.path: {bad}") from None
         raise UserError(
-            f"data.path: cannot read {', '.join(map(str, files))} as {fmt}: "
+            f"{section}.path: cannot read {', '.join(map(str, files))} as {fmt}: "
             f"{type(cause).__name__}: {cause}"
         ) from None
 
@@ -261,9 +282,17 @@ def _bad_json_line(files: list[Path]) -> str | None:
     return None
 
 
-def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: str | None,
-                required: tuple[str, ...] = ("audio", "text"),
-                default_language: str | None = None):  # fmt: skip
+def standardize(
+    ds,
+    cfg: DataConfig,
+    *,
+    where: str,
+    audio_root: Path,
+    language: str | None,
+    required: tuple[str, ...] = ("audio", "text"),
+    default_language: str | None = None,
+    section: str = "data",
+):
     """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, ``id``
     when the data has ids or gives audio as paths, and ``duration`` (seconds) when it has
     durations; other columns are left out.
@@ -275,43 +304,59 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
             transcript, a vocabulary no audio).
         default_language: the language of every row when the data has no language column and
             ``language`` is None (the guard's: the run's).
+        section: the config section whose fields ``cfg`` holds, as messages name it.
 
     Raises:
         UserError: a column is missing or holds the wrong type.
     """
     from datasets import Value
 
-    found = {key: _column(ds, key, getattr(cfg.columns, key), where, required=key in required)
-             for key in ("audio", "text", "language", "id", "duration")}  # fmt: skip
+    found = {
+        key: find_column(
+            ds, key, getattr(cfg.columns, key), where, required=key in required, section=section
+        )
+        for key in ("audio", "text", "language", "id", "duration")
+    }
     if language is None and found["language"] is None:
         language = default_language
     if language is not None:
         if cfg.columns.language is not None:
             raise UserError(
-                f"data.language: set, and data.columns.language names column "
+                f"{section}.language: set, and {section}.columns.language names column "
                 f"{cfg.columns.language!r}: give one of the two"
             )
         if found["language"] is not None:
-            log.info("data.language: every utterance of %s is %s (its column %r is not read)",
-                     where, language, found["language"])  # fmt: skip
+            log.info(
+                "%s.language: every utterance of %s is %s (its column %r is not read)",
+                section,
+                where,
+                language,
+                found["language"],
+            )
         found["language"] = None
     elif found["language"] is None:
         raise UserError(
-            f"data.language: {where} has no language column (looked for "
+            f"{section}.language: {where} has no language column (looked for "
             f"{', '.join(USUAL_COLUMNS['language'])}; columns: {', '.join(ds.column_names)}): set "
-            "data.language (e.g. en) or name the column in data.columns.language"
+            f"{section}.language (e.g. en) or name the column in {section}.columns.language"
         )
-    _refuse_segments(ds, where)
+    _refuse_segments(ds, where, section=section)
     keep = [c for c in found.values() if c is not None]
     ds = ds.select_columns(list(dict.fromkeys(keep)))
     if found["audio"] is not None:
-        ds = _audio_column(ds, found["audio"], audio_root, where=where,
-                           paths_as_id=found["id"] is None)  # fmt: skip
+        ds = _audio_column(
+            ds,
+            found["audio"],
+            audio_root,
+            where=where,
+            paths_as_id=found["id"] is None,
+            section=section,
+        )
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
             raise UserError(
-                f"data.columns.{key}: column {column!r} of {where} holds "
+                f"{section}.columns.{key}: column {column!r} of {where} holds "
                 f"{_dtype(ds.features[column])}, expected strings"
             )
     duration = found["duration"]
@@ -331,7 +376,9 @@ def standardize(ds, cfg: DataConfig, *, where: str, audio_root: Path, language: 
     return ds
 
 
-def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool):
+def _audio_column(
+    ds, column: str, root: Path, *, where: str, paths_as_id: bool, section: str = "data"
+):
     """``ds`` with ``column`` as an undecoded ``Audio`` (``{bytes, path}``): an ``Audio`` feature
     or its struct, encoded bytes, or paths (made absolute against ``root``; with ``paths_as_id``
     they are also the ``id`` column, as the data gives them).
@@ -348,28 +395,31 @@ def _audio_column(ds, column: str, root: Path, *, where: str, paths_as_id: bool)
         ds = _absolute_paths(ds, column, root, keep_as_id=paths_as_id)
     elif not (_is_audio_struct(ds.features[column]) or kind in ("binary", "large_binary")):
         raise UserError(
-            f"data.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
+            f"{section}.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
             "(an Audio feature, bytes or a path)"
         )
     return ds.cast_column(column, Audio(decode=False))
 
 
-def _column(ds, key: str, named: str | None, where: str, *, required: bool) -> str | None:
-    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one."""
+def find_column(
+    ds, key: str, named: str | None, where: str, *, required: bool, section: str = "data"
+) -> str | None:
+    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one;
+    ``section.columns.<key>`` names it in messages."""
     columns = ds.column_names
     if named is not None:
         if named not in columns:
             raise UserError(
-                f"data.columns.{key}: column {named!r} not in {where} "
+                f"{section}.columns.{key}: column {named!r} not in {where} "
                 f"(columns: {', '.join(columns)})"
             )
         return named
     column = next((c for c in USUAL_COLUMNS[key] if c in columns), None)
     if column is None and required:
         raise UserError(
-            f"data.columns.{key}: {where} has no {key} column (looked for "
+            f"{section}.columns.{key}: {where} has no {key} column (looked for "
             f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
-            f"data.columns.{key}: {columns[0] if columns else key}"
+            f"{section}.columns.{key}: {columns[0] if columns else key}"
         )
     return column
 
@@ -401,7 +451,7 @@ def _paths_of_struct(ds, column: str):
     return _replace_column(ds, column, paths)
 
 
-def _refuse_segments(ds, where: str) -> None:
+def _refuse_segments(ds, where: str, *, section: str = "data") -> None:
     """A NeMo manifest's ``offset``: asrforge reads whole files, and would train the whole file
     on one segment's transcript.
 
@@ -415,7 +465,7 @@ def _refuse_segments(ds, where: str) -> None:
     offsets = ds.data.column("offset")
     if pc.any(pc.not_equal(pc.fill_null(offsets, 0), 0)).as_py():
         raise UserError(
-            f"data.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
+            f"{section}.path: {where} has segments (a nonzero 'offset'); asrforge reads whole files: "
             "cut each segment into a file of its own"
         )
 
@@ -457,11 +507,12 @@ def _replace_column(ds, column: str, values):
     return ds.remove_columns(column).add_column(column, values)
 
 
-def _language_code(value: str) -> str:
+def language_code(value: str, *, section: str = "data") -> str:
+    """The language code ``value`` (``section.language``) names."""
     code = find_language_code(value)
     if code is None:
         raise UserError(
-            f"data.language: unknown language {value!r} (give an ISO or Whisper code, "
+            f"{section}.language: unknown language {value!r} (give an ISO or Whisper code, "
             "an English name or a locale, e.g. en, English, en-US)"
         )
     return code
@@ -681,7 +732,7 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
     """
     from pydantic import ValidationError
 
-    from asrforge.config import _apply_override, format_errors  # the run config's own parser
+    from asrforge.config import apply_override, format_errors  # the run config's own parser
 
     section: dict = {}
     problems = []
@@ -695,7 +746,7 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
             )
             continue
         try:
-            _apply_override(section, item)
+            apply_override(section, item)
         except ValueError as e:
             problems.append(str(e))
     if not problems:
@@ -706,21 +757,31 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
     raise UserError("; ".join(problems))
 
 
-def read_split(data: Path | DataConfig, split: str, *, option: str = "--split", **options):
+def read_split(
+    data: Path | DataConfig,
+    split: str,
+    *,
+    option: str = "--split",
+    section: str = "data",
+    required: tuple[str, ...] = ("audio", "text"),
+    default_language: str | None = None,
+):
     """One split of ``data`` with the standard columns (:func:`load_source`). Data of one split
     (a manifest, a CSV/TSV, a saved ``Dataset``) is that split, whatever ``split`` names.
 
     Args:
         data: a path (the usual column names), or a data section naming the columns etc.
         option: what names ``split`` in messages.
-        options: :func:`load_source`'s keyword arguments.
+        section, required, default_language: see :func:`load_source`.
 
     Raises:
         UserError: the split is missing (the message lists the splits there are) or has no rows,
             or :func:`load_source` refuses the data.
     """
     cfg = data_config(data).model_copy(update={"train_split": split})
-    source = load_source(cfg, split=split, **options)
+    source = load_source(
+        cfg, split=split, section=section, required=required, default_language=default_language
+    )
     if split not in source.splits:
         raise UserError(
             f"{option} {split!r}: not in {source.where} (it has {', '.join(source.names)})"

@@ -63,9 +63,9 @@ from asrforge.data.dataset import (
     language_filter,
 )
 from asrforge.data.sources import (
-    _column,
-    _format_of,
-    _language_code,
+    find_column,
+    format_of,
+    language_code,
     read_split,
     split_files,
     standardize,
@@ -128,7 +128,7 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
 
 
 def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
-    fmt = _format_of(path)
+    fmt = format_of(path)
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -348,7 +348,7 @@ class StreamedSplit:
         self.cfg, self.seed = cfg, seed
         self.split = cfg.train_split
         self.shards, self.audio_root = find_shards(cfg)
-        self.language = _language_code(cfg.language) if cfg.language is not None else None
+        self.language = language_code(cfg.language) if cfg.language is not None else None
         self.fingerprint = fingerprint(self.shards)
         self.first_rows = np.cumsum([0] + [s.rows for s in self.shards])  # global row numbers
         self.rules: RowRules | None = None  # set by prepare()
@@ -400,7 +400,7 @@ class StreamedSplit:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
         for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
             table = _read_table(shard)
-            column = _column(table, "text", self.cfg.columns.text, shard.path, required=True)
+            column = find_column(table, "text", self.cfg.columns.text, shard.path, required=True)
             yield from table.column(column).to_pylist()
 
     def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,

@@ -594,11 +594,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
-    from asrforge.data.sources import source_config
+    from asrforge.data.options import data_options
 
-    if not args.data.exists():
-        raise UserError(f"--data {args.data}: no such file or directory")
-    data = source_config(args.data, args.overrides)
+    data = data_options(args)
     if args.vocab_command == "build":
         if args.vocab_size <= 256:
             raise UserError(f"--vocab-size must be > 256 (the byte tokens), got {args.vocab_size}")

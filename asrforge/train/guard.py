@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +119,7 @@ def is_data_source(path: Path) -> bool:
     recordings with a data file named by its split beside them (``validation.jsonl``), or a
     directory of data files and no recordings. A ``metadata.csv`` or ``notes.json`` beside
     recordings leaves them audio files, as they were before the guard read data."""
-    from asrforge.data.sources import FILE_FORMATS, SPLIT_WORDS
+    from asrforge.data.sources import FILE_FORMATS, split_of
 
     if path.is_file():
         return path.suffix.lower() in FILE_FORMATS
@@ -130,7 +129,7 @@ def is_data_source(path: Path) -> bool:
     data = [p for p in files if p.suffix.lower() in FILE_FORMATS]
     if any(p.suffix.lower() in AUDIO_SUFFIXES for p in files):
         # data.path reads a directory's files only when their names say their split
-        return any(re.match(r"[a-z]*", p.name.lower()).group() in SPLIT_WORDS for p in data)
+        return any(split_of(p.name) is not None for p in data)
     if data:
         return True
     return any(p.suffix.lower() in FILE_FORMATS for p in path.glob("*/*"))  # a data/ folder
@@ -143,10 +142,17 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     from asrforge.data.dataset import data_language
     from asrforge.data.sources import read_split
 
-    data = DataConfig(path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir,
-                      cache_dir=cache_dir)  # fmt: skip
-    ds = read_split(data, cfg.split, option="eval.guard.split", section="eval.guard",
-                    required=("audio",), default_language=language)  # fmt: skip
+    data = DataConfig(
+        path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir, cache_dir=cache_dir
+    )
+    ds = read_split(
+        data,
+        cfg.split,
+        option="eval.guard.split",
+        section="eval.guard",
+        required=("audio",),
+        default_language=language,
+    )
     for i, row in enumerate(ds):
         uid = str(row.get("id") or i)
         ref = (row.get("text") or "").strip() or None

@@ -27,6 +27,7 @@ from asrforge.evaluation.evaluate import evaluate, token_loss
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
+from asrforge.selection import format_metrics
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.forward import TrainingWhisper
@@ -158,7 +159,7 @@ class Trainer:
                     "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
                     "configured made no evaluated step better by the selection policy",
                     NOT_IMPROVED,
-                    _brief(run.setup.selector.start),
+                    format_metrics(run.setup.selector.start),
                 )
             result = run.result(status, reason)
             log.info("run %s at step %d: %s", status, state.step, reason)
@@ -615,11 +616,6 @@ class _StepTally:
         self.task_losses[batch.get("task", "asr")].append(float(loss))
         self.samples += batch["size"]
         self.tokens += int((labels >= 0).sum())
-
-
-def _brief(metrics: dict) -> str:
-    """``wer 0.3000, cer 0.1200, loss 1.2345`` of the keys present."""
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in ("wer", "cer", "loss") if k in metrics)
 
 
 def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:

@@ -1,0 +1,48 @@
+"""``--data``, ``--split`` and the ``data.*`` options of the commands that read data outside a
+run (``evaluate``, ``lm build``, ``lm tune``, ``vocab``): their help and the data section they
+make (:func:`asrforge.data.sources.source_config`).
+
+Imported when the ``asrforge`` parser is built, so it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from asrforge.errors import UserError
+
+if TYPE_CHECKING:
+    from asrforge.config import DataConfig
+
+DATA_HELP = (
+    "the data, in any form data.path takes: a save_to_disk DatasetDict or Dataset, a directory "
+    "of parquet/arrow/jsonl/csv/tsv files named by their split, a NeMo JSONL manifest, a CSV/TSV"
+)
+SPLIT_HELP = "the split of data with splits (default {default}); a single file is read whole"
+DATA_OPTIONS_HELP = """\
+How to read --data: the data options of a run's config, written as its overrides are:
+  data.columns.audio=COLUMN     the audio: an Audio feature, bytes or a path
+  data.columns.text=COLUMN      the transcript (default text)
+  data.columns.language=COLUMN  the language (default language or lang)
+  data.columns.id=COLUMN        an utterance id for reports
+  data.language=LANG            the language of every utterance, for data without a column
+  data.audio_dir=DIR            where relative audio paths are read from
+  data.cache_dir=DIR            where the Arrow copy of parquet/json/csv files is kept
+e.g. --data cv/test.tsv data.columns.audio=path data.columns.text=sentence \
+data.columns.language=locale"""
+"""A command's epilog (with ``argparse.RawDescriptionHelpFormatter``)."""
+
+
+def data_options(args: argparse.Namespace) -> DataConfig:
+    """The data section ``--data`` (``args.data``) and the ``data.*`` options on the line
+    (``args.overrides``) describe.
+
+    Raises:
+        UserError: ``--data`` does not exist, or an option is unknown or bad.
+    """
+    from asrforge.data.sources import source_config
+
+    if not args.data.exists():
+        raise UserError(f"--data {args.data}: no such file or directory")
+    return source_config(args.data, args.overrides)
