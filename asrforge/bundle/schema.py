@@ -83,6 +83,7 @@ TRAINING_ONLY: Split = {
     },
     "eval": {
         "eval_steps": ALL,
+        "at_start": ALL,
         "at_end": ALL,
         "beam_size": ALL,  # a bundle decodes with the beams its caller asks for
         # the long-form evaluation's recordings: a bundle's transcribe decodes long audio anyway
