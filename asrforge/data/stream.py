@@ -16,9 +16,9 @@ DataLoader worker ``i % num_workers`` (the DataLoader takes the workers' outputs
 and lower workers never hold fewer batches, so the order is kept to the epoch's end). Every
 worker reads the rows of the blocks its batches come from and decodes audio only for its own.
 
-Checks. Rows are checked as their batch is built (:func:`check_row`: the checks
-``prepare_split`` makes up front); a skipped row leaves its batch one shorter and is reported by
-reason like a clip that fails to decode (the loop's log, ``TrainState.dropped_utterances``, and
+Checks. Rows are checked as their batch is built (:func:`check_row`: the
+:class:`~asrforge.data.utterances.UtteranceRules` ``prepare_split`` applies, with its reasons);
+a skipped row leaves its batch one shorter and is reported by reason like a clip that fails to decode (the loop's log, ``TrainState.dropped_utterances``, and
 ``skipped-<split>.json``, rewritten as drops come in). A language without a token stops the run
 naming the value, as it does up front for the map-style split.
 
@@ -49,12 +49,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
-from asrforge.data.audio import audio_info
 from asrforge.data.dataset import (
     Collator,
     SkipReport,
     SpeechDataset,
-    Utterance,
     check_english_only,
     check_language_tokens,
     data_language,
@@ -69,6 +67,17 @@ from asrforge.data.sources import (
     read_split,
     split_files,
     standardize,
+)
+from asrforge.data.utterances import (
+    NOT_FOUND,
+    UnusableAudio,
+    Utterance,
+    UtteranceRules,
+    audio_key,
+    audio_source,
+    header_seconds,
+    named,
+    utterance_problem,
 )
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
@@ -272,61 +281,51 @@ def local_batches(total_rows: int, batch_size: int, rank: int, world: int) -> in
 # -- checks ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class RowRules:
-    """What :func:`check_row` needs: the split's name, the tokenizer and the limits."""
+    """What :func:`check_row` needs: the rules ``prepare_split`` applies (one set: its limits
+    and reason strings), and what only a stream checks row by row: the split's name (its
+    messages) and the language filter."""
 
+    utterance: UtteranceRules
     split: str
-    tokenizer: object
-    specials: object
-    task: str
     keep: set[str] | None  # data.languages' codes, None: all
-    max_target_positions: int
-    max_seconds: float
 
 
 def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
     """The utterance of one standardized row (``audio``, ``text``, ``language``), or why it is
-    skipped (the ``SkipReport`` reason ``prepare_split`` gives). ``Utterance.row`` is 0.
+    skipped (the ``SkipReport`` reason ``prepare_split`` gives: :func:`utterance_problem` and
+    the audio header's). ``Utterance.row`` is 0.
 
     Raises:
         UserError: its language has no token (every utterance of it would be dropped), or is
             not English under an English-only model.
     """
-    lang = data_language(row.get("language"))
+    value = row.get("language")
+    lang = data_language(value)
     if rules.keep is not None and lang not in rules.keep:
         return "language not in data.languages"
-    text = row.get("text")
-    if text is None or not text.strip():
-        return "empty text"
-    specials = rules.specials
+    utterance, specials = rules.utterance, rules.utterance.specials
     if specials.multilingual and specials.token_language(lang) is None:
-        check_language_tokens(
-            Counter([row.get("language")]), rules.split, specials, rules.keep, [uid]
-        )
-    if not specials.multilingual and not is_english(row.get("language")):
-        check_english_only(Counter([row.get("language")]), rules.split, specials, rules.keep)
+        check_language_tokens(Counter([value]), rules.split, specials, rules.keep, [uid])
+    if not specials.multilingual and not is_english(value):
+        check_english_only(Counter([value]), rules.split, specials, rules.keep)
+    text = row.get("text")
+    prompt = utterance.prompt(lang)
+    text_ids = utterance.text_ids(text) if text and text.strip() else []
+    # what the text tells (empty, labels too long), then what the audio's header tells
+    problem = utterance_problem(utterance, text=text, n_prompt=len(prompt), n_text=len(text_ids))
+    if problem is not None:
+        return problem
     audio = row.get("audio") or {}
-    blob = audio.get("bytes")
-    src = blob if blob else audio.get("path")
     try:
-        if not src:
-            raise ValueError("no audio")
-        _, seconds = audio_info(src)
-    except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
-        if isinstance(src, str) and not Path(src).exists():
-            return "audio file not found"
-        return "unreadable audio"
-    if seconds <= 0:
-        return "empty audio (0 samples)"
-    if seconds > rules.max_seconds:
-        return f"audio longer than {rules.max_seconds:g} s"
-    text_ids = rules.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
-    prompt = specials.prompt(lang, rules.task)
-    if len(prompt) + len(text_ids) + 1 > rules.max_target_positions:
-        return f"labels longer than {rules.max_target_positions} tokens"
-    key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
-    return Utterance(0, uid, lang, text.strip(), prompt, text_ids, key, seconds)
+        seconds = header_seconds(audio)
+    except UnusableAudio as e:
+        return e.reason
+    problem = utterance.seconds_problem(seconds)
+    if problem is not None:
+        return problem
+    return Utterance(0, uid, lang, text.strip(), prompt, text_ids, audio_key(audio), seconds)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -412,8 +411,10 @@ class StreamedSplit:
             UserError: a language of the first shard has no token.
         """
         keep = language_filter(self.cfg.languages)
-        self.rules = RowRules(self.split, tokenizer, specials, self.cfg.task, keep,
-                              max_target_positions, max_seconds)  # fmt: skip
+        rules = UtteranceRules(
+            tokenizer, specials, self.cfg.task, max_target_positions, max_seconds
+        )
+        self.rules = RowRules(rules, self.split, keep)
         self.features, self.eot = features, eot
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
@@ -447,11 +448,8 @@ class StreamedSplit:
         for row, uid in rows:
             checked = check_row(row, uid, self.rules)
             if isinstance(checked, str):
-                path = (row.get("audio") or {}).get("path") or ""
-                if checked == "audio file not found" and not path.endswith(uid):
-                    uid = (
-                        f"{uid} ({path})"  # named: the id may not say which file (as prepare_split)
-                    )
+                if checked == NOT_FOUND:  # the id may not say which file (as prepare_split)
+                    uid = named(uid, audio_source(row.get("audio")))
                 items.append({"dropped": uid, "reason": checked})
                 continue
             checked.row = len(utts)
