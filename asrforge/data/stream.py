@@ -18,9 +18,11 @@ worker reads the rows of the blocks its batches come from and decodes audio only
 
 Checks. Rows are checked as their batch is built (:func:`check_row`: the
 :class:`~asrforge.data.utterances.UtteranceRules` ``prepare_split`` applies, with its reasons);
-a skipped row leaves its batch one shorter and is reported by reason like a clip that fails to decode (the loop's log, ``TrainState.dropped_utterances``, and
-``skipped-<split>.json``, rewritten as drops come in). A language without a token stops the run
-naming the value, as it does up front for the map-style split.
+a skipped row leaves its batch one shorter and is reported by reason like a clip that fails to
+decode in a map-style split (the loop's log, ``TrainState.dropped`` gathered from every rank,
+and ``skipped-<split>.json``, which rank zero rewrites at each checkpoint and at the end). A
+language without a token stops the run naming the value, as it does up front for the
+map-style split.
 
 Position. ``TrainState.epoch`` and ``batch_in_epoch`` say where the stream is (a resume starts at
 that batch, skipping whole shards by their row counts, reading no audio); ``stream_position``
@@ -38,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,12 +52,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from asrforge.config import DataConfig
 from asrforge.data.dataset import (
     Collator,
-    SkipReport,
     SpeechDataset,
     check_english_only,
     check_language_tokens,
     data_language,
-    dropped_by_reason,
     is_english,
     language_filter,
 )
@@ -80,14 +79,11 @@ from asrforge.data.utterances import (
     utterance_problem,
 )
 from asrforge.errors import UserError
-from asrforge.io.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
 """Bytes read at a time while counting a JSONL file's lines."""
-REPORT_SECONDS = 30.0
-"""At most this often the skip report of a streamed split is rewritten while drops come in."""
 
 
 @dataclass(frozen=True)
@@ -423,8 +419,13 @@ class StreamedSplit:
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)
 
-    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int, report: StreamReport):
-        """The batches of ``epoch`` on this rank from its ``start_batch``-th on."""
+    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int) -> Iterator[dict]:
+        """The batches of ``epoch`` on this rank from its ``start_batch``-th on; a batch's
+        skipped rows are in its ``dropped``/``dropped_reasons``, as a map-style split's.
+
+        Raises:
+            UserError: (while iterated) a row's language has no token, or a shard cannot be read.
+        """
         workers = self.cfg.num_workers
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
         loader = DataLoader(
@@ -437,7 +438,7 @@ class StreamedSplit:
             # (dropout's), or a resumed run would see other dropout masks
             generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),
         )
-        return report.watch(loader)
+        return _stopping(loader)
 
     # -- what a worker does ---------------------------------------------------------------------
     def batch(self, rows: list[tuple[dict, str]], epoch: int, position: dict) -> dict:
@@ -521,53 +522,13 @@ class _EpochBatches(IterableDataset):
         return row, str(uid)
 
 
-class StreamReport:
-    """The skip report of a streamed split, built as batches come in: each loader's batches pass
-    through :meth:`watch`, which stops the run on a batch that says so and records drops.
-
-    ``skipped-<split>.json`` (rank zero; ``skipped-<split>-rank<r>.json`` on the others) is
-    rewritten atomically at most every :data:`REPORT_SECONDS` while drops come in and at the end
-    of each epoch; a resumed run adds to the one it finds (an id appears once)."""
-
-    def __init__(self, split: str, out_dir: Path, rank: int):
-        name = f"skipped-{split}.json" if rank == 0 else f"skipped-{split}-rank{rank}.json"
-        self.path = Path(out_dir) / name
-        self.report = SkipReport(split=split)
-        self.seen: set[tuple[str, str]] = set()
-        if self.path.exists():
-            for reason, uids in json.loads(self.path.read_text()).items():
-                for uid in uids:
-                    self._add(reason, uid)
-        self.written = time.monotonic()
-        self.dirty = False
-
-    def _add(self, reason: str, uid: str) -> None:
-        if (reason, uid) not in self.seen:
-            self.seen.add((reason, uid))
-            self.report.add(reason, uid)
-            self.dirty = True
-
-    def watch(self, batches) -> Iterator[dict]:
-        for batch in batches:
-            if "stop" in batch:
-                raise UserError(batch["stop"])
-            for reason, uids in dropped_by_reason(batch).items():
-                for uid in uids:
-                    self._add(reason, uid)
-            if self.dirty and time.monotonic() - self.written > REPORT_SECONDS:
-                self.write()
-            yield batch
-        self.write()
-
-    def write(self) -> None:
-        """Rewrite the file when drops came in since the last write, and log the counts so far."""
-        if self.dirty:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.path, json.dumps(self.report.skipped, indent=1))
-            counts = ", ".join(f"{len(v)} {k}" for k, v in self.report.skipped.items())
-            log.warning("split %s (streamed): skipped so far: %s; all ids in %s",
-                        self.report.split, counts, self.path)  # fmt: skip
-        self.written, self.dirty = time.monotonic(), False
+def _stopping(batches) -> Iterator[dict]:
+    """``batches``, raising in the training process the error a worker met (a language without
+    a token, a file gone bad), which it passes on as a ``stop`` batch."""
+    for batch in batches:
+        if "stop" in batch:
+            raise UserError(batch["stop"])
+        yield batch
 
 
 def stream_eval_split(cfg: DataConfig):

@@ -42,7 +42,7 @@ from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.sources import training_splits
-from asrforge.data.stream import StreamedSplit, StreamReport, stream_eval_split
+from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
@@ -100,8 +100,6 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
-    stream_report: StreamReport | None = None
-    """With ``data.stream.enabled``: the skip report its batches add to."""
 
     @property
     def train_languages(self) -> Counter:
@@ -109,8 +107,9 @@ class RunSetup:
         return _train_languages(self.train_set)
 
     train_skipped: SkipReport | None = None
-    """What preparing the training split skipped up front; the clips the workers drop during
-    training are added to it in ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
+    """What preparing the training split skipped up front (nothing for a stream: its rows are
+    checked as they stream by); the clips the workers drop during training are added to it in
+    ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
 
     @property
     def model(self):
@@ -132,7 +131,6 @@ class RunSetup:
                 start_batch,
                 rank=acc.process_index,
                 world=acc.num_processes,
-                report=self.stream_report,
             )
             return self._with_text(loader, micro_batch, text_position)
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
@@ -298,8 +296,6 @@ class RunSetup:
         restore_rng_state(rng)
 
     def close(self) -> None:
-        if self.stream_report is not None:  # the drops since it was last written
-            self.stream_report.write()
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
@@ -359,9 +355,9 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
-    train_skipped = None
     if stream is not None:
         train_set, eval_set = build_stream_datasets(cfg, out, acc, bundle, stream, eval_split)
+        train_skipped = SkipReport(cfg.data.train_split, total=len(stream))
     else:
         train_set, eval_set, train_skipped = build_datasets(
             cfg, out, acc, bundle, train_split, eval_split
@@ -414,11 +410,6 @@ def prepare_run(
         startup=clock,
         packing=packing,
         lora_base=lora_base,
-        stream_report=(
-            StreamReport(cfg.data.train_split, out, acc.process_index)
-            if stream is not None
-            else None
-        ),
         train_skipped=train_skipped,
     )
 
