@@ -362,3 +362,29 @@ def test_a_run_on_a_directory_streams_and_evaluates_on_its_dev_file(tmp_path, cl
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert result.last_metrics["n"] == 12  # dev.jsonl
     assert not list((tmp_path / "run").glob("skipped-train*.json"))  # nothing skipped, no file
+
+
+def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips):
+    # as for a map-style split: counted per language up front, not skips (no skipped-train.json,
+    # no "dropped clips" warnings); a filter that leaves nothing names the split's languages
+    path, _ = stream_source("jsonl files", tmp_path / "corpus", clips)
+    languages = [r["language"] for r in by_split(clips, "train")]
+    n = {lang: languages.count(lang) for lang in ("en", "es")}
+    data = {"path": str(path), "stream": {"enabled": True}, "languages": ["English"]}
+    cfg = tiny_config(tmp_path / "run", path, data=data, train={"max_steps": 100, "max_epochs": 1},
+                      eval={"eval_steps": None})  # fmt: skip
+    _, result = run(cfg, [])
+    assert result.status == "completed"
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert (f"split train: 48 utterances: {n['en']} kept, {n['es']} left out by data.languages "
+            f"(es {n['es']}), none skipped") in log  # fmt: skip
+    assert "dropped clips" not in log
+    assert not list((tmp_path / "run").glob("skipped-train*.json"))
+
+    german = tiny_config(tmp_path / "de", path, data={**data, "languages": ["German"]})
+    with pytest.raises(UserError) as e:
+        run(german, [])
+    assert str(e.value).endswith(
+        f"data.languages ['German'] leaves out 48 of its 48 utterances, whose languages are "
+        f"en ({n['en']}), es ({n['es']})"
+    )

@@ -18,7 +18,9 @@ worker reads the rows of the blocks its batches come from and decodes audio only
 
 Checks. Rows are checked as their batch is built (:func:`check_row`: the
 :class:`~asrforge.data.utterances.UtteranceRules` ``prepare_split`` applies, with its reasons);
-a skipped row leaves its batch one shorter and is reported by reason like a clip that fails to
+a row ``data.languages`` leaves out is left out of its batch too, but is no skip (counted per
+language up front, :meth:`StreamedSplit.left_out`, as ``prepare_split`` counts them); a skipped
+row leaves its batch one shorter and is reported by reason like a clip that fails to
 decode in a map-style split (the loop's log, ``TrainState.dropped`` gathered from every rank,
 and ``skipped-<split>.json``, which rank zero rewrites at each checkpoint and at the end). A
 language without a token stops the run naming the value, as it does up front for the
@@ -74,6 +76,7 @@ from asrforge.data.utterances import (
     UtteranceRules,
     audio_key,
     audio_source,
+    dictionary_encoded,
     header_seconds,
     named,
     utterance_problem,
@@ -288,10 +291,11 @@ class RowRules:
     keep: set[str] | None  # data.languages' codes, None: all
 
 
-def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
-    """The utterance of one standardized row (``audio``, ``text``, ``language``), or why it is
+def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
+    """The utterance of one standardized row (``audio``, ``text``, ``language``), why it is
     skipped (the ``SkipReport`` reason ``prepare_split`` gives: :func:`utterance_problem` and
-    the audio header's). ``Utterance.row`` is 0.
+    the audio header's), or None when ``data.languages`` leaves its language out (on purpose,
+    not a skip: counted up front, :meth:`StreamedSplit.left_out`). ``Utterance.row`` is 0.
 
     Raises:
         UserError: its language has no token (every utterance of it would be dropped), or is
@@ -300,7 +304,7 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
     value = row.get("language")
     lang = data_language(value)
     if rules.keep is not None and lang not in rules.keep:
-        return "language not in data.languages"
+        return None
     utterance, specials = rules.utterance, rules.utterance.specials
     if specials.multilingual and specials.token_language(lang) is None:
         check_language_tokens(Counter([value]), rules.split, specials, rules.keep, [uid])
@@ -416,6 +420,25 @@ class StreamedSplit:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials, keep)
 
+    def left_out(self) -> dict[str, int]:
+        """Rows per language code that ``data.languages`` leaves out, over every shard (their
+        language column alone is read: a pass over the metadata, made only with the filter)."""
+        keep = language_filter(self.cfg.languages)
+        if keep is None:
+            return {}
+        counts: Counter = Counter()
+        if self.language is not None:  # data.language: every row's
+            counts[self.language] = len(self)
+        for shard in self.shards if self.language is None else []:
+            table = _read_table(shard)
+            column = find_column(
+                table, "language", self.cfg.columns.language, shard.path, required=True
+            )
+            values, index = dictionary_encoded(table.column(column))
+            for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
+                counts[data_language(value)] += int(n)
+        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)
 
@@ -448,6 +471,8 @@ class StreamedSplit:
         utts, items = [], []
         for row, uid in rows:
             checked = check_row(row, uid, self.rules)
+            if checked is None:  # left out by data.languages
+                continue
             if isinstance(checked, str):
                 if checked == NOT_FOUND:  # the id may not say which file (as prepare_split)
                     uid = named(uid, audio_source(row.get("audio")))

@@ -356,8 +356,9 @@ def prepare_run(
         model.config.vocab_size,
     )
     if stream is not None:
-        train_set, eval_set = build_stream_datasets(cfg, out, acc, bundle, stream, eval_split)
-        train_skipped = SkipReport(cfg.data.train_split, total=len(stream))
+        train_set, eval_set, train_skipped = build_stream_datasets(
+            cfg, out, acc, bundle, stream, eval_split
+        )
     else:
         train_set, eval_set, train_skipped = build_datasets(
             cfg, out, acc, bundle, train_split, eval_split
@@ -613,9 +614,7 @@ def build_datasets(
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
-        raise UserError(
-            f"data: no usable utterances in split {cfg.data.train_split!r} of {Path(cfg.data.path)}"
-        )
+        raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
     eot = bundle.specials.eot
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
     # training only: the evaluation set never augments
@@ -627,10 +626,12 @@ def build_datasets(
 
 def build_stream_datasets(
     cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, stream: StreamedSplit, eval_split
-) -> tuple[StreamedSplit, SpeechDataset]:
+) -> tuple[StreamedSplit, SpeechDataset, SkipReport]:
     """``data.stream``: the stream, given what its rows are checked and featurized with (they
-    are checked as they stream by), and the evaluation data set as :func:`build_datasets`
-    makes it."""
+    are checked as they stream by), the evaluation data set as :func:`build_datasets` makes it,
+    and the training split's report: nothing skipped yet (its rows' drops come in during
+    training, as a lazily prepared split's), the rows ``data.languages`` leaves out counted; a
+    filter that leaves nothing is a UserError, as for a map-style split."""
     config = bundle.model.config
     limits = dict(
         max_target_positions=config.max_target_positions, max_seconds=window_seconds(config)
@@ -645,12 +646,17 @@ def build_stream_datasets(
     stream.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
+    train_report = SkipReport(cfg.data.train_split, total=len(stream), left_out=stream.left_out())
     kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials, **limits)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
-    eval_report.log(out if acc.is_main_process else None)
-    return stream, SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    for r in (train_report, eval_report):
+        r.log(out if acc.is_main_process else None)
+    if train_report.n_left_out == train_report.total:
+        raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
+    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    return stream, eval_set, train_report
 
 
 def attach_feature_cache(
