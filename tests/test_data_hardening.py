@@ -124,6 +124,38 @@ def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path,
     assert len(utts) == len(split)
 
 
+def test_rows_left_out_by_data_languages_are_counted_apart_not_skipped(tmp_path, tones_dir, caplog):
+    # a deliberate filter is no defect of the data: the log says kept / left out (per language)
+    # / skipped, the skip report does not list them; a filter that leaves nothing names the
+    # languages the split has (it said "48 utterances, none skipped", then "no usable")
+    split = load_arrow(tones_dir)["train"]
+    n = {lang: split["language"].count(lang) for lang in ("en", "es")}
+    total = len(split)
+    tok = tokenizer_without()
+    specials = SpecialTokens.from_tokenizer(tok, True)
+    _, report = prepare(split, tok, specials, languages=["English"])
+    assert (report.left_out, report.n_skipped) == ({"es": n["es"]}, 0)
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        report.log(tmp_path)
+        report.with_dropped({"unreadable audio": ["u1"]}).log(tmp_path, " up to step 3")
+    left = f"left out by data.languages (es {n['es']})"
+    assert f"split train: {total} utterances: {n['en']} kept, {n['es']} {left}, none skipped" in (
+        caplog.text
+    )
+    assert f"{total} utterances: {n['en'] - 1} kept, {n['es']} {left}, 1 skipped up to step 3" in (
+        caplog.text
+    )
+    assert json.loads((tmp_path / "skipped-train.json").read_text()) == {"unreadable audio": ["u1"]}
+
+    cfg = tiny_config(tmp_path / "run", tones_dir, data={"languages": ["German"]})
+    with pytest.raises(UserError) as e:
+        fit(cfg)
+    assert str(e.value).endswith(
+        f"data.languages ['German'] leaves out {total} of its {total} utterances, whose languages "
+        f"are en ({n['en']}), es ({n['es']})"
+    )
+
+
 def test_vocab_build_reads_the_transcripts_of_every_spelling_of_its_language(tmp_path):
     from datasets import Dataset, DatasetDict
 

@@ -16,7 +16,6 @@ from asrforge.config import DataConfig
 from asrforge.data.dataset import load_arrow
 from asrforge.data.stream import (
     StreamedSplit,
-    StreamReport,
     _read_table,
     epoch_blocks,
     find_shards,
@@ -114,8 +113,7 @@ def open_split(cfg: DataConfig, tok_specials, seed: int = 0) -> StreamedSplit:
 def epoch_uids(stream: StreamedSplit, tmp_path: Path, epoch: int = 0, *, start: int = 0,
                rank: int = 0, world: int = 1) -> list[list[str]]:  # fmt: skip
     """The ids of each batch (kept and dropped) the loader gives."""
-    report = StreamReport(stream.split, tmp_path, rank)
-    loader = stream.loader(epoch, start, rank=rank, world=world, report=report)
+    loader = stream.loader(epoch, start, rank=rank, world=world)
     return [[*b.get("uid", []), *b["dropped"]] for b in loader]
 
 
@@ -200,41 +198,82 @@ def test_ranks_and_workers_partition_the_batches(workers, tmp_path, clips, tok_s
         assert resumed == one[1::2][1:]
 
 
-def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(
-    tmp_path, clips, tok_specials
-):
+def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(tmp_path, clips):
+    # through a training run: the drops go to TrainState.dropped and skipped-train.json as a
+    # map-style split's do (written at each checkpoint and at the end, each id once)
     root = tmp_path / "corpus"
     train = by_split(clips, "train")
     (root / train[3]["file"]).unlink()
-    rows = [{"audio_filepath": r["file"], "text": "" if i == 5 else r["text"], "lang": r["language"]}
-            for i, r in enumerate(train)]  # fmt: skip
+    rows = [{"audio_filepath": r["file"], "text": "" if i == 5 else r["text"],
+             "lang": r["language"], "id": f"u{i}"} for i, r in enumerate(train)]  # fmt: skip
     write_jsonl(root / "m.jsonl", rows)
-    cfg = DataConfig(
-        path=root / "m.jsonl", batch_size=4, stream={"enabled": True, "shard_rows": 10}
-    )
-    stream = open_split(cfg, tok_specials)
-    batches = epoch_uids(stream, tmp_path)
-    assert sum(len(b) for b in batches) == 48  # a skipped row leaves its batch one shorter
-    skipped = json.loads((tmp_path / "skipped-train.json").read_text())
-    assert skipped == {"audio file not found": [train[3]["file"]], "empty text": [train[5]["file"]]}
-    # with an id column, a missing file is named by its id and its path
-    with_ids = [{**r, "id": f"u{i}"} for i, r in enumerate(rows)]
-    write_jsonl(root / "m.jsonl", with_ids)
-    epoch_uids(open_split(cfg, tok_specials), tmp_path / "ids")
-    skipped = json.loads((tmp_path / "ids" / "skipped-train.json").read_text())
-    missing = root / train[3]["file"]
-    assert skipped == {"audio file not found": [f"u3 ({missing})"], "empty text": ["u5"]}
+    write_jsonl(root / "dev.jsonl", [{"audio": r["file"], "text": r["text"],
+                                      "language": r["language"]}
+                                     for r in by_split(clips, "validation")])  # fmt: skip
+    data = {"path": str(root / "m.jsonl"), "batch_size": 4,
+            "stream": {"enabled": True, "shard_rows": 10, "eval_path": str(root / "dev.jsonl")}}  # fmt: skip
+    sections = dict(data=data, train={"max_steps": 100, "max_epochs": 2},
+                    eval={"eval_steps": None, "at_end": False})  # fmt: skip
+    cfg = tiny_config(tmp_path / "run", root, **sections)
+    # stopped after epoch 0 (12 batches): its checkpoint and the report hold both drops
+    _, interrupted = run(cfg, [PreemptAt(12)])
+    assert interrupted.status == "interrupted"
+    missing = root / train[3]["file"]  # named by its id and its path (the id does not say it)
+    expected = {"audio file not found": [f"u3 ({missing})"], "empty text": ["u5"]}
+    state = json.loads((tmp_path / "run/checkpoints/latest/train_state.json").read_text())
+    assert {k: sorted(v) for k, v in state["dropped"].items()} == expected
+    report = tmp_path / "run" / "skipped-train.json"
+    assert {k: sorted(v) for k, v in json.loads(report.read_text()).items()} == expected
+    # the resumed epoch 1 drops them again: still listed once; no per-rank file
+    _, result = run(cfg, [], resume=True)
+    assert (result.status, result.step) == ("completed", 24)
+    assert {k: sorted(v) for k, v in json.loads(report.read_text()).items()} == expected
+    assert [p.name for p in (tmp_path / "run").glob("skipped-train*.json")] == [report.name]
+    assert "up to step 24" in (tmp_path / "run" / "train.log").read_text()
 
     # a language with no token in a later shard: the run stops naming the value
     rows[40]["lang"] = "Klingon"
     write_jsonl(root / "m.jsonl", rows)
-    stream = open_split(cfg, tok_specials)  # the first shard's languages are fine
     with pytest.raises(UserError, match=r"language 'Klingon' \(1 utterances\) has no token"):
-        epoch_uids(stream, tmp_path)
+        run(tiny_config(tmp_path / "klingon", root, **sections), [])
     rows[2]["lang"] = "Klingon"  # in the first shard: refused before training
     write_jsonl(root / "m.jsonl", rows)
     with pytest.raises(UserError, match="'Klingon'"):
-        open_split(cfg, tok_specials)
+        run(tiny_config(tmp_path / "klingon-first", root, **sections), [])
+
+
+def test_two_ranks_drops_are_gathered_into_rank_zeros_skip_report(tmp_path, clips):
+    """torchrun, two CPU processes: each rank checks its own batches' rows; rank zero's
+    skipped-train.json lists both ranks' drops (gathered at the checkpoint), and no rank writes
+    a file of its own."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "corpus"
+    train = by_split(clips, "train")
+    empty = set(range(0, 48, 5))  # spread over the batches of both ranks
+    rows = [{"audio_filepath": r["file"], "text": "" if i in empty else r["text"],
+             "lang": r["language"], "id": f"u{i}"} for i, r in enumerate(train)]  # fmt: skip
+    write_jsonl(root / "m.jsonl", rows)
+    write_jsonl(root / "dev.jsonl", [{"audio": r["file"], "text": r["text"],
+                                      "language": r["language"]}
+                                     for r in by_split(clips, "validation")])  # fmt: skip
+    data = {"path": str(root / "m.jsonl"), "batch_size": 4,
+            "stream": {"enabled": True, "shard_rows": 10, "eval_path": str(root / "dev.jsonl")}}  # fmt: skip
+    cfg = tiny_config(tmp_path / "run", root, data=data, train={"max_steps": 100, "max_epochs": 1},
+                      eval={"eval_steps": None, "at_end": False})  # fmt: skip
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "asrforge", "train", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    skipped = json.loads((tmp_path / "run" / "skipped-train.json").read_text())
+    assert sorted(skipped["empty text"]) == sorted(f"u{i}" for i in empty)
+    files = [p.name for p in (tmp_path / "run").glob("skipped-train*.json")]
+    assert files == ["skipped-train.json"]
 
 
 def test_an_english_only_model_refuses_a_streamed_language_other_than_english(
@@ -323,3 +362,29 @@ def test_a_run_on_a_directory_streams_and_evaluates_on_its_dev_file(tmp_path, cl
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert result.last_metrics["n"] == 12  # dev.jsonl
     assert not list((tmp_path / "run").glob("skipped-train*.json"))  # nothing skipped, no file
+
+
+def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips):
+    # as for a map-style split: counted per language up front, not skips (no skipped-train.json,
+    # no "dropped clips" warnings); a filter that leaves nothing names the split's languages
+    path, _ = stream_source("jsonl files", tmp_path / "corpus", clips)
+    languages = [r["language"] for r in by_split(clips, "train")]
+    n = {lang: languages.count(lang) for lang in ("en", "es")}
+    data = {"path": str(path), "stream": {"enabled": True}, "languages": ["English"]}
+    cfg = tiny_config(tmp_path / "run", path, data=data, train={"max_steps": 100, "max_epochs": 1},
+                      eval={"eval_steps": None})  # fmt: skip
+    _, result = run(cfg, [])
+    assert result.status == "completed"
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert (f"split train: 48 utterances: {n['en']} kept, {n['es']} left out by data.languages "
+            f"(es {n['es']}), none skipped") in log  # fmt: skip
+    assert "dropped clips" not in log
+    assert not list((tmp_path / "run").glob("skipped-train*.json"))
+
+    german = tiny_config(tmp_path / "de", path, data={**data, "languages": ["German"]})
+    with pytest.raises(UserError) as e:
+        run(german, [])
+    assert str(e.value).endswith(
+        f"data.languages ['German'] leaves out 48 of its 48 utterances, whose languages are "
+        f"en ({n['en']}), es ({n['es']})"
+    )

@@ -149,11 +149,13 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
 
 @dataclass
 class SkipReport:
-    """What filtering dropped, by reason."""
+    """What filtering dropped, by reason, and what ``data.languages`` left out on purpose (counts
+    per language code: not a defect of the data, so not in ``skipped-<split>.json``)."""
 
     split: str
     total: int = 0
     skipped: dict[str, list[str]] = field(default_factory=dict)
+    left_out: dict[str, int] = field(default_factory=dict)
 
     def add(self, reason: str, uid: str) -> None:
         self.skipped.setdefault(reason, []).append(uid)
@@ -162,6 +164,10 @@ class SkipReport:
     def n_skipped(self) -> int:
         return sum(len(v) for v in self.skipped.values())
 
+    @property
+    def n_left_out(self) -> int:
+        return sum(self.left_out.values())
+
     def with_dropped(self, dropped: dict[str, list[str]]) -> SkipReport:
         """This report and the clips the workers dropped since (each id once per reason)."""
         merged = {k: list(v) for k, v in self.skipped.items()}
@@ -169,7 +175,7 @@ class SkipReport:
             have = merged.setdefault(reason, [])
             seen = set(have)
             have += [u for u in dict.fromkeys(uids) if u not in seen]
-        return SkipReport(self.split, self.total, merged)
+        return SkipReport(self.split, self.total, merged, dict(self.left_out))
 
     def write(self, out_dir: Path) -> Path | None:
         """``out_dir/skipped-<split>.json`` (atomically), when anything was skipped."""
@@ -180,20 +186,48 @@ class SkipReport:
         return target
 
     def log(self, out_dir: Path | None, when: str = "") -> None:
-        """Log the skipped counts and ids (and write them to ``out_dir``); ``when``: what the
-        counts cover, e.g. "up to step 200"."""
+        """Log the counts kept, left out by ``data.languages`` and skipped, and the skipped ids
+        (and write them to ``out_dir``); ``when``: what the counts cover, e.g. "up to step
+        200"."""
+        kept = self.total - self.n_skipped - self.n_left_out
+        # with data.languages: "40 utterances: 18 kept, 20 left out by data.languages (es 20), "
+        share = ""
+        if self.left_out:
+            per_language = ", ".join(f"{lang} {n}" for lang, n in sorted(self.left_out.items()))
+            share = f": {kept} kept, {self.n_left_out} left out by data.languages ({per_language}),"
         if not self.n_skipped:
-            log.info("split %s: %d utterances, none skipped", self.split, self.total)
+            log.info("split %s: %d utterances%s none skipped", self.split, self.total,
+                     share or ",")  # fmt: skip
             return
         counts = ", ".join(f"{len(v)} {k}" for k, v in self.skipped.items())
         ids = [u for v in self.skipped.values() for u in v]
         shown = ", ".join(ids[:20]) + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else "")
         target = self.write(out_dir) if out_dir is not None else None
         where = f"; all ids in {target}" if target is not None else ""
+        if share:
+            log.warning(
+                "split %s: %d utterances%s %d skipped%s (%s): %s%s",
+                self.split, self.total, share, self.n_skipped, when, counts, shown, where,
+            )  # fmt: skip
+            return
         log.warning(
             "split %s: skipped %d of %d utterances%s (%s): %s%s",
             self.split, self.n_skipped, self.total, when, counts, shown, where,
         )
+
+    def nothing_usable(self, path: Path, languages: list[str] | None) -> UserError:
+        """The error of a split with no usable utterance; when ``data.languages`` left rows out,
+        it names the languages the split has."""
+        message = f"data: no usable utterances in split {self.split!r} of {Path(path)}"
+        if self.left_out:
+            has = ", ".join(f"{lang} ({n})" for lang, n in sorted(self.left_out.items()))
+            message += (
+                f": data.languages {languages} leaves out {self.n_left_out} of its "
+                f"{self.total} utterances, whose languages are {has}"
+            )
+            if self.n_skipped:
+                message += f", and {self.n_skipped} were skipped"
+        return UserError(message)
 
 
 def prepare_split(
@@ -225,17 +259,17 @@ def prepare_split(
     key = prepared.fingerprint(split, cfg, rules) if cache is not None and not lazy else None
     stored = prepared.load(cache, key, split, name, rules) if key is not None else None
     if stored is not None:
-        table, skipped, total = stored
+        table, skipped, total, left_out = stored
         log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
         _log_language_tokens(name, table, specials)
-        return table, SkipReport(name, total, skipped)
+        return table, SkipReport(name, total, skipped, left_out)
     report = SkipReport(split=name, total=len(split))
     table = _metadata_table(split, name, rules, cfg, report)
     if not lazy:
         table = check_in_full(table, report)
     if key is not None:
         try:
-            prepared.save(cache, key, table, report.skipped, report.total)
+            prepared.save(cache, key, table, report.skipped, report.total, report.left_out)
         except CheckpointSaveError as e:  # the run goes on; the next one checks again
             log.warning("split %s: the checked split is not cached: %s", name, e)
     _log_language_tokens(name, table, specials)
@@ -264,9 +298,12 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     language_index = code_of_value[value_index]
     keep_langs = language_filter(cfg.languages)
     wanted = np.ones(len(split), dtype=bool)
-    if keep_langs is not None:
+    if keep_langs is not None:  # left out on purpose: counted per language, not skipped
         allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
         wanted = allowed[language_index]
+        per_language = np.bincount(language_index[~wanted], minlength=len(languages))
+        report.left_out = {lang: int(n) for lang, n in zip(languages, per_language, strict=True)
+                           if n}  # fmt: skip
     text = meta.column("text")
     blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
     empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)

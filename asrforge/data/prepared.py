@@ -67,8 +67,9 @@ def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
 
 
 def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
-    """``(table, skipped by reason, total)`` stored under ``key``, or None when there is none
-    (or it cannot be read: it is recomputed)."""
+    """``(table, skipped by reason, total, rows left out by data.languages per language)``
+    stored under ``key``, or None when there is none (or it cannot be read, or was stored
+    without the left-out counts: it is recomputed)."""
     directory = Path(root) / key
     try:
         meta = json.loads((directory / "meta.json").read_text())
@@ -83,15 +84,23 @@ def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
                 seconds=columns["seconds"],
                 n_tokens=columns["n_tokens"],
             )
+        left_out = meta["left_out"]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError) as e:
         log.warning("prepared split %s unusable (%s): checking the split again", directory, e)
         return None
-    return table, meta["skipped"], meta["total"]
+    return table, meta["skipped"], meta["total"], left_out
 
 
-def save(root: Path, key: str, table: UtteranceTable, skipped: dict, total: int) -> Path:
+def save(
+    root: Path,
+    key: str,
+    table: UtteranceTable,
+    skipped: dict,
+    total: int,
+    left_out: dict[str, int] | None = None,
+) -> Path:
     """Store a table checked in full and its skip report under ``key`` (atomically).
 
     Raises:
@@ -106,6 +115,11 @@ def save(root: Path, key: str, table: UtteranceTable, skipped: dict, total: int)
             seconds=table.seconds,
             n_tokens=table.n_tokens,
         )
-        meta = {"languages": table.languages, "skipped": skipped, "total": total}
+        meta = {
+            "languages": table.languages,
+            "skipped": skipped,
+            "total": total,
+            "left_out": dict(left_out or {}),
+        }
         (tmp / "meta.json").write_text(json.dumps(meta))
     return directory

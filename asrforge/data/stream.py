@@ -16,11 +16,15 @@ DataLoader worker ``i % num_workers`` (the DataLoader takes the workers' outputs
 and lower workers never hold fewer batches, so the order is kept to the epoch's end). Every
 worker reads the rows of the blocks its batches come from and decodes audio only for its own.
 
-Checks. Rows are checked as their batch is built (:func:`check_row`: the checks
-``prepare_split`` makes up front); a skipped row leaves its batch one shorter and is reported by
-reason like a clip that fails to decode (the loop's log, ``TrainState.dropped_utterances``, and
-``skipped-<split>.json``, rewritten as drops come in). A language without a token stops the run
-naming the value, as it does up front for the map-style split.
+Checks. Rows are checked as their batch is built (:func:`check_row`: the
+:class:`~asrforge.data.utterances.UtteranceRules` ``prepare_split`` applies, with its reasons);
+a row ``data.languages`` leaves out is left out of its batch too, but is no skip (counted per
+language up front, :meth:`StreamedSplit.left_out`, as ``prepare_split`` counts them); a skipped
+row leaves its batch one shorter and is reported by reason like a clip that fails to
+decode in a map-style split (the loop's log, ``TrainState.dropped`` gathered from every rank,
+and ``skipped-<split>.json``, which rank zero rewrites at each checkpoint and at the end). A
+language without a token stops the run naming the value, as it does up front for the
+map-style split.
 
 Position. ``TrainState.epoch`` and ``batch_in_epoch`` say where the stream is (a resume starts at
 that batch, skipping whole shards by their row counts, reading no audio); ``stream_position``
@@ -38,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,16 +52,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
-from asrforge.data.audio import audio_info
 from asrforge.data.dataset import (
     Collator,
-    SkipReport,
     SpeechDataset,
-    Utterance,
     check_english_only,
     check_language_tokens,
     data_language,
-    dropped_by_reason,
     is_english,
     language_filter,
 )
@@ -70,15 +69,24 @@ from asrforge.data.sources import (
     split_files,
     standardize,
 )
+from asrforge.data.utterances import (
+    NOT_FOUND,
+    UnusableAudio,
+    Utterance,
+    UtteranceRules,
+    audio_key,
+    audio_source,
+    dictionary_encoded,
+    header_seconds,
+    named,
+    utterance_problem,
+)
 from asrforge.errors import UserError
-from asrforge.io.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
 """Bytes read at a time while counting a JSONL file's lines."""
-REPORT_SECONDS = 30.0
-"""At most this often the skip report of a streamed split is rewritten while drops come in."""
 
 
 @dataclass(frozen=True)
@@ -272,61 +280,52 @@ def local_batches(total_rows: int, batch_size: int, rank: int, world: int) -> in
 # -- checks ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class RowRules:
-    """What :func:`check_row` needs: the split's name, the tokenizer and the limits."""
+    """What :func:`check_row` needs: the rules ``prepare_split`` applies (one set: its limits
+    and reason strings), and what only a stream checks row by row: the split's name (its
+    messages) and the language filter."""
 
+    utterance: UtteranceRules
     split: str
-    tokenizer: object
-    specials: object
-    task: str
     keep: set[str] | None  # data.languages' codes, None: all
-    max_target_positions: int
-    max_seconds: float
 
 
-def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str:
-    """The utterance of one standardized row (``audio``, ``text``, ``language``), or why it is
-    skipped (the ``SkipReport`` reason ``prepare_split`` gives). ``Utterance.row`` is 0.
+def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
+    """The utterance of one standardized row (``audio``, ``text``, ``language``), why it is
+    skipped (the ``SkipReport`` reason ``prepare_split`` gives: :func:`utterance_problem` and
+    the audio header's), or None when ``data.languages`` leaves its language out (on purpose,
+    not a skip: counted up front, :meth:`StreamedSplit.left_out`). ``Utterance.row`` is 0.
 
     Raises:
         UserError: its language has no token (every utterance of it would be dropped), or is
             not English under an English-only model.
     """
-    lang = data_language(row.get("language"))
+    value = row.get("language")
+    lang = data_language(value)
     if rules.keep is not None and lang not in rules.keep:
-        return "language not in data.languages"
-    text = row.get("text")
-    if text is None or not text.strip():
-        return "empty text"
-    specials = rules.specials
+        return None
+    utterance, specials = rules.utterance, rules.utterance.specials
     if specials.multilingual and specials.token_language(lang) is None:
-        check_language_tokens(
-            Counter([row.get("language")]), rules.split, specials, rules.keep, [uid]
-        )
-    if not specials.multilingual and not is_english(row.get("language")):
-        check_english_only(Counter([row.get("language")]), rules.split, specials, rules.keep)
+        check_language_tokens(Counter([value]), rules.split, specials, rules.keep, [uid])
+    if not specials.multilingual and not is_english(value):
+        check_english_only(Counter([value]), rules.split, specials, rules.keep)
+    text = row.get("text")
+    prompt = utterance.prompt(lang)
+    text_ids = utterance.text_ids(text) if text and text.strip() else []
+    # what the text tells (empty, labels too long), then what the audio's header tells
+    problem = utterance_problem(utterance, text=text, n_prompt=len(prompt), n_text=len(text_ids))
+    if problem is not None:
+        return problem
     audio = row.get("audio") or {}
-    blob = audio.get("bytes")
-    src = blob if blob else audio.get("path")
     try:
-        if not src:
-            raise ValueError("no audio")
-        _, seconds = audio_info(src)
-    except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
-        if isinstance(src, str) and not Path(src).exists():
-            return "audio file not found"
-        return "unreadable audio"
-    if seconds <= 0:
-        return "empty audio (0 samples)"
-    if seconds > rules.max_seconds:
-        return f"audio longer than {rules.max_seconds:g} s"
-    text_ids = rules.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
-    prompt = specials.prompt(lang, rules.task)
-    if len(prompt) + len(text_ids) + 1 > rules.max_target_positions:
-        return f"labels longer than {rules.max_target_positions} tokens"
-    key = hashlib.sha256(blob if blob else str(src).encode()).hexdigest()
-    return Utterance(0, uid, lang, text.strip(), prompt, text_ids, key, seconds)
+        seconds = header_seconds(audio)
+    except UnusableAudio as e:
+        return e.reason
+    problem = utterance.seconds_problem(seconds)
+    if problem is not None:
+        return problem
+    return Utterance(0, uid, lang, text.strip(), prompt, text_ids, audio_key(audio), seconds)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -412,18 +411,44 @@ class StreamedSplit:
             UserError: a language of the first shard has no token.
         """
         keep = language_filter(self.cfg.languages)
-        self.rules = RowRules(self.split, tokenizer, specials, self.cfg.task, keep,
-                              max_target_positions, max_seconds)  # fmt: skip
+        rules = UtteranceRules(
+            tokenizer, specials, self.cfg.task, max_target_positions, max_seconds
+        )
+        self.rules = RowRules(rules, self.split, keep)
         self.features, self.eot = features, eot
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials, keep)
 
+    def left_out(self) -> dict[str, int]:
+        """Rows per language code that ``data.languages`` leaves out, over every shard (their
+        language column alone is read: a pass over the metadata, made only with the filter)."""
+        keep = language_filter(self.cfg.languages)
+        if keep is None:
+            return {}
+        counts: Counter = Counter()
+        if self.language is not None:  # data.language: every row's
+            counts[self.language] = len(self)
+        for shard in self.shards if self.language is None else []:
+            table = _read_table(shard)
+            column = find_column(
+                table, "language", self.cfg.columns.language, shard.path, required=True
+            )
+            values, index = dictionary_encoded(table.column(column))
+            for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
+                counts[data_language(value)] += int(n)
+        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)
 
-    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int, report: StreamReport):
-        """The batches of ``epoch`` on this rank from its ``start_batch``-th on."""
+    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int) -> Iterator[dict]:
+        """The batches of ``epoch`` on this rank from its ``start_batch``-th on; a batch's
+        skipped rows are in its ``dropped``/``dropped_reasons``, as a map-style split's.
+
+        Raises:
+            UserError: (while iterated) a row's language has no token, or a shard cannot be read.
+        """
         workers = self.cfg.num_workers
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
         loader = DataLoader(
@@ -436,7 +461,7 @@ class StreamedSplit:
             # (dropout's), or a resumed run would see other dropout masks
             generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),
         )
-        return report.watch(loader)
+        return _stopping(loader)
 
     # -- what a worker does ---------------------------------------------------------------------
     def batch(self, rows: list[tuple[dict, str]], epoch: int, position: dict) -> dict:
@@ -446,12 +471,11 @@ class StreamedSplit:
         utts, items = [], []
         for row, uid in rows:
             checked = check_row(row, uid, self.rules)
+            if checked is None:  # left out by data.languages
+                continue
             if isinstance(checked, str):
-                path = (row.get("audio") or {}).get("path") or ""
-                if checked == "audio file not found" and not path.endswith(uid):
-                    uid = (
-                        f"{uid} ({path})"  # named: the id may not say which file (as prepare_split)
-                    )
+                if checked == NOT_FOUND:  # the id may not say which file (as prepare_split)
+                    uid = named(uid, audio_source(row.get("audio")))
                 items.append({"dropped": uid, "reason": checked})
                 continue
             checked.row = len(utts)
@@ -523,53 +547,13 @@ class _EpochBatches(IterableDataset):
         return row, str(uid)
 
 
-class StreamReport:
-    """The skip report of a streamed split, built as batches come in: each loader's batches pass
-    through :meth:`watch`, which stops the run on a batch that says so and records drops.
-
-    ``skipped-<split>.json`` (rank zero; ``skipped-<split>-rank<r>.json`` on the others) is
-    rewritten atomically at most every :data:`REPORT_SECONDS` while drops come in and at the end
-    of each epoch; a resumed run adds to the one it finds (an id appears once)."""
-
-    def __init__(self, split: str, out_dir: Path, rank: int):
-        name = f"skipped-{split}.json" if rank == 0 else f"skipped-{split}-rank{rank}.json"
-        self.path = Path(out_dir) / name
-        self.report = SkipReport(split=split)
-        self.seen: set[tuple[str, str]] = set()
-        if self.path.exists():
-            for reason, uids in json.loads(self.path.read_text()).items():
-                for uid in uids:
-                    self._add(reason, uid)
-        self.written = time.monotonic()
-        self.dirty = False
-
-    def _add(self, reason: str, uid: str) -> None:
-        if (reason, uid) not in self.seen:
-            self.seen.add((reason, uid))
-            self.report.add(reason, uid)
-            self.dirty = True
-
-    def watch(self, batches) -> Iterator[dict]:
-        for batch in batches:
-            if "stop" in batch:
-                raise UserError(batch["stop"])
-            for reason, uids in dropped_by_reason(batch).items():
-                for uid in uids:
-                    self._add(reason, uid)
-            if self.dirty and time.monotonic() - self.written > REPORT_SECONDS:
-                self.write()
-            yield batch
-        self.write()
-
-    def write(self) -> None:
-        """Rewrite the file when drops came in since the last write, and log the counts so far."""
-        if self.dirty:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.path, json.dumps(self.report.skipped, indent=1))
-            counts = ", ".join(f"{len(v)} {k}" for k, v in self.report.skipped.items())
-            log.warning("split %s (streamed): skipped so far: %s; all ids in %s",
-                        self.report.split, counts, self.path)  # fmt: skip
-        self.written, self.dirty = time.monotonic(), False
+def _stopping(batches) -> Iterator[dict]:
+    """``batches``, raising in the training process the error a worker met (a language without
+    a token, a file gone bad), which it passes on as a ``stop`` batch."""
+    for batch in batches:
+        if "stop" in batch:
+            raise UserError(batch["stop"])
+        yield batch
 
 
 def stream_eval_split(cfg: DataConfig):

@@ -42,7 +42,7 @@ from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.sources import training_splits
-from asrforge.data.stream import StreamedSplit, StreamReport, stream_eval_split
+from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.errors import UserError
@@ -100,8 +100,6 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
-    stream_report: StreamReport | None = None
-    """With ``data.stream.enabled``: the skip report its batches add to."""
 
     @property
     def train_languages(self) -> Counter:
@@ -109,8 +107,9 @@ class RunSetup:
         return _train_languages(self.train_set)
 
     train_skipped: SkipReport | None = None
-    """What preparing the training split skipped up front; the clips the workers drop during
-    training are added to it in ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
+    """What preparing the training split skipped up front (nothing for a stream: its rows are
+    checked as they stream by); the clips the workers drop during training are added to it in
+    ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
 
     @property
     def model(self):
@@ -132,7 +131,6 @@ class RunSetup:
                 start_batch,
                 rank=acc.process_index,
                 world=acc.num_processes,
-                report=self.stream_report,
             )
             return self._with_text(loader, micro_batch, text_position)
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
@@ -298,8 +296,6 @@ class RunSetup:
         restore_rng_state(rng)
 
     def close(self) -> None:
-        if self.stream_report is not None:  # the drops since it was last written
-            self.stream_report.write()
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
@@ -359,9 +355,10 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
-    train_skipped = None
     if stream is not None:
-        train_set, eval_set = build_stream_datasets(cfg, out, acc, bundle, stream, eval_split)
+        train_set, eval_set, train_skipped = build_stream_datasets(
+            cfg, out, acc, bundle, stream, eval_split
+        )
     else:
         train_set, eval_set, train_skipped = build_datasets(
             cfg, out, acc, bundle, train_split, eval_split
@@ -414,11 +411,6 @@ def prepare_run(
         startup=clock,
         packing=packing,
         lora_base=lora_base,
-        stream_report=(
-            StreamReport(cfg.data.train_split, out, acc.process_index)
-            if stream is not None
-            else None
-        ),
         train_skipped=train_skipped,
     )
 
@@ -622,9 +614,7 @@ def build_datasets(
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
-        raise UserError(
-            f"data: no usable utterances in split {cfg.data.train_split!r} of {Path(cfg.data.path)}"
-        )
+        raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
     eot = bundle.specials.eot
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
     # training only: the evaluation set never augments
@@ -636,10 +626,12 @@ def build_datasets(
 
 def build_stream_datasets(
     cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, stream: StreamedSplit, eval_split
-) -> tuple[StreamedSplit, SpeechDataset]:
+) -> tuple[StreamedSplit, SpeechDataset, SkipReport]:
     """``data.stream``: the stream, given what its rows are checked and featurized with (they
-    are checked as they stream by), and the evaluation data set as :func:`build_datasets`
-    makes it."""
+    are checked as they stream by), the evaluation data set as :func:`build_datasets` makes it,
+    and the training split's report: nothing skipped yet (its rows' drops come in during
+    training, as a lazily prepared split's), the rows ``data.languages`` leaves out counted; a
+    filter that leaves nothing is a UserError, as for a map-style split."""
     config = bundle.model.config
     limits = dict(
         max_target_positions=config.max_target_positions, max_seconds=window_seconds(config)
@@ -654,12 +646,17 @@ def build_stream_datasets(
     stream.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
+    train_report = SkipReport(cfg.data.train_split, total=len(stream), left_out=stream.left_out())
     kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials, **limits)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
-    eval_report.log(out if acc.is_main_process else None)
-    return stream, SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    for r in (train_report, eval_report):
+        r.log(out if acc.is_main_process else None)
+    if train_report.n_left_out == train_report.total:
+        raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
+    eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
+    return stream, eval_set, train_report
 
 
 def attach_feature_cache(
