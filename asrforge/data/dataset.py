@@ -53,6 +53,7 @@ from asrforge.data.utterances import (
     header_seconds,
     named,
     read_audio,
+    row_ids,
 )
 from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_write_text
@@ -295,13 +296,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
 
 def _ids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split`` (``<name>-<row>`` without an ``id`` column)."""
-    if len(rows) == 0:
-        return []
-    if "id" not in split.column_names:
-        return [f"{name}-{r}" for r in rows.tolist()]
-    ids = arrow_columns(split, ["id"]).column("id")
-    return [str(x) for x in ids.take(rows).to_pylist()]
+    """The ids of ``rows`` of ``split`` (``<name>-<row>`` where there is none)."""
+    return row_ids(split, name, rows)
 
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:

@@ -218,6 +218,18 @@ def column_seconds(column) -> np.ndarray:
     return pc.fill_null(numbers, float("nan")).to_numpy()
 
 
+def row_ids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: its
+    ``id`` cell, or ``<name>-<row>`` where the split has no ``id`` column or the cell is empty."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return []
+    if "id" not in split.column_names:
+        return [f"{name}-{r}" for r in rows.tolist()]
+    ids = arrow_columns(split, ["id"]).column("id").take(rows).to_pylist()
+    return [f"{name}-{r}" if x is None else str(x) for x, r in zip(ids, rows.tolist(), strict=True)]
+
+
 class UtteranceTable(Sequence):
     """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
     :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
@@ -293,10 +305,7 @@ class UtteranceTable(Sequence):
 
     def uids(self) -> list[str]:
         """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
-        if "id" not in self.split.column_names:
-            return [f"{self.name}-{r}" for r in self.rows.tolist()]
-        ids = arrow_columns(self.split, ["id"]).column("id")
-        return [str(x) for x in ids.take(self.rows).to_pylist()]
+        return row_ids(self.split, self.name, self.rows)
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""
