@@ -480,21 +480,23 @@ class SpeechDataset(Dataset):
 
         Raises:
             UnusableAudio: the audio is missing, unreadable, has no samples or NaN/inf ones, or
-                (its duration not known before) is longer than the window.
+                is longer than the window (its duration not known before, or the data's
+                ``duration`` said less than it holds).
         """
         audio = self.split[self._row(i)]["audio"]
-        return read_audio(audio, self._unchecked_length(i))
+        return read_audio(audio, self._window_seconds())
 
     def _row(self, i: int) -> int:
         utts = self.utts
         return int(utts.rows[i]) if isinstance(utts, UtteranceTable) else utts[i].row
 
-    def _unchecked_length(self, i: int) -> float | None:
-        """The window, when utterance ``i``'s length was not checked up front; else None."""
+    def _window_seconds(self) -> float | None:
+        """The window the decoded audio must fit (None: checked from its header already). A
+        duration known up front may be the data's own ``duration``, not the file's: the
+        decoded length is checked too, since the feature extractor would cut the audio and
+        leave its whole transcript."""
         utts = self.utts
-        if isinstance(utts, UtteranceTable) and np.isnan(utts.seconds[i]):
-            return utts.rules.max_seconds
-        return None
+        return utts.rules.max_seconds if isinstance(utts, UtteranceTable) else None
 
     def log_mel(self, wave: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 log-mel features of one window's audio."""
