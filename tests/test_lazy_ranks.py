@@ -43,3 +43,23 @@ def test_a_batch_dropped_whole_on_one_rank_does_not_stall_the_others(tmp_path, t
     uid = dd["train"][victim]["id"]
     skipped = json.loads((run / "skipped-train.json").read_text())
     assert skipped == {"labels longer than 32 tokens": [uid]}
+
+
+def test_a_user_error_of_rank_zero_while_preparing_stops_every_rank_with_it(tmp_path, tones_dir):
+    dd = load_arrow(tones_dir)
+    dd["train"] = dd["train"].map(
+        lambda row, i: {"language": "qqq" if i == 3 else row["language"]}, with_indices=True
+    )
+    data = tmp_path / "data"
+    dd.save_to_disk(str(data))
+    cfg = tiny_config(tmp_path / "run", data, train={"max_steps": 2},
+                      eval={"eval_steps": None, "at_end": False})  # fmt: skip
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               "2", "-m", "asrforge", "train", str(path)]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert out.returncode != 0
+    assert "language 'qqq' (1 utterances) has no token" in out.stderr
+    # every rank stops on the user error itself: none dies on rank zero's lost connection
+    assert "Connection closed by peer" not in out.stderr and "[rank1]" not in out.stderr
