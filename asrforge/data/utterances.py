@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Utterance:
     text: str
     prompt: list[int]
     text_ids: list[int]
-    audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
+    audio_key: str = ""  # the feature and encoder caches' key (see audio_key)
     seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
 
 
@@ -126,9 +127,19 @@ def audio_source(audio) -> bytes | str | None:
 
 
 def audio_key(audio) -> str:
-    """sha256 of the audio's bytes, or of its path: the feature and encoder caches' key."""
+    """The feature and encoder caches' key: sha256 of the audio's bytes, or of its path with the
+    file's size and modification time (a file rewritten in place is other audio: the caches,
+    which may outlive a run in ``data.cache_dir``, must not serve its old log-mels)."""
     src = audio_source(audio)
-    return hashlib.sha256(src if isinstance(src, bytes) else str(src).encode()).hexdigest()
+    if isinstance(src, bytes):
+        return hashlib.sha256(src).hexdigest()
+    name = str(src)
+    try:
+        stat = os.stat(name)
+        name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    except OSError:  # missing: the worker reports it when it reads the audio
+        pass
+    return hashlib.sha256(name.encode()).hexdigest()
 
 
 def named(uid: str, source) -> str:
