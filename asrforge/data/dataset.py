@@ -568,10 +568,11 @@ class Collator:
     def __call__(self, items: list[dict]) -> dict:
         dropped = [it["dropped"] for it in items if "dropped" in it]
         reasons = [it.get("reason", "failed to decode") for it in items if "dropped" in it]
-        # a packed window's clips that failed to decode (the rest of the window trains)
-        parts = [uid for it in items for uid in it.get("dropped_parts", ())]
-        dropped += parts
-        reasons += ["failed to decode"] * len(parts)
+        # a packed window's clips that failed (the rest of the window trains)
+        for it in items:
+            parts = it.get("dropped_parts", ())
+            dropped += parts
+            reasons += it.get("dropped_part_reasons") or ["failed to decode"] * len(parts)
         items = [it for it in items if "dropped" not in it]
         if not items:
             return {"size": 0, "dropped": dropped, "dropped_reasons": reasons}
