@@ -53,6 +53,7 @@ from asrforge.data.utterances import (
     header_seconds,
     named,
     read_audio,
+    row_ids,
 )
 from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_write_text
@@ -332,13 +333,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
 
 def _ids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split`` (``<name>-<row>`` without an ``id`` column)."""
-    if len(rows) == 0:
-        return []
-    if "id" not in split.column_names:
-        return [f"{name}-{r}" for r in rows.tolist()]
-    ids = arrow_columns(split, ["id"]).column("id")
-    return [str(x) for x in ids.take(rows).to_pylist()]
+    """The ids of ``rows`` of ``split`` (``<name>-<row>`` where there is none)."""
+    return row_ids(split, name, rows)
 
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:
@@ -521,21 +517,23 @@ class SpeechDataset(Dataset):
 
         Raises:
             UnusableAudio: the audio is missing, unreadable, has no samples or NaN/inf ones, or
-                (its duration not known before) is longer than the window.
+                is longer than the window (its duration not known before, or the data's
+                ``duration`` said less than it holds).
         """
         audio = self.split[self._row(i)]["audio"]
-        return read_audio(audio, self._unchecked_length(i))
+        return read_audio(audio, self._window_seconds())
 
     def _row(self, i: int) -> int:
         utts = self.utts
         return int(utts.rows[i]) if isinstance(utts, UtteranceTable) else utts[i].row
 
-    def _unchecked_length(self, i: int) -> float | None:
-        """The window, when utterance ``i``'s length was not checked up front; else None."""
+    def _window_seconds(self) -> float | None:
+        """The window the decoded audio must fit (None: checked from its header already). A
+        duration known up front may be the data's own ``duration``, not the file's: the
+        decoded length is checked too, since the feature extractor would cut the audio and
+        leave its whole transcript."""
         utts = self.utts
-        if isinstance(utts, UtteranceTable) and np.isnan(utts.seconds[i]):
-            return utts.rules.max_seconds
-        return None
+        return utts.rules.max_seconds if isinstance(utts, UtteranceTable) else None
 
     def log_mel(self, wave: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 log-mel features of one window's audio."""
@@ -607,10 +605,11 @@ class Collator:
     def __call__(self, items: list[dict]) -> dict:
         dropped = [it["dropped"] for it in items if "dropped" in it]
         reasons = [it.get("reason", "failed to decode") for it in items if "dropped" in it]
-        # a packed window's clips that failed to decode (the rest of the window trains)
-        parts = [uid for it in items for uid in it.get("dropped_parts", ())]
-        dropped += parts
-        reasons += ["failed to decode"] * len(parts)
+        # a packed window's clips that failed (the rest of the window trains)
+        for it in items:
+            parts = it.get("dropped_parts", ())
+            dropped += parts
+            reasons += it.get("dropped_part_reasons") or ["failed to decode"] * len(parts)
         items = [it for it in items if "dropped" not in it]
         if not items:
             return {"size": 0, "dropped": dropped, "dropped_reasons": reasons}

@@ -13,12 +13,13 @@ module's format version (a cache is reused across runs exactly when it is valid)
     values-<id>.f32   raw float32, the stored columns of every utterance, one after another
     index.json        the values file's name, the window shape, {audio_key: [offset, n, fill]}
 
-Rows are keyed by the sha256 of the audio bytes (``Utterance.audio_key``), like the encoder
-cache. A build writes a new values file under a fresh name, then replaces ``index.json``
-atomically: a killed build leaves the previous cache intact, and runs of a matrix sharing the
-cache never pair an index with another build's values (the last index written wins). Readers
-share-lock the values file they read, and a build removes only the values files nobody holds
-(``asrforge.data.cache_files``), so a run never loses the file it reads to another run's build.
+Rows are keyed by the sha256 of the audio bytes, or of a file's path, size and modification
+time (``Utterance.audio_key``), like the encoder cache. A build writes a new values file under a
+fresh name, then replaces ``index.json`` atomically: a killed build leaves the previous cache
+intact, and runs of a matrix sharing the cache never pair an index with another build's values
+(the last index written wins). Readers share-lock the values file they read, and a build
+removes only the values files nobody holds (``asrforge.data.cache_files``), so a run never loses
+the file it reads to another run's build.
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ from asrforge.errors import UserError
 log = logging.getLogger(__name__)
 
 _SALT = 0x5041434B  # "PACK": keeps this stream apart from the other (seed, epoch) streams
+LENGTH_SLACK = SAMPLE_RATE // 20
+"""Samples a decoded clip may exceed the length its window was laid out by (0.05 s: durations
+rounded in the data); a clip longer than that is dropped from the window, not cut."""
+LONGER_THAN_DURATION = "audio longer than its duration"
 OPEN_WINDOWS = 4
 """Windows of a language kept open at once: an utterance goes into the first that has room for
 it, so a long one does not close a window a short one could still fill."""
@@ -349,10 +353,11 @@ class PackedWindows(Dataset):
             prev = previous_text(self.start_of_prev, text, prev_room(self.max_positions, used))
         return decoder_sequences(prompt, targets, self.base.eot, prev)
 
-    def _waveform(self, w: Window) -> tuple[np.ndarray, list[int]]:
-        """The window's samples (silence between utterances) and the utterances that failed."""
+    def _waveform(self, w: Window) -> tuple[np.ndarray, dict[int, str]]:
+        """The window's samples (silence between utterances) and the utterances that failed,
+        with the skip report's reason."""
         wave = np.zeros(w.n_samples, dtype=np.float32)
-        failed = []
+        failed: dict[int, str] = {}
         base, aug = self.base, self.base.augment
         for p in w.pieces:
             audio = base.split[base.utts[p.utt].row]["audio"]
@@ -361,10 +366,13 @@ class PackedWindows(Dataset):
                 if not np.isfinite(clip).all():
                     raise ValueError("non-finite samples")
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
-                failed.append(p.utt)
+                failed[p.utt] = "failed to decode"
                 continue
             if aug is not None and aug.changes_audio:  # its failure is no clip's: it stops
                 clip = aug.wave(clip, base.utts[p.utt].uid, base.epoch)
+            if len(clip) > p.n_samples + LENGTH_SLACK:  # cut, it would keep its whole transcript
+                failed[p.utt] = LONGER_THAN_DURATION
+                continue
             clip = clip[: p.n_samples]
             wave[p.offset : p.offset + len(clip)] = clip
         return wave, failed
@@ -380,7 +388,7 @@ class PackedWindows(Dataset):
         w = self.windows[j]
         utts = self.base.utts
         uids = [utts[p.utt].uid for p in w.pieces]
-        failed: list[int] = []
+        failed: dict[int, str] = {}
         cache = self.base.feature_cache
         if w.alone and cache is not None and utts[w.pieces[0].utt].audio_key in cache:
             # the utterance's own window, cached; a cache read error is no decoding failure:
@@ -412,6 +420,7 @@ class PackedWindows(Dataset):
             "text": " ".join(utts[u].text for u in kept),
             "n_utterances": len(kept),
             "dropped_parts": [utts[u].uid for u in failed],
+            "dropped_part_reasons": list(failed.values()),
         }
 
 

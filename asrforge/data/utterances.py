@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Utterance:
     text: str
     prompt: list[int]
     text_ids: list[int]
-    audio_key: str = ""  # sha256 of the audio bytes (or of the path): the encoder cache's key
+    audio_key: str = ""  # the feature and encoder caches' key (see audio_key)
     seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
 
 
@@ -126,9 +127,19 @@ def audio_source(audio) -> bytes | str | None:
 
 
 def audio_key(audio) -> str:
-    """sha256 of the audio's bytes, or of its path: the feature and encoder caches' key."""
+    """The feature and encoder caches' key: sha256 of the audio's bytes, or of its path with the
+    file's size and modification time (a file rewritten in place is other audio: the caches,
+    which may outlive a run in ``data.cache_dir``, must not serve its old log-mels)."""
     src = audio_source(audio)
-    return hashlib.sha256(src if isinstance(src, bytes) else str(src).encode()).hexdigest()
+    if isinstance(src, bytes):
+        return hashlib.sha256(src).hexdigest()
+    name = str(src)
+    try:
+        stat = os.stat(name)
+        name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    except OSError:  # missing: the worker reports it when it reads the audio
+        pass
+    return hashlib.sha256(name.encode()).hexdigest()
 
 
 def named(uid: str, source) -> str:
@@ -218,6 +229,18 @@ def column_seconds(column) -> np.ndarray:
     return pc.fill_null(numbers, float("nan")).to_numpy()
 
 
+def row_ids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: its
+    ``id`` cell, or ``<name>-<row>`` where the split has no ``id`` column or the cell is empty."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return []
+    if "id" not in split.column_names:
+        return [f"{name}-{r}" for r in rows.tolist()]
+    ids = arrow_columns(split, ["id"]).column("id").take(rows).to_pylist()
+    return [f"{name}-{r}" if x is None else str(x) for x, r in zip(ids, rows.tolist(), strict=True)]
+
+
 class UtteranceTable(Sequence):
     """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
     :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
@@ -293,10 +316,7 @@ class UtteranceTable(Sequence):
 
     def uids(self) -> list[str]:
         """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
-        if "id" not in self.split.column_names:
-            return [f"{self.name}-{r}" for r in self.rows.tolist()]
-        ids = arrow_columns(self.split, ["id"]).column("id")
-        return [str(x) for x in ids.take(self.rows).to_pylist()]
+        return row_ids(self.split, self.name, self.rows)
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""

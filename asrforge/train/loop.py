@@ -403,14 +403,20 @@ class TrainingRun:
             if i == 0:
                 self.callbacks.call("on_step_begin", state, step=state.step + 1)
             self._advance_data_position(batch)
-            if not batch["size"]:  # every clip of it was dropped
+            empty = not batch["size"]  # every clip of it was dropped
+            if empty and acc.num_processes == 1:
                 continue
-            labels = batch["labels"].to(acc.device)
             # gradients are synchronized across processes on the step's last micro-batch only
             with acc.no_sync(self.model) if i < accum - 1 else nullcontext(), acc.autocast():
-                loss = token_loss(self.model(batch), labels)
+                if empty:  # the other processes' gradient sync waits for this one's: a pass
+                    # that adds nothing, so that every process syncs the same buckets each step
+                    loss = self.model(self._placeholder_batch()).float().sum() * 0.0
+                else:
+                    labels = batch["labels"].to(acc.device)
+                    loss = token_loss(self.model(batch), labels)
             acc.backward(loss / accum)
-            tally.add(batch, loss.detach(), labels, accum)
+            if not empty:
+                tally.add(batch, loss.detach(), labels, accum)
 
         params = [p for p in self.whisper.parameters() if p.requires_grad]
         clip = cfg.optim.clip_grad_norm or float("inf")
@@ -421,6 +427,16 @@ class TrainingRun:
             self.ema.update(self.whisper)
         self._count_step(tally, skip, diverging)
         return self._step_metrics(tally, grad_norm, skipped=skip is not None)
+
+    def _placeholder_batch(self) -> dict:
+        """A batch of one silent window and one decoder token, for a process whose micro-batch
+        lost every clip: its zero-weighted pass takes the same parameters as a real batch."""
+        config = self.whisper.config
+        features = torch.zeros(1, config.num_mel_bins, 2 * config.max_source_positions)
+        return {
+            "input_features": features,
+            "decoder_input_ids": torch.full((1, 1), self.setup.model_bundle.specials.sot),
+        }
 
     def _advance_data_position(self, batch: dict) -> None:
         state = self.state

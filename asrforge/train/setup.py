@@ -9,7 +9,7 @@ import logging
 import platform
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -579,6 +579,25 @@ def build_run_model(
     return bundle, lora_base
 
 
+def main_process_first(acc, work: Callable[[], Any]) -> Any:
+    """``work()`` on the main process, then, once it is done, on the others (which read what it
+    cached). A UserError on the main process is raised on every process: they would otherwise
+    wait for it at the barrier, then die on its lost connection with a traceback."""
+    error, result = None, None
+    if acc.is_main_process:
+        try:
+            result = work()
+        except UserError as e:
+            error = str(e)
+    if acc.num_processes > 1:  # the barrier, and the main process's error to every process
+        from accelerate.utils import broadcast_object_list
+
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise UserError(error)
+    return result if acc.is_main_process else work()
+
+
 def build_datasets(
     cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
 ) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
@@ -602,13 +621,13 @@ def build_datasets(
     lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder)
     # a split checked in full is cached: rank zero checks it, the others (and a resume) read it
     kw["cache"] = Path(data.cache_dir or out / "cache") / "prepared"
-    if acc.is_main_process:
-        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
-        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
-    acc.wait_for_everyone()
-    if not acc.is_main_process:
-        train_utts, train_report = prepare_split(train_split, data.train_split, lazy=lazy, **kw)
-        eval_utts, eval_report = prepare_split(eval_split, data.eval_split, **kw)
+    (train_utts, train_report), (eval_utts, eval_report) = main_process_first(
+        acc,
+        lambda: (
+            prepare_split(train_split, data.train_split, lazy=lazy, **kw),
+            prepare_split(eval_split, data.eval_split, **kw),
+        ),
+    )
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
     for r in (train_report, eval_report):

@@ -1,0 +1,35 @@
+"""Packed windows are laid out by the durations start-up knows (the data's ``duration``
+column): a clip that decodes longer than its duration said is dropped from its window and
+reported, not cut to its planned length with its whole transcript kept."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asrforge.config import PackConfig
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.dataset import Collator
+from tests.test_packing import _packed, tones_parts  # noqa: F401 - the fixture
+
+
+def test_a_clip_longer_than_its_duration_is_dropped_from_its_window(tones_parts, monkeypatch):  # noqa: F811
+    cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=0.0, prev_text_share=0.0)
+    packing, specials = _packed(tones_parts, multilingual=True, cfg=cfg)
+    ds = packing.dataset(0)
+    j = next(j for j, w in enumerate(ds.windows) if len(w.pieces) >= 2)
+    w = ds.windows[j]
+    long = packing.base.utts[w.pieces[0].utt]  # its metadata said less than the file holds
+    real = decode_audio
+
+    def longer(source):
+        wave = real(source)
+        if source == packing.base.split[long.row]["audio"]["bytes"]:
+            return np.concatenate([wave, np.full(SAMPLE_RATE // 2, 0.1, dtype=np.float32)])
+        return wave
+
+    monkeypatch.setattr("asrforge.data.packing.decode_audio", longer)
+    batch = Collator(pad_id=specials.eot)([ds[j]])
+    assert batch["dropped"] == [long.uid]
+    assert batch["dropped_reasons"] == ["audio longer than its duration"]
+    kept = [packing.base.utts[p.utt] for p in w.pieces[1:]]
+    assert batch["text"] == [" ".join(u.text for u in kept)]
