@@ -166,7 +166,8 @@ def _packed(tones_parts, *, multilingual: bool, cfg: PackConfig, max_positions: 
     utts, _ = prepare_split(
         split,
         "train",
-        cfg=DataConfig(path="unused"),
+        # an English-only model trains on the English rows only (the others are refused)
+        cfg=DataConfig(path="unused", languages=None if multilingual else ["en"]),
         tokenizer=tok,
         specials=specials,
         max_target_positions=max_positions,

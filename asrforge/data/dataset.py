@@ -242,6 +242,7 @@ def prepare_split(
     max_seconds: float,
     lazy: bool = False,
     cache: Path | None = None,
+    training: bool = True,
 ) -> tuple[UtteranceTable, SkipReport]:
     """The usable utterances of ``split`` and a report of the skipped ones.
 
@@ -253,6 +254,9 @@ def prepare_split(
     drop such a clip from its batch with the same reason.
 
     Args:
+        training: the split trains or selects a run's checkpoints: an English-only model then
+            refuses other languages (:func:`check_english_only`); ``asrforge evaluate`` scores
+            whatever it is given.
         cache: a directory for the result of the full check (:mod:`asrforge.data.prepared`),
             read back when the split, tokenizer and limits are the same; None: no cache.
     """
@@ -265,7 +269,7 @@ def prepare_split(
         _log_language_tokens(name, table, specials)
         return table, SkipReport(name, total, skipped, left_out)
     report = SkipReport(split=name, total=len(split))
-    table = _metadata_table(split, name, rules, cfg, report)
+    table = _metadata_table(split, name, rules, cfg, report, training)
     if not lazy:
         table = check_in_full(table, report)
     if key is not None:
@@ -278,7 +282,7 @@ def prepare_split(
 
 
 def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
-                    report: SkipReport) -> UtteranceTable:  # fmt: skip
+                    report: SkipReport, training: bool = True) -> UtteranceTable:  # fmt: skip
     """The rows of ``split`` that pass the checks metadata allows (see :func:`prepare_split`),
     the others added to ``report``."""
     import pyarrow.compute as pc
@@ -292,7 +296,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         unnamed = np.flatnonzero(np.isin(value_index, [k for k, v in enumerate(values) if not v]))
         check_language_tokens(by_value, name, rules.specials, language_filter(cfg.languages),
                               _ids(split, name, unnamed[:10]))  # fmt: skip
-    check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
+    if training:
+        check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
     codes = [data_language(v) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)

@@ -289,6 +289,7 @@ def split_loader(
         ds, split, cfg=dcfg, tokenizer=bundle.tokenizer, specials=bundle.specials,
         max_target_positions=bundle.model.config.max_target_positions,
         max_seconds=bundle.window_seconds,
+        training=False,
     )
     utts = utts[:max_samples] if max_samples else utts
     if not utts:

@@ -339,6 +339,7 @@ def evaluate_split_longform(
         specials=bundle.specials,
         max_target_positions=bundle.model.config.max_target_positions,
         max_seconds=bundle.window_seconds,
+        training=False,
     )
     if not utts:
         raise UserError(f"{source.path} split {split!r}: no usable utterances")
