@@ -38,6 +38,7 @@ from asrforge.config import DataConfig
 from asrforge.data import prepared
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.augment import AugmentError
+from asrforge.data.sources import row_ids
 from asrforge.data.utterances import (
     EMPTY_AUDIO,
     EMPTY_TEXT,
@@ -295,13 +296,11 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
 
 def _ids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split`` (``<name>-<row>`` without an ``id`` column)."""
+    """The ids of ``rows`` of ``split`` (``<name>-<row>`` when it has none, :func:`row_ids`)."""
     if len(rows) == 0:
         return []
-    if "id" not in split.column_names:
-        return [f"{name}-{r}" for r in rows.tolist()]
-    ids = arrow_columns(split, ["id"]).column("id")
-    return [str(x) for x in ids.take(rows).to_pylist()]
+    ids = row_ids(split, rows)
+    return [f"{name}-{r}" for r in rows.tolist()] if ids is None else ids
 
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:

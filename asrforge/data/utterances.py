@@ -292,11 +292,11 @@ class UtteranceTable(Sequence):
         return str(record["id"]) if record.get("id") is not None else f"{self.name}-{row}"
 
     def uids(self) -> list[str]:
-        """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
-        if "id" not in self.split.column_names:
-            return [f"{self.name}-{r}" for r in self.rows.tolist()]
-        ids = arrow_columns(self.split, ["id"]).column("id")
-        return [str(x) for x in ids.take(self.rows).to_pylist()]
+        """Every utterance's id (reads the ids' column; for the few uses that need them all)."""
+        from asrforge.data.sources import row_ids
+
+        ids = row_ids(self.split, self.rows)
+        return [f"{self.name}-{r}" for r in self.rows.tolist()] if ids is None else ids
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""
