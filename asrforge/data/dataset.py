@@ -269,7 +269,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
         wanted = allowed[language_index]
     text = meta.column("text")
-    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
+    # "" or whitespace only, as str.strip() sees it; bitmaps, not a trimmed copy of every text
+    blank = pc.or_(pc.equal(text, ""), pc.utf8_is_space(text))
     empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
     seconds = np.full(len(split), np.nan)
     if "duration" in columns:
