@@ -548,3 +548,19 @@ def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
         read_split(DataConfig(path=path, cache_dir=cache), "dev")
     with pytest.raises(UserError, match="cannot read .*train-00000-of-00001.parquet as parquet"):
         read_split(DataConfig(path=path, cache_dir=cache), "train")
+
+
+def test_data_language_is_part_of_the_split_fingerprint(tmp_path, clips):
+    """The prepared-split cache is keyed by the split's fingerprint: another data.language (or
+    audio root) must not read back the other's result; the same config must."""
+    manifest = tmp_path / "corpus" / "train.jsonl"
+    rows = by_split(clips, "train")
+    write_jsonl(manifest, [{"audio_filepath": r["file"], "text": r["text"]} for r in rows])
+
+    def fingerprint(**data):
+        cfg = DataConfig(path=manifest, cache_dir=tmp_path / "cache", **data)
+        return load_source(cfg).splits["train"]._fingerprint
+
+    assert fingerprint(language="en") == fingerprint(language="en")
+    assert fingerprint(language="en") != fingerprint(language="sw")
+    assert fingerprint(language="en") != fingerprint(language="en", audio_dir=tmp_path)

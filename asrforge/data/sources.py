@@ -366,7 +366,10 @@ def standardize(
         import pyarrow as pa
 
         same = pa.repeat(pa.scalar(language, pa.string()), len(ds))
-        ds = ds.add_column("language", pa.chunked_array([same]))
+        # named, not hashed: datasets would serialize the column to fingerprint it (24 MB of
+        # peak memory at a million rows)
+        after = hashlib.sha256(f"{ds._fingerprint}\nlanguage={language}".encode()).hexdigest()
+        ds = ds.add_column("language", pa.chunked_array([same]), new_fingerprint=after[:32])
     if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
         ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
     root = str(Path(audio_root).absolute()).rstrip("/") if gives_paths else None
