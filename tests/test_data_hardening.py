@@ -426,3 +426,20 @@ def test_a_text_column_of_numbers_is_an_error_naming_the_column_and_type(tmp_pat
     config = tmp_path / "c.yaml"
     config.write_text(tiny_config(tmp_path / "run", data).to_yaml())
     assert main(["train", str(config)]) == 2
+
+
+def test_transcripts_of_whitespace_only_are_skipped_as_empty_up_front(tmp_path, tones_dir):
+    """Blank as ``str.strip`` sees it (Unicode spaces too), without a trimmed copy of the texts."""
+    blanks = {0: None, 1: "", 2: "  ", 3: "\u3000\t", 4: "\u00a0\n"}
+
+    def edit(split, rows):
+        for i, text in blanks.items():
+            rows["text"][i] = text
+        rows["text"][5] = " tone beep "  # padded, not blank: kept
+
+    split = load_arrow(variant(tones_dir, tmp_path / "d", edit))["train"]
+    tok = tokenizer_without()
+    utts, report = prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
+    ids = list(split["id"])
+    assert report.skipped == {"empty text": [ids[i] for i in blanks]}
+    assert len(utts) == len(split) - len(blanks) and utts[0].text == "tone beep"

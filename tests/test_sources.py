@@ -4,6 +4,7 @@ in the skip report, and an evaluation split carved out of the training split."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections import Counter
@@ -21,6 +22,8 @@ from asrforge.data.sources import (
     carve_eval,
     carve_rows,
     load_source,
+    row_ids,
+    standard_rows,
     training_splits,
 )
 from asrforge.errors import UserError
@@ -259,6 +262,32 @@ def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, speci
     }  # the path as the manifest has it
 
 
+def test_relative_paths_are_resolved_when_a_row_is_read_not_rewritten_up_front(tmp_path, clips):
+    """The path column stays as the manifest writes it (memory-mapped, no column of absolute
+    paths or of ids per row); a row read gives the absolute path, and the caches' key, as before."""
+
+    from asrforge.data.utterances import audio_key
+
+    rows = by_split(clips, "train")
+    manifest = tmp_path / "corpus" / "train.jsonl"
+    write_jsonl(manifest, [{"audio_filepath": r["file"], "text": r["text"]} for r in rows])
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "corpus" / "clips", moved / "clips")
+    for audio_dir, root in ((None, tmp_path / "corpus"), (moved, moved)):
+        cfg = DataConfig(path=manifest, language="en", audio_dir=audio_dir,
+                         cache_dir=tmp_path / "cache")  # fmt: skip
+        split = load_source(cfg).splits["train"]
+        assert "id" not in split.column_names
+        assert split.data.table.column("audio").to_pylist() == [r["file"] for r in rows]
+        absolute = f"{root.absolute()}/{rows[2]['file']}"
+        assert split[2]["audio"] == {"bytes": None, "path": absolute} and Path(absolute).is_file()
+        assert split[2]["id"] == rows[2]["file"]  # the path as given names the row
+        # the caches' key is the resolved path's (with the file's size and mtime), as before
+        assert audio_key(split[2]["audio"]) == audio_key({"bytes": None, "path": absolute})
+        carved = split.select([5, 2])  # a carve's rows read alike, ids from those rows only
+        assert carved[1] == split[2] and row_ids(carved, [1]) == [rows[2]["file"]]
+
+
 def test_a_manifest_of_segments_is_refused(tmp_path, clips):
     rows = [{"audio_filepath": r["file"], "text": r["text"], "offset": 0.5 * (i % 2)}
             for i, r in enumerate(clips)]  # fmt: skip
@@ -279,6 +308,11 @@ def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad):
         load_source(DataConfig(path=manifest, cache_dir=tmp_path / "cache"))
 
 
+def ids(split) -> list[str] | None:
+    """Every row's id, as reports name them."""
+    return row_ids(split, np.arange(len(split)))
+
+
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
@@ -288,11 +322,11 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
     def carve(size, seed, resuming=False, data=full):
         train, held = carve_eval(data, CarveConfig(size=size, seed=seed), run_dir=run,
                                  resuming=resuming, is_main=True, where=str(path))  # fmt: skip
-        return list(train["id"]), list(held["id"])
+        return ids(train), ids(held)
 
     train, held = carve(0.25, 0)
     assert len(held) == 15 and len(train) == 45
-    assert not set(train) & set(held) and sorted(train + held) == sorted(list(full["id"]))
+    assert not set(train) & set(held) and sorted(train + held) == sorted(ids(full))
     assert carve(0.25, 0) == (train, held)  # the same rows again
     assert carve(0.25, 1)[1] != held  # another seed, other rows
     assert len(carve(7, 0)[1]) == 7  # a count
@@ -322,7 +356,7 @@ def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, cap
     def carve(split, resuming=False):
         train, held = carve_eval(split, CarveConfig(size=12, seed=0), run_dir=run,
                                  resuming=resuming, is_main=True, where=str(path))  # fmt: skip
-        return list(held["id" if "id" in held.column_names else "text"])
+        return ids(held) or list(held["text"])
 
     held = carve(full)
     assert carve(full, resuming=True) == held
@@ -330,13 +364,13 @@ def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, cap
     with pytest.raises(UserError, match=r"eval_carve\.json was carved from .*12 held-out"):
         carve(shuffled, resuming=True)
     # the held-out rows where they were, the others swapped: still not the split carved
-    rows = np.flatnonzero(~np.isin(np.asarray(full["id"]), held))
+    rows = np.flatnonzero(~np.isin(np.asarray(ids(full)), held))
     order = np.arange(len(full))
     order[[rows[0], rows[1]]] = order[[rows[1], rows[0]]]
     with pytest.raises(UserError, match=r"eval_carve\.json.*other rows are reordered"):
         carve(full.select(order), resuming=True)
-    # without ids, rows are named by their audio's path and text
-    no_ids = full.remove_columns("id")
+    # without ids (audio given as bytes), rows are named by their audio's path and text
+    no_ids = full.with_transform(dataclasses.replace(standard_rows(full), path_ids=False))
     carve(no_ids)
     with pytest.raises(UserError, match=r"eval_carve\.json was carved from other data"):
         carve(no_ids.shuffle(seed=1), resuming=True)
@@ -345,7 +379,7 @@ def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, cap
     old = {k: record[k] for k in ("size", "seed", "train_rows", "rows")}
     (run / CARVE_FILE).write_text(json.dumps(old))
     with caplog.at_level("WARNING", logger="asrforge"):
-        assert carve(full, resuming=True) == [full["id"][i] for i in old["rows"]]
+        assert carve(full, resuming=True) == [ids(full)[i] for i in old["rows"]]
     assert "records no fingerprint" in caplog.text
 
 
@@ -469,7 +503,8 @@ def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
     cache = tmp_path / "cache"
     audio = load_source(DataConfig(path=root / "audio.csv", cache_dir=cache), required=("audio",),
                         default_language="sw").splits["train"]  # fmt: skip
-    assert set(audio.column_names) == {"audio", "id", "language"} and len(audio) == len(clips)
+    assert set(audio.column_names) == {"audio", "language"} and len(audio) == len(clips)
+    assert audio[0]["id"] == clips[0]["file"]  # the path as the data gives it
     assert set(audio["language"]) == {"sw"} and Path(audio[0]["audio"]["path"]).is_file()
     text = load_source(DataConfig(path=root / "text.csv", language="en", cache_dir=cache),
                        required=("text",)).splits["train"]  # fmt: skip
@@ -513,3 +548,19 @@ def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
         read_split(DataConfig(path=path, cache_dir=cache), "dev")
     with pytest.raises(UserError, match="cannot read .*train-00000-of-00001.parquet as parquet"):
         read_split(DataConfig(path=path, cache_dir=cache), "train")
+
+
+def test_data_language_is_part_of_the_split_fingerprint(tmp_path, clips):
+    """The prepared-split cache is keyed by the split's fingerprint: another data.language (or
+    audio root) must not read back the other's result; the same config must."""
+    manifest = tmp_path / "corpus" / "train.jsonl"
+    rows = by_split(clips, "train")
+    write_jsonl(manifest, [{"audio_filepath": r["file"], "text": r["text"]} for r in rows])
+
+    def fingerprint(**data):
+        cfg = DataConfig(path=manifest, cache_dir=tmp_path / "cache", **data)
+        return load_source(cfg).splits["train"]._fingerprint
+
+    assert fingerprint(language="en") == fingerprint(language="en")
+    assert fingerprint(language="en") != fingerprint(language="sw")
+    assert fingerprint(language="en") != fingerprint(language="en", audio_dir=tmp_path)

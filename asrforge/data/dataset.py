@@ -53,7 +53,7 @@ from asrforge.data.utterances import (
     header_seconds,
     named,
     read_audio,
-    row_ids,
+    row_uids,
 )
 from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_write_text
@@ -311,7 +311,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         report.left_out = {lang: int(n) for lang, n in zip(languages, per_language, strict=True)
                            if n}  # fmt: skip
     text = meta.column("text")
-    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
+    # "" or whitespace only, as str.strip() sees it; bitmaps, not a trimmed copy of every text
+    blank = pc.or_(pc.equal(text, ""), pc.utf8_is_space(text))
     empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
     seconds = np.full(len(split), np.nan)
     if "duration" in columns:
@@ -339,7 +340,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
 def _ids(split, name: str, rows: np.ndarray) -> list[str]:
     """The ids of ``rows`` of ``split`` (``<name>-<row>`` where there is none)."""
-    return row_ids(split, name, rows)
+    return row_uids(split, name, rows)
 
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:

@@ -10,10 +10,11 @@ Files are read with the ``datasets`` library's own loaders; parquet, json and cs
 Arrow once into its cache (``data.cache_dir``/datasets, else ``HF_DATASETS_CACHE``) and reused
 from there; arrow files and ``save_to_disk`` directories are memory-mapped where they are.
 
-Columns are found by ``data.columns`` or by their usual names. Audio becomes an undecoded
-``Audio`` column (``{"bytes", "path"}``) whether the data holds an ``Audio`` feature, encoded bytes
-or file paths; relative paths are made absolute against the manifest's directory (or
-``data.audio_dir``) here, so the audio is read from where it lies, not copied.
+Columns are found by ``data.columns`` or by their usual names. A row's audio reads as an
+undecoded ``Audio`` value (``{"bytes", "path"}``) whether the data holds an ``Audio`` feature,
+encoded bytes or file paths; a relative path is joined to the manifest's directory (or
+``data.audio_dir``) when the row is read (:class:`StandardRows`), so the audio is read from where
+it lies, not copied, and the path column is not rewritten up front.
 
 Without an evaluation split, ``data.eval_carve`` holds one out of the training split
 (:func:`carve_rows`, stratified by language); the rows are written to the run directory (``eval_carve.json``) and a resumed
@@ -293,9 +294,10 @@ def standardize(
     default_language: str | None = None,
     section: str = "data",
 ):
-    """``ds`` with the columns ``audio`` (undecoded ``Audio``), ``text``, ``language``, ``id``
-    when the data has ids or gives audio as paths, and ``duration`` (seconds) when it has
-    durations; other columns are left out.
+    """``ds`` with the columns ``audio``, ``text``, ``language``, ``id`` when the data has ids,
+    and ``duration`` (seconds) when it has durations; other columns are left out. Its rows read
+    as :class:`StandardRows` says: audio undecoded (``{bytes, path}``, a relative path joined to
+    ``audio_root``), and an ``id`` (the path as given) when the audio is given as paths.
 
     Args:
         language: the language of every row (``data.language``), or None: the data's column.
@@ -343,15 +345,9 @@ def standardize(
     _refuse_segments(ds, where, section=section)
     keep = [c for c in found.values() if c is not None]
     ds = ds.select_columns(list(dict.fromkeys(keep)))
+    gives_paths = False
     if found["audio"] is not None:
-        ds = _audio_column(
-            ds,
-            found["audio"],
-            audio_root,
-            where=where,
-            paths_as_id=found["id"] is None,
-            section=section,
-        )
+        ds, gives_paths = _audio_column(ds, found["audio"], where=where, section=section)
     for key in ("text", "language"):
         column = found[key]
         if column is not None and _dtype(ds.features[column]) not in STRING_TYPES:
@@ -370,35 +366,114 @@ def standardize(
         import pyarrow as pa
 
         same = pa.repeat(pa.scalar(language, pa.string()), len(ds))
-        ds = ds.add_column("language", pa.chunked_array([same]))
+        # named, not hashed: datasets would serialize the column to fingerprint it (24 MB of
+        # peak memory at a million rows)
+        after = hashlib.sha256(f"{ds._fingerprint}\nlanguage={language}".encode()).hexdigest()
+        ds = ds.add_column("language", pa.chunked_array([same]), new_fingerprint=after[:32])
     if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
         ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
+    root = str(Path(audio_root).absolute()).rstrip("/") if gives_paths else None
+    ds.set_transform(StandardRows(root, path_ids=gives_paths and "id" not in ds.column_names))
     return ds
 
 
-def _audio_column(
-    ds, column: str, root: Path, *, where: str, paths_as_id: bool, section: str = "data"
-):
-    """``ds`` with ``column`` as an undecoded ``Audio`` (``{bytes, path}``): an ``Audio`` feature
-    or its struct, encoded bytes, or paths (made absolute against ``root``; with ``paths_as_id``
-    they are also the ``id`` column, as the data gives them).
+@dataclass(frozen=True)
+class StandardRows:
+    """How a row of a standardized split reads (the split's ``datasets`` transform): audio as an
+    undecoded ``Audio`` value ``{"bytes", "path"}``, a relative path joined to the audio root
+    (the manifest's directory or ``data.audio_dir``), and, when the audio is given as paths and
+    the data has no ids, an ``id``: the path as the data gives it.
+
+    The split's Arrow columns stay as the data wrote them, memory-mapped: nothing per row is
+    built before a row is read (a million absolute paths and a copy of them as ids would be
+    ~150 MB of anonymous memory at start-up). Code reading Arrow columns directly gets ids
+    from :func:`row_ids`.
+    """
+
+    audio_root: str | None
+    """Absolute, without a trailing ``/``; None: the audio is not given as paths (bytes)."""
+    path_ids: bool
+    """Rows without an ``id`` column are named by their audio's path as the data gives it."""
+
+    def __call__(self, batch: dict) -> dict:
+        if "audio" in batch:
+            given = [_path_of(a) for a in batch["audio"]]
+            if self.path_ids:
+                batch["id"] = given
+            batch["audio"] = [self.audio(a, p) for a, p in zip(batch["audio"], given, strict=True)]
+        return batch
+
+    def audio(self, value, path: str | None) -> dict:
+        """The ``{"bytes", "path"}`` of one row's audio (a path string, or such a dict)."""
+        data = value.get("bytes") if isinstance(value, dict) else None
+        if self.audio_root is not None and path is not None and not path.startswith("/"):
+            path = f"{self.audio_root}/{path}"  # as written before: the caches' keys hash it
+        return {"bytes": data, "path": path}
+
+
+def _path_of(audio) -> str | None:
+    return audio.get("path") if isinstance(audio, dict) else audio
+
+
+def standard_rows(split) -> StandardRows | None:
+    """The row view :func:`standardize` gave ``split`` (None: not a standardized split)."""
+    transform = split.format.get("format_kwargs", {}).get("transform")
+    return transform if isinstance(transform, StandardRows) else None
+
+
+def row_ids(split, rows) -> list[str | None] | None:
+    """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
+    only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
+    the split has no ids (its rows are named by number); an empty cell's id is None."""
+    import pyarrow as pa
+
+    view = standard_rows(split)
+    if "id" in split.column_names:
+        column = "id"
+    elif view is not None and view.path_ids:
+        column = "audio"
+    else:
+        return None
+    positions = pa.array(np.asarray(rows, dtype=np.int64))
+    indices = getattr(split, "_indices", None)  # a select()'s row map (a carve)
+    if indices is not None:
+        positions = indices.column(0).take(positions)
+    values = split.data.table.column(column).take(positions)
+    given = (given_paths(values) if column == "audio" else values).to_pylist()
+    return [None if x is None else str(x) for x in given]
+
+
+def given_paths(audio):
+    """The paths, as the data gives them, of an Arrow column of audio (path strings, or the
+    ``{bytes, path}`` structs of an ``Audio`` column)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.struct_field(audio, "path") if pa.types.is_struct(audio.type) else audio
+
+
+def _audio_column(ds, column: str, *, where: str, section: str = "data") -> tuple:
+    """``ds`` with ``column`` readable as an undecoded ``Audio`` (``{bytes, path}``), and whether
+    it gives the audio as paths. Path strings are kept as the data writes them (a row read joins
+    a relative one to the audio root: :class:`StandardRows`); an ``Audio`` feature or its struct,
+    or encoded bytes, become an ``Audio`` column.
 
     Raises:
         UserError: the column holds something else.
     """
     from datasets import Audio
 
-    if _is_audio_struct(ds.features[column]) and not _has_bytes(ds, column):
-        ds = _paths_of_struct(ds, column)  # an Audio of paths only: resolved like path strings
     kind = _dtype(ds.features[column])
     if kind in ("string", "large_string"):
-        ds = _absolute_paths(ds, column, root, keep_as_id=paths_as_id)
-    elif not (_is_audio_struct(ds.features[column]) or kind in ("binary", "large_binary")):
+        return ds, True
+    if _is_audio_struct(ds.features[column]):
+        return ds.cast_column(column, Audio(decode=False)), not _has_bytes(ds, column)
+    if kind not in ("binary", "large_binary"):
         raise UserError(
             f"{section}.columns.audio: column {column!r} of {where} holds {kind}; expected audio "
             "(an Audio feature, bytes or a path)"
         )
-    return ds.cast_column(column, Audio(decode=False))
+    return ds.cast_column(column, Audio(decode=False)), False
 
 
 def find_column(
@@ -442,15 +517,6 @@ def _has_bytes(ds, column: str) -> bool:
     return encoded.null_count < len(encoded)
 
 
-def _paths_of_struct(ds, column: str):
-    """``ds`` with the ``{bytes, path}`` column ``column`` (no bytes) as a column of its paths."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    paths = pa.chunked_array(pc.struct_field(ds.data.column(column), "path"))
-    return _replace_column(ds, column, paths)
-
-
 def _refuse_segments(ds, where: str, *, section: str = "data") -> None:
     """A NeMo manifest's ``offset``: asrforge reads whole files, and would train the whole file
     on one segment's transcript.
@@ -476,35 +542,6 @@ def _dtype(feature) -> str:
 
 def _is_number(dtype: str) -> bool:
     return dtype == "null" or dtype.startswith(("int", "uint", "float", "double"))
-
-
-def _absolute_paths(ds, column: str, root: Path, *, keep_as_id: bool):
-    """Relative paths of ``column`` joined to ``root`` (Arrow compute, no pass in Python); the
-    paths as the data gives them become the ``id`` column when ``keep_as_id``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    paths = ds.data.column(column).cast(pa.string())  # csv gives large_string
-    relative = pc.invert(pc.starts_with(paths, "/"))
-    n_relative = pc.sum(relative).as_py() or 0
-    if n_relative == 0:  # already absolute: no copy of a million paths
-        absolute = paths
-    else:
-        absolute = pc.binary_join_element_wise(str(root.absolute()).rstrip("/"), paths, "/")
-        if n_relative < len(paths):  # a mix (rare): a third column only then
-            absolute = pc.if_else(relative, absolute, paths)
-    out = _replace_column(ds, column, pa.chunked_array(absolute))
-    return out.add_column("id", pa.chunked_array(paths)) if keep_as_id else out
-
-
-def _replace_column(ds, column: str, values):
-    """``ds`` with ``values`` (an Arrow array) in ``column``'s place."""
-    import datasets
-    import pyarrow as pa
-
-    if ds.column_names == [column]:  # a data set left without columns has no rows to add to
-        return datasets.Dataset(pa.table({column: values}))
-    return ds.remove_columns(column).add_column(column, values)
 
 
 def language_code(value: str, *, section: str = "data") -> str:
@@ -698,13 +735,12 @@ def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, whe
 def row_keys(split) -> list[str]:
     """What names each row of a standardized split: its ``id``, else its audio's path and its
     text (tab-separated)."""
-    if "id" in split.column_names:
-        return [str(x) for x in split["id"]]
-    import pyarrow.compute as pc
-
+    ids = row_ids(split, np.arange(len(split)))
+    if ids is not None:
+        return [str(x) for x in ids]  # an empty cell: "None", as carves recorded it
     paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
     for batch in split.select_columns(["audio"]).with_format("arrow").iter(batch_size=4096):
-        paths += pc.struct_field(batch.column("audio"), "path").to_pylist()
+        paths += given_paths(batch.column("audio")).to_pylist()
     texts = split["text"] if "text" in split.column_names else [None] * len(split)
     return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
 

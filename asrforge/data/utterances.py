@@ -229,16 +229,19 @@ def column_seconds(column) -> np.ndarray:
     return pc.fill_null(numbers, float("nan")).to_numpy()
 
 
-def row_ids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: its
-    ``id`` cell, or ``<name>-<row>`` where the split has no ``id`` column or the cell is empty."""
+def row_uids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: the
+    id the data gives (its ``id`` cell, or its audio path; :func:`~asrforge.data.sources.row_ids`),
+    or ``<name>-<row>`` where it gives none or the cell is empty."""
+    from asrforge.data.sources import row_ids
+
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) == 0:
         return []
-    if "id" not in split.column_names:
+    ids = row_ids(split, rows)
+    if ids is None:
         return [f"{name}-{r}" for r in rows.tolist()]
-    ids = arrow_columns(split, ["id"]).column("id").take(rows).to_pylist()
-    return [f"{name}-{r}" if x is None else str(x) for x, r in zip(ids, rows.tolist(), strict=True)]
+    return [f"{name}-{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)]
 
 
 class UtteranceTable(Sequence):
@@ -315,8 +318,8 @@ class UtteranceTable(Sequence):
         return str(record["id"]) if record.get("id") is not None else f"{self.name}-{row}"
 
     def uids(self) -> list[str]:
-        """Every utterance's id (reads the ``id`` column; for the few uses that need them all)."""
-        return row_ids(self.split, self.name, self.rows)
+        """Every utterance's id (reads the ids' column; for the few uses that need them all)."""
+        return row_uids(self.split, self.name, self.rows)
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""
