@@ -81,6 +81,7 @@ from asrforge.data.utterances import (
     named,
     utterance_problem,
 )
+from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -460,6 +461,7 @@ class StreamedSplit:
             # a private generator: starting the loader must not draw from the global RNG
             # (dropout's), or a resumed run would see other dropout masks
             generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),
+            worker_init_fn=ignore_stop_signals,  # a SIGTERM is the training process's to handle
         )
         return _stopping(loader)
 

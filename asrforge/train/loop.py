@@ -119,6 +119,8 @@ class Trainer:
                 metrics = run.train_step(batches)
                 if metrics is None:  # the data ran out: train.max_epochs
                     break
+                # several processes stop at the same step, or the others wait for the stopped one
+                agreed_signal = run.agree_to_stop(self._signal)
                 callbacks.call("on_step_end", state, metrics=metrics)
                 run.setup.startup.first_step_taken()
                 if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
@@ -131,14 +133,16 @@ class Trainer:
                 every = cfg.checkpoint.checkpoint_every
                 if every and state.step % every == 0:
                     state.should_save = True
-                if self._signal is not None:
-                    ended = "interrupted", f"received {self._signal}"
+                # one process: a signal received during this step's evaluation stops it too
+                stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
+                if stop_signal is not None:
+                    ended = "interrupted", f"received {stop_signal}"
                     state.should_stop = state.should_save = True
                 # when the run ends here, the end-of-run evaluation's save is this step's
-                if state.should_save and (self._signal is not None or not run.final_eval_follows()):
+                if state.should_save and (stop_signal is not None or not run.final_eval_follows()):
                     evaluated = state.last_eval_step == state.step
                     run.save_checkpoint(
-                        "interrupt" if self._signal else "step",
+                        "interrupt" if stop_signal else "step",
                         run.last_metrics if evaluated else None,
                         is_best,
                     )
@@ -252,6 +256,9 @@ class TrainingRun:
         self.last_metrics: dict = {}
         """The metrics of the last evaluation."""
         self.last_saved_step: int | None = None
+        self.stop_error: str | None = None
+        """(several processes) The error this process's data stopped the run with, mid-step:
+        raised by every process at the step's end (:meth:`agree_to_stop`)."""
         self.guard_at_start: dict | None = None
         """The guard's metrics of the starting model, measured by :meth:`start_guard` (the
         step-0 evaluation reuses them rather than transcribing the guard set again)."""
@@ -397,13 +404,15 @@ class TrainingRun:
         accum = cfg.train.grad_accum
         tally = _StepTally()
         for i in range(accum):
-            batch = next(batches, None)
-            if batch is None:
+            batch = None if self.stop_error else self._next_batch(batches)
+            if batch is None and not self.stop_error:
                 return None
             if i == 0:
                 self.callbacks.call("on_step_begin", state, step=state.step + 1)
-            self._advance_data_position(batch)
-            empty = not batch["size"]  # every clip of it was dropped
+            if batch is not None:
+                self._advance_data_position(batch)
+            # every clip of it was dropped, or (several processes) this process's data stopped
+            empty = batch is None or not batch["size"]
             if empty and acc.num_processes == 1:
                 continue
             # gradients are synchronized across processes on the step's last micro-batch only
@@ -427,6 +436,46 @@ class TrainingRun:
             self.ema.update(self.whisper)
         self._count_step(tally, skip, diverging)
         return self._step_metrics(tally, grad_norm, skipped=skip is not None)
+
+    def _next_batch(self, batches: Iterator[dict]) -> dict | None:
+        """The next micro-batch, or None when the data ran out or (several processes) stopped
+        the run with an error, kept in :attr:`stop_error`."""
+        try:
+            return next(batches, None)
+        except UserError as e:  # e.g. a streamed language without a token, met mid-stream
+            if self.acc.num_processes == 1:
+                raise
+            # the others wait in this step's gradient sync: this process finishes the step with
+            # placeholder passes, and every process raises the error at the step's end
+            self.stop_error = str(e)
+            return None
+
+    def agree_to_stop(self, signal_name: str | None) -> str | None:
+        """The stop every process makes after this step, from each one's signal flag and
+        data error: one small all-reduce when there are several processes (a launcher's signal
+        reaches the ranks at different steps, a data error is met by one rank), none with one.
+
+        Returns:
+            The name of the signal that stops the run (the same on every process), or None.
+
+        Raises:
+            UserError: a process's data stopped the run (every process raises the lowest
+                rank's error).
+        """
+        acc = self.acc
+        if acc.num_processes == 1:
+            return signal_name
+        import torch.distributed as dist
+
+        signum = signal.Signals[signal_name].value if signal_name else 0
+        flags = torch.tensor([signum, self.stop_error is not None], device=acc.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[1]:
+            from accelerate.utils import gather_object
+
+            errors = [e for e in gather_object([self.stop_error]) if e is not None]
+            raise UserError(errors[0])
+        return signal.Signals(int(flags[0])).name if flags[0] else None
 
     def _placeholder_batch(self) -> dict:
         """A batch of one silent window and one decoder token, for a process whose micro-batch

@@ -45,6 +45,7 @@ from asrforge.data.sources import training_splits
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
+from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
@@ -189,6 +190,7 @@ class RunSetup:
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
             generator=torch.Generator().manual_seed(seed),
+            worker_init_fn=ignore_stop_signals,  # a SIGTERM is the training process's to handle
         )
 
     def gather_eval(self, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
