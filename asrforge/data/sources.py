@@ -679,10 +679,16 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
 
 
 def _row_languages(split) -> list[str]:
-    """The language code of each row (``""`` for none), as training resolves them."""
-    values = split["language"] if "language" in split.column_names else [None] * len(split)
-    codes = {v: (find_language_code(str(v)) or str(v)) if v else "" for v in set(values)}
-    return [codes[v] for v in values]
+    """The language code of each row (``""`` for none), as training resolves them. Read as an
+    Arrow column: ``split["language"]`` formats every row through the split's transform (54 s
+    for a million rows)."""
+    from asrforge.data.utterances import arrow_columns, dictionary_encoded
+
+    if "language" not in split.column_names:
+        return [""] * len(split)
+    values, index = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
+    codes = [(find_language_code(str(v)) or str(v)) if v else "" for v in values]
+    return [codes[i] for i in index.tolist()]
 
 
 def _log_carve_languages(languages: list[str], rows: np.ndarray) -> None:
