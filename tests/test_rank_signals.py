@@ -125,7 +125,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tmp_path, tones_dir):
     # both ranks exited via the graceful path, at the same step, and saved it: rank 0 (rank 1's
     # exit may come after torchrun's report, which then stops it) exits 75; torchrun exits 1
     assert rank_exit_codes(stderr)[0] == 75, stderr[-3000:]
-    assert set(rank_exit_codes(stderr).values()) == {75}
+    assert set(rank_exit_codes(stderr).values()) <= {75, -15}, stderr[-3000:]
     assert not rank_traceback(stderr), stderr[-3000:]
     assert proc.returncode == 1
     step = assert_saved_and_resumable(tmp_path, cfg_path)

@@ -177,6 +177,9 @@ class Trainer:
             if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
                 if run.acc.is_main_process:
                     run.setup.checkpoints.prune_after_run()
+            # the other ranks exit only once rank zero's last save is on disk: a launcher
+            # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
+            run.acc.wait_for_everyone()
             return result
         except (OSError, CheckpointSaveError) as e:
             # a file could not be written (a full disk, permissions): one message, no traceback
