@@ -25,6 +25,24 @@ def tones_dir(tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture
+def clips(tmp_path, tones_dir) -> list[dict]:
+    """The tones' train and validation clips as wav files under ``tmp_path/corpus/clips``: one
+    row per clip (``file`` relative to ``tmp_path/corpus``, ``text``, ``language``, ``split``)."""
+    (tmp_path / "corpus" / "clips").mkdir(parents=True)
+    from asrforge.data.dataset import load_arrow
+
+    rows = []
+    for split in ("train", "validation"):
+        for r in load_arrow(tones_dir)[split]:
+            file = f"clips/{r['id']}.wav"
+            (tmp_path / "corpus" / file).write_bytes(r["audio"]["bytes"])
+            rows.append(
+                {"file": file, "text": r["text"], "language": r["language"], "split": split}
+            )
+    return rows
+
+
 def tiny_config(out: Path, data_dir: Path, **sections) -> TrainConfig:
     """A 2+2-layer d_model 32 model on 2 s windows: a step takes milliseconds on a CPU."""
     base = {

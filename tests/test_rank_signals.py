@@ -17,7 +17,7 @@ from asrforge.checkpoint.manifest import verify
 from asrforge.config import DataConfig
 from tests.conftest import tiny_config
 from tests.test_sources import by_split, write_jsonl
-from tests.test_stream import clips, epoch_uids, open_split, tok_specials  # noqa: F401
+from tests.test_stream import epoch_uids, open_split, tok_specials  # noqa: F401
 
 TIMEOUT = 180  # seconds: a hang fails the test, not the session
 
@@ -135,7 +135,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tmp_path, tones_dir):
 
 def test_a_tokenless_language_in_one_ranks_stream_stops_every_rank_with_it(
     tmp_path,
-    clips,  # noqa: F811
+    clips,
     tok_specials,  # noqa: F811
 ):
     root = tmp_path / "corpus"

@@ -16,7 +16,7 @@ import pytest
 from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
-from asrforge.data.dataset import load_arrow, prepare_split
+from asrforge.data.dataset import prepare_split
 from asrforge.data.sources import (
     CARVE_FILE,
     carve_eval,
@@ -32,22 +32,6 @@ from tests.conftest import tiny_config
 
 LOCALES = {"en": "en-US", "es": "es-ES"}  # Common Voice's
 NAMES = {"en": "English", "es": "Spanish"}  # FLEURS'
-
-
-@pytest.fixture
-def clips(tmp_path, tones_dir) -> list[dict]:
-    """The tones' train and validation clips as wav files under ``tmp_path/corpus/clips``: one
-    row per clip (``file`` relative to ``tmp_path/corpus``, ``text``, ``language``, ``split``)."""
-    (tmp_path / "corpus" / "clips").mkdir(parents=True)
-    rows = []
-    for split in ("train", "validation"):
-        for r in load_arrow(tones_dir)[split]:
-            file = f"clips/{r['id']}.wav"
-            (tmp_path / "corpus" / file).write_bytes(r["audio"]["bytes"])
-            rows.append(
-                {"file": file, "text": r["text"], "language": r["language"], "split": split}
-            )
-    return rows
 
 
 def by_split(rows: list[dict], split: str) -> list[dict]:

@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.config import DataConfig
-from asrforge.data.dataset import load_arrow
 from asrforge.data.stream import (
     StreamedSplit,
     _read_table,
@@ -28,21 +27,6 @@ from tests.test_resume import PreemptAt, run
 from tests.test_sources import by_split, write_jsonl, write_table
 
 FORMATS = ["parquet row groups", "arrow files", "jsonl files", "csv", "tsv", "NeMo manifest"]
-
-
-@pytest.fixture
-def clips(tmp_path, tones_dir) -> list[dict]:
-    """The tones' clips as wav files under ``tmp_path/corpus/clips`` (as test_sources has them)."""
-    (tmp_path / "corpus" / "clips").mkdir(parents=True)
-    rows = []
-    for split in ("train", "validation"):
-        for r in load_arrow(tones_dir)[split]:
-            file = f"clips/{r['id']}.wav"
-            (tmp_path / "corpus" / file).write_bytes(r["audio"]["bytes"])
-            rows.append(
-                {"file": file, "text": r["text"], "language": r["language"], "split": split}
-            )
-    return rows
 
 
 def stream_source(fmt: str, root: Path, rows: list[dict]) -> tuple[Path, dict]:
