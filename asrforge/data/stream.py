@@ -84,8 +84,6 @@ from asrforge.data.utterances import (
 from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
 
-log = logging.getLogger(__name__)
-
 CHUNK = 1 << 24
 """Bytes read at a time while counting a JSONL file's lines."""
 
