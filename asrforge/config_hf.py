@@ -1,6 +1,6 @@
-"""Hugging Face ``TrainingArguments`` / ``Seq2SeqTrainingArguments`` names and what asrforge
-calls them, for the hint an unknown config field gets (``learning_rate`` -> ``optim.lr``) and
-for ``asrforge config hf``.
+"""Hugging Face ``TrainingArguments`` / ``Seq2SeqTrainingArguments`` and ms-swift names and
+what asrforge calls them, for the hint an unknown config field gets (``learning_rate`` ->
+``optim.lr``) and for ``asrforge config hf``.
 
 No aliases: a setting has one name in a config, in ``config.yaml`` of a run and in resume's
 comparison. Where the meaning differs (``warmup_ratio`` is a fraction, ``optim.warmup_steps``
@@ -64,19 +64,38 @@ HF_NAMES: dict[str, str] = {
     "mask_feature_length": "data.augment.spec_augment.freq_width",
 }
 
+SWIFT_NAMES: dict[str, str] = {
+    "log_freq": "train.log_every",
+    "log_to_file": "nothing to set: every run writes its log file in output_dir",
+    "master_only": "nothing to set: only rank zero logs and writes files",
+    "log_dir": "output_dir (the run's log, metrics and tensorboard/ are written under it)",
+    "save_on_best": "nothing to set: checkpoints/best always holds the step the selection "
+    "policy chose (checkpoint.save_on_eval saves at every evaluation)",
+    "save_steps": HF_NAMES["save_steps"],
+    "metric_for_best_model": HF_NAMES["metric_for_best_model"],
+    "greater_is_better": HF_NAMES["greater_is_better"],
+}
+"""ms-swift's names, for users who bring an ms-swift config (several are Hugging Face's too)."""
+
 
 NOTHING = "nothing to set: "
 """How a table entry starts when asrforge has no setting for the name (it says why)."""
 
 
 def hf_hint(name: str) -> str | None:
-    """The hint for a Hugging Face argument name, or None when ``name`` is not one."""
-    where = HF_NAMES.get(name)
+    """The hint for a Hugging Face or ms-swift argument name, or None when ``name`` is neither."""
+    where = HF_NAMES.get(name) or SWIFT_NAMES.get(name)
     if where is None:
         return None
+    owners = [peer for peer, names in PEERS.items() if name in names]
+    whose = " and ".join(f"{peer}'s" for peer in owners)
     if where.startswith(NOTHING):
-        return f"Hugging Face's {name} has no asrforge setting: {where.removeprefix(NOTHING)}"
-    return f"Hugging Face's {name}; asrforge calls this {where}"
+        return f"{whose} {name} has no asrforge setting: {where.removeprefix(NOTHING)}"
+    return f"{whose} {name}; asrforge calls this {where}"
+
+
+PEERS = {"Hugging Face": HF_NAMES, "ms-swift": SWIFT_NAMES}
+"""Each peer's names, in the order a hint names the peers."""
 
 
 def flag_hint(flag: str) -> str:

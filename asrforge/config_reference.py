@@ -127,7 +127,8 @@ def add_cli(sub) -> None:
     show.add_argument("config", help="the YAML config file; dotted.key=value overrides may follow")
     show.set_defaults(func=_run_show, accepts_overrides=True)
     hf = actions.add_parser(
-        "hf", help="Hugging Face TrainingArguments names and the asrforge field for each"
+        "hf",
+        help="Hugging Face TrainingArguments and ms-swift names and the asrforge field for each",
     )
     hf.set_defaults(func=_run_hf)
 
@@ -148,10 +149,11 @@ def _run_fields(args: argparse.Namespace) -> int:
 
 
 def _run_hf(args: argparse.Namespace) -> int:
-    from asrforge.config_hf import HF_NAMES
+    from asrforge.config_hf import HF_NAMES, SWIFT_NAMES
 
-    width = max(map(len, HF_NAMES))
-    print("\n".join(f"{name:<{width}}  {where}" for name, where in HF_NAMES.items()))
+    names = HF_NAMES | SWIFT_NAMES
+    width = max(map(len, names))
+    print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
     return 0
 
 

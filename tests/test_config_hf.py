@@ -9,7 +9,7 @@ import pytest
 
 from asrforge.cli import main
 from asrforge.config import ConfigError, load_config
-from asrforge.config_hf import HF_NAMES
+from asrforge.config_hf import HF_NAMES, SWIFT_NAMES
 from asrforge.config_reference import field_docs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_hint_names_real_config_fields():
     listed = {row.path for row in field_docs()}
-    for name, where in HF_NAMES.items():
+    for name, where in (HF_NAMES | SWIFT_NAMES).items():
         for path in re.findall(r"\b[a-z_]+(?:(?:\.|\[\]\.)[a-z_]+)+\b", where):
             assert path in listed, (name, path)
 
@@ -55,7 +55,7 @@ def test_hf_names_get_the_asrforge_name_not_a_lookalike():
 def test_config_hf_lists_the_table(capsys):
     assert main(["config", "hf"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(HF_NAMES)
+    assert len(out) == len(HF_NAMES | SWIFT_NAMES)
     assert any(re.fullmatch(r"learning_rate +optim\.lr", line) for line in out)
 
 
@@ -84,3 +84,31 @@ def test_a_flag_style_override_says_overrides_are_key_value(flags, capsys):
     assert e.value.code == 2
     assert "config overrides are key=value without dashes" in err
     assert "Hugging Face's learning_rate; asrforge calls this optim.lr" in err
+
+
+def test_ms_swift_names_get_the_asrforge_name():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            ROOT / "configs" / "tiny.yaml",
+            [
+                "train.log_freq=5",
+                "log_to_file=true",
+                "master_only=true",
+                "log_dir=x",
+                "checkpoint.save_on_best=true",
+                "save_steps=100",
+                "metric_for_best_model=wer",
+                "greater_is_better=false",
+            ],
+        )
+    by_field = {line.split(":")[0]: line for line in e.value.problems}
+    assert "ms-swift's log_freq; asrforge calls this train.log_every" in by_field["train.log_freq"]
+    assert (
+        "ms-swift's log_to_file has no asrforge setting: every run writes its log"
+        in (by_field["log_to_file"])
+    )
+    assert "only rank zero logs and writes files" in by_field["master_only"]
+    assert "asrforge calls this output_dir" in by_field["log_dir"]
+    assert "checkpoints/best always holds" in by_field["checkpoint.save_on_best"]
+    for name in ("save_steps", "metric_for_best_model", "greater_is_better"):
+        assert f"Hugging Face's and ms-swift's {name}; asrforge calls this" in by_field[name]
