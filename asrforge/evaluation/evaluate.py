@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from asrforge.config import DataConfig
 from asrforge.data.dataset import IGNORE, dropped_by_reason
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import greedy_decode, pick, suppressed_ids
+from asrforge.model.decoding import decoder_states, greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ def evaluate(
                 # The teacher-forced pass fills a KV cache: cropped to the prompt, it starts the
                 # greedy decoding, so the encoder's keys/values are projected once per batch.
                 cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-                h = model.model.decoder(
-                    input_ids=dec_in, encoder_hidden_states=enc, past_key_values=cache, use_cache=True
-                ).last_hidden_state
+                h = decoder_states(model, dec_in, enc, cache)
                 logits = model.proj_out(h[mask])  # (n_label_tokens, vocab): label positions only
                 flat = token_loss(logits, labels[mask], reduction="none")
                 if beam_size > 1 or fusion is not None:  # beams start from the prompt, own caches

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asrforge.model.decoding import suppress, suppressed_ids
+from asrforge.model.decoding import decoder_states, suppress, suppressed_ids
 
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
@@ -113,7 +113,6 @@ def beam_search(
     k = beam_size
     max_candidates = max(1, round(k * patience))
     device = prompts.device
-    decoder = model.model.decoder
     n_audio, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
     always, at_begin = suppressed_ids(model)
@@ -130,9 +129,7 @@ def beam_search(
     states = [fusion.start(row) for row in prompts.tolist()] if fusion is not None else None
     tokens, enc = prompts, encoder_hidden
     for t in range(cap):
-        h = decoder(
-            input_ids=tokens, encoder_hidden_states=enc, past_key_values=cache, use_cache=True
-        ).last_hidden_state[:, -1]
+        h = decoder_states(model, tokens, enc, cache)[:, -1]
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)

@@ -3,12 +3,42 @@ timestamp rules for long-form transcription (:class:`TimestampRules`)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from asrforge.model.frames import TIME_PRECISION
+
+
+@functools.cache
+def _cache_argument(decoder_class: type) -> str:
+    # transformers 5 renamed the decoder's past_key_values argument to cache and warns on the old name.
+    params = inspect.signature(decoder_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def decoder_states(
+    model, tokens: torch.Tensor, encoder_hidden: torch.Tensor, cache
+) -> torch.Tensor:
+    """Run Whisper's decoder on ``tokens`` (batch, t) after what ``cache`` holds, extending it.
+
+    Args:
+        model: a ``WhisperForConditionalGeneration``.
+        tokens: (batch, t) token ids that follow the cached positions.
+        encoder_hidden: (batch, frames, d_model) the encoder's output.
+        cache: an ``EncoderDecoderCache``, extended in place.
+
+    Returns:
+        (batch, t, d_model) the decoder's last hidden states.
+    """
+    decoder = model.model.decoder
+    cached = {_cache_argument(type(decoder)): cache}
+    return decoder(
+        input_ids=tokens, encoder_hidden_states=encoder_hidden, use_cache=True, **cached
+    ).last_hidden_state
 
 
 def suppressed_ids(model) -> tuple[list[int], list[int]]:
@@ -75,7 +105,6 @@ def greedy_decode(
 
     if (cache is None) != (first_tokens is None):
         raise ValueError("give both cache and first_tokens, or neither")
-    decoder = model.model.decoder
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
     if cache is None:
@@ -88,10 +117,7 @@ def greedy_decode(
         if t == 0 and first_tokens is not None:
             nxt = first_tokens
         else:
-            h = decoder(
-                input_ids=tokens, encoder_hidden_states=encoder_hidden, past_key_values=cache,
-                use_cache=True,
-            ).last_hidden_state[:, -1]
+            h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
             logits = model.proj_out(h)
             if rules is not None:
                 logits = rules(logits, out[rows, :t])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from asrforge.model.beam import Hypothesis, beam_search
-from asrforge.model.decoding import suppress, suppressed_ids
+from asrforge.model.decoding import decoder_states, suppress, suppressed_ids
 from asrforge.text.repetition import repetition_score
 
 
@@ -86,12 +86,7 @@ def sample(
     done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens = prompts
     for t in range(max(cap, 0)):
-        h = model.model.decoder(
-            input_ids=tokens,
-            encoder_hidden_states=encoder_hidden,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state[:, -1]
+        h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)
