@@ -103,6 +103,8 @@ def load_tokenizer(path: Path) -> WhisperTokenizer:
         raise UserError(f"tokenizer in {path} has no {SOT} token: not a Whisper tokenizer")
     if tok.pad_token is None:
         tok.pad_token = EOT
+    # transformers ignores this cleanup for BPE tokenizers and warns on every decode when set.
+    tok.clean_up_tokenization_spaces = False
     return tok
 
 
