@@ -170,6 +170,7 @@ def test_a_manifest_a_csv_and_a_parquet_directory_score_as_the_saved_dataset(
               "--longform-items", "1", "--longform-min-seconds", "3", "--longform-max-seconds", "6"]  # fmt: skip
     saved = _evaluate(capsys, bundle, "--data", str(tones_dir), *common)
     assert saved["n"] == 6 and saved["longform_n"] == 1
+    assert saved["split"] == "validation"
     cache = f"data.cache_dir={tmp_path / 'cache'}"
     for data, options in (
         (_nemo_manifest(root, rows), []),
@@ -178,6 +179,8 @@ def test_a_manifest_a_csv_and_a_parquet_directory_score_as_the_saved_dataset(
     ):
         got = _evaluate(capsys, bundle, "--data", str(data), *common, *options, cache)
         assert got["data"] == str(data) and got["skipped"] == {}
+        # a single file has no splits: it was read whole, and the record says so
+        assert got["split"] == (None if data.is_file() else "validation"), data
         for key in ("n", "wer", "cer", "wer_raw", "rep_trap_count", "longform_n", "longform_wer"):
             assert got[key] == saved[key], (data, key)
         assert got["loss"] == pytest.approx(saved["loss"], rel=1e-6), data

@@ -400,6 +400,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
+    from asrforge.data.sources import reads_whole
     from asrforge.evaluation.evaluate import evaluate_split
 
     # the model first, then the data: every problem in one message
@@ -435,18 +436,20 @@ def run_evaluate(args: argparse.Namespace) -> int:
         )
         metrics.update(long_metrics)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
+    # data of one split is read whole, so no split name describes what was scored
+    split = None if reads_whole(args.data) else args.split
     if args.json:
         record = {
             "model": str(args.model),
             "data": str(args.data),
-            "split": args.split,
+            "split": split,
             **_plain(metrics),
             "skipped": skipped,
         }
         print(json.dumps(record, ensure_ascii=False))
     else:
         print(
-            f"{args.model} on {args.data} ({args.split}): {metrics['n']} utterances"
+            f"{args.model} on {args.data} ({split or 'read whole'}): {metrics['n']} utterances"
             + (f", skipped {skipped}" if skipped else "")
         )
         print(format_table(metrics))

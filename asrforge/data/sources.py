@@ -833,6 +833,13 @@ def read_split(
     return source.splits[split]
 
 
+def reads_whole(path: Path) -> bool:
+    """Whether ``path`` holds one split only (a file, or one saved ``Dataset``), which
+    :func:`read_split` reads whole whatever split is asked for."""
+    path = Path(path)
+    return path.is_file() or (path / "state.json").is_file()
+
+
 def data_config(data: Path | DataConfig) -> DataConfig:
     """``data`` as a data section: a path alone is read with the usual column names."""
     return data if isinstance(data, DataConfig) else DataConfig(path=data)
