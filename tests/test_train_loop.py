@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -211,19 +212,62 @@ def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path,
     assert not (tmp_path / "run" / "checkpoints" / "step-000004").exists()
 
 
-def test_precision_auto_on_cpu_follows_the_units_and_the_model_width(monkeypatch):
+def test_precision_auto_on_cpu_follows_the_units_the_width_and_the_measured_speed(monkeypatch):
     import asrforge.train.precision as precision_module
 
     monkeypatch.setattr(precision_module.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision_module, "cpu_bf16_units", lambda: ["amx_bf16"])
+    monkeypatch.setattr(precision_module, "cpu_bf16_speedup", lambda width: 1.9)
     precision, why = precision_module.choose_precision("auto", "auto", 384)
-    assert precision == "bf16" and "amx_bf16" in why and "384" in why
+    assert precision == "bf16" and "amx_bf16" in why and "384" in why and "1.90x" in why
+    # bf16 units that measure slower than fp32 (AVX512-BF16 without AMX): fp32, and why
+    monkeypatch.setattr(precision_module, "cpu_bf16_units", lambda: ["avx512_bf16"])
+    monkeypatch.setattr(precision_module, "cpu_bf16_speedup", lambda width: 0.62)
+    precision, why = precision_module.choose_precision("auto", "auto", 384)
+    assert precision == "no" and "0.62x" in why and "avx512_bf16" in why
     assert precision_module.choose_precision("auto", "auto", 32)[0] == "no"
     # width unknown: the safe side
     assert precision_module.choose_precision("auto", "auto", None)[0] == "no"
     assert precision_module.choose_precision("no", "auto", 384) == ("no", "set in train.precision")
+    assert precision_module.choose_precision("fp32", "auto", 384) == ("no", "set in train.precision")
     monkeypatch.setattr(precision_module, "cpu_bf16_units", lambda: [])
     assert precision_module.choose_precision("auto", "auto", 384)[0] == "no"
+
+
+def test_the_bf16_probe_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+    import asrforge.train.precision as precision_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+
+    def fake_measure(width: int) -> float:
+        measured.append(width)
+        return 0.5 + width / 1000
+
+    monkeypatch.setattr(precision_module, "measure_bf16_speedup", fake_measure)
+    assert precision_module.cpu_bf16_speedup(384) == pytest.approx(0.884)
+    assert precision_module.cpu_bf16_speedup(384) == pytest.approx(0.884)
+    assert precision_module.cpu_bf16_speedup(512) == pytest.approx(1.012)
+    assert measured == [384, 512]
+    cached = json.loads((tmp_path / "asrforge" / "precision-probe.json").read_text())
+    assert sorted(cached.values()) == [0.884, 1.012]
+    assert all(precision_module.cpu_model_name() in key for key in cached)
+
+
+def test_the_bf16_probe_measures_a_ratio_of_two_real_timings():
+    from asrforge.train.precision import measure_bf16_speedup
+
+    speedup = measure_bf16_speedup(64, repeats=1)
+    assert 0.01 < speedup < 100
+
+
+def test_fp32_is_a_name_for_full_precision(tmp_path, tones_dir):
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 1, "precision": "fp32"})
+    assert cfg.train.precision == "fp32"
+    rec = Recorder()
+    Trainer(cfg, [rec]).fit()
+    run = next(p["run"] for e, _, p in rec.events if e == "on_train_begin")
+    assert run.precision == "no"
 
 
 def test_model_width_reads_a_pretrained_directory(tmp_path):
