@@ -1,5 +1,6 @@
 """The config reference, generated from the schema: ``asrforge config fields``, ``asrforge
-config show`` and the field list of ``asrforge train --help``.
+config show``, the field list of ``asrforge train --help`` and ``docs/configuration.md``
+(``asrforge config reference``).
 
 Nothing here lists fields by hand: every row comes from the pydantic models in
 :mod:`asrforge.config`, whose field docstrings are the documentation, so the reference cannot
@@ -103,6 +104,43 @@ def fields_epilog(model: type[BaseModel] = TrainConfig, intro: str = TRAIN_FIELD
     return textwrap.fill(intro, 100) + "\n\n" + render_fields(field_docs(model))
 
 
+REFERENCE_INTRO = """\
+# Configuration reference
+
+Generated from the schema (`asrforge/config.py`) by `asrforge config reference >
+docs/configuration.md`; a test fails when this file and the schema disagree. Each field: its
+YAML path, type and default, then its description. Set a field in the YAML file or as a
+`dotted.key=value` override after it on the command line; `asrforge config show CONFIG`
+prints a config resolved with every default.
+"""
+
+
+def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
+    """The whole reference as Markdown: the top-level fields, then one section per top-level
+    section of the schema, then the table of Hugging Face and ms-swift names."""
+    from asrforge.config_hf import HF_NAMES, PEERS, SWIFT_NAMES
+
+    rows = field_docs(model)
+    with_fields = {row.path.split(".")[0].split("[")[0] for row in rows if "." in row.path}
+    sections: dict[str, list[FieldDoc]] = {"Top level": []}
+    for row in rows:
+        top = row.path.split(".")[0].split("[")[0]
+        sections.setdefault(f"`{top}`" if top in with_fields else "Top level", []).append(row)
+    out = [REFERENCE_INTRO]
+    for heading, fields in sections.items():
+        out.append(f"## {heading}\n")
+        for row in (row for row in fields if row.type != "section"):
+            out.append(f"- **`{row.path}`** `{row.type}` = `{row.default}`")
+            out.extend([f"  {row.description}"] if row.description else [])
+        out.append("")
+    out.append("## Coming from Seq2SeqTrainer / ms-swift: what asrforge calls it\n")
+    out.append("| name | whose | asrforge |\n|---|---|---|")
+    for name, where in (HF_NAMES | SWIFT_NAMES).items():
+        whose = " and ".join(peer for peer, names in PEERS.items() if name in names)
+        out.append(f"| `{name}` | {whose} | {where} |")
+    return "\n".join(out) + "\n"
+
+
 def render_resolved(cfg: TrainConfig) -> str:
     """The resolved config, every default filled in, as the YAML a run would record."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
@@ -131,6 +169,10 @@ def add_cli(sub) -> None:
         help="Hugging Face TrainingArguments and ms-swift names and the asrforge field for each",
     )
     hf.set_defaults(func=_run_hf)
+    reference = actions.add_parser(
+        "reference", help="the whole reference as Markdown (docs/configuration.md)"
+    )
+    reference.set_defaults(func=_run_reference)
 
 
 def _run_fields(args: argparse.Namespace) -> int:
@@ -154,6 +196,11 @@ def _run_hf(args: argparse.Namespace) -> int:
     names = HF_NAMES | SWIFT_NAMES
     width = max(map(len, names))
     print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
+    return 0
+
+
+def _run_reference(args: argparse.Namespace) -> int:
+    print(render_markdown(), end="")
     return 0
 
 
