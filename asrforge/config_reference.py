@@ -234,6 +234,8 @@ def _type_name(annotation: Any) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is type(None):
         return "null"
+    if origin is typing.Annotated:
+        return _type_name(args[0])
     if origin is typing.Literal:
         return " | ".join(repr(a) for a in args)
     if origin is typing.Union or isinstance(annotation, types.UnionType):
