@@ -55,8 +55,9 @@ def test_the_new_tokens_follow_the_timestamps(tokenizers):
 
 
 def test_transformers_reads_the_new_tokens_as_timestamps(tokenizers):
-    """What README ("Vocabulary") tells users of transformers' pipeline: if this fails,
-    transformers bounds its timestamps now, and the README and the export warning can go."""
+    """What docs/decoding.md ("Extended vocabularies") tells users of transformers' pipeline: if
+    this fails, transformers bounds its timestamps now, and that section and the export warning
+    can go."""
     from transformers.models.whisper.tokenization_whisper import _decode_asr
 
     _, ext, sentence = tokenizers

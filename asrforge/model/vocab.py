@@ -21,7 +21,8 @@ it into the base tokenizer:
 The new tokens come after the timestamp tokens (``<|30.00|>``). asrforge reads timestamps as
 the ids from ``<|0.00|>`` to the last one (``decoding.TimestampVocab``); transformers' and
 faster-whisper's Whisper code read *every* id past ``<|notimestamps|>`` as a timestamp, so they
-misread the new tokens (:func:`ids_read_as_timestamps`; README, "Vocabulary").
+misread the new tokens (:func:`ids_read_as_timestamps`; docs/decoding.md, "Extended
+vocabularies").
 
 The model side (the embedding rows of new tokens) is :mod:`asrforge.model.embeddings`.
 """
