@@ -111,10 +111,7 @@ def load_source(
     datasets.disable_progress_bars()
     path = Path(cfg.path)
     cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
-    if not path.exists():
-        raise UserError(
-            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
-        )
+    check_data_path(path, section=section)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
@@ -142,6 +139,24 @@ def load_source(
             section=section,
         )
     return Source(splits, path, names)
+
+
+def check_data_path(path: Path, *, section: str = "data") -> None:
+    """Refuse a data path that is missing, or neither a directory nor a regular file (a FIFO or
+    a device would block its reader forever).
+
+    Raises:
+        UserError: naming ``section.path`` and what is wrong.
+    """
+    if not path.exists():
+        raise UserError(
+            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
+        )
+    if not path.is_dir() and not path.is_file():
+        raise UserError(
+            f"{section}.path: {path} is not a regular file or a directory (a pipe or a device "
+            "is never read as data)"
+        )
 
 
 def _load_saved(path: Path):

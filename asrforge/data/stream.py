@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from asrforge.data.dataset import (
     language_filter,
 )
 from asrforge.data.sources import (
+    check_data_path,
     find_column,
     format_of,
     language_code,
@@ -113,8 +115,7 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
         UserError: the path is missing, a ``save_to_disk`` directory, or has no training files.
     """
     path = Path(cfg.path)
-    if not path.exists():
-        raise UserError(f"data.path: {path} does not exist")
+    check_data_path(path)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raise UserError(
             f"data.stream.enabled: {path} is a save_to_disk directory, which is memory-mapped "
@@ -312,8 +313,15 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     text = row.get("text")
     prompt = utterance.prompt(lang)
     text_ids = utterance.text_ids(text) if text and text.strip() else []
-    # what the text tells (empty, labels too long), then what the audio's header tells
-    problem = utterance_problem(utterance, text=text, n_prompt=len(prompt), n_text=len(text_ids))
+    duration = row.get("duration")
+    # what the text and the data's duration tell (as prepare_split), then the audio's header
+    problem = utterance_problem(
+        utterance,
+        text=text,
+        n_prompt=len(prompt),
+        n_text=len(text_ids),
+        seconds=math.nan if duration is None else float(duration),
+    )
     if problem is not None:
         return problem
     audio = row.get("audio") or {}
