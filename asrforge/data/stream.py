@@ -64,12 +64,16 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.sources import (
     check_data_path,
+    check_utf8,
     find_column,
     format_of,
     language_code,
+    no_rows,
     read_split,
     split_files,
     standardize,
+    unreadable,
+    utf8_problem,
 )
 from asrforge.data.utterances import (
     NOT_FOUND,
@@ -137,6 +141,8 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
 
 def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
     fmt = format_of(path)
+    if fmt in ("json", "csv", "tsv") and (problem := no_rows([path])):
+        raise UserError(f"data.path: {problem}")
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -146,13 +152,9 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
                     for g in range(meta.num_row_groups)]  # fmt: skip
         if fmt == "json":
             return _jsonl_shards(path, shard_rows)
-        return [Shard(str(path), fmt, _read_table(Shard(str(path), fmt, 0)).num_rows)]
-    except UserError:
-        raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-        raise UserError(
-            f"data.path: cannot read {path} as {fmt}: {type(e).__name__}: {e}"
-        ) from None
+        raise unreadable(str(path), fmt, e) from None
+    return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
 
 
 def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
@@ -184,8 +186,22 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     return shards
 
 
+def read_table(shard: Shard):
+    """The rows of ``shard`` as a pyarrow table (every column, as the file has them).
+
+    Raises:
+        UserError: the file cannot be read (in the words ``sources`` uses for a split read
+            whole), or a JSONL line is no JSON object or no UTF-8 text.
+    """
+    try:
+        return _read_table(shard)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
+        raise unreadable(shard.path, shard.fmt, e) from None
+
+
 def _read_table(shard: Shard):
-    """The rows of ``shard`` as a pyarrow table (every column, as the file has them)."""
     import pyarrow as pa
 
     if shard.fmt == "parquet":
@@ -227,11 +243,12 @@ def _json_table(shard: Shard):
         data = f.read(shard.end - shard.start)
     try:
         table = pj.read_json(pa.BufferReader(data))
-        if table.num_rows == shard.rows:
-            return table
     except pa.ArrowInvalid:
-        pass
-    return pa.Table.from_pylist(_json_rows(shard, data))
+        table = None
+    if table is None or table.num_rows != shard.rows:
+        table = pa.Table.from_pylist(_json_rows(shard, data))
+    check_utf8(table, lambda: utf8_problem(data.split(b"\n"), shard.path, shard.first_line))
+    return table
 
 
 def _json_rows(shard: Shard, data: bytes) -> list[dict]:
@@ -381,12 +398,7 @@ class StreamedSplit:
             if shard.fmt != "json"
             else f"{shard.path} (lines from {shard.first_line + 1})"
         )
-        try:
-            table = _read_table(shard)
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-            raise UserError(f"data.path: cannot read {where}: {type(e).__name__}: {e}") from None
+        table = read_table(shard)
         if table.num_rows != shard.rows:
             raise UserError(f"data.path: {where} changed while training ({table.num_rows} rows, "
                             f"{shard.rows} when the run started)")  # fmt: skip
@@ -405,7 +417,7 @@ class StreamedSplit:
     def texts(self) -> Iterator[str | None]:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
         for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
-            table = _read_table(shard)
+            table = read_table(shard)
             column = find_column(table, "text", self.cfg.columns.text, shard.path, required=True)
             yield from table.column(column).to_pylist()
 
@@ -437,7 +449,7 @@ class StreamedSplit:
         if self.language is not None:  # data.language: every row's
             counts[self.language] = len(self)
         for shard in self.shards if self.language is None else []:
-            table = _read_table(shard)
+            table = read_table(shard)
             column = find_column(
                 table, "language", self.cfg.columns.language, shard.path, required=True
             )
