@@ -133,6 +133,13 @@ def data_language(value: str | None) -> str:
     return find_language_code(text) or text
 
 
+def split_languages(split) -> set[str]:
+    """The language codes of ``split``'s ``language`` column (its distinct values, read with
+    Arrow; a value that names no language as it is)."""
+    values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
+    return {data_language(v) for v in values if v}
+
+
 def language_filter(languages: list[str] | None, where: str = "data.languages") -> set[str] | None:
     """The codes of ``languages`` (codes, names or locales), or None for "all".
 

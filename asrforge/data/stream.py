@@ -445,6 +445,11 @@ class StreamedSplit:
         keep = language_filter(self.cfg.languages)
         if keep is None:
             return {}
+        counts = self.language_counts()
+        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+
+    def language_counts(self) -> Counter:
+        """Rows per language code over every shard (their language column alone is read)."""
         counts: Counter = Counter()
         if self.language is not None:  # data.language: every row's
             counts[self.language] = len(self)
@@ -456,7 +461,7 @@ class StreamedSplit:
             values, index = dictionary_encoded(table.column(column))
             for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
                 counts[data_language(value)] += int(n)
-        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+        return counts
 
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)
