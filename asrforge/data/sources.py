@@ -288,9 +288,10 @@ def unreadable(where: str, fmt: str, error: BaseException, *, section: str = "da
 
 
 def no_rows(files: list[Path]) -> str | None:
-    """``FILE: empty file`` or ``FILE: only blank lines`` for the first of ``files`` that holds
-    no row at all, or None. Read only after a loader failed (its own words for these are
-    ``StopIteration`` and ``Instruction "train" corresponds to no data``)."""
+    """``FILE: empty file`` or ``FILE: only blank lines, no rows`` for the first of ``files``
+    (text files) that holds no row at all, or None; each is read up to its first non-blank line.
+    The loaders' own words for these are ``StopIteration`` and ``Instruction "train"
+    corresponds to no data``."""
     for file in files:
         if Path(file).stat().st_size == 0:
             return f"{file}: empty file"

@@ -41,6 +41,11 @@ NOT_A_FILE = "audio path is not a regular file"
 NEGATIVE_DURATION = "negative duration in the data"
 
 
+def long_audio(max_seconds: float) -> str:
+    """The skip reason of audio longer than ``max_seconds``."""
+    return f"audio longer than {max_seconds:g} s"
+
+
 @dataclass
 class Utterance:
     row: int  # row in the Arrow split
@@ -80,7 +85,7 @@ class UtteranceRules:
 
     @property
     def long_audio(self) -> str:
-        return f"audio longer than {self.max_seconds:g} s"
+        return long_audio(self.max_seconds)
 
     @cached_property
     def max_text_chars(self) -> int:
@@ -203,7 +208,7 @@ def read_audio(audio, max_seconds: float | None = None) -> np.ndarray:
     if src is None:
         raise UnusableAudio(UNREADABLE)
     if max_seconds is not None and header_seconds(audio) > max_seconds:
-        raise UnusableAudio(f"audio longer than {max_seconds:g} s", src)
+        raise UnusableAudio(long_audio(max_seconds), src)
     try:
         wave = decode_audio(src)
     except UserError:
@@ -212,7 +217,7 @@ def read_audio(audio, max_seconds: float | None = None) -> np.ndarray:
     if problem is not None:
         raise UnusableAudio(problem, src)
     if max_seconds is not None and wave.shape[0] > max_seconds * SAMPLE_RATE:
-        raise UnusableAudio(f"audio longer than {max_seconds:g} s", src)
+        raise UnusableAudio(long_audio(max_seconds), src)
     return wave
 
 
