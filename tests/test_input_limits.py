@@ -133,6 +133,10 @@ def test_a_fifo_given_as_data_path_is_an_error_naming_it(tmp_path):
     assert str(fifo) in str(err.value)
     with Unblocker(fifo), pytest.raises(UserError, match="not a regular file"):
         StreamedSplit(DataConfig(path=fifo, stream={"enabled": True}), seed=0)
+    # a directory's data file too, not skipped as if it were not there
+    with Unblocker(fifo), pytest.raises(UserError, match="not a regular file") as err:
+        load_source(DataConfig(path=tmp_path))
+    assert str(fifo) in str(err.value)
 
 
 def test_a_transcript_far_past_the_label_limit_is_skipped_without_tokenizing_it_whole(

@@ -206,8 +206,10 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
-            if f.suffix.lower() in FILE_FORMATS and f.is_file():
-                by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
+            if f.suffix.lower() not in FILE_FORMATS or not f.exists() or f.is_dir():
+                continue
+            check_data_path(f, section=section)  # a pipe named as data is refused, not passed over
+            by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
         if set(by_split) - {None}:
             break
     unsplit = by_split.pop(None, [])
