@@ -9,6 +9,7 @@ import numpy as np
 from asrforge.config import PackConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.dataset import Collator
+from asrforge.data.utterances import header_seconds
 from tests.test_packing import _packed, tones_parts  # noqa: F401 - the fixture
 
 
@@ -33,3 +34,32 @@ def test_a_clip_longer_than_its_duration_is_dropped_from_its_window(tones_parts,
     assert batch["dropped_reasons"] == ["audio longer than its duration"]
     kept = [packing.base.utts[p.utt] for p in w.pieces[1:]]
     assert batch["text"] == [" ".join(u.text for u in kept)]
+
+
+def test_a_clip_whose_header_says_it_is_too_long_is_dropped_without_being_decoded(
+    tones_parts,  # noqa: F811
+    monkeypatch,
+):
+    cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=0.0, prev_text_share=0.0)
+    packing, specials = _packed(tones_parts, multilingual=True, cfg=cfg)
+    ds = packing.dataset(0)
+    j = next(j for j, w in enumerate(ds.windows) if len(w.pieces) >= 2)
+    w = ds.windows[j]
+    long = packing.base.utts[w.pieces[0].utt]  # hours long, its metadata said a second
+    long_bytes = packing.base.split[long.row]["audio"]["bytes"]
+    real_header, real_decode = header_seconds, decode_audio
+    decoded = []
+
+    def hours(audio):
+        return 36_000.0 if audio["bytes"] == long_bytes else real_header(audio)
+
+    def recording(source):
+        decoded.append(source == long_bytes)
+        return real_decode(source)
+
+    monkeypatch.setattr("asrforge.data.packing.header_seconds", hours, raising=False)
+    monkeypatch.setattr("asrforge.data.packing.decode_audio", recording)
+    batch = Collator(pad_id=specials.eot)([ds[j]])
+    assert batch["dropped"] == [long.uid]
+    assert batch["dropped_reasons"] == ["audio longer than its duration"]
+    assert decoded and not any(decoded)

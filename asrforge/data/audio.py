@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import stat
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +25,7 @@ def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np
         UserError: the file cannot be read, naming it.
     """
     name = "<bytes>" if isinstance(source, bytes) else str(source)
+    refuse_special_file(source)
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         wave, sr = sf.read(handle, dtype="float32", always_2d=True)
@@ -30,6 +33,27 @@ def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np
         raise UserError(f"cannot read audio {name}: {e}") from None
     wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
     return resample(wave, sr, target_sr)
+
+
+def is_special_file(source: bytes | str | Path) -> bool:
+    """Whether ``source`` names something that exists but is no regular file (a FIFO, a device,
+    a socket, a directory): opening one can block forever or read without end."""
+    if isinstance(source, bytes):
+        return False
+    try:
+        return not stat.S_ISREG(os.stat(source).st_mode)
+    except OSError:  # missing or unreachable: the decoder's own error names it
+        return False
+
+
+def refuse_special_file(source: bytes | str | Path) -> None:
+    """Raise before ``source`` is opened when it is no regular file (see :func:`is_special_file`).
+
+    Raises:
+        UserError: naming the file.
+    """
+    if is_special_file(source):
+        raise UserError(f"cannot read audio {source}: not a regular file")
 
 
 def audio_problem(wave: np.ndarray) -> str | None:
@@ -47,7 +71,12 @@ def audio_problem(wave: np.ndarray) -> str | None:
 
 
 def audio_info(source: bytes | str | Path) -> tuple[int, float]:
-    """(sample rate, duration in seconds) from the header only."""
+    """(sample rate, duration in seconds) from the header only.
+
+    Raises:
+        UserError: ``source`` is no regular file (it is never opened).
+    """
+    refuse_special_file(source)
     handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
     info = sf.info(handle)
     return int(info.samplerate), float(info.frames) / float(info.samplerate)

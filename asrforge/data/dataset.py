@@ -39,7 +39,6 @@ from asrforge.data import prepared
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.augment import AugmentError
 from asrforge.data.utterances import (
-    EMPTY_AUDIO,
     EMPTY_TEXT,
     NOT_FOUND,
     UnusableAudio,
@@ -50,6 +49,7 @@ from asrforge.data.utterances import (
     audio_source,
     column_seconds,
     dictionary_encoded,
+    file_problem,
     header_seconds,
     named,
     read_audio,
@@ -131,6 +131,13 @@ def data_language(value: str | None) -> str:
     ``"zh-HK"`` -> ``"yue"``), or the value itself when it names no known language."""
     text = "" if value is None else str(value)
     return find_language_code(text) or text
+
+
+def split_languages(split) -> set[str]:
+    """The language codes of ``split``'s ``language`` column (its distinct values, read with
+    Arrow; a value that names no language as it is)."""
+    values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
+    return {data_language(v) for v in values if v}
 
 
 def language_filter(languages: list[str] | None, where: str = "data.languages") -> set[str] | None:
@@ -318,9 +325,11 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     if "duration" in columns:
         seconds = column_seconds(meta.column("duration"))
     reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
-    reasons = [EMPTY_TEXT, EMPTY_AUDIO, rules.long_audio]
-    reason[seconds > rules.max_seconds] = 3
-    reason[seconds <= 0] = 2
+    by_seconds = rules.seconds_problems(seconds)
+    reasons = [EMPTY_TEXT, *by_seconds]
+    # the later reason wins: the durations' in their order, then empty text
+    for k, rows in enumerate(by_seconds.values(), start=2):
+        reason[rows & (reason == 0)] = k
     reason[empty] = 1
     reason[~wanted] = 0
     for k, why in enumerate(reasons, start=1):
@@ -364,8 +373,8 @@ def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) 
             try:
                 if np.isnan(seconds[i]):
                     seconds[i] = header_seconds(audio)
-                elif isinstance(src := audio_source(audio), str) and not Path(src).exists():
-                    raise UnusableAudio(NOT_FOUND, src)
+                elif problem := file_problem(src := audio_source(audio)):
+                    raise UnusableAudio(problem, src)
             except UnusableAudio as e:
                 uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
                 report.add(e.reason, named(uid, e.source) if e.reason == NOT_FOUND else uid)

@@ -39,7 +39,7 @@ from asrforge.data.targets import (
     previous_text,
     window_targets,
 )
-from asrforge.data.utterances import UtteranceTable
+from asrforge.data.utterances import UtteranceTable, header_seconds
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -359,17 +359,26 @@ class PackedWindows(Dataset):
         wave = np.zeros(w.n_samples, dtype=np.float32)
         failed: dict[int, str] = {}
         base, aug = self.base, self.base.augment
+        augmenting = aug is not None and aug.changes_audio
         for p in w.pieces:
-            audio = base.split[base.utts[p.utt].row]["audio"]
+            u = base.utts[p.utt]
+            audio = base.split[u.row]["audio"]
             try:
+                # the header first: a clip hours longer than its duration said is never decoded
+                n = round(header_seconds(audio) * SAMPLE_RATE)
+                if (aug.n_samples(u.uid, base.epoch, n) if augmenting else n) > (
+                    p.n_samples + LENGTH_SLACK
+                ):
+                    failed[p.utt] = LONGER_THAN_DURATION
+                    continue
                 clip = decode_audio(audio.get("bytes") or audio.get("path"))
                 if not np.isfinite(clip).all():
                     raise ValueError("non-finite samples")
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
                 failed[p.utt] = "failed to decode"
                 continue
-            if aug is not None and aug.changes_audio:  # its failure is no clip's: it stops
-                clip = aug.wave(clip, base.utts[p.utt].uid, base.epoch)
+            if augmenting:  # its failure is no clip's: it stops
+                clip = aug.wave(clip, u.uid, base.epoch)
             if len(clip) > p.n_samples + LENGTH_SLACK:  # cut, it would keep its whole transcript
                 failed[p.utt] = LONGER_THAN_DURATION
                 continue

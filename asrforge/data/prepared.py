@@ -26,7 +26,7 @@ from asrforge.io.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 """Bumped when what is stored, or how it is computed, changes."""
 
 

@@ -68,6 +68,8 @@ USUAL_COLUMNS = {
 """Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``,
 ``duration``: NeMo)."""
 STRING_TYPES = ("string", "large_string", "null")
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm", ".aiff", ".sph")
+"""Endings of audio file names: a column named so is a data row read as the header."""
 CARVE_FILE = "eval_carve.json"
 
 
@@ -111,10 +113,7 @@ def load_source(
     datasets.disable_progress_bars()
     path = Path(cfg.path)
     cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
-    if not path.exists():
-        raise UserError(
-            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
-        )
+    check_data_path(path, section=section)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raw, root = _load_saved(path), path
     elif path.is_dir():
@@ -142,6 +141,24 @@ def load_source(
             section=section,
         )
     return Source(splits, path, names)
+
+
+def check_data_path(path: Path, *, section: str = "data") -> None:
+    """Refuse a data path that is missing, or neither a directory nor a regular file (a FIFO or
+    a device would block its reader forever).
+
+    Raises:
+        UserError: naming ``section.path`` and what is wrong.
+    """
+    if not path.exists():
+        raise UserError(
+            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
+        )
+    if not path.is_dir() and not path.is_file():
+        raise UserError(
+            f"{section}.path: {path} is not a regular file or a directory (a pipe or a device "
+            "is never read as data)"
+        )
 
 
 def _load_saved(path: Path):
@@ -189,8 +206,10 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
     by_split: dict[str | None, list[Path]] = {}
     for pattern in ("*", "*/*"):
         for f in sorted(path.glob(pattern)):
-            if f.suffix.lower() in FILE_FORMATS and f.is_file():
-                by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
+            if f.suffix.lower() not in FILE_FORMATS or not f.exists() or f.is_dir():
+                continue
+            check_data_path(f, section=section)  # a pipe named as data is refused, not passed over
+            by_split.setdefault(split_of(f.name) or split_of(f.parent.name), []).append(f)
         if set(by_split) - {None}:
             break
     unsplit = by_split.pop(None, [])
@@ -246,7 +265,7 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     if fmt == "tsv":  # unquoted, as Common Voice writes it: a " is text
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
     try:
-        return datasets.load_dataset(
+        ds = datasets.load_dataset(
             "csv" if fmt == "tsv" else fmt,
             data_files=[str(f) for f in files],
             split="train",
@@ -254,14 +273,77 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
             **options,
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
-        cause = e.__cause__ or e
-        bad = _bad_json_line(files) if fmt == "json" else None
+        bad = no_rows(files) or (_bad_json_line(files) if fmt == "json" else None)
         if bad is not None:  # pyarrow counts rows of a block from 0: "row 1" of another line
-            raise UserError(f"data.path: {bad}") from None
-        raise UserError(
-            f"{section}.path: cannot read {', '.join(map(str, files))} as {fmt}: "
-            f"{type(cause).__name__}: {cause}"
-        ) from None
+            raise UserError(f"{section}.path: {bad}") from None
+        raise unreadable(", ".join(map(str, files)), fmt, e, section=section) from None
+    if fmt == "json":
+        check_utf8(ds.data.table, lambda: _bad_utf8_line(files), section=section)
+    return ds
+
+
+def unreadable(where: str, fmt: str, error: BaseException, *, section: str = "data") -> UserError:
+    """The error of data ``where`` (files, a row group) that its ``fmt`` reader failed on, in the
+    same words whether the split is read whole or streamed."""
+    cause = error.__cause__ or error
+    return UserError(f"{section}.path: cannot read {where} as {fmt}: {type(cause).__name__}: {cause}")
+
+
+def no_rows(files: list[Path]) -> str | None:
+    """``FILE: empty file`` or ``FILE: only blank lines, no rows`` for the first of ``files``
+    (text files) that holds no row at all, or None; each is read up to its first non-blank line.
+    The loaders' own words for these are ``StopIteration`` and ``Instruction "train"
+    corresponds to no data``."""
+    for file in files:
+        if Path(file).stat().st_size == 0:
+            return f"{file}: empty file"
+        with open(file, "rb") as f:
+            if not any(line.strip() for line in f):
+                return f"{file}: only blank lines, no rows"
+    return None
+
+
+def check_utf8(table, find_line, *, section: str = "data") -> None:
+    """Refuse a table whose text is not UTF-8 (pyarrow's JSON reader keeps such bytes in a string
+    column, and decoding them later fails deep inside ``datasets``).
+
+    Args:
+        find_line: gives ``FILE line N: ...`` for the first line that is not UTF-8, or None;
+            called only when the table fails the check.
+
+    Raises:
+        UserError: naming the file and line.
+    """
+    import pyarrow as pa
+
+    try:
+        for column in table.columns:  # the text columns alone: audio bytes need no pass
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                column.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise UserError(f"{section}.path: {find_line() or f'not UTF-8 text ({e})'}") from None
+
+
+def utf8_problem(lines, file, first_line: int = 0) -> str | None:
+    """``FILE line N: not UTF-8 text (...)`` for the first of ``lines`` (bytes, numbered from
+    ``first_line + 1``) that is not UTF-8, or None."""
+    for n, line in enumerate(lines, start=first_line + 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return (
+                f"{file} line {n}: not UTF-8 text (bytes {line[e.start : e.end + 3]!r} at "
+                f"column {e.start + 1}); save the file as UTF-8"
+            )
+    return None
+
+
+def _bad_utf8_line(files: list[Path]) -> str | None:
+    for file in files:
+        with open(file, "rb") as f:
+            if (bad := utf8_problem(f, file)) is not None:
+                return bad
+    return None
 
 
 def _bad_json_line(files: list[Path]) -> str | None:
@@ -313,6 +395,7 @@ def standardize(
     """
     from datasets import Value
 
+    _refuse_headerless(ds, where, section=section)
     found = {
         key: find_column(
             ds, key, getattr(cfg.columns, key), where, required=key in required, section=section
@@ -515,6 +598,20 @@ def _has_bytes(ds, column: str) -> bool:
 
     encoded = pc.struct_field(ds.data.column(column), "bytes")
     return encoded.null_count < len(encoded)
+
+
+def _refuse_headerless(ds, where: str, *, section: str = "data") -> None:
+    """Refuse a table whose column names hold an audio file's name: a CSV/TSV file without a
+    header row, whose first data row was read as the names.
+
+    Raises:
+        UserError: naming the file and what its first line holds.
+    """
+    if any(str(c).lower().endswith(AUDIO_SUFFIXES) for c in ds.column_names):
+        raise UserError(
+            f"{section}.path: {where}: no header row: the first line must name the columns "
+            f"(e.g. audio,text,language); it holds {', '.join(map(str, ds.column_names))}"
+        )
 
 
 def _refuse_segments(ds, where: str, *, section: str = "data") -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,12 +63,17 @@ from asrforge.data.dataset import (
     language_filter,
 )
 from asrforge.data.sources import (
+    check_data_path,
+    check_utf8,
     find_column,
     format_of,
     language_code,
+    no_rows,
     read_split,
     split_files,
     standardize,
+    unreadable,
+    utf8_problem,
 )
 from asrforge.data.utterances import (
     NOT_FOUND,
@@ -113,8 +119,7 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
         UserError: the path is missing, a ``save_to_disk`` directory, or has no training files.
     """
     path = Path(cfg.path)
-    if not path.exists():
-        raise UserError(f"data.path: {path} does not exist")
+    check_data_path(path)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raise UserError(
             f"data.stream.enabled: {path} is a save_to_disk directory, which is memory-mapped "
@@ -136,6 +141,8 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
 
 def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
     fmt = format_of(path)
+    if fmt in ("json", "csv", "tsv") and (problem := no_rows([path])):
+        raise UserError(f"data.path: {problem}")
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -145,13 +152,9 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
                     for g in range(meta.num_row_groups)]  # fmt: skip
         if fmt == "json":
             return _jsonl_shards(path, shard_rows)
-        return [Shard(str(path), fmt, _read_table(Shard(str(path), fmt, 0)).num_rows)]
-    except UserError:
-        raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-        raise UserError(
-            f"data.path: cannot read {path} as {fmt}: {type(e).__name__}: {e}"
-        ) from None
+        raise unreadable(str(path), fmt, e) from None
+    return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
 
 
 def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
@@ -183,8 +186,22 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     return shards
 
 
+def read_table(shard: Shard):
+    """The rows of ``shard`` as a pyarrow table (every column, as the file has them).
+
+    Raises:
+        UserError: the file cannot be read (in the words ``sources`` uses for a split read
+            whole), or a JSONL line is no JSON object or no UTF-8 text.
+    """
+    try:
+        return _read_table(shard)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
+        raise unreadable(shard.path, shard.fmt, e) from None
+
+
 def _read_table(shard: Shard):
-    """The rows of ``shard`` as a pyarrow table (every column, as the file has them)."""
     import pyarrow as pa
 
     if shard.fmt == "parquet":
@@ -226,11 +243,12 @@ def _json_table(shard: Shard):
         data = f.read(shard.end - shard.start)
     try:
         table = pj.read_json(pa.BufferReader(data))
-        if table.num_rows == shard.rows:
-            return table
     except pa.ArrowInvalid:
-        pass
-    return pa.Table.from_pylist(_json_rows(shard, data))
+        table = None
+    if table is None or table.num_rows != shard.rows:
+        table = pa.Table.from_pylist(_json_rows(shard, data))
+    check_utf8(table, lambda: utf8_problem(data.split(b"\n"), shard.path, shard.first_line))
+    return table
 
 
 def _json_rows(shard: Shard, data: bytes) -> list[dict]:
@@ -312,8 +330,15 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     text = row.get("text")
     prompt = utterance.prompt(lang)
     text_ids = utterance.text_ids(text) if text and text.strip() else []
-    # what the text tells (empty, labels too long), then what the audio's header tells
-    problem = utterance_problem(utterance, text=text, n_prompt=len(prompt), n_text=len(text_ids))
+    duration = row.get("duration")
+    # what the text and the data's duration tell (as prepare_split), then the audio's header
+    problem = utterance_problem(
+        utterance,
+        text=text,
+        n_prompt=len(prompt),
+        n_text=len(text_ids),
+        seconds=math.nan if duration is None else float(duration),
+    )
     if problem is not None:
         return problem
     audio = row.get("audio") or {}
@@ -373,12 +398,7 @@ class StreamedSplit:
             if shard.fmt != "json"
             else f"{shard.path} (lines from {shard.first_line + 1})"
         )
-        try:
-            table = _read_table(shard)
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-            raise UserError(f"data.path: cannot read {where}: {type(e).__name__}: {e}") from None
+        table = read_table(shard)
         if table.num_rows != shard.rows:
             raise UserError(f"data.path: {where} changed while training ({table.num_rows} rows, "
                             f"{shard.rows} when the run started)")  # fmt: skip
@@ -397,7 +417,7 @@ class StreamedSplit:
     def texts(self) -> Iterator[str | None]:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
         for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
-            table = _read_table(shard)
+            table = read_table(shard)
             column = find_column(table, "text", self.cfg.columns.text, shard.path, required=True)
             yield from table.column(column).to_pylist()
 
@@ -425,18 +445,23 @@ class StreamedSplit:
         keep = language_filter(self.cfg.languages)
         if keep is None:
             return {}
+        counts = self.language_counts()
+        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+
+    def language_counts(self) -> Counter:
+        """Rows per language code over every shard (their language column alone is read)."""
         counts: Counter = Counter()
         if self.language is not None:  # data.language: every row's
             counts[self.language] = len(self)
         for shard in self.shards if self.language is None else []:
-            table = _read_table(shard)
+            table = read_table(shard)
             column = find_column(
                 table, "language", self.cfg.columns.language, shard.path, required=True
             )
             values, index = dictionary_encoded(table.column(column))
             for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
                 counts[data_language(value)] += int(n)
-        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+        return counts
 
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)

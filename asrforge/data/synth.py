@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import logging
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import soundfile as sf
 
 from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
+from asrforge.io.locks import exclusive
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +52,37 @@ def tone_audio(text: str, rng: np.random.Generator) -> np.ndarray:
 
 
 def make_tones_dataset(path: Path, seed: int = 1234, sizes: dict[str, int] | None = None) -> Path:
-    """Write the tones data set as an Arrow ``DatasetDict`` at ``path`` (atomically)."""
-    import shutil
+    """Write the tones data set as an Arrow ``DatasetDict`` at ``path`` (atomically), unless it
+    is there: runs started together build it once, under a lock beside it (``<path>.lock``),
+    and the others wait and read what the first wrote. A data set once written is never
+    removed here, since another run may be reading it."""
+    path = Path(path)
+    if problem := directory_problem(path):  # a file, a broken symlink or a loop in the way
+        raise UserError(f"data.path: {problem}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(path.with_name(path.name + ".lock")):
+        if path.exists():
+            log.info("the tones data set at %s is there already (another run made it)", path)
+            return path
+        splits = tone_splits(seed, sizes)
+        # a name of its own: a temporary directory another run also writes is no copy at all
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent))
+        try:
+            splits.save_to_disk(str(tmp))
+            tmp.rename(path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # no half-written copy left beside `path`
+            raise
+    log.info("generated the tones data set at %s (%s)", path, {k: len(v) for k, v in splits.items()})
+    return path
 
+
+def tone_splits(seed: int = 1234, sizes: dict[str, int] | None = None):
+    """The tones data set as a ``DatasetDict`` in memory: ``sizes`` rows per split."""
     import datasets
     from datasets import Audio, Dataset, DatasetDict, Features, Value
 
     datasets.disable_progress_bars()
-
-    path = Path(path)
-    if problem := directory_problem(path):  # a file, a broken symlink or a loop in the way
-        raise UserError(f"data.path: {problem}")
     rng = np.random.default_rng(seed)
     pyrng = random.Random(seed)
     # Written as plain {bytes, path} structs and cast to Audio: datasets' own encoder needs
@@ -82,15 +105,4 @@ def make_tones_dataset(path: Path, seed: int = 1234, sizes: dict[str, int] | Non
             rows["language"].append(lang)
         ds = Dataset.from_dict(rows, features=feats)
         splits[split] = ds.cast_column("audio", Audio(sampling_rate=SAMPLE_RATE, decode=False))
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        DatasetDict(splits).save_to_disk(str(tmp))
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # no half-written copy left beside `path`
-        raise
-    log.info("generated the tones data set at %s (%s)", path, {k: len(v) for k, v in splits.items()})
-    return path
+    return DatasetDict(splits)

@@ -18,18 +18,32 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from asrforge.data.audio import SAMPLE_RATE, audio_info, audio_problem, decode_audio
+from asrforge.data.audio import (
+    SAMPLE_RATE,
+    audio_info,
+    audio_problem,
+    decode_audio,
+    is_special_file,
+)
 from asrforge.errors import UserError
 
 EMPTY_TEXT = "empty text"
 EMPTY_AUDIO = "empty audio (0 samples)"
 NOT_FOUND = "audio file not found"
 UNREADABLE = "unreadable audio"
+NOT_A_FILE = "audio path is not a regular file"
+NEGATIVE_DURATION = "negative duration in the data"
+
+
+def long_audio(max_seconds: float) -> str:
+    """The skip reason of audio longer than ``max_seconds``."""
+    return f"audio longer than {max_seconds:g} s"
 
 
 @dataclass
@@ -71,29 +85,50 @@ class UtteranceRules:
 
     @property
     def long_audio(self) -> str:
-        return f"audio longer than {self.max_seconds:g} s"
+        return long_audio(self.max_seconds)
+
+    @cached_property
+    def max_text_chars(self) -> int:
+        """Characters past which a text has more tokens than the decoder holds, whatever they
+        are: no token covers more characters than the vocabulary's longest entry has."""
+        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        return self.max_positions * max(longest, 1)
+
+    def _label_text(self, text: str) -> str:
+        # A text too long by its length alone is tokenized only as far as shows it: its count
+        # still passes the limit, and a 20 MB transcript no longer costs gigabytes.
+        return " " + text.strip()[: self.max_text_chars]
 
     def text_ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        """The text's tokens; past :attr:`max_text_chars` those of its start only (too many
+        either way)."""
+        return self.tokenizer.encode(self._label_text(text), add_special_tokens=False)
 
     def count_tokens(self, texts: list[str]) -> np.ndarray:
         """Text tokens of each of ``texts`` (one batched call of the fast tokenizer), as
         :meth:`text_ids` counts them."""
         if not texts:
             return np.zeros(0, dtype=np.int32)
-        ids = self.tokenizer([" " + t.strip() for t in texts], add_special_tokens=False)
+        ids = self.tokenizer([self._label_text(t) for t in texts], add_special_tokens=False)
         return np.fromiter((len(x) for x in ids["input_ids"]), dtype=np.int32, count=len(texts))
 
     def prompt(self, language: str) -> list[int]:
         return self.specials.prompt(language, self.task)
 
+    def seconds_problems(self, seconds: np.ndarray) -> dict[str, np.ndarray]:
+        """Reason -> boolean mask of the durations ``seconds`` (a data set's ``duration`` column
+        or headers) it applies to; NaN (not known) is in none."""
+        seconds = np.asarray(seconds, dtype=np.float64)
+        return {
+            NEGATIVE_DURATION: seconds < 0,
+            EMPTY_AUDIO: seconds == 0,
+            self.long_audio: seconds > self.max_seconds,
+        }
+
     def seconds_problem(self, seconds: float) -> str | None:
         """Why audio of ``seconds`` is unusable, or None (NaN: not known, nothing to say)."""
-        if seconds <= 0:
-            return EMPTY_AUDIO
-        if seconds > self.max_seconds:
-            return self.long_audio
-        return None
+        found = self.seconds_problems(np.asarray([seconds]))
+        return next((why for why, rows in found.items() if rows[0]), None)
 
 
 def utterance_problem(
@@ -148,28 +183,41 @@ def named(uid: str, source) -> str:
     return uid if not isinstance(source, str) or source.endswith(uid) else f"{uid} ({source})"
 
 
+def file_problem(source) -> str | None:
+    """Why the audio file ``source`` cannot be opened (missing, or no regular file: a FIFO would
+    block its reader), or None (bytes, or a regular file)."""
+    if not isinstance(source, str):
+        return None
+    if not Path(source).exists():
+        return NOT_FOUND
+    return NOT_A_FILE if is_special_file(source) else None
+
+
 def read_audio(audio, max_seconds: float | None = None) -> np.ndarray:
     """Decode an undecoded ``Audio`` value: (n_samples,) float32 at 16 kHz.
 
     Args:
-        max_seconds: refuse audio longer than this (a split prepared lazily, without durations).
+        max_seconds: refuse audio longer than this (its header read first: a duration given by
+            the data may understate a file hours long, which is then never decoded).
 
     Raises:
-        UnusableAudio: the file is missing, unreadable, empty, NaN/inf or too long.
+        UnusableAudio: the file is missing, no regular file, unreadable, empty, NaN/inf or too
+            long.
     """
     src = audio_source(audio)
     if src is None:
         raise UnusableAudio(UNREADABLE)
+    if max_seconds is not None and header_seconds(audio) > max_seconds:
+        raise UnusableAudio(long_audio(max_seconds), src)
     try:
         wave = decode_audio(src)
     except UserError:
-        missing = isinstance(src, str) and not Path(src).exists()
-        raise UnusableAudio(NOT_FOUND if missing else UNREADABLE, src) from None
+        raise UnusableAudio(file_problem(src) or UNREADABLE, src) from None
     problem = audio_problem(wave)
     if problem is not None:
         raise UnusableAudio(problem, src)
     if max_seconds is not None and wave.shape[0] > max_seconds * SAMPLE_RATE:
-        raise UnusableAudio(f"audio longer than {max_seconds:g} s", src)
+        raise UnusableAudio(long_audio(max_seconds), src)
     return wave
 
 
@@ -177,7 +225,7 @@ def header_seconds(audio) -> float:
     """The audio's duration from its header.
 
     Raises:
-        UnusableAudio: the file is missing or unreadable.
+        UnusableAudio: the file is missing, no regular file, or unreadable.
     """
     src = audio_source(audio)
     try:
@@ -185,8 +233,7 @@ def header_seconds(audio) -> float:
             raise ValueError("no audio")
         return audio_info(src)[1]
     except Exception:  # noqa: BLE001 - any decoder failure means the same: unreadable
-        missing = isinstance(src, str) and not Path(src).exists()
-        raise UnusableAudio(NOT_FOUND if missing else UNREADABLE, src) from None
+        raise UnusableAudio(file_problem(src) or UNREADABLE, src) from None
 
 
 def arrow_columns(split, names: list[str]):

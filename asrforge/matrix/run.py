@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from asrforge.data.synth import make_tones_dataset
 from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.io.atomic import atomic_write_text
-from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import Job, Plan
@@ -99,15 +99,9 @@ def prepare_data(plan: Plan) -> None:
     """Build the generated data sets the jobs need, once, before jobs fan out (two jobs that
     each found the path missing would otherwise write it at the same time)."""
     for path, kind in plan.data_to_generate:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with exclusive(path.with_name(path.name + ".lock")):  # another launcher may be building it
-            if path.exists():
-                continue
-            if kind == "tones":
-                from asrforge.data.synth import make_tones_dataset
-
-                log.info("generating the %s data set at %s", kind, path)
-                make_tones_dataset(path)
+        if kind == "tones" and not path.exists():
+            log.info("generating the %s data set at %s", kind, path)
+            make_tones_dataset(path)
 
 
 class Launcher:

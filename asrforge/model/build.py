@@ -42,11 +42,16 @@ class BuiltModel:
 
 
 def build_tokenizer(
-    cfg: ModelConfig, train_texts: Iterable[str] | None = None, *, timestamps: bool = False
+    cfg: ModelConfig,
+    train_texts: Iterable[str] | None = None,
+    *,
+    timestamps: bool = False,
+    languages: Iterable[str] = (),
 ) -> WhisperTokenizer:
     """The tokenizer the config asks for: ``cfg.tokenizer``, the pretrained model's, or a BPE
     trained on ``train_texts`` for a from-scratch model (with timestamp tokens over the model's
-    window when ``timestamps``; given tokenizers are taken as they are)."""
+    window when ``timestamps``, and a token for each of the data's ``languages`` Whisper has
+    none for; given tokenizers are taken as they are)."""
     if cfg.tokenizer is not None:
         if VocabExtension.read(cfg.tokenizer) is not None:
             return load_extended_tokenizer(cfg.tokenizer)
@@ -56,7 +61,7 @@ def build_tokenizer(
     if train_texts is None:
         raise UserError("model.tokenizer is not set and there are no training texts to build one")
     return train_bpe_tokenizer(
-        train_texts, cfg.bpe_vocab_size, cfg.chunk_seconds if timestamps else None
+        train_texts, cfg.bpe_vocab_size, cfg.chunk_seconds if timestamps else None, languages
     )
 
 

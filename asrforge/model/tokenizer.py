@@ -44,8 +44,20 @@ FALLBACK_TOKENS = {"yue": "zh"}
 Whisper before large-v3 has no ``<|yue|>`` and learned Cantonese under ``<|zh|>``."""
 
 
+def language_specials(languages: Iterable[str] = ()) -> list[str]:
+    """Whisper's special tokens, with a language token for each code of ``languages`` that
+    Whisper has none for (``<|lg|>``), right after Whisper's own languages (where large-v3 put
+    ``<|yue|>``). A value that names no known language gets none."""
+    extra = sorted({c for c in languages if c in KNOWN_LANGUAGES and c not in LANGUAGES})
+    at = WHISPER_SPECIALS.index("<|translate|>")
+    return [*WHISPER_SPECIALS[:at], *(f"<|{c}|>" for c in extra), *WHISPER_SPECIALS[at:]]
+
+
 def train_bpe_tokenizer(
-    texts: Iterable[str], vocab_size: int, timestamp_seconds: float | None = None
+    texts: Iterable[str],
+    vocab_size: int,
+    timestamp_seconds: float | None = None,
+    languages: Iterable[str] = (),
 ) -> WhisperTokenizer:
     """Train a byte-level BPE on ``texts`` and wrap it as a Whisper tokenizer.
 
@@ -57,6 +69,7 @@ def train_bpe_tokenizer(
             ``<|timestamp_seconds|>`` (0.02 s apart) right after ``<|notimestamps|>``, where
             Whisper and transformers look for them; None: none (the tokenizer stays as before
             timestamp training existed).
+        languages: the data's language codes: each gets a token (see :func:`language_specials`).
     """
     from tokenizers import ByteLevelBPETokenizer
 
@@ -78,7 +91,7 @@ def train_bpe_tokenizer(
     vocab: dict[str, int] = state["vocab"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
     tok = WhisperTokenizer(vocab=vocab, merges=merges)
-    tok.add_special_tokens({"additional_special_tokens": WHISPER_SPECIALS})
+    tok.add_special_tokens({"additional_special_tokens": language_specials(languages)})
     if timestamp_seconds is not None:
         # Plain added tokens, as in openai/whisper-* tokenizers: transformers takes the first id
         # after the last special token for <|0.00|>, and strips them from decoded text.

@@ -37,6 +37,7 @@ from asrforge.data.dataset import (
     eval_batches,
     language_counts,
     prepare_split,
+    split_languages,
 )
 from asrforge.data.encoder_cache import EncoderCache
 from asrforge.data.feature_cache import FeatureCache
@@ -337,10 +338,10 @@ def prepare_run(
     stream = None
     if cfg.data.stream.enabled:  # the training split streams: no pass over it here
         stream, eval_split = open_stream(cfg, resume_from)
-        train_texts = stream.texts()  # read only when a tokenizer is trained here
+        train_texts = SplitTexts(eval_split=eval_split, stream=stream)
     else:
         train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
-        train_texts = SplitTexts(train_split)  # read only when a tokenizer is trained here
+        train_texts = SplitTexts(train_split, eval_split)
     clock.lap("data set")
     tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
@@ -529,15 +530,25 @@ def open_stream(
 
 
 class SplitTexts:
-    """A split's transcripts, read from Arrow only when iterated (a BPE trained from scratch): a
-    given or pretrained tokenizer never reads them, so start-up holds no list of every text."""
+    """The training split's transcripts (an Arrow split's or a stream's), read only when
+    iterated (a BPE trained from scratch): a given or pretrained tokenizer never reads them, so
+    start-up holds no list of every text. :meth:`languages` are the codes that BPE gets tokens
+    for."""
 
-    def __init__(self, split):
-        self.split = split
+    def __init__(self, split=None, eval_split=None, *, stream: StreamedSplit | None = None):
+        self.split, self.eval_split, self.stream = split, eval_split, stream
 
     def __iter__(self):
+        if self.stream is not None:
+            yield from self.stream.texts()
+            return
         for batch in self.split.select_columns(["text"]).iter(batch_size=4096):
             yield from batch["text"]
+
+    def languages(self) -> set[str]:
+        """The language codes of the training and evaluation splits (their language columns)."""
+        found = set(self.stream.language_counts()) if self.stream else split_languages(self.split)
+        return found | (split_languages(self.eval_split) if self.eval_split is not None else set())
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
@@ -554,7 +565,8 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
     stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
     if tokenizer is None and acc.is_main_process:
-        tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps)
+        languages = train_texts.languages() if scratch else ()
+        tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps, languages=languages)
         _save_tokenizer(tokenizer, tok_dir)
     acc.wait_for_everyone()
     if tokenizer is None:

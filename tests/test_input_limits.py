@@ -1,0 +1,213 @@
+"""Inputs that used to hang a run or cost gigabytes before being dropped: a FIFO given as audio
+or as the data, a transcript of megabytes, an hours-long file whose manifest says a second, and
+a negative duration, which map and stream modes judged differently."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrforge.config import DataConfig
+from asrforge.data import utterances
+from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.dataset import SpeechDataset, prepare_split
+from asrforge.data.sources import load_source
+from asrforge.data.stream import RowRules, StreamedSplit, check_row
+from asrforge.data.utterances import NEGATIVE_DURATION, NOT_A_FILE, UtteranceRules
+from asrforge.errors import UserError
+from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
+
+MAX_SECONDS = 30.0
+MAX_POSITIONS = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe_tokenizer(["la la tone beep boop"] * 20, 300)
+
+
+def manifest(tmp_path: Path, clips: list[dict], extra: list[dict]) -> Path:
+    """A JSONL manifest of the training clips plus the ``extra`` rows."""
+    rows = [
+        {"audio_filepath": c["file"], "text": c["text"], "language": c["language"]}
+        for c in clips
+        if c["split"] == "train"
+    ]
+    path = tmp_path / "corpus" / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + extra))
+    return path
+
+
+def prepare(path: Path, tokenizer, *, lazy: bool = False):
+    split = load_source(DataConfig(path=path)).splits["train"]
+    specials = SpecialTokens.from_tokenizer(tokenizer, True)
+    return prepare_split(
+        split, "train", cfg=DataConfig(path=path), tokenizer=tokenizer, specials=specials,
+        max_target_positions=MAX_POSITIONS, max_seconds=MAX_SECONDS, lazy=lazy,
+    )  # fmt: skip
+
+
+def row_rules(tokenizer) -> RowRules:
+    specials = SpecialTokens.from_tokenizer(tokenizer, True)
+    rules = UtteranceRules(tokenizer, specials, "transcribe", MAX_POSITIONS, MAX_SECONDS)
+    return RowRules(rules, "train", None)
+
+
+class Features:
+    """A stand-in feature extractor: one window of zeros."""
+
+    def __call__(self, wave, **_):
+        return type("Out", (), {"input_features": [np.zeros((80, 10), np.float32)]})
+
+
+def lazy_reasons(table) -> dict[str, str]:
+    """uid -> reason of every clip a DataLoader worker drops from a lazily prepared ``table``."""
+    ds = SpeechDataset(table.split, table, Features(), eot=0)
+    items = [ds[i] for i in range(len(table))]
+    return {it["dropped"]: it["reason"] for it in items if "dropped" in it}
+
+
+class Unblocker:
+    """Opens ``fifo`` for writing and closes it at once whenever a reader waits on it, after
+    ``after`` seconds, so code that opens a FIFO fails the test instead of hanging it."""
+
+    def __init__(self, fifo: Path, after: float = 3.0):
+        self.fifo, self.after, self.done = fifo, after, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        start = time.monotonic()
+        while not self.done.wait(0.05):
+            if time.monotonic() - start < self.after:
+                continue
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as e:  # no reader yet
+                assert e.errno == errno.ENXIO
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def test_a_fifo_given_as_audio_is_skipped_as_no_regular_file_without_being_opened(
+    tmp_path, clips, tokenizer
+):
+    fifo = tmp_path / "corpus" / "clips" / "pipe.wav"
+    os.mkfifo(fifo)
+    path = manifest(tmp_path, clips, [{"audio_filepath": "clips/pipe.wav", "text": "la",
+                                       "language": "en", "id": "pipe"}])  # fmt: skip
+    with Unblocker(fifo):
+        started = time.monotonic()
+        _, report = prepare(path, tokenizer)
+        table, _ = prepare(path, tokenizer, lazy=True)
+        dropped = lazy_reasons(table)
+        stream_reason = check_row(
+            {"audio": {"bytes": None, "path": str(fifo)}, "text": "la", "language": "en"},
+            "pipe", row_rules(tokenizer),
+        )  # fmt: skip
+    assert time.monotonic() - started < 3.0  # never waited for a writer
+    assert report.skipped == {NOT_A_FILE: [report.skipped[NOT_A_FILE][0]]}
+    assert "pipe" in report.skipped[NOT_A_FILE][0]
+    assert list(dropped.values()) == [NOT_A_FILE]
+    assert stream_reason == NOT_A_FILE
+
+
+def test_a_fifo_given_as_data_path_is_an_error_naming_it(tmp_path):
+    fifo = tmp_path / "train.jsonl"
+    os.mkfifo(fifo)
+    with Unblocker(fifo), pytest.raises(UserError, match="not a regular file") as err:
+        load_source(DataConfig(path=fifo))
+    assert str(fifo) in str(err.value)
+    with Unblocker(fifo), pytest.raises(UserError, match="not a regular file"):
+        StreamedSplit(DataConfig(path=fifo, stream={"enabled": True}), seed=0)
+    # a directory's data file too, not skipped as if it were not there
+    with Unblocker(fifo), pytest.raises(UserError, match="not a regular file") as err:
+        load_source(DataConfig(path=tmp_path))
+    assert str(fifo) in str(err.value)
+
+
+def test_a_transcript_far_past_the_label_limit_is_skipped_without_tokenizing_it_whole(
+    tmp_path, clips, tokenizer, monkeypatch
+):
+    huge = "la " * 300_000
+    first = clips[0]["file"]
+    path = manifest(tmp_path, clips, [{"audio_filepath": first, "text": huge, "language": "en",
+                                       "id": "huge"}])  # fmt: skip
+    longest = []
+    encode, batch = type(tokenizer).encode, type(tokenizer).__call__
+
+    def encode_spy(self, text, *args, **kwargs):
+        longest.append(len(text))
+        return encode(self, text, *args, **kwargs)
+
+    def batch_spy(self, texts, *args, **kwargs):
+        longest.extend(len(t) for t in texts)
+        return batch(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "encode", encode_spy)
+    monkeypatch.setattr(type(tokenizer), "__call__", batch_spy)
+    rules = row_rules(tokenizer)
+    long_labels = rules.utterance.long_labels
+    _, report = prepare(path, tokenizer)
+    table, _ = prepare(path, tokenizer, lazy=True)
+    dropped = lazy_reasons(table)
+    streamed = check_row(
+        {"audio": {"bytes": None, "path": str(path.parent / first)}, "text": huge,
+         "language": "en"}, "huge", rules,
+    )  # fmt: skip
+    assert report.skipped == {long_labels: ["huge"]}
+    assert dropped == {"huge": long_labels}
+    assert streamed == long_labels
+    assert max(longest) < len(huge) // 10
+
+
+def test_an_hours_long_file_said_to_be_short_is_skipped_from_its_header_not_decoded(
+    tmp_path, clips, tokenizer, monkeypatch
+):
+    long_file = tmp_path / "corpus" / "clips" / "long.wav"
+    sf.write(long_file, np.zeros(int(2 * MAX_SECONDS * SAMPLE_RATE), np.int16), SAMPLE_RATE)
+    path = manifest(tmp_path, clips, [{"audio_filepath": "clips/long.wav", "text": "la",
+                                       "language": "en", "id": "long", "duration": 1.24}])  # fmt: skip
+    decode = utterances.decode_audio
+    decoded = []
+
+    def recording(source, *args, **kwargs):
+        decoded.append(str(source))
+        return decode(source, *args, **kwargs)
+
+    monkeypatch.setattr(utterances, "decode_audio", recording)
+    for lazy in (False, True):
+        table, _ = prepare(path, tokenizer, lazy=lazy)
+        long_row = [i for i, uid in enumerate(table.uids()) if uid == "long"]
+        ds = SpeechDataset(table.split, table, Features(), eot=0)
+        assert ds[long_row[0]] == {
+            "dropped": "long",
+            "reason": f"audio longer than {MAX_SECONDS:g} s",
+        }
+    assert not [s for s in decoded if s.endswith("long.wav")]
+
+
+def test_a_negative_duration_is_one_reason_in_map_and_stream_modes(tmp_path, clips, tokenizer):
+    first = clips[0]["file"]
+    path = manifest(tmp_path, clips, [{"audio_filepath": first, "text": "la", "language": "en",
+                                       "id": "backwards", "duration": -1.5}])  # fmt: skip
+    _, report = prepare(path, tokenizer)
+    streamed = check_row(
+        {"audio": {"bytes": None, "path": str(path.parent / first)}, "text": "la",
+         "language": "en", "duration": -1.5}, "backwards", row_rules(tokenizer),
+    )  # fmt: skip
+    assert report.skipped == {NEGATIVE_DURATION: ["backwards"]}
+    assert streamed == NEGATIVE_DURATION
