@@ -30,7 +30,7 @@ from asrforge.model.lora import load_model_state
 from asrforge.selection import format_metrics
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
-from asrforge.train.forward import TrainingWhisper
+from asrforge.train.forward import TrainingWhisper, labelled_positions
 from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
@@ -424,8 +424,8 @@ class TrainingRun:
                     # that adds nothing, so that every process syncs the same buckets each step
                     loss = self.model(self._placeholder_batch()).float().sum() * 0.0
                 else:
-                    labels = batch["labels"].to(acc.device)
-                    loss = token_loss(self.model(batch), labels)
+                    positions, labels = labelled_positions(batch["labels"], acc.device)
+                    loss = token_loss(self.model(batch, positions), labels)
             acc.backward(loss / accum)
             if not empty:
                 tally.add(batch, loss.detach(), labels, accum)
@@ -680,10 +680,12 @@ class _StepTally:
         self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
 
     def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        self.loss += float(loss) / accum
-        self.task_losses[batch.get("task", "asr")].append(float(loss))
+        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
+        value = float(loss)
+        self.loss += value / accum
+        self.task_losses[batch.get("task", "asr")].append(value)
         self.samples += batch["size"]
-        self.tokens += int((labels >= 0).sum())
+        self.tokens += labels.numel()
 
 
 def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
