@@ -84,7 +84,7 @@ class TrainingWhisper(nn.Module):
             (batch, tokens, vocab) logits, or (n, vocab) at ``positions``.
         """
         device = self.whisper.proj_out.weight.device
-        decoder_input_ids = batch["decoder_input_ids"].to(device)
+        decoder_input_ids = batch["decoder_input_ids"].to(device, non_blocking=True)
         if batch.get("task", "asr") == "lm":
             hidden = self.whisper.model.decoder(
                 input_ids=decoder_input_ids, use_cache=False
@@ -92,7 +92,7 @@ class TrainingWhisper(nn.Module):
         else:
             encoder_states = self._encoder_states(batch, device)
             if encoder_states is None:
-                inputs = {"input_features": batch["input_features"].to(device)}
+                inputs = {"input_features": batch["input_features"].to(device, non_blocking=True)}
             else:
                 inputs = {"encoder_outputs": (encoder_states,)}
             hidden = self.whisper.model(
@@ -108,7 +108,7 @@ class TrainingWhisper(nn.Module):
         or cached), or None when Whisper's own forward runs the encoder."""
         encoder, top = self.whisper.model.encoder, self.frozen_top
         if "encoder_hidden_states" in batch:  # the frozen part's, cached
-            frozen = batch["encoder_hidden_states"].to(device)
+            frozen = batch["encoder_hidden_states"].to(device, non_blocking=True)
         elif top:  # frozen lower layers, run apart in eval mode
             # SpecAugment, as WhisperModel.forward applies it in training (a no-op unless the
             # config's apply_spec_augment is on); transformers has no public function for it
