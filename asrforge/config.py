@@ -429,8 +429,20 @@ class DataConfig(Section):
     several utterances)."""
     eval_batch_size: int | None = Field(default=None, gt=0)
     """Utterances per evaluation batch; default ``batch_size``."""
-    num_workers: int = Field(default=0, ge=0)
-    """DataLoader worker processes that compute the log-mel features (0 = in the main process)."""
+    num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    """DataLoader worker processes per training process that load audio and compute the log-mel
+    features (0: in the main process). ``auto``: on a GPU, the process's share of the cores less
+    one, at most 4, with pinned memory; on a CPU, where the step needs the cores, a worker per
+    four spare cores (0 on 2 or 3 cores)."""
+
+    @field_validator("num_workers", mode="before")
+    @classmethod
+    def _a_count_or_auto(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+        raise ValueError(f"must be a number of workers (0 or more) or auto, got {v!r}")
     max_eval_samples: int | None = Field(default=None, gt=0)
     """Evaluate on the first N utterances of the evaluation split only."""
     cache_encoder: bool = False

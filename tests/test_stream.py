@@ -19,6 +19,7 @@ from asrforge.data.stream import (
     epoch_blocks,
     find_shards,
 )
+from asrforge.data.workers import worker_count
 from asrforge.errors import UserError
 from asrforge.model.build import feature_extractor
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
@@ -97,7 +98,8 @@ def open_split(cfg: DataConfig, tok_specials, seed: int = 0) -> StreamedSplit:
 def epoch_uids(stream: StreamedSplit, tmp_path: Path, epoch: int = 0, *, start: int = 0,
                rank: int = 0, world: int = 1) -> list[list[str]]:  # fmt: skip
     """The ids of each batch (kept and dropped) the loader gives."""
-    loader = stream.loader(epoch, start, rank=rank, world=world)
+    workers = worker_count(stream.cfg.num_workers, "cpu")
+    loader = stream.loader(epoch, start, rank=rank, world=world, workers=workers)
     return [[*b.get("uid", []), *b["dropped"]] for b in loader]
 
 

@@ -8,8 +8,10 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+from asrforge.data.dataset import IGNORE
+from asrforge.evaluation.evaluate import token_loss
 from asrforge.model.partial import encode_frozen_part, freeze_encoder_part
-from asrforge.train.forward import TrainingWhisper
+from asrforge.train.forward import TrainingWhisper, labelled_positions
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
 from tests.test_text_only import Steps, _multitask_config
@@ -103,15 +105,46 @@ def test_each_kind_of_batch_gives_whispers_logits():
     torch.testing.assert_close(got, whisper.proj_out(hidden))
 
 
+@pytest.mark.parametrize("task", ["asr", "lm"])
+def test_logits_at_labelled_positions_give_the_full_projections_loss_and_gradients(task):
+    """The loss over labelled positions only (no vocabulary projection at prompt or padding)
+    equals the loss over full logits with the unlabelled positions ignored, and so do the
+    gradients."""
+    batch = _batch(task)
+    labels = torch.randint(3, 60, (2, 5), generator=torch.Generator().manual_seed(2))
+    labels[0, :2] = IGNORE  # a prompt
+    labels[1, 3:] = IGNORE  # padding
+    results = []
+    for labelled_only in (False, True):
+        whisper = _whisper()
+        model = TrainingWhisper(whisper, frozen_top=None).train()
+        torch.manual_seed(3)  # the same dropout masks on both sides
+        if labelled_only:
+            positions, targets = labelled_positions(labels, torch.device("cpu"))
+            logits = model(batch, positions)
+            assert logits.shape == (int((labels != IGNORE).sum()), 60)
+            loss = token_loss(logits, targets)
+        else:
+            loss = token_loss(model(batch), labels)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in whisper.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads))
+    (full_loss, full_grads), (ours_loss, our_grads) = results
+    torch.testing.assert_close(ours_loss, full_loss, rtol=1e-6, atol=1e-7)
+    assert our_grads.keys() == full_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_text_only_batches_train_through_the_prepared_module(tmp_path, tones_dir, monkeypatch):
     """Every micro-batch, text-only ones included, is a call of the module accelerate prepared
     (the DDP wrapper with several processes), never of the raw decoder behind its back."""
     calls: list[tuple[str, bool]] = []
     original = TrainingWhisper.forward
 
-    def spy(self, batch):
+    def spy(self, batch, positions=None):
         calls.append((batch.get("task", "asr"), self.training))
-        return original(self, batch)
+        return original(self, batch, positions)
 
     monkeypatch.setattr(TrainingWhisper, "forward", spy)
     decoder_calls = [0]

@@ -466,14 +466,22 @@ class StreamedSplit:
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)
 
-    def loader(self, epoch: int, start_batch: int, *, rank: int, world: int) -> Iterator[dict]:
+    def loader(
+        self,
+        epoch: int,
+        start_batch: int,
+        *,
+        rank: int,
+        world: int,
+        workers: int = 0,
+        pin_memory: bool = False,
+    ) -> Iterator[dict]:
         """The batches of ``epoch`` on this rank from its ``start_batch``-th on; a batch's
         skipped rows are in its ``dropped``/``dropped_reasons``, as a map-style split's.
 
         Raises:
             UserError: (while iterated) a row's language has no token, or a shard cannot be read.
         """
-        workers = self.cfg.num_workers
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
         loader = DataLoader(
             batches,
@@ -481,6 +489,7 @@ class StreamedSplit:
             num_workers=workers,
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
+            pin_memory=pin_memory,
             # a private generator: starting the loader must not draw from the global RNG
             # (dropout's), or a resumed run would see other dropout masks
             generator=torch.Generator().manual_seed(self.seed * 7919 + epoch),

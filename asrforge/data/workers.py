@@ -1,8 +1,34 @@
-"""What every DataLoader worker of a training run does when it starts."""
+"""DataLoader workers of a training run: how many, and what each does when it starts."""
 
 from __future__ import annotations
 
+import os
 import signal
+
+AUTO_WORKERS_MAX = 4
+"""``data.num_workers: auto`` starts at most this many workers per process."""
+
+
+def worker_count(setting: int | str, device_type: str, processes_here: int = 1) -> int:
+    """The DataLoader workers of one training process for ``data.num_workers``.
+
+    ``auto`` keeps a GPU fed: the cores this process has (``os.sched_getaffinity`` shared by
+    the ``processes_here`` processes on this machine), less one for the training process, up to
+    ``AUTO_WORKERS_MAX``. On a CPU the training step itself needs the cores, so ``auto`` starts a
+    worker only where a quarter of them is spare (0 on 2 or 3 cores).
+
+    Args:
+        setting: ``data.num_workers``: a count, or ``"auto"``.
+        device_type: the training device's type (``cuda``, ``cpu``, ...).
+        processes_here: training processes on this machine (torchrun's local world size).
+    """
+    if setting != "auto":
+        return int(setting)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = max(1, (cores or 1) // max(1, processes_here))
+    if device_type == "cpu":
+        return min(AUTO_WORKERS_MAX, share // 4)
+    return min(AUTO_WORKERS_MAX, max(1, share - 1))
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -26,7 +26,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from asrforge.data.dataset import IGNORE
 from asrforge.model.partial import encode_frozen_part, encode_trained_part, set_frozen_eval
+
+
+def labelled_positions(
+    labels: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder positions of a batch that carry a label, and their labels, on ``device``.
+
+    Found on the host from the collated labels, so the device waits for nothing.
+
+    Args:
+        labels: (batch, tokens) collated labels (on the CPU), ``IGNORE`` at prompt and padding.
+
+    Returns:
+        (n,) indices into the flattened (batch * tokens) positions, and (n,) their labels.
+    """
+    flat = labels.flatten()
+    keep = (flat != IGNORE).nonzero().squeeze(1)
+    return keep.to(device, non_blocking=True), flat[keep].to(device, non_blocking=True)
 
 
 class TrainingWhisper(nn.Module):
@@ -51,37 +70,45 @@ class TrainingWhisper(nn.Module):
             set_frozen_eval(self.whisper.model.encoder, self.frozen_top)
         return self
 
-    def forward(self, batch: dict) -> torch.Tensor:
+    def forward(self, batch: dict, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for one collated batch.
 
         Args:
             batch: ``decoder_input_ids`` (batch, tokens); a speech batch also ``input_features``
                 (batch, n_mels, frames) or ``encoder_hidden_states`` (batch, positions, d_model);
                 ``task`` is ``"lm"`` for a text-only batch (default ``"asr"``).
+            positions: (n,) indices into the flattened (batch * tokens) decoder positions whose
+                logits are wanted, e.g. those with a label; None: every position.
 
         Returns:
-            (batch, tokens, vocab) logits.
+            (batch, tokens, vocab) logits, or (n, vocab) at ``positions``.
         """
         device = self.whisper.proj_out.weight.device
-        decoder_input_ids = batch["decoder_input_ids"].to(device)
+        decoder_input_ids = batch["decoder_input_ids"].to(device, non_blocking=True)
         if batch.get("task", "asr") == "lm":
             hidden = self.whisper.model.decoder(
                 input_ids=decoder_input_ids, use_cache=False
             ).last_hidden_state
-            return self.whisper.proj_out(hidden)
-        encoder_states = self._encoder_states(batch, device)
-        if encoder_states is None:
-            inputs = {"input_features": batch["input_features"].to(device)}
         else:
-            inputs = {"encoder_outputs": (encoder_states,)}
-        return self.whisper(**inputs, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+            encoder_states = self._encoder_states(batch, device)
+            if encoder_states is None:
+                inputs = {"input_features": batch["input_features"].to(device, non_blocking=True)}
+            else:
+                inputs = {"encoder_outputs": (encoder_states,)}
+            hidden = self.whisper.model(
+                **inputs, decoder_input_ids=decoder_input_ids, use_cache=False
+            ).last_hidden_state
+        if positions is not None:
+            # The vocabulary projection is the step's largest matmul: none at prompt or padding.
+            hidden = hidden.flatten(0, 1)[positions]
+        return self.whisper.proj_out(hidden)
 
     def _encoder_states(self, batch: dict, device: torch.device) -> torch.Tensor | None:
         """The encoder's output computed apart from Whisper's forward (a frozen lower part, fresh
         or cached), or None when Whisper's own forward runs the encoder."""
         encoder, top = self.whisper.model.encoder, self.frozen_top
         if "encoder_hidden_states" in batch:  # the frozen part's, cached
-            frozen = batch["encoder_hidden_states"].to(device)
+            frozen = batch["encoder_hidden_states"].to(device, non_blocking=True)
         elif top:  # frozen lower layers, run apart in eval mode
             # SpecAugment, as WhisperModel.forward applies it in training (a no-op unless the
             # config's apply_spec_augment is on); transformers has no public function for it

@@ -30,7 +30,7 @@ from asrforge.model.lora import load_model_state
 from asrforge.selection import format_metrics
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
-from asrforge.train.forward import TrainingWhisper
+from asrforge.train.forward import TrainingWhisper, labelled_positions
 from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
@@ -424,15 +424,15 @@ class TrainingRun:
                     # that adds nothing, so that every process syncs the same buckets each step
                     loss = self.model(self._placeholder_batch()).float().sum() * 0.0
                 else:
-                    labels = batch["labels"].to(acc.device)
-                    loss = token_loss(self.model(batch), labels)
+                    positions, labels = labelled_positions(batch["labels"], acc.device)
+                    loss = token_loss(self.model(batch, positions), labels)
             acc.backward(loss / accum)
             if not empty:
                 tally.add(batch, loss.detach(), labels, accum)
 
         params = [p for p in self.whisper.parameters() if p.requires_grad]
         clip = cfg.optim.clip_grad_norm or float("inf")
-        grad_norm, skip, diverging = _optimizer_step(acc, self.optimizer, params, clip, tally.loss)
+        grad_norm, skip, diverging = _optimizer_step(acc, self.optimizer, params, clip, tally)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.ema is not None and skip is None:
@@ -671,19 +671,38 @@ class TrainingRun:
 
 
 class _StepTally:
-    """What one optimizer step's micro-batches add up to."""
+    """What one optimizer step's micro-batches add up to. Their losses stay on the device until
+    :meth:`read`, so the step waits for the device once, not once per micro-batch."""
 
     def __init__(self) -> None:
-        self.loss = 0.0  # the mean over the step's micro-batches
+        self.loss = 0.0  # the mean over the step's micro-batches, once read
         self.samples = 0
         self.tokens = 0
         self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
+        self._pending: list[tuple[str, torch.Tensor]] = []
+        self._accum = 1
 
     def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        self.loss += float(loss) / accum
-        self.task_losses[batch.get("task", "asr")].append(float(loss))
+        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
+        self._pending.append((batch.get("task", "asr"), loss))
+        self._accum = accum
         self.samples += batch["size"]
-        self.tokens += int((labels >= 0).sum())
+        self.tokens += labels.numel()
+
+    def read(self, grad_norm: torch.Tensor | float) -> float:
+        """Read the micro-batch losses and ``grad_norm`` off the device in one transfer, and
+        return the gradient norm as a float."""
+        norm = torch.as_tensor(grad_norm, dtype=torch.float32)
+        if self._pending:
+            losses = [loss.float() for _, loss in self._pending]
+            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
+        else:
+            values, norm_value = [], norm.item()
+        for (task, _), value in zip(self._pending, values, strict=True):
+            self.loss += value / self._accum
+            self.task_losses[task].append(value)
+        self._pending = []
+        return norm_value
 
 
 def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
@@ -728,9 +747,10 @@ def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) 
 
 
 def _optimizer_step(
-    acc, optimizer, params, clip: float, loss: float
+    acc, optimizer, params, clip: float, tally: _StepTally
 ) -> tuple[float, str | None, bool]:
-    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient.
+    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient; the step's
+    losses (``tally``) and gradient norm are read off the device together, once.
 
     Returns:
         (the gradient norm before clipping, why the step was skipped or None, whether the skip
@@ -741,7 +761,9 @@ def _optimizer_step(
     """
     scaler = acc.scaler
     scale = scaler.get_scale() if scaler is not None else None
-    grad_norm = float(acc.clip_grad_norm_(params, clip))  # unscales the gradients under fp16
+    # clip_grad_norm_ unscales the gradients under fp16.
+    grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
+    loss = tally.loss
     if math.isfinite(loss) and math.isfinite(grad_norm):
         optimizer.step()  # under fp16: scaler.step + scaler.update
         skipped = acc.optimizer_step_was_skipped

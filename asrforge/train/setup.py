@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import platform
 import random
 from collections import Counter
@@ -46,7 +47,7 @@ from asrforge.data.sources import training_splits
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
-from asrforge.data.workers import ignore_stop_signals
+from asrforge.data.workers import ignore_stop_signals, worker_count
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
@@ -117,6 +118,18 @@ class RunSetup:
     def model(self):
         return self.model_bundle.model
 
+    @property
+    def loader_workers(self) -> int:
+        """DataLoader workers per process: ``data.num_workers``, ``auto`` resolved for this
+        device and the training processes on this machine (torchrun's ``LOCAL_WORLD_SIZE``)."""
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return worker_count(self.cfg.data.num_workers, self.accelerator.device.type, here)
+
+    @property
+    def pin_memory(self) -> bool:
+        """Batches in page-locked memory, so copies to a GPU run while it computes."""
+        return self.accelerator.device.type == "cuda"
+
     def train_loader(
         self, epoch: int, start_batch: int, micro_batch: int = 0, text_position: dict | None = None
     ) -> Iterable[dict]:
@@ -133,6 +146,8 @@ class RunSetup:
                 start_batch,
                 rank=acc.process_index,
                 world=acc.num_processes,
+                workers=self.loader_workers,
+                pin_memory=self.pin_memory,
             )
             return self._with_text(loader, micro_batch, text_position)
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
@@ -180,7 +195,7 @@ class RunSetup:
         return self._loader(self.eval_set, batches)
 
     def _loader(self, ds, batches, seed: int = 0) -> DataLoader:
-        workers = self.cfg.data.num_workers
+        workers = self.loader_workers
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
         return DataLoader(
@@ -190,6 +205,7 @@ class RunSetup:
             num_workers=workers,
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
+            pin_memory=self.pin_memory,
             generator=torch.Generator().manual_seed(seed),
             worker_init_fn=ignore_stop_signals,  # a SIGTERM is the training process's to handle
         )
@@ -396,7 +412,7 @@ def prepare_run(
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
         atomic_write_text(out / "config.yaml", cfg.to_yaml())
-    return RunSetup(
+    setup = RunSetup(
         cfg=cfg,
         output_dir=out,
         accelerator=acc,
@@ -416,6 +432,13 @@ def prepare_run(
         lora_base=lora_base,
         train_skipped=train_skipped,
     )
+    log.info(
+        "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
+        setup.loader_workers,
+        cfg.data.num_workers,
+        ", pinned memory" if setup.pin_memory else "",
+    )
+    return setup
 
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:

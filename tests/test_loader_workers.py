@@ -1,0 +1,53 @@
+"""``data.num_workers: auto``: DataLoader workers that keep a GPU fed, none that would take a
+CPU training step's cores."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from asrforge.config import ConfigError, load_config
+from asrforge.data import workers as workers_module
+from asrforge.data.workers import AUTO_WORKERS_MAX, worker_count
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("cores", "device", "here", "want"),
+    [
+        (2, "cpu", 1, 0),  # the step needs both cores
+        (3, "cpu", 1, 0),
+        (8, "cpu", 1, 2),
+        (64, "cpu", 1, AUTO_WORKERS_MAX),
+        (2, "cuda", 1, 1),  # a GPU is fed by every core but the training process's own
+        (16, "cuda", 1, AUTO_WORKERS_MAX),
+        (16, "cuda", 8, 1),  # eight ranks on one machine share its 16 cores
+        (16, "cuda", 4, 3),
+    ],
+)
+def test_auto_follows_the_device_and_the_cores_this_process_has(
+    monkeypatch, cores, device, here, want
+):
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert worker_count("auto", device, here) == want
+    assert worker_count(3, device, here) == 3  # a count is a count
+    assert worker_count(0, device, here) == 0
+
+
+def test_the_config_takes_auto_or_a_count_and_names_anything_else():
+    tiny = ROOT / "configs" / "tiny.yaml"
+    assert load_config(tiny, ["data.num_workers=auto"]).data.num_workers == "auto"
+    assert load_config(tiny, ["data.num_workers=2"]).data.num_workers == 2
+    for bad in ("-1", "many"):
+        with pytest.raises(ConfigError) as e:
+            load_config(tiny, [f"data.num_workers={bad}"])
+        (line,) = e.value.problems
+        assert line.startswith("data.num_workers: must be a number of workers (0 or more) or auto")
+
+
+def test_this_machine_gets_a_count():
+    assert 0 <= worker_count("auto", "cpu") <= AUTO_WORKERS_MAX
+    assert 1 <= worker_count("auto", "cuda") <= max(1, len(os.sched_getaffinity(0)))
