@@ -365,6 +365,7 @@ class TrainingRun:
             n_train=len(setup.train_set),
             n_eval=len(setup.eval_set),
             selection=setup.selector.why,
+            max_steps=self.max_steps,
         )
 
     # -- train ---------------------------------------------------------------------------------
