@@ -53,9 +53,10 @@ from asrforge.text.languages import LANGUAGES, find_language_code
 
 GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
 PATIENCE_FULL = 5
-"""Default patience when the whole model trains."""
+"""Default patience when every weight trains (the seed's SFT: full supervised fine-tuning)."""
 PATIENCE_PARTIAL = 3
-"""Default patience when part of the model is frozen."""
+"""Default patience when part of the model is frozen: a frozen encoder or its lower layers, or
+LoRA adapters on a frozen base (parameter-efficient training is not the seed's full SFT)."""
 
 
 class Policy(Protocol):
@@ -465,8 +466,8 @@ def build_selector(
     Args:
         cfg: the ``selection`` section.
         language: the run's language (code or English name); ``cfg.language`` wins when set.
-        partial: only part of the model trains (e.g. a frozen encoder): default patience 3,
-            else 5.
+        partial: only part of the model trains (a frozen encoder or encoder layers, LoRA
+            adapters on a frozen base): default patience 3, else 5.
         guard: the ``eval.guard`` section: every save must keep the guard within its tolerance.
         trains: what trains, as the reason for the default patience says it (default: "part of
             the model trains" or "the whole model trains", by ``partial``).

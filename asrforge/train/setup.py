@@ -759,7 +759,8 @@ def build_run_selector(
     language = (
         cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
     )
-    partial = cfg.model.trained_top_encoder_layers is not None  # only part of the model trains
+    # only part of the model trains: a frozen encoder part, or LoRA adapters on a frozen base
+    partial = cfg.model.trained_top_encoder_layers is not None or cfg.model.lora is not None
     trains = None
     if cfg.model.lora is not None and n_params is not None:
         trains = f"LoRA: the adapters train, {n_params[1]:,} of {n_params[0]:,} parameters"
