@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig
+from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig, TrainConfig
 from asrforge.errors import UserError
 from asrforge.text.languages import LANGUAGES, find_language_code
 
@@ -460,6 +461,7 @@ def build_selector(
     guard: GuardConfig | None = None,
     *,
     trains: str | None = None,
+    chosen_by: str | None = None,
 ) -> Selector:
     """The selector for a run: policy, patience and step cap from config and language table.
 
@@ -471,6 +473,8 @@ def build_selector(
         guard: the ``eval.guard`` section: every save must keep the guard within its tolerance.
         trains: what trains, as the reason for the default patience says it (default: "part of
             the model trains" or "the whole model trains", by ``partial``).
+        chosen_by: the rule that made ``language`` the run's (:func:`run_language`), for
+            :attr:`Selector.why`.
 
     Raises:
         UserError: no language, an unknown language, or an invalid group table (ConfigError).
@@ -479,15 +483,14 @@ def build_selector(
     language = cfg.language if cfg.language is not None else language
     if language is None:
         raise UserError("selection: no language to pick the policy by; set selection.language")
-    if cfg.groups is not None:
-        source, groups = "selection.groups", cfg.groups
-        group_name = resolve_group(language, groups, where=source, field=field)
-    else:
-        source, groups = GROUPS_FILE.name, default_groups()
-        group_name = resolve_group(language, groups, where=None, field=field)
+    source, groups = group_table(cfg)
+    where = source if cfg.groups is not None else None
+    group_name = resolve_group(language, groups, where=where, field=field)
     group = groups[group_name]
     code = find_language_code(language)
     who = f"language {language!r} ({LANGUAGES[code]})" if code else f"language {language!r}"
+    if chosen_by is not None:
+        who = f"{who}, {chosen_by},"
     in_group = f"{who} is in group {group_name} of {source}"
 
     if cfg.policy == "auto":
@@ -525,6 +528,65 @@ def build_selector(
     return Selector(
         policy, patience=patience, max_steps=max_steps, why=", ".join(parts), guard=gate
     )
+
+
+def run_language(cfg: TrainConfig, counts: Mapping[str, int]) -> tuple[str, str]:
+    """The language whose group picks the policy, and the rule that chose it:
+    ``selection.language``, else the first of ``data.languages``, else the training split's most
+    frequent language (of a tie, the one met first).
+
+    Args:
+        cfg: the run's config.
+        counts: utterances per language of the training split.
+
+    Raises:
+        UserError: no language at all.
+    """
+    if cfg.selection.language is not None:
+        return cfg.selection.language, "set in selection.language"
+    if cfg.data.languages:
+        return cfg.data.languages[0], "the first of data.languages"
+    if not counts:
+        raise UserError("selection: no language to pick the policy by; set selection.language")
+    language, n = Counter(counts).most_common(1)[0]
+    total = sum(counts.values())
+    return language, f"the most frequent language of the training split ({n} of {total})"
+
+
+def mixed_groups(cfg: TrainConfig, counts: Mapping[str, int], language: str, rule: str) -> str:
+    """A warning when the run's languages (``data.languages``, else the training split's) fall
+    in more than one group of the table, naming the groups and the rule that picked the policy;
+    "" when they share one or ``selection.language`` chose. A language no group can place is
+    left to :func:`build_selector` to name."""
+    if cfg.selection.language is not None:
+        return ""
+    source, groups = group_table(cfg.selection)
+    where = source if cfg.selection.groups is not None else None
+    members: dict[str, list[str]] = {}
+    for entry in cfg.data.languages or list(counts):
+        try:
+            members.setdefault(resolve_group(entry, groups, where=where), []).append(entry)
+        except UserError:
+            continue
+    if len(members) < 2:
+        return ""
+    spread = "; ".join(
+        f"group {name} ({groups[name].policy}): {', '.join(langs)}"
+        for name, langs in members.items()
+    )
+    return (
+        f"selection: the run's languages fall in different groups of {source} ({spread}); the "
+        f"policy and step cap follow {language!r}, {rule}: set selection.language to the "
+        "language whose group should decide, or selection.policy and selection.max_steps"
+    )
+
+
+def group_table(cfg: SelectionConfig) -> tuple[str, dict[str, PolicyGroup]]:
+    """The run's language-group table and where it comes from: ``selection.groups``, else the
+    shipped file."""
+    if cfg.groups is not None:
+        return "selection.groups", cfg.groups
+    return GROUPS_FILE.name, default_groups()
 
 
 def default_groups() -> dict[str, PolicyGroup]:
