@@ -60,6 +60,7 @@ from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py im
     enable_cpu_fp16,
     model_width,
 )
+from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
@@ -776,6 +777,8 @@ def build_run_selector(
             max_steps,
         )
         max_steps = selector.max_steps
+    for warning in plan_warnings(cfg, max_steps, selector.patience):
+        log.warning(warning)
     return selector, max_steps
 
 
