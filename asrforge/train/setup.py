@@ -54,13 +54,13 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import Selector, build_selector, mixed_groups, run_language
+from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.events import Decision
 from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
     choose_precision,
     enable_cpu_fp16,
     model_width,
 )
-from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
