@@ -688,6 +688,11 @@ class SelectionConfig(Section):
     """combined_gate: a save needs ``wer < best_wer + wer_tol``."""
     loss_eps: float = Field(default=0.05, ge=0)
     """combined_gate: a save needs ``loss < best_loss + loss_eps``."""
+    unspaced_error_rate: Literal["cer", "wer"] = "cer"
+    """What ``by_wer`` and ``combined_gate`` judge a language written without spaces by
+    (Chinese, Cantonese, Japanese, Thai, Lao, Khmer, Burmese): ``cer``, the character error
+    rate, as the forgetting guard does; ``wer`` keeps the word error rate, which for such text
+    counts a sentence with one wrong character as wholly wrong."""
     patience: int | None = Field(default=None, gt=0)
     """Evaluations in a row without a save before the run stops; default 5 when every weight
     trains, 3 when part of the model is frozen (``model.freeze_encoder``,

@@ -11,6 +11,10 @@ A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says
   checkpoint is saved, never from a refused one, so a collapsing run (loss still falling, WER
   exploding) cannot move the gate. The first evaluation saves.
 
+For a language written without spaces (Chinese, Cantonese, Japanese, Thai, ...), ``by_wer`` and
+``combined_gate`` judge ``cer`` where the list above says ``wer``: there a word error rate counts
+whole sentences (``selection.unspaced_error_rate: wer`` keeps WER; :func:`error_metric`).
+
 A NaN or infinite metric is never better than anything: such an evaluation does not save and
 does not change the bests.
 
@@ -50,7 +54,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig, TrainConfig
 from asrforge.errors import UserError
-from asrforge.text.languages import LANGUAGES, find_language_code
+from asrforge.text.languages import LANGUAGES, find_language_code, is_unspaced, primary_metric
 
 GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
 PATIENCE_FULL = 5
@@ -102,10 +106,16 @@ class ByMetric:
 
 
 class ByWer(ByMetric):
-    """Save when ``wer < best_wer``."""
+    """Save when the error rate is below its best: ``wer``, or ``cer`` for a language written
+    without spaces (see :func:`error_metric`); the policy is ``by_wer`` either way.
 
-    def __init__(self):
-        super().__init__("wer")
+    Args:
+        metric: the error rate judged, ``"wer"`` or ``"cer"``.
+    """
+
+    def __init__(self, metric: str = "wer"):
+        super().__init__(metric)
+        self.name = "by_wer"
 
 
 class ByLoss(ByMetric):
@@ -117,52 +127,55 @@ class ByLoss(ByMetric):
 
 class CombinedGate:
     """Save when (``wer < best_wer`` or ``loss < best_loss``) and ``wer < best_wer + wer_tol``
-    and ``loss < best_loss + loss_eps``; on a save each best takes the min.
+    and ``loss < best_loss + loss_eps``; on a save each best takes the min. For a language
+    written without spaces the error rate gated is ``cer`` (see :func:`error_metric`), with the
+    same tolerance.
 
     Args:
-        wer_tol: how much worse than its best the WER may be on a save (absolute, e.g. 0.05).
+        wer_tol: how much worse than its best the error rate may be on a save (absolute, 0.05).
         loss_eps: how much worse than its best the loss may be on a save (absolute, nats).
+        metric: the error rate gated, ``"wer"`` or ``"cer"``.
     """
 
     name = "combined_gate"
 
-    def __init__(self, wer_tol: float = 0.05, loss_eps: float = 0.05):
+    def __init__(self, wer_tol: float = 0.05, loss_eps: float = 0.05, metric: str = "wer"):
         if wer_tol < 0 or loss_eps < 0:
             raise ValueError(f"tolerances must be >= 0, got wer_tol={wer_tol} loss_eps={loss_eps}")
         self.wer_tol = wer_tol
         self.loss_eps = loss_eps
+        self.metric = metric
         self.best_wer: float | None = None
         self.best_loss: float | None = None
         self.best_cer: float | None = None
         self.reason = ""
 
     def update(self, metrics: Mapping[str, float]) -> bool:
-        wer = _metric(metrics, "wer", self.name)
+        m = self.metric
+        err = _metric(metrics, m, self.name)
         loss = _metric(metrics, "loss", self.name)
-        cer = float(metrics.get("cer", math.nan))
-        bad = [f"{k} is {v}" for k, v in (("wer", wer), ("loss", loss)) if not math.isfinite(v)]
+        bad = [f"{k} is {v}" for k, v in ((m, err), ("loss", loss)) if not math.isfinite(v)]
         if bad:
             self.reason = " and ".join(bad) + ": never better"
             return False
-        if self.best_wer is None or self.best_loss is None:
-            self.reason = f"first evaluation: wer {_f(wer)}, loss {_f(loss)}"
+        best_err = getattr(self, f"best_{m}")
+        if best_err is None or self.best_loss is None:
+            self.reason = f"first evaluation: {m} {_f(err)}, loss {_f(loss)}"
         else:
             better = []
-            if improves(wer, self.best_wer):
-                better.append(f"wer {_f(wer)} < best {_f(self.best_wer)}")
+            if improves(err, best_err):
+                better.append(f"{m} {_f(err)} < best {_f(best_err)}")
             if improves(loss, self.best_loss):
                 better.append(f"loss {_f(loss)} < best {_f(self.best_loss)}")
             if not better:
                 self.reason = (
-                    f"neither wer {_f(wer)} < best {_f(self.best_wer)} "
+                    f"neither {m} {_f(err)} < best {_f(best_err)} "
                     f"nor loss {_f(loss)} < best {_f(self.best_loss)}"
                 )
                 return False
             outside = []
-            if not wer < self.best_wer + self.wer_tol:
-                outside.append(
-                    f"wer {_f(wer)} >= best {_f(self.best_wer)} + wer_tol {_f(self.wer_tol)}"
-                )
+            if not err < best_err + self.wer_tol:
+                outside.append(f"{m} {_f(err)} >= best {_f(best_err)} + wer_tol {_f(self.wer_tol)}")
             if not loss < self.best_loss + self.loss_eps:
                 outside.append(
                     f"loss {_f(loss)} >= best {_f(self.best_loss)} + loss_eps {_f(self.loss_eps)}"
@@ -171,10 +184,12 @@ class CombinedGate:
                 self.reason = f"{' and '.join(better)}, but {' and '.join(outside)}"
                 return False
             self.reason = f"{' and '.join(better)}, within tolerances"
-        self.best_wer = _min(self.best_wer, wer)
         self.best_loss = _min(self.best_loss, loss)
-        if math.isfinite(cer):
-            self.best_cer = _min(self.best_cer, cer)
+        # both error rates' bests are kept (the one gated is always reported)
+        for rate in ("wer", "cer"):
+            value = float(metrics.get(rate, math.nan))
+            if math.isfinite(value):
+                setattr(self, f"best_{rate}", _min(getattr(self, f"best_{rate}"), value))
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -307,6 +322,8 @@ class Selector:
             ``min(train.max_steps, max_steps)``; an update at ``step >= max_steps`` also stops.
         why: a sentence saying where the policy, cap and patience came from.
         guard: the forgetting guard's gate (None: no guard).
+        error_metric: the error rate the policy judges, ``"wer"`` or ``"cer"``
+            (:func:`error_metric`); recorded in the state and the evaluation records.
     """
 
     def __init__(
@@ -317,8 +334,10 @@ class Selector:
         max_steps: int | None,
         why: str = "",
         guard: GuardGate | None = None,
+        error_metric: str = "wer",
     ):
         self.policy = policy
+        self.error_metric = error_metric
         self.without_save = Patience(patience)
         self.max_steps = max_steps
         self.why = why
@@ -413,6 +432,7 @@ class Selector:
         """JSON-able state: the policy's bests, the patience counter and the guard's start."""
         state = {
             "policy": self.policy.name,
+            "error_metric": self.error_metric,
             "policy_state": self.policy.state_dict(),
             "evals_without_save": self.evals_without_save,
             "n_evals": self.n_evals,
@@ -436,6 +456,13 @@ class Selector:
             raise UserError(
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
+            )
+        saved = state.get("error_metric", "wer")  # a state from before it was recorded: WER
+        if saved != self.error_metric:
+            raise UserError(
+                f"selection.unspaced_error_rate: the checkpoint's selection judged by "
+                f"{saved.upper()}, this run by {self.error_metric.upper()}; set "
+                f"selection.unspaced_error_rate: {saved} to resume it"
             )
         if self.guard is not None:
             if not (state.get("guard") or {}).get("kind"):
@@ -499,6 +526,16 @@ def build_selector(
     else:
         policy_name = cfg.policy
         parts = [f"selection.policy set in config → {policy_name} ({in_group}: {group.policy})"]
+    metric = error_metric(language, cfg)
+    if policy_name != "by_loss" and is_unspaced(language):
+        why_metric = (
+            "CER: the language is written without spaces (selection.unspaced_error_rate: wer "
+            "judges by WER)"
+            if metric == "cer"
+            else "WER, though the language is written without spaces "
+            "(selection.unspaced_error_rate: wer)"
+        )
+        parts[0] = f"{parts[0]} on {why_metric}"
     if cfg.max_steps is not None:
         max_steps = cfg.max_steps
         parts.append(f"max_steps {max_steps} (selection.max_steps)")
@@ -516,18 +553,32 @@ def build_selector(
 
     policy: Policy
     if policy_name == "by_wer":
-        policy = ByWer()
+        policy = ByWer(metric)
     elif policy_name == "by_loss":
         policy = ByLoss()
     else:
-        policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps)
+        policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps, metric=metric)
     gate = None
     if guard is not None:
         gate = GuardGate(guard.tolerance)
         parts.append(f"forgetting guard {guard.path} (tolerance {guard.tolerance:g})")
     return Selector(
-        policy, patience=patience, max_steps=max_steps, why=", ".join(parts), guard=gate
+        policy,
+        patience=patience,
+        max_steps=max_steps,
+        why=", ".join(parts),
+        guard=gate,
+        error_metric=metric,
     )
+
+
+def error_metric(language: str, cfg: SelectionConfig) -> str:
+    """The error rate a policy's ``wer`` stands for in a run of ``language``: ``"cer"`` for a
+    language written without spaces, where a word error is a whole sentence's (unless
+    ``selection.unspaced_error_rate`` is ``wer``), else ``"wer"``."""
+    if cfg.unspaced_error_rate == "wer":
+        return "wer"
+    return primary_metric(language)
 
 
 def run_language(cfg: TrainConfig, counts: Mapping[str, int]) -> tuple[str, str]:
