@@ -374,6 +374,15 @@ class Selector:
     def policy_name(self) -> str:
         return self.policy.name
 
+    @property
+    def selected_on(self) -> str:
+        """What the policy judges: ``loss``, the error rate (``wer`` or ``cer``), or both."""
+        if self.policy.name == "by_loss":
+            return "loss"
+        if self.policy.name == "by_wer":
+            return self.error_metric
+        return f"{self.error_metric} and loss"
+
     def update(self, metrics: Mapping[str, float], step: int | None = None) -> Decision:
         """Judge one evaluation.
 
@@ -458,7 +467,7 @@ class Selector:
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
             )
         saved = state.get("error_metric", "wer")  # a state from before it was recorded: WER
-        if saved != self.error_metric:
+        if saved != self.error_metric and self.policy.name != "by_loss":
             raise UserError(
                 f"selection.unspaced_error_rate: the checkpoint's selection judged by "
                 f"{saved.upper()}, this run by {self.error_metric.upper()}; set "

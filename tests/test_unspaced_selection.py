@@ -51,6 +51,14 @@ def test_a_resume_judged_by_the_other_rate_names_the_setting():
         build_selector(SelectionConfig(), "yue", False).load_state_dict(state)
 
 
+def test_a_by_loss_language_resumes_a_state_saved_before_the_rate_was_recorded():
+    selector = build_selector(SelectionConfig(), "th", partial=False)  # group C: by_loss
+    state = selector.state_dict()
+    del state["error_metric"]
+    build_selector(SelectionConfig(), "th", False).load_state_dict(state)
+    assert selector.selected_on == "loss"
+
+
 def test_the_evaluation_records_name_the_rate_selected_on(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path / "run", tones_dir, selection={"language": "yue"})
     Trainer(cfg).fit()

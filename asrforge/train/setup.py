@@ -229,7 +229,7 @@ class RunSetup:
             "dropped_utterances": metrics.get("dropped_utterances", {}),
             "save": decision.save,
             "reason": decision.reason,
-            "selected_on": self.selector.error_metric,
+            "selected_on": self.selector.selected_on,
         }
         lines.append(json.dumps(summary, ensure_ascii=False))
         (self.output_dir / "eval").mkdir(exist_ok=True)
