@@ -68,7 +68,9 @@ def parse_size(value: int | str) -> int:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
 
 
 # The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.
@@ -247,7 +249,9 @@ class PackConfig(Section):
     def _gap_range(self) -> PackConfig:
         lo, hi = self.gap_seconds
         if not 0 <= lo <= hi:
-            raise ValueError(f"gap_seconds: must be [min, max] with 0 <= min <= max, got [{lo}, {hi}]")
+            raise ValueError(
+                f"gap_seconds: must be [min, max] with 0 <= min <= max, got [{lo}, {hi}]"
+            )
         return self
 
 
@@ -669,6 +673,7 @@ class EvalConfig(Section):
                 f"({self.longform_max_seconds:g}), got {self.longform_min_seconds:g}"
             )
         return self
+
     guard: GuardConfig | None = None
     """The forgetting guard (see GuardConfig); null: none."""
 
@@ -697,9 +702,15 @@ class SelectionConfig(Section):
     """combined_gate: a save needs ``wer < best_wer + wer_tol``."""
     loss_eps: float = Field(default=0.05, ge=0)
     """combined_gate: a save needs ``loss < best_loss + loss_eps``."""
+    unspaced_error_rate: Literal["cer", "wer"] = "cer"
+    """What ``by_wer`` and ``combined_gate`` judge a language written without spaces by
+    (Chinese, Cantonese, Japanese, Thai, Lao, Khmer, Burmese): ``cer``, the character error
+    rate, as the forgetting guard does; ``wer`` keeps the word error rate, which for such text
+    counts a sentence with one wrong character as wholly wrong."""
     patience: int | None = Field(default=None, gt=0)
-    """Evaluations in a row without a save before the run stops; default 5 when the whole model
-    trains, 3 when part of it is frozen."""
+    """Evaluations in a row without a save before the run stops; default 5 when every weight
+    trains, 3 when part of the model is frozen (``model.freeze_encoder``,
+    ``model.train_encoder_layers``, or ``model.lora``: only its adapters train)."""
     max_steps: int | None = Field(default=None, gt=0)
     """Cap on optimizer steps; default the group's cap."""
     groups: dict[str, PolicyGroup] | None = None
@@ -1041,7 +1052,9 @@ def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
         ann = field.annotation
         args = getattr(ann, "__args__", ())
         candidates = [ann, *args]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
         if model is None:
             return None
     return model

@@ -11,6 +11,10 @@ A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says
   checkpoint is saved, never from a refused one, so a collapsing run (loss still falling, WER
   exploding) cannot move the gate. The first evaluation saves.
 
+For a language written without spaces (Chinese, Cantonese, Japanese, Thai, ...), ``by_wer`` and
+``combined_gate`` judge ``cer`` where the list above says ``wer``: there a word error rate counts
+whole sentences (``selection.unspaced_error_rate: wer`` keeps WER; :func:`error_metric`).
+
 A NaN or infinite metric is never better than anything: such an evaluation does not save and
 does not change the bests.
 
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,15 +52,16 @@ from typing import Any, Protocol
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig
+from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig, TrainConfig
 from asrforge.errors import UserError
-from asrforge.text.languages import LANGUAGES, find_language_code
+from asrforge.text.languages import LANGUAGES, find_language_code, is_unspaced, primary_metric
 
 GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
 PATIENCE_FULL = 5
-"""Default patience when the whole model trains."""
+"""Default patience when every weight trains (the seed's SFT: full supervised fine-tuning)."""
 PATIENCE_PARTIAL = 3
-"""Default patience when part of the model is frozen."""
+"""Default patience when part of the model is frozen: a frozen encoder or its lower layers, or
+LoRA adapters on a frozen base (parameter-efficient training is not the seed's full SFT)."""
 
 
 class Policy(Protocol):
@@ -100,10 +106,16 @@ class ByMetric:
 
 
 class ByWer(ByMetric):
-    """Save when ``wer < best_wer``."""
+    """Save when the error rate is below its best: ``wer``, or ``cer`` for a language written
+    without spaces (see :func:`error_metric`); the policy is ``by_wer`` either way.
 
-    def __init__(self):
-        super().__init__("wer")
+    Args:
+        metric: the error rate judged, ``"wer"`` or ``"cer"``.
+    """
+
+    def __init__(self, metric: str = "wer"):
+        super().__init__(metric)
+        self.name = "by_wer"
 
 
 class ByLoss(ByMetric):
@@ -115,52 +127,55 @@ class ByLoss(ByMetric):
 
 class CombinedGate:
     """Save when (``wer < best_wer`` or ``loss < best_loss``) and ``wer < best_wer + wer_tol``
-    and ``loss < best_loss + loss_eps``; on a save each best takes the min.
+    and ``loss < best_loss + loss_eps``; on a save each best takes the min. For a language
+    written without spaces the error rate gated is ``cer`` (see :func:`error_metric`), with the
+    same tolerance.
 
     Args:
-        wer_tol: how much worse than its best the WER may be on a save (absolute, e.g. 0.05).
+        wer_tol: how much worse than its best the error rate may be on a save (absolute, 0.05).
         loss_eps: how much worse than its best the loss may be on a save (absolute, nats).
+        metric: the error rate gated, ``"wer"`` or ``"cer"``.
     """
 
     name = "combined_gate"
 
-    def __init__(self, wer_tol: float = 0.05, loss_eps: float = 0.05):
+    def __init__(self, wer_tol: float = 0.05, loss_eps: float = 0.05, metric: str = "wer"):
         if wer_tol < 0 or loss_eps < 0:
             raise ValueError(f"tolerances must be >= 0, got wer_tol={wer_tol} loss_eps={loss_eps}")
         self.wer_tol = wer_tol
         self.loss_eps = loss_eps
+        self.metric = metric
         self.best_wer: float | None = None
         self.best_loss: float | None = None
         self.best_cer: float | None = None
         self.reason = ""
 
     def update(self, metrics: Mapping[str, float]) -> bool:
-        wer = _metric(metrics, "wer", self.name)
+        m = self.metric
+        err = _metric(metrics, m, self.name)
         loss = _metric(metrics, "loss", self.name)
-        cer = float(metrics.get("cer", math.nan))
-        bad = [f"{k} is {v}" for k, v in (("wer", wer), ("loss", loss)) if not math.isfinite(v)]
+        bad = [f"{k} is {v}" for k, v in ((m, err), ("loss", loss)) if not math.isfinite(v)]
         if bad:
             self.reason = " and ".join(bad) + ": never better"
             return False
-        if self.best_wer is None or self.best_loss is None:
-            self.reason = f"first evaluation: wer {_f(wer)}, loss {_f(loss)}"
+        best_err = getattr(self, f"best_{m}")
+        if best_err is None or self.best_loss is None:
+            self.reason = f"first evaluation: {m} {_f(err)}, loss {_f(loss)}"
         else:
             better = []
-            if improves(wer, self.best_wer):
-                better.append(f"wer {_f(wer)} < best {_f(self.best_wer)}")
+            if improves(err, best_err):
+                better.append(f"{m} {_f(err)} < best {_f(best_err)}")
             if improves(loss, self.best_loss):
                 better.append(f"loss {_f(loss)} < best {_f(self.best_loss)}")
             if not better:
                 self.reason = (
-                    f"neither wer {_f(wer)} < best {_f(self.best_wer)} "
+                    f"neither {m} {_f(err)} < best {_f(best_err)} "
                     f"nor loss {_f(loss)} < best {_f(self.best_loss)}"
                 )
                 return False
             outside = []
-            if not wer < self.best_wer + self.wer_tol:
-                outside.append(
-                    f"wer {_f(wer)} >= best {_f(self.best_wer)} + wer_tol {_f(self.wer_tol)}"
-                )
+            if not err < best_err + self.wer_tol:
+                outside.append(f"{m} {_f(err)} >= best {_f(best_err)} + wer_tol {_f(self.wer_tol)}")
             if not loss < self.best_loss + self.loss_eps:
                 outside.append(
                     f"loss {_f(loss)} >= best {_f(self.best_loss)} + loss_eps {_f(self.loss_eps)}"
@@ -169,10 +184,12 @@ class CombinedGate:
                 self.reason = f"{' and '.join(better)}, but {' and '.join(outside)}"
                 return False
             self.reason = f"{' and '.join(better)}, within tolerances"
-        self.best_wer = _min(self.best_wer, wer)
         self.best_loss = _min(self.best_loss, loss)
-        if math.isfinite(cer):
-            self.best_cer = _min(self.best_cer, cer)
+        # both error rates' bests are kept (the one gated is always reported)
+        for rate in ("wer", "cer"):
+            value = float(metrics.get(rate, math.nan))
+            if math.isfinite(value):
+                setattr(self, f"best_{rate}", _min(getattr(self, f"best_{rate}"), value))
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -305,6 +322,8 @@ class Selector:
             ``min(train.max_steps, max_steps)``; an update at ``step >= max_steps`` also stops.
         why: a sentence saying where the policy, cap and patience came from.
         guard: the forgetting guard's gate (None: no guard).
+        error_metric: the error rate the policy judges, ``"wer"`` or ``"cer"``
+            (:func:`error_metric`); recorded in the state and the evaluation records.
     """
 
     def __init__(
@@ -315,8 +334,10 @@ class Selector:
         max_steps: int | None,
         why: str = "",
         guard: GuardGate | None = None,
+        error_metric: str = "wer",
     ):
         self.policy = policy
+        self.error_metric = error_metric
         self.without_save = Patience(patience)
         self.max_steps = max_steps
         self.why = why
@@ -352,6 +373,15 @@ class Selector:
     @property
     def policy_name(self) -> str:
         return self.policy.name
+
+    @property
+    def selected_on(self) -> str:
+        """What the policy judges: ``loss``, the error rate (``wer`` or ``cer``), or both."""
+        if self.policy.name == "by_loss":
+            return "loss"
+        if self.policy.name == "by_wer":
+            return self.error_metric
+        return f"{self.error_metric} and loss"
 
     def update(self, metrics: Mapping[str, float], step: int | None = None) -> Decision:
         """Judge one evaluation.
@@ -411,6 +441,7 @@ class Selector:
         """JSON-able state: the policy's bests, the patience counter and the guard's start."""
         state = {
             "policy": self.policy.name,
+            "error_metric": self.error_metric,
             "policy_state": self.policy.state_dict(),
             "evals_without_save": self.evals_without_save,
             "n_evals": self.n_evals,
@@ -434,6 +465,13 @@ class Selector:
             raise UserError(
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
+            )
+        saved = state.get("error_metric", "wer")  # a state from before it was recorded: WER
+        if saved != self.error_metric and self.policy.name != "by_loss":
+            raise UserError(
+                f"selection.unspaced_error_rate: the checkpoint's selection judged by "
+                f"{saved.upper()}, this run by {self.error_metric.upper()}; set "
+                f"selection.unspaced_error_rate: {saved} to resume it"
             )
         if self.guard is not None:
             if not (state.get("guard") or {}).get("kind"):
@@ -459,17 +497,20 @@ def build_selector(
     guard: GuardConfig | None = None,
     *,
     trains: str | None = None,
+    chosen_by: str | None = None,
 ) -> Selector:
     """The selector for a run: policy, patience and step cap from config and language table.
 
     Args:
         cfg: the ``selection`` section.
         language: the run's language (code or English name); ``cfg.language`` wins when set.
-        partial: only part of the model trains (e.g. a frozen encoder): default patience 3,
-            else 5.
+        partial: only part of the model trains (a frozen encoder or encoder layers, LoRA
+            adapters on a frozen base): default patience 3, else 5.
         guard: the ``eval.guard`` section: every save must keep the guard within its tolerance.
         trains: what trains, as the reason for the default patience says it (default: "part of
             the model trains" or "the whole model trains", by ``partial``).
+        chosen_by: the rule that made ``language`` the run's (:func:`run_language`), for
+            :attr:`Selector.why`.
 
     Raises:
         UserError: no language, an unknown language, or an invalid group table (ConfigError).
@@ -478,15 +519,14 @@ def build_selector(
     language = cfg.language if cfg.language is not None else language
     if language is None:
         raise UserError("selection: no language to pick the policy by; set selection.language")
-    if cfg.groups is not None:
-        source, groups = "selection.groups", cfg.groups
-        group_name = resolve_group(language, groups, where=source, field=field)
-    else:
-        source, groups = GROUPS_FILE.name, default_groups()
-        group_name = resolve_group(language, groups, where=None, field=field)
+    source, groups = group_table(cfg)
+    where = source if cfg.groups is not None else None
+    group_name = resolve_group(language, groups, where=where, field=field)
     group = groups[group_name]
     code = find_language_code(language)
     who = f"language {language!r} ({LANGUAGES[code]})" if code else f"language {language!r}"
+    if chosen_by is not None:
+        who = f"{who}, {chosen_by},"
     in_group = f"{who} is in group {group_name} of {source}"
 
     if cfg.policy == "auto":
@@ -495,6 +535,16 @@ def build_selector(
     else:
         policy_name = cfg.policy
         parts = [f"selection.policy set in config → {policy_name} ({in_group}: {group.policy})"]
+    metric = error_metric(language, cfg)
+    if policy_name != "by_loss" and is_unspaced(language):
+        why_metric = (
+            "CER: the language is written without spaces (selection.unspaced_error_rate: wer "
+            "judges by WER)"
+            if metric == "cer"
+            else "WER, though the language is written without spaces "
+            "(selection.unspaced_error_rate: wer)"
+        )
+        parts[0] = f"{parts[0]} on {why_metric}"
     if cfg.max_steps is not None:
         max_steps = cfg.max_steps
         parts.append(f"max_steps {max_steps} (selection.max_steps)")
@@ -512,18 +562,91 @@ def build_selector(
 
     policy: Policy
     if policy_name == "by_wer":
-        policy = ByWer()
+        policy = ByWer(metric)
     elif policy_name == "by_loss":
         policy = ByLoss()
     else:
-        policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps)
+        policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps, metric=metric)
     gate = None
     if guard is not None:
         gate = GuardGate(guard.tolerance)
         parts.append(f"forgetting guard {guard.path} (tolerance {guard.tolerance:g})")
     return Selector(
-        policy, patience=patience, max_steps=max_steps, why=", ".join(parts), guard=gate
+        policy,
+        patience=patience,
+        max_steps=max_steps,
+        why=", ".join(parts),
+        guard=gate,
+        error_metric=metric,
     )
+
+
+def error_metric(language: str, cfg: SelectionConfig) -> str:
+    """The error rate a policy's ``wer`` stands for in a run of ``language``: ``"cer"`` for a
+    language written without spaces, where a word error is a whole sentence's (unless
+    ``selection.unspaced_error_rate`` is ``wer``), else ``"wer"``."""
+    if cfg.unspaced_error_rate == "wer":
+        return "wer"
+    return primary_metric(language)
+
+
+def run_language(cfg: TrainConfig, counts: Mapping[str, int]) -> tuple[str, str]:
+    """The language whose group picks the policy, and the rule that chose it:
+    ``selection.language``, else the first of ``data.languages``, else the training split's most
+    frequent language (of a tie, the one met first).
+
+    Args:
+        cfg: the run's config.
+        counts: utterances per language of the training split.
+
+    Raises:
+        UserError: no language at all.
+    """
+    if cfg.selection.language is not None:
+        return cfg.selection.language, "set in selection.language"
+    if cfg.data.languages:
+        return cfg.data.languages[0], "the first of data.languages"
+    if not counts:
+        raise UserError("selection: no language to pick the policy by; set selection.language")
+    language, n = Counter(counts).most_common(1)[0]
+    total = sum(counts.values())
+    return language, f"the most frequent language of the training split ({n} of {total})"
+
+
+def mixed_groups(cfg: TrainConfig, counts: Mapping[str, int], language: str, rule: str) -> str:
+    """A warning when the run's languages (``data.languages``, else the training split's) fall
+    in more than one group of the table, naming the groups and the rule that picked the policy;
+    "" when they share one or ``selection.language`` chose. A language no group can place is
+    left to :func:`build_selector` to name."""
+    if cfg.selection.language is not None:
+        return ""
+    source, groups = group_table(cfg.selection)
+    where = source if cfg.selection.groups is not None else None
+    members: dict[str, list[str]] = {}
+    for entry in cfg.data.languages or list(counts):
+        try:
+            members.setdefault(resolve_group(entry, groups, where=where), []).append(entry)
+        except UserError:
+            continue
+    if len(members) < 2:
+        return ""
+    spread = "; ".join(
+        f"group {name} ({groups[name].policy}): {', '.join(langs)}"
+        for name, langs in members.items()
+    )
+    return (
+        f"selection: the run's languages fall in different groups of {source} ({spread}); the "
+        f"policy and step cap follow {language!r}, {rule}: set selection.language to the "
+        "language whose group should decide, or selection.policy and selection.max_steps"
+    )
+
+
+def group_table(cfg: SelectionConfig) -> tuple[str, dict[str, PolicyGroup]]:
+    """The run's language-group table and where it comes from: ``selection.groups``, else the
+    shipped file."""
+    if cfg.groups is not None:
+        return "selection.groups", cfg.groups
+    return GROUPS_FILE.name, default_groups()
 
 
 def default_groups() -> dict[str, PolicyGroup]:

@@ -204,8 +204,10 @@ def test_export_raw_and_average_weights(trained_run, tmp_path) -> None:
     avg = export_bundle(trained_run, tmp_path / "avg", weights="average", average_k=2)
     info = json.loads((avg / INFERENCE_CONFIG).read_text())
     assert info["weights"] == "average" and sorted(info["source"]["averaged_steps"]) == [2, 4]
+    # the run keeps EMA weights: the average is of them, as a bundle of one checkpoint takes them
+    assert info["source"]["averaged_weights"] == "ema"
     steps = [
-        load_weights(trained_run / "checkpoints" / f"step-00000{s}" / "model.safetensors")
+        load_weights(trained_run / "checkpoints" / f"step-00000{s}" / "ema.safetensors")
         for s in (2, 4)
     ]
     got = load_weights(avg / "model.safetensors")

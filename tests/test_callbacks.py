@@ -170,6 +170,25 @@ def test_progress_log_every_sets_the_report_interval(tmp_path, tones_dir, caplog
     assert steps == ["1/3", "2/3", "3/3"]  # every step, not every train.log_every=2
 
 
+def test_progress_counts_to_the_step_the_selection_group_caps_the_run_at(
+    tmp_path, tones_dir, caplog
+):
+    cfg = tiny_config(
+        tmp_path / "run",
+        tones_dir,
+        train={"max_steps": 6, "log_every": 1},
+        eval={"eval_steps": None, "at_end": False},
+        selection={"max_steps": 3},
+        callbacks=[{"name": "progress"}],
+    )
+    with caplog.at_level(logging.INFO, logger="asrforge.train"):
+        Trainer(cfg, build_callbacks(cfg)).fit()
+    steps = [
+        r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("step ")
+    ]
+    assert steps == ["1/3", "2/3", "3/3"]  # not out of train.max_steps=6
+
+
 def test_a_failing_average_does_not_fail_a_good_run(tmp_path, tones_dir, monkeypatch, caplog):
     from asrforge.callbacks import averaging
 

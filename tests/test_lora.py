@@ -75,12 +75,16 @@ def test_checkpoints_hold_only_the_adapters_and_the_optimizer_only_them(lora_run
     assert any(t.abs().sum() > 0 for k, t in weights.items() if "lora_B" in k)
 
 
-def test_the_selection_line_says_only_the_adapters_train(lora_run):
+def test_lora_gets_the_partial_training_patience_and_the_line_says_only_the_adapters_train(
+    lora_run,
+):
     weights = load_file(_latest(lora_run) / "model.safetensors")
     n_adapter = sum(t.numel() for t in weights.values())
     n_base = sum(p.numel() for p in _base_model(_latest(lora_run))[0].parameters())
     line = next(x for x in (lora_run / "train.log").read_text().splitlines() if "selection:" in x)
-    assert f"(LoRA: the adapters train, {n_adapter:,} of {n_base + n_adapter:,} parameters)" in line
+    # LoRA trains part of the model: the partial-training patience, and the line says why
+    trains = f"(LoRA: the adapters train, {n_adapter:,} of {n_base + n_adapter:,} parameters)"
+    assert f"patience 3 {trains}" in line
     assert "whole model" not in line
 
 

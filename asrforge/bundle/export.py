@@ -130,8 +130,8 @@ def export_bundle(
             transformers Whisper directory (safetensors weights).
         out: the bundle directory to write (an existing bundle there is replaced).
         weights: ``ema`` (default when the checkpoint has EMA weights), ``raw``, or ``average``
-            (mean of the raw weights of the run's ``average_k`` best checkpoints by
-            ``average_metric``, as in ``asrforge average``).
+            (mean of the run's ``average_k`` best checkpoints by ``average_metric``, as in
+            ``asrforge average``: their EMA weights when they have them, else the raw ones).
         fmt: ``hf`` (transformers safetensors, loadable by ``load_bundle``) or ``ct2``.
         stats_utterances: training utterances whose log-mel statistics are recorded (0: none).
         ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as is.
@@ -248,8 +248,11 @@ def export_adapter(source: str | Path, out: str | Path, weights: Weights | None 
         write_bundle_manifest(
             tmp,
             {
-                "kind": "lora_adapter", "weights": chosen, "step": manifest.get("step"),
-                "checkpoint": str(ckpt), lora.BASE_KEY: manifest[lora.BASE_KEY],
+                "kind": "lora_adapter",
+                "weights": chosen,
+                "step": manifest.get("step"),
+                "checkpoint": str(ckpt),
+                lora.BASE_KEY: manifest[lora.BASE_KEY],
             },
         )
     log.info("wrote the LoRA adapters of %s (%s weights) to %s", ckpt, chosen, out)
@@ -515,10 +518,15 @@ def _average(ckpt: Path, k: int, metric: str) -> tuple[LazyWeights, dict[str, An
     facts = {
         "averaged_steps": manifest.get("steps"),
         "average_metric": metric,
+        "averaged_weights": manifest.get("weights"),
         "k": manifest.get("k"),
     }
     log.info(
-        "averaged %s checkpoints by %s: steps %s", manifest.get("k"), metric, manifest.get("steps")
+        "averaged the %s weights of %s checkpoints by %s: steps %s",
+        manifest.get("weights"),
+        manifest.get("k"),
+        metric,
+        manifest.get("steps"),
     )
     return state, facts
 

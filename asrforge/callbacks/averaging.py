@@ -11,6 +11,7 @@ from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
 from asrforge.checkpoint.average import average_top_k, rank_checkpoints
+from asrforge.checkpoint.manifest import read_manifest
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
 
@@ -34,6 +35,9 @@ class AverageCheckpoints(Callback):
         """Default: ``min`` for error rates and losses."""
         after_each_eval: bool = False
         """Also re-average after every evaluation that changes the top-k."""
+        weights: Literal["ema", "raw"] | None = None
+        """Which weights of each checkpoint: ``ema`` or ``raw``; default the EMA weights when
+        the run keeps them (``train.ema_decay``), as ``asrforge export`` takes them."""
 
     def __init__(
         self,
@@ -41,8 +45,10 @@ class AverageCheckpoints(Callback):
         k: int = 5,
         mode: str | None = None,
         after_each_eval: bool = False,
+        weights: str | None = None,
     ):
         self.metric, self.k, self.mode, self.after_each_eval = metric, k, mode, after_each_eval
+        self.weights = weights
         self.root: Path | None = None
         self._members: list[int] = []
         self.written: Path | None = None
@@ -60,7 +66,9 @@ class AverageCheckpoints(Callback):
             log.warning("average_checkpoints: no checkpoint has metric %r yet", self.metric)
             return
         try:
-            self.written = average_top_k(self.root, self.metric, self.k, mode=self.mode)
+            self.written = average_top_k(
+                self.root, self.metric, self.k, mode=self.mode, weights=self.weights
+            )
         except Exception as e:
             mode = f" --mode {self.mode}" if self.mode else ""
             log.error(
@@ -78,7 +86,8 @@ class AverageCheckpoints(Callback):
             raise
         self._members = members
         log.info(
-            "average_checkpoints: averaged steps %s by %s into %s",
+            "average_checkpoints: averaged the %s weights of steps %s by %s into %s",
+            read_manifest(self.written).get("weights"),
             members,
             self.metric,
             self.written,

@@ -33,7 +33,7 @@ class ProgressBar(Callback):
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.every = self.log_every or run.config.train.log_every
-        self.total = run.config.train.max_steps
+        self.total = run.max_steps
         if sys.stderr.isatty():
             from tqdm.auto import tqdm
 

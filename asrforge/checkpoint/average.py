@@ -29,6 +29,7 @@ import torch
 
 from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
 from asrforge.checkpoint.shards import (
+    LazyWeights,
     TensorReader,
     has_weights,
     is_weights_file,
@@ -100,7 +101,8 @@ def average_checkpoints(
     paths: list[Path],
     out: Path,
     *,
-    weights_file: str = MODEL_FILE,
+    weights: str | None = None,
+    weights_file: str | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """Average the weights of checkpoint directories into a new directory ``out`` (atomically).
@@ -109,42 +111,58 @@ def average_checkpoints(
         paths: checkpoint directories, best first (the first one's non-weight files are copied).
             Each must verify against its manifest.
         out: the directory to write (replaced whole if it exists).
-        weights_file: which safetensors file to average (``ema.safetensors`` for EMA weights);
-            the output uses the same name.
+        weights: ``ema``: each checkpoint's weights with its EMA tensors over them, as a bundle
+            exports them; ``raw``: the weights as trained; None: ``ema`` when every checkpoint
+            has EMA weights, else ``raw``. Either way the output is ``model.safetensors`` in the
+            raw weights' dtypes, and the manifest records ``weights``.
+        weights_file: instead, one safetensors file averaged as it is (``ema.safetensors``: the
+            EMA tensors alone); the output uses the same name.
         meta: extra manifest facts; ``averaged_from`` and ``k`` are always recorded.
 
     Returns:
         ``out``.
 
     Raises:
+        UserError: ``weights`` is neither ``ema`` nor ``raw``, or ``ema`` for a checkpoint
+            without EMA weights.
         CheckpointNotSupportedError: the parameter sets differ (first mismatch named).
         CheckpointCorruptError: an input does not verify.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise UserError("average_checkpoints: no checkpoints given")
-    stem = weights_file.removesuffix(".safetensors")
+    stem = (weights_file or MODEL_FILE).removesuffix(".safetensors")
     for p in paths:
         verify(p)
         if not has_weights(p, stem):
-            raise CheckpointError(f"{p}: has no {weights_file} to average")
-        weights_aliases(p / weights_file)  # raises, naming a file that is not safetensors
+            raise CheckpointError(f"{p}: has no {stem}.safetensors to average")
+        weights_aliases(p / f"{stem}.safetensors")  # raises, naming a file that is not one
+    if weights_file is None:
+        weights = _which_weights(paths, weights)
     headers = [weights_header(p, stem) for p in paths]
-    names = check_same_parameters(headers, [p / weights_file for p in paths])
-    maps = [weight_map(p, stem) for p in paths]
+    names = check_same_parameters(headers, [p / f"{stem}.safetensors" for p in paths])
+    if weights == "ema":
+        ema_files = [p / "ema.safetensors" for p in paths]
+        check_same_parameters([weights_header(p, EMA_STEM) for p in paths], ema_files)
+    sources = [_sources(p, stem, weights == "ema") for p in paths]
     # The output is laid out as the best input is: the same shards, the same names in each.
+    best_map = weight_map(paths[0], stem)
     best_files = weight_files(paths[0], stem)
-    plan = [[n for n in names if maps[0][n] == f] for f in best_files]
+    plan = [[n for n in names if best_map[n] == f] for f in best_files]
     metadata = read_metadata(paths[0] / best_files[0])
     k = len(paths)
     with contextlib.ExitStack() as stack:
         readers = [
-            {f: stack.enter_context(_RowReader(p / f)) for f in sorted(set(m.values()))}
-            for p, m in zip(paths, maps, strict=True)
+            {f: stack.enter_context(_RowReader(f)) for f in sorted({f for f, _, _ in src.values()})}
+            for src in sources
         ]
 
         def averaged(name: str) -> torch.Tensor:
-            return _average_one([r[m[name]] for r, m in zip(readers, maps, strict=True)], name)
+            parts = []
+            for r, src in zip(readers, sources, strict=True):
+                path, inner, cast = src[name]
+                parts.append(_Part(r[path], inner, cast))
+            return _average_one(parts, name)
 
         with atomic_directory(Path(out)) as tmp:
             # One output shard in memory at a time, each tensor computed as its shard is written
@@ -160,20 +178,68 @@ def average_checkpoints(
                 except OSError:
                     shutil.copy2(paths[0] / rel, dst)
             info = {"kind": "average", "averaged_from": [str(p) for p in paths], "k": k}
-            meta = {**info, **(meta or {}), "weights_file": weights_file}
+            meta = {**info, **(meta or {}), "weights_file": f"{stem}.safetensors"}
+            if weights_file is None:
+                meta["weights"] = weights
             write_manifest(tmp, meta, known=digests)
     return Path(out)
 
 
-def _average_one(readers: list[_RowReader], name: str) -> torch.Tensor:
-    """Mean (floats) or sum (integers) of one tensor over the inputs, a block of rows at a time."""
-    shape, dtype = readers[0].shape(name), readers[0].dtype(name)
+def _which_weights(paths: list[Path], weights: str | None) -> str:
+    """``weights``, checked, or by default what a bundle exports: EMA when every input has it."""
+    with_ema = [has_weights(p, EMA_STEM) for p in paths]
+    if weights is None:
+        return "ema" if all(with_ema) else "raw"
+    if weights not in ("ema", "raw"):
+        raise UserError(f"weights: must be ema or raw, got {weights!r}")
+    if weights == "ema" and not all(with_ema):
+        lacking = paths[with_ema.index(False)]
+        raise UserError(f"{lacking}: has no EMA weights (train.ema_decay was off); use raw")
+    return weights
+
+
+def _sources(directory: Path, stem: str, ema: bool) -> dict[str, tuple[Path, str, Any]]:
+    """``{name: (file, name in it, dtype to cast to or None)}`` of one input's weights: with
+    ``ema``, the EMA tensors in place of the raw ones (cast to the raw dtypes), as exported."""
+    lazy = LazyWeights.open(directory, stem)
+    if ema:
+        try:
+            lazy = lazy.overlaid(LazyWeights.open(directory, EMA_STEM))
+        except CheckpointError as e:
+            raise CheckpointError(f"{directory / 'ema.safetensors'}: {e}") from None
+    return lazy.sources
+
+
+class _Part:
+    """One input's share of a tensor: its reader, the tensor's name there, the output dtype."""
+
+    def __init__(self, reader: _RowReader, inner: str, cast: torch.dtype | None):
+        self.reader, self.inner = reader, inner
+        self.dtype = cast or reader.dtype(inner)
+
+    def shape(self) -> list[int]:
+        return self.reader.shape(self.inner)
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        return self.reader.rows(self.inner, start, stop)
+
+
+def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
+    """Mean (floats) or sum (integers) of one tensor over the inputs, a block of rows at a time,
+    in the first input's (output) dtype."""
+    shape, dtype = parts[0].shape(), parts[0].dtype
+    for part in parts[1:]:
+        if part.shape() != shape:
+            raise CheckpointNotSupportedError(
+                f"cannot average: {name!r} is {part.shape()} in {part.reader.path} but {shape} "
+                f"in {parts[0].reader.path}"
+            )
     out = torch.empty(shape, dtype=dtype)
     if out.numel() == 0:
         return out
     rows = out.reshape(shape[0] if shape else 1, -1)  # a view: filling it fills `out`
     if dtype == torch.bool:  # masks and flags: the best checkpoint's
-        rows[:] = readers[0].rows(name, 0, rows.shape[0]).reshape(rows.shape)
+        rows[:] = parts[0].rows(0, rows.shape[0]).reshape(rows.shape)
         return out
     if dtype.is_complex:
         wide = torch.complex128
@@ -185,15 +251,15 @@ def _average_one(readers: list[_RowReader], name: str) -> torch.Tensor:
     for start in range(0, rows.shape[0], block):
         stop = min(start + block, rows.shape[0])
         acc = None
-        for reader in readers:
-            part = reader.rows(name, start, stop).reshape(stop - start, -1)
+        for source in parts:
+            part = source.rows(start, stop).reshape(stop - start, -1)
             if acc is None:
                 acc = part.to(wide, copy=True)
             else:
                 acc += part
             del part
         if wide != torch.int64:
-            acc /= len(readers)
+            acc /= len(parts)
         rows[start:stop] = acc.to(dtype)
     return out
 
@@ -246,7 +312,8 @@ def average_top_k(
     out: Path | None = None,
     *,
     mode: str | None = None,
-    weights_file: str = MODEL_FILE,
+    weights: str | None = None,
+    weights_file: str | None = None,
 ) -> Path:
     """Average the ``k`` best checkpoints of a run by ``metric`` (as named in the manifests).
 
@@ -256,7 +323,9 @@ def average_top_k(
         k: how many; fewer are averaged (with a warning) when fewer have the metric.
         out: the output directory; default ``<checkpoints>/<metric>.ave_<k>best``.
         mode: ``min`` or ``max``; default :func:`default_mode` of the metric.
-        weights_file: which weights to average.
+        weights: ``ema``, ``raw``, or None: EMA when the checkpoints have it, as a bundle
+            exports (see :func:`average_checkpoints`).
+        weights_file: instead, one safetensors file averaged as it is.
 
     Raises:
         CheckpointError: no checkpoint has the metric.
@@ -284,7 +353,7 @@ def average_top_k(
         "values": [v for v, _s, _d in chosen],
     }
     return average_checkpoints(
-        [d for _v, _s, d in chosen], out, weights_file=weights_file, meta=meta
+        [d for _v, _s, d in chosen], out, weights=weights, weights_file=weights_file, meta=meta
     )
 
 
@@ -306,7 +375,18 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         help="default: max for acc/bleu/f1, else min",
     )
     p.add_argument("--out", type=Path, default=None, help="output directory")
-    p.add_argument("--weights-file", default=MODEL_FILE, help="e.g. ema.safetensors")
+    p.add_argument(
+        "--weights",
+        choices=["ema", "raw"],
+        default=None,
+        help="ema: each checkpoint's EMA weights, as export takes them; raw: the weights as "
+        "trained (default: ema when the checkpoints have EMA weights)",
+    )
+    p.add_argument(
+        "--weights-file",
+        default=None,
+        help="instead, average one safetensors file as it is (e.g. ema.safetensors alone)",
+    )
     p.set_defaults(func=run_cli)
     return p
 
@@ -315,8 +395,16 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run ``asrforge average``; user errors raise :class:`UserError` subclasses."""
     if args.k < 1:
         raise UserError(f"--k: must be >= 1, got {args.k}")
+    if args.weights is not None and args.weights_file is not None:
+        raise UserError("--weights and --weights-file: give one of them")
     out = average_top_k(
-        args.run_dir, args.metric, args.k, args.out, mode=args.mode, weights_file=args.weights_file
+        args.run_dir,
+        args.metric,
+        args.k,
+        args.out,
+        mode=args.mode,
+        weights=args.weights,
+        weights_file=args.weights_file,
     )
     manifest = read_manifest(out)
     print(describe_average(manifest, args.k, out))
@@ -326,9 +414,11 @@ def run_cli(args: argparse.Namespace) -> int:
 def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
     """Which steps an average holds, each with its metric value and directory, best first."""
     metric, steps = manifest.get("metric"), manifest.get("steps") or []
+    weights = manifest.get("weights")
+    what = f"the {weights.upper() if weights == 'ema' else weights} weights of " if weights else ""
     lines = [
-        f"averaged {len(steps)} checkpoint(s), the best by {metric} ({manifest.get('mode')}), "
-        f"-> {out}: steps {', '.join(str(s) for s in steps)}"
+        f"averaged {what}{len(steps)} checkpoint(s), the best by {metric} "
+        f"({manifest.get('mode')}), -> {out}: steps {', '.join(str(s) for s in steps)}"
     ]
     if len(steps) < k:
         lines.append(f"  only {len(steps)} of the {k} requested have {metric} in their manifests")

@@ -519,10 +519,12 @@ class CheckpointManager:
                     continue
         return None
 
-    def prune_after_run(self) -> list[str]:
+    def prune_after_run(self, *, keep_latest: bool = False) -> list[str]:
         """``checkpoint.after_run: best``: keep ``best/`` (else the final step directory) and
         the ``best-<metric>-<rank>/`` directories without their resume-only files
         (:data:`RESUME_ONLY_FILES`), delete every other step directory and ``latest``.
+        ``keep_latest``: keep the final step directory beside ``best/`` too (no evaluation
+        judged it).
         Directories that are not checkpoints of this manager (averages) are left alone.
 
         Each kept directory is rebuilt atomically (hard links, a new sealed manifest that lists
@@ -537,8 +539,10 @@ class CheckpointManager:
             and not p.is_symlink()
             and (p.name == "best" or p.name.startswith("best-"))
         ]
-        if not (self.root / "best").is_dir() and latest is not None and latest.is_dir():
-            kept.append(latest)  # no evaluation chose a best: the final weights are the result
+        # no evaluation chose a best, or none judged the final weights: they are a result
+        no_best = not (self.root / "best").is_dir()
+        if (no_best or keep_latest) and latest is not None and latest.is_dir():
+            kept.append(latest)
         try:
             manifests = {d: verify(d, check_hashes=False) for d in kept}
         except CheckpointCorruptError as e:

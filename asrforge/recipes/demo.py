@@ -37,13 +37,14 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrforge.errors import UserError
+from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -528,16 +529,16 @@ def run_english(args: argparse.Namespace) -> int:
     n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
     callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
     result = Trainer(cfg, callbacks).fit()
-    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); best checkpoint at "
-        f"step {result.best_step}")
-    if result.status == "diverged":
-        say("fine-tune: the run diverged; no bundle is exported")
-        return 1
+    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); {best_text(result)}")
+    stopped = stop_after_fine_tune(result, run_dir, root, say)
+    if stopped is not None:
+        return stopped
 
     say.phase("export", "an inference bundle of the selected checkpoint")
     if result.best_step is None and guard_cfg is not None:
-        say("export: no checkpoint became best (the forgetting guard refused each one "
-            "evaluated); the bundle holds the starting model")
+        why = ("the forgetting guard refused each one evaluated" if result.last_metrics
+               else "no evaluation ran, so the forgetting guard judged none")
+        say(f"export: no checkpoint became best ({why}); the bundle holds the starting model")
         source = Path(cfg.model.pretrained)
     else:
         source = run_dir
@@ -586,6 +587,29 @@ def run_english(args: argparse.Namespace) -> int:
     return 0
 
 
+def best_text(result) -> str:
+    """``best checkpoint at step N``, or that none became best."""
+    if result.best_step is None:
+        return "no checkpoint became best"
+    return f"best checkpoint at step {result.best_step}"
+
+
+def stop_after_fine_tune(result, run_dir: Path, root: Path, say: Progress) -> int | None:
+    """The demo's exit code when the fine-tune ends it, else None: a signal stopped it after
+    its checkpoint (75, with how to continue), or it diverged (1)."""
+    if result.status == "interrupted":
+        say(f"fine-tune: stopped by a signal at step {result.step}, its checkpoint saved; the "
+            f"demo stops here. Continue the fine-tune with: asrforge train "
+            f"{shlex.quote(str(run_dir / 'config.yaml'))} --resume, then export it with: "
+            f"asrforge export {shlex.quote(str(run_dir))} --out "
+            f"{shlex.quote(str(root / 'bundle'))} (or run asrforge demo again)")
+        return EXIT_INTERRUPTED
+    if result.status == "diverged":
+        say("fine-tune: the run diverged; no bundle is exported")
+        return 1
+    return None
+
+
 def write_report(root: Path, before: dict, after: dict, before_preds: list[dict],
                  preds: list[dict], table: str, say: Progress, result, bundle_dir: Path,
                  card: dict) -> Path:
@@ -606,8 +630,7 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     lines = [
         "# asrforge demo", "",
         f"Whisper tiny.en fine-tuned on synthetic English speech: {result.status} at step "
-        f"{result.step} ({result.reason}); best checkpoint at step {result.best_step}; "
-        f"bundle `{bundle_dir}`.", "",
+        f"{result.step} ({result.reason}); {best_text(result)}; bundle `{bundle_dir}`.", "",
         "```", table, "```", "",
         "Phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in say.phases.items()), "",
         "| id | reference | before | after |", "|---|---|---|---|",
@@ -767,7 +790,20 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.getLogger("asrforge").setLevel(logging.INFO)
     if args.multilingual:
         return run_multilingual(args)
-    return run_english(args)
+    # SIGTERM outside the fine-tune (whose loop saves first, then stops the demo with 75) stops
+    # the demo as Ctrl-C does: exit 130, nothing to continue
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        return run_english(args)
+    try:
+        return run_english(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,7 +16,8 @@ Events and their payloads (every event also gets ``state: TrainState``):
 ============== ==================================================================================
 event          payload
 ============== ==================================================================================
-on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, precision, device)
+on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, precision, device,
+               the run's last step)
 on_epoch_begin ``epoch: int``
 on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
 on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
@@ -92,6 +93,8 @@ class RunInfo:
     n_train: int
     n_eval: int
     selection: str = ""
+    max_steps: int = 0
+    """The step the run trains to: ``train.max_steps`` or the selection group's lower cap."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -223,8 +226,6 @@ def eval_metric_names() -> tuple[str, ...]:
     produced = {**summarize([probe]), **dropped_metrics({}, 1)}
     return tuple(
         sorted(
-            k
-            for k, v in produced.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
+            k for k, v in produced.items() if isinstance(v, int | float) and not isinstance(v, bool)
         )
     )

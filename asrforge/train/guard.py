@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,9 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
 from asrforge.selection import GuardGate
+from asrforge.selection import run_language as selection_language
 from asrforge.text import error_rates, normalize, primary_metric, wer
+from asrforge.text.languages import find_language_code
 
 log = logging.getLogger("asrforge.train")
 
@@ -329,17 +332,10 @@ def run_language(cfg, train_languages: Sequence[str]) -> str:
     """The language the guard is transcribed in: ``eval.guard.language``, else the run's
     (``selection.language``, the first of ``data.languages``, the training split's most
     frequent)."""
-    from collections import Counter
-
-    from asrforge.text.languages import find_language_code
-
     guard = cfg.eval.guard
-    language = (
-        (guard.language if guard is not None else None)
-        or cfg.selection.language
-        or (cfg.data.languages or [None])[0]
-        or Counter(train_languages).most_common(1)[0][0]
-    )
+    language = (guard.language if guard is not None else None) or selection_language(
+        cfg, Counter(train_languages)
+    )[0]
     return find_language_code(language) or language
 
 

@@ -41,6 +41,8 @@ log = logging.getLogger("asrforge.train")
 
 NOT_IMPROVED = "no step improved on the starting model"
 """Appended to the reason of a run whose best checkpoint is the evaluated start (step 0)."""
+NOT_EVALUATED = "no trained step was evaluated"
+"""Appended instead when nothing after step 0 was evaluated: the start is best by default."""
 
 
 @dataclass
@@ -157,7 +159,21 @@ class Trainer:
             if run.last_saved_step != state.step:  # the save wrote it otherwise
                 run.gather_dropped()
                 run.setup.write_skip_report(state.dropped, f" up to step {state.step}")
-            if status in ("completed", "stopped") and run.start_stayed_best():
+            # the last step is kept beside best/ when no evaluation judged any trained step
+            keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
+            if status in ("completed", "stopped") and keep_last:
+                reason = f"{reason}; {NOT_EVALUATED}"
+                log.warning(
+                    "%s (eval.eval_steps %s, eval.at_end %s): best/ holds the starting weights "
+                    "(step 0, %s) because nothing after it was measured; the last step, %d, is "
+                    "kept beside it",
+                    NOT_EVALUATED,
+                    cfg.eval.eval_steps,
+                    cfg.eval.at_end,
+                    format_metrics(run.setup.selector.start),
+                    state.step,
+                )
+            elif status in ("completed", "stopped") and run.start_stayed_best():
                 reason = f"{reason}; {NOT_IMPROVED}"
                 log.warning(
                     "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
@@ -176,7 +192,7 @@ class Trainer:
             # after on_train_end: the averaging callback reads the step checkpoints there
             if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
                 if run.acc.is_main_process:
-                    run.setup.checkpoints.prune_after_run()
+                    run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
             # the other ranks exit only once rank zero's last save is on disk: a launcher
             # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
             run.acc.wait_for_everyone()
@@ -348,6 +364,11 @@ class TrainingRun:
         selector = self.setup.selector
         return bool(selector.start) and selector.best_step == 0
 
+    def trained_step_evaluated(self) -> bool:
+        """Whether an evaluation measured a step after step 0 (a resumed run's included)."""
+        last = self.state.last_eval_step
+        return last is not None and last > 0
+
     def info(self) -> RunInfo:
         """The ``on_train_begin`` payload."""
         setup, acc = self.setup, self.acc
@@ -365,6 +386,7 @@ class TrainingRun:
             n_train=len(setup.train_set),
             n_eval=len(setup.eval_set),
             selection=setup.selector.why,
+            max_steps=self.max_steps,
         )
 
     # -- train ---------------------------------------------------------------------------------

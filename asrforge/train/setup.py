@@ -55,7 +55,8 @@ from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count
 from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
-from asrforge.selection import Selector, build_selector
+from asrforge.selection import Selector, build_selector, mixed_groups, run_language
+from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.events import Decision
 from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
     choose_precision,
@@ -245,6 +246,7 @@ class RunSetup:
             "dropped_utterances": metrics.get("dropped_utterances", {}),
             "save": decision.save,
             "reason": decision.reason,
+            "selected_on": self.selector.selected_on,
         }
         lines.append(json.dumps(summary, ensure_ascii=False))
         (self.output_dir / "eval").mkdir(exist_ok=True)
@@ -791,15 +793,18 @@ def build_run_selector(
     """The selection policy for the run's language, and the run's step count: ``train.max_steps``
     or the selection group's lower cap. ``n_params``: the model's (all, trainable) parameters,
     which a LoRA run's selection line names (only its adapters train)."""
-    language = (
-        cfg.selection.language or (cfg.data.languages or [None])[0] or langs.most_common(1)[0][0]
-    )
-    partial = cfg.model.trained_top_encoder_layers is not None  # only part of the model trains
+    language, rule = run_language(cfg, langs)
+    # only part of the model trains: a frozen encoder part, or LoRA adapters on a frozen base
+    partial = cfg.model.trained_top_encoder_layers is not None or cfg.model.lora is not None
     trains = None
     if cfg.model.lora is not None and n_params is not None:
         trains = f"LoRA: the adapters train, {n_params[1]:,} of {n_params[0]:,} parameters"
-    selector = build_selector(cfg.selection, language, partial, guard=cfg.eval.guard, trains=trains)
+    selector = build_selector(
+        cfg.selection, language, partial, guard=cfg.eval.guard, trains=trains, chosen_by=rule
+    )
     log.info("selection: %s", selector.why)
+    if warning := mixed_groups(cfg, langs, language, rule):
+        log.warning(warning)
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:
         log.info(
@@ -808,6 +813,8 @@ def build_run_selector(
             max_steps,
         )
         max_steps = selector.max_steps
+    for warning in plan_warnings(cfg, max_steps, selector.patience):
+        log.warning(warning)
     return selector, max_steps
 
 
