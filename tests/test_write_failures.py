@@ -4,12 +4,27 @@ message naming the file and the checkpoint that is intact: no traceback, exit co
 from __future__ import annotations
 
 import errno
+import os
+from pathlib import Path
 
 import pytest
 
 from asrforge.cli import main
+from asrforge.io import append
 from asrforge.train import setup as train_setup
 from tests.conftest import tiny_config
+
+
+def _full_disk_under(monkeypatch, name: str) -> None:
+    """Every write to the run's ``name`` fails with ENOSPC, as on a full disk."""
+    real = append.open_no_follow
+
+    def open_no_follow(path, flags, mode=0o644):
+        if Path(path).name == name:
+            return os.open("/dev/full", os.O_WRONLY)
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(append, "open_no_follow", open_no_follow)
 
 
 def _config_file(tmp_path, tones_dir, **sections):
@@ -29,7 +44,9 @@ def _eval_records_are_a_directory(run):
 
 
 @pytest.mark.parametrize("obstacle", [_eval_is_a_file, _eval_records_are_a_directory])
-def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, capsys, obstacle):
+def test_a_failed_write_mid_run_stops_it_with_one_message(
+    tmp_path, tones_dir, capsys, monkeypatch, obstacle
+):
     cfg = _config_file(
         tmp_path,
         tones_dir,
@@ -40,7 +57,7 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, c
     run = tmp_path / "run"
     run.mkdir()
     what = obstacle(run)
-    (run / "train.log").symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+    _full_disk_under(monkeypatch, "train.log")
     assert main(["train", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Logging error" not in err
@@ -54,11 +71,11 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, c
     assert "INFO checkpoints: saved step-000001" in err
 
 
-def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys):
+def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys, monkeypatch):
     cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 2})
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").symlink_to("/dev/full")
+    _full_disk_under(monkeypatch, "metrics.jsonl")
     assert main(["train", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err

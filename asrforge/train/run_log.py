@@ -7,6 +7,9 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
+
+from asrforge.io.append import open_append
 
 log = logging.getLogger("asrforge.train")
 
@@ -31,11 +34,25 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
     return fh
 
 
+def open_run_file(path: Path) -> TextIO:
+    """A run directory's log file (``train.log``, ``metrics.jsonl``) opened for appending, never
+    through a symlink.
+
+    Raises:
+        asrforge.io.append.SymlinkRefused: ``path`` is a symlink (exit code 2).
+    """
+    return open_append(path)
+
+
 class _RunLogFile(logging.FileHandler):
-    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
-    file is written no more; logging's default prints a traceback for every later record."""
+    """``train.log``, appended to, never through a symlink (refused by name). A write that
+    fails (a full disk) is reported once, in one line, and the file is written no more;
+    logging's default prints a traceback for every later record."""
 
     failed = False
+
+    def _open(self):
+        return open_run_file(Path(self.baseFilename))
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
