@@ -116,3 +116,42 @@ def test_a_full_disk_at_start_up_is_one_clear_error(
     assert f"asrforge: run stopped: could not write {tokenizer}: No space left on device" in err
     assert "the run stopped before its first step" in err
     assert not (tmp_path / "run" / "tokenizer").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("room", [0, 100, 700])
+def test_a_disk_filling_up_inside_a_torch_file_stops_the_run_with_one_message(
+    tmp_path, tones_dir, capsys, monkeypatch, room
+):
+    """The disk fills ``room`` bytes into step 2's optimizer.pt: torch's zip writer then raised
+    "unexpected pos" over the OSError, and two tracebacks ended the run."""
+    real = os.write
+
+    def write(fd, data):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "step-000002" in name and name.endswith("optimizer.pt"):
+            left = room - os.fstat(fd).st_size
+            if left <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            data = memoryview(data)[:left]
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    cfg = _config_file(
+        tmp_path, tones_dir, train={"max_steps": 3}, eval={"eval_steps": None},
+        checkpoint={"checkpoint_every": 1},
+    )
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "unexpected pos" not in err
+    run = tmp_path / "run"
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert len(stopped) == 1, err
+    assert stopped[0].startswith(
+        f"asrforge: run stopped: could not write {run / 'checkpoints' / 'step-000002'}: No space "
+        "left on device (errno 28)"
+    )
+    assert stopped[0].endswith(
+        f"the checkpoint {run / 'checkpoints' / 'step-000001'} is intact (--resume continues "
+        "from it)"
+    )
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000001"]
