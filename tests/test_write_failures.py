@@ -155,3 +155,39 @@ def test_a_disk_filling_up_inside_a_torch_file_stops_the_run_with_one_message(
         "from it)"
     )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000001"]
+
+
+def test_a_full_disk_under_a_checkpoints_tokenizer_stops_the_run_with_one_message(
+    tmp_path, tones_dir, monkeypatch, capsys
+):
+    """The tokenizers library reports a failed write as a bare Exception: in a checkpoint's
+    tokenizer/ it escaped the one-line report."""
+    real = train_setup.build_tokenizer
+
+    def build_tokenizer(*args, **kwargs):
+        tokenizer = real(*args, **kwargs)
+        save = tokenizer.save_pretrained
+
+        def save_pretrained(directory, *a, **k):
+            if "step-000002" in str(directory):
+                raise Exception("No space left on device (os error 28)")  # noqa: TRY002
+            return save(directory, *a, **k)
+
+        tokenizer.save_pretrained = save_pretrained
+        return tokenizer
+
+    monkeypatch.setattr(train_setup, "build_tokenizer", build_tokenizer)
+    cfg = _config_file(
+        tmp_path, tones_dir, train={"max_steps": 3}, eval={"eval_steps": None},
+        checkpoint={"checkpoint_every": 1},
+    )
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    run = tmp_path / "run"
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert stopped == [
+        f"asrforge: run stopped: could not write {run / 'checkpoints' / 'step-000002'}: No space "
+        f"left on device (errno 28); the checkpoint {run / 'checkpoints' / 'step-000001'} is "
+        "intact (--resume continues from it)"
+    ]
