@@ -101,7 +101,7 @@ def save_weights(
     try:
         save_file(tensors, str(path), metadata=meta)
     except SafetensorError as e:
-        raise _write_error(e, Path(path)) from e
+        raise library_write_error(e, Path(path)) from e
     # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
     # shared run directory stays readable by the group, like every other file of the checkpoint.
     os.chmod(path, 0o666 & ~_umask(path.parent))
@@ -192,7 +192,7 @@ def _distinct_tensors(
     return tensors, aliases
 
 
-def _write_error(e: Exception, path: Path) -> Exception:
+def library_write_error(e: Exception, path: Path) -> Exception:
     """safetensors (a SafetensorError) and the tokenizers library (a bare Exception) report a
     failed write (a full disk, ...) as ``... os error N``; the atomic writers around every save
     turn an OSError into a one-line CheckpointSaveError and remove what was half-written, so the
@@ -411,7 +411,7 @@ def write_training_files(
         except OSError:
             raise
         except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise _write_error(e, directory / "tokenizer") from e
+            raise library_write_error(e, directory / "tokenizer") from e
     return digests
 
 
