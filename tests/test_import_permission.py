@@ -83,6 +83,9 @@ def test_the_person_allows_it_by_flag_or_environment(handed_matrix, monkeypatch)
     with pytest.raises(ConfigError, match="pass --allow-external-callbacks"):
         load_matrix(handed_matrix)
     assert not (handed_matrix.parent / "RAN").exists()
-    plan = load_matrix(handed_matrix, allow_external_callbacks=True)
+    try:
+        plan = load_matrix(handed_matrix, allow_external_callbacks=True)
+    finally:  # imported afresh by every test that allows it
+        sys.modules.pop("evilmod_perm", None)
     assert plan.allow_external_callbacks
     assert (handed_matrix.parent / "RAN").read_text() == "imported"
