@@ -33,9 +33,7 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("bad", list(BAD_INPUTS))
-def test_a_failed_start_in_a_new_directory_removes_what_it_made(
-    tmp_path, tones_dir, capsys, bad
-):
+def test_a_failed_start_in_a_new_directory_removes_what_it_made(tmp_path, tones_dir, capsys, bad):
     cfg = tmp_path / "cfg.yaml"
     out = tmp_path / "runs" / "exp" / "run"
     cfg.write_text(tiny_config(out, tones_dir).to_yaml())

@@ -31,11 +31,22 @@ def handed_matrix(tmp_path, tones_dir) -> Path:
     config = tmp_path / "a.yaml"
     config.write_text(tiny_config(tmp_path / "unused", tones_dir).to_yaml())
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(yaml.safe_dump({
-        "out": str(tmp_path / "root"), "languages": ["en"], "allow_external_callbacks": True,
-        "configs": [{"config_id": "a", "path": str(config),
-                     "overrides": {"callbacks": [{"_target_": "evilmod_perm.X"}]}}],
-    }))
+    matrix.write_text(
+        yaml.safe_dump(
+            {
+                "out": str(tmp_path / "root"),
+                "languages": ["en"],
+                "allow_external_callbacks": True,
+                "configs": [
+                    {
+                        "config_id": "a",
+                        "path": str(config),
+                        "overrides": {"callbacks": [{"_target_": "evilmod_perm.X"}]},
+                    }
+                ],
+            }
+        )
+    )
     return matrix
 
 
@@ -45,7 +56,8 @@ def test_a_matrix_file_cannot_allow_its_own_imports(handed_matrix, monkeypatch):
     with pytest.raises(ConfigError) as e:
         load_matrix(handed_matrix)
     assert e.value.problems[0].startswith(
-        "allow_external_callbacks: a matrix file cannot allow importing code")
+        "allow_external_callbacks: a matrix file cannot allow importing code"
+    )
     assert "--allow-external-callbacks" in e.value.problems[0]
     assert not (handed_matrix.parent / "RAN").exists()
     assert "evilmod_perm" not in sys.modules
@@ -53,12 +65,15 @@ def test_a_matrix_file_cannot_allow_its_own_imports(handed_matrix, monkeypatch):
 
 def test_the_matrix_command_refuses_the_file_key_before_importing(handed_matrix):
     env = {k: v for k, v in os.environ.items() if k != ALLOW_EXTERNAL_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     # run from the file's directory, where `python -m` puts the module on sys.path
     proc = subprocess.run(
         [sys.executable, "-m", "asrforge", "matrix", handed_matrix.name, "--dry-run"],
-        cwd=handed_matrix.parent, env=env, capture_output=True, text=True, timeout=300,
+        cwd=handed_matrix.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stderr
     assert "allow_external_callbacks: a matrix file cannot allow importing code" in proc.stderr

@@ -109,6 +109,8 @@ def test_a_bundle_manifest_that_points_outside_is_refused(bundle_dir, tmp_path, 
     else:
         entry = "../outside.txt" if how == "dotdot" else str(outside)
     _list_and_reseal(bundle, entry, outside)
-    with pytest.raises(CheckpointCorruptError, match="notes.txt: a symlink" if how == "symlink"
-                       else f"lists '{entry}'"):
+    with pytest.raises(
+        CheckpointCorruptError,
+        match="notes.txt: a symlink" if how == "symlink" else f"lists '{entry}'",
+    ):
         load_bundle(bundle)

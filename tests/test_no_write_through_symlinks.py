@@ -62,8 +62,9 @@ def test_matrix_files_and_locks_are_not_written_through_symlinks(tmp_path):
     with pytest.raises(SymlinkRefused, match="job.log: a symlink"):
         open_append(tmp_path / "job.log")
     (tmp_path / "data.lock").symlink_to(target)
-    with pytest.raises(SymlinkRefused, match="data.lock: a symlink"), exclusive(
-        tmp_path / "data.lock"
+    with (
+        pytest.raises(SymlinkRefused, match="data.lock: a symlink"),
+        exclusive(tmp_path / "data.lock"),
     ):
         pass
     assert target.read_text() == STAND_IN
