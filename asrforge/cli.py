@@ -62,13 +62,14 @@ def _add_train(sub) -> None:
     p.add_argument(
         "--allow-external-callbacks", action="store_true",
         help="allow callbacks named by `_target_` and augmentation transforms named "
-        "'module:function' (imports and runs that code)",
+        "'module:function' (imports and runs that code; or set "
+        "ASRFORGE_ALLOW_EXTERNAL_CALLBACKS=1); a file can never allow it",
     )
     p.set_defaults(func=_run_train, accepts_overrides=True)
 
 
 def _run_train(args) -> int:
-    from asrforge.config import load_config
+    from asrforge.config import external_code_allowed, load_config
 
     t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
@@ -80,11 +81,12 @@ def _run_train(args) -> int:
     from asrforge.train.events import CriticalCallbackError
     from asrforge.train.loop import Trainer
 
-    callbacks = build_callbacks(cfg, allow_external=args.allow_external_callbacks, source=args.config)
+    allowed = external_code_allowed(args.allow_external_callbacks)
+    callbacks = build_callbacks(cfg, allow_external=allowed, source=args.config)
     if cfg.data.augment.transforms:  # the same permission as callbacks' _target_
         from asrforge.data.augment import import_transforms
 
-        import_transforms(cfg.data.augment.transforms, allowed=args.allow_external_callbacks)
+        import_transforms(cfg.data.augment.transforms, allowed=allowed)
     startup = {"imports": _seconds_since_process_start() - t_config, "config": t_config}
     try:
         result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume, start_over=args.start_over)

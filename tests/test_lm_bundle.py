@@ -168,6 +168,22 @@ def test_export_refuses_an_lm_of_other_languages(run, tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("value", ["-nan", "nan", "inf", "-inf"])
+def test_export_refuses_an_lm_whose_numbers_are_not_finite(run, arpa, tmp_path, capsys, value):
+    """float() reads these, and beam search then scored every hypothesis NaN."""
+    lines = arpa.read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("\\2-grams:")) + 1
+    lines[at] = "\t".join([value, *lines[at].split("\t")[1:]])
+    bad = tmp_path / "bad.arpa"
+    bad.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(CheckpointCorruptError, match=f"line {at + 1}: .* not a finite number"):
+        read_arpa(bad)
+    best = str(run / "checkpoints" / "best")
+    assert main(["export", best, "--out", str(tmp_path / "b"), "--lm", str(bad)]) == 2
+    assert f"{bad}: line {at + 1}" in cli_error(capsys)
+    assert not (tmp_path / "b").exists()
+
+
 def test_fusion_at_alpha_and_beta_zero_transcribes_as_without_the_lm(lm_bundle_dir, waves):
     bundle = load_bundle(lm_bundle_dir)
     plain = bundle.recognize(waves, "en", beam_size=3, use_lm=False)

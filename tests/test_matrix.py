@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asrforge.config import ConfigError, load_config
+from asrforge.config import ALLOW_EXTERNAL_HINT, ConfigError, load_config
 from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.matrix.claims import Claims, lock_is_held
 from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
@@ -131,12 +131,12 @@ def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs)
         "job en-a-s0 (and 1 more): optim.lr: must be > 0, got -1",
         "job es-a-s0: train.max_step: unknown field — did you mean train.max_steps?",
     ]
-    # a callback named by _target_ runs code: the matrix must allow it, as train's flag does
+    # a callback named by _target_ runs code: the person running the matrix must allow it
     m = write_yaml(tmp_path / "m.yaml", {
         "languages": ["en"], "configs": [{"config_id": "a", "path": str(a)}],
         "overrides": {"callbacks": [{"_target_": "x.Y"}]}})
     with pytest.raises(ConfigError, match="job en-a-s0: callbacks.0._target_: 'x.Y' would "
-                                          "import .*allow_external_callbacks: true"):
+                                          "import .*pass --allow-external-callbacks"):
         load_matrix(m)
 
 
@@ -168,13 +168,11 @@ def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
            "early_stopping?" in lines
     # not imported (the matrix does not allow it): refused by name, not "cannot import"
     target = [line for line in lines if "callbacks.2._target_" in line]
-    assert len(target) == 1 and "allow_external_callbacks: true in the matrix file" in target[0]
+    assert len(target) == 1 and "pass --allow-external-callbacks" in target[0]
     assert not (tmp_path / "root").exists()  # nothing launched, nothing written
     # allowed, the target is imported and checked like the rest
-    allowed = write_yaml(tmp_path / "m.yaml", {**yaml.safe_load(m.read_text()),
-                                               "allow_external_callbacks": True})
     with pytest.raises(ConfigError) as e:
-        load_matrix(allowed)
+        load_matrix(m, allow_external_callbacks=True)
     assert any(p.startswith("job es-a-s0: callbacks.2._target_: cannot import "
                             "'no_such_module_anywhere.Callback'") for p in e.value.problems)
 
@@ -190,12 +188,12 @@ def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path
         load_matrix(write_yaml(tmp_path / "m.yaml", spec))
     assert e.value.problems == [
         f"job en-a-s0: data.augment.transforms[{i}]: '{name}' imports code named in the "
-        "config; set allow_external_callbacks: true in the matrix file"
+        f"config; {ALLOW_EXTERNAL_HINT}"
         for i, name in enumerate(transforms)
     ]
     # allowed, they are imported and checked like a _target_
     with pytest.raises(ConfigError) as e:
-        load_matrix(write_yaml(tmp_path / "m.yaml", {**spec, "allow_external_callbacks": True}))
+        load_matrix(write_yaml(tmp_path / "m.yaml", spec), allow_external_callbacks=True)
     assert len(e.value.problems) == 1
     assert e.value.problems[0].startswith(
         "job en-a-s0: data.augment.transforms[1]: cannot import 'no_such_module_anywhere:f'")
@@ -421,10 +419,10 @@ def matrix_run(tmp_path_factory):
         "configs": [{"config_id": "tiny", "path": str(config)}],
         "language_overrides": {
             "es": {"callbacks": [{"_target_": "test_matrix.CrashOnce", "seed": 0}]}},
-        "allow_external_callbacks": True, "retries": 1,
+        "retries": 1,
     })
     cmd = [sys.executable, "-m", "asrforge", "matrix", str(matrix), "--devices", "cpu:1",
-           "--progress-every", "2"]
+           "--progress-every", "2", "--allow-external-callbacks"]
     procs = [subprocess.Popen(cmd, cwd=tmp, env=child_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=400)[0] for p in procs]

@@ -4,12 +4,27 @@ message naming the file and the checkpoint that is intact: no traceback, exit co
 from __future__ import annotations
 
 import errno
+import os
+from pathlib import Path
 
 import pytest
 
 from asrforge.cli import main
+from asrforge.io import append
 from asrforge.train import setup as train_setup
 from tests.conftest import tiny_config
+
+
+def _full_disk_under(monkeypatch, name: str) -> None:
+    """Every write to the run's ``name`` fails with ENOSPC, as on a full disk."""
+    real = append.open_no_follow
+
+    def open_no_follow(path, flags, mode=0o644):
+        if Path(path).name == name:
+            return os.open("/dev/full", os.O_WRONLY)
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(append, "open_no_follow", open_no_follow)
 
 
 def _config_file(tmp_path, tones_dir, **sections):
@@ -29,7 +44,9 @@ def _eval_records_are_a_directory(run):
 
 
 @pytest.mark.parametrize("obstacle", [_eval_is_a_file, _eval_records_are_a_directory])
-def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, capsys, obstacle):
+def test_a_failed_write_mid_run_stops_it_with_one_message(
+    tmp_path, tones_dir, capsys, monkeypatch, obstacle
+):
     cfg = _config_file(
         tmp_path,
         tones_dir,
@@ -40,7 +57,7 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, c
     run = tmp_path / "run"
     run.mkdir()
     what = obstacle(run)
-    (run / "train.log").symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+    _full_disk_under(monkeypatch, "train.log")
     assert main(["train", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Logging error" not in err
@@ -54,11 +71,11 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(tmp_path, tones_dir, c
     assert "INFO checkpoints: saved step-000001" in err
 
 
-def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys):
+def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys, monkeypatch):
     cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 2})
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").symlink_to("/dev/full")
+    _full_disk_under(monkeypatch, "metrics.jsonl")
     assert main(["train", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -99,3 +116,78 @@ def test_a_full_disk_at_start_up_is_one_clear_error(
     assert f"asrforge: run stopped: could not write {tokenizer}: No space left on device" in err
     assert "the run stopped before its first step" in err
     assert not (tmp_path / "run" / "tokenizer").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("room", [0, 100, 700])
+def test_a_disk_filling_up_inside_a_torch_file_stops_the_run_with_one_message(
+    tmp_path, tones_dir, capsys, monkeypatch, room
+):
+    """The disk fills ``room`` bytes into step 2's optimizer.pt: torch's zip writer then raised
+    "unexpected pos" over the OSError, and two tracebacks ended the run."""
+    real = os.write
+
+    def write(fd, data):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "step-000002" in name and name.endswith("optimizer.pt"):
+            left = room - os.fstat(fd).st_size
+            if left <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            data = memoryview(data)[:left]
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    cfg = _config_file(
+        tmp_path, tones_dir, train={"max_steps": 3}, eval={"eval_steps": None},
+        checkpoint={"checkpoint_every": 1},
+    )
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "unexpected pos" not in err
+    run = tmp_path / "run"
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert len(stopped) == 1, err
+    assert stopped[0].startswith(
+        f"asrforge: run stopped: could not write {run / 'checkpoints' / 'step-000002'}: No space "
+        "left on device (errno 28)"
+    )
+    assert stopped[0].endswith(
+        f"the checkpoint {run / 'checkpoints' / 'step-000001'} is intact (--resume continues "
+        "from it)"
+    )
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000001"]
+
+
+def test_a_full_disk_under_a_checkpoints_tokenizer_stops_the_run_with_one_message(
+    tmp_path, tones_dir, monkeypatch, capsys
+):
+    """The tokenizers library reports a failed write as a bare Exception: in a checkpoint's
+    tokenizer/ it escaped the one-line report."""
+    real = train_setup.build_tokenizer
+
+    def build_tokenizer(*args, **kwargs):
+        tokenizer = real(*args, **kwargs)
+        save = tokenizer.save_pretrained
+
+        def save_pretrained(directory, *a, **k):
+            if "step-000002" in str(directory):
+                raise Exception("No space left on device (os error 28)")  # noqa: TRY002
+            return save(directory, *a, **k)
+
+        tokenizer.save_pretrained = save_pretrained
+        return tokenizer
+
+    monkeypatch.setattr(train_setup, "build_tokenizer", build_tokenizer)
+    cfg = _config_file(
+        tmp_path, tones_dir, train={"max_steps": 3}, eval={"eval_steps": None},
+        checkpoint={"checkpoint_every": 1},
+    )
+    assert main(["train", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    run = tmp_path / "run"
+    stopped = [line for line in err.splitlines() if line.startswith("asrforge: run stopped")]
+    assert stopped == [
+        f"asrforge: run stopped: could not write {run / 'checkpoints' / 'step-000002'}: No space "
+        f"left on device (errno 28); the checkpoint {run / 'checkpoints' / 'step-000001'} is "
+        "intact (--resume continues from it)"
+    ]

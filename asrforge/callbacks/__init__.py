@@ -1,8 +1,9 @@
 """Built-in callbacks and the registry that builds them from the config's ``callbacks:`` list.
 
 A config names callbacks by registered name (``- name: early_stopping`` plus options). A class
-named by dotted path (``_target_: pkg.mod.Class``) is imported only when the user passes
-``--allow-external-callbacks``: importing code named in a config is code execution.
+named by dotted path (``_target_: pkg.mod.Class``) is imported only when the person running the
+command allows it (``--allow-external-callbacks`` or ``ASRFORGE_ALLOW_EXTERNAL_CALLBACKS=1``):
+importing code named in a config is code execution.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from asrforge.callbacks.monitor import SystemMonitor
 from asrforge.callbacks.options import Options
 from asrforge.callbacks.progress import ProgressBar
 from asrforge.callbacks.trackers import MLflowLogger, WandbLogger
-from asrforge.config import ConfigError, TrainConfig, format_errors
+from asrforge.config import ALLOW_EXTERNAL_HINT, ConfigError, TrainConfig, format_errors
 from asrforge.train.events import Callback, eval_metric_names, state_keys
 
 REGISTRY: dict[str, type[Callback]] = {
@@ -38,8 +39,6 @@ REGISTRY: dict[str, type[Callback]] = {
         SystemMonitor,
     )
 }
-ALLOW_EXTERNAL_HINT = "pass --allow-external-callbacks to allow it"
-"""How a user of ``asrforge train`` permits ``_target_`` callbacks (the matrix says its own)."""
 # Always on unless listed with `enabled: false`: every run dir has metrics.jsonl and TB events.
 DEFAULTS = ("lr_monitor", "system_monitor", "metrics_jsonl", "tensorboard", "progress")
 ENRICHERS = ("lr_monitor", "system_monitor")
@@ -57,7 +56,6 @@ def build_callbacks(
     *,
     allow_external: bool = False,
     source: str | Path | None = None,
-    allow_external_hint: str = ALLOW_EXTERNAL_HINT,
 ) -> list[Callback]:
     """Instantiate the configured callbacks plus the defaults, in a stable order.
 
@@ -66,8 +64,9 @@ def build_callbacks(
     the names come from the evaluation code itself.
 
     Args:
+        allow_external: import ``_target_`` classes; the caller's
+            :func:`asrforge.config.external_code_allowed`, never a file's say.
         source: the config file, named in the error.
-        allow_external_hint: how to permit a ``_target_``, in its problem line.
 
     Raises:
         ConfigError: unknown names, bad options, metrics no evaluation produces, ``_target_``
@@ -93,7 +92,7 @@ def build_callbacks(
             if not allow_external:
                 problems.append(
                     f"{where}._target_: {spec.target!r} would import and run code named in the "
-                    f"config; {allow_external_hint}"
+                    f"config; {ALLOW_EXTERNAL_HINT}"
                 )
                 continue
             try:

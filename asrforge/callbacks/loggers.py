@@ -11,6 +11,7 @@ from pydantic import Field
 
 from asrforge.callbacks.options import Options
 from asrforge.train.events import Callback, Decision, RunInfo
+from asrforge.train.run_log import open_run_file
 from asrforge.train.state import TrainState
 
 
@@ -101,7 +102,7 @@ class MetricsJsonl(Callback):
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
-        self.fh = open(Path(run.output_dir) / self.filename, "a", encoding="utf-8")  # noqa: SIM115
+        self.fh = open_run_file(Path(run.output_dir) / self.filename)
         self._write(
             {
                 "event": "train_begin",

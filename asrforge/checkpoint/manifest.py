@@ -7,6 +7,10 @@ The manifest is written last, so a directory with a manifest that verifies is co
      ...meta given by the writer: "step", "metrics", "config_id", "seed", ...,
      "seal": "<sha256 of the canonical JSON of everything above>"}
 
+Each name in ``files`` is a plain relative POSIX path inside the manifest's directory (no ``..``,
+no absolute path) to a regular file reached through real directories (no symlink anywhere on
+the way): a manifest can vouch only for its own directory's files, never one elsewhere.
+
 The seal covers the meta as well as the file list: a manifest whose ``step`` or metrics were
 edited by hand no longer matches its seal and is refused on every read, as a damaged one would
 be (export, averaging and resume rank and name checkpoints by those facts). Bundles, which
@@ -18,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -191,8 +196,48 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path}: format_version {version} is newer than this asrforge supports "
             f"({FORMAT_VERSION}); upgrade asrforge to read it"
         )
+    for rel in manifest["files"]:
+        if problem := entry_problem(rel):
+            raise CheckpointCorruptError(
+                f"{path}: lists {rel!r}, {problem}; a manifest names files inside its own "
+                "directory only"
+            )
     check_seal(manifest, path)
     return manifest
+
+
+def entry_problem(rel: str) -> str | None:
+    """Why ``rel`` cannot name a file of a manifest's directory, or None when it can."""
+    if rel.startswith("/"):
+        return "an absolute path"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "not a plain relative path (an empty, '.' or '..' part)"
+    return None
+
+
+def _listed_size(directory: Path, rel: str) -> int:
+    """The size of the manifest entry ``rel``, a regular file under ``directory`` reached
+    through real directories only.
+
+    Raises:
+        CheckpointCorruptError: the file is missing, not a regular file, or a symlink is on
+            the way to it.
+    """
+    p = directory
+    for part in rel.split("/"):
+        p = p / part
+        try:
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointCorruptError(f"{p}: missing (listed in {MANIFEST_NAME})") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckpointCorruptError(
+                f"{p}: a symlink (to {os.readlink(p)}), on the way to {rel!r} listed in "
+                f"{MANIFEST_NAME}; a manifest names regular files inside its own directory only"
+            )
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointCorruptError(f"{p}: not a regular file (listed in {MANIFEST_NAME})")
+    return st.st_size
 
 
 def verify(directory: Path, *, check_hashes: bool = True) -> dict[str, Any]:
@@ -213,10 +258,7 @@ def verify(directory: Path, *, check_hashes: bool = True) -> dict[str, Any]:
     entries = sorted(manifest["files"].items())
     for rel, entry in entries:
         p = directory / rel
-        try:
-            size = p.stat().st_size
-        except FileNotFoundError:
-            raise CheckpointCorruptError(f"{p}: missing (listed in {MANIFEST_NAME})") from None
+        size = _listed_size(directory, rel)
         if size != entry.get("size"):
             raise CheckpointCorruptError(
                 f"{p}: size {size} bytes, the manifest says {entry.get('size')} (truncated?)"

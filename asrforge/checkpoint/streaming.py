@@ -46,7 +46,8 @@ class FileDigest:
 class HashingWriter:
     """A new file (it must not exist) written through, hashed on the way; fsynced on close.
 
-    Usable as the file object of ``torch.save``.
+    Usable as the file object of ``torch.save``. A failed write raises an OSError naming the
+    file, kept in :attr:`error` for a caller whose library raises its own error over it.
     """
 
     def __init__(self, path: Path):
@@ -54,13 +55,19 @@ class HashingWriter:
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self.hash = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self.hash.update(view)  # releases the GIL for large buffers, like os.write
         n = len(view)
-        while view:
-            view = view[os.write(self.fd, view[:_MAX_WRITE]) :]
+        try:
+            while view:
+                view = view[os.write(self.fd, view[:_MAX_WRITE]) :]
+        except OSError as e:
+            e.filename = e.filename or str(self.path)
+            self.error = e
+            raise
         self.size += n
         return n
 
@@ -125,9 +132,19 @@ def write_safetensors(
 
 
 def torch_save(obj: Any, path: Path) -> FileDigest:
-    """``torch.save(obj)`` into a new file, hashed while written."""
+    """``torch.save(obj)`` into a new file, hashed while written.
+
+    Raises:
+        OSError: a write failed (a full disk), naming the file.
+    """
     with HashingWriter(path) as f:
-        torch.save(obj, f)
+        try:
+            torch.save(obj, f)
+        except RuntimeError:
+            # torch's zip writer, closed after our failed write, raises "unexpected pos" over it
+            if f.error is not None:
+                raise f.error from None
+            raise
         return f.close()
 
 

@@ -101,7 +101,7 @@ def save_weights(
     try:
         save_file(tensors, str(path), metadata=meta)
     except SafetensorError as e:
-        raise _write_error(e, Path(path)) from e
+        raise library_write_error(e, Path(path)) from e
     # safetensors writes through a private 0600 temp file; give the usual umask-based mode so a
     # shared run directory stays readable by the group, like every other file of the checkpoint.
     os.chmod(path, 0o666 & ~_umask(path.parent))
@@ -192,13 +192,15 @@ def _distinct_tensors(
     return tensors, aliases
 
 
-def _write_error(e: SafetensorError, path: Path) -> Exception:
-    """safetensors reports a failed write (a full disk, ...) as a SafetensorError; the atomic
-    writers around every save turn an OSError into a one-line CheckpointSaveError and remove
-    what was half-written, so the OS error is given back its errno and the file's name."""
+def library_write_error(e: Exception, path: Path) -> Exception:
+    """safetensors (a SafetensorError) and the tokenizers library (a bare Exception) report a
+    failed write (a full disk, ...) as ``... os error N``; the atomic writers around every save
+    turn an OSError into a one-line CheckpointSaveError and remove what was half-written, so the
+    OS error is given back its errno and the file's name."""
     found = re.search(r"os error (\d+)", str(e))
     if found is None:
-        return CheckpointSaveError(f"{path}: safetensors could not write it: {e}")
+        library = "safetensors" if isinstance(e, SafetensorError) else type(e).__name__
+        return CheckpointSaveError(f"{path}: {library} could not write it: {e}")
     code = int(found.group(1))
     return OSError(code, os.strerror(code), str(path))
 
@@ -404,7 +406,12 @@ def write_training_files(
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
         (directory / "tokenizer").mkdir()
-        tokenizer_save(directory / "tokenizer")
+        try:
+            tokenizer_save(directory / "tokenizer")
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
+            raise library_write_error(e, directory / "tokenizer") from e
     return digests
 
 

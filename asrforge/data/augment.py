@@ -13,7 +13,8 @@ log-mel features of the whole training window.
 User transforms are functions ``(wave, rng) -> wave`` on 16 kHz float32 mono audio, with ``rng``
 a :class:`numpy.random.Generator` for their own draws. They are found by name in a registry:
 :func:`register_transform` from Python, or ``"module:function"`` in the config, which imports
-code and therefore needs ``--allow-external-callbacks`` (:func:`import_transforms`).
+code and therefore needs the permission of the person running the command
+(:func:`asrforge.config.external_code_allowed`, checked by :func:`import_transforms`' caller).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.config import AugmentConfig
+from asrforge.config import ALLOW_EXTERNAL_HINT, AugmentConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio, resample
 from asrforge.errors import UserError
 
@@ -60,7 +61,8 @@ def import_transforms(names: Sequence[str], *, allowed: bool) -> None:
     """Import each ``"module:function"`` of ``names`` into the registry (under that name).
 
     Raises:
-        UserError: an import was not allowed (``--allow-external-callbacks``), or it failed.
+        UserError: an import was not ``allowed`` (the caller's
+            :func:`asrforge.config.external_code_allowed`), or it failed.
     """
     for i, name in enumerate(names):
         if ":" not in name or name in _REGISTRY:
@@ -68,8 +70,7 @@ def import_transforms(names: Sequence[str], *, allowed: bool) -> None:
         where = f"data.augment.transforms[{i}]"
         if not allowed:
             raise UserError(
-                f"{where}: '{name}' imports code named in the config; pass "
-                "--allow-external-callbacks to allow it"
+                f"{where}: '{name}' imports code named in the config; {ALLOW_EXTERNAL_HINT}"
             )
         module, _, attr = name.partition(":")
         try:

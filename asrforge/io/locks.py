@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from asrforge.io.append import open_no_follow
+
 LOCKING_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 """``errno`` of a filesystem that cannot ``flock`` (some network and FUSE filesystems)."""
 
@@ -58,6 +60,9 @@ def unlock(fd: int) -> None:
 def exclusive(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``lock_file`` (created if missing) for the ``with`` block,
     waiting for other holders first: one process at a time runs the block."""
-    with open(lock_file, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    fd = open_no_follow(lock_file, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)

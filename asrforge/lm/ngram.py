@@ -224,7 +224,8 @@ def read_arpa(path: Path) -> NGramLM:
     """Read an ARPA file (ours or any other writer's).
 
     Raises:
-        CheckpointCorruptError: a malformed file, naming the line and what is wrong.
+        CheckpointCorruptError: a malformed file (a non-finite number included), naming the line
+            and what is wrong.
     """
     path = Path(path)
     try:
@@ -282,6 +283,9 @@ def read_arpa(path: Path) -> NGramLM:
             bo = float(rest[0]) if rest else None
         except ValueError:
             raise bad(j, f"not a number in {line!r}") from None
+        # float() reads nan and inf, which would turn every beam's score into nan
+        if not (math.isfinite(p) and (bo is None or math.isfinite(bo))):
+            raise bad(j, f"a log-probability or back-off that is not a finite number: {line!r}")
         if len(gram) != n:
             raise bad(j, f"{len(gram)} words in the {n}-grams section")
         probs[n - 1][gram] = p

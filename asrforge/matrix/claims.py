@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from asrforge.io.append import APPEND, open_no_follow
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import LOCKING_UNSUPPORTED, try_lock, unlock
 
@@ -119,7 +120,7 @@ class Claims:
             return refusal
         lock = self.dir / f"{job_id}.lock"
         record = self.dir / f"{job_id}.claim"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
         locked = True
         try:
             if not try_lock(fd):
@@ -182,7 +183,7 @@ class Claims:
         concurrent launchers do not interleave)."""
         line = json.dumps({"time": time.time(), "event": event, "job_id": job_id,
                            "launcher": self.launcher, **fields}, default=str) + "\n"
-        fd = os.open(self.root / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_no_follow(self.root / "events.jsonl", APPEND)
         try:
             os.write(fd, line.encode())
         finally:

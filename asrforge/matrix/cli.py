@@ -41,6 +41,10 @@ def add_cli(sub) -> None:
                    help="run again the jobs that failed in an earlier launch")
     p.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default 5)")
+    p.add_argument("--allow-external-callbacks", action="store_true",
+                   help="allow the jobs' callbacks named by `_target_` and augmentation transforms "
+                        "named 'module:function' (imports and runs that code; or set "
+                        "ASRFORGE_ALLOW_EXTERNAL_CALLBACKS=1); the matrix file can never allow it")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the matrix, print each job's command, start nothing")
     p.set_defaults(func=run_matrix, accepts_overrides=True)
@@ -60,13 +64,16 @@ def add_cli(sub) -> None:
 def run_matrix(args) -> int:
     import logging
 
+    from asrforge.config import external_code_allowed
     from asrforge.matrix.executors import LocalExecutor, RayExecutor, parse_devices
     from asrforge.matrix.plan import load_matrix
     from asrforge.matrix.run import Launcher
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides)
+    allowed = external_code_allowed(args.allow_external_callbacks)
+    plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
+                       allow_external_callbacks=allowed)
     if args.dry_run:
         for job in plan.jobs:
             cmd = ["asrforge", "train", str(job.config_path), *job.overrides]

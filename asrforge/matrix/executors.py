@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asrforge.errors import UserError
+from asrforge.io.append import open_append
 from asrforge.matrix.plan import Job
 
 
@@ -113,7 +114,7 @@ def run_attempt(
     started = time.time()
     attempt.log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = attempt.command()
-    with open(attempt.log_path, "a", encoding="utf-8") as log:
+    with open_append(attempt.log_path) as log:
         log.write(
             f"==== asrforge matrix: {attempt.job.job_id} attempt {attempt.number} on "
             f"{attempt.device.label} ({socket.gethostname()}) at "

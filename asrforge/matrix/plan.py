@@ -30,11 +30,21 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from asrforge.config import ConfigError, Section, format_errors, load_config, read_yaml_mapping
+from asrforge.config import (
+    ALLOW_EXTERNAL_ENV,
+    ALLOW_EXTERNAL_HINT,
+    ConfigError,
+    Section,
+    format_errors,
+    load_config,
+    read_yaml_mapping,
+)
 from asrforge.errors import UserError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
+FILE_PERMISSION = "allow_external_callbacks"
+"""A key older matrix files held: refused by name, since a file may not permit imports."""
 
 
 class ConfigEntry(Section):
@@ -67,9 +77,6 @@ class MatrixConfig(Section):
     """Per-language overrides, e.g. ``{th: {selection.policy: by_loss}}``."""
     retries: int = Field(default=2, ge=0)
     """Re-runs of a failed job, each resuming from its latest checkpoint, before it is failed."""
-    allow_external_callbacks: bool = False
-    """Pass ``--allow-external-callbacks`` to every job (for configs whose callbacks use
-    ``_target_``)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,11 @@ def job_id(language: str, config_id: str, seed: int) -> str:
 
 
 def load_matrix(
-    path: str | Path, *, out: str | Path | None = None, extra_overrides: list[str] | None = None
+    path: str | Path,
+    *,
+    out: str | Path | None = None,
+    extra_overrides: list[str] | None = None,
+    allow_external_callbacks: bool = False,
 ) -> Plan:
     """Read and validate a MATRIX.yaml and expand it into jobs.
 
@@ -151,6 +162,9 @@ def load_matrix(
         path: the matrix file.
         out: the matrix root; overrides the file's ``out``.
         extra_overrides: ``key=value`` applied to every job after the file's own (from the CLI).
+        allow_external_callbacks: import the jobs' ``_target_`` callbacks and
+            ``module:function`` transforms, here and in every job: the person's permission
+            (:func:`asrforge.config.external_code_allowed`), which the file cannot give.
 
     Raises:
         ConfigError: every problem at once, by YAML path (``configs.1.config_id: ...``) or, for a
@@ -159,6 +173,11 @@ def load_matrix(
     p = Path(path)
     source = str(path)
     data = read_yaml_mapping(p)
+    if FILE_PERMISSION in data:
+        raise ConfigError([
+            f"{FILE_PERMISSION}: a matrix file cannot allow importing code, remove it; the person "
+            f"running the matrix passes --allow-external-callbacks (or sets {ALLOW_EXTERNAL_ENV}=1)"
+        ], source)
     try:
         m = MatrixConfig.model_validate(data)
     except ValidationError as e:
@@ -191,7 +210,7 @@ def load_matrix(
                     for line in e.problems:
                         by_problem.setdefault(line, []).append(jid)
                     continue
-                for line in _callback_problems(cfg, m.allow_external_callbacks):
+                for line in _callback_problems(cfg, allow_external_callbacks):
                     by_problem.setdefault(line, []).append(jid)
                 data_path = Path(cfg.data.path).absolute()
                 if cfg.data.generate and not data_path.exists():
@@ -209,30 +228,30 @@ def load_matrix(
     if problems:
         raise ConfigError(problems, source)
     return Plan(root=root, jobs=jobs, retries=m.retries,
-                allow_external_callbacks=m.allow_external_callbacks, source=source,
+                allow_external_callbacks=allow_external_callbacks, source=source,
                 data_to_generate=tuple(to_generate.items()))
 
 
 def _callback_problems(cfg, allow_external: bool) -> list[str]:
     """What ``asrforge train`` would refuse in the job's callbacks: unknown names, bad options,
     metrics no evaluation produces (theirs and ``checkpoint.keep_best``'s), ``_target_``
-    without ``allow_external_callbacks`` (then never imported), and likewise its
+    without the person's permission (then never imported), and likewise its
     ``data.augment.transforms`` named ``"module:function"``. The callbacks are built, not
     run: this imports the callback registry and evaluation's metric names (torch), not the loop.
     """
     from asrforge.callbacks import build_callbacks
 
-    hint = "set allow_external_callbacks: true in the matrix file"
     problems = []
     try:
-        build_callbacks(cfg, allow_external=allow_external, allow_external_hint=hint)
+        build_callbacks(cfg, allow_external=allow_external)
     except ConfigError as e:
         problems += e.problems
     # data.augment.transforms' "module:function" imports code under the same permission
     for i, name in enumerate(cfg.data.augment.transforms):
         if ":" in name and not allow_external:
             problems.append(
-                f"data.augment.transforms[{i}]: '{name}' imports code named in the config; {hint}"
+                f"data.augment.transforms[{i}]: '{name}' imports code named in the config; "
+                f"{ALLOW_EXTERNAL_HINT}"
             )
         elif ":" in name:
             from asrforge.data.augment import import_transforms

@@ -4,7 +4,8 @@ The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``)
 observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
 optional callback that raises is logged with its name and the run goes on; a critical one
 stops the run with :class:`CriticalCallbackError`. A disk that is full or failing
-(:data:`DISK_ERRORS`) stops the run whichever callback meets it: the next save would fail too.
+(:data:`DISK_ERRORS`) stops the run whichever callback meets it: the next save would fail too;
+so does a symlink where a callback appends (:class:`asrforge.io.append.SymlinkRefused`, exit 2).
 
 Each callback's state (``state_dict``) is saved in the checkpoint's ``callbacks.json`` under its
 :attr:`Callback.id` if it has one, else under its name, numbered from the second callback of that
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asrforge.io.append import SymlinkRefused
 from asrforge.selection import Decision  # the on_eval_end payload: the selector's own
 from asrforge.train.state import TrainState
 
@@ -152,6 +154,9 @@ class CallbackList:
                 getattr(cb, event)(state, **payload)
             except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
                 if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
+                    raise
+                # a link in the run dir must be removed by the user, not written around
+                if isinstance(e, SymlinkRefused) and event != "on_exception":
                     raise
                 if cb.critical:
                     raise CriticalCallbackError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from asrforge.train.forward import TrainingWhisper, labelled_positions
 from asrforge.train.guard import build_guard, log_text, run_language
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 
@@ -91,6 +93,9 @@ class Trainer:
         self.user_callbacks = list(callbacks or [])
         self.startup = dict(startup or {})
         self._signal: str | None = None
+        self._run: TrainingRun | None = None
+        self._start: tuple[int, int | None] | None = None
+        """(step, last saved step) of the run as built: a run that changed neither never began."""
 
     # ------------------------------------------------------------------------------------------
     def fit(self, resume: bool = False, start_over: bool = False) -> FitResult:
@@ -98,11 +103,29 @@ class Trainer:
 
         ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
+        A run stopped by bad input (UserError) before its first step or save leaves its
+        directory as it found it (:mod:`asrforge.train.run_dir`).
         """
+        before = RunDirBefore.look(Path(self.cfg.output_dir))
+        self._run = None
+        try:
+            return self._fit(resume=resume, start_over=start_over)
+        except UserError:
+            if not self._began() and os.environ.get("RANK", "0") == "0":
+                before.restore()
+            raise
+
+    def _began(self) -> bool:
+        """Whether the run took a step or saved a checkpoint since it was built."""
+        run = self._run
+        return run is not None and (run.state.step, run.last_saved_step) != self._start
+
+    def _fit(self, *, resume: bool, start_over: bool) -> FitResult:
         cfg = self.cfg
         run = self._build_run(resume=resume, start_over=start_over)
         if run.setup.resume_from is not None:
             run.restore(run.setup.resume_from)
+        self._run, self._start = run, (run.state.step, run.last_saved_step)
         run.start_ema()  # from the weights training starts with: the resumed ones on a resume
         run.start_guard()
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume

@@ -7,8 +7,12 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
+
+from asrforge.io.append import open_append
 
 log = logging.getLogger("asrforge.train")
+RUN_LOG = "train.log"
 
 
 def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
@@ -25,17 +29,41 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
             h.setLevel(logging.INFO if is_main else logging.ERROR)
     if output_dir is None or not is_main:
         return None
-    fh = _RunLogFile(output_dir / "train.log")
+    fh = _RunLogFile(output_dir / RUN_LOG)
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(fh)
     return fh
 
 
+def detach_run_log(path: Path) -> None:
+    """Stop logging to the run log file ``path`` and close it (a run that failed to start has
+    no :class:`~asrforge.train.setup.RunSetup` to close it)."""
+    root = logging.getLogger("asrforge")
+    for h in list(root.handlers):
+        if isinstance(h, _RunLogFile) and Path(h.baseFilename) == Path(path).absolute():
+            root.removeHandler(h)
+            h.close()
+
+
+def open_run_file(path: Path) -> TextIO:
+    """A run directory's log file (``train.log``, ``metrics.jsonl``) opened for appending, never
+    through a symlink.
+
+    Raises:
+        asrforge.io.append.SymlinkRefused: ``path`` is a symlink (exit code 2).
+    """
+    return open_append(path)
+
+
 class _RunLogFile(logging.FileHandler):
-    """``train.log``. A write that fails (a full disk) is reported once, in one line, and the
-    file is written no more; logging's default prints a traceback for every later record."""
+    """``train.log``, appended to, never through a symlink (refused by name). A write that
+    fails (a full disk) is reported once, in one line, and the file is written no more;
+    logging's default prints a traceback for every later record."""
 
     failed = False
+
+    def _open(self):
+        return open_run_file(Path(self.baseFilename))
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:

@@ -28,6 +28,7 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
+from asrforge.checkpoint.training import library_write_error
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
@@ -852,4 +853,4 @@ def _save_tokenizer(tokenizer, directory: Path) -> None:
         except OSError:
             raise
         except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise OSError(None, str(e)) from e
+            raise library_write_error(e, directory) from e

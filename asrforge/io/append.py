@@ -1,0 +1,54 @@
+"""Files asrforge opens in place rather than replacing atomically: appended logs (a run's
+``train.log`` and ``metrics.jsonl``, a matrix's ``events.jsonl`` and job logs) and lock files.
+
+They are opened without following a symlink at the last component, so a link left in a run,
+checkpoint or matrix directory is refused by name (:class:`SymlinkRefused`, exit code 2) instead
+of being written through. Atomic writes (:mod:`asrforge.io.atomic`) replace such a link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import TextIO
+
+from asrforge.errors import UserError
+
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+
+class SymlinkRefused(UserError):
+    """A file asrforge would write in place is a symlink it did not create."""
+
+
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)``.
+
+    Raises:
+        SymlinkRefused: ``path`` is a symlink (named with its target).
+        OSError: any other failure.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise SymlinkRefused(
+                f"{path}: a symlink (to {os.readlink(path)}); asrforge does not write through a "
+                "link it did not create: remove it"
+            ) from None
+        raise
+
+
+def open_append(path: str | Path, encoding: str = "utf-8") -> TextIO:
+    """``path`` opened for appending text (created if missing), never through a symlink.
+
+    Raises:
+        SymlinkRefused: ``path`` is a symlink.
+    """
+    return open(path, "a", encoding=encoding, opener=_no_follow_opener)
+
+
+def _no_follow_opener(path: str, flags: int) -> int:
+    # looked up when called, so a test can stand a full disk in for one file
+    return open_no_follow(path, flags)

@@ -1,0 +1,78 @@
+"""The run directory as a run found it, so that a run stopped by bad input before it began
+(:class:`~asrforge.errors.UserError`, exit code 2, before its first step or save) leaves no
+trace there.
+
+What start-up adds is removed again: the whole directory (and the parents it made) when the run
+created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``)
+that were not there before, and the lines appended to an existing ``train.log``. Nothing else is
+touched: a run's earlier files, and what ``--start-over`` set aside, stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrforge.data.sources import CARVE_FILE
+from asrforge.io.append import SymlinkRefused, open_no_follow
+from asrforge.train.run_log import RUN_LOG, detach_run_log
+
+STARTUP_ENTRIES = frozenset(
+    {RUN_LOG, "metrics.jsonl", "tensorboard", "config.yaml", CARVE_FILE, "tokenizer", "cache",
+     "checkpoints", "eval"}
+)  # fmt: skip
+"""Top-level names of a run directory that start-up creates (besides ``skipped-*.json``)."""
+
+
+@dataclass(frozen=True)
+class RunDirBefore:
+    """What a run directory held when the run began looking at it."""
+
+    path: Path
+    created_from: Path | None
+    """The topmost missing directory of ``path``: the run creates it. None: ``path`` existed."""
+    entries: frozenset[str]
+    log_size: int | None
+    """``train.log``'s size, None when it was not there."""
+
+    @classmethod
+    def look(cls, path: Path) -> RunDirBefore:
+        path = Path(path).absolute()
+        missing, p = None, path
+        while not os.path.lexists(p):
+            missing, p = p, p.parent
+        if missing is not None or not path.is_dir():
+            return cls(path, missing, frozenset(), None)
+        log = path / RUN_LOG
+        size = log.lstat().st_size if log.is_file() and not log.is_symlink() else None
+        return cls(path, None, frozenset(os.listdir(path)), size)
+
+    def restore(self) -> None:
+        """Remove what start-up added since :meth:`look`; call it on rank zero only."""
+        detach_run_log(self.path / RUN_LOG)
+        if self.created_from is not None:
+            shutil.rmtree(self.created_from, ignore_errors=True)
+            return
+        if not self.path.is_dir():
+            return
+        for name in os.listdir(self.path):
+            ours = name in STARTUP_ENTRIES or re.fullmatch(r"skipped-.+\.json", name)
+            if name in self.entries or not ours:
+                continue
+            p = self.path / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        if self.log_size is not None:
+            # best effort: the error that stopped the run is the one to report
+            with contextlib.suppress(OSError, SymlinkRefused):
+                fd = open_no_follow(self.path / RUN_LOG, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, self.log_size)
+                finally:
+                    os.close(fd)

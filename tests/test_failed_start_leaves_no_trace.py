@@ -1,0 +1,70 @@
+"""A run stopped by bad input (exit code 2) before its first step leaves its output directory as
+it found it: no ``train.log``, empty ``checkpoints/``, ``tokenizer/`` or ``eval_carve.json``
+behind, and an existing run's files (its log included) as they were."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from asrforge.cli import main
+from tests.conftest import tiny_config
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with a file's bytes (None for a directory)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            out[os.path.relpath(Path(dirpath, name), root)] = None
+        for name in filenames:
+            out[os.path.relpath(Path(dirpath, name), root)] = Path(dirpath, name).read_bytes()
+    return out
+
+
+BAD_INPUTS = {
+    # found after the tokenizer, the carve record and the prepared-split cache were written
+    "no utterance left": ["data.languages=[de]", "data.eval_carve.size=4", "data.eval_split=held"],
+    "no data": ["data.path=/nonexistent/asrforge-data"],
+    "no noise files": ["data.augment.noise.path=/nonexistent/noise"],
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUTS))
+def test_a_failed_start_in_a_new_directory_removes_what_it_made(tmp_path, tones_dir, capsys, bad):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "runs" / "exp" / "run"
+    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
+    assert main(["train", str(cfg), *BAD_INPUTS[bad]]) == 2
+    assert "asrforge: error:" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # the parents it created too
+
+
+def test_a_failed_start_in_an_existing_directory_leaves_it_as_it_was(tmp_path, tones_dir, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "run"
+    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
+    out.mkdir()
+    (out / "train.log").write_text("an earlier attempt's log\n")
+    (out / "notes.txt").write_text("mine\n")
+    before = _tree(out)
+    assert main(["train", str(cfg), *BAD_INPUTS["no utterance left"]]) == 2
+    assert not (out / "eval_carve.json").exists()
+    assert "asrforge: error:" in capsys.readouterr().err
+    assert _tree(out) == before
+
+
+def test_a_refused_resume_changes_nothing_in_the_run(tmp_path, tones_dir, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "run"
+    cfg.write_text(
+        tiny_config(out, tones_dir, train={"max_steps": 2}, eval={"eval_steps": None}).to_yaml()
+    )
+    assert main(["train", str(cfg)]) == 0
+    before = _tree(out)
+    # found once the run has logged its start and read its data: the log is cut back too
+    assert main(["train", str(cfg), "--resume", *BAD_INPUTS["no noise files"]]) == 2
+    assert "asrforge: error:" in capsys.readouterr().err
+    assert _tree(out) == before

@@ -1,0 +1,116 @@
+"""A manifest vouches only for its own directory's files: an entry is a plain relative path to
+a regular file inside it. ``..``, an absolute path or a symlink on the way is refused by name,
+in a checkpoint and in a bundle, even when the manifest's hashes and seal were redone to match."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asrforge.bundle.export import export_bundle
+from asrforge.bundle.load import load_bundle, verify_bundle
+from asrforge.checkpoint.manifest import (
+    BUNDLE_SEAL_KEY,
+    MANIFEST_NAME,
+    SEAL_KEY,
+    manifest_seal,
+    verify,
+    write_manifest,
+)
+from asrforge.errors import CheckpointCorruptError
+from tests.test_bundle import train_tiny_run
+
+
+def _list_and_reseal(directory: Path, rel: str, target: Path) -> None:
+    """What someone handing over the directory would do: list ``rel`` with the sha256 and size
+    of ``target`` (the file it reaches) and seal the manifest again."""
+    path = directory / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    data = target.read_bytes()
+    manifest["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    bundle = BUNDLE_SEAL_KEY in manifest
+    manifest = {k: v for k, v in manifest.items() if k not in (SEAL_KEY, BUNDLE_SEAL_KEY)}
+    manifest[SEAL_KEY] = manifest_seal(manifest)
+    if bundle:
+        manifest[BUNDLE_SEAL_KEY] = hashlib.sha256(
+            json.dumps(manifest, sort_keys=True).encode()
+        ).hexdigest()
+    path.write_text(json.dumps(manifest, indent=2))
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    path = tmp_path / "outside.txt"
+    path.write_text("not the checkpoint's\n")
+    return path
+
+
+def _checkpoint(tmp_path) -> Path:
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
+    (ckpt / "tokenizer").mkdir(parents=True)
+    (ckpt / "train_state.json").write_text("{}")
+    (ckpt / "tokenizer" / "vocab.json").write_text("{}")
+    write_manifest(ckpt, {"step": 1})
+    return ckpt
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("../../../outside.txt", "not a plain relative path"),
+        ("tokenizer/../../../../outside.txt", "not a plain relative path"),
+        ("ABSOLUTE", "an absolute path"),
+    ],
+)
+def test_a_checkpoint_manifest_entry_outside_its_directory_is_refused(
+    tmp_path, outside, entry, why
+):
+    ckpt = _checkpoint(tmp_path)
+    entry = str(outside) if entry == "ABSOLUTE" else entry
+    _list_and_reseal(ckpt, entry, outside)
+    with pytest.raises(CheckpointCorruptError, match=f"lists '{entry}', {why}"):
+        verify(ckpt)
+
+
+@pytest.mark.parametrize("link", ["evil.txt", "tokenizer"])
+def test_a_listed_symlink_is_refused_even_to_a_file_inside(tmp_path, outside, link):
+    ckpt = _checkpoint(tmp_path)
+    if link == "tokenizer":  # a symlinked directory on the way to a listed file
+        elsewhere = tmp_path / "elsewhere"
+        shutil.move(ckpt / "tokenizer", elsewhere)
+        (ckpt / "tokenizer").symlink_to(elsewhere)
+        with pytest.raises(CheckpointCorruptError, match="tokenizer: a symlink .* on the way"):
+            verify(ckpt)
+    else:
+        (ckpt / link).symlink_to(outside)
+        _list_and_reseal(ckpt, link, outside)
+        with pytest.raises(CheckpointCorruptError, match="evil.txt: a symlink"):
+            verify(ckpt)
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory, tones_dir) -> Path:
+    run = train_tiny_run(tmp_path_factory.mktemp("bundle-run"), tones_dir)
+    return export_bundle(run, tmp_path_factory.mktemp("bundles") / "tiny")
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_a_bundle_manifest_that_points_outside_is_refused(bundle_dir, tmp_path, outside, how):
+    bundle = tmp_path / "copy"
+    shutil.copytree(bundle_dir, bundle)
+    verify_bundle(bundle)  # the copy is sound before it is tampered with
+    if how == "symlink":
+        entry = "notes.txt"
+        (bundle / entry).symlink_to(outside)
+    else:
+        entry = "../outside.txt" if how == "dotdot" else str(outside)
+    _list_and_reseal(bundle, entry, outside)
+    with pytest.raises(
+        CheckpointCorruptError,
+        match="notes.txt: a symlink" if how == "symlink" else f"lists '{entry}'",
+    ):
+        load_bundle(bundle)
