@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -254,11 +255,40 @@ def test_the_bf16_probe_is_measured_once_per_machine_and_cached(monkeypatch, tmp
     assert all(precision_module.cpu_model_name() in key for key in cached)
 
 
-def test_the_bf16_probe_measures_a_ratio_of_two_real_timings():
+def test_the_bf16_probe_measures_a_ratio_of_two_real_timings_leaving_the_rng_alone():
     from asrforge.train.precision import measure_bf16_speedup
 
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
     speedup = measure_bf16_speedup(64, repeats=1)
     assert 0.01 < speedup < 100
+    assert torch.equal(torch.rand(3), want)  # the caller's random numbers did not move
+
+
+@pytest.mark.parametrize("unusable", ["read-only directory", "a file in the way"])
+def test_an_unusable_probe_cache_costs_a_probe_not_the_run(monkeypatch, tmp_path, unusable):
+    import asrforge.train.precision as precision_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if unusable == "a file in the way":
+        (tmp_path / "asrforge").write_text("not a directory")
+    else:
+        (tmp_path / "asrforge").mkdir()
+        (tmp_path / "asrforge").chmod(0o500)
+        if os.access(tmp_path / "asrforge", os.W_OK):  # root writes anyway: fake the refusal
+            def refuse(*args, **kwargs):
+                raise OSError(30, "Read-only file system")
+
+            monkeypatch.setattr(precision_module, "atomic_write_text", refuse)
+            monkeypatch.setattr(precision_module, "exclusive", refuse)
+    measured = []
+    monkeypatch.setattr(
+        precision_module, "measure_bf16_speedup", lambda width: measured.append(width) or 0.7
+    )
+    assert precision_module.cpu_bf16_speedup(384) == 0.7
+    assert precision_module.cpu_bf16_speedup(384) == 0.7
+    assert measured == [384, 384]  # measured each time, as nothing could be kept
 
 
 def test_fp32_is_a_name_for_full_precision(tmp_path, tones_dir):

@@ -3,6 +3,8 @@ device and model, and accelerate's fp16 made real on a CPU."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import time
@@ -11,19 +13,30 @@ from pathlib import Path
 import torch
 
 from asrforge.config import ModelConfig
+from asrforge.errors import CheckpointSaveError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
 
 
-def cpu_bf16_units() -> list[str]:
-    """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's ``key: value`` lines of /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
-        return []
+        pass
+    return info
+
+
+def cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 matrix/vector units (``amx_bf16``, ``avx512_bf16``) from /proc/cpuinfo."""
+    flags = _cpuinfo().get("flags", "").split()
     return [u for u in ("amx_bf16", "avx512_bf16") if u in flags]
 
 
@@ -40,12 +53,7 @@ PROBE_TOKENS = 1500
 
 def cpu_model_name() -> str:
     """The CPU's model name from /proc/cpuinfo (``unknown`` where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("model name")), "")
-    except OSError:
-        return "unknown"
-    return line.partition(":")[2].strip() or "unknown"
+    return _cpuinfo().get("model name") or "unknown"
 
 
 def measure_bf16_speedup(width: int, repeats: int = 5) -> float:
@@ -57,10 +65,16 @@ def measure_bf16_speedup(width: int, repeats: int = 5) -> float:
         The ratio; above 1, bf16 autocast is faster. Each side is its fastest of ``repeats``
         runs, the two sides alternating after a warm-up of each.
     """
+    # The probe's own seed must not move the caller's random numbers.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return _probe(width, repeats)
+
+
+def _probe(width: int, repeats: int) -> float:
     from transformers import WhisperConfig  # the probe runs once per machine: load it then
     from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
 
-    torch.manual_seed(0)
     heads = max(1, width // 64)
     cfg = WhisperConfig(
         d_model=width, encoder_attention_heads=heads, encoder_ffn_dim=4 * width,
@@ -101,24 +115,28 @@ def cpu_bf16_speedup(width: int) -> float:
     path = probe_cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Processes starting together (the ranks of one run, a matrix's jobs) measure once.
+        with exclusive(path.with_name(path.name + ".lock")):
+            return _cached_probe(path, key, width)
     except OSError:
+        # A cache that cannot be locked (read-only, no locks on NFS) costs a probe per run.
         return measure_bf16_speedup(width)
-    # Processes starting together (the ranks of one run, a matrix's jobs) measure once.
-    with exclusive(path.with_name(path.name + ".lock")):
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
-        if not isinstance(known, dict):
-            known = {}
-        if isinstance(known.get(key), (int, float)):
-            return float(known[key])
-        speedup = measure_bf16_speedup(width)
-        known[key] = round(speedup, 3)
-        try:
-            atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
-        except OSError:
-            pass  # an unwritable cache costs only a probe per run
+
+
+def _cached_probe(path: Path, key: str, width: int) -> float:
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(key), (int, float)):
+        return float(known[key])
+    speedup = measure_bf16_speedup(width)
+    known[key] = round(speedup, 3)
+    # A cache that cannot be written costs only a probe per run.
+    with contextlib.suppress(OSError, CheckpointSaveError):
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
     return speedup
 
 
