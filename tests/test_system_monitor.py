@@ -12,7 +12,9 @@ from accelerate.state import AcceleratorState
 from asrforge.callbacks import build_callbacks
 from asrforge.callbacks.monitor import SystemMonitor, _Window
 from asrforge.train.data_wait import DataWaitClock
+from asrforge.train.events import RunInfo
 from asrforge.train.setup import RunSetup
+from asrforge.train.state import TrainState
 from tests.conftest import tiny_config
 
 SLEEP = 0.6  # seconds per batch: longer than a tiny model's step, even on a busy machine
@@ -137,3 +139,15 @@ def test_the_step_0_evaluation_is_no_part_of_the_first_window(tmp_path, tones_di
     assert [r["step"] for r in _records(tmp_path / "run", "eval")] == [0, 2]
     (first,) = _records(tmp_path / "run", "train")
     assert first["step"] == 2 and first["sys/eval_frac"] == 0 and first["sys/compute_frac"] > 0
+
+
+def test_the_advice_names_the_workers_auto_resolved_to(tmp_path, tones_dir):
+    cfg = tiny_config(tmp_path / "run", tones_dir, data={"num_workers": "auto"})
+    run = RunInfo(
+        config=cfg, output_dir=tmp_path, model=None, tokenizer=None, n_params=1, n_trainable=1,
+        precision="no", device="cpu", world_size=1, is_main=True, n_train=1, n_eval=1,
+        loader_workers=3,
+    )  # fmt: skip
+    mon = SystemMonitor(data_bound_frac=0.2)
+    mon.on_train_begin(TrainState(), run=run)
+    assert "raise data.num_workers (now 3)" in mon.diagnosis(0.5)

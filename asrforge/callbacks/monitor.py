@@ -104,7 +104,7 @@ class SystemMonitor(Callback):
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         cfg = run.config
         self.log_every = self.log_every or cfg.train.log_every
-        self.num_workers, self.cache_features = cfg.data.num_workers, cfg.data.cache_features
+        self.num_workers, self.cache_features = run.loader_workers, cfg.data.cache_features
         if str(run.device).startswith("cuda"):
             import torch
 

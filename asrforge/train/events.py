@@ -97,6 +97,8 @@ class RunInfo:
     selection: str = ""
     max_steps: int = 0
     """The step the run trains to: ``train.max_steps`` or the selection group's lower cap."""
+    loader_workers: int = 0
+    """DataLoader workers per process: ``data.num_workers``, ``auto`` resolved."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

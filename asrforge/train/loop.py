@@ -410,6 +410,7 @@ class TrainingRun:
             n_eval=len(setup.eval_set),
             selection=setup.selector.why,
             max_steps=self.max_steps,
+            loader_workers=setup.loader_workers,
         )
 
     # -- train ---------------------------------------------------------------------------------
