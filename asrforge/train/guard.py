@@ -39,8 +39,7 @@ from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
-from asrforge.selection import GuardGate
-from asrforge.selection import run_language as selection_language
+from asrforge.selection import GuardGate, run_language
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import find_language_code
 
@@ -328,12 +327,12 @@ def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "
     return float(wer(r, h))  # no reference words: 0.0 when nothing is said either, else inf
 
 
-def run_language(cfg, train_languages: Sequence[str]) -> str:
+def guard_language(cfg, train_languages: Sequence[str]) -> str:
     """The language the guard is transcribed in: ``eval.guard.language``, else the run's
     (``selection.language``, the first of ``data.languages``, the training split's most
     frequent)."""
     guard = cfg.eval.guard
-    language = (guard.language if guard is not None else None) or selection_language(
+    language = (guard.language if guard is not None else None) or run_language(
         cfg, Counter(train_languages)
     )[0]
     return find_language_code(language) or language
@@ -358,7 +357,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     Args:
         cfg: the run's ``TrainConfig``.
         bundle: the run's ``BuiltModel`` (features, tokenizer, special tokens).
-        language: the language to transcribe in (:func:`run_language`).
+        language: the language to transcribe in (:func:`guard_language`).
         window_seconds: the model's window.
     """
     gcfg = cfg.eval.guard

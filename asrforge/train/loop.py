@@ -32,7 +32,7 @@ from asrforge.selection import format_metrics
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
 from asrforge.train.forward import TrainingWhisper, labelled_positions
-from asrforge.train.guard import build_guard, log_text, run_language
+from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
 from asrforge.train.run_dir import RunDirBefore
@@ -354,7 +354,7 @@ class TrainingRun:
         """The forgetting guard: the starting model's transcripts, once (a resume restored
         them with the selection state)."""
         setup, acc = self.setup, self.acc
-        language = run_language(self.cfg, setup.train_languages)
+        language = guard_language(self.cfg, setup.train_languages)
         self.guard = build_guard(
             self.cfg,
             setup.model_bundle,
