@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from asrforge.config import TrainConfig, load_config
+from asrforge.config_hf import HF_NAMES, PEERS, SWIFT_NAMES
+from asrforge.errors import UserError
 
 # Where a section's fields sit below the field that holds it, by how it holds it.
 _ITEM_PATH = {"": ".", "list": "[].", "dict": ".<name>."}
@@ -118,8 +120,6 @@ prints a config resolved with every default.
 def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
     """The whole reference as Markdown: the top-level fields, then one section per top-level
     section of the schema, then the table of Hugging Face and ms-swift names."""
-    from asrforge.config_hf import HF_NAMES, PEERS, SWIFT_NAMES
-
     rows = field_docs(model)
     with_fields = {row.path.split(".")[0].split("[")[0] for row in rows if "." in row.path}
     sections: dict[str, list[FieldDoc]] = {"Top level": []}
@@ -181,8 +181,6 @@ def _run_fields(args: argparse.Namespace) -> int:
         rows = [r for r in rows if r.path == args.section or r.path.startswith(args.section + ".")]
         if not rows:
             sections = sorted({r.path.split(".")[0].split("[")[0] for r in field_docs()})
-            from asrforge.errors import UserError
-
             raise UserError(
                 f"no config field under {args.section!r}; sections: {', '.join(sections)}"
             )
@@ -191,8 +189,6 @@ def _run_fields(args: argparse.Namespace) -> int:
 
 
 def _run_hf(args: argparse.Namespace) -> int:
-    from asrforge.config_hf import HF_NAMES, SWIFT_NAMES
-
     names = HF_NAMES | SWIFT_NAMES
     width = max(map(len, names))
     print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
