@@ -4,12 +4,14 @@ behind, and an existing run's files (its log included) as they were."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from asrforge.cli import main
+from asrforge.train.run_dir import RunDirBefore
 from tests.conftest import tiny_config
 
 
@@ -68,3 +70,28 @@ def test_a_refused_resume_changes_nothing_in_the_run(tmp_path, tones_dir, capsys
     assert main(["train", str(cfg), "--resume", *BAD_INPUTS["no noise files"]]) == 2
     assert "asrforge: error:" in capsys.readouterr().err
     assert _tree(out) == before
+
+
+def test_a_failed_start_leaves_the_run_started_beside_it_under_the_same_new_parent(tmp_path):
+    runs = tmp_path / "runs"
+    a, b = RunDirBefore.look(runs / "a"), RunDirBefore.look(runs / "b")
+    for d in (runs / "a", runs / "b"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "train.log").write_text("started\n")
+    a.restore()
+    assert not (runs / "a").exists()
+    assert (runs / "b" / "train.log").read_text() == "started\n"
+    b.restore()
+    assert not runs.exists()  # the parent goes with the last run in it
+
+
+@pytest.mark.parametrize("where", ["listdir", "unlink"])
+def test_an_undo_that_cannot_remove_an_entry_does_not_raise(tmp_path, monkeypatch, where):
+    before = RunDirBefore.look(tmp_path)
+    (tmp_path / "eval_carve.json").write_text("{}")
+    busy = OSError(errno.EBUSY, "busy")
+    if where == "listdir":
+        monkeypatch.setattr(os, "listdir", lambda *a: (_ for _ in ()).throw(busy))
+    else:
+        monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(busy))
+    before.restore()  # the error that stopped the run stays the one reported

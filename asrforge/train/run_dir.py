@@ -55,19 +55,31 @@ class RunDirBefore:
         """Remove what start-up added since :meth:`look`; call it on rank zero only."""
         detach_run_log(self.path / RUN_LOG)
         if self.created_from is not None:
-            shutil.rmtree(self.created_from, ignore_errors=True)
+            shutil.rmtree(self.path, ignore_errors=True)
+            # another run started beside this one may have put its directory in the same parent
+            d = self.path
+            while d != self.created_from:
+                d = d.parent
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
             return
-        if not self.path.is_dir():
+        try:
+            names = os.listdir(self.path)
+        except OSError:
             return
-        for name in os.listdir(self.path):
+        for name in names:
             ours = name in STARTUP_ENTRIES or re.fullmatch(r"skipped-.+\.json", name)
             if name in self.entries or not ours:
                 continue
             p = self.path / name
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+            # best effort, as below: the error that stopped the run is the one to report
+            with contextlib.suppress(OSError):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         if self.log_size is not None:
             # best effort: the error that stopped the run is the one to report
             with contextlib.suppress(OSError, SymlinkRefused):
