@@ -95,3 +95,18 @@ def test_an_undo_that_cannot_remove_an_entry_does_not_raise(tmp_path, monkeypatc
     else:
         monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(busy))
     before.restore()  # the error that stopped the run stays the one reported
+
+
+def test_a_resume_refused_after_the_config_was_written_keeps_the_runs_config(tmp_path, tones_dir):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "run"
+    cfg.write_text(
+        tiny_config(out, tones_dir, train={"max_steps": 2}, eval={"eval_steps": None}).to_yaml()
+    )
+    assert main(["train", str(cfg)]) == 0
+    before = (out / "config.yaml").read_bytes()
+    # refused in on_train_begin, after start-up wrote the new config over the run's
+    (out / "metrics.jsonl").rename(tmp_path / "elsewhere.jsonl")
+    (out / "metrics.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    assert main(["train", str(cfg), "--resume", "train.max_steps=4"]) == 2
+    assert (out / "config.yaml").read_bytes() == before

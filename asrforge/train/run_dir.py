@@ -4,7 +4,8 @@ trace there.
 
 What start-up adds is removed again: the whole directory (and the parents it made) when the run
 created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``)
-that were not there before, and the lines appended to an existing ``train.log``. Nothing else is
+that were not there before, the lines appended to an existing ``train.log``, and an existing
+``config.yaml`` start-up replaced (a refused resume). Nothing else is
 touched: a run's earlier files, and what ``--start-over`` set aside, stay.
 """
 
@@ -18,11 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asrforge.data.sources import CARVE_FILE
+from asrforge.errors import CheckpointSaveError
 from asrforge.io.append import SymlinkRefused, open_no_follow
+from asrforge.io.atomic import atomic_write_bytes
 from asrforge.train.run_log import RUN_LOG, detach_run_log
 
+CONFIG_FILE = "config.yaml"
+"""The run's resolved config, written by start-up over an earlier run's."""
+
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, "metrics.jsonl", "tensorboard", "config.yaml", CARVE_FILE, "tokenizer", "cache",
+    {RUN_LOG, "metrics.jsonl", "tensorboard", CONFIG_FILE, CARVE_FILE, "tokenizer", "cache",
      "checkpoints", "eval"}
 )  # fmt: skip
 """Top-level names of a run directory that start-up creates (besides ``skipped-*.json``)."""
@@ -38,6 +44,8 @@ class RunDirBefore:
     entries: frozenset[str]
     log_size: int | None
     """``train.log``'s size, None when it was not there."""
+    config: bytes | None = None
+    """``config.yaml``'s bytes, None when it was not there."""
 
     @classmethod
     def look(cls, path: Path) -> RunDirBefore:
@@ -47,9 +55,10 @@ class RunDirBefore:
             missing, p = p, p.parent
         if missing is not None or not path.is_dir():
             return cls(path, missing, frozenset(), None)
-        log = path / RUN_LOG
+        log, config = path / RUN_LOG, path / CONFIG_FILE
         size = log.lstat().st_size if log.is_file() and not log.is_symlink() else None
-        return cls(path, None, frozenset(os.listdir(path)), size)
+        text = config.read_bytes() if config.is_file() and not config.is_symlink() else None
+        return cls(path, None, frozenset(os.listdir(path)), size, text)
 
     def restore(self) -> None:
         """Remove what start-up added since :meth:`look`; call it on rank zero only."""
@@ -88,3 +97,7 @@ class RunDirBefore:
                     os.ftruncate(fd, self.log_size)
                 finally:
                     os.close(fd)
+        if self.config is not None:
+            with contextlib.suppress(OSError, CheckpointSaveError):
+                if (self.path / CONFIG_FILE).read_bytes() != self.config:
+                    atomic_write_bytes(self.path / CONFIG_FILE, self.config)

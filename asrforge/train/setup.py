@@ -64,6 +64,7 @@ from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py im
     enable_cpu_fp16,
     model_width,
 )
+from asrforge.train.run_dir import CONFIG_FILE
 from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
@@ -414,7 +415,7 @@ def prepare_run(
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
-        atomic_write_text(out / "config.yaml", cfg.to_yaml())
+        atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
     setup = RunSetup(
         cfg=cfg,
         output_dir=out,
