@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import Field
 
 from asrforge.callbacks.options import Options
+from asrforge.io.append import open_append
 from asrforge.train.events import Callback, Decision, RunInfo
-from asrforge.train.run_log import open_run_file
 from asrforge.train.state import TrainState
 
 
@@ -102,7 +102,7 @@ class MetricsJsonl(Callback):
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
-        self.fh = open_run_file(Path(run.output_dir) / self.filename)
+        self.fh = open_append(Path(run.output_dir) / self.filename)
         self._write(
             {
                 "event": "train_begin",

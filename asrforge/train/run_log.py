@@ -7,7 +7,6 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 from asrforge.io.append import open_append
 
@@ -45,16 +44,6 @@ def detach_run_log(path: Path) -> None:
             h.close()
 
 
-def open_run_file(path: Path) -> TextIO:
-    """A run directory's log file (``train.log``, ``metrics.jsonl``) opened for appending, never
-    through a symlink.
-
-    Raises:
-        asrforge.io.append.SymlinkRefused: ``path`` is a symlink (exit code 2).
-    """
-    return open_append(path)
-
-
 class _RunLogFile(logging.FileHandler):
     """``train.log``, appended to, never through a symlink (refused by name). A write that
     fails (a full disk) is reported once, in one line, and the file is written no more;
@@ -63,7 +52,7 @@ class _RunLogFile(logging.FileHandler):
     failed = False
 
     def _open(self):
-        return open_run_file(Path(self.baseFilename))
+        return open_append(self.baseFilename)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
