@@ -205,6 +205,22 @@ def library_write_error(e: Exception, path: Path) -> Exception:
     return OSError(code, os.strerror(code), str(path))
 
 
+def save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    """``tokenizer.save_pretrained(directory)``, a failed write raised as the OSError it is
+    (see :func:`library_write_error`), so the atomic writer around it reports it in one line.
+
+    Raises:
+        OSError: the write failed.
+        CheckpointSaveError: it failed with no OS error to give back.
+    """
+    try:
+        tokenizer.save_pretrained(str(directory))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
+        raise library_write_error(e, Path(directory)) from e
+
+
 def _umask(directory: Path) -> int:
     """The process umask, read without changing it (``os.umask`` would race other threads)."""
     try:
@@ -406,12 +422,7 @@ def write_training_files(
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
         (directory / "tokenizer").mkdir()
-        try:
-            tokenizer_save(directory / "tokenizer")
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise library_write_error(e, directory / "tokenizer") from e
+        tokenizer_save(directory / "tokenizer")
     return digests
 
 
@@ -449,7 +460,8 @@ def save_training_checkpoint(
         train_state: JSON-able loop state (step, epoch, data position, best metrics, ...).
         callbacks: JSON-able ``{callback name: state_dict}``.
         config_yaml: the resolved config as YAML text.
-        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory).
+        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory); the run's
+            is :func:`save_tokenizer`.
         meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
         max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
             an index, as transformers does; None: one file each.

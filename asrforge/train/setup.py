@@ -28,7 +28,7 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
-from asrforge.checkpoint.training import library_write_error
+from asrforge.checkpoint.training import save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
@@ -300,7 +300,7 @@ class RunSetup:
                 train_state=state.to_dict(),
                 callbacks=callback_states,
                 config_yaml=self.cfg.to_yaml(),
-                tokenizer_save=lambda d: tok.save_pretrained(str(d)),
+                tokenizer_save=functools.partial(save_tokenizer, tok),
                 meta=meta,
                 max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
             ),
@@ -594,7 +594,8 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     if tokenizer is None and acc.is_main_process:
         languages = train_texts.languages() if scratch else ()
         tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps, languages=languages)
-        _save_tokenizer(tokenizer, tok_dir)
+        with atomic_directory(tok_dir) as tmp:
+            save_tokenizer(tokenizer, tmp)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = (
@@ -842,16 +843,3 @@ def build_text_batches(cfg: TrainConfig, bundle: BuiltModel, langs: Counter) -> 
         text_language,
     )
     return text
-
-
-def _save_tokenizer(tokenizer, directory: Path) -> None:
-    """Write the run's tokenizer, atomically; CheckpointSaveError names the directory when it
-    fails. The Rust tokenizers library reports a failed write (a full disk) as a bare
-    ``Exception``: it is made the OSError it is, which ``atomic_directory`` reports."""
-    with atomic_directory(directory) as tmp:
-        try:
-            tokenizer.save_pretrained(str(tmp))
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise library_write_error(e, directory) from e
