@@ -4,6 +4,7 @@ record (seconds per phase up to the first optimizer step)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,12 @@ from asrforge.io.append import open_append
 
 log = logging.getLogger("asrforge.train")
 RUN_LOG = "train.log"
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is rank zero of its launch, the one that owns the console and the run
+    directory (torchrun and accelerate set ``RANK``; a process started alone is rank zero)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
