@@ -110,3 +110,21 @@ def test_a_resume_refused_after_the_config_was_written_keeps_the_runs_config(tmp
     (out / "metrics.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
     assert main(["train", str(cfg), "--resume", "train.max_steps=4"]) == 2
     assert (out / "config.yaml").read_bytes() == before
+
+
+def test_a_failed_start_removes_a_metrics_file_of_a_configured_name(tmp_path, tones_dir, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (tmp_path / "elsewhere.jsonl").write_text("not the run's\n")
+    (out / "taken.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    cfg = tmp_path / "cfg.yaml"
+    # the second logger is refused in on_train_begin, after the first created its file
+    callbacks = [
+        {"name": "metrics_jsonl", "filename": "custom.jsonl"},
+        {"name": "metrics_jsonl", "id": "second", "filename": "taken.jsonl"},
+    ]
+    cfg.write_text(tiny_config(out, tones_dir, callbacks=callbacks).to_yaml())
+    before = _tree(out)
+    assert main(["train", str(cfg)]) == 2
+    assert "taken.jsonl: a symlink" in capsys.readouterr().err
+    assert _tree(out) == before

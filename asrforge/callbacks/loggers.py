@@ -75,6 +75,15 @@ class _StepAverager:
         return out
 
 
+def _top_entry(rel: str) -> frozenset[str]:
+    """The top-level name of the run directory that ``rel`` (relative to it) creates."""
+    parts = Path(rel).parts
+    # a path outside the run directory is not the run's to remove
+    if not parts or Path(rel).is_absolute() or parts[0] == "..":
+        return frozenset()
+    return frozenset({parts[0]})
+
+
 class MetricsJsonl(Callback):
     """``metrics.jsonl`` in the run dir: one JSON object per line, flushed after each write.
     Training lines are averaged over ``log_every`` steps (default ``train.log_every``); every
@@ -99,6 +108,9 @@ class MetricsJsonl(Callback):
         except OSError as e:
             e.filename = e.filename or self.fh.name  # a failed flush does not say which file
             raise
+
+    def run_entries(self) -> frozenset[str]:
+        return _top_entry(self.filename)
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
@@ -197,6 +209,9 @@ class TensorBoardLogger(Callback):
         self.log_every, self.subdir = log_every, subdir
         self.avg = _StepAverager()
         self.writer = None
+
+    def run_entries(self) -> frozenset[str]:
+        return _top_entry(self.subdir)
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -272,10 +272,14 @@ def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
     return out
 
 
+CHECKPOINTS_DIR = "checkpoints"
+"""A run directory's folder of checkpoints (``step-NNNNNN/``, ``latest``, ``best/``)."""
+
+
 def checkpoints_root(run_dir: Path) -> Path:
     """``run_dir/checkpoints`` when it exists, else ``run_dir`` itself."""
     run_dir = Path(run_dir)
-    return run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+    return run_dir / CHECKPOINTS_DIR if (run_dir / CHECKPOINTS_DIR).is_dir() else run_dir
 
 
 def default_mode(metric: str) -> str:

@@ -69,6 +69,8 @@ MODEL_STEM, EMA_STEM = "model", "ema"
 MODEL_FILE = single_name(MODEL_STEM)
 EMA_FILE = single_name(EMA_STEM)
 TORCH_FILES = ("optimizer", "scheduler", "scaler", "rng")
+TOKENIZER_DIR = "tokenizer"
+"""The tokenizer's folder in a checkpoint, and in the run directory of a run that trained it."""
 TRAINING_ONLY_FILES = (
     EMA_FILE,
     "optimizer.pt",
@@ -421,8 +423,8 @@ def write_training_files(
             except SafetensorError as e:
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
-        (directory / "tokenizer").mkdir()
-        tokenizer_save(directory / "tokenizer")
+        (directory / TOKENIZER_DIR).mkdir()
+        tokenizer_save(directory / TOKENIZER_DIR)
     return digests
 
 
@@ -489,8 +491,8 @@ def save_training_checkpoint(
             tokenizer_save=tokenizer_save,
             max_shard_bytes=max_shard_bytes,
         )
-        if (tmp / "tokenizer").is_dir():
-            fsync_tree(tmp / "tokenizer")
+        if (tmp / TOKENIZER_DIR).is_dir():
+            fsync_tree(tmp / TOKENIZER_DIR)
         write_manifest(tmp, {"kind": "training", **(meta or {})}, known=digests)
     return path
 
@@ -578,7 +580,7 @@ def load_training_checkpoint(
             ) from None
 
     objs = {name: torch_file(name) for name in TORCH_FILES}
-    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / "tokenizer").is_dir()
+    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / TOKENIZER_DIR).is_dir()
     return TrainingCheckpoint(
         path=path,
         manifest=manifest,
@@ -593,5 +595,5 @@ def load_training_checkpoint(
         config_yaml=(path / "config.yaml").read_text(encoding="utf-8")
         if "config.yaml" in files
         else "",
-        tokenizer_dir=path / "tokenizer" if has_tokenizer else None,
+        tokenizer_dir=path / TOKENIZER_DIR if has_tokenizer else None,
     )

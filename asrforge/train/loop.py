@@ -106,7 +106,8 @@ class Trainer:
         A run stopped by bad input (UserError) before its first step or save leaves its
         directory as it found it (:mod:`asrforge.train.run_dir`).
         """
-        before = RunDirBefore.look(Path(self.cfg.output_dir))
+        entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
+        before = RunDirBefore.look(Path(self.cfg.output_dir), entries)
         self._run = None
         try:
             return self._fit(resume=resume, start_over=start_over)

@@ -3,8 +3,9 @@
 trace there.
 
 What start-up adds is removed again: the whole directory (and the parents it made) when the run
-created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``)
-that were not there before, the lines appended to an existing ``train.log``, and an existing
+created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``,
+and those the run's callbacks name in :meth:`~asrforge.train.events.Callback.run_entries`) that
+were not there before, the lines appended to an existing ``train.log``, and an existing
 ``config.yaml`` start-up replaced (a refused resume). Nothing else is
 touched: a run's earlier files, and what ``--start-over`` set aside, stay.
 """
@@ -15,11 +16,15 @@ import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asrforge.checkpoint.average import CHECKPOINTS_DIR
+from asrforge.checkpoint.training import TOKENIZER_DIR
 from asrforge.data.sources import CARVE_FILE
 from asrforge.errors import CheckpointSaveError
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.append import SymlinkRefused, open_no_follow
 from asrforge.io.atomic import atomic_write_bytes
 from asrforge.train.run_log import RUN_LOG, detach_run_log
@@ -28,10 +33,10 @@ CONFIG_FILE = "config.yaml"
 """The run's resolved config, written by start-up over an earlier run's."""
 
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, "metrics.jsonl", "tensorboard", CONFIG_FILE, CARVE_FILE, "tokenizer", "cache",
-     "checkpoints", "eval"}
-)  # fmt: skip
-"""Top-level names of a run directory that start-up creates (besides ``skipped-*.json``)."""
+    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, "cache", CHECKPOINTS_DIR, EVAL_DIR}
+)
+"""Top-level names of a run directory that start-up creates (besides ``skipped-*.json`` and the
+callbacks' files)."""
 
 
 @dataclass(frozen=True)
@@ -46,19 +51,24 @@ class RunDirBefore:
     """``train.log``'s size, None when it was not there."""
     config: bytes | None = None
     """``config.yaml``'s bytes, None when it was not there."""
+    ours: frozenset[str] = STARTUP_ENTRIES
+    """Top-level names start-up may create: :data:`STARTUP_ENTRIES` and the callbacks'."""
 
     @classmethod
-    def look(cls, path: Path) -> RunDirBefore:
+    def look(cls, path: Path, callback_entries: Iterable[str] = ()) -> RunDirBefore:
+        """``path`` as it is now; ``callback_entries``: the names the run's callbacks create
+        there (:meth:`~asrforge.train.events.Callback.run_entries`)."""
         path = Path(path).absolute()
+        ours = STARTUP_ENTRIES | frozenset(callback_entries)
         missing, p = None, path
         while not os.path.lexists(p):
             missing, p = p, p.parent
         if missing is not None or not path.is_dir():
-            return cls(path, missing, frozenset(), None)
+            return cls(path, missing, frozenset(), None, None, ours)
         log, config = path / RUN_LOG, path / CONFIG_FILE
         size = log.lstat().st_size if log.is_file() and not log.is_symlink() else None
         text = config.read_bytes() if config.is_file() and not config.is_symlink() else None
-        return cls(path, None, frozenset(os.listdir(path)), size, text)
+        return cls(path, None, frozenset(os.listdir(path)), size, text, ours)
 
     def restore(self) -> None:
         """Remove what start-up added since :meth:`look`; call it on rank zero only."""
@@ -79,7 +89,7 @@ class RunDirBefore:
         except OSError:
             return
         for name in names:
-            ours = name in STARTUP_ENTRIES or re.fullmatch(r"skipped-.+\.json", name)
+            ours = name in self.ours or re.fullmatch(r"skipped-.+\.json", name)
             if name in self.entries or not ours:
                 continue
             p = self.path / name

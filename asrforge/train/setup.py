@@ -26,9 +26,10 @@ from asrforge.checkpoint import (
     load_training_checkpoint,
     restore_rng_state,
 )
+from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
-from asrforge.checkpoint.training import save_tokenizer
+from asrforge.checkpoint.training import TOKENIZER_DIR, save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
@@ -50,6 +51,7 @@ from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.data.workers import ignore_stop_signals, worker_count
 from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
@@ -251,9 +253,9 @@ class RunSetup:
             "selected_on": self.selector.selected_on,
         }
         lines.append(json.dumps(summary, ensure_ascii=False))
-        (self.output_dir / "eval").mkdir(exist_ok=True)
+        (self.output_dir / EVAL_DIR).mkdir(exist_ok=True)
         atomic_write_text(
-            self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+            self.output_dir / EVAL_DIR / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
         )
 
     def save_checkpoint(
@@ -492,7 +494,7 @@ def find_resume(
     from, its config checked against this one before anything is written (a refused resume
     changes nothing)."""
     manager = CheckpointManager(
-        out / "checkpoints",
+        out / CHECKPOINTS_DIR,
         save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best),
         protect_top=averaging_specs(cfg.callbacks),
@@ -586,7 +588,7 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
     rank).
     """
-    tok_dir = out / "tokenizer"
+    tok_dir = out / TOKENIZER_DIR
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
