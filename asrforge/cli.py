@@ -21,6 +21,7 @@ from asrforge.config_hf import flag_hint
 from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 from asrforge.io.atomic import describe_os_error, directory_problem
+from asrforge.train.run_log import is_rank_zero
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
@@ -96,7 +97,7 @@ def _run_train(args) -> int:
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
-    if os.environ.get("RANK", "0") != "0":  # torchrun / accelerate: the console is rank zero's
+    if not is_rank_zero():  # the console is rank zero's
         return 1 if result.status == "diverged" else 0
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:

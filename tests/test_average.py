@@ -162,6 +162,21 @@ def test_cli(tmp_path, capsys):
         run_cli(parser.parse_args(["average", str(run), "--k", "0"]))
     with pytest.raises(UserError, match="no such directory"):
         run_cli(parser.parse_args(["average", str(tmp_path / "nope")]))
+    both = ["--weights", "raw", "--weights-file", "ema.safetensors"]
+    with pytest.raises(UserError, match="--weights and --weights-file"):
+        run_cli(parser.parse_args(["average", str(run), *both]))
+
+
+def test_the_library_refuses_weights_with_a_weights_file(tmp_path):
+    run = _run_dir(tmp_path)
+    ckpt = run / "checkpoints" / "step-000002"
+    for call in (
+        lambda: average_checkpoints([ckpt], tmp_path / "out", weights="bogus", weights_file="x"),
+        lambda: average_top_k(run, "wer", 2, weights="raw", weights_file="ema.safetensors"),
+    ):
+        with pytest.raises(UserError, match="weights and weights_file .*: give one of them"):
+            call()
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_starting_model_is_never_averaged_nor_kept_for_an_average(tmp_path):

@@ -4,12 +4,14 @@ behind, and an existing run's files (its log included) as they were."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from asrforge.cli import main
+from asrforge.train.run_dir import RunDirBefore
 from tests.conftest import tiny_config
 
 
@@ -67,4 +69,62 @@ def test_a_refused_resume_changes_nothing_in_the_run(tmp_path, tones_dir, capsys
     # found once the run has logged its start and read its data: the log is cut back too
     assert main(["train", str(cfg), "--resume", *BAD_INPUTS["no noise files"]]) == 2
     assert "asrforge: error:" in capsys.readouterr().err
+    assert _tree(out) == before
+
+
+def test_a_failed_start_leaves_the_run_started_beside_it_under_the_same_new_parent(tmp_path):
+    runs = tmp_path / "runs"
+    a, b = RunDirBefore.look(runs / "a"), RunDirBefore.look(runs / "b")
+    for d in (runs / "a", runs / "b"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "train.log").write_text("started\n")
+    a.restore()
+    assert not (runs / "a").exists()
+    assert (runs / "b" / "train.log").read_text() == "started\n"
+    b.restore()
+    assert not runs.exists()  # the parent goes with the last run in it
+
+
+@pytest.mark.parametrize("where", ["listdir", "unlink"])
+def test_an_undo_that_cannot_remove_an_entry_does_not_raise(tmp_path, monkeypatch, where):
+    before = RunDirBefore.look(tmp_path)
+    (tmp_path / "eval_carve.json").write_text("{}")
+    busy = OSError(errno.EBUSY, "busy")
+    if where == "listdir":
+        monkeypatch.setattr(os, "listdir", lambda *a: (_ for _ in ()).throw(busy))
+    else:
+        monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(busy))
+    before.restore()  # the error that stopped the run stays the one reported
+
+
+def test_a_resume_refused_after_the_config_was_written_keeps_the_runs_config(tmp_path, tones_dir):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "run"
+    cfg.write_text(
+        tiny_config(out, tones_dir, train={"max_steps": 2}, eval={"eval_steps": None}).to_yaml()
+    )
+    assert main(["train", str(cfg)]) == 0
+    before = (out / "config.yaml").read_bytes()
+    # refused in on_train_begin, after start-up wrote the new config over the run's
+    (out / "metrics.jsonl").rename(tmp_path / "elsewhere.jsonl")
+    (out / "metrics.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    assert main(["train", str(cfg), "--resume", "train.max_steps=4"]) == 2
+    assert (out / "config.yaml").read_bytes() == before
+
+
+def test_a_failed_start_removes_a_metrics_file_of_a_configured_name(tmp_path, tones_dir, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (tmp_path / "elsewhere.jsonl").write_text("not the run's\n")
+    (out / "taken.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    cfg = tmp_path / "cfg.yaml"
+    # the second logger is refused in on_train_begin, after the first created its file
+    callbacks = [
+        {"name": "metrics_jsonl", "filename": "custom.jsonl"},
+        {"name": "metrics_jsonl", "id": "second", "filename": "taken.jsonl"},
+    ]
+    cfg.write_text(tiny_config(out, tones_dir, callbacks=callbacks).to_yaml())
+    before = _tree(out)
+    assert main(["train", str(cfg)]) == 2
+    assert "taken.jsonl: a symlink" in capsys.readouterr().err
     assert _tree(out) == before

@@ -4,8 +4,11 @@ in a checkpoint and in a bundle, even when the manifest's hashes and seal were r
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -64,6 +67,7 @@ def _checkpoint(tmp_path) -> Path:
         ("../../../outside.txt", "not a plain relative path"),
         ("tokenizer/../../../../outside.txt", "not a plain relative path"),
         ("ABSOLUTE", "an absolute path"),
+        ("tokenizer/vocab\0.json", "a name with a NUL character"),
     ],
 )
 def test_a_checkpoint_manifest_entry_outside_its_directory_is_refused(
@@ -72,7 +76,7 @@ def test_a_checkpoint_manifest_entry_outside_its_directory_is_refused(
     ckpt = _checkpoint(tmp_path)
     entry = str(outside) if entry == "ABSOLUTE" else entry
     _list_and_reseal(ckpt, entry, outside)
-    with pytest.raises(CheckpointCorruptError, match=f"lists '{entry}', {why}"):
+    with pytest.raises(CheckpointCorruptError, match=f"lists {re.escape(repr(entry))}, {why}"):
         verify(ckpt)
 
 
@@ -90,6 +94,20 @@ def test_a_listed_symlink_is_refused_even_to_a_file_inside(tmp_path, outside, li
         _list_and_reseal(ckpt, link, outside)
         with pytest.raises(CheckpointCorruptError, match="evil.txt: a symlink"):
             verify(ckpt)
+
+
+def test_a_listed_file_that_cannot_be_looked_at_is_a_corrupt_checkpoint(tmp_path, monkeypatch):
+    ckpt = _checkpoint(tmp_path)
+    real = os.lstat
+
+    def lstat(path, *a, **k):
+        if Path(path).name == "tokenizer":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    with pytest.raises(CheckpointCorruptError, match="tokenizer: cannot be looked at: Permission"):
+        verify(ckpt)
 
 
 @pytest.fixture(scope="module")

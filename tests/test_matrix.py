@@ -18,7 +18,14 @@ import yaml
 from asrforge.config import ALLOW_EXTERNAL_HINT, ConfigError, load_config
 from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.matrix.claims import Claims, lock_is_held
-from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
+from asrforge.matrix.executors import (
+    Attempt,
+    AttemptResult,
+    Device,
+    LocalExecutor,
+    parse_devices,
+    run_attempt,
+)
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.run import Launcher
 from asrforge.train.events import Callback
@@ -368,6 +375,21 @@ def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_co
     assert sorted(x.job.job_id for x in ex.attempts) == ["es-a-s0", "es-a-s1"]
     assert all(x.resume for x in ex.attempts)
     assert len(out.done) == 4 and out.exit_code == 0
+
+
+def test_a_job_log_that_is_a_symlink_ends_the_attempt_as_bad_input(tmp_path, two_configs):
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {"out": str(tmp_path / "r"), "languages": ["en"],
+                                         "configs": [{"config_id": "a", "path": str(a)}]})
+    plan = load_matrix(m)
+    log = plan.log_path(plan.jobs[0])
+    log.parent.mkdir(parents=True)
+    log.symlink_to(tmp_path / "elsewhere.log")
+    attempt = Attempt(plan.jobs[0], parse_devices("cpu:1")[0], 1, False, log, tmp_path)
+    result = run_attempt(attempt)
+    # exit code 2, which the launcher does not retry
+    assert result.returncode == 2 and "a symlink" in result.error
+    assert not (tmp_path / "elsewhere.log").exists()
 
 
 def test_eta_from_finished_jobs(tmp_path, two_configs):

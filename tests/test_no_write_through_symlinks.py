@@ -3,6 +3,9 @@ someone left there: the link is refused by name (exit code 2) and its target sta
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
 from asrforge.cli import main
@@ -74,3 +77,13 @@ def test_matrix_files_and_locks_are_not_written_through_symlinks(tmp_path):
     with open_append(tmp_path / "plain.log") as f:
         f.write("two\n")
     assert (tmp_path / "plain.log").read_text() == "one\ntwo\n"
+
+
+def test_appended_files_are_created_with_the_umask_applied(tmp_path):
+    old = os.umask(0o002)
+    try:
+        with open_append(tmp_path / "train.log") as f:
+            f.write("one\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "train.log").stat().st_mode) == 0o664  # as open() makes it

@@ -19,7 +19,7 @@ def _full_disk_under(monkeypatch, name: str) -> None:
     """Every write to the run's ``name`` fails with ENOSPC, as on a full disk."""
     real = append.open_no_follow
 
-    def open_no_follow(path, flags, mode=0o644):
+    def open_no_follow(path, flags, mode=0o666):
         if Path(path).name == name:
             return os.open("/dev/full", os.O_WRONLY)
         return real(path, flags, mode)

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
-from asrforge.checkpoint.average import average_top_k, rank_checkpoints
+from asrforge.checkpoint.average import CHECKPOINTS_DIR, average_top_k, rank_checkpoints
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
@@ -54,7 +54,7 @@ class AverageCheckpoints(Callback):
         self.written: Path | None = None
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
-        self.root = Path(run.output_dir) / "checkpoints"
+        self.root = Path(run.output_dir) / CHECKPOINTS_DIR
 
     def _top(self) -> list[int]:
         mode = self.mode or ("max" if self.metric.startswith(("acc", "bleu")) else "min")

@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import Field
 
 from asrforge.callbacks.options import Options
+from asrforge.io.append import open_append
 from asrforge.train.events import Callback, Decision, RunInfo
-from asrforge.train.run_log import open_run_file
 from asrforge.train.state import TrainState
 
 
@@ -75,6 +75,15 @@ class _StepAverager:
         return out
 
 
+def _top_entry(rel: str) -> frozenset[str]:
+    """The top-level name of the run directory that ``rel`` (relative to it) creates."""
+    parts = Path(rel).parts
+    # a path outside the run directory is not the run's to remove
+    if not parts or Path(rel).is_absolute() or parts[0] == "..":
+        return frozenset()
+    return frozenset({parts[0]})
+
+
 class MetricsJsonl(Callback):
     """``metrics.jsonl`` in the run dir: one JSON object per line, flushed after each write.
     Training lines are averaged over ``log_every`` steps (default ``train.log_every``); every
@@ -100,9 +109,12 @@ class MetricsJsonl(Callback):
             e.filename = e.filename or self.fh.name  # a failed flush does not say which file
             raise
 
+    def run_entries(self) -> frozenset[str]:
+        return _top_entry(self.filename)
+
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
-        self.fh = open_run_file(Path(run.output_dir) / self.filename)
+        self.fh = open_append(Path(run.output_dir) / self.filename)
         self._write(
             {
                 "event": "train_begin",
@@ -197,6 +209,9 @@ class TensorBoardLogger(Callback):
         self.log_every, self.subdir = log_every, subdir
         self.avg = _StepAverager()
         self.writer = None
+
+    def run_entries(self) -> frozenset[str]:
+        return _top_entry(self.subdir)
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter

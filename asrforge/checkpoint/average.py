@@ -124,10 +124,11 @@ def average_checkpoints(
 
     Raises:
         UserError: ``weights`` is neither ``ema`` nor ``raw``, or ``ema`` for a checkpoint
-            without EMA weights.
+            without EMA weights, or both ``weights`` and ``weights_file`` are given.
         CheckpointNotSupportedError: the parameter sets differ (first mismatch named).
         CheckpointCorruptError: an input does not verify.
     """
+    _one_weights_choice(weights, weights_file)
     paths = [Path(p) for p in paths]
     if not paths:
         raise UserError("average_checkpoints: no checkpoints given")
@@ -183,6 +184,13 @@ def average_checkpoints(
                 meta["weights"] = weights
             write_manifest(tmp, meta, known=digests)
     return Path(out)
+
+
+def _one_weights_choice(weights: str | None, weights_file: str | None) -> None:
+    """Refuse ``weights`` with ``weights_file``: the file is averaged as it is, so the choice
+    of weights would be ignored."""
+    if weights is not None and weights_file is not None:
+        raise UserError("weights and weights_file (--weights and --weights-file): give one of them")
 
 
 def _which_weights(paths: list[Path], weights: str | None) -> str:
@@ -264,10 +272,14 @@ def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
     return out
 
 
+CHECKPOINTS_DIR = "checkpoints"
+"""A run directory's folder of checkpoints (``step-NNNNNN/``, ``latest``, ``best/``)."""
+
+
 def checkpoints_root(run_dir: Path) -> Path:
     """``run_dir/checkpoints`` when it exists, else ``run_dir`` itself."""
     run_dir = Path(run_dir)
-    return run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+    return run_dir / CHECKPOINTS_DIR if (run_dir / CHECKPOINTS_DIR).is_dir() else run_dir
 
 
 def default_mode(metric: str) -> str:
@@ -335,6 +347,7 @@ def average_top_k(
         raise UserError(f"{run_dir_or_ckpt_root}: no such directory")
     if k < 1:
         raise UserError(f"k: must be >= 1, got {k}")
+    _one_weights_choice(weights, weights_file)
     mode = mode or default_mode(metric)
     ranked = rank_checkpoints(root, metric, mode)
     if not ranked:
@@ -395,8 +408,6 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run ``asrforge average``; user errors raise :class:`UserError` subclasses."""
     if args.k < 1:
         raise UserError(f"--k: must be >= 1, got {args.k}")
-    if args.weights is not None and args.weights_file is not None:
-        raise UserError("--weights and --weights-file: give one of them")
     out = average_top_k(
         args.run_dir,
         args.metric,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.errors import CheckpointCorruptError
-from asrforge.io.atomic import atomic_write_text
+from asrforge.io.atomic import atomic_write_text, describe_os_error
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -212,6 +212,8 @@ def entry_problem(rel: str) -> str | None:
         return "an absolute path"
     if any(part in ("", ".", "..") for part in rel.split("/")):
         return "not a plain relative path (an empty, '.' or '..' part)"
+    if "\0" in rel:
+        return "a name with a NUL character"
     return None
 
 
@@ -220,8 +222,8 @@ def _listed_size(directory: Path, rel: str) -> int:
     through real directories only.
 
     Raises:
-        CheckpointCorruptError: the file is missing, not a regular file, or a symlink is on
-            the way to it.
+        CheckpointCorruptError: the file is missing, cannot be looked at (permissions), is not
+            a regular file, or a symlink is on the way to it.
     """
     p = directory
     for part in rel.split("/"):
@@ -230,6 +232,10 @@ def _listed_size(directory: Path, rel: str) -> int:
             st = os.lstat(p)
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointCorruptError(f"{p}: missing (listed in {MANIFEST_NAME})") from None
+        except OSError as e:
+            raise CheckpointCorruptError(
+                f"{p}: cannot be looked at: {describe_os_error(e)} (listed in {MANIFEST_NAME})"
+            ) from None
         if stat.S_ISLNK(st.st_mode):
             raise CheckpointCorruptError(
                 f"{p}: a symlink (to {os.readlink(p)}), on the way to {rel!r} listed in "

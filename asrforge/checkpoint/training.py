@@ -69,6 +69,8 @@ MODEL_STEM, EMA_STEM = "model", "ema"
 MODEL_FILE = single_name(MODEL_STEM)
 EMA_FILE = single_name(EMA_STEM)
 TORCH_FILES = ("optimizer", "scheduler", "scaler", "rng")
+TOKENIZER_DIR = "tokenizer"
+"""The tokenizer's folder in a checkpoint, and in the run directory of a run that trained it."""
 TRAINING_ONLY_FILES = (
     EMA_FILE,
     "optimizer.pt",
@@ -203,6 +205,22 @@ def library_write_error(e: Exception, path: Path) -> Exception:
         return CheckpointSaveError(f"{path}: {library} could not write it: {e}")
     code = int(found.group(1))
     return OSError(code, os.strerror(code), str(path))
+
+
+def save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    """``tokenizer.save_pretrained(directory)``, a failed write raised as the OSError it is
+    (see :func:`library_write_error`), so the atomic writer around it reports it in one line.
+
+    Raises:
+        OSError: the write failed.
+        CheckpointSaveError: it failed with no OS error to give back.
+    """
+    try:
+        tokenizer.save_pretrained(str(directory))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
+        raise library_write_error(e, Path(directory)) from e
 
 
 def _umask(directory: Path) -> int:
@@ -405,13 +423,8 @@ def write_training_files(
             except SafetensorError as e:
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
     if tokenizer_save is not None:
-        (directory / "tokenizer").mkdir()
-        try:
-            tokenizer_save(directory / "tokenizer")
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise library_write_error(e, directory / "tokenizer") from e
+        (directory / TOKENIZER_DIR).mkdir()
+        tokenizer_save(directory / TOKENIZER_DIR)
     return digests
 
 
@@ -449,7 +462,8 @@ def save_training_checkpoint(
         train_state: JSON-able loop state (step, epoch, data position, best metrics, ...).
         callbacks: JSON-able ``{callback name: state_dict}``.
         config_yaml: the resolved config as YAML text.
-        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory).
+        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory); the run's
+            is :func:`save_tokenizer`.
         meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
         max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
             an index, as transformers does; None: one file each.
@@ -477,8 +491,8 @@ def save_training_checkpoint(
             tokenizer_save=tokenizer_save,
             max_shard_bytes=max_shard_bytes,
         )
-        if (tmp / "tokenizer").is_dir():
-            fsync_tree(tmp / "tokenizer")
+        if (tmp / TOKENIZER_DIR).is_dir():
+            fsync_tree(tmp / TOKENIZER_DIR)
         write_manifest(tmp, {"kind": "training", **(meta or {})}, known=digests)
     return path
 
@@ -566,7 +580,7 @@ def load_training_checkpoint(
             ) from None
 
     objs = {name: torch_file(name) for name in TORCH_FILES}
-    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / "tokenizer").is_dir()
+    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / TOKENIZER_DIR).is_dir()
     return TrainingCheckpoint(
         path=path,
         manifest=manifest,
@@ -581,5 +595,5 @@ def load_training_checkpoint(
         config_yaml=(path / "config.yaml").read_text(encoding="utf-8")
         if "config.yaml" in files
         else "",
-        tokenizer_dir=path / "tokenizer" if has_tokenizer else None,
+        tokenizer_dir=path / TOKENIZER_DIR if has_tokenizer else None,
     )

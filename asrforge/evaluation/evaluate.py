@@ -26,6 +26,9 @@ from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import decoder_states, greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
+EVAL_DIR = "eval"
+"""A run directory's folder of evaluation records (``step-NNNNNN.jsonl``, long-form, guard)."""
+
 log = logging.getLogger(__name__)
 
 

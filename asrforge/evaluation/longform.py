@@ -27,6 +27,7 @@ import torch
 
 from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
 from asrforge.text import cer, normalize, wer
@@ -282,7 +283,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
         metrics["longform_chunking"],
     )
     if acc.is_main_process:
-        write_records(run.output_dir / "eval" / f"longform-step-{step:06d}.jsonl", records, metrics)
+        write_records(run.output_dir / EVAL_DIR / f"longform-step-{step:06d}.jsonl", records, metrics)
     return metrics
 
 

@@ -22,8 +22,9 @@ class SymlinkRefused(UserError):
     """A file asrforge would write in place is a symlink it did not create."""
 
 
-def open_no_follow(path: str | Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)``.
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)``; a file it creates gets ``mode``
+    less the umask, as ``open()`` gives.
 
     Raises:
         SymlinkRefused: ``path`` is a symlink (named with its target).

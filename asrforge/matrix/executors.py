@@ -114,7 +114,13 @@ def run_attempt(
     started = time.time()
     attempt.log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = attempt.command()
-    with open_append(attempt.log_path) as log:
+    try:
+        log = open_append(attempt.log_path)
+    except UserError as e:
+        # a link where the job's log goes is for the user to remove: exit code 2 is not retried
+        return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label, 2, started,
+                             time.time(), socket.gethostname(), str(e))
+    with log:
         log.write(
             f"==== asrforge matrix: {attempt.job.job_id} attempt {attempt.number} on "
             f"{attempt.device.label} ({socket.gethostname()}) at "

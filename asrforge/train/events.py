@@ -136,6 +136,11 @@ class Callback:
         """JSON-able state saved with every checkpoint (restored on resume)."""
         return {}
 
+    def run_entries(self) -> frozenset[str]:
+        """Top-level names this callback creates in the run directory (a file, or the folder
+        its files go in): a run stopped by bad input before it began removes the new ones."""
+        return frozenset()
+
     def load_state_dict(self, state: dict) -> None:
         pass
 

@@ -36,6 +36,7 @@ import torch
 from asrforge.config import GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
@@ -306,9 +307,9 @@ class Guard:
                     ensure_ascii=False,
                 )
             )
-        (out_dir / "eval").mkdir(parents=True, exist_ok=True)
+        (out_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
         atomic_write_text(
-            out_dir / "eval" / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+            out_dir / EVAL_DIR / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
         )
 
 

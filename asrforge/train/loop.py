@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
 from asrforge.train.run_dir import RunDirBefore
+from asrforge.train.run_log import is_rank_zero
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 
@@ -106,12 +106,13 @@ class Trainer:
         A run stopped by bad input (UserError) before its first step or save leaves its
         directory as it found it (:mod:`asrforge.train.run_dir`).
         """
-        before = RunDirBefore.look(Path(self.cfg.output_dir))
+        entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
+        before = RunDirBefore.look(Path(self.cfg.output_dir), entries)
         self._run = None
         try:
             return self._fit(resume=resume, start_over=start_over)
         except UserError:
-            if not self._began() and os.environ.get("RANK", "0") == "0":
+            if not self._began() and is_rank_zero():
                 before.restore()
             raise
 

@@ -3,8 +3,10 @@
 trace there.
 
 What start-up adds is removed again: the whole directory (and the parents it made) when the run
-created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``)
-that were not there before, and the lines appended to an existing ``train.log``. Nothing else is
+created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``,
+and those the run's callbacks name in :meth:`~asrforge.train.events.Callback.run_entries`) that
+were not there before, the lines appended to an existing ``train.log``, and an existing
+``config.yaml`` start-up replaced (a refused resume). Nothing else is
 touched: a run's earlier files, and what ``--start-over`` set aside, stay.
 """
 
@@ -14,18 +16,27 @@ import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asrforge.checkpoint.average import CHECKPOINTS_DIR
+from asrforge.checkpoint.training import TOKENIZER_DIR
 from asrforge.data.sources import CARVE_FILE
+from asrforge.errors import CheckpointSaveError
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.append import SymlinkRefused, open_no_follow
+from asrforge.io.atomic import atomic_write_bytes
 from asrforge.train.run_log import RUN_LOG, detach_run_log
 
+CONFIG_FILE = "config.yaml"
+"""The run's resolved config, written by start-up over an earlier run's."""
+
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, "metrics.jsonl", "tensorboard", "config.yaml", CARVE_FILE, "tokenizer", "cache",
-     "checkpoints", "eval"}
-)  # fmt: skip
-"""Top-level names of a run directory that start-up creates (besides ``skipped-*.json``)."""
+    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, "cache", CHECKPOINTS_DIR, EVAL_DIR}
+)
+"""Top-level names of a run directory that start-up creates (besides ``skipped-*.json`` and the
+callbacks' files)."""
 
 
 @dataclass(frozen=True)
@@ -38,36 +49,56 @@ class RunDirBefore:
     entries: frozenset[str]
     log_size: int | None
     """``train.log``'s size, None when it was not there."""
+    config: bytes | None = None
+    """``config.yaml``'s bytes, None when it was not there."""
+    ours: frozenset[str] = STARTUP_ENTRIES
+    """Top-level names start-up may create: :data:`STARTUP_ENTRIES` and the callbacks'."""
 
     @classmethod
-    def look(cls, path: Path) -> RunDirBefore:
+    def look(cls, path: Path, callback_entries: Iterable[str] = ()) -> RunDirBefore:
+        """``path`` as it is now; ``callback_entries``: the names the run's callbacks create
+        there (:meth:`~asrforge.train.events.Callback.run_entries`)."""
         path = Path(path).absolute()
+        ours = STARTUP_ENTRIES | frozenset(callback_entries)
         missing, p = None, path
         while not os.path.lexists(p):
             missing, p = p, p.parent
         if missing is not None or not path.is_dir():
-            return cls(path, missing, frozenset(), None)
-        log = path / RUN_LOG
+            return cls(path, missing, frozenset(), None, None, ours)
+        log, config = path / RUN_LOG, path / CONFIG_FILE
         size = log.lstat().st_size if log.is_file() and not log.is_symlink() else None
-        return cls(path, None, frozenset(os.listdir(path)), size)
+        text = config.read_bytes() if config.is_file() and not config.is_symlink() else None
+        return cls(path, None, frozenset(os.listdir(path)), size, text, ours)
 
     def restore(self) -> None:
         """Remove what start-up added since :meth:`look`; call it on rank zero only."""
         detach_run_log(self.path / RUN_LOG)
         if self.created_from is not None:
-            shutil.rmtree(self.created_from, ignore_errors=True)
+            shutil.rmtree(self.path, ignore_errors=True)
+            # another run started beside this one may have put its directory in the same parent
+            d = self.path
+            while d != self.created_from:
+                d = d.parent
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
             return
-        if not self.path.is_dir():
+        try:
+            names = os.listdir(self.path)
+        except OSError:
             return
-        for name in os.listdir(self.path):
-            ours = name in STARTUP_ENTRIES or re.fullmatch(r"skipped-.+\.json", name)
+        for name in names:
+            ours = name in self.ours or re.fullmatch(r"skipped-.+\.json", name)
             if name in self.entries or not ours:
                 continue
             p = self.path / name
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+            # best effort, as below: the error that stopped the run is the one to report
+            with contextlib.suppress(OSError):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         if self.log_size is not None:
             # best effort: the error that stopped the run is the one to report
             with contextlib.suppress(OSError, SymlinkRefused):
@@ -76,3 +107,7 @@ class RunDirBefore:
                     os.ftruncate(fd, self.log_size)
                 finally:
                     os.close(fd)
+        if self.config is not None:
+            with contextlib.suppress(OSError, CheckpointSaveError):
+                if (self.path / CONFIG_FILE).read_bytes() != self.config:
+                    atomic_write_bytes(self.path / CONFIG_FILE, self.config)

@@ -4,15 +4,21 @@ record (seconds per phase up to the first optimizer step)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 from asrforge.io.append import open_append
 
 log = logging.getLogger("asrforge.train")
 RUN_LOG = "train.log"
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is rank zero of its launch, the one that owns the console and the run
+    directory (torchrun and accelerate set ``RANK``; a process started alone is rank zero)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | None:
@@ -45,16 +51,6 @@ def detach_run_log(path: Path) -> None:
             h.close()
 
 
-def open_run_file(path: Path) -> TextIO:
-    """A run directory's log file (``train.log``, ``metrics.jsonl``) opened for appending, never
-    through a symlink.
-
-    Raises:
-        asrforge.io.append.SymlinkRefused: ``path`` is a symlink (exit code 2).
-    """
-    return open_append(path)
-
-
 class _RunLogFile(logging.FileHandler):
     """``train.log``, appended to, never through a symlink (refused by name). A write that
     fails (a full disk) is reported once, in one line, and the file is written no more;
@@ -63,7 +59,7 @@ class _RunLogFile(logging.FileHandler):
     failed = False
 
     def _open(self):
-        return open_run_file(Path(self.baseFilename))
+        return open_append(self.baseFilename)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:

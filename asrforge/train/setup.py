@@ -26,9 +26,10 @@ from asrforge.checkpoint import (
     load_training_checkpoint,
     restore_rng_state,
 )
+from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
-from asrforge.checkpoint.training import library_write_error
+from asrforge.checkpoint.training import TOKENIZER_DIR, save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.dataset import (
@@ -50,6 +51,7 @@ from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.data.workers import ignore_stop_signals, worker_count
 from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 from asrforge.model import lora
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
@@ -64,6 +66,7 @@ from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py im
     enable_cpu_fp16,
     model_width,
 )
+from asrforge.train.run_dir import CONFIG_FILE
 from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
@@ -250,9 +253,9 @@ class RunSetup:
             "selected_on": self.selector.selected_on,
         }
         lines.append(json.dumps(summary, ensure_ascii=False))
-        (self.output_dir / "eval").mkdir(exist_ok=True)
+        (self.output_dir / EVAL_DIR).mkdir(exist_ok=True)
         atomic_write_text(
-            self.output_dir / "eval" / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
+            self.output_dir / EVAL_DIR / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
         )
 
     def save_checkpoint(
@@ -299,7 +302,7 @@ class RunSetup:
                 train_state=state.to_dict(),
                 callbacks=callback_states,
                 config_yaml=self.cfg.to_yaml(),
-                tokenizer_save=lambda d: tok.save_pretrained(str(d)),
+                tokenizer_save=functools.partial(save_tokenizer, tok),
                 meta=meta,
                 max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
             ),
@@ -414,7 +417,7 @@ def prepare_run(
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
-        atomic_write_text(out / "config.yaml", cfg.to_yaml())
+        atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
     setup = RunSetup(
         cfg=cfg,
         output_dir=out,
@@ -491,7 +494,7 @@ def find_resume(
     from, its config checked against this one before anything is written (a refused resume
     changes nothing)."""
     manager = CheckpointManager(
-        out / "checkpoints",
+        out / CHECKPOINTS_DIR,
         save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best),
         protect_top=averaging_specs(cfg.callbacks),
@@ -585,7 +588,7 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
     rank).
     """
-    tok_dir = out / "tokenizer"
+    tok_dir = out / TOKENIZER_DIR
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
     tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
@@ -593,7 +596,8 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     if tokenizer is None and acc.is_main_process:
         languages = train_texts.languages() if scratch else ()
         tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps, languages=languages)
-        _save_tokenizer(tokenizer, tok_dir)
+        with atomic_directory(tok_dir) as tmp:
+            save_tokenizer(tokenizer, tmp)
     acc.wait_for_everyone()
     if tokenizer is None:
         tokenizer = (
@@ -841,16 +845,3 @@ def build_text_batches(cfg: TrainConfig, bundle: BuiltModel, langs: Counter) -> 
         text_language,
     )
     return text
-
-
-def _save_tokenizer(tokenizer, directory: Path) -> None:
-    """Write the run's tokenizer, atomically; CheckpointSaveError names the directory when it
-    fails. The Rust tokenizers library reports a failed write (a full disk) as a bare
-    ``Exception``: it is made the OSError it is, which ``atomic_directory`` reports."""
-    with atomic_directory(directory) as tmp:
-        try:
-            tokenizer.save_pretrained(str(tmp))
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - tokenizers' write errors have no type of their own
-            raise library_write_error(e, directory) from e
