@@ -374,3 +374,13 @@ def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips
         f"data.languages ['German'] leaves out 48 of its 48 utterances, whose languages are "
         f"en ({n['en']}), es ({n['es']})"
     )
+
+
+def test_a_line_that_is_not_utf8_in_a_later_shard_is_refused_when_the_stream_opens(tmp_path):
+    lines = [json.dumps({"audio_filepath": f"{i}.wav", "text": "la"}).encode() for i in range(20)]
+    lines[16] = lines[16].replace(b"la", b"caf\xe9")
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = DataConfig(path=path, language="en", stream={"enabled": True, "shard_rows": 7})
+    with pytest.raises(UserError, match=rf"^data.path: {path} line 17: not UTF-8 text"):
+        StreamedSplit(cfg, seed=0)

@@ -4,9 +4,10 @@ an uninterrupted one would have.
 
 Shards. A directory's ``train*`` files (as :mod:`asrforge.data.sources` splits them), or one
 manifest file: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of
-a JSONL file (found by counting newlines, which reads the bytes once and keeps one offset per
-shard). Row counts come from that index and from file metadata, so the epoch's length is known
-before step 1 without reading a clip; only csv/tsv files are parsed once to count their rows.
+a JSONL file (found by counting newlines, which reads the bytes once, checks they are UTF-8 and
+keeps one offset per shard). Row counts come from that index and from file metadata, so the
+epoch's length is known before step 1 without reading a clip; only csv/tsv files are parsed once
+to count their rows.
 
 Order. Epoch ``e``: the shards in the order ``permutation(seed, e)``, grouped in blocks of
 ``data.stream.shuffle_shards``; the rows of each block in the order ``permutation(seed, e,
@@ -39,6 +40,7 @@ are lost when resuming and the buffers are refilled with new data" (``iterable_d
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -64,7 +66,6 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.sources import (
     check_data_path,
-    check_utf8,
     find_column,
     format_of,
     language_code,
@@ -152,6 +153,8 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
                     for g in range(meta.num_row_groups)]  # fmt: skip
         if fmt == "json":
             return _jsonl_shards(path, shard_rows)
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
         raise unreadable(str(path), fmt, e) from None
     return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
@@ -159,11 +162,18 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
 
 def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     """Shards of ``shard_rows`` lines: one pass over the bytes counting newlines, keeping only
-    the offsets where a shard starts (memory grows with the shards, not the lines)."""
+    the offsets where a shard starts (memory grows with the shards, not the lines), and checking
+    they are UTF-8 text, which pyarrow's JSON reader would keep in its string columns.
+
+    Raises:
+        UserError: a line is not UTF-8, naming it.
+    """
     starts, lines, offset = [0], 0, 0
     last = b"\n"
+    utf8 = codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
+            _check_utf8(utf8, chunk, path)
             newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
             # line number (1-based, counted from the file's start) each newline ends
             ends = lines + 1 + np.arange(len(newlines))
@@ -172,6 +182,7 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
             lines += len(newlines)
             offset += len(chunk)
             last = chunk[-1:]
+    _check_utf8(utf8, b"", path, final=True)
     if last != b"\n":  # a last line without a newline
         lines += 1
     if starts[-1] >= offset:  # the file ends at a shard's start: no shard there
@@ -186,12 +197,21 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     return shards
 
 
+def _check_utf8(decoder, chunk: bytes, path: Path, *, final: bool = False) -> None:
+    try:
+        decoder.decode(chunk, final)
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            line = utf8_problem(f, path)
+        raise UserError(f"data.path: {line or f'{path}: not UTF-8 text ({e})'}") from None
+
+
 def read_table(shard: Shard):
     """The rows of ``shard`` as a pyarrow table (every column, as the file has them).
 
     Raises:
         UserError: the file cannot be read (in the words ``sources`` uses for a split read
-            whole), or a JSONL line is no JSON object or no UTF-8 text.
+            whole), or a JSONL line is no JSON object.
     """
     try:
         return _read_table(shard)
@@ -247,7 +267,6 @@ def _json_table(shard: Shard):
         table = None
     if table is None or table.num_rows != shard.rows:
         table = pa.Table.from_pylist(_json_rows(shard, data))
-    check_utf8(table, lambda: utf8_problem(data.split(b"\n"), shard.path, shard.first_line))
     return table
 
 
