@@ -4,6 +4,7 @@ wait for the builder's lock and read what it wrote, which is never deleted under
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 
 from asrforge.data.dataset import load_arrow
@@ -50,3 +51,22 @@ def test_two_processes_generating_at_once_both_succeed_with_one_data_set(tmp_pat
     assert [p.exitcode for p in procs] == [0, 0]
     assert len(load_arrow(path)["train"]) == SIZES["train"]
     assert sorted(p.name for p in path.parent.iterdir()) == ["tones", "tones.lock"]
+
+
+def test_a_killed_builders_temporary_is_removed_and_the_new_data_set_is_made_durable(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "generated" / "tones"
+    path.parent.mkdir()
+    dead = path.parent / ".tmp-tones-4242-0123abcd"  # a builder killed mid-write left it
+    dead.mkdir()
+    (dead / "half.arrow").write_bytes(b"half")
+    other = path.parent / ".tmp-tonesx-4242-0123abcd"  # another directory's: not ours to remove
+    other.mkdir()
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    make_tones_dataset(path, sizes=SIZES)
+    assert sorted(p.name for p in path.parent.iterdir()) == [other.name, "tones", "tones.lock"]
+    assert len(load_arrow(path)["train"]) == SIZES["train"]
+    assert synced  # its files and directories are flushed before it is renamed into place

@@ -17,7 +17,7 @@ import soundfile as sf
 
 from asrforge.config import DataConfig
 from asrforge.data import utterances
-from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.audio import SAMPLE_RATE, AudioFile, audio_info, decode_audio
 from asrforge.data.dataset import SpeechDataset, prepare_split
 from asrforge.data.sources import load_source
 from asrforge.data.stream import RowRules, StreamedSplit, check_row
@@ -181,14 +181,14 @@ def test_an_hours_long_file_said_to_be_short_is_skipped_from_its_header_not_deco
     sf.write(long_file, np.zeros(int(2 * MAX_SECONDS * SAMPLE_RATE), np.int16), SAMPLE_RATE)
     path = manifest(tmp_path, clips, [{"audio_filepath": "clips/long.wav", "text": "la",
                                        "language": "en", "id": "long", "duration": 1.24}])  # fmt: skip
-    decode = utterances.decode_audio
+    decode = AudioFile.decode
     decoded = []
 
-    def recording(source, *args, **kwargs):
-        decoded.append(str(source))
-        return decode(source, *args, **kwargs)
+    def recording(self, *args, **kwargs):
+        decoded.append(self.name)
+        return decode(self, *args, **kwargs)
 
-    monkeypatch.setattr(utterances, "decode_audio", recording)
+    monkeypatch.setattr(AudioFile, "decode", recording)
     for lazy in (False, True):
         table, _ = prepare(path, tokenizer, lazy=lazy)
         long_row = [i for i, uid in enumerate(table.uids()) if uid == "long"]
@@ -197,7 +197,41 @@ def test_an_hours_long_file_said_to_be_short_is_skipped_from_its_header_not_deco
             "dropped": "long",
             "reason": f"audio longer than {MAX_SECONDS:g} s",
         }
-    assert not [s for s in decoded if s.endswith("long.wav")]
+        ds[next(i for i in range(len(table)) if i != long_row[0])]  # the spy sees a decode
+    assert decoded and not [s for s in decoded if s.endswith("long.wav")]
+
+
+def test_reading_a_clip_opens_it_once_and_stats_no_path(tmp_path, monkeypatch):
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, np.zeros(SAMPLE_RATE, np.int16), SAMPLE_RATE)
+    opened, stats = [], []
+    real_sound, real_stat = sf.SoundFile, os.stat
+
+    def sound(*args, **kwargs):
+        opened.append(args[0])
+        return real_sound(*args, **kwargs)
+
+    def stat(path, *args, **kwargs):
+        stats.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(sf, "SoundFile", sound)
+    monkeypatch.setattr(os, "stat", stat)
+    wave = utterances.read_audio({"bytes": None, "path": str(clip)}, MAX_SECONDS)
+    assert wave.shape == (SAMPLE_RATE,)
+    assert len(opened) == 1  # the header and the samples from one open file
+    assert [s for s in stats if str(s) == str(clip)] == []
+
+
+def test_a_fifo_is_refused_by_the_decoder_and_the_header_reader_without_waiting(tmp_path):
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    with Unblocker(fifo):
+        started = time.monotonic()
+        for read in (decode_audio, audio_info, lambda s: utterances.read_audio({"path": s}, 1.0)):
+            with pytest.raises(UserError, match="not a regular file"):
+                read(str(fifo))
+    assert time.monotonic() - started < 3.0  # never waited for a writer
 
 
 def test_a_negative_duration_is_one_reason_in_map_and_stream_modes(tmp_path, clips, tokenizer):

@@ -64,7 +64,7 @@ def test_start_up_opens_no_audio_and_skips_durations_out_of_range(
     assert "duration" in train.column_names
 
     opened = []
-    for name in ("audio_info", "decode_audio"):
+    for name in ("audio_info", "open_audio"):
         monkeypatch.setattr(utterances, name, lambda *a, _n=name: opened.append(_n))
     tok, specials = tokenizer_and_specials
     table, report = prepare_split(train, "train", cfg=cfg, tokenizer=tok, specials=specials,

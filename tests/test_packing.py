@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from asrforge.config import ConfigError, PackConfig
-from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, AudioFile, decode_audio
 from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, load_arrow, prepare_split
 from asrforge.data.packing import (
     PackItems,
@@ -257,14 +257,14 @@ def test_a_clip_that_fails_to_decode_is_reported_and_the_window_trains(tones_par
     j = next(j for j, w in enumerate(ds.windows) if len(w.pieces) >= 2)
     w = ds.windows[j]
     bad = packing.base.utts[w.pieces[0].utt]
-    real = decode_audio
+    real = AudioFile.decode
 
-    def failing(source):
-        if source == packing.base.split[bad.row]["audio"]["bytes"]:
+    def failing(self, *args, **kwargs):
+        if self.source == packing.base.split[bad.row]["audio"]["bytes"]:
             raise UserError("cannot read audio <bytes>: broken")
-        return real(source)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr("asrforge.data.packing.decode_audio", failing)
+    monkeypatch.setattr(AudioFile, "decode", failing)
     batch = Collator(pad_id=specials.eot)([ds[j]])
     assert batch["dropped"] == [bad.uid] and batch["size"] == 1
     kept = [packing.base.utts[p.utt] for p in w.pieces[1:]]

@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from asrforge.config import PackConfig
-from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, AudioFile
 from asrforge.data.dataset import Collator
-from asrforge.data.utterances import header_seconds
 from tests.test_packing import _packed, tones_parts  # noqa: F401 - the fixture
 
 
@@ -20,15 +19,15 @@ def test_a_clip_longer_than_its_duration_is_dropped_from_its_window(tones_parts,
     j = next(j for j, w in enumerate(ds.windows) if len(w.pieces) >= 2)
     w = ds.windows[j]
     long = packing.base.utts[w.pieces[0].utt]  # its metadata said less than the file holds
-    real = decode_audio
+    real = AudioFile.decode
 
-    def longer(source):
-        wave = real(source)
-        if source == packing.base.split[long.row]["audio"]["bytes"]:
+    def longer(self, *args, **kwargs):
+        wave = real(self, *args, **kwargs)
+        if self.source == packing.base.split[long.row]["audio"]["bytes"]:
             return np.concatenate([wave, np.full(SAMPLE_RATE // 2, 0.1, dtype=np.float32)])
         return wave
 
-    monkeypatch.setattr("asrforge.data.packing.decode_audio", longer)
+    monkeypatch.setattr(AudioFile, "decode", longer)
     batch = Collator(pad_id=specials.eot)([ds[j]])
     assert batch["dropped"] == [long.uid]
     assert batch["dropped_reasons"] == ["audio longer than its duration"]
@@ -47,18 +46,18 @@ def test_a_clip_whose_header_says_it_is_too_long_is_dropped_without_being_decode
     w = ds.windows[j]
     long = packing.base.utts[w.pieces[0].utt]  # hours long, its metadata said a second
     long_bytes = packing.base.split[long.row]["audio"]["bytes"]
-    real_header, real_decode = header_seconds, decode_audio
+    real_seconds, real_decode = AudioFile.seconds, AudioFile.decode
     decoded = []
 
-    def hours(audio):
-        return 36_000.0 if audio["bytes"] == long_bytes else real_header(audio)
+    def hours(self):
+        return 36_000.0 if self.source == long_bytes else real_seconds.fget(self)
 
-    def recording(source):
-        decoded.append(source == long_bytes)
-        return real_decode(source)
+    def recording(self, *args, **kwargs):
+        decoded.append(self.source == long_bytes)
+        return real_decode(self, *args, **kwargs)
 
-    monkeypatch.setattr("asrforge.data.packing.header_seconds", hours, raising=False)
-    monkeypatch.setattr("asrforge.data.packing.decode_audio", recording)
+    monkeypatch.setattr(AudioFile, "seconds", property(hours))
+    monkeypatch.setattr(AudioFile, "decode", recording)
     batch = Collator(pad_id=specials.eot)([ds[j]])
     assert batch["dropped"] == [long.uid]
     assert batch["dropped_reasons"] == ["audio longer than its duration"]

@@ -374,3 +374,58 @@ def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips
         f"data.languages ['German'] leaves out 48 of its 48 utterances, whose languages are "
         f"en ({n['en']}), es ({n['es']})"
     )
+
+
+def test_a_parquet_stream_reads_only_the_text_and_language_columns_in_one_pass(
+    tmp_path, clips, monkeypatch
+):
+    import pyarrow.parquet as pq
+
+    path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
+    stream = StreamedSplit(data_config(path, {**extra, "languages": ["English"]}), seed=0)
+    read = []
+    real = pq.ParquetFile.read_row_group
+
+    def spy(self, i, columns=None, **kwargs):
+        read.append(columns)
+        return real(self, i, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    train = by_split(clips, "train")
+    assert list(stream.texts()) == [r["text"] for r in train]
+    languages = [r["language"] for r in train]
+    assert stream.language_counts() == {lang: languages.count(lang) for lang in ("en", "es")}
+    assert stream.left_out() == {"es": languages.count("es")}
+    assert read == [["text", "language"]] * len(stream.shards)  # no audio column, no second pass
+
+
+def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard_once(
+    tmp_path, clips, monkeypatch
+):
+    from types import SimpleNamespace
+
+    import asrforge.data.stream as stream_module
+    from asrforge.train.setup import SplitTexts, run_tokenizer
+
+    path, _ = stream_source("jsonl files", tmp_path / "corpus", clips)
+    data = {"path": str(path), "stream": {"enabled": True}, "languages": ["English"]}
+    cfg = tiny_config(tmp_path / "run", path, data=data)
+    stream = StreamedSplit(cfg.data, seed=0)
+    read = []
+    real = stream_module.read_table
+    monkeypatch.setattr(stream_module, "read_table", lambda s, *a: read.append(s) or real(s, *a))
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    tok = run_tokenizer(cfg, tmp_path / "run", acc, SplitTexts(stream=stream))
+    assert tok.convert_tokens_to_ids("<|es|>") != tok.unk_token_id
+    assert stream.left_out() == {"es": sum(r["language"] == "es" for r in by_split(clips, "train"))}
+    assert read == stream.shards  # texts, languages and what the filter leaves out: one pass
+
+
+def test_a_line_that_is_not_utf8_in_a_later_shard_is_refused_when_the_stream_opens(tmp_path):
+    lines = [json.dumps({"audio_filepath": f"{i}.wav", "text": "la"}).encode() for i in range(20)]
+    lines[16] = lines[16].replace(b"la", b"caf\xe9")
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = DataConfig(path=path, language="en", stream={"enabled": True, "shard_rows": 7})
+    with pytest.raises(UserError, match=rf"^data.path: {path} line 17: not UTF-8 text"):
+        StreamedSplit(cfg, seed=0)

@@ -400,6 +400,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
+    # These pull in numpy and torch, which every `asrforge --help` would otherwise wait for.
     from asrforge.data.sources import reads_whole
     from asrforge.evaluation.evaluate import evaluate_split
 

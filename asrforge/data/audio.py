@@ -6,6 +6,8 @@ import io
 import math
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,17 +24,89 @@ def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np
     """Decode wav/flac/ogg/mp3 (whatever libsndfile reads) to mono float32 at ``target_sr``.
 
     Raises:
-        UserError: the file cannot be read, naming it.
+        UserError: the file is no regular file or cannot be read, naming it.
     """
-    name = "<bytes>" if isinstance(source, bytes) else str(source)
-    refuse_special_file(source)
+    with open_audio(source) as audio:
+        return audio.decode(target_sr)
+
+
+class AudioFile:
+    """An opened audio file or blob whose header is read and whose samples are not yet."""
+
+    def __init__(self, sound: sf.SoundFile, source: bytes | str | Path):
+        self.sound = sound
+        self.source = source
+        self.name = _source_name(source)
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.sound.samplerate)
+
+    @property
+    def seconds(self) -> float:
+        """The duration its header gives."""
+        return float(self.sound.frames) / float(self.sound.samplerate)
+
+    def decode(self, target_sr: int = SAMPLE_RATE) -> np.ndarray:
+        """(n_samples,) mono float32 at ``target_sr``.
+
+        Raises:
+            UserError: the samples cannot be read, naming the file.
+        """
+        try:
+            wave = self.sound.read(dtype="float32", always_2d=True)
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+            raise UserError(f"cannot read audio {self.name}: {e}") from None
+        wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+        return resample(wave, self.sample_rate, target_sr)
+
+
+@contextmanager
+def open_audio(source: bytes | str | Path) -> Iterator[AudioFile]:
+    """Open ``source`` once: its header is read, its samples only when asked for.
+
+    A path is opened non-blocking and checked with ``fstat`` on that descriptor before anything
+    is read, so a FIFO never waits for a writer and a device is never read without end.
+
+    Raises:
+        UserError: ``source`` is missing, no regular file, or its header cannot be read.
+    """
+    name = _source_name(source)
+    fd = None if isinstance(source, bytes) else _open_regular(name)
     try:
-        handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
-        wave, sr = sf.read(handle, dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        raise UserError(f"cannot read audio {name}: {e}") from None
-    wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
-    return resample(wave, sr, target_sr)
+        try:
+            sound = sf.SoundFile(io.BytesIO(source) if fd is None else fd, closefd=False)
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+            reason = e.error_string if isinstance(e, sf.LibsndfileError) else e
+            raise UserError(f"cannot read audio {name}: {reason}") from None
+        with sound:
+            if sound.samplerate <= 0:
+                raise UserError(f"cannot read audio {name}: sample rate {sound.samplerate}")
+            yield AudioFile(sound, source)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _source_name(source: bytes | str | Path) -> str:
+    """How an error message names ``source``."""
+    return "<bytes>" if isinstance(source, bytes) else str(source)
+
+
+def _open_regular(path: str) -> int:
+    """A blocking read descriptor of the regular file ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise UserError(f"cannot read audio {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"cannot read audio {path}: not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def is_special_file(source: bytes | str | Path) -> bool:
@@ -44,16 +118,6 @@ def is_special_file(source: bytes | str | Path) -> bool:
         return not stat.S_ISREG(os.stat(source).st_mode)
     except OSError:  # missing or unreachable: the decoder's own error names it
         return False
-
-
-def refuse_special_file(source: bytes | str | Path) -> None:
-    """Raise before ``source`` is opened when it is no regular file (see :func:`is_special_file`).
-
-    Raises:
-        UserError: naming the file.
-    """
-    if is_special_file(source):
-        raise UserError(f"cannot read audio {source}: not a regular file")
 
 
 def audio_problem(wave: np.ndarray) -> str | None:
@@ -74,12 +138,10 @@ def audio_info(source: bytes | str | Path) -> tuple[int, float]:
     """(sample rate, duration in seconds) from the header only.
 
     Raises:
-        UserError: ``source`` is no regular file (it is never opened).
+        UserError: ``source`` is missing, no regular file (it is never read), or unreadable.
     """
-    refuse_special_file(source)
-    handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
-    info = sf.info(handle)
-    return int(info.samplerate), float(info.frames) / float(info.samplerate)
+    with open_audio(source) as audio:
+        return audio.sample_rate, audio.seconds
 
 
 def resample(wave: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:

@@ -327,9 +327,9 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
     by_seconds = rules.seconds_problems(seconds)
     reasons = [EMPTY_TEXT, *by_seconds]
-    # the later reason wins: the durations' in their order, then empty text
     for k, rows in enumerate(by_seconds.values(), start=2):
-        reason[rows & (reason == 0)] = k
+        reason[rows] = k
+    # Empty text is named over a duration's problem because utterance_problem checks it first.
     reason[empty] = 1
     reason[~wanted] = 0
     for k, why in enumerate(reasons, start=1):

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from asrforge.config import PackConfig
-from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.audio import SAMPLE_RATE, open_audio
 from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
 from asrforge.data.targets import (
@@ -39,7 +39,7 @@ from asrforge.data.targets import (
     previous_text,
     window_targets,
 )
-from asrforge.data.utterances import UtteranceTable, header_seconds
+from asrforge.data.utterances import UtteranceTable
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -364,14 +364,14 @@ class PackedWindows(Dataset):
             u = base.utts[p.utt]
             audio = base.split[u.row]["audio"]
             try:
-                # the header first: a clip hours longer than its duration said is never decoded
-                n = round(header_seconds(audio) * SAMPLE_RATE)
-                if (aug.n_samples(u.uid, base.epoch, n) if augmenting else n) > (
-                    p.n_samples + LENGTH_SLACK
-                ):
+                # A clip whose header says it is longer than its planned span is never decoded.
+                with open_audio(audio.get("bytes") or audio.get("path")) as opened:
+                    n = round(opened.seconds * SAMPLE_RATE)
+                    n = aug.n_samples(u.uid, base.epoch, n) if augmenting else n
+                    clip = None if n > p.n_samples + LENGTH_SLACK else opened.decode()
+                if clip is None:
                     failed[p.utt] = LONGER_THAN_DURATION
                     continue
-                clip = decode_audio(audio.get("bytes") or audio.get("path"))
                 if not np.isfinite(clip).all():
                     raise ValueError("non-finite samples")
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains

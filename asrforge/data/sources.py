@@ -397,9 +397,8 @@ def standardize(
 
     _refuse_headerless(ds, where, section=section)
     found = {
-        key: find_column(
-            ds, key, getattr(cfg.columns, key), where, required=key in required, section=section
-        )
+        key: find_column(ds.column_names, key, getattr(cfg.columns, key), where,
+                         required=key in required, section=section)  # fmt: skip
         for key in ("audio", "text", "language", "id", "duration")
     }
     if language is None and found["language"] is None:
@@ -560,11 +559,16 @@ def _audio_column(ds, column: str, *, where: str, section: str = "data") -> tupl
 
 
 def find_column(
-    ds, key: str, named: str | None, where: str, *, required: bool, section: str = "data"
+    columns: list[str],
+    key: str,
+    named: str | None,
+    where: str,
+    *,
+    required: bool,
+    section: str = "data",
 ) -> str | None:
-    """The column of ``ds`` holding ``key`` (``audio``, ``text``, ...), or None for an optional one;
-    ``section.columns.<key>`` names it in messages."""
-    columns = ds.column_names
+    """Which of the data's ``columns`` holds ``key`` (``audio``, ``text``, ...), or None for an
+    optional one; ``section.columns.<key>`` names it in messages."""
     if named is not None:
         if named not in columns:
             raise UserError(

@@ -4,9 +4,10 @@ an uninterrupted one would have.
 
 Shards. A directory's ``train*`` files (as :mod:`asrforge.data.sources` splits them), or one
 manifest file: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of
-a JSONL file (found by counting newlines, which reads the bytes once and keeps one offset per
-shard). Row counts come from that index and from file metadata, so the epoch's length is known
-before step 1 without reading a clip; only csv/tsv files are parsed once to count their rows.
+a JSONL file (found by counting newlines, which reads the bytes once, checks they are UTF-8 and
+keeps one offset per shard). Row counts come from that index and from file metadata, so the
+epoch's length is known before step 1 without reading a clip; only csv/tsv files are parsed once
+to count their rows.
 
 Order. Epoch ``e``: the shards in the order ``permutation(seed, e)``, grouped in blocks of
 ``data.stream.shuffle_shards``; the rows of each block in the order ``permutation(seed, e,
@@ -39,12 +40,13 @@ are lost when resuming and the buffers are refilled with new data" (``iterable_d
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +66,6 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.sources import (
     check_data_path,
-    check_utf8,
     find_column,
     format_of,
     language_code,
@@ -152,6 +153,8 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
                     for g in range(meta.num_row_groups)]  # fmt: skip
         if fmt == "json":
             return _jsonl_shards(path, shard_rows)
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
         raise unreadable(str(path), fmt, e) from None
     return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
@@ -159,11 +162,18 @@ def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
 
 def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     """Shards of ``shard_rows`` lines: one pass over the bytes counting newlines, keeping only
-    the offsets where a shard starts (memory grows with the shards, not the lines)."""
+    the offsets where a shard starts (memory grows with the shards, not the lines), and checking
+    they are UTF-8 text, which pyarrow's JSON reader would keep in its string columns.
+
+    Raises:
+        UserError: a line is not UTF-8, naming it.
+    """
     starts, lines, offset = [0], 0, 0
     last = b"\n"
+    utf8 = codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
+            _check_utf8(utf8, chunk, path)
             newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
             # line number (1-based, counted from the file's start) each newline ends
             ends = lines + 1 + np.arange(len(newlines))
@@ -172,6 +182,7 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
             lines += len(newlines)
             offset += len(chunk)
             last = chunk[-1:]
+    _check_utf8(utf8, b"", path, final=True)
     if last != b"\n":  # a last line without a newline
         lines += 1
     if starts[-1] >= offset:  # the file ends at a shard's start: no shard there
@@ -186,15 +197,33 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     return shards
 
 
-def read_table(shard: Shard):
-    """The rows of ``shard`` as a pyarrow table (every column, as the file has them).
+def _check_utf8(decoder, chunk: bytes, path: Path, *, final: bool = False) -> None:
+    try:
+        decoder.decode(chunk, final)
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            line = utf8_problem(f, path)
+        raise UserError(f"data.path: {line or f'{path}: not UTF-8 text ({e})'}") from None
+
+
+def read_table(shard: Shard, keep: Callable[[list[str]], list[str]] | None = None):
+    """The rows of ``shard`` as a pyarrow table: every column as the file has them, or those
+    ``keep`` picks from the file's column names (a parquet row group then reads them alone,
+    leaving its audio bytes on disk).
 
     Raises:
         UserError: the file cannot be read (in the words ``sources`` uses for a split read
-            whole), or a JSONL line is no JSON object or no UTF-8 text.
+            whole), or a JSONL line is no JSON object.
     """
     try:
-        return _read_table(shard)
+        if shard.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            file = pq.ParquetFile(shard.path)
+            columns = None if keep is None else keep(file.schema_arrow.names)
+            return file.read_row_group(shard.group, columns=columns)
+        table = _read_table(shard)
+        return table if keep is None else table.select(keep(table.column_names))
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
@@ -204,10 +233,6 @@ def read_table(shard: Shard):
 def _read_table(shard: Shard):
     import pyarrow as pa
 
-    if shard.fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(shard.path).read_row_group(shard.group)
     if shard.fmt == "arrow":  # datasets writes the IPC stream format; others write the file one
         with pa.memory_map(shard.path) as source:
             try:
@@ -247,7 +272,6 @@ def _json_table(shard: Shard):
         table = None
     if table is None or table.num_rows != shard.rows:
         table = pa.Table.from_pylist(_json_rows(shard, data))
-    check_utf8(table, lambda: utf8_problem(data.split(b"\n"), shard.path, shard.first_line))
     return table
 
 
@@ -352,6 +376,13 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     return Utterance(0, uid, lang, text.strip(), prompt, text_ids, audio_key(audio), seconds)
 
 
+def _count_languages(counts: Counter, column) -> None:
+    """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
+    values, index = dictionary_encoded(column)
+    for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
+        counts[data_language(value)] += int(n)
+
+
 # -- the stream ------------------------------------------------------------------------------
 
 
@@ -381,6 +412,10 @@ class StreamedSplit:
         self.epoch = 0
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
+        # With data.language set every row has it; otherwise the shards are counted when asked.
+        self._language_counts = (
+            Counter({self.language: len(self)}) if self.language is not None else None
+        )
         first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
         self.languages.update(data_language(x) for x in first["language"])
 
@@ -414,12 +449,33 @@ class StreamedSplit:
         finally:
             sources_log.setLevel(level)
 
+    def read_columns(self, shard: Shard, keys: list[str]) -> list:
+        """The pyarrow columns of ``shard`` holding ``keys`` (``text``, ``language``), in that
+        order, not standardized; a parquet file reads these alone."""
+        found: dict[str, str] = {}
+
+        def keep(names: list[str]) -> list[str]:
+            for key in keys:
+                named = getattr(self.cfg.columns, key)
+                found[key] = find_column(names, key, named, shard.path, required=True)
+            return list(dict.fromkeys(found.values()))
+
+        table = read_table(shard, keep)
+        return [table.column(found[key]) for key in keys]
+
     def texts(self) -> Iterator[str | None]:
-        """Every transcript, shard by shard in file order (a tokenizer trained here reads them)."""
-        for shard in self.shards:  # the text column alone, not standardized: 1M JSONL lines 0.8 s
-            table = read_table(shard)
-            column = find_column(table, "text", self.cfg.columns.text, shard.path, required=True)
-            yield from table.column(column).to_pylist()
+        """Every transcript, shard by shard in file order (a tokenizer trained here reads them);
+        a pass to the end counts the rows per language too, which :meth:`language_counts` then
+        gives without reading the shards again."""
+        counting = self._language_counts is None
+        counts: Counter = Counter()
+        for shard in self.shards:
+            columns = self.read_columns(shard, ["text", "language"] if counting else ["text"])
+            if counting:
+                _count_languages(counts, columns[1])
+            yield from columns[0].to_pylist()
+        if counting:
+            self._language_counts = counts
 
     def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,
                 max_seconds: float) -> None:  # fmt: skip
@@ -449,19 +505,14 @@ class StreamedSplit:
         return {lang: n for lang, n in counts.items() if n and lang not in keep}
 
     def language_counts(self) -> Counter:
-        """Rows per language code over every shard (their language column alone is read)."""
-        counts: Counter = Counter()
-        if self.language is not None:  # data.language: every row's
-            counts[self.language] = len(self)
-        for shard in self.shards if self.language is None else []:
-            table = read_table(shard)
-            column = find_column(
-                table, "language", self.cfg.columns.language, shard.path, required=True
-            )
-            values, index = dictionary_encoded(table.column(column))
-            for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
-                counts[data_language(value)] += int(n)
-        return counts
+        """Rows per language code over every shard (their language column alone is read, once
+        a run)."""
+        if self._language_counts is None:
+            counts: Counter = Counter()
+            for shard in self.shards:
+                _count_languages(counts, self.read_columns(shard, ["language"])[0])
+            self._language_counts = counts
+        return Counter(self._language_counts)
 
     def batches_per_epoch(self, rank: int, world: int) -> int:
         return local_batches(len(self), self.cfg.batch_size, rank, world)

@@ -10,15 +10,13 @@ from __future__ import annotations
 import io
 import logging
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from asrforge.errors import UserError
-from asrforge.io.atomic import directory_problem
+from asrforge.io.atomic import atomic_directory, directory_problem, remove_path, temporaries_of
 from asrforge.io.locks import exclusive
 
 log = logging.getLogger(__name__)
@@ -64,15 +62,12 @@ def make_tones_dataset(path: Path, seed: int = 1234, sizes: dict[str, int] | Non
         if path.exists():
             log.info("the tones data set at %s is there already (another run made it)", path)
             return path
+        # Holding the lock makes this the only writer of `path`, so a temporary is a dead one's.
+        for leftover in temporaries_of(path):
+            remove_path(leftover)
         splits = tone_splits(seed, sizes)
-        # a name of its own: a temporary directory another run also writes is no copy at all
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent))
-        try:
+        with atomic_directory(path) as tmp:
             splits.save_to_disk(str(tmp))
-            tmp.rename(path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # no half-written copy left beside `path`
-            raise
     log.info("generated the tones data set at %s (%s)", path, {k: len(v) for k, v in splits.items()})
     return path
 

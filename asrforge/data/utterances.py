@@ -28,8 +28,8 @@ from asrforge.data.audio import (
     SAMPLE_RATE,
     audio_info,
     audio_problem,
-    decode_audio,
     is_special_file,
+    open_audio,
 )
 from asrforge.errors import UserError
 
@@ -207,12 +207,14 @@ def read_audio(audio, max_seconds: float | None = None) -> np.ndarray:
     src = audio_source(audio)
     if src is None:
         raise UnusableAudio(UNREADABLE)
-    if max_seconds is not None and header_seconds(audio) > max_seconds:
-        raise UnusableAudio(long_audio(max_seconds), src)
     try:
-        wave = decode_audio(src)
+        with open_audio(src) as opened:
+            too_long = max_seconds is not None and opened.seconds > max_seconds
+            wave = None if too_long else opened.decode()
     except UserError:
         raise UnusableAudio(file_problem(src) or UNREADABLE, src) from None
+    if wave is None:
+        raise UnusableAudio(long_audio(max_seconds), src)
     problem = audio_problem(wave)
     if problem is not None:
         raise UnusableAudio(problem, src)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -28,6 +29,14 @@ OLD_PREFIX = ".old-"
 def temp_sibling(final: Path, prefix: str = TMP_PREFIX) -> Path:
     """A fresh hidden name next to ``final``: ``<prefix><name>-<pid>-<rand>``."""
     return final.parent / f"{prefix}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def temporaries_of(final: Path) -> list[Path]:
+    """The temporaries that writers of ``final`` killed mid-write left beside it (the names
+    :func:`temp_sibling` gives), for a caller that knows it is the only writer of ``final``."""
+    final = Path(final)
+    name = re.compile(rf"{re.escape(TMP_PREFIX + final.name)}-\d+-[0-9a-f]{{8}}")
+    return sorted(p for p in final.parent.glob(f"{TMP_PREFIX}*") if name.fullmatch(p.name))
 
 
 def describe_os_error(e: OSError) -> str:

@@ -575,7 +575,8 @@ class SplitTexts:
             yield from batch["text"]
 
     def languages(self) -> set[str]:
-        """The language codes of the training and evaluation splits (their language columns)."""
+        """The language codes of the training and evaluation splits (their language columns; a
+        stream's were counted by a pass over its texts, when one was made)."""
         found = set(self.stream.language_counts()) if self.stream else split_languages(self.split)
         return found | (split_languages(self.eval_split) if self.eval_split is not None else set())
 
@@ -594,8 +595,10 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
     stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
     if tokenizer is None and acc.is_main_process:
+        # The texts are read first because a stream counts its languages on that same pass.
+        texts = list(train_texts) if scratch else train_texts
         languages = train_texts.languages() if scratch else ()
-        tokenizer = build_tokenizer(cfg.model, train_texts, timestamps=stamps, languages=languages)
+        tokenizer = build_tokenizer(cfg.model, texts, timestamps=stamps, languages=languages)
         with atomic_directory(tok_dir) as tmp:
             save_tokenizer(tokenizer, tmp)
     acc.wait_for_everyone()
