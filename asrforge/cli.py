@@ -97,12 +97,23 @@ def _run_train(args) -> int:
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
+    _close_process_group()
     if not is_rank_zero():  # the console is rank zero's
         return 1 if result.status == "diverged" else 0
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
         print(f"asrforge: {_describe_best(result)}")
     return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(result.status, 0)
+
+
+def _close_process_group() -> None:
+    """End this process's part in a finished multi-process run, every rank having passed the
+    run's last barrier: a process group left to the interpreter's exit can abort the process
+    from gloo's threads ("terminate called without an active exception")."""
+    import torch.distributed as dist  # torch is loaded by now: the run used it
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _describe_best(result) -> str:
