@@ -12,6 +12,10 @@ Two workloads:
   English speech synthesized with espeak-ng;
 * quick: a from-scratch 2+2-layer d_model 64 model on 2 s windows and the tones data set (English
   utterances only), for smoke tests: no espeak-ng and no tiny.en needed.
+
+``bench/gpu_check.py`` adds Whisper base- and small-shaped models with random weights and
+Whisper's vocabulary size (:func:`whisper_shape_model`, :func:`whisper_sized_tokenizer`) on
+10-20 s clips of tone words (:func:`make_tone_clips_dataset`), with nothing to download.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import shutil
 import subprocess
@@ -44,8 +49,9 @@ from asrforge.data.dataset import (
     load_arrow,
     prepare_split,
 )
-from asrforge.data.synth import make_tones_dataset
+from asrforge.data.synth import WORDS, make_tones_dataset, tone_audio
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer
+from asrforge.model.tokenizer import EOT, TIME_PRECISION, language_specials
 
 # English sentences for espeak-ng; each is 2-6 s of speech at 150 words per minute.
 SENTENCES = [
@@ -500,3 +506,92 @@ def training_sizes(quick: bool, batch_size: int, n_steps: int) -> dict[str, int]
     set for ``--quick`` is a third Spanish, filtered out, and small (later epochs reshuffle it
     on every side alike)."""
     return {"train": 24, "validation": 6} if quick else {"train": batch_size * n_steps, "validation": 4}
+
+
+# ---------------------------------------------------------------------------------------------
+# Whisper-sized shapes with random weights (bench/gpu_check.py)
+
+WHISPER_SHAPES = {
+    "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048},
+    "small": {"d_model": 768, "layers": 12, "heads": 12, "ffn": 3072},
+}
+"""Whisper base and small: width, layers (encoder and decoder each), heads, FFN width."""
+WHISPER_VOCAB = 51865
+
+
+def make_tone_clips_dataset(path: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """An Arrow ``DatasetDict`` at ``path`` in ``asrforge.data.synth``'s layout: each clip 40-75
+    English tone words (a chord per word, silence between, light noise), 10-20 s."""
+    import datasets
+    from datasets import Audio, Dataset, DatasetDict, Features, Value
+
+    datasets.disable_progress_bars()
+    rng, words = np.random.default_rng(seed), WORDS["en"]
+    feats = Features(
+        {"id": Value("string"), "audio": {"bytes": Value("binary"), "path": Value("string")},
+         "text": Value("string"), "language": Value("string")}
+    )  # fmt: skip
+    splits = {}
+    for split, n in sizes.items():
+        rows: dict[str, list] = {"id": [], "audio": [], "text": [], "language": []}
+        for i in range(n):
+            text = " ".join(rng.choice(words, size=int(rng.integers(40, 76))))
+            buf = io.BytesIO()
+            sf.write(buf, tone_audio(text, rng), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+            rows["id"].append(f"{split}-{i:05d}")
+            rows["audio"].append({"bytes": buf.getvalue(), "path": None})
+            rows["text"].append(text)
+            rows["language"].append("en")
+        ds = Dataset.from_dict(rows, features=feats)
+        splits[split] = ds.cast_column("audio", Audio(sampling_rate=SAMPLE_RATE, decode=False))
+    DatasetDict(splits).save_to_disk(str(path))
+    return path
+
+
+def whisper_sized_tokenizer(texts: list[str], out: Path, vocab_size: int = WHISPER_VOCAB) -> Path:
+    """A Whisper tokenizer of ``vocab_size`` tokens saved at ``out``: a byte-level BPE trained on
+    ``texts``, padded with tokens no merge reaches (so the embedding and the output projection
+    have Whisper's size), then Whisper's special tokens and 30 s of timestamp tokens."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import WhisperTokenizer
+
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False)
+    bpe.train_from_iterator(
+        texts, vocab_size=400, min_frequency=2, show_progress=False, special_tokens=[EOT]
+    )
+    state = json.loads(bpe._tokenizer.to_str())["model"]
+    vocab: dict[str, int] = state["vocab"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    timestamps = [f"<|{i * TIME_PRECISION:.2f}|>" for i in range(1501)]
+    base = len(vocab)
+    # "\u0100" is a byte symbol that no merge produces: these tokens are never emitted
+    for i in range(vocab_size - len(language_specials()) - len(timestamps) - base):
+        vocab[f"\u0100unused{i}"] = base + i
+    tok = WhisperTokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": language_specials()})
+    tok.add_tokens(timestamps)
+    tok.pad_token = EOT
+    if len(tok) != vocab_size:
+        raise RuntimeError(f"tokenizer has {len(tok)} tokens, not {vocab_size}")
+    tok.save_pretrained(str(out))
+    return out
+
+
+def whisper_shape_model(shape: str, tokenizer: Path | None) -> dict:
+    """The ``model`` config: a named Whisper shape (30 s windows) or the quick 2+2 d_model 64."""
+    if shape == "quick":
+        return quick_model(max_source_positions=100, max_target_positions=32)
+    s = WHISPER_SHAPES[shape]
+    return {
+        "d_model": s["d_model"],
+        "encoder_layers": s["layers"],
+        "decoder_layers": s["layers"],
+        "encoder_attention_heads": s["heads"],
+        "decoder_attention_heads": s["heads"],
+        "encoder_ffn_dim": s["ffn"],
+        "decoder_ffn_dim": s["ffn"],
+        "num_mel_bins": 80,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+        "tokenizer": str(tokenizer),
+    }

@@ -218,3 +218,54 @@ def test_bench_startup_reaches_the_first_step_on_each_side(tmp_path, capsys):
     assert len(lines) == 200 and len({json.loads(x)["text"] for x in lines}) > 100
     assert json.loads((tmp_path / "startup.json").read_text())["rows"] == out["rows"]
     assert "RESULT startup lines=200 cache=cold seconds asrforge/map=" in capsys.readouterr().out
+
+
+GPU_CHECK_QUICK = ["--device", "cpu", "--quick", "--warmup", "1", "--steps", "2"]
+
+
+def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
+    """The GPU check's whole logic on the CPU: every check of every precision has its row in the
+    printed table, the file and the JSON, with positive timings and one host read per step."""
+    import json
+
+    import gpu_check
+
+    out = tmp_path / "gpu_check.md"
+    summary = gpu_check.main([*GPU_CHECK_QUICK, "--out", str(out), "--work-dir", str(tmp_path)])
+    rows = {(r["check"], r["case"]): r for r in summary["rows"]}
+    expected = {(c, f"quick {p}") for c in ("clean", "train", "data", "reads", "memory")
+                for p in ("fp16", "bf16")} | {("eval", "quick fp32")}  # fmt: skip
+    assert set(rows) == expected and len(summary["rows"]) == len(expected)
+    assert json.loads(out.with_suffix(".json").read_text())["rows"] == json.loads(
+        json.dumps(summary["rows"], default=float)
+    )
+    table, printed = out.read_text(), capsys.readouterr().out
+    for r in summary["rows"]:
+        line = f"| {r['check']} | {r['case']} | {r['measured']} | {gpu_check.GOALS[r['check']]} |"
+        assert line in table and line in printed
+        assert not r["measured"].startswith(("skipped", "error")), r["measured"]
+    for p in ("fp16", "bf16"):
+        assert rows["clean", f"quick {p}"]["met"] is True
+        train = rows["train", f"quick {p}"]["raw"]
+        assert train["asrforge"] > 0 and train["hf"] > 0 and train["same_init"]
+        assert 0 <= rows["data", f"quick {p}"]["raw"]["share"] < 1
+        # the loss and the gradient norm come back in one read (tests/test_host_reads.py)
+        assert rows["reads", f"quick {p}"]["raw"]["per_step"] == 1
+        assert rows["memory", f"quick {p}"]["raw"]["predicted"] > 0
+    assert rows["clean", "quick fp16"]["raw"]["grad_scale"] > 0  # the loss scaler is on
+    ev = rows["eval", "quick fp32"]["raw"]
+    assert min(ev["asrforge_s"], ev["hf_s"], ev["generate_s"]) > 0
+    assert ev["same_as_hf"] == ev["same_as_generate"] == ev["n"] == 4
+    assert f"RESULT gpu_check goals_met={summary['goals_met']}/9" in printed
+
+
+def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
+    import gpu_check
+
+    out = tmp_path / "gpu_check.md"
+    summary = gpu_check.main(
+        [*GPU_CHECK_QUICK, "--budget-seconds", "0", "--out", str(out), "--work-dir", str(tmp_path)]
+    )
+    assert len(summary["rows"]) == 11 and summary["goals_measured"] == 0
+    assert all(r["measured"] == "skipped: time budget" for r in summary["rows"])
+    assert out.read_text().count("skipped: time budget") == 11
