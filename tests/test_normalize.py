@@ -81,6 +81,15 @@ def test_output_shape(text, language):
         assert all(unicodedata.category(c)[0] not in "PS" for c in out)
 
 
+@pytest.mark.parametrize(
+    ("text", "settled"), [("O1", "one"), ("o 1", "one"), ("zero one", "one"), ("O¢", "0")]
+)
+def test_english_rewrites_that_feed_each_other_are_applied_until_the_text_settles(text, settled):
+    # Whisper's own rewriting turns "o1" into "0 one", and that into "one"; "o¢" loses its
+    # symbol after the numbers were rewritten, leaving "o", which is "0".
+    assert normalize(text, "en") == normalize(normalize(text, "en"), "en") == settled
+
+
 @settings(max_examples=300, deadline=None)
 @given(_text, st.sampled_from(["en", "de", "hi", "th"]))
 def test_idempotent(text, language):

@@ -117,6 +117,17 @@ def _normalize_basic(text: str) -> str:
 
 
 def _normalize_english(text: str) -> str:
+    # A few rewrites feed each other ("o¢" -> "o" -> "0"; Whisper's "o1" -> "0 one" -> "one"),
+    # so the pass repeats until the text settles: normalized text must normalize to itself.
+    for _ in range(4):
+        once = _normalize_english_once(text)
+        if once == text:
+            break
+        text = once
+    return text
+
+
+def _normalize_english_once(text: str) -> str:
     # NFKC first, so compatibility forms ("𝐀", "ﬁ") are lower-cased like their plain letters
     text = unicodedata.normalize("NFKC", text)
     text = text.translate(_INVISIBLE).translate(_APOSTROPHES).lower()
