@@ -57,12 +57,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_runs import free_memory, memory_model, run_asrforge_train, run_eval, run_hf_train  # noqa: E402
 from workload import (  # noqa: E402 - the bench directory is not a package
     build_workload,
+    make_config,
     make_tone_clips_dataset,
     whisper_shape_model,
     whisper_sized_tokenizer,
 )
 
-from asrforge.config import TrainConfig, load_config  # noqa: E402
+from asrforge.config import TrainConfig  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.workers import worker_count  # noqa: E402
 
@@ -113,24 +114,11 @@ class Progress:
 
 def make_cfg(args, out: Path, data: Path, model: dict, precision: str, steps: int) -> TrainConfig:
     """asrforge's config: ``precision``, no evaluation, no checkpoints, ``num_workers: auto``."""
-    return load_config(
-        data={
-            "output_dir": str(out),
-            "seed": 0,
-            "model": model,
-            "data": {
-                "path": str(data),
-                "batch_size": args.batch_size,
-                "eval_batch_size": args.eval_batch_size,
-                "num_workers": "auto",
-                "languages": ["en"],
-            },
-            "optim": {"lr": 1e-5, "weight_decay": 0.01, "betas": [0.9, 0.98], "eps": 1e-8,
-                      "schedule": "cosine", "warmup_steps": 2, "clip_grad_norm": 1.0},
-            "train": {"max_steps": steps, "precision": precision, "device": args.device},
-            "eval": {"eval_steps": None, "at_end": False, "max_new_tokens": args.max_new_tokens},
-            "checkpoint": {"save_on_eval": False, "checkpoint_every": None},
-        }
+    return make_config(
+        out, out, data, quick=False, batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size, num_workers="auto", max_steps=steps,
+        max_new_tokens=args.max_new_tokens, precision=precision, model=model,
+        device=args.device, log_every=10,
     )  # fmt: skip
 
 

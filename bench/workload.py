@@ -114,6 +114,25 @@ def make_speech_dataset(path: Path, sizes: dict[str, int]) -> Path:
     through :data:`SENTENCES` with the first voice; ``train`` cycles through sentences and the
     other voices, so the two share no clip.
     """
+
+    def clip(split: str, i: int) -> tuple[str, np.ndarray]:
+        text = SENTENCES[i % len(SENTENCES)]
+        if split == "validation":
+            voice, wpm = VOICES[0]
+        else:
+            voice, wpm = VOICES[1 + (i // len(SENTENCES)) % (len(VOICES) - 1)]
+        return text, synthesize(text, voice, wpm)
+
+    return write_clips(path, sizes, clip)
+
+
+def write_clips(path: Path, sizes: dict[str, int], clip) -> Path:
+    """Write English clips as an Arrow ``DatasetDict`` at ``path`` (through a temporary sibling):
+    ``clip(split, i)`` gives the i-th clip of a split as ``(text, 16 kHz waveform)``.
+
+    Columns ``id``, ``audio`` ({"bytes", "path"} cast to ``datasets.Audio(decode=False)``),
+    ``text``, ``language``: the layout of ``asrforge.data.synth``.
+    """
     import datasets
     from datasets import Audio, Dataset, DatasetDict, Features, Value
 
@@ -128,15 +147,11 @@ def make_speech_dataset(path: Path, sizes: dict[str, int]) -> Path:
     )
     splits = {}
     for split, n in sizes.items():
-        rows = {"id": [], "audio": [], "text": [], "language": []}
+        rows: dict[str, list] = {"id": [], "audio": [], "text": [], "language": []}
         for i in range(n):
-            text = SENTENCES[i % len(SENTENCES)]
-            if split == "validation":
-                voice, wpm = VOICES[0]
-            else:
-                voice, wpm = VOICES[1 + (i // len(SENTENCES)) % (len(VOICES) - 1)]
+            text, wave = clip(split, i)
             buf = io.BytesIO()
-            sf.write(buf, synthesize(text, voice, wpm), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+            sf.write(buf, wave, SAMPLE_RATE, format="WAV", subtype="PCM_16")
             rows["id"].append(f"{split}-{i:05d}")
             rows["audio"].append({"bytes": buf.getvalue(), "path": None})
             rows["text"].append(text)
@@ -213,18 +228,22 @@ def make_config(
     quick: bool,
     batch_size: int,
     eval_batch_size: int | None = None,
-    num_workers: int = 0,
+    num_workers: int | str = 0,
     max_steps: int = 12,
     max_new_tokens: int = 128,
     lr: float = 1e-5,
     warmup_steps: int = 2,
     precision: str = "no",
+    model: dict | None = None,
+    device: str = "cpu",
+    log_every: int = 1,
 ) -> TrainConfig:
     """The asrforge config of the workload: fp32 (or ``precision``), no eval during training, no
-    checkpoints at evaluations, eval at the end off (the transformers side gets the same settings)."""
-    if quick:
+    checkpoints at evaluations, eval at the end off (the transformers side gets the same settings).
+    ``model``: the model section (default tiny.en, or the quick model with ``quick``)."""
+    if model is None and quick:
         model = quick_model(max_source_positions=100, max_target_positions=32)
-    else:
+    elif model is None:
         model = {"pretrained": str(tiny_en_dir(work))}
     return load_config(
         data={
@@ -247,7 +266,12 @@ def make_config(
                 "warmup_steps": warmup_steps,
                 "clip_grad_norm": 1.0,
             },
-            "train": {"max_steps": max_steps, "precision": precision, "device": "cpu", "log_every": 1},
+            "train": {
+                "max_steps": max_steps,
+                "precision": precision,
+                "device": device,
+                "log_every": log_every,
+            },
             "eval": {"eval_steps": None, "at_end": False, "max_new_tokens": max_new_tokens},
             "checkpoint": {"save_on_eval": False, "checkpoint_every": None},
         }
@@ -522,30 +546,13 @@ WHISPER_VOCAB = 51865
 def make_tone_clips_dataset(path: Path, sizes: dict[str, int], seed: int = 0) -> Path:
     """An Arrow ``DatasetDict`` at ``path`` in ``asrforge.data.synth``'s layout: each clip 40-75
     English tone words (a chord per word, silence between, light noise), 10-20 s."""
-    import datasets
-    from datasets import Audio, Dataset, DatasetDict, Features, Value
-
-    datasets.disable_progress_bars()
     rng, words = np.random.default_rng(seed), WORDS["en"]
-    feats = Features(
-        {"id": Value("string"), "audio": {"bytes": Value("binary"), "path": Value("string")},
-         "text": Value("string"), "language": Value("string")}
-    )  # fmt: skip
-    splits = {}
-    for split, n in sizes.items():
-        rows: dict[str, list] = {"id": [], "audio": [], "text": [], "language": []}
-        for i in range(n):
-            text = " ".join(rng.choice(words, size=int(rng.integers(40, 76))))
-            buf = io.BytesIO()
-            sf.write(buf, tone_audio(text, rng), SAMPLE_RATE, format="WAV", subtype="PCM_16")
-            rows["id"].append(f"{split}-{i:05d}")
-            rows["audio"].append({"bytes": buf.getvalue(), "path": None})
-            rows["text"].append(text)
-            rows["language"].append("en")
-        ds = Dataset.from_dict(rows, features=feats)
-        splits[split] = ds.cast_column("audio", Audio(sampling_rate=SAMPLE_RATE, decode=False))
-    DatasetDict(splits).save_to_disk(str(path))
-    return path
+
+    def clip(split: str, i: int) -> tuple[str, np.ndarray]:
+        text = " ".join(rng.choice(words, size=int(rng.integers(40, 76))))
+        return text, tone_audio(text, rng)
+
+    return write_clips(path, sizes, clip)
 
 
 def whisper_sized_tokenizer(texts: list[str], out: Path, vocab_size: int = WHISPER_VOCAB) -> Path:
