@@ -41,7 +41,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 )
 
 from asrforge.config import TrainConfig, load_config  # noqa: E402
-from asrforge.data.encoder_cache import EncoderCache  # noqa: E402
+from asrforge.data.cache.encoder import EncoderCache  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 

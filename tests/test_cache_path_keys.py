@@ -10,8 +10,8 @@ import soundfile as sf
 from transformers import WhisperFeatureExtractor
 
 from asrforge.config import DataConfig
+from asrforge.data.cache.features import FeatureCache
 from asrforge.data.dataset import SpeechDataset, prepare_split
-from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.sources import load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from transformers import WhisperFeatureExtractor
 
+from asrforge.data.cache.features import FeatureCache, trim, untrim
 from asrforge.data.dataset import SpeechDataset, load_arrow, prepare_split
-from asrforge.data.feature_cache import FeatureCache, trim, untrim
 from asrforge.errors import UserError
 from asrforge.model.build import build_model, build_tokenizer
 from tests.conftest import tiny_config
@@ -152,7 +152,7 @@ def test_a_build_never_removes_a_data_file_another_run_reads(tones_dir, tmp_path
 
 
 def test_killed_builds_leave_temporaries_the_next_build_removes(tmp_path):
-    from asrforge.data.cache_files import SharedData, remove_unused
+    from asrforge.data.cache.files import SharedData, remove_unused
 
     (tmp_path / "values-current.f32").write_bytes(b"\0" * 8)
     (tmp_path / ".values-killed.f32").write_bytes(b"\0" * 8)  # its writer is gone: no lock

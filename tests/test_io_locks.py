@@ -70,7 +70,7 @@ def no_flock(monkeypatch):
 
 
 def test_without_flock_the_matrix_claims_by_record_and_the_cache_keeps_files(tmp_path, no_flock):
-    from asrforge.data.cache_files import remove_unused
+    from asrforge.data.cache.files import remove_unused
     from asrforge.matrix.claims import Claims, lock_is_held
 
     claims = Claims(tmp_path / "matrix", launcher="a")

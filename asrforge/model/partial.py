@@ -8,7 +8,7 @@ encoder's layer count):
 * the trained part: ``layers[L - top:]`` (with LayerDrop) ``-> layer_norm``.
 
 The frozen part runs in eval mode, so it is a fixed function of the audio whose output can be
-cached (``asrforge.data.encoder_cache``); the trained part runs on that output, fresh or cached,
+cached (``asrforge.data.cache.encoder``); the trained part runs on that output, fresh or cached,
 and its result goes to the decoder as ``encoder_outputs=(hidden,)``. In eval mode the two parts
 together compute exactly what ``WhisperEncoder.forward`` does.
 

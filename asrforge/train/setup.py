@@ -32,6 +32,8 @@ from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoi
 from asrforge.checkpoint.training import TOKENIZER_DIR, save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
+from asrforge.data.cache.encoder import EncoderCache
+from asrforge.data.cache.features import FeatureCache
 from asrforge.data.dataset import (
     Collator,
     SkipReport,
@@ -42,8 +44,6 @@ from asrforge.data.dataset import (
     prepare_split,
     split_languages,
 )
-from asrforge.data.encoder_cache import EncoderCache
-from asrforge.data.feature_cache import FeatureCache
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.sources import training_splits
 from asrforge.data.stream import StreamedSplit, stream_eval_split

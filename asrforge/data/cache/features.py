@@ -18,7 +18,7 @@ time (``Utterance.audio_key``), like the encoder cache. A build writes a new val
 fresh name, then replaces ``index.json`` atomically: a killed build leaves the previous cache
 intact, and runs of a matrix sharing the cache never pair an index with another build's values
 (the last index written wins). Readers share-lock the values file they read, and a build
-removes only the values files nobody holds (``asrforge.data.cache_files``), so a run never loses
+removes only the values files nobody holds (``asrforge.data.cache.files``), so a run never loses
 the file it reads to another run's build.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.data.cache_files import NewDataFile, SharedData, remove_unused
+from asrforge.data.cache.files import NewDataFile, SharedData, remove_unused
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ A build streams the rows to a fresh ``states-<id>.npy`` and then replaces ``inde
 names that file: a killed build leaves the previous cache intact, and runs sharing a cache never
 pair one build's index with another build's rows (the last index written wins). Readers
 share-lock the file they read and a build removes only files nobody holds
-(``asrforge.data.cache_files``).
+(``asrforge.data.cache.files``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.data.cache_files import NewDataFile, SharedData, copy_rows, remove_unused
+from asrforge.data.cache.files import NewDataFile, SharedData, copy_rows, remove_unused
 from asrforge.io.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
