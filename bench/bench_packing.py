@@ -49,15 +49,10 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 
 from asrforge.config import TrainConfig, load_config  # noqa: E402
 from asrforge.data.audio import SAMPLE_RATE  # noqa: E402
-from asrforge.data.dataset import (  # noqa: E402
-    Collator,
-    SpeechDataset,
-    epoch_batches,
-    eval_batches,
-    load_arrow,
-    prepare_split,
-)
+from asrforge.data.dataset import Collator, SpeechDataset, epoch_batches, eval_batches  # noqa: E402
 from asrforge.data.packing import PackItems, compose_windows  # noqa: E402
+from asrforge.data.prepare import prepare_split  # noqa: E402
+from asrforge.data.sources import load_arrow  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.targets import TimestampTokens  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402

@@ -41,14 +41,9 @@ from torch.utils.data import Dataset
 
 from asrforge.config import TrainConfig, load_config
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
-from asrforge.data.dataset import (
-    Collator,
-    SpeechDataset,
-    epoch_batches,
-    eval_batches,
-    load_arrow,
-    prepare_split,
-)
+from asrforge.data.dataset import Collator, SpeechDataset, epoch_batches, eval_batches
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_arrow
 from asrforge.data.synth import WORDS, make_tones_dataset, tone_audio
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer
 from asrforge.model.tokenizer import EOT, TIME_PRECISION, language_specials

@@ -30,7 +30,7 @@ def clips(tmp_path, tones_dir) -> list[dict]:
     """The tones' train and validation clips as wav files under ``tmp_path/corpus/clips``: one
     row per clip (``file`` relative to ``tmp_path/corpus``, ``text``, ``language``, ``split``)."""
     (tmp_path / "corpus" / "clips").mkdir(parents=True)
-    from asrforge.data.dataset import load_arrow
+    from asrforge.data.sources import load_arrow
 
     rows = []
     for split in ("train", "validation"):

@@ -12,7 +12,7 @@ from test_bundle import cli_error, one_thread, train_tiny_run  # noqa: F401  (on
 
 from asrforge.cli import main
 from asrforge.data.audio import decode_audio
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 
 
 @pytest.fixture(scope="module")

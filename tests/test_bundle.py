@@ -31,7 +31,7 @@ from asrforge.checkpoint.manifest import read_manifest
 from asrforge.checkpoint.training import load_weights
 from asrforge.cli import main
 from asrforge.data.audio import decode_audio
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from tests.conftest import tiny_config
 

@@ -11,7 +11,8 @@ from transformers import WhisperFeatureExtractor
 
 from asrforge.config import DataConfig
 from asrforge.data.cache.features import FeatureCache
-from asrforge.data.dataset import SpeechDataset, prepare_split
+from asrforge.data.dataset import SpeechDataset
+from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 

@@ -13,7 +13,7 @@ from audio_fixtures import requires_espeak
 
 from asrforge.cli import main
 from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.recipes import corpus as corpus_mod
 from asrforge.recipes.corpus import (

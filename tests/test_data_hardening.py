@@ -15,7 +15,9 @@ import soundfile as sf
 from asrforge.cli import main
 from asrforge.config import DataConfig, SelectionConfig
 from asrforge.data.audio import SAMPLE_RATE
-from asrforge.data.dataset import data_language, language_filter, load_arrow, prepare_split
+from asrforge.data.prepare import prepare_split
+from asrforge.data.rules import data_language, language_filter
+from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
 from asrforge.selection import build_selector

@@ -13,7 +13,9 @@ from hypothesis.extra.numpy import arrays
 from transformers import WhisperFeatureExtractor
 
 from asrforge.data.cache.features import FeatureCache, trim, untrim
-from asrforge.data.dataset import SpeechDataset, load_arrow, prepare_split
+from asrforge.data.dataset import SpeechDataset
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.build import build_model, build_tokenizer
 from tests.conftest import tiny_config

@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import threading
 
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.data.synth import make_tones_dataset, tone_splits
 from asrforge.io.locks import exclusive
 

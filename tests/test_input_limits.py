@@ -16,12 +16,13 @@ import pytest
 import soundfile as sf
 
 from asrforge.config import DataConfig
-from asrforge.data import utterances
+from asrforge.data import rules as data_rules
 from asrforge.data.audio import SAMPLE_RATE, AudioFile, audio_info, decode_audio
-from asrforge.data.dataset import SpeechDataset, prepare_split
+from asrforge.data.dataset import SpeechDataset
+from asrforge.data.prepare import prepare_split
+from asrforge.data.rules import NEGATIVE_DURATION, NOT_A_FILE, UtteranceRules
 from asrforge.data.sources import load_source
 from asrforge.data.stream import RowRules, StreamedSplit, check_row
-from asrforge.data.utterances import NEGATIVE_DURATION, NOT_A_FILE, UtteranceRules
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 
@@ -217,7 +218,7 @@ def test_reading_a_clip_opens_it_once_and_stats_no_path(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sf, "SoundFile", sound)
     monkeypatch.setattr(os, "stat", stat)
-    wave = utterances.read_audio({"bytes": None, "path": str(clip)}, MAX_SECONDS)
+    wave = data_rules.read_audio({"bytes": None, "path": str(clip)}, MAX_SECONDS)
     assert wave.shape == (SAMPLE_RATE,)
     assert len(opened) == 1  # the header and the samples from one open file
     assert [s for s in stats if str(s) == str(clip)] == []
@@ -228,7 +229,7 @@ def test_a_fifo_is_refused_by_the_decoder_and_the_header_reader_without_waiting(
     os.mkfifo(fifo)
     with Unblocker(fifo):
         started = time.monotonic()
-        for read in (decode_audio, audio_info, lambda s: utterances.read_audio({"path": s}, 1.0)):
+        for read in (decode_audio, audio_info, lambda s: data_rules.read_audio({"path": s}, 1.0)):
             with pytest.raises(UserError, match="not a regular file"):
                 read(str(fifo))
     assert time.monotonic() - started < 3.0  # never waited for a writer

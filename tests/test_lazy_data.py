@@ -14,9 +14,10 @@ import torch
 
 from asrforge.cli import main
 from asrforge.config import DataConfig
-from asrforge.data import utterances
-from asrforge.data.dataset import epoch_batches, load_arrow, prepare_split
-from asrforge.data.sources import load_source
+from asrforge.data import rules as data_rules
+from asrforge.data.dataset import epoch_batches
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_arrow, load_source
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.conftest import tiny_config
@@ -65,7 +66,7 @@ def test_start_up_opens_no_audio_and_skips_durations_out_of_range(
 
     opened = []
     for name in ("audio_info", "open_audio"):
-        monkeypatch.setattr(utterances, name, lambda *a, _n=name: opened.append(_n))
+        monkeypatch.setattr(data_rules, name, lambda *a, _n=name: opened.append(_n))
     tok, specials = tokenizer_and_specials
     table, report = prepare_split(train, "train", cfg=cfg, tokenizer=tok, specials=specials,
                                   max_target_positions=32, max_seconds=30.0, lazy=True)  # fmt: skip
@@ -156,8 +157,8 @@ def test_a_split_checked_in_full_is_cached_by_its_fingerprint(
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache")
     tok, specials = tokenizer_and_specials
     headers = []
-    real_info = utterances.audio_info
-    monkeypatch.setattr(utterances, "audio_info", lambda src: headers.append(src) or real_info(src))
+    real_info = data_rules.audio_info
+    monkeypatch.setattr(data_rules, "audio_info", lambda src: headers.append(src) or real_info(src))
     cache = tmp_path / "prepared"
 
     def prepare(tokenizer=tok, positions=32, config=cfg):

@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from asrforge.data.dataset import epoch_batches, load_arrow
+from asrforge.data.dataset import epoch_batches
+from asrforge.data.sources import load_arrow
 from tests.conftest import tiny_config
 
 LONG_TEXT = " ".join(["red blue cat dog"] * 20)  # far more than the tiny decoder's 32 positions

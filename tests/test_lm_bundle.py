@@ -24,7 +24,7 @@ from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.cli import main
 from asrforge.data.audio import decode_audio
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.errors import CheckpointCorruptError
 from asrforge.lm.build import build_lm_file
 from asrforge.lm.ngram import read_arpa

@@ -10,7 +10,8 @@ import pytest
 import soundfile as sf
 
 from asrforge.config import DataConfig
-from asrforge.data.dataset import SpeechDataset, prepare_split
+from asrforge.data.dataset import SpeechDataset
+from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 

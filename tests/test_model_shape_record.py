@@ -19,7 +19,7 @@ from asrforge.checkpoint.training import (
 )
 from asrforge.cli import main
 from asrforge.config import SHAPE_FIELDS, ModelConfig, load_config
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.build import build_model, build_tokenizer
 from asrforge.model.tokenizer import load_tokenizer

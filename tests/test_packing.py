@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from asrforge.config import ConfigError, PackConfig
 from asrforge.data.audio import SAMPLE_RATE, AudioFile, decode_audio
-from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, load_arrow, prepare_split
+from asrforge.data.dataset import IGNORE, Collator, SpeechDataset
 from asrforge.data.packing import (
     PackItems,
     Window,
@@ -23,6 +23,8 @@ from asrforge.data.packing import (
     compose_windows,
     positions,
 )
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_arrow
 from asrforge.data.targets import TIME_PRECISION, TimestampTokens
 from asrforge.errors import UserError
 from asrforge.model.build import WhisperFeatureExtractor

@@ -16,16 +16,10 @@ import pytest
 from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
-from asrforge.data.dataset import prepare_split
-from asrforge.data.sources import (
-    CARVE_FILE,
-    carve_eval,
-    carve_rows,
-    load_source,
-    row_ids,
-    standard_rows,
-    training_splits,
-)
+from asrforge.data.carve import CARVE_FILE, carve_eval, carve_rows, training_splits
+from asrforge.data.ids import row_ids, standard_rows
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.conftest import tiny_config
@@ -250,7 +244,7 @@ def test_relative_paths_are_resolved_when_a_row_is_read_not_rewritten_up_front(t
     """The path column stays as the manifest writes it (memory-mapped, no column of absolute
     paths or of ids per row); a row read gives the absolute path, and the caches' key, as before."""
 
-    from asrforge.data.utterances import audio_key
+    from asrforge.data.ids import audio_key
 
     rows = by_split(clips, "train")
     manifest = tmp_path / "corpus" / "train.jsonl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asrforge.data.dataset import load_arrow
+from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer, train_bpe_tokenizer
 from tests.conftest import tiny_config

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from asrforge.config import DataConfig
-from asrforge.data.dataset import load_arrow, prepare_split
-from asrforge.data.sources import load_source
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import load_arrow, load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 
 

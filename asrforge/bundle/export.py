@@ -645,7 +645,7 @@ def _data_facts(
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
     from asrforge.data.audio import decode_audio
-    from asrforge.data.dataset import data_language, language_filter
+    from asrforge.data.rules import data_language, language_filter
     from asrforge.data.sources import load_source
 
     try:

@@ -32,6 +32,7 @@ from asrforge.config import PackConfig
 from asrforge.data.audio import SAMPLE_RATE, open_audio
 from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
+from asrforge.data.prepare import UtteranceTable
 from asrforge.data.targets import (
     Segment,
     TimestampTokens,
@@ -39,7 +40,6 @@ from asrforge.data.targets import (
     previous_text,
     window_targets,
 )
-from asrforge.data.utterances import UtteranceTable
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)

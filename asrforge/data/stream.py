@@ -18,7 +18,7 @@ and lower workers never hold fewer batches, so the order is kept to the epoch's 
 worker reads the rows of the blocks its batches come from and decodes audio only for its own.
 
 Checks. Rows are checked as their batch is built (:func:`check_row`: the
-:class:`~asrforge.data.utterances.UtteranceRules` ``prepare_split`` applies, with its reasons);
+:class:`~asrforge.data.rules.UtteranceRules` ``prepare_split`` applies, with its reasons);
 a row ``data.languages`` leaves out is left out of its batch too, but is no skip (counted per
 language up front, :meth:`StreamedSplit.left_out`, as ``prepare_split`` counts them); a skipped
 row leaves its batch one shorter and is reported by reason like a clip that fails to
@@ -55,17 +55,24 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
-from asrforge.data.dataset import (
-    Collator,
-    SpeechDataset,
+from asrforge.data.dataset import Collator, SpeechDataset
+from asrforge.data.ids import audio_key, audio_source, named
+from asrforge.data.prepare import Utterance
+from asrforge.data.rules import (
+    NOT_FOUND,
+    UnusableAudio,
+    UtteranceRules,
     check_english_only,
     check_language_tokens,
     data_language,
+    header_seconds,
     is_english,
     language_filter,
+    utterance_problem,
 )
 from asrforge.data.sources import (
     check_data_path,
+    dictionary_encoded,
     find_column,
     format_of,
     language_code,
@@ -75,18 +82,6 @@ from asrforge.data.sources import (
     standardize,
     unreadable,
     utf8_problem,
-)
-from asrforge.data.utterances import (
-    NOT_FOUND,
-    UnusableAudio,
-    Utterance,
-    UtteranceRules,
-    audio_key,
-    audio_source,
-    dictionary_encoded,
-    header_seconds,
-    named,
-    utterance_problem,
 )
 from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError

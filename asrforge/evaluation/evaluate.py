@@ -269,13 +269,9 @@ def split_loader(
     """
     from torch.utils.data import DataLoader
 
-    from asrforge.data.dataset import (
-        Collator,
-        SpeechDataset,
-        eval_batches,
-        language_filter,
-        prepare_split,
-    )
+    from asrforge.data.dataset import Collator, SpeechDataset, eval_batches
+    from asrforge.data.prepare import prepare_split
+    from asrforge.data.rules import language_filter
     from asrforge.data.sources import data_config, read_split
     from asrforge.errors import UserError
 

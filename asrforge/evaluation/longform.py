@@ -323,7 +323,7 @@ def evaluate_split_longform(
     Raises:
         UserError: the split is missing or has no usable utterance.
     """
-    from asrforge.data.dataset import prepare_split
+    from asrforge.data.prepare import prepare_split
     from asrforge.data.sources import data_config, read_split
     from asrforge.errors import UserError
 

@@ -45,7 +45,7 @@ def data_sentences(
 ) -> Iterator[tuple[str, str]]:
     """``(language, transcript)`` of each utterance of a split of a data set (a path or a data
     section, as :func:`asrforge.data.sources.read_split` takes it; audio is not read)."""
-    from asrforge.data.dataset import data_language
+    from asrforge.data.rules import data_language
     from asrforge.data.sources import read_split
 
     ds = read_split(data, split, required=("text",))  # transcripts alone make an LM
@@ -109,7 +109,7 @@ def build_lm_file(
         UserError: both or neither source, a missing source, no language for ``text``, or an
             ``out`` that is a directory.
     """
-    from asrforge.data.dataset import language_filter
+    from asrforge.data.rules import language_filter
     from asrforge.data.sources import data_config
 
     if (text is None) == (data is None):

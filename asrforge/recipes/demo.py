@@ -245,7 +245,7 @@ def longform_recording(data: Path, split: str, dest: Path) -> tuple[Path, str, f
     import soundfile as sf
 
     from asrforge.data.audio import SAMPLE_RATE, decode_audio
-    from asrforge.data.dataset import load_arrow
+    from asrforge.data.sources import load_arrow
 
     gap = np.zeros(int(LONGFORM_GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
     waves, texts = [], []

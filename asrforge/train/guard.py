@@ -142,7 +142,7 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     """The rows of ``cfg.split`` of the data at ``cfg.path``, read as training reads its data
     (:mod:`asrforge.data.sources`); ``language`` for data without a language column."""
     from asrforge.config import DataConfig
-    from asrforge.data.dataset import data_language
+    from asrforge.data.rules import data_language
     from asrforge.data.sources import read_split
 
     data = DataConfig(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.training import TOKENIZER_DIR
-from asrforge.data.sources import CARVE_FILE
+from asrforge.data.carve import CARVE_FILE
 from asrforge.errors import CheckpointSaveError
 from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.append import SymlinkRefused, open_no_follow

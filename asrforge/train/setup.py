@@ -34,18 +34,17 @@ from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.cache.encoder import EncoderCache
 from asrforge.data.cache.features import FeatureCache
+from asrforge.data.carve import training_splits
 from asrforge.data.dataset import (
     Collator,
-    SkipReport,
     SpeechDataset,
     epoch_batches,
     eval_batches,
     language_counts,
-    prepare_split,
-    split_languages,
 )
 from asrforge.data.packing import Packing, build_packing
-from asrforge.data.sources import training_splits
+from asrforge.data.prepare import prepare_split, split_languages
+from asrforge.data.rules import SkipReport
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches, interleave

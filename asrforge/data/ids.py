@@ -1,0 +1,146 @@
+"""What names a row and its audio: a row's id, a row's key for the evaluation carve, an audio
+path as a row reads it, and the caches' key of a clip's audio.
+
+A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
+transform): a relative audio path is joined to the audio root there, and rows without an ``id``
+column are named by their audio's path as the data gives it. Code reading Arrow columns directly
+gets the same ids from :func:`row_ids`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StandardRows:
+    """How a row of a standardized split reads (the split's ``datasets`` transform): audio as an
+    undecoded ``Audio`` value ``{"bytes", "path"}``, a relative path joined to the audio root
+    (the manifest's directory or ``data.audio_dir``), and, when the audio is given as paths and
+    the data has no ids, an ``id``: the path as the data gives it.
+
+    The split's Arrow columns stay as the data wrote them, memory-mapped: nothing per row is
+    built before a row is read (a million absolute paths and a copy of them as ids would be
+    ~150 MB of anonymous memory at start-up). Code reading Arrow columns directly gets ids
+    from :func:`row_ids`.
+    """
+
+    audio_root: str | None
+    """Absolute, without a trailing ``/``; None: the audio is not given as paths (bytes)."""
+    path_ids: bool
+    """Rows without an ``id`` column are named by their audio's path as the data gives it."""
+
+    def __call__(self, batch: dict) -> dict:
+        if "audio" in batch:
+            given = [_path_of(a) for a in batch["audio"]]
+            if self.path_ids:
+                batch["id"] = given
+            batch["audio"] = [self.audio(a, p) for a, p in zip(batch["audio"], given, strict=True)]
+        return batch
+
+    def audio(self, value, path: str | None) -> dict:
+        """The ``{"bytes", "path"}`` of one row's audio (a path string, or such a dict)."""
+        data = value.get("bytes") if isinstance(value, dict) else None
+        if self.audio_root is not None and path is not None and not path.startswith("/"):
+            path = f"{self.audio_root}/{path}"  # as written before: the caches' keys hash it
+        return {"bytes": data, "path": path}
+
+
+def _path_of(audio) -> str | None:
+    return audio.get("path") if isinstance(audio, dict) else audio
+
+
+def standard_rows(split) -> StandardRows | None:
+    """The row view :func:`standardize` gave ``split`` (None: not a standardized split)."""
+    transform = split.format.get("format_kwargs", {}).get("transform")
+    return transform if isinstance(transform, StandardRows) else None
+
+
+def row_ids(split, rows) -> list[str | None] | None:
+    """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
+    only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
+    the split has no ids (its rows are named by number); an empty cell's id is None."""
+    import pyarrow as pa
+
+    view = standard_rows(split)
+    if "id" in split.column_names:
+        column = "id"
+    elif view is not None and view.path_ids:
+        column = "audio"
+    else:
+        return None
+    positions = pa.array(np.asarray(rows, dtype=np.int64))
+    indices = getattr(split, "_indices", None)  # a select()'s row map (a carve)
+    if indices is not None:
+        positions = indices.column(0).take(positions)
+    values = split.data.table.column(column).take(positions)
+    given = (given_paths(values) if column == "audio" else values).to_pylist()
+    return [None if x is None else str(x) for x in given]
+
+
+def given_paths(audio):
+    """The paths, as the data gives them, of an Arrow column of audio (path strings, or the
+    ``{bytes, path}`` structs of an ``Audio`` column)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.struct_field(audio, "path") if pa.types.is_struct(audio.type) else audio
+
+
+def row_keys(split) -> list[str]:
+    """What names each row of a standardized split: its ``id``, else its audio's path and its
+    text (tab-separated)."""
+    ids = row_ids(split, np.arange(len(split)))
+    if ids is not None:
+        return [str(x) for x in ids]  # an empty cell: "None", as carves recorded it
+    paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
+    for batch in split.select_columns(["audio"]).with_format("arrow").iter(batch_size=4096):
+        paths += given_paths(batch.column("audio")).to_pylist()
+    texts = split["text"] if "text" in split.column_names else [None] * len(split)
+    return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
+
+
+def audio_source(audio) -> bytes | str | None:
+    """The encoded bytes of an undecoded ``Audio`` value, else its path (None: neither)."""
+    if not isinstance(audio, dict):
+        return None
+    return audio.get("bytes") or audio.get("path") or None
+
+
+def audio_key(audio) -> str:
+    """The feature and encoder caches' key: sha256 of the audio's bytes, or of its path with the
+    file's size and modification time (a file rewritten in place is other audio: the caches,
+    which may outlive a run in ``data.cache_dir``, must not serve its old log-mels)."""
+    src = audio_source(audio)
+    if isinstance(src, bytes):
+        return hashlib.sha256(src).hexdigest()
+    name = str(src)
+    try:
+        stat = os.stat(name)
+        name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    except OSError:  # missing: the worker reports it when it reads the audio
+        pass
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def named(uid: str, source) -> str:
+    """How the skip report names a clip whose file is missing: its id, and the path when the id
+    does not say it."""
+    return uid if not isinstance(source, str) or source.endswith(uid) else f"{uid} ({source})"
+
+
+def row_uids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: the
+    id the data gives (its ``id`` cell, or its audio path; :func:`row_ids`),
+    or ``<name>-<row>`` where it gives none or the cell is empty."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return []
+    ids = row_ids(split, rows)
+    if ids is None:
+        return [f"{name}-{r}" for r in rows.tolist()]
+    return [f"{name}-{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)]

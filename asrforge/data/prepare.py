@@ -1,0 +1,444 @@
+"""A split's usable utterances: an Arrow split -> an :class:`UtteranceTable` and a skip report.
+
+:func:`prepare_split` reads the split's metadata columns (text, language, a duration when the
+data has one) with Arrow, never the audio: the language filter, empty text and durations out of
+range are skipped up front with their ids, and a language the tokenizer has no token for stops
+the run instead of dropping all of its utterances. What needs the audio or the tokenizer is
+either checked in full up front too (the evaluation split; packing and the caches), or, for a
+lazily prepared training split, in the DataLoader workers.
+
+The usable rows are held as a few numpy arrays (:class:`UtteranceTable`: row, language, seconds
+and, once counted, text tokens; about 20 bytes a row), not a Python object per row. An
+:class:`Utterance` is built when one is asked for, from its row of the Arrow split.
+
+A split checked in full is kept on disk under a fingerprint (:func:`fingerprint`: the split,
+the filtering config fields, the tokenizer, the window and the decoder's positions), so a
+resume, the other ranks and the next run read it instead of repeating the pass; layout:
+``<root>/<fingerprint>/table.npz`` and ``meta.json``, written as one directory atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asrforge.config import DataConfig
+from asrforge.data.ids import audio_key, audio_source, named, row_uids
+from asrforge.data.rules import (
+    EMPTY_TEXT,
+    NOT_FOUND,
+    SkipReport,
+    UnusableAudio,
+    UtteranceRules,
+    check_english_only,
+    check_language_tokens,
+    data_language,
+    file_problem,
+    header_seconds,
+    language_filter,
+    utterance_problem,
+)
+from asrforge.data.sources import arrow_columns, column_seconds, dictionary_encoded
+from asrforge.errors import CheckpointSaveError
+from asrforge.io.atomic import atomic_directory
+
+log = logging.getLogger(__name__)
+
+VERSION = 2
+"""Bumped when what is stored, or how it is computed, changes."""
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """sha256 of what decides a text's tokens and the prompts' ids: a fast tokenizer's model,
+    normalizer, pre-tokenizer and added tokens (its post-processor, which only adds special
+    tokens, differs between a tokenizer trained in this process and the same one loaded from
+    disk), else its vocabulary."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        full = json.loads(backend.to_str())
+        used = {k: full.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    else:
+        used = sorted(tokenizer.get_vocab().items())
+    text = json.dumps(used, sort_keys=True)
+    return hashlib.sha256(f"{type(tokenizer).__name__}\n{text}".encode()).hexdigest()
+
+
+def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
+    """The key of ``split`` prepared in full under ``cfg`` (a ``DataConfig``) and ``rules``, or
+    None when ``datasets`` gives the split no fingerprint."""
+    split_id = getattr(split, "_fingerprint", None)
+    if not split_id:
+        return None
+    parts = {
+        "version": VERSION,
+        "split": split_id,
+        "rows": len(split),
+        "languages": cfg.languages,
+        "task": cfg.task,
+        "language_tokens": cfg.language_tokens,
+        "multilingual": bool(rules.specials.multilingual),
+        "tokenizer": tokenizer_identity(rules.tokenizer),
+        "max_seconds": rules.max_seconds,
+        "max_positions": rules.max_positions,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
+    """``(table, skipped by reason, total, rows left out by data.languages per language)``
+    stored under ``key``, or None when there is none (or it cannot be read, or was stored
+    without the left-out counts: it is recomputed)."""
+    directory = Path(root) / key
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        with np.load(directory / "table.npz", allow_pickle=False) as columns:
+            table = UtteranceTable(
+                split,
+                name,
+                rules,
+                rows=columns["rows"],
+                languages=meta["languages"],
+                language_index=columns["language_index"],
+                seconds=columns["seconds"],
+                n_tokens=columns["n_tokens"],
+            )
+        left_out = meta["left_out"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as e:
+        log.warning("prepared split %s unusable (%s): checking the split again", directory, e)
+        return None
+    return table, meta["skipped"], meta["total"], left_out
+
+
+def save(
+    root: Path,
+    key: str,
+    table: UtteranceTable,
+    skipped: dict,
+    total: int,
+    left_out: dict[str, int] | None = None,
+) -> Path:
+    """Store a table checked in full and its skip report under ``key`` (atomically).
+
+    Raises:
+        CheckpointSaveError: the directory could not be written (nothing is left half-written).
+    """
+    directory = Path(root) / key
+    with atomic_directory(directory) as tmp:
+        np.savez(
+            tmp / "table.npz",
+            rows=table.rows,
+            language_index=table.language_index,
+            seconds=table.seconds,
+            n_tokens=table.n_tokens,
+        )
+        meta = {
+            "languages": table.languages,
+            "skipped": skipped,
+            "total": total,
+            "left_out": dict(left_out or {}),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta))
+    return directory
+
+
+@dataclass
+class Utterance:
+    row: int  # row in the Arrow split
+    uid: str
+    language: str
+    text: str
+    prompt: list[int]
+    text_ids: list[int]
+    audio_key: str = ""  # the feature and encoder caches' key (see audio_key)
+    seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
+
+
+class UtteranceTable(Sequence):
+    """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
+    :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
+
+    Attributes:
+        rows: (n,) int64 row of each utterance in ``split``.
+        language_index: (n,) int16 index into ``languages`` (codes).
+        seconds: (n,) float64 duration, NaN where not known (read when the audio is).
+        n_tokens: (n,) int32 text tokens, or None when the split was prepared lazily (its
+            labels are checked in the workers).
+    """
+
+    def __init__(
+        self,
+        split,
+        name: str,
+        rules: UtteranceRules,
+        *,
+        rows: np.ndarray,
+        languages: list[str],
+        language_index: np.ndarray,
+        seconds: np.ndarray,
+        n_tokens: np.ndarray | None = None,
+    ):
+        self.split, self.name, self.rules = split, name, rules
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.languages = list(languages)
+        self.language_index = np.asarray(language_index, dtype=np.int16)
+        self.seconds = np.asarray(seconds, dtype=np.float64)
+        self.n_tokens = None if n_tokens is None else np.asarray(n_tokens, dtype=np.int32)
+
+    @property
+    def lazy(self) -> bool:
+        """Labels and audio are checked when an item is built (see :func:`utterance_problem`)."""
+        return self.n_tokens is None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.subset(np.arange(len(self))[i])
+        return self.utterance(int(i))
+
+    def subset(self, keep: np.ndarray) -> UtteranceTable:
+        """The utterances at positions (or where the boolean mask) ``keep``, in its order."""
+        return UtteranceTable(
+            self.split,
+            self.name,
+            self.rules,
+            rows=self.rows[keep],
+            languages=self.languages,
+            language_index=self.language_index[keep],
+            seconds=self.seconds[keep],
+            n_tokens=None if self.n_tokens is None else self.n_tokens[keep],
+        )
+
+    def language(self, i: int) -> str:
+        return self.languages[self.language_index[i]]
+
+    def language_counts(self) -> Counter:
+        """Utterances per language code."""
+        counts = np.bincount(self.language_index, minlength=len(self.languages))
+        return Counter({lang: int(n) for lang, n in zip(self.languages, counts, strict=True) if n})
+
+    def prompt_lengths(self) -> np.ndarray:
+        """(n,) int32 tokens of each utterance's prompt (one per language)."""
+        per_language = [len(self.rules.prompt(lang)) for lang in self.languages]
+        return np.asarray(per_language, dtype=np.int32)[self.language_index]
+
+    def uid_of_row(self, record: dict, row: int) -> str:
+        return str(record["id"]) if record.get("id") is not None else f"{self.name}-{row}"
+
+    def uids(self) -> list[str]:
+        """Every utterance's id (reads the ids' column; for the few uses that need them all)."""
+        return row_uids(self.split, self.name, self.rows)
+
+    def record(self, i: int) -> dict:
+        """Utterance ``i``'s row of the split (audio undecoded)."""
+        return self.split[int(self.rows[i])]
+
+    def utterance(self, i: int) -> Utterance:
+        """Utterance ``i``: its row read, its text tokenized."""
+        row = int(self.rows[i])
+        record = self.split[row]
+        language = self.language(i)
+        text = (record["text"] or "").strip()
+        return Utterance(
+            row=row,
+            uid=self.uid_of_row(record, row),
+            language=language,
+            text=text,
+            prompt=self.rules.prompt(language),
+            text_ids=self.rules.text_ids(text),
+            audio_key=audio_key(record["audio"]),
+            seconds=float(self.seconds[i]),
+        )
+
+    def problem(self, u: Utterance) -> str | None:
+        """Why utterance ``u`` of a lazily prepared table cannot be trained on (None: it can, as
+        far as its text and metadata tell)."""
+        return utterance_problem(
+            self.rules, text=u.text, n_prompt=len(u.prompt), n_text=len(u.text_ids),
+            seconds=u.seconds,
+        )  # fmt: skip
+
+
+def split_languages(split) -> set[str]:
+    """The language codes of ``split``'s ``language`` column (its distinct values, read with
+    Arrow; a value that names no language as it is)."""
+    values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
+    return {data_language(v) for v in values if v}
+
+
+def prepare_split(
+    split,
+    name: str,
+    *,
+    cfg: DataConfig,
+    tokenizer,
+    specials,
+    max_target_positions: int,
+    max_seconds: float,
+    lazy: bool = False,
+    cache: Path | None = None,
+    training: bool = True,
+) -> tuple[UtteranceTable, SkipReport]:
+    """The usable utterances of ``split`` and a report of the skipped ones.
+
+    Up front, from metadata only (columns read with Arrow, no pass over the audio): the
+    language filter (``data.languages``), the language-token check, empty text, and durations
+    out of range when the data gives them (a ``duration`` column). Then, unless ``lazy``, every
+    remaining row is checked in full: audio header (duration, missing or unreadable files) and
+    label length. ``lazy`` leaves those to the DataLoader workers (``SpeechDataset``), which
+    drop such a clip from its batch with the same reason.
+
+    Args:
+        training: the split trains or selects a run's checkpoints: an English-only model then
+            refuses other languages (:func:`check_english_only`); ``asrforge evaluate`` scores
+            whatever it is given.
+        cache: a directory for the result of the full check (see the module docstring),
+            read back when the split, tokenizer and limits are the same; None: no cache.
+    """
+    rules = UtteranceRules(tokenizer, specials, cfg.task, max_target_positions, max_seconds)
+    key = fingerprint(split, cfg, rules) if cache is not None and not lazy else None
+    stored = load(cache, key, split, name, rules) if key is not None else None
+    if stored is not None:
+        table, skipped, total, left_out = stored
+        log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
+        _log_language_tokens(name, table, specials)
+        return table, SkipReport(name, total, skipped, left_out)
+    report = SkipReport(split=name, total=len(split))
+    table = _metadata_table(split, name, rules, cfg, report, training)
+    if not lazy:
+        table = check_in_full(table, report)
+    if key is not None:
+        try:
+            save(cache, key, table, report.skipped, report.total, report.left_out)
+        except CheckpointSaveError as e:  # the run goes on; the next one checks again
+            log.warning("split %s: the checked split is not cached: %s", name, e)
+    _log_language_tokens(name, table, specials)
+    return table, report
+
+
+def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
+                    report: SkipReport, training: bool = True) -> UtteranceTable:  # fmt: skip
+    """The rows of ``split`` that pass the checks metadata allows (see :func:`prepare_split`),
+    the others added to ``report``."""
+    import pyarrow.compute as pc
+
+    columns = ["text", "language"] + (["duration"] if "duration" in split.column_names else [])
+    meta = arrow_columns(split, columns)
+    values, value_index = dictionary_encoded(meta.column("language"))
+    counts = np.bincount(value_index, minlength=len(values))
+    by_value = Counter(dict(zip(values, counts.tolist(), strict=True)))
+    if rules.specials.multilingual:
+        unnamed = np.flatnonzero(np.isin(value_index, [k for k, v in enumerate(values) if not v]))
+        check_language_tokens(by_value, name, rules.specials, language_filter(cfg.languages),
+                              _ids(split, name, unnamed[:10]))  # fmt: skip
+    if training:
+        check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
+    codes = [data_language(v) for v in values]
+    languages = sorted(set(codes))
+    code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
+    language_index = code_of_value[value_index]
+    keep_langs = language_filter(cfg.languages)
+    wanted = np.ones(len(split), dtype=bool)
+    if keep_langs is not None:  # left out on purpose: counted per language, not skipped
+        allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
+        wanted = allowed[language_index]
+        per_language = np.bincount(language_index[~wanted], minlength=len(languages))
+        report.left_out = {lang: int(n) for lang, n in zip(languages, per_language, strict=True)
+                           if n}  # fmt: skip
+    text = meta.column("text")
+    # "" or whitespace only, as str.strip() sees it; bitmaps, not a trimmed copy of every text
+    blank = pc.or_(pc.equal(text, ""), pc.utf8_is_space(text))
+    empty = pc.fill_null(blank, True).to_numpy(zero_copy_only=False)
+    seconds = np.full(len(split), np.nan)
+    if "duration" in columns:
+        seconds = column_seconds(meta.column("duration"))
+    reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
+    by_seconds = rules.seconds_problems(seconds)
+    reasons = [EMPTY_TEXT, *by_seconds]
+    for k, rows in enumerate(by_seconds.values(), start=2):
+        reason[rows] = k
+    # Empty text is named over a duration's problem because utterance_problem checks it first.
+    reason[empty] = 1
+    reason[~wanted] = 0
+    for k, why in enumerate(reasons, start=1):
+        rows = np.flatnonzero(reason == k)
+        for uid in _ids(split, name, rows):
+            report.add(why, uid)
+    keep = wanted & (reason == 0)
+    del meta, text  # the metadata columns are not kept
+    used = np.unique(language_index[keep])  # the languages left out are not the table's
+    renumber = np.zeros(len(languages), dtype=np.int16)
+    renumber[used] = np.arange(len(used))
+    return UtteranceTable(
+        split, name, rules, rows=np.flatnonzero(keep), languages=[languages[k] for k in used],
+        language_index=renumber[language_index[keep]], seconds=seconds[keep],
+    )  # fmt: skip
+
+
+def _ids(split, name: str, rows: np.ndarray) -> list[str]:
+    """The ids of ``rows`` of ``split`` (``<name>-<row>`` where there is none)."""
+    return row_uids(split, name, rows)
+
+
+def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:
+    """``table`` without the utterances whose audio or labels are unusable (added to
+    ``report``): audio headers read where the duration is not known (a file's existence
+    checked where it is), every text tokenized; ``n_tokens`` filled in."""
+    rules = table.rules
+    seconds = table.seconds.copy()
+    n_tokens = np.zeros(len(table), dtype=np.int32)
+    ok = np.ones(len(table), dtype=bool)
+    prompt_lengths = table.prompt_lengths()
+    source = table.split.select_columns(
+        ["audio", "text"] + (["id"] if "id" in table.split.column_names else [])
+    )
+    for start in range(0, len(table), block):
+        rows = table.rows[start : start + block]
+        records = source[rows.tolist()] if len(rows) else {"audio": [], "text": []}
+        n_tokens[start : start + len(rows)] = rules.count_tokens(records["text"])
+        for k, (row, audio) in enumerate(zip(rows.tolist(), records["audio"], strict=True)):
+            i = start + k
+            try:
+                if np.isnan(seconds[i]):
+                    seconds[i] = header_seconds(audio)
+                elif problem := file_problem(src := audio_source(audio)):
+                    raise UnusableAudio(problem, src)
+            except UnusableAudio as e:
+                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                report.add(e.reason, named(uid, e.source) if e.reason == NOT_FOUND else uid)
+                ok[i] = False
+                continue
+            problem = rules.seconds_problem(seconds[i])
+            if problem is None and prompt_lengths[i] + n_tokens[i] + 1 > rules.max_positions:
+                problem = rules.long_labels
+            if problem is not None:
+                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                report.add(problem, uid)
+                ok[i] = False
+    full = UtteranceTable(
+        table.split, table.name, rules, rows=table.rows, languages=table.languages,
+        language_index=table.language_index, seconds=seconds, n_tokens=n_tokens,
+    )  # fmt: skip
+    return full.subset(ok)
+
+
+def _log_language_tokens(name: str, table: UtteranceTable, specials) -> None:
+    """Say which languages decode under another's token."""
+    if not specials.multilingual:
+        return
+    for lang in sorted(set(table.language_counts()) & set(specials.token_of)):
+        log.info(
+            "split %s: language %s is decoded with <|%s|> (the tokenizer has no <|%s|>); "
+            "checkpoint selection still goes by %s",
+            name, lang, specials.token_of[lang], lang, lang,
+        )
