@@ -17,7 +17,7 @@ from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
 from asrforge.data.carve import CARVE_FILE, carve_eval, carve_rows, training_splits
-from asrforge.data.ids import row_ids, standard_rows
+from asrforge.data.ids import given_ids, standard_rows
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
@@ -263,7 +263,7 @@ def test_relative_paths_are_resolved_when_a_row_is_read_not_rewritten_up_front(t
         # the caches' key is the resolved path's (with the file's size and mtime), as before
         assert audio_key(split[2]["audio"]) == audio_key({"bytes": None, "path": absolute})
         carved = split.select([5, 2])  # a carve's rows read alike, ids from those rows only
-        assert carved[1] == split[2] and row_ids(carved, [1]) == [rows[2]["file"]]
+        assert carved[1] == split[2] and given_ids(carved, [1]) == [rows[2]["file"]]
 
 
 def test_a_manifest_of_segments_is_refused(tmp_path, clips):
@@ -288,7 +288,7 @@ def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad):
 
 def ids(split) -> list[str] | None:
     """Every row's id, as reports name them."""
-    return row_ids(split, np.arange(len(split)))
+    return given_ids(split, np.arange(len(split)))
 
 
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):

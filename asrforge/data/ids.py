@@ -4,7 +4,7 @@ path as a row reads it, and the caches' key of a clip's audio.
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
 transform): a relative audio path is joined to the audio root there, and rows without an ``id``
 column are named by their audio's path as the data gives it. Code reading Arrow columns directly
-gets the same ids from :func:`row_ids`.
+gets the same ids from :func:`row_uids`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class StandardRows:
     The split's Arrow columns stay as the data wrote them, memory-mapped: nothing per row is
     built before a row is read (a million absolute paths and a copy of them as ids would be
     ~150 MB of anonymous memory at start-up). Code reading Arrow columns directly gets ids
-    from :func:`row_ids`.
+    from :func:`given_ids`.
     """
 
     audio_root: str | None
@@ -60,7 +60,7 @@ def standard_rows(split) -> StandardRows | None:
     return transform if isinstance(transform, StandardRows) else None
 
 
-def row_ids(split, rows) -> list[str | None] | None:
+def given_ids(split, rows) -> list[str | None] | None:
     """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
     only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
     the split has no ids (its rows are named by number); an empty cell's id is None."""
@@ -94,7 +94,7 @@ def given_paths(audio):
 def row_keys(split) -> list[str]:
     """What names each row of a standardized split: its ``id``, else its audio's path and its
     text (tab-separated)."""
-    ids = row_ids(split, np.arange(len(split)))
+    ids = given_ids(split, np.arange(len(split)))
     if ids is not None:
         return [str(x) for x in ids]  # an empty cell: "None", as carves recorded it
     paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
@@ -133,14 +133,19 @@ def named(uid: str, source) -> str:
     return uid if not isinstance(source, str) or source.endswith(uid) else f"{uid} ({source})"
 
 
+def row_id(given: str | None, split: str, row: int) -> str:
+    """The id of row ``row`` of split ``split``: the id the data gives (its ``id`` cell, else, for
+    audio given as paths, the path as the data writes it), or ``<split>-<row>`` where it gives
+    none or the cell is empty. Training, evaluation, the stream and the skip report all name a
+    row by it."""
+    return f"{split}-{row}" if given is None else str(given)
+
+
 def row_uids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split``, as :meth:`UtteranceTable.uid_of_row` names one: the
-    id the data gives (its ``id`` cell, or its audio path; :func:`row_ids`),
-    or ``<name>-<row>`` where it gives none or the cell is empty."""
+    """The ids (:func:`row_id`) of ``rows`` of the standardized split ``split`` named ``name``,
+    reading those rows' id cells only."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) == 0:
         return []
-    ids = row_ids(split, rows)
-    if ids is None:
-        return [f"{name}-{r}" for r in rows.tolist()]
-    return [f"{name}-{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)]
+    given = given_ids(split, rows) or [None] * len(rows)
+    return [row_id(x, name, r) for x, r in zip(given, rows.tolist(), strict=True)]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig
-from asrforge.data.ids import audio_key, audio_source, named, row_uids
+from asrforge.data.ids import audio_key, audio_source, named, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
     NOT_FOUND,
@@ -232,9 +232,6 @@ class UtteranceTable(Sequence):
         per_language = [len(self.rules.prompt(lang)) for lang in self.languages]
         return np.asarray(per_language, dtype=np.int32)[self.language_index]
 
-    def uid_of_row(self, record: dict, row: int) -> str:
-        return str(record["id"]) if record.get("id") is not None else f"{self.name}-{row}"
-
     def uids(self) -> list[str]:
         """Every utterance's id (reads the ids' column; for the few uses that need them all)."""
         return row_uids(self.split, self.name, self.rows)
@@ -251,7 +248,7 @@ class UtteranceTable(Sequence):
         text = (record["text"] or "").strip()
         return Utterance(
             row=row,
-            uid=self.uid_of_row(record, row),
+            uid=row_id(record.get("id"), self.name, row),
             language=language,
             text=text,
             prompt=self.rules.prompt(language),
@@ -340,7 +337,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     if rules.specials.multilingual:
         unnamed = np.flatnonzero(np.isin(value_index, [k for k, v in enumerate(values) if not v]))
         check_language_tokens(by_value, name, rules.specials, language_filter(cfg.languages),
-                              _ids(split, name, unnamed[:10]))  # fmt: skip
+                              row_uids(split, name, unnamed[:10]))  # fmt: skip
     if training:
         check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
     codes = [data_language(v) for v in values]
@@ -372,7 +369,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     reason[~wanted] = 0
     for k, why in enumerate(reasons, start=1):
         rows = np.flatnonzero(reason == k)
-        for uid in _ids(split, name, rows):
+        for uid in row_uids(split, name, rows):
             report.add(why, uid)
     keep = wanted & (reason == 0)
     del meta, text  # the metadata columns are not kept
@@ -383,11 +380,6 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         split, name, rules, rows=np.flatnonzero(keep), languages=[languages[k] for k in used],
         language_index=renumber[language_index[keep]], seconds=seconds[keep],
     )  # fmt: skip
-
-
-def _ids(split, name: str, rows: np.ndarray) -> list[str]:
-    """The ids of ``rows`` of ``split`` (``<name>-<row>`` where there is none)."""
-    return row_uids(split, name, rows)
 
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:
@@ -414,7 +406,7 @@ def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) 
                 elif problem := file_problem(src := audio_source(audio)):
                     raise UnusableAudio(problem, src)
             except UnusableAudio as e:
-                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                uid = row_id(records.get("id", [None] * len(rows))[k], table.name, row)
                 report.add(e.reason, named(uid, e.source) if e.reason == NOT_FOUND else uid)
                 ok[i] = False
                 continue
@@ -422,7 +414,7 @@ def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) 
             if problem is None and prompt_lengths[i] + n_tokens[i] + 1 > rules.max_positions:
                 problem = rules.long_labels
             if problem is not None:
-                uid = table.uid_of_row({"id": records.get("id", [None] * len(rows))[k]}, row)
+                uid = row_id(records.get("id", [None] * len(rows))[k], table.name, row)
                 report.add(problem, uid)
                 ok[i] = False
     full = UtteranceTable(

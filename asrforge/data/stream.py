@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
 from asrforge.data.dataset import Collator, SpeechDataset
-from asrforge.data.ids import audio_key, audio_source, named
+from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.prepare import Utterance
 from asrforge.data.rules import (
     NOT_FOUND,
@@ -621,10 +621,8 @@ class _EpochBatches(IterableDataset):
         rows, tables, shard_ids = block
         t, r = rows[k]
         row = tables[t][r]
-        uid = row.get("id")
-        if uid is None:  # as prepare_split names rows without an id: by their row number
-            uid = f"{self.stream.split}-{int(self.stream.first_rows[shard_ids[t]]) + r}"
-        return row, str(uid)
+        first = int(self.stream.first_rows[shard_ids[t]])  # the shard's first row in the split
+        return row, row_id(row.get("id"), self.stream.split, first + r)
 
 
 def _stopping(batches) -> Iterator[dict]:
