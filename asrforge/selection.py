@@ -41,7 +41,6 @@ few hundred words is noisy and often comes back within tolerance a few hundred s
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -54,7 +53,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from asrforge.config import ConfigError, GuardConfig, PolicyGroup, SelectionConfig, TrainConfig
 from asrforge.errors import UserError
-from asrforge.text.languages import LANGUAGES, find_language_code, is_unspaced, primary_metric
+from asrforge.text.languages import (
+    LANGUAGES,
+    find_language_code,
+    is_unspaced,
+    primary_metric,
+    resolve_language,
+    unknown_language,
+)
 
 GROUPS_FILE = Path(__file__).with_name("selection_groups.yaml")
 PATIENCE_FULL = 5
@@ -688,7 +694,7 @@ def resolve_group(
         for i, entry in enumerate(group.languages):
             code = find_language_code(entry)
             if code is None:
-                problems.append(f"{prefix}{name}.languages.{i}: {_unknown(entry)}")
+                problems.append(unknown_language(entry, f"{prefix}{name}.languages.{i}"))
             elif code in owner and owner[code] != name:
                 problems.append(
                     f"{prefix}{name}.languages.{i}: {entry!r} is also in group {owner[code]}"
@@ -703,9 +709,7 @@ def resolve_group(
     if problems:
         raise ConfigError(problems, None if where else str(GROUPS_FILE))
 
-    code = find_language_code(language)
-    if code is None:
-        raise UserError(f"{field}: {_unknown(language)}")
+    code = resolve_language(language, field)
     if code in owner:
         return owner[code]
     if catch_all:
@@ -714,13 +718,6 @@ def resolve_group(
         f"{field}: language {language!r} is in no group of {where or GROUPS_FILE.name}, and no "
         f"group has an empty languages list to take the rest"
     )
-
-
-def _unknown(entry: str) -> str:
-    names = list(LANGUAGES) + list(LANGUAGES.values())
-    close = difflib.get_close_matches(entry.lower(), names, n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown language {entry!r}{hint}: give an ISO or Whisper code or an English name"
 
 
 def _metric(metrics: Mapping[str, float], key: str, policy: str) -> float:

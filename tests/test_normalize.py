@@ -10,10 +10,10 @@ from asrforge.errors import UserError
 from asrforge.text import (
     LANGUAGES,
     is_unspaced,
-    language_code,
     language_name,
     normalize,
     primary_metric,
+    resolve_language,
 )
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
@@ -104,13 +104,24 @@ def test_idempotent(text, language):
      ("jv", "jw"), ("castilian", "es"), ("ganda", "lg"), ("haitian creole", "ht")],
 )  # fmt: skip
 def test_language_code(given_, code):
-    assert language_code(given_) == code
+    assert resolve_language(given_) == code
+
+
+def test_an_unknown_language_is_one_message_naming_where_it_came_from():
+    with pytest.raises(UserError, match=r"^data\.language: unknown language 'germna' \(did you "
+                       r"mean 'german'\?\): give an ISO or Whisper code, an English name"):  # fmt: skip
+        resolve_language("germna", "data.language")
+    with pytest.raises(UserError, match=r"^unknown language 'Klingon': give"):
+        resolve_language("Klingon")
+    # a cell of the data's language column: kept as it is, for the checks that name it
+    assert resolve_language("Klingon", strict=False) == "Klingon"
+    assert resolve_language(None, strict=False) == ""
 
 
 def test_language_table_is_a_bijection():
     assert len(set(LANGUAGES.values())) == len(LANGUAGES) >= 100
     for code, name in LANGUAGES.items():
-        assert language_code(name) == code
+        assert resolve_language(name) == code
         assert language_name(code) == name
 
 

@@ -80,7 +80,7 @@ from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.model.vocab import ids_read_as_timestamps
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -645,7 +645,7 @@ def _data_facts(
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
     from asrforge.data.audio import decode_audio
-    from asrforge.data.rules import data_language, language_filter
+    from asrforge.data.rules import language_filter
     from asrforge.data.sources import load_source
 
     try:
@@ -654,7 +654,7 @@ def _data_facts(
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None
     langs = (
-        sorted({data_language(x) for x in split["language"]}) if specials.multilingual else ["en"]
+        sorted({resolve_language(x, strict=False) for x in split["language"]}) if specials.multilingual else ["en"]
     )
     keep = language_filter(cfg.data.languages)
     if keep is not None:
@@ -684,7 +684,7 @@ def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -
     if not specials.multilingual:
         return ["en"]
     if cfg.data.languages:
-        codes = [find_language_code(c) or c for c in cfg.data.languages]
+        codes = [resolve_language(c, strict=False) for c in cfg.data.languages]
         return [c for c in codes if c in specials.languages]
     seen: set[str] = set()
     for records in sorted((ckpt.parent.parent / "eval").glob("step-*.jsonl")):

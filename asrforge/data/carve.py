@@ -17,7 +17,7 @@ from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.ids import row_keys
 from asrforge.data.sources import arrow_columns, dictionary_encoded, load_source
 from asrforge.errors import UserError
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _row_languages(split) -> list[str]:
     if "language" not in split.column_names:
         return [""] * len(split)
     values, index = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
-    codes = [(find_language_code(str(v)) or str(v)) if v else "" for v in values]
+    codes = [resolve_language(v, strict=False) if v else "" for v in values]
     return [codes[i] for i in index.tolist()]
 
 

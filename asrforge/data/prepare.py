@@ -39,7 +39,6 @@ from asrforge.data.rules import (
     UtteranceRules,
     check_english_only,
     check_language_tokens,
-    data_language,
     file_problem,
     header_seconds,
     language_filter,
@@ -48,6 +47,7 @@ from asrforge.data.rules import (
 from asrforge.data.sources import arrow_columns, column_seconds, dictionary_encoded
 from asrforge.errors import CheckpointSaveError
 from asrforge.io.atomic import atomic_directory
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ def split_languages(split) -> set[str]:
     """The language codes of ``split``'s ``language`` column (its distinct values, read with
     Arrow; a value that names no language as it is)."""
     values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
-    return {data_language(v) for v in values if v}
+    return {resolve_language(v, strict=False) for v in values if v}
 
 
 def prepare_split(
@@ -340,7 +340,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
                               row_uids(split, name, unnamed[:10]))  # fmt: skip
     if training:
         check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
-    codes = [data_language(v) for v in values]
+    codes = [resolve_language(v, strict=False) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
     language_index = code_of_value[value_index]

@@ -7,8 +7,9 @@ rules, with the same reason strings, so the skip report (:class:`SkipReport`) re
 way. A language the tokenizer has no token for stops the run (:func:`check_language_tokens`)
 instead of dropping all of its utterances.
 
-The ``language`` column and ``data.languages`` are resolved alike (:func:`data_language`): codes,
-English names and locales (``en``, ``English``, ``en-US``) are one language.
+The ``language`` column and ``data.languages`` are resolved alike
+(:func:`~asrforge.text.languages.resolve_language`): codes, English names and locales (``en``,
+``English``, ``en-US``) are one language.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from asrforge.data.audio import (
 from asrforge.data.ids import audio_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +214,6 @@ def header_seconds(audio) -> float:
         raise UnusableAudio(file_problem(src) or UNREADABLE, src) from None
 
 
-@lru_cache(maxsize=1024)
-def data_language(value: str | None) -> str:
-    """The language code of a ``language`` value (``"English"``, ``"en-US"`` -> ``"en"``;
-    ``"zh-HK"`` -> ``"yue"``), or the value itself when it names no known language."""
-    text = "" if value is None else str(value)
-    return find_language_code(text) or text
-
-
 def language_filter(languages: list[str] | None, where: str = "data.languages") -> set[str] | None:
     """The codes of ``languages`` (codes, names or locales), or None for "all".
 
@@ -229,11 +222,15 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
     """
     if not languages:
         return None
-    unknown = [f"{where}.{i}: unknown language {x!r}" for i, x in enumerate(languages)
-               if find_language_code(x) is None]  # fmt: skip
+    codes, unknown = set(), []
+    for i, x in enumerate(languages):
+        try:
+            codes.add(resolve_language(x, f"{where}.{i}"))
+        except UserError as e:
+            unknown.append(str(e))
     if unknown:
-        raise UserError("; ".join(unknown) + " (give an ISO or Whisper code or an English name)")
-    return {find_language_code(x) for x in languages}
+        raise UserError("; ".join(unknown))
+    return codes
 
 
 @dataclass
@@ -336,7 +333,7 @@ def check_language_tokens(
     """
     tokenless: dict[str | None, int] = {}
     for value, n in counts.items():
-        code = data_language(value)
+        code = resolve_language(value, strict=False)
         if (keep is None or code in keep) and specials.token_language(code) is None:
             tokenless[value] = n
     if not tokenless:
@@ -380,7 +377,7 @@ def check_english_only(counts: Counter, split: str, specials, keep: set[str] | N
     if specials.multilingual:
         return
     other = {value: n for value, n in counts.items()
-             if value and not is_english(value) and (keep is None or data_language(value) in keep)}  # fmt: skip
+             if value and not is_english(value) and (keep is None or resolve_language(value, strict=False) in keep)}  # fmt: skip
     if not other:
         return
     found = ", ".join(_language_value(v, n) for v, n in other.items())
@@ -394,9 +391,9 @@ def check_english_only(counts: Counter, split: str, specials, keep: set[str] | N
 
 def is_english(value: str | None) -> bool:
     """Whether a ``language`` value is English (or empty: an English-only model's every row)."""
-    return not value or data_language(value) == "en"
+    return not value or resolve_language(value, strict=False) == "en"
 
 
 def _language_value(value: str, n: int) -> str:
-    code = data_language(value)
+    code = resolve_language(value, strict=False)
     return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"

@@ -32,7 +32,7 @@ import numpy as np
 from asrforge.config import DataConfig
 from asrforge.data.ids import StandardRows
 from asrforge.errors import UserError
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ def load_source(
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
-    language = language_code(cfg.language, section=section) if cfg.language is not None else None
+    language = None
+    if cfg.language is not None:
+        language = resolve_language(cfg.language, f"{section}.language")
     splits = {}
     for name, ds in raw.items():
         where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
@@ -561,17 +563,6 @@ def _dtype(feature) -> str:
 
 def _is_number(dtype: str) -> bool:
     return dtype == "null" or dtype.startswith(("int", "uint", "float", "double"))
-
-
-def language_code(value: str, *, section: str = "data") -> str:
-    """The language code ``value`` (``section.language``) names."""
-    code = find_language_code(value)
-    if code is None:
-        raise UserError(
-            f"{section}.language: unknown language {value!r} (give an ISO or Whisper code, "
-            "an English name or a locale, e.g. en, English, en-US)"
-        )
-    return code
 
 
 SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir")

@@ -64,7 +64,6 @@ from asrforge.data.rules import (
     UtteranceRules,
     check_english_only,
     check_language_tokens,
-    data_language,
     header_seconds,
     is_english,
     language_filter,
@@ -75,7 +74,6 @@ from asrforge.data.sources import (
     dictionary_encoded,
     find_column,
     format_of,
-    language_code,
     no_rows,
     read_split,
     split_files,
@@ -85,6 +83,7 @@ from asrforge.data.sources import (
 )
 from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
+from asrforge.text.languages import resolve_language
 
 CHUNK = 1 << 24
 """Bytes read at a time while counting a JSONL file's lines."""
@@ -338,7 +337,7 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
             not English under an English-only model.
     """
     value = row.get("language")
-    lang = data_language(value)
+    lang = resolve_language(value, strict=False)
     if rules.keep is not None and lang not in rules.keep:
         return None
     utterance, specials = rules.utterance, rules.utterance.specials
@@ -375,7 +374,7 @@ def _count_languages(counts: Counter, column) -> None:
     """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
     values, index = dictionary_encoded(column)
     for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
-        counts[data_language(value)] += int(n)
+        counts[resolve_language(value, strict=False)] += int(n)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -397,7 +396,9 @@ class StreamedSplit:
         self.cfg, self.seed = cfg, seed
         self.split = cfg.train_split
         self.shards, self.audio_root = find_shards(cfg)
-        self.language = language_code(cfg.language) if cfg.language is not None else None
+        self.language = (
+            resolve_language(cfg.language, "data.language") if cfg.language is not None else None
+        )
         self.fingerprint = fingerprint(self.shards)
         self.first_rows = np.cumsum([0] + [s.rows for s in self.shards])  # global row numbers
         self.rules: RowRules | None = None  # set by prepare()
@@ -412,7 +413,7 @@ class StreamedSplit:
             Counter({self.language: len(self)}) if self.language is not None else None
         )
         first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
-        self.languages.update(data_language(x) for x in first["language"])
+        self.languages.update(resolve_language(x, strict=False) for x in first["language"])
 
     def __len__(self) -> int:
         return int(self.first_rows[-1])

@@ -16,6 +16,7 @@ from asrforge.config import DataConfig
 from asrforge.errors import UserError
 from asrforge.lm.ngram import NGramLM, estimate, write_arpa
 from asrforge.text import normalize
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,11 @@ def data_sentences(
 ) -> Iterator[tuple[str, str]]:
     """``(language, transcript)`` of each utterance of a split of a data set (a path or a data
     section, as :func:`asrforge.data.sources.read_split` takes it; audio is not read)."""
-    from asrforge.data.rules import data_language
     from asrforge.data.sources import read_split
 
     ds = read_split(data, split, required=("text",))  # transcripts alone make an LM
     for row in ds.select_columns(["text", "language"]):
-        code = data_language(row["language"])
+        code = resolve_language(row["language"], strict=False)
         if languages is None or code in languages:
             yield code, row["text"] or ""
 

@@ -20,7 +20,7 @@ from transformers.models.whisper.tokenization_whisper import LANGUAGES
 from asrforge.errors import UserError
 from asrforge.model.frames import TIME_PRECISION
 from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import find_language_code, unknown_language
 
 log = logging.getLogger(__name__)
 
@@ -270,9 +270,9 @@ def _token_map(language_tokens: Mapping[str, str], own: Mapping[str, int]) -> di
         where = f"data.language_tokens.{source}"
         code, target_code = find_language_code(str(source)), find_language_code(str(target))
         if code is None:
-            problems.append(f"{where}: unknown language {source!r}")
+            problems.append(unknown_language(source, where))
         elif target_code is None:
-            problems.append(f"{where}: unknown language {target!r}")
+            problems.append(unknown_language(target, where))
         elif target_code not in own:
             problems.append(f"{where}: {target!r} has no token <|{target_code}|> in the tokenizer")
         elif code != target_code:

@@ -4,9 +4,9 @@ from asrforge.text.languages import (
     LANGUAGES,
     find_language_code,
     is_unspaced,
-    language_code,
     language_name,
     primary_metric,
+    resolve_language,
 )
 from asrforge.text.metrics import (
     EditCounts,
@@ -35,7 +35,7 @@ __all__ = [
     "error_rates",
     "find_language_code",
     "is_unspaced",
-    "language_code",
+    "resolve_language",
     "language_name",
     "normalize",
     "primary_metric",

@@ -11,6 +11,8 @@ is *selected* by is Cantonese even where the model has no ``<|yue|>`` token to *
 
 from __future__ import annotations
 
+import difflib
+from functools import lru_cache
 from typing import Literal
 
 from asrforge.errors import UserError
@@ -85,19 +87,38 @@ def find_language_code(language: str) -> str | None:
     return None
 
 
-def language_code(language: str) -> str:
-    """The code of ``language``: ``"de"``, ``"German"``, ``"de-AT"`` all give ``"de"``.
+@lru_cache(maxsize=1024)
+def resolve_language(value: str | None, where: str | None = None, *, strict: bool = True) -> str:
+    """The code of a language value a person gave: a code, an English name or a locale
+    (``"de"``, ``"German"``, ``"de-AT"`` all give ``"de"``; ``"zh-HK"`` gives ``"yue"``).
+
+    Args:
+        where: where the value came from (``data.language``, ``data.languages.1``), named by the
+            message; None: the message names the value alone.
+        strict: False for a cell of the data's ``language`` column: a value that names no
+            language comes back as it is (``""`` for None), for the checks that name it later.
 
     Raises:
-        UserError: the language is not in :data:`LANGUAGES` (nor an alias of one).
+        UserError: (``strict``) the value names no language in :data:`LANGUAGES` (nor an alias
+            of one), in the words of :func:`unknown_language`.
     """
-    code = find_language_code(language)
-    if code is None:
-        raise UserError(
-            f"unknown language {language!r}: give an ISO 639-1 code or Whisper's code "
-            f"(e.g. 'de', 'yue', 'haw') or an English name (e.g. 'german')"
-        )
-    return code
+    text = "" if value is None else str(value)
+    code = find_language_code(text)
+    if code is not None or not strict:
+        return code or text
+    raise UserError(unknown_language(value, where))
+
+
+def unknown_language(value, where: str | None = None) -> str:
+    """What to say of a language value that names no known language (``where``: see
+    :func:`resolve_language`), with the closest code or name when one is close."""
+    names = list(LANGUAGES) + list(LANGUAGES.values())
+    close = difflib.get_close_matches(str(value).lower(), names, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"{f'{where}: ' if where else ''}unknown language {value!r}{hint}: give an ISO or Whisper "
+        "code, an English name or a locale (e.g. en, English, en-US)"
+    )
 
 
 def language_name(language: str) -> str:
@@ -106,7 +127,7 @@ def language_name(language: str) -> str:
     Raises:
         UserError: the language is unknown.
     """
-    return LANGUAGES[language_code(language)]
+    return LANGUAGES[resolve_language(language)]
 
 
 def is_unspaced(language: str) -> bool:
@@ -116,7 +137,7 @@ def is_unspaced(language: str) -> bool:
     Raises:
         UserError: the language is unknown.
     """
-    return language_code(language) in UNSPACED_LANGUAGES
+    return resolve_language(language) in UNSPACED_LANGUAGES
 
 
 def primary_metric(language: str) -> Literal["wer", "cer"]:

@@ -22,7 +22,7 @@ import functools
 import re
 import unicodedata
 
-from asrforge.text.languages import language_code
+from asrforge.text.languages import resolve_language
 
 _BRACKETED = re.compile(r"[<\[][^>\]]*[>\]]|\([^)]*\)")
 _INVISIBLE = str.maketrans({"\u200b": " ", "\ufeff": None, "\u2060": None})
@@ -104,7 +104,7 @@ def normalize(text: str, language: str) -> str:
     Raises:
         UserError: the language is unknown.
     """
-    if language_code(language) == "en":
+    if resolve_language(language) == "en":
         return _normalize_english(text)
     return _normalize_basic(text)
 

@@ -42,7 +42,7 @@ from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
 from asrforge.selection import GuardGate, run_language
 from asrforge.text import error_rates, normalize, primary_metric, wer
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger("asrforge.train")
 
@@ -142,7 +142,6 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     """The rows of ``cfg.split`` of the data at ``cfg.path``, read as training reads its data
     (:mod:`asrforge.data.sources`); ``language`` for data without a language column."""
     from asrforge.config import DataConfig
-    from asrforge.data.rules import data_language
     from asrforge.data.sources import read_split
 
     data = DataConfig(
@@ -161,7 +160,7 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
         ref = (row.get("text") or "").strip() or None
         audio = row["audio"]
         source = audio["bytes"] or audio["path"]
-        lang = data_language(row["language"]) or language
+        lang = resolve_language(row["language"], strict=False) or language
         yield uid, lambda b=source, u=uid: _decode(b, u), ref, lang
 
 
@@ -336,7 +335,7 @@ def guard_language(cfg, train_languages: Sequence[str]) -> str:
     language = (guard.language if guard is not None else None) or run_language(
         cfg, Counter(train_languages)
     )[0]
-    return find_language_code(language) or language
+    return resolve_language(language, strict=False)
 
 
 def log_text(metrics: dict) -> str:
