@@ -16,7 +16,7 @@ from asrforge.cli import main
 from asrforge.config import DataConfig, SelectionConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.prepare import prepare_split
-from asrforge.data.rules import language_filter
+from asrforge.data.rules import SkipReport, language_filter
 from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
@@ -124,6 +124,17 @@ def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path,
     assert all(u.prompt[1] == specials.languages["en"] for u in utts)
     utts, _ = prepare(split, tok, specials, languages=["en-GB", "es"])
     assert len(utts) == len(split)
+
+
+def test_the_skip_report_holds_each_dropped_id_once_per_reason():
+    # workers drop a clip again every epoch, and every rank's drops are gathered into each one
+    report = SkipReport("train", 10, {"empty text": ["a"]})
+    merged = report.with_dropped({"empty text": ["a", "b", "b"], "unreadable audio": ["b", "c"]})
+    assert merged.skipped == {"empty text": ["a", "b"], "unreadable audio": ["b", "c"]}
+    assert report.skipped == {"empty text": ["a"]}  # with_dropped leaves the report as it was
+    skipped = {"empty text": ["a"]}
+    assert SkipReport.merge(skipped, {"empty text": ["b", "a"], "x": ["b"]}) == ["b", "b"]
+    assert skipped == {"empty text": ["a", "b"], "x": ["b"]}
 
 
 def test_rows_left_out_by_data_languages_are_counted_apart_not_skipped(tmp_path, tones_dir, caplog):

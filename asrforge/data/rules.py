@@ -257,11 +257,26 @@ class SkipReport:
     def with_dropped(self, dropped: dict[str, list[str]]) -> SkipReport:
         """This report and the clips the workers dropped since (each id once per reason)."""
         merged = {k: list(v) for k, v in self.skipped.items()}
-        for reason, uids in dropped.items():
-            have = merged.setdefault(reason, [])
-            seen = set(have)
-            have += [u for u in dict.fromkeys(uids) if u not in seen]
+        SkipReport.merge(merged, dropped)
         return SkipReport(self.split, self.total, merged, dict(self.left_out))
+
+    @staticmethod
+    def merge(skipped: dict[str, list[str]], dropped: dict[str, list[str]]) -> list[str]:
+        """Add ``dropped`` (ids by reason) to ``skipped`` in place, each id once per reason: a
+        clip is dropped again every epoch, and every rank's drops are gathered into each one.
+
+        Returns:
+            The ids added, reason by reason in ``dropped``'s order (one id may be added under
+            two reasons).
+        """
+        added = []
+        for reason, uids in dropped.items():
+            have = skipped.setdefault(reason, [])
+            seen = set(have)
+            new = [u for u in dict.fromkeys(uids) if u not in seen]
+            have += new
+            added += new
+        return added
 
     def write(self, out_dir: Path) -> Path | None:
         """``out_dir/skipped-<split>.json`` (atomically), when anything was skipped."""
