@@ -17,6 +17,7 @@ from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.ids import row_keys
 from asrforge.data.sources import arrow_columns, dictionary_encoded, load_source
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,6 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
         UserError: resuming on a training split other than the recorded one (another size, or
             its rows reordered or replaced).
     """
-    from asrforge.io.atomic import atomic_write_text
-
     record = Path(run_dir) / CARVE_FILE
     languages = _row_languages(train)
     rows = None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrforge.config import DataConfig
+from asrforge.config import DataConfig, apply_override, format_errors
 from asrforge.data.ids import StandardRows
 from asrforge.errors import UserError
 from asrforge.text.languages import resolve_language
@@ -579,8 +579,6 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
         UserError: an option outside :data:`SOURCE_OPTIONS` or a bad value, each named.
     """
     from pydantic import ValidationError
-
-    from asrforge.config import apply_override, format_errors  # the run config's own parser
 
     section: dict = {}
     problems = []
