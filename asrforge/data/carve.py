@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
+from asrforge.data.columns import arrow_columns, dictionary_encoded
 from asrforge.data.ids import row_keys
-from asrforge.data.sources import arrow_columns, dictionary_encoded, load_source
+from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.text.languages import resolve_language

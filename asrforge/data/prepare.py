@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig
+from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded
 from asrforge.data.ids import audio_key, audio_source, named, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
@@ -44,7 +45,6 @@ from asrforge.data.rules import (
     language_filter,
     utterance_problem,
 )
-from asrforge.data.sources import arrow_columns, column_seconds, dictionary_encoded
 from asrforge.errors import CheckpointSaveError
 from asrforge.io.atomic import atomic_directory
 from asrforge.text.languages import resolve_language

@@ -55,6 +55,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
+from asrforge.data.columns import dictionary_encoded, find_column, standardize
 from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.prepare import Utterance
@@ -71,13 +72,10 @@ from asrforge.data.rules import (
 )
 from asrforge.data.sources import (
     check_data_path,
-    dictionary_encoded,
-    find_column,
     format_of,
     no_rows,
     read_split,
     split_files,
-    standardize,
     unreadable,
     utf8_problem,
 )
@@ -434,16 +432,16 @@ class StreamedSplit:
             raise UserError(f"data.path: {where} changed while training ({table.num_rows} rows, "
                             f"{shard.rows} when the run started)")  # fmt: skip
         ds = datasets.Dataset(InMemoryTable(table))
-        sources_log = logging.getLogger("asrforge.data.sources")
-        level = sources_log.level
+        columns_log = logging.getLogger("asrforge.data.columns")  # standardize's
+        level = columns_log.level
         if index or self.languages:  # what it says of one shard it says of all: said once
-            sources_log.setLevel(max(level, logging.WARNING))
+            columns_log.setLevel(max(level, logging.WARNING))
         try:
             return standardize(
                 ds, self.cfg, where=where, audio_root=self.audio_root, language=self.language
             )
         finally:
-            sources_log.setLevel(level)
+            columns_log.setLevel(level)
 
     def read_columns(self, shard: Shard, keys: list[str]) -> list:
         """The pyarrow columns of ``shard`` holding ``keys`` (``text``, ``language``), in that
