@@ -1,20 +1,14 @@
 """A split's usable utterances: an Arrow split -> an :class:`UtteranceTable` and a skip report.
 
-:func:`prepare_split` reads the split's metadata columns (text, language, a duration when the
-data has one) with Arrow, never the audio: the language filter, empty text and durations out of
-range are skipped up front with their ids, and a language the tokenizer has no token for stops
-the run instead of dropping all of its utterances. What needs the audio or the tokenizer is
-either checked in full up front too (the evaluation split; packing and the caches), or, for a
-lazily prepared training split, in the DataLoader workers.
+:func:`prepare_split` reads the metadata columns (text, language, a duration when the data has
+one) with Arrow, never the audio, and skips what they rule out up front with its ids. What needs
+the audio or the tokenizer is checked in full up front too (the evaluation split; packing and
+the caches), or, for a lazily prepared training split, in the DataLoader workers. A split checked
+in full is kept on disk under a :func:`fingerprint` (``<root>/<fingerprint>/table.npz`` and
+``meta.json``), so a resume, the other ranks and the next run read it instead of checking again.
 
-The usable rows are held as a few numpy arrays (:class:`UtteranceTable`: row, language, seconds
-and, once counted, text tokens; about 20 bytes a row), not a Python object per row. An
-:class:`Utterance` is built when one is asked for, from its row of the Arrow split.
-
-A split checked in full is kept on disk under a fingerprint (:func:`fingerprint`: the split,
-the filtering config fields, the tokenizer, the window and the decoder's positions), so a
-resume, the other ranks and the next run read it instead of repeating the pass; layout:
-``<root>/<fingerprint>/table.npz`` and ``meta.json``, written as one directory atomically.
+The usable rows are a few numpy arrays (row, language, seconds, text tokens: about 20 bytes a
+row), not a Python object per row; an :class:`Utterance` is built from its Arrow row on demand.
 """
 
 from __future__ import annotations
@@ -72,7 +66,12 @@ def tokenizer_identity(tokenizer) -> str:
 
 def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
     """The key of ``split`` prepared in full under ``cfg`` (a ``DataConfig``) and ``rules``, or
-    None when ``datasets`` gives the split no fingerprint."""
+    None when ``datasets`` gives the split no fingerprint.
+
+    It covers the split (``datasets``' fingerprint follows its files and every transform, a
+    carve's row selection included) and its row count, the data fields that filter, the
+    tokenizer, the window and the decoder's positions. Not the audio files: one edited in place
+    keeps its old duration until the cache directory is removed."""
     split_id = getattr(split, "_fingerprint", None)
     if not split_id:
         return None
