@@ -1,41 +1,16 @@
-"""The streamed training split (``data.stream``): rows read from their files shard by shard,
-in an order that is a pure function of (seed, epoch), so a resumed run sees exactly the batches
-an uninterrupted one would have.
+"""The streamed training split (``data.stream``): rows read from their files shard by shard, in an
+order that is a pure function of (seed, epoch), so a resumed run sees exactly the batches an
+uninterrupted one would have (why not ``datasets.IterableDataset``: docs/decisions.md).
 
-Shards. A directory's ``train*`` files (as :mod:`asrforge.data.sources` splits them), or one
-manifest file: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of
-a JSONL file (found by counting newlines, which reads the bytes once, checks they are UTF-8 and
-keeps one offset per shard). Row counts come from that index and from file metadata, so the
-epoch's length is known before step 1 without reading a clip; only csv/tsv files are parsed once
-to count their rows.
-
-Order. Epoch ``e``: the shards in the order ``permutation(seed, e)``, grouped in blocks of
-``data.stream.shuffle_shards``; the rows of each block in the order ``permutation(seed, e,
-block)``. The epoch's rows are those blocks one after another, cut into batches of
-``data.batch_size`` rows: batch ``j`` goes to rank ``j % world``, and that rank's ``i``-th batch to
-DataLoader worker ``i % num_workers`` (the DataLoader takes the workers' outputs round-robin,
-and lower workers never hold fewer batches, so the order is kept to the epoch's end). Every
-worker reads the rows of the blocks its batches come from and decodes audio only for its own.
-
-Checks. Rows are checked as their batch is built (:func:`check_row`: the
-:class:`~asrforge.data.rules.UtteranceRules` ``prepare_split`` applies, with its reasons);
-a row ``data.languages`` leaves out is left out of its batch too, but is no skip (counted per
-language up front, :meth:`StreamedSplit.left_out`, as ``prepare_split`` counts them); a skipped
-row leaves its batch one shorter and is reported by reason like a clip that fails to
-decode in a map-style split (the loop's log, ``TrainState.dropped`` gathered from every rank,
-and ``skipped-<split>.json``, which rank zero rewrites at each checkpoint and at the end). A
-language without a token stops the run naming the value, as it does up front for the
-map-style split.
-
-Position. ``TrainState.epoch`` and ``batch_in_epoch`` say where the stream is (a resume starts at
-that batch, skipping whole shards by their row counts, reading no audio); ``stream_position``
-records the shard list's fingerprint, so a resume on different shards is refused rather than
-continued on other rows.
-
-Why not ``datasets.IterableDataset``: its ``state_dict()`` keeps the shard and the row within it
-but not the shuffle buffer's content; datasets 5.2 documents that "examples from shuffle buffers
-are lost when resuming and the buffers are refilled with new data" (``iterable_dataset.py``,
-``IterableDataset.state_dict``), so a shuffled stream does not resume bit-identically there.
+Shards: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of a JSONL
+file (found by counting newlines once); row counts come from that index and file metadata, so an
+epoch's length is known before step 1. Epoch ``e``: the shards permuted by (seed, e) in blocks of
+``data.stream.shuffle_shards``, each block's rows permuted by (seed, e, block), cut into batches;
+batch ``j`` goes to rank ``j % world`` and that rank's ``i``-th batch to worker ``i % num_workers``
+(the DataLoader takes the workers' outputs round-robin, so the order holds to the epoch's end).
+Rows are checked as their batch is built (:func:`check_row`: ``prepare_split``'s rules and
+reasons); a row ``data.languages`` leaves out is no skip (:meth:`StreamedSplit.left_out`).
+``stream_position`` records the shard list's fingerprint: a resume on other shards is refused.
 """
 
 from __future__ import annotations
