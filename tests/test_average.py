@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from asrforge.checkpoint import average
-from asrforge.checkpoint.average import add_cli, average_checkpoints, average_top_k, run_cli
+from asrforge.checkpoint.average import average_checkpoints, average_top_k
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights
+from asrforge.cli.average import add_cli, run_cli
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 
 

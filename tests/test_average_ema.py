@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from asrforge.bundle.export import checkpoint_contents
-from asrforge.checkpoint.average import add_cli, average_checkpoints, run_cli
+from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.manifest import read_manifest, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights
+from asrforge.cli.average import add_cli, run_cli
 from asrforge.errors import UserError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config

@@ -27,7 +27,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from asrforge.convert.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
+from asrforge.cli.import_ct2 import add_cli, run_cli
+from asrforge.convert.ct2 import _generation_config, import_ct2, read_model_bin
 from asrforge.errors import UserError
 
 SENTENCES = [

@@ -28,7 +28,6 @@ decoder/projection/weight                  proj_out.weight (an alias of the embe
 
 from __future__ import annotations
 
-import argparse
 import json
 import mmap
 import os
@@ -555,40 +554,3 @@ def _write_tokenizer_files(out: Path, tok: dict, specials: list[str], max_length
     for name, content in files.items():
         (out / name).write_text(json.dumps(content, ensure_ascii=False, indent=1), "utf-8")
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", "utf-8")
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``asrforge import-ct2 CT2_DIR --out HF_DIR [--dtype float32]``."""
-    parser = subparsers.add_parser(
-        "import-ct2",
-        help="convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
-        description=(import_ct2.__doc__ or "").split("\n")[0],
-    )
-    parser.add_argument(
-        "ct2_dir",
-        type=Path,
-        metavar="CT2_DIR",
-        help="directory with model.bin, config.json, tokenizer.json, vocabulary.*",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        required=True,
-        metavar="HF_DIR",
-        help="output directory (must not exist or be empty)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default="float32",
-        help="dtype of the written weights (default: float32)",
-    )
-    parser.set_defaults(func=run_cli)
-    return parser
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``import-ct2``; user errors propagate as :class:`UserError` for the CLI to print."""
-    out = import_ct2(args.ct2_dir, args.out, dtype=args.dtype)
-    print(f"wrote a transformers Whisper model to {out}")
-    return 0

@@ -12,7 +12,11 @@ from pathlib import Path
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``lm`` with its ``build`` and ``tune`` commands."""
-    from asrforge.data.options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP  # evaluate's --data
+    from asrforge.cli.data_options import (  # evaluate's --data
+        DATA_HELP,
+        DATA_OPTIONS_HELP,
+        SPLIT_HELP,
+    )
 
     lm = subparsers.add_parser(
         "lm",
@@ -73,7 +77,7 @@ def _floats(text: str) -> list[float]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from asrforge.data.options import data_options
+    from asrforge.cli.data_options import data_options
     from asrforge.errors import UserError
     from asrforge.lm.build import build_lm_file
 
@@ -97,7 +101,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from asrforge.data.options import data_options
+    from asrforge.cli.data_options import data_options
     from asrforge.errors import UserError
     from asrforge.lm.tune import ALPHAS, BETAS, tune
 

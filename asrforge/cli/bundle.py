@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asrforge.data.options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
 from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
 

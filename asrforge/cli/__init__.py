@@ -25,23 +25,23 @@ from asrforge.train.run_log import is_rank_zero
 
 # Sub-commands that live next to the code they drive (each module has ``add_cli``).
 EXTERNAL_COMMANDS = [
-    "asrforge.config_reference",
-    "asrforge.matrix.cli",
-    "asrforge.bundle.cli",
-    "asrforge.recipes.demo",
-    "asrforge.lm.cli",
+    "asrforge.cli.config",
+    "asrforge.cli.matrix",
+    "asrforge.cli.bundle",
+    "asrforge.cli.demo",
+    "asrforge.cli.lm",
 ]
 # Those whose modules import torch or transformers at the top are imported only when their
 # command is named, so `asrforge --help` and a mistyped line answer without seconds of imports;
 # their one-line help is repeated here (a test keeps it equal to the module's).
 HEAVY_COMMANDS = {
-    "average": ("asrforge.checkpoint.average", "average the k best checkpoints of a run by a metric"),
+    "average": ("asrforge.cli.average", "average the k best checkpoints of a run by a metric"),
     "import-ct2": (
-        "asrforge.convert.ct2",
+        "asrforge.cli.import_ct2",
         "convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
     ),
-    "vocab": ("asrforge.model.vocab", "per-language vocabulary extension"),
-    "corpus": ("asrforge.recipes.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
+    "vocab": ("asrforge.cli.vocab", "per-language vocabulary extension"),
+    "corpus": ("asrforge.cli.corpus", "synthesize a multilingual speech corpus with espeak-ng"),
 }
 
 
