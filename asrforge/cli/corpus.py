@@ -7,14 +7,13 @@ from pathlib import Path
 
 from asrforge.errors import UserError
 from asrforge.recipes.corpus import (
-    LANGUAGES_TABLE,
     MAX_WORDS,
     MIN_WORDS,
-    TEXT_SOURCES,
     CorpusSpec,
     _summary,
     build_corpus,
 )
+from asrforge.recipes.corpus_languages import LANGUAGES_TABLE, TEXT_SOURCES
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -50,6 +50,7 @@ import soundfile as sf
 
 from asrforge.data.audio import SAMPLE_RATE, resample
 from asrforge.errors import UserError
+from asrforge.recipes.corpus_languages import LANGUAGES_TABLE, REFUSED, TEXT_SOURCES
 from asrforge.recipes.sentences import (
     FORTUNES,
     MAX_WORDS,
@@ -69,34 +70,6 @@ log = logging.getLogger(__name__)
 CORPUS_FORMAT = 3
 """Bumped when the same arguments would give a different corpus (a rebuild, not a reuse)."""
 SPLITS = ("train", "validation", "test")
-TEXT_SOURCES = ("auto", "fortunes", "wordfreq")
-
-# code (Whisper's) -> (wordfreq code, espeak-ng voices; speakers alternate between them)
-LANGUAGES_TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "en": ("en", ("en-us", "en-gb")), "es": ("es", ("es", "es-419")), "de": ("de", ("de",)),
-    "fr": ("fr", ("fr-fr",)), "it": ("it", ("it",)), "pt": ("pt", ("pt-br", "pt")),
-    "nl": ("nl", ("nl",)), "sv": ("sv", ("sv",)), "da": ("da", ("da",)), "no": ("nb", ("nb",)),
-    "fi": ("fi", ("fi",)), "is": ("is", ("is",)), "pl": ("pl", ("pl",)), "cs": ("cs", ("cs",)),
-    "sk": ("sk", ("sk",)), "sl": ("sl", ("sl",)), "hr": ("sh", ("hr",)), "ro": ("ro", ("ro",)),
-    "hu": ("hu", ("hu",)), "ca": ("ca", ("ca",)), "lt": ("lt", ("lt",)), "lv": ("lv", ("lv",)),
-    "ru": ("ru", ("ru",)), "uk": ("uk", ("uk",)), "bg": ("bg", ("bg",)), "mk": ("mk", ("mk",)),
-    "el": ("el", ("el",)), "tr": ("tr", ("tr",)), "id": ("id", ("id",)), "ms": ("ms", ("ms",)),
-    "vi": ("vi", ("vi",)), "ar": ("ar", ("ar",)), "fa": ("fa", ("fa",)), "he": ("he", ("he",)),
-    "hi": ("hi", ("hi",)), "bn": ("bn", ("bn",)), "ta": ("ta", ("ta",)), "ur": ("ur", ("ur",)),
-    "ko": ("ko", ("ko",)), "zh": ("zh", ("cmn-latn-pinyin",)), "ja": ("ja", ("ja",)),
-}  # fmt: skip
-"""Languages the corpus can speak: each needs a wordfreq word list and an espeak-ng voice."""
-
-REFUSED: dict[str, str] = {
-    "km": "espeak-ng has no Khmer voice",
-    "ja": "espeak-ng does not read kanji (it says 'Chinese letter'); pass --japanese-kana-only to "
-          "draw Japanese sentences from kana-written words only",
-    "th": "wordfreq has no Thai word list (espeak-ng has a Thai voice)",
-    "my": "wordfreq has no Burmese word list",
-    "sw": "wordfreq has no Swahili word list",
-    "lg": "neither wordfreq nor espeak-ng knows Ganda",
-}
-"""Languages asked about often that the corpus cannot speak, and why."""
 
 # espeak-ng voice variants that sound like a plain voice (no whisper, croak or robot effects);
 # Andy, Annie and ed were left out: Whisper tiny.en loops on them far more than on the rest.
