@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.average import average_top_k
-from asrforge.checkpoint.manifest import read_manifest
 from asrforge.errors import UserError
 
+# Averaging loads torch: imported inside the handler, so building the parser (`asrforge --help`)
+# does not wait for it.
 
-def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``average`` to an argparse subparsers object; the caller dispatches to :func:`run_cli`."""
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``average``."""
     p = subparsers.add_parser(
         "average",
         help="average the k best checkpoints of a run by a metric",
@@ -41,12 +42,15 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="instead, average one safetensors file as it is (e.g. ema.safetensors alone)",
     )
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=run)
     return p
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``asrforge average``; user errors raise :class:`UserError` subclasses."""
+    from asrforge.checkpoint.average import average_top_k
+    from asrforge.checkpoint.manifest import read_manifest
+
     if args.k < 1:
         raise UserError(f"--k: must be >= 1, got {args.k}")
     out = average_top_k(

@@ -10,7 +10,8 @@ from asrforge.config_reference import field_docs, render_fields, render_markdown
 from asrforge.errors import UserError
 
 
-def add_cli(sub) -> None:
+def add_parser(sub) -> None:
+    """Register ``config`` with its actions."""
     p = sub.add_parser(
         "config",
         help="print the config reference or a resolved config",
@@ -22,24 +23,24 @@ def add_cli(sub) -> None:
     fields.add_argument(
         "section", nargs="?", help="only fields under this YAML path prefix, e.g. optim or eval"
     )
-    fields.set_defaults(func=_run_fields)
+    fields.set_defaults(func=run_fields)
     show = actions.add_parser(
         "show", help="print CONFIG resolved (overrides applied, every default filled in)"
     )
     show.add_argument("config", help="the YAML config file; dotted.key=value overrides may follow")
-    show.set_defaults(func=_run_show, accepts_overrides=True)
+    show.set_defaults(func=run_show, accepts_overrides=True)
     hf = actions.add_parser(
         "hf",
         help="Hugging Face TrainingArguments and ms-swift names and the asrforge field for each",
     )
-    hf.set_defaults(func=_run_hf)
+    hf.set_defaults(func=run_hf)
     reference = actions.add_parser(
         "reference", help="the whole reference as Markdown (docs/configuration.md)"
     )
-    reference.set_defaults(func=_run_reference)
+    reference.set_defaults(func=run_reference)
 
 
-def _run_fields(args: argparse.Namespace) -> int:
+def run_fields(args: argparse.Namespace) -> int:
     rows = field_docs()
     if args.section:
         rows = [r for r in rows if r.path == args.section or r.path.startswith(args.section + ".")]
@@ -52,19 +53,19 @@ def _run_fields(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_hf(args: argparse.Namespace) -> int:
+def run_hf(args: argparse.Namespace) -> int:
     names = HF_NAMES | SWIFT_NAMES
     width = max(map(len, names))
     print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
     return 0
 
 
-def _run_reference(args: argparse.Namespace) -> int:
+def run_reference(args: argparse.Namespace) -> int:
     print(render_markdown(), end="")
     return 0
 
 
-def _run_show(args: argparse.Namespace) -> int:
+def run_show(args: argparse.Namespace) -> int:
     print(render_resolved(load_config(args.config, args.overrides)), end="")
     return 0
 

@@ -6,17 +6,15 @@ import argparse
 from pathlib import Path
 
 from asrforge.errors import UserError
-from asrforge.recipes.corpus import (
-    MAX_WORDS,
-    MIN_WORDS,
-    CorpusSpec,
-    _summary,
-    build_corpus,
-)
 from asrforge.recipes.corpus_languages import LANGUAGES_TABLE, TEXT_SOURCES
+from asrforge.recipes.extra import require_demo_extra
+from asrforge.recipes.sentences import MAX_WORDS, MIN_WORDS
+
+# The synthesis code loads numpy, soundfile and datasets: imported inside the handler, so building
+# the parser (`asrforge --help`) does not wait for it.
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``asrforge corpus``."""
     langs = ", ".join(sorted(LANGUAGES_TABLE))
     p = subparsers.add_parser(
@@ -51,7 +49,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "auto: fortunes where the language's package is installed (default)")
     p.add_argument("--japanese-kana-only", action="store_true",
                    help="allow ja: sentences of kana-written words only")
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=run)
     return p
 
 
@@ -78,8 +76,11 @@ def split_sizes(per_language: int | None, sizes: str | None) -> dict[str, int]:
     return out
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``asrforge corpus``."""
+    require_demo_extra("corpus", ("wordfreq",))
+    from asrforge.recipes.corpus import CorpusSpec, build_corpus, card_summary
+
     spec = CorpusSpec(
         languages=[s.strip() for s in args.languages.split(",") if s.strip()],
         sizes=split_sizes(args.per_language, args.split_sizes), seed=args.seed,
@@ -90,5 +91,5 @@ def run_cli(args: argparse.Namespace) -> int:
         raise UserError(f"corpus --workers: must be >= 1, got {args.workers}")
     card = build_corpus(spec, args.out, cache_dir=args.cache_dir, workers=args.workers,
                         force=args.force, progress=print)
-    print(f"corpus card: {Path(args.out) / 'README.md'} ({_summary(card)})")
+    print(f"corpus card: {Path(args.out) / 'README.md'} ({card_summary(card)})")
     return 0

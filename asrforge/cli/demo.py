@@ -8,9 +8,10 @@ from pathlib import Path
 
 from asrforge.errors import UserError
 from asrforge.recipes.demo import CONFIG, MULTI_CONFIG, run_english, run_multilingual
+from asrforge.recipes.extra import require_demo_extra
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``asrforge demo``."""
     p = subparsers.add_parser(
         "demo",
@@ -34,12 +35,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="run directory (default: the config's output_dir plus a time stamp)")
     p.add_argument("--workers", type=int, default=None, help="espeak-ng processes (default: CPUs)")
-    p.set_defaults(func=run_cli, accepts_overrides=True)
+    p.set_defaults(func=run, accepts_overrides=True)
     return p
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``asrforge demo``."""
+    require_demo_extra("demo")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"demo --steps: must be >= 1, got {args.steps}")
     if args.workers is not None and args.workers < 1:

@@ -1,7 +1,4 @@
-"""``asrforge lm build`` and ``asrforge lm tune``.
-
-Imported when the ``asrforge`` parser is built: everything heavy is imported in the handlers.
-"""
+"""``asrforge lm build`` and ``asrforge lm tune``."""
 
 from __future__ import annotations
 
@@ -9,15 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.errors import UserError
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
+# Building and tuning an LM read data and decode with torch: imported inside the handlers, so
+# building the parser (`asrforge --help`) does not wait for them.
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``lm`` with its ``build`` and ``tune`` commands."""
-    from asrforge.cli.data_options import (  # evaluate's --data
-        DATA_HELP,
-        DATA_OPTIONS_HELP,
-        SPLIT_HELP,
-    )
-
     lm = subparsers.add_parser(
         "lm",
         help="word n-gram language models for beam search (build, tune)",
@@ -77,8 +74,6 @@ def _floats(text: str) -> list[float]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from asrforge.cli.data_options import data_options
-    from asrforge.errors import UserError
     from asrforge.lm.build import build_lm_file
 
     if args.overrides and args.data is None:
@@ -101,8 +96,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from asrforge.cli.data_options import data_options
-    from asrforge.errors import UserError
     from asrforge.lm.tune import ALPHAS, BETAS, tune
 
     data = data_options(args)

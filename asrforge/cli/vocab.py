@@ -7,20 +7,14 @@ import json
 from itertools import chain
 from pathlib import Path
 
+from asrforge.cli.data_options import data_options
 from asrforge.errors import UserError
-from asrforge.model.tokenizer import load_tokenizer
-from asrforge.model.vocab import (
-    VocabExtension,
-    build_extended_tokenizer,
-    compare_tokenizers,
-    iter_text_file,
-    load_extended_tokenizer,
-    read_transcripts,
-    tokenizer_sha256,
-)
+
+# The tokenizer code loads transformers: imported inside the handler, so building the parser
+# (`asrforge --help`) does not wait for it.
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``asrforge vocab build`` and ``asrforge vocab report``."""
     parser = subparsers.add_parser(
         "vocab",
@@ -55,7 +49,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument(
         "--split", default="train", help="split of --data to read (default train; a file: whole)"
     )
-    b.set_defaults(func=run_cli, accepts_overrides=True)
+    b.set_defaults(func=run, accepts_overrides=True)
     r = sub.add_parser("report", help="tokens per utterance before and after an extension")
     r.add_argument("--data", type=Path, required=True, help="as for vocab build")
     r.add_argument("--language", required=True)
@@ -63,13 +57,22 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
     r.add_argument("--split", default="train")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.set_defaults(func=run_cli, accepts_overrides=True)
+    r.set_defaults(func=run, accepts_overrides=True)
     return parser
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
-    from asrforge.cli.data_options import data_options
+    from asrforge.model.tokenizer import load_tokenizer
+    from asrforge.model.vocab import (
+        VocabExtension,
+        build_extended_tokenizer,
+        compare_tokenizers,
+        iter_text_file,
+        load_extended_tokenizer,
+        read_transcripts,
+        tokenizer_sha256,
+    )
 
     data = data_options(args)
     if args.vocab_command == "build":

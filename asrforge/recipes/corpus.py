@@ -378,7 +378,7 @@ def build_corpus(
             same = (card.get("spec") == spec.to_dict() and card.get("plan") == plan_digest()
                     and card.get("sources") == spec.sources())
             if not force and same:
-                say(f"corpus: {out} already holds this corpus ({_summary(card)}); reusing it")
+                say(f"corpus: {out} already holds this corpus ({card_summary(card)}); reusing it")
                 return card
         elif any(p.name != ".cache" for p in out.iterdir()):
             raise UserError(f"corpus --out: {out} is not empty and holds no corpus (card.json); "
@@ -413,7 +413,7 @@ def build_corpus(
 
     card = _card(spec, clips, results, version, n_cached, t_synth)
     _write(out, clips, results, card, cache)
-    say(f"corpus: wrote {out} ({_summary(card)}) in {time.perf_counter() - t0:.1f} s")
+    say(f"corpus: wrote {out} ({card_summary(card)}) in {time.perf_counter() - t0:.1f} s")
     return card
 
 
@@ -510,7 +510,7 @@ def _card(spec: CorpusSpec, clips: list[Clip], results: dict, espeak_version: st
     }
 
 
-def _summary(card: dict) -> str:
+def card_summary(card: dict) -> str:
     parts = [f"{s} {v['utterances']} utts / {v['hours'] * 60:.1f} min"
              for s, v in card["splits"].items()]
     return ", ".join(parts)

