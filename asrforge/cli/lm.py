@@ -96,7 +96,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from asrforge.lm.tune import ALPHAS, BETAS, tune
+    from asrforge.bundle.lm_tune import ALPHAS, BETAS, tune
 
     data = data_options(args)
     for name in ("batch_size", "max_samples", "max_new_tokens"):
