@@ -10,7 +10,7 @@ import textwrap
 
 from asrforge.config import external_code_allowed
 from asrforge.config_reference import fields_epilog
-from asrforge.matrix.plan import MatrixConfig
+from asrforge.matrix.plan import MatrixConfig, load_matrix
 
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
 # so building the parser (`asrforge --help`) does not wait for them.
@@ -56,7 +56,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from asrforge.matrix.executors import LocalExecutor, RayExecutor, parse_devices
-    from asrforge.matrix.plan import load_matrix
     from asrforge.matrix.run import Launcher
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",

@@ -12,6 +12,7 @@ from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 from asrforge.io.atomic import directory_problem
 from asrforge.selection import format_metrics
+from asrforge.train.events import CriticalCallbackError
 from asrforge.train.run_log import is_rank_zero
 
 # The loop, the callbacks and torch are imported inside the handler once the config is read, so
@@ -51,7 +52,6 @@ def run(args) -> int:
         raise UserError(f"output_dir: {problem}")
 
     from asrforge.callbacks import build_callbacks
-    from asrforge.train.events import CriticalCallbackError
     from asrforge.train.loop import Trainer
 
     allowed = external_code_allowed(args.allow_external_callbacks)

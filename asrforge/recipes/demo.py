@@ -44,10 +44,20 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from asrforge.config import load_config
 from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.matrix.plan import load_matrix
+from asrforge.matrix.report import collect
+from asrforge.matrix.report import write_report as write_matrix_report
 from asrforge.recipes.extra import require_demo_extra
+from asrforge.selection import resolve_group
+from asrforge.text import normalize, primary_metric, wer
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
+
+# The `asrforge` parser imports this module for the demo's defaults, so the demo's heavy steps
+# (torch, the corpus, the loop, bundles, the matrix's executors) are imported inside the
+# functions that run them.
 
 CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
@@ -96,7 +106,6 @@ MULTI_QUICK_OVERRIDES = ["train.max_steps=4", "eval.eval_steps=2", "train.log_ev
 
 class Progress:
     """Timestamped progress lines on stdout, and the duration of each phase."""
-
     def __init__(self, total_phases: int):
         self.t0 = time.perf_counter()
         self.total = total_phases
@@ -261,8 +270,6 @@ def longform_wer(bundle, path: Path, reference: str) -> tuple[float, str]:
     """``(WER, transcript)`` of the long recording transcribed by ``bundle`` as ``asrforge
     transcribe`` does, with :data:`LONGFORM_MAX_NEW_TOKENS` per window whatever the bundle's
     own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there)."""
-    from asrforge.text import normalize, wer
-
     hyp = bundle.transcribe(path, max_new_tokens=LONGFORM_MAX_NEW_TOKENS)
     return float(wer(normalize(reference, "en"), normalize(hyp, "en"))), hyp
 
@@ -284,8 +291,6 @@ def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
 
 def drift(before: list[str], after: list[str]) -> float:
     """WER of ``after`` against ``before`` (the starting model's transcripts), normalized."""
-    from asrforge.text import normalize, wer
-
     return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
 
 
@@ -351,7 +356,6 @@ def ct2_longform_wer(source: Path, out: Path, long_path: Path,
     except ImportError:
         return None
     from asrforge.bundle import export_bundle
-    from asrforge.text import normalize, wer
 
     ct2_dir = export_bundle(source, out, fmt="ct2")
     model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32")
@@ -454,8 +458,6 @@ def _resolve(args: argparse.Namespace, default_config: str, quick_overrides: lis
     (``--config`` or the default), ``--quick``'s and the user's overrides and ``--steps``, the
     demo directory (``--out`` or the config's output_dir plus a time stamp) and the data set
     (``-quick`` beside it for ``--quick``)."""
-    from asrforge.config import load_config
-
     config = find_config(default_config, args.config)
     overrides = list(quick_overrides if args.quick else []) + list(args.overrides)
     if args.steps is not None:
@@ -480,7 +482,6 @@ def train_sentences(cfg) -> int:
 
 def run_english(args: argparse.Namespace) -> int:
     """Steps 1-7 of the module docstring."""
-    from asrforge.config import load_config
     from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
@@ -659,9 +660,6 @@ def run_multilingual(args: argparse.Namespace) -> int:
     import yaml
 
     from asrforge.matrix.executors import LocalExecutor, parse_devices
-    from asrforge.matrix.plan import load_matrix
-    from asrforge.matrix.report import collect
-    from asrforge.matrix.report import write_report as write_matrix_report
     from asrforge.matrix.run import Launcher
     from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
@@ -726,9 +724,6 @@ def run_multilingual(args: argparse.Namespace) -> int:
 def multilingual_table(rows: list, cfg) -> str:
     """Per language: its group and policy, the steps run, the selected step and why, and the
     test WER/CER (``judge by``: CER for unspaced scripts, where WER says little)."""
-    from asrforge.selection import resolve_group
-    from asrforge.text import primary_metric
-
     groups = cfg.selection.groups
     lines = [f"{'language':<9} {'group':<6} {'policy':<14} {'steps':>5} {'best':>5}  "
              f"{'WER %':>6} {'CER %':>6} {'judge by':>8} {'n':>4}  chosen because"]
