@@ -1,42 +1,7 @@
 """Checkpoint selection: after each evaluation, is this the new best checkpoint, and should the
 run stop?
 
-A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says save or not:
-
-* :class:`ByWer`: save when ``wer < best_wer``.
-* :class:`ByLoss`: save when ``loss < best_loss``.
-* :class:`CombinedGate`: save when ``wer`` or ``loss`` improves on its best, and neither is worse
-  than its best by ``wer_tol`` / ``loss_eps`` or more. The bests (``wer``, ``loss`` and, when
-  reported, ``cer``) are the minima over the *saved* evaluations: each takes the min when a
-  checkpoint is saved, never from a refused one, so a collapsing run (loss still falling, WER
-  exploding) cannot move the gate. The first evaluation saves.
-
-For a language written without spaces (Chinese, Cantonese, Japanese, Thai, ...), ``by_wer`` and
-``combined_gate`` judge ``cer`` where the list above says ``wer``: there a word error rate counts
-whole sentences (``selection.unspaced_error_rate: wer`` keeps WER; :func:`error_metric`).
-
-A NaN or infinite metric is never better than anything: such an evaluation does not save and
-does not change the bests.
-
-A :class:`Selector` wraps the policy with :class:`Patience` (evaluations in a row without a save
-before the run should stop) and the step cap of the run language's group. It owns the run's
-"best": the step and metrics of the evaluation whose checkpoint it chose. With
-``eval.at_start`` the first evaluation is the starting model's (step 0): it saves, so the
-starting model is the best to beat, and a run where no trained step beats it ends with the
-starting weights as its best (:attr:`Selector.start`). :func:`improves` and
-:class:`Patience` are also the early-stopping callback's, for the metric a user monitors. :func:`build_selector` picks
-all three from :class:`~asrforge.config.SelectionConfig` and the language table
-(``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
-
-With a forgetting guard (``eval.guard``), the selector also holds a :class:`GuardGate`: a save
-the policy would make is refused when the guard's WER (``metrics["guard_wer"]``) is more than
-``tolerance`` above the starting model's, whatever the policy; the refused evaluation moves none
-of the policy's bests. The guard decides which checkpoint becomes best, not when the run stops:
-patience counts evaluations in a row that neither saved nor made progress on the held-out
-metrics, judged by the policy as if no guard had ever refused (``Selector.held_out_state``). A model still improving on held-out
-data while it drifts is not stopped for the drift alone, as early stopping in other trainers
-(transformers' ``EarlyStoppingCallback``) watches the held-out metric only; drift measured on a
-few hundred words is noisy and often comes back within tolerance a few hundred steps later.
+How it works: docs/guard.md, "How the selector decides (`selection.py`)".
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Export: a training checkpoint, a run, or a pretrained transformers directory -> inference bundle.
 
-::
-
-    bundle/
-      model.safetensors         the chosen weights, transformers names (tied proj_out recorded);
-                                past max_shard_size, transformers' shards and index instead
-                                (model-0000i-of-0000N.safetensors, model.safetensors.index.json)
-      config.json               WhisperConfig             } what WhisperForConditionalGeneration
-      generation_config.json    prompt tokens, languages  } .from_pretrained and transformers'
-      preprocessor_config.json  WhisperFeatureExtractor   } ASR pipeline load unchanged
-      tokenizer.json, tokenizer_config.json, ...
-      inference_config.json     InferenceConfig (asrforge.bundle.schema)
-      lm.arpa                   optional word n-gram LM (export --lm; transformers ignores it)
-      manifest.json             sha256 + size of each file, sealed with its own digest
-
-The directory is built under a temporary name and renamed into place (complete or absent).
-``fmt="ct2"`` converts the same contents with CTranslate2's own ``TransformersConverter``.
-
-Checkpoint weights are read lazily (:class:`~asrforge.checkpoint.shards.LazyWeights`): an export
-of raw, EMA or averaged weights holds one shard of them in memory at a time. LoRA checkpoints,
-whose adapters are merged into the base weights, are read whole.
+How it works: docs/bundle.md, "How an export is written (`bundle/export.py`)".
 """
 
 from __future__ import annotations

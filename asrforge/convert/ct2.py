@@ -1,29 +1,6 @@
 """Import a CTranslate2 Whisper model (what faster-whisper runs) as a transformers Whisper directory.
 
-A CTranslate2 directory holds ``model.bin`` (every weight, in CTranslate2's names and fused
-layout), ``config.json`` (suppressed tokens, language ids, alignment heads), ``tokenizer.json``
-and ``vocabulary.txt``/``vocabulary.json``. :func:`import_ct2` reads them and writes what
-``WhisperForConditionalGeneration.from_pretrained``, ``WhisperTokenizer.from_pretrained`` and
-``WhisperFeatureExtractor.from_pretrained`` load. The mapping is the inverse of CTranslate2's own
-converter (``ctranslate2/converters/transformers.py``, ``WhisperLoader``/``BartLoader``):
-
-=========================================  ===================================================
-CTranslate2 (``model.bin``)                transformers (``model.safetensors``)
-=========================================  ===================================================
-encoder/conv{1,2}/{weight,bias}            model.encoder.conv{1,2}.{weight,bias}
-{enc,dec}/position_encodings/encodings     model.{encoder,decoder}.embed_positions.weight
-{enc,dec}/layer_norm/{gamma,beta}          model.{encoder,decoder}.layer_norm.{weight,bias}
-*/layer_N/self_attention/linear_0          self_attn.{q,k,v}_proj, fused on the output axis
-*/layer_N/self_attention/linear_1          self_attn.out_proj
-*/layer_N/self_attention/layer_norm        self_attn_layer_norm
-decoder/layer_N/attention/linear_0         encoder_attn.q_proj
-decoder/layer_N/attention/linear_1         encoder_attn.{k,v}_proj, fused on the output axis
-decoder/layer_N/attention/linear_2         encoder_attn.out_proj
-decoder/layer_N/attention/layer_norm       encoder_attn_layer_norm
-*/layer_N/ffn/linear_{0,1}, ffn/layer_norm fc1, fc2, final_layer_norm
-decoder/embeddings/weight                  model.decoder.embed_tokens.weight
-decoder/projection/weight                  proj_out.weight (an alias of the embeddings: tied)
-=========================================  ===================================================
+How it works: docs/bundle.md, "Importing a CTranslate2 model (`convert/ct2.py`)".
 """
 
 from __future__ import annotations

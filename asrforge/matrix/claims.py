@@ -1,20 +1,6 @@
 """Who runs which job: per-job locks and claim records, result markers, the event log.
 
-Under the matrix root::
-
-    claims/<job_id>.lock    flock(LOCK_EX) held by the owner for as long as the job runs; a
-                            local job's training process inherits the descriptor, so the lock
-                            outlives a launcher that is killed while its job goes on
-    claims/<job_id>.claim   JSON {launcher, host, pid, device, time}, created O_CREAT|O_EXCL
-    runs/<job_id>/DONE      JSON result summary, written atomically: the job is finished
-    runs/<job_id>/FAILED    JSON with the tail of the job's log: retries ran out
-    events.jsonl            one line per claim / attempt / result, from every launcher
-
-A claim is taken by locking first, then creating the record. Whoever holds the lock may delete
-a record it finds: its owner released the lock, so it is dead (records are deleted before the
-lock is released). Where ``flock`` is not supported, a record whose pid is gone on this host is
-stale, anything else is taken as live. Markers are checked again under the lock, so a job that
-another launcher finished a moment ago is never run twice.
+How it works: docs/matrix.md, "Claims, locks and markers (`matrix/claims.py`)".
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Partial fine-tuning of the Whisper encoder: a frozen lower part, the top ``top`` layers train.
 
-``WhisperEncoder.forward`` (transformers 5.23) is split in two at layer ``L - top`` (``L`` the
-encoder's layer count):
-
-* the frozen part: ``conv1 -> gelu -> conv2 -> gelu -> + embed_positions -> dropout ->
-  layers[:L - top]`` (and the final ``layer_norm`` too when ``top`` is 0: the whole encoder);
-* the trained part: ``layers[L - top:]`` (with LayerDrop) ``-> layer_norm``.
-
-The frozen part runs in eval mode, so it is a fixed function of the audio whose output can be
-cached (``asrforge.data.encoder_cache``); the trained part runs on that output, fresh or cached,
-and its result goes to the decoder as ``encoder_outputs=(hidden,)``. In eval mode the two parts
-together compute exactly what ``WhisperEncoder.forward`` does.
-
-The whole-encoder stock forward cannot be used while only the top trains: its dropout after the
-positions and its LayerDrop follow the encoder module's single ``training`` flag, which would
-put noise into the part that is meant to be fixed.
+How it works: docs/training.md, "Partial fine-tuning of the encoder (`model/partial.py`)".
 """
 
 from __future__ import annotations

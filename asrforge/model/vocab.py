@@ -1,30 +1,6 @@
 """Per-language vocabulary extension: merge a language BPE into Whisper's, warm-start the rows.
 
-Whisper's byte-level BPE spends two or three tokens per character on many scripts (Georgian,
-Amharic, the Indic scripts, Thai). :func:`build_extended_tokenizer` trains a byte-level BPE
-(the ``tokenizers`` library, Whisper's pre-tokenizer) on one language's transcripts and merges
-it into the base tokenizer:
-
-* every base id keeps its token, special and added tokens included; new tokens are appended
-  after the base's last id;
-* the language BPE's merges go *before* the base merges, so a word of the language is split
-  exactly as the language BPE splits it and its new tokens are produced (appended after the
-  base merges they would mostly never fire: the base merges consume the bytes first). Only
-  merges with a non-ASCII byte on one side are taken, so text without non-ASCII bytes
-  (English, code, digits) tokenizes exactly as with the base tokenizer;
-* a language Whisper has no token for (Ganda, ``lg``) gets one: ``<|lg|>`` is appended after
-  the new BPE tokens as a special token, so its prompt is that language's own (its embedding
-  row is drawn like the other new rows);
-* the directory is a Whisper tokenizer (:func:`asrforge.model.tokenizer.load_tokenizer`) plus
-  ``vocab_extension.json`` (sizes, language, the base tokenizer's sha256).
-
-The new tokens come after the timestamp tokens (``<|30.00|>``). asrforge reads timestamps as
-the ids from ``<|0.00|>`` to the last one (``decoding.TimestampVocab``); transformers' and
-faster-whisper's Whisper code read *every* id past ``<|notimestamps|>`` as a timestamp, so they
-misread the new tokens (:func:`ids_read_as_timestamps`; docs/decoding.md, "Extended
-vocabularies").
-
-The model side (the embedding rows of new tokens) is :mod:`asrforge.model.embeddings`.
+How it works: docs/decoding.md, "How a vocabulary is extended (`model/vocab.py`)".
 """
 
 from __future__ import annotations

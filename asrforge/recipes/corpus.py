@@ -1,30 +1,6 @@
 """A multilingual speech corpus synthesized with espeak-ng from sentences the project generates.
 
-``asrforge corpus --languages en,es,de --per-language 200 --out DIR`` (or :func:`build_corpus`):
-
-* **Text**: natural sentences from the fortune collections a Debian ``fortunes*`` package
-  installs (en, de, es, it, pl, ru, cs, bg, pt, zh; filtered to short speakable sentences), or
-  random 4-10-word sentences drawn from ``wordfreq``'s word lists for the other languages
-  (:mod:`asrforge.recipes.sentences`; ``--text`` chooses). Nothing is downloaded, no text lives in
-  the repository.
-* **Speakers**: a speaker is a setting of espeak-ng: the language's voice plus a voice variant
-  (``en-us+m3``), a speed (``-s``, words per minute) and a pitch (``-p``). The variants are
-  split between train, validation and test, so no speaker setting (and no variant) of one split
-  occurs in another; no sentence occurs twice in the corpus.
-* **Audio**: espeak-ng's 22.05 kHz output (``--stdout``) resampled to 16 kHz with
-  :func:`asrforge.data.audio.resample`, 16-bit WAV. espeak-ng runs in a pool of threads (one
-  subprocess each). Every clip is cached under a content hash of text, voice, speed, pitch and
-  the espeak-ng version (``DIR/.cache`` by default), so a rebuild only synthesizes what changed;
-  a re-run with the same arguments reuses the corpus outright.
-* **Output**: an Arrow ``DatasetDict`` (``datasets.load_from_disk``) with splits ``train``,
-  ``validation``, ``test`` and columns ``id``, ``audio`` ({bytes, path}, cast to
-  ``datasets.Audio(decode=False)``), ``text``, ``language``, ``speaker``, ``duration`` (seconds);
-  and a card: ``card.json`` and ``README.md`` (languages, voices, hours and utterances per split).
-
-Languages: those that both ``wordfreq`` has a word list for and espeak-ng speaks (see
-:data:`LANGUAGES`). espeak-ng has no Khmer voice; it reads Mandarin characters only with the
-``cmn-latn-pinyin`` voice (used for ``zh``); it does not read Japanese kanji, so ``ja`` is
-refused unless ``--japanese-kana-only`` draws the sentences from kana-written words only.
+How it works: docs/data.md, "How the corpus is made (`recipes/corpus.py`)".
 """
 
 from __future__ import annotations

