@@ -207,7 +207,8 @@ class GuardGate:
         what = f"guard {self.kind} {_f(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
-        if value <= limit + 1e-12:  # float noise: start + tolerance itself is within
+        # The small margin absorbs float noise, so start + tolerance itself is within.
+        if value <= limit + 1e-12:
             return True, f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
         return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
 
@@ -367,7 +368,8 @@ class Selector:
             within, why = self.guard.check(metrics)
             after = self.policy.state_dict()
             progressed = self._held_out_progress(metrics, before)
-            if save and not within:  # refused: the policy's bests stay where they were
+            # A refused save leaves the policy's bests where they were.
+            if save and not within:
                 self.policy.load_state_dict(before)
                 save = False
                 reason = f"{reason}, but {why}"
@@ -431,7 +433,8 @@ class Selector:
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
             )
-        saved = state.get("error_metric", "wer")  # a state from before it was recorded: WER
+        # A state from before the metric was recorded judged WER.
+        saved = state.get("error_metric", "wer")
         if saved != self.error_metric and self.policy.name != "by_loss":
             raise UserError(
                 f"selection.unspaced_error_rate: the checkpoint's selection judged by "
@@ -452,7 +455,8 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
-        self.start = dict(state.get("start") or {})  # none: the start was not evaluated
+        # An empty start means the starting model was not evaluated.
+        self.start = dict(state.get("start") or {})
 
 
 def build_selector(

@@ -354,7 +354,8 @@ def checkpoint_contents(
         source.update(averaged)
     else:
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
-    if lora.BASE_KEY in manifest:  # LoRA adapters: merged into the rebuilt base weights
+    # A LoRA checkpoint's adapters are merged into the rebuilt base weights.
+    if lora.BASE_KEY in manifest:
         if chosen == "average":
             raise UserError(
                 f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
@@ -595,7 +596,8 @@ def _generation_config(
         # config instead of this one, losing the prompt tokens set below
         skip = ("transformers_version", "_from_model_config")
         fields = {k: v for k, v in base.to_diff_dict().items() if k not in skip}
-        fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
+        # `task` and `language` replace the deprecated `forced_decoder_ids`.
+        fields.pop("forced_decoder_ids", None)
     for key in ("lang_to_id", "task_to_id", "task", "language"):  # the bundle's, not the base's
         fields.pop(key, None)
     fields.update(
@@ -649,7 +651,8 @@ def _data_facts(
             audio = row["audio"]
             try:
                 wave = decode_audio(audio.get("bytes") or audio.get("path"))
-            except UserError:  # a missing or unreadable clip: training skipped it too
+            except UserError:
+                # Training skipped a missing or unreadable clip too.
                 continue
             mel = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
             frames.append(mel[:, : max(1, wave.shape[0] // HOP_LENGTH)])  # the padding left out

@@ -196,7 +196,8 @@ def _nvml_handle(device_index: int):
 
         pynvml.nvmlInit()
         return pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device_index))
-    except Exception:  # ImportError, NVMLError: utilization is optional
+    except Exception:
+        # Utilization is optional, so an ImportError or NVMLError leaves it out.
         return None
 
 

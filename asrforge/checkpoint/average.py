@@ -244,8 +244,10 @@ def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
     if out.numel() == 0:
         return out
-    rows = out.reshape(shape[0] if shape else 1, -1)  # a view: filling it fills `out`
-    if dtype == torch.bool:  # masks and flags: the best checkpoint's
+    # The rows are a view, so filling them fills `out`.
+    rows = out.reshape(shape[0] if shape else 1, -1)
+    # Masks and flags are taken from the best checkpoint.
+    if dtype == torch.bool:
         rows[:] = parts[0].rows(0, rows.shape[0]).reshape(rows.shape)
         return out
     if dtype.is_complex:

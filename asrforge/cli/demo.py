@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # the demo as Ctrl-C does: exit 130, nothing to continue
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
-    except ValueError:  # not the main thread: leave signals alone
+    except ValueError:
+        # Only the main thread may set signal handlers, so other threads leave them alone.
         return run_english(options)
     try:
         return run_english(options)

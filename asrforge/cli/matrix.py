@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "matrix",
         help="run a matrix of training jobs (languages × configs × seeds)",
-        description=textwrap.fill(  # filled here: the raw formatter keeps the field list's lines
+        # The description is filled here because the raw formatter keeps the field list's lines.
+        description=textwrap.fill(
             "Run every job of MATRIX.yaml, one per device, each as `asrforge train` with its "
             "language, seed and output_dir. Launch again (or on another machine sharing the "
             "matrix root) at any time: finished jobs are skipped, interrupted ones resume. "

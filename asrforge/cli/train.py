@@ -82,7 +82,8 @@ def _close_process_group() -> None:
     """End this process's part in a finished multi-process run, every rank having passed the
     run's last barrier: a process group left to the interpreter's exit can abort the process
     from gloo's threads ("terminate called without an active exception")."""
-    import torch.distributed as dist  # torch is loaded by now: the run used it
+    # The run has loaded torch already, so this import costs nothing.
+    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -98,13 +99,15 @@ def _describe_best(result) -> str:
     )
     line = f"best checkpoint at step {result.best_step}: {own or 'not evaluated'}"
     start = format_metrics(result.start)
-    if start and result.best_step != 0:  # eval.at_start: what fine-tuning changed
+    # With eval.at_start the starting model's metrics show what fine-tuning changed.
+    if start and result.best_step != 0:
         line = f"{line} (the starting model at step 0: {start})"
     return f"{line}; the selection policy's bests over all evaluations: {others}" if others else line
 
 
 def _seconds_since_process_start() -> float:
-    try:  # Linux: /proc/self was created with the process
+    # On Linux /proc/self is created with the process.
+    try:
         return time.time() - os.stat("/proc/self").st_ctime
     except OSError:
         return 0.0

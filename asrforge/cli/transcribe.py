@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         lm_alpha=fusion.alpha if fusion is not None else None,
         lm_beta=fusion.beta if fusion is not None else None,
     )
-    if args.chunking is None and chunking == "silence":  # after the errors: one line each
+    # The chunking notice comes after every error check, as one line.
+    if args.chunking is None and chunking == "silence":
         print(f"asrforge: {why}", file=sys.stderr)
     for path, r in zip(args.audio, results, strict=True):
         if fmt == "json":

@@ -34,7 +34,8 @@ from asrforge.model.tokenizer import SpecialTokens
 # Whisper model was ever written with them (WhisperSpec arrived with binary version 6), so they
 # are refused rather than guessed at.
 SUPPORTED_BINARY_VERSIONS = (6,)
-MAX_SPEC_REVISION = 3  # ctranslate2's WhisperModel::current_spec_revision()
+# The spec revision ctranslate2's WhisperModel::current_spec_revision() reports.
+MAX_SPEC_REVISION = 3
 # type id -> numpy dtype; bf16 (5) is read as raw u16 and widened by hand.
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}
 # Scalars that change the computation: CTranslate2 value -> what transformers' Whisper does.
@@ -160,7 +161,8 @@ def read_model_bin(path: Path) -> dict[str, torch.Tensor]:
         if name.endswith("_zero") and name[: -len("_zero")] in raw:
             raise UserError(f"{path}: {name}: AWQ-quantized weights are not supported")
         out[name] = _dequantize(path, name, type_id, array, raw.get(name + "_scale"))
-    for alias, target in aliases.items():  # the same tensor object: tied weights stay tied
+    # Aliases share the tensor object, so tied weights stay tied.
+    for alias, target in aliases.items():
         if target not in out:
             raise UserError(f"{path}: alias {alias!r} points at a missing variable {target!r}")
         out[alias] = out[target]
@@ -243,14 +245,16 @@ def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, 
 def _dequantize(
     path: Path, name: str, type_id: int, array: np.ndarray, scale: tuple[int, np.ndarray] | None
 ) -> torch.Tensor:
-    if type_id == 5:  # bfloat16: the high half of a float32
+    # bfloat16 is the high half of a float32.
+    if type_id == 5:
         return torch.from_numpy((array.astype(np.uint32) << 16).view(np.float32))
     if type_id in (0, 4):
         return torch.from_numpy(array.astype(np.float32))
     if scale is None:
         if type_id in (1, 2) and array.ndim > 0:
             raise UserError(f"{path}: {name} is quantized but has no {name}_scale")
-        return torch.from_numpy(array.astype(np.int64))  # scalars: num_heads, flags
+        # Scalars such as num_heads and flags are integers.
+        return torch.from_numpy(array.astype(np.int64))
     if type_id not in (1, 2):
         raise UserError(f"{path}: {name}: a scale on a type-{type_id} variable")
     # CTranslate2 stores round(w * scale): per output row for int8, one number for int16.
@@ -477,7 +481,8 @@ def _complete_tokenizer(tok: dict, vocabulary: list[str], where: Path) -> tuple[
             raise UserError(f"{where}: the vocabulary has no {name}, not a Whisper tokenizer")
     tok = dict(tok, added_tokens=list(tok.get("added_tokens", [])))
     for i in range(len(vocabulary)):
-        if i not in by_id:  # as in openai/whisper-* tokenizers: plain added tokens
+        # As in the openai/whisper-* tokenizers, these are plain added tokens.
+        if i not in by_id:
             tok["added_tokens"].append(
                 {
                     "id": i,

@@ -142,7 +142,8 @@ def estimate(
     used: list[tuple[float, float, float]] = []
     probs: list[dict[Gram, float]] = [dict() for _ in range(order)]
     backoffs: list[dict[Gram, float]] = [dict() for _ in range(order)]
-    lower: dict[Gram, float] = {(w,): 1.0 / len(vocab) for w in vocab}  # p_0: uniform
+    # The order-0 distribution is uniform over the vocabulary.
+    lower: dict[Gram, float] = {(w,): 1.0 / len(vocab) for w in vocab}
     for n in range(1, order + 1):
         counts = {g: c for g, c in adjusted[n - 1].items() if g[-1] != BOS}
         d = fixed_discounts[n - 1] if fixed_discounts else discounts(counts.values())

@@ -133,7 +133,8 @@ class Claims:
             return refusal
         try:
             rfd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:  # only without a working flock: someone else was faster
+        except FileExistsError:
+            # Without a working flock another launcher may have been faster.
             os.close(fd)
             return "held"
         body = {"job_id": job_id, "launcher": self.launcher, "host": self.host,
@@ -189,12 +190,15 @@ class Claims:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {}  # half-written by a launcher that died: stale
+            # A record half-written by a launcher that died is stale.
+            return {}
 
     def _stale_without_lock(self, record: dict[str, Any]) -> bool:
         if not record:
-            return True  # unreadable: its writer died half-way
+            # An unreadable record's writer died half-way.
+            return True
         if record.get("host") != self.host:
-            return False  # cannot see another host's processes: take it as live
+            # Another host's processes cannot be seen, so its record is taken as live.
+            return False
         pid = record.get("pid")
         return not isinstance(pid, int) or not pid_alive(pid)

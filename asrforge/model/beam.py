@@ -154,7 +154,8 @@ def beam_search(
         if t == 0:  # one prompt row per utterance becomes its k beams' rows
             cache.reorder_cache(src)
             enc = enc[src]
-        else:  # beams move within an utterance: its cross-attention rows are all the same
+        else:
+            # Beams move within one utterance, whose cross-attention rows are all the same.
             cache.self_attention_cache.reorder_cache(src)
         done = torch.tensor([len(finished[int(a)]) >= max_candidates for a in audios.tolist()])
         if bool(done.all()):
@@ -170,7 +171,8 @@ def beam_search(
             cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
-        if fusion is not None:  # a capped beam's last word is complete too: it pays for it
+        # A capped beam's last word is complete too, so it pays the LM for it.
+        if fusion is not None:
             sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
         _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, length_penalty) for f in finished]

@@ -63,7 +63,8 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> Any:
     peft = _peft()
     try:
         tuner = peft.LoraModel(model, peft_config(cfg), ADAPTER_NAME)
-    except ValueError as e:  # peft: "Target modules {...} not found in the base model", ...
+    except ValueError as e:
+        # peft says "Target modules {...} not found in the base model" and the like.
         raise UserError(f"model.lora.target_modules {list(cfg.target_modules)}: {e}") from None
     for name, p in model.named_parameters():
         p.requires_grad_(_is_adapter(name))

@@ -88,7 +88,8 @@ def encode_frozen_part(encoder: nn.Module, features: torch.Tensor, top: int) -> 
     hidden = nn.functional.gelu(encoder.conv1(features))
     hidden = nn.functional.gelu(encoder.conv2(hidden)).permute(0, 2, 1)
     positions = torch.arange(encoder.embed_positions.num_embeddings, device=hidden.device)
-    hidden = hidden + encoder.embed_positions(positions)  # then dropout: none in eval mode
+    # The dropout that follows does nothing in eval mode.
+    hidden = hidden + encoder.embed_positions(positions)
     for layer in encoder.layers[:split]:
         hidden = layer(hidden, None)
     return encoder.layer_norm(hidden) if top == 0 else hidden
@@ -110,6 +111,7 @@ def encode_trained_part(encoder: nn.Module, hidden: torch.Tensor, top: int) -> t
         return hidden
     for layer in encoder.layers[len(encoder.layers) - top :]:
         if encoder.training and encoder.layerdrop > 0.0 and torch.rand([]) < encoder.layerdrop:
-            continue  # LayerDrop: skip the layer
+            # LayerDrop skips the layer.
+            continue
         hidden = layer(hidden, None)
     return encoder.layer_norm(hidden)

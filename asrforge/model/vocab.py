@@ -216,7 +216,8 @@ def merge_bpe(
         first_new_id: id of the first appended token (the base tokenizer's length).
         reserved: strings that must not become BPE tokens (the added tokens' texts).
     """
-    available = set(_byte_of())  # single bytes: always there before any merge
+    # Single bytes are in the vocabulary before any merge.
+    available = set(_byte_of())
     front: list[tuple[str, str]] = []
     dropped = 0
     for a, b in lang_merges:
@@ -285,7 +286,8 @@ def build_extended_tokenizer(
             reserved=set(added) | ({language_token} if language_token else set()),
         )
         n_new = len(merged.new_tokens)
-        if language_token is not None:  # after the BPE tokens: a special token, as Whisper's are
+        # A language token goes after the BPE tokens, as a special token like Whisper's.
+        if language_token is not None:
             added[language_token] = len(base_tok) + n_new
             state["added_tokens"].append(
                 {"id": added[language_token], "content": language_token, "single_word": False,

@@ -305,7 +305,8 @@ def synthesize_clip(clip: Clip, cache_dir: Path) -> tuple[bytes, float, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)  # concurrent builds may race: both write the same bytes
+    # Concurrent builds may race, and both write the same bytes.
+    os.replace(tmp, path)
     return data, wave.shape[0] / SAMPLE_RATE, False
 
 

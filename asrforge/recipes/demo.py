@@ -464,7 +464,8 @@ def train_sentences(cfg) -> int:
     batch_size x grad_accum`` windows, times the clips a packed window holds when
     ``data.pack.enabled``), at most :data:`MAX_TRAIN` (then sentences repeat across epochs)."""
     n = cfg.train.max_steps * cfg.data.batch_size * cfg.train.grad_accum
-    pack = getattr(cfg.data, "pack", None)  # packed windows: data.pack (asrforge.data.packing)
+    # Packed windows come from data.pack (asrforge.data.packing).
+    pack = getattr(cfg.data, "pack", None)
     if pack is not None and pack.enabled:
         window = pack.max_seconds or 30.0  # tiny.en's window
         n = int(n * window / PACKED_CLIP_SECONDS)

@@ -126,7 +126,8 @@ def _normalize_english_once(text: str) -> str:
     text = re.sub(r"(\d),(\d)", r"\1\2", text)  # 1,000 -> 1000
     text = re.sub(r"\.(\D|$)", r" \1", text)  # a period not before a digit ends a sentence
     text = _strip_symbols_and_diacritics(text)
-    text = _FILLERS.sub("", text)  # again: stripping accents can make one ("ÙM" -> "um")
+    # Stripping accents can make a filler again ("ÙM" -> "um").
+    text = _FILLERS.sub("", text)
     text = _english_numbers()(text)  # "twenty five" -> "25", "press 1" -> "press one"
     text = " ".join(_SPELLINGS.get(w, w) for w in text.split())
     text = re.sub(r"([$¢€£])\s+(\d)", r"\1\2", text)  # "$ 5" -> "$5"
@@ -153,6 +154,7 @@ def _strip_symbols_and_diacritics(text: str) -> str:
             continue
         cat = unicodedata.category(c)
         if cat == "Mn":
-            continue  # a diacritic: "café" -> "cafe"
+            # A diacritic is dropped ("café" -> "cafe").
+            continue
         out.append(" " if cat[0] in "MSP" else c)
     return "".join(out)
