@@ -11,7 +11,6 @@ import math
 import os
 import shlex
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -730,9 +729,3 @@ def multilingual_table(rows: list, cfg) -> str:
         )
     return "\n".join(lines)
 
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from asrforge.cli import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))
