@@ -974,7 +974,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     except yaml.YAMLError:
         value = raw
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
-        value = raw  # YAML 1.1 reads yes/no/on/off as booleans; on a command line they are words
+        # YAML 1.1 reads yes/no/on/off as booleans, but on a command line they are words.
+        value = raw
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):

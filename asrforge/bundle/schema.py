@@ -48,7 +48,8 @@ TRAINING_ONLY: Split = {
     "checkpoint": ALL,
     "callbacks": ALL,
     "model": {
-        "pretrained": ALL,  # a path on the training machine; the bundle holds the weights
+        # The path is on the training machine, and the bundle holds the weights themselves.
+        "pretrained": ALL,
         # The bundle holds the tokenizer files, as it holds the weights.
         "tokenizer": ALL,
         "bpe_vocab_size": ALL,
@@ -65,12 +66,14 @@ TRAINING_ONLY: Split = {
         "path": ALL,
         "generate": ALL,
         "columns": ALL,
-        "language": ALL,  # the training data's; the bundle records the languages it saw
+        # The bundle records the languages the training data had, not this setting.
+        "language": ALL,
         "audio_dir": ALL,
         "train_split": ALL,
         "eval_split": ALL,
         "eval_carve": ALL,
-        "languages": ALL,  # the training filter; the bundle records the languages it saw instead
+        # The training filter is dropped, as the bundle records the languages it saw.
+        "languages": ALL,
         "batch_size": ALL,
         "eval_batch_size": ALL,
         "num_workers": ALL,
@@ -81,7 +84,8 @@ TRAINING_ONLY: Split = {
         "asr_ratio": ALL,
         "text_path": ALL,
         "max_text_lines": ALL,
-        "pack": ALL,  # how training windows were composed; inference decodes any audio
+        # How training windows were composed does not matter to inference, which decodes any audio.
+        "pack": ALL,
         # Inference never augments.
         "augment": ALL,
         "stream": ALL,  # how the training split was read

@@ -24,7 +24,8 @@ import torch
 from asrforge.config import LoraConfig
 from asrforge.errors import CheckpointNotSupportedError, UserError
 
-ADAPTER_NAME = "default"  # peft's name for a model's only adapter; part of the tensor names
+# peft's name for a model's only adapter, which is part of the tensor names.
+ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PeftModel.from_pretrained reads
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_KEY = "lora_base_sha256"  # the checkpoint manifest's record of the base weights
