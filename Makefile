@@ -39,7 +39,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first: the CPU build that lies on disk; a plain `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev]'
+	# dev: the test tools and optional libraries; demo: what the demo and its corpus need
+	$(BIN)/pip install -q -e '.[dev,demo]'
 	@touch $(STAMP)
 
 install: $(STAMP)

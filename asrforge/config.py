@@ -592,7 +592,8 @@ class TrainLoopConfig(Section):
     @field_validator("precision", mode="before")
     @classmethod
     def _yaml_no_is_a_word(cls, v: Any) -> Any:
-        return "no" if v is False else v  # `precision: no` in YAML 1.1 is the boolean False
+        # YAML 1.1 reads `precision: no` as the boolean False.
+        return "no" if v is False else v
 
 
 class GuardConfig(Section):
@@ -761,7 +762,8 @@ class CheckpointConfig(Section):
     @classmethod
     def _a_size(cls, v: int | str | None) -> int | str | None:
         if v is not None:
-            parse_size(v)  # ValueError: pydantic names the field
+            # A ValueError lets pydantic name the field.
+            parse_size(v)
         return v
 
     @property
@@ -972,7 +974,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     except yaml.YAMLError:
         value = raw
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
-        value = raw  # YAML 1.1 reads yes/no/on/off as booleans; on a command line they are words
+        # YAML 1.1 reads yes/no/on/off as booleans, but on a command line they are words.
+        value = raw
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):

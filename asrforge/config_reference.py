@@ -9,7 +9,6 @@ drift from what :func:`asrforge.config.load_config` accepts.
 
 from __future__ import annotations
 
-import argparse
 import textwrap
 import types
 import typing
@@ -20,9 +19,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from asrforge.config import TrainConfig, load_config
+from asrforge.config import TrainConfig
 from asrforge.config_hf import HF_NAMES, PEERS, SWIFT_NAMES
-from asrforge.errors import UserError
 
 # Where a section's fields sit below the field that holds it, by how it holds it.
 _ITEM_PATH = {"": ".", "list": "[].", "dict": ".<name>."}
@@ -144,68 +142,6 @@ def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
 def render_resolved(cfg: TrainConfig) -> str:
     """The resolved config, every default filled in, as the YAML a run would record."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser(
-        "config",
-        help="print the config reference or a resolved config",
-        description="Every config field with its type, default and description, generated from "
-        "the schema; or a config file resolved with its overrides and every default.",
-    )
-    actions = p.add_subparsers(dest="config_action", required=True, metavar="ACTION")
-    fields = actions.add_parser("fields", help="list every field: type, default, description")
-    fields.add_argument(
-        "section", nargs="?", help="only fields under this YAML path prefix, e.g. optim or eval"
-    )
-    fields.set_defaults(func=_run_fields)
-    show = actions.add_parser(
-        "show", help="print CONFIG resolved (overrides applied, every default filled in)"
-    )
-    show.add_argument("config", help="the YAML config file; dotted.key=value overrides may follow")
-    show.set_defaults(func=_run_show, accepts_overrides=True)
-    hf = actions.add_parser(
-        "hf",
-        help="Hugging Face TrainingArguments and ms-swift names and the asrforge field for each",
-    )
-    hf.set_defaults(func=_run_hf)
-    reference = actions.add_parser(
-        "reference", help="the whole reference as Markdown (docs/configuration.md)"
-    )
-    reference.set_defaults(func=_run_reference)
-
-
-def _run_fields(args: argparse.Namespace) -> int:
-    rows = field_docs()
-    if args.section:
-        rows = [r for r in rows if r.path == args.section or r.path.startswith(args.section + ".")]
-        if not rows:
-            sections = sorted({r.path.split(".")[0].split("[")[0] for r in field_docs()})
-            raise UserError(
-                f"no config field under {args.section!r}; sections: {', '.join(sections)}"
-            )
-    print(render_fields(rows))
-    return 0
-
-
-def _run_hf(args: argparse.Namespace) -> int:
-    names = HF_NAMES | SWIFT_NAMES
-    width = max(map(len, names))
-    print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
-    return 0
-
-
-def _run_reference(args: argparse.Namespace) -> int:
-    print(render_markdown(), end="")
-    return 0
-
-
-def _run_show(args: argparse.Namespace) -> int:
-    print(render_resolved(load_config(args.config, args.overrides)), end="")
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:

@@ -1,42 +1,7 @@
 """Checkpoint selection: after each evaluation, is this the new best checkpoint, and should the
 run stop?
 
-A policy looks at one evaluation's metrics (``wer``, ``cer``, ``loss``) and says save or not:
-
-* :class:`ByWer`: save when ``wer < best_wer``.
-* :class:`ByLoss`: save when ``loss < best_loss``.
-* :class:`CombinedGate`: save when ``wer`` or ``loss`` improves on its best, and neither is worse
-  than its best by ``wer_tol`` / ``loss_eps`` or more. The bests (``wer``, ``loss`` and, when
-  reported, ``cer``) are the minima over the *saved* evaluations: each takes the min when a
-  checkpoint is saved, never from a refused one, so a collapsing run (loss still falling, WER
-  exploding) cannot move the gate. The first evaluation saves.
-
-For a language written without spaces (Chinese, Cantonese, Japanese, Thai, ...), ``by_wer`` and
-``combined_gate`` judge ``cer`` where the list above says ``wer``: there a word error rate counts
-whole sentences (``selection.unspaced_error_rate: wer`` keeps WER; :func:`error_metric`).
-
-A NaN or infinite metric is never better than anything: such an evaluation does not save and
-does not change the bests.
-
-A :class:`Selector` wraps the policy with :class:`Patience` (evaluations in a row without a save
-before the run should stop) and the step cap of the run language's group. It owns the run's
-"best": the step and metrics of the evaluation whose checkpoint it chose. With
-``eval.at_start`` the first evaluation is the starting model's (step 0): it saves, so the
-starting model is the best to beat, and a run where no trained step beats it ends with the
-starting weights as its best (:attr:`Selector.start`). :func:`improves` and
-:class:`Patience` are also the early-stopping callback's, for the metric a user monitors. :func:`build_selector` picks
-all three from :class:`~asrforge.config.SelectionConfig` and the language table
-(``asrforge/selection_groups.yaml`` or ``selection.groups``), and says why in ``Selector.why``.
-
-With a forgetting guard (``eval.guard``), the selector also holds a :class:`GuardGate`: a save
-the policy would make is refused when the guard's WER (``metrics["guard_wer"]``) is more than
-``tolerance`` above the starting model's, whatever the policy; the refused evaluation moves none
-of the policy's bests. The guard decides which checkpoint becomes best, not when the run stops:
-patience counts evaluations in a row that neither saved nor made progress on the held-out
-metrics, judged by the policy as if no guard had ever refused (``Selector.held_out_state``). A model still improving on held-out
-data while it drifts is not stopped for the drift alone, as early stopping in other trainers
-(transformers' ``EarlyStoppingCallback``) watches the held-out metric only; drift measured on a
-few hundred words is noisy and often comes back within tolerance a few hundred steps later.
+How it works: docs/guard.md, "How the selector decides (`selection.py`)".
 """
 
 from __future__ import annotations
@@ -248,7 +213,8 @@ class GuardGate:
         what = f"guard {self.kind} {_f(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
-        if value <= limit + 1e-12:  # float noise: start + tolerance itself is within
+        # The small margin absorbs float noise, so start + tolerance itself is within.
+        if value <= limit + 1e-12:
             return True, f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
         return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
 
@@ -408,7 +374,8 @@ class Selector:
             within, why = self.guard.check(metrics)
             after = self.policy.state_dict()
             progressed = self._held_out_progress(metrics, before)
-            if save and not within:  # refused: the policy's bests stay where they were
+            # A refused save leaves the policy's bests where they were.
+            if save and not within:
                 self.policy.load_state_dict(before)
                 save = False
                 reason = f"{reason}, but {why}"
@@ -472,7 +439,8 @@ class Selector:
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
                 f"run selects with {self.policy.name!r}; resume with the same selection config"
             )
-        saved = state.get("error_metric", "wer")  # a state from before it was recorded: WER
+        # A state from before the metric was recorded judged WER.
+        saved = state.get("error_metric", "wer")
         if saved != self.error_metric and self.policy.name != "by_loss":
             raise UserError(
                 f"selection.unspaced_error_rate: the checkpoint's selection judged by "
@@ -493,7 +461,8 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
-        self.start = dict(state.get("start") or {})  # none: the start was not evaluated
+        # An empty start means the starting model was not evaluated.
+        self.start = dict(state.get("start") or {})
 
 
 def build_selector(

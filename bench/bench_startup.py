@@ -1,8 +1,8 @@
 """Time to the first optimizer step, and peak RSS up to it, on a NeMo manifest of N lines.
 
-The issue-15 question: how long does a launch on a large corpus take before it trains, and does
-its memory grow with the corpus? Goal: <= 30 s on 1,000,000 lines, and a start-up peak RSS
-that does not grow with the corpus.
+How long does a launch on a large corpus take before it trains, and does its memory grow with
+the corpus? A good start takes <= 30 s on 1,000,000 lines, with a start-up peak RSS that does not
+grow with the corpus.
 
 Workload (built once under ``--work-dir``):
 

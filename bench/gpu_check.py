@@ -33,7 +33,7 @@ Run (on the GPU, see bench/README.md for the device call)::
     .venv/bin/python bench/gpu_check.py --device cpu --quick --out /tmp/gc.md   # logic, seconds
 
 Prints the table (also written to ``--out``, with the raw figures in ``<out>.json``), then
-``RESULT gpu_check goals_met=X/Y``.
+``RESULT gpu_check targets_met=X/Y``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from asrforge.config import TrainConfig  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.workers import worker_count  # noqa: E402
 
-GOALS = {
+TARGETS = {
     "train": "asrforge >= 1.2x Seq2SeqTrainer steps/s",
     "clean": "completed, losses finite; bf16: no step skipped; fp16: loss scale on",
     "data": "data wait <= 5% of step time",
@@ -196,8 +196,8 @@ def check_eval(args, tmp: Path, data: Path, model: dict, shape: str) -> dict:
 
 
 def row(check: str, case: str, text: str, met: bool | None, /, **raw) -> dict:
-    """A table row: ``met`` True/False against the check's goal, None when not measured."""
-    return {"check": check, "case": case, "measured": text, "goal": GOALS[check],
+    """A table row: ``met`` True/False against the check's target, None when not measured."""
+    return {"check": check, "case": case, "measured": text, "target": TARGETS[check],
             "met": met, "raw": raw}  # fmt: skip
 
 
@@ -209,12 +209,12 @@ def table(rows: list[dict], header: str) -> str:
     lines = [
         header,
         "",
-        "| check | case | measured | goal | met |",
+        "| check | case | measured | target | met |",
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
-        lines.append(f"| {r['check']} | {r['case']} | {r['measured']} | {r['goal']} | {met} |")
+        lines.append(f"| {r['check']} | {r['case']} | {r['measured']} | {r['target']} | {met} |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = write_outputs(args, prog, rows)
     print("\n" + table(rows, summary["header"]))
-    print(f"RESULT gpu_check goals_met={summary['goals_met']}/{summary['goals_measured']}")
+    print(f"RESULT gpu_check targets_met={summary['targets_met']}/{summary['targets_measured']}")
     return summary
 
 
@@ -336,8 +336,8 @@ def write_outputs(args, prog: Progress, rows: list[dict]) -> dict:
     summary = {
         "header": header,
         "rows": rows,
-        "goals_met": sum(bool(r["met"]) for r in measured),
-        "goals_measured": len(measured),
+        "targets_met": sum(bool(r["met"]) for r in measured),
+        "targets_measured": len(measured),
         "seconds": prog.elapsed(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

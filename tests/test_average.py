@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from asrforge.checkpoint import average
-from asrforge.checkpoint.average import add_cli, average_checkpoints, average_top_k, run_cli
+from asrforge.checkpoint.average import average_checkpoints, average_top_k
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights
+from asrforge.cli import average as average_command
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 
 
@@ -152,19 +153,19 @@ def test_average_top_k_picks_best_by_metric(tmp_path):
 def test_cli(tmp_path, capsys):
     run = _run_dir(tmp_path)
     parser = argparse.ArgumentParser(prog="asrforge")
-    add_cli(parser.add_subparsers(dest="command"))
+    average_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["average", str(run), "--metric", "wer", "--k", "2"])
-    assert run_cli(args) == 0
+    assert average_command.run(args) == 0
     assert "steps 2, 4" in capsys.readouterr().out
     with pytest.raises(CheckpointError, match="'bleu'"):
-        run_cli(parser.parse_args(["average", str(run), "--metric", "bleu"]))
+        average_command.run(parser.parse_args(["average", str(run), "--metric", "bleu"]))
     with pytest.raises(UserError, match="--k"):
-        run_cli(parser.parse_args(["average", str(run), "--k", "0"]))
+        average_command.run(parser.parse_args(["average", str(run), "--k", "0"]))
     with pytest.raises(UserError, match="no such directory"):
-        run_cli(parser.parse_args(["average", str(tmp_path / "nope")]))
+        average_command.run(parser.parse_args(["average", str(tmp_path / "nope")]))
     both = ["--weights", "raw", "--weights-file", "ema.safetensors"]
     with pytest.raises(UserError, match="--weights and --weights-file"):
-        run_cli(parser.parse_args(["average", str(run), *both]))
+        average_command.run(parser.parse_args(["average", str(run), *both]))
 
 
 def test_the_library_refuses_weights_with_a_weights_file(tmp_path):

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from asrforge.bundle.export import checkpoint_contents
-from asrforge.checkpoint.average import add_cli, average_checkpoints, run_cli
+from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.manifest import read_manifest, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights
+from asrforge.cli import average as average_command
 from asrforge.errors import UserError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -86,11 +87,11 @@ def test_the_average_command_says_which_weights_and_takes_an_option(tmp_path, ca
     for i in (1, 2):
         _ckpt(root, i)
     parser = argparse.ArgumentParser(prog="asrforge")
-    add_cli(parser.add_subparsers(dest="command"))
-    assert run_cli(parser.parse_args(["average", str(tmp_path / "run"), "--k", "2"])) == 0
+    average_command.add_parser(parser.add_subparsers(dest="command"))
+    assert average_command.run(parser.parse_args(["average", str(tmp_path / "run"), "--k", "2"])) == 0
     assert "averaged the EMA weights of 2 checkpoint(s)" in capsys.readouterr().out
     args = ["average", str(tmp_path / "run"), "--k", "2", "--weights", "raw", "--out"]
-    assert run_cli(parser.parse_args([*args, str(tmp_path / "raw")])) == 0
+    assert average_command.run(parser.parse_args([*args, str(tmp_path / "raw")])) == 0
     assert read_manifest(tmp_path / "raw")["weights"] == "raw"
 
 

@@ -241,7 +241,7 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
     )
     table, printed = out.read_text(), capsys.readouterr().out
     for r in summary["rows"]:
-        line = f"| {r['check']} | {r['case']} | {r['measured']} | {gpu_check.GOALS[r['check']]} |"
+        line = f"| {r['check']} | {r['case']} | {r['measured']} | {gpu_check.TARGETS[r['check']]} |"
         assert line in table and line in printed
         assert not r["measured"].startswith(("skipped", "error")), r["measured"]
     for p in ("fp16", "bf16"):
@@ -256,7 +256,7 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
     ev = rows["eval", "quick fp32"]["raw"]
     assert min(ev["asrforge_s"], ev["hf_s"], ev["generate_s"]) > 0
     assert ev["same_as_hf"] == ev["same_as_generate"] == ev["n"] == 4
-    assert f"RESULT gpu_check goals_met={summary['goals_met']}/9" in printed
+    assert f"RESULT gpu_check targets_met={summary['targets_met']}/9" in printed
 
 
 def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
@@ -266,6 +266,6 @@ def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     summary = gpu_check.main(
         [*GPU_CHECK_QUICK, "--budget-seconds", "0", "--out", str(out), "--work-dir", str(tmp_path)]
     )
-    assert len(summary["rows"]) == 11 and summary["goals_measured"] == 0
+    assert len(summary["rows"]) == 11 and summary["targets_measured"] == 0
     assert all(r["measured"] == "skipped: time budget" for r in summary["rows"])
     assert out.read_text().count("skipped: time budget") == 11

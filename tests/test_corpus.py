@@ -12,6 +12,7 @@ import pytest
 from audio_fixtures import requires_espeak
 
 from asrforge.cli import main
+from asrforge.cli.corpus import split_sizes
 from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
 from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
@@ -23,7 +24,6 @@ from asrforge.recipes.corpus import (
     build_corpus,
     espeak_voices,
     plan_corpus,
-    split_sizes,
 )
 from asrforge.recipes.sentences import make_sentences, word_pool
 

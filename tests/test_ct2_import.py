@@ -27,7 +27,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from asrforge.convert.ct2 import _generation_config, add_cli, import_ct2, read_model_bin, run_cli
+from asrforge.cli import import_ct2 as import_ct2_command
+from asrforge.convert.ct2 import _generation_config, import_ct2, read_model_bin
 from asrforge.errors import UserError
 
 SENTENCES = [
@@ -247,11 +248,11 @@ def test_bad_directories_are_user_errors(ct2_tiny_en: Path, tmp_path: Path) -> N
 
 def test_cli_parses_and_reports_user_errors(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="asrforge")
-    add_cli(parser.add_subparsers(dest="command"))
+    import_ct2_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["import-ct2", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
-    assert args.func is run_cli and args.dtype == "float32"
+    assert args.func is import_ct2_command.run and args.dtype == "float32"
     with pytest.raises(UserError, match="not a directory"):
-        run_cli(args)
+        import_ct2_command.run(args)
 
 
 def test_multilingual_generation_config_names_languages_and_tasks() -> None:

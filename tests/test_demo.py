@@ -168,13 +168,13 @@ def test_guard_prompts_join_in_order_into_windows_that_fit():
     assert guard_windows([], 28.0, 0.5) == []
 
 
-def test_goal_lines_judge_the_after_column_against_issue_14():
-    from asrforge.recipes.demo import goal_lines
+def test_check_lines_judge_the_after_column_against_the_demo_limits():
+    from asrforge.recipes.demo import check_lines
 
-    lines = goal_lines(
+    lines = check_lines(
         {"wer": 0.30}, {"wer": 0.126, "longform_wer": 0.104, "guard_drift": 0.0198}
     ).splitlines()
     assert [line.endswith(" met") and "NOT" not in line for line in lines] == [False, True, True]
     assert "limit 10.0" in lines[0] and "limit 15.1" in lines[1]  # 1.2 x 12.6%
     # a baseline of 24% makes a third of it (8%) the limit
-    assert "limit 8.0" in goal_lines({"wer": 0.24}, {"wer": 0.09, "longform_wer": 0.1})
+    assert "limit 8.0" in check_lines({"wer": 0.24}, {"wer": 0.09, "longform_wer": 0.1})

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.callbacks import build_callbacks
-from asrforge.cli import _describe_best
+from asrforge.cli.train import _describe_best
 from asrforge.config import ConfigError, load_config
 from asrforge.matrix.report import collect, render
 from asrforge.model.build import build_model, build_tokenizer

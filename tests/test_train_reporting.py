@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from asrforge.callbacks import build_callbacks
-from asrforge.cli import _describe_best
+from asrforge.cli.train import _describe_best
 from asrforge.train import loop as loop_module
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer

@@ -1,25 +1,6 @@
 """Export: a training checkpoint, a run, or a pretrained transformers directory -> inference bundle.
 
-::
-
-    bundle/
-      model.safetensors         the chosen weights, transformers names (tied proj_out recorded);
-                                past max_shard_size, transformers' shards and index instead
-                                (model-0000i-of-0000N.safetensors, model.safetensors.index.json)
-      config.json               WhisperConfig             } what WhisperForConditionalGeneration
-      generation_config.json    prompt tokens, languages  } .from_pretrained and transformers'
-      preprocessor_config.json  WhisperFeatureExtractor   } ASR pipeline load unchanged
-      tokenizer.json, tokenizer_config.json, ...
-      inference_config.json     InferenceConfig (asrforge.bundle.schema)
-      lm.arpa                   optional word n-gram LM (export --lm; transformers ignores it)
-      manifest.json             sha256 + size of each file, sealed with its own digest
-
-The directory is built under a temporary name and renamed into place (complete or absent).
-``fmt="ct2"`` converts the same contents with CTranslate2's own ``TransformersConverter``.
-
-Checkpoint weights are read lazily (:class:`~asrforge.checkpoint.shards.LazyWeights`): an export
-of raw, EMA or averaged weights holds one shard of them in memory at a time. LoRA checkpoints,
-whose adapters are merged into the base weights, are read whole.
+How it works: docs/bundle.md, "How an export is written (`bundle/export.py`)".
 """
 
 from __future__ import annotations
@@ -373,7 +354,8 @@ def checkpoint_contents(
         source.update(averaged)
     else:
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
-    if lora.BASE_KEY in manifest:  # LoRA adapters: merged into the rebuilt base weights
+    # A LoRA checkpoint's adapters are merged into the rebuilt base weights.
+    if lora.BASE_KEY in manifest:
         if chosen == "average":
             raise UserError(
                 f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
@@ -614,7 +596,8 @@ def _generation_config(
         # config instead of this one, losing the prompt tokens set below
         skip = ("transformers_version", "_from_model_config")
         fields = {k: v for k, v in base.to_diff_dict().items() if k not in skip}
-        fields.pop("forced_decoder_ids", None)  # deprecated: `task` and `language` replace it
+        # `task` and `language` replace the deprecated `forced_decoder_ids`.
+        fields.pop("forced_decoder_ids", None)
     for key in ("lang_to_id", "task_to_id", "task", "language"):  # the bundle's, not the base's
         fields.pop(key, None)
     fields.update(
@@ -668,7 +651,8 @@ def _data_facts(
             audio = row["audio"]
             try:
                 wave = decode_audio(audio.get("bytes") or audio.get("path"))
-            except UserError:  # a missing or unreadable clip: training skipped it too
+            except UserError:
+                # Training skipped a missing or unreadable clip too.
                 continue
             mel = fe(wave, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
             frames.append(mel[:, : max(1, wave.shape[0] // HOP_LENGTH)])  # the padding left out

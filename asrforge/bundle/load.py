@@ -49,7 +49,8 @@ from asrforge.text.languages import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError
-except ImportError:  # older: a wrong type surfaces as TypeError or ValueError, if at all
+except ImportError:
+    # Older versions raise TypeError or ValueError for a wrong type, if anything.
     StrictDataclassError = ValueError
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,8 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         aliases.update(file_aliases)
     model = check_tensors(shapes, config, str(path / files[0]) if len(files) == 1 else where)
     state = {}
-    for fname in files:  # shard by shard: one file's buffer at a time besides the model's
+    # Loading shard by shard keeps one file's buffer in memory besides the model.
+    for fname in files:
         state.update(load_file(str(path / fname)))
     for alias, kept in aliases.items():
         state[alias] = state[kept]
@@ -715,7 +717,8 @@ class Bundle:
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         cap = max_new_tokens or self.config.eval.max_new_tokens
         waves, codes, prompts = [], [], []
-        out: list[Transcript | None] = []  # None: decoded below, in this order
+        # A None entry is decoded below, in this order.
+        out: list[Transcript | None] = []
         for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
             wave = self.load_audio(audio, sampling_rate)
             problem = audio_problem(wave)

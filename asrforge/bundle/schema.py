@@ -29,7 +29,8 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-BUNDLE_VERSION = "1.2.0"  # 1.1: data.language_tokens; 1.2: lm
+# Version 1.1 added data.language_tokens and 1.2 the n-gram LM.
+BUNDLE_VERSION = "1.2.0"
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 
@@ -47,26 +48,32 @@ TRAINING_ONLY: Split = {
     "checkpoint": ALL,
     "callbacks": ALL,
     "model": {
-        "pretrained": ALL,  # a path on the training machine; the bundle holds the weights
-        "tokenizer": ALL,  # likewise: the bundle holds the tokenizer files
+        # The path is on the training machine, and the bundle holds the weights themselves.
+        "pretrained": ALL,
+        # The bundle holds the tokenizer files, as it holds the weights.
+        "tokenizer": ALL,
         "bpe_vocab_size": ALL,
         "dropout": ALL,
         "gradient_checkpointing": ALL,
         "freeze_encoder": ALL,
         "train_encoder_layers": ALL,
-        "base_vocab_size": ALL,  # the pretrained vocabulary before an extension: history
-        "lora": ALL,  # export merges the adapters: the bundle holds plain Whisper weights
+        # The vocabulary size before an extension is history once the bundle has the tokenizer.
+        "base_vocab_size": ALL,
+        # Export merges the adapters, so the bundle holds plain Whisper weights.
+        "lora": ALL,
     },
     "data": {
         "path": ALL,
         "generate": ALL,
         "columns": ALL,
-        "language": ALL,  # the training data's; the bundle records the languages it saw
+        # The bundle records the languages the training data had, not this setting.
+        "language": ALL,
         "audio_dir": ALL,
         "train_split": ALL,
         "eval_split": ALL,
         "eval_carve": ALL,
-        "languages": ALL,  # the training filter; the bundle records the languages it saw instead
+        # The training filter is dropped, as the bundle records the languages it saw.
+        "languages": ALL,
         "batch_size": ALL,
         "eval_batch_size": ALL,
         "num_workers": ALL,
@@ -77,8 +84,10 @@ TRAINING_ONLY: Split = {
         "asr_ratio": ALL,
         "text_path": ALL,
         "max_text_lines": ALL,
-        "pack": ALL,  # how training windows were composed; inference decodes any audio
-        "augment": ALL,  # training-time only: inference never augments
+        # How training windows were composed does not matter to inference, which decodes any audio.
+        "pack": ALL,
+        # Inference never augments.
+        "augment": ALL,
         "stream": ALL,  # how the training split was read
     },
     "eval": {

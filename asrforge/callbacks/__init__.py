@@ -157,7 +157,8 @@ def _instantiate(
     cls: type[Callback], opts: dict[str, Any], where: str, produced: tuple[str, ...]
 ) -> Callback:
     schema: type[BaseModel] | None = getattr(cls, "Options", None)
-    if schema is None:  # an external callback without a schema: its signature is the schema
+    # An external callback without a schema has its signature as the schema.
+    if schema is None:
         try:
             return cls(**opts)
         except TypeError as e:

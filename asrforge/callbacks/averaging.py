@@ -98,7 +98,8 @@ class AverageCheckpoints(Callback):
             self._average()
 
     def on_eval_end(self, state: TrainState, *, metrics: dict, decision: Decision) -> None:
-        pass  # the checkpoint of this evaluation is saved after this event: see on_save
+        # This evaluation's checkpoint is saved after this event, so on_save averages.
+        pass
 
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.root is not None:

@@ -191,7 +191,8 @@ class MetricsJsonl(Callback):
         fh, self.fh = self.fh, None
         try:
             fh.close()
-        except OSError:  # flushing what a failed write left (a full disk): that write raised
+        except OSError:
+            # The failed write that left data to flush (a full disk) raised already.
             pass
 
 

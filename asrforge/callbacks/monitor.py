@@ -1,24 +1,6 @@
 """The system monitor: where steady-state time and memory go, and whether the run is data-bound.
 
-Every ``log_every`` steps (like the loggers) it adds to the step metrics, which ``metrics.jsonl``
-and TensorBoard then write (``train/sys/...``):
-
-====================== =============================================================================
-``sys/step_s``         mean seconds per optimizer step (evaluation pauses included)
-``sys/data_wait_s``    of those, mean seconds waiting in the data loader's ``next()``
-``sys/data_wait_frac`` share of step time spent waiting in the data loader's ``next()``
-``sys/eval_frac``      share spent in evaluation (the pause lands in the next step's time)
-``sys/compute_frac``   the rest: forward, backward, optimizer, saves
-``sys/host_rss_mb``    resident memory of the training process (not of loader workers)
-``sys/device_*_mb``    CUDA memory ``allocated``, ``reserved``, and ``peak`` allocated in the window
-``sys/device_util``    GPU utilization in percent, from NVML when ``pynvml`` is importable
-``sys/overhead_frac``  the monitor's own cost as a share of step time
-====================== =============================================================================
-
-The first step after start or resume is left out (the loop reports it as "time to first step").
-At each evaluation it logs a summary since the previous one, adds it to the evaluation's
-``metrics.jsonl`` line under ``system``, and, when waiting for data takes more than
-``data_bound_frac`` of the step time, says so and what to change.
+How it works: docs/training.md, "The system monitor (`callbacks/monitor.py`)".
 """
 
 from __future__ import annotations
@@ -214,7 +196,8 @@ def _nvml_handle(device_index: int):
 
         pynvml.nvmlInit()
         return pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device_index))
-    except Exception:  # ImportError, NVMLError: utilization is optional
+    except Exception:
+        # Utilization is optional, so an ImportError or NVMLError leaves it out.
         return None
 
 

@@ -16,7 +16,6 @@ CLI: ``asrforge average RUN_DIR --metric wer --k 5 [--mode min] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import math
@@ -245,8 +244,10 @@ def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
     if out.numel() == 0:
         return out
-    rows = out.reshape(shape[0] if shape else 1, -1)  # a view: filling it fills `out`
-    if dtype == torch.bool:  # masks and flags: the best checkpoint's
+    # The rows are a view, so filling them fills `out`.
+    rows = out.reshape(shape[0] if shape else 1, -1)
+    # Masks and flags are taken from the best checkpoint.
+    if dtype == torch.bool:
         rows[:] = parts[0].rows(0, rows.shape[0]).reshape(rows.shape)
         return out
     if dtype.is_complex:
@@ -368,73 +369,3 @@ def average_top_k(
     return average_checkpoints(
         [d for _v, _s, d in chosen], out, weights=weights, weights_file=weights_file, meta=meta
     )
-
-
-def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``average`` to an argparse subparsers object; the caller dispatches to :func:`run_cli`."""
-    p = subparsers.add_parser(
-        "average",
-        help="average the k best checkpoints of a run by a metric",
-        description="Average the weights of the k best checkpoints of a run (by a metric stored "
-        "in their manifests) into <checkpoints>/<metric>.ave_<k>best/.",
-    )
-    p.add_argument("run_dir", type=Path, help="a run directory or its checkpoints/ directory")
-    p.add_argument("--metric", default="wer", help="metric name as in the manifests (default wer)")
-    p.add_argument("--k", type=int, default=5, help="how many checkpoints (default 5)")
-    p.add_argument(
-        "--mode",
-        choices=["min", "max"],
-        default=None,
-        help="default: max for acc/bleu/f1, else min",
-    )
-    p.add_argument("--out", type=Path, default=None, help="output directory")
-    p.add_argument(
-        "--weights",
-        choices=["ema", "raw"],
-        default=None,
-        help="ema: each checkpoint's EMA weights, as export takes them; raw: the weights as "
-        "trained (default: ema when the checkpoints have EMA weights)",
-    )
-    p.add_argument(
-        "--weights-file",
-        default=None,
-        help="instead, average one safetensors file as it is (e.g. ema.safetensors alone)",
-    )
-    p.set_defaults(func=run_cli)
-    return p
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``asrforge average``; user errors raise :class:`UserError` subclasses."""
-    if args.k < 1:
-        raise UserError(f"--k: must be >= 1, got {args.k}")
-    out = average_top_k(
-        args.run_dir,
-        args.metric,
-        args.k,
-        args.out,
-        mode=args.mode,
-        weights=args.weights,
-        weights_file=args.weights_file,
-    )
-    manifest = read_manifest(out)
-    print(describe_average(manifest, args.k, out))
-    return 0
-
-
-def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
-    """Which steps an average holds, each with its metric value and directory, best first."""
-    metric, steps = manifest.get("metric"), manifest.get("steps") or []
-    weights = manifest.get("weights")
-    what = f"the {weights.upper() if weights == 'ema' else weights} weights of " if weights else ""
-    lines = [
-        f"averaged {what}{len(steps)} checkpoint(s), the best by {metric} "
-        f"({manifest.get('mode')}), -> {out}: steps {', '.join(str(s) for s in steps)}"
-    ]
-    if len(steps) < k:
-        lines.append(f"  only {len(steps)} of the {k} requested have {metric} in their manifests")
-    for step, value, src in zip(
-        steps, manifest.get("values") or [], manifest.get("averaged_from") or [], strict=False
-    ):
-        lines.append(f"  step {step}: {metric} {value:.6g} ({src})")
-    return "\n".join(lines)

@@ -1,34 +1,10 @@
 """Import a CTranslate2 Whisper model (what faster-whisper runs) as a transformers Whisper directory.
 
-A CTranslate2 directory holds ``model.bin`` (every weight, in CTranslate2's names and fused
-layout), ``config.json`` (suppressed tokens, language ids, alignment heads), ``tokenizer.json``
-and ``vocabulary.txt``/``vocabulary.json``. :func:`import_ct2` reads them and writes what
-``WhisperForConditionalGeneration.from_pretrained``, ``WhisperTokenizer.from_pretrained`` and
-``WhisperFeatureExtractor.from_pretrained`` load. The mapping is the inverse of CTranslate2's own
-converter (``ctranslate2/converters/transformers.py``, ``WhisperLoader``/``BartLoader``):
-
-=========================================  ===================================================
-CTranslate2 (``model.bin``)                transformers (``model.safetensors``)
-=========================================  ===================================================
-encoder/conv{1,2}/{weight,bias}            model.encoder.conv{1,2}.{weight,bias}
-{enc,dec}/position_encodings/encodings     model.{encoder,decoder}.embed_positions.weight
-{enc,dec}/layer_norm/{gamma,beta}          model.{encoder,decoder}.layer_norm.{weight,bias}
-*/layer_N/self_attention/linear_0          self_attn.{q,k,v}_proj, fused on the output axis
-*/layer_N/self_attention/linear_1          self_attn.out_proj
-*/layer_N/self_attention/layer_norm        self_attn_layer_norm
-decoder/layer_N/attention/linear_0         encoder_attn.q_proj
-decoder/layer_N/attention/linear_1         encoder_attn.{k,v}_proj, fused on the output axis
-decoder/layer_N/attention/linear_2         encoder_attn.out_proj
-decoder/layer_N/attention/layer_norm       encoder_attn_layer_norm
-*/layer_N/ffn/linear_{0,1}, ffn/layer_norm fc1, fc2, final_layer_norm
-decoder/embeddings/weight                  model.decoder.embed_tokens.weight
-decoder/projection/weight                  proj_out.weight (an alias of the embeddings: tied)
-=========================================  ===================================================
+How it works: docs/bundle.md, "Importing a CTranslate2 model (`convert/ct2.py`)".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import mmap
 import os
@@ -58,7 +34,8 @@ from asrforge.model.tokenizer import SpecialTokens
 # Whisper model was ever written with them (WhisperSpec arrived with binary version 6), so they
 # are refused rather than guessed at.
 SUPPORTED_BINARY_VERSIONS = (6,)
-MAX_SPEC_REVISION = 3  # ctranslate2's WhisperModel::current_spec_revision()
+# The spec revision ctranslate2's WhisperModel::current_spec_revision() reports.
+MAX_SPEC_REVISION = 3
 # type id -> numpy dtype; bf16 (5) is read as raw u16 and widened by hand.
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}
 # Scalars that change the computation: CTranslate2 value -> what transformers' Whisper does.
@@ -184,7 +161,8 @@ def read_model_bin(path: Path) -> dict[str, torch.Tensor]:
         if name.endswith("_zero") and name[: -len("_zero")] in raw:
             raise UserError(f"{path}: {name}: AWQ-quantized weights are not supported")
         out[name] = _dequantize(path, name, type_id, array, raw.get(name + "_scale"))
-    for alias, target in aliases.items():  # the same tensor object: tied weights stay tied
+    # Aliases share the tensor object, so tied weights stay tied.
+    for alias, target in aliases.items():
         if target not in out:
             raise UserError(f"{path}: alias {alias!r} points at a missing variable {target!r}")
         out[alias] = out[target]
@@ -267,14 +245,16 @@ def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, 
 def _dequantize(
     path: Path, name: str, type_id: int, array: np.ndarray, scale: tuple[int, np.ndarray] | None
 ) -> torch.Tensor:
-    if type_id == 5:  # bfloat16: the high half of a float32
+    # bfloat16 is the high half of a float32.
+    if type_id == 5:
         return torch.from_numpy((array.astype(np.uint32) << 16).view(np.float32))
     if type_id in (0, 4):
         return torch.from_numpy(array.astype(np.float32))
     if scale is None:
         if type_id in (1, 2) and array.ndim > 0:
             raise UserError(f"{path}: {name} is quantized but has no {name}_scale")
-        return torch.from_numpy(array.astype(np.int64))  # scalars: num_heads, flags
+        # Scalars such as num_heads and flags are integers.
+        return torch.from_numpy(array.astype(np.int64))
     if type_id not in (1, 2):
         raise UserError(f"{path}: {name}: a scale on a type-{type_id} variable")
     # CTranslate2 stores round(w * scale): per output row for int8, one number for int16.
@@ -501,7 +481,8 @@ def _complete_tokenizer(tok: dict, vocabulary: list[str], where: Path) -> tuple[
             raise UserError(f"{where}: the vocabulary has no {name}, not a Whisper tokenizer")
     tok = dict(tok, added_tokens=list(tok.get("added_tokens", [])))
     for i in range(len(vocabulary)):
-        if i not in by_id:  # as in openai/whisper-* tokenizers: plain added tokens
+        # As in the openai/whisper-* tokenizers, these are plain added tokens.
+        if i not in by_id:
             tok["added_tokens"].append(
                 {
                     "id": i,
@@ -555,40 +536,3 @@ def _write_tokenizer_files(out: Path, tok: dict, specials: list[str], max_length
     for name, content in files.items():
         (out / name).write_text(json.dumps(content, ensure_ascii=False, indent=1), "utf-8")
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", "utf-8")
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``asrforge import-ct2 CT2_DIR --out HF_DIR [--dtype float32]``."""
-    parser = subparsers.add_parser(
-        "import-ct2",
-        help="convert a CTranslate2 (faster-whisper) Whisper model to a transformers directory",
-        description=(import_ct2.__doc__ or "").split("\n")[0],
-    )
-    parser.add_argument(
-        "ct2_dir",
-        type=Path,
-        metavar="CT2_DIR",
-        help="directory with model.bin, config.json, tokenizer.json, vocabulary.*",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        required=True,
-        metavar="HF_DIR",
-        help="output directory (must not exist or be empty)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default="float32",
-        help="dtype of the written weights (default: float32)",
-    )
-    parser.set_defaults(func=run_cli)
-    return parser
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``import-ct2``; user errors propagate as :class:`UserError` for the CLI to print."""
-    out = import_ct2(args.ct2_dir, args.out, dtype=args.dtype)
-    print(f"wrote a transformers Whisper model to {out}")
-    return 0

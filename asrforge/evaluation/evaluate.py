@@ -93,7 +93,8 @@ def evaluate(
                 # greedy decoding, so the encoder's keys/values are projected once per batch.
                 cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
                 h = decoder_states(model, dec_in, enc, cache)
-                logits = model.proj_out(h[mask])  # (n_label_tokens, vocab): label positions only
+                # Only label positions are projected, giving (n_label_tokens, vocab).
+                logits = model.proj_out(h[mask])
                 flat = token_loss(logits, labels[mask], reduction="none")
                 if beam_size > 1 or fusion is not None:  # beams start from the prompt, own caches
                     seqs, hit_cap = beam_decode(

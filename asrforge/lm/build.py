@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asrforge.config import DataConfig
+from asrforge.data.rules import language_filter
+from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.lm.ngram import NGramLM, estimate, write_arpa
 from asrforge.text import normalize
@@ -46,8 +48,6 @@ def data_sentences(
 ) -> Iterator[tuple[str, str]]:
     """``(language, transcript)`` of each utterance of a split of a data set (a path or a data
     section, as :func:`asrforge.data.sources.read_split` takes it; audio is not read)."""
-    from asrforge.data.sources import read_split
-
     ds = read_split(data, split, required=("text",))  # transcripts alone make an LM
     for row in ds.select_columns(["text", "language"]):
         code = resolve_language(row["language"], strict=False)
@@ -109,9 +109,6 @@ def build_lm_file(
         UserError: both or neither source, a missing source, no language for ``text``, or an
             ``out`` that is a directory.
     """
-    from asrforge.data.rules import language_filter
-    from asrforge.data.sources import data_config
-
     if (text is None) == (data is None):
         raise UserError("give one of --text FILE or --data DIR")
     if out.is_dir():

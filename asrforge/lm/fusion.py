@@ -1,27 +1,6 @@
 """Shallow fusion of a word n-gram LM into beam search, at word boundaries.
 
-A hypothesis's fused score is its acoustic log-probability plus, for every word it completes,
-``alpha * ln p_LM(word | the words before) + beta``; when it ends (EOT) its last, partial word
-is completed and ``alpha * ln p_LM(</s> | ...)`` added. A word is complete when the next token
-starts a new one: a token whose text starts with a space, or a special or timestamp token.
-The completed word's tokens are decoded and normalized as the LM's text was
-(:func:`asrforge.text.normalize` for the utterance's language), which may give no word
-(punctuation) or several (``"well-known"``); each counts. English number words are normalized
-one word at a time here, so ``"twenty five"`` is two LM words (the LM learned ``25``): a known,
-small mismatch.
-
-A beam that hits the token cap pays for its last word as one that ends does (without
-``</s>``). A known weakness of scoring at word boundaries only: tokens that continue a word
-cost nothing until the word ends, so with a strong LM and no word bonus (``alpha`` 0.5,
-``beta`` 0 on tiny.en) beams can glue pieces into one long "word" until the cap; measured WER
-then explodes (``bench/bench_lm.py``). A word bonus of 1-2 offsets it, and ``asrforge lm tune``
-never records weights that do worse than no LM on its split.
-
-Utterances in a language the LM was not built for are decoded without it (their bonus is 0).
-Languages written without spaces (Chinese, Japanese, Thai) have no word boundaries here: their
-"words" would be whole phrases; a word LM does not fit them.
-With ``alpha = beta = 0`` every bonus is exactly 0.0 and beam search picks what it picks
-without an LM.
+How it works: docs/decoding.md, "Shallow fusion at word boundaries (`lm/fusion.py`)".
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """A word n-gram language model with interpolated modified Kneser–Ney smoothing, written and
 read as ARPA text (what KenLM's ``lmplz`` writes and its ``kenlm`` module queries).
 
-Estimation, as Chen & Goodman (1998) and KenLM define it:
-
-* each sentence is ``<s> w1 ... wn </s>``;
-* the highest order counts n-grams as they occur; a lower order counts, for each n-gram, the
-  distinct words seen before it (its continuation count), except n-grams that start with
-  ``<s>``, which nothing can precede and which keep their own count;
-* per order, three discounts ``D1, D2, D3+`` from the counts of counts ``t1..t4``:
-  ``Y = t1 / (t1 + 2 t2)``, ``Dk = k - (k + 1) Y t(k+1) / tk``; when the text is too small for
-  them (a ``tk`` of 0, or a ``Dk`` outside ``(0, k]``) KenLM's ``--discount_fallback`` values
-  ``0.5, 1.0, 1.5`` are used (logged);
-* ``p(w | h) = (c(hw) - D(c(hw))) / c(h.) + gamma(h) p(w | h')`` with ``h'`` the context
-  without its first word, ``gamma(h) = (D1 N1(h.) + D2 N2(h.) + D3+ N3+(h.)) / c(h.)``, and
-  the unigrams interpolated with the uniform distribution over the vocabulary (the words,
-  ``</s>`` and ``<unk>``; ``<s>`` is never predicted).
-
-The ARPA file stores the interpolated ``log10 p(w | h)`` of every n-gram seen and
-``log10 gamma(h)`` as the back-off weight of every context, so a query of an unseen n-gram
-(:meth:`NGramLM.log10_prob`) backs off exactly to the interpolated value. A first line before
-``\\data\\`` (ignored by ARPA readers, KenLM's included) records how the model was built:
-``asrforge-lm {"order": 3, "normalizer": "english", ...}``.
+How it works: docs/decoding.md, "The n-gram LM's estimation and ARPA file (`lm/ngram.py`)".
 """
 
 from __future__ import annotations
@@ -161,7 +142,8 @@ def estimate(
     used: list[tuple[float, float, float]] = []
     probs: list[dict[Gram, float]] = [dict() for _ in range(order)]
     backoffs: list[dict[Gram, float]] = [dict() for _ in range(order)]
-    lower: dict[Gram, float] = {(w,): 1.0 / len(vocab) for w in vocab}  # p_0: uniform
+    # The order-0 distribution is uniform over the vocabulary.
+    lower: dict[Gram, float] = {(w,): 1.0 / len(vocab) for w in vocab}
     for n in range(1, order + 1):
         counts = {g: c for g, c in adjusted[n - 1].items() if g[-1] != BOS}
         d = fixed_discounts[n - 1] if fixed_discounts else discounts(counts.values())

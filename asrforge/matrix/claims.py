@@ -1,20 +1,6 @@
 """Who runs which job: per-job locks and claim records, result markers, the event log.
 
-Under the matrix root::
-
-    claims/<job_id>.lock    flock(LOCK_EX) held by the owner for as long as the job runs; a
-                            local job's training process inherits the descriptor, so the lock
-                            outlives a launcher that is killed while its job goes on
-    claims/<job_id>.claim   JSON {launcher, host, pid, device, time}, created O_CREAT|O_EXCL
-    runs/<job_id>/DONE      JSON result summary, written atomically: the job is finished
-    runs/<job_id>/FAILED    JSON with the tail of the job's log: retries ran out
-    events.jsonl            one line per claim / attempt / result, from every launcher
-
-A claim is taken by locking first, then creating the record. Whoever holds the lock may delete
-a record it finds: its owner released the lock, so it is dead (records are deleted before the
-lock is released). Where ``flock`` is not supported, a record whose pid is gone on this host is
-stale, anything else is taken as live. Markers are checked again under the lock, so a job that
-another launcher finished a moment ago is never run twice.
+How it works: docs/matrix.md, "Claims, locks and markers (`matrix/claims.py`)".
 """
 
 from __future__ import annotations
@@ -147,7 +133,8 @@ class Claims:
             return refusal
         try:
             rfd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:  # only without a working flock: someone else was faster
+        except FileExistsError:
+            # Without a working flock another launcher may have been faster.
             os.close(fd)
             return "held"
         body = {"job_id": job_id, "launcher": self.launcher, "host": self.host,
@@ -203,12 +190,15 @@ class Claims:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {}  # half-written by a launcher that died: stale
+            # A record half-written by a launcher that died is stale.
+            return {}
 
     def _stale_without_lock(self, record: dict[str, Any]) -> bool:
         if not record:
-            return True  # unreadable: its writer died half-way
+            # An unreadable record's writer died half-way.
+            return True
         if record.get("host") != self.host:
-            return False  # cannot see another host's processes: take it as live
+            # Another host's processes cannot be seen, so its record is taken as live.
+            return False
         pid = record.get("pid")
         return not isinstance(pid, int) or not pid_alive(pid)

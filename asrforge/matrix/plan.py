@@ -1,22 +1,6 @@
 """The MATRIX.yaml schema and its expansion into jobs (language × config × seed).
 
-A matrix file names languages, config files (each with a ``config_id``), seeds and overrides::
-
-    out: runs/matrix-tiny            # the matrix root (or --out)
-    languages: [en, es]
-    configs:
-      - {config_id: tiny, path: configs/tiny.yaml, overrides: {train.max_steps: 20}}
-    seeds: [0, 1]
-    overrides: [data.num_workers=0]  # every job
-    language_overrides: {es: {selection.policy: by_wer}}
-    retries: 2
-
-Each job is ``asrforge train CONFIG <overrides> seed=S output_dir=<out>/runs/<job_id>``. Its
-overrides, last wins: the matrix's ``overrides``, the config entry's, ``data.languages=[xx]`` and
-``selection.language=xx``, the language's own, then seed and output_dir. Every job's config is
-validated before anything starts, its callbacks and the metrics they and ``checkpoint.keep_best``
-select by included (what ``asrforge train`` checks before it writes anything, so a typo fails the
-launch, not the job hours later); problems are reported by YAML path like ``asrforge train``'s.
+How it works: docs/matrix.md, "The MATRIX.yaml file and its jobs (`matrix/plan.py`)".
 """
 
 from __future__ import annotations

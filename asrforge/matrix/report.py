@@ -1,23 +1,6 @@
 """``asrforge report``: one self-contained HTML page of a matrix's runs.
 
-Everything is inline (CSS, a little JS, SVG): the page opens from disk or an e-mail attachment.
-It is built for a matrix of ~100 languages × configs × seeds (~900 jobs):
-- filters (free text, language, config, status) that apply to everything below them;
-- a language × config table: each metric of the selected checkpoints as mean ± sd over seeds,
-  the change of the error rate (WER; CER for unspaced scripts) from the starting model (the
-  run's step-0 evaluation) and the forgetting
-  guard's change from the start (``eval.guard``);
-- a sortable table of every job (language, config, seed, status, best step, WER and its
-  change, CER, long-form WER, loss, rep-trap rate, selection policy, the condition that chose
-  the best checkpoint, steps, attempts, time, disk);
-- per language, one plot per metric with every job of that language overlaid (a line per job,
-  coloured by config, a dot at its selected checkpoint), not one block per job.
-
-Sources per run dir: ``metrics.jsonl`` (``train_begin`` / ``train`` / ``eval`` / ``save`` /
-``train_end``; a resumed run's records after its resume step replace the crashed attempt's),
-``eval/step-NNNNNN.jsonl`` summaries when metrics.jsonl has no evaluations, ``config.yaml``,
-the launcher's ``DONE`` / ``FAILED`` markers, and the matrix root's ``matrix.json`` (jobs not
-started yet) and ``claims/`` (jobs running now).
+How it works: docs/matrix.md, "What the report shows and reads (`matrix/report.py`)".
 """
 
 from __future__ import annotations

@@ -2,31 +2,8 @@
 ``BeamSearchDecoder`` and ``MaximumLikelihoodRanker`` define it (written anew for transformers'
 Whisper): ``beam_size``, ``patience`` and ``length_penalty`` mean what they mean there.
 
-At each step every live beam's next-token log-probabilities (after suppression and ``rules``,
-renormalized, as openai-whisper) are added to the beam's sum; of all candidates of one
-utterance, in score order, the first ``beam_size`` that do not end in EOT continue, and those
-ending in EOT before that point are finished hypotheses. An utterance is done when it has
-``round(beam_size * patience)`` finished hypotheses; they are ranked by
-``sum_logprob / penalty(length)`` (see :func:`length_normalized`). With ``fusion`` (an n-gram
-LM, :mod:`asrforge.lm.fusion`) the sums that rank candidates and hypotheses also hold the LM's
-word bonuses.
-
-Differences from transformers' ``generate(num_beams=k)`` (``tests/test_beam.py`` shows both
-equal where the conventions agree: ``length_penalty=0``, ``early_stopping=True``, nothing
-suppressed):
-
-* transformers ranks finished hypotheses by ``sum_logprob / n**length_penalty`` with ``n``
-  counting EOT (default 1.0); openai-whisper by ``sum_logprob / n`` (``length_penalty`` None)
-  or ``sum_logprob / ((5 + n) / 6)**length_penalty``, ``n`` without EOT;
-* transformers stops (``early_stopping=False``, its default) when no running beam can beat the
-  worst finished one by its heuristic; openai-whisper when ``patience * beam_size`` finished;
-* transformers applies suppression to log-probabilities without renormalizing; openai-whisper
-  renormalizes over the tokens left (the sums differ by the suppressed tokens' mass);
-* transformers accepts an EOT candidate only among the ``k`` best of the step; openai-whisper
-  any EOT ranked before the ``k``-th continuing candidate, so its pool fills sooner and it may
-  stop before a longer, likelier ending arrives (on tiny.en, 22 of 24 espeak clips decode alike
-  with ``length_penalty=0``; in the other two, transformers ends with a final period, ours one
-  token earlier; ``bench/bench_beam.py``).
+How it works: docs/decoding.md,
+"Beam search, and how it differs from transformers' (`model/beam.py`)".
 """
 
 from __future__ import annotations
@@ -177,7 +154,8 @@ def beam_search(
         if t == 0:  # one prompt row per utterance becomes its k beams' rows
             cache.reorder_cache(src)
             enc = enc[src]
-        else:  # beams move within an utterance: its cross-attention rows are all the same
+        else:
+            # Beams move within one utterance, whose cross-attention rows are all the same.
             cache.self_attention_cache.reorder_cache(src)
         done = torch.tensor([len(finished[int(a)]) >= max_candidates for a in audios.tolist()])
         if bool(done.all()):
@@ -193,7 +171,8 @@ def beam_search(
             cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
-        if fusion is not None:  # a capped beam's last word is complete too: it pays for it
+        # A capped beam's last word is complete too, so it pays the LM for it.
+        if fusion is not None:
             sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
         _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, length_penalty) for f in finished]

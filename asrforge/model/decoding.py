@@ -127,7 +127,8 @@ def greedy_decode(
         live = nxt != eot
         if not bool(live.any()):
             break
-        if not bool(live.all()):  # drop the finished: later steps compute live rows only
+        # Later steps compute the rows still live only, so the finished ones are dropped.
+        if not bool(live.all()):
             keep = live.nonzero().squeeze(1)
             rows, nxt, encoder_hidden = rows[keep], nxt[keep], encoder_hidden[keep]
             cache.batch_select_indices(keep)
@@ -245,9 +246,11 @@ class TimestampRules:
             return
         last = v.is_timestamp(seq[-1])
         penultimate = len(seq) < 2 or v.is_timestamp(seq[-2])
-        if last and penultimate:  # a pair (or the opening stamp): text must follow
+        # After a pair of timestamps (or the opening one) text must follow.
+        if last and penultimate:
             row[v.begin : v.end] = float("-inf")
-        elif last:  # a segment's end: the next segment's start, or EOT
+        elif last:
+            # After a segment's end comes the next segment's start or EOT.
             row[text] = float("-inf")
         stamps = [t for t in seq if v.is_timestamp(t)]
         if stamps:

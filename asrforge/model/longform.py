@@ -1,19 +1,6 @@
 """Long-form transcription: audio longer than the encoder's window, decoded window by window.
 
-Two ways, shared by :meth:`asrforge.bundle.Bundle.recognize` and the training loop's long-form
-evaluation:
-
-* **timestamps** (openai-whisper's and faster-whisper's ``transcribe``): decode a full window in
-  timestamp mode (:class:`~asrforge.model.decoding.TimestampRules`); the output is segments
-  ``<|t0|> text <|t1|>``. The next window starts at the end of the last complete segment, so a
-  sentence the window cut off is decoded again, whole, in the next one. When the window's last
-  segment is complete (a single timestamp before EOT), or there are no pairs of timestamps, the
-  next window starts where this one ended.
-* **silence** (:mod:`asrforge.model.silence`): cut the audio at its quietest moments into pieces
-  of at most one window and decode each in ``<|notimestamps|>`` mode; for models whose
-  vocabulary has no timestamp tokens (a from-scratch BPE).
-
-Both return :class:`Segment` lists with times in seconds from the start of the recording.
+How it works: docs/decoding.md, "Long-form decoding, window by window (`model/longform.py`)".
 """
 
 from __future__ import annotations

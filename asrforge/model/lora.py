@@ -24,7 +24,8 @@ import torch
 from asrforge.config import LoraConfig
 from asrforge.errors import CheckpointNotSupportedError, UserError
 
-ADAPTER_NAME = "default"  # peft's name for a model's only adapter; part of the tensor names
+# peft's name for a model's only adapter, which is part of the tensor names.
+ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PeftModel.from_pretrained reads
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_KEY = "lora_base_sha256"  # the checkpoint manifest's record of the base weights
@@ -63,7 +64,8 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> Any:
     peft = _peft()
     try:
         tuner = peft.LoraModel(model, peft_config(cfg), ADAPTER_NAME)
-    except ValueError as e:  # peft: "Target modules {...} not found in the base model", ...
+    except ValueError as e:
+        # peft says "Target modules {...} not found in the base model" and the like.
         raise UserError(f"model.lora.target_modules {list(cfg.target_modules)}: {e}") from None
     for name, p in model.named_parameters():
         p.requires_grad_(_is_adapter(name))

@@ -1,20 +1,6 @@
 """Partial fine-tuning of the Whisper encoder: a frozen lower part, the top ``top`` layers train.
 
-``WhisperEncoder.forward`` (transformers 5.23) is split in two at layer ``L - top`` (``L`` the
-encoder's layer count):
-
-* the frozen part: ``conv1 -> gelu -> conv2 -> gelu -> + embed_positions -> dropout ->
-  layers[:L - top]`` (and the final ``layer_norm`` too when ``top`` is 0: the whole encoder);
-* the trained part: ``layers[L - top:]`` (with LayerDrop) ``-> layer_norm``.
-
-The frozen part runs in eval mode, so it is a fixed function of the audio whose output can be
-cached (``asrforge.data.cache.encoder``); the trained part runs on that output, fresh or cached,
-and its result goes to the decoder as ``encoder_outputs=(hidden,)``. In eval mode the two parts
-together compute exactly what ``WhisperEncoder.forward`` does.
-
-The whole-encoder stock forward cannot be used while only the top trains: its dropout after the
-positions and its LayerDrop follow the encoder module's single ``training`` flag, which would
-put noise into the part that is meant to be fixed.
+How it works: docs/training.md, "Partial fine-tuning of the encoder (`model/partial.py`)".
 """
 
 from __future__ import annotations
@@ -102,7 +88,8 @@ def encode_frozen_part(encoder: nn.Module, features: torch.Tensor, top: int) -> 
     hidden = nn.functional.gelu(encoder.conv1(features))
     hidden = nn.functional.gelu(encoder.conv2(hidden)).permute(0, 2, 1)
     positions = torch.arange(encoder.embed_positions.num_embeddings, device=hidden.device)
-    hidden = hidden + encoder.embed_positions(positions)  # then dropout: none in eval mode
+    # The dropout that follows does nothing in eval mode.
+    hidden = hidden + encoder.embed_positions(positions)
     for layer in encoder.layers[:split]:
         hidden = layer(hidden, None)
     return encoder.layer_norm(hidden) if top == 0 else hidden
@@ -124,6 +111,7 @@ def encode_trained_part(encoder: nn.Module, hidden: torch.Tensor, top: int) -> t
         return hidden
     for layer in encoder.layers[len(encoder.layers) - top :]:
         if encoder.training and encoder.layerdrop > 0.0 and torch.rand([]) < encoder.layerdrop:
-            continue  # LayerDrop: skip the layer
+            # LayerDrop skips the layer.
+            continue
         hidden = layer(hidden, None)
     return encoder.layer_norm(hidden)

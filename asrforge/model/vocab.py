@@ -1,35 +1,10 @@
 """Per-language vocabulary extension: merge a language BPE into Whisper's, warm-start the rows.
 
-Whisper's byte-level BPE spends two or three tokens per character on many scripts (Georgian,
-Amharic, the Indic scripts, Thai). :func:`build_extended_tokenizer` trains a byte-level BPE
-(the ``tokenizers`` library, Whisper's pre-tokenizer) on one language's transcripts and merges
-it into the base tokenizer:
-
-* every base id keeps its token, special and added tokens included; new tokens are appended
-  after the base's last id;
-* the language BPE's merges go *before* the base merges, so a word of the language is split
-  exactly as the language BPE splits it and its new tokens are produced (appended after the
-  base merges they would mostly never fire: the base merges consume the bytes first). Only
-  merges with a non-ASCII byte on one side are taken, so text without non-ASCII bytes
-  (English, code, digits) tokenizes exactly as with the base tokenizer;
-* a language Whisper has no token for (Ganda, ``lg``) gets one: ``<|lg|>`` is appended after
-  the new BPE tokens as a special token, so its prompt is that language's own (its embedding
-  row is drawn like the other new rows);
-* the directory is a Whisper tokenizer (:func:`asrforge.model.tokenizer.load_tokenizer`) plus
-  ``vocab_extension.json`` (sizes, language, the base tokenizer's sha256).
-
-The new tokens come after the timestamp tokens (``<|30.00|>``). asrforge reads timestamps as
-the ids from ``<|0.00|>`` to the last one (``decoding.TimestampVocab``); transformers' and
-faster-whisper's Whisper code read *every* id past ``<|notimestamps|>`` as a timestamp, so they
-misread the new tokens (:func:`ids_read_as_timestamps`; docs/decoding.md, "Extended
-vocabularies").
-
-The model side (the embedding rows of new tokens) is :mod:`asrforge.model.embeddings`.
+How it works: docs/decoding.md, "How a vocabulary is extended (`model/vocab.py`)".
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -39,7 +14,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -241,7 +216,8 @@ def merge_bpe(
         first_new_id: id of the first appended token (the base tokenizer's length).
         reserved: strings that must not become BPE tokens (the added tokens' texts).
     """
-    available = set(_byte_of())  # single bytes: always there before any merge
+    # Single bytes are in the vocabulary before any merge.
+    available = set(_byte_of())
     front: list[tuple[str, str]] = []
     dropped = 0
     for a, b in lang_merges:
@@ -310,7 +286,8 @@ def build_extended_tokenizer(
             reserved=set(added) | ({language_token} if language_token else set()),
         )
         n_new = len(merged.new_tokens)
-        if language_token is not None:  # after the BPE tokens: a special token, as Whisper's are
+        # A language token goes after the BPE tokens, as a special token like Whisper's.
+        if language_token is not None:
             added[language_token] = len(base_tok) + n_new
             state["added_tokens"].append(
                 {"id": added[language_token], "content": language_token, "single_word": False,
@@ -541,104 +518,3 @@ def compare_tokenizers(base_tok, ext_tok, texts: list[str]) -> dict:
         "decode_steps_saved": saved,
         "decode_steps_saved_pct": 100.0 * saved / steps_before,
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``asrforge vocab build`` and ``asrforge vocab report``."""
-    parser = subparsers.add_parser(
-        "vocab",
-        help="per-language vocabulary extension",
-        description=(__doc__ or "").split("\n")[0],
-    )
-    sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
-    b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
-    b.add_argument(
-        "--data",
-        type=Path,
-        required=True,
-        help="the data, in any form data.path takes (its transcripts are read); data.columns.*, "
-        "data.language, data.cache_dir as in `asrforge evaluate --help`",
-    )
-    b.add_argument(
-        "--language", required=True, help="the language (code, name or locale) to extend for"
-    )
-    b.add_argument(
-        "--vocab-size",
-        type=int,
-        required=True,
-        help="size of the language BPE (256 bytes + merges)",
-    )
-    b.add_argument("--text", type=Path, help="extra UTF-8 text of the language, one line each")
-    b.add_argument("--max-text-lines", type=int, help="read at most this many lines of --text")
-    b.add_argument("--out", type=Path, required=True, help="the extended tokenizer directory")
-    b.add_argument(
-        "--base", type=Path, required=True, help="the base Whisper tokenizer (or model) directory"
-    )
-    b.add_argument(
-        "--split", default="train", help="split of --data to read (default train; a file: whole)"
-    )
-    b.set_defaults(func=run_cli, accepts_overrides=True)
-    r = sub.add_parser("report", help="tokens per utterance before and after an extension")
-    r.add_argument("--data", type=Path, required=True, help="as for vocab build")
-    r.add_argument("--language", required=True)
-    r.add_argument("--tokenizer", type=Path, required=True, help="the extended tokenizer")
-    r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
-    r.add_argument("--split", default="train")
-    r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.set_defaults(func=run_cli, accepts_overrides=True)
-    return parser
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
-    from asrforge.data.options import data_options
-
-    data = data_options(args)
-    if args.vocab_command == "build":
-        if args.vocab_size <= 256:
-            raise UserError(f"--vocab-size must be > 256 (the byte tokens), got {args.vocab_size}")
-        texts = read_transcripts(data, args.language, args.split)
-        extra = iter_text_file(args.text, args.max_text_lines) if args.text else iter(())
-        ext = build_extended_tokenizer(
-            args.base,
-            chain(texts, extra),
-            language=args.language,
-            vocab_size=args.vocab_size,
-            out=args.out,
-        )
-        print(
-            f"wrote {args.out}: {ext.new_tokens} new {ext.language} tokens, "
-            f"{ext.base_vocab_size} -> {ext.vocab_size} ({len(texts)} transcripts)"
-        )
-        return 0
-    ext_tok = load_extended_tokenizer(args.tokenizer)
-    ext = VocabExtension.read(args.tokenizer)
-    base_dir = args.base or (Path(ext.base) if ext.base else None)
-    if base_dir is None or not Path(base_dir).is_dir():
-        raise UserError(f"the base tokenizer {base_dir} is not there; pass --base")
-    base_tok = load_tokenizer(base_dir)
-    if tokenizer_sha256(base_tok) != ext.base_tokenizer_sha256:
-        raise UserError(
-            f"--base {base_dir}: not the tokenizer {args.tokenizer} was extended from "
-            "(sha256 differs from vocab_extension.json)"
-        )
-    report = compare_tokenizers(
-        base_tok, ext_tok, read_transcripts(data, args.language, args.split)
-    )
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    print(f"{report['n']} {args.language} utterances, tokens per utterance:")
-    print(f"  {'':8}{'mean':>9}{'p50':>8}{'p95':>8}{'total':>10}")
-    for key in ("before", "after"):
-        s = report[key]
-        print(f"  {key:8}{s['mean']:9.2f}{s['p50']:8.1f}{s['p95']:8.1f}{s['total']:10d}")
-    print(
-        f"decode steps saved: {report['decode_steps_saved']} of "
-        f"{report['decode_steps_before']} ({report['decode_steps_saved_pct']:.1f}%)"
-    )
-    return 0

@@ -1,35 +1,10 @@
 """A multilingual speech corpus synthesized with espeak-ng from sentences the project generates.
 
-``asrforge corpus --languages en,es,de --per-language 200 --out DIR`` (or :func:`build_corpus`):
-
-* **Text**: natural sentences from the fortune collections a Debian ``fortunes*`` package
-  installs (en, de, es, it, pl, ru, cs, bg, pt, zh; filtered to short speakable sentences), or
-  random 4-10-word sentences drawn from ``wordfreq``'s word lists for the other languages
-  (:mod:`asrforge.recipes.sentences`; ``--text`` chooses). Nothing is downloaded, no text lives in
-  the repository.
-* **Speakers**: a speaker is a setting of espeak-ng: the language's voice plus a voice variant
-  (``en-us+m3``), a speed (``-s``, words per minute) and a pitch (``-p``). The variants are
-  split between train, validation and test, so no speaker setting (and no variant) of one split
-  occurs in another; no sentence occurs twice in the corpus.
-* **Audio**: espeak-ng's 22.05 kHz output (``--stdout``) resampled to 16 kHz with
-  :func:`asrforge.data.audio.resample`, 16-bit WAV. espeak-ng runs in a pool of threads (one
-  subprocess each). Every clip is cached under a content hash of text, voice, speed, pitch and
-  the espeak-ng version (``DIR/.cache`` by default), so a rebuild only synthesizes what changed;
-  a re-run with the same arguments reuses the corpus outright.
-* **Output**: an Arrow ``DatasetDict`` (``datasets.load_from_disk``) with splits ``train``,
-  ``validation``, ``test`` and columns ``id``, ``audio`` ({bytes, path}, cast to
-  ``datasets.Audio(decode=False)``), ``text``, ``language``, ``speaker``, ``duration`` (seconds);
-  and a card: ``card.json`` and ``README.md`` (languages, voices, hours and utterances per split).
-
-Languages: those that both ``wordfreq`` has a word list for and espeak-ng speaks (see
-:data:`LANGUAGES`). espeak-ng has no Khmer voice; it reads Mandarin characters only with the
-``cmn-latn-pinyin`` voice (used for ``zh``); it does not read Japanese kanji, so ``ja`` is
-refused unless ``--japanese-kana-only`` draws the sentences from kana-written words only.
+How it works: docs/data.md, "How the corpus is made (`recipes/corpus.py`)".
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -51,6 +26,7 @@ import soundfile as sf
 
 from asrforge.data.audio import SAMPLE_RATE, resample
 from asrforge.errors import UserError
+from asrforge.recipes.corpus_languages import LANGUAGES_TABLE, REFUSED, TEXT_SOURCES
 from asrforge.recipes.sentences import (
     FORTUNES,
     MAX_WORDS,
@@ -70,34 +46,6 @@ log = logging.getLogger(__name__)
 CORPUS_FORMAT = 3
 """Bumped when the same arguments would give a different corpus (a rebuild, not a reuse)."""
 SPLITS = ("train", "validation", "test")
-TEXT_SOURCES = ("auto", "fortunes", "wordfreq")
-
-# code (Whisper's) -> (wordfreq code, espeak-ng voices; speakers alternate between them)
-LANGUAGES_TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "en": ("en", ("en-us", "en-gb")), "es": ("es", ("es", "es-419")), "de": ("de", ("de",)),
-    "fr": ("fr", ("fr-fr",)), "it": ("it", ("it",)), "pt": ("pt", ("pt-br", "pt")),
-    "nl": ("nl", ("nl",)), "sv": ("sv", ("sv",)), "da": ("da", ("da",)), "no": ("nb", ("nb",)),
-    "fi": ("fi", ("fi",)), "is": ("is", ("is",)), "pl": ("pl", ("pl",)), "cs": ("cs", ("cs",)),
-    "sk": ("sk", ("sk",)), "sl": ("sl", ("sl",)), "hr": ("sh", ("hr",)), "ro": ("ro", ("ro",)),
-    "hu": ("hu", ("hu",)), "ca": ("ca", ("ca",)), "lt": ("lt", ("lt",)), "lv": ("lv", ("lv",)),
-    "ru": ("ru", ("ru",)), "uk": ("uk", ("uk",)), "bg": ("bg", ("bg",)), "mk": ("mk", ("mk",)),
-    "el": ("el", ("el",)), "tr": ("tr", ("tr",)), "id": ("id", ("id",)), "ms": ("ms", ("ms",)),
-    "vi": ("vi", ("vi",)), "ar": ("ar", ("ar",)), "fa": ("fa", ("fa",)), "he": ("he", ("he",)),
-    "hi": ("hi", ("hi",)), "bn": ("bn", ("bn",)), "ta": ("ta", ("ta",)), "ur": ("ur", ("ur",)),
-    "ko": ("ko", ("ko",)), "zh": ("zh", ("cmn-latn-pinyin",)), "ja": ("ja", ("ja",)),
-}  # fmt: skip
-"""Languages the corpus can speak: each needs a wordfreq word list and an espeak-ng voice."""
-
-REFUSED: dict[str, str] = {
-    "km": "espeak-ng has no Khmer voice",
-    "ja": "espeak-ng does not read kanji (it says 'Chinese letter'); pass --japanese-kana-only to "
-          "draw Japanese sentences from kana-written words only",
-    "th": "wordfreq has no Thai word list (espeak-ng has a Thai voice)",
-    "my": "wordfreq has no Burmese word list",
-    "sw": "wordfreq has no Swahili word list",
-    "lg": "neither wordfreq nor espeak-ng knows Ganda",
-}
-"""Languages asked about often that the corpus cannot speak, and why."""
 
 # espeak-ng voice variants that sound like a plain voice (no whisper, croak or robot effects);
 # Andy, Annie and ed were left out: Whisper tiny.en loops on them far more than on the rest.
@@ -357,7 +305,8 @@ def synthesize_clip(clip: Clip, cache_dir: Path) -> tuple[bytes, float, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)  # concurrent builds may race: both write the same bytes
+    # Concurrent builds may race, and both write the same bytes.
+    os.replace(tmp, path)
     return data, wave.shape[0] / SAMPLE_RATE, False
 
 
@@ -406,7 +355,7 @@ def build_corpus(
             same = (card.get("spec") == spec.to_dict() and card.get("plan") == plan_digest()
                     and card.get("sources") == spec.sources())
             if not force and same:
-                say(f"corpus: {out} already holds this corpus ({_summary(card)}); reusing it")
+                say(f"corpus: {out} already holds this corpus ({card_summary(card)}); reusing it")
                 return card
         elif any(p.name != ".cache" for p in out.iterdir()):
             raise UserError(f"corpus --out: {out} is not empty and holds no corpus (card.json); "
@@ -441,7 +390,7 @@ def build_corpus(
 
     card = _card(spec, clips, results, version, n_cached, t_synth)
     _write(out, clips, results, card, cache)
-    say(f"corpus: wrote {out} ({_summary(card)}) in {time.perf_counter() - t0:.1f} s")
+    say(f"corpus: wrote {out} ({card_summary(card)}) in {time.perf_counter() - t0:.1f} s")
     return card
 
 
@@ -538,7 +487,7 @@ def _card(spec: CorpusSpec, clips: list[Clip], results: dict, espeak_version: st
     }
 
 
-def _summary(card: dict) -> str:
+def card_summary(card: dict) -> str:
     parts = [f"{s} {v['utterances']} utts / {v['hours'] * 60:.1f} min"
              for s, v in card["splits"].items()]
     return ", ".join(parts)
@@ -567,85 +516,3 @@ def card_markdown(card: dict) -> str:
             lines.append(f"  - {split}: {', '.join(f'`{s}`' for s in speakers)}")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in card["notes"]]
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``asrforge corpus``."""
-    langs = ", ".join(sorted(LANGUAGES_TABLE))
-    p = subparsers.add_parser(
-        "corpus",
-        help="synthesize a multilingual speech corpus with espeak-ng",
-        description=(
-            "Synthesize a speech corpus with espeak-ng from natural sentences of Debian's "
-            "fortunes packages (en, de, es, it, pl, ru, cs, bg, pt, zh) or sentences drawn "
-            "from wordfreq's word lists: train/validation/test splits with disjoint sentences and speakers, saved as "
-            "an Arrow dataset with a card (README.md, card.json). Clips are cached; a re-run "
-            f"with the same arguments is near-instant. Languages: {langs}. Not available: "
-            "km (espeak-ng has no Khmer voice); th, my, sw (no wordfreq list); ja only with "
-            "--japanese-kana-only (espeak-ng does not read kanji); zh is read with the "
-            "cmn-latn-pinyin voice."
-        ),
-    )
-    p.add_argument("--languages", required=True, help="comma-separated codes, e.g. en,es,de")
-    p.add_argument("--per-language", type=int, default=None, metavar="N",
-                   help="utterances per language over all splits (80%% train, 10%% validation, "
-                        "10%% test; at least 1 each)")
-    p.add_argument("--split-sizes", default=None, metavar="train=N,validation=N,test=N",
-                   help="utterances per language in each split (instead of --per-language)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="corpus directory")
-    p.add_argument("--seed", type=int, default=0, help="seeds sentences and speakers (default 0)")
-    p.add_argument("--min-words", type=int, default=MIN_WORDS, help="shortest sentence")
-    p.add_argument("--max-words", type=int, default=MAX_WORDS, help="longest sentence")
-    p.add_argument("--workers", type=int, default=None, help="espeak-ng processes (default: CPUs)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="clip cache (default DIR/.cache)")
-    p.add_argument("--force", action="store_true", help="rebuild even if DIR holds this corpus")
-    p.add_argument("--text", choices=TEXT_SOURCES, default="auto",
-                   help="sentences from fortunes packages (natural), wordfreq (word draws), or "
-                        "auto: fortunes where the language's package is installed (default)")
-    p.add_argument("--japanese-kana-only", action="store_true",
-                   help="allow ja: sentences of kana-written words only")
-    p.set_defaults(func=run_cli)
-    return p
-
-
-def split_sizes(per_language: int | None, sizes: str | None) -> dict[str, int]:
-    """Sizes per split from ``--per-language`` or ``--split-sizes``.
-
-    Raises:
-        UserError: neither or both given, or a malformed value.
-    """
-    if (per_language is None) == (sizes is None):
-        raise UserError("corpus: give exactly one of --per-language or --split-sizes")
-    if per_language is not None:
-        if per_language < 3:
-            raise UserError(f"corpus --per-language: needs at least 3 (one per split), "
-                            f"got {per_language}")
-        val = test = max(1, round(per_language * 0.1))
-        return {"train": per_language - val - test, "validation": val, "test": test}
-    out = {}
-    for item in sizes.split(","):
-        name, sep, n = item.partition("=")
-        if not sep or not n.strip().lstrip("-").isdigit():
-            raise UserError(f"corpus --split-sizes: {item!r} is not split=N")
-        out[name.strip()] = int(n)
-    return out
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Run ``asrforge corpus``."""
-    spec = CorpusSpec(
-        languages=[s.strip() for s in args.languages.split(",") if s.strip()],
-        sizes=split_sizes(args.per_language, args.split_sizes), seed=args.seed,
-        min_words=args.min_words, max_words=args.max_words,
-        japanese_kana_only=args.japanese_kana_only, text=args.text,
-    )
-    if args.workers is not None and args.workers < 1:
-        raise UserError(f"corpus --workers: must be >= 1, got {args.workers}")
-    card = build_corpus(spec, args.out, cache_dir=args.cache_dir, workers=args.workers,
-                        force=args.force, progress=print)
-    print(f"corpus card: {Path(args.out) / 'README.md'} ({_summary(card)})")
-    return 0

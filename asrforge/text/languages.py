@@ -81,7 +81,8 @@ def find_language_code(language: str) -> str | None:
     for locale in ("-".join(parts[:2]), f"{parts[0]}-{parts[-1]}"):  # zh-yue-hk, zh-hant-hk
         if locale in _LOCALES:
             return _LOCALES[locale]
-    head = key.split("-", 1)[0]  # a regional tag: "en-us" -> "en", "pt-br" -> "pt"
+    # A regional tag maps to its language ("en-us" -> "en", "pt-br" -> "pt").
+    head = key.split("-", 1)[0]
     if head != key:
         return find_language_code(head)
     return None

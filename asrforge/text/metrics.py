@@ -1,25 +1,6 @@
 """Word and character error rates over a corpus, equal to jiwer 4's on the strings as given.
 
-An error rate is corpus-level: total edits (substitutions + deletions + insertions, a minimum
-Levenshtein alignment per utterance) over total reference units. Units are:
-
-* words: ``text.split()``, i.e. maximal runs of non-whitespace (any Unicode whitespace
-  separates words). jiwer 4 collapses runs of two or more whitespace characters into one space,
-  strips, and splits on ``" "`` only, so it would read ``"a\\tb"`` as one word; on text whose
-  single separators are spaces (all normalized text) the two agree exactly.
-* characters: the code points of ``text.strip()``, inner spaces included and not collapsed,
-  exactly as jiwer 4's ``cer``. No Unicode normalization is applied here (see
-  :func:`asrforge.text.normalize`).
-
-Empty references: an utterance whose reference has no units contributes its hypothesis units as
-insertions (as in jiwer). A corpus with no reference units at all has error rate 0.0 when the
-hypotheses are empty too, and ``inf`` when they are not (errors over zero units; jiwer returns
-the bare insertion count there, which is not a rate). ``inf`` compares as worse than any score,
-so a selection policy never prefers such an evaluation.
-
-The distance and the alignment come from rapidfuzz (C++), which jiwer itself uses; this module
-keeps only the documented differences above (units, empty references, corpus-level rates).
-jiwer is only a test dependency. ``bench/bench_metrics.py`` compares both on one corpus.
+How it works: docs/evaluation.md, "Word and character error rates (`text/metrics.py`)".
 """
 
 from __future__ import annotations

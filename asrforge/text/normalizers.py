@@ -1,19 +1,6 @@
 """Text normalization before scoring, after openai/whisper's ``normalizers``.
 
-English gets a subset of Whisper's ``EnglishTextNormalizer``: lowercase; drop ``[...]``,
-``<...>`` and ``(...)`` spans and the fillers hmm/mm/mhm/mmm/uh/um; expand common contractions
-and titles; strip diacritics; turn punctuation and symbols into spaces (keeping ``. % $ ¢ € £``
-attached to numbers); spoken numbers are rewritten as Whisper does (transformers'
-``EnglishNumberNormalizer``: ``"twenty five"`` -> ``"25"``, a lone ``"1"`` -> ``"one"``), so a
-model is not scored on number style; a few British spellings become American.
-
-Every other language gets a basic normalizer: Unicode NFKC, case folding, drop bracketed spans,
-punctuation and symbols (categories P* and S*) become spaces. Unlike Whisper's
-``BasicTextNormalizer``, combining marks (M*) are kept, so Devanagari, Thai, Tamil, Arabic with
-vowel points, ... keep their spelling instead of splitting words at every vowel sign.
-
-Both collapse whitespace runs to one space and strip the ends; zero-width spaces (U+200B, a
-word break in Khmer, Burmese and Thai text) count as whitespace.
+How it works: docs/evaluation.md, "Normalization before scoring (`text/normalizers.py`)".
 """
 
 from __future__ import annotations
@@ -139,7 +126,8 @@ def _normalize_english_once(text: str) -> str:
     text = re.sub(r"(\d),(\d)", r"\1\2", text)  # 1,000 -> 1000
     text = re.sub(r"\.(\D|$)", r" \1", text)  # a period not before a digit ends a sentence
     text = _strip_symbols_and_diacritics(text)
-    text = _FILLERS.sub("", text)  # again: stripping accents can make one ("ÙM" -> "um")
+    # Stripping accents can make a filler again ("ÙM" -> "um").
+    text = _FILLERS.sub("", text)
     text = _english_numbers()(text)  # "twenty five" -> "25", "press 1" -> "press one"
     text = " ".join(_SPELLINGS.get(w, w) for w in text.split())
     text = re.sub(r"([$¢€£])\s+(\d)", r"\1\2", text)  # "$ 5" -> "$5"
@@ -166,6 +154,7 @@ def _strip_symbols_and_diacritics(text: str) -> str:
             continue
         cat = unicodedata.category(c)
         if cat == "Mn":
-            continue  # a diacritic: "café" -> "cafe"
+            # A diacritic is dropped ("café" -> "cafe").
+            continue
         out.append(" " if cat[0] in "MSP" else c)
     return "".join(out)

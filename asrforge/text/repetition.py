@@ -1,19 +1,6 @@
 """Repetition-trap diagnostics: hypotheses where greedy decoding looped.
 
-A seq2seq decoder caught in a loop ("and then and then and then ...") keeps going until the
-token cap. Per utterance, two symptoms are flagged:
-
-* ``hit_cap``: the hypothesis used the whole budget (``n_tokens >= max_new_tokens``);
-* ``repetitive``: ``rep_score >= threshold``, where ``rep_score`` is the fraction of the
-  hypothesis' n-grams (default n=4) that repeat an n-gram seen earlier in the same hypothesis.
-  Ordinary speech almost never repeats a 4-gram; a loop of any period p repeats every n-gram
-  after its first cycle, so k cycles score about ``(k - 1) / k`` (0.5 at two cycles of a long
-  phrase, ~0.9 at ten). The default threshold 0.5 flags a hypothesis in which at least half the
-  n-grams are repeats.
-
-An utterance is a rep trap when either holds. The units are the generated token ids (best: they
-are the decoder's own units and work for every script) or, for a string, its whitespace words;
-words see no loops in scripts without spaces (Thai, Chinese, ...), so pass token ids there.
+How it works: docs/evaluation.md, "Repetition traps (`text/repetition.py`)".
 """
 
 from __future__ import annotations

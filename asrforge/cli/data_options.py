@@ -2,18 +2,16 @@
 run (``evaluate``, ``lm build``, ``lm tune``, ``vocab``): their help and the data section they
 make (:func:`asrforge.data.sources.source_config`).
 
-Imported when the ``asrforge`` parser is built, so it imports nothing heavy.
+Imported when the ``asrforge`` parser is built: the data code (datasets, numpy) is imported
+when a command reads data.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from asrforge.config import DataConfig
 from asrforge.errors import UserError
-
-if TYPE_CHECKING:
-    from asrforge.config import DataConfig
 
 DATA_HELP = (
     "the data, in any form data.path takes: a save_to_disk DatasetDict or Dataset, a directory "

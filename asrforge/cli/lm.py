@@ -1,7 +1,4 @@
-"""``asrforge lm build`` and ``asrforge lm tune``.
-
-Imported when the ``asrforge`` parser is built: everything heavy is imported in the handlers.
-"""
+"""``asrforge lm build`` and ``asrforge lm tune``."""
 
 from __future__ import annotations
 
@@ -9,11 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.errors import UserError
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
+# Building and tuning an LM read data and decode with torch: imported inside the handlers, so
+# building the parser (`asrforge --help`) does not wait for them.
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``lm`` with its ``build`` and ``tune`` commands."""
-    from asrforge.data.options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP  # evaluate's --data
-
     lm = subparsers.add_parser(
         "lm",
         help="word n-gram language models for beam search (build, tune)",
@@ -73,8 +74,6 @@ def _floats(text: str) -> list[float]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from asrforge.data.options import data_options
-    from asrforge.errors import UserError
     from asrforge.lm.build import build_lm_file
 
     if args.overrides and args.data is None:
@@ -97,9 +96,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from asrforge.data.options import data_options
-    from asrforge.errors import UserError
-    from asrforge.lm.tune import ALPHAS, BETAS, tune
+    from asrforge.bundle.lm_tune import ALPHAS, BETAS, tune
 
     data = data_options(args)
     for name in ("batch_size", "max_samples", "max_new_tokens"):

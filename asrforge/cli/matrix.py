@@ -1,23 +1,28 @@
-"""``asrforge matrix`` (run every job of a MATRIX.yaml) and ``asrforge report`` (one HTML page
-of a matrix's runs)."""
+"""``asrforge matrix``: run every job of a MATRIX.yaml."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 import textwrap
-from pathlib import Path
+
+from asrforge.config import external_code_allowed
+from asrforge.config_reference import fields_epilog
+from asrforge.matrix.plan import MatrixConfig, load_matrix
+
+# The executors and the launcher load Ray and the training set-up: imported inside the handler,
+# so building the parser (`asrforge --help`) does not wait for them.
 
 
-def add_cli(sub) -> None:
-    from asrforge.config_reference import fields_epilog
-    from asrforge.matrix.plan import MatrixConfig
-
+def add_parser(sub) -> None:
+    """Register ``matrix``."""
     p = sub.add_parser(
         "matrix",
         help="run a matrix of training jobs (languages × configs × seeds)",
-        description=textwrap.fill(  # filled here: the raw formatter keeps the field list's lines
+        # The description is filled here because the raw formatter keeps the field list's lines.
+        description=textwrap.fill(
             "Run every job of MATRIX.yaml, one per device, each as `asrforge train` with its "
             "language, seed and output_dir. Launch again (or on another machine sharing the "
             "matrix root) at any time: finished jobs are skipped, interrupted ones resume. "
@@ -47,26 +52,11 @@ def add_cli(sub) -> None:
                         "ASRFORGE_ALLOW_EXTERNAL_CALLBACKS=1); the matrix file can never allow it")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the matrix, print each job's command, start nothing")
-    p.set_defaults(func=run_matrix, accepts_overrides=True)
-
-    r = sub.add_parser(
-        "report",
-        help="one self-contained HTML page of a matrix's runs",
-        description="Write one HTML page (no external resources): a sortable table of every job "
-                    "and each job's WER / CER / loss curves with its checkpoints marked.",
-    )
-    r.add_argument("runs_dir", help="a matrix root, or a directory of run directories")
-    r.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
-    r.add_argument("--title", default=None, help="the page title")
-    r.set_defaults(func=run_report)
+    p.set_defaults(func=run, accepts_overrides=True)
 
 
-def run_matrix(args) -> int:
-    import logging
-
-    from asrforge.config import external_code_allowed
+def run(args) -> int:
     from asrforge.matrix.executors import LocalExecutor, RayExecutor, parse_devices
-    from asrforge.matrix.plan import load_matrix
     from asrforge.matrix.run import Launcher
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
@@ -91,11 +81,3 @@ def run_matrix(args) -> int:
               "(FAILED in each run dir holds the log's tail; --retry-failed runs them again)",
               file=sys.stderr)
     return outcome.exit_code
-
-
-def run_report(args) -> int:
-    from asrforge.matrix.report import write_report
-
-    rows = write_report(Path(args.runs_dir), Path(args.out), title=args.title)
-    print(f"asrforge: report of {len(rows)} job(s) written to {args.out}")
-    return 0

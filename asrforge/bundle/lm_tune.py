@@ -19,8 +19,14 @@ from typing import Any
 
 import torch
 
+from asrforge.bundle.export import update_bundle_manifest
+from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
 from asrforge.config import DataConfig
+from asrforge.data.sources import data_config
 from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import _prompt_length, split_loader
+from asrforge.model.beam import beam_decode
+from asrforge.text import cer, normalize, primary_metric, wer
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +59,6 @@ def grid(alphas: Sequence[float], betas: Sequence[float]) -> list[tuple[float, f
 def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) -> dict:
     """``{(alpha, beta): [hypothesis text, ...]}`` and the references, in one pass over the
     batches (the encoder runs once per batch)."""
-    from asrforge.evaluation.evaluate import _prompt_length
-    from asrforge.model.beam import beam_decode
-
     model, eot = bundle.model, bundle.specials.eot
     hyps: dict[tuple[float, float], list[str]] = {p: [] for p in points}
     refs: list[tuple[str, str]] = []
@@ -85,8 +88,6 @@ def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) 
 def error_rate(refs: list[tuple[str, str]], hyps: list[str]) -> tuple[str, float]:
     """``(metric, value)``: corpus WER on normalized text, or CER when a language of ``refs``
     is scored by characters (:func:`asrforge.text.primary_metric`)."""
-    from asrforge.text import cer, normalize, primary_metric, wer
-
     metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
     r = [normalize(text, lang) for lang, text in refs]
     h = [normalize(text, lang) for (lang, _), text in zip(refs, hyps, strict=True)]
@@ -120,11 +121,6 @@ def tune(
         UserError: the bundle has no LM, a bad grid, or a bad split; CheckpointError: the bundle
             does not verify.
     """
-    from asrforge.bundle.export import update_bundle_manifest
-    from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
-    from asrforge.data.sources import data_config
-    from asrforge.evaluation.evaluate import split_loader
-
     points = grid(alphas, betas)
     if beam_size < 1:
         raise UserError(f"--beam-size: must be >= 1, got {beam_size}")

@@ -1,0 +1,115 @@
+"""The ``asrforge`` command: the top-level parser, the exit codes and the one-line errors; each
+command's parser and handler are a module of this package.
+
+Exit codes: 0 success (also a run stopped early by a callback or the selection policy), 1 a run
+that failed (diverged, a checkpoint or another file that could not be written, a critical
+callback), 2 bad input (a config, a path, a file): one message naming what is wrong, no
+traceback; 75 (``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint,
+which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+
+from asrforge.cli import (
+    average,
+    config,
+    corpus,
+    demo,
+    evaluate,
+    export,
+    import_ct2,
+    lm,
+    matrix,
+    report,
+    train,
+    transcribe,
+    vocab,
+)
+from asrforge.config_hf import flag_hint
+from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError
+from asrforge.io.atomic import describe_os_error
+
+# Each command's module, in the order `asrforge --help` lists them; these modules import their
+# heavy domain code only when the command runs, so every parser is built on each call.
+COMMANDS = (
+    train, config, matrix, report, export, transcribe, evaluate, demo, lm, average, import_ct2,
+    vocab, corpus,
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser, every command's sub-parser included."""
+    parser = argparse.ArgumentParser(
+        prog="asrforge",
+        description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
+        epilog=(
+            "Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file), "
+            f"{EXIT_INTERRUPTED} a run stopped by SIGTERM/SIGINT after saving (--resume continues it)."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    unknown = [a for a in extra if a not in overrides]
+    if unknown or (overrides and not getattr(args, "accepts_overrides", False)):
+        flags = [a for a in unknown if a.startswith("--")]
+        takes_overrides = getattr(args, "accepts_overrides", False)
+        hint = f" ({flag_hint(flags[0])})" if flags and takes_overrides else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}{hint}")
+    args.overrides = overrides
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"asrforge: error: {e}", file=sys.stderr)
+        return 2
+    except (CheckpointSaveError, OSError) as e:
+        # A write (or read) the OS refused: export, average, a run's set-up, ... (a failed
+        # checkpoint save is reported by `cli.train.run`). One line, no traceback; nothing
+        # was half-written, as every write is atomic.
+        print(f"asrforge: error: {_describe_write_failure(e)}", file=sys.stderr)
+        return 2 if _path_at_fault(e) else 1
+    except KeyboardInterrupt:
+        print("asrforge: interrupted", file=sys.stderr)
+        return 130
+
+
+# The path the user named is at fault (exit 2), unlike a full disk or an I/O error (exit 1).
+_PATH_ERRNOS = {
+    errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENOENT, errno.EACCES,
+    errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
+}  # fmt: skip
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind ``e`` (itself, or what a CheckpointSaveError wraps)."""
+    if isinstance(e, OSError):
+        return e
+    return e.__cause__ if isinstance(e.__cause__, OSError) else None
+
+
+def _describe_write_failure(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename is not None else ""
+        return f"{where}{describe_os_error(e)}"
+    return str(e)
+
+
+def _path_at_fault(e: BaseException) -> bool:
+    cause = _os_error(e)
+    return cause is not None and cause.errno in _PATH_ERRNOS
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""``asrforge evaluate``: WER/CER/loss of a checkpoint or bundle on a data split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.cli.lm_options import add_lm_options, lm_fusion
+from asrforge.cli.open_model import open_model
+from asrforge.cli.problems import attempt, positive, raise_problems
+
+# Reading data and evaluating load numpy, torch and transformers: imported inside the handlers,
+# so building the parser (`asrforge --help`) does not wait for them.
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``evaluate``."""
+    p = subparsers.add_parser(
+        "evaluate",
+        help="WER/CER/loss of a checkpoint or bundle on a data split",
+        description="Evaluate a training checkpoint or a bundle on a split of a data set, in any "
+        "form training reads (the training loop's evaluation: teacher-forced loss and greedy "
+        "decoding).",
+        epilog=DATA_OPTIONS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "model",
+        type=Path,
+        help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
+    )
+    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
+    p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per utterance for the split (not the long-form recordings); 1: greedy",
+    )
+    p.add_argument(
+        "--longform-items",
+        type=int,
+        default=0,
+        help="also join utterances of the split into this many long recordings, transcribe them "
+        "as `transcribe` does and report longform_wer/longform_cer (default 0: off)",
+    )
+    p.add_argument("--longform-min-seconds", type=float, default=60.0)
+    p.add_argument("--longform-max-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
+        help="long-form: how long audio is decoded (default: as transcribe would)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="long-form: which utterances are joined")
+    p.add_argument(
+        "--temperature-fallback",
+        action="store_true",
+        help="long-form: decode a window that looks like a repetition loop again at higher "
+        "temperatures, as transcribe --temperature-fallback does",
+    )
+    p.add_argument(
+        "--weights",
+        choices=["ema", "raw"],
+        default=None,
+        help="checkpoints: which weights (default ema when present, as the loop evaluates)",
+    )
+    add_lm_options(p)
+    p.set_defaults(func=run, accepts_overrides=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    problems = [
+        positive("--batch-size", args.batch_size),
+        positive("--max-new-tokens", args.max_new_tokens),
+        positive("--max-samples", args.max_samples),
+        positive("--beam-size", args.beam_size),
+    ]
+    if args.longform_items < 0:
+        problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
+    if not 0 < args.longform_min_seconds <= args.longform_max_seconds:
+        problems.append(
+            "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
+            f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
+        )
+    from asrforge.data.sources import reads_whole
+    from asrforge.evaluation.evaluate import evaluate_split
+
+    # the model first, then the data: every problem in one message
+    bundle = attempt(lambda: open_model(args.model, args.weights), problems)
+    data = attempt(lambda: data_options(args), problems)
+    raise_problems(problems)
+    fusion = lm_fusion(bundle, args)
+    metrics, _preds, report = evaluate_split(
+        bundle,
+        data,
+        args.split,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+        max_samples=args.max_samples,
+        beam_size=args.beam_size,
+        fusion=fusion,
+    )
+    if args.longform_items:
+        from asrforge.evaluation.longform import evaluate_split_longform
+
+        long_metrics, _records = evaluate_split_longform(
+            bundle,
+            data,
+            args.split,
+            count=args.longform_items,
+            min_seconds=args.longform_min_seconds,
+            max_seconds=args.longform_max_seconds,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+            chunking=args.chunking,
+            fallback=_fallback(args.temperature_fallback),
+        )
+        metrics.update(long_metrics)
+    skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
+    # data of one split is read whole, so no split name describes what was scored
+    split = None if reads_whole(args.data) else args.split
+    if args.json:
+        record = {
+            "model": str(args.model),
+            "data": str(args.data),
+            "split": split,
+            **_plain(metrics),
+            "skipped": skipped,
+        }
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        print(
+            f"{args.model} on {args.data} ({split or 'read whole'}): {metrics['n']} utterances"
+            + (f", skipped {skipped}" if skipped else "")
+        )
+        print(format_table(metrics))
+        if args.longform_items:
+            print(format_longform(metrics))
+    return 0
+
+
+def _fallback(on: bool):
+    from asrforge.model.fallback import Fallback
+
+    return Fallback() if on else None
+
+
+def format_longform(metrics: dict[str, Any]) -> str:
+    """The long-form line under the table: WER/CER in %, recordings, seconds, chunking."""
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:.2f}" if isinstance(v, int | float) and math.isfinite(v) else "-"
+
+    return (
+        f"long-form: WER {pct(metrics.get('longform_wer'))} % CER "
+        f"{pct(metrics.get('longform_cer'))} % on {metrics.get('longform_n', 0)} recordings "
+        f"({metrics.get('longform_seconds', 0):.0f} s, chunking {metrics.get('longform_chunking')})"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Metrics as strict JSON: NaN and infinities become null."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    """WER/CER in %, loss, n and rep-trap count, overall and per language."""
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:7.2f}" if isinstance(v, int | float) and math.isfinite(v) else "      -"
+
+    def row(name: str, m: dict[str, Any]) -> str:
+        loss = m.get("loss")
+        loss_s = (
+            f"{loss:7.4f}" if isinstance(loss, int | float) and math.isfinite(loss) else "      -"
+        )
+        return (
+            f"{name:<10} {m.get('n', 0):>6} {pct(m.get('wer'))} {pct(m.get('cer'))} "
+            f"{loss_s} {m.get('rep_trap_count', 0):>8}"
+        )
+
+    lines = [f"{'language':<10} {'n':>6} {'WER %':>7} {'CER %':>7} {'loss':>7} {'rep-trap':>8}"]
+    lines.append(row("all", metrics))
+    for lang, m in (metrics.get("per_language") or {}).items():
+        lines.append(row(lang, m))
+    return "\n".join(lines)

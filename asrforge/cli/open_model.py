@@ -1,0 +1,35 @@
+"""Any model directory a command names opened as a :class:`~asrforge.bundle.Bundle`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from asrforge.errors import UserError
+
+# The bundle code loads torch and transformers: it is imported inside the function, so building
+# the parser (`asrforge --help`) does not wait for it.
+
+
+def open_model(path: Path, weights: str | None = None):
+    """A :class:`~asrforge.bundle.Bundle` from a bundle (verified by ``load_bundle``), a training
+    checkpoint or run (verified against its manifest), or a plain transformers Whisper
+    directory, which has no manifest and is loaded unverified (said on stderr)."""
+    from asrforge.bundle.export import bundle_from_checkpoint, resolve_source
+    from asrforge.bundle.load import load_bundle
+    from asrforge.bundle.schema import INFERENCE_CONFIG
+
+    if not path.is_dir():
+        raise UserError(f"{path}: no such directory")
+    if (path / INFERENCE_CONFIG).is_file():
+        if weights is not None:
+            raise UserError("--weights applies to checkpoints; a bundle has one set of weights")
+        return load_bundle(path)
+    kind, _resolved = resolve_source(path)
+    if kind == "pretrained":
+        print(
+            f"asrforge: {path}: a transformers directory, not a bundle: loaded without "
+            "verification (no manifest); `asrforge export` makes a verified bundle",
+            file=sys.stderr,
+        )
+    return bundle_from_checkpoint(path, weights)

@@ -1,0 +1,27 @@
+"""``asrforge report``: one self-contained HTML page of a matrix's runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asrforge.matrix.report import write_report
+
+
+def add_parser(sub) -> None:
+    """Register ``report``."""
+    r = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a matrix's runs",
+        description="Write one HTML page (no external resources): a sortable table of every job "
+                    "and each job's WER / CER / loss curves with its checkpoints marked.",
+    )
+    r.add_argument("runs_dir", help="a matrix root, or a directory of run directories")
+    r.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
+    r.add_argument("--title", default=None, help="the page title")
+    r.set_defaults(func=run)
+
+
+def run(args) -> int:
+    rows = write_report(Path(args.runs_dir), Path(args.out), title=args.title)
+    print(f"asrforge: report of {len(rows)} job(s) written to {args.out}")
+    return 0

@@ -1,0 +1,170 @@
+"""``asrforge transcribe``: audio files of any length transcribed with a bundle.
+
+Bad input (a missing file, unreadable audio, an altered bundle, an unknown language) raises
+:class:`~asrforge.errors.UserError`: the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from asrforge.cli.lm_options import add_lm_options, lm_fusion
+from asrforge.cli.open_model import open_model
+from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
+
+# The subtitle writers load the decoding code (torch): imported inside the handler, so building
+# the parser (`asrforge --help`) does not wait for them.
+
+OUTPUT_FORMATS = ("text", "json", "srt", "vtt")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``transcribe``."""
+    p = subparsers.add_parser(
+        "transcribe",
+        help="transcribe audio files with a bundle",
+        description="Transcribe wav/flac/mp3 files (any sample rate, any length) with a bundle, "
+        "a training checkpoint or run, or a transformers Whisper directory. Long audio is "
+        "decoded in sequential 30 s windows moved by the model's timestamps (as openai-whisper "
+        "and faster-whisper do), or cut at silences for models without timestamp tokens.",
+    )
+    p.add_argument(
+        "bundle",
+        type=Path,
+        help="a bundle directory (asrforge export), a checkpoint or run directory, or a "
+        "transformers Whisper directory (not verified: no manifest)",
+    )
+    p.add_argument("audio", type=Path, nargs="+", help="audio files")
+    p.add_argument("--language", default=None, help="ISO code; default: detected")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=OUTPUT_FORMATS,
+        default=None,
+        help="text (default), json (text, language, seconds and timed segments), srt or vtt",
+    )
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write <audio name>.<format> files here instead of printing",
+    )
+    p.add_argument(
+        "--chunking",
+        choices=["timestamps", "silence"],
+        default=None,
+        help="long audio: timestamp-driven windows (default when the model has timestamp "
+        "tokens) or cuts at silences (default otherwise)",
+    )
+    p.add_argument(
+        "--condition-on-previous-text",
+        action="store_true",
+        help="timestamps: prompt each window with the text before it (<|startofprev|>)",
+    )
+    p.add_argument("--batch-size", type=int, default=8, help="windows decoded at once")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap per 30 s window")
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="beams per window (openai-whisper uses 5); 1: greedy decoding (default)",
+    )
+    p.add_argument(
+        "--temperature-fallback",
+        action="store_true",
+        help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
+        "1.0 (seeded sampling), as openai-whisper does",
+    )
+    add_lm_options(p)
+    p.set_defaults(func=run)
+
+
+def audio_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as an audio file, or None (the decoder judges its contents)."""
+    if path.is_dir():
+        return f"{path}: a directory, not an audio file"
+    if not path.exists():
+        return f"{path}: no such audio file"
+    if not path.is_file():
+        return f"{path}: not a regular file"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from asrforge.bundle.subtitles import to_srt, to_vtt
+
+    problems = [
+        positive("--batch-size", args.batch_size),
+        positive("--max-new-tokens", args.max_new_tokens),
+        positive("--beam-size", args.beam_size),
+    ]
+    if args.json and args.fmt not in (None, "json"):
+        problems.append(f"--json and --format {args.fmt}: choose one")
+    fmt = "json" if args.json else args.fmt or "text"
+    if fmt in ("srt", "vtt") and len(args.audio) > 1 and args.output_dir is None:
+        problems.append(f"--format {fmt} with {len(args.audio)} files: give --output-dir")
+    if args.output_dir is not None:
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            problems.append(f"--output-dir {args.output_dir}: not a directory")
+        stems = [p.stem for p in args.audio]
+        twice = sorted({s for s in stems if stems.count(s) > 1})
+        if twice:  # one output file would overwrite the other
+            problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
+    # the model first, then every audio file: all the problems in one message
+    bundle = attempt(lambda: open_model(args.bundle), problems)
+    problems += [audio_problem(path) for path in args.audio]
+    raise_problems(problems)
+    chunking, why = bundle.chunking_for(args.chunking)
+    if args.condition_on_previous_text and chunking != "timestamps":
+        raise UserError("--condition-on-previous-text needs --chunking timestamps")
+    waves = [bundle.load_audio(p) for p in args.audio]
+    fusion = lm_fusion(bundle, args)
+    results = bundle.recognize(
+        waves,
+        args.language,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        chunking=chunking,
+        condition_on_previous_text=args.condition_on_previous_text,
+        beam_size=args.beam_size,
+        temperature_fallback=args.temperature_fallback,
+        use_lm=fusion is not None,
+        lm_alpha=fusion.alpha if fusion is not None else None,
+        lm_beta=fusion.beta if fusion is not None else None,
+    )
+    # The chunking notice comes after every error check, as one line.
+    if args.chunking is None and chunking == "silence":
+        print(f"asrforge: {why}", file=sys.stderr)
+    for path, r in zip(args.audio, results, strict=True):
+        if fmt == "json":
+            record = {
+                "path": str(path),
+                "text": r.text,
+                "language": r.language,
+                "seconds": round(r.seconds, 3),
+                "chunking": r.chunking,
+                "segments": [s.to_dict() for s in r.segments],
+            }
+            out = json.dumps(record, ensure_ascii=False)
+        elif fmt == "srt":
+            out = to_srt(r.segments)
+        elif fmt == "vtt":
+            out = to_vtt(r.segments)
+        else:
+            out = r.text
+        if args.output_dir is not None:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            target = args.output_dir / f"{path.stem}.{'txt' if fmt == 'text' else fmt}"
+            atomic_write_text(target, out if out.endswith("\n") else out + "\n")
+            print(f"wrote {target}", file=sys.stderr)
+        elif fmt == "text" and len(args.audio) > 1:
+            print(f"{path}\t{out}")
+        else:
+            print(out)
+    return 0
