@@ -27,6 +27,7 @@ from asrforge.bundle.load import (
     Bundle,
     check_tensors,
     manifest_digest,
+    verify_bundle,
 )
 from asrforge.bundle.schema import (
     BUNDLE_VERSION,
@@ -38,7 +39,15 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify, write_manifest
+from asrforge.checkpoint.average import average_top_k
+from asrforge.checkpoint.manifest import (
+    MANIFEST_NAME,
+    manifest_seal,
+    read_manifest,
+    verify,
+    write_manifest,
+)
+from asrforge.checkpoint.manifest import SEAL_KEY as FILES_SEAL
 from asrforge.checkpoint.shards import LazyWeights, has_weights
 from asrforge.checkpoint.training import (
     EMA_FILE,
@@ -54,8 +63,12 @@ from asrforge.config import (
     load_config,
     parse_size,
 )
+from asrforge.data.audio import decode_audio
+from asrforge.data.rules import language_filter
+from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
+from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
@@ -166,7 +179,6 @@ def with_lm(contents: BundleContents, path: Path) -> BundleContents:
     Raises:
         UserError: not a readable ARPA file, or an LM of none of the bundle's languages.
     """
-    from asrforge.lm.ngram import read_arpa
 
     if not path.is_file():
         raise UserError(f"--lm {path}: no such file")
@@ -489,7 +501,6 @@ def _shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 
 def _average(ckpt: Path, k: int, metric: str) -> tuple[LazyWeights, dict[str, Any]]:
-    from asrforge.checkpoint.average import average_top_k
 
     root = ckpt.parent
     # Read lazily: the directory lives as long as the weights do (removed when they are freed)
@@ -627,9 +638,6 @@ def _data_facts(
 ) -> tuple[list[str] | None, tuple | None]:
     """Languages of the training split and log-mel statistics of its first ``n_stats``
     utterances, when the training data is still where the config says (else ``None``s)."""
-    from asrforge.data.audio import decode_audio
-    from asrforge.data.rules import language_filter
-    from asrforge.data.sources import load_source
 
     try:
         split = load_source(cfg.data).splits[cfg.data.train_split]
@@ -740,9 +748,6 @@ def _copy_lm(contents: BundleContents, directory: Path) -> None:
 def update_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Add ``meta`` to a bundle's manifest (the files unchanged) and seal it afresh, in one
     atomic rename: the bundle is verified first and is never left half-updated."""
-    from asrforge.bundle.load import verify_bundle
-    from asrforge.checkpoint.manifest import SEAL_KEY as FILES_SEAL
-    from asrforge.checkpoint.manifest import manifest_seal
 
     manifest = verify_bundle(directory)
     body = {k: v for k, v in manifest.items() if k not in (FILES_SEAL, SEAL_KEY)}

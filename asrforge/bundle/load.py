@@ -40,6 +40,8 @@ from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifes
 from asrforge.checkpoint.shards import index_name, weight_files
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.lm.fusion import ShallowFusion
+from asrforge.lm.ngram import read_arpa
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
@@ -294,7 +296,6 @@ def _read_lm(path: Path, icfg, manifest: dict[str, Any]):
     info = icfg.lm
     if info is None:
         return None
-    from asrforge.lm.ngram import read_arpa
 
     if info.file not in manifest["files"]:
         raise CheckpointCorruptError(
@@ -634,7 +635,6 @@ class Bundle:
         (None when it has none); ``alpha``/``beta`` default to :meth:`lm_alpha_beta`."""
         if self.lm is None:
             return None
-        from asrforge.lm.fusion import ShallowFusion
 
         tuned = self.lm_alpha_beta()
         return ShallowFusion(

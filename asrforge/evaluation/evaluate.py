@@ -18,10 +18,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.config import DataConfig
-from asrforge.data.dataset import IGNORE, dropped_by_reason
+from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, dropped_by_reason, eval_batches
+from asrforge.data.prepare import prepare_split
+from asrforge.data.rules import language_filter
+from asrforge.data.sources import data_config, read_split
+from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import decoder_states, greedy_decode, pick, suppressed_ids
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
@@ -268,14 +273,6 @@ def split_loader(
     Raises:
         UserError: the split is missing or has no usable utterance.
     """
-    from torch.utils.data import DataLoader
-
-    from asrforge.data.dataset import Collator, SpeechDataset, eval_batches
-    from asrforge.data.prepare import prepare_split
-    from asrforge.data.rules import language_filter
-    from asrforge.data.sources import data_config, read_split
-    from asrforge.errors import UserError
-
     language_filter(languages, where="languages")  # named by this argument, not data.languages
 
     source = data_config(data)

@@ -27,7 +27,11 @@ import torch
 
 from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sources import data_config, read_split
+from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR
+from asrforge.io.atomic import atomic_write_text
 from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
 from asrforge.text import cer, normalize, wer
@@ -289,7 +293,6 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
 
 def write_records(path: Path, records: list[dict], metrics: dict) -> None:
     """One line per recording, then a summary line (as ``eval/step-NNNNNN.jsonl``)."""
-    from asrforge.io.atomic import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
@@ -323,9 +326,6 @@ def evaluate_split_longform(
     Raises:
         UserError: the split is missing or has no usable utterance.
     """
-    from asrforge.data.prepare import prepare_split
-    from asrforge.data.sources import data_config, read_split
-    from asrforge.errors import UserError
 
     source = data_config(data)
     ds = read_split(source, split)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig
+from asrforge.data.sources import read_split
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import TIME_PRECISION, load_tokenizer
 from asrforge.text.languages import find_language_code
@@ -454,7 +455,6 @@ def read_transcripts(data: Path | DataConfig, language: str, split: str = "train
     takes (a path, or a data section naming its columns; the audio is neither needed nor read);
     the ``language`` column and ``language`` may be codes, names or locales (resolved alike), and
     data without a language column is all ``language``."""
-    from asrforge.data.sources import read_split
 
     wanted = find_language_code(language) or language
     ds = read_split(data, split, required=("text",), default_language=wanted)
