@@ -1,5 +1,5 @@
-"""Hugging Face ``TrainingArguments`` / ``Seq2SeqTrainingArguments`` and ms-swift names and
-what asrforge calls them, for the hint an unknown config field gets (``learning_rate`` ->
+"""Hugging Face ``TrainingArguments`` / ``Seq2SeqTrainingArguments``, ms-swift and ESPnet names
+and what asrforge calls them, for the hint an unknown config field gets (``learning_rate`` ->
 ``optim.lr``) and for ``asrforge config hf``.
 
 No aliases: a setting has one name in a config, in ``config.yaml`` of a run and in resume's
@@ -78,13 +78,50 @@ SWIFT_NAMES: dict[str, str] = {
 """ms-swift's names, for users who bring an ms-swift config (several are Hugging Face's too)."""
 
 
+ESPNET_NAMES: dict[str, str] = {
+    "max_epoch": HF_NAMES["num_train_epochs"],
+    "accum_grad": "train.grad_accum",
+    "grad_clip": "optim.clip_grad_norm",
+    "use_amp": "train.precision: fp16 or bf16 (auto picks bf16 where it is faster)",
+    "train_dtype": "train.precision",
+    "batch_size": HF_NAMES["per_device_train_batch_size"],
+    "valid_batch_size": "data.eval_batch_size",
+    "num_workers": "data.num_workers",
+    "log_interval": "train.log_every",
+    "patience": "selection.patience (evaluations without improvement of the selection policy)",
+    "early_stopping_criterion": "selection.patience, judged by selection.policy",
+    "best_model_criterion": HF_NAMES["metric_for_best_model"],
+    "keep_nbest_models": "checkpoint.keep_best[].k (checkpoint.save_total_limit keeps the "
+    "latest steps)",
+    "nbest_averaging_interval": "nothing to set: average the best checkpoints after the run "
+    "with asrforge average, or export --weights average",
+    "init_param": HF_NAMES["model_name_or_path"],
+    "freeze_param": "model.freeze_encoder or model.train_encoder_layers",
+    "optim_conf": "optim.lr, optim.betas, optim.eps, optim.weight_decay",
+    "scheduler": HF_NAMES["lr_scheduler_type"],
+    "scheduler_conf": "optim.warmup_steps and optim.min_lr_ratio",
+    "specaug": "data.augment.spec_augment",
+    "specaug_conf": "data.augment.spec_augment.freq_masks, freq_width, time_masks, time_width",
+    "use_lora": "model.lora ({} for the defaults)",
+    "use_wandb": "callbacks: [{name: wandb}]",
+    "use_tensorboard": "nothing to set: every run writes tensorboard/ under output_dir",
+    "ngpu": "nothing to set: start one process per GPU with torchrun or accelerate launch",
+    "resume": HF_NAMES["resume_from_checkpoint"],
+}
+"""ESPnet2's ``asr_train`` names, for users who bring an ESPnet training config."""
+
+PEER_NAMES: dict[str, str] = HF_NAMES | SWIFT_NAMES | ESPNET_NAMES
+"""Every peer's names with what asrforge calls them (a name two peers share means the same)."""
+
+
 NOTHING = "nothing to set: "
 """How a table entry starts when asrforge has no setting for the name (it says why)."""
 
 
 def hf_hint(name: str) -> str | None:
-    """The hint for a Hugging Face or ms-swift argument name, or None when ``name`` is neither."""
-    where = HF_NAMES.get(name) or SWIFT_NAMES.get(name)
+    """The hint for a Hugging Face, ms-swift or ESPnet argument name, or None when ``name`` is
+    none of theirs."""
+    where = PEER_NAMES.get(name)
     if where is None:
         return None
     owners = [peer for peer, names in PEERS.items() if name in names]
@@ -94,7 +131,7 @@ def hf_hint(name: str) -> str | None:
     return f"{whose} {name}; asrforge calls this {where}"
 
 
-PEERS = {"Hugging Face": HF_NAMES, "ms-swift": SWIFT_NAMES}
+PEERS = {"Hugging Face": HF_NAMES, "ms-swift": SWIFT_NAMES, "ESPnet": ESPNET_NAMES}
 """Each peer's names, in the order a hint names the peers."""
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from asrforge.config import TrainConfig
-from asrforge.config_hf import HF_NAMES, PEERS, SWIFT_NAMES
+from asrforge.config_hf import PEER_NAMES, PEERS
 
 # Where a section's fields sit below the field that holds it, by how it holds it.
 _ITEM_PATH = {"": ".", "list": "[].", "dict": ".<name>."}
@@ -131,9 +131,9 @@ def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
             out.append(f"- **`{row.path}`** `{row.type}` = `{row.default}`")
             out.extend([f"  {row.description}"] if row.description else [])
         out.append("")
-    out.append("## Coming from Seq2SeqTrainer / ms-swift: what asrforge calls it\n")
+    out.append("## Coming from Seq2SeqTrainer / ms-swift / ESPnet: what asrforge calls it\n")
     out.append("| name | whose | asrforge |\n|---|---|---|")
-    for name, where in (HF_NAMES | SWIFT_NAMES).items():
+    for name, where in PEER_NAMES.items():
         whose = " and ".join(peer for peer, names in PEERS.items() if name in names)
         out.append(f"| `{name}` | {whose} | {where} |")
     return "\n".join(out) + "\n"

@@ -9,7 +9,7 @@ import pytest
 
 from asrforge.cli import main
 from asrforge.config import ConfigError, load_config
-from asrforge.config_hf import HF_NAMES, SWIFT_NAMES
+from asrforge.config_hf import PEER_NAMES
 from asrforge.config_reference import field_docs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_hint_names_real_config_fields():
     listed = {row.path for row in field_docs()}
-    for name, where in (HF_NAMES | SWIFT_NAMES).items():
+    for name, where in PEER_NAMES.items():
         for path in re.findall(r"\b[a-z_]+(?:(?:\.|\[\]\.)[a-z_]+)+\b", where):
             assert path in listed, (name, path)
 
@@ -55,7 +55,7 @@ def test_hf_names_get_the_asrforge_name_not_a_lookalike():
 def test_config_hf_lists_the_table(capsys):
     assert main(["config", "hf"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(HF_NAMES | SWIFT_NAMES)
+    assert len(out) == len(PEER_NAMES)
     assert any(re.fullmatch(r"learning_rate +optim\.lr", line) for line in out)
 
 
@@ -112,3 +112,16 @@ def test_ms_swift_names_get_the_asrforge_name():
     assert "checkpoints/best always holds" in by_field["checkpoint.save_on_best"]
     for name in ("save_steps", "metric_for_best_model", "greater_is_better"):
         assert f"Hugging Face's and ms-swift's {name}; asrforge calls this" in by_field[name]
+
+
+def test_espnet_names_get_the_asrforge_name():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            ROOT / "configs" / "tiny.yaml",
+            ["accum_grad=4", "grad_clip=5.0", "optim.optim_conf=1", "ngpu=2"],
+        )
+    by_field = {line.split(":")[0]: line for line in e.value.problems}
+    assert "ESPnet's accum_grad; asrforge calls this train.grad_accum" in by_field["accum_grad"]
+    assert "optim.clip_grad_norm" in by_field["grad_clip"]
+    assert "optim.lr, optim.betas" in by_field["optim.optim_conf"]
+    assert "ESPnet's ngpu has no asrforge setting: start one process per GPU" in by_field["ngpu"]

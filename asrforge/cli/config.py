@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from asrforge.config import load_config
-from asrforge.config_hf import HF_NAMES, SWIFT_NAMES
+from asrforge.config_hf import PEER_NAMES
 from asrforge.config_reference import field_docs, render_fields, render_markdown, render_resolved
 from asrforge.errors import UserError
 
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     show.set_defaults(func=run_show, accepts_overrides=True)
     hf = actions.add_parser(
         "hf",
-        help="Hugging Face TrainingArguments and ms-swift names and the asrforge field for each",
+        help="Hugging Face TrainingArguments, ms-swift and ESPnet names and the asrforge field for each",
     )
     hf.set_defaults(func=run_hf)
     reference = actions.add_parser(
@@ -54,7 +54,7 @@ def run_fields(args: argparse.Namespace) -> int:
 
 
 def run_hf(args: argparse.Namespace) -> int:
-    names = HF_NAMES | SWIFT_NAMES
+    names = PEER_NAMES
     width = max(map(len, names))
     print("\n".join(f"{name:<{width}}  {where}" for name, where in names.items()))
     return 0
