@@ -38,6 +38,7 @@ from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.run_log import is_rank_zero
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
+from asrforge.train.step import StepTally, optimizer_step
 
 log = logging.getLogger("asrforge.train")
 
@@ -452,7 +453,7 @@ class TrainingRun:
         """
         cfg, state, acc = self.cfg, self.state, self.acc
         accum = cfg.train.grad_accum
-        tally = _StepTally()
+        tally = StepTally()
         for i in range(accum):
             batch = None if self.stop_error else self._next_batch(batches)
             if batch is None and not self.stop_error:
@@ -479,7 +480,7 @@ class TrainingRun:
 
         params = [p for p in self.whisper.parameters() if p.requires_grad]
         clip = cfg.optim.clip_grad_norm or float("inf")
-        grad_norm, skip, diverging = _optimizer_step(acc, self.optimizer, params, clip, tally)
+        grad_norm, skip, diverging = optimizer_step(acc, self.optimizer, params, clip, tally)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.ema is not None and skip is None:
@@ -550,7 +551,7 @@ class TrainingRun:
             if batch.get("task", "asr") != "lm":
                 _record_dropped(state, by_reason)
 
-    def _count_step(self, tally: _StepTally, skip: str | None, diverging: bool) -> None:
+    def _count_step(self, tally: StepTally, skip: str | None, diverging: bool) -> None:
         state = self.state
         state.step += 1
         state.samples_seen += tally.samples
@@ -565,7 +566,7 @@ class TrainingRun:
             rl = state.running_loss
             state.running_loss = tally.loss if rl is None else 0.98 * rl + 0.02 * tally.loss
 
-    def _step_metrics(self, tally: _StepTally, grad_norm: float, skipped: bool) -> dict:
+    def _step_metrics(self, tally: StepTally, grad_norm: float, skipped: bool) -> dict:
         now = time.perf_counter()
         groups = self.optimizer.param_groups
         metrics = {
@@ -717,41 +718,6 @@ class TrainingRun:
         )
 
 
-class _StepTally:
-    """What one optimizer step's micro-batches add up to. Their losses stay on the device until
-    :meth:`read`, so the step waits for the device once, not once per micro-batch."""
-
-    def __init__(self) -> None:
-        self.loss = 0.0  # the mean over the step's micro-batches, once read
-        self.samples = 0
-        self.tokens = 0
-        self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
-        self._pending: list[tuple[str, torch.Tensor]] = []
-        self._accum = 1
-
-    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
-        self._pending.append((batch.get("task", "asr"), loss))
-        self._accum = accum
-        self.samples += batch["size"]
-        self.tokens += labels.numel()
-
-    def read(self, grad_norm: torch.Tensor | float) -> float:
-        """Read the micro-batch losses and ``grad_norm`` off the device in one transfer, and
-        return the gradient norm as a float."""
-        norm = torch.as_tensor(grad_norm, dtype=torch.float32)
-        if self._pending:
-            losses = [loss.float() for _, loss in self._pending]
-            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
-        else:
-            values, norm_value = [], norm.item()
-        for (task, _), value in zip(self._pending, values, strict=True):
-            self.loss += value / self._accum
-            self.task_losses[task].append(value)
-        self._pending = []
-        return norm_value
-
-
 def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
     """Add clips the workers dropped to the state, each once (the next epoch drops them
     again)."""
@@ -791,38 +757,3 @@ def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) 
         and state.epoch + 1 >= max_epochs
         and state.batch_in_epoch >= run.batches_per_epoch
     )
-
-
-def _optimizer_step(
-    acc, optimizer, params, clip: float, tally: _StepTally
-) -> tuple[float, str | None, bool]:
-    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient; the step's
-    losses (``tally``) and gradient norm are read off the device together, once.
-
-    Returns:
-        (the gradient norm before clipping, why the step was skipped or None, whether the skip
-        counts towards ``train.max_consecutive_nonfinite``). Under fp16 a gradient overflow
-        while the loss scale is above 1 does not count: that is the scaler finding its scale
-        (the first steps overflow at 65536), not the run diverging (DeepSpeed's
-        ``min_loss_scale`` is 1 for the same reason).
-    """
-    scaler = acc.scaler
-    scale = scaler.get_scale() if scaler is not None else None
-    # clip_grad_norm_ unscales the gradients under fp16.
-    grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
-    loss = tally.loss
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        optimizer.step()  # under fp16: scaler.step + scaler.update
-        skipped = acc.optimizer_step_was_skipped
-        return grad_norm, "the loss scaler skipped it" if skipped else None, False
-    if scaler is None:
-        return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
-    # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
-    # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
-    # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
-    # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
-    scaler.update()
-    if not math.isfinite(loss):
-        return grad_norm, "non-finite loss", True
-    why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
-    return grad_norm, why, scale <= 1.0
