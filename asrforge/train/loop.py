@@ -17,9 +17,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from asrforge.checkpoint import TrainingCheckpoint
+from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
@@ -34,8 +32,11 @@ from asrforge.train.forward import TrainingWhisper, labelled_positions
 from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
+from asrforge.train.records import write_eval_records, write_skip_report
 from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.run_log import is_rank_zero
+from asrforge.train.saves import save_run_checkpoint
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 from asrforge.train.step import StepTally, optimizer_step
@@ -183,7 +184,7 @@ class Trainer:
                     run.save_checkpoint("final", None, False)
             if run.last_saved_step != state.step:  # the save wrote it otherwise
                 run.gather_dropped()
-                run.setup.write_skip_report(state.dropped, f" up to step {state.step}")
+                run.write_skip_report()
             # the last step is kept beside best/ when no evaluation judged any trained step
             keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
             if status in ("completed", "stopped") and keep_last:
@@ -288,6 +289,7 @@ class TrainingRun:
     def __init__(self, cfg: TrainConfig, setup: RunSetup, callbacks: CallbackList, precision: str):
         self.cfg, self.setup, self.callbacks, self.precision = cfg, setup, callbacks, precision
         self.acc = setup.accelerator
+        self.loaders = setup.loaders
         self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
         self.max_steps = setup.max_steps
         optimizer = build_optimizer(self.whisper, cfg.optim)
@@ -323,10 +325,10 @@ class TrainingRun:
         # the manifest holds the manager's records including this very checkpoint
         self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
         self.callbacks.load_state_dict(ckpt.callbacks)
-        self.setup.restore_rng(ckpt.rng)
+        restore_rng_state(ckpt.rng)
         self.last_saved_step = state.step
         # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
-        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
+        self.write_skip_report()
         log.info(
             "resumed from %s at step %d (epoch %d, batch %d)",
             ckpt.path,
@@ -412,7 +414,7 @@ class TrainingRun:
             n_eval=len(setup.eval_set),
             selection=setup.selector.why,
             max_steps=self.max_steps,
-            loader_workers=setup.loader_workers,
+            loader_workers=self.loaders.loader_workers,
         )
 
     # -- train ---------------------------------------------------------------------------------
@@ -430,7 +432,7 @@ class TrainingRun:
         while cfg.train.max_epochs is None or state.epoch < cfg.train.max_epochs:
             if state.batch_in_epoch == 0:
                 self.callbacks.call("on_epoch_begin", state, epoch=state.epoch)
-            loader = self.setup.train_loader(
+            loader = self.loaders.train_loader(
                 state.epoch, state.batch_in_epoch, taken, state.text_position
             )
             for batch in self.data_wait.timed(loader):
@@ -470,7 +472,10 @@ class TrainingRun:
             with acc.no_sync(self.model) if i < accum - 1 else nullcontext(), acc.autocast():
                 if empty:  # the other processes' gradient sync waits for this one's: a pass
                     # that adds nothing, so that every process syncs the same buckets each step
-                    loss = self.model(self._placeholder_batch()).float().sum() * 0.0
+                    placeholder = placeholder_batch(
+                        self.whisper.config, self.setup.model_bundle.specials.sot
+                    )
+                    loss = self.model(placeholder).float().sum() * 0.0
                 else:
                     positions, labels = labelled_positions(batch["labels"], acc.device)
                     loss = token_loss(self.model(batch, positions), labels)
@@ -502,41 +507,9 @@ class TrainingRun:
             return None
 
     def agree_to_stop(self, signal_name: str | None) -> str | None:
-        """The stop every process makes after this step, from each one's signal flag and
-        data error: one small all-reduce when there are several processes (a launcher's signal
-        reaches the ranks at different steps, a data error is met by one rank), none with one.
-
-        Returns:
-            The name of the signal that stops the run (the same on every process), or None.
-
-        Raises:
-            UserError: a process's data stopped the run (every process raises the lowest
-                rank's error).
-        """
-        acc = self.acc
-        if acc.num_processes == 1:
-            return signal_name
-        import torch.distributed as dist
-
-        signum = signal.Signals[signal_name].value if signal_name else 0
-        flags = torch.tensor([signum, self.stop_error is not None], device=acc.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags[1]:
-            from accelerate.utils import gather_object
-
-            errors = [e for e in gather_object([self.stop_error]) if e is not None]
-            raise UserError(errors[0])
-        return signal.Signals(int(flags[0])).name if flags[0] else None
-
-    def _placeholder_batch(self) -> dict:
-        """A batch of one silent window and one decoder token, for a process whose micro-batch
-        lost every clip: its zero-weighted pass takes the same parameters as a real batch."""
-        config = self.whisper.config
-        features = torch.zeros(1, config.num_mel_bins, 2 * config.max_source_positions)
-        return {
-            "input_features": features,
-            "decoder_input_ids": torch.full((1, 1), self.setup.model_bundle.specials.sot),
-        }
+        """The stop every process makes after this step: the signal's name, or None (see
+        :func:`asrforge.train.ranks.agree_to_stop`)."""
+        return agree_to_stop(self.acc, signal_name, self.stop_error)
 
     def _advance_data_position(self, batch: dict) -> None:
         state = self.state
@@ -583,7 +556,7 @@ class TrainingRun:
         self._step_started = now
         if self.acc.scaler is not None:  # fp16: the dynamic loss scale after this step
             metrics["grad_scale"] = self.acc.scaler.get_scale()
-        if self.setup.text is not None:  # per-task mean loss; None when the step had none
+        if self.loaders.text is not None:  # per-task mean loss; None when the step had none
             for name, values in tally.task_losses.items():
                 metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
         return metrics
@@ -599,7 +572,10 @@ class TrainingRun:
         state.selection = setup.selector.state_dict()
         state.last_eval_step = state.step
         state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
-        setup.write_eval_records(state.step, metrics, preds, decision)
+        if self.acc.is_main_process:
+            write_eval_records(
+                setup.output_dir, state.step, metrics, preds, decision, setup.selector.selected_on
+            )
         log.info(
             "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
             state.step,
@@ -626,7 +602,7 @@ class TrainingRun:
         with ema.swapped_in(whisper) if ema is not None else nullcontext():
             metrics, preds = evaluate(
                 whisper,
-                setup.eval_loader(),
+                self.loaders.eval_loader(),
                 tokenizer=setup.model_bundle.tokenizer,
                 eot=setup.model_bundle.specials.eot,
                 max_new_tokens=self.cfg.eval.max_new_tokens,
@@ -641,7 +617,7 @@ class TrainingRun:
                     whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
                 )
         self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
-        metrics, preds = setup.gather_eval(metrics, preds)
+        metrics, preds = gather_eval(acc, metrics, preds)
         metrics.update(
             run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
         )
@@ -658,8 +634,9 @@ class TrainingRun:
         state.should_save = False
         self.last_saved_step = state.step
         self.gather_dropped()
-        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
-        path = self.setup.save_checkpoint(
+        self.write_skip_report()
+        path = save_run_checkpoint(
+            self.setup,
             step=state.step,
             model=self.whisper,
             ema=self.ema,
@@ -677,12 +654,16 @@ class TrainingRun:
     def gather_dropped(self) -> None:
         """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
         and the skip report hold them all. Every process calls it at the same point."""
-        if self.acc.num_processes == 1:
-            return
-        from accelerate.utils import gather_object
-
-        for part in gather_object([self.state.dropped]):
+        for part in gather_dropped(self.acc, self.state.dropped):
             _record_dropped(self.state, part)
+
+    def write_skip_report(self) -> None:
+        """``skipped-<split>.json`` with the clips dropped up to this step (main process only)."""
+        state, setup = self.state, self.setup
+        if self.acc.is_main_process:
+            write_skip_report(
+                setup.output_dir, setup.train_skipped, state.dropped, f" up to step {state.step}"
+            )
 
     def final_eval_follows(self) -> bool:
         """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
@@ -755,5 +736,5 @@ def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) 
     return (
         max_epochs is not None
         and state.epoch + 1 >= max_epochs
-        and state.batch_in_epoch >= run.batches_per_epoch
+        and state.batch_in_epoch >= run.loaders.batches_per_epoch
     )
