@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from asrforge.checkpoint import capture_rng_state
+from asrforge.checkpoint import CheckpointContents, capture_rng_state
 from asrforge.checkpoint.training import save_tokenizer
 from asrforge.model import lora
 from asrforge.train.records import scalars
@@ -49,7 +49,7 @@ def save_run_checkpoint(
     tok = setup.model_bundle.tokenizer
     return setup.checkpoints.save(
         step,
-        dict(
+        CheckpointContents(
             model=lora.checkpoint_weights(model),
             ema=ema.state_dict() if ema is not None else None,
             optimizer=optimizer.state_dict(),
