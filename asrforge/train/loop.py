@@ -21,14 +21,14 @@ from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
-from asrforge.evaluation.evaluate import evaluate, token_loss
+from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
 from asrforge.selection import format_metrics
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
-from asrforge.train.forward import TrainingWhisper, labelled_positions
+from asrforge.train.forward import TrainingWhisper
 from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.precision import choose_precision, model_width
@@ -39,7 +39,7 @@ from asrforge.train.run_log import is_rank_zero
 from asrforge.train.saves import save_run_checkpoint
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
-from asrforge.train.step import StepTally, optimizer_step
+from asrforge.train.step import StepTally, finish_step, micro_batch_backward
 
 log = logging.getLogger("asrforge.train")
 
@@ -468,28 +468,22 @@ class TrainingRun:
             empty = batch is None or not batch["size"]
             if empty and acc.num_processes == 1:
                 continue
-            # gradients are synchronized across processes on the step's last micro-batch only
-            with acc.no_sync(self.model) if i < accum - 1 else nullcontext(), acc.autocast():
-                if empty:  # the other processes' gradient sync waits for this one's: a pass
-                    # that adds nothing, so that every process syncs the same buckets each step
-                    placeholder = placeholder_batch(
-                        self.whisper.config, self.setup.model_bundle.specials.sot
-                    )
-                    loss = self.model(placeholder).float().sum() * 0.0
-                else:
-                    positions, labels = labelled_positions(batch["labels"], acc.device)
-                    loss = token_loss(self.model(batch, positions), labels)
-            acc.backward(loss / accum)
-            if not empty:
-                tally.add(batch, loss.detach(), labels, accum)
+            sync = i == accum - 1
+            if empty:
+                placeholder = placeholder_batch(
+                    self.whisper.config, self.setup.model_bundle.specials.sot
+                )
+                micro_batch_backward(
+                    acc, self.model, placeholder, accum=accum, sync=sync, placeholder=True
+                )
+            else:
+                loss, labels = micro_batch_backward(acc, self.model, batch, accum=accum, sync=sync)
+                tally.add(batch, loss, labels, accum)
 
-        params = [p for p in self.whisper.parameters() if p.requires_grad]
         clip = cfg.optim.clip_grad_norm or float("inf")
-        grad_norm, skip, diverging = optimizer_step(acc, self.optimizer, params, clip, tally)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        if self.ema is not None and skip is None:
-            self.ema.update(self.whisper)
+        grad_norm, skip, diverging = finish_step(
+            acc, self.optimizer, self.scheduler, self.ema, self.whisper, clip, tally
+        )
         self._count_step(tally, skip, diverging)
         return self._step_metrics(tally, grad_norm, skipped=skip is not None)
 

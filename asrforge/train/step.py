@@ -1,11 +1,58 @@
-"""One optimizer step's arithmetic: the micro-batch losses it adds up (:class:`StepTally`) and
-unscale -> clip -> step, skipped on a non-finite loss or gradient (:func:`optimizer_step`)."""
+"""One optimizer step: each micro-batch forward (autocast), loss and backward
+(:func:`micro_batch_backward`), the losses they add up (:class:`StepTally`), then unscale ->
+clip -> step, skipped on a non-finite loss or gradient -> zero grads -> LR step -> EMA
+(:func:`finish_step`)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
+
+from asrforge.evaluation.evaluate import token_loss
+from asrforge.train.forward import labelled_positions
+
+
+def micro_batch_backward(
+    acc, model, batch: dict, *, accum: int, sync: bool, placeholder: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Forward ``batch`` under autocast, its token loss, and backward of the loss / ``accum``;
+    gradients are synchronized across processes only when ``sync`` (the step's last one).
+
+    With ``placeholder`` the pass adds nothing (:func:`asrforge.train.ranks.placeholder_batch`):
+    the other processes' gradient sync waits for this one's, so every process syncs the same
+    buckets each step.
+
+    Returns:
+        (the loss, detached; the (n,) labelled positions' labels), or None for a placeholder.
+    """
+    with acc.no_sync(model) if not sync else nullcontext(), acc.autocast():
+        if placeholder:
+            loss = model(batch).float().sum() * 0.0
+        else:
+            positions, labels = labelled_positions(batch["labels"], acc.device)
+            loss = token_loss(model(batch, positions), labels)
+    acc.backward(loss / accum)
+    return None if placeholder else (loss.detach(), labels)
+
+
+def finish_step(
+    acc, optimizer, scheduler, ema, whisper, clip: float, tally: StepTally
+) -> tuple[float, str | None, bool]:
+    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, zero
+    grads, LR step, and the EMA of ``whisper``'s weights unless the step was skipped.
+
+    Returns:
+        As :func:`optimizer_step`.
+    """
+    params = [p for p in whisper.parameters() if p.requires_grad]
+    grad_norm, skip, diverging = optimizer_step(acc, optimizer, params, clip, tally)
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    if ema is not None and skip is None:
+        ema.update(whisper)
+    return grad_norm, skip, diverging
 
 
 class StepTally:
