@@ -19,7 +19,7 @@ from pathlib import Path
 
 from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import dropped_by_reason
+from asrforge.data.dataset import SkipReport, dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
@@ -516,7 +516,7 @@ class TrainingRun:
             by_reason = dropped_by_reason(batch)
             log.warning("dropped clips: %s", by_reason)
             if batch.get("task", "asr") != "lm":
-                _record_dropped(state, by_reason)
+                self._record_dropped(by_reason)
 
     def _count_step(self, tally: StepTally, skip: str | None, diverging: bool) -> None:
         state = self.state
@@ -649,7 +649,14 @@ class TrainingRun:
         """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
         and the skip report hold them all. Every process calls it at the same point."""
         for part in gather_dropped(self.acc, self.state.dropped):
-            _record_dropped(self.state, part)
+            self._record_dropped(part)
+
+    def _record_dropped(self, by_reason: dict[str, list[str]]) -> None:
+        """Add clips the workers dropped to the state, each once per reason (the next epoch
+        drops them again), merged as the skip report merges them."""
+        split = self.cfg.data.train_split
+        merged = SkipReport(split, skipped=self.state.dropped).with_dropped(by_reason)
+        self.state.dropped = merged.skipped
 
     def write_skip_report(self) -> None:
         """``skipped-<split>.json`` with the clips dropped up to this step (main process only)."""
@@ -691,18 +698,6 @@ class TrainingRun:
             tracked_bests=selector.tracked_bests,
             start=dict(selector.start),
         )
-
-
-def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
-    """Add clips the workers dropped to the state, each once (the next epoch drops them
-    again)."""
-    for reason, uids in by_reason.items():
-        have = state.dropped.setdefault(reason, [])
-        seen = set(have)
-        new = [u for u in dict.fromkeys(uids) if u not in seen]
-        have += new
-        listed = set(state.dropped_utterances)
-        state.dropped_utterances += [u for u in new if u not in listed]
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:
