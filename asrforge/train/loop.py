@@ -36,7 +36,7 @@ from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, pla
 from asrforge.train.records import write_eval_records, write_skip_report
 from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.run_log import is_rank_zero
-from asrforge.train.saves import save_run_checkpoint
+from asrforge.train.saves import save_run_checkpoint, saves_this_step
 from asrforge.train.setup import RunSetup, prepare_run
 from asrforge.train.state import TrainState
 from asrforge.train.step import StepTally, finish_step, micro_batch_backward
@@ -124,124 +124,108 @@ class Trainer:
         return run is not None and (run.state.step, run.last_saved_step) != self._start
 
     def _fit(self, *, resume: bool, start_over: bool) -> FitResult:
-        cfg = self.cfg
-        run = self._build_run(resume=resume, start_over=start_over)
-        if run.setup.resume_from is not None:
-            run.restore(run.setup.resume_from)
-        self._run, self._start = run, (run.state.step, run.last_saved_step)
-        run.start_ema()  # from the weights training starts with: the resumed ones on a resume
-        run.start_guard()
+        run = self._start_run(resume=resume, start_over=start_over)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
-        ended: tuple[str, str] | None = None  # (status, reason) when the loop itself ends the run
         self._install_signal_handlers()
         try:
             callbacks.call("on_train_begin", state, run=run.info())
-            if run.start_needs_evaluation():  # eval.at_start: the starting model at step 0
-                decision = run.evaluate_and_select()  # seeds the selector's bests
-                if decision.save:  # best/ must be able to hold the starting weights
-                    run.save_checkpoint("start", run.last_metrics, True)
-            run.setup.startup.restart()  # "first step" counts from here
-            run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
-            batches = run.micro_batches()
-            while state.step < run.max_steps and not state.should_stop:
-                metrics = run.train_step(batches)
-                if metrics is None:  # the data ran out: train.max_epochs
-                    break
-                # several processes stop at the same step, or the others wait for the stopped one
-                agreed_signal = run.agree_to_stop(self._signal)
-                callbacks.call("on_step_end", state, metrics=metrics)
-                run.setup.startup.first_step_taken()
-                if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
-                    ended = "diverged", _divergence(state, cfg)
-                    break  # no evaluation and no save of a diverged model
-                is_best = False
-                if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                    is_best = run.evaluate_and_select().save
-                    state.should_save |= cfg.checkpoint.save_on_eval or is_best
-                every = cfg.checkpoint.checkpoint_every
-                if every and state.step % every == 0:
-                    state.should_save = True
-                # one process: a signal received during this step's evaluation stops it too
-                stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
-                if stop_signal is not None:
-                    ended = "interrupted", f"received {stop_signal}"
-                    state.should_stop = state.should_save = True
-                # when the run ends here, the end-of-run evaluation's save is this step's
-                if state.should_save and (stop_signal is not None or not run.final_eval_follows()):
-                    evaluated = state.last_eval_step == state.step
-                    run.save_checkpoint(
-                        "interrupt" if stop_signal else "step",
-                        run.last_metrics if evaluated else None,
-                        is_best,
-                    )
-
-            status, reason = ended or run.end_reason()
-            if status in ("completed", "stopped"):
-                if cfg.eval.at_end and state.last_eval_step != state.step:
-                    decision = run.evaluate_and_select()
-                    run.save_checkpoint("final", run.last_metrics, decision.save)
-                elif run.last_saved_step != state.step:
-                    run.save_checkpoint("final", None, False)
-            if run.last_saved_step != state.step:  # the save wrote it otherwise
-                run.gather_dropped()
-                run.write_skip_report()
-            # the last step is kept beside best/ when no evaluation judged any trained step
-            keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
-            if status in ("completed", "stopped") and keep_last:
-                reason = f"{reason}; {NOT_EVALUATED}"
-                log.warning(
-                    "%s (eval.eval_steps %s, eval.at_end %s): best/ holds the starting weights "
-                    "(step 0, %s) because nothing after it was measured; the last step, %d, is "
-                    "kept beside it",
-                    NOT_EVALUATED,
-                    cfg.eval.eval_steps,
-                    cfg.eval.at_end,
-                    format_metrics(run.setup.selector.start),
-                    state.step,
-                )
-            elif status in ("completed", "stopped") and run.start_stayed_best():
-                reason = f"{reason}; {NOT_IMPROVED}"
-                log.warning(
-                    "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
-                    "configured made no evaluated step better by the selection policy",
-                    NOT_IMPROVED,
-                    format_metrics(run.setup.selector.start),
-                )
-            result = run.result(status, reason)
-            log.info("run %s at step %d: %s", status, state.step, reason)
-            if run.guard is not None and result.best_step is None:
-                log.warning(
-                    "forgetting guard: no evaluation kept the guard within tolerance, so "
-                    "no checkpoint became best; the starting model is still the better one"
-                )
-            callbacks.call("on_train_end", state, result=result)
-            # after on_train_end: the averaging callback reads the step checkpoints there
-            if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
-                if run.acc.is_main_process:
-                    run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
-            # the other ranks exit only once rank zero's last save is on disk: a launcher
-            # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
-            run.acc.wait_for_everyone()
-            return result
+            run.evaluate_start()
+            ended = self._train(run)
+            return self._finish(run, ended)
         except (OSError, CheckpointSaveError) as e:
-            # a file could not be written (a full disk, permissions): one message, no traceback
-            previous = run.setup.checkpoints.latest_valid(check_hashes=False)
-            kept = (
-                f"the checkpoint {previous} is intact (--resume continues from it)"
-                if previous
-                else "no checkpoint was written"
-            )
-            stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
-            error = stop(f"{_describe(e)}; {kept}")
-            log.error("run stopped at step %d: %s", state.step, error)
-            callbacks.call("on_exception", state, error=error)
-            raise error from e
+            raise _write_failed(run, e) from e
         except BaseException as e:
             callbacks.call("on_exception", state, error=e)
             raise
         finally:
             self._restore_signal_handlers()
             run.setup.close()
+
+    def _start_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
+        """The run built, restored from its checkpoint on a resume, with its EMA and guard."""
+        run = self._build_run(resume=resume, start_over=start_over)
+        if run.setup.resume_from is not None:
+            run.restore(run.setup.resume_from)
+        self._run, self._start = run, (run.state.step, run.last_saved_step)
+        # The EMA starts from the weights training starts with: the resumed ones on a resume.
+        run.start_ema()
+        run.start_guard()
+        return run
+
+    def _train(self, run: TrainingRun) -> tuple[str, str] | None:
+        """Steps, each evaluated and saved when due, until a stop.
+
+        Returns:
+            (status, reason) when the loop itself ends the run (a divergence or a signal),
+            else None.
+        """
+        cfg, state, callbacks = self.cfg, run.state, run.callbacks
+        run.setup.startup.restart()  # "first step" counts from here
+        run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
+        batches = run.micro_batches()
+        while state.step < run.max_steps and not state.should_stop:
+            metrics = run.train_step(batches)
+            if metrics is None:  # the data ran out: train.max_epochs
+                return None
+            # several processes stop at the same step, or the others wait for the stopped one
+            agreed_signal = run.agree_to_stop(self._signal)
+            callbacks.call("on_step_end", state, metrics=metrics)
+            run.setup.startup.first_step_taken()
+            if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+                # No evaluation and no save of a diverged model.
+                return "diverged", _divergence(state, cfg)
+            decision = run.evaluate_and_select() if run.evaluation_due() else None
+            # one process: a signal received during this step's evaluation stops it too
+            stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
+            if stop_signal is not None:
+                state.should_stop = True
+            stopping = stop_signal is not None
+            if saves_this_step(cfg, state, decision, stopping, run.ends_after_this_step):
+                evaluated = state.last_eval_step == state.step
+                run.save_checkpoint(
+                    "interrupt" if stopping else "step",
+                    run.last_metrics if evaluated else None,
+                    decision is not None and decision.save,
+                )
+            if stopping:
+                return "interrupted", f"received {stop_signal}"
+        return None
+
+    def _finish(self, run: TrainingRun, ended: tuple[str, str] | None) -> FitResult:
+        """The end of a run: the last evaluation and save, the skip report, the result and
+        ``on_train_end``, ``checkpoint.after_run``, and every rank waiting for rank zero."""
+        cfg, state = self.cfg, run.state
+        status, reason = ended or run.end_reason()
+        finished = status in ("completed", "stopped")
+        if finished:
+            if cfg.eval.at_end and state.last_eval_step != state.step:
+                decision = run.evaluate_and_select()
+                run.save_checkpoint("final", run.last_metrics, decision.save)
+            elif run.last_saved_step != state.step:
+                run.save_checkpoint("final", None, False)
+        if run.last_saved_step != state.step:  # the save wrote it otherwise
+            run.gather_dropped()
+            run.write_skip_report()
+        # the last step is kept beside best/ when no evaluation judged any trained step
+        keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
+        if finished:
+            reason = _explain_start_best(run, reason, keep_last)
+        result = run.result(status, reason)
+        log.info("run %s at step %d: %s", status, state.step, reason)
+        if run.guard is not None and result.best_step is None:
+            log.warning(
+                "forgetting guard: no evaluation kept the guard within tolerance, so "
+                "no checkpoint became best; the starting model is still the better one"
+            )
+        run.callbacks.call("on_train_end", state, result=result)
+        # after on_train_end: the averaging callback reads the step checkpoints there
+        if finished and cfg.checkpoint.after_run == "best":
+            if run.acc.is_main_process:
+                run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
+        # the other ranks exit only once rank zero's last save is on disk: a launcher
+        # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
+        run.acc.wait_for_everyone()
+        return result
 
     # ------------------------------------------------------------------------------------------
     def _build_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
@@ -379,6 +363,12 @@ class TrainingRun:
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
             self.guard.write_records(setup.output_dir, self.state.step, gate)
+
+    def evaluate_start(self) -> None:
+        """``eval.at_start``: evaluate the starting model at step 0, which seeds the selector's
+        bests, and save it when it is best (best/ must be able to hold the starting weights)."""
+        if self.start_needs_evaluation() and self.evaluate_and_select().save:
+            self.save_checkpoint("start", self.last_metrics, True)
 
     def start_needs_evaluation(self) -> bool:
         """Whether the starting model is evaluated now (``eval.at_start``): at step 0, never
@@ -666,14 +656,22 @@ class TrainingRun:
                 setup.output_dir, setup.train_skipped, state.dropped, f" up to step {state.step}"
             )
 
-    def final_eval_follows(self) -> bool:
-        """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
-        loop stops after it, and it was not evaluated."""
+    def evaluation_due(self) -> bool:
+        """Whether the step just taken is evaluated (every ``eval.eval_steps``)."""
+        every = self.cfg.eval.eval_steps
+        return bool(every) and self.state.step % every == 0
+
+    def ends_after_this_step(self) -> bool:
+        """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the
+        last speech batch of the last epoch (``train.max_epochs``) consumed."""
         state = self.state
+        if state.should_stop or state.step >= self.max_steps:
+            return True
+        max_epochs = self.cfg.train.max_epochs
         return (
-            self.cfg.eval.at_end
-            and state.last_eval_step != state.step
-            and _run_ends_after_this_step(state, self.setup, self.max_steps)
+            max_epochs is not None
+            and state.epoch + 1 >= max_epochs
+            and state.batch_in_epoch >= self.loaders.batches_per_epoch
         )
 
     def end_reason(self) -> tuple[str, str]:
@@ -700,6 +698,49 @@ class TrainingRun:
         )
 
 
+def _explain_start_best(run: TrainingRun, reason: str, keep_last: bool) -> str:
+    """``reason`` of a finished run, with why best/ holds the starting weights when it does
+    (warned)."""
+    cfg, state = run.cfg, run.state
+    if keep_last:
+        log.warning(
+            "%s (eval.eval_steps %s, eval.at_end %s): best/ holds the starting weights "
+            "(step 0, %s) because nothing after it was measured; the last step, %d, is "
+            "kept beside it",
+            NOT_EVALUATED,
+            cfg.eval.eval_steps,
+            cfg.eval.at_end,
+            format_metrics(run.setup.selector.start),
+            state.step,
+        )
+        return f"{reason}; {NOT_EVALUATED}"
+    if run.start_stayed_best():
+        log.warning(
+            "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
+            "configured made no evaluated step better by the selection policy",
+            NOT_IMPROVED,
+            format_metrics(run.setup.selector.start),
+        )
+        return f"{reason}; {NOT_IMPROVED}"
+    return reason
+
+
+def _write_failed(run: TrainingRun, e: OSError | CheckpointSaveError) -> Exception:
+    """The error a run stops with when a file could not be written (a full disk,
+    permissions): one message, no traceback; logged and told to the callbacks."""
+    previous = run.setup.checkpoints.latest_valid(check_hashes=False)
+    kept = (
+        f"the checkpoint {previous} is intact (--resume continues from it)"
+        if previous
+        else "no checkpoint was written"
+    )
+    stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
+    error = stop(f"{_describe(e)}; {kept}")
+    log.error("run stopped at step %d: %s", run.state.step, error)
+    run.callbacks.call("on_exception", run.state, error=error)
+    return error
+
+
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:
     return (
         f"{state.consecutive_nonfinite} optimizer steps in a row had a non-finite "
@@ -714,16 +755,3 @@ def _describe(e: OSError | CheckpointSaveError) -> str:
         return str(e)
     what = e.strerror or str(e)
     return f"{e.filename}: {what}" if e.filename else what
-
-
-def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) -> bool:
-    """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the last
-    speech batch of the last epoch (``train.max_epochs``) consumed."""
-    if state.should_stop or state.step >= max_steps:
-        return True
-    max_epochs = run.cfg.train.max_epochs
-    return (
-        max_epochs is not None
-        and state.epoch + 1 >= max_epochs
-        and state.batch_in_epoch >= run.loaders.batches_per_epoch
-    )
