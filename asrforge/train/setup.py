@@ -123,7 +123,7 @@ def prepare_run(
     start_over: bool = False,
     startup: dict[str, float] | None = None,
 ) -> RunSetup:
-    """Build the run. Raises UserError for anything the user must fix.
+    """Build the run, one phase after another. Raises UserError for anything the user must fix.
 
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
@@ -131,73 +131,27 @@ def prepare_run(
     out = Path(cfg.output_dir)
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
+    # A refused resume changes nothing: its config is checked before anything else is written.
     manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    # Seeded before anything draws: the model's initial weights and new tokens' embeddings.
     seed_everything(cfg.seed)
     clock = StartupClock(startup)
-    log.info(
-        "asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
-        out,
-        platform.python_version(),
-        torch.__version__,
-        acc.device,
-        acc.num_processes,
-    )
-    stream = None
-    if cfg.data.stream.enabled:  # the training split streams: no pass over it here
-        stream, eval_split = open_stream(cfg, resume_from)
-        train_texts = SplitTexts(eval_split=eval_split, stream=stream)
-    else:
-        train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
-        train_texts = SplitTexts(train_split, eval_split)
+    log_run_start(out, acc)
+    # The splits come first: a tokenizer trained from scratch learns from their texts.
+    train_source, eval_split, train_texts = setup_splits(cfg, out, acc, resume_from)
     clock.lap("data set")
+    # The model's vocabulary is the tokenizer's.
     tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
     bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
     clock.lap("model")
-    model = bundle.model
-    n_params = count_parameters(model)
-    log.info(
-        "model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
-        f"{n_params[0]:,}",
-        f"{n_params[1]:,}",
-        model.config.d_model,
-        model.config.encoder_layers,
-        model.config.decoder_layers,
-        model.config.vocab_size,
+    n_params = log_model(bundle.model)
+    # The data sets check labels with the tokenizer and clips against the model's window.
+    train_set, eval_set, train_skipped, packing = setup_data(
+        cfg, out, acc, bundle, train_source, eval_split, precision
     )
-    if stream is not None:
-        train_set, eval_set, train_skipped = build_stream_datasets(
-            cfg, out, acc, bundle, stream, eval_split
-        )
-    else:
-        train_set, eval_set, train_skipped = build_datasets(
-            cfg, out, acc, bundle, train_split, eval_split
-        )
-    if cfg.data.cache_features:
-        attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
-    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
-        log.warning(
-            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
-            "states are computed once from unmasked features: SpecAugment is not applied"
-        )
-    packing = build_run_packing(cfg, bundle, train_set) if cfg.data.pack.enabled else None
-    if cfg.data.cache_encoder and packing is not None:
-        log.warning(
-            "data.cache_encoder: off for training with data.pack.enabled: packed windows "
-            "change every epoch and the encoder sees the whole window at once, so their "
-            "encoder states cannot be cached; the frozen part runs every step"
-        )
-    elif cfg.data.cache_encoder:
-        attach_encoder_cache(cfg, out, acc, model, train_set, precision)
-    caches = [
-        n
-        for n, on in (
-            ("features", cfg.data.cache_features),
-            ("encoder", cfg.data.cache_encoder and packing is None),
-        )
-        if on
-    ]
-    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
+    clock.lap(data_phase(cfg, packing))
+    # The selection policy is chosen by the languages the training set holds.
     langs = _train_languages(train_set)
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
@@ -212,7 +166,13 @@ def prepare_run(
         text=text,
         packing=packing,
     )
-    setup = RunSetup(
+    log.info(
+        "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
+        loaders.loader_workers,
+        cfg.data.num_workers,
+        ", pinned memory" if loaders.pin_memory else "",
+    )
+    return RunSetup(
         cfg=cfg,
         output_dir=out,
         accelerator=acc,
@@ -230,13 +190,96 @@ def prepare_run(
         lora_base=lora_base,
         train_skipped=train_skipped,
     )
+
+
+def log_run_start(out: Path, acc) -> None:
     log.info(
-        "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
-        loaders.loader_workers,
-        cfg.data.num_workers,
-        ", pinned memory" if loaders.pin_memory else "",
+        "asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
+        out,
+        platform.python_version(),
+        torch.__version__,
+        acc.device,
+        acc.num_processes,
     )
-    return setup
+
+
+def setup_splits(
+    cfg: TrainConfig, out: Path, acc, resume_from: TrainingCheckpoint | None
+) -> tuple[Any, Any, SplitTexts]:
+    """The training split (with ``data.stream.enabled`` its :class:`StreamedSplit`, no pass
+    over it here), the evaluation split, and the training split's texts."""
+    if cfg.data.stream.enabled:
+        stream, eval_split = open_stream(cfg, resume_from)
+        return stream, eval_split, SplitTexts(eval_split=eval_split, stream=stream)
+    train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
+    return train_split, eval_split, SplitTexts(train_split, eval_split)
+
+
+def log_model(model) -> tuple[int, int]:
+    """The model's (all, trainable) parameters, logged with its shape."""
+    n_params = count_parameters(model)
+    log.info(
+        "model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
+        f"{n_params[0]:,}",
+        f"{n_params[1]:,}",
+        model.config.d_model,
+        model.config.encoder_layers,
+        model.config.decoder_layers,
+        model.config.vocab_size,
+    )
+    return n_params
+
+
+def setup_data(
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    train_source,
+    eval_split,
+    precision: str,
+) -> tuple[SpeechDataset | StreamedSplit, SpeechDataset, SkipReport, Packing | None]:
+    """The training and evaluation data sets with their caches, the training split's skip
+    report, and with ``data.pack.enabled`` the packed windows."""
+    model = bundle.model
+    if isinstance(train_source, StreamedSplit):
+        train_set, eval_set, train_skipped = build_stream_datasets(
+            cfg, out, acc, bundle, train_source, eval_split
+        )
+    else:
+        train_set, eval_set, train_skipped = build_datasets(
+            cfg, out, acc, bundle, train_source, eval_split
+        )
+    if cfg.data.cache_features:
+        attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
+    if cfg.data.cache_encoder and getattr(model.config, "apply_spec_augment", False):
+        log.warning(
+            "data.cache_encoder: the model's config has apply_spec_augment on, but cached encoder "
+            "states are computed once from unmasked features: SpecAugment is not applied"
+        )
+    packing = build_run_packing(cfg, bundle, train_set) if cfg.data.pack.enabled else None
+    if cfg.data.cache_encoder and packing is not None:
+        log.warning(
+            "data.cache_encoder: off for training with data.pack.enabled: packed windows "
+            "change every epoch and the encoder sees the whole window at once, so their "
+            "encoder states cannot be cached; the frozen part runs every step"
+        )
+    elif cfg.data.cache_encoder:
+        attach_encoder_cache(cfg, out, acc, model, train_set, precision)
+    return train_set, eval_set, train_skipped, packing
+
+
+def data_phase(cfg: TrainConfig, packing: Packing | None) -> str:
+    """The start-up phase's name: the splits and the caches built with them."""
+    caches = [
+        n
+        for n, on in (
+            ("features", cfg.data.cache_features),
+            ("encoder", cfg.data.cache_encoder and packing is None),
+        )
+        if on
+    ]
+    return " + ".join(["splits", *(f"{n} cache" for n in caches)])
 
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
