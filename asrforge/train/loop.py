@@ -1,4 +1,5 @@
-"""The training loop: one visible function, ``Trainer.fit``, top to bottom.
+"""The training loop: ``Trainer.fit`` builds the run, evaluates the starting model when asked,
+trains in one visible loop (``Trainer._train``: step, evaluate, save) and finishes the run.
 
 Per micro-batch: forward (autocast) -> loss -> backward (scaled under fp16). Every
 ``grad_accum`` micro-batches: unscale -> clip -> step (skipped and counted on inf/nan) ->
