@@ -31,6 +31,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from asrforge.checkpoint.manifest import verify, write_manifest
 from asrforge.checkpoint.training import (
+    CheckpointContents,
     capture_rng_state,
     save_training_checkpoint,
     save_weights,
@@ -172,7 +173,9 @@ def run(scratch: Path, repeats: int) -> int:
     for i in range(repeats):
         with PeakRSS() as mem:
             t = time.perf_counter()
-            ck = save_training_checkpoint(scratch / f"ours-{i}", **payload, meta={"step": 1000})
+            ck = save_training_checkpoint(
+                scratch / f"ours-{i}", CheckpointContents(**payload, meta={"step": 1000})
+            )
             ours.append(time.perf_counter() - t)
         extra.append(mem.peak - mem.start)
         verify(ck, check_hashes=True)  # the one-pass hashes match what is on disk

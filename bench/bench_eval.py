@@ -56,7 +56,7 @@ from asrforge.text import normalize, wer  # noqa: E402
 
 
 def run_asrforge(w: Workload, precision: str = "fp32") -> dict:
-    """asrforge's ``evaluate`` over the DataLoader ``RunSetup.eval_loader`` builds, under the
+    """asrforge's ``evaluate`` over the DataLoader ``RunLoaders.eval_loader`` builds, under the
     training loop's autocast for ``precision``."""
     cfg, b = w.cfg, w.bundle
     workers = cfg.data.num_workers

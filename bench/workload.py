@@ -297,7 +297,7 @@ class Workload:
         return out[:n_steps]
 
     def eval_index_batches(self) -> list[list[int]]:
-        """The evaluation batches of ``RunSetup.eval_loader`` (longest labels first)."""
+        """The evaluation batches of ``RunLoaders.eval_loader`` (longest labels first)."""
         bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
         return eval_batches(self.eval_set.utts, bs)
 

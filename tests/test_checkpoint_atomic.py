@@ -16,6 +16,7 @@ from asrforge.checkpoint import manifest
 from asrforge.checkpoint.manifest import FORMAT_VERSION, verify, write_manifest
 from asrforge.checkpoint.training import (
     ALIASES_KEY,
+    CheckpointContents,
     capture_rng_state,
     load_training_checkpoint,
     load_weights,
@@ -93,7 +94,7 @@ def test_enospc_keeps_previous_and_names_path(tmp_path, monkeypatch, where):
 
 def test_enospc_in_a_library_write_of_training_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "step-000001"
-    save_training_checkpoint(path, **_payload(seed=1), meta={"step": 1})
+    save_training_checkpoint(path, CheckpointContents(**_payload(seed=1), meta={"step": 1}))
     before = verify(path)
 
     def full_disk(*_a, **_k):
@@ -101,7 +102,7 @@ def test_enospc_in_a_library_write_of_training_checkpoint(tmp_path, monkeypatch)
 
     monkeypatch.setattr("asrforge.checkpoint.training.torch.save", full_disk)
     with pytest.raises(CheckpointSaveError, match="No space left on device") as ei:
-        save_training_checkpoint(path, **_payload(seed=2), meta={"step": 1})
+        save_training_checkpoint(path, CheckpointContents(**_payload(seed=2), meta={"step": 1}))
     assert str(path) in str(ei.value)
     monkeypatch.undo()
     assert verify(path) == before
@@ -250,7 +251,9 @@ def _payload(seed: int = 0, **over) -> dict:
 
 def test_training_checkpoint_round_trip(tmp_path):
     payload = _payload()
-    path = save_training_checkpoint(tmp_path / "step-000003", **payload, meta={"step": 3})
+    path = save_training_checkpoint(
+        tmp_path / "step-000003", CheckpointContents(**payload, meta={"step": 3})
+    )
     files = set(json.loads((path / "manifest.json").read_text())["files"])
     assert files == {
         "model.safetensors",
@@ -300,7 +303,9 @@ def test_training_checkpoint_round_trip(tmp_path):
 
 
 def test_load_refuses_a_corrupt_checkpoint(tmp_path):
-    path = save_training_checkpoint(tmp_path / "c", **_payload(), meta={"step": 3})
+    path = save_training_checkpoint(
+        tmp_path / "c", CheckpointContents(**_payload(), meta={"step": 3})
+    )
     with open(path / "optimizer.pt", "r+b") as f:
         f.seek(50)
         b = f.read(1)
@@ -316,15 +321,19 @@ def test_unsafe_objects_are_refused_at_save_time(tmp_path):
 
     sched = {"lr_lambdas": [Custom()], "last_epoch": 3}
     with pytest.raises(CheckpointSaveError, match=r"scheduler\.pt.*\['lr_lambdas'\]\[0\].*Custom"):
-        save_training_checkpoint(tmp_path / "c", **_payload(scheduler=sched))
+        save_training_checkpoint(tmp_path / "c", CheckpointContents(**_payload(scheduler=sched)))
     with pytest.raises(CheckpointSaveError, match="train_state.json"):
-        save_training_checkpoint(tmp_path / "c", **_payload(train_state={"x": object()}))
+        save_training_checkpoint(
+            tmp_path / "c", CheckpointContents(**_payload(train_state={"x": object()}))
+        )
     assert not (tmp_path / "c").exists()
 
 
 def test_pickled_objects_are_never_loaded(tmp_path):
     """A checkpoint whose .pt holds an arbitrary class (manifest and all) is refused."""
-    path = save_training_checkpoint(tmp_path / "c", **_payload(), meta={"step": 3})
+    path = save_training_checkpoint(
+        tmp_path / "c", CheckpointContents(**_payload(), meta={"step": 3})
+    )
     torch.save({"x": np.float64(1.0)}, path / "scheduler.pt")  # needs a numpy global to load
     write_manifest(path, {"step": 3, "kind": "training"})
     with pytest.raises(CheckpointError, match="scheduler.pt: cannot be loaded safely"):
@@ -338,7 +347,7 @@ def test_rng_restore_reproduces_draws(tmp_path):
     torch.manual_seed(3)
     np.random.standard_normal()  # leaves a cached gaussian in numpy's state
     state = capture_rng_state()
-    save_training_checkpoint(tmp_path / "c", **{**payload, "rng": state})
+    save_training_checkpoint(tmp_path / "c", CheckpointContents(**{**payload, "rng": state}))
     # Draw after capturing: the reference sequence.
     expect = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3))
     random.seed(100)

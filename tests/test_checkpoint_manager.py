@@ -18,7 +18,11 @@ import torch
 
 from asrforge.checkpoint.manager import CheckpointManager, metric_dir_name
 from asrforge.checkpoint.manifest import read_manifest, verify
-from asrforge.checkpoint.training import capture_rng_state, load_training_checkpoint
+from asrforge.checkpoint.training import (
+    CheckpointContents,
+    capture_rng_state,
+    load_training_checkpoint,
+)
 from asrforge.config import TopKSpec
 from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io import atomic
@@ -198,7 +202,9 @@ def test_training_payload_is_passed_once(tmp_path):
         "config_yaml": "seed: 0\n",
         "meta": {"config_id": "tiny", "seed": 0},
     }
-    path = m.save(5, payload, {"wer": torch.tensor(0.25), "n": 3}, is_best=True)
+    path = m.save(
+        5, CheckpointContents(**payload), {"wer": torch.tensor(0.25), "n": 3}, is_best=True
+    )
     ck = load_training_checkpoint(tmp_path / "best")
     assert ck.path != path and torch.equal(ck.model["w"], torch.arange(6.0))
     assert ck.manifest["config_id"] == "tiny" and ck.metrics == {"wer": 0.25, "n": 3}
@@ -214,7 +220,7 @@ _ZYGOTE = r"""
 import os, random, sys
 from pathlib import Path
 import torch
-from asrforge.checkpoint import CheckpointManager, capture_rng_state, read_manifest
+from asrforge.checkpoint import CheckpointContents, CheckpointManager, capture_rng_state, read_manifest
 from asrforge.config import TopKSpec
 
 def run(root, once):
@@ -240,7 +246,7 @@ def run(root, once):
             "config_yaml": "seed: 0\n",
             "tokenizer_save": lambda d: (d / "vocab.json").write_text("{}"),
         }
-        m.save(step, payload, {"wer": wer}, is_best=not top or wer < top[0]["value"])
+        m.save(step, CheckpointContents(**payload), {"wer": wer}, is_best=not top or wer < top[0]["value"])
         if once:
             return
 

@@ -13,6 +13,7 @@ from asrforge.checkpoint.manifest import sha256_file, verify
 from asrforge.checkpoint.streaming import HashingWriter, torch_save
 from asrforge.checkpoint.training import (
     ALIASES_KEY,
+    CheckpointContents,
     capture_rng_state,
     load_training_checkpoint,
     load_weights,
@@ -83,15 +84,17 @@ def test_a_training_checkpoint_written_in_one_pass_verifies_and_loads(tmp_path):
     opt.step()
     path = save_training_checkpoint(
         tmp_path / "ck",
-        model=model.state_dict(),
-        ema={k: v * 0.5 for k, v in model.state_dict().items()},
-        optimizer=opt.state_dict(),
-        scheduler={"last_epoch": 1},
-        rng=capture_rng_state(),
-        train_state={"step": 1},
-        config_yaml="seed: 0\n",
-        tokenizer_save=lambda d: (d / "vocab.json").write_text("{}"),
-        meta={"step": 1},
+        CheckpointContents(
+            model=model.state_dict(),
+            ema={k: v * 0.5 for k, v in model.state_dict().items()},
+            optimizer=opt.state_dict(),
+            scheduler={"last_epoch": 1},
+            rng=capture_rng_state(),
+            train_state={"step": 1},
+            config_yaml="seed: 0\n",
+            tokenizer_save=lambda d: (d / "vocab.json").write_text("{}"),
+            meta={"step": 1},
+        ),
     )
     manifest = verify(path, check_hashes=True)  # every recorded hash matches the bytes on disk
     assert "tokenizer/vocab.json" in manifest["files"] and "ema.safetensors" in manifest["files"]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from asrforge.recipes import demo
-from asrforge.train.loop import FitResult
+from asrforge.train.run import FitResult
 
 ROOT = Path(__file__).resolve().parents[1]
 

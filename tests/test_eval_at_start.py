@@ -19,7 +19,8 @@ from asrforge.model.build import build_model, build_tokenizer
 from asrforge.selection import ByWer, Selector
 from asrforge.train.events import Callback
 from asrforge.train.guard import Guard
-from asrforge.train.loop import NOT_IMPROVED, FitResult, Trainer, TrainingRun
+from asrforge.train.loop import NOT_IMPROVED, Trainer
+from asrforge.train.run import FitResult, TrainingRun
 from tests.conftest import tiny_config
 
 

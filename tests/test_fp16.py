@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from asrforge.train import loop as loop_module
+from asrforge.train import step as step_module
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from asrforge.train.precision import choose_precision
@@ -41,14 +41,14 @@ def fp16_config(tmp_path, tones_dir, **train):
 
 def poison_losses(monkeypatch, calls: set[int] | None):
     """Multiply the loss of the given micro-batches (1-based; None: all) by inf."""
-    real, n = loop_module.token_loss, [0]
+    real, n = step_module.token_loss, [0]
 
     def poisoned(logits, labels, reduction="mean"):
         n[0] += 1
         loss = real(logits, labels, reduction)
         return loss * math.inf if calls is None or n[0] in calls else loss
 
-    monkeypatch.setattr(loop_module, "token_loss", poisoned)
+    monkeypatch.setattr(step_module, "token_loss", poisoned)
 
 
 def test_fp16_is_kept_on_the_cpu():

@@ -61,4 +61,4 @@ def test_a_training_step_reads_the_device_once(tmp_path, tones_dir, monkeypatch,
     assert Trainer(cfg, [counter]).fit().status == "completed"
     assert len(counter.steps) == 4
     for reads in counter.steps:
-        assert reads == ["tolist in loop.py"], reads
+        assert reads == ["tolist in step.py"], reads

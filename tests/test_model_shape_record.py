@@ -13,6 +13,7 @@ import yaml
 from asrforge.bundle.export import export_bundle
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.checkpoint.training import (
+    CheckpointContents,
     capture_rng_state,
     load_weights,
     save_training_checkpoint,
@@ -99,14 +100,16 @@ def test_export_refuses_to_guess_a_shape_nobody_recorded(pretrained_run, tmp_pat
     tokenizer = load_tokenizer(ckpt / "tokenizer")
     old = save_training_checkpoint(
         tmp_path / "old-run" / "checkpoints" / "step-000002",
-        model=load_weights(ckpt / "model.safetensors"),
-        optimizer={},
-        scheduler={},
-        rng=capture_rng_state(),
-        train_state={"step": 2},
-        config_yaml=cfg.to_yaml(),
-        tokenizer_save=lambda d: tokenizer.save_pretrained(str(d)),
-        meta={"step": 2},
+        CheckpointContents(
+            model=load_weights(ckpt / "model.safetensors"),
+            optimizer={},
+            scheduler={},
+            rng=capture_rng_state(),
+            train_state={"step": 2},
+            config_yaml=cfg.to_yaml(),
+            tokenizer_save=lambda d: tokenizer.save_pretrained(str(d)),
+            meta={"step": 2},
+        ),
     )
     with pytest.raises(UserError, match="does not record the model's shape.*heads"):
         export_bundle(old, tmp_path / "bundle")

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from asrforge.callbacks import build_callbacks
+from asrforge.checkpoint.manifest import read_manifest, write_manifest
 from asrforge.train.loop import Trainer
+from asrforge.train.state import TrainState
 from tests.conftest import tiny_config
 from tests.test_resume import PreemptAt
 
@@ -56,3 +59,48 @@ def test_the_logged_loss_after_a_resume_is_the_uninterrupted_runs(tmp_path, tone
     for step in (4, 8):
         for key in ("loss", "grad_norm", "skipped_steps"):
             assert split[step][key] == full[step][key], (step, key)
+
+
+OLD_SHAPES = [
+    # the ids once more, flat, beside the ids by reason
+    (
+        {
+            "step": 5,
+            "dropped": {"audio file not found": ["a", "b"]},
+            "dropped_utterances": ["a", "b"],
+        },
+        {"audio file not found": ["a", "b"]},
+    ),
+    # before reasons were kept: the flat ids alone, all dropped for failing to decode
+    ({"step": 5, "dropped_utterances": ["a", "b", "a"]}, {"failed to decode": ["a", "b"]}),
+]
+
+
+@pytest.mark.parametrize(("saved", "dropped"), OLD_SHAPES)
+def test_an_old_state_loads_with_the_same_dropped_ids(saved, dropped):
+    state = TrainState.from_dict(json.loads(json.dumps(saved)))
+    assert state.step == 5 and state.dropped == dropped
+    assert "dropped_utterances" not in state.to_dict()
+    assert TrainState.from_dict(state.to_dict()) == state
+
+
+def test_a_checkpoint_with_an_old_state_resumes(tmp_path, tones_dir):
+    out = tmp_path / "run"
+    Trainer(tiny_config(out, tones_dir, train={"max_steps": 3}, eval=NO_EVAL)).fit()
+    ckpt = out / "checkpoints" / "step-000003"
+    state = json.loads((ckpt / "train_state.json").read_text())
+    state.update(dropped={}, dropped_utterances=["ghost"])  # the old shape, resealed
+    (ckpt / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    manifest = read_manifest(ckpt)
+    write_manifest(
+        ckpt, {k: v for k, v in manifest.items() if k not in ("format_version", "files")}
+    )
+
+    result = Trainer(tiny_config(out, tones_dir, train={"max_steps": 4}, eval=NO_EVAL)).fit(
+        resume=True
+    )
+    assert result.status == "completed" and result.step == 4
+    resumed = json.loads((out / "checkpoints" / "step-000004" / "train_state.json").read_text())
+    assert resumed["dropped"] == {"failed to decode": ["ghost"]}
+    assert "dropped_utterances" not in resumed
+    assert json.loads((out / "skipped-train.json").read_text())["failed to decode"] == ["ghost"]

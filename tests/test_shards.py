@@ -16,6 +16,7 @@ from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.manifest import sha256_file, verify, write_manifest
 from asrforge.checkpoint.shards import LazyWeights, plan_shards
 from asrforge.checkpoint.training import (
+    CheckpointContents,
     capture_rng_state,
     load_training_checkpoint,
     load_weights,
@@ -44,8 +45,8 @@ def _whisper(seed: int = 0):
 
 def _save(path: Path, state: dict, max_shard_bytes: int | None, **kw) -> Path:
     return save_training_checkpoint(
-        path, model=state, optimizer={}, scheduler={}, rng=capture_rng_state(),
-        train_state={"step": 1}, config_yaml="seed: 0\n", max_shard_bytes=max_shard_bytes, **kw,
+        path, CheckpointContents(model=state, optimizer={}, scheduler={}, rng=capture_rng_state(),
+        train_state={"step": 1}, config_yaml="seed: 0\n", max_shard_bytes=max_shard_bytes, **kw),
     )  # fmt: skip
 
 

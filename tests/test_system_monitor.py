@@ -13,7 +13,7 @@ from asrforge.callbacks import build_callbacks
 from asrforge.callbacks.monitor import SystemMonitor, _Window
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import RunInfo
-from asrforge.train.setup import RunSetup
+from asrforge.train.loaders import RunLoaders
 from asrforge.train.state import TrainState
 from tests.conftest import tiny_config
 
@@ -28,14 +28,14 @@ def _records(run_dir, event):
 def test_fields_and_diagnosis_on_a_loader_made_slow(tmp_path, tones_dir, monkeypatch, caplog):
     from asrforge.train.loop import Trainer
 
-    slow_loader = RunSetup.train_loader
+    slow_loader = RunLoaders.train_loader
 
     def slowed(self, *args, **kwargs):
         for batch in slow_loader(self, *args, **kwargs):
             time.sleep(SLEEP)
             yield batch
 
-    monkeypatch.setattr(RunSetup, "train_loader", slowed)
+    monkeypatch.setattr(RunLoaders, "train_loader", slowed)
     cfg = tiny_config(
         tmp_path / "run",
         tones_dir,

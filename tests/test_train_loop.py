@@ -11,7 +11,7 @@ import torch
 
 from asrforge.callbacks import EarlyStopping, build_callbacks
 from asrforge.config import ConfigError
-from asrforge.train import loop as loop_module
+from asrforge.train import step as step_module
 from asrforge.train.events import Callback, CriticalCallbackError, Decision
 from asrforge.train.loop import Trainer
 from asrforge.train.state import TrainState
@@ -127,7 +127,7 @@ def test_early_stopping_in_a_run_is_honoured_before_the_next_step(tmp_path, tone
 
 
 def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, tones_dir, monkeypatch):
-    real = loop_module.token_loss
+    real = step_module.token_loss
     calls = {"n": 0}
 
     def poisoned(logits, labels, reduction="mean"):
@@ -135,7 +135,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, tones_di
         loss = real(logits, labels, reduction)
         return loss * math.nan if calls["n"] in (2, 4, 5) else loss
 
-    monkeypatch.setattr(loop_module, "token_loss", poisoned)
+    monkeypatch.setattr(step_module, "token_loss", poisoned)
     cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 10, "max_consecutive_nonfinite": 2},
                       eval={"eval_steps": None, "at_end": False})
     rec = Recorder()

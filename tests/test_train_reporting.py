@@ -10,7 +10,7 @@ import pytest
 
 from asrforge.callbacks import build_callbacks
 from asrforge.cli.train import _describe_best
-from asrforge.train import loop as loop_module
+from asrforge.train import run as run_module
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -70,7 +70,7 @@ def scripted_evaluate(model, batches, **kwargs):
 def test_a_final_step_is_saved_once_and_the_best_is_the_best_checkpoints(
     tmp_path, tones_dir, monkeypatch, caplog
 ):
-    monkeypatch.setattr(loop_module, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(run_module, "evaluate", scripted_evaluate)
     cfg = tiny_config(
         tmp_path / "run",
         tones_dir,
@@ -107,7 +107,7 @@ def test_a_final_step_is_saved_once_and_the_best_is_the_best_checkpoints(
 
 
 def test_the_cli_names_the_policys_other_bests_as_such():
-    result = loop_module.FitResult(
+    result = run_module.FitResult(
         "completed",
         "",
         4,

@@ -172,7 +172,11 @@ def test_a_checkpoint_fine_tuned_from_tiny_en_exports(
     from there, or, when that directory is gone, from the shape the run's config recorded."""
     from safetensors.torch import load_file
 
-    from asrforge.checkpoint.training import capture_rng_state, save_training_checkpoint
+    from asrforge.checkpoint.training import (
+        CheckpointContents,
+        capture_rng_state,
+        save_training_checkpoint,
+    )
     from asrforge.config import SHAPE_FIELDS, load_config
     from asrforge.model.tokenizer import load_tokenizer
 
@@ -189,14 +193,16 @@ def test_a_checkpoint_fine_tuned_from_tiny_en_exports(
     tokenizer = load_tokenizer(hf_tiny_en)
     ckpt = save_training_checkpoint(
         tmp_path / "run" / "checkpoints" / "step-000001",
-        model=load_file(str(hf_tiny_en / "model.safetensors")),
-        optimizer={},
-        scheduler={},
-        rng=capture_rng_state(),
-        train_state={"step": 1},
-        config_yaml=cfg.to_yaml(),
-        tokenizer_save=lambda d: tokenizer.save_pretrained(str(d)),
-        meta={"step": 1},
+        CheckpointContents(
+            model=load_file(str(hf_tiny_en / "model.safetensors")),
+            optimizer={},
+            scheduler={},
+            rng=capture_rng_state(),
+            train_state={"step": 1},
+            config_yaml=cfg.to_yaml(),
+            tokenizer_save=lambda d: tokenizer.save_pretrained(str(d)),
+            meta={"step": 1},
+        ),
     )
     out = export_bundle(ckpt, tmp_path / "bundle")
     info = json.loads((out / "inference_config.json").read_text())

@@ -23,6 +23,7 @@ _EXPORTS = {
     "read_manifest": "asrforge.checkpoint.manifest",
     "verify": "asrforge.checkpoint.manifest",
     "write_manifest": "asrforge.checkpoint.manifest",
+    "CheckpointContents": "asrforge.checkpoint.training",
     "TrainingCheckpoint": "asrforge.checkpoint.training",
     "capture_rng_state": "asrforge.checkpoint.training",
     "load_training_checkpoint": "asrforge.checkpoint.training",
@@ -34,6 +35,7 @@ _EXPORTS = {
 
 __all__ = [
     "FORMAT_VERSION",
+    "CheckpointContents",
     "CheckpointManager",
     "TrainingCheckpoint",
     "average_checkpoints",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from asrforge.checkpoint.manager import CheckpointManager
     from asrforge.checkpoint.manifest import FORMAT_VERSION, read_manifest, verify, write_manifest
     from asrforge.checkpoint.training import (
+        CheckpointContents,
         TrainingCheckpoint,
         capture_rng_state,
         load_training_checkpoint,

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the matrix reads sizes with this module alone, without torch
+    from asrforge.checkpoint.training import CheckpointContents
 
 GB = 10**9
 RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng.pt")
@@ -78,14 +81,14 @@ def tensor_bytes(obj: Any, seen: set | None = None) -> int:
     return 0
 
 
-def estimate_save_bytes(payload: Mapping[str, Any]) -> int:
+def estimate_save_bytes(contents: CheckpointContents) -> int:
     """What :func:`asrforge.checkpoint.training.save_training_checkpoint` will write for these
-    keyword arguments: the tensor bytes of each file, plus a bound on headers and small files."""
+    contents: the tensor bytes of each file, plus a bound on headers and small files."""
     total = 0
     for key in ("model", "ema", "optimizer", "scheduler", "scaler", "rng"):
-        if payload.get(key) is not None:
-            total += tensor_bytes(payload[key]) + _FILE_OVERHEAD
-    total += len(str(payload.get("config_yaml") or "").encode()) + 4 * _FILE_OVERHEAD
+        if getattr(contents, key) is not None:
+            total += tensor_bytes(getattr(contents, key)) + _FILE_OVERHEAD
+    total += len(str(contents.config_yaml or "").encode()) + 4 * _FILE_OVERHEAD
     return total
 
 

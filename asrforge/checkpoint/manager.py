@@ -24,6 +24,7 @@ manifest under ``checkpoint_manager`` *including* that checkpoint, so on resume:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from asrforge.checkpoint.manifest import (
     write_manifest,
     write_pruned_manifest,
 )
-from asrforge.checkpoint.training import save_training_checkpoint
+from asrforge.checkpoint.training import CheckpointContents, save_training_checkpoint
 from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 from asrforge.io.atomic import (
@@ -68,7 +69,7 @@ from asrforge.io.atomic import (
 STATE_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
-Payload = Mapping[str, Any] | Callable[[Path], None]
+Payload = CheckpointContents | Callable[[Path], None]
 
 
 def step_dir_name(step: int) -> str:
@@ -325,9 +326,8 @@ class CheckpointManager:
 
         Args:
             step: the optimizer step (names the directory).
-            payload: the keyword arguments of :func:`save_training_checkpoint` (without ``path``;
-                a ``meta`` entry is merged into the manifest), or a function that fills a
-                directory (the manager adds atomicity and the manifest).
+            payload: what the checkpoint holds (its ``meta`` is merged into the manifest), or a
+                function that fills a directory (the manager adds atomicity and the manifest).
             metrics: the evaluation's metrics, e.g. ``{"wer": 0.21, "loss": 1.3}``; stored in the
                 manifest and used for top-k (non-finite values never enter a top-k).
             is_best: the selection policy chose this checkpoint: it becomes ``best/``.
@@ -352,9 +352,8 @@ class CheckpointManager:
                 payload(tmp)
                 write_manifest(tmp, meta)
         else:
-            kwargs = dict(payload)
-            meta = {**(kwargs.pop("meta", None) or {}), **meta}
-            save_training_checkpoint(final, **kwargs, meta=meta)
+            meta = {**(payload.meta or {}), **meta}
+            save_training_checkpoint(final, dataclasses.replace(payload, meta=meta))
         self.load_state_dict(state)
         self._point_latest(final)
         self._sync_best_dirs()

@@ -359,21 +359,42 @@ def check_weights_only(obj: Any, where: str) -> None:
         )
 
 
-def write_training_files(
-    directory: Path,
-    *,
-    model: Mapping[str, torch.Tensor],
-    ema: Mapping[str, torch.Tensor] | None = None,
-    optimizer: dict,
-    scheduler: dict,
-    scaler: dict | None = None,
-    rng: dict,
-    train_state: dict,
-    callbacks: dict[str, dict] | None = None,
-    config_yaml: str,
-    tokenizer_save: Callable[[Path], None] | None = None,
-    max_shard_bytes: int | None = None,
-) -> dict[str, FileDigest]:
+@dataclass
+class CheckpointContents:
+    """What a training checkpoint holds: everything an exact resume needs.
+
+    Attributes:
+        model: the model's state dict (tied weights are handled, see the module doc).
+        optimizer: ``optimizer.state_dict()``.
+        scheduler: ``lr_scheduler.state_dict()``.
+        rng: :func:`capture_rng_state` (per process; the caller picks rank zero's).
+        train_state: JSON-able loop state (step, epoch, data position, best metrics, ...).
+        config_yaml: the resolved config as YAML text.
+        ema: the EMA weights, or None when EMA is off.
+        scaler: ``GradScaler.state_dict()``, or None without loss scaling.
+        callbacks: JSON-able ``{callback name: state_dict}``.
+        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory); the run's
+            is :func:`save_tokenizer`.
+        meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
+        max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
+            an index, as transformers does; None: one file each.
+    """
+
+    model: Mapping[str, torch.Tensor]
+    optimizer: dict
+    scheduler: dict
+    rng: dict
+    train_state: dict
+    config_yaml: str
+    ema: Mapping[str, torch.Tensor] | None = None
+    scaler: dict | None = None
+    callbacks: dict[str, dict] | None = None
+    tokenizer_save: Callable[[Path], None] | None = None
+    meta: dict[str, Any] | None = None
+    max_shard_bytes: int | None = None
+
+
+def write_training_files(directory: Path, contents: CheckpointContents) -> dict[str, FileDigest]:
     """Write the files of a training checkpoint into an existing (temporary) ``directory``.
 
     No manifest, no atomicity: :func:`save_training_checkpoint` adds both. Each file is
@@ -385,12 +406,18 @@ def write_training_files(
         OSError: a plain write failed (the atomic wrapper turns it into CheckpointSaveError).
     """
     directory = Path(directory)
-    torch_objs = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "rng": rng}
+    c = contents
+    torch_objs = {
+        "optimizer": c.optimizer,
+        "scheduler": c.scheduler,
+        "scaler": c.scaler,
+        "rng": c.rng,
+    }
     for name, obj in torch_objs.items():
         if obj is not None:
             check_weights_only(obj, f"{name}.pt: {name}")
     json_texts = {}
-    for name, obj in (("train_state", train_state), ("callbacks", callbacks or {})):
+    for name, obj in (("train_state", c.train_state), ("callbacks", c.callbacks or {})):
         try:
             json_texts[f"{name}.json"] = json.dumps(obj, indent=2) + "\n"
         except (TypeError, ValueError) as e:
@@ -400,16 +427,16 @@ def write_training_files(
     # ones (weights, EMA, optimizer state) overlap on the CPU and the disk.
     # Each job returns {file name: digest}: the weights may be several files (shards).
     jobs: dict[str, Callable[[], dict[str, FileDigest]]] = {}
-    for stem, state in ((MODEL_STEM, model), (EMA_STEM, ema)):
+    for stem, state in ((MODEL_STEM, c.model), (EMA_STEM, c.ema)):
         if state is not None:
             jobs[single_name(stem)] = functools.partial(
-                save_weights_sharded, directory, stem, state, max_shard_bytes=max_shard_bytes
+                save_weights_sharded, directory, stem, state, max_shard_bytes=c.max_shard_bytes
             )
     for name, obj in torch_objs.items():
         if obj is not None:
             path = directory / f"{name}.pt"
             jobs[path.name] = _one_file(path, functools.partial(torch_save, obj, path))
-    texts = {**json_texts, "config.yaml": config_yaml}
+    texts = {**json_texts, "config.yaml": c.config_yaml}
     for fname, text in texts.items():
         jobs[fname] = _one_file(
             directory / fname, functools.partial(write_text, directory / fname, text)
@@ -422,9 +449,9 @@ def write_training_files(
                 digests.update(future.result())
             except SafetensorError as e:
                 raise CheckpointSaveError(f"{fname}: safetensors could not write it: {e}") from e
-    if tokenizer_save is not None:
+    if c.tokenizer_save is not None:
         (directory / TOKENIZER_DIR).mkdir()
-        tokenizer_save(directory / TOKENIZER_DIR)
+        c.tokenizer_save(directory / TOKENIZER_DIR)
     return digests
 
 
@@ -433,40 +460,12 @@ def _one_file(path: Path, write: Callable[[], FileDigest]) -> Callable[[], dict[
     return lambda: {path.name: write()}
 
 
-def save_training_checkpoint(
-    path: Path,
-    *,
-    model: Mapping[str, torch.Tensor],
-    ema: Mapping[str, torch.Tensor] | None = None,
-    optimizer: dict,
-    scheduler: dict,
-    scaler: dict | None = None,
-    rng: dict,
-    train_state: dict,
-    callbacks: dict[str, dict] | None = None,
-    config_yaml: str,
-    tokenizer_save: Callable[[Path], None] | None = None,
-    meta: dict[str, Any] | None = None,
-    max_shard_bytes: int | None = None,
-) -> Path:
+def save_training_checkpoint(path: Path, contents: CheckpointContents) -> Path:
     """Write a complete training checkpoint directory at ``path``, atomically.
 
     Args:
         path: the directory to create (an existing one is replaced whole).
-        model: the model's state dict (tied weights are handled, see the module doc).
-        ema: the EMA weights, or None when EMA is off.
-        optimizer: ``optimizer.state_dict()``.
-        scheduler: ``lr_scheduler.state_dict()``.
-        scaler: ``GradScaler.state_dict()``, or None without loss scaling.
-        rng: :func:`capture_rng_state` (per process; the caller picks rank zero's).
-        train_state: JSON-able loop state (step, epoch, data position, best metrics, ...).
-        callbacks: JSON-able ``{callback name: state_dict}``.
-        config_yaml: the resolved config as YAML text.
-        tokenizer_save: called with ``path/tokenizer`` (an existing empty directory); the run's
-            is :func:`save_tokenizer`.
-        meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
-        max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
-            an index, as transformers does; None: one file each.
+        contents: what it holds; ``contents.meta`` goes into the manifest.
 
     Returns:
         ``path``.
@@ -477,29 +476,16 @@ def save_training_checkpoint(
     path = Path(path)
     # The files fsync themselves as they are written; the tokenizer's are fsynced below.
     with atomic_directory(path, fsync_files=False) as tmp:
-        digests = write_training_files(
-            tmp,
-            model=model,
-            ema=ema,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            rng=rng,
-            train_state=train_state,
-            callbacks=callbacks,
-            config_yaml=config_yaml,
-            tokenizer_save=tokenizer_save,
-            max_shard_bytes=max_shard_bytes,
-        )
+        digests = write_training_files(tmp, contents)
         if (tmp / TOKENIZER_DIR).is_dir():
             fsync_tree(tmp / TOKENIZER_DIR)
-        write_manifest(tmp, {"kind": "training", **(meta or {})}, known=digests)
+        write_manifest(tmp, {"kind": "training", **(contents.meta or {})}, known=digests)
     return path
 
 
 @dataclass
 class TrainingCheckpoint:
-    """What :func:`load_training_checkpoint` read; fields as in :func:`save_training_checkpoint`."""
+    """What :func:`load_training_checkpoint` read; fields as in :class:`CheckpointContents`."""
 
     path: Path
     manifest: dict[str, Any]
@@ -580,7 +566,9 @@ def load_training_checkpoint(
             ) from None
 
     objs = {name: torch_file(name) for name in TORCH_FILES}
-    has_tokenizer = any(f.startswith("tokenizer/") for f in files) or (path / TOKENIZER_DIR).is_dir()
+    has_tokenizer = (
+        any(f.startswith("tokenizer/") for f in files) or (path / TOKENIZER_DIR).is_dir()
+    )
     return TrainingCheckpoint(
         path=path,
         manifest=manifest,

@@ -222,6 +222,8 @@ def eval_metric_names() -> tuple[str, ...]:
     """The scalar metrics every evaluation produces (the ``on_eval_end`` payload's numbers): what
     an early-stopping ``monitor``, an averaging ``metric`` or a ``checkpoint.keep_best`` metric
     may name. Read from the evaluation code itself, by summarizing one probe prediction."""
+    # The evaluation code imports torch; the callbacks (the matrix's plan) import this module
+    # without it.
     from asrforge.evaluation.evaluate import dropped_metrics, summarize
     from asrforge.text import repetition_flags
 

@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrforge.config import GuardConfig
+from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.sources import FILE_FORMATS, read_split, split_of
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
@@ -122,8 +123,6 @@ def is_data_source(path: Path) -> bool:
     recordings with a data file named by its split beside them (``validation.jsonl``), or a
     directory of data files and no recordings. A ``metadata.csv`` or ``notes.json`` beside
     recordings leaves them audio files, as they were before the guard read data."""
-    from asrforge.data.sources import FILE_FORMATS, split_of
-
     if path.is_file():
         return path.suffix.lower() in FILE_FORMATS
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
@@ -141,9 +140,6 @@ def is_data_source(path: Path) -> bool:
 def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
     """The rows of ``cfg.split`` of the data at ``cfg.path``, read as training reads its data
     (:mod:`asrforge.data.sources`); ``language`` for data without a language column."""
-    from asrforge.config import DataConfig
-    from asrforge.data.sources import read_split
-
     data = DataConfig(
         path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir, cache_dir=cache_dir
     )

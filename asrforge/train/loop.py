@@ -1,4 +1,5 @@
-"""The training loop: one visible function, ``Trainer.fit``, top to bottom.
+"""The training loop: ``Trainer.fit`` builds the run, evaluates the starting model when asked,
+trains in one visible loop (``Trainer._train``: step, evaluate, save) and finishes the run.
 
 Per micro-batch: forward (autocast) -> loss -> backward (scaled under fp16). Every
 ``grad_accum`` micro-batches: unscale -> clip -> step (skipped and counted on inf/nan) ->
@@ -9,34 +10,19 @@ patience. Callbacks observe events and may raise ``state.should_stop`` / ``state
 from __future__ import annotations
 
 import logging
-import math
 import signal
-import time
-from collections.abc import Iterator
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from asrforge.checkpoint import TrainingCheckpoint
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import dropped_by_reason
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
-from asrforge.evaluation.evaluate import evaluate, token_loss
-from asrforge.evaluation.longform import run_longform_eval
-from asrforge.model.frames import window_seconds
-from asrforge.model.lora import load_model_state
 from asrforge.selection import format_metrics
-from asrforge.train.data_wait import DataWaitClock
-from asrforge.train.events import Callback, CallbackList, Decision, RunInfo
-from asrforge.train.forward import TrainingWhisper, labelled_positions
-from asrforge.train.guard import build_guard, guard_language, log_text
-from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
+from asrforge.train.events import Callback, CallbackList
 from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.run import FitResult, TrainingRun
 from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.run_log import is_rank_zero
-from asrforge.train.setup import RunSetup, prepare_run
+from asrforge.train.saves import saves_this_step
+from asrforge.train.setup import prepare_run
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.train")
@@ -45,33 +31,6 @@ NOT_IMPROVED = "no step improved on the starting model"
 """Appended to the reason of a run whose best checkpoint is the evaluated start (step 0)."""
 NOT_EVALUATED = "no trained step was evaluated"
 """Appended instead when nothing after step 0 was evaluated: the start is best by default."""
-
-
-@dataclass
-class FitResult:
-    """How a run ended."""
-
-    status: str  # "completed", "stopped", "interrupted", "diverged"
-    reason: str
-    step: int
-    best_step: int | None
-    best: dict[str, float]
-    """The evaluation of the best checkpoint (at ``best_step``): ``wer``, ``cer``, ``loss``, ..."""
-    output_dir: Path
-    last_metrics: dict = field(default_factory=dict)
-    tracked_bests: dict[str, float] = field(default_factory=dict)
-    """The bests the selection policy keeps over all evaluations (``best_wer``, ``best_loss``,
-    ``best_cer``), which may come from evaluations other than the best checkpoint's."""
-    start: dict[str, float] = field(default_factory=dict)
-    """The evaluation of the starting model at step 0 (``eval.at_start``); empty without one."""
-
-    @property
-    def improved_on_start(self) -> bool | None:
-        """Whether a trained step became best over the evaluated starting model (None: the
-        start was not evaluated)."""
-        if not self.start:
-            return None
-        return self.best_step is not None and self.best_step > 0
 
 
 class Trainer:
@@ -122,124 +81,108 @@ class Trainer:
         return run is not None and (run.state.step, run.last_saved_step) != self._start
 
     def _fit(self, *, resume: bool, start_over: bool) -> FitResult:
-        cfg = self.cfg
-        run = self._build_run(resume=resume, start_over=start_over)
-        if run.setup.resume_from is not None:
-            run.restore(run.setup.resume_from)
-        self._run, self._start = run, (run.state.step, run.last_saved_step)
-        run.start_ema()  # from the weights training starts with: the resumed ones on a resume
-        run.start_guard()
+        run = self._start_run(resume=resume, start_over=start_over)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
-        ended: tuple[str, str] | None = None  # (status, reason) when the loop itself ends the run
         self._install_signal_handlers()
         try:
             callbacks.call("on_train_begin", state, run=run.info())
-            if run.start_needs_evaluation():  # eval.at_start: the starting model at step 0
-                decision = run.evaluate_and_select()  # seeds the selector's bests
-                if decision.save:  # best/ must be able to hold the starting weights
-                    run.save_checkpoint("start", run.last_metrics, True)
-            run.setup.startup.restart()  # "first step" counts from here
-            run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
-            batches = run.micro_batches()
-            while state.step < run.max_steps and not state.should_stop:
-                metrics = run.train_step(batches)
-                if metrics is None:  # the data ran out: train.max_epochs
-                    break
-                # several processes stop at the same step, or the others wait for the stopped one
-                agreed_signal = run.agree_to_stop(self._signal)
-                callbacks.call("on_step_end", state, metrics=metrics)
-                run.setup.startup.first_step_taken()
-                if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
-                    ended = "diverged", _divergence(state, cfg)
-                    break  # no evaluation and no save of a diverged model
-                is_best = False
-                if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                    is_best = run.evaluate_and_select().save
-                    state.should_save |= cfg.checkpoint.save_on_eval or is_best
-                every = cfg.checkpoint.checkpoint_every
-                if every and state.step % every == 0:
-                    state.should_save = True
-                # one process: a signal received during this step's evaluation stops it too
-                stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
-                if stop_signal is not None:
-                    ended = "interrupted", f"received {stop_signal}"
-                    state.should_stop = state.should_save = True
-                # when the run ends here, the end-of-run evaluation's save is this step's
-                if state.should_save and (stop_signal is not None or not run.final_eval_follows()):
-                    evaluated = state.last_eval_step == state.step
-                    run.save_checkpoint(
-                        "interrupt" if stop_signal else "step",
-                        run.last_metrics if evaluated else None,
-                        is_best,
-                    )
-
-            status, reason = ended or run.end_reason()
-            if status in ("completed", "stopped"):
-                if cfg.eval.at_end and state.last_eval_step != state.step:
-                    decision = run.evaluate_and_select()
-                    run.save_checkpoint("final", run.last_metrics, decision.save)
-                elif run.last_saved_step != state.step:
-                    run.save_checkpoint("final", None, False)
-            if run.last_saved_step != state.step:  # the save wrote it otherwise
-                run.gather_dropped()
-                run.setup.write_skip_report(state.dropped, f" up to step {state.step}")
-            # the last step is kept beside best/ when no evaluation judged any trained step
-            keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
-            if status in ("completed", "stopped") and keep_last:
-                reason = f"{reason}; {NOT_EVALUATED}"
-                log.warning(
-                    "%s (eval.eval_steps %s, eval.at_end %s): best/ holds the starting weights "
-                    "(step 0, %s) because nothing after it was measured; the last step, %d, is "
-                    "kept beside it",
-                    NOT_EVALUATED,
-                    cfg.eval.eval_steps,
-                    cfg.eval.at_end,
-                    format_metrics(run.setup.selector.start),
-                    state.step,
-                )
-            elif status in ("completed", "stopped") and run.start_stayed_best():
-                reason = f"{reason}; {NOT_IMPROVED}"
-                log.warning(
-                    "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
-                    "configured made no evaluated step better by the selection policy",
-                    NOT_IMPROVED,
-                    format_metrics(run.setup.selector.start),
-                )
-            result = run.result(status, reason)
-            log.info("run %s at step %d: %s", status, state.step, reason)
-            if run.guard is not None and result.best_step is None:
-                log.warning(
-                    "forgetting guard: no evaluation kept the guard within tolerance, so "
-                    "no checkpoint became best; the starting model is still the better one"
-                )
-            callbacks.call("on_train_end", state, result=result)
-            # after on_train_end: the averaging callback reads the step checkpoints there
-            if status in ("completed", "stopped") and cfg.checkpoint.after_run == "best":
-                if run.acc.is_main_process:
-                    run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
-            # the other ranks exit only once rank zero's last save is on disk: a launcher
-            # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
-            run.acc.wait_for_everyone()
-            return result
+            run.evaluate_start()
+            ended = self._train(run)
+            return self._finish(run, ended)
         except (OSError, CheckpointSaveError) as e:
-            # a file could not be written (a full disk, permissions): one message, no traceback
-            previous = run.setup.checkpoints.latest_valid(check_hashes=False)
-            kept = (
-                f"the checkpoint {previous} is intact (--resume continues from it)"
-                if previous
-                else "no checkpoint was written"
-            )
-            stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
-            error = stop(f"{_describe(e)}; {kept}")
-            log.error("run stopped at step %d: %s", state.step, error)
-            callbacks.call("on_exception", state, error=error)
-            raise error from e
+            raise _write_failed(run, e) from e
         except BaseException as e:
             callbacks.call("on_exception", state, error=e)
             raise
         finally:
             self._restore_signal_handlers()
             run.setup.close()
+
+    def _start_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
+        """The run built, restored from its checkpoint on a resume, with its EMA and guard."""
+        run = self._build_run(resume=resume, start_over=start_over)
+        if run.setup.resume_from is not None:
+            run.restore(run.setup.resume_from)
+        self._run, self._start = run, (run.state.step, run.last_saved_step)
+        # The EMA starts from the weights training starts with: the resumed ones on a resume.
+        run.start_ema()
+        run.start_guard()
+        return run
+
+    def _train(self, run: TrainingRun) -> tuple[str, str] | None:
+        """Steps, each evaluated and saved when due, until a stop.
+
+        Returns:
+            (status, reason) when the loop itself ends the run (a divergence or a signal),
+            else None.
+        """
+        cfg, state, callbacks = self.cfg, run.state, run.callbacks
+        run.setup.startup.restart()  # "first step" counts from here
+        run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
+        batches = run.micro_batches()
+        while state.step < run.max_steps and not state.should_stop:
+            metrics = run.train_step(batches)
+            if metrics is None:  # the data ran out: train.max_epochs
+                return None
+            # several processes stop at the same step, or the others wait for the stopped one
+            agreed_signal = run.agree_to_stop(self._signal)
+            callbacks.call("on_step_end", state, metrics=metrics)
+            run.setup.startup.first_step_taken()
+            if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+                # No evaluation and no save of a diverged model.
+                return "diverged", _divergence(state, cfg)
+            decision = run.evaluate_and_select() if run.evaluation_due() else None
+            # one process: a signal received during this step's evaluation stops it too
+            stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
+            if stop_signal is not None:
+                state.should_stop = True
+            stopping = stop_signal is not None
+            if saves_this_step(cfg, state, decision, stopping, run.ends_after_this_step):
+                evaluated = state.last_eval_step == state.step
+                run.save_checkpoint(
+                    "interrupt" if stopping else "step",
+                    run.last_metrics if evaluated else None,
+                    decision is not None and decision.save,
+                )
+            if stopping:
+                return "interrupted", f"received {stop_signal}"
+        return None
+
+    def _finish(self, run: TrainingRun, ended: tuple[str, str] | None) -> FitResult:
+        """The end of a run: the last evaluation and save, the skip report, the result and
+        ``on_train_end``, ``checkpoint.after_run``, and every rank waiting for rank zero."""
+        cfg, state = self.cfg, run.state
+        status, reason = ended or run.end_reason()
+        finished = status in ("completed", "stopped")
+        if finished:
+            if cfg.eval.at_end and state.last_eval_step != state.step:
+                decision = run.evaluate_and_select()
+                run.save_checkpoint("final", run.last_metrics, decision.save)
+            elif run.last_saved_step != state.step:
+                run.save_checkpoint("final", None, False)
+        if run.last_saved_step != state.step:  # the save wrote it otherwise
+            run.gather_dropped()
+            run.write_skip_report()
+        # the last step is kept beside best/ when no evaluation judged any trained step
+        keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
+        if finished:
+            reason = _explain_start_best(run, reason, keep_last)
+        result = run.result(status, reason)
+        log.info("run %s at step %d: %s", status, state.step, reason)
+        if run.guard is not None and result.best_step is None:
+            log.warning(
+                "forgetting guard: no evaluation kept the guard within tolerance, so "
+                "no checkpoint became best; the starting model is still the better one"
+            )
+        run.callbacks.call("on_train_end", state, result=result)
+        # after on_train_end: the averaging callback reads the step checkpoints there
+        if finished and cfg.checkpoint.after_run == "best":
+            if run.acc.is_main_process:
+                run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
+        # the other ranks exit only once rank zero's last save is on disk: a launcher
+        # (torchrun) stops every rank as soon as one exits non-zero (75 after a signal)
+        run.acc.wait_for_everyone()
+        return result
 
     # ------------------------------------------------------------------------------------------
     def _build_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
@@ -278,490 +221,47 @@ class Trainer:
             signal.signal(sig, h)
 
 
-class TrainingRun:
-    """One run's pieces and its progress: the set-up (data, selector, checkpoints), the prepared
-    model (:class:`~asrforge.train.forward.TrainingWhisper`, DDP-wrapped with several processes)
-    and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
-    ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
-
-    def __init__(self, cfg: TrainConfig, setup: RunSetup, callbacks: CallbackList, precision: str):
-        self.cfg, self.setup, self.callbacks, self.precision = cfg, setup, callbacks, precision
-        self.acc = setup.accelerator
-        self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
-        self.max_steps = setup.max_steps
-        optimizer = build_optimizer(self.whisper, cfg.optim)
-        self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
-        training_model = TrainingWhisper(self.whisper, cfg.model.trained_top_encoder_layers)
-        self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
-        self.state = TrainState()
-        self.ema: EMA | None = None
-        self.guard = None
-        self.last_metrics: dict = {}
-        """The metrics of the last evaluation."""
-        self.last_saved_step: int | None = None
-        self.stop_error: str | None = None
-        """(several processes) The error this process's data stopped the run with, mid-step:
-        raised by every process at the step's end (:meth:`agree_to_stop`)."""
-        self.guard_at_start: dict | None = None
-        """The guard's metrics of the starting model, measured by :meth:`start_guard` (the
-        step-0 evaluation reuses them rather than transcribing the guard set again)."""
-
-    # -- start ---------------------------------------------------------------------------------
-    def restore(self, ckpt: TrainingCheckpoint) -> None:
-        """Continue from ``ckpt`` exactly: weights (or LoRA adapters), optimizer, schedule, loss
-        scale, progress and data position, selection state, checkpoint records, callbacks'
-        states and the RNG."""
-        load_model_state(self.whisper, ckpt.model)
-        self.optimizer.load_state_dict(ckpt.optimizer)
-        self.scheduler.load_state_dict(ckpt.scheduler)
-        if ckpt.scaler and self.acc.scaler is not None:
-            self.acc.scaler.load_state_dict(ckpt.scaler)
-        state = self.state = TrainState.from_dict(ckpt.train_state)
-        if state.selection:  # a checkpoint from before the selector kept "best": the state's
-            self.setup.selector.load_state_dict({"best": state.best, **state.selection})
-        # the manifest holds the manager's records including this very checkpoint
-        self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
-        self.callbacks.load_state_dict(ckpt.callbacks)
-        self.setup.restore_rng(ckpt.rng)
-        self.last_saved_step = state.step
-        # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
-        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
-        log.info(
-            "resumed from %s at step %d (epoch %d, batch %d)",
-            ckpt.path,
+def _explain_start_best(run: TrainingRun, reason: str, keep_last: bool) -> str:
+    """``reason`` of a finished run, with why best/ holds the starting weights when it does
+    (warned)."""
+    cfg, state = run.cfg, run.state
+    if keep_last:
+        log.warning(
+            "%s (eval.eval_steps %s, eval.at_end %s): best/ holds the starting weights "
+            "(step 0, %s) because nothing after it was measured; the last step, %d, is "
+            "kept beside it",
+            NOT_EVALUATED,
+            cfg.eval.eval_steps,
+            cfg.eval.at_end,
+            format_metrics(run.setup.selector.start),
             state.step,
-            state.epoch,
-            state.batch_in_epoch,
         )
-
-    def start_ema(self) -> None:
-        """The EMA of the weights (``train.ema_decay``), from the current weights or the resumed
-        checkpoint's average."""
-        decay, resumed = self.cfg.train.ema_decay, self.setup.resume_from
-        if not decay:
-            return
-        self.ema = EMA(self.whisper, decay)
-        if resumed is not None and resumed.ema is not None:
-            self.ema.load_state_dict(resumed.ema)
-        elif resumed is not None:
-            log.info(
-                "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
-                "has none)",
-                decay,
-                self.state.step,
-            )
-
-    def start_guard(self) -> None:
-        """The forgetting guard: the starting model's transcripts, once (a resume restored
-        them with the selection state)."""
-        setup, acc = self.setup, self.acc
-        language = guard_language(self.cfg, setup.train_languages)
-        self.guard = build_guard(
-            self.cfg,
-            setup.model_bundle,
-            language=language,
-            window_seconds=window_seconds(self.whisper.config),
+        return f"{reason}; {NOT_EVALUATED}"
+    if run.start_stayed_best():
+        log.warning(
+            "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
+            "configured made no evaluated step better by the selection policy",
+            NOT_IMPROVED,
+            format_metrics(run.setup.selector.start),
         )
-        gate = setup.selector.guard
-        if self.guard is None or gate.started:
-            return
-        if setup.resume_from is not None:  # its starting model is gone
-            raise UserError(
-                "eval.guard: the checkpoint holds no guard start (saved by a run "
-                "without eval.guard); remove eval.guard to resume it"
-            )
-        self.guard_at_start = self.guard.measure_start(
-            self.whisper, gate, device=acc.device, autocast=acc.autocast
-        )
-        self.state.selection = setup.selector.state_dict()
-        if acc.is_main_process:
-            self.guard.write_records(setup.output_dir, self.state.step, gate)
-
-    def start_needs_evaluation(self) -> bool:
-        """Whether the starting model is evaluated now (``eval.at_start``): at step 0, never
-        evaluated yet; a resumed run's step-0 result is in its selection state already."""
-        state = self.state
-        return self.cfg.evaluates_at_start and state.step == 0 and state.last_eval_step is None
-
-    def start_stayed_best(self) -> bool:
-        """The starting model was evaluated and no later evaluation beat it."""
-        selector = self.setup.selector
-        return bool(selector.start) and selector.best_step == 0
-
-    def trained_step_evaluated(self) -> bool:
-        """Whether an evaluation measured a step after step 0 (a resumed run's included)."""
-        last = self.state.last_eval_step
-        return last is not None and last > 0
-
-    def info(self) -> RunInfo:
-        """The ``on_train_begin`` payload."""
-        setup, acc = self.setup, self.acc
-        return RunInfo(
-            config=self.cfg,
-            output_dir=setup.output_dir,
-            model=self.whisper,
-            tokenizer=setup.model_bundle.tokenizer,
-            n_params=setup.n_params[0],
-            n_trainable=setup.n_params[1],
-            precision=self.precision,
-            device=str(acc.device),
-            world_size=acc.num_processes,
-            is_main=acc.is_main_process,
-            n_train=len(setup.train_set),
-            n_eval=len(setup.eval_set),
-            selection=setup.selector.why,
-            max_steps=self.max_steps,
-            loader_workers=setup.loader_workers,
-        )
-
-    # -- train ---------------------------------------------------------------------------------
-    def micro_batches(self) -> Iterator[dict]:
-        """The training micro-batches from the state's data position on, epoch after epoch,
-        with the epoch events; they end at ``train.max_epochs`` or when a callback stops the run
-        at an epoch's end. Starts the step clock."""
-        self._step_started = time.perf_counter()
-        self.data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
-        return self._epochs()
-
-    def _epochs(self) -> Iterator[dict]:
-        cfg, state = self.cfg, self.state
-        taken = state.step * cfg.train.grad_accum  # the run-wide index of the next micro-batch
-        while cfg.train.max_epochs is None or state.epoch < cfg.train.max_epochs:
-            if state.batch_in_epoch == 0:
-                self.callbacks.call("on_epoch_begin", state, epoch=state.epoch)
-            loader = self.setup.train_loader(
-                state.epoch, state.batch_in_epoch, taken, state.text_position
-            )
-            for batch in self.data_wait.timed(loader):
-                taken += 1
-                yield batch
-            self.callbacks.call("on_epoch_end", state, epoch=state.epoch)
-            state.epoch += 1
-            state.batch_in_epoch = 0
-            if state.should_stop:
-                return
-
-    def train_step(self, batches: Iterator[dict]) -> dict | None:
-        """One optimizer step: ``train.grad_accum`` micro-batches forward and backward, then
-        unscale -> clip -> step (or skip on a non-finite loss or gradient) -> zero grads ->
-        schedule -> EMA.
-
-        Returns:
-            The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
-            ran out before the step was complete (its gradients are dropped).
-        """
-        cfg, state, acc = self.cfg, self.state, self.acc
-        accum = cfg.train.grad_accum
-        tally = _StepTally()
-        for i in range(accum):
-            batch = None if self.stop_error else self._next_batch(batches)
-            if batch is None and not self.stop_error:
-                return None
-            if i == 0:
-                self.callbacks.call("on_step_begin", state, step=state.step + 1)
-            if batch is not None:
-                self._advance_data_position(batch)
-            # every clip of it was dropped, or (several processes) this process's data stopped
-            empty = batch is None or not batch["size"]
-            if empty and acc.num_processes == 1:
-                continue
-            # gradients are synchronized across processes on the step's last micro-batch only
-            with acc.no_sync(self.model) if i < accum - 1 else nullcontext(), acc.autocast():
-                if empty:  # the other processes' gradient sync waits for this one's: a pass
-                    # that adds nothing, so that every process syncs the same buckets each step
-                    loss = self.model(self._placeholder_batch()).float().sum() * 0.0
-                else:
-                    positions, labels = labelled_positions(batch["labels"], acc.device)
-                    loss = token_loss(self.model(batch, positions), labels)
-            acc.backward(loss / accum)
-            if not empty:
-                tally.add(batch, loss.detach(), labels, accum)
-
-        params = [p for p in self.whisper.parameters() if p.requires_grad]
-        clip = cfg.optim.clip_grad_norm or float("inf")
-        grad_norm, skip, diverging = _optimizer_step(acc, self.optimizer, params, clip, tally)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        if self.ema is not None and skip is None:
-            self.ema.update(self.whisper)
-        self._count_step(tally, skip, diverging)
-        return self._step_metrics(tally, grad_norm, skipped=skip is not None)
-
-    def _next_batch(self, batches: Iterator[dict]) -> dict | None:
-        """The next micro-batch, or None when the data ran out or (several processes) stopped
-        the run with an error, kept in :attr:`stop_error`."""
-        try:
-            return next(batches, None)
-        except UserError as e:  # e.g. a streamed language without a token, met mid-stream
-            if self.acc.num_processes == 1:
-                raise
-            # the others wait in this step's gradient sync: this process finishes the step with
-            # placeholder passes, and every process raises the error at the step's end
-            self.stop_error = str(e)
-            return None
-
-    def agree_to_stop(self, signal_name: str | None) -> str | None:
-        """The stop every process makes after this step, from each one's signal flag and
-        data error: one small all-reduce when there are several processes (a launcher's signal
-        reaches the ranks at different steps, a data error is met by one rank), none with one.
-
-        Returns:
-            The name of the signal that stops the run (the same on every process), or None.
-
-        Raises:
-            UserError: a process's data stopped the run (every process raises the lowest
-                rank's error).
-        """
-        acc = self.acc
-        if acc.num_processes == 1:
-            return signal_name
-        import torch.distributed as dist
-
-        signum = signal.Signals[signal_name].value if signal_name else 0
-        flags = torch.tensor([signum, self.stop_error is not None], device=acc.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags[1]:
-            from accelerate.utils import gather_object
-
-            errors = [e for e in gather_object([self.stop_error]) if e is not None]
-            raise UserError(errors[0])
-        return signal.Signals(int(flags[0])).name if flags[0] else None
-
-    def _placeholder_batch(self) -> dict:
-        """A batch of one silent window and one decoder token, for a process whose micro-batch
-        lost every clip: its zero-weighted pass takes the same parameters as a real batch."""
-        config = self.whisper.config
-        features = torch.zeros(1, config.num_mel_bins, 2 * config.max_source_positions)
-        return {
-            "input_features": features,
-            "decoder_input_ids": torch.full((1, 1), self.setup.model_bundle.specials.sot),
-        }
-
-    def _advance_data_position(self, batch: dict) -> None:
-        state = self.state
-        if batch.get("task", "asr") == "lm":  # text-only (data.asr_ratio < 1): not in the epoch
-            state.text_position = batch["text_position"]
-        else:
-            state.batch_in_epoch += 1
-            state.stream_position = batch.get("stream_position", state.stream_position)
-        if batch["dropped"]:
-            by_reason = dropped_by_reason(batch)
-            log.warning("dropped clips: %s", by_reason)
-            if batch.get("task", "asr") != "lm":
-                _record_dropped(state, by_reason)
-
-    def _count_step(self, tally: _StepTally, skip: str | None, diverging: bool) -> None:
-        state = self.state
-        state.step += 1
-        state.samples_seen += tally.samples
-        if skip is not None:
-            state.skipped_steps += 1
-            log.warning("step %d skipped: %s", state.step, skip)
-        if diverging:
-            state.consecutive_nonfinite += 1
-        elif skip is None:
-            state.consecutive_nonfinite = 0
-        if math.isfinite(tally.loss):
-            rl = state.running_loss
-            state.running_loss = tally.loss if rl is None else 0.98 * rl + 0.02 * tally.loss
-
-    def _step_metrics(self, tally: _StepTally, grad_norm: float, skipped: bool) -> dict:
-        now = time.perf_counter()
-        groups = self.optimizer.param_groups
-        metrics = {
-            "loss": tally.loss,
-            "lr": main_lr(self.optimizer),  # the others by name in lr_groups
-            "lr_groups": {g.get("name", str(i)): g["lr"] for i, g in enumerate(groups)},
-            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "skipped": skipped,
-            "samples": tally.samples,
-            "tokens": tally.tokens,
-            "step_seconds": now - self._step_started,
-            "data_wait_seconds": self.data_wait.take(),
-        }
-        self._step_started = now
-        if self.acc.scaler is not None:  # fp16: the dynamic loss scale after this step
-            metrics["grad_scale"] = self.acc.scaler.get_scale()
-        if self.setup.text is not None:  # per-task mean loss; None when the step had none
-            for name, values in tally.task_losses.items():
-                metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
-        return metrics
-
-    # -- evaluate, save, stop ------------------------------------------------------------------
-    def evaluate_and_select(self) -> Decision:
-        """Evaluate (with the EMA weights when there are some; the guard and long-form too),
-        let the selector judge, write the records and tell the callbacks."""
-        state, setup, cb = self.state, self.setup, self.callbacks
-        cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
-        metrics, preds = self._evaluate()
-        decision = setup.selector.update(metrics, step=state.step)
-        state.selection = setup.selector.state_dict()
-        state.last_eval_step = state.step
-        state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
-        setup.write_eval_records(state.step, metrics, preds, decision)
-        log.info(
-            "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
-            state.step,
-            metrics["loss"],
-            metrics["wer"],
-            metrics["cer"],
-            metrics["n"],
-            f" rep-trap {metrics.get('rep_trap_count', 0)}",
-            log_text(metrics),
-            decision.reason,
-        )
-        cb.call("on_predict_end", state, predictions=preds)
-        cb.call("on_eval_end", state, metrics=metrics, decision=decision)
-        if decision.should_stop:
-            state.should_stop = True
-            state.stop_reason = decision.stop_reason
-        self.last_metrics = metrics
-        return decision
-
-    def _evaluate(self) -> tuple[dict, list[dict]]:
-        """Metrics and predictions of the evaluation split, gathered from every process."""
-        setup, acc, ema, whisper = self.setup, self.acc, self.ema, self.whisper
-        guard_metrics: dict = {}
-        with ema.swapped_in(whisper) if ema is not None else nullcontext():
-            metrics, preds = evaluate(
-                whisper,
-                setup.eval_loader(),
-                tokenizer=setup.model_bundle.tokenizer,
-                eot=setup.model_bundle.specials.eot,
-                max_new_tokens=self.cfg.eval.max_new_tokens,
-                device=acc.device,
-                autocast=acc.autocast,
-                beam_size=self.cfg.eval.beam_size,
-            )
-            if self.guard is not None and self.state.step == 0 and self.guard_at_start:
-                guard_metrics = self.guard_at_start  # the start itself: drift 0 by definition
-            elif self.guard is not None:
-                guard_metrics = self.guard.measure(
-                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
-                )
-        self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
-        metrics, preds = setup.gather_eval(metrics, preds)
-        metrics.update(
-            run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
-        )
-        if self.guard is not None:
-            metrics.update(guard_metrics)
-            if acc.is_main_process:
-                self.guard.write_records(setup.output_dir, self.state.step, setup.selector.guard)
-        return metrics, preds
-
-    def save_checkpoint(self, kind: str, metrics: dict | None, is_best: bool) -> None:
-        """``checkpoints/step-NNNNNN`` with everything a resume needs; ``on_save`` names it
-        ``best`` when ``is_best``, else ``kind``. A failed save raises (the run stops)."""
-        state = self.state
-        state.should_save = False
-        self.last_saved_step = state.step
-        self.gather_dropped()
-        self.setup.write_skip_report(state.dropped, f" up to step {state.step}")
-        path = self.setup.save_checkpoint(
-            step=state.step,
-            model=self.whisper,
-            ema=self.ema,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            scaler=self.acc.scaler,
-            state=state,
-            callback_states=self.callbacks.state_dict(),
-            metrics=metrics,
-            is_best=is_best,
-        )
-        if path is not None:
-            self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
-
-    def gather_dropped(self) -> None:
-        """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
-        and the skip report hold them all. Every process calls it at the same point."""
-        if self.acc.num_processes == 1:
-            return
-        from accelerate.utils import gather_object
-
-        for part in gather_object([self.state.dropped]):
-            _record_dropped(self.state, part)
-
-    def final_eval_follows(self) -> bool:
-        """Whether the end-of-run evaluation (``eval.at_end``) follows the step just taken: the
-        loop stops after it, and it was not evaluated."""
-        state = self.state
-        return (
-            self.cfg.eval.at_end
-            and state.last_eval_step != state.step
-            and _run_ends_after_this_step(state, self.setup, self.max_steps)
-        )
-
-    def end_reason(self) -> tuple[str, str]:
-        """(status, reason) of a run the loop ended without a divergence or a signal."""
-        state, max_epochs = self.state, self.cfg.train.max_epochs
-        if state.should_stop:
-            return "stopped", state.stop_reason or "stopped by a callback"
-        if state.step < self.max_steps and max_epochs is not None:
-            return "completed", f"reached max_epochs={max_epochs}"
-        return "completed", f"reached max_steps={self.max_steps}"
-
-    def result(self, status: str, reason: str) -> FitResult:
-        selector = self.setup.selector  # the owner of the run's best
-        return FitResult(
-            status,
-            reason,
-            self.state.step,
-            selector.best_step,
-            dict(selector.best),
-            self.setup.output_dir,
-            self.last_metrics,
-            tracked_bests=selector.tracked_bests,
-            start=dict(selector.start),
-        )
+        return f"{reason}; {NOT_IMPROVED}"
+    return reason
 
 
-class _StepTally:
-    """What one optimizer step's micro-batches add up to. Their losses stay on the device until
-    :meth:`read`, so the step waits for the device once, not once per micro-batch."""
-
-    def __init__(self) -> None:
-        self.loss = 0.0  # the mean over the step's micro-batches, once read
-        self.samples = 0
-        self.tokens = 0
-        self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
-        self._pending: list[tuple[str, torch.Tensor]] = []
-        self._accum = 1
-
-    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
-        self._pending.append((batch.get("task", "asr"), loss))
-        self._accum = accum
-        self.samples += batch["size"]
-        self.tokens += labels.numel()
-
-    def read(self, grad_norm: torch.Tensor | float) -> float:
-        """Read the micro-batch losses and ``grad_norm`` off the device in one transfer, and
-        return the gradient norm as a float."""
-        norm = torch.as_tensor(grad_norm, dtype=torch.float32)
-        if self._pending:
-            losses = [loss.float() for _, loss in self._pending]
-            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
-        else:
-            values, norm_value = [], norm.item()
-        for (task, _), value in zip(self._pending, values, strict=True):
-            self.loss += value / self._accum
-            self.task_losses[task].append(value)
-        self._pending = []
-        return norm_value
-
-
-def _record_dropped(state: TrainState, by_reason: dict[str, list[str]]) -> None:
-    """Add clips the workers dropped to the state, each once (the next epoch drops them
-    again)."""
-    for reason, uids in by_reason.items():
-        have = state.dropped.setdefault(reason, [])
-        seen = set(have)
-        new = [u for u in dict.fromkeys(uids) if u not in seen]
-        have += new
-        listed = set(state.dropped_utterances)
-        state.dropped_utterances += [u for u in new if u not in listed]
+def _write_failed(run: TrainingRun, e: OSError | CheckpointSaveError) -> Exception:
+    """The error a run stops with when a file could not be written (a full disk,
+    permissions): one message, no traceback; logged and told to the callbacks."""
+    previous = run.setup.checkpoints.latest_valid(check_hashes=False)
+    kept = (
+        f"the checkpoint {previous} is intact (--resume continues from it)"
+        if previous
+        else "no checkpoint was written"
+    )
+    stop = CheckpointSaveError if isinstance(e, CheckpointSaveError) else RunIOError
+    error = stop(f"{_describe(e)}; {kept}")
+    log.error("run stopped at step %d: %s", run.state.step, error)
+    run.callbacks.call("on_exception", run.state, error=error)
+    return error
 
 
 def _divergence(state: TrainState, cfg: TrainConfig) -> str:
@@ -778,51 +278,3 @@ def _describe(e: OSError | CheckpointSaveError) -> str:
         return str(e)
     what = e.strerror or str(e)
     return f"{e.filename}: {what}" if e.filename else what
-
-
-def _run_ends_after_this_step(state: TrainState, run: RunSetup, max_steps: int) -> bool:
-    """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the last
-    speech batch of the last epoch (``train.max_epochs``) consumed."""
-    if state.should_stop or state.step >= max_steps:
-        return True
-    max_epochs = run.cfg.train.max_epochs
-    return (
-        max_epochs is not None
-        and state.epoch + 1 >= max_epochs
-        and state.batch_in_epoch >= run.batches_per_epoch
-    )
-
-
-def _optimizer_step(
-    acc, optimizer, params, clip: float, tally: _StepTally
-) -> tuple[float, str | None, bool]:
-    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient; the step's
-    losses (``tally``) and gradient norm are read off the device together, once.
-
-    Returns:
-        (the gradient norm before clipping, why the step was skipped or None, whether the skip
-        counts towards ``train.max_consecutive_nonfinite``). Under fp16 a gradient overflow
-        while the loss scale is above 1 does not count: that is the scaler finding its scale
-        (the first steps overflow at 65536), not the run diverging (DeepSpeed's
-        ``min_loss_scale`` is 1 for the same reason).
-    """
-    scaler = acc.scaler
-    scale = scaler.get_scale() if scaler is not None else None
-    # clip_grad_norm_ unscales the gradients under fp16.
-    grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
-    loss = tally.loss
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        optimizer.step()  # under fp16: scaler.step + scaler.update
-        skipped = acc.optimizer_step_was_skipped
-        return grad_norm, "the loss scaler skipped it" if skipped else None, False
-    if scaler is None:
-        return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
-    # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
-    # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
-    # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
-    # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
-    scaler.update()
-    if not math.isfinite(loss):
-        return grad_norm, "non-finite loss", True
-    why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
-    return grad_norm, why, scale <= 1.0

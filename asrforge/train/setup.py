@@ -4,27 +4,21 @@ accelerator, data, tokenizer, model, selection policy, checkpoint manager and re
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
 import platform
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from asrforge.checkpoint import (
     CheckpointManager,
     TrainingCheckpoint,
-    capture_rng_state,
     load_training_checkpoint,
-    restore_rng_state,
 )
 from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
@@ -38,8 +32,6 @@ from asrforge.data.carve import training_splits
 from asrforge.data.dataset import (
     Collator,
     SpeechDataset,
-    epoch_batches,
-    eval_batches,
     language_counts,
 )
 from asrforge.data.packing import Packing, build_packing
@@ -47,11 +39,9 @@ from asrforge.data.prepare import prepare_split, split_languages
 from asrforge.data.rules import SkipReport
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
-from asrforge.data.text_only import TextBatches, interleave
-from asrforge.data.workers import ignore_stop_signals, worker_count
+from asrforge.data.text_only import TextBatches
 from asrforge.errors import UserError
-from asrforge.evaluation.evaluate import EVAL_DIR
-from asrforge.io.atomic import atomic_directory, atomic_write_text
+from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
 from asrforge.model.frames import window_seconds
@@ -59,18 +49,17 @@ from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import Selector, build_selector, mixed_groups, run_language
 from asrforge.train.eval_plan import plan_warnings
-from asrforge.train.events import Decision
+from asrforge.train.loaders import RunLoaders
 from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
     choose_precision,
     enable_cpu_fp16,
     model_width,
 )
-from asrforge.train.run_dir import CONFIG_FILE
+from asrforge.train.ranks import main_process_first
+from asrforge.train.records import write_config
 from asrforge.train.run_log import StartupClock, setup_logging
 
 log = logging.getLogger("asrforge.train")
-GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
-"""The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -90,7 +79,8 @@ class RunSetup:
     train_set: SpeechDataset | StreamedSplit
     """The training split's utterances, or with ``data.stream.enabled`` its stream."""
     eval_set: SpeechDataset
-    collator: Collator
+    loaders: RunLoaders
+    """Serves ``train_set`` and ``eval_set`` (and the text-only batches) during the run."""
     selector: Any
     checkpoints: CheckpointManager
     max_steps: int
@@ -100,10 +90,6 @@ class RunSetup:
     startup: StartupClock = field(default_factory=StartupClock)
     """Seconds per start-up phase (imports, config, data set, tokenizer, model, splits, first
     step)."""
-    text: TextBatches | None = None
-    """Text-only batches (``data.asr_ratio < 1``), else None."""
-    packing: Packing | None = None
-    """Packed training windows (``data.pack.enabled``), else None: one utterance per window."""
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
@@ -116,217 +102,16 @@ class RunSetup:
     train_skipped: SkipReport | None = None
     """What preparing the training split skipped up front (nothing for a stream: its rows are
     checked as they stream by); the clips the workers drop during training are added to it in
-    ``skipped-<split>.json`` (:meth:`write_skip_report`)."""
+    ``skipped-<split>.json`` (:func:`asrforge.train.records.write_skip_report`)."""
 
     @property
     def model(self):
         return self.model_bundle.model
 
-    @property
-    def loader_workers(self) -> int:
-        """DataLoader workers per process: ``data.num_workers``, ``auto`` resolved for this
-        device and the training processes on this machine (torchrun's ``LOCAL_WORLD_SIZE``)."""
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        return worker_count(self.cfg.data.num_workers, self.accelerator.device.type, here)
-
-    @property
-    def pin_memory(self) -> bool:
-        """Batches in page-locked memory, so copies to a GPU run while it computes."""
-        return self.accelerator.device.type == "cuda"
-
-    def train_loader(
-        self, epoch: int, start_batch: int, micro_batch: int = 0, text_position: dict | None = None
-    ) -> Iterable[dict]:
-        """The batches of ``epoch`` from ``start_batch`` on (resume skips by index, no I/O).
-
-        With text-only batches, they are interleaved (see ``asrforge.data.text_only``):
-        ``micro_batch`` is the run-wide index of the next micro-batch, ``text_position`` where
-        the text stream stands (``TrainState.text_position``).
-        """
-        acc = self.accelerator
-        if isinstance(self.train_set, StreamedSplit):
-            loader = self.train_set.loader(
-                epoch,
-                start_batch,
-                rank=acc.process_index,
-                world=acc.num_processes,
-                workers=self.loader_workers,
-                pin_memory=self.pin_memory,
-            )
-            return self._with_text(loader, micro_batch, text_position)
-        # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
-        self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
-        train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
-        batches = epoch_batches(
-            len(train_set),
-            self.cfg.data.batch_size,
-            self.cfg.seed,
-            epoch,
-            acc.process_index,
-            acc.num_processes,
-        )
-        loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
-        return self._with_text(loader, micro_batch, text_position)
-
-    def _with_text(self, loader: Iterable[dict], micro_batch: int, text_position: dict | None):
-        """``loader``'s speech batches, with text-only ones interleaved when there are some."""
-        if self.text is None:
-            return loader
-        return interleave(
-            loader,
-            self.text.batches(text_position),
-            seed=self.cfg.seed,
-            asr_ratio=self.cfg.data.asr_ratio,
-            start=micro_batch,
-        )
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """Speech micro-batches of one epoch on this process (as :meth:`train_loader` cuts them).
-        Packed, the windows of the epoch :meth:`train_loader` last composed are batched, not the
-        utterances (about a ninth as many batches for 3 s clips in 30 s windows)."""
-        acc = self.accelerator
-        if isinstance(self.train_set, StreamedSplit):  # rows (skipped ones too) make batches
-            return self.train_set.batches_per_epoch(acc.process_index, acc.num_processes)
-        items = len(self.train_set) if self.packing is None else len(self.packing.current_windows())
-        n_batches = -(-items // self.cfg.data.batch_size)
-        return len(range(acc.process_index, n_batches, acc.num_processes))
-
-    def eval_loader(self) -> DataLoader:
-        acc = self.accelerator
-        bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
-        batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
-        return self._loader(self.eval_set, batches)
-
-    def _loader(self, ds, batches, seed: int = 0) -> DataLoader:
-        workers = self.loader_workers
-        # A private generator: creating the loader's iterator must not draw from the global RNG
-        # (dropout's), or a resumed run would see different dropout masks.
-        return DataLoader(
-            ds,
-            batch_sampler=batches,
-            collate_fn=self.collator,
-            num_workers=workers,
-            persistent_workers=False,
-            prefetch_factor=4 if workers else None,
-            pin_memory=self.pin_memory,
-            generator=torch.Generator().manual_seed(seed),
-            worker_init_fn=ignore_stop_signals,  # a SIGTERM is the training process's to handle
-        )
-
-    def gather_eval(self, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
-        """Every process evaluated its shard: gather the predictions and recompute metrics."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return metrics, preds
-        from accelerate.utils import gather_object
-
-        from asrforge.evaluation.evaluate import dropped_metrics, summarize
-
-        allp = gather_object(preds)
-        merged = summarize(allp)
-        n_tok = sum(p["n_label_tokens"] for p in allp)
-        merged["loss"] = sum(p["loss"] * p["n_label_tokens"] for p in allp) / max(1, n_tok)
-        dropped: dict[str, list[str]] = {}
-        for part in gather_object([metrics.get("dropped_utterances", {})]):
-            for reason, uids in part.items():
-                dropped.setdefault(reason, []).extend(uids)
-        merged.update(dropped_metrics(dropped, len(allp)))
-        return merged, allp
-
-    def write_eval_records(
-        self, step: int, metrics: dict, preds: list[dict], decision: Decision
-    ) -> None:
-        """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
-        if not self.accelerator.is_main_process:
-            return
-        lines = [json.dumps(p, ensure_ascii=False) for p in preds]
-        summary = {
-            "summary": True,
-            "step": step,
-            **_scalars(metrics),
-            "per_language": metrics.get("per_language", {}),
-            "dropped_utterances": metrics.get("dropped_utterances", {}),
-            "save": decision.save,
-            "reason": decision.reason,
-            "selected_on": self.selector.selected_on,
-        }
-        lines.append(json.dumps(summary, ensure_ascii=False))
-        (self.output_dir / EVAL_DIR).mkdir(exist_ok=True)
-        atomic_write_text(
-            self.output_dir / EVAL_DIR / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n"
-        )
-
-    def save_checkpoint(
-        self,
-        *,
-        step,
-        model,
-        ema,
-        optimizer,
-        scheduler,
-        scaler,
-        state,
-        callback_states,
-        metrics,
-        is_best,
-    ) -> Path | None:
-        """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
-        self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return None
-        metrics = metrics or {}
-        meta = {
-            "step": step,
-            "wer": metrics.get("wer"),
-            "cer": metrics.get("cer"),
-            "eval_loss": metrics.get("loss"),
-            "config_id": self.cfg.config_id,
-            "seed": self.cfg.seed,
-            "multilingual": self.model_bundle.specials.multilingual,  # the prompt, for export
-            "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
-        }
-        if self.lora_base is not None:  # the checkpoint holds adapters only; export rebuilds this
-            meta[lora.BASE_KEY] = self.lora_base
-        tok = self.model_bundle.tokenizer
-        return self.checkpoints.save(
-            step,
-            dict(
-                model=lora.checkpoint_weights(model),
-                ema=ema.state_dict() if ema is not None else None,
-                optimizer=optimizer.state_dict(),
-                scheduler=scheduler.state_dict(),
-                scaler=scaler.state_dict() if scaler is not None else None,
-                rng=capture_rng_state(),
-                train_state=state.to_dict(),
-                callbacks=callback_states,
-                config_yaml=self.cfg.to_yaml(),
-                tokenizer_save=functools.partial(save_tokenizer, tok),
-                meta=meta,
-                max_shard_bytes=self.cfg.checkpoint.max_shard_bytes,
-            ),
-            metrics=_scalars(metrics) if metrics else None,
-            is_best=is_best,
-        )
-
-    def write_skip_report(self, dropped: dict[str, list[str]], when: str) -> None:
-        """Rewrite ``skipped-<train split>.json``: the up-front skips and the clips dropped in
-        the workers so far (``TrainState.dropped``), and log them (main process only)."""
-        if self.train_skipped is None or not self.accelerator.is_main_process or not dropped:
-            return
-        self.train_skipped.with_dropped(dropped).log(self.output_dir, when)
-
-    def restore_rng(self, rng: dict) -> None:
-        restore_rng_state(rng)
-
     def close(self) -> None:
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
-
-
-def _scalars(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
 
 
 def prepare_run(
@@ -337,7 +122,7 @@ def prepare_run(
     start_over: bool = False,
     startup: dict[str, float] | None = None,
 ) -> RunSetup:
-    """Build the run. Raises UserError for anything the user must fix.
+    """Build the run, one phase after another. Raises UserError for anything the user must fix.
 
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
@@ -345,9 +130,68 @@ def prepare_run(
     out = Path(cfg.output_dir)
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
+    # A refused resume changes nothing: its config is checked before anything else is written.
     manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    # Seeded before anything draws: the model's initial weights and new tokens' embeddings.
     seed_everything(cfg.seed)
     clock = StartupClock(startup)
+    log_run_start(out, acc)
+    # The splits come first: a tokenizer trained from scratch learns from their texts.
+    train_source, eval_split, train_texts = setup_splits(cfg, out, acc, resume_from)
+    clock.lap("data set")
+    # The model's vocabulary is the tokenizer's.
+    tokenizer = run_tokenizer(cfg, out, acc, train_texts)
+    clock.lap("tokenizer")
+    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
+    clock.lap("model")
+    n_params = log_model(bundle.model)
+    # The data sets check labels with the tokenizer and clips against the model's window.
+    train_set, eval_set, train_skipped, packing = setup_data(
+        cfg, out, acc, bundle, train_source, eval_split, precision
+    )
+    clock.lap(data_phase(cfg, packing))
+    # The selection policy is chosen by the languages the training set holds.
+    langs = _train_languages(train_set)
+    selector, max_steps = build_run_selector(cfg, langs, n_params)
+    text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
+    if acc.is_main_process:
+        write_config(out, cfg)
+    loaders = RunLoaders(
+        cfg=cfg,
+        accelerator=acc,
+        train_set=train_set,
+        eval_set=eval_set,
+        collator=Collator(pad_id=bundle.specials.eot),
+        text=text,
+        packing=packing,
+    )
+    log.info(
+        "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
+        loaders.loader_workers,
+        cfg.data.num_workers,
+        ", pinned memory" if loaders.pin_memory else "",
+    )
+    return RunSetup(
+        cfg=cfg,
+        output_dir=out,
+        accelerator=acc,
+        model_bundle=bundle,
+        train_set=train_set,
+        eval_set=eval_set,
+        loaders=loaders,
+        selector=selector,
+        checkpoints=manager,
+        max_steps=max_steps,
+        n_params=n_params,
+        resume_from=resume_from,
+        log_handler=handler,
+        startup=clock,
+        lora_base=lora_base,
+        train_skipped=train_skipped,
+    )
+
+
+def log_run_start(out: Path, acc) -> None:
     log.info(
         "asrforge run in %s (python %s, torch %s, device %s, %d process(es))",
         out,
@@ -356,19 +200,22 @@ def prepare_run(
         acc.device,
         acc.num_processes,
     )
-    stream = None
-    if cfg.data.stream.enabled:  # the training split streams: no pass over it here
+
+
+def setup_splits(
+    cfg: TrainConfig, out: Path, acc, resume_from: TrainingCheckpoint | None
+) -> tuple[Any, Any, SplitTexts]:
+    """The training split (with ``data.stream.enabled`` its :class:`StreamedSplit`, no pass
+    over it here), the evaluation split, and the training split's texts."""
+    if cfg.data.stream.enabled:
         stream, eval_split = open_stream(cfg, resume_from)
-        train_texts = SplitTexts(eval_split=eval_split, stream=stream)
-    else:
-        train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
-        train_texts = SplitTexts(train_split, eval_split)
-    clock.lap("data set")
-    tokenizer = run_tokenizer(cfg, out, acc, train_texts)
-    clock.lap("tokenizer")
-    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
-    clock.lap("model")
-    model = bundle.model
+        return stream, eval_split, SplitTexts(eval_split=eval_split, stream=stream)
+    train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
+    return train_split, eval_split, SplitTexts(train_split, eval_split)
+
+
+def log_model(model) -> tuple[int, int]:
+    """The model's (all, trainable) parameters, logged with its shape."""
     n_params = count_parameters(model)
     log.info(
         "model: %s parameters (%s trainable), d_model %d, %d+%d layers, vocab %d",
@@ -379,13 +226,28 @@ def prepare_run(
         model.config.decoder_layers,
         model.config.vocab_size,
     )
-    if stream is not None:
+    return n_params
+
+
+def setup_data(
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    train_source,
+    eval_split,
+    precision: str,
+) -> tuple[SpeechDataset | StreamedSplit, SpeechDataset, SkipReport, Packing | None]:
+    """The training and evaluation data sets with their caches, the training split's skip
+    report, and with ``data.pack.enabled`` the packed windows."""
+    model = bundle.model
+    if isinstance(train_source, StreamedSplit):
         train_set, eval_set, train_skipped = build_stream_datasets(
-            cfg, out, acc, bundle, stream, eval_split
+            cfg, out, acc, bundle, train_source, eval_split
         )
     else:
         train_set, eval_set, train_skipped = build_datasets(
-            cfg, out, acc, bundle, train_split, eval_split
+            cfg, out, acc, bundle, train_source, eval_split
         )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
@@ -403,6 +265,11 @@ def prepare_run(
         )
     elif cfg.data.cache_encoder:
         attach_encoder_cache(cfg, out, acc, model, train_set, precision)
+    return train_set, eval_set, train_skipped, packing
+
+
+def data_phase(cfg: TrainConfig, packing: Packing | None) -> str:
+    """The start-up phase's name: the splits and the caches built with them."""
     caches = [
         n
         for n, on in (
@@ -411,39 +278,7 @@ def prepare_run(
         )
         if on
     ]
-    clock.lap(" + ".join(["splits", *(f"{n} cache" for n in caches)]))
-    langs = _train_languages(train_set)
-    selector, max_steps = build_run_selector(cfg, langs, n_params)
-    text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
-    if acc.is_main_process:
-        atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
-    setup = RunSetup(
-        cfg=cfg,
-        output_dir=out,
-        accelerator=acc,
-        model_bundle=bundle,
-        train_set=train_set,
-        eval_set=eval_set,
-        collator=Collator(pad_id=bundle.specials.eot),
-        selector=selector,
-        checkpoints=manager,
-        max_steps=max_steps,
-        n_params=n_params,
-        resume_from=resume_from,
-        log_handler=handler,
-        text=text,
-        startup=clock,
-        packing=packing,
-        lora_base=lora_base,
-        train_skipped=train_skipped,
-    )
-    log.info(
-        "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
-        setup.loader_workers,
-        cfg.data.num_workers,
-        ", pinned memory" if setup.pin_memory else "",
-    )
-    return setup
+    return " + ".join(["splits", *(f"{n} cache" for n in caches)])
 
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
@@ -623,25 +458,6 @@ def build_run_model(
         lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
     lora.add_adapters(bundle.model, cfg.model.lora)
     return bundle, lora_base
-
-
-def main_process_first(acc, work: Callable[[], Any]) -> Any:
-    """``work()`` on the main process, then, once it is done, on the others (which read what it
-    cached). A UserError on the main process is raised on every process: they would otherwise
-    wait for it at the barrier, then die on its lost connection with a traceback."""
-    error, result = None, None
-    if acc.is_main_process:
-        try:
-            result = work()
-        except UserError as e:
-            error = str(e)
-    if acc.num_processes > 1:  # the barrier, and the main process's error to every process
-        from accelerate.utils import broadcast_object_list
-
-        error = broadcast_object_list([error])[0]
-    if error is not None:
-        raise UserError(error)
-    return result if acc.is_main_process else work()
 
 
 def build_datasets(

@@ -31,13 +31,10 @@ class TrainState:
     skipped_steps: int = 0
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""
     consecutive_nonfinite: int = 0
-    dropped_utterances: list[str] = field(default_factory=list)
-    """Ids of the training clips the workers dropped (each once, however many epochs), never a
-    crash: failed to decode, NaN/inf samples, and on a lazily prepared split what preparation
-    would have skipped (see ``dropped``)."""
     dropped: dict[str, list[str]] = field(default_factory=dict)
-    """The same ids by reason, as ``skipped-<split>.json`` lists them (all processes' after a
-    checkpoint)."""
+    """Ids of the training clips the workers dropped, by reason, each once however many epochs,
+    as ``skipped-<split>.json`` lists them (all processes' after a checkpoint): failed to decode,
+    NaN/inf samples, and on a lazily prepared split what preparation would have skipped."""
     running_loss: float | None = None
     """Exponential moving average of the training loss (0.98)."""
     best: dict[str, float] = field(default_factory=dict)
@@ -62,5 +59,27 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainState:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """The state :meth:`to_dict` gave, or an older checkpoint's (see :func:`_migrate`)."""
+        known = {k: v for k, v in _migrate(d).items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+OLD_DROP_REASON = "failed to decode"
+"""The reason of every clip a worker dropped when checkpoints listed the ids without reasons."""
+
+
+def _migrate(d: dict[str, Any]) -> dict[str, Any]:
+    """An older checkpoint's state in the current shape: its ``dropped_utterances`` (the dropped
+    ids once more, flat, beside ``dropped``; or alone, before reasons were kept) fold into
+    ``dropped``, where an id listed only there gets the one reason workers then had."""
+    if "dropped_utterances" not in d:
+        return d
+    d = dict(d)
+    flat = d.pop("dropped_utterances") or []
+    dropped = {reason: list(uids) for reason, uids in (d.get("dropped") or {}).items()}
+    listed = {u for uids in dropped.values() for u in uids}
+    unlisted = [u for u in dict.fromkeys(flat) if u not in listed]
+    if unlisted:
+        dropped.setdefault(OLD_DROP_REASON, []).extend(unlisted)
+    d["dropped"] = dropped
+    return d

@@ -1,0 +1,98 @@
+"""Agreement between training processes: one stop for all, a placeholder pass for a process
+whose micro-batch is empty, and the evaluations and dropped clips of every process gathered.
+With one process each of these returns at once, without a collective."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import dropped_metrics, summarize
+
+
+def main_process_first(acc, work: Callable[[], Any]) -> Any:
+    """``work()`` on the main process, then, once it is done, on the others (which read what it
+    cached). A UserError on the main process is raised on every process: they would otherwise
+    wait for it at the barrier, then die on its lost connection with a traceback."""
+    error, result = None, None
+    if acc.is_main_process:
+        try:
+            result = work()
+        except UserError as e:
+            error = str(e)
+    if acc.num_processes > 1:  # the barrier, and the main process's error to every process
+        from accelerate.utils import broadcast_object_list
+
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise UserError(error)
+    return result if acc.is_main_process else work()
+
+
+def agree_to_stop(acc, signal_name: str | None, stop_error: str | None) -> str | None:
+    """The stop every process makes after this step, from each one's signal flag and
+    data error: one small all-reduce when there are several processes (a launcher's signal
+    reaches the ranks at different steps, a data error is met by one rank), none with one.
+
+    Returns:
+        The name of the signal that stops the run (the same on every process), or None.
+
+    Raises:
+        UserError: a process's data stopped the run (every process raises the lowest
+            rank's error).
+    """
+    if acc.num_processes == 1:
+        return signal_name
+    import torch.distributed as dist
+
+    signum = signal.Signals[signal_name].value if signal_name else 0
+    flags = torch.tensor([signum, stop_error is not None], device=acc.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[1]:
+        from accelerate.utils import gather_object
+
+        errors = [e for e in gather_object([stop_error]) if e is not None]
+        raise UserError(errors[0])
+    return signal.Signals(int(flags[0])).name if flags[0] else None
+
+
+def placeholder_batch(config, sot: int) -> dict:
+    """A batch of one silent window and one decoder token, for a process whose micro-batch
+    lost every clip: its zero-weighted pass takes the same parameters as a real batch."""
+    features = torch.zeros(1, config.num_mel_bins, 2 * config.max_source_positions)
+    return {
+        "input_features": features,
+        "decoder_input_ids": torch.full((1, 1), sot),
+    }
+
+
+def gather_dropped(acc, dropped: dict[str, list[str]]) -> list[dict[str, list[str]]]:
+    """Every process's dropped clips by reason, in rank order, to merge into this process's
+    (none with one process). Every process calls it at the same point."""
+    if acc.num_processes == 1:
+        return []
+    from accelerate.utils import gather_object
+
+    return gather_object([dropped])
+
+
+def gather_eval(acc, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
+    """Every process evaluated its shard: gather the predictions and recompute metrics."""
+    if acc.num_processes == 1:
+        return metrics, preds
+    from accelerate.utils import gather_object
+
+    allp = gather_object(preds)
+    merged = summarize(allp)
+    n_tok = sum(p["n_label_tokens"] for p in allp)
+    merged["loss"] = sum(p["loss"] * p["n_label_tokens"] for p in allp) / max(1, n_tok)
+    dropped: dict[str, list[str]] = {}
+    for part in gather_object([metrics.get("dropped_utterances", {})]):
+        for reason, uids in part.items():
+            dropped.setdefault(reason, []).extend(uids)
+    merged.update(dropped_metrics(dropped, len(allp)))
+    return merged, allp

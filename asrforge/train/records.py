@@ -1,0 +1,53 @@
+"""What a run writes beside its checkpoints (main process only): the evaluation records
+``eval/step-NNNNNN.jsonl``, the training split's ``skipped-<split>.json`` and ``config.yaml``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asrforge.config import TrainConfig
+from asrforge.data.rules import SkipReport
+from asrforge.evaluation.evaluate import EVAL_DIR
+from asrforge.io.atomic import atomic_write_text
+from asrforge.train.events import Decision
+from asrforge.train.run_dir import CONFIG_FILE
+
+
+def scalars(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
+
+
+def write_config(out: Path, cfg: TrainConfig) -> None:
+    """``config.yaml``: the resolved config of the run."""
+    atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
+
+
+def write_eval_records(
+    out: Path, step: int, metrics: dict, preds: list[dict], decision: Decision, selected_on
+) -> None:
+    """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
+    lines = [json.dumps(p, ensure_ascii=False) for p in preds]
+    summary = {
+        "summary": True,
+        "step": step,
+        **scalars(metrics),
+        "per_language": metrics.get("per_language", {}),
+        "dropped_utterances": metrics.get("dropped_utterances", {}),
+        "save": decision.save,
+        "reason": decision.reason,
+        "selected_on": selected_on,
+    }
+    lines.append(json.dumps(summary, ensure_ascii=False))
+    (out / EVAL_DIR).mkdir(exist_ok=True)
+    atomic_write_text(out / EVAL_DIR / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n")
+
+
+def write_skip_report(
+    out: Path, up_front: SkipReport | None, dropped: dict[str, list[str]], when: str
+) -> None:
+    """Rewrite ``skipped-<train split>.json``: the up-front skips and the clips dropped in the
+    workers so far (``TrainState.dropped``), and log them."""
+    if up_front is None or not dropped:
+        return
+    up_front.with_dropped(dropped).log(out, when)

@@ -1,0 +1,497 @@
+"""One run in progress (:class:`TrainingRun`): its built pieces, the prepared model and
+optimizer, the EMA, the guard and the ``TrainState``, with the steps ``Trainer.fit`` calls in
+order; and how a run ended (:class:`FitResult`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
+from asrforge.config import TrainConfig
+from asrforge.data.dataset import dropped_by_reason
+from asrforge.data.rules import SkipReport
+from asrforge.errors import UserError
+from asrforge.evaluation.evaluate import evaluate
+from asrforge.evaluation.longform import run_longform_eval
+from asrforge.model.frames import window_seconds
+from asrforge.model.lora import load_model_state
+from asrforge.train.data_wait import DataWaitClock
+from asrforge.train.events import CallbackList, Decision, RunInfo
+from asrforge.train.forward import TrainingWhisper
+from asrforge.train.guard import build_guard, guard_language, log_text
+from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
+from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
+from asrforge.train.records import write_eval_records, write_skip_report
+from asrforge.train.saves import save_run_checkpoint
+from asrforge.train.setup import RunSetup
+from asrforge.train.state import TrainState
+from asrforge.train.step import StepTally, finish_step, micro_batch_backward
+
+log = logging.getLogger("asrforge.train")
+
+
+@dataclass
+class FitResult:
+    """How a run ended."""
+
+    status: str  # "completed", "stopped", "interrupted", "diverged"
+    reason: str
+    step: int
+    best_step: int | None
+    best: dict[str, float]
+    """The evaluation of the best checkpoint (at ``best_step``): ``wer``, ``cer``, ``loss``, ..."""
+    output_dir: Path
+    last_metrics: dict = field(default_factory=dict)
+    tracked_bests: dict[str, float] = field(default_factory=dict)
+    """The bests the selection policy keeps over all evaluations (``best_wer``, ``best_loss``,
+    ``best_cer``), which may come from evaluations other than the best checkpoint's."""
+    start: dict[str, float] = field(default_factory=dict)
+    """The evaluation of the starting model at step 0 (``eval.at_start``); empty without one."""
+
+    @property
+    def improved_on_start(self) -> bool | None:
+        """Whether a trained step became best over the evaluated starting model (None: the
+        start was not evaluated)."""
+        if not self.start:
+            return None
+        return self.best_step is not None and self.best_step > 0
+
+
+class TrainingRun:
+    """One run's pieces and its progress: the set-up (data, selector, checkpoints), the prepared
+    model (:class:`~asrforge.train.forward.TrainingWhisper`, DDP-wrapped with several processes)
+    and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
+    ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
+
+    def __init__(self, cfg: TrainConfig, setup: RunSetup, callbacks: CallbackList, precision: str):
+        self.cfg, self.setup, self.callbacks, self.precision = cfg, setup, callbacks, precision
+        self.acc = setup.accelerator
+        self.loaders = setup.loaders
+        self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
+        self.max_steps = setup.max_steps
+        optimizer = build_optimizer(self.whisper, cfg.optim)
+        self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
+        training_model = TrainingWhisper(self.whisper, cfg.model.trained_top_encoder_layers)
+        self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
+        self.state = TrainState()
+        self.ema: EMA | None = None
+        self.guard = None
+        self.last_metrics: dict = {}
+        """The metrics of the last evaluation."""
+        self.last_saved_step: int | None = None
+        self.stop_error: str | None = None
+        """(several processes) The error this process's data stopped the run with, mid-step:
+        raised by every process at the step's end (:meth:`agree_to_stop`)."""
+        self.guard_at_start: dict | None = None
+        """The guard's metrics of the starting model, measured by :meth:`start_guard` (the
+        step-0 evaluation reuses them rather than transcribing the guard set again)."""
+
+    # -- start ---------------------------------------------------------------------------------
+    def restore(self, ckpt: TrainingCheckpoint) -> None:
+        """Continue from ``ckpt`` exactly: weights (or LoRA adapters), optimizer, schedule, loss
+        scale, progress and data position, selection state, checkpoint records, callbacks'
+        states and the RNG."""
+        load_model_state(self.whisper, ckpt.model)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.scheduler.load_state_dict(ckpt.scheduler)
+        if ckpt.scaler and self.acc.scaler is not None:
+            self.acc.scaler.load_state_dict(ckpt.scaler)
+        state = self.state = TrainState.from_dict(ckpt.train_state)
+        if state.selection:  # a checkpoint from before the selector kept "best": the state's
+            self.setup.selector.load_state_dict({"best": state.best, **state.selection})
+        # the manifest holds the manager's records including this very checkpoint
+        self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
+        self.callbacks.load_state_dict(ckpt.callbacks)
+        restore_rng_state(ckpt.rng)
+        self.last_saved_step = state.step
+        # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
+        self.write_skip_report()
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            ckpt.path,
+            state.step,
+            state.epoch,
+            state.batch_in_epoch,
+        )
+
+    def start_ema(self) -> None:
+        """The EMA of the weights (``train.ema_decay``), from the current weights or the resumed
+        checkpoint's average."""
+        decay, resumed = self.cfg.train.ema_decay, self.setup.resume_from
+        if not decay:
+            return
+        self.ema = EMA(self.whisper, decay)
+        if resumed is not None and resumed.ema is not None:
+            self.ema.load_state_dict(resumed.ema)
+        elif resumed is not None:
+            log.info(
+                "EMA (decay %g) starts at step %d from the resumed weights (the checkpoint "
+                "has none)",
+                decay,
+                self.state.step,
+            )
+
+    def start_guard(self) -> None:
+        """The forgetting guard: the starting model's transcripts, once (a resume restored
+        them with the selection state)."""
+        setup, acc = self.setup, self.acc
+        language = guard_language(self.cfg, setup.train_languages)
+        self.guard = build_guard(
+            self.cfg,
+            setup.model_bundle,
+            language=language,
+            window_seconds=window_seconds(self.whisper.config),
+        )
+        gate = setup.selector.guard
+        if self.guard is None or gate.started:
+            return
+        if setup.resume_from is not None:  # its starting model is gone
+            raise UserError(
+                "eval.guard: the checkpoint holds no guard start (saved by a run "
+                "without eval.guard); remove eval.guard to resume it"
+            )
+        self.guard_at_start = self.guard.measure_start(
+            self.whisper, gate, device=acc.device, autocast=acc.autocast
+        )
+        self.state.selection = setup.selector.state_dict()
+        if acc.is_main_process:
+            self.guard.write_records(setup.output_dir, self.state.step, gate)
+
+    def evaluate_start(self) -> None:
+        """``eval.at_start``: evaluate the starting model at step 0, which seeds the selector's
+        bests, and save it when it is best (best/ must be able to hold the starting weights)."""
+        if self.start_needs_evaluation() and self.evaluate_and_select().save:
+            self.save_checkpoint("start", self.last_metrics, True)
+
+    def start_needs_evaluation(self) -> bool:
+        """Whether the starting model is evaluated now (``eval.at_start``): at step 0, never
+        evaluated yet; a resumed run's step-0 result is in its selection state already."""
+        state = self.state
+        return self.cfg.evaluates_at_start and state.step == 0 and state.last_eval_step is None
+
+    def start_stayed_best(self) -> bool:
+        """The starting model was evaluated and no later evaluation beat it."""
+        selector = self.setup.selector
+        return bool(selector.start) and selector.best_step == 0
+
+    def trained_step_evaluated(self) -> bool:
+        """Whether an evaluation measured a step after step 0 (a resumed run's included)."""
+        last = self.state.last_eval_step
+        return last is not None and last > 0
+
+    def info(self) -> RunInfo:
+        """The ``on_train_begin`` payload."""
+        setup, acc = self.setup, self.acc
+        return RunInfo(
+            config=self.cfg,
+            output_dir=setup.output_dir,
+            model=self.whisper,
+            tokenizer=setup.model_bundle.tokenizer,
+            n_params=setup.n_params[0],
+            n_trainable=setup.n_params[1],
+            precision=self.precision,
+            device=str(acc.device),
+            world_size=acc.num_processes,
+            is_main=acc.is_main_process,
+            n_train=len(setup.train_set),
+            n_eval=len(setup.eval_set),
+            selection=setup.selector.why,
+            max_steps=self.max_steps,
+            loader_workers=self.loaders.loader_workers,
+        )
+
+    # -- train ---------------------------------------------------------------------------------
+    def micro_batches(self) -> Iterator[dict]:
+        """The training micro-batches from the state's data position on, epoch after epoch,
+        with the epoch events; they end at ``train.max_epochs`` or when a callback stops the run
+        at an epoch's end. Starts the step clock."""
+        self._step_started = time.perf_counter()
+        self.data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
+        return self._epochs()
+
+    def _epochs(self) -> Iterator[dict]:
+        cfg, state = self.cfg, self.state
+        taken = state.step * cfg.train.grad_accum  # the run-wide index of the next micro-batch
+        while cfg.train.max_epochs is None or state.epoch < cfg.train.max_epochs:
+            if state.batch_in_epoch == 0:
+                self.callbacks.call("on_epoch_begin", state, epoch=state.epoch)
+            loader = self.loaders.train_loader(
+                state.epoch, state.batch_in_epoch, taken, state.text_position
+            )
+            for batch in self.data_wait.timed(loader):
+                taken += 1
+                yield batch
+            self.callbacks.call("on_epoch_end", state, epoch=state.epoch)
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            if state.should_stop:
+                return
+
+    def train_step(self, batches: Iterator[dict]) -> dict | None:
+        """One optimizer step: ``train.grad_accum`` micro-batches forward and backward, then
+        unscale -> clip -> step (or skip on a non-finite loss or gradient) -> zero grads ->
+        schedule -> EMA.
+
+        Returns:
+            The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
+            ran out before the step was complete (its gradients are dropped).
+        """
+        cfg, state, acc = self.cfg, self.state, self.acc
+        accum = cfg.train.grad_accum
+        tally = StepTally()
+        for i in range(accum):
+            batch = None if self.stop_error else self._next_batch(batches)
+            if batch is None and not self.stop_error:
+                return None
+            if i == 0:
+                self.callbacks.call("on_step_begin", state, step=state.step + 1)
+            if batch is not None:
+                self._advance_data_position(batch)
+            # every clip of it was dropped, or (several processes) this process's data stopped
+            empty = batch is None or not batch["size"]
+            if empty and acc.num_processes == 1:
+                continue
+            sync = i == accum - 1
+            if empty:
+                placeholder = placeholder_batch(
+                    self.whisper.config, self.setup.model_bundle.specials.sot
+                )
+                micro_batch_backward(
+                    acc, self.model, placeholder, accum=accum, sync=sync, placeholder=True
+                )
+            else:
+                loss, labels = micro_batch_backward(acc, self.model, batch, accum=accum, sync=sync)
+                tally.add(batch, loss, labels, accum)
+
+        clip = cfg.optim.clip_grad_norm or float("inf")
+        grad_norm, skip, diverging = finish_step(
+            acc, self.optimizer, self.scheduler, self.ema, self.whisper, clip, tally
+        )
+        self._count_step(tally, skip, diverging)
+        return self._step_metrics(tally, grad_norm, skipped=skip is not None)
+
+    def _next_batch(self, batches: Iterator[dict]) -> dict | None:
+        """The next micro-batch, or None when the data ran out or (several processes) stopped
+        the run with an error, kept in :attr:`stop_error`."""
+        try:
+            return next(batches, None)
+        except UserError as e:  # e.g. a streamed language without a token, met mid-stream
+            if self.acc.num_processes == 1:
+                raise
+            # the others wait in this step's gradient sync: this process finishes the step with
+            # placeholder passes, and every process raises the error at the step's end
+            self.stop_error = str(e)
+            return None
+
+    def agree_to_stop(self, signal_name: str | None) -> str | None:
+        """The stop every process makes after this step: the signal's name, or None (see
+        :func:`asrforge.train.ranks.agree_to_stop`)."""
+        return agree_to_stop(self.acc, signal_name, self.stop_error)
+
+    def _advance_data_position(self, batch: dict) -> None:
+        state = self.state
+        if batch.get("task", "asr") == "lm":  # text-only (data.asr_ratio < 1): not in the epoch
+            state.text_position = batch["text_position"]
+        else:
+            state.batch_in_epoch += 1
+            state.stream_position = batch.get("stream_position", state.stream_position)
+        if batch["dropped"]:
+            by_reason = dropped_by_reason(batch)
+            log.warning("dropped clips: %s", by_reason)
+            if batch.get("task", "asr") != "lm":
+                self._record_dropped(by_reason)
+
+    def _count_step(self, tally: StepTally, skip: str | None, diverging: bool) -> None:
+        state = self.state
+        state.step += 1
+        state.samples_seen += tally.samples
+        if skip is not None:
+            state.skipped_steps += 1
+            log.warning("step %d skipped: %s", state.step, skip)
+        if diverging:
+            state.consecutive_nonfinite += 1
+        elif skip is None:
+            state.consecutive_nonfinite = 0
+        if math.isfinite(tally.loss):
+            rl = state.running_loss
+            state.running_loss = tally.loss if rl is None else 0.98 * rl + 0.02 * tally.loss
+
+    def _step_metrics(self, tally: StepTally, grad_norm: float, skipped: bool) -> dict:
+        now = time.perf_counter()
+        groups = self.optimizer.param_groups
+        metrics = {
+            "loss": tally.loss,
+            "lr": main_lr(self.optimizer),  # the others by name in lr_groups
+            "lr_groups": {g.get("name", str(i)): g["lr"] for i, g in enumerate(groups)},
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "skipped": skipped,
+            "samples": tally.samples,
+            "tokens": tally.tokens,
+            "step_seconds": now - self._step_started,
+            "data_wait_seconds": self.data_wait.take(),
+        }
+        self._step_started = now
+        if self.acc.scaler is not None:  # fp16: the dynamic loss scale after this step
+            metrics["grad_scale"] = self.acc.scaler.get_scale()
+        if self.loaders.text is not None:  # per-task mean loss; None when the step had none
+            for name, values in tally.task_losses.items():
+                metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
+        return metrics
+
+    # -- evaluate, save, stop ------------------------------------------------------------------
+    def evaluate_and_select(self) -> Decision:
+        """Evaluate (with the EMA weights when there are some; the guard and long-form too),
+        let the selector judge, write the records and tell the callbacks."""
+        state, setup, cb = self.state, self.setup, self.callbacks
+        cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
+        metrics, preds = self._evaluate()
+        decision = setup.selector.update(metrics, step=state.step)
+        state.selection = setup.selector.state_dict()
+        state.last_eval_step = state.step
+        state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
+        if self.acc.is_main_process:
+            write_eval_records(
+                setup.output_dir, state.step, metrics, preds, decision, setup.selector.selected_on
+            )
+        log.info(
+            "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
+            state.step,
+            metrics["loss"],
+            metrics["wer"],
+            metrics["cer"],
+            metrics["n"],
+            f" rep-trap {metrics.get('rep_trap_count', 0)}",
+            log_text(metrics),
+            decision.reason,
+        )
+        cb.call("on_predict_end", state, predictions=preds)
+        cb.call("on_eval_end", state, metrics=metrics, decision=decision)
+        if decision.should_stop:
+            state.should_stop = True
+            state.stop_reason = decision.stop_reason
+        self.last_metrics = metrics
+        return decision
+
+    def _evaluate(self) -> tuple[dict, list[dict]]:
+        """Metrics and predictions of the evaluation split, gathered from every process."""
+        setup, acc, ema, whisper = self.setup, self.acc, self.ema, self.whisper
+        guard_metrics: dict = {}
+        with ema.swapped_in(whisper) if ema is not None else nullcontext():
+            metrics, preds = evaluate(
+                whisper,
+                self.loaders.eval_loader(),
+                tokenizer=setup.model_bundle.tokenizer,
+                eot=setup.model_bundle.specials.eot,
+                max_new_tokens=self.cfg.eval.max_new_tokens,
+                device=acc.device,
+                autocast=acc.autocast,
+                beam_size=self.cfg.eval.beam_size,
+            )
+            if self.guard is not None and self.state.step == 0 and self.guard_at_start:
+                guard_metrics = self.guard_at_start  # the start itself: drift 0 by definition
+            elif self.guard is not None:
+                guard_metrics = self.guard.measure(
+                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
+                )
+        self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
+        metrics, preds = gather_eval(acc, metrics, preds)
+        metrics.update(
+            run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
+        )
+        if self.guard is not None:
+            metrics.update(guard_metrics)
+            if acc.is_main_process:
+                self.guard.write_records(setup.output_dir, self.state.step, setup.selector.guard)
+        return metrics, preds
+
+    def save_checkpoint(self, kind: str, metrics: dict | None, is_best: bool) -> None:
+        """``checkpoints/step-NNNNNN`` with everything a resume needs; ``on_save`` names it
+        ``best`` when ``is_best``, else ``kind``. A failed save raises (the run stops)."""
+        state = self.state
+        state.should_save = False
+        self.last_saved_step = state.step
+        self.gather_dropped()
+        self.write_skip_report()
+        path = save_run_checkpoint(
+            self.setup,
+            step=state.step,
+            model=self.whisper,
+            ema=self.ema,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.acc.scaler,
+            state=state,
+            callback_states=self.callbacks.state_dict(),
+            metrics=metrics,
+            is_best=is_best,
+        )
+        if path is not None:
+            self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
+
+    def gather_dropped(self) -> None:
+        """Every process's dropped clips into each one's state: the checkpoint (rank zero's)
+        and the skip report hold them all. Every process calls it at the same point."""
+        for part in gather_dropped(self.acc, self.state.dropped):
+            self._record_dropped(part)
+
+    def _record_dropped(self, by_reason: dict[str, list[str]]) -> None:
+        """Add clips the workers dropped to the state, each once per reason (the next epoch
+        drops them again), merged as the skip report merges them."""
+        split = self.cfg.data.train_split
+        merged = SkipReport(split, skipped=self.state.dropped).with_dropped(by_reason)
+        self.state.dropped = merged.skipped
+
+    def write_skip_report(self) -> None:
+        """``skipped-<split>.json`` with the clips dropped up to this step (main process only)."""
+        state, setup = self.state, self.setup
+        if self.acc.is_main_process:
+            write_skip_report(
+                setup.output_dir, setup.train_skipped, state.dropped, f" up to step {state.step}"
+            )
+
+    def evaluation_due(self) -> bool:
+        """Whether the step just taken is evaluated (every ``eval.eval_steps``)."""
+        every = self.cfg.eval.eval_steps
+        return bool(every) and self.state.step % every == 0
+
+    def ends_after_this_step(self) -> bool:
+        """Whether the loop stops after the step just taken: a stop flag, ``max_steps``, or the
+        last speech batch of the last epoch (``train.max_epochs``) consumed."""
+        state = self.state
+        if state.should_stop or state.step >= self.max_steps:
+            return True
+        max_epochs = self.cfg.train.max_epochs
+        return (
+            max_epochs is not None
+            and state.epoch + 1 >= max_epochs
+            and state.batch_in_epoch >= self.loaders.batches_per_epoch
+        )
+
+    def end_reason(self) -> tuple[str, str]:
+        """(status, reason) of a run the loop ended without a divergence or a signal."""
+        state, max_epochs = self.state, self.cfg.train.max_epochs
+        if state.should_stop:
+            return "stopped", state.stop_reason or "stopped by a callback"
+        if state.step < self.max_steps and max_epochs is not None:
+            return "completed", f"reached max_epochs={max_epochs}"
+        return "completed", f"reached max_steps={self.max_steps}"
+
+    def result(self, status: str, reason: str) -> FitResult:
+        selector = self.setup.selector  # the owner of the run's best
+        return FitResult(
+            status,
+            reason,
+            self.state.step,
+            selector.best_step,
+            dict(selector.best),
+            self.setup.output_dir,
+            self.last_metrics,
+            tracked_bests=selector.tracked_bests,
+            start=dict(selector.start),
+        )

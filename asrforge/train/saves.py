@@ -1,0 +1,98 @@
+"""When a run saves, and what its training checkpoint holds."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+from asrforge.checkpoint import CheckpointContents, capture_rng_state
+from asrforge.checkpoint.training import save_tokenizer
+from asrforge.config import TrainConfig
+from asrforge.model import lora
+from asrforge.train.events import Decision
+from asrforge.train.records import scalars
+from asrforge.train.setup import RunSetup
+from asrforge.train.state import TrainState
+
+GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
+"""The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
+
+
+def saves_this_step(
+    cfg: TrainConfig,
+    state: TrainState,
+    decision: Decision | None,
+    stopping: bool,
+    run_ends: Callable[[], bool],
+) -> bool:
+    """Whether the loop saves a checkpoint after the step just taken.
+
+    A save is asked for (``state.should_save`` raised) by a callback, by this step's
+    evaluation (``decision``; ``checkpoint.save_on_eval`` or a new best), by
+    ``checkpoint.checkpoint_every``, or by a stop signal (``stopping``). It waits when the run
+    ends here (``run_ends()``) and the end-of-run evaluation (``eval.at_end``) follows: that
+    evaluation's save is this step's.
+    """
+    if decision is not None:
+        state.should_save |= cfg.checkpoint.save_on_eval or decision.save
+    every = cfg.checkpoint.checkpoint_every
+    if (every and state.step % every == 0) or stopping:
+        state.should_save = True
+    if not state.should_save or stopping:
+        return state.should_save
+    final_eval_follows = cfg.eval.at_end and state.last_eval_step != state.step
+    return not (final_eval_follows and run_ends())
+
+
+def save_run_checkpoint(
+    setup: RunSetup,
+    *,
+    step,
+    model,
+    ema,
+    optimizer,
+    scheduler,
+    scaler,
+    state,
+    callback_states,
+    metrics,
+    is_best,
+) -> Path | None:
+    """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
+    setup.accelerator.wait_for_everyone()
+    if not setup.accelerator.is_main_process:
+        return None
+    metrics = metrics or {}
+    meta = {
+        "step": step,
+        "wer": metrics.get("wer"),
+        "cer": metrics.get("cer"),
+        "eval_loss": metrics.get("loss"),
+        "config_id": setup.cfg.config_id,
+        "seed": setup.cfg.seed,
+        "multilingual": setup.model_bundle.specials.multilingual,  # the prompt, for export
+        "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
+    }
+    if setup.lora_base is not None:  # the checkpoint holds adapters only; export rebuilds this
+        meta[lora.BASE_KEY] = setup.lora_base
+    tok = setup.model_bundle.tokenizer
+    return setup.checkpoints.save(
+        step,
+        CheckpointContents(
+            model=lora.checkpoint_weights(model),
+            ema=ema.state_dict() if ema is not None else None,
+            optimizer=optimizer.state_dict(),
+            scheduler=scheduler.state_dict(),
+            scaler=scaler.state_dict() if scaler is not None else None,
+            rng=capture_rng_state(),
+            train_state=state.to_dict(),
+            callbacks=callback_states,
+            config_yaml=setup.cfg.to_yaml(),
+            tokenizer_save=functools.partial(save_tokenizer, tok),
+            meta=meta,
+            max_shard_bytes=setup.cfg.checkpoint.max_shard_bytes,
+        ),
+        metrics=scalars(metrics) if metrics else None,
+        is_best=is_best,
+    )

@@ -1,0 +1,125 @@
+"""One optimizer step: each micro-batch forward (autocast), loss and backward
+(:func:`micro_batch_backward`), the losses they add up (:class:`StepTally`), then unscale ->
+clip -> step, skipped on a non-finite loss or gradient -> zero grads -> LR step -> EMA
+(:func:`finish_step`)."""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+from asrforge.evaluation.evaluate import token_loss
+from asrforge.train.forward import labelled_positions
+
+
+def micro_batch_backward(
+    acc, model, batch: dict, *, accum: int, sync: bool, placeholder: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Forward ``batch`` under autocast, its token loss, and backward of the loss / ``accum``;
+    gradients are synchronized across processes only when ``sync`` (the step's last one).
+
+    With ``placeholder`` the pass adds nothing (:func:`asrforge.train.ranks.placeholder_batch`):
+    the other processes' gradient sync waits for this one's, so every process syncs the same
+    buckets each step.
+
+    Returns:
+        (the loss, detached; the (n,) labelled positions' labels), or None for a placeholder.
+    """
+    with acc.no_sync(model) if not sync else nullcontext(), acc.autocast():
+        if placeholder:
+            loss = model(batch).float().sum() * 0.0
+        else:
+            positions, labels = labelled_positions(batch["labels"], acc.device)
+            loss = token_loss(model(batch, positions), labels)
+    acc.backward(loss / accum)
+    return None if placeholder else (loss.detach(), labels)
+
+
+def finish_step(
+    acc, optimizer, scheduler, ema, whisper, clip: float, tally: StepTally
+) -> tuple[float, str | None, bool]:
+    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, zero
+    grads, LR step, and the EMA of ``whisper``'s weights unless the step was skipped.
+
+    Returns:
+        As :func:`optimizer_step`.
+    """
+    params = [p for p in whisper.parameters() if p.requires_grad]
+    grad_norm, skip, diverging = optimizer_step(acc, optimizer, params, clip, tally)
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    if ema is not None and skip is None:
+        ema.update(whisper)
+    return grad_norm, skip, diverging
+
+
+class StepTally:
+    """What one optimizer step's micro-batches add up to. Their losses stay on the device until
+    :meth:`read`, so the step waits for the device once, not once per micro-batch."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0  # the mean over the step's micro-batches, once read
+        self.samples = 0
+        self.tokens = 0
+        self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
+        self._pending: list[tuple[str, torch.Tensor]] = []
+        self._accum = 1
+
+    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
+        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
+        self._pending.append((batch.get("task", "asr"), loss))
+        self._accum = accum
+        self.samples += batch["size"]
+        self.tokens += labels.numel()
+
+    def read(self, grad_norm: torch.Tensor | float) -> float:
+        """Read the micro-batch losses and ``grad_norm`` off the device in one transfer, and
+        return the gradient norm as a float."""
+        norm = torch.as_tensor(grad_norm, dtype=torch.float32)
+        if self._pending:
+            losses = [loss.float() for _, loss in self._pending]
+            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
+        else:
+            values, norm_value = [], norm.item()
+        for (task, _), value in zip(self._pending, values, strict=True):
+            self.loss += value / self._accum
+            self.task_losses[task].append(value)
+        self._pending = []
+        return norm_value
+
+
+def optimizer_step(
+    acc, optimizer, params, clip: float, tally: StepTally
+) -> tuple[float, str | None, bool]:
+    """unscale -> clip -> step, or skip the step on a non-finite loss or gradient; the step's
+    losses (``tally``) and gradient norm are read off the device together, once.
+
+    Returns:
+        (the gradient norm before clipping, why the step was skipped or None, whether the skip
+        counts towards ``train.max_consecutive_nonfinite``). Under fp16 a gradient overflow
+        while the loss scale is above 1 does not count: that is the scaler finding its scale
+        (the first steps overflow at 65536), not the run diverging (DeepSpeed's
+        ``min_loss_scale`` is 1 for the same reason).
+    """
+    scaler = acc.scaler
+    scale = scaler.get_scale() if scaler is not None else None
+    # clip_grad_norm_ unscales the gradients under fp16.
+    grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
+    loss = tally.loss
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        optimizer.step()  # under fp16: scaler.step + scaler.update
+        skipped = acc.optimizer_step_was_skipped
+        return grad_norm, "the loss scaler skipped it" if skipped else None, False
+    if scaler is None:
+        return grad_norm, f"non-finite {'loss' if not math.isfinite(loss) else 'gradient'}", True
+    # fp16: the optimizer must not step, and the scaler must still update: its unscale_ above
+    # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
+    # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
+    # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
+    scaler.update()
+    if not math.isfinite(loss):
+        return grad_norm, "non-finite loss", True
+    why = f"fp16 gradient overflow at loss scale {scale:g}, lowered to {scaler.get_scale():g}"
+    return grad_norm, why, scale <= 1.0
