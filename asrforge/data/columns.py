@@ -15,6 +15,7 @@ import numpy as np
 from asrforge.config import DataConfig
 from asrforge.data.ids import StandardRows
 from asrforge.errors import UserError
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,14 @@ def dictionary_encoded(column) -> tuple[list, np.ndarray]:
     encoded = pc.dictionary_encode(pa.chunked_array(column), null_encoding="encode")
     encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
     return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def language_codes(column) -> tuple[list[str], np.ndarray]:
+    """(distinct language codes, each row's index into them) of an Arrow column of language
+    values, each resolved as training resolves a cell (``""`` for none; a value that names no
+    language as it is)."""
+    values, index = dictionary_encoded(column)
+    return [resolve_language(v, strict=False) for v in values], index
 
 
 def column_seconds(column) -> np.ndarray:

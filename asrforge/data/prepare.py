@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig
-from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded
+from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded, language_codes
 from asrforge.data.ids import audio_key, audio_source, named, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
@@ -268,8 +268,8 @@ class UtteranceTable(Sequence):
 def split_languages(split) -> set[str]:
     """The language codes of ``split``'s ``language`` column (its distinct values, read with
     Arrow; a value that names no language as it is)."""
-    values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
-    return {resolve_language(v, strict=False) for v in values if v}
+    codes, _ = language_codes(arrow_columns(split, ["language"]).column("language"))
+    return {code for code in codes if code}
 
 
 def prepare_split(

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
-from asrforge.data.columns import dictionary_encoded, find_column, standardize
+from asrforge.data.columns import find_column, language_codes, standardize
 from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.prepare import Utterance
@@ -345,9 +345,9 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
 
 def _count_languages(counts: Counter, column) -> None:
     """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
-    values, index = dictionary_encoded(column)
-    for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
-        counts[resolve_language(value, strict=False)] += int(n)
+    codes, index = language_codes(column)
+    for code, n in zip(codes, np.bincount(index, minlength=len(codes)), strict=True):
+        counts[code] += int(n)
 
 
 # -- the stream ------------------------------------------------------------------------------
