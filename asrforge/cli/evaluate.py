@@ -12,6 +12,7 @@ from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, 
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.text.metrics import strict_json_metrics
 
 # Reading data and evaluating load numpy, torch and transformers: imported inside the handlers,
 # so building the parser (`asrforge --help`) does not wait for them.
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(args.model),
             "data": str(args.data),
             "split": split,
-            **_plain(metrics),
+            **strict_json_metrics(metrics),
             "skipped": skipped,
         }
         print(json.dumps(record, ensure_ascii=False))
@@ -166,15 +167,6 @@ def format_longform(metrics: dict[str, Any]) -> str:
         f"{pct(metrics.get('longform_cer'))} % on {metrics.get('longform_n', 0)} recordings "
         f"({metrics.get('longform_seconds', 0):.0f} s, chunking {metrics.get('longform_chunking')})"
     )
-
-
-def _plain(value: Any) -> Any:
-    """Metrics as strict JSON: NaN and infinities become null."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def format_table(metrics: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
 from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
+from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -607,7 +608,7 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     utterance before and after."""
     before_hyp = {p["uid"]: p["hyp"] for p in before_preds}
     data = {
-        "before": _plain(before), "after": _plain(after), "phases_s": say.phases,
+        "before": strict_json_metrics(before), "after": strict_json_metrics(after), "phases_s": say.phases,
         "seconds": round(say.seconds, 1), "status": result.status, "reason": result.reason,
         "steps": result.step, "best_step": result.best_step, "bundle": str(bundle_dir),
         "corpus": card["splits"],
@@ -630,14 +631,6 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     path = root / "demo-report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
