@@ -4,7 +4,7 @@
 one) with Arrow, never the audio, and skips what they rule out up front with its ids. What needs
 the audio or the tokenizer is checked in full up front too (the evaluation split; packing and
 the caches), or, for a lazily prepared training split, in the DataLoader workers. A split checked
-in full is kept on disk under a :func:`fingerprint` (``<root>/<fingerprint>/table.npz`` and
+in full is kept on disk under a :func:`prepared_split_key` (``<root>/<fingerprint>/table.npz`` and
 ``meta.json``), so a resume, the other ranks and the next run read it instead of checking again.
 
 The usable rows are a few numpy arrays (row, language, seconds, text tokens: about 20 bytes a
@@ -64,7 +64,7 @@ def tokenizer_identity(tokenizer) -> str:
     return hashlib.sha256(f"{type(tokenizer).__name__}\n{text}".encode()).hexdigest()
 
 
-def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
+def prepared_split_key(split, cfg, rules: UtteranceRules) -> str | None:
     """The key of ``split`` prepared in full under ``cfg`` (a ``DataConfig``) and ``rules``, or
     None when ``datasets`` gives the split no fingerprint.
 
@@ -90,7 +90,7 @@ def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
+def load_prepared(root: Path, key: str, split, name: str, rules: UtteranceRules):
     """``(table, skipped by reason, total, rows left out by data.languages per language)``
     stored under ``key``, or None when there is none (or it cannot be read, or was stored
     without the left-out counts: it is recomputed)."""
@@ -117,7 +117,7 @@ def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
     return table, meta["skipped"], meta["total"], left_out
 
 
-def save(
+def save_prepared(
     root: Path,
     key: str,
     table: UtteranceTable,
@@ -302,8 +302,8 @@ def prepare_split(
             read back when the split, tokenizer and limits are the same; None: no cache.
     """
     rules = UtteranceRules(tokenizer, specials, cfg.task, max_target_positions, max_seconds)
-    key = fingerprint(split, cfg, rules) if cache is not None and not lazy else None
-    stored = load(cache, key, split, name, rules) if key is not None else None
+    key = prepared_split_key(split, cfg, rules) if cache is not None and not lazy else None
+    stored = load_prepared(cache, key, split, name, rules) if key is not None else None
     if stored is not None:
         table, skipped, total, left_out = stored
         log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
@@ -315,7 +315,7 @@ def prepare_split(
         table = check_in_full(table, report)
     if key is not None:
         try:
-            save(cache, key, table, report.skipped, report.total, report.left_out)
+            save_prepared(cache, key, table, report.skipped, report.total, report.left_out)
         except CheckpointSaveError as e:  # the run goes on; the next one checks again
             log.warning("split %s: the checked split is not cached: %s", name, e)
     _log_language_tokens(name, table, specials)

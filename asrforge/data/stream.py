@@ -260,7 +260,7 @@ def _json_rows(shard: Shard, data: bytes) -> list[dict]:
     return rows
 
 
-def fingerprint(shards: list[Shard]) -> str:
+def shard_list_fingerprint(shards: list[Shard]) -> str:
     """Names the stream: the shard list (paths, sizes in rows and bytes)."""
     text = json.dumps([[s.path, s.fmt, s.rows, s.group, s.start, s.end] for s in shards])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -372,7 +372,7 @@ class StreamedSplit:
         self.language = (
             resolve_language(cfg.language, "data.language") if cfg.language is not None else None
         )
-        self.fingerprint = fingerprint(self.shards)
+        self.fingerprint = shard_list_fingerprint(self.shards)
         self.first_rows = np.cumsum([0] + [s.rows for s in self.shards])  # global row numbers
         self.rules: RowRules | None = None  # set by prepare()
         self.features = None
