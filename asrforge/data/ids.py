@@ -4,7 +4,8 @@ path as a row reads it, and the caches' key of a clip's audio.
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
 transform): a relative audio path is joined to the audio root there, and rows without an ``id``
 column are named by their audio's path as the data gives it. Code reading Arrow columns directly
-gets the same ids from :func:`row_uids`.
+gets the same ids from :func:`given_ids`, and each row's full name (``<split>-<row>`` where the
+data gives none) from :func:`row_uids`.
 """
 
 from __future__ import annotations

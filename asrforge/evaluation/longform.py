@@ -72,7 +72,7 @@ def build_items(
     """Join utterances into ``count`` long recordings (see the module docstring).
 
     Args:
-        utts: utterances with ``uid``, ``language`` and ``text`` (``asrforge.data.dataset``).
+        utts: utterances with ``uid``, ``language`` and ``text`` (:class:`asrforge.data.prepare.Utterance`).
         load_wave: utterance -> (n_samples,) float32 at 16 kHz.
         count: recordings to make; fewer when the split runs out (logged).
         min_seconds, max_seconds: each recording's target length is drawn between the two.
