@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.multilingual:
         return run_multilingual(options)
-    # SIGTERM outside the fine-tune (whose loop saves first, then stops the demo with 75) stops
-    # the demo as Ctrl-C does: exit 130, nothing to continue
+    # SIGTERM outside the fine-tune stops the demo as Ctrl-C does, with exit 130 and nothing to
+    # continue (inside it, the fine-tune's loop saves first, then stops the demo with 75).
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:

@@ -47,7 +47,8 @@ class StandardRows:
         """The ``{"bytes", "path"}`` of one row's audio (a path string, or such a dict)."""
         data = value.get("bytes") if isinstance(value, dict) else None
         if self.audio_root is not None and path is not None and not path.startswith("/"):
-            path = f"{self.audio_root}/{path}"  # as written before: the caches' keys hash it
+            # The path is joined as it was written before, since the caches' keys hash it.
+            path = f"{self.audio_root}/{path}"
         return {"bytes": data, "path": path}
 
 
@@ -97,8 +98,10 @@ def row_keys(split) -> list[str]:
     text (tab-separated)."""
     ids = given_ids(split, np.arange(len(split)))
     if ids is not None:
-        return [str(x) for x in ids]  # an empty cell: "None", as carves recorded it
-    paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
+        # An empty cell becomes "None", as carves recorded it.
+        return [str(x) for x in ids]
+    # Paths are read from Arrow so that the audio's bytes, if any, are not copied out.
+    paths = []
     for batch in split.select_columns(["audio"]).with_format("arrow").iter(batch_size=4096):
         paths += given_paths(batch.column("audio")).to_pylist()
     texts = split["text"] if "text" in split.column_names else [None] * len(split)
@@ -123,7 +126,8 @@ def audio_key(audio) -> str:
     try:
         stat = os.stat(name)
         name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    except OSError:  # missing: the worker reports it when it reads the audio
+    except OSError:
+        # A missing file is reported by the worker when it reads the audio.
         pass
     return hashlib.sha256(name.encode()).hexdigest()
 

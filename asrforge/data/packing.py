@@ -44,7 +44,8 @@ from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
-_SALT = 0x5041434B  # "PACK": keeps this stream apart from the other (seed, epoch) streams
+# "PACK" in ASCII keeps this stream apart from the other (seed, epoch) streams.
+_SALT = 0x5041434B
 LENGTH_SLACK = SAMPLE_RATE // 20
 """Samples a decoded clip may exceed the length its window was laid out by (0.05 s: durations
 rounded in the data); a clip longer than that is dropped from the window, not cut."""
@@ -221,7 +222,8 @@ def compose_windows(
     open_windows: dict[str, list[_Open]] = {}
 
     def draw_mode() -> bool:
-        draw = rng.random()  # drawn even when timestamps are impossible: the layout stays put
+        # Drawn even when timestamps are impossible, so that the layout stays put.
+        draw = rng.random()
         return timestamps and draw < cfg.timestamp_share
 
     def tokens_fit(utts: list[int], stamps: bool) -> bool:
@@ -377,7 +379,8 @@ class PackedWindows(Dataset):
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
                 failed[p.utt] = "failed to decode"
                 continue
-            if augmenting:  # its failure is no clip's: it stops
+            # The augmentation's failure is no clip's, so it stops the run.
+            if augmenting:
                 clip = aug.wave(clip, u.uid, base.epoch)
             if len(clip) > p.n_samples + LENGTH_SLACK:  # cut, it would keep its whole transcript
                 failed[p.utt] = LONGER_THAN_DURATION
@@ -413,7 +416,8 @@ class PackedWindows(Dataset):
                     if len(failed) == len(w.pieces):
                         raise ValueError("no clip decoded")
                     feats = self._masked_window(self.base.log_mel(wave), w, uids[0])
-            except AugmentError:  # as SpeechDataset: the augmentation's failure stops the run
+            except AugmentError:
+                # As in SpeechDataset, the augmentation's failure stops the run.
                 raise
             except Exception:  # noqa: BLE001 - as SpeechDataset: skip, keep the epoch
                 return {"dropped": uids[0], "dropped_parts": uids[1:]}

@@ -158,7 +158,8 @@ class Utterance:
     prompt: list[int]
     text_ids: list[int]
     audio_key: str = ""  # the feature and encoder caches' key (see audio_key)
-    seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
+    # The audio's duration from its metadata or header, NaN where not known yet.
+    seconds: float = 0.0
 
 
 class UtteranceTable(Sequence):
@@ -316,7 +317,8 @@ def prepare_split(
     if key is not None:
         try:
             save_prepared(cache, key, table, report.skipped, report.total, report.left_out)
-        except CheckpointSaveError as e:  # the run goes on; the next one checks again
+        except CheckpointSaveError as e:
+            # The run goes on, and the next one checks the split again.
             log.warning("split %s: the checked split is not cached: %s", name, e)
     _log_language_tokens(name, table, specials)
     return table, report
@@ -345,7 +347,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     language_index = code_of_value[value_index]
     keep_langs = language_filter(cfg.languages)
     wanted = np.ones(len(split), dtype=bool)
-    if keep_langs is not None:  # left out on purpose: counted per language, not skipped
+    # Rows left out on purpose are counted per language, not skipped.
+    if keep_langs is not None:
         allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
         wanted = allowed[language_index]
         per_language = np.bincount(language_index[~wanted], minlength=len(languages))
@@ -358,7 +361,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     seconds = np.full(len(split), np.nan)
     if "duration" in columns:
         seconds = column_seconds(meta.column("duration"))
-    reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
+    # 0 for a kept row, else the index of its reason in `reasons` plus 1.
+    reason = np.zeros(len(split), dtype=np.int8)
     by_seconds = rules.seconds_problems(seconds)
     reasons = [EMPTY_TEXT, *by_seconds]
     for k, rows in enumerate(by_seconds.values(), start=2):

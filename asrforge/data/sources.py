@@ -102,7 +102,8 @@ def load_source(
     else:
         fmt = format_of(path, section=section)
         raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
-    if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
+    # One file or one saved Dataset is the split training reads.
+    if not isinstance(raw, dict):
         raw = {cfg.train_split: raw}
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
@@ -243,7 +244,8 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     options: dict = {}
     if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
         options["keep_default_na"] = False
-    if fmt == "tsv":  # unquoted, as Common Voice writes it: a " is text
+    # Unquoted, as Common Voice writes it, so a " is text.
+    if fmt == "tsv":
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
     try:
         ds = datasets.load_dataset(
@@ -255,7 +257,9 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
         bad = no_rows(files) or (_bad_json_line(files) if fmt == "json" else None)
-        if bad is not None:  # pyarrow counts rows of a block from 0: "row 1" of another line
+        # The line is named here because pyarrow counts rows of a block from 0 ("row 1" of another
+        # line).
+        if bad is not None:
             raise UserError(f"{section}.path: {bad}") from None
         raise unreadable(", ".join(map(str, files)), fmt, e, section=section) from None
     if fmt == "json":
@@ -298,7 +302,8 @@ def check_utf8(table, find_line, *, section: str = "data") -> None:
     import pyarrow as pa
 
     try:
-        for column in table.columns:  # the text columns alone: audio bytes need no pass
+        # Only the text columns are checked, since audio bytes need no pass.
+        for column in table.columns:
             if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 column.validate(full=True)
     except pa.ArrowInvalid as e:
@@ -332,7 +337,8 @@ def _bad_json_line(files: list[Path]) -> str | None:
     JSON object, or None (none, or a file that is one JSON document rather than JSON lines).
     Read only after the loader failed, to name the line as an editor numbers it."""
     for file in files:
-        whole = Path(file).suffix != ".jsonl"  # .json may be one document: not told apart
+        # A .json file may be one document rather than lines, and the two are not told apart.
+        whole = Path(file).suffix != ".jsonl"
         with open(file, "rb") as f:
             for n, line in enumerate(f, start=1):
                 if not line.strip():

@@ -68,7 +68,8 @@ class Shard:
     ``[first_line, first_line + rows)`` of a JSONL file at bytes ``[start, end)``."""
 
     path: str
-    fmt: str  # the sources.FILE_FORMATS name: parquet, arrow, json, csv, tsv
+    # The sources.FILE_FORMATS name (parquet, arrow, json, csv or tsv).
+    fmt: str
     rows: int
     group: int = 0  # parquet row group
     start: int = 0
@@ -152,7 +153,8 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     _check_utf8(utf8, b"", path, final=True)
     if last != b"\n":  # a last line without a newline
         lines += 1
-    if starts[-1] >= offset:  # the file ends at a shard's start: no shard there
+    # A file that ends at a shard's start has no shard there.
+    if starts[-1] >= offset:
         starts.pop()
     shards = []
     for i, start in enumerate(starts):
@@ -200,7 +202,8 @@ def read_table(shard: Shard, keep: Callable[[list[str]], list[str]] | None = Non
 def _read_table(shard: Shard):
     import pyarrow as pa
 
-    if shard.fmt == "arrow":  # datasets writes the IPC stream format; others write the file one
+    # datasets writes the Arrow IPC stream format, other writers the file format.
+    if shard.fmt == "arrow":
         with pa.memory_map(shard.path) as source:
             try:
                 return pa.ipc.open_stream(source).read_all()
@@ -296,7 +299,8 @@ class RowRules:
 
     utterance: UtteranceRules
     split: str
-    keep: set[str] | None  # data.languages' codes, None: all
+    # data.languages' codes, or None for all.
+    keep: set[str] | None
 
 
 def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
@@ -377,7 +381,8 @@ class StreamedSplit:
         self.rules: RowRules | None = None  # set by prepare()
         self.features = None
         self.eot = 0
-        self.augment = None  # an Augmenter: data.augment
+        # An Augmenter, set from data.augment.
+        self.augment = None
         self.epoch = 0
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
@@ -409,7 +414,8 @@ class StreamedSplit:
         ds = datasets.Dataset(InMemoryTable(table))
         columns_log = logging.getLogger("asrforge.data.columns")  # standardize's
         level = columns_log.level
-        if index or self.languages:  # what it says of one shard it says of all: said once
+        # What standardize says of one shard it says of all, so it is said once.
+        if index or self.languages:
             columns_log.setLevel(max(level, logging.WARNING))
         try:
             return standardize(
@@ -580,7 +586,8 @@ class _EpochBatches(IterableDataset):
                 position = {"fingerprint": s.fingerprint, "epoch": self.epoch, "batch": j,
                             "rows_before": hi}  # fmt: skip
                 yield s.batch(rows, self.epoch, position)
-        except UserError as e:  # a language without a token, a file gone bad: stop the run
+        except UserError as e:
+            # A language without a token or a file gone bad stops the run.
             yield {"stop": str(e), "size": 0, "dropped": [], "dropped_reasons": []}
 
     def _load_block(self, shard_ids: list[int], b: int) -> tuple:

@@ -134,7 +134,8 @@ class TextBatches:
         and ``text_position``: where the stream stands after this batch."""
         pos = {"pass": 0, "offset": 0, "line": 0, "taken": 0, **(position or {})}
         block: _Block | None = None
-        barren_passes = 0  # passes in a row without a usable line: the file has none
+        # Passes in a row without a usable line, which means the file has none.
+        barren_passes = 0
         with self.path.open("rb") as f:
             while True:
                 rows: list[list[int]] = []
@@ -147,7 +148,8 @@ class TextBatches:
                         pos["taken"] += 1
                         barren_passes = 0
                         continue
-                    if block.last:  # start over: a new pass, a new shuffle
+                    # The last block starts a new pass, with a new shuffle.
+                    if block.last:
                         barren_passes += 1
                         if barren_passes > 1:
                             raise UserError(f"data.text_path: {self.path} has no usable line")

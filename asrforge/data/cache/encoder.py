@@ -123,8 +123,10 @@ class EncoderCache:
                     for i in missing[start : start + batch_size]:
                         try:
                             items.append(dataset.features_of(i))
-                        except Exception:  # noqa: BLE001 - an undecodable or NaN clip stays
-                            failed += 1  # uncached; the data set drops and reports it
+                        except Exception:  # noqa: BLE001
+                            # An undecodable or NaN clip stays uncached, and the data set drops and
+                            # reports it.
+                            failed += 1
                             continue
                         keys.append(dataset.utts[i].audio_key)
                     if not items:
@@ -132,7 +134,9 @@ class EncoderCache:
                     feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
                     with autocast() if autocast is not None else contextlib.nullcontext():
                         hidden = forward(feats).float().cpu().numpy()
-                    if out is None:  # the row shape is known now: the whole file at once
+                    # The row shape is known once the first batch is through, so the whole file is
+                    # made then.
+                    if out is None:
                         out = np.lib.format.open_memmap(
                             new.tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
                         )
@@ -142,7 +146,8 @@ class EncoderCache:
                     out[pos : pos + len(hidden)] = hidden
                     new_index.update({key: pos + k for k, key in enumerate(keys)})
                     pos += len(hidden)
-                if out is None:  # no clip decoded: keep the cache as it was
+                # With no clip decoded, the cache stays as it was.
+                if out is None:
                     log.warning("encoder cache: none of %d clips could be decoded", len(missing))
                     return have
                 out.flush()

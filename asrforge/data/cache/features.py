@@ -137,7 +137,8 @@ class FeatureCache:
         if len({extractor_key(ds.fe) for ds in datasets}) > 1:
             raise ValueError("FeatureCache.build: the datasets use different feature extractors")
         directory = Path(root) / extractor_key(fe)
-        have = cls.open(root, fe)  # held: the previous file cannot go while it is copied
+        # The previous cache is held open so that its file cannot go while it is copied.
+        have = cls.open(root, fe)
         index: dict[str, list] = dict(have.index) if have is not None else {}
         missing: dict[str, tuple] = {}
         for ds in datasets:
@@ -177,7 +178,8 @@ class FeatureCache:
                         index[key] = [offset, columns.shape[1], fill]
                         offset += columns.size
                         added += 1
-                if not added:  # nothing decoded: keep the cache as it was
+                # With nothing decoded, the cache stays as it was.
+                if not added:
                     raise _NothingAdded
                 meta = {"values": new.name, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
                 new.publish(directory / "index.json", meta)
