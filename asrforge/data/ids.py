@@ -66,6 +66,7 @@ def given_ids(split, rows) -> list[str | None] | None:
     """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
     only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
     the split has no ids (its rows are named by number); an empty cell's id is None."""
+    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
     import pyarrow as pa
 
     view = standard_rows(split)
@@ -87,6 +88,7 @@ def given_ids(split, rows) -> list[str | None] | None:
 def given_paths(audio):
     """The paths, as the data gives them, of an Arrow column of audio (path strings, or the
     ``{bytes, path}`` structs of an ``Audio`` column)."""
+    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
     import pyarrow as pa
     import pyarrow.compute as pc
 
