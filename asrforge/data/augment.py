@@ -1,20 +1,7 @@
 """Training-time augmentation (``data.augment``): speed perturbation, noise, SpecAugment and a
 user's own waveform transforms, applied in the DataLoader workers.
 
-Every draw is a pure function of (seed, utterance id, epoch): a resumed run, every process of a
-multi-process run and every rerun augment each utterance alike, so resume stays bit-identical,
-while each epoch sees the utterance differently. Evaluation never augments: only the training
-set holds an :class:`Augmenter`.
-
-Order, per utterance: speed (changes the length, so packing lays windows out with the perturbed
-durations, see :meth:`Augmenter.n_samples`) -> noise -> user transforms; SpecAugment masks the
-log-mel features of the whole training window.
-
-User transforms are functions ``(wave, rng) -> wave`` on 16 kHz float32 mono audio, with ``rng``
-a :class:`numpy.random.Generator` for their own draws. They are found by name in a registry:
-:func:`register_transform` from Python, or ``"module:function"`` in the config, which imports
-code and therefore needs the permission of the person running the command
-(:func:`asrforge.config.external_code_allowed`, checked by :func:`import_transforms`' caller).
+How it works: docs/data.md, "Augmentation (`data/augment.py`)".
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Packed training windows: several utterances of one language per window, as Whisper trains.
 
-Whisper was pretrained on full 30 s windows, many segments each, with and without timestamp
-tokens. Training every short clip alone, padded to the window, teaches a model to stop early and
-to forget timestamps, and spends most of each encoder pass on padding. Here each epoch's
-utterances are laid out into windows (``data.pack``, :class:`~asrforge.config.PackConfig`):
-
-* utterances of one language follow each other, separated by a silence drawn from
-  ``gap_seconds`` (a packed window also starts after one), as long as they fit the window
-  (``max_seconds``) and the decoder's positions; a share of the windows holds one utterance
-  alone at offset 0;
-* a share of windows is in timestamp mode, a share is conditioned on the previous window's
-  transcript of the same language (:mod:`asrforge.data.targets`).
-
-The layout is a pure function of (seed, epoch) (:func:`compose_windows`): a resumed run, every
-process of a multi-process run and every rerun see the same windows, and the epoch's batches
-of windows are ``epoch_batches`` over them, so ``TrainState.batch_in_epoch`` stays the exact
-position. Only the waveform is assembled in the DataLoader workers.
+How it works: docs/data.md, "Packed windows (`data/packing.py`)".
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Data sources: whatever ``data.path`` holds -> splits with the columns ``audio``, ``text``,
 ``language`` (and ``id`` when there is one) that :func:`asrforge.data.prepare.prepare_split` reads.
 
-``data.path`` may be a ``save_to_disk`` ``DatasetDict`` or ``Dataset``, a directory of parquet,
-arrow, jsonl/json, csv or tsv files (each file's split is the word its name starts with:
-``train-0000.parquet``, ``validation.jsonl``, ``data/test_clean.csv``; ``dev``/``valid``/``val``
-mean ``validation``), or one such file, which is the training split (a NeMo JSONL manifest, a
-CSV/TSV with a header row).
-Files are read with the ``datasets`` library's own loaders; parquet, json and csv are converted to
-Arrow once into its cache (``data.cache_dir``/datasets, else ``HF_DATASETS_CACHE``) and reused
-from there; arrow files and ``save_to_disk`` directories are memory-mapped where they are.
-
-Columns are found by ``data.columns`` or by their usual names (:mod:`asrforge.data.columns`). A
-row's audio reads as an undecoded ``Audio`` value (``{"bytes", "path"}``) whether the data holds
-an ``Audio`` feature, encoded bytes or file paths; a relative path is joined to the manifest's
-directory (or ``data.audio_dir``) when the row is read (:class:`~asrforge.data.ids.StandardRows`),
-so the audio is read from where it lies, not copied, and the path column is not rewritten up
-front.
+How it works: docs/data.md, "Reading a data source (`data/sources.py`)".
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Caching the frozen part of the encoder for partial fine-tuning.
 
-When the encoder, or its lower part (``model.train_encoder_layers``, see
-``asrforge.model.partial``), is frozen, its output for an utterance never changes, so it is
-computed once, stored on disk as a memory-mapped ``.npy`` (one row per utterance) and read back
-every epoch: training then costs only the trained part. The cache directory is keyed by a
-description of what produced the rows (where the frozen part ends, the sha256 of its weights, the
-precision), written next to them as ``producer.json``; each row is keyed by the sha256 of the
-utterance's audio bytes (or of its file's path, size and modification time). So a cache is
-reused across runs and configs exactly when it is valid, and the caches of a frozen encoder and
-of a frozen lower part never collide.
-
-A build streams the rows to a fresh ``states-<id>.npy`` and then replaces ``index.json``, which
-names that file: a killed build leaves the previous cache intact, and runs sharing a cache never
-pair one build's index with another build's rows (the last index written wins). Readers
-share-lock the file they read and a build removes only files nobody holds
-(``asrforge.data.cache.files``).
+How it works: docs/data.md, "The encoder cache (`data/cache/encoder.py`)".
 """
 
 from __future__ import annotations
