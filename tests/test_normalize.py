@@ -118,6 +118,13 @@ def test_an_unknown_language_is_one_message_naming_where_it_came_from():
     assert resolve_language(None, strict=False) == ""
 
 
+def test_a_list_in_a_language_cell_comes_back_as_its_text():
+    # a JSON list in the language column is not hashable: it still resolves, as text
+    assert resolve_language(["en", "de"], strict=False) == "['en', 'de']"
+    with pytest.raises(UserError, match=r"^unknown language \['xx'\]"):
+        resolve_language(["xx"])
+
+
 def test_language_table_is_a_bijection():
     assert len(set(LANGUAGES.values())) == len(LANGUAGES) >= 100
     for code, name in LANGUAGES.items():

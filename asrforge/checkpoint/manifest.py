@@ -1,20 +1,6 @@
 """``manifest.json``: the list of a checkpoint directory's files with their sha256 and size.
 
-The manifest is written last, so a directory with a manifest that verifies is complete. Layout::
-
-    {"format_version": 1,
-     "files": {"model.safetensors": {"sha256": "...", "size": 1234}, "tokenizer/vocab.json": ...},
-     ...meta given by the writer: "step", "metrics", "config_id", "seed", ...,
-     "seal": "<sha256 of the canonical JSON of everything above>"}
-
-Each name in ``files`` is a plain relative POSIX path inside the manifest's directory (no ``..``,
-no absolute path) to a regular file reached through real directories (no symlink anywhere on
-the way): a manifest can vouch only for its own directory's files, never one elsewhere.
-
-The seal covers the meta as well as the file list: a manifest whose ``step`` or metrics were
-edited by hand no longer matches its seal and is refused on every read, as a damaged one would
-be (export, averaging and resume rank and name checkpoints by those facts). Bundles, which
-carried their own ``bundle_seal`` before checkpoints were sealed, keep it.
+How it works: docs/training.md, "The manifest (`checkpoint/manifest.py`)".
 """
 
 from __future__ import annotations

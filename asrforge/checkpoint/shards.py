@@ -1,20 +1,6 @@
 """Sharded safetensors weights, laid out as transformers writes and ``from_pretrained`` reads.
 
-A state dict that fits in ``max_shard_size`` is one file, ``<stem>.safetensors``. A larger one
-is split, in state-dict order, into files of at most that size (a tensor larger than the limit
-gets a file of its own)::
-
-    model-00001-of-00003.safetensors
-    model-00002-of-00003.safetensors
-    model-00003-of-00003.safetensors
-    model.safetensors.index.json     {"metadata": {"total_size": N},
-                                      "weight_map": {tensor name: shard file name}}
-
-Every shard carries the same header metadata as a single file would (``format``, the tied
-aliases record), so each one reads on its own. Writers hold one shard's tensors at a time and
-hash each file while writing it (:mod:`asrforge.checkpoint.streaming`); readers
-(:class:`LazyWeights`, averaging) read a tensor at a time with ``pread``, never a memory map (whose
-touched pages would all stay resident).
+How it works: docs/training.md, "Sharded weights (`checkpoint/shards.py`)".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 run (``evaluate``, ``lm build``, ``lm tune``, ``vocab``): their help and the data section they
 make (:func:`asrforge.data.sources.source_config`).
 
-Imported when the ``asrforge`` parser is built: the data code (datasets, numpy) is imported
-when a command reads data.
+Imported when the ``asrforge`` parser is built: :mod:`asrforge.data.sources` imports
+``datasets`` only when a command reads data.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from asrforge.config import DataConfig
+from asrforge.data.sources import source_config
 from asrforge.errors import UserError
 
 DATA_HELP = (
@@ -39,8 +40,6 @@ def data_options(args: argparse.Namespace) -> DataConfig:
     Raises:
         UserError: ``--data`` does not exist, or an option is unknown or bad.
     """
-    from asrforge.data.sources import source_config
-
     if not args.data.exists():
         raise UserError(f"--data {args.data}: no such file or directory")
     return source_config(args.data, args.overrides)

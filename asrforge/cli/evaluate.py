@@ -12,9 +12,11 @@ from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, 
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.data.sources import reads_whole
+from asrforge.text.metrics import strict_json_metrics
 
-# Reading data and evaluating load numpy, torch and transformers: imported inside the handlers,
-# so building the parser (`asrforge --help`) does not wait for them.
+# Evaluating loads torch and transformers: imported inside the handlers, so building the parser
+# (`asrforge --help`) does not wait for them.
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -91,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
             "--longform-min-seconds/--longform-max-seconds: need 0 < min <= max, got "
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
-    from asrforge.data.sources import reads_whole
     from asrforge.evaluation.evaluate import evaluate_split
 
     # the model first, then the data: every problem in one message
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(args.model),
             "data": str(args.data),
             "split": split,
-            **_plain(metrics),
+            **strict_json_metrics(metrics),
             "skipped": skipped,
         }
         print(json.dumps(record, ensure_ascii=False))
@@ -166,15 +167,6 @@ def format_longform(metrics: dict[str, Any]) -> str:
         f"{pct(metrics.get('longform_cer'))} % on {metrics.get('longform_n', 0)} recordings "
         f"({metrics.get('longform_seconds', 0):.0f} s, chunking {metrics.get('longform_chunking')})"
     )
-
-
-def _plain(value: Any) -> Any:
-    """Metrics as strict JSON: NaN and infinities become null."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def format_table(metrics: dict[str, Any]) -> str:

@@ -116,7 +116,8 @@ def is_special_file(source: bytes | str | Path) -> bool:
         return False
     try:
         return not stat.S_ISREG(os.stat(source).st_mode)
-    except OSError:  # missing or unreachable: the decoder's own error names it
+    except OSError:
+        # A missing or unreachable file is left to the decoder, whose own error names it.
         return False
 
 

@@ -1,20 +1,7 @@
 """Training-time augmentation (``data.augment``): speed perturbation, noise, SpecAugment and a
 user's own waveform transforms, applied in the DataLoader workers.
 
-Every draw is a pure function of (seed, utterance id, epoch): a resumed run, every process of a
-multi-process run and every rerun augment each utterance alike, so resume stays bit-identical,
-while each epoch sees the utterance differently. Evaluation never augments: only the training
-set holds an :class:`Augmenter`.
-
-Order, per utterance: speed (changes the length, so packing lays windows out with the perturbed
-durations, see :meth:`Augmenter.n_samples`) -> noise -> user transforms; SpecAugment masks the
-log-mel features of the whole training window.
-
-User transforms are functions ``(wave, rng) -> wave`` on 16 kHz float32 mono audio, with ``rng``
-a :class:`numpy.random.Generator` for their own draws. They are found by name in a registry:
-:func:`register_transform` from Python, or ``"module:function"`` in the config, which imports
-code and therefore needs the permission of the person running the command
-(:func:`asrforge.config.external_code_allowed`, checked by :func:`import_transforms`' caller).
+How it works: docs/data.md, "Augmentation (`data/augment.py`)".
 """
 
 from __future__ import annotations
@@ -37,11 +24,14 @@ log = logging.getLogger(__name__)
 
 WaveTransform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
-_SALT = 0x41554730  # "AUG0": keeps these draws apart from every other (seed, epoch) stream
+# "AUG0" in ASCII keeps these draws apart from every other (seed, epoch) stream.
+_SALT = 0x41554730
 _SPEED, _NOISE, _USER, _SPEC = range(4)  # one independent stream per kind of draw
 NOISE_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
-FRAMES_PER_SECOND = 100  # Whisper's log-mel hop: 160 samples at 16 kHz
-RATE_STEP = 100  # Hz: speed perturbation resamples from a multiple of it (see _source_rate)
+# Whisper's log-mel hop is 160 samples at 16 kHz.
+FRAMES_PER_SECOND = 100
+# Speed perturbation resamples from a multiple of this many Hz (see _source_rate).
+RATE_STEP = 100
 
 _REGISTRY: dict[str, WaveTransform] = {}
 
@@ -92,7 +82,8 @@ def mix_at_snr(wave: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray
     """``wave`` plus ``noise`` (as long as ``wave``) scaled to ``snr_db`` dB below it."""
     speech = float(np.mean(wave.astype(np.float64) ** 2))
     power = float(np.mean(noise.astype(np.float64) ** 2))
-    if speech == 0.0 or power == 0.0:  # silence has no SNR; a silent noise file adds nothing
+    # Silence has no signal-to-noise ratio, and a silent noise file adds nothing.
+    if speech == 0.0 or power == 0.0:
         return wave
     gain = np.sqrt(speech / (power * 10.0 ** (snr_db / 10.0)))
     return (wave + gain * noise).astype(np.float32)

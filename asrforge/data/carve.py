@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
-from asrforge.data.columns import arrow_columns, dictionary_encoded
+from asrforge.data.columns import arrow_columns, language_codes
 from asrforge.data.ids import row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
-from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +153,7 @@ def _row_languages(split) -> list[str]:
     for a million rows)."""
     if "language" not in split.column_names:
         return [""] * len(split)
-    values, index = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
-    codes = [resolve_language(v, strict=False) if v else "" for v in values]
+    codes, index = language_codes(arrow_columns(split, ["language"]).column("language"))
     return [codes[i] for i in index.tolist()]
 
 

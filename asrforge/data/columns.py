@@ -15,6 +15,7 @@ import numpy as np
 from asrforge.config import DataConfig
 from asrforge.data.ids import StandardRows
 from asrforge.errors import UserError
+from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ def standardize(
             f"{_dtype(ds.features[duration])}, expected seconds (numbers)"
         )
     ds = ds.rename_columns({c: k for k, c in found.items() if c is not None and c != k})
-    if language is not None:  # an Arrow column: no list of a million strings
+    # The language is added as one Arrow column, not as a list of a million strings.
+    if language is not None:
         import pyarrow as pa
 
         same = pa.repeat(pa.scalar(language, pa.string()), len(ds))
@@ -125,7 +127,8 @@ def standardize(
         after = hashlib.sha256(f"{ds._fingerprint}\nlanguage={language}".encode()).hexdigest()
         ds = ds.add_column("language", pa.chunked_array([same]), new_fingerprint=after[:32])
     if "id" in ds.column_names and _dtype(ds.features["id"]) not in STRING_TYPES:
-        ds = ds.cast_column("id", Value("string"))  # numeric ids: reports name them as text
+        # Reports name numeric ids as text.
+        ds = ds.cast_column("id", Value("string"))
     root = str(Path(audio_root).absolute()).rstrip("/") if gives_paths else None
     ds.set_transform(StandardRows(root, path_ids=gives_paths and "id" not in ds.column_names))
     return ds
@@ -250,7 +253,8 @@ def arrow_columns(split, names: list[str]):
     million), ``Table.take`` in one vectorized call.
     """
     table = split.data.table.select(names)
-    indices = getattr(split, "_indices", None)  # datasets' row map of a select(); None: identity
+    # datasets' row map of a select(), or None where the rows are in place.
+    indices = getattr(split, "_indices", None)
     return table if indices is None else table.take(indices.column(0))
 
 
@@ -262,6 +266,14 @@ def dictionary_encoded(column) -> tuple[list, np.ndarray]:
     encoded = pc.dictionary_encode(pa.chunked_array(column), null_encoding="encode")
     encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
     return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def language_codes(column) -> tuple[list[str], np.ndarray]:
+    """(distinct language codes, each row's index into them) of an Arrow column of language
+    values, each resolved as training resolves a cell (``""`` for none; a value that names no
+    language as it is)."""
+    values, index = dictionary_encoded(column)
+    return [resolve_language(v, strict=False) for v in values], index
 
 
 def column_seconds(column) -> np.ndarray:

@@ -48,10 +48,14 @@ class SpeechDataset(Dataset):
         self.utts = utterances
         self.fe = feature_extractor
         self.eot = eot
-        self.encoder_cache = None  # an EncoderCache: yield encoder states instead of log-mels
-        self.feature_cache = None  # a FeatureCache: read log-mels instead of computing them
-        self.augment = None  # an Augmenter (training set only): data.augment
-        self.epoch = 0  # the epoch being loaded: augmentation draws depend on it
+        # An EncoderCache, to yield encoder states instead of log-mels.
+        self.encoder_cache = None
+        # A FeatureCache, to read log-mels instead of computing them.
+        self.feature_cache = None
+        # An Augmenter (data.augment), for the training set only.
+        self.augment = None
+        # The epoch being loaded, on which augmentation draws depend.
+        self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -110,7 +114,8 @@ class SpeechDataset(Dataset):
             return feats
         u = self.utts[i]
         seconds = u.seconds
-        if np.isnan(seconds):  # prepared lazily, no duration in the data: the header says it
+        # A lazily prepared row whose data gives no duration takes it from the audio's header.
+        if np.isnan(seconds):
             seconds = header_seconds(self.split[u.row]["audio"])
         seconds = aug.n_samples(u.uid, self.epoch, round(seconds * SAMPLE_RATE)) / SAMPLE_RATE
         return aug.features(feats, u.uid, self.epoch, seconds)
@@ -134,7 +139,8 @@ class SpeechDataset(Dataset):
             except UnusableAudio as e:
                 uid = named(u.uid, e.source) if e.reason == NOT_FOUND else u.uid
                 return {"dropped": uid, "reason": e.reason}
-            except AugmentError:  # the augmentation's own failure, not the clip's: it stops
+            except AugmentError:
+                # The augmentation's own failure is not the clip's, so it stops the run.
                 raise
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
                 return {"dropped": u.uid, "reason": "failed to decode"}

@@ -4,7 +4,8 @@ path as a row reads it, and the caches' key of a clip's audio.
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
 transform): a relative audio path is joined to the audio root there, and rows without an ``id``
 column are named by their audio's path as the data gives it. Code reading Arrow columns directly
-gets the same ids from :func:`row_uids`.
+gets the same ids from :func:`given_ids`, and each row's full name (``<split>-<row>`` where the
+data gives none) from :func:`row_uids`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class StandardRows:
         """The ``{"bytes", "path"}`` of one row's audio (a path string, or such a dict)."""
         data = value.get("bytes") if isinstance(value, dict) else None
         if self.audio_root is not None and path is not None and not path.startswith("/"):
-            path = f"{self.audio_root}/{path}"  # as written before: the caches' keys hash it
+            # The path is joined as it was written before, since the caches' keys hash it.
+            path = f"{self.audio_root}/{path}"
         return {"bytes": data, "path": path}
 
 
@@ -64,6 +66,7 @@ def given_ids(split, rows) -> list[str | None] | None:
     """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
     only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
     the split has no ids (its rows are named by number); an empty cell's id is None."""
+    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
     import pyarrow as pa
 
     view = standard_rows(split)
@@ -85,6 +88,7 @@ def given_ids(split, rows) -> list[str | None] | None:
 def given_paths(audio):
     """The paths, as the data gives them, of an Arrow column of audio (path strings, or the
     ``{bytes, path}`` structs of an ``Audio`` column)."""
+    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -96,8 +100,10 @@ def row_keys(split) -> list[str]:
     text (tab-separated)."""
     ids = given_ids(split, np.arange(len(split)))
     if ids is not None:
-        return [str(x) for x in ids]  # an empty cell: "None", as carves recorded it
-    paths = []  # read from Arrow: the audio's bytes, if any, are not copied out
+        # An empty cell becomes "None", as carves recorded it.
+        return [str(x) for x in ids]
+    # Paths are read from Arrow so that the audio's bytes, if any, are not copied out.
+    paths = []
     for batch in split.select_columns(["audio"]).with_format("arrow").iter(batch_size=4096):
         paths += given_paths(batch.column("audio")).to_pylist()
     texts = split["text"] if "text" in split.column_names else [None] * len(split)
@@ -122,7 +128,8 @@ def audio_key(audio) -> str:
     try:
         stat = os.stat(name)
         name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    except OSError:  # missing: the worker reports it when it reads the audio
+    except OSError:
+        # A missing file is reported by the worker when it reads the audio.
         pass
     return hashlib.sha256(name.encode()).hexdigest()
 

@@ -1,21 +1,6 @@
 """Packed training windows: several utterances of one language per window, as Whisper trains.
 
-Whisper was pretrained on full 30 s windows, many segments each, with and without timestamp
-tokens. Training every short clip alone, padded to the window, teaches a model to stop early and
-to forget timestamps, and spends most of each encoder pass on padding. Here each epoch's
-utterances are laid out into windows (``data.pack``, :class:`~asrforge.config.PackConfig`):
-
-* utterances of one language follow each other, separated by a silence drawn from
-  ``gap_seconds`` (a packed window also starts after one), as long as they fit the window
-  (``max_seconds``) and the decoder's positions; a share of the windows holds one utterance
-  alone at offset 0;
-* a share of windows is in timestamp mode, a share is conditioned on the previous window's
-  transcript of the same language (:mod:`asrforge.data.targets`).
-
-The layout is a pure function of (seed, epoch) (:func:`compose_windows`): a resumed run, every
-process of a multi-process run and every rerun see the same windows, and the epoch's batches
-of windows are ``epoch_batches`` over them, so ``TrainState.batch_in_epoch`` stays the exact
-position. Only the waveform is assembled in the DataLoader workers.
+How it works: docs/data.md, "Packed windows (`data/packing.py`)".
 """
 
 from __future__ import annotations
@@ -44,7 +29,8 @@ from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
-_SALT = 0x5041434B  # "PACK": keeps this stream apart from the other (seed, epoch) streams
+# "PACK" in ASCII keeps this stream apart from the other (seed, epoch) streams.
+_SALT = 0x5041434B
 LENGTH_SLACK = SAMPLE_RATE // 20
 """Samples a decoded clip may exceed the length its window was laid out by (0.05 s: durations
 rounded in the data); a clip longer than that is dropped from the window, not cut."""
@@ -221,7 +207,8 @@ def compose_windows(
     open_windows: dict[str, list[_Open]] = {}
 
     def draw_mode() -> bool:
-        draw = rng.random()  # drawn even when timestamps are impossible: the layout stays put
+        # Drawn even when timestamps are impossible, so that the layout stays put.
+        draw = rng.random()
         return timestamps and draw < cfg.timestamp_share
 
     def tokens_fit(utts: list[int], stamps: bool) -> bool:
@@ -377,7 +364,8 @@ class PackedWindows(Dataset):
             except Exception:  # noqa: BLE001 - any decoder failure: silence, the rest trains
                 failed[p.utt] = "failed to decode"
                 continue
-            if augmenting:  # its failure is no clip's: it stops
+            # The augmentation's failure is no clip's, so it stops the run.
+            if augmenting:
                 clip = aug.wave(clip, u.uid, base.epoch)
             if len(clip) > p.n_samples + LENGTH_SLACK:  # cut, it would keep its whole transcript
                 failed[p.utt] = LONGER_THAN_DURATION
@@ -413,7 +401,8 @@ class PackedWindows(Dataset):
                     if len(failed) == len(w.pieces):
                         raise ValueError("no clip decoded")
                     feats = self._masked_window(self.base.log_mel(wave), w, uids[0])
-            except AugmentError:  # as SpeechDataset: the augmentation's failure stops the run
+            except AugmentError:
+                # As in SpeechDataset, the augmentation's failure stops the run.
                 raise
             except Exception:  # noqa: BLE001 - as SpeechDataset: skip, keep the epoch
                 return {"dropped": uids[0], "dropped_parts": uids[1:]}

@@ -4,7 +4,7 @@
 one) with Arrow, never the audio, and skips what they rule out up front with its ids. What needs
 the audio or the tokenizer is checked in full up front too (the evaluation split; packing and
 the caches), or, for a lazily prepared training split, in the DataLoader workers. A split checked
-in full is kept on disk under a :func:`fingerprint` (``<root>/<fingerprint>/table.npz`` and
+in full is kept on disk under a :func:`prepared_split_key` (``<root>/<fingerprint>/table.npz`` and
 ``meta.json``), so a resume, the other ranks and the next run read it instead of checking again.
 
 The usable rows are a few numpy arrays (row, language, seconds, text tokens: about 20 bytes a
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig
-from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded
+from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded, language_codes
 from asrforge.data.ids import audio_key, audio_source, named, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
@@ -64,7 +64,7 @@ def tokenizer_identity(tokenizer) -> str:
     return hashlib.sha256(f"{type(tokenizer).__name__}\n{text}".encode()).hexdigest()
 
 
-def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
+def prepared_split_key(split, cfg, rules: UtteranceRules) -> str | None:
     """The key of ``split`` prepared in full under ``cfg`` (a ``DataConfig``) and ``rules``, or
     None when ``datasets`` gives the split no fingerprint.
 
@@ -90,7 +90,7 @@ def fingerprint(split, cfg, rules: UtteranceRules) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
+def load_prepared(root: Path, key: str, split, name: str, rules: UtteranceRules):
     """``(table, skipped by reason, total, rows left out by data.languages per language)``
     stored under ``key``, or None when there is none (or it cannot be read, or was stored
     without the left-out counts: it is recomputed)."""
@@ -117,7 +117,7 @@ def load(root: Path, key: str, split, name: str, rules: UtteranceRules):
     return table, meta["skipped"], meta["total"], left_out
 
 
-def save(
+def save_prepared(
     root: Path,
     key: str,
     table: UtteranceTable,
@@ -158,7 +158,8 @@ class Utterance:
     prompt: list[int]
     text_ids: list[int]
     audio_key: str = ""  # the feature and encoder caches' key (see audio_key)
-    seconds: float = 0.0  # the audio's duration (metadata or header; NaN: not known yet)
+    # The audio's duration from its metadata or header, NaN where not known yet.
+    seconds: float = 0.0
 
 
 class UtteranceTable(Sequence):
@@ -268,8 +269,8 @@ class UtteranceTable(Sequence):
 def split_languages(split) -> set[str]:
     """The language codes of ``split``'s ``language`` column (its distinct values, read with
     Arrow; a value that names no language as it is)."""
-    values, _ = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
-    return {resolve_language(v, strict=False) for v in values if v}
+    codes, _ = language_codes(arrow_columns(split, ["language"]).column("language"))
+    return {code for code in codes if code}
 
 
 def prepare_split(
@@ -302,8 +303,8 @@ def prepare_split(
             read back when the split, tokenizer and limits are the same; None: no cache.
     """
     rules = UtteranceRules(tokenizer, specials, cfg.task, max_target_positions, max_seconds)
-    key = fingerprint(split, cfg, rules) if cache is not None and not lazy else None
-    stored = load(cache, key, split, name, rules) if key is not None else None
+    key = prepared_split_key(split, cfg, rules) if cache is not None and not lazy else None
+    stored = load_prepared(cache, key, split, name, rules) if key is not None else None
     if stored is not None:
         table, skipped, total, left_out = stored
         log.info("split %s: checked in full before, read from %s", name, Path(cache) / key)
@@ -315,8 +316,9 @@ def prepare_split(
         table = check_in_full(table, report)
     if key is not None:
         try:
-            save(cache, key, table, report.skipped, report.total, report.left_out)
-        except CheckpointSaveError as e:  # the run goes on; the next one checks again
+            save_prepared(cache, key, table, report.skipped, report.total, report.left_out)
+        except CheckpointSaveError as e:
+            # The run goes on, and the next one checks the split again.
             log.warning("split %s: the checked split is not cached: %s", name, e)
     _log_language_tokens(name, table, specials)
     return table, report
@@ -345,7 +347,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     language_index = code_of_value[value_index]
     keep_langs = language_filter(cfg.languages)
     wanted = np.ones(len(split), dtype=bool)
-    if keep_langs is not None:  # left out on purpose: counted per language, not skipped
+    # Rows left out on purpose are counted per language, not skipped.
+    if keep_langs is not None:
         allowed = np.asarray([lang in keep_langs for lang in languages], dtype=bool)
         wanted = allowed[language_index]
         per_language = np.bincount(language_index[~wanted], minlength=len(languages))
@@ -358,7 +361,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     seconds = np.full(len(split), np.nan)
     if "duration" in columns:
         seconds = column_seconds(meta.column("duration"))
-    reason = np.zeros(len(split), dtype=np.int8)  # 0: kept; else the index in `reasons`, + 1
+    # 0 for a kept row, else the index of its reason in `reasons` plus 1.
+    reason = np.zeros(len(split), dtype=np.int8)
     by_seconds = rules.seconds_problems(seconds)
     reasons = [EMPTY_TEXT, *by_seconds]
     for k, rows in enumerate(by_seconds.values(), start=2):

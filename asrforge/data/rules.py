@@ -77,7 +77,8 @@ class UtteranceRules:
     """What an utterance must satisfy, and how its decoder tokens are made."""
 
     tokenizer: Any
-    specials: Any  # SpecialTokens: the prompt of a language
+    # The SpecialTokens that give a language's prompt.
+    specials: Any
     task: str
     max_positions: int
     """The decoder's positions (``max_target_positions``): prompt + text + end of text."""

@@ -1,21 +1,7 @@
 """Data sources: whatever ``data.path`` holds -> splits with the columns ``audio``, ``text``,
 ``language`` (and ``id`` when there is one) that :func:`asrforge.data.prepare.prepare_split` reads.
 
-``data.path`` may be a ``save_to_disk`` ``DatasetDict`` or ``Dataset``, a directory of parquet,
-arrow, jsonl/json, csv or tsv files (each file's split is the word its name starts with:
-``train-0000.parquet``, ``validation.jsonl``, ``data/test_clean.csv``; ``dev``/``valid``/``val``
-mean ``validation``), or one such file, which is the training split (a NeMo JSONL manifest, a
-CSV/TSV with a header row).
-Files are read with the ``datasets`` library's own loaders; parquet, json and csv are converted to
-Arrow once into its cache (``data.cache_dir``/datasets, else ``HF_DATASETS_CACHE``) and reused
-from there; arrow files and ``save_to_disk`` directories are memory-mapped where they are.
-
-Columns are found by ``data.columns`` or by their usual names (:mod:`asrforge.data.columns`). A
-row's audio reads as an undecoded ``Audio`` value (``{"bytes", "path"}``) whether the data holds
-an ``Audio`` feature, encoded bytes or file paths; a relative path is joined to the manifest's
-directory (or ``data.audio_dir``) when the row is read (:class:`~asrforge.data.ids.StandardRows`),
-so the audio is read from where it lies, not copied, and the path column is not rewritten up
-front.
+How it works: docs/data.md, "Reading a data source (`data/sources.py`)".
 """
 
 from __future__ import annotations
@@ -102,7 +88,8 @@ def load_source(
     else:
         fmt = format_of(path, section=section)
         raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
-    if not isinstance(raw, dict):  # one file or one saved Dataset: the split training reads
+    # One file or one saved Dataset is the split training reads.
+    if not isinstance(raw, dict):
         raw = {cfg.train_split: raw}
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
@@ -243,7 +230,8 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     options: dict = {}
     if fmt in ("csv", "tsv"):  # a transcript "NA" or "null" is text, not a missing value
         options["keep_default_na"] = False
-    if fmt == "tsv":  # unquoted, as Common Voice writes it: a " is text
+    # Unquoted, as Common Voice writes it, so a " is text.
+    if fmt == "tsv":
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
     try:
         ds = datasets.load_dataset(
@@ -255,7 +243,9 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
         bad = no_rows(files) or (_bad_json_line(files) if fmt == "json" else None)
-        if bad is not None:  # pyarrow counts rows of a block from 0: "row 1" of another line
+        # The line is named here because pyarrow counts rows of a block from 0 ("row 1" of another
+        # line).
+        if bad is not None:
             raise UserError(f"{section}.path: {bad}") from None
         raise unreadable(", ".join(map(str, files)), fmt, e, section=section) from None
     if fmt == "json":
@@ -298,7 +288,8 @@ def check_utf8(table, find_line, *, section: str = "data") -> None:
     import pyarrow as pa
 
     try:
-        for column in table.columns:  # the text columns alone: audio bytes need no pass
+        # Only the text columns are checked, since audio bytes need no pass.
+        for column in table.columns:
             if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 column.validate(full=True)
     except pa.ArrowInvalid as e:
@@ -332,7 +323,8 @@ def _bad_json_line(files: list[Path]) -> str | None:
     JSON object, or None (none, or a file that is one JSON document rather than JSON lines).
     Read only after the loader failed, to name the line as an editor numbers it."""
     for file in files:
-        whole = Path(file).suffix != ".jsonl"  # .json may be one document: not told apart
+        # A .json file may be one document rather than lines, and the two are not told apart.
+        whole = Path(file).suffix != ".jsonl"
         with open(file, "rb") as f:
             for n, line in enumerate(f, start=1):
                 if not line.strip():

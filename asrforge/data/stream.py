@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
-from asrforge.data.columns import dictionary_encoded, find_column, standardize
+from asrforge.data.columns import find_column, language_codes, standardize
 from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.prepare import Utterance
@@ -68,7 +68,8 @@ class Shard:
     ``[first_line, first_line + rows)`` of a JSONL file at bytes ``[start, end)``."""
 
     path: str
-    fmt: str  # the sources.FILE_FORMATS name: parquet, arrow, json, csv, tsv
+    # The sources.FILE_FORMATS name (parquet, arrow, json, csv or tsv).
+    fmt: str
     rows: int
     group: int = 0  # parquet row group
     start: int = 0
@@ -152,7 +153,8 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     _check_utf8(utf8, b"", path, final=True)
     if last != b"\n":  # a last line without a newline
         lines += 1
-    if starts[-1] >= offset:  # the file ends at a shard's start: no shard there
+    # A file that ends at a shard's start has no shard there.
+    if starts[-1] >= offset:
         starts.pop()
     shards = []
     for i, start in enumerate(starts):
@@ -200,7 +202,8 @@ def read_table(shard: Shard, keep: Callable[[list[str]], list[str]] | None = Non
 def _read_table(shard: Shard):
     import pyarrow as pa
 
-    if shard.fmt == "arrow":  # datasets writes the IPC stream format; others write the file one
+    # datasets writes the Arrow IPC stream format, other writers the file format.
+    if shard.fmt == "arrow":
         with pa.memory_map(shard.path) as source:
             try:
                 return pa.ipc.open_stream(source).read_all()
@@ -260,7 +263,7 @@ def _json_rows(shard: Shard, data: bytes) -> list[dict]:
     return rows
 
 
-def fingerprint(shards: list[Shard]) -> str:
+def shard_list_fingerprint(shards: list[Shard]) -> str:
     """Names the stream: the shard list (paths, sizes in rows and bytes)."""
     text = json.dumps([[s.path, s.fmt, s.rows, s.group, s.start, s.end] for s in shards])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -296,7 +299,8 @@ class RowRules:
 
     utterance: UtteranceRules
     split: str
-    keep: set[str] | None  # data.languages' codes, None: all
+    # data.languages' codes, or None for all.
+    keep: set[str] | None
 
 
 def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
@@ -345,9 +349,9 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
 
 def _count_languages(counts: Counter, column) -> None:
     """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
-    values, index = dictionary_encoded(column)
-    for value, n in zip(values, np.bincount(index, minlength=len(values)), strict=True):
-        counts[resolve_language(value, strict=False)] += int(n)
+    codes, index = language_codes(column)
+    for code, n in zip(codes, np.bincount(index, minlength=len(codes)), strict=True):
+        counts[code] += int(n)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -372,12 +376,13 @@ class StreamedSplit:
         self.language = (
             resolve_language(cfg.language, "data.language") if cfg.language is not None else None
         )
-        self.fingerprint = fingerprint(self.shards)
+        self.fingerprint = shard_list_fingerprint(self.shards)
         self.first_rows = np.cumsum([0] + [s.rows for s in self.shards])  # global row numbers
         self.rules: RowRules | None = None  # set by prepare()
         self.features = None
         self.eot = 0
-        self.augment = None  # an Augmenter: data.augment
+        # An Augmenter, set from data.augment.
+        self.augment = None
         self.epoch = 0
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
@@ -409,7 +414,8 @@ class StreamedSplit:
         ds = datasets.Dataset(InMemoryTable(table))
         columns_log = logging.getLogger("asrforge.data.columns")  # standardize's
         level = columns_log.level
-        if index or self.languages:  # what it says of one shard it says of all: said once
+        # What standardize says of one shard it says of all, so it is said once.
+        if index or self.languages:
             columns_log.setLevel(max(level, logging.WARNING))
         try:
             return standardize(
@@ -580,7 +586,8 @@ class _EpochBatches(IterableDataset):
                 position = {"fingerprint": s.fingerprint, "epoch": self.epoch, "batch": j,
                             "rows_before": hi}  # fmt: skip
                 yield s.batch(rows, self.epoch, position)
-        except UserError as e:  # a language without a token, a file gone bad: stop the run
+        except UserError as e:
+            # A language without a token or a file gone bad stops the run.
             yield {"stop": str(e), "size": 0, "dropped": [], "dropped_reasons": []}
 
     def _load_block(self, shard_ids: list[int], b: int) -> tuple:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from asrforge.data.dataset import IGNORE
 
-TIME_PRECISION = 0.02  # seconds per timestamp token: asrforge.model.frames' (data sits below model)
+# Seconds per timestamp token, asrforge.model.frames' value repeated because data sits below model.
+TIME_PRECISION = 0.02
 
 
 @dataclass(frozen=True)

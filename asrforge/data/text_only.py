@@ -1,20 +1,6 @@
 """Text-only language-model batches for multitask training (``data.asr_ratio < 1``).
 
-A text-only batch trains the decoder as a language model of the run's language: decoder input
-``<|startoftranscript|><|xx|><|transcribe|><|notimestamps|>`` + the line's tokens, labels the
-tokens + ``<|endoftext|>``, no audio. The prompt is the ASR prompt (not ``<|startoflm|>``, whose
-embedding released Whisper models never trained) so the text teaches the very distribution the
-decoder samples from when it transcribes. The loop runs the decoder without encoder states;
-``WhisperDecoderLayer`` then skips cross-attention altogether (``encoder_hidden_states is None``).
-
-The text file is streamed: lines are read one at a time (``readline`` with a byte limit), a
-block of :data:`SHUFFLE_BLOCK` lines is shuffled in memory, and only the first
-``max_lines`` lines are ever read, then the stream starts over (a new pass, a new shuffle). A
-position (pass, byte offset of the block, lines of it taken) says exactly where the stream is;
-it goes into ``TrainState`` so a resumed run continues with the same lines.
-
-Which micro-batches are text-only is :func:`is_text_batch`, a pure function of (seed,
-micro-batch index): resuming at any step gives the same interleaving.
+How it works: docs/data.md, "Text-only batches (`data/text_only.py`)".
 """
 
 from __future__ import annotations
@@ -134,7 +120,8 @@ class TextBatches:
         and ``text_position``: where the stream stands after this batch."""
         pos = {"pass": 0, "offset": 0, "line": 0, "taken": 0, **(position or {})}
         block: _Block | None = None
-        barren_passes = 0  # passes in a row without a usable line: the file has none
+        # Passes in a row without a usable line, which means the file has none.
+        barren_passes = 0
         with self.path.open("rb") as f:
             while True:
                 rows: list[list[int]] = []
@@ -147,7 +134,8 @@ class TextBatches:
                         pos["taken"] += 1
                         barren_passes = 0
                         continue
-                    if block.last:  # start over: a new pass, a new shuffle
+                    # The last block starts a new pass, with a new shuffle.
+                    if block.last:
                         barren_passes += 1
                         if barren_passes > 1:
                             raise UserError(f"data.text_path: {self.path} has no usable line")

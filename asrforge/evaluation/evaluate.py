@@ -190,10 +190,10 @@ def _metrics_of(preds: list[dict]) -> dict:
     n_tok = sum(p.get("n_label_tokens", 0) for p in preds)
     out = {
         "n": len(preds),
-        "wer": _safe(wer, refs, hyps),
-        "cer": _safe(cer, refs, hyps),
-        "wer_raw": _safe(wer, raw_refs, raw_hyps),
-        "cer_raw": _safe(cer, raw_refs, raw_hyps),
+        "wer": error_rate_or_nan(wer, refs, hyps),
+        "cer": error_rate_or_nan(cer, refs, hyps),
+        "wer_raw": error_rate_or_nan(wer, raw_refs, raw_hyps),
+        "cer_raw": error_rate_or_nan(cer, raw_refs, raw_hyps),
         "loss": sum(p.get("loss", 0.0) * p.get("n_label_tokens", 0) for p in preds) / n_tok
         if n_tok
         else math.nan,
@@ -202,9 +202,11 @@ def _metrics_of(preds: list[dict]) -> dict:
     return out
 
 
-def _safe(fn, refs: list[str], hyps: list[str]) -> float:
+def error_rate_or_nan(metric, refs: list[str], hyps: list[str]) -> float:
+    """``metric(refs, hyps)`` (:func:`~asrforge.text.wer` or :func:`~asrforge.text.cer`) as a
+    float, NaN where it raises ValueError."""
     try:
-        return float(fn(refs, hyps))
+        return float(metric(refs, hyps))
     except ValueError:
         return math.nan
 

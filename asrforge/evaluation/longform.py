@@ -30,7 +30,7 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
-from asrforge.evaluation.evaluate import EVAL_DIR
+from asrforge.evaluation.evaluate import EVAL_DIR, error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
@@ -72,7 +72,7 @@ def build_items(
     """Join utterances into ``count`` long recordings (see the module docstring).
 
     Args:
-        utts: utterances with ``uid``, ``language`` and ``text`` (``asrforge.data.dataset``).
+        utts: utterances with ``uid``, ``language`` and ``text`` (:class:`asrforge.data.prepare.Utterance`).
         load_wave: utterance -> (n_samples,) float32 at 16 kHz.
         count: recordings to make; fewer when the split runs out (logged).
         min_seconds, max_seconds: each recording's target length is drawn between the two.
@@ -135,18 +135,11 @@ def score(records: list[dict]) -> dict:
     refs = [normalize(r["ref"], r["language"]) for r in records]
     hyps = [normalize(r["hyp"], r["language"]) for r in records]
     return {
-        "longform_wer": _safe(wer, refs, hyps),
-        "longform_cer": _safe(cer, refs, hyps),
+        "longform_wer": error_rate_or_nan(wer, refs, hyps),
+        "longform_cer": error_rate_or_nan(cer, refs, hyps),
         "longform_n": len(records),
         "longform_seconds": round(sum(r["seconds"] for r in records), 2),
     }
-
-
-def _safe(metric, refs: list[str], hyps: list[str]) -> float:
-    try:
-        return float(metric(refs, hyps))
-    except ValueError:  # every reference empty after normalization
-        return math.nan
 
 
 @torch.no_grad()

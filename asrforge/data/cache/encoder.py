@@ -1,20 +1,6 @@
 """Caching the frozen part of the encoder for partial fine-tuning.
 
-When the encoder, or its lower part (``model.train_encoder_layers``, see
-``asrforge.model.partial``), is frozen, its output for an utterance never changes, so it is
-computed once, stored on disk as a memory-mapped ``.npy`` (one row per utterance) and read back
-every epoch: training then costs only the trained part. The cache directory is keyed by a
-description of what produced the rows (where the frozen part ends, the sha256 of its weights, the
-precision), written next to them as ``producer.json``; each row is keyed by the sha256 of the
-utterance's audio bytes (or of its file's path, size and modification time). So a cache is
-reused across runs and configs exactly when it is valid, and the caches of a frozen encoder and
-of a frozen lower part never collide.
-
-A build streams the rows to a fresh ``states-<id>.npy`` and then replaces ``index.json``, which
-names that file: a killed build leaves the previous cache intact, and runs sharing a cache never
-pair one build's index with another build's rows (the last index written wins). Readers
-share-lock the file they read and a build removes only files nobody holds
-(``asrforge.data.cache.files``).
+How it works: docs/data.md, "The encoder cache (`data/cache/encoder.py`)".
 """
 
 from __future__ import annotations
@@ -123,8 +109,10 @@ class EncoderCache:
                     for i in missing[start : start + batch_size]:
                         try:
                             items.append(dataset.features_of(i))
-                        except Exception:  # noqa: BLE001 - an undecodable or NaN clip stays
-                            failed += 1  # uncached; the data set drops and reports it
+                        except Exception:  # noqa: BLE001
+                            # An undecodable or NaN clip stays uncached, and the data set drops and
+                            # reports it.
+                            failed += 1
                             continue
                         keys.append(dataset.utts[i].audio_key)
                     if not items:
@@ -132,7 +120,9 @@ class EncoderCache:
                     feats = torch.stack([torch.from_numpy(f) for f in items]).to(device)
                     with autocast() if autocast is not None else contextlib.nullcontext():
                         hidden = forward(feats).float().cpu().numpy()
-                    if out is None:  # the row shape is known now: the whole file at once
+                    # The row shape is known once the first batch is through, so the whole file is
+                    # made then.
+                    if out is None:
                         out = np.lib.format.open_memmap(
                             new.tmp, mode="w+", dtype=np.float32, shape=(n_total, *hidden.shape[1:])
                         )
@@ -142,7 +132,8 @@ class EncoderCache:
                     out[pos : pos + len(hidden)] = hidden
                     new_index.update({key: pos + k for k, key in enumerate(keys)})
                     pos += len(hidden)
-                if out is None:  # no clip decoded: keep the cache as it was
+                # With no clip decoded, the cache stays as it was.
+                if out is None:
                     log.warning("encoder cache: none of %d clips could be decoded", len(missing))
                     return have
                 out.flush()

@@ -1,25 +1,6 @@
 """Log-mel caching: each utterance's features are computed once and read back every epoch.
 
-Decoding audio and computing a 30 s log-mel window costs ~10 ms per utterance on one core, paid
-again every epoch and every evaluation. The cache stores each utterance's features *trimmed*:
-Whisper pads audio to the window with silence, and every frame past the speech has the same
-value in every mel bin (the spectrogram's floor), so only the columns up to the last one that
-differs from that constant are stored, plus the constant. Reading a row rebuilds the window
-bit for bit (3 s of speech in a 30 s window: a tenth of the bytes).
-
-Layout under ``root/<key>/`` where ``key`` hashes the feature extractor's settings and this
-module's format version (a cache is reused across runs exactly when it is valid)::
-
-    values-<id>.f32   raw float32, the stored columns of every utterance, one after another
-    index.json        the values file's name, the window shape, {audio_key: [offset, n, fill]}
-
-Rows are keyed by the sha256 of the audio bytes, or of a file's path, size and modification
-time (``Utterance.audio_key``), like the encoder cache. A build writes a new values file under a
-fresh name, then replaces ``index.json`` atomically: a killed build leaves the previous cache
-intact, and runs of a matrix sharing the cache never pair an index with another build's values
-(the last index written wins). Readers share-lock the values file they read, and a build
-removes only the values files nobody holds (``asrforge.data.cache.files``), so a run never loses
-the file it reads to another run's build.
+How it works: docs/data.md, "The log-mel cache (`data/cache/features.py`)".
 """
 
 from __future__ import annotations
@@ -76,7 +57,7 @@ class _NothingAdded(Exception):
 
 
 class FeatureCache:
-    """Trimmed log-mel windows looked up by audio key; see the module docstring."""
+    """Trimmed log-mel windows looked up by audio key (see docs/data.md, "The log-mel cache")."""
 
     def __init__(
         self, directory: Path, values: str, index: dict[str, list], n_mels: int, n_frames: int
@@ -137,7 +118,8 @@ class FeatureCache:
         if len({extractor_key(ds.fe) for ds in datasets}) > 1:
             raise ValueError("FeatureCache.build: the datasets use different feature extractors")
         directory = Path(root) / extractor_key(fe)
-        have = cls.open(root, fe)  # held: the previous file cannot go while it is copied
+        # The previous cache is held open so that its file cannot go while it is copied.
+        have = cls.open(root, fe)
         index: dict[str, list] = dict(have.index) if have is not None else {}
         missing: dict[str, tuple] = {}
         for ds in datasets:
@@ -177,7 +159,8 @@ class FeatureCache:
                         index[key] = [offset, columns.shape[1], fill]
                         offset += columns.size
                         added += 1
-                if not added:  # nothing decoded: keep the cache as it was
+                # With nothing decoded, the cache stays as it was.
+                if not added:
                     raise _NothingAdded
                 meta = {"values": new.name, "n_mels": shape[0], "n_frames": shape[1], "rows": index}
                 new.publish(directory / "index.json", meta)

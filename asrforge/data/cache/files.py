@@ -76,7 +76,8 @@ def remove_unused(directory: Path, pattern: str, keep: str) -> list[str]:
             continue
         try:
             unused = try_lock(fd)
-        except OSError:  # cannot tell: keep it
+        except OSError:
+            # A file whose use cannot be told is kept.
             unused = False
         if not unused:  # a reader or a writer still uses it
             os.close(fd)
