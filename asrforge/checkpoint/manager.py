@@ -1,25 +1,7 @@
 """The checkpoints directory of a run: step checkpoints, ``latest``, ``best/``, top-k, rotation.
 
-::
-
-    checkpoints/
-      step-000100/  step-000200/ ...   complete training checkpoints (each with a manifest)
-      latest -> step-000200            symlink, replaced atomically (latest.txt where symlinks fail)
-      best/                            the selection policy's choice
-      best-wer-1/ best-wer-2/ ...      top-k per ``keep_best`` spec, rank 1 = best
-
-``best*/`` directories are hard links of the step directory's files (checkpoint files are never
-modified in place, so sharing inodes is safe and costs no space); a copy where links fail. Each
-is built under a temporary name and renamed into place, like the step directories.
-
-Rotation (``save_total_limit``) runs only after the new checkpoint is complete, deletes the
-oldest ``step-*`` directories beyond the limit, and never deletes the best one, a top-k member's
-source (of a ``keep_best`` spec, or of the ``average_checkpoints`` callback's ranking, read from
-the manifests as ``asrforge average`` reads it), the newest, or one that does not verify (kept
-for inspection). The manager's own state (best step, top-k entries) is stored in each
-manifest under ``checkpoint_manager`` *including* that checkpoint, so on resume::
-
-    manager.load_state_dict(ckpt.manifest["checkpoint_manager"])
+Its layout and rotation rules: docs/training.md, "The checkpoints directory
+(`checkpoint/manager.py`)".
 """
 
 from __future__ import annotations

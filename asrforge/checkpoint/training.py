@@ -1,28 +1,7 @@
 """Training checkpoints: one directory with everything an exact resume needs.
 
-::
-
-    step-000200/
-      model.safetensors    weights (tied aliases dropped, recorded in the header; see below);
-                           past ``max_shard_size``: model-0000i-of-0000N.safetensors shards and
-                           model.safetensors.index.json (:mod:`asrforge.checkpoint.shards`)
-      ema.safetensors      EMA weights, when EMA is on (sharded the same way)
-      optimizer.pt         optimizer.state_dict()         } torch.save; loaded with
-      scheduler.pt         lr_scheduler.state_dict()      } weights_only=True, so only
-      scaler.pt            GradScaler state, when used    } tensors, numbers, strings, lists,
-      rng.pt               capture_rng_state()            } tuples, dicts and None may be inside
-      train_state.json     TrainState, data position
-      callbacks.json       {callback name: its state_dict()}
-      config.yaml          the resolved TrainConfig
-      tokenizer/           whatever the tokenizer's save function writes
-      manifest.json        sha256 + size of each file above, step, metrics; written last
-
-**Tied weights.** Whisper ties ``proj_out.weight`` to ``model.decoder.embed_tokens.weight``;
-safetensors refuses two names for one storage. :func:`save_weights` keeps the first name of each
-group of exact aliases, drops the others and records them as ``{"alias": "kept name"}`` in the
-header metadata under ``asrforge_aliases``; :func:`load_weights` puts the alias back as the *same*
-tensor object, so the tie survives a round trip. (transformers' ``from_pretrained`` also accepts
-the file as is: it re-ties ``proj_out`` itself.) Tensors that overlap only partly are cloned.
+Its files and how tied weights are kept: docs/training.md, "A checkpoint's files
+(`checkpoint/training.py`)".
 """
 
 from __future__ import annotations

@@ -1,44 +1,7 @@
-"""Events and the callback protocol.
+"""Events and the callback protocol: which events the loop calls, with what, and what a callback
+may do.
 
-The loop calls named events at fixed points (Lightning Fabric's ``fabric.call``). Callbacks
-observe; they may raise ``state.should_stop`` / ``state.should_save`` and nothing else. An
-optional callback that raises is logged with its name and the run goes on; a critical one
-stops the run with :class:`CriticalCallbackError`. A disk that is full or failing
-(:data:`DISK_ERRORS`) stops the run whichever callback meets it: the next save would fail too;
-so does a symlink where a callback appends (:class:`asrforge.io.append.SymlinkRefused`, exit 2).
-
-Each callback's state (``state_dict``) is saved in the checkpoint's ``callbacks.json`` under its
-:attr:`Callback.id` if it has one, else under its name, numbered from the second callback of that
-name on (``early_stopping``, ``early_stopping#2``, ...): several callbacks of one kind each resume
-their own state.
-
-Events and their payloads (every event also gets ``state: TrainState``):
-
-============== ==================================================================================
-event          payload
-============== ==================================================================================
-on_train_begin ``run: RunInfo`` (config, run dir, model, parameter counts, precision, device,
-               the run's last step)
-on_epoch_begin ``epoch: int``
-on_step_begin  ``step: int`` (the optimizer step about to be taken, 1-based)
-on_step_end    ``metrics: dict`` — ``loss`` (mean over the step's micro-batches), ``lr``,
-               ``grad_norm`` (the global norm before clipping; None when it is inf or nan,
-               which skips the step), ``skipped`` (bool), ``samples``, ``tokens``,
-               ``step_seconds``, ``data_wait_seconds`` (of those, the time spent waiting
-               in the data loader's ``next()``)
-on_eval_begin  ``split: str``
-on_eval_end    ``metrics: dict`` (``loss``, ``wer``, ``cer``, ``n``, rep-trap counts,
-               ``per_language``; :func:`eval_metric_names` lists the scalar ones),
-               ``decision: Decision`` (save?, reason, stop?)
-on_predict_end ``predictions: list[dict]`` — one per utterance: ``uid``, ``language``, ``ref``,
-               ``hyp``, ``n_tokens``, flags
-on_save        ``path: Path``, ``kind: str``: ``best`` (the selection policy's new best),
-               ``interrupt`` (saved on SIGTERM/SIGINT), ``final`` (after the last step),
-               ``step`` (any other save)
-on_epoch_end   ``epoch: int``
-on_train_end   ``result: FitResult``
-on_exception   ``error: BaseException`` (then the error propagates)
-============== ==================================================================================
+The events and their payloads: docs/training.md, "Writing a callback (`train/events.py`)".
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The training forward pass: :class:`TrainingWhisper` turns one training batch into logits.
 
-A batch takes one of four paths through the Whisper model:
-
-* text-only (``task == "lm"``, ``data.asr_ratio < 1``): the decoder alone, without encoder states
-  (so without cross-attention input), then ``proj_out``;
-* the frozen part's output cached (``encoder_hidden_states``, ``data.cache_encoder``): the
-  trained top layers on it (:func:`~asrforge.model.partial.encode_trained_part`), then the
-  decoder;
-* a frozen lower encoder (``model.train_encoder_layers``): SpecAugment, the frozen part without
-  an autograd graph, the trained top layers, then the decoder;
-* otherwise Whisper's own forward (the whole encoder trains, or all of it is frozen).
-
-All four run inside this one module, which ``accelerate.prepare`` wraps (DDP with several
-processes): the gradients of every path are synchronized by the wrapper. A text-only batch leaves
-the encoder unused, so runs with text-only batches build the wrapper with
-``find_unused_parameters`` (``asrforge.train.setup``).
-
-It lives in ``train/`` rather than ``model/``: it reads the training batch format (the data
-caches' keys, the task of a batch) and nothing outside training runs it; ``model/`` holds what
-inference shares.
+Its four paths through the model: docs/training.md, "The training forward (`train/forward.py`)".
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """The forgetting guard's measurement: how well the model still transcribes speech it already
 handled before fine-tuning (``eval.guard``).
 
-The guard set is loaded once (:func:`load_guard_items`): data in any form ``data.path`` takes
-(:func:`is_data_source`), a directory of audio files, or one audio file; audio longer than the model's window is cut into windows at pauses
-(:func:`asrforge.model.silence.segment`). :class:`Guard` transcribes it greedily, like the
-evaluation, and scores the transcripts:
-
-* ``wer`` (every item has a reference): the error rate against the references;
-* ``drift`` (no references needed): the error rate against the starting model's own
-  transcripts, which :meth:`Guard.measure_start` records in the selector's
-  :class:`~asrforge.selection.GuardGate` at step 0 (and which therefore ride in every
-  checkpoint's selection state).
-
-The error rate is the one the evaluation judges the language by
-(:func:`asrforge.text.primary_metric`): CER for scripts without spaces between words (zh, ja,
-th, ...), where WER counts whole phrases, else WER; ``guard_metric`` says which.
-
-The selector refuses a save whose ``guard_wer`` exceeds the start by more than the tolerance.
+How it measures: docs/guard.md, "The guard's measurement (`train/guard.py`)".
 """
 
 from __future__ import annotations
