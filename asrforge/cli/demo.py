@@ -8,7 +8,8 @@ import signal
 from pathlib import Path
 
 from asrforge.errors import UserError
-from asrforge.recipes.demo import CONFIG, MULTI_CONFIG, DemoOptions, run_english, run_multilingual
+from asrforge.recipes.demo import run_english, run_multilingual
+from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
 from asrforge.recipes.extra import DEMO_PACKAGES, require_demo_extra
 
 

@@ -21,6 +21,7 @@ from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
+from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
 from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
 from asrforge.text.metrics import strict_json_metrics
@@ -31,8 +32,6 @@ from asrforge.train.state import TrainState
 # (torch, the corpus, the loop, bundles, the matrix's executors) are imported inside the
 # functions that run them.
 
-CONFIG = "demo.yaml"
-MULTI_CONFIG = "demo-multilingual.yaml"
 EVAL_SIZES = {"validation": 30, "test": 40}
 """English corpus of the demo: held-out utterances; the train split holds one pass of the
 fine-tuning (:func:`train_sentences`), so none is seen twice."""
@@ -425,22 +424,6 @@ class EvalNotice(Callback):
 # The English demo
 
 
-@dataclass(frozen=True)
-class DemoOptions:
-    """What a demo run was asked for (``asrforge demo``'s options)."""
-
-    quick: bool = False
-    """A CI-sized run of the same steps."""
-    steps: int | None = None
-    """Fine-tuning steps (``train.max_steps``); None: the config's."""
-    config: Path | None = None
-    """The training config; None: the demo's own."""
-    out: Path | None = None
-    """The demo directory; None: the config's output_dir plus a time stamp."""
-    workers: int | None = None
-    """espeak-ng processes; None: one per CPU."""
-    overrides: tuple[str, ...] = ()
-    """``dotted.key=value`` overrides of the training config."""
 
 
 def _resolve(options: DemoOptions, default_config: str, quick_overrides: list[str]):
