@@ -27,10 +27,6 @@ class Stage:
         self.ran: list[str] = []
 
     def install(self, setattr_) -> None:
-        import asrforge.bundle
-        import asrforge.callbacks
-        import asrforge.recipes.corpus
-        import asrforge.train.loop
 
         stage = self
 
@@ -55,11 +51,11 @@ class Stage:
             return out
 
         card = {"splits": {"validation": {"utterances": 4}}}
-        setattr_(asrforge.recipes.corpus, "build_corpus", lambda *a, **k: card)
-        setattr_(asrforge.bundle, "export_bundle", export_bundle)
-        setattr_(asrforge.bundle, "load_bundle", lambda path: path)
-        setattr_(asrforge.callbacks, "build_callbacks", lambda cfg: [])
-        setattr_(asrforge.train.loop, "Trainer", FakeTrainer)
+        setattr_(demo, "build_corpus", lambda *a, **k: card)
+        setattr_(demo, "export_bundle", export_bundle)
+        setattr_(demo, "load_bundle", lambda path: path)
+        setattr_(demo, "build_callbacks", lambda cfg: [])
+        setattr_(demo, "Trainer", FakeTrainer)
         setattr_(demo, "ensure_tiny_en", lambda *a: None)
         setattr_(demo, "ensure_guard_set", lambda *a: None)
         setattr_(demo, "longform_recording", lambda *a: (Path("long.wav"), "ref", 60.0))

