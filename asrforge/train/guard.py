@@ -356,3 +356,17 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
         max_new_tokens=gcfg.max_new_tokens,
     )
+
+
+def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
+                      max_new_tokens: int) -> tuple[list[str], list[str]]:
+    """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
+    run's guard cuts them."""
+
+    items = load_guard_items(guard_cfg, "en", window_seconds)
+    guard = Guard(
+        items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
+        prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
+        eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
+    )
+    return [i.id for i in items], guard.transcribe(bundle.model, device=bundle.device)
