@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
+"""Files a guard directory contributes (others are ignored)."""
 GUARD_WINDOW_SECONDS = 28.0
 """Longest joined guard recording: one model window (30 s) with room to spare."""
 GUARD_GAP_SECONDS = 0.5

@@ -20,6 +20,7 @@ import torch
 
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.guard_set import AUDIO_SUFFIXES
 from asrforge.data.sources import FILE_FORMATS, read_split, split_of
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR
@@ -31,9 +32,6 @@ from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger("asrforge.train")
-
-AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
-"""Files a guard directory contributes (others are ignored)."""
 
 
 @dataclass(frozen=True)
