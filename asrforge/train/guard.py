@@ -360,11 +360,17 @@ def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
                       max_new_tokens: int) -> tuple[list[str], list[str]]:
     """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
     run's guard cuts them."""
-
     items = load_guard_items(guard_cfg, "en", window_seconds)
+    return [i.id for i in items], bundle_transcripts(bundle, items, batch_size, max_new_tokens)
+
+
+def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
+                       max_new_tokens: int) -> list[str]:  # fmt: skip
+    """The greedy transcript of each item by ``bundle`` (an :class:`asrforge.bundle.Bundle`),
+    decoded as the training run's guard decodes, each in its item's language."""
     guard = Guard(
         items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
         prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
         eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
     )
-    return [i.id for i in items], guard.transcribe(bundle.model, device=bundle.device)
+    return guard.transcribe(bundle.model, device=bundle.device)
