@@ -21,7 +21,12 @@ from asrforge.callbacks import build_callbacks
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
-from asrforge.data.guard_set import GUARD_GAP_SECONDS, GUARD_WINDOW_SECONDS, guard_windows
+from asrforge.data.guard_set import (
+    GUARD_GAP_SECONDS,
+    GUARD_WINDOW_SECONDS,
+    guard_windows,
+    join_waves,
+)
 from asrforge.data.sources import load_arrow
 from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.evaluation.evaluate import evaluate_split
@@ -159,7 +164,6 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     Raises:
         UserError: the package is not installed.
     """
-    import numpy as np
     import soundfile as sf
 
     if not GUARD_SOURCE.is_dir():
@@ -180,11 +184,10 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    gap = np.zeros(round(GUARD_GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
     seconds = 0.0
     for k, names in enumerate(windows):
         waves = [decode_audio(GUARD_SOURCE / name, SAMPLE_RATE) for name in names]
-        wave = np.concatenate([x for w in waves for x in (gap, w)][1:])
+        wave = join_waves(waves, GUARD_GAP_SECONDS)
         sf.write(tmp / f"guard-{k:03d}.wav", wave, SAMPLE_RATE, subtype="PCM_16")
         seconds += wave.shape[0] / SAMPLE_RATE
     (tmp / "PROMPTS.txt").write_text(listing)  # which prompts each window joins, in order
