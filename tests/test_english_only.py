@@ -1,6 +1,6 @@
 """An English-only base (``*.en``: its prompt has no language slot) is refused other languages
 before its weights load, with the reason and the ways out, and leaves no run behind; relabelled
-as English the same data trains; ``vocab build`` on such a base says what it will take."""
+as English the same data trains. (``vocab build`` on such a base: tests/test_vocab.py.)"""
 
 from __future__ import annotations
 

@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--window-seconds: must be in (0, 30], got {window}")
     if gap < 0:
         raise UserError(f"--gap-seconds: must be >= 0, got {gap}")
+    for flag, value in (("--batch-size", args.batch_size), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise UserError(f"{flag}: must be >= 1, got {value}")
     check_out(args.out)
     clips = read_clips(args.audio, args.language, args.references)
     bundle = open_model(args.model) if args.model is not None else None
