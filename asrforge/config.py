@@ -611,7 +611,8 @@ class GuardConfig(Section):
     """Data in any form ``data.path`` takes (a saved data set, a directory of data files, a NeMo
     manifest, a CSV/TSV; columns ``audio``, optional ``text`` and ``language``), a directory of
     audio files (the files directly in it, in name order), or one audio file. Audio longer than
-    the model's window is cut into windows at pauses."""
+    the model's window is cut into windows at pauses. ``asrforge guard build`` writes one from
+    short clips."""
     split: str = "validation"
     """The split of data with splits (a single file is read whole)."""
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)

@@ -217,7 +217,7 @@ def test_an_english_only_model_refuses_other_languages_naming_them(tmp_path, ton
     english_only = SpecialTokens.from_tokenizer(tok, False)
     with pytest.raises(UserError, match=rf"English-only.*'sv-SE' \({n_sv} utterances, code 'sv'\)"):
         prepare(split, tok, english_only)
-    with pytest.raises(UserError, match=r"data\.languages: \[en\]\) or fine-tune a multilingual"):
+    with pytest.raises(UserError, match=r"data\.languages: \[en\]\), or start from a multilingual Whisper"):
         prepare(split, tok, english_only)
     utts, report = prepare(split, tok, english_only, languages=["English"])  # Swedish left out
     assert len(utts) == len(split) - n_sv and report.n_skipped == 0

@@ -151,7 +151,7 @@ def test_demo_progress_passes_every_batch_through_and_reports_the_total():
 
 
 def test_guard_prompts_join_in_order_into_windows_that_fit():
-    from asrforge.recipes.demo import guard_windows
+    from asrforge.data.guard_set import guard_windows
 
     prompts = [
         ("a", 10.0),

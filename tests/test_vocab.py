@@ -234,6 +234,27 @@ def test_cli_build_and_report(tmp_path, capsys):
     assert "decode steps saved" in capsys.readouterr().out
 
 
+def test_build_on_an_english_only_base_says_the_data_must_train_as_english(tmp_path, capsys):
+    """tiny.en's tokenizer (51864 tokens, no model config beside it): the extension is written,
+    and the note says its prompt has no language slot, so Spanish trains as English."""
+    rng = random.Random(0)
+    words = ["señora", "mañana", "corazón", "canción", "niño", "pequeño", "año", "jamón"]
+    texts = [(" ".join(rng.choices(words, k=6)), "es") for _ in range(300)]
+    data = write_dataset(tmp_path / "data", {"train": texts})
+    args = ["vocab", "build", "--data", str(data), "--vocab-size", "300", "--base", str(TINY_EN)]
+    assert main([*args, "--language", "es", "--out", str(tmp_path / "es")]) == 0
+    out = capsys.readouterr().out
+    assert "new es tokens" in out and "is an English-only Whisper: its prompt has no language" in out
+    assert "train the 'es' data as English (data.language: en)" in out
+    assert VocabExtension.read(tmp_path / "es").language_token is None
+    # English text on an English-only base takes nothing more: no note
+    english = [(t, "en") for t, _ in texts]
+    write_dataset(tmp_path / "data-en", {"train": english})
+    args[3] = str(tmp_path / "data-en")
+    assert main([*args, "--language", "en", "--out", str(tmp_path / "en")]) == 0
+    assert "English-only" not in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------
 # Model side
 

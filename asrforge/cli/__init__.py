@@ -21,6 +21,7 @@ from asrforge.cli import (
     demo,
     evaluate,
     export,
+    guard,
     import_ct2,
     lm,
     matrix,
@@ -37,7 +38,7 @@ from asrforge.io.atomic import describe_os_error
 # heavy domain code only when the command runs, so every parser is built on each call.
 COMMANDS = (
     train, config, matrix, report, export, transcribe, evaluate, demo, lm, average, import_ct2,
-    vocab, corpus,
+    vocab, corpus, guard,
 )  # fmt: skip
 
 

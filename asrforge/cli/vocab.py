@@ -9,6 +9,7 @@ from pathlib import Path
 
 from asrforge.cli.data_options import data_options
 from asrforge.errors import UserError
+from asrforge.text.languages import resolve_language
 
 # The tokenizer code loads transformers: imported inside the handler, so building the parser
 # (`asrforge --help`) does not wait for it.
@@ -63,6 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vocab build`` or ``vocab report``; UserErrors propagate for the CLI to print."""
+    from asrforge.model.build import has_language_slot
     from asrforge.model.tokenizer import load_tokenizer
     from asrforge.model.vocab import (
         VocabExtension,
@@ -91,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {args.out}: {ext.new_tokens} new {ext.language} tokens, "
             f"{ext.base_vocab_size} -> {ext.vocab_size} ({len(texts)} transcripts)"
         )
+        code = resolve_language(args.language, strict=False)
+        if code != "en" and not has_language_slot(args.base, ext.base_vocab_size):
+            print(english_only_notice(args.base, code))
         return 0
     ext_tok = load_extended_tokenizer(args.tokenizer)
     ext = VocabExtension.read(args.tokenizer)
@@ -119,3 +124,15 @@ def run(args: argparse.Namespace) -> int:
         f"{report['decode_steps_before']} ({report['decode_steps_saved_pct']:.1f}%)"
     )
     return 0
+
+
+def english_only_notice(base: Path, code: str) -> str:
+    """What an extension of an English-only base (its prompt has no language slot) will take."""
+    return (
+        f"note: {base} is an English-only Whisper: its prompt has no language slot. The new "
+        f"tokens extend its vocabulary, but the model still decodes every utterance under the "
+        f"English prompt, so train the {code!r} data as English (data.language: en) with "
+        f"model.tokenizer: the extended tokenizer. To teach {code!r} under its own language "
+        "token, extend and train a multilingual Whisper instead: asrforge does not turn an "
+        "English-only model into a multilingual one"
+    )

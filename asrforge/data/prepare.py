@@ -273,6 +273,13 @@ def split_languages(split) -> set[str]:
     return {code for code in codes if code}
 
 
+def language_value_counts(split) -> Counter:
+    """Rows per value of ``split``'s ``language`` column (read with Arrow; values as given)."""
+    values, value_index = dictionary_encoded(arrow_columns(split, ["language"]).column("language"))
+    counts = np.bincount(value_index, minlength=len(values)).tolist()
+    return Counter(dict(zip(values, counts, strict=True)))
+
+
 def prepare_split(
     split,
     name: str,
@@ -340,7 +347,9 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         check_language_tokens(by_value, name, rules.specials, language_filter(cfg.languages),
                               row_uids(split, name, unnamed[:10]))  # fmt: skip
     if training:
-        check_english_only(by_value, name, rules.specials, language_filter(cfg.languages))
+        check_english_only(
+            by_value, name, rules.specials.multilingual, language_filter(cfg.languages)
+        )
     codes = [resolve_language(v, strict=False) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)

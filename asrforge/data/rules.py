@@ -381,16 +381,17 @@ def _no_language(n: int, ids: list[str] | None) -> str:
     )
 
 
-def check_english_only(counts: Counter, split: str, specials, keep: set[str] | None) -> None:
-    """Under an English-only model (``*.en``: its prompt carries no language token), refuse a
-    language other than English (a value of the ``language`` column): its utterances would
-    train under the English prompt, and the bundle would then refuse to transcribe it. A row
-    without a language is English's. Nothing to check for a multilingual model.
+def check_english_only(counts: Counter, split: str, multilingual: bool, keep: set[str] | None) -> None:
+    """Under an English-only model (``*.en``, not ``multilingual``: its prompt has no language
+    slot), refuse a language other than English (a value of the ``language`` column): its
+    utterances would train under the English prompt, and the bundle would then refuse to
+    transcribe it. A row without a language is English's. Nothing to check for a multilingual
+    model.
 
     Raises:
         UserError: naming each such value, its utterance count and the ways to fix it.
     """
-    if specials.multilingual:
+    if multilingual:
         return
     other = {value: n for value, n in counts.items()
              if value and not is_english(value) and (keep is None or resolve_language(value, strict=False) in keep)}  # fmt: skip
@@ -398,10 +399,11 @@ def check_english_only(counts: Counter, split: str, specials, keep: set[str] | N
         return
     found = ", ".join(_language_value(v, n) for v, n in other.items())
     raise UserError(
-        f"data: split {split!r}: the model is English-only (its tokenizer has no language "
-        f"tokens), but the data has language {found}: they would train under the English "
-        "prompt. Leave them out (data.languages: [en]) or fine-tune a multilingual model "
-        "(model.pretrained)"
+        f"data: split {split!r}: English-only model: its prompt has no language slot, so it "
+        f"cannot be taught {found}. Relabel the data as English (data.language: en) to train "
+        "the English-only prompt on it, leave those utterances out (data.languages: [en]), or "
+        "start from a multilingual Whisper (model.pretrained); asrforge does not turn an "
+        "English-only model into a multilingual one"
     )
 
 

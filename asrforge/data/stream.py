@@ -321,7 +321,7 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     if specials.multilingual and specials.token_language(lang) is None:
         check_language_tokens(Counter([value]), rules.split, specials, rules.keep, [uid])
     if not specials.multilingual and not is_english(value):
-        check_english_only(Counter([value]), rules.split, specials, rules.keep)
+        check_english_only(Counter([value]), rules.split, False, rules.keep)
     text = row.get("text")
     prompt = utterance.prompt(lang)
     text_ids = utterance.text_ids(text) if text and text.strip() else []
@@ -468,7 +468,7 @@ class StreamedSplit:
         self.features, self.eot = features, eot
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
-        check_english_only(self.languages, self.split, specials, keep)
+        check_english_only(self.languages, self.split, specials.multilingual, keep)
 
     def left_out(self) -> dict[str, int]:
         """Rows per language code that ``data.languages`` leaves out, over every shard (their

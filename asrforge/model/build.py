@@ -69,13 +69,27 @@ def is_multilingual(cfg: ModelConfig) -> bool:
     """English-only Whisper models (``*.en``) have no language or task token in their prompt."""
     if cfg.pretrained is None:
         return True
-    gen = Path(cfg.pretrained) / "generation_config.json"
+    return has_language_slot(Path(cfg.pretrained))
+
+
+def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
+    """Whether the Whisper model at ``directory`` prompts with a language token (multilingual),
+    read from its files alone, no weights: the generation config's ``is_multilingual``, else
+    the size of the vocabulary (``config.json``'s, else ``vocab_size``: its tokenizer's).
+
+    A directory that says neither (no such files) counts as multilingual: the model's load
+    reports what is missing.
+    """
+    gen = directory / "generation_config.json"
     if gen.is_file():
         flag = json.loads(gen.read_text()).get("is_multilingual")
         if flag is not None:
             return bool(flag)
-    vocab = json.loads((Path(cfg.pretrained) / "config.json").read_text())["vocab_size"]
-    return vocab >= 51865  # transformers' own rule for Whisper checkpoints
+    config = directory / "config.json"
+    if config.is_file():
+        vocab_size = json.loads(config.read_text()).get("vocab_size", vocab_size)
+    # transformers' own rule for Whisper checkpoints: English-only ones have 51864 tokens
+    return vocab_size is None or vocab_size >= 51865
 
 
 def build_model(

@@ -21,6 +21,12 @@ from asrforge.callbacks import build_callbacks
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.guard_set import (
+    GUARD_GAP_SECONDS,
+    GUARD_WINDOW_SECONDS,
+    guard_windows,
+    join_waves,
+)
 from asrforge.data.sources import load_arrow
 from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.evaluation.evaluate import evaluate_split
@@ -35,7 +41,7 @@ from asrforge.selection import resolve_group
 from asrforge.text import normalize, primary_metric, wer
 from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
-from asrforge.train.guard import Guard, load_guard_items
+from asrforge.train.guard import guard_transcripts
 from asrforge.train.loop import Trainer
 from asrforge.train.state import TrainState
 
@@ -69,10 +75,6 @@ forget."""
 GUARD_SECONDS = (3.0, 15.0)
 """Prompts of this length (seconds) are guard candidates: sentences, not single words (about
 100 prompts, 500 s)."""
-GUARD_WINDOW_SECONDS = 28.0
-"""Longest joined guard recording: one model window (30 s) with room to spare."""
-GUARD_GAP_SECONDS = 0.5
-"""Silence between the prompts of a joined guard recording."""
 GUARD_NOT_SPEECH = ("tt-monkeys", "beep", "ascending", "descending", "silence")
 """Prompts that are sounds, not speech."""
 MULTI_LANGUAGES = ("es", "en", "zh")
@@ -151,28 +153,6 @@ def ensure_tiny_en(dest: Path, say: Progress) -> Path:
     return dest
 
 
-def guard_windows(prompts: list[tuple[str, float]], window_seconds: float,
-                  gap_seconds: float) -> list[list[str]]:
-    """The prompts (``(name, seconds)``, in the order given) grouped into windows: each window
-    takes prompts in order while they fit in ``window_seconds`` with ``gap_seconds`` between
-    them; a prompt longer than a window is left out."""
-    windows: list[list[str]] = []
-    current: list[str] = []
-    used = 0.0
-    for name, seconds in prompts:
-        if seconds > window_seconds:
-            continue
-        need = seconds + (gap_seconds if current else 0.0)
-        if current and used + need > window_seconds:
-            windows.append(current)
-            current, used, need = [], 0.0, seconds
-        current.append(name)
-        used += need
-    if current:
-        windows.append(current)
-    return windows
-
-
 def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     """The forgetting guard's audio at ``dest``: the speech prompts of :data:`GUARD_SECONDS` in
     the ``asterisk-core-sounds-en-wav`` package, in name order, joined
@@ -184,7 +164,6 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     Raises:
         UserError: the package is not installed.
     """
-    import numpy as np
     import soundfile as sf
 
     if not GUARD_SOURCE.is_dir():
@@ -205,11 +184,10 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    gap = np.zeros(round(GUARD_GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
     seconds = 0.0
     for k, names in enumerate(windows):
         waves = [decode_audio(GUARD_SOURCE / name, SAMPLE_RATE) for name in names]
-        wave = np.concatenate([x for w in waves for x in (gap, w)][1:])
+        wave = join_waves(waves, GUARD_GAP_SECONDS)
         sf.write(tmp / f"guard-{k:03d}.wav", wave, SAMPLE_RATE, subtype="PCM_16")
         seconds += wave.shape[0] / SAMPLE_RATE
     (tmp / "PROMPTS.txt").write_text(listing)  # which prompts each window joins, in order
@@ -243,20 +221,6 @@ def longform_wer(bundle, path: Path, reference: str) -> tuple[float, str]:
     own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there)."""
     hyp = bundle.transcribe(path, max_new_tokens=LONGFORM_MAX_NEW_TOKENS)
     return float(wer(normalize(reference, "en"), normalize(hyp, "en"))), hyp
-
-
-def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
-                      max_new_tokens: int) -> tuple[list[str], list[str]]:
-    """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
-    run's guard cuts them."""
-
-    items = load_guard_items(guard_cfg, "en", window_seconds)
-    guard = Guard(
-        items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
-        prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
-        eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
-    )
-    return [i.id for i in items], guard.transcribe(bundle.model, device=bundle.device)
 
 
 def drift(before: list[str], after: list[str]) -> float:

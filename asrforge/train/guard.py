@@ -20,6 +20,7 @@ import torch
 
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.guard_set import AUDIO_SUFFIXES
 from asrforge.data.sources import FILE_FORMATS, read_split, split_of
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR
@@ -31,9 +32,6 @@ from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger("asrforge.train")
-
-AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
-"""Files a guard directory contributes (others are ignored)."""
 
 
 @dataclass(frozen=True)
@@ -356,3 +354,23 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
         max_new_tokens=gcfg.max_new_tokens,
     )
+
+
+def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
+                      max_new_tokens: int) -> tuple[list[str], list[str]]:
+    """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
+    run's guard cuts them."""
+    items = load_guard_items(guard_cfg, "en", window_seconds)
+    return [i.id for i in items], bundle_transcripts(bundle, items, batch_size, max_new_tokens)
+
+
+def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
+                       max_new_tokens: int) -> list[str]:  # fmt: skip
+    """The greedy transcript of each item by ``bundle`` (an :class:`asrforge.bundle.Bundle`),
+    decoded as the training run's guard decodes, each in its item's language."""
+    guard = Guard(
+        items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
+        prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
+        eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
+    )
+    return guard.transcribe(bundle.model, device=bundle.device)

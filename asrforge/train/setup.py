@@ -35,15 +35,21 @@ from asrforge.data.dataset import (
     language_counts,
 )
 from asrforge.data.packing import Packing, build_packing
-from asrforge.data.prepare import prepare_split, split_languages
-from asrforge.data.rules import SkipReport
+from asrforge.data.prepare import language_value_counts, prepare_split, split_languages
+from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
-from asrforge.model.build import BuiltModel, build_model, build_tokenizer, count_parameters
+from asrforge.model.build import (
+    BuiltModel,
+    build_model,
+    build_tokenizer,
+    count_parameters,
+    is_multilingual,
+)
 from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
@@ -139,6 +145,8 @@ def prepare_run(
     # The splits come first: a tokenizer trained from scratch learns from their texts.
     train_source, eval_split, train_texts = setup_splits(cfg, out, acc, resume_from)
     clock.lap("data set")
+    # An English-only model is refused other languages from its files, before its weights load.
+    check_model_languages(cfg, train_source, eval_split)
     # The model's vocabulary is the tokenizer's.
     tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
@@ -212,6 +220,25 @@ def setup_splits(
         return stream, eval_split, SplitTexts(eval_split=eval_split, stream=stream)
     train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
     return train_split, eval_split, SplitTexts(train_split, eval_split)
+
+
+def check_model_languages(cfg: TrainConfig, train_source, eval_split) -> None:
+    """Refuse, before the model loads, a language other than English in the splits that train
+    or select a run under an English-only ``model.pretrained`` (read from its config files; a
+    stream's first shard, its later rows as they stream by).
+
+    Raises:
+        UserError: naming the languages and the ways out (:func:`check_english_only`).
+    """
+    if is_multilingual(cfg.model):
+        return
+    keep = language_filter(cfg.data.languages)
+    if isinstance(train_source, StreamedSplit):
+        check_english_only(train_source.languages, cfg.data.train_split, False, keep)
+    else:
+        check_english_only(language_value_counts(train_source), cfg.data.train_split, False, keep)
+    if eval_split is not None:
+        check_english_only(language_value_counts(eval_split), cfg.data.eval_split, False, keep)
 
 
 def log_model(model) -> tuple[int, int]:

@@ -1,0 +1,74 @@
+"""An English-only base (``*.en``: its prompt has no language slot) is refused other languages
+before its weights load, with the reason and the ways out, and leaves no run behind; relabelled
+as English the same data trains. (``vocab build`` on such a base: tests/test_vocab.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import asrforge.model.build as model_build
+from asrforge.cli import main
+from asrforge.model.build import build_model, build_tokenizer, has_language_slot
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def english_only(tmp_path_factory, tones_dir) -> Path:
+    """A tiny English-only Whisper directory (its generation config says so), saved from a
+    2-layer model with a BPE tokenizer."""
+    root = tmp_path_factory.mktemp("english-only")
+    base = tiny_config(root / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    pretrained = root / "tiny-en"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(pretrained))
+    tokenizer.save_pretrained(str(pretrained))
+    gen = pretrained / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    return pretrained
+
+
+def test_the_refusal_comes_before_the_weights_load_and_leaves_no_run(
+    tmp_path, tones_dir, english_only, monkeypatch, capsys
+):
+    def no_load(cfg):
+        raise AssertionError("the model's weights were loaded")
+
+    monkeypatch.setattr(model_build, "_load_pretrained", no_load)
+    out = tmp_path / "runs" / "es"
+    cfg = tmp_path / "cfg.yaml"
+    # the tones are English and Spanish
+    cfg.write_text(tiny_config(out, tones_dir, model={"pretrained": str(english_only)}).to_yaml())
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "English-only model: its prompt has no language slot, so it cannot be taught 'es'" in err
+    assert "data.language: en" in err and "multilingual Whisper (model.pretrained)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_relabelled_as_english_the_data_trains_the_english_only_prompt(
+    tmp_path, tones_dir, english_only
+):
+    out = tmp_path / "run"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        tiny_config(
+            out, tones_dir, model={"pretrained": str(english_only)}, data={"language": "en"},
+            train={"max_steps": 1, "log_every": 1}, eval={"eval_steps": None, "at_start": False},
+        ).to_yaml()
+    )  # fmt: skip
+    assert main(["train", str(cfg)]) == 0
+    assert (out / "checkpoints" / "latest").exists()
+
+
+def test_the_language_slot_is_read_from_the_files(tmp_path, english_only):
+    assert not has_language_slot(english_only)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 51865}))
+    assert has_language_slot(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"is_multilingual": False}))
+    assert not has_language_slot(tmp_path)
+    # a tokenizer directory alone: its size decides, as transformers' rule for Whisper
+    assert not has_language_slot(tmp_path / "tokenizer-only", 51864)
+    assert has_language_slot(tmp_path / "tokenizer-only", 51866)

@@ -1,0 +1,131 @@
+"""``asrforge guard build``: clips joined into recordings of one language that fit a window,
+each clip once, written as data the training run's guard reads (references from a file or the
+starting model, or none: drift); bad inputs exit 2 naming the input."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from asrforge.cli import main
+from asrforge.config import GuardConfig
+from asrforge.data.guard_set import MANIFEST
+from asrforge.train.guard import load_guard_items
+from tests.conftest import tiny_config
+
+
+def manifest(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / MANIFEST).read_text().splitlines()]
+
+
+def by_language(tmp_path: Path, clips: list[dict]) -> dict[str, Path]:
+    """The clips in a directory per language (``tmp_path/<lang>``)."""
+    dirs = {}
+    for c in clips:
+        d = dirs.setdefault(c["language"], tmp_path / c["language"])
+        d.mkdir(exist_ok=True)
+        (d / Path(c["file"]).name).write_bytes((tmp_path / "corpus" / c["file"]).read_bytes())
+    return dirs
+
+
+def test_windows_fit_hold_one_language_and_cover_every_clip_once(tmp_path, clips, capsys):
+    dirs = by_language(tmp_path, clips)
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--out", str(out)]
+    assert main([*argv, "--language", "en", "--language", "es"]) == 0
+    assert "0 with references (the guard measures drift" in capsys.readouterr().out
+    rows = manifest(out)
+    joined = Counter(Path(c).name for r in rows for c in r["clips"])
+    assert joined == Counter(Path(c["file"]).name for c in clips)  # every clip, once
+    assert all(0 < r["duration"] <= 28.0 for r in rows) and len(rows) < len(clips) / 5
+    for r in rows:
+        lang = {c["language"] for c in clips if Path(c["file"]).name in map(_name, r["clips"])}
+        assert lang == {r["language"]} and "text" not in r  # no references: drift
+        assert r["id"].startswith(f"guard-{r['language']}-") and (out / r["audio"]).is_file()
+    assert main([*argv, "--language", "en"]) == 2  # --out is not empty
+    assert "--out" in capsys.readouterr().err
+
+
+def _name(path: str) -> str:
+    return Path(path).name
+
+
+def test_references_and_their_languages_come_from_a_file_and_reach_the_guard(tmp_path, clips):
+    refs = tmp_path / "corpus" / "refs.jsonl"
+    refs.write_text("".join(
+        json.dumps({"path": c["file"], "text": c["text"], "language": c["language"]}) + "\n"
+        for c in clips))  # fmt: skip
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(tmp_path / "corpus" / "clips"), "--references", str(refs),
+            "--window-seconds", "1.9", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = {Path(c["file"]).name: c["text"] for c in clips}
+    rows = manifest(out)
+    for r in rows:
+        assert r["duration"] <= 1.9 and r["text"] == " ".join(text[_name(c)] for c in r["clips"])
+    # the guard reads them as recordings of one window each, with their references
+    items = load_guard_items(GuardConfig(path=out, max_items=None), "en", 2.0)
+    assert [(i.id, i.reference, i.language) for i in items] == [
+        (r["id"], r["text"], r["language"]) for r in rows
+    ]
+
+
+def test_a_training_run_guards_with_the_built_set(tmp_path, clips, tones_dir):
+    from asrforge.callbacks import build_callbacks
+    from asrforge.train.loop import Trainer
+
+    dirs = by_language(tmp_path, clips)
+    out = tmp_path / "guard"
+    assert main(["guard", "build", str(dirs["en"]), str(dirs["es"]), "--language", "en",
+                 "--language", "es", "--out", str(out)]) == 0  # fmt: skip
+    guard = {"path": str(out), "max_items": 4, "tolerance": 10.0}
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 3}, eval={"guard": guard})
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    start = [json.loads(line) for line in (tmp_path / "run/eval/guard-step-000000.jsonl").open()]
+    assert len(start) == 4 and all(r["kind"] == "drift" for r in start)
+    assert all(r["uid"].startswith("guard-en-000#") for r in start)  # cut at pauses: 2 s model
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [e["guard_drift"] for e in evals if e.get("event") == "eval"] == [True]
+
+
+def test_the_starting_model_s_transcripts_become_the_references(tmp_path, clips, tones_dir):
+    from asrforge.model.build import build_model, build_tokenizer
+
+    base = tiny_config(tmp_path / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    model = tmp_path / "tiny"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
+    tokenizer.save_pretrained(str(model))
+    dirs = by_language(tmp_path, clips[:12])
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(dirs["en"]), "--language", "en", "--model", str(model),
+            "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = manifest(out)
+    assert rows and all(r.get("text") for r in rows)
+    assert main([*argv[:-1], str(tmp_path / "g2"), "--window-seconds", "29"]) == 2
+
+
+@pytest.mark.parametrize("bad", ["missing", "not audio", "empty dir", "languages", "reference"])
+def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
+    clip = tmp_path / "corpus" / clips[0]["file"]
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio at all\n")
+    (tmp_path / "empty").mkdir()
+    refs = tmp_path / "refs.tsv"
+    refs.write_text("path\tsentence\nsomething-else.wav\thello\n")
+    argv, named = {
+        "missing": ([str(tmp_path / "nope.wav")], "nope.wav"),
+        "not audio": ([str(clip), str(text)], "notes.wav"),
+        "empty dir": ([str(tmp_path / "empty")], "empty"),
+        "languages": ([str(clip), str(clip), str(clip), "--language", "en", "--language", "es"],
+                      "--language"),
+        "reference": ([str(clip), "--references", str(refs)], clip.name),
+    }[bad]
+    assert main(["guard", "build", *argv, "--out", str(tmp_path / "guard")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asrforge: error:") and named in err
+    assert not (tmp_path / "guard").exists()
