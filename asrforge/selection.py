@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -263,6 +263,26 @@ def describe_refused(
         f"({changes}{guard}); it is kept in checkpoints/best-unguarded/ (`asrforge export "
         f"RUN --within-guard` finds the share of it that stays within the guard)"
     )
+
+
+WITHIN_GUARD_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+"""The shares of the fine-tuned weights an export within the guard tries, largest first."""
+
+
+def largest_share_within(
+    measure: Callable[[float], float], shares: Iterable[float], gate: GuardGate
+) -> tuple[float | None, list[tuple[float, float]]]:
+    """The largest of ``shares`` whose guard figure (``measure(share)``, the ``guard_wer`` of
+    the weights interpolated with that share of the fine-tuned ones) ``gate`` accepts, and the
+    ``(share, figure)`` pairs measured. Shares are measured largest first, up to the first
+    accepted one (None: none is within the tolerance)."""
+    figures = []
+    for share in sorted(set(shares), reverse=True):
+        value = measure(share)
+        figures.append((share, value))
+        if gate.check({"guard_wer": value})[0]:
+            return share, figures
+    return None, figures
 
 
 def improves(

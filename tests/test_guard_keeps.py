@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
 from conftest import tiny_config
 
 from asrforge.callbacks import build_callbacks
-from asrforge.selection import ByWer, GuardGate, Selector
+from asrforge.checkpoint.average import interpolate_weights
+from asrforge.errors import CheckpointNotSupportedError
+from asrforge.selection import (
+    WITHIN_GUARD_SHARES,
+    ByWer,
+    GuardGate,
+    Selector,
+    largest_share_within,
+)
 from asrforge.train.guard import Guard
 from asrforge.train.loop import NOT_IMPROVED, Trainer
 
@@ -115,3 +125,75 @@ def test_a_step_within_the_guard_that_beats_it_retires_best_unguarded(
     root = tmp_path / "run" / "checkpoints"
     assert result.best_step == 6 and result.refused is None
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["best"]
+
+
+def test_the_largest_share_within_the_guard_is_chosen_largest_first():
+    gate = GuardGate(0.02)
+    gate.set_start(0.10, "wer", {})
+    figures = {1.0: 0.20, 0.9: 0.13, 0.8: 0.121, 0.7: 0.119, 0.6: 0.11, 0.5: 0.10}
+    measured = []
+
+    def measure(share):
+        measured.append(share)
+        return figures[share]
+
+    share, pairs = largest_share_within(measure, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], gate)
+    assert share == 0.7 and measured == [1.0, 0.9, 0.8, 0.7]  # nothing below it is measured
+    assert pairs == [(1.0, 0.20), (0.9, 0.13), (0.8, 0.121), (0.7, 0.119)]
+    assert largest_share_within(lambda s: 0.5, WITHIN_GUARD_SHARES, gate)[0] is None
+    assert largest_share_within(lambda s: 0.12, WITHIN_GUARD_SHARES, gate)[0] == 1.0  # on it
+
+
+def test_interpolation_mixes_floats_keeps_ties_and_refuses_another_shape():
+    start = {"w": torch.zeros(2, 2), "n": torch.tensor([1]), "emb": torch.ones(3)}
+    tied = torch.full((3,), 3.0)
+    tuned = {"w": torch.full((2, 2), 10.0), "n": torch.tensor([7]), "emb": tied, "proj_out.weight": tied}
+    mixed = interpolate_weights(start, tuned, 0.3)
+    assert torch.allclose(mixed["w"], torch.full((2, 2), 3.0))
+    assert mixed["n"].item() == 7  # not a float: the fine-tuned one
+    assert torch.allclose(mixed["emb"], torch.full((3,), 1.6))
+    assert mixed["proj_out.weight"] is mixed["emb"]
+    with pytest.raises(CheckpointNotSupportedError, match="'w' is \\[2, 2\\] fine-tuned"):
+        interpolate_weights({**start, "w": torch.zeros(3)}, tuned, 0.5)
+
+
+def test_export_within_guard_writes_the_chosen_share(tmp_path, tones_dir, monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    from asrforge.cli import main
+
+    cfg = _refusing_run(tmp_path, tones_dir, monkeypatch)
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    figures = iter([0.5, 0.03, 0.015])  # shares 1.0 and 0.9 beyond 0 + 0.02, 0.8 within
+    monkeypatch.setattr(
+        Guard, "measure", lambda self, model, gate, **kw: self.metrics(next(figures), gate)
+    )
+    out = tmp_path / "bundle"
+    assert main(["export", str(tmp_path / "run"), "--within-guard", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "share 0.9: guard 0.0300 (outside 0.0000 + 0.02)" in printed
+    assert "0.8 of the fine-tuned weights (over 0.2 of the starting model's)" in printed
+    facts = json.loads((out / "inference_config.json").read_text())["source"]["within_guard"]
+    assert facts["share"] == 0.8 and facts["guard"] == 0.015 and facts["guard_tolerance"] == 0.02
+    assert [m["share"] for m in facts["measured"]] == [1.0, 0.9, 0.8]
+    assert facts["finetuned"].endswith("best-unguarded") and facts["start"].endswith("best")
+    name = "model.decoder.layers.0.fc1.weight"
+    start = load_file(root / "best" / "model.safetensors")[name].double()
+    tuned = load_file(root / "best-unguarded" / "model.safetensors")[name].double()
+    written = load_file(out / "model.safetensors")[name].double()
+    assert torch.allclose(written, 0.2 * start + 0.8 * tuned, atol=1e-6)
+
+
+def test_export_within_guard_without_the_starting_weights_is_refused(tmp_path, tones_dir, capsys):
+    from asrforge.cli import main
+
+    guard = {"path": str(tones_dir), "split": "validation", "mode": "drift", "max_items": 2}
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 3}, eval={"guard": guard})
+    Trainer(cfg, build_callbacks(cfg)).fit()  # from scratch, no step-0 checkpoint
+    argv = ["export", str(tmp_path / "run"), "--within-guard", "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the starting weights of" in err and "step-000000" in err
+    assert "trained from scratch (no model.pretrained)" in err
+    assert not (tmp_path / "b").exists()
