@@ -91,6 +91,9 @@ def test_a_run_the_guard_refuses_keeps_its_best_trained_step(
     log = (tmp_path / "run" / "train.log").read_text()
     assert "forgetting guard refused every step the selection policy would have chosen" in log
     assert f"refused step {step}" in log
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    end = next(r for r in map(json.loads, lines) if r["event"] == "train_end")
+    assert f"refused step {step}" in end["refused"]
 
 
 def test_a_resume_keeps_the_refused_best(tmp_path, tones_dir, monkeypatch):

@@ -144,9 +144,28 @@ def _print_written(args: argparse.Namespace, out: Path) -> None:
     )
 
 
+def _run_guard(cfg, run_dir: Path, contents, model):
+    """The run's forgetting guard (``eval.guard``) for ``model``, transcribed in the language
+    the run's guard records say, else the run's."""
+    # torch and transformers load with these, so only when the command runs (as above).
+    from asrforge.model.build import BuiltModel
+    from asrforge.model.frames import window_seconds
+    from asrforge.model.tokenizer import SpecialTokens
+    from asrforge.train.guard import build_guard, guard_language, recorded_language
+
+    specials = SpecialTokens.from_tokenizer(
+        contents.tokenizer, contents.inference.multilingual, cfg.data.language_tokens
+    )
+    features = contents.inference.features.extractor()
+    built = BuiltModel(model, contents.tokenizer, specials, features)
+    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
+    return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
+
+
 def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> int:
     """``--within-guard``: measure the guard on the fine-tuned weights interpolated with the
     starting model's, largest share first, and export the largest share within it."""
+    # torch and transformers load with these, so only when the command runs (as above).
     from asrforge.bundle.export import (
         check_same_start,
         checkpoint_contents,
@@ -158,16 +177,7 @@ def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> in
         with_lm,
     )
     from asrforge.checkpoint.average import interpolate_weights
-    from asrforge.model.build import BuiltModel
-    from asrforge.model.frames import window_seconds
-    from asrforge.model.tokenizer import SpecialTokens
-    from asrforge.train.guard import (
-        build_guard,
-        guard_language,
-        measure_interpolations,
-        recorded_gate,
-        recorded_language,
-    )
+    from asrforge.train.guard import measure_interpolations, recorded_gate
 
     ckpt = finetuned_checkpoint(args.source)
     cfg = read_run_config(ckpt)
@@ -180,17 +190,7 @@ def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> in
         contents = with_lm(contents, args.lm)
     bundle = contents_to_bundle(contents)
     finetuned = check_same_start(contents.state, start, start_from)
-    specials = SpecialTokens.from_tokenizer(
-        contents.tokenizer, contents.inference.multilingual, cfg.data.language_tokens
-    )
-    built = BuiltModel(
-        bundle.model, contents.tokenizer, specials, contents.inference.features.extractor()
-    )
-    run_dir = ckpt.parent.parent
-    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
-    guard = build_guard(
-        cfg, built, language=language, window_seconds=window_seconds(bundle.model.config)
-    )
+    guard = _run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
     print(
         f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
         f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
