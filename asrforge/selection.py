@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -231,6 +231,60 @@ class GuardGate:
         self.start_transcripts = dict(state.get("start_transcripts") or {})
 
 
+def describe_refused(
+    step: int,
+    refused: Mapping[str, float],
+    before: Mapping[str, float],
+    *,
+    before_step: int | None,
+    selected_on: str,
+    guard_kind: str | None,
+) -> str:
+    """What the forgetting guard kept from the run: the step it refused that the policy alone
+    would have chosen (``refused``: its metrics), what the policy's metrics did from
+    ``before`` (the evaluation at ``before_step``: the start, else the best), how far the guard
+    drifted, and where that checkpoint is."""
+    names = selected_on.split(" and ")
+    since = f" since step {before_step}" if before_step is not None else ""
+    changes = ", ".join(
+        f"{m} {before[m]:.4f} -> {refused[m]:.4f}{since}"
+        for m in names
+        if m in before and m in refused
+    ) or format_metrics(refused)
+    guard = ""
+    if "guard_wer" in refused:
+        guard = (
+            f"; guard {guard_kind or 'wer'} {refused['guard_wer']:.4f} > start "
+            f"{refused.get('guard_start', 0.0):.4f} + tolerance "
+            f"{refused.get('guard_tolerance', 0.0):g}"
+        )
+    return (
+        f"the forgetting guard refused step {step}, the best by the selection policy alone "
+        f"({changes}{guard}); it is kept in checkpoints/best-unguarded/ (`asrforge export "
+        f"RUN --within-guard` finds the share of it that stays within the guard)"
+    )
+
+
+WITHIN_GUARD_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+"""The shares of the fine-tuned weights an export within the guard tries, largest first."""
+
+
+def largest_share_within(
+    measure: Callable[[float], float], shares: Iterable[float], gate: GuardGate
+) -> tuple[float | None, list[tuple[float, float]]]:
+    """The largest of ``shares`` whose guard figure (``measure(share)``, the ``guard_wer`` of
+    the weights interpolated with that share of the fine-tuned ones) ``gate`` accepts, and the
+    ``(share, figure)`` pairs measured. Shares are measured largest first, up to the first
+    accepted one (None: none is within the tolerance)."""
+    figures = []
+    for share in sorted(set(shares), reverse=True):
+        value = measure(share)
+        figures.append((share, value))
+        if gate.check({"guard_wer": value})[0]:
+            return share, figures
+    return None, figures
+
+
 def improves(
     value: float, best: float | None, *, mode: str = "min", min_delta: float = 0.0
 ) -> bool:
@@ -280,6 +334,9 @@ class Decision:
     should_stop: bool = False
     """Patience has run out, or the step cap is reached."""
     stop_reason: str | None = None
+    unguarded: bool = False
+    """The guard alone refused this evaluation, which the policy without a guard would have
+    saved: its checkpoint is the best refused one (``best-unguarded/``)."""
 
 
 class Selector:
@@ -327,6 +384,12 @@ class Selector:
         """The evaluation of the starting model (step 0, ``eval.at_start``); empty without one.
         Being the first evaluation, it seeds the policy's bests: a trained step becomes best
         only by beating it, and patience counts from it."""
+        self.unguarded_step: int | None = None
+        """With a guard: the step of the best evaluation the guard alone refused, better by the
+        policy than every evaluation before it, refused ones included (None: none, or a later
+        evaluation within the guard beat it)."""
+        self.unguarded: dict[str, float] = {}
+        """That evaluation's metrics, the guard's (``guard_wer``, ``guard_start``, ...) included."""
 
     @property
     def patience(self) -> int:
@@ -366,6 +429,7 @@ class Selector:
         before = self.policy.state_dict()
         save = self.policy.update(metrics)
         reason = self.policy.reason
+        unguarded = False
         if step == 0:  # the starting model, before any optimizer step
             self.start = _numbers(metrics)
             reason = f"the starting model (step 0), {reason}"
@@ -382,6 +446,12 @@ class Selector:
             else:
                 self.policy.load_state_dict(after)
                 reason = f"{reason}; {why}"
+            # The best evaluation by the policy alone is kept beside best/ while the guard
+            # refuses it, so what the run learned outlives the guard's verdict.
+            if progressed:
+                unguarded = not within
+                self.unguarded_step = step if unguarded else None
+                self.unguarded = _numbers(metrics) if unguarded else {}
         self.n_evals += 1
         if save:
             self.best_step, self.best = step, _numbers(metrics)
@@ -397,7 +467,7 @@ class Selector:
             )
         elif step is not None and self.max_steps is not None and step >= self.max_steps:
             stop_reason = f"step {step} reached max_steps {self.max_steps}"
-        return Decision(save, reason, stop_reason is not None, stop_reason)
+        return Decision(save, reason, stop_reason is not None, stop_reason, unguarded)
 
     def _held_out_progress(self, metrics: Mapping[str, float], before: dict[str, Any]) -> bool:
         """Would the policy have saved this evaluation if the guard had never refused one? The
@@ -425,6 +495,8 @@ class Selector:
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()
             state["held_out_state"] = self.held_out_state
+            state["unguarded_step"] = self.unguarded_step
+            state["unguarded"] = dict(self.unguarded)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -461,6 +533,8 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
+        self.unguarded_step = state.get("unguarded_step")
+        self.unguarded = dict(state.get("unguarded") or {})
         # An empty start means the starting model was not evaluated.
         self.start = dict(state.get("start") or {})
 

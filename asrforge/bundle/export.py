@@ -5,6 +5,7 @@ How it works: docs/bundle.md, "How an export is written (`bundle/export.py`)".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -39,7 +40,8 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.average import average_top_k
+from asrforge.checkpoint.average import CHECKPOINTS_DIR, average_top_k
+from asrforge.checkpoint.manager import UNGUARDED_DIR
 from asrforge.checkpoint.manifest import (
     MANIFEST_NAME,
     manifest_seal,
@@ -166,11 +168,132 @@ def export_bundle(
         )
     if lm is not None:
         contents = with_lm(contents, Path(lm))
+    return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)
+
+
+def _export_contents(
+    contents: BundleContents,
+    out: Path,
+    converter: type | None,
+    ct2_quantization: str | None,
+    shard_bytes: int | None,
+) -> Path:
+    """Write ``contents`` at ``out``: with CTranslate2's ``converter`` a ct2 bundle, else hf."""
     log.info("exporting %s", contents.note)
-    _check_timestamp_reading(contents.tokenizer, fmt)
+    _check_timestamp_reading(contents.tokenizer, "ct2" if converter is not None else "hf")
     if converter is not None:
         return _write_ct2(contents, out, converter, ct2_quantization, shard_bytes)
     return write_bundle(contents, out, max_shard_bytes=shard_bytes)
+
+
+def export_interpolated(
+    contents: BundleContents,
+    state: Mapping[str, torch.Tensor],
+    facts: dict[str, Any],
+    out: str | Path,
+    fmt: Literal["hf", "ct2"] = "hf",
+    *,
+    ct2_quantization: str | None = None,
+    max_shard_size: int | str | None = "5GB",
+) -> Path:
+    """Write a bundle of ``contents`` with the weights ``state`` in place of its own (the
+    fine-tuned weights interpolated with the starting ones), ``facts`` (the share chosen, the
+    guard's figures) recorded in ``inference_config.json`` as ``source.within_guard``."""
+    out = Path(out)
+    try:
+        shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
+    except ValueError as e:
+        raise UserError(f"max_shard_size: {e}") from None
+    converter = _ct2_converter() if fmt == "ct2" else None
+    source = {**contents.inference.source, "within_guard": facts}
+    contents = dataclasses.replace(
+        contents,
+        state=state,
+        inference=contents.inference.model_copy(update={"source": source}),
+        note=f"{contents.note}, {facts['share']:g} of it over the starting model's",
+    )
+    return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)
+
+
+def finetuned_checkpoint(source: Path) -> Path:
+    """The checkpoint an export within the guard interpolates: a run's
+    ``checkpoints/best-unguarded`` when it has one, else what :func:`resolve_source` takes.
+
+    Raises:
+        UserError: ``source`` is no checkpoint or run (a pretrained model has no start).
+    """
+    unguarded = source / CHECKPOINTS_DIR / UNGUARDED_DIR
+    if (unguarded / MANIFEST_NAME).is_file():
+        log.info("%s: using checkpoints/%s", source, UNGUARDED_DIR)
+        return unguarded
+    kind, path = resolve_source(source)
+    if kind != "checkpoint":
+        raise UserError(f"--within-guard: {source} is not a training run or checkpoint")
+    return path
+
+
+def read_run_config(ckpt: Path) -> TrainConfig:
+    """The config ``ckpt`` was trained with (its ``config.yaml``)."""
+    return _read_train_config(ckpt / "config.yaml")
+
+
+def check_same_start(
+    finetuned: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], start_from: str
+) -> dict[str, torch.Tensor]:
+    """The fine-tuned weights as a dict of tensors of their own (ties kept as one object),
+    once every one of them is in ``start`` with the same shape.
+
+    Raises:
+        UserError: a tensor the start lacks or has in another shape (``start_from`` named).
+    """
+    copies: dict[int, torch.Tensor] = {}
+    own = {}
+    for name, tensor in _in_memory(finetuned).items():
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.clone()
+        own[name] = copies[id(tensor)]
+    lacking = [n for n in own if n not in start and not n.startswith("proj_out.")]
+    differ = [
+        f"{n} {list(own[n].shape)} fine-tuned, {list(start[n].shape)} there"
+        for n in own
+        if n in start and tuple(start[n].shape) != tuple(own[n].shape)
+    ]
+    if lacking or differ:
+        what = f"it lacks {lacking[0]}" if lacking else differ[0]
+        raise UserError(
+            f"--within-guard: the starting weights {start_from} are not the fine-tuned model's "
+            f"start ({what}); a run with a resized vocabulary needs its step-0 checkpoint "
+            "(eval.at_start saves it)"
+        )
+    return own
+
+
+def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights ``ckpt``'s run started from, and where they were read: its step-0
+    checkpoint (``step-000000/``, or ``best/`` while it holds step 0), else the run's
+    ``model.pretrained``.
+
+    Raises:
+        UserError: neither is there, named.
+    """
+    root = ckpt.parent
+    for candidate in (root / "step-000000", root / "best"):
+        if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
+            contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
+            return _in_memory(contents.state), str(candidate)
+    cfg = _read_train_config(ckpt / "config.yaml")
+    pretrained = cfg.model.pretrained
+    if pretrained is not None and (Path(pretrained) / "config.json").is_file():
+        return _read_pretrained_weights(Path(pretrained)), str(pretrained)
+    gone = (
+        f"and model.pretrained {pretrained} is not there"
+        if pretrained is not None
+        else "and the run was trained from scratch (no model.pretrained)"
+    )
+    raise UserError(
+        f"--within-guard: the starting weights of {ckpt} are missing: no step-0 checkpoint "
+        f"({root / 'step-000000'}, or {root / 'best'} at step 0; eval.at_start saves it) {gone}"
+    )
 
 
 def with_lm(contents: BundleContents, path: Path) -> BundleContents:

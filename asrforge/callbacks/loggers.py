@@ -166,17 +166,19 @@ class MetricsJsonl(Callback):
     def on_train_end(self, state: TrainState, *, result) -> None:
         if self.fh is not None:
             try:
-                self._write(
-                    {
-                        "event": "train_end",
-                        "step": state.step,
-                        "status": result.status,
-                        "reason": result.reason,
-                        "best_step": result.best_step,
-                        "best": result.best,
-                        "tracked_bests": result.tracked_bests,
-                    }
-                )
+                record = {
+                    "event": "train_end",
+                    "step": state.step,
+                    "status": result.status,
+                    "reason": result.reason,
+                    "best_step": result.best_step,
+                    "best": result.best,
+                    "tracked_bests": result.tracked_bests,
+                }
+                # what the forgetting guard refused and where it is kept, when it refused one
+                if getattr(result, "refused", None) is not None:
+                    record["refused"] = result.refused
+                self._write(record)
             finally:
                 self._close()
 

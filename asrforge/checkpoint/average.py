@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,44 @@ def _average_one(parts: list[_Part], name: str) -> torch.Tensor:
         if wide != torch.int64:
             acc /= len(parts)
         rows[start:stop] = acc.to(dtype)
+    return out
+
+
+def interpolate_weights(
+    start: Mapping[str, torch.Tensor], finetuned: Mapping[str, torch.Tensor], share: float
+) -> dict[str, torch.Tensor]:
+    """``(1 - share) * start + share * finetuned`` of every floating tensor (WiSE-FT), in float64
+    and cast to the fine-tuned dtype; other tensors are the fine-tuned ones. Tied names (one
+    tensor object under several names) stay one tensor; a tied name the start lacks (a
+    ``proj_out.weight`` saved only as the embedding) takes its partner's.
+
+    Raises:
+        CheckpointNotSupportedError: a tensor the start lacks under every name, or of another
+            shape there.
+    """
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in finetuned.items():
+        names_of.setdefault(id(tensor), []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    for names in names_of.values():
+        tuned = finetuned[names[0]]
+        present = [n for n in names if n in start]
+        if not present:
+            raise CheckpointNotSupportedError(
+                f"cannot interpolate: {names[0]!r} is in the fine-tuned weights, not the start's"
+            )
+        begin = start[present[0]]
+        if tuple(begin.shape) != tuple(tuned.shape):
+            raise CheckpointNotSupportedError(
+                f"cannot interpolate: {present[0]!r} is {list(tuned.shape)} fine-tuned but "
+                f"{list(begin.shape)} at the start"
+            )
+        mixed = tuned
+        if tuned.dtype.is_floating_point:
+            wide = begin.to(torch.float64) * (1.0 - share) + tuned.to(torch.float64) * share
+            mixed = wide.to(tuned.dtype)
+        for name in names:
+            out[name] = mixed
     return out
 
 

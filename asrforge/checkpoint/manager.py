@@ -50,6 +50,8 @@ from asrforge.io.atomic import (
 
 STATE_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
+UNGUARDED_DIR = "best-unguarded"
+"""The best checkpoint the forgetting guard refused, kept beside ``best/``."""
 
 Payload = CheckpointContents | Callable[[Path], None]
 
@@ -178,6 +180,8 @@ class CheckpointManager:
         if max_disk_gb is not None and not max_disk_gb > 0:
             raise UserError(f"checkpoint.max_disk_gb: must be > 0, got {max_disk_gb}")
         self.best_step: int | None = None
+        self.unguarded_step: int | None = None
+        """The step ``best-unguarded/`` holds: the best one the forgetting guard refused."""
         self._kept_corrupt: set[str] = set()
         self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
 
@@ -233,15 +237,15 @@ class CheckpointManager:
         return None
 
     def protected_steps(self) -> set[int]:
-        """Steps rotation must not delete: the best one, every top-k member of a ``keep_best``
-        spec, and the first ``k`` of each ``protect_top`` ranking.
+        """Steps rotation must not delete: the best one, the best one the guard refused, every
+        top-k member of a ``keep_best`` spec, and the first ``k`` of each ``protect_top``
+        ranking.
 
         Raises:
             CheckpointCorruptError: a manifest the ranking reads is damaged or edited.
         """
         steps = {e["step"] for entries in self.top_k.values() for e in entries}
-        if self.best_step is not None:
-            steps.add(self.best_step)
+        steps.update(s for s in (self.best_step, self.unguarded_step) if s is not None)
         for spec in self.protect_top:
             ranked = rank_checkpoints(self.root, spec.metric, spec.mode)
             steps.update(step for _value, step, _dir in ranked[: spec.k])
@@ -250,10 +254,11 @@ class CheckpointManager:
     # -- state --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The best step and the top-k entries, JSON-able."""
+        """The best step, the best step the guard refused and the top-k entries, JSON-able."""
         return {
             "version": STATE_VERSION,
             "best_step": self.best_step,
+            "unguarded_step": self.unguarded_step,
             "top_k": [
                 {
                     "metric": s.metric,
@@ -270,6 +275,7 @@ class CheckpointManager:
         if state.get("version", STATE_VERSION) > STATE_VERSION:
             raise UserError(f"checkpoint manager state version {state['version']} is too new")
         self.best_step = state.get("best_step")
+        self.unguarded_step = state.get("unguarded_step")
         saved = {(t["metric"], t["mode"]): t["entries"] for t in state.get("top_k", [])}
         for s in self.specs:
             entries = [dict(e) for e in saved.get((s.metric, s.mode), [])]
@@ -279,10 +285,13 @@ class CheckpointManager:
         sign = 1.0 if spec.mode == "min" else -1.0
         return sorted(entries, key=lambda e: (sign * e["value"], e["step"]))  # ties: earlier wins
 
-    def _next_state(self, step: int, metrics: dict[str, Any], is_best: bool) -> dict[str, Any]:
+    def _next_state(
+        self, step: int, metrics: dict[str, Any], is_best: bool, unguarded_step: int | None
+    ) -> dict[str, Any]:
         state = self.state_dict()
         if is_best:
             state["best_step"] = step
+        state["unguarded_step"] = unguarded_step
         for spec, rec in zip(self.specs, state["top_k"], strict=True):
             entries = [e for e in rec["entries"] if e["step"] != step]
             value = metrics.get(spec.metric)
@@ -303,6 +312,7 @@ class CheckpointManager:
         payload: Payload,
         metrics: Mapping[str, Any] | None = None,
         is_best: bool = False,
+        unguarded_step: int | None = None,
     ) -> Path:
         """Write ``step-NNNNNN/``, then update ``latest``, ``best/``, top-k, then rotate.
 
@@ -313,6 +323,8 @@ class CheckpointManager:
             metrics: the evaluation's metrics, e.g. ``{"wer": 0.21, "loss": 1.3}``; stored in the
                 manifest and used for top-k (non-finite values never enter a top-k).
             is_best: the selection policy chose this checkpoint: it becomes ``best/``.
+            unguarded_step: the step ``best-unguarded/`` holds (this one or an earlier saved
+                one): the best the forgetting guard alone refused (None: no such step).
 
         Returns:
             The step directory.
@@ -325,10 +337,12 @@ class CheckpointManager:
         t0 = time.perf_counter()
         final = self.root / step_dir_name(step)
         metrics = _json_metrics(metrics)
-        state = self._next_state(step, metrics, is_best)
+        state = self._next_state(step, metrics, is_best, unguarded_step)
         if self.max_disk_gb is not None:
             self._make_room(step, payload)
         meta = {"step": step, "metrics": metrics, "is_best": is_best, "checkpoint_manager": state}
+        if unguarded_step == step:
+            meta["is_best_unguarded"] = True
         if callable(payload):
             with atomic_directory(final) as tmp:
                 payload(tmp)
@@ -374,9 +388,15 @@ class CheckpointManager:
         link_tree(src, dst)
 
     def _sync_best_dirs(self) -> None:
-        """Make ``best/`` and every ``best-<metric>-<rank>/`` hold what the state says."""
+        """Make ``best/``, ``best-unguarded/`` and every ``best-<metric>-<rank>/`` hold what
+        the state says."""
         if self.best_step is not None:
             self._make_image(self.root / "best", self.best_step)
+        unguarded = self.root / UNGUARDED_DIR
+        if self.unguarded_step is not None:
+            self._make_image(unguarded, self.unguarded_step)
+        elif unguarded.is_dir():  # a step within the guard beat it: best/ holds the better one
+            self._delete(unguarded)
         for spec in self.specs:
             entries = self.top_k[spec.metric]
             # Worst rank first: entries only move down when a new one enters, so each source

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import parse_size
+from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
+from asrforge.selection import WITHIN_GUARD_SHARES
 
 # The bundle code loads torch and transformers: it is imported inside the handler, so building the
 # parser (`asrforge --help`) does not wait for it.
@@ -55,7 +57,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="an ARPA word n-gram LM (`asrforge lm build`) to carry for beam search; "
         "transformers and CTranslate2 ignore it",
     )
+    p.add_argument(
+        "--within-guard",
+        action="store_true",
+        help="a run trained with eval.guard: interpolate its fine-tuned weights "
+        "(checkpoints/best-unguarded, else the checkpoint exported) with the starting model's "
+        "and export the largest share of them whose guard stays within the tolerance "
+        "(WiSE-FT; the starting weights: the step-0 checkpoint, else model.pretrained)",
+    )
+    p.add_argument(
+        "--shares",
+        type=_shares,
+        default=WITHIN_GUARD_SHARES,
+        help="--within-guard: the shares of the fine-tuned weights to try, comma-separated "
+        "(default 1.0,0.9,...,0.1; the largest within the guard is exported)",
+    )
     p.set_defaults(func=run)
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        shares = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not shares or not all(0.0 < s <= 1.0 for s in shares):
+        raise argparse.ArgumentTypeError(f"each share must be in (0, 1], got {text!r}")
+    return shares
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--adapter-only writes peft's adapter files: --lm does not apply")
     if args.lm is not None and not args.lm.is_file():
         problems.append(f"--lm {args.lm}: no such file")
+    if args.within_guard and (args.adapter_only or args.weights == "average"):
+        problems.append("--within-guard interpolates one checkpoint's whole weights: "
+                        "--adapter-only and --weights average do not apply")  # fmt: skip
     raise_problems(problems)
+    if args.within_guard:
+        return _export_within_guard(args, shard_size)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
     if args.adapter_only:
@@ -97,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
         lm=args.lm,
         max_shard_size=shard_size,
     )
+    _print_written(args, out)
+    return 0
+
+
+def _print_written(args: argparse.Namespace, out: Path) -> None:
     info = json.loads((out / "inference_config.json").read_text())
     step = info["source"].get("step")
     print(
@@ -104,5 +141,97 @@ def run(args: argparse.Namespace) -> int:
         + (f" of step {step}" if step is not None else "")
         + f", languages {', '.join(info['languages'][:10])}"
         + (" ..." if len(info["languages"]) > 10 else "")
+    )
+
+
+def _run_guard(cfg, run_dir: Path, contents, model):
+    """The run's forgetting guard (``eval.guard``) for ``model``, transcribed in the language
+    the run's guard records say, else the run's."""
+    # torch and transformers load with these, so only when the command runs (as above).
+    from asrforge.model.build import BuiltModel
+    from asrforge.model.frames import window_seconds
+    from asrforge.model.tokenizer import SpecialTokens
+    from asrforge.train.guard import build_guard, guard_language, recorded_language
+
+    specials = SpecialTokens.from_tokenizer(
+        contents.tokenizer, contents.inference.multilingual, cfg.data.language_tokens
+    )
+    features = contents.inference.features.extractor()
+    built = BuiltModel(model, contents.tokenizer, specials, features)
+    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
+    return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
+
+
+def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> int:
+    """``--within-guard``: measure the guard on the fine-tuned weights interpolated with the
+    starting model's, largest share first, and export the largest share within it."""
+    # torch and transformers load with these, so only when the command runs (as above).
+    from asrforge.bundle.export import (
+        check_same_start,
+        checkpoint_contents,
+        contents_to_bundle,
+        export_interpolated,
+        finetuned_checkpoint,
+        read_run_config,
+        start_weights,
+        with_lm,
+    )
+    from asrforge.checkpoint.average import interpolate_weights
+    from asrforge.train.guard import measure_interpolations, recorded_gate
+
+    ckpt = finetuned_checkpoint(args.source)
+    cfg = read_run_config(ckpt)
+    if cfg.eval.guard is None:
+        raise UserError(f"--within-guard: {ckpt} was trained without eval.guard: no guard to keep")
+    gate = recorded_gate(ckpt, cfg.eval.guard.tolerance)
+    start, start_from = start_weights(ckpt)
+    contents = checkpoint_contents(ckpt, args.weights)
+    if args.lm is not None:
+        contents = with_lm(contents, args.lm)
+    bundle = contents_to_bundle(contents)
+    finetuned = check_same_start(contents.state, start, start_from)
+    guard = _run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
+    print(
+        f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
+        f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
+        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}",
+        file=sys.stderr,
+    )
+    share, figures = measure_interpolations(
+        guard, gate, bundle.model, start, finetuned, args.shares, device=bundle.device
+    )
+    for a, value in figures:
+        verdict = "within" if a == share else "outside"
+        print(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
+    if share is None:
+        raise UserError(
+            f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in args.shares)} "
+            f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g}; "
+            "nothing was exported (try smaller --shares)"
+        )
+    facts = {
+        "share": share,
+        "finetuned": str(ckpt),
+        "start": start_from,
+        "guard_kind": gate.kind,
+        "guard_start": gate.start,
+        "guard_tolerance": gate.tolerance,
+        "guard": dict(figures)[share],
+        "measured": [{"share": a, "guard": v} for a, v in figures],
+    }
+    out = export_interpolated(
+        contents,
+        interpolate_weights(start, finetuned, share),
+        facts,
+        args.out,
+        args.fmt,
+        ct2_quantization=args.quantization,
+        max_shard_size=shard_size,
+    )
+    _print_written(args, out)
+    print(
+        f"asrforge: {share:g} of the fine-tuned weights (over {1 - share:g} of the starting "
+        f"model's): guard {facts['guard']:.4f}, within start {gate.start:.4f} + tolerance "
+        f"{gate.tolerance:g}"
     )
     return 0

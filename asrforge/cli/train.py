@@ -75,6 +75,8 @@ def run(args) -> int:
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
         print(f"asrforge: {_describe_best(result)}")
+    if result.refused is not None:
+        print(f"asrforge: {result.refused}")
     return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(result.status, 0)
 
 

@@ -11,13 +11,14 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from asrforge.checkpoint.average import interpolate_weights
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.guard_set import AUDIO_SUFFIXES
@@ -27,7 +28,7 @@ from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
-from asrforge.selection import GuardGate, run_language
+from asrforge.selection import GuardGate, largest_share_within, run_language
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 
@@ -289,6 +290,73 @@ class Guard:
         atomic_write_text(
             out_dir / EVAL_DIR / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
         )
+
+
+def measure_interpolations(
+    guard: Guard,
+    gate: GuardGate,
+    model,
+    start: Mapping[str, torch.Tensor],
+    finetuned: Mapping[str, torch.Tensor],
+    shares: Sequence[float],
+    *,
+    device,
+) -> tuple[float | None, list[tuple[float, float]]]:
+    """The largest share of the fine-tuned weights, interpolated with the starting ones, whose
+    guard stays within ``gate``'s tolerance, and the ``(share, guard figure)`` pairs measured
+    (:func:`asrforge.selection.largest_share_within`). ``model`` is loaded with each candidate
+    in turn (left with the last one measured)."""
+
+    def measure(share: float) -> float:
+        model.load_state_dict(interpolate_weights(start, finetuned, share), strict=False)
+        model.tie_weights()
+        value = guard.measure(model, gate, device=device)["guard_wer"]
+        log.info(
+            "forgetting guard with %g of the fine-tuned weights: %s %.4f (start %.4f, "
+            "tolerance %g)",
+            share,
+            "drift" if guard.kind == "drift" else guard.metric,
+            value,
+            gate.start,
+            gate.tolerance,
+        )
+        return value
+
+    return largest_share_within(measure, shares, gate)
+
+
+def recorded_gate(ckpt: Path, tolerance: float) -> GuardGate:
+    """The guard's start as ``ckpt``'s selection state recorded it (``train_state.json``), with
+    ``tolerance``.
+
+    Raises:
+        UserError: the checkpoint holds no guard start (trained without ``eval.guard``).
+    """
+    try:
+        state = json.loads((ckpt / "train_state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{ckpt}: no readable train_state.json ({e})") from None
+    recorded = (state.get("selection") or {}).get("guard") or {}
+    if not recorded.get("kind"):
+        raise UserError(
+            f"{ckpt}: holds no forgetting guard's start (trained without eval.guard): there is "
+            "no guard to stay within"
+        )
+    gate = GuardGate(tolerance)
+    gate.load_state_dict(recorded)
+    return gate
+
+
+def recorded_language(out_dir: Path) -> str | None:
+    """The language most of the guard's items were transcribed in at step 0, as the run's
+    ``eval/guard-step-000000.jsonl`` records it (None: no record)."""
+    try:
+        lines = (out_dir / EVAL_DIR / "guard-step-000000.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    counts = Counter(json.loads(line).get("language") for line in lines if line.strip())
+    counts.pop(None, None)
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def guard_metric(languages: Sequence[str]) -> str:

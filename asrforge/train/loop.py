@@ -169,6 +169,8 @@ class Trainer:
             reason = _explain_start_best(run, reason, keep_last)
         result = run.result(status, reason)
         log.info("run %s at step %d: %s", status, state.step, reason)
+        if result.refused is not None:
+            log.warning("%s", result.refused)
         if run.guard is not None and result.best_step is None:
             log.warning(
                 "forgetting guard: no evaluation kept the guard within tolerance, so "
@@ -238,11 +240,18 @@ def _explain_start_best(run: TrainingRun, reason: str, keep_last: bool) -> str:
         )
         return f"{reason}; {NOT_EVALUATED}"
     if run.start_stayed_best():
+        # With a best refused by the guard, the policy alone did find a better step.
+        why = (
+            "the forgetting guard refused every step the selection policy would have chosen"
+            if run.setup.selector.unguarded_step is not None
+            else "fine-tuning as configured made no evaluated step better by the selection "
+            "policy"
+        )
         log.warning(
-            "%s: best/ holds the starting weights (step 0, %s); fine-tuning as "
-            "configured made no evaluated step better by the selection policy",
+            "%s: best/ holds the starting weights (step 0, %s); %s",
             NOT_IMPROVED,
             format_metrics(run.setup.selector.start),
+            why,
         )
         return f"{reason}; {NOT_IMPROVED}"
     return reason

@@ -21,6 +21,7 @@ from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
+from asrforge.selection import describe_refused
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import CallbackList, Decision, RunInfo
 from asrforge.train.forward import TrainingWhisper
@@ -53,6 +54,10 @@ class FitResult:
     ``best_cer``), which may come from evaluations other than the best checkpoint's."""
     start: dict[str, float] = field(default_factory=dict)
     """The evaluation of the starting model at step 0 (``eval.at_start``); empty without one."""
+    refused: str | None = None
+    """What the forgetting guard refused that the policy alone would have chosen, and where
+    it is kept (``best-unguarded/``; :func:`~asrforge.selection.describe_refused`); None when
+    it refused nothing the policy would have chosen."""
 
     @property
     def improved_on_start(self) -> bool | None:
@@ -494,4 +499,20 @@ class TrainingRun:
             self.last_metrics,
             tracked_bests=selector.tracked_bests,
             start=dict(selector.start),
+            refused=self.refused(),
+        )
+
+    def refused(self) -> str | None:
+        """:attr:`FitResult.refused` of this run now."""
+        selector = self.setup.selector
+        if selector.unguarded_step is None:
+            return None
+        before_step = 0 if selector.start else selector.best_step
+        return describe_refused(
+            selector.unguarded_step,
+            selector.unguarded,
+            selector.start or selector.best,
+            before_step=before_step,
+            selected_on=selector.selected_on,
+            guard_kind=selector.guard.kind if selector.guard is not None else None,
         )

@@ -29,13 +29,13 @@ def saves_this_step(
     """Whether the loop saves a checkpoint after the step just taken.
 
     A save is asked for (``state.should_save`` raised) by a callback, by this step's
-    evaluation (``decision``; ``checkpoint.save_on_eval`` or a new best), by
-    ``checkpoint.checkpoint_every``, or by a stop signal (``stopping``). It waits when the run
+    evaluation (``decision``; ``checkpoint.save_on_eval``, a new best, or the best the guard
+    refused), by ``checkpoint.checkpoint_every``, or by a stop signal (``stopping``). It waits when the run
     ends here (``run_ends()``) and the end-of-run evaluation (``eval.at_end``) follows: that
     evaluation's save is this step's.
     """
     if decision is not None:
-        state.should_save |= cfg.checkpoint.save_on_eval or decision.save
+        state.should_save |= cfg.checkpoint.save_on_eval or decision.save or decision.unguarded
     every = cfg.checkpoint.checkpoint_every
     if (every and state.step % every == 0) or stopping:
         state.should_save = True
@@ -95,4 +95,5 @@ def save_run_checkpoint(
         ),
         metrics=scalars(metrics) if metrics else None,
         is_best=is_best,
+        unguarded_step=setup.selector.unguarded_step,
     )
