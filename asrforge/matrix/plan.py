@@ -238,6 +238,8 @@ def _callback_problems(cfg, allow_external: bool) -> list[str]:
                 f"{ALLOW_EXTERNAL_HINT}"
             )
         elif ":" in name:
+            # The augmentation code loads datasets' and soundfile's machinery, which the matrix
+            # command's parser must not pay for.
             from asrforge.data.augment import import_transforms
 
             try:

@@ -23,6 +23,7 @@ import torch
 
 from asrforge.config import LoraConfig
 from asrforge.errors import CheckpointNotSupportedError, UserError
+from asrforge.model.build import build_model
 
 # peft's name for a model's only adapter, which is part of the tensor names.
 ADAPTER_NAME = "default"
@@ -196,7 +197,6 @@ def merged_state(
         UserError: the rebuilt base is not the one the adapters were trained on.
         CheckpointNotSupportedError: the tensors are not this configuration's adapters.
     """
-    from asrforge.model.build import build_model
 
     if cfg.model.lora is None:
         raise UserError(f"{where}: records LoRA base weights but its config has no model.lora")
