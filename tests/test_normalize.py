@@ -36,7 +36,10 @@ _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
         ("It costs $ 1,000 or 3.5 % more.", "it costs 1000 or 3.5 more"),
         ("Café naïve façade", "cafe naive facade"),
         ("The colour of the theatre", "the color of the theater"),
-        ("An aeroplane, analogue paediatricians, ten kilometres", "an airplane analog pediatricians 10 kilometers"),
+        (
+            "An aeroplane, analogue paediatricians, ten kilometres",
+            "an airplane analog pediatricians 10 kilometers",
+        ),
         ("end. Next sentence", "end next sentence"),
         ("50 % off, 100%!", "50 off 100%"),
         ("  lots\tof \n space  ", "lots of space"),
