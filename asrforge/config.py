@@ -635,10 +635,10 @@ class TrainLoopConfig(Section):
     boundary, as at ``max_steps`` (the last evaluation and save, exit 0, status ``stopped``),
     before the step that would leave too little time for them: the longest step so far plus
     the last evaluation's and save's durations (each taken as 5% of ``max_time`` until one is
-    timed). The clock starts when training starts (set-up included) and a resume gets the whole
-    budget again, since a scheduler's limit (SLURM's ``--time``) is per job; the run keeps its
-    resume state (``checkpoint.after_run`` waits) so ``--resume`` continues it. At least one
-    step is taken."""
+    timed). The clock counts the process from its start (set-up included), and a resume gets
+    the whole budget again, since a scheduler's limit (SLURM's ``--time``) is per job; the run
+    keeps its resume state (``checkpoint.after_run`` waits) so ``--resume`` continues it. At
+    least one step is taken."""
 
     @field_validator("max_time", mode="before")
     @classmethod
