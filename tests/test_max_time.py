@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import yaml
 
 from asrforge.callbacks import build_callbacks
@@ -16,6 +18,7 @@ from asrforge.config import ConfigError, load_config, parse_duration
 from asrforge.train import run as run_module
 from asrforge.train import time_budget
 from asrforge.train.loop import Trainer
+from asrforge.train.ranks import agree_to_stop
 from tests.conftest import tiny_config
 
 MINIMAL = {"output_dir": "runs/x", "data": {"path": "d"}}
@@ -162,3 +165,23 @@ def test_a_run_out_of_time_resumes_with_a_fresh_budget(tmp_path, tones_dir, monk
         update={"max_time": None, "max_steps": 20})})).fit(resume=True)  # fmt: skip
     assert (finished.status, finished.step) == ("completed", 20)
     assert finished.reason == "reached max_steps=20"
+
+
+def _agree(rank: int, init_file: str, results: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+
+    class Acc:
+        num_processes, device = 2, "cpu"
+
+    # only rank 1's clock runs out: both stop at this step
+    agreed = agree_to_stop(Acc(), None, None, out_of_time=rank == 1)
+    with open(f"{results}.{rank}", "w") as f:
+        json.dump(agreed, f)
+    dist.destroy_process_group()
+
+
+def test_every_rank_stops_when_one_runs_out_of_time(tmp_path):
+    results = tmp_path / "agreed"
+    mp.spawn(_agree, args=(str(tmp_path / "init"), str(results)), nprocs=2)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"agreed.{rank}").read_text()) == [None, True]
