@@ -68,6 +68,47 @@ def parse_size(value: int | str) -> int:
     return size
 
 
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION_FORMS = "3600 (seconds), 90m, 2h, 1d2h, 1h30m or 01:30:00"
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds of a duration: a number of seconds (``3600``), numbers with units ``d``, ``h``,
+    ``m``, ``s`` in that order (``90m``, ``2h``, ``1d2h``, ``1.5h``), or a SLURM-style
+    ``[D-]HH:MM:SS`` (``01:30:00``, ``1-00:00:00``).
+
+    Raises:
+        ValueError: not a positive duration (the message shows the accepted forms).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as {_DURATION_FORMS}, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        units = re.fullmatch(
+            r"(?:(\d+(?:\.\d*)?)d)?(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?"
+            r"(?:(\d+(?:\.\d*)?)s)?",
+            # a bare number is seconds
+            re.sub(r"^(\d+(?:\.\d*)?)$", r"\1s", text),
+        )
+        clock = re.fullmatch(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)", text)
+        if text and units is not None:
+            seconds = sum(
+                float(n) * unit
+                for n, unit in zip(units.groups(), _DURATION_UNITS.values(), strict=True)
+                if n is not None
+            )
+        elif clock is not None:
+            days, hours, minutes, secs = (int(n or 0) for n in clock.groups())
+            seconds = float(((days * 24 + hours) * 60 + minutes) * 60 + secs)
+        else:
+            raise ValueError(f"expected a duration such as {_DURATION_FORMS}, got {value!r}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"must be a positive duration, got {value!r}")
+    return seconds
+
+
 class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
@@ -588,6 +629,30 @@ class TrainLoopConfig(Section):
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: the GPU when one is visible, else the CPU; ``cpu`` even when a GPU is visible."""
+    max_time: int | float | str | None = None
+    """Wall-clock budget of one process's run: seconds (``3600``) or a duration such as
+    ``90m``, ``2h``, ``1d2h``, ``01:30:00``; null: none. The run stops at an optimizer step
+    boundary, as at ``max_steps`` (the last evaluation and save, exit 0, status ``stopped``),
+    before the step that would leave too little time for them: the longest step so far plus
+    the last evaluation's and save's durations (each taken as 5% of ``max_time`` until one is
+    timed). The clock counts the process from its start (set-up included), and a resume gets
+    the whole budget again, since a scheduler's limit (SLURM's ``--time``) is per job; the run
+    keeps its resume state (``checkpoint.after_run`` waits) so ``--resume`` continues it. At
+    least one step is taken."""
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _a_duration(cls, v: Any) -> Any:
+        # Checked before pydantic's own coercion (which takes a YAML true for 1 s); the
+        # ValueError lets pydantic name the field.
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @property
+    def max_time_seconds(self) -> float | None:
+        """``max_time`` in seconds (None: no budget)."""
+        return None if self.max_time is None else parse_duration(self.max_time)
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from asrforge.train.run_log import is_rank_zero
 from asrforge.train.saves import saves_this_step
 from asrforge.train.setup import prepare_run
 from asrforge.train.state import TrainState
+from asrforge.train.time_budget import TimeBudget
 
 log = logging.getLogger("asrforge.train")
 
@@ -58,7 +59,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def fit(self, resume: bool = False, start_over: bool = False) -> FitResult:
-        """Train until ``max_steps``, early stopping, a step cap, a signal or divergence.
+        """Train until ``max_steps``, early stopping, a step cap, ``max_time``, a signal or
+        divergence.
 
         ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
@@ -81,7 +83,14 @@ class Trainer:
         return run is not None and (run.state.step, run.last_saved_step) != self._start
 
     def _fit(self, *, resume: bool, start_over: bool) -> FitResult:
-        run = self._start_run(resume=resume, start_over=start_over)
+        max_time = self.cfg.train.max_time
+        # the budget counts this process's whole life: a scheduler's time limit does
+        budget = (
+            TimeBudget(self.cfg.train.max_time_seconds, max_time, sum(self.startup.values()))
+            if max_time is not None
+            else None
+        )
+        run = self._start_run(resume=resume, start_over=start_over, budget=budget)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
         self._install_signal_handlers()
         try:
@@ -98,9 +107,11 @@ class Trainer:
             self._restore_signal_handlers()
             run.setup.close()
 
-    def _start_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
+    def _start_run(
+        self, *, resume: bool, start_over: bool, budget: TimeBudget | None
+    ) -> TrainingRun:
         """The run built, restored from its checkpoint on a resume, with its EMA and guard."""
-        run = self._build_run(resume=resume, start_over=start_over)
+        run = self._build_run(resume=resume, start_over=start_over, budget=budget)
         if run.setup.resume_from is not None:
             run.restore(run.setup.resume_from)
         self._run, self._start = run, (run.state.step, run.last_saved_step)
@@ -178,7 +189,8 @@ class Trainer:
             )
         run.callbacks.call("on_train_end", state, result=result)
         # after on_train_end: the averaging callback reads the step checkpoints there
-        if finished and cfg.checkpoint.after_run == "best":
+        # a run out of time is continued with --resume: its resume state stays
+        if finished and cfg.checkpoint.after_run == "best" and run.out_of_time is None:
             if run.acc.is_main_process:
                 run.setup.checkpoints.prune_after_run(keep_latest=keep_last)
         # the other ranks exit only once rank zero's last save is on disk: a launcher
@@ -187,7 +199,9 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------------------------------
-    def _build_run(self, *, resume: bool, start_over: bool) -> TrainingRun:
+    def _build_run(
+        self, *, resume: bool, start_over: bool, budget: TimeBudget | None
+    ) -> TrainingRun:
         cfg = self.cfg
         precision, why_precision = choose_precision(
             cfg.train.precision, cfg.train.device, model_width(cfg.model)
@@ -200,7 +214,7 @@ class Trainer:
             raise RunIOError(f"{_describe(e)}; the run stopped before its first step") from e
         log.info("precision: %s (%s)", precision, why_precision)
         callbacks = CallbackList(self.user_callbacks, is_main=setup.accelerator.is_main_process)
-        return TrainingRun(cfg, setup, callbacks, precision)
+        return TrainingRun(cfg, setup, callbacks, precision, budget)
 
     def _install_signal_handlers(self) -> None:
         self._previous = {}

@@ -33,31 +33,35 @@ def main_process_first(acc, work: Callable[[], Any]) -> Any:
     return result if acc.is_main_process else work()
 
 
-def agree_to_stop(acc, signal_name: str | None, stop_error: str | None) -> str | None:
-    """The stop every process makes after this step, from each one's signal flag and
-    data error: one small all-reduce when there are several processes (a launcher's signal
-    reaches the ranks at different steps, a data error is met by one rank), none with one.
+def agree_to_stop(
+    acc, signal_name: str | None, stop_error: str | None, out_of_time: bool = False
+) -> tuple[str | None, bool]:
+    """The stop every process makes after this step, from each one's signal flag, data error
+    and time budget: one small all-reduce when there are several processes (a launcher's signal
+    reaches the ranks at different steps, a data error is met by one rank, each rank's clock
+    started at its own moment), none with one.
 
     Returns:
-        The name of the signal that stops the run (the same on every process), or None.
+        The name of the signal that stops the run, or None; and whether any process ran out
+        of time (``train.max_time``). Both the same on every process.
 
     Raises:
         UserError: a process's data stopped the run (every process raises the lowest
             rank's error).
     """
     if acc.num_processes == 1:
-        return signal_name
+        return signal_name, out_of_time
     import torch.distributed as dist
 
     signum = signal.Signals[signal_name].value if signal_name else 0
-    flags = torch.tensor([signum, stop_error is not None], device=acc.device)
+    flags = torch.tensor([signum, stop_error is not None, out_of_time], device=acc.device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     if flags[1]:
         from accelerate.utils import gather_object
 
         errors = [e for e in gather_object([stop_error]) if e is not None]
         raise UserError(errors[0])
-    return signal.Signals(int(flags[0])).name if flags[0] else None
+    return signal.Signals(int(flags[0])).name if flags[0] else None, bool(flags[2])
 
 
 def placeholder_batch(config, sot: int) -> dict:

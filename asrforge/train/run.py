@@ -33,6 +33,7 @@ from asrforge.train.saves import save_run_checkpoint
 from asrforge.train.setup import RunSetup
 from asrforge.train.state import TrainState
 from asrforge.train.step import StepTally, finish_step, micro_batch_backward
+from asrforge.train.time_budget import TimeBudget
 
 log = logging.getLogger("asrforge.train")
 
@@ -74,8 +75,20 @@ class TrainingRun:
     and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
     ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
 
-    def __init__(self, cfg: TrainConfig, setup: RunSetup, callbacks: CallbackList, precision: str):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        setup: RunSetup,
+        callbacks: CallbackList,
+        precision: str,
+        budget: TimeBudget | None = None,
+    ):
         self.cfg, self.setup, self.callbacks, self.precision = cfg, setup, callbacks, precision
+        self.budget = budget
+        """The wall-clock budget (``train.max_time``); None without one."""
+        self.out_of_time: str | None = None
+        """The stop reason once the budget stopped the run (kept off the state: a resumed run
+        has a new budget)."""
         self.acc = setup.accelerator
         self.loaders = setup.loaders
         self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
@@ -247,6 +260,10 @@ class TrainingRun:
             The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
             ran out before the step was complete (its gradients are dropped).
         """
+        with self._timed("step"):
+            return self._train_step(batches)
+
+    def _train_step(self, batches: Iterator[dict]) -> dict | None:
         cfg, state, acc = self.cfg, self.state, self.acc
         accum = cfg.train.grad_accum
         tally = StepTally()
@@ -295,9 +312,41 @@ class TrainingRun:
             return None
 
     def agree_to_stop(self, signal_name: str | None) -> str | None:
-        """The stop every process makes after this step: the signal's name, or None (see
-        :func:`asrforge.train.ranks.agree_to_stop`)."""
-        return agree_to_stop(self.acc, signal_name, self.stop_error)
+        """The stop every process makes after this step (see
+        :func:`asrforge.train.ranks.agree_to_stop`): the signal's name, or None. Running out of
+        time (:meth:`runs_out_of_time`) on any process stops the run (``state.should_stop``)
+        with the reason in :attr:`out_of_time`."""
+        out_of_time = self.runs_out_of_time()
+        signal_name, out_of_time = agree_to_stop(
+            self.acc, signal_name, self.stop_error, out_of_time
+        )
+        if out_of_time and self.budget is not None:
+            self.state.should_stop = True
+            end_evaluates = self.cfg.eval.at_end or self.evaluation_due()
+            self.out_of_time = self.budget.reason(
+                self.state.step + 1, evaluations=int(end_evaluates)
+            )
+            log.info("%s", self.out_of_time)
+        return signal_name
+
+    def runs_out_of_time(self) -> bool:
+        """Whether the step after this one would leave too little of ``train.max_time`` for the
+        run's end: this step's evaluation and save when they are due, the next step (the
+        longest so far), and the last evaluation (when one follows) and save."""
+        if self.budget is None or self.ends_after_this_step():
+            return False
+        step, every = self.state.step, self.cfg.checkpoint.checkpoint_every
+        due = self.evaluation_due()
+        saves_now = due or bool(every and step % every == 0)
+        eval_every = self.cfg.eval.eval_steps
+        end_evaluates = self.cfg.eval.at_end or bool(eval_every and (step + 1) % eval_every == 0)
+        return self.budget.runs_out(
+            evaluations=int(due) + int(end_evaluates), saves=int(saves_now) + 1
+        )
+
+    def _timed(self, kind: str):
+        """Time the body for the budget (see :meth:`TimeBudget.timed`); nothing without one."""
+        return nullcontext() if self.budget is None else self.budget.timed(kind)
 
     def _advance_data_position(self, batch: dict) -> None:
         state = self.state
@@ -355,7 +404,8 @@ class TrainingRun:
         let the selector judge, write the records and tell the callbacks."""
         state, setup, cb = self.state, self.setup, self.callbacks
         cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
-        metrics, preds = self._evaluate()
+        with self._timed("evaluation"):
+            metrics, preds = self._evaluate()
         decision = setup.selector.update(metrics, step=state.step)
         state.selection = setup.selector.state_dict()
         state.last_eval_step = state.step
@@ -423,19 +473,20 @@ class TrainingRun:
         self.last_saved_step = state.step
         self.gather_dropped()
         self.write_skip_report()
-        path = save_run_checkpoint(
-            self.setup,
-            step=state.step,
-            model=self.whisper,
-            ema=self.ema,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            scaler=self.acc.scaler,
-            state=state,
-            callback_states=self.callbacks.state_dict(),
-            metrics=metrics,
-            is_best=is_best,
-        )
+        with self._timed("save"):
+            path = save_run_checkpoint(
+                self.setup,
+                step=state.step,
+                model=self.whisper,
+                ema=self.ema,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                scaler=self.acc.scaler,
+                state=state,
+                callback_states=self.callbacks.state_dict(),
+                metrics=metrics,
+                is_best=is_best,
+            )
         if path is not None:
             self.callbacks.call("on_save", state, path=path, kind="best" if is_best else kind)
 
@@ -481,6 +532,8 @@ class TrainingRun:
     def end_reason(self) -> tuple[str, str]:
         """(status, reason) of a run the loop ended without a divergence or a signal."""
         state, max_epochs = self.state, self.cfg.train.max_epochs
+        if self.out_of_time is not None:
+            return "stopped", self.out_of_time
         if state.should_stop:
             return "stopped", state.stop_reason or "stopped by a callback"
         if state.step < self.max_steps and max_epochs is not None:
