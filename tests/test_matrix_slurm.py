@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,7 @@ def test_the_signal_handler_stops_the_run_and_requeues_it_with_resume(tmp_path, 
     delayed = fn.__submitit_checkpoint__()
     assert run.returncode == EXIT_INTERRUPTED
     again = delayed.function
-    assert isinstance(again, SlurmAttempt) and again.attempt == attempt.__class__(
-        **{**attempt.__dict__, "resume": True})
+    assert isinstance(again, SlurmAttempt) and again.attempt == replace(attempt, resume=True)
     assert "--resume" in again.attempt.command()
     (requeue,) = events(plan.root)
     assert requeue["event"] == "requeue" and requeue["job_id"] == job.job_id

@@ -35,6 +35,7 @@ from asrforge.matrix.plan import Job
 
 log = logging.getLogger("asrforge.matrix")
 
+
 @dataclass(frozen=True)
 class Device:
     """A slot that runs one job at a time, on one device or on several (``processes``)."""
@@ -251,8 +252,9 @@ def group_devices(devices: list[Device], per_job: int) -> list[Device]:
         group = devices[start:start + per_job]
         kind = group[0].label.partition(":")[0]
         ids = ",".join(d.label.partition(":")[2] for d in group)
-        cuda = None if group[0].cuda_visible is None else (
-            "" if group[0].cuda_visible == "" else ",".join(d.cuda_visible for d in group))
+        # CPU slots hide every GPU (""): joining their empty strings keeps that.
+        cuda = None if group[0].cuda_visible is None else ",".join(
+            d.cuda_visible for d in group if d.cuda_visible)
         slots.append(Device(f"{kind}:{ids}", cuda, group[0].threads, per_job))
     idle = devices[len(slots) * per_job:]
     if idle:
