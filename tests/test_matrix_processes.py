@@ -60,6 +60,23 @@ def test_a_job_on_several_devices_runs_under_torchrun(tmp_path, tones_dir):
     assert multi[7:] == [*single[2:], "--resume"]
 
 
+def test_the_cli_takes_gpus_per_job_and_dry_run_shows_torchrun(tmp_path, tones_dir, capsys):
+    from asrforge.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config(tmp_path / "unused", tones_dir).to_yaml())
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump({
+        "languages": ["en"], "configs": [{"config_id": "a", "path": str(config)}]}))
+    assert main(["matrix", str(matrix), "--dry-run", "--gpus-per-job", "4"]) == 0
+    assert "en-a-s0: torchrun --standalone --nproc_per_node 4 -m asrforge train" in (
+        capsys.readouterr().out)
+    assert main(["matrix", str(matrix), "--gpus-per-job", "0"]) == 2
+    assert "--gpus-per-job: must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["matrix", str(matrix), "--devices", "cpu:2", "--gpus-per-job", "3"]) == 2
+    assert "--gpus-per-job 3: only 2 device(s)" in capsys.readouterr().err
+
+
 def files_of(run_dir: Path) -> set[str]:
     """The run directory's shape: each file's path, step numbers and all (a TensorBoard file's
     name holds its time and pid)."""

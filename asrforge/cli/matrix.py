@@ -85,8 +85,11 @@ def run(args) -> int:
     plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
                        allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
     if args.dry_run:
+        launch = ["asrforge"] if plan.gpus_per_job == 1 else [
+            "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",
+            "asrforge"]
         for job in plan.jobs:
-            cmd = ["asrforge", "train", str(job.config_path), *job.overrides]
+            cmd = [*launch, "train", str(job.config_path), *job.overrides]
             print(f"{job.job_id}: {shlex.join(cmd)}")
         print(f"{len(plan.jobs)} jobs; root {plan.root}")
         return 0
