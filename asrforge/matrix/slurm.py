@@ -182,6 +182,7 @@ class SlurmExecutor:
         ``<root>/slurm/``."""
         params = sbatch_parameters(partition=partition, gpus_per_job=gpus_per_job,
                                    time_limit=time_limit, slurm_args=slurm_args)
+        # submitit is an optional extra, loaded only for --executor slurm.
         try:
             import submitit
         except ImportError:
