@@ -10,6 +10,7 @@ import textwrap
 
 from asrforge.config import external_code_allowed
 from asrforge.config_reference import fields_epilog
+from asrforge.errors import UserError
 from asrforge.matrix.plan import MatrixConfig, load_matrix
 
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
@@ -32,16 +33,27 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("matrix", help="the MATRIX.yaml file")
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="local processes (default) or Ray tasks")
+    p.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
+                   help="local processes (default), Ray tasks, or SLURM jobs (submitit)")
     p.add_argument("--devices", default=None,
                    help="local: GPU indices (0,1,3), cpu:N (N CPU slots), or auto (default: every "
                         "visible GPU, else one CPU slot)")
+    p.add_argument("--gpus-per-job", type=int, default=None, metavar="N",
+                   help="devices each job trains on, under torchrun (GPUs, or CPU slots of "
+                        "--devices cpu:K); default: the file's gpus_per_job, else 1")
     p.add_argument("--out", default=None, help="the matrix root (default: the file's `out`)")
     p.add_argument("--ray-address", default=None,
                    help="ray: a running cluster's address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--threads", type=int, default=None,
                    help="ray without GPUs: CPU threads per job (default 1)")
+    p.add_argument("--partition", default=None, help="slurm: the partition (default: the "
+                   "cluster's)")
+    p.add_argument("--time-limit", default="4:00:00",
+                   help="slurm: each job's time limit (HH:MM:SS, default 4:00:00); the run saves "
+                        "before it and the job is requeued with --resume")
+    p.add_argument("--slurm-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="slurm: one more sbatch option (account=abc, cpus-per-task=16, mem=200G); "
+                        "repeat for more")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again the jobs that failed in an earlier launch")
     p.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
@@ -56,24 +68,40 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from asrforge.matrix.executors import LocalExecutor, RayExecutor, parse_devices
+    from asrforge.matrix.executors import (
+        LocalExecutor,
+        RayExecutor,
+        group_devices,
+        parse_devices,
+    )
     from asrforge.matrix.run import Launcher
+    from asrforge.matrix.slurm import SlurmExecutor, parse_slurm_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
+    if args.gpus_per_job is not None and args.gpus_per_job < 1:
+        raise UserError(f"--gpus-per-job: must be >= 1, got {args.gpus_per_job}")
     allowed = external_code_allowed(args.allow_external_callbacks)
     plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
-                       allow_external_callbacks=allowed)
+                       allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
     if args.dry_run:
+        launch = ["asrforge"] if plan.gpus_per_job == 1 else [
+            "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",
+            "asrforge"]
         for job in plan.jobs:
-            cmd = ["asrforge", "train", str(job.config_path), *job.overrides]
+            cmd = [*launch, "train", str(job.config_path), *job.overrides]
             print(f"{job.job_id}: {shlex.join(cmd)}")
         print(f"{len(plan.jobs)} jobs; root {plan.root}")
         return 0
     if args.executor == "ray":
-        executor = RayExecutor(address=args.ray_address, threads=args.threads)
+        executor = RayExecutor(address=args.ray_address, threads=args.threads,
+                               gpus_per_job=plan.gpus_per_job)
+    elif args.executor == "slurm":
+        executor = SlurmExecutor.on_cluster(
+            plan.root, len(plan.jobs), partition=args.partition, gpus_per_job=plan.gpus_per_job,
+            time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
     else:
-        executor = LocalExecutor(parse_devices(args.devices))
+        executor = LocalExecutor(group_devices(parse_devices(args.devices), plan.gpus_per_job))
     outcome = Launcher(plan, executor, retry_failed=args.retry_failed,
                        progress_every=args.progress_every).run()
     if outcome.failed:

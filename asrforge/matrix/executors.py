@@ -14,6 +14,7 @@ for every executor. An executor is a plug-in with a small protocol (:class:`Exec
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import shlex
@@ -32,18 +33,24 @@ from asrforge.errors import UserError
 from asrforge.io.append import open_append
 from asrforge.matrix.plan import Job
 
+log = logging.getLogger("asrforge.matrix")
+
 
 @dataclass(frozen=True)
 class Device:
-    """A slot that runs one job at a time."""
+    """A slot that runs one job at a time, on one device or on several (``processes``)."""
 
     label: str
-    """``cuda:0``, ``cpu:1``, ``ray:3``: names the slot in logs and claims."""
+    """``cuda:0``, ``cuda:0,1``, ``cpu:1``, ``ray:3``: names the slot in logs and claims."""
     cuda_visible: str | None = None
     """``CUDA_VISIBLE_DEVICES`` for the job (``""`` hides every GPU); None leaves it as the
     worker has it (Ray sets it for the GPU it assigned)."""
     threads: int | None = None
-    """CPU threads for the job (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``); None leaves them."""
+    """CPU threads for each process of the job (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``); None
+    leaves them."""
+    processes: int = 1
+    """Training processes of the job, one per device: above 1 the job runs under ``torchrun``
+    (NCCL on GPUs, gloo on CPU slots)."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,12 @@ class Attempt:
     allow_external_callbacks: bool = False
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "asrforge", "train", str(self.job.config_path),
-               *self.job.overrides]
+        launch = [sys.executable]
+        if self.device.processes > 1:
+            # --standalone picks a free port, so jobs side by side do not meet.
+            launch += ["-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node", str(self.device.processes)]
+        cmd = [*launch, "-m", "asrforge", "train", str(self.job.config_path), *self.job.overrides]
         if self.resume:
             cmd.append("--resume")
         if self.allow_external_callbacks:
@@ -100,6 +111,7 @@ def run_attempt(
     *,
     pass_fds: tuple[int, ...] = (),
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    ignore: tuple[signal.Signals, ...] = (),
 ) -> AttemptResult:
     """Run one attempt to its end: the job function every executor calls.
 
@@ -107,6 +119,8 @@ def run_attempt(
         attempt: the job, device and try number.
         pass_fds: descriptors the child keeps open (the job lock: held while the child lives).
         on_start: called with the child process once it runs (for ``cancel``).
+        ignore: signals the child and its own children ignore (SLURM's warning signal, which
+            reaches every process of the job and is the job function's to handle).
 
     An exception here (Ray's cancel raises KeyboardInterrupt in the task) sends the child
     SIGTERM, so the run saves a checkpoint and exits, then propagates.
@@ -135,7 +149,7 @@ def run_attempt(
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=attempt.environment(dict(os.environ)), cwd=cwd, pass_fds=pass_fds,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_ignoring(ignore) if ignore else None,
             )
         except OSError as e:
             return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label, None,
@@ -149,6 +163,16 @@ def run_attempt(
             raise
     return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label, rc, started,
                          time.time(), socket.gethostname())
+
+
+def _ignoring(signals: tuple[signal.Signals, ...]) -> Callable[[], None]:
+    """A ``preexec_fn`` that sets ``signals`` to be ignored (kept across exec, by every child)."""
+
+    def ignore() -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return ignore
 
 
 def _stop(proc: subprocess.Popen, grace: float = 120.0) -> None:
@@ -209,6 +233,34 @@ def parse_devices(spec: str | None) -> list[Device]:
     if not ids or not all(s.isdigit() for s in ids) or len(set(ids)) != len(ids):
         raise UserError(f"--devices: {spec!r}: expected GPU indices like 0,1,3, cpu:N, or auto")
     return [Device(f"cuda:{i}", i) for i in ids]
+
+
+def group_devices(devices: list[Device], per_job: int) -> list[Device]:
+    """Slots of ``per_job`` devices each, in order (``cuda:0,1``, ``cuda:2,3``); devices left over
+    stay idle and are logged.
+
+    Raises:
+        UserError: fewer devices than one job needs.
+    """
+    if per_job == 1:
+        return list(devices)
+    if len(devices) < per_job:
+        raise UserError(f"--gpus-per-job {per_job}: only {len(devices)} device(s) "
+                        f"({', '.join(d.label for d in devices)})")
+    slots = []
+    for start in range(0, len(devices) - per_job + 1, per_job):
+        group = devices[start:start + per_job]
+        kind = group[0].label.partition(":")[0]
+        ids = ",".join(d.label.partition(":")[2] for d in group)
+        # CPU slots hide every GPU (""): joining their empty strings keeps that.
+        cuda = None if group[0].cuda_visible is None else ",".join(
+            d.cuda_visible for d in group if d.cuda_visible)
+        slots.append(Device(f"{kind}:{ids}", cuda, group[0].threads, per_job))
+    idle = devices[len(slots) * per_job:]
+    if idle:
+        log.warning("%s: idle, fewer than --gpus-per-job %d", ", ".join(d.label for d in idle),
+                    per_job)
+    return slots
 
 
 def _count_gpus() -> int:
@@ -293,19 +345,21 @@ class LocalExecutor:
 
 
 class RayExecutor:
-    """Ray tasks: one GPU each on a cluster with GPUs, else ``threads`` CPUs each.
+    """Ray tasks: ``gpus_per_job`` GPUs each on a cluster with GPUs, else ``threads`` CPUs per
+    process.
 
     Args:
         address: a running cluster (``ray.init(address=...)``); None: ``RAY_ADDRESS`` if set,
             else a local Ray started here and shut down by :meth:`close`.
-        threads: CPU threads per job on a cluster without GPUs (default 1).
+        threads: CPU threads per process on a cluster without GPUs (default 1).
         init_kwargs: more ``ray.init`` arguments (``num_cpus`` for a local Ray, ...).
+        gpus_per_job: devices (GPUs, or CPU processes) each job runs on.
     """
 
     name = "ray"
 
     def __init__(self, address: str | None = None, threads: int | None = None,
-                 init_kwargs: dict[str, Any] | None = None):
+                 init_kwargs: dict[str, Any] | None = None, gpus_per_job: int = 1):
         try:
             import ray
         except ImportError:
@@ -317,14 +371,19 @@ class RayExecutor:
                      **(init_kwargs or {}))
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
+        n_per = gpus_per_job
         if gpus:
-            options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1}
-            self._devices = [Device(f"ray:{i}") for i in range(gpus)]
+            if gpus < n_per:
+                if self._owns:
+                    ray.shutdown()
+                raise UserError(f"--gpus-per-job {n_per}: the Ray cluster has {gpus} GPU(s)")
+            options: dict[str, Any] = {"num_gpus": n_per, "num_cpus": n_per}
+            self._devices = [Device(f"ray:{i}", None, None, n_per) for i in range(gpus // n_per)]
         else:
             t = threads or 1
-            options = {"num_cpus": t}
-            n = max(1, int(resources.get("CPU", 1)) // t)
-            self._devices = [Device(f"ray:{i}", "", t) for i in range(n)]
+            options = {"num_cpus": t * n_per}
+            n = max(1, int(resources.get("CPU", 1)) // (t * n_per))
+            self._devices = [Device(f"ray:{i}", "", t, n_per) for i in range(n)]
         # max_retries=0: the launcher retries, resuming from the checkpoint, and says so.
         self._task = ray.remote(max_retries=0, **options)(run_attempt)
         self._refs: dict[Any, Attempt] = {}

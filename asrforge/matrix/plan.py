@@ -61,6 +61,9 @@ class MatrixConfig(Section):
     """Per-language overrides, e.g. ``{th: {selection.policy: by_loss}}``."""
     retries: int = Field(default=2, ge=0)
     """Re-runs of a failed job, each resuming from its latest checkpoint, before it is failed."""
+    gpus_per_job: int = Field(default=1, ge=1)
+    """Devices each job trains on, one process per device under ``torchrun``: GPUs, or CPU slots
+    of ``--devices cpu:K`` (gloo). ``--gpus-per-job`` wins."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class Plan:
     source: str
     data_to_generate: tuple[tuple[Path, str], ...] = ()
     """(``data.path``, ``data.generate``) pairs missing on disk: built once before jobs start."""
+    gpus_per_job: int = 1
+    """Devices (processes) per job."""
 
     def run_dir(self, job: Job) -> Path:
         return self.root / "runs" / job.job_id
@@ -139,6 +144,7 @@ def load_matrix(
     out: str | Path | None = None,
     extra_overrides: list[str] | None = None,
     allow_external_callbacks: bool = False,
+    gpus_per_job: int | None = None,
 ) -> Plan:
     """Read and validate a MATRIX.yaml and expand it into jobs.
 
@@ -149,6 +155,7 @@ def load_matrix(
         allow_external_callbacks: import the jobs' ``_target_`` callbacks and
             ``module:function`` transforms, here and in every job: the person's permission
             (:func:`asrforge.config.external_code_allowed`), which the file cannot give.
+        gpus_per_job: devices per job; overrides the file's ``gpus_per_job``.
 
     Raises:
         ConfigError: every problem at once, by YAML path (``configs.1.config_id: ...``) or, for a
@@ -213,7 +220,8 @@ def load_matrix(
         raise ConfigError(problems, source)
     return Plan(root=root, jobs=jobs, retries=m.retries,
                 allow_external_callbacks=allow_external_callbacks, source=source,
-                data_to_generate=tuple(to_generate.items()))
+                data_to_generate=tuple(to_generate.items()),
+                gpus_per_job=gpus_per_job or m.gpus_per_job)
 
 
 def _callback_problems(cfg, allow_external: bool) -> list[str]:

@@ -1,0 +1,185 @@
+"""The SLURM executor without a cluster: the sbatch parameters asrforge builds (partition, GPUs,
+time limit, the signal before it) as submitit writes them, the checkpoint handler that stops a
+run and requeues it with ``--resume``, and a real job through submitit's LocalExecutor, which
+runs the same job code and signal handler on this machine: signalled after its first checkpoint,
+it saves, is requeued and resumes to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.matrix.executors import Attempt, parse_devices
+from asrforge.matrix.plan import load_matrix
+from asrforge.matrix.run import Launcher
+from asrforge.matrix.slurm import (
+    SIGNAL_DELAY_S,
+    SlurmAttempt,
+    SlurmExecutor,
+    parse_slurm_args,
+    sbatch_parameters,
+    time_limit_minutes,
+)
+from asrforge.train.events import Callback
+from tests.conftest import tiny_config
+
+submitit = pytest.importorskip("submitit", reason="pip install 'asrforge[slurm]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class PauseAfterFirstSave(Callback):
+    """In a run that starts from scratch, writes ``marker`` after its first checkpoint and then
+    takes ``pause`` seconds per step: a run still going when the test signals it."""
+
+    name = "pause_after_first_save"
+
+    def __init__(self, marker: str, pause: float = 3.0):
+        self.marker, self.pause, self.armed, self.saved = Path(marker), pause, False, False
+
+    def on_train_begin(self, state, *, run):
+        self.armed = state.step == 0
+
+    def on_save(self, state, *, path, kind):
+        if self.armed and not self.saved:
+            self.saved = True
+            self.marker.write_text(str(state.step))
+
+    def on_step_end(self, state, *, metrics):
+        if self.saved:
+            time.sleep(self.pause)
+
+
+def test_time_limits_in_slurm_formats():
+    assert time_limit_minutes("4:00:00") == 240
+    assert time_limit_minutes("90") == 90
+    assert time_limit_minutes("10:30") == 11  # MM:SS, rounded up
+    assert time_limit_minutes("1-12") == 36 * 60
+    assert time_limit_minutes("2-00:30:00") == 2 * 1440 + 30
+    for bad in ("4h", "", "1:2:3:4", "3"):  # 3 minutes leave no time after the signal
+        with pytest.raises(UserError, match="--time-limit"):
+            time_limit_minutes(bad)
+    assert parse_slurm_args(["account=abc", "--mem=200G"]) == {"account": "abc", "mem": "200G"}
+    with pytest.raises(UserError, match="--slurm-arg"):
+        parse_slurm_args(["exclusive"])
+
+
+def test_the_sbatch_script_has_partition_gpus_time_and_the_signal(tmp_path):
+    from submitit.slurm.slurm import _get_default_parameters, _make_sbatch_string
+
+    params = sbatch_parameters(partition="a100", gpus_per_job=4, time_limit="4:00:00",
+                               slurm_args=parse_slurm_args(["account=asr", "cpus-per-task=32"]))
+    script = _make_sbatch_string(command="python -m submitit.core._submit X", folder=tmp_path,
+                                 **params)
+    flags = {line for line in script.splitlines() if line.startswith("#SBATCH")}
+    assert {"#SBATCH --partition=a100", "#SBATCH --gpus-per-node=4", "#SBATCH --time=240",
+            f"#SBATCH --signal=USR2@{SIGNAL_DELAY_S}", "#SBATCH --nodes=1",
+            "#SBATCH --ntasks-per-node=1", "#SBATCH --account=asr",
+            "#SBATCH --cpus-per-task=32"} <= flags
+    # names submitit's SlurmExecutor.update_parameters accepts
+    assert set(params) <= set(_get_default_parameters())
+
+
+def one_job_plan(tmp_path: Path, tones_dir: Path, **config):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(tiny_config(tmp_path / "unused", tones_dir, **config).to_yaml())
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump({
+        "out": str(tmp_path / "root"), "languages": ["en"],
+        "configs": [{"config_id": "tiny", "path": str(cfg)}], "retries": 0}))
+    return load_matrix(matrix, allow_external_callbacks=True)
+
+
+def events(root: Path) -> list[dict]:
+    return [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]
+
+
+def test_the_signal_handler_stops_the_run_and_requeues_it_with_resume(tmp_path, tones_dir):
+    plan = one_job_plan(tmp_path, tones_dir)
+    job = plan.jobs[0]
+    attempt = Attempt(job, parse_devices("cpu:1")[0], 1, False, plan.log_path(job), tmp_path)
+    run_dir = plan.run_dir(job)
+    (run_dir / "checkpoints" / "step-000002").mkdir(parents=True)
+    # a run that saves and exits 75 on SIGTERM
+    run = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\nprint('up', flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert run.stdout.readline() == "up\n"
+    fn = SlurmAttempt(attempt, run_dir, plan.root)
+    fn._proc = run
+    delayed = fn.__submitit_checkpoint__()
+    assert run.returncode == EXIT_INTERRUPTED
+    again = delayed.function
+    assert isinstance(again, SlurmAttempt) and again.attempt == replace(attempt, resume=True)
+    assert "--resume" in again.attempt.command()
+    (requeue,) = events(plan.root)
+    assert requeue["event"] == "requeue" and requeue["job_id"] == job.job_id
+    assert requeue["returncode"] == EXIT_INTERRUPTED and requeue["resume"] is True
+
+
+def task_pid(controller: int, timeout: float = 60) -> int:
+    """The job's task: the child process of submitit's local controller."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise AssertionError("the job's task did not start")
+
+
+@pytest.mark.slow
+def test_a_job_signalled_before_its_time_limit_is_requeued_and_resumes(
+        tmp_path, tones_dir, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    marker = tmp_path / "saved"
+    plan = one_job_plan(
+        tmp_path, tones_dir, train={"max_steps": 10, "log_every": 1, "precision": "no"},
+        eval={"eval_steps": 2}, data={"batch_size": 4},
+        callbacks=[{"_target_": "test_matrix_slurm.PauseAfterFirstSave", "marker": str(marker)}])
+    local = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    local.update_parameters(timeout_min=10, signal_delay_s=60)
+    executor = SlurmExecutor(local, plan.root, slots=1)
+    signalled = []
+
+    def signal_after_the_first_save() -> None:
+        deadline = time.time() + 300
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        (job, _), = executor._jobs.values()
+        # what SLURM sends signal_delay_s before the time limit
+        os.kill(task_pid(job._process.pid), signal.SIGUSR2)
+        signalled.append(int(marker.read_text()))
+
+    helper = threading.Thread(target=signal_after_the_first_save, daemon=True)
+    helper.start()
+    out = Launcher(plan, executor, progress_every=60.0).run()
+    helper.join(5)
+    job = plan.jobs[0]
+    log = plan.log_path(job).read_text()
+    assert out.done == [job.job_id] and signalled, log
+    run_dir = plan.run_dir(job)
+    begins = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    begins = [x["step"] for x in begins if x["event"] == "train_begin"]
+    assert len(begins) == 2 and begins[0] == 0 and begins[1] >= signalled[0]
+    first, second = log.split(f"==== asrforge matrix: {job.job_id} attempt 1")[1:]
+    assert "--resume" not in first.splitlines()[1] and "(resume)" in second.splitlines()[0]
+    assert "--resume" in second.splitlines()[1]
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["attempts"] == 1 and done["step"] == 10 and done["status"] == "completed"
+    ev = [e["event"] for e in events(plan.root)]
+    assert ev == ["claim", "start", "requeue", "exit", "done"]
+    assert "via slurm" in capsys.readouterr().out
