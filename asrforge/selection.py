@@ -533,8 +533,10 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
-        self.unguarded_step = state.get("unguarded_step")
-        self.unguarded = dict(state.get("unguarded") or {})
+        # a run resumed without the guard has nothing refused: best-unguarded/ goes at its next save
+        if self.guard is not None:
+            self.unguarded_step = state.get("unguarded_step")
+            self.unguarded = dict(state.get("unguarded") or {})
         # An empty start means the starting model was not evaluated.
         self.start = dict(state.get("start") or {})
 

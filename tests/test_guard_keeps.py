@@ -47,6 +47,16 @@ def test_the_best_refused_evaluation_is_tracked_and_rides_in_the_state():
     assert resumed.unguarded_step is None and resumed.unguarded == {}
 
 
+def test_a_run_resumed_without_the_guard_forgets_what_the_guard_refused():
+    sel = _guarded_selector()
+    sel.update({"wer": 0.50, "loss": 1.0, "guard_wer": 0.0}, step=0)
+    sel.update({"wer": 0.30, "loss": 0.8, "guard_wer": 0.10}, step=10)
+    assert sel.unguarded_step == 10
+    resumed = Selector(ByWer(), patience=10, max_steps=None)
+    resumed.load_state_dict(json.loads(json.dumps(sel.state_dict())))
+    assert resumed.unguarded_step is None and resumed.unguarded == {}
+
+
 def _refusing_run(tmp_path, tones_dir, monkeypatch, **sections):
     """A run from an evaluated start whose guard is always beyond its tolerance after step 0;
     selection by loss, which a few steps surely lower."""
