@@ -350,11 +350,24 @@ def recorded_gate(ckpt: Path, tolerance: float) -> GuardGate:
 def recorded_language(out_dir: Path) -> str | None:
     """The language most of the guard's items were transcribed in at step 0, as the run's
     ``eval/guard-step-000000.jsonl`` records it (None: no record)."""
+    path = out_dir / EVAL_DIR / "guard-step-000000.jsonl"
     try:
-        lines = (out_dir / EVAL_DIR / "guard-step-000000.jsonl").read_text().splitlines()
+        lines = path.read_text().splitlines()
     except OSError:
         return None
-    counts = Counter(json.loads(line).get("language") for line in lines if line.strip())
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason})") from e
+    counts: Counter = Counter()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {number} is not JSON ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: line {number} is not a JSON object")
+        counts[record.get("language")] += 1
     counts.pop(None, None)
     return counts.most_common(1)[0][0] if counts else None
 
