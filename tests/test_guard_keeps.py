@@ -210,3 +210,12 @@ def test_export_within_guard_without_the_starting_weights_is_refused(tmp_path, t
     assert "the starting weights of" in err and "step-000000" in err
     assert "trained from scratch (no model.pretrained)" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_shares_without_within_guard_is_refused(tmp_path, capsys):
+    from asrforge.cli import main
+
+    argv = ["export", str(tmp_path / "run"), "--shares", "0.5", "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    assert "--shares: only with --within-guard" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

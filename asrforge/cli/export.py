@@ -68,7 +68,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--shares",
         type=_shares,
-        default=WITHIN_GUARD_SHARES,
         help="--within-guard: the shares of the fine-tuned weights to try, comma-separated "
         "(default 1.0,0.9,...,0.1; the largest within the guard is exported)",
     )
@@ -104,12 +103,15 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--adapter-only writes peft's adapter files: --lm does not apply")
     if args.lm is not None and not args.lm.is_file():
         problems.append(f"--lm {args.lm}: no such file")
+    if args.shares is not None and not args.within_guard:
+        problems.append("--shares: only with --within-guard (the shares it tries)")
     if args.within_guard and (args.adapter_only or args.weights == "average"):
         problems.append("--within-guard interpolates one checkpoint's whole weights: "
                         "--adapter-only and --weights average do not apply")  # fmt: skip
     raise_problems(problems)
     if args.within_guard:
-        return _export_within_guard(args, shard_size)
+        shares = WITHIN_GUARD_SHARES if args.shares is None else args.shares
+        return _export_within_guard(args, shares, shard_size)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
     if args.adapter_only:
@@ -162,7 +164,8 @@ def _run_guard(cfg, run_dir: Path, contents, model):
     return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
 
 
-def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> int:
+def _export_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
+                         shard_size: str | None) -> int:  # fmt: skip
     """``--within-guard``: measure the guard on the fine-tuned weights interpolated with the
     starting model's, largest share first, and export the largest share within it."""
     # torch and transformers load with these, so only when the command runs (as above).
@@ -198,14 +201,14 @@ def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> in
         file=sys.stderr,
     )
     share, figures = measure_interpolations(
-        guard, gate, bundle.model, start, finetuned, args.shares, device=bundle.device
+        guard, gate, bundle.model, start, finetuned, shares, device=bundle.device
     )
     for a, value in figures:
         verdict = "within" if a == share else "outside"
         print(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
     if share is None:
         raise UserError(
-            f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in args.shares)} "
+            f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in shares)} "
             f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g}; "
             "nothing was exported (try smaller --shares)"
         )
