@@ -253,8 +253,10 @@ def describe_refused(
     ) or format_metrics(refused)
     guard = ""
     if "guard_wer" in refused:
+        # a guard with references names its metric: CER for unspaced scripts, else WER
+        name = "drift" if guard_kind == "drift" else refused.get("guard_metric", "wer")
         guard = (
-            f"; guard {guard_kind or 'wer'} {refused['guard_wer']:.4f} > start "
+            f"; guard {name} {refused['guard_wer']:.4f} > start "
             f"{refused.get('guard_start', 0.0):.4f} + tolerance "
             f"{refused.get('guard_tolerance', 0.0):g}"
         )

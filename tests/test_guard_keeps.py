@@ -219,3 +219,15 @@ def test_shares_without_within_guard_is_refused(tmp_path, capsys):
     assert main(argv) == 2
     assert "--shares: only with --within-guard" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_the_refused_step_names_the_guard_s_metric():
+    from asrforge.selection import describe_refused
+
+    refused = {"cer": 0.10, "guard_wer": 0.30, "guard_start": 0.1, "guard_tolerance": 0.02}
+    line = describe_refused(10, {**refused, "guard_metric": "cer"}, {"cer": 0.2},
+                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
+    assert "guard cer 0.3000 > start 0.1000" in line and "guard wer" not in line
+    line = describe_refused(10, {**refused, "guard_metric": "wer"}, {"cer": 0.2},
+                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
+    assert "guard wer 0.3000" in line
