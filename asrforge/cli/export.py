@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import parse_size
 from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
-from asrforge.selection import WITHIN_GUARD_SHARES
+from asrforge.selection import WITHIN_GUARD_SHARES, GuardGate
 
 # The bundle code loads torch and transformers: it is imported inside the handler, so building the
 # parser (`asrforge --help`) does not wait for it.
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     raise_problems(problems)
     if args.within_guard:
         shares = WITHIN_GUARD_SHARES if args.shares is None else args.shares
-        return _export_within_guard(args, shares, shard_size)
+        return _print_within_guard(args, shares, shard_size)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
     if args.adapter_only:
@@ -164,10 +165,23 @@ def _run_guard(cfg, run_dir: Path, contents, model):
     return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
 
 
-def _export_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
-                         shard_size: str | None) -> int:  # fmt: skip
-    """``--within-guard``: measure the guard on the fine-tuned weights interpolated with the
-    starting model's, largest share first, and export the largest share within it."""
+def _export_within_guard(source: Path, weights: str, shares: tuple[float, ...], out: Path,
+                         fmt: str, *, lm: Path | None, ct2_quantization: str | None,
+                         max_shard_size: str | None, progress: Callable[[str], None],
+                         say: Callable[[str], None]) -> tuple[Path, dict, GuardGate]:  # fmt: skip
+    """Measure the run's guard on the fine-tuned weights of ``source`` interpolated with the
+    starting model's, largest share first, and export the largest share within it to ``out``.
+
+    Args:
+        progress: gets the line saying what is measured, before the measuring.
+        say: gets each measured share's line.
+
+    Returns:
+        The bundle written, the facts its ``source.within_guard`` records, and the guard's gate.
+
+    Raises:
+        UserError: a run without ``eval.guard``, no starting weights, or no share within it.
+    """
     # torch and transformers load with these, so only when the command runs (as above).
     from asrforge.bundle.export import (
         check_same_start,
@@ -182,30 +196,29 @@ def _export_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
     from asrforge.checkpoint.average import interpolate_weights
     from asrforge.train.guard import measure_interpolations, recorded_gate
 
-    ckpt = finetuned_checkpoint(args.source)
+    ckpt = finetuned_checkpoint(source)
     cfg = read_run_config(ckpt)
     if cfg.eval.guard is None:
         raise UserError(f"--within-guard: {ckpt} was trained without eval.guard: no guard to keep")
     gate = recorded_gate(ckpt, cfg.eval.guard.tolerance)
     start, start_from = start_weights(ckpt)
-    contents = checkpoint_contents(ckpt, args.weights)
-    if args.lm is not None:
-        contents = with_lm(contents, args.lm)
+    contents = checkpoint_contents(ckpt, weights)
+    if lm is not None:
+        contents = with_lm(contents, lm)
     bundle = contents_to_bundle(contents)
     finetuned = check_same_start(contents.state, start, start_from)
     guard = _run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
-    print(
+    progress(
         f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
         f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
-        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}",
-        file=sys.stderr,
+        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}"
     )
     share, figures = measure_interpolations(
         guard, gate, bundle.model, start, finetuned, shares, device=bundle.device
     )
     for a, value in figures:
         verdict = "within" if a == share else "outside"
-        print(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
+        say(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
     if share is None:
         raise UserError(
             f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in shares)} "
@@ -222,15 +235,27 @@ def _export_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
         "guard": dict(figures)[share],
         "measured": [{"share": a, "guard": v} for a, v in figures],
     }
-    out = export_interpolated(
+    written = export_interpolated(
         contents,
         interpolate_weights(start, finetuned, share),
         facts,
-        args.out,
-        args.fmt,
-        ct2_quantization=args.quantization,
-        max_shard_size=shard_size,
+        out,
+        fmt,
+        ct2_quantization=ct2_quantization,
+        max_shard_size=max_shard_size,
     )
+    return written, facts, gate
+
+
+def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
+                        shard_size: str | None) -> int:  # fmt: skip
+    """``--within-guard``: the export within the guard, and what it measured and wrote."""
+    out, facts, gate = _export_within_guard(
+        args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,
+        ct2_quantization=args.quantization, max_shard_size=shard_size,
+        progress=lambda line: print(line, file=sys.stderr), say=print,
+    )
+    share = facts["share"]
     _print_written(args, out)
     print(
         f"asrforge: {share:g} of the fine-tuned weights (over {1 - share:g} of the starting "
