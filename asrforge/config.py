@@ -637,8 +637,8 @@ class TrainLoopConfig(Section):
     the last evaluation's and save's durations (each taken as 5% of ``max_time`` until one is
     timed). The clock counts the process from its start (set-up included), and a resume gets
     the whole budget again, since a scheduler's limit (SLURM's ``--time``) is per job; the run
-    keeps its resume state (``checkpoint.after_run`` waits) so ``--resume`` continues it. At
-    least one step is taken."""
+    keeps its resume state (``checkpoint.after_run`` waits) so ``--resume`` continues it
+    (``asrforge matrix`` does so by itself). At least one step is taken."""
 
     @field_validator("max_time", mode="before")
     @classmethod

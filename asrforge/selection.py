@@ -253,8 +253,10 @@ def describe_refused(
     ) or format_metrics(refused)
     guard = ""
     if "guard_wer" in refused:
+        # a guard with references names its metric: CER for unspaced scripts, else WER
+        name = "drift" if guard_kind == "drift" else refused.get("guard_metric", "wer")
         guard = (
-            f"; guard {guard_kind or 'wer'} {refused['guard_wer']:.4f} > start "
+            f"; guard {name} {refused['guard_wer']:.4f} > start "
             f"{refused.get('guard_start', 0.0):.4f} + tolerance "
             f"{refused.get('guard_tolerance', 0.0):g}"
         )
@@ -533,8 +535,10 @@ class Selector:
         self.best_step = state.get("best_step")
         self.best = dict(state.get("best") or {})
         self.held_out_state = state.get("held_out_state")  # None from a run before it existed
-        self.unguarded_step = state.get("unguarded_step")
-        self.unguarded = dict(state.get("unguarded") or {})
+        # a run resumed without the guard has nothing refused: best-unguarded/ goes at its next save
+        if self.guard is not None:
+            self.unguarded_step = state.get("unguarded_step")
+            self.unguarded = dict(state.get("unguarded") or {})
         # An empty start means the starting model was not evaluated.
         self.start = dict(state.get("start") or {})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import weakref
 from pathlib import Path
 
@@ -208,3 +209,22 @@ def test_the_starting_model_is_never_averaged_nor_kept_for_an_average(tmp_path):
         only_start = tmp_path / "start" / "checkpoints"
         CheckpointManager(only_start).save(0, write, {"wer": 0.3}, is_best=True)
         average_top_k(only_start, "wer", 5)
+
+
+def test_the_checkpoint_the_guard_refused_is_never_averaged(tmp_path):
+    """``best-unguarded/`` holds the step the forgetting guard refused: an average takes it in
+    neither through that copy nor through its step directory (which rotation keeps)."""
+    from asrforge.checkpoint.average import rank_checkpoints
+
+    root = tmp_path / "run" / "checkpoints"
+    m = CheckpointManager(root, save_total_limit=1)
+    for step, wer in {2: 0.40, 4: 0.10, 6: 0.35}.items():
+
+        def write(d: Path, step: int = step) -> None:
+            save_weights(d / "model.safetensors", {"w": torch.full((2,), float(step))})
+
+        m.save(step, write, {"wer": wer}, is_best=step != 4, unguarded_step=4)
+    assert (root / "best-unguarded").is_dir() and (root / "step-000004").is_dir()
+    assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [6, 2]
+    shutil.rmtree(root / "step-000004")
+    assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [6, 2]

@@ -319,3 +319,20 @@ def test_a_directory_of_recordings_with_a_sidecar_file_is_still_audio_files(tone
     (guard / "validation.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     items = load_guard_items(GuardConfig(path=guard, max_items=None), "en", 4.0, tmp_path / "c")
     assert [i.reference for i in items] == [r["text"] for r in rows]
+
+
+@pytest.mark.parametrize("bad", ['{"language": "en"', "[1, 2]", "\xff"])
+def test_a_damaged_step_0_guard_record_is_named(tmp_path, bad):
+    from asrforge.train.guard import recorded_language
+
+    assert recorded_language(tmp_path) is None
+    (tmp_path / "eval").mkdir()
+    path = tmp_path / "eval" / "guard-step-000000.jsonl"
+    path.write_text('{"language": "de"}\n\n{"language": "de"}\n')
+    assert recorded_language(tmp_path) == "de"
+    if bad == "\xff":
+        path.write_bytes(b'{"language": "de"}\n\xff\n')
+    else:
+        path.write_text(f'{{"language": "de"}}\n{bad}\n')
+    with pytest.raises(UserError, match="guard-step-000000.jsonl"):
+        recorded_language(tmp_path)

@@ -129,3 +129,34 @@ def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
     err = capsys.readouterr().err
     assert err.startswith("asrforge: error:") and named in err
     assert not (tmp_path / "guard").exists()
+
+
+def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatch):
+    """A recording longer than the model's window, or one it transcribes as nothing, gets no
+    reference; a guard with references on only some recordings would silently measure drift
+    (``mode: auto``) or be refused by training (``mode: wer``), so the build refuses."""
+    import types
+
+    import numpy as np
+
+    from asrforge.data.guard_set import GuardClip, GuardWindow
+    from asrforge.errors import UserError
+    from asrforge.train import guard as guard_module
+
+    def window(name: str, seconds: float) -> GuardWindow:
+        clip = GuardClip(Path(f"/clips/{name}.wav"), seconds, "en", None)
+        return GuardWindow(f"guard-en-{name}", "en", [clip], np.zeros(int(seconds * 16000)))
+
+    said = {"guard-en-ok": "hello", "guard-en-quiet": "  "}
+    monkeypatch.setattr(guard_module, "bundle_transcripts",
+                        lambda bundle, items, *_: [said[i.id] for i in items])  # fmt: skip
+    bundle = types.SimpleNamespace(window_seconds=2.0,
+                                   specials=types.SimpleNamespace(multilingual=False))  # fmt: skip
+    windows = [window("ok", 1.0), window("quiet", 1.0), window("long", 3.0)]
+    with pytest.raises(UserError, match="no reference to 2 of 3 recordings") as e:
+        guard_module.attach_model_references(bundle, windows, 4, 8)
+    assert "guard-en-quiet" in str(e.value) and "long.wav" in str(e.value)
+    assert "guard-en-ok" not in str(e.value)
+    windows = [window("ok", 1.0)]
+    guard_module.attach_model_references(bundle, windows, 4, 8)
+    assert windows[0].text == "hello"

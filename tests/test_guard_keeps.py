@@ -47,6 +47,16 @@ def test_the_best_refused_evaluation_is_tracked_and_rides_in_the_state():
     assert resumed.unguarded_step is None and resumed.unguarded == {}
 
 
+def test_a_run_resumed_without_the_guard_forgets_what_the_guard_refused():
+    sel = _guarded_selector()
+    sel.update({"wer": 0.50, "loss": 1.0, "guard_wer": 0.0}, step=0)
+    sel.update({"wer": 0.30, "loss": 0.8, "guard_wer": 0.10}, step=10)
+    assert sel.unguarded_step == 10
+    resumed = Selector(ByWer(), patience=10, max_steps=None)
+    resumed.load_state_dict(json.loads(json.dumps(sel.state_dict())))
+    assert resumed.unguarded_step is None and resumed.unguarded == {}
+
+
 def _refusing_run(tmp_path, tones_dir, monkeypatch, **sections):
     """A run from an evaluated start whose guard is always beyond its tolerance after step 0;
     selection by loss, which a few steps surely lower."""
@@ -200,3 +210,24 @@ def test_export_within_guard_without_the_starting_weights_is_refused(tmp_path, t
     assert "the starting weights of" in err and "step-000000" in err
     assert "trained from scratch (no model.pretrained)" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_shares_without_within_guard_is_refused(tmp_path, capsys):
+    from asrforge.cli import main
+
+    argv = ["export", str(tmp_path / "run"), "--shares", "0.5", "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    assert "--shares: only with --within-guard" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_refused_step_names_the_guard_s_metric():
+    from asrforge.selection import describe_refused
+
+    refused = {"cer": 0.10, "guard_wer": 0.30, "guard_start": 0.1, "guard_tolerance": 0.02}
+    line = describe_refused(10, {**refused, "guard_metric": "cer"}, {"cer": 0.2},
+                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
+    assert "guard cer 0.3000 > start 0.1000" in line and "guard wer" not in line
+    line = describe_refused(10, {**refused, "guard_metric": "wer"}, {"cer": 0.2},
+                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
+    assert "guard wer 0.3000" in line

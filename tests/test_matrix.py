@@ -296,7 +296,8 @@ def test_a_dead_launchers_claim_is_stale_but_its_running_job_keeps_the_lock(tmp_
 class ScriptedExecutor:
     """Runs each attempt instantly: ``outcomes[job_id]`` lists what each attempt does —
     ``ok``, ``crash`` (exit 1, a checkpoint left behind), ``interrupted`` (exit 75 without a
-    normal end, as a run stopped by SIGTERM) or ``bad`` (exit 2: a config to fix)."""
+    normal end, as a run stopped by SIGTERM), ``out_of_time`` (exit 0, stopped at its
+    ``max_time``) or ``bad`` (exit 2: a config to fix). Each submission takes the next one."""
 
     name = "scripted"
 
@@ -313,13 +314,17 @@ class ScriptedExecutor:
         job = attempt.job
         run_dir = self.plan.run_dir(job)
         (run_dir / "checkpoints" / "step-000002").mkdir(parents=True, exist_ok=True)
-        what = self.outcomes.get(job.job_id, ["ok"])[attempt.number - 1]
+        submitted = sum(x.job.job_id == job.job_id for x in self.attempts)
+        what = self.outcomes.get(job.job_id, ["ok"] * submitted)[submitted - 1]
         lines = [{"event": "train_begin", "step": 2 if attempt.resume else 0}]
         if what == "ok":
             lines.append({"event": "train_end", "step": 4, "status": "completed", "reason": "max",
                           "best_step": 4, "best": {"wer": 0.5}})
         elif what == "interrupted":
             lines.append({"event": "train_end", "step": 3, "status": "interrupted"})
+        elif what == "out_of_time":
+            lines.append({"event": "train_end", "step": 3, "status": "stopped",
+                          "reason": "reached max_time", "out_of_time": True})
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.writelines(json.dumps(x) + "\n" for x in lines)
         attempt.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,6 +380,23 @@ def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_co
     assert sorted(x.job.job_id for x in ex.attempts) == ["es-a-s0", "es-a-s1"]
     assert all(x.resume for x in ex.attempts)
     assert len(out.done) == 4 and out.exit_code == 0
+
+
+def test_a_run_out_of_time_is_continued_with_resume_not_marked_done(tmp_path, two_configs,
+                                                                    capsys):
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en"],
+        "configs": [{"config_id": "a", "path": str(a)}], "retries": 0})
+    plan = load_matrix(m)
+    ex = ScriptedExecutor(plan, {"en-a-s0": ["out_of_time", "out_of_time", "ok"]})
+    out = Launcher(plan, ex, progress_every=0.0).run()
+    assert out.done == ["en-a-s0"] and out.exit_code == 0
+    # continuations, not retries: retries is 0 and the attempt number stays 1
+    assert [(x.number, x.resume) for x in ex.attempts] == [(1, False), (1, True), (1, True)]
+    done = json.loads((plan.root / "runs" / "en-a-s0" / "DONE").read_text())
+    assert done["status"] == "completed" and done["continuations"] == 2
+    assert "reached its max_time at step 3; continuing it" in capsys.readouterr().out
 
 
 def test_a_job_log_that_is_a_symlink_ends_the_attempt_as_bad_input(tmp_path, two_configs):

@@ -105,6 +105,8 @@ def test_the_cli_stops_before_the_step_that_leaves_no_time_and_exits_zero(
     run_dir = tmp_path / "run"
     (end,) = _events(run_dir, "train_end")
     assert (end["status"], end["step"], end["reason"]) == ("stopped", 9, reason)
+    # a matrix launcher continues the run rather than finishing it
+    assert end["out_of_time"] is True
     # the last evaluation and its save, at the step the run stopped at, within the budget
     assert [e["step"] for e in _events(run_dir, "eval")] == [9]
     assert [(s["step"], s["kind"]) for s in _events(run_dir, "save")] == [(9, "best")]
@@ -149,6 +151,7 @@ def test_max_steps_first_is_not_a_time_stop(tmp_path, tones_dir, monkeypatch):
     FakeClock(monkeypatch)
     result = Trainer(cfg).fit()
     assert (result.status, result.step, result.reason) == ("completed", 3, "reached max_steps=3")
+    assert not result.out_of_time
 
 
 def test_a_run_out_of_time_resumes_with_a_fresh_budget(tmp_path, tones_dir, monkeypatch):

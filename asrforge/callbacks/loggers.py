@@ -178,6 +178,9 @@ class MetricsJsonl(Callback):
                 # what the forgetting guard refused and where it is kept, when it refused one
                 if getattr(result, "refused", None) is not None:
                     record["refused"] = result.refused
+                # a matrix launcher continues a run that ran out of time rather than finishing it
+                if getattr(result, "out_of_time", False):
+                    record["out_of_time"] = True
                 self._write(record)
             finally:
                 self._close()

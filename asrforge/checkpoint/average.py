@@ -49,6 +49,9 @@ from asrforge.checkpoint.training import (
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 from asrforge.io.atomic import atomic_directory
 
+UNGUARDED_DIR = "best-unguarded"
+"""The best checkpoint the forgetting guard refused, kept beside ``best/``."""
+
 log = logging.getLogger(__name__)
 
 _HIGHER_IS_BETTER = ("acc", "bleu", "f1", "precision", "recall")
@@ -332,17 +335,22 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
     ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy).
     Step 0 is left out: it is the starting model (``eval.at_start``), not a trained checkpoint,
     and an average of fine-tuned weights must not take it in (it often ties with or beats the
-    first trained steps).
+    first trained steps). The step ``best-unguarded/`` holds, the one the forgetting guard
+    refused, is left out too, from that copy and from its step directory.
 
     Raises:
         CheckpointCorruptError: a manifest is damaged or does not match its seal (an edited step
             or metric would change the ranking: it is refused, not skipped).
     """
     by_step: dict[int, tuple[float, int, Path]] = {}
+    refused_step = None
     for d in sorted(Path(root).iterdir()):
         if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
             continue
         manifest = read_manifest(d)
+        if d.name == UNGUARDED_DIR:
+            refused_step = manifest.get("step")
+            continue
         if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
             continue
         if manifest["step"] == 0:  # the starting weights, before any optimizer step
@@ -353,6 +361,7 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
         step = manifest["step"]
         if step not in by_step or d.name.startswith("step-"):
             by_step[step] = (float(value), step, d)
+    by_step.pop(refused_step, None)
     sign = 1.0 if mode == "min" else -1.0
     return sorted(by_step.values(), key=lambda e: (sign * e[0], e[1]))
 

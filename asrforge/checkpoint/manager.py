@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.average import default_mode, rank_checkpoints
+from asrforge.checkpoint.average import UNGUARDED_DIR, default_mode, rank_checkpoints
 from asrforge.checkpoint.disk import (
     GB,
     RESUME_ONLY_FILES,
@@ -50,8 +50,6 @@ from asrforge.io.atomic import (
 
 STATE_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
-UNGUARDED_DIR = "best-unguarded"
-"""The best checkpoint the forgetting guard refused, kept beside ``best/``."""
 
 Payload = CheckpointContents | Callable[[Path], None]
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import parse_size
-from asrforge.errors import UserError
 from asrforge.io.atomic import directory_problem
 from asrforge.selection import WITHIN_GUARD_SHARES
 
@@ -68,7 +67,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--shares",
         type=_shares,
-        default=WITHIN_GUARD_SHARES,
         help="--within-guard: the shares of the fine-tuned weights to try, comma-separated "
         "(default 1.0,0.9,...,0.1; the largest within the guard is exported)",
     )
@@ -104,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--adapter-only writes peft's adapter files: --lm does not apply")
     if args.lm is not None and not args.lm.is_file():
         problems.append(f"--lm {args.lm}: no such file")
+    if args.shares is not None and not args.within_guard:
+        problems.append("--shares: only with --within-guard (the shares it tries)")
     if args.within_guard and (args.adapter_only or args.weights == "average"):
         problems.append("--within-guard interpolates one checkpoint's whole weights: "
                         "--adapter-only and --weights average do not apply")  # fmt: skip
     raise_problems(problems)
     if args.within_guard:
-        return _export_within_guard(args, shard_size)
+        shares = WITHIN_GUARD_SHARES if args.shares is None else args.shares
+        return _print_within_guard(args, shares, shard_size)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
     if args.adapter_only:
@@ -144,90 +145,18 @@ def _print_written(args: argparse.Namespace, out: Path) -> None:
     )
 
 
-def _run_guard(cfg, run_dir: Path, contents, model):
-    """The run's forgetting guard (``eval.guard``) for ``model``, transcribed in the language
-    the run's guard records say, else the run's."""
-    # torch and transformers load with these, so only when the command runs (as above).
-    from asrforge.model.build import BuiltModel
-    from asrforge.model.frames import window_seconds
-    from asrforge.model.tokenizer import SpecialTokens
-    from asrforge.train.guard import build_guard, guard_language, recorded_language
+def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
+                        shard_size: str | None) -> int:  # fmt: skip
+    """``--within-guard``: the export within the guard, and what it measured and wrote."""
+    # torch and transformers load with it, so only when the command runs (as above).
+    from asrforge.within_guard import export_within_guard
 
-    specials = SpecialTokens.from_tokenizer(
-        contents.tokenizer, contents.inference.multilingual, cfg.data.language_tokens
+    out, facts, gate = export_within_guard(
+        args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,
+        ct2_quantization=args.quantization, max_shard_size=shard_size,
+        progress=lambda line: print(line, file=sys.stderr), say=print,
     )
-    features = contents.inference.features.extractor()
-    built = BuiltModel(model, contents.tokenizer, specials, features)
-    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
-    return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
-
-
-def _export_within_guard(args: argparse.Namespace, shard_size: str | None) -> int:
-    """``--within-guard``: measure the guard on the fine-tuned weights interpolated with the
-    starting model's, largest share first, and export the largest share within it."""
-    # torch and transformers load with these, so only when the command runs (as above).
-    from asrforge.bundle.export import (
-        check_same_start,
-        checkpoint_contents,
-        contents_to_bundle,
-        export_interpolated,
-        finetuned_checkpoint,
-        read_run_config,
-        start_weights,
-        with_lm,
-    )
-    from asrforge.checkpoint.average import interpolate_weights
-    from asrforge.train.guard import measure_interpolations, recorded_gate
-
-    ckpt = finetuned_checkpoint(args.source)
-    cfg = read_run_config(ckpt)
-    if cfg.eval.guard is None:
-        raise UserError(f"--within-guard: {ckpt} was trained without eval.guard: no guard to keep")
-    gate = recorded_gate(ckpt, cfg.eval.guard.tolerance)
-    start, start_from = start_weights(ckpt)
-    contents = checkpoint_contents(ckpt, args.weights)
-    if args.lm is not None:
-        contents = with_lm(contents, args.lm)
-    bundle = contents_to_bundle(contents)
-    finetuned = check_same_start(contents.state, start, start_from)
-    guard = _run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
-    print(
-        f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
-        f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
-        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}",
-        file=sys.stderr,
-    )
-    share, figures = measure_interpolations(
-        guard, gate, bundle.model, start, finetuned, args.shares, device=bundle.device
-    )
-    for a, value in figures:
-        verdict = "within" if a == share else "outside"
-        print(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
-    if share is None:
-        raise UserError(
-            f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in args.shares)} "
-            f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g}; "
-            "nothing was exported (try smaller --shares)"
-        )
-    facts = {
-        "share": share,
-        "finetuned": str(ckpt),
-        "start": start_from,
-        "guard_kind": gate.kind,
-        "guard_start": gate.start,
-        "guard_tolerance": gate.tolerance,
-        "guard": dict(figures)[share],
-        "measured": [{"share": a, "guard": v} for a, v in figures],
-    }
-    out = export_interpolated(
-        contents,
-        interpolate_weights(start, finetuned, share),
-        facts,
-        args.out,
-        args.fmt,
-        ct2_quantization=args.quantization,
-        max_shard_size=shard_size,
-    )
+    share = facts["share"]
     _print_written(args, out)
     print(
         f"asrforge: {share:g} of the fine-tuned weights (over {1 - share:g} of the starting "

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         read_clips,
         write_guard_set,
     )
-    from asrforge.train.guard import GuardItem, bundle_transcripts
+    from asrforge.train.guard import attach_model_references
 
     window = GUARD_WINDOW_SECONDS if args.window_seconds is None else args.window_seconds
     gap = GUARD_GAP_SECONDS if args.gap_seconds is None else args.gap_seconds
@@ -87,21 +87,12 @@ def run(args: argparse.Namespace) -> int:
     check_out(args.out)
     clips = read_clips(args.audio, args.language, args.references)
     bundle = open_model(args.model) if args.model is not None else None
-    if bundle is not None:
-        if window > bundle.window_seconds:
-            raise UserError(f"--window-seconds {window}: longer than the model's window "
-                            f"({bundle.window_seconds:g} s)")  # fmt: skip
-        if bundle.specials.multilingual and any(c.language is None for c in clips):
-            raise UserError("--model is multilingual: give the clips' --language to "
-                            "transcribe them in")  # fmt: skip
+    if bundle is not None and window > bundle.window_seconds:
+        raise UserError(f"--window-seconds {window}: longer than the model's window "
+                        f"({bundle.window_seconds:g} s)")  # fmt: skip
     windows = plan_windows(clips, window, gap)
     if bundle is not None:
-        # A clip longer than a window is cut by the guard itself, which then has no reference.
-        fit = [w for w in windows if w.seconds <= bundle.window_seconds]
-        items = [GuardItem(w.id, w.wave, None, w.language or "en") for w in fit]
-        texts = bundle_transcripts(bundle, items, args.batch_size, args.max_new_tokens)
-        for w, text in zip(fit, texts, strict=True):
-            w.text = text.strip() or None
+        attach_model_references(bundle, windows, args.batch_size, args.max_new_tokens)
     write_guard_set(args.out, windows)
     languages = Counter(w.language or "no language (the run's)" for w in windows)
     seconds = sum(w.seconds for w in windows)

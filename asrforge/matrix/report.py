@@ -202,7 +202,8 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
             r.note = f"{info.get('reason', '')}\n{info.get('log_tail', '')}".strip()
     elif lock_is_held(lock):
         r.status = "running"
-    elif end is not None and end.get("status") in ("completed", "stopped"):
+    elif (end is not None and end.get("status") in ("completed", "stopped")
+          and not end.get("out_of_time")):
         r.status = "done"
     elif run["started"]:
         r.status = "interrupted"

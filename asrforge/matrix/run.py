@@ -4,7 +4,9 @@ results, and show progress with an ETA.
 An attempt succeeded when ``asrforge train`` exited 0 and its ``metrics.jsonl`` ends the run
 ``completed`` or ``stopped``. Anything else (a crash, a kill, a run stopped by SIGTERM: exit 75) is
 retried on the same device with ``--resume``, up to ``retries`` times, except exit code 2: bad
-input (a config, a path, a corrupt checkpoint) that no retry fixes.
+input (a config, a path, a corrupt checkpoint) that no retry fixes. A run that stopped at its
+``max_time`` (``out_of_time`` in its ``train_end``) is not done: it is submitted again with
+``--resume``, as a continuation that does not count as a retry.
 
 Run it as often as you like, on one machine or several sharing the matrix root: a job is run by
 exactly one launcher at a time (``claims.py``), a finished one is skipped, an interrupted one
@@ -45,6 +47,8 @@ class Running:
     attempt: int
     first_started: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    continuations: int = 0
+    """Submissions again with ``--resume`` after the run stopped at its ``max_time``."""
 
 
 @dataclass
@@ -232,13 +236,20 @@ class Launcher:
                           "seconds": round(res.finished - res.started, 3),
                           "error": None if ok else why})
         self.claims.event("exit", r.job.job_id, attempt=r.attempt, returncode=res.returncode, ok=ok)
+        if ok and end.get("out_of_time") and not self.stopping:
+            r.continuations += 1
+            self.say(f"{r.job.job_id} reached its max_time at step {end.get('step')}; "
+                     f"continuing it (continuation {r.continuations})")
+            self._submit(r)
+            return None
         summary = {
             "job_id": r.job.job_id, "language": r.job.language, "config_id": r.job.config_id,
-            "seed": r.job.seed, "attempts": r.attempt, "history": r.history,
+            "seed": r.job.seed, "attempts": r.attempt, "continuations": r.continuations,
+            "history": r.history,
             "started": r.first_started, "finished": time.time(),
             "duration_s": round(time.time() - r.first_started, 3), "launcher": self.claims.launcher,
         }
-        if ok:
+        if ok and not end.get("out_of_time"):
             summary.update(status=end["status"], reason=end.get("reason"),
                            best_step=end.get("best_step"), best=end.get("best"),
                            step=end.get("step"))

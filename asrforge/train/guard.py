@@ -21,7 +21,7 @@ import torch
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
-from asrforge.data.guard_set import AUDIO_SUFFIXES
+from asrforge.data.guard_set import AUDIO_SUFFIXES, GuardWindow
 from asrforge.data.sources import FILE_FORMATS, read_split, split_of
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR
@@ -350,11 +350,24 @@ def recorded_gate(ckpt: Path, tolerance: float) -> GuardGate:
 def recorded_language(out_dir: Path) -> str | None:
     """The language most of the guard's items were transcribed in at step 0, as the run's
     ``eval/guard-step-000000.jsonl`` records it (None: no record)."""
+    path = out_dir / EVAL_DIR / "guard-step-000000.jsonl"
     try:
-        lines = (out_dir / EVAL_DIR / "guard-step-000000.jsonl").read_text().splitlines()
+        lines = path.read_text().splitlines()
     except OSError:
         return None
-    counts = Counter(json.loads(line).get("language") for line in lines if line.strip())
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason})") from e
+    counts: Counter = Counter()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {number} is not JSON ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: line {number} is not a JSON object")
+        counts[record.get("language")] += 1
     counts.pop(None, None)
     return counts.most_common(1)[0][0] if counts else None
 
@@ -430,6 +443,39 @@ def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
     run's guard cuts them."""
     items = load_guard_items(guard_cfg, "en", window_seconds)
     return [i.id for i in items], bundle_transcripts(bundle, items, batch_size, max_new_tokens)
+
+
+def attach_model_references(bundle, windows: Sequence[GuardWindow], batch_size: int,
+                            max_new_tokens: int) -> None:  # fmt: skip
+    """Give each recording of a guard set the starting model's transcript as its reference
+    (``asrforge guard build --model``).
+
+    Raises:
+        UserError: a recording the model cannot give a reference (longer than its window, or
+            an empty transcript), naming them: with references on only some recordings the
+            guard would measure drift under ``mode: auto`` and be refused under ``mode: wer``.
+    """
+    if bundle.specials.multilingual and any(w.language is None for w in windows):
+        raise UserError("--model is multilingual: give the clips' --language to "
+                        "transcribe them in")  # fmt: skip
+    # a clip longer than the model's window would be cut by the guard, and has no one reference
+    fit = [w for w in windows if w.seconds <= bundle.window_seconds]
+    items = [GuardItem(w.id, w.wave, None, w.language or "en") for w in fit]
+    texts = bundle_transcripts(bundle, items, batch_size, max_new_tokens)
+    for w, text in zip(fit, texts, strict=True):
+        w.text = text.strip() or None
+    missing = [w for w in windows if w.text is None]
+    if missing:
+        named = "; ".join(
+            f"{w.id} ({w.seconds:.1f} s: {', '.join(c.path.name for c in w.clips)})"
+            for w in missing[:10]
+        ) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise UserError(
+            f"--model gave no reference to {len(missing)} of {len(windows)} recordings (longer "
+            f"than the model's {bundle.window_seconds:g} s window, or an empty transcript): "
+            f"{named}; split or remove those clips, or build without --model for a guard "
+            "that measures drift"
+        )
 
 
 def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,

@@ -59,6 +59,8 @@ class FitResult:
     """What the forgetting guard refused that the policy alone would have chosen, and where
     it is kept (``best-unguarded/``; :func:`~asrforge.selection.describe_refused`); None when
     it refused nothing the policy would have chosen."""
+    out_of_time: bool = False
+    """The run stopped at ``max_time`` with its resume state kept, for ``--resume`` to go on."""
 
     @property
     def improved_on_start(self) -> bool | None:
@@ -553,6 +555,7 @@ class TrainingRun:
             tracked_bests=selector.tracked_bests,
             start=dict(selector.start),
             refused=self.refused(),
+            out_of_time=self.out_of_time is not None,
         )
 
     def refused(self) -> str | None:

@@ -1,0 +1,112 @@
+"""An export within the forgetting guard (``asrforge export --within-guard``): the run's guard
+measured on its fine-tuned weights interpolated with the starting model's, largest share
+first, and the largest share within it exported as a bundle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from asrforge.bundle.export import (
+    check_same_start,
+    checkpoint_contents,
+    contents_to_bundle,
+    export_interpolated,
+    finetuned_checkpoint,
+    read_run_config,
+    start_weights,
+    with_lm,
+)
+from asrforge.checkpoint.average import interpolate_weights
+from asrforge.errors import UserError
+from asrforge.model.build import BuiltModel
+from asrforge.model.frames import window_seconds
+from asrforge.model.tokenizer import SpecialTokens
+from asrforge.selection import GuardGate
+from asrforge.train.guard import (
+    build_guard,
+    guard_language,
+    measure_interpolations,
+    recorded_gate,
+    recorded_language,
+)
+
+
+def run_guard(cfg, run_dir: Path, contents, model):
+    """The run's forgetting guard (``eval.guard``) for ``model``, transcribed in the language
+    the run's guard records say, else the run's."""
+    specials = SpecialTokens.from_tokenizer(
+        contents.tokenizer, contents.inference.multilingual, cfg.data.language_tokens
+    )
+    features = contents.inference.features.extractor()
+    built = BuiltModel(model, contents.tokenizer, specials, features)
+    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
+    return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
+
+
+def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], out: Path,
+                         fmt: str, *, lm: Path | None, ct2_quantization: str | None,
+                         max_shard_size: str | None, progress: Callable[[str], None],
+                         say: Callable[[str], None]) -> tuple[Path, dict, GuardGate]:  # fmt: skip
+    """Measure the run's guard on the fine-tuned weights of ``source`` interpolated with the
+    starting model's, largest share first, and export the largest share within it to ``out``.
+
+    Args:
+        progress: gets the line saying what is measured, before the measuring.
+        say: gets each measured share's line.
+
+    Returns:
+        The bundle written, the facts its ``source.within_guard`` records, and the guard's gate.
+
+    Raises:
+        UserError: a run without ``eval.guard``, no starting weights, or no share within it.
+    """
+    ckpt = finetuned_checkpoint(source)
+    cfg = read_run_config(ckpt)
+    if cfg.eval.guard is None:
+        raise UserError(f"--within-guard: {ckpt} was trained without eval.guard: no guard to keep")
+    gate = recorded_gate(ckpt, cfg.eval.guard.tolerance)
+    start, start_from = start_weights(ckpt)
+    contents = checkpoint_contents(ckpt, weights)
+    if lm is not None:
+        contents = with_lm(contents, lm)
+    bundle = contents_to_bundle(contents)
+    finetuned = check_same_start(contents.state, start, start_from)
+    guard = run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
+    progress(
+        f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
+        f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
+        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}"
+    )
+    share, figures = measure_interpolations(
+        guard, gate, bundle.model, start, finetuned, shares, device=bundle.device
+    )
+    for a, value in figures:
+        verdict = "within" if a == share else "outside"
+        say(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
+    if share is None:
+        raise UserError(
+            f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in shares)} "
+            f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g}; "
+            "nothing was exported (try smaller --shares)"
+        )
+    facts = {
+        "share": share,
+        "finetuned": str(ckpt),
+        "start": start_from,
+        "guard_kind": gate.kind,
+        "guard_start": gate.start,
+        "guard_tolerance": gate.tolerance,
+        "guard": dict(figures)[share],
+        "measured": [{"share": a, "guard": v} for a, v in figures],
+    }
+    written = export_interpolated(
+        contents,
+        interpolate_weights(start, finetuned, share),
+        facts,
+        out,
+        fmt,
+        ct2_quantization=ct2_quantization,
+        max_shard_size=max_shard_size,
+    )
+    return written, facts, gate
