@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # the matrix reads sizes with this module alone, without torc
 GB = 10**9
 RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng.pt")
 """What only a resume reads; ``checkpoint.after_run: best`` deletes them when a run ends."""
-_FILE_OVERHEAD = 64 << 10  # headers, pickle framing, JSON, tokenizer: bounded, small
+# Headers, pickle framing, JSON and the tokenizer add a small, bounded amount per file.
+_FILE_OVERHEAD = 64 << 10
 
 
 def _files(root: Path):

@@ -281,7 +281,8 @@ class CheckpointManager:
 
     def _ranked(self, spec: TopKSpec, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sign = 1.0 if spec.mode == "min" else -1.0
-        return sorted(entries, key=lambda e: (sign * e["value"], e["step"]))  # ties: earlier wins
+        # On a tie the earlier step wins.
+        return sorted(entries, key=lambda e: (sign * e["value"], e["step"]))
 
     def _next_state(
         self, step: int, metrics: dict[str, Any], is_best: bool, unguarded_step: int | None
@@ -393,7 +394,8 @@ class CheckpointManager:
         unguarded = self.root / UNGUARDED_DIR
         if self.unguarded_step is not None:
             self._make_image(unguarded, self.unguarded_step)
-        elif unguarded.is_dir():  # a step within the guard beat it: best/ holds the better one
+        elif unguarded.is_dir():
+            # A step within the guard beat the refused one, so best/ holds the better one.
             self._delete(unguarded)
         for spec in self.specs:
             entries = self.top_k[spec.metric]
@@ -413,7 +415,8 @@ class CheckpointManager:
             return
         try:
             protected = self.protected_steps()
-        except CheckpointCorruptError as e:  # which steps are top-k is unknown: delete nothing
+        except CheckpointCorruptError as e:
+            # When the top-k steps cannot be known, nothing is deleted.
             self.log.warning("checkpoints: nothing rotated out: %s", e)
             return
         latest = self.latest()
@@ -421,7 +424,9 @@ class CheckpointManager:
         for s, p in self.step_dirs():
             if s in protected:
                 continue
-            if not verify_quick(p):  # evidence of what went wrong: never rotated away
+            # A checkpoint that does not verify is evidence of what went wrong, so it is never
+            # rotated away.
+            if not verify_quick(p):
                 if p.name not in self._kept_corrupt:
                     self._kept_corrupt.add(p.name)
                     self.log.warning(
@@ -559,7 +564,8 @@ class CheckpointManager:
                 with atomic_directory(d, fsync_files=False) as tmp:
                     link_files(d, tmp, exclude={*removed, MANIFEST_NAME})
                     write_pruned_manifest(tmp, manifest, removed)
-            except CheckpointSaveError as e:  # the run itself succeeded: keep everything
+            except CheckpointSaveError as e:
+                # The run itself succeeded, so a failed clean-up keeps everything.
                 self.log.warning("checkpoints: not pruned after the run: %s", e)
                 return actions
             actions.append(f"kept {d.name} without {', '.join(removed)}")

@@ -37,7 +37,8 @@ FIXED_MODEL_FIELDS = (
     "base_vocab_size",
     "freeze_encoder",
     "train_encoder_layers",
-    "lora",  # and each of its fields: a checkpoint holds the adapters of exactly this setting
+    # A checkpoint holds the adapters of exactly this LoRA setting, every field of it.
+    "lora",
 )
 """``model.*`` fields a resume may not change: the checkpoint's weights, tokenizer and optimizer
 state (one entry per trained parameter) were made for them."""

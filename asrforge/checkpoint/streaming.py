@@ -32,7 +32,8 @@ _DTYPES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-_MAX_WRITE = 1 << 30  # os.write returns at most ~2 GiB; keep each call well under
+# os.write writes at most about 2 GiB per call, so each call stays well under that.
+_MAX_WRITE = 1 << 30
 
 
 @dataclass(frozen=True)

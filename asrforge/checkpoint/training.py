@@ -96,7 +96,8 @@ def save_weights_hashed(
     (:mod:`asrforge.checkpoint.streaming`), fsynced."""
     tensors, aliases = _distinct_tensors(path, state)
     meta = _weights_metadata(aliases, metadata)
-    if not can_stream(tensors):  # a dtype the streaming writer does not name: the library's
+    # A dtype the streaming writer does not name goes through the safetensors library.
+    if not can_stream(tensors):
         save_weights(path, state, metadata)
         return FileDigest(sha256_file(path), Path(path).stat().st_size)
     return write_safetensors(path, tensors, meta)
@@ -164,7 +165,8 @@ def _distinct_tensors(
         tensors[name] = t
         by_storage.setdefault(storage, []).append(name)
     for names in by_storage.values():
-        if len(names) > 1:  # views into one buffer (a split fused weight, ...): give each its own
+        # Views into one buffer (a split fused weight, ...) each get their own storage.
+        if len(names) > 1:
             for name in names:
                 tensors[name] = tensors[name].clone()
     for name, t in tensors.items():
@@ -525,7 +527,8 @@ def load_training_checkpoint(
             return None
         try:
             return torch.load(path / fname, map_location=map_location, weights_only=True)
-        except Exception as e:  # UnpicklingError, RuntimeError: the message says which object
+        except Exception as e:
+            # An UnpicklingError or RuntimeError message names the object that was refused.
             raise CheckpointError(f"{path / fname}: cannot be loaded safely: {e}") from None
 
     def json_file(name: str) -> Any:

@@ -73,7 +73,8 @@ def load_guard_items(
         wave = load()
         pieces = segment(wave, SAMPLE_RATE, window_seconds)
         for k, (a, b) in enumerate(pieces):
-            if b - a < SAMPLE_RATE // 10:  # a sliver after the last pause: nothing to say
+            # A sliver after the last pause holds nothing to transcribe.
+            if b - a < SAMPLE_RATE // 10:
                 continue
             ref = reference if len(pieces) == 1 else None
             items.append(GuardItem(uid if len(pieces) == 1 else f"{uid}#{k}", wave[a:b], ref, lang))
@@ -147,7 +148,8 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
 def _decode(source, name=None) -> np.ndarray:
     try:
         return decode_audio(source, SAMPLE_RATE)
-    except Exception as e:  # any decoder error: the user's file is the problem
+    except Exception as e:
+        # Any decoder error means the user's file is the problem.
         raise UserError(f"eval.guard: cannot decode {name or source}: {e}") from None
 
 
@@ -382,9 +384,11 @@ def guard_metric(languages: Sequence[str]) -> str:
 def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer") -> float:
     r = [normalize(x, lang) for x, lang in zip(refs, languages, strict=True)]
     h = [normalize(x, lang) for x, lang in zip(hyps, languages, strict=True)]
-    if metric == "cer":  # as the evaluation's: characters, the spaces between phrases ignored
+    # As the evaluation does, CER counts characters and ignores the spaces between phrases.
+    if metric == "cer":
         return float(error_rates(r, h, languages[0], normalized=True)["cer"])
-    return float(wer(r, h))  # no reference words: 0.0 when nothing is said either, else inf
+    # Without reference words the rate is 0.0 when nothing is said either, else inf.
+    return float(wer(r, h))
 
 
 def guard_language(cfg, train_languages: Sequence[str]) -> str:

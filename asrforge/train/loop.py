@@ -133,7 +133,8 @@ class Trainer:
         batches = run.micro_batches()
         while state.step < run.max_steps and not state.should_stop:
             metrics = run.train_step(batches)
-            if metrics is None:  # the data ran out: train.max_epochs
+            # No metrics means the data ran out (train.max_epochs).
+            if metrics is None:
                 return None
             # several processes stop at the same step, or the others wait for the stopped one
             agreed_signal = run.agree_to_stop(self._signal)
@@ -221,7 +222,8 @@ class Trainer:
 
         def handler(signum, _frame):
             name = signal.Signals(signum).name
-            if self._signal is not None:  # a second signal: stop now
+            # A second signal stops the run at once.
+            if self._signal is not None:
                 raise KeyboardInterrupt(name)
             self._signal = name
             log.warning("%s received: finishing this step, saving, then exiting", name)
@@ -229,7 +231,8 @@ class Trainer:
         try:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread: leave signals alone
+        except ValueError:
+            # Only the main thread may set signal handlers, so other threads leave them alone.
             self._previous = {}
 
     def _restore_signal_handlers(self) -> None:

@@ -72,7 +72,8 @@ def measure_bf16_speedup(width: int, repeats: int = 5) -> float:
 
 
 def _probe(width: int, repeats: int) -> float:
-    from transformers import WhisperConfig  # the probe runs once per machine: load it then
+    # The probe runs once per machine, so transformers loads only then.
+    from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
 
     heads = max(1, width // 64)

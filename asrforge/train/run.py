@@ -123,7 +123,8 @@ class TrainingRun:
         if ckpt.scaler and self.acc.scaler is not None:
             self.acc.scaler.load_state_dict(ckpt.scaler)
         state = self.state = TrainState.from_dict(ckpt.train_state)
-        if state.selection:  # a checkpoint from before the selector kept "best": the state's
+        # A checkpoint from before the selector kept "best" has it in the training state.
+        if state.selection:
             self.setup.selector.load_state_dict({"best": state.best, **state.selection})
         # the manifest holds the manager's records including this very checkpoint
         self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
@@ -232,7 +233,8 @@ class TrainingRun:
         with the epoch events; they end at ``train.max_epochs`` or when a callback stops the run
         at an epoch's end. Starts the step clock."""
         self._step_started = time.perf_counter()
-        self.data_wait = DataWaitClock()  # seconds in the loader's next(): the system monitor's
+        # The seconds spent in the loader's next(), for the system monitor.
+        self.data_wait = DataWaitClock()
         return self._epochs()
 
     def _epochs(self) -> Iterator[dict]:
@@ -352,7 +354,8 @@ class TrainingRun:
 
     def _advance_data_position(self, batch: dict) -> None:
         state = self.state
-        if batch.get("task", "asr") == "lm":  # text-only (data.asr_ratio < 1): not in the epoch
+        # Text-only batches (data.asr_ratio < 1) have their own position, outside the epoch.
+        if batch.get("task", "asr") == "lm":
             state.text_position = batch["text_position"]
         else:
             state.batch_in_epoch += 1
@@ -393,9 +396,11 @@ class TrainingRun:
             "data_wait_seconds": self.data_wait.take(),
         }
         self._step_started = now
-        if self.acc.scaler is not None:  # fp16: the dynamic loss scale after this step
+        # Under fp16, the dynamic loss scale after this step.
+        if self.acc.scaler is not None:
             metrics["grad_scale"] = self.acc.scaler.get_scale()
-        if self.loaders.text is not None:  # per-task mean loss; None when the step had none
+        # The mean loss of each task, None when the step had no batch of it.
+        if self.loaders.text is not None:
             for name, values in tally.task_losses.items():
                 metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
         return metrics
@@ -451,7 +456,8 @@ class TrainingRun:
                 beam_size=self.cfg.eval.beam_size,
             )
             if self.guard is not None and self.state.step == 0 and self.guard_at_start:
-                guard_metrics = self.guard_at_start  # the start itself: drift 0 by definition
+                # The starting model's own guard figures: drift 0 by definition.
+                guard_metrics = self.guard_at_start
             elif self.guard is not None:
                 guard_metrics = self.guard.measure(
                     whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast

@@ -30,7 +30,8 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         h._asrforge = True  # noqa: SLF001
         root.addHandler(h)
-    for h in root.handlers:  # the console is rank zero's; the other ranks show only errors
+    # The console belongs to rank zero; the other ranks show only errors.
+    for h in root.handlers:
         if getattr(h, "_asrforge", False):
             h.setLevel(logging.INFO if is_main else logging.ERROR)
     if output_dir is None or not is_main:
@@ -77,8 +78,10 @@ class _RunLogFile(logging.FileHandler):
     def close(self) -> None:
         try:
             super().close()
-        except OSError:  # flushing what a failed write left: reported already, and must not
-            pass  # mask the error that is ending the run
+        except OSError:
+            # Flushing what a failed write left was reported already and must not mask the error that
+            # is ending the run.
+            pass
 
 
 class _StderrHandler(logging.StreamHandler):

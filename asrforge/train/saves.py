@@ -74,7 +74,8 @@ def save_run_checkpoint(
         "multilingual": setup.model_bundle.specials.multilingual,  # the prompt, for export
         "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
     }
-    if setup.lora_base is not None:  # the checkpoint holds adapters only; export rebuilds this
+    # The checkpoint holds the adapters only; export rebuilds the base from this.
+    if setup.lora_base is not None:
         meta[lora.BASE_KEY] = setup.lora_base
     tok = setup.model_bundle.tokenizer
     return setup.checkpoints.save(

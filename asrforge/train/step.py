@@ -109,7 +109,8 @@ def optimizer_step(
     grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
     loss = tally.loss
     if math.isfinite(loss) and math.isfinite(grad_norm):
-        optimizer.step()  # under fp16: scaler.step + scaler.update
+        # Under fp16 this is scaler.step and scaler.update.
+        optimizer.step()
         skipped = acc.optimizer_step_was_skipped
         return grad_norm, "the loss scaler skipped it" if skipped else None, False
     if scaler is None:
