@@ -503,7 +503,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     language_ids = specials.languages if specials.multilingual else None
     if gcfg.lid_tolerance is not None:
         _log_lid_skipped(items, language_ids)
-    guard = Guard(
+    return Guard(
         items,
         mode=gcfg.mode,
         features=bundle.features,
@@ -515,7 +515,6 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         language_ids=language_ids if gcfg.lid_tolerance is not None else None,
         sot=specials.sot,
     )
-    return guard
 
 
 def _log_lid_skipped(items: Sequence[GuardItem], language_ids: Mapping[str, int] | None) -> None:
