@@ -694,6 +694,11 @@ class GuardConfig(Section):
     model's transcripts; ``auto``: ``wer`` when every item has a reference, else ``drift``."""
     language: str | None = None
     """The language to transcribe the guard in; default the run's language."""
+    lid_tolerance: float | None = Field(default=0.05, ge=0)
+    """For a multilingual model, how much lower than at step 0 the guard's
+    language-identification accuracy (the language token the model detects for each item
+    against the item's language) may be on a save (absolute: 0.05 is five points); null: not judged.
+    English-only models and guard items without a language (audio files) are not measured."""
     max_new_tokens: int = Field(default=160, gt=0)
     """Cap on generated tokens per guard window (the model's own limit applies too). Keep it
     above the longest transcript: a transcript cut at the cap ends at a different word whenever

@@ -180,26 +180,39 @@ class GuardGate:
     ``start_transcripts`` holds the starting model's transcript of each item, against which later
     transcripts are scored. Both ride in the selector's state, so a resumed run keeps them.
 
+    A multilingual guard also records the starting model's language-identification accuracy
+    (``lid_start``): a save then also needs ``guard_lid >= lid_start - lid_tolerance``.
+
     Args:
         tolerance: how much worse than at the start the guard may be (absolute WER, e.g. 0.02).
+        lid_tolerance: how much lower than at the start the language-identification accuracy
+            may be (absolute, e.g. 0.05); None: not judged.
     """
 
-    def __init__(self, tolerance: float):
+    def __init__(self, tolerance: float, lid_tolerance: float | None = None):
         if tolerance < 0:
             raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+        if lid_tolerance is not None and lid_tolerance < 0:
+            raise ValueError(f"lid_tolerance must be >= 0, got {lid_tolerance}")
         self.tolerance = tolerance
+        self.lid_tolerance = lid_tolerance
         self.start: float | None = None
         self.kind: str | None = None
         self.start_transcripts: dict[str, str] = {}
+        self.lid_start: float | None = None
 
     @property
     def started(self) -> bool:
         return self.start is not None
 
-    def set_start(self, wer: float, kind: str, transcripts: Mapping[str, str]) -> None:
-        """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``) and
-        its transcript of each item (id -> text)."""
+    def set_start(
+        self, wer: float, kind: str, transcripts: Mapping[str, str], lid: float | None = None
+    ) -> None:
+        """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``), its
+        transcript of each item (id -> text) and its language-identification accuracy (None:
+        not measured)."""
         self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
+        self.lid_start = None if lid is None else float(lid)
 
     def check(self, metrics: Mapping[str, float]) -> tuple[bool, str]:
         """``(within tolerance, why)`` for one evaluation's ``guard_wer``."""
@@ -214,9 +227,32 @@ class GuardGate:
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The small margin absorbs float noise, so start + tolerance itself is within.
-        if value <= limit + 1e-12:
-            return True, f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
-        return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+        if value > limit + 1e-12:
+            return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+        why = f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+        if not self.judges_lid or "guard_lid" not in metrics:
+            return True, why
+        within, lid_why = self.check_lid(metrics["guard_lid"])
+        return (True, f"{why}; {lid_why}") if within else (False, lid_why)
+
+    @property
+    def judges_lid(self) -> bool:
+        """Whether a save also needs the language-identification accuracy within tolerance."""
+        return self.lid_start is not None and self.lid_tolerance is not None
+
+    def check_lid(self, value: float | None) -> tuple[bool, str]:
+        """``(within tolerance, why)`` for a language-identification accuracy."""
+        if self.lid_start is None or self.lid_tolerance is None:
+            raise RuntimeError("the guard judges no language identification (GuardGate.judges_lid)")
+        value = math.nan if value is None else float(value)
+        what = f"guard language-ID accuracy {_f(value)}"
+        limits = f"start {_f(self.lid_start)} - tolerance {_f(self.lid_tolerance)}"
+        if not math.isfinite(value):
+            return False, f"{what}: never within tolerance"
+        # The same margin as for the WER: start - tolerance itself is within.
+        if value >= self.lid_start - self.lid_tolerance - 1e-12:
+            return True, f"{what} >= {limits}"
+        return False, f"{what} < {limits}"
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -224,11 +260,14 @@ class GuardGate:
             "kind": self.kind,
             "tolerance": self.tolerance,
             "start_transcripts": dict(self.start_transcripts),
+            # only a guard that measures language identification records its start
+            **({"lid_start": self.lid_start} if self.lid_start is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.start, self.kind = state["start"], state["kind"]
         self.start_transcripts = dict(state.get("start_transcripts") or {})
+        self.lid_start = state.get("lid_start")
 
 
 def describe_refused(
@@ -252,13 +291,29 @@ def describe_refused(
         if m in before and m in refused
     ) or format_metrics(refused)
     guard = ""
-    if "guard_wer" in refused:
+    lid_refused = (
+        "guard_lid" in refused
+        and refused["guard_lid"]
+        < refused.get("guard_lid_start", 0.0) - refused.get("guard_lid_tolerance", 0.0) - 1e-12
+    )
+    wer_refused = (
+        not lid_refused
+        or refused.get("guard_wer", 0.0)
+        > refused.get("guard_start", 0.0) + refused.get("guard_tolerance", 0.0) + 1e-12
+    )
+    if "guard_wer" in refused and wer_refused:
         # a guard with references names its metric: CER for unspaced scripts, else WER
         name = "drift" if guard_kind == "drift" else refused.get("guard_metric", "wer")
         guard = (
             f"; guard {name} {refused['guard_wer']:.4f} > start "
             f"{refused.get('guard_start', 0.0):.4f} + tolerance "
             f"{refused.get('guard_tolerance', 0.0):g}"
+        )
+    if lid_refused:
+        guard += (
+            f"; guard language-ID accuracy {refused['guard_lid']:.4f} < start "
+            f"{refused.get('guard_lid_start', 0.0):.4f} - tolerance "
+            f"{refused.get('guard_lid_tolerance', 0.0):g}"
         )
     return (
         f"the forgetting guard refused step {step}, the best by the selection policy alone "
@@ -622,7 +677,7 @@ def build_selector(
         policy = CombinedGate(wer_tol=cfg.wer_tol, loss_eps=cfg.loss_eps, metric=metric)
     gate = None
     if guard is not None:
-        gate = GuardGate(guard.tolerance)
+        gate = GuardGate(guard.tolerance, guard.lid_tolerance)
         parts.append(f"forgetting guard {guard.path} (tolerance {guard.tolerance:g})")
     return Selector(
         policy,

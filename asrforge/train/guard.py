@@ -46,6 +46,10 @@ class GuardItem:
     reference: str | None
     """The transcript, when the source has one (only for audio that fits one window)."""
     language: str
+    language_given: bool = True
+    """The source gave ``language`` (the data's language column, or ``eval.guard.language``
+    over data without one); False for audio files and rows with an empty language, which took
+    the guard's language: their language identification is not measured."""
 
 
 def load_guard_items(
@@ -69,7 +73,7 @@ def load_guard_items(
     else:
         sources = _file_sources(path, language)
     items: list[GuardItem] = []
-    for uid, load, reference, lang in sources:
+    for uid, load, reference, lang, given in sources:
         wave = load()
         pieces = segment(wave, SAMPLE_RATE, window_seconds)
         for k, (a, b) in enumerate(pieces):
@@ -77,7 +81,8 @@ def load_guard_items(
             if b - a < SAMPLE_RATE // 10:
                 continue
             ref = reference if len(pieces) == 1 else None
-            items.append(GuardItem(uid if len(pieces) == 1 else f"{uid}#{k}", wave[a:b], ref, lang))
+            uid_k = uid if len(pieces) == 1 else f"{uid}#{k}"
+            items.append(GuardItem(uid_k, wave[a:b], ref, lang, given))
         if cfg.max_items is not None and len(items) >= cfg.max_items:
             break
     items = items[: cfg.max_items] if cfg.max_items is not None else items
@@ -99,7 +104,7 @@ def _file_sources(path: Path, language: str):
         else sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
     )
     for f in files:
-        yield f.stem if path.is_dir() else f.name, lambda f=f: _decode(f), None, language
+        yield f.stem if path.is_dir() else f.name, lambda f=f: _decode(f), None, language, False
 
 
 def is_data_source(path: Path) -> bool:
@@ -141,8 +146,8 @@ def _data_sources(cfg: GuardConfig, language: str, cache_dir: Path | None):
         ref = (row.get("text") or "").strip() or None
         audio = row["audio"]
         source = audio["bytes"] or audio["path"]
-        lang = resolve_language(row["language"], strict=False) or language
-        yield uid, lambda b=source, u=uid: _decode(b, u), ref, lang
+        own = resolve_language(row["language"], strict=False)
+        yield uid, lambda b=source, u=uid: _decode(b, u), ref, own or language, own is not None
 
 
 def _decode(source, name=None) -> np.ndarray:
@@ -165,6 +170,9 @@ class Guard:
         eot: end-of-text id.
         batch_size: windows per decoding batch.
         max_new_tokens: cap per window.
+        language_ids: a multilingual model's language tokens (code -> id), to measure language
+            identification on the items whose source gave their language; None: not measured.
+        sot: the ``<|startoftranscript|>`` id (with ``language_ids``).
     """
 
     def __init__(
@@ -178,8 +186,19 @@ class Guard:
         eot: int,
         batch_size: int,
         max_new_tokens: int,
+        language_ids: Mapping[str, int] | None = None,
+        sot: int | None = None,
     ):
         self.items = list(items)
+        self.language_ids = dict(language_ids or {})
+        self.sot = sot
+        self.lid_items = [
+            k
+            for k, i in enumerate(self.items)
+            if sot is not None and i.language_given and i.language in self.language_ids
+        ]
+        """Indices of the items whose language identification is measured (none: not measured)."""
+        self.last_detected: list[int | None] = []
         has_refs = all(i.reference for i in self.items)
         self.kind = "wer" if mode == "wer" or (mode == "auto" and has_refs) else "drift"
         self.metric = guard_metric([i.language for i in self.items])
@@ -192,6 +211,7 @@ class Guard:
         was_training = model.training
         model.eval()
         texts: list[str] = []
+        detected: list[int | None] = []
         try:
             for start in range(0, len(self.items), self.batch_size):
                 chunk = self.items[start : start + self.batch_size]
@@ -207,10 +227,33 @@ class Guard:
                 with autocast() if autocast is not None else contextlib.nullcontext():
                     enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
                     seqs, _ = greedy_decode(model, enc, prompts, self.eot, self.max_new_tokens)
+                    if self.lid_items:
+                        detected += self._detect(model, enc)
                 texts += [self.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
         finally:
             model.train(was_training)
+        self.last_detected = detected
         return texts
+
+    def _detect(self, model, enc: torch.Tensor) -> list[int]:
+        """The language token each window's decoder ranks first right after
+        ``<|startoftranscript|>`` among the model's language tokens, as Whisper detects."""
+        ids = sorted(set(self.language_ids.values()))
+        sot = torch.full((enc.shape[0], 1), self.sot, dtype=torch.long, device=enc.device)
+        h = model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
+        logits = model.proj_out(h[:, -1])[:, ids]
+        return [ids[int(k)] for k in logits.argmax(dim=-1)]
+
+    def lid_accuracy(self) -> float | None:
+        """The share of the measured items whose detected language token (in the last
+        :meth:`transcribe`) is their language's (None: not measured)."""
+        if not self.lid_items or not self.last_detected:
+            return None
+        right = sum(
+            self.last_detected[k] == self.language_ids[self.items[k].language]
+            for k in self.lid_items
+        )
+        return right / len(self.lid_items)
 
     def score(self, hyps: Sequence[str], gate: GuardGate) -> float:
         """The error rate (:attr:`metric`) of ``hyps`` against the references (``wer``) or the
@@ -227,7 +270,8 @@ class Guard:
         hyps = self.transcribe(model, device=device, autocast=autocast)
         transcripts = {i.id: h for i, h in zip(self.items, hyps, strict=True)}
         start = self.score(hyps, gate) if self.kind == "wer" else 0.0
-        gate.set_start(start, self.kind, transcripts)
+        lid = self.lid_accuracy()
+        gate.set_start(start, self.kind, transcripts, lid)
         log.info(
             "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
@@ -238,8 +282,16 @@ class Guard:
             start,
             gate.tolerance,
         )
+        if lid is not None:
+            log.info(
+                "forgetting guard: language identification on %d item(s); starting model "
+                "accuracy %.4f (tolerance %s)",
+                len(self.lid_items),
+                lid,
+                "off" if gate.lid_tolerance is None else f"{gate.lid_tolerance:g}",
+            )
         self.last_hyps = hyps
-        return self.metrics(start, gate)
+        return self.metrics(start, gate, lid)
 
     def measure(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
         """The guard's metrics for ``model`` now: ``guard_wer`` (the value the selector judges),
@@ -252,11 +304,14 @@ class Guard:
             )
         hyps = self.transcribe(model, device=device, autocast=autocast)
         self.last_hyps = hyps
-        return self.metrics(self.score(hyps, gate), gate)
+        return self.metrics(self.score(hyps, gate), gate, self.lid_accuracy())
 
-    def metrics(self, value: float, gate: GuardGate) -> dict:
+    def metrics(self, value: float, gate: GuardGate, lid: float | None = None) -> dict:
+        """See :meth:`measure`; with ``lid`` (the language-identification accuracy) also
+        ``guard_lid``, ``guard_lid_start`` and ``guard_lid_tolerance``, and ``guard_within``
+        needs both within their tolerance."""
         start = gate.start if gate.start is not None else value
-        return {
+        figures = {
             "guard_wer": value,
             "guard_start": start,
             "guard_tolerance": gate.tolerance,
@@ -265,6 +320,14 @@ class Guard:
             "guard_metric": self.metric,
             "guard_n": len(self.items),
         }
+        if lid is None or gate.lid_start is None:
+            return figures
+        figures.update(
+            guard_lid=lid, guard_lid_start=gate.lid_start, guard_lid_tolerance=gate.lid_tolerance
+        )
+        if gate.judges_lid:
+            figures["guard_within"] = figures["guard_within"] and gate.check_lid(lid)[0]
+        return figures
 
     def write_records(self, out_dir: Path, step: int, gate: GuardGate) -> None:
         """``eval/guard-step-NNNNNN.jsonl``: each item's transcript now (and the start's or
@@ -273,21 +336,22 @@ class Guard:
         if hyps is None:
             return
         lines = []
-        for item, hyp in zip(self.items, hyps, strict=True):
+        code_of = {i: c for c, i in reversed(self.language_ids.items())}
+        measured = set(self.lid_items) if len(self.last_detected) == len(self.items) else set()
+        for k, (item, hyp) in enumerate(zip(self.items, hyps, strict=True)):
             against = item.reference if self.kind == "wer" else gate.start_transcripts.get(item.id)
-            lines.append(
-                json.dumps(
-                    {
-                        "uid": item.id,
-                        "language": item.language,
-                        "ref": against,
-                        "hyp": hyp,
-                        "kind": self.kind,
-                        "metric": self.metric,
-                    },
-                    ensure_ascii=False,
-                )
-            )
+            record = {
+                "uid": item.id,
+                "language": item.language,
+                "ref": against,
+                "hyp": hyp,
+                "kind": self.kind,
+                "metric": self.metric,
+            }
+            # the language token the model detected (only where language-ID is measured)
+            if k in measured:
+                record["detected"] = code_of[self.last_detected[k]]
+            lines.append(json.dumps(record, ensure_ascii=False))
         (out_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
         atomic_write_text(
             out_dir / EVAL_DIR / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
@@ -409,9 +473,15 @@ def log_text(metrics: dict) -> str:
     metric = metrics.get("guard_metric", "wer")
     kind = f"drift ({metric})" if metrics["guard_drift"] else metric
     verdict = "within" if metrics["guard_within"] else "OUTSIDE"
+    lid = ""
+    if "guard_lid" in metrics:
+        lid = (
+            f" language-ID accuracy {metrics['guard_lid']:.4f} (start "
+            f"{metrics['guard_lid_start']:.4f})"
+        )
     return (
         f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
-        f"{verdict} tolerance {metrics['guard_tolerance']:g})"
+        f"{verdict} tolerance {metrics['guard_tolerance']:g}){lid}"
     )
 
 
@@ -429,6 +499,10 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         return None
     items = load_guard_items(gcfg, language, window_seconds, cfg.data.cache_dir)
     task = cfg.data.task
+    specials = bundle.specials
+    language_ids = specials.languages if specials.multilingual else None
+    if gcfg.lid_tolerance is not None:
+        _log_lid_skipped(items, language_ids)
     return Guard(
         items,
         mode=gcfg.mode,
@@ -438,7 +512,26 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         eot=bundle.specials.eot,
         batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
         max_new_tokens=gcfg.max_new_tokens,
+        language_ids=language_ids if gcfg.lid_tolerance is not None else None,
+        sot=specials.sot,
     )
+
+
+def _log_lid_skipped(items: Sequence[GuardItem], language_ids: Mapping[str, int] | None) -> None:
+    """Say once why the guard does not measure language identification, where it does not."""
+    if not language_ids:
+        log.info("forgetting guard: the model is English-only: language identification is "
+                 "not measured")  # fmt: skip
+        return
+    skipped = [i for i in items if not i.language_given or i.language not in language_ids]
+    if skipped:
+        log.info(
+            "forgetting guard: %d of %d item(s) have no language of their own (audio files, "
+            "rows without one) or one the model has no token for: their language "
+            "identification is not measured",
+            len(skipped),
+            len(items),
+        )
 
 
 def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,

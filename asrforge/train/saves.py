@@ -15,7 +15,16 @@ from asrforge.train.records import scalars
 from asrforge.train.setup import RunSetup
 from asrforge.train.state import TrainState
 
-GUARD_META = ("guard_wer", "guard_start", "guard_tolerance", "guard_within", "guard_drift")
+GUARD_META = (
+    "guard_wer",
+    "guard_start",
+    "guard_tolerance",
+    "guard_within",
+    "guard_drift",
+    "guard_lid",
+    "guard_lid_start",
+    "guard_lid_tolerance",
+)
 """The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
 
 
