@@ -223,7 +223,9 @@ class GuardGate:
         value = metrics["guard_wer"]
         value = math.nan if value is None else float(value)
         limit = self.start + self.tolerance
-        what = f"guard {self.kind} {_f(value)}"
+        # A drift guard says so; otherwise the reason names the error rate the guard judged by.
+        name = "drift" if self.kind == "drift" else metrics.get("guard_metric") or self.kind
+        what = f"guard {name} {_f(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The small margin absorbs float noise, so start + tolerance itself is within.

@@ -15,6 +15,7 @@ from asrforge.selection import (
     ByWer,
     CombinedGate,
     Decision,
+    GuardGate,
     Patience,
     Selector,
     build_selector,
@@ -272,3 +273,14 @@ def test_shipped_yaml_is_plain_data():
 
     data = yaml.safe_load(GROUPS_FILE.read_text())
     assert set(data) == {"A", "B", "C"}
+
+
+def test_the_guard_gate_names_the_error_rate_it_judged_by():
+    gate = GuardGate(tolerance=0.02)
+    gate.set_start(0.10, "wer", {})
+    within, why = gate.check({"guard_wer": 0.30, "guard_metric": "cer"})
+    assert not within and why.startswith("guard cer 0.3 > start 0.1")
+    assert gate.check({"guard_wer": 0.11})[1].startswith("guard wer 0.11 <= start 0.1")
+    drift = GuardGate(tolerance=0.02)
+    drift.set_start(0.0, "drift", {})
+    assert drift.check({"guard_wer": 0.5, "guard_metric": "cer"})[1].startswith("guard drift 0.5")
