@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,3 +68,18 @@ def tiny_config(out: Path, data_dir: Path, **sections) -> TrainConfig:
         else:
             base[key] = value
     return load_config(data=base)
+
+
+def save_english_only_model(root: Path, data_dir: Path) -> Path:
+    """A tiny English-only Whisper directory under ``root`` (its generation config says so),
+    saved from a 2-layer model with a BPE tokenizer."""
+    from asrforge.model.build import build_model, build_tokenizer
+
+    base = tiny_config(root / "base", data_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    pretrained = root / "tiny-en"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(pretrained))
+    tokenizer.save_pretrained(str(pretrained))
+    gen = pretrained / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    return pretrained

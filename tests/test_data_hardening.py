@@ -22,7 +22,7 @@ from asrforge.errors import UserError
 from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
 from asrforge.selection import build_selector
 from asrforge.text.languages import find_language_code, resolve_language
-from tests.conftest import tiny_config
+from tests.conftest import save_english_only_model, tiny_config
 
 NAN_REASON = "non-finite audio (NaN/inf samples)"
 
@@ -225,15 +225,7 @@ def test_an_english_only_model_refuses_other_languages_naming_them(tmp_path, ton
 
 
 def test_fine_tuning_an_english_only_model_on_swedish_stops_before_training(tmp_path, tones_dir):
-    from asrforge.model.build import build_model, build_tokenizer
-
-    base = tiny_config(tmp_path / "base", tones_dir)
-    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
-    pretrained = tmp_path / "tiny-en"
-    build_model(base.model, tokenizer, 0).model.save_pretrained(str(pretrained))
-    tokenizer.save_pretrained(str(pretrained))
-    gen = pretrained / "generation_config.json"
-    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    pretrained = save_english_only_model(tmp_path, tones_dir)
     data = variant(tones_dir, tmp_path / "d", swedish_half)
     cfg = tiny_config(tmp_path / "run", data, model={"pretrained": str(pretrained)},
                       train={"max_steps": 1, "log_every": 1}, eval={"eval_steps": None})  # fmt: skip

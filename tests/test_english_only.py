@@ -11,23 +11,14 @@ import pytest
 
 import asrforge.model.build as model_build
 from asrforge.cli import main
-from asrforge.model.build import build_model, build_tokenizer, has_language_slot
-from tests.conftest import tiny_config
+from asrforge.model.build import has_language_slot
+from tests.conftest import save_english_only_model, tiny_config
 
 
 @pytest.fixture(scope="module")
 def english_only(tmp_path_factory, tones_dir) -> Path:
-    """A tiny English-only Whisper directory (its generation config says so), saved from a
-    2-layer model with a BPE tokenizer."""
-    root = tmp_path_factory.mktemp("english-only")
-    base = tiny_config(root / "base", tones_dir)
-    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
-    pretrained = root / "tiny-en"
-    build_model(base.model, tokenizer, 0).model.save_pretrained(str(pretrained))
-    tokenizer.save_pretrained(str(pretrained))
-    gen = pretrained / "generation_config.json"
-    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
-    return pretrained
+    """A tiny English-only Whisper directory (its generation config says so)."""
+    return save_english_only_model(tmp_path_factory.mktemp("english-only"), tones_dir)
 
 
 def test_the_refusal_comes_before_the_weights_load_and_leaves_no_run(
