@@ -69,7 +69,8 @@ def run(args) -> int:
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return 1
-    _close_process_group()
+    finally:  # a data error every rank agreed to stop on leaves by this way too
+        _close_process_group()
     if not is_rank_zero():  # the console is rank zero's
         return 1 if result.status == "diverged" else 0
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
@@ -81,9 +82,9 @@ def run(args) -> int:
 
 
 def _close_process_group() -> None:
-    """End this process's part in a finished multi-process run, every rank having passed the
-    run's last barrier: a process group left to the interpreter's exit can abort the process
-    from gloo's threads ("terminate called without an active exception")."""
+    """End this process's part in a multi-process run, finished or stopped: a process group
+    left to the interpreter's exit can abort the process from gloo's threads ("terminate
+    called without an active exception", SIGABRT) instead of exiting with the run's code."""
     # The run has loaded torch already, so this import costs nothing.
     import torch.distributed as dist
 
