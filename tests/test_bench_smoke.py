@@ -27,6 +27,19 @@ def test_bench_train_runs_both_loops_on_the_same_batches(tmp_path, capsys):
     assert "RESULT train samples/s asrforge=" in capsys.readouterr().out
 
 
+def test_bench_alloc_runs_each_side_in_a_process_with_its_allocator(tmp_path, capsys):
+    import bench_alloc
+
+    out = bench_alloc.main(
+        [*QUICK_TRAINING, "--sides", "glibc", "glibc-tuned", "--work-dir", str(tmp_path)]
+    )
+    glibc, tuned = out["rows"]["glibc"][0], out["rows"]["glibc-tuned"][0]
+    assert glibc["environment"] == {} and tuned["environment"] == bench_alloc.GLIBC_TUNED
+    # the same training either way: the allocator changes the time, not the numbers
+    assert glibc["last_loss"] == tuned["last_loss"] and glibc["samples_per_s"] > 0
+    assert "RESULT alloc samples/s glibc=" in capsys.readouterr().out
+
+
 def test_bench_cache_runs_and_the_cache_changes_no_loss(tmp_path, capsys):
     import bench_cache
 
