@@ -75,9 +75,13 @@ def test_the_table_lists_each_language(run, tones_dir, capsys) -> None:
     assert main(argv) == 0
     out = capsys.readouterr().out
     header, *rows = out.strip().splitlines()[1:]
-    assert header.split() == ["language", "n", "WER", "%", "CER", "%", "loss", "rep-trap"]
+    assert header.split() == ["language", "n", "WER", "%", "CER", "%", "raw", "WER", "raw", "CER", "loss", "rep-trap"]  # fmt: skip
     assert [r.split()[0] for r in rows] == ["all", "en", "es"]
     assert rows[0].split()[1] == "4"
+    # both the normalized and the raw error rates, each the figure --json reports
+    record = _evaluate(capsys, *argv[1:])
+    for column, key in ((2, "wer"), (3, "cer"), (4, "wer_raw"), (5, "cer_raw")):
+        assert float(rows[0].split()[column]) == pytest.approx(100 * record[key], abs=0.006)
 
 
 def test_bad_input_exits_2_with_one_line(run, tones_dir, tmp_path, capsys) -> None:

@@ -170,7 +170,8 @@ def format_longform(metrics: dict[str, Any]) -> str:
 
 
 def format_table(metrics: dict[str, Any]) -> str:
-    """WER/CER in %, loss, n and rep-trap count, overall and per language."""
+    """WER/CER in % (normalized, then raw: on the strings as decoded and as written), loss, n and
+    rep-trap count, overall and per language."""
 
     def pct(v: Any) -> str:
         return f"{100 * v:7.2f}" if isinstance(v, int | float) and math.isfinite(v) else "      -"
@@ -182,10 +183,13 @@ def format_table(metrics: dict[str, Any]) -> str:
         )
         return (
             f"{name:<10} {m.get('n', 0):>6} {pct(m.get('wer'))} {pct(m.get('cer'))} "
-            f"{loss_s} {m.get('rep_trap_count', 0):>8}"
+            f"{pct(m.get('wer_raw'))} {pct(m.get('cer_raw'))} {loss_s} {m.get('rep_trap_count', 0):>8}"
         )
 
-    lines = [f"{'language':<10} {'n':>6} {'WER %':>7} {'CER %':>7} {'loss':>7} {'rep-trap':>8}"]
+    lines = [
+        f"{'language':<10} {'n':>6} {'WER %':>7} {'CER %':>7} {'raw WER':>7} {'raw CER':>7} "
+        f"{'loss':>7} {'rep-trap':>8}"
+    ]
     lines.append(row("all", metrics))
     for lang, m in (metrics.get("per_language") or {}).items():
         lines.append(row(lang, m))
