@@ -181,7 +181,10 @@ class GuardGate:
     transcripts are scored. Both ride in the selector's state, so a resumed run keeps them.
 
     A multilingual guard also records the starting model's language-identification accuracy
-    (``lid_start``): a save then also needs ``guard_lid >= lid_start - lid_tolerance``.
+    (``lid_start``): a save then also needs ``guard_lid >= lid_start - lid_tolerance``. A guard
+    of several languages records each one's start (``language_starts``): a save then also needs
+    every language within the tolerance of its own start, so a language too small to move the
+    pooled figure is not forgotten unseen.
 
     Args:
         tolerance: how much worse than at the start the guard may be (absolute WER, e.g. 0.02).
@@ -200,19 +203,26 @@ class GuardGate:
         self.kind: str | None = None
         self.start_transcripts: dict[str, str] = {}
         self.lid_start: float | None = None
+        self.language_starts: dict[str, float] = {}
 
     @property
     def started(self) -> bool:
         return self.start is not None
 
     def set_start(
-        self, wer: float, kind: str, transcripts: Mapping[str, str], lid: float | None = None
+        self,
+        wer: float,
+        kind: str,
+        transcripts: Mapping[str, str],
+        lid: float | None = None,
+        language_starts: Mapping[str, float] | None = None,
     ) -> None:
         """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``), its
-        transcript of each item (id -> text) and its language-identification accuracy (None:
-        not measured)."""
+        transcript of each item (id -> text), its language-identification accuracy (None:
+        not measured) and each language's own figure (a guard of several languages)."""
         self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
         self.lid_start = None if lid is None else float(lid)
+        self.language_starts = {k: float(v) for k, v in (language_starts or {}).items()}
 
     def check(self, metrics: Mapping[str, float]) -> tuple[bool, str]:
         """``(within tolerance, why)`` for one evaluation's ``guard_wer``."""
@@ -220,22 +230,35 @@ class GuardGate:
             raise RuntimeError("the guard's start was never measured (GuardGate.set_start)")
         if "guard_wer" not in metrics:
             raise KeyError(f"the forgetting guard needs metric 'guard_wer'; got {sorted(metrics)}")
-        value = metrics["guard_wer"]
-        value = math.nan if value is None else float(value)
-        limit = self.start + self.tolerance
         # A drift guard says so; otherwise the reason names the error rate the guard judged by.
         name = "drift" if self.kind == "drift" else metrics.get("guard_metric") or self.kind
-        what = f"guard {name} {_f(value)}"
-        if not math.isfinite(value):
-            return False, f"{what}: never within tolerance"
-        # The small margin absorbs float noise, so start + tolerance itself is within.
-        if value > limit + 1e-12:
-            return False, f"{what} > start {_f(self.start)} + tolerance {_f(self.tolerance)}"
-        why = f"{what} <= start {_f(self.start)} + tolerance {_f(self.tolerance)}"
+        within, why = self._within(f"guard {name}", metrics["guard_wer"], self.start)
+        if not within:
+            return False, why
+        for language, figure in (metrics.get("guard_languages") or {}).items():
+            if language in self.language_starts:
+                ok, language_why = self.check_language(language, figure["value"], figure["metric"])
+                if not ok:
+                    return False, language_why
         if not self.judges_lid or "guard_lid" not in metrics:
             return True, why
         within, lid_why = self.check_lid(metrics["guard_lid"])
         return (True, f"{why}; {lid_why}") if within else (False, lid_why)
+
+    def check_language(self, language: str, value: float | None, metric: str) -> tuple[bool, str]:
+        """``(within tolerance, why)`` for one language's figure in a guard of several."""
+        name = "drift" if self.kind == "drift" else metric
+        return self._within(f"guard {name} of {language!r}", value, self.language_starts[language])
+
+    def _within(self, what: str, value: float | None, start: float) -> tuple[bool, str]:
+        value = math.nan if value is None else float(value)
+        what = f"{what} {_f(value)}"
+        if not math.isfinite(value):
+            return False, f"{what}: never within tolerance"
+        # The small margin absorbs float noise, so start + tolerance itself is within.
+        if value > start + self.tolerance + 1e-12:
+            return False, f"{what} > start {_f(start)} + tolerance {_f(self.tolerance)}"
+        return True, f"{what} <= start {_f(start)} + tolerance {_f(self.tolerance)}"
 
     @property
     def judges_lid(self) -> bool:
@@ -264,12 +287,15 @@ class GuardGate:
             "start_transcripts": dict(self.start_transcripts),
             # only a guard that measures language identification records its start
             **({"lid_start": self.lid_start} if self.lid_start is not None else {}),
+            # only a guard of several languages records each one's start
+            **({"language_starts": dict(self.language_starts)} if self.language_starts else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.start, self.kind = state["start"], state["kind"]
         self.start_transcripts = dict(state.get("start_transcripts") or {})
         self.lid_start = state.get("lid_start")
+        self.language_starts = dict(state.get("language_starts") or {})
 
 
 def describe_refused(
@@ -298,8 +324,13 @@ def describe_refused(
         and refused["guard_lid"]
         < refused.get("guard_lid_start", 0.0) - refused.get("guard_lid_tolerance", 0.0) - 1e-12
     )
+    languages_refused = {
+        language: figure
+        for language, figure in (refused.get("guard_languages") or {}).items()
+        if not figure["within"]
+    }
     wer_refused = (
-        not lid_refused
+        not (lid_refused or languages_refused)
         or refused.get("guard_wer", 0.0)
         > refused.get("guard_start", 0.0) + refused.get("guard_tolerance", 0.0) + 1e-12
     )
@@ -310,6 +341,12 @@ def describe_refused(
             f"; guard {name} {refused['guard_wer']:.4f} > start "
             f"{refused.get('guard_start', 0.0):.4f} + tolerance "
             f"{refused.get('guard_tolerance', 0.0):g}"
+        )
+    for language, figure in languages_refused.items():
+        name = "drift" if guard_kind == "drift" else figure["metric"]
+        guard += (
+            f"; guard {name} of {language!r} {figure['value']:.4f} > start "
+            f"{figure['start']:.4f} + tolerance {refused.get('guard_tolerance', 0.0):g}"
         )
     if lid_refused:
         guard += (
@@ -329,17 +366,17 @@ WITHIN_GUARD_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
 def largest_share_within(
-    measure: Callable[[float], float], shares: Iterable[float], gate: GuardGate
+    measure: Callable[[float], Mapping[str, Any]], shares: Iterable[float], gate: GuardGate
 ) -> tuple[float | None, list[tuple[float, float]]]:
-    """The largest of ``shares`` whose guard figure (``measure(share)``, the ``guard_wer`` of
+    """The largest of ``shares`` whose guard metrics (``measure(share)``, the guard's metrics of
     the weights interpolated with that share of the fine-tuned ones) ``gate`` accepts, and the
-    ``(share, figure)`` pairs measured. Shares are measured largest first, up to the first
+    ``(share, guard_wer)`` pairs measured. Shares are measured largest first, up to the first
     accepted one (None: none is within the tolerance)."""
     figures = []
     for share in sorted(set(shares), reverse=True):
-        value = measure(share)
-        figures.append((share, value))
-        if gate.check({"guard_wer": value})[0]:
+        metrics = measure(share)
+        figures.append((share, metrics["guard_wer"]))
+        if gate.check(metrics)[0]:
             return share, figures
     return None, figures
 

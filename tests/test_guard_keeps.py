@@ -148,19 +148,26 @@ def test_the_largest_share_within_the_guard_is_chosen_largest_first():
 
     def measure(share):
         measured.append(share)
-        return figures[share]
+        return {"guard_wer": figures[share]}
 
     share, pairs = largest_share_within(measure, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], gate)
     assert share == 0.7 and measured == [1.0, 0.9, 0.8, 0.7]  # nothing below it is measured
     assert pairs == [(1.0, 0.20), (0.9, 0.13), (0.8, 0.121), (0.7, 0.119)]
-    assert largest_share_within(lambda s: 0.5, WITHIN_GUARD_SHARES, gate)[0] is None
-    assert largest_share_within(lambda s: 0.12, WITHIN_GUARD_SHARES, gate)[0] == 1.0  # on it
+    assert largest_share_within(lambda s: {"guard_wer": 0.5}, WITHIN_GUARD_SHARES, gate)[0] is None
+    assert (
+        largest_share_within(lambda s: {"guard_wer": 0.12}, WITHIN_GUARD_SHARES, gate)[0] == 1.0
+    )  # on it
 
 
 def test_interpolation_mixes_floats_keeps_ties_and_refuses_another_shape():
     start = {"w": torch.zeros(2, 2), "n": torch.tensor([1]), "emb": torch.ones(3)}
     tied = torch.full((3,), 3.0)
-    tuned = {"w": torch.full((2, 2), 10.0), "n": torch.tensor([7]), "emb": tied, "proj_out.weight": tied}
+    tuned = {
+        "w": torch.full((2, 2), 10.0),
+        "n": torch.tensor([7]),
+        "emb": tied,
+        "proj_out.weight": tied,
+    }
     mixed = interpolate_weights(start, tuned, 0.3)
     assert torch.allclose(mixed["w"], torch.full((2, 2), 3.0))
     assert mixed["n"].item() == 7  # not a float: the fine-tuned one

@@ -202,6 +202,9 @@ class Guard:
         has_refs = all(i.reference for i in self.items)
         self.kind = "wer" if mode == "wer" or (mode == "auto" and has_refs) else "drift"
         self.metric = guard_metric([i.language for i in self.items])
+        languages = sorted({i.language for i in self.items})
+        self.languages = languages if len(languages) > 1 else []
+        """The languages judged each on its own (none: the guard holds one language)."""
         self.features, self.tokenizer, self.prompt, self.eot = features, tokenizer, prompt, eot
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
 
@@ -258,11 +261,29 @@ class Guard:
     def score(self, hyps: Sequence[str], gate: GuardGate) -> float:
         """The error rate (:attr:`metric`) of ``hyps`` against the references (``wer``) or the
         start's transcripts (``drift``), on normalized text."""
-        if self.kind == "wer":
-            refs = [i.reference or "" for i in self.items]
-        else:
-            refs = [gate.start_transcripts.get(i.id, "") for i in self.items]
+        refs = self._references(gate.start_transcripts)
         return _wer(refs, list(hyps), [i.language for i in self.items], self.metric)
+
+    def score_by_language(
+        self, hyps: Sequence[str], start_transcripts: Mapping[str, str]
+    ) -> dict[str, tuple[float, str]]:
+        """Each of :attr:`languages`' ``(error rate, metric)`` on its own items, by the metric
+        its evaluation uses (CER for unspaced scripts); {} for a guard of one language."""
+        refs = self._references(start_transcripts)
+        figures = {}
+        for language in self.languages:
+            mine = [k for k, i in enumerate(self.items) if i.language == language]
+            metric = guard_metric([language])
+            value = _wer(
+                [refs[k] for k in mine], [hyps[k] for k in mine], [language] * len(mine), metric
+            )
+            figures[language] = (value, metric)
+        return figures
+
+    def _references(self, start_transcripts: Mapping[str, str]) -> list[str]:
+        if self.kind == "wer":
+            return [i.reference or "" for i in self.items]
+        return [start_transcripts.get(i.id, "") for i in self.items]
 
     def measure_start(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
         """Transcribe with the starting model and record the start in ``gate``. Returns the
@@ -271,7 +292,9 @@ class Guard:
         transcripts = {i.id: h for i, h in zip(self.items, hyps, strict=True)}
         start = self.score(hyps, gate) if self.kind == "wer" else 0.0
         lid = self.lid_accuracy()
-        gate.set_start(start, self.kind, transcripts, lid)
+        by_language = self.score_by_language(hyps, transcripts)
+        language_starts = {language: value for language, (value, _) in by_language.items()}
+        gate.set_start(start, self.kind, transcripts, lid, language_starts)
         log.info(
             "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
@@ -290,8 +313,12 @@ class Guard:
                 lid,
                 "off" if gate.lid_tolerance is None else f"{gate.lid_tolerance:g}",
             )
+        if by_language:
+            log.info(
+                "forgetting guard: each language judged on its own: %s", _starts_text(by_language)
+            )
         self.last_hyps = hyps
-        return self.metrics(start, gate, lid)
+        return self.metrics(start, gate, lid, by_language)
 
     def measure(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
         """The guard's metrics for ``model`` now: ``guard_wer`` (the value the selector judges),
@@ -304,12 +331,21 @@ class Guard:
             )
         hyps = self.transcribe(model, device=device, autocast=autocast)
         self.last_hyps = hyps
-        return self.metrics(self.score(hyps, gate), gate, self.lid_accuracy())
+        by_language = self.score_by_language(hyps, gate.start_transcripts)
+        return self.metrics(self.score(hyps, gate), gate, self.lid_accuracy(), by_language)
 
-    def metrics(self, value: float, gate: GuardGate, lid: float | None = None) -> dict:
+    def metrics(
+        self,
+        value: float,
+        gate: GuardGate,
+        lid: float | None = None,
+        by_language: Mapping[str, tuple[float, str]] | None = None,
+    ) -> dict:
         """See :meth:`measure`; with ``lid`` (the language-identification accuracy) also
-        ``guard_lid``, ``guard_lid_start`` and ``guard_lid_tolerance``, and ``guard_within``
-        needs both within their tolerance."""
+        ``guard_lid``, ``guard_lid_start`` and ``guard_lid_tolerance``; with ``by_language``
+        (a guard of several languages) also ``guard_languages``, each language's ``value``,
+        ``start``, ``metric`` and ``within``. ``guard_within`` needs every one within its
+        tolerance."""
         start = gate.start if gate.start is not None else value
         figures = {
             "guard_wer": value,
@@ -320,6 +356,20 @@ class Guard:
             "guard_metric": self.metric,
             "guard_n": len(self.items),
         }
+        if by_language and gate.language_starts:
+            figures["guard_languages"] = {
+                language: {
+                    "value": v,
+                    "start": gate.language_starts.get(language, v),
+                    "metric": metric,
+                    "within": language not in gate.language_starts
+                    or gate.check_language(language, v, metric)[0],
+                }
+                for language, (v, metric) in by_language.items()
+            }
+            figures["guard_within"] = figures["guard_within"] and all(
+                f["within"] for f in figures["guard_languages"].values()
+            )
         if lid is None or gate.lid_start is None:
             return figures
         figures.update(
@@ -376,17 +426,9 @@ def measure_interpolations(
     def measure(share: float) -> float:
         model.load_state_dict(interpolate_weights(start, finetuned, share), strict=False)
         model.tie_weights()
-        value = guard.measure(model, gate, device=device)["guard_wer"]
-        log.info(
-            "forgetting guard with %g of the fine-tuned weights: %s %.4f (start %.4f, "
-            "tolerance %g)",
-            share,
-            "drift" if guard.kind == "drift" else guard.metric,
-            value,
-            gate.start,
-            gate.tolerance,
-        )
-        return value
+        metrics = guard.measure(model, gate, device=device)
+        log.info("forgetting guard with %g of the fine-tuned weights:%s", share, log_text(metrics))
+        return metrics
 
     return largest_share_within(measure, shares, gate)
 
@@ -479,9 +521,23 @@ def log_text(metrics: dict) -> str:
             f" language-ID accuracy {metrics['guard_lid']:.4f} (start "
             f"{metrics['guard_lid_start']:.4f})"
         )
+    languages = ""
+    if "guard_languages" in metrics:
+        languages = "; by language: " + ", ".join(
+            f"{language} {f['value']:.4f} (start {f['start']:.4f}"
+            + ("" if f["within"] else ", OUTSIDE")
+            + ")"
+            for language, f in metrics["guard_languages"].items()
+        )
     return (
         f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
-        f"{verdict} tolerance {metrics['guard_tolerance']:g}){lid}"
+        f"{verdict} tolerance {metrics['guard_tolerance']:g}){lid}{languages}"
+    )
+
+
+def _starts_text(by_language: Mapping[str, tuple[float, str]]) -> str:
+    return ", ".join(
+        f"{lang} {metric} {value:.4f}" for lang, (value, metric) in by_language.items()
     )
 
 
@@ -534,8 +590,9 @@ def _log_lid_skipped(items: Sequence[GuardItem], language_ids: Mapping[str, int]
         )
 
 
-def guard_transcripts(bundle, guard_cfg, window_seconds: float, batch_size: int,
-                      max_new_tokens: int) -> tuple[list[str], list[str]]:
+def guard_transcripts(
+    bundle, guard_cfg, window_seconds: float, batch_size: int, max_new_tokens: int
+) -> tuple[list[str], list[str]]:
     """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
     run's guard cuts them."""
     items = load_guard_items(guard_cfg, "en", window_seconds)
@@ -580,8 +637,13 @@ def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
     """The greedy transcript of each item by ``bundle`` (an :class:`asrforge.bundle.Bundle`),
     decoded as the training run's guard decodes, each in its item's language."""
     guard = Guard(
-        items, mode="drift", features=bundle.features, tokenizer=bundle.tokenizer,
+        items,
+        mode="drift",
+        features=bundle.features,
+        tokenizer=bundle.tokenizer,
         prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
-        eot=bundle.specials.eot, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        eot=bundle.specials.eot,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
     )
     return guard.transcribe(bundle.model, device=bundle.device)
