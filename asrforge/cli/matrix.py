@@ -88,17 +88,22 @@ def run(args) -> int:
         launch = ["asrforge"] if plan.gpus_per_job == 1 else [
             "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",
             "asrforge"]
-        for job in plan.jobs:
+        for job in plan.jobs or plan.base:
             cmd = [*launch, "train", str(job.config_path), *job.overrides]
             print(f"{job.job_id}: {shlex.join(cmd)}")
-        print(f"{len(plan.jobs)} jobs; root {plan.root}")
+        if plan.search:
+            space = ", ".join(plan.search.space)
+            print(f"a search: {plan.search.trials} trials per language, each the command above "
+                  f"with drawn {space}; root {plan.root}")
+        else:
+            print(f"{len(plan.jobs)} jobs; root {plan.root}")
         return 0
     if args.executor == "ray":
         executor = RayExecutor(address=args.ray_address, threads=args.threads,
                                gpus_per_job=plan.gpus_per_job)
     elif args.executor == "slurm":
         executor = SlurmExecutor.on_cluster(
-            plan.root, len(plan.jobs), partition=args.partition, gpus_per_job=plan.gpus_per_job,
+            plan.root, plan.slots, partition=args.partition, gpus_per_job=plan.gpus_per_job,
             time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
     else:
         executor = LocalExecutor(group_devices(parse_devices(args.devices), plan.gpus_per_job))

@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
@@ -42,6 +42,53 @@ class ConfigEntry(Section):
     """``dotted.key=value`` strings, or a mapping ``{dotted.key: value}``, for this config."""
 
 
+class SearchParameter(Section):
+    """One config value a search draws: a range (``low`` to ``high``; integers when both are
+    integers) or a list of ``choices``."""
+
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    """Draw on a log scale (a learning rate), ``low`` > 0."""
+    step: int | float | None = None
+    """Draw only ``low``, ``low + step``, ... (not with ``log``)."""
+    choices: list[Any] | None = None
+
+
+class PrunerConfig(Section):
+    """When a trial is stopped early, on its own evaluations against the other trials'."""
+
+    kind: Literal["median", "hyperband", "none"] = "median"
+    """``median``: stop a trial whose evaluation is worse than the median of earlier trials at the
+    same step (Optuna's MedianPruner); ``hyperband``: Optuna's HyperbandPruner over the training
+    steps; ``none``: every trial runs to its end."""
+    startup_trials: int = Field(default=3, ge=0)
+    """``median``: trials that end before any is stopped early."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """``median``: training steps before a trial may be stopped early."""
+
+
+class SearchConfig(Section):
+    """Configs drawn, not listed: for each language, ``trials`` runs of the matrix's one config,
+    each with values drawn from ``space`` by Optuna's TPE sampler."""
+
+    trials: int = Field(gt=0)
+    """Trials per language (every trial is an ordinary run: it resumes, retries and is
+    reported like any matrix job)."""
+    space: dict[str, SearchParameter] = Field(min_length=1)
+    """``dotted.key: {low, high[, log | step]}`` or ``dotted.key: {choices: [...]}``."""
+    metric: str = "wer"
+    """The evaluation metric a trial is judged by: its best checkpoint's value, and each
+    evaluation's for stopping early."""
+    direction: Literal["minimize", "maximize"] = "minimize"
+    pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    sampler_seed: int = 0
+    """The sampler's seed: the same file draws the same first trials."""
+    parallel: int = Field(default=4, gt=0)
+    """SLURM: trials per language queued at once. Each trial is drawn knowing the trials that
+    ended before it, so many at once make the draws closer to random ones."""
+
+
 class MatrixConfig(Section):
     """A matrix of training jobs: every language × config × seed."""
 
@@ -64,6 +111,9 @@ class MatrixConfig(Section):
     gpus_per_job: int = Field(default=1, ge=1)
     """Devices each job trains on, one process per device under ``torchrun``: GPUs, or CPU slots
     of ``--devices cpu:K`` (gloo). ``--gpus-per-job`` wins."""
+    search: SearchConfig | None = None
+    """Draw the config's values instead of listing configs: one config, one seed, and
+    ``search.trials`` jobs per language, drawn as the launch goes (needs ``optuna``)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +142,16 @@ class Plan:
     """(``data.path``, ``data.generate``) pairs missing on disk: built once before jobs start."""
     gpus_per_job: int = 1
     """Devices (processes) per job."""
+    search: SearchConfig | None = None
+    """The matrix's search: its jobs are drawn while it runs (:mod:`asrforge.matrix.search`)."""
+    base: tuple[Job, ...] = ()
+    """With a search, one job per language with the overrides every trial starts from (not run
+    itself: a trial adds its drawn values)."""
+
+    @property
+    def slots(self) -> int:
+        """Jobs to queue at once on a scheduler: every job, or a search's parallel trials."""
+        return len(self.base) * self.search.parallel if self.search else len(self.jobs)
 
     def run_dir(self, job: Job) -> Path:
         return self.root / "runs" / job.job_id
@@ -99,12 +159,13 @@ class Plan:
     def log_path(self, job: Job) -> Path:
         return self.root / "logs" / "matrix" / f"{job.job_id}.log"
 
-    def index(self) -> dict[str, Any]:
-        """What ``matrix.json`` holds: the jobs, so a report can show the ones not started."""
+    def index(self, drawn: list[Job] | tuple[Job, ...] = ()) -> dict[str, Any]:
+        """What ``matrix.json`` holds: the jobs (and a search's ``drawn`` trials so far), so a
+        report can show the ones not started."""
         jobs = [
             {"job_id": j.job_id, "language": j.language, "config_id": j.config_id, "seed": j.seed,
              "config": str(j.config_path), "overrides": list(j.overrides)}
-            for j in self.jobs
+            for j in (*self.jobs, *drawn)
         ]
         return {"source": self.source, "retries": self.retries, "jobs": jobs}
 
@@ -195,20 +256,28 @@ def load_matrix(
                     f"seed={seed}",
                     f"output_dir={root / 'runs' / jid}",
                 )
-                try:
-                    cfg = load_config(entry.path, list(overrides))
-                except ConfigError as e:
-                    for line in e.problems:
+                # a search checks its space's ends and choices, each a config of its own
+                variants = search_variants(m.search) if m.search else [[]]
+                for drawn in variants:
+                    try:
+                        cfg = load_config(entry.path, [*overrides[:-1], *drawn, overrides[-1]])
+                    except ConfigError as e:
+                        for line in e.problems:
+                            by_problem.setdefault(line, []).append(jid)
+                        break
+                    for line in _callback_problems(cfg, allow_external_callbacks):
                         by_problem.setdefault(line, []).append(jid)
-                    continue
-                for line in _callback_problems(cfg, allow_external_callbacks):
-                    by_problem.setdefault(line, []).append(jid)
-                data_path = Path(cfg.data.path).absolute()
-                if cfg.data.generate and not data_path.exists():
-                    to_generate[data_path] = cfg.data.generate
-                jobs.append(Job(jid, language, entry.config_id, seed,
-                                Path(entry.path).absolute(), overrides))
+                    if m.search:
+                        for line in _search_problems(cfg, m.search):
+                            by_problem.setdefault(line, []).append(jid)
+                else:
+                    data_path = Path(cfg.data.path).absolute()
+                    if cfg.data.generate and not data_path.exists():
+                        to_generate[data_path] = cfg.data.generate
+                    jobs.append(Job(jid, language, entry.config_id, seed,
+                                    Path(entry.path).absolute(), overrides))
     for line, ids in by_problem.items():
+        ids = list(dict.fromkeys(ids))  # a search's variants of one job meet the same problem
         more = f" (and {len(ids) - 1} more)" if len(ids) > 1 else ""
         problems.append(f"job {ids[0]}{more}: {line}")
     seen: dict[str, int] = {}
@@ -218,10 +287,33 @@ def load_matrix(
                  for k, n in seen.items() if n > 1]
     if problems:
         raise ConfigError(problems, source)
-    return Plan(root=root, jobs=jobs, retries=m.retries,
+    return Plan(root=root, jobs=[] if m.search else jobs, retries=m.retries,
                 allow_external_callbacks=allow_external_callbacks, source=source,
                 data_to_generate=tuple(to_generate.items()),
-                gpus_per_job=gpus_per_job or m.gpus_per_job)
+                gpus_per_job=gpus_per_job or m.gpus_per_job, search=m.search,
+                base=tuple(jobs) if m.search else ())
+
+
+def search_variants(search: SearchConfig) -> list[list[str]]:
+    """The configs that check a search's space before it runs: every range at its low end, at
+    its high end, and each choice (the others at their low end or first choice)."""
+    def first(p: SearchParameter) -> Any:
+        return p.choices[0] if p.choices else p.low
+
+    lows = {k: first(p) for k, p in search.space.items()}
+    highs = {k: p.choices[0] if p.choices else p.high for k, p in search.space.items()}
+    variants = [lows, highs]
+    for key, p in search.space.items():
+        variants += [{**lows, key: c} for c in (p.choices or [])[1:]]
+    return [normalize_overrides(v) for v in variants]
+
+
+def _search_problems(cfg, search: SearchConfig) -> list[str]:
+    """A trial is judged by its evaluations: the run must evaluate."""
+    if not cfg.eval.eval_steps and not cfg.eval.at_end:
+        return ["search: a trial is judged by its evaluations, but the config evaluates "
+                "neither during training (eval.eval_steps) nor at the end (eval.at_end)"]
+    return []
 
 
 def _callback_problems(cfg, allow_external: bool) -> list[str]:
@@ -276,4 +368,38 @@ def _cross_field_problems(m: MatrixConfig) -> list[str]:
     for i, c in enumerate(m.configs):
         if not Path(c.path).is_file():
             problems.append(f"configs.{i}.path: {c.path}: no such file")
+    if m.search:
+        problems += _space_problems(m)
+    return problems
+
+
+def _space_problems(m: MatrixConfig) -> list[str]:
+    # The evaluation's metric names (the callbacks check theirs by the same list) load torch,
+    # which the matrix command's parser must not pay for.
+    from asrforge.callbacks import eval_metric_names
+
+    problems = []
+    if m.search.metric not in eval_metric_names():
+        problems.append(f"search.metric: {m.search.metric!r} is not a metric evaluation produces "
+                        f"({', '.join(eval_metric_names())})")
+    if len(m.configs) != 1:
+        problems.append(f"search: draws the values of one config; configs lists {len(m.configs)}")
+    if len(m.seeds) != 1:
+        problems.append(f"search: each trial is one run; seeds lists {len(m.seeds)} (give one)")
+    for key, p in m.search.space.items():
+        where = f"search.space.{key}"
+        if p.choices is not None:
+            if p.low is not None or p.high is not None or p.log or p.step is not None:
+                problems.append(f"{where}: give choices, or low and high, not both")
+            elif not p.choices:
+                problems.append(f"{where}: choices is empty")
+            continue
+        if p.low is None or p.high is None:
+            problems.append(f"{where}: give low and high (a range), or choices")
+        elif not p.low < p.high:
+            problems.append(f"{where}: low {p.low} must be below high {p.high}")
+        elif p.log and p.low <= 0:
+            problems.append(f"{where}: a log scale needs low > 0, got {p.low}")
+        if p.log and p.step is not None:
+            problems.append(f"{where}: log and step cannot be combined")
     return problems

@@ -13,6 +13,10 @@ exactly one launcher at a time (``claims.py``), a finished one is skipped, an in
 resumes from its latest checkpoint. A launcher ends when every job is done or failed (jobs that
 other launchers are running count as not yet done: it waits for them, and takes one over if
 its launcher dies).
+
+With a search (:mod:`asrforge.matrix.search`) the jobs are drawn as devices free up, and a
+trial that its study's pruner stops early is stopped like on a signal (it saves a checkpoint)
+and marked done as ``pruned``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import Job, Plan
+from asrforge.matrix.search import Search
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -49,6 +54,8 @@ class Running:
     history: list[dict[str, Any]] = field(default_factory=list)
     continuations: int = 0
     """Submissions again with ``--resume`` after the run stopped at its ``max_time``."""
+    stopped_early: bool = False
+    """A search's pruner stopped the trial: it was sent SIGTERM."""
 
 
 @dataclass
@@ -59,6 +66,8 @@ class Outcome:
     failed: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     interrupted: bool = False
+    search: dict[str, Any] | None = None
+    """A search's studies at the end (:meth:`asrforge.matrix.search.Search.summary`)."""
 
     @property
     def exit_code(self) -> int:
@@ -130,6 +139,7 @@ class Launcher:
         self.stopping = 0
         self.durations: list[float] = []
         self.outcome = Outcome()
+        self.search = Search(plan) if plan.search is not None else None
 
     def say(self, msg: str) -> None:
         print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", file=self.out, flush=True)
@@ -139,22 +149,28 @@ class Launcher:
         """Launch until every job is done or failed, or a signal stops the launcher."""
         plan = self.plan
         plan.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(plan.root / "matrix.json", json.dumps(plan.index(), indent=1) + "\n")
+        pending = list(plan.jobs) + (self.search.left_running() if self.search else [])
+        self._write_index()
         prepare_data(plan)
-        pending = list(plan.jobs)
         for job in plan.jobs:
             marker = read_marker(plan.run_dir(job))
             if marker and marker[0] == "done" and marker[1].get("duration_s"):
                 self.durations.append(float(marker[1]["duration_s"]))
         free = self.executor.devices()
-        self.say(f"{len(plan.jobs)} jobs, {len(free)} device(s) "
+        jobs = (f"a search of {plan.search.trials} trials per language" if plan.search
+                else f"{len(plan.jobs)} jobs")
+        self.say(f"{jobs}, {len(free)} device(s) "
                  f"({', '.join(d.label for d in free)}) via {self.executor.name}; root {plan.root}")
         previous = self._install_signals()
         last_line = 0.0
         try:
             while True:
                 if not self.stopping:
+                    if self.search is not None and free and not pending:
+                        pending = self.search.draw(len(free))
+                        self._write_index()
                     pending = self._fill(pending, free)
+                    self._stop_early()
                 for result in self.executor.poll(timeout=0.5):
                     device = self._on_result(result)
                     if device is not None:
@@ -167,7 +183,8 @@ class Launcher:
                     for job_id in self.running:
                         self.executor.cancel(job_id, force=True)
                 now = time.monotonic()
-                finished = not self.running and (self.stopping or not pending)
+                drawn_all = self.search is None or self.search.exhausted()
+                finished = not self.running and (self.stopping or (not pending and drawn_all))
                 if finished or now - last_line >= self.every:
                     self.say(self._progress_line(pending, len(free) + len(self.running)))
                     last_line = now
@@ -179,7 +196,27 @@ class Launcher:
             self.executor.close()
         self.outcome.interrupted = bool(self.stopping)
         self.outcome.unfinished += [j.job_id for j in pending]
+        if self.search is not None:
+            summary = self.search.summary()
+            atomic_write_text(plan.root / "search.json", json.dumps(summary, indent=1) + "\n")
+            self.outcome.search = summary
         return self.outcome
+
+    def _write_index(self) -> None:
+        drawn = self.search.drawn() if self.search is not None else []
+        index = self.plan.index(drawn)
+        atomic_write_text(self.plan.root / "matrix.json", json.dumps(index, indent=1) + "\n")
+
+    def _stop_early(self) -> None:
+        """Stop the trials their study's pruner gives up on (SIGTERM: each saves a checkpoint)."""
+        if self.search is None:
+            return
+        for job_id, r in self.running.items():
+            if not r.stopped_early and self.search.should_stop_early(r.job):
+                r.stopped_early = True
+                self.say(f"search: stopping {job_id} early: its {self.plan.search.metric} is behind "
+                         "the other trials' at the same step")
+                self.executor.cancel(job_id)
 
     def _fill(self, pending: list[Job], free: list[Device]) -> list[Job]:
         """Claim pending jobs for free devices; drop the ones found finished."""
@@ -236,6 +273,8 @@ class Launcher:
                           "seconds": round(res.finished - res.started, 3),
                           "error": None if ok else why})
         self.claims.event("exit", r.job.job_id, attempt=r.attempt, returncode=res.returncode, ok=ok)
+        if r.stopped_early and res.returncode in (0, EXIT_INTERRUPTED):
+            return self._pruned(r, run_dir, end)
         if ok and end.get("out_of_time") and not self.stopping:
             r.continuations += 1
             self.say(f"{r.job.job_id} reached its max_time at step {end.get('step')}; "
@@ -261,6 +300,8 @@ class Launcher:
             self.say(f"done {r.job.job_id} in {summary['duration_s']:.0f} s: "
                      f"step {end.get('step')}, best checkpoint step {end.get('best_step')}: "
                      f"{score or '–'}")
+            if self.search is not None:
+                self.say(self.search.done(r.job, end))
         elif self.stopping:
             self.claims.event("release", r.job.job_id, reason="launcher stopping")
             r.claim.release()
@@ -278,9 +319,27 @@ class Launcher:
                            log_tail=log_tail(self.plan.log_path(r.job)))
             self.claims.finish(r.claim, run_dir, "failed", summary)
             self.outcome.failed.append(r.job.job_id)
+            if self.search is not None:
+                self.search.failed(r.job)
             tail = summary["log_tail"].splitlines()[-5:]
             self.say(f"FAILED {r.job.job_id} after {r.attempt} attempt(s): {why}\n    "
                      + "\n    ".join(tail))
+        del self.running[r.job.job_id]
+        return r.device
+
+    def _pruned(self, r: Running, run_dir: Path, end: dict[str, Any] | None) -> Device:
+        """Mark a trial its pruner stopped as done (``pruned``): the search has its answer, and
+        the run keeps its checkpoint (``--resume`` by hand continues it)."""
+        summary = {"job_id": r.job.job_id, "language": r.job.language,
+                   "config_id": r.job.config_id, "seed": r.job.seed, "status": "pruned",
+                   "step": (end or {}).get("step"), "attempts": r.attempt, "history": r.history,
+                   "started": r.first_started, "finished": time.time(),
+                   "duration_s": round(time.time() - r.first_started, 3),
+                   "launcher": self.claims.launcher}
+        self.claims.finish(r.claim, run_dir, "done", summary)
+        self.outcome.done.append(r.job.job_id)
+        self.search.stopped_early(r.job)
+        self.say(f"pruned {r.job.job_id} after {summary['duration_s']:.0f} s")
         del self.running[r.job.job_id]
         return r.device
 
@@ -290,6 +349,8 @@ class Launcher:
         elsewhere = sum(self.claims.is_running(j.job_id) for j in pending)
         queued = len(pending) - elsewhere
         total = len(self.plan.jobs)
+        if self.plan.search is not None:
+            total = self.plan.search.trials * len(self.plan.base)
         parts = [f"{done}/{total} done", f"{len(self.running)} running"]
         if elsewhere:
             parts.append(f"{elsewhere} running elsewhere")

@@ -1,0 +1,234 @@
+"""A matrix whose configs are drawn: one Optuna study per language, each trial an ordinary
+matrix job (claimed, resumed, retried, continued and reported like any other).
+
+The launcher asks this module for new jobs when a device is free (:meth:`Search.draw`), shows it
+each running trial's new evaluations (:meth:`Search.should_stop_early`: Optuna's pruner decides
+on the trial's own evaluation metric, and the launcher stops the run, which saves a checkpoint
+as on any signal), and tells it how each trial ended. The studies live in journal files under
+``<root>/search/`` (Optuna's file journal, locked for several launchers), so a launch again
+carries on the same studies: a trial left running by a launcher that died is run again from
+its checkpoint, with the values it was drawn with.
+
+How it works: docs/matrix.md, "Search".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asrforge.errors import UserError
+from asrforge.matrix.claims import read_marker
+from asrforge.matrix.plan import Job, Plan, SearchConfig, normalize_overrides, yaml_string
+
+log = logging.getLogger("asrforge.matrix")
+
+
+@dataclass
+class Trial:
+    """A drawn trial and the job that runs it."""
+
+    language: str
+    number: int
+    trial: Any
+    """Optuna's ``Trial`` (ask-and-tell)."""
+    job: Job
+    metrics_read: int = 0
+    """Bytes of the run's ``metrics.jsonl`` already shown to the pruner."""
+
+
+class Search:
+    """The studies of a plan with a search, one per language of the plan."""
+
+    def __init__(self, plan: Plan):
+        if plan.search is None:
+            raise ValueError("the plan has no search")
+        self.plan, self.spec = plan, plan.search
+        # optuna is an optional extra, loaded only for a matrix with a search
+        try:
+            import optuna
+        except ImportError:
+            raise UserError("search: needs optuna: pip install 'asrforge[search]'") from None
+        self.optuna = optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.base = {job.language: job for job in plan.base}
+        self.distributions = {key: _distribution(optuna, p) for key, p in self.spec.space.items()}
+        directory = plan.root / "search"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.studies = {language: self._study(directory, language) for language in self.base}
+        self.trials: dict[str, Trial] = {}
+
+    def _study(self, directory: Path, language: str):
+        journal = self.optuna.storages.journal
+        path = str(directory / f"{language}.journal")
+        storage = journal.JournalStorage(
+            journal.JournalFileBackend(path, lock_obj=journal.JournalFileOpenLock(path))
+        )
+        return self.optuna.create_study(
+            study_name=language,
+            storage=storage,
+            direction=self.spec.direction,
+            sampler=self.optuna.samplers.TPESampler(seed=self.spec.sampler_seed),
+            pruner=_pruner(self.optuna, self.spec),
+            load_if_exists=True,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def left_running(self) -> list[Job]:
+        """The trials an earlier launch left running: their jobs, to resume with the values they
+        were drawn with. A trial whose run has its result marker is told that result now."""
+        jobs = []
+        for language, study in self.studies.items():
+            for frozen in study.get_trials(deepcopy=False):
+                if frozen.state != self.optuna.trial.TrialState.RUNNING:
+                    continue
+                trial = Trial(language, frozen.number, self.optuna.trial.Trial(study, frozen._trial_id),
+                              self._job(language, frozen.number, frozen.params))  # fmt: skip
+                self.trials[trial.job.job_id] = trial
+                marker = read_marker(self.plan.run_dir(trial.job))
+                if marker is None:
+                    jobs.append(trial.job)
+                elif marker[0] == "failed":
+                    self.failed(trial.job)
+                elif marker[1].get("status") == "pruned":
+                    self.stopped_early(trial.job)
+                else:
+                    self.done(trial.job, {"best": marker[1].get("best")})
+        return jobs
+
+    def draw(self, n: int) -> list[Job]:
+        """Up to ``n`` new trials, one language after another, while a study has fewer than
+        ``search.trials`` (running ones counted, this launcher's and others')."""
+        jobs: list[Job] = []
+        while len(jobs) < n:
+            open_studies = [
+                (lang, s) for lang, s in self.studies.items() if len(s.trials) < self.spec.trials
+            ]
+            if not open_studies:
+                break
+            for language, study in open_studies[: n - len(jobs)]:
+                trial = study.ask(self.distributions)
+                job = self._job(language, trial.number, trial.params)
+                self.trials[job.job_id] = Trial(language, trial.number, trial, job)
+                jobs.append(job)
+                log.info(
+                    "search %s: trial %d draws %s", language, trial.number, _values(trial.params)
+                )
+        return jobs
+
+    def exhausted(self) -> bool:
+        """Whether every study has drawn all its trials."""
+        return all(len(s.trials) >= self.spec.trials for s in self.studies.values())
+
+    def drawn(self) -> list[Job]:
+        """The job of every trial of the studies, this launch's and earlier ones'."""
+        return [self._job(language, t.number, t.params)
+                for language, study in self.studies.items()
+                for t in study.get_trials(deepcopy=False)]  # fmt: skip
+
+    def _job(self, language: str, number: int, params: dict[str, Any]) -> Job:
+        base = self.base[language]
+        config_id = f"{base.config_id}-t{number:03d}"
+        job_id = f"{language}-{config_id}"
+        *settings, _ = (o for o in base.overrides if not o.startswith("config_id="))
+        overrides = (*settings, *normalize_overrides(params), f"config_id={yaml_string(config_id)}",
+                     f"output_dir={self.plan.root / 'runs' / job_id}")  # fmt: skip
+        return Job(job_id, language, config_id, base.seed, base.config_path, overrides)
+
+    # ------------------------------------------------------------------------------------------
+    def should_stop_early(self, job: Job) -> bool:
+        """Show the pruner the trial's evaluations since the last call; whether it stops the
+        trial now."""
+        trial = self.trials.get(job.job_id)
+        if trial is None or self.spec.pruner.kind == "none":
+            return False
+        path = self.plan.run_dir(job) / "metrics.jsonl"
+        try:
+            with open(path, "rb") as f:
+                f.seek(trial.metrics_read)
+                data = f.read()
+        except OSError:
+            return False
+        # only whole lines: the run may be writing the last one
+        whole = data[: data.rfind(b"\n") + 1]
+        trial.metrics_read += len(whole)
+        reported = False
+        for line in whole.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            value = record.get(self.spec.metric)
+            if (
+                record.get("event") == "eval"
+                and record.get("step")
+                and isinstance(value, int | float)
+            ):
+                trial.trial.report(float(value), int(record["step"]))
+                reported = True
+        return reported and trial.trial.should_prune()
+
+    def done(self, job: Job, end: dict[str, Any]) -> str:
+        """Tell the study the trial's value (its best checkpoint's metric); the line to say."""
+        trial = self.trials.pop(job.job_id)
+        value = (end.get("best") or {}).get(self.spec.metric)
+        if not isinstance(value, int | float):
+            self.studies[trial.language].tell(trial.trial, state=self.optuna.trial.TrialState.FAIL)
+            return (
+                f"search {trial.language}: trial {trial.number} has no {self.spec.metric}: failed"
+            )
+        self.studies[trial.language].tell(trial.trial, float(value))
+        study = self.studies[trial.language]
+        best = study.best_trial
+        return (f"search {trial.language}: trial {trial.number} {self.spec.metric} {value:.4g}; best "
+                f"so far trial {best.number} {best.value:.4g} ({_values(best.params)})")  # fmt: skip
+
+    def stopped_early(self, job: Job) -> None:
+        trial = self.trials.pop(job.job_id)
+        self.studies[trial.language].tell(trial.trial, state=self.optuna.trial.TrialState.PRUNED)
+
+    def failed(self, job: Job) -> None:
+        trial = self.trials.pop(job.job_id)
+        self.studies[trial.language].tell(trial.trial, state=self.optuna.trial.TrialState.FAIL)
+
+    def summary(self) -> dict[str, Any]:
+        """Every study's trials (number, state, value, values drawn, run dir) and best trial."""
+        out: dict[str, Any] = {}
+        for language, study in self.studies.items():
+            trials = [{"number": t.number, "state": t.state.name.lower(), "value": t.value,
+                       "params": t.params,
+                       "run_dir": str(self.plan.run_dir(self._job(language, t.number, t.params)))}
+                      for t in study.get_trials(deepcopy=False)]  # fmt: skip
+            complete = [t for t in trials if t["state"] == "complete"]
+            best = study.best_trial if complete else None
+            out[language] = {"metric": self.spec.metric, "direction": self.spec.direction,
+                             "best": None if best is None else best.number, "trials": trials}  # fmt: skip
+        return out
+
+
+def _distribution(optuna, p):
+    if p.choices is not None:
+        return optuna.distributions.CategoricalDistribution(p.choices)
+    if isinstance(p.low, int) and isinstance(p.high, int) and not isinstance(p.step, float):
+        return optuna.distributions.IntDistribution(p.low, p.high, log=p.log, step=p.step or 1)
+    return optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+
+
+def _pruner(optuna, spec: SearchConfig):
+    kind = spec.pruner.kind
+    if kind == "median":
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=spec.pruner.startup_trials, n_warmup_steps=spec.pruner.warmup_steps
+        )
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+def _values(params: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
+    )

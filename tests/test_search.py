@@ -1,0 +1,212 @@
+"""A matrix whose config values are drawn (``search:``): the plan checks the space before
+anything runs, trials are drawn as devices free up, a trial behind the others is stopped early
+and marked ``pruned``, a relaunch carries on the same studies, and trials are ordinary runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+import pytest
+import yaml
+
+from asrforge.cli import main
+from asrforge.config import ConfigError
+from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
+from asrforge.matrix.plan import load_matrix
+from asrforge.matrix.run import Launcher
+from asrforge.matrix.search import Search
+from tests.conftest import tiny_config
+
+pytest.importorskip("optuna")
+
+
+def write_yaml(path, data):
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def config(tmp_path, tones_dir):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(tiny_config(tmp_path / "unused", tones_dir, train={"max_steps": 4, "precision": "no"},
+                                eval={"eval_steps": 2}).to_yaml())  # fmt: skip
+    return path
+
+
+def search_file(tmp_path, config, **search):
+    spec = {"trials": 6, "metric": "loss", "sampler_seed": 3,
+            "space": {"optim.lr": {"low": 1e-6, "high": 1e-2, "log": True}},
+            "pruner": {"kind": "median", "startup_trials": 2}, **search}  # fmt: skip
+    return write_yaml(tmp_path / "search.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en"],
+        "configs": [{"config_id": "tiny", "path": str(config)}], "search": spec})  # fmt: skip
+
+
+def lr_of(job) -> float:
+    return float(next(o for o in job.overrides if o.startswith("optim.lr=")).split("=", 1)[1])
+
+
+def loss_curve(lr: float) -> list[float]:
+    """A made-up run's loss at steps 2 and 4: best at lr 1e-4."""
+    far = abs(math.log10(lr) + 4)
+    return [2.0 + far, 1.0 + far]
+
+
+class TrialExecutor:
+    """Runs each trial instantly, writing the evaluations and end its drawn lr would give."""
+
+    name = "scripted"
+
+    def __init__(self, plan, n_devices=2):
+        self.plan, self.n, self.attempts, self.results, self.cancelled = plan, n_devices, [], [], []
+
+    def devices(self):
+        return [Device(f"cpu:{i}", "", 1) for i in range(self.n)]
+
+    def submit(self, attempt, *, hold_fd=None):
+        self.attempts.append(attempt)
+        run_dir = self.plan.run_dir(attempt.job)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        curve = loss_curve(lr_of(attempt.job))
+        lines = [{"event": "train_begin", "step": 0}]
+        lines += [
+            {"event": "eval", "step": s, "loss": v} for s, v in zip((2, 4), curve, strict=True)
+        ]
+        lines.append({"event": "train_end", "step": 4, "status": "completed", "best_step": 4,
+                      "best": {"loss": curve[-1]}})  # fmt: skip
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        self.results.append(AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label,
+                                          0, time.time(), time.time(), "here"))  # fmt: skip
+
+    def poll(self, timeout):
+        out, self.results = self.results, []
+        return out
+
+    def cancel(self, job_id, *, force=False):
+        self.cancelled.append(job_id)
+        # the run stopped by SIGTERM saves and exits 75
+        self.results = [AttemptResult(r.job_id, r.number, r.device, EXIT_INTERRUPTED, r.started,
+                                      r.finished, r.host) if r.job_id == job_id else r
+                        for r in self.results]  # fmt: skip
+
+    def close(self):
+        pass
+
+
+def test_a_search_is_checked_whole_before_anything_runs(tmp_path, config, capsys):
+    bad = write_yaml(tmp_path / "bad.yaml", {
+        "out": str(tmp_path / "root"), "languages": ["en"], "seeds": [0, 1],
+        "configs": [{"config_id": "tiny", "path": str(config)}, {"config_id": "b", "path": str(config)}],
+        "search": {"trials": 2, "metric": "bleu", "space": {
+            "optim.lr": {"low": 0.0, "high": 1e-3, "log": True},
+            "optim.weight_decay": {"low": 0.1, "high": 0.01},
+            "train.max_steps": {"choices": []},
+            "model.dropout": {"low": 0.1, "choices": [0.0]},
+            "optim.nope": {"choices": [1, 2]}}}})  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        load_matrix(bad)
+    text = "\n".join(e.value.problems)
+    for expected in ("draws the values of one config; configs lists 2",
+                     "seeds lists 2 (give one)",
+                     "search.space.optim.lr: a log scale needs low > 0",
+                     "search.space.optim.weight_decay: low 0.1 must be below high 0.01",
+                     "search.space.train.max_steps: choices is empty",
+                     "search.space.model.dropout: give choices, or low and high, not both"):  # fmt: skip
+        assert expected in text, text
+    # the metric is checked against evaluation's; the space's values as configs of the trials
+    with pytest.raises(
+        ConfigError, match="search.metric: 'bleu' is not a metric evaluation produces"
+    ):
+        load_matrix(search_file(tmp_path, config, metric="bleu"))
+    one = search_file(tmp_path, config, space={"optim.nope": {"choices": [1, 2]}})
+    with pytest.raises(ConfigError, match="job en-tiny-s0: optim.nope: unknown field"):
+        load_matrix(one)
+    assert main(["matrix", str(one), "--dry-run"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_dry_run_names_the_command_every_trial_starts_from(tmp_path, config, capsys):
+    assert main(["matrix", str(search_file(tmp_path, config)), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "en-tiny-s0: asrforge train" in out
+    assert "a search: 6 trials per language, each the command above with drawn optim.lr" in out
+
+
+def test_trials_behind_the_others_stop_early_and_the_best_is_the_lowest(tmp_path, config, capsys):
+    plan = load_matrix(search_file(tmp_path, config))
+    executor = TrialExecutor(plan)
+    outcome = Launcher(plan, executor, progress_every=0.0).run()
+    assert outcome.exit_code == 0 and len(outcome.done) == 6
+    trials = outcome.search["en"]["trials"]
+    assert [t["number"] for t in trials] == list(range(6))
+    pruned = [t for t in trials if t["state"] == "pruned"]
+    complete = [t for t in trials if t["state"] == "complete"]
+    assert pruned and len(pruned) + len(complete) == 6
+    # each pruned trial was stopped (SIGTERM) and marked done as pruned; its run dir stays
+    for t in pruned:
+        job_id = f"en-tiny-t{t['number']:03d}"
+        assert job_id in executor.cancelled
+        assert json.loads((plan.root / "runs" / job_id / "DONE").read_text())["status"] == "pruned"
+    # a complete trial's value is its best checkpoint's loss, and the study's best the lowest
+    for t in complete:
+        assert t["value"] == loss_curve(t["params"]["optim.lr"])[-1]
+    best = min(complete, key=lambda t: t["value"])
+    assert outcome.search["en"]["best"] == best["number"]
+    assert json.loads((plan.root / "search.json").read_text()) == outcome.search
+    # every trial is in the matrix's index, under a config id of its own
+    index = json.loads((plan.root / "matrix.json").read_text())
+    assert [j["config_id"] for j in index["jobs"]] == [f"tiny-t{n:03d}" for n in range(6)]
+    text = capsys.readouterr().out
+    assert re.search(r"search en: trial \d+ loss [\d.]+; best so far trial \d+", text)
+    assert "6/6 done" in text
+
+
+def test_a_relaunch_resumes_the_trials_left_running_with_their_values(tmp_path, config):
+    plan = load_matrix(search_file(tmp_path, config))
+    first = Search(plan)
+    drawn = first.draw(2)  # then the launcher dies: the trials stay running in the study
+    (plan.run_dir(drawn[1]) / "checkpoints" / "step-000002").mkdir(parents=True)
+    again = Search(plan)
+    left = again.left_running()
+    assert [(j.job_id, j.overrides) for j in left] == [(j.job_id, j.overrides) for j in drawn]
+    # run to the end: the two are resumed (one from its checkpoint), four more are drawn
+    executor = TrialExecutor(plan)
+    outcome = Launcher(plan, executor, progress_every=0.0).run()
+    runs = [(a.job.job_id, a.resume) for a in executor.attempts]
+    assert runs[:2] == [(drawn[0].job_id, False), (drawn[1].job_id, True)]
+    assert len(runs) == 6 and len(outcome.search["en"]["trials"]) == 6
+    # a later launch finds every trial finished and runs nothing
+    executor = TrialExecutor(plan)
+    assert Launcher(plan, executor, progress_every=0.0).run().exit_code == 0
+    assert executor.attempts == []
+
+
+def test_the_same_file_draws_the_same_first_trials(tmp_path, config):
+    draws = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        draws.append(
+            [lr_of(j) for j in Search(load_matrix(search_file(tmp_path / name, config))).draw(3)]
+        )
+    assert draws[0] == draws[1] and len(set(draws[0])) == 3
+
+
+@pytest.mark.slow
+def test_trials_are_ordinary_training_runs(tmp_path, config):
+    spec = search_file(tmp_path, config, trials=2, pruner={"kind": "none"},
+                       space={"optim.lr": {"choices": [1e-3, 3e-4]}})  # fmt: skip
+    plan = load_matrix(spec)
+    outcome = Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=60).run()
+    assert outcome.exit_code == 0, outcome
+    trials = outcome.search["en"]["trials"]
+    assert [t["state"] for t in trials] == ["complete", "complete"]
+    for t in trials:
+        run_dir = plan.root / "runs" / f"en-tiny-t{t['number']:03d}"
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert saved["optim"]["lr"] == t["params"]["optim.lr"] and saved["seed"] == 0
+        end = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+        assert end["event"] == "train_end" and t["value"] == end["best"]["loss"]
