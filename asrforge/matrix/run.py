@@ -273,7 +273,8 @@ class Launcher:
                           "seconds": round(res.finished - res.started, 3),
                           "error": None if ok else why})
         self.claims.event("exit", r.job.job_id, attempt=r.attempt, returncode=res.returncode, ok=ok)
-        if r.stopped_early and res.returncode in (0, EXIT_INTERRUPTED):
+        # stopped early, the trial has its answer however it exited (torchrun exits 1, not 75)
+        if r.stopped_early:
             return self._pruned(r, run_dir, end)
         if ok and end.get("out_of_time") and not self.stopping:
             r.continuations += 1
