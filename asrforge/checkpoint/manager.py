@@ -34,6 +34,7 @@ from asrforge.checkpoint.manifest import (
     write_manifest,
     write_pruned_manifest,
 )
+from asrforge.checkpoint.sharded import SHARDED_OPTIMIZER_DIR
 from asrforge.checkpoint.training import CheckpointContents, save_training_checkpoint
 from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
@@ -557,7 +558,9 @@ class CheckpointManager:
         actions = []
         before = self.disk_bytes()
         for d, manifest in manifests.items():
-            removed = [f for f in RESUME_ONLY_FILES if f in manifest["files"]]
+            files = manifest["files"]
+            removed = [f for f in RESUME_ONLY_FILES if f in files]
+            removed += [f for f in files if f.startswith(f"{SHARDED_OPTIMIZER_DIR}/")]
             if not removed:
                 continue
             try:
