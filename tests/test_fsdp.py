@@ -102,9 +102,10 @@ def test_shard_metadata_naming_other_code_is_refused_unrun(tmp_path):
 
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory, tones_dir) -> Path:
-    """Two processes, sharded, six steps: evaluated at 3 and 6, saved every 2."""
+    """Two processes, sharded, six steps with gradient checkpointing: evaluated at 3 and 6,
+    saved every 2."""
     tmp_path = tmp_path_factory.mktemp("fsdp")
-    sections = dict(train=FSDP, eval={"eval_steps": 3},
+    sections = dict(train=FSDP, eval={"eval_steps": 3}, model={"gradient_checkpointing": True},
                     checkpoint={"checkpoint_every": 2, "save_total_limit": 5})  # fmt: skip
     train_2(write_config(tmp_path, "full", tones_dir, **sections))
     return tmp_path / "full"
@@ -144,7 +145,7 @@ def test_sharded_checkpoint_resumes_bit_identically_and_exports(sharded_run, tmp
 
 
 def test_sharded_training_has_ddps_losses(sharded_run, tmp_path, tones_dir):
-    ddp = write_config(tmp_path, "ddp", tones_dir, train={**FSDP, "distributed": "ddp"},
+    ddp = write_config(tmp_path, "ddp", tones_dir, train={**FSDP, "distributed": "ddp"}, model={"gradient_checkpointing": True},
                        eval={"eval_steps": None, "at_end": False})  # fmt: skip
     train_2(ddp)
     sharded, plain = step_losses(sharded_run), step_losses(tmp_path / "ddp")
@@ -159,7 +160,7 @@ def test_sharded_training_has_ddps_losses(sharded_run, tmp_path, tones_dir):
 
 
 def test_sigterm_to_one_rank_saves_sharded_checkpoint_and_every_rank_exits_75(tmp_path, tones_dir):
-    cfg = write_config(tmp_path, "run", tones_dir, train={**FSDP, "max_steps": 100000},
+    cfg = write_config(tmp_path, "run", tones_dir, train={**FSDP, "max_steps": 100000, "precision": "bf16"},
                        eval={"eval_steps": None, "at_end": False})  # fmt: skip
     proc = torchrun(cfg)
     wait_for_steps(tmp_path / "run", 3)

@@ -105,7 +105,7 @@ class TrainingRun:
         training_model = TrainingWhisper(self.whisper, cfg.model.trained_top_encoder_layers)
         self.sharded = cfg.train.distributed == "fsdp"
         if self.sharded:
-            check_processes(self.acc.num_processes, precision)
+            check_processes(self.acc.num_processes, precision, self.acc.distributed_type.name)
             # The optimizer follows the sharding: it must hold the sharded parameters.
             self.model = shard_model(training_model.to(self.acc.device), precision)
             optimizer = build_optimizer(self.whisper, cfg.optim)

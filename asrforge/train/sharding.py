@@ -46,9 +46,16 @@ _PARAM_DTYPES = {"bf16": torch.bfloat16}
 gradients reduced in fp32); fp32 runs gather fp32."""
 
 
-def check_processes(num_processes: int, precision: str) -> None:
+def check_processes(num_processes: int, precision: str, launched_as: str) -> None:
     """Refuse what sharding cannot run: one process (nothing to shard across), fp16 (``auto``
-    can pick it on GPUs without bf16; the loss scaler's overflow check is per shard)."""
+    can pick it on GPUs without bf16; the loss scaler's overflow check is per shard), and
+    accelerate's own FSDP or DeepSpeed (``launched_as``: its ``distributed_type``), which would
+    wrap the model a second time."""
+    if launched_as in ("FSDP", "DEEPSPEED"):
+        raise UserError(
+            f"train.distributed: fsdp shards the model itself, and accelerate was launched with "
+            f"its own {launched_as}: launch with torchrun or accelerate launch --multi_gpu"
+        )
     if num_processes < 2:
         raise UserError(
             "train.distributed: fsdp shards across processes and this run has one; launch it "
