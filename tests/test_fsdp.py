@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from asrforge.bundle.export import export_bundle
 from asrforge.bundle.load import load_bundle
-from asrforge.checkpoint import load_weights
-from asrforge.checkpoint.manifest import verify
+from asrforge.checkpoint import CheckpointManager, load_training_checkpoint, load_weights
+from asrforge.checkpoint.manifest import PRUNED_KEY, verify
 from asrforge.checkpoint.sharded import SafeReader
-from asrforge.config import ConfigError
+from asrforge.config import ConfigError, load_config
 from asrforge.errors import CheckpointError, UserError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -142,6 +143,28 @@ def test_sharded_checkpoint_resumes_bit_identically_and_exports(sharded_run, tmp
     bundle = load_bundle(export_bundle(sharded_run, tmp_path / "bundle"))
     assert bundle.model.model.decoder.layers[0].fc1.weight.shape == (64, 32)
     export_bundle(sharded_run, tmp_path / "avg", weights="average", average_k=2)
+
+
+def test_after_run_best_prunes_the_optimizer_shards(sharded_run, tmp_path):
+    root = tmp_path / "checkpoints"
+    shutil.copytree(sharded_run / "checkpoints", root, symlinks=True)
+    CheckpointManager(root).prune_after_run()
+    manifest = verify(root / "best")
+    assert not any(f.startswith("optimizer/") for f in manifest["files"])
+    assert "optimizer/__1_0.distcp" in manifest[PRUNED_KEY]
+    assert not list((root / "best").rglob("*.distcp"))
+    with pytest.raises(CheckpointError, match="can be exported, not resumed"):
+        load_training_checkpoint(root / "best")
+
+
+def test_a_sharded_checkpoint_does_not_resume_under_ddp(sharded_run, tmp_path, tones_dir):
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run, symlinks=True)
+    plain = yaml.safe_load((run / "config.yaml").read_text())
+    plain["output_dir"] = str(run)
+    plain["train"]["distributed"] = "ddp"
+    with pytest.raises(UserError, match="resume it with train.distributed: fsdp"):
+        Trainer(load_config(data=plain)).fit(resume=True)
 
 
 def test_sharded_training_has_ddps_losses(sharded_run, tmp_path, tones_dir):

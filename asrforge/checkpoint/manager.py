@@ -457,8 +457,12 @@ class CheckpointManager:
         """The size of the next checkpoint: estimated from the tensors to save, and at least
         the size of the newest one (same model, same optimizer)."""
         estimate = 0 if callable(payload) else estimate_save_bytes(payload)
+        # Optimizer shards every process wrote already (fsdp) are on disk: they move in.
+        staged = 0
+        if not callable(payload) and payload.optimizer_dir is not None:
+            staged = tree_bytes(payload.optimizer_dir)
         dirs = self.step_dirs()
-        return max(estimate, tree_bytes(dirs[-1][1]) if dirs else 0)
+        return max(estimate, tree_bytes(dirs[-1][1]) - staged if dirs else 0)
 
     def _disposable(self, step: int) -> list[tuple[int, Path]]:
         """Step directories rotation may delete to make room, oldest first: not the best or a
