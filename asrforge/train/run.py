@@ -107,7 +107,7 @@ class TrainingRun:
         if self.sharded:
             check_processes(self.acc.num_processes, precision, self.acc.distributed_type.name)
             # The optimizer follows the sharding: it must hold the sharded parameters.
-            self.model = shard_model(training_model.to(self.acc.device), precision)
+            self.model = shard_model(training_model.to(self.acc.device), precision, self.acc.device)
             optimizer = build_optimizer(self.whisper, cfg.optim)
             self.optimizer = self.acc.prepare(optimizer)
         else:

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -32,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers.models.whisper.modeling_whisper import WhisperDecoderLayer, WhisperEncoderLayer
 
@@ -68,7 +70,7 @@ def check_processes(num_processes: int, precision: str, launched_as: str) -> Non
         )
 
 
-def shard_model(model: nn.Module, precision: str) -> nn.Module:
+def shard_model(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     """Shard ``model`` in place across the process group: each of its Whisper encoder and
     decoder layers a unit, the rest the root's. Build the optimizer after this: the parameters
     become DTensors.
@@ -76,13 +78,16 @@ def shard_model(model: nn.Module, precision: str) -> nn.Module:
     Args:
         model: the module the training step calls (its forward runs the root's gathers).
         precision: the run's resolved precision (``bf16``, ``fp32``, ``no``).
+        device: the process's device (``train.device: cpu`` on a GPU machine shards on CPUs).
     """
     dtype = _PARAM_DTYPES.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    # One dimension over every process; the default would take the GPU even for CPU runs.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for module in model.modules():
         if isinstance(module, WRAPPED_LAYERS):
-            fully_shard(module, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
