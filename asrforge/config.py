@@ -489,6 +489,7 @@ class DataConfig(Section):
         if isinstance(v, str) and v.isdigit():
             return int(v)
         raise ValueError(f"must be a number of workers (0 or more) or auto, got {v!r}")
+
     max_eval_samples: int | None = Field(default=None, gt=0)
     """Evaluate on the first N utterances of the evaluation split only."""
     cache_encoder: bool = False
@@ -627,6 +628,13 @@ class TrainLoopConfig(Section):
     scaler finding its scale)."""
     ema_decay: float | None = Field(default=None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    """How several processes (``torchrun``, ``accelerate launch``) share the training. ``ddp``:
+    each holds all the weights, gradients and optimizer states. ``fsdp``: they are sharded
+    across the processes (PyTorch FSDP2, one unit per encoder and decoder layer), so each holds
+    about 1/N of them; evaluation gathers the whole weights on every process. Needs at least
+    two processes, and refuses ``model.lora``, ``train.ema_decay``, ``precision: fp16`` (use
+    bf16), ``data.asr_ratio`` below 1 and a frozen encoder part. See docs/distributed.md."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: the GPU when one is visible, else the CPU; ``cpu`` even when a GPU is visible."""
     max_time: int | float | str | None = None
@@ -947,7 +955,29 @@ class TrainConfig(Section):
                 "data.cache_encoder: needs model.freeze_encoder: true or model.train_encoder_layers "
                 "(a training encoder's output changes every step)"
             )
+        if self.train.distributed == "fsdp":
+            refused = self._fsdp_refusals()
+            if refused:
+                raise ValueError(
+                    "train.distributed: fsdp cannot be combined with " + "; ".join(refused)
+                )
         return self
+
+    def _fsdp_refusals(self) -> list[str]:
+        # Each needs every process to run the same sharded layers in the same order, or the
+        # whole weights on one process; docs/distributed.md says why for each.
+        refused = []
+        if self.model.lora is not None:
+            refused.append("model.lora (the adapters are small: use ddp)")
+        if self.train.ema_decay is not None:
+            refused.append("train.ema_decay (the EMA would need the whole weights per process)")
+        if self.train.precision == "fp16":
+            refused.append("train.precision: fp16 (the loss scaler is not shard-aware: use bf16)")
+        if self.data.asr_ratio < 1.0:
+            refused.append("data.asr_ratio below 1 (text-only batches skip the encoder's shards)")
+        if self.model.trained_top_encoder_layers is not None:
+            refused.append("a frozen encoder part (model.freeze_encoder, train_encoder_layers)")
+        return refused
 
     @property
     def evaluates_at_start(self) -> bool:

@@ -41,10 +41,14 @@ Run::
 
     .venv/bin/python bench/bench_memory.py                   # 4 shapes x {off, on}
     .venv/bin/python bench/bench_memory.py --large-v3        # also the GPU table for large-v3
+    .venv/bin/python bench/bench_memory.py --large-v3 --procs 4 8   # and sharded (fsdp), per GPU
 
 Prints one row per shape and mode (parameters, the terms, the sum and the peak predicted, the
 measured peak, errors), then ``RESULT memory peak_model max_abs_error=X% mean_error=Y%
 sum_formula mean_error=Z%``.
+
+Sharded (``train.distributed: fsdp``, :func:`sharded_peak`): the weights, gradients and Adam
+states divide by the number of processes, the activations do not.
 """
 
 from __future__ import annotations
@@ -93,14 +97,19 @@ LARGE_V3 = Shape(
 )  # fmt: skip
 
 
-def parameters(s: Shape) -> tuple[int, int]:
-    """``(all, trainable)`` parameter counts of WhisperForConditionalGeneration of shape ``s``
-    (proj_out tied to the token embedding; the encoder's positions frozen)."""
+def layer_parameters(s: Shape) -> tuple[int, int]:
+    """Parameters of one encoder layer and of one decoder layer of shape ``s``."""
     d, f = s.d_model, s.ffn
     attn = 4 * d * d + 3 * d  # q, k, v, out; k has no bias
     ffn = 2 * d * f + f + d
-    enc_layer = attn + ffn + 2 * 2 * d
-    dec_layer = 2 * attn + ffn + 3 * 2 * d
+    return attn + ffn + 2 * 2 * d, 2 * attn + ffn + 3 * 2 * d
+
+
+def parameters(s: Shape) -> tuple[int, int]:
+    """``(all, trainable)`` parameter counts of WhisperForConditionalGeneration of shape ``s``
+    (proj_out tied to the token embedding; the encoder's positions frozen)."""
+    d = s.d_model
+    enc_layer, dec_layer = layer_parameters(s)
     conv = s.n_mels * d * 3 + d + d * d * 3 + d
     enc = conv + s.encoder_layers * enc_layer + 2 * d
     dec = s.vocab * d + s.dec_tokens * d + s.decoder_layers * dec_layer + 2 * d
@@ -159,6 +168,33 @@ def peak_bytes(terms: dict[str, float], tied_gradient: float, step_temporaries: 
     backward = terms["weights"] + terms["adam"] + terms["activations"] + 3 * tied_gradient
     step = terms["weights"] + terms["gradients"] + terms["adam"] + step_temporaries
     return max(backward, step)
+
+
+def sharded_peak(s: Shape, checkpointing: bool, procs: int) -> dict[str, float]:
+    """Bytes per process under ``train.distributed: fsdp`` with ``procs`` processes and bf16
+    (the formula, not a measurement): the fp32 weights, gradients and Adam states divided by
+    ``procs``; the activations whole (each process has its own batch); and the weights FSDP
+    gathers in bf16 while they run: the root unit (embeddings, convolutions, final norms: it
+    stays gathered from the forward to the end of the backward) and two layers (the one
+    running and the next, prefetched), which replace DDP's autocast cache of every weight. The
+    tied embedding's gradient is counted whole, as for one process: the root's gradients are
+    whole until their reduce-scatter at the end of the backward.
+    """
+    p_all, p_train = parameters(s)
+    enc_layer, dec_layer = layer_parameters(s)
+    root = p_all - s.encoder_layers * enc_layer - s.decoder_layers * dec_layer
+    gathered = 2 * (root + 2 * max(enc_layer, dec_layer))
+    acts = sum(activation_bytes(s, checkpointing, mixed=True).values())
+    terms = {
+        "weights": 4 * p_all / procs,
+        "gradients": 4 * p_train / procs,
+        "adam": 8 * p_train / procs,
+        "activations": acts + gathered,
+    }
+    terms["static"] = terms["weights"] + terms["gradients"] + terms["adam"]
+    terms["gathered"] = gathered
+    terms["peak"] = peak_bytes(terms, tied_gradient=4 * s.vocab * s.d_model)
+    return terms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,6 +352,18 @@ def large_v3_table() -> list[dict]:
     return rows
 
 
+def sharded_table(procs: list[int], batch: int = 2) -> list[dict]:
+    """:func:`sharded_peak` of large-v3 at ``batch`` for each number of processes, gradient
+    checkpointing on and off."""
+    rows = []
+    for n in procs:
+        for checkpointing in (True, False):
+            shape = Shape(**{**asdict(LARGE_V3), "batch": batch})
+            peak = sharded_peak(shape, checkpointing, n)
+            rows.append({"procs": n, "batch": batch, "checkpointing": checkpointing, **peak})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--d-models", type=int, nargs="+", default=[384, 512, 768, 1024])
@@ -326,6 +374,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dec-tokens", type=int, default=64, help="T_d")
     ap.add_argument("--steps", type=int, default=2, help="AdamW steps (the 2nd has Adam states)")
     ap.add_argument("--large-v3", action="store_true", help="print the large-v3 GPU table")
+    ap.add_argument(
+        "--procs",
+        type=int,
+        nargs="+",
+        default=[4, 8],
+        help="with --large-v3: the sharded (train.distributed: fsdp) table for these numbers "
+        "of processes",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--idle", action="store_true", help=argparse.SUPPRESS)
@@ -360,6 +416,16 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['fp32'] / GB:>6.1f}GB {r['mixed'] / GB:>6.1f}GB {r['mixed_foreach'] / GB:>11.1f}GB"
             )
         out["large_v3"] = large_v3_table()
+        print("large-v3 sharded (train.distributed: fsdp, bf16), per process, batch 2:")
+        print(f"{'procs':>5} {'ckpt':>4} {'static':>8} {'gathered':>8} {'activ.':>8} {'peak':>8}")
+        for r in sharded_table(args.procs):
+            acts = r["activations"] - r["gathered"]
+            print(
+                f"{r['procs']:>5} {'on' if r['checkpointing'] else 'off':>4} "
+                f"{r['static'] / GB:>6.1f}GB {r['gathered'] / GB:>6.1f}GB {acts / GB:>6.1f}GB "
+                f"{r['peak'] / GB:>6.1f}GB"
+            )
+        out["large_v3_sharded"] = sharded_table(args.procs)
     return out
 
 

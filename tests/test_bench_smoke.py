@@ -282,3 +282,14 @@ def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     assert len(summary["rows"]) == 11 and summary["targets_measured"] == 0
     assert all(r["measured"] == "skipped: time budget" for r in summary["rows"])
     assert out.read_text().count("skipped: time budget") == 11
+
+
+def test_bench_memory_shards_the_static_terms_not_the_activations():
+    import bench_memory
+
+    one, four = bench_memory.sharded_table([1, 4])[:1], bench_memory.sharded_table([4])[:1]
+    whole = next(r for r in bench_memory.large_v3_table() if r["batch"] == 2 and r["checkpointing"])
+    assert one[0]["static"] == whole["static"]
+    assert four[0]["static"] == one[0]["static"] / 4
+    assert four[0]["activations"] == one[0]["activations"]
+    assert four[0]["peak"] < whole["mixed"] / 2

@@ -34,6 +34,7 @@ from asrforge.checkpoint.manifest import (
     write_manifest,
     write_pruned_manifest,
 )
+from asrforge.checkpoint.sharded import SHARDED_OPTIMIZER_DIR
 from asrforge.checkpoint.training import CheckpointContents, save_training_checkpoint
 from asrforge.config import CallbackSpec, TopKSpec
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
@@ -456,8 +457,12 @@ class CheckpointManager:
         """The size of the next checkpoint: estimated from the tensors to save, and at least
         the size of the newest one (same model, same optimizer)."""
         estimate = 0 if callable(payload) else estimate_save_bytes(payload)
+        # Optimizer shards every process wrote already (fsdp) are on disk: they move in.
+        staged = 0
+        if not callable(payload) and payload.optimizer_dir is not None:
+            staged = tree_bytes(payload.optimizer_dir)
         dirs = self.step_dirs()
-        return max(estimate, tree_bytes(dirs[-1][1]) if dirs else 0)
+        return max(estimate, tree_bytes(dirs[-1][1]) - staged if dirs else 0)
 
     def _disposable(self, step: int) -> list[tuple[int, Path]]:
         """Step directories rotation may delete to make room, oldest first: not the best or a
@@ -557,7 +562,9 @@ class CheckpointManager:
         actions = []
         before = self.disk_bytes()
         for d, manifest in manifests.items():
-            removed = [f for f in RESUME_ONLY_FILES if f in manifest["files"]]
+            files = manifest["files"]
+            removed = [f for f in RESUME_ONLY_FILES if f in files]
+            removed += [f for f in files if f.startswith(f"{SHARDED_OPTIMIZER_DIR}/")]
             if not removed:
                 continue
             try:

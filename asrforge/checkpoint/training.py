@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from asrforge.checkpoint.manifest import PRUNED_KEY, sha256_file, verify, write_manifest
+from asrforge.checkpoint.sharded import METADATA_FILE, SHARDED_OPTIMIZER_DIR
 from asrforge.checkpoint.shards import (
     LazyWeights,
     has_weights,
@@ -359,10 +360,13 @@ class CheckpointContents:
         meta: JSON-able facts for the manifest (step, metrics, config_id, seed, ...).
         max_shard_bytes: weights (and EMA weights) larger than this are written as shards with
             an index, as transformers does; None: one file each.
+        optimizer_dir: instead of ``optimizer``, the optimizer state sharded across processes
+            (:mod:`asrforge.checkpoint.sharded`): a staging directory every process wrote its
+            shard into, moved into the checkpoint as ``optimizer/``.
     """
 
     model: Mapping[str, torch.Tensor]
-    optimizer: dict
+    optimizer: dict | None
     scheduler: dict
     rng: dict
     train_state: dict
@@ -373,6 +377,7 @@ class CheckpointContents:
     tokenizer_save: Callable[[Path], None] | None = None
     meta: dict[str, Any] | None = None
     max_shard_bytes: int | None = None
+    optimizer_dir: Path | None = None
 
 
 def write_training_files(directory: Path, contents: CheckpointContents) -> dict[str, FileDigest]:
@@ -433,6 +438,10 @@ def write_training_files(directory: Path, contents: CheckpointContents) -> dict[
     if c.tokenizer_save is not None:
         (directory / TOKENIZER_DIR).mkdir()
         c.tokenizer_save(directory / TOKENIZER_DIR)
+    if c.optimizer_dir is not None:
+        # A rename on the same file system: the shards every process wrote join the checkpoint
+        # before its manifest hashes them.
+        os.replace(c.optimizer_dir, directory / SHARDED_OPTIMIZER_DIR)
     return digests
 
 
@@ -455,11 +464,13 @@ def save_training_checkpoint(path: Path, contents: CheckpointContents) -> Path:
         CheckpointSaveError: nothing was written at ``path`` (a previous version is intact).
     """
     path = Path(path)
-    # The files fsync themselves as they are written; the tokenizer's are fsynced below.
+    # The files fsync themselves as they are written; the tokenizer's and the optimizer
+    # shards' are fsynced below.
     with atomic_directory(path, fsync_files=False) as tmp:
         digests = write_training_files(tmp, contents)
-        if (tmp / TOKENIZER_DIR).is_dir():
-            fsync_tree(tmp / TOKENIZER_DIR)
+        for sub in (TOKENIZER_DIR, SHARDED_OPTIMIZER_DIR):
+            if (tmp / sub).is_dir():
+                fsync_tree(tmp / sub)
         write_manifest(tmp, {"kind": "training", **(contents.meta or {})}, known=digests)
     return path
 
@@ -481,6 +492,9 @@ class TrainingCheckpoint:
     config_yaml: str
     tokenizer_dir: Path | None
     """``path/tokenizer`` when the checkpoint has one."""
+    optimizer_dir: Path | None = None
+    """``path/optimizer``, the optimizer state sharded across processes, when the checkpoint
+    holds that instead of ``optimizer.pt`` (``optimizer`` is then None)."""
 
     @property
     def step(self) -> int | None:
@@ -517,7 +531,10 @@ def load_training_checkpoint(
         )
     if not has_weights(files, MODEL_STEM):
         raise CheckpointCorruptError(f"{path}: not a training checkpoint ({MODEL_FILE} missing)")
+    sharded_optimizer = f"{SHARDED_OPTIMIZER_DIR}/{METADATA_FILE}" in files
     for required in ("optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
+        if required == "optimizer.pt" and sharded_optimizer:
+            continue
         if required not in files:
             raise CheckpointCorruptError(f"{path}: not a training checkpoint ({required} missing)")
 
@@ -566,4 +583,5 @@ def load_training_checkpoint(
         if "config.yaml" in files
         else "",
         tokenizer_dir=path / TOKENIZER_DIR if has_tokenizer else None,
+        optimizer_dir=path / SHARDED_OPTIMIZER_DIR if sharded_optimizer else None,
     )

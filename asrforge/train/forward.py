@@ -30,6 +30,10 @@ def labelled_positions(
     return keep.to(device, non_blocking=True), flat[keep].to(device, non_blocking=True)
 
 
+WHISPER_PREFIX = "whisper."
+"""The Whisper model's parameter names start with this in :class:`TrainingWhisper`'s."""
+
+
 class TrainingWhisper(nn.Module):
     """A Whisper model (``WhisperForConditionalGeneration``) as training runs it.
 

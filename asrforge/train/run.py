@@ -24,13 +24,20 @@ from asrforge.model.lora import load_model_state
 from asrforge.selection import describe_refused
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import CallbackList, Decision, RunInfo
-from asrforge.train.forward import TrainingWhisper
+from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
 from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
 from asrforge.train.records import write_eval_records, write_skip_report
 from asrforge.train.saves import save_run_checkpoint
 from asrforge.train.setup import RunSetup
+from asrforge.train.sharding import (
+    check_processes,
+    load_full_weights,
+    load_optimizer_shards,
+    shard_model,
+    whole_weights,
+)
 from asrforge.train.state import TrainState
 from asrforge.train.step import StepTally, finish_step, micro_batch_backward
 from asrforge.train.time_budget import TimeBudget
@@ -95,10 +102,18 @@ class TrainingRun:
         self.loaders = setup.loaders
         self.whisper = setup.model  # what is saved, evaluated and shown to callbacks
         self.max_steps = setup.max_steps
-        optimizer = build_optimizer(self.whisper, cfg.optim)
-        self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
         training_model = TrainingWhisper(self.whisper, cfg.model.trained_top_encoder_layers)
-        self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
+        self.sharded = cfg.train.distributed == "fsdp"
+        if self.sharded:
+            check_processes(self.acc.num_processes, precision, self.acc.distributed_type.name)
+            # The optimizer follows the sharding: it must hold the sharded parameters.
+            self.model = shard_model(training_model.to(self.acc.device), precision, self.acc.device)
+            optimizer = build_optimizer(self.whisper, cfg.optim)
+            self.optimizer = self.acc.prepare(optimizer)
+        else:
+            optimizer = build_optimizer(self.whisper, cfg.optim)
+            self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
+        self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
         self.state = TrainState()
         self.ema: EMA | None = None
         self.guard = None
@@ -117,8 +132,22 @@ class TrainingRun:
         """Continue from ``ckpt`` exactly: weights (or LoRA adapters), optimizer, schedule, loss
         scale, progress and data position, selection state, checkpoint records, callbacks'
         states and the RNG."""
-        load_model_state(self.whisper, ckpt.model)
-        self.optimizer.load_state_dict(ckpt.optimizer)
+        if self.sharded:
+            if ckpt.optimizer_dir is None:
+                raise UserError(
+                    f"{ckpt.path}: saved by a run without train.distributed: fsdp (its optimizer "
+                    "state is whole); resume it with train.distributed: ddp"
+                )
+            load_full_weights(self.model, ckpt.model, WHISPER_PREFIX)
+            load_optimizer_shards(self.model, self.optimizer.optimizer, ckpt.optimizer_dir)
+        elif ckpt.optimizer_dir is not None:
+            raise UserError(
+                f"{ckpt.path}: saved by a run with train.distributed: fsdp (its optimizer state "
+                "is sharded); resume it with train.distributed: fsdp"
+            )
+        else:
+            load_model_state(self.whisper, ckpt.model)
+            self.optimizer.load_state_dict(ckpt.optimizer)
         self.scheduler.load_state_dict(ckpt.scheduler)
         if ckpt.scaler and self.acc.scaler is not None:
             self.acc.scaler.load_state_dict(ckpt.scaler)
@@ -177,9 +206,10 @@ class TrainingRun:
                 "eval.guard: the checkpoint holds no guard start (saved by a run "
                 "without eval.guard); remove eval.guard to resume it"
             )
-        self.guard_at_start = self.guard.measure_start(
-            self.whisper, gate, device=acc.device, autocast=acc.autocast
-        )
+        with whole_weights(self.model):
+            self.guard_at_start = self.guard.measure_start(
+                self.whisper, gate, device=acc.device, autocast=acc.autocast
+            )
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
             self.guard.write_records(setup.output_dir, self.state.step, gate)
@@ -411,7 +441,7 @@ class TrainingRun:
         let the selector judge, write the records and tell the callbacks."""
         state, setup, cb = self.state, self.setup, self.callbacks
         cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
-        with self._timed("evaluation"):
+        with self._timed("evaluation"), whole_weights(self.model):
             metrics, preds = self._evaluate()
         decision = setup.selector.update(metrics, step=state.step)
         state.selection = setup.selector.state_dict()
@@ -486,6 +516,7 @@ class TrainingRun:
                 self.setup,
                 step=state.step,
                 model=self.whisper,
+                sharded_model=self.model if self.sharded else None,
                 ema=self.ema,
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,

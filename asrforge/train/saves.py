@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import functools
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from asrforge.checkpoint import CheckpointContents, capture_rng_state
+from asrforge.checkpoint.manager import step_dir_name
 from asrforge.checkpoint.training import save_tokenizer
 from asrforge.config import TrainConfig
+from asrforge.io.atomic import TMP_PREFIX
 from asrforge.model import lora
 from asrforge.train.events import Decision
+from asrforge.train.forward import WHISPER_PREFIX
 from asrforge.train.records import scalars
 from asrforge.train.setup import RunSetup
+from asrforge.train.sharding import full_weights, save_optimizer_shards
 from asrforge.train.state import TrainState
 
 GUARD_META = (
@@ -59,6 +64,7 @@ def save_run_checkpoint(
     *,
     step,
     model,
+    sharded_model=None,
     ema,
     optimizer,
     scheduler,
@@ -68,10 +74,61 @@ def save_run_checkpoint(
     metrics,
     is_best,
 ) -> Path | None:
-    """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError."""
-    setup.accelerator.wait_for_everyone()
-    if not setup.accelerator.is_main_process:
+    """Write ``checkpoints/step-NNNNNN`` (main process only); raises CheckpointSaveError.
+
+    With ``sharded_model`` (``train.distributed: fsdp``; ``model`` is the Whisper model inside
+    it) every process first gathers the whole weights to rank zero and writes its optimizer
+    shard into a staging directory beside the checkpoints, which the checkpoint takes in.
+    """
+    acc = setup.accelerator
+    acc.wait_for_everyone()
+    weights, staging = None, None
+    if sharded_model is not None:
+        weights = full_weights(sharded_model, WHISPER_PREFIX)
+        # A temporary's name: a run killed mid-save leaves it for the next start to delete.
+        staging = setup.checkpoints.root / f"{TMP_PREFIX}{step_dir_name(step)}-optimizer-shards"
+        save_optimizer_shards(
+            sharded_model, optimizer.optimizer, staging, acc.is_main_process, acc.wait_for_everyone
+        )
+        acc.wait_for_everyone()
+    if not acc.is_main_process:
         return None
+    try:
+        return _save_main(
+            setup,
+            step=step,
+            weights=weights if weights is not None else lora.checkpoint_weights(model),
+            ema=ema,
+            optimizer=None if staging is not None else optimizer.state_dict(),
+            optimizer_dir=staging,
+            scheduler=scheduler,
+            scaler=scaler,
+            state=state,
+            callback_states=callback_states,
+            metrics=metrics,
+            is_best=is_best,
+        )
+    finally:
+        # Taken into the checkpoint, or left by a failed save.
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _save_main(
+    setup: RunSetup,
+    *,
+    step,
+    weights,
+    ema,
+    optimizer,
+    optimizer_dir,
+    scheduler,
+    scaler,
+    state,
+    callback_states,
+    metrics,
+    is_best,
+) -> Path:
     metrics = metrics or {}
     meta = {
         "step": step,
@@ -90,9 +147,10 @@ def save_run_checkpoint(
     return setup.checkpoints.save(
         step,
         CheckpointContents(
-            model=lora.checkpoint_weights(model),
+            model=weights,
             ema=ema.state_dict() if ema is not None else None,
-            optimizer=optimizer.state_dict(),
+            optimizer=optimizer,
+            optimizer_dir=optimizer_dir,
             scheduler=scheduler.state_dict(),
             scaler=scaler.state_dict() if scaler is not None else None,
             rng=capture_rng_state(),

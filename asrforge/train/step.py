@@ -9,9 +9,11 @@ import math
 from contextlib import nullcontext
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from asrforge.evaluation.evaluate import token_loss
 from asrforge.train.forward import labelled_positions
+from asrforge.train.sharding import is_sharded
 
 
 def micro_batch_backward(
@@ -27,7 +29,10 @@ def micro_batch_backward(
     Returns:
         (the loss, detached; the (n,) labelled positions' labels), or None for a placeholder.
     """
-    with acc.no_sync(model) if not sync else nullcontext(), acc.autocast():
+    # A sharded model reduce-scatters every micro-batch's gradients: no_sync would keep each
+    # layer's whole gradients until the step's last one.
+    skip_sync = not sync and not is_sharded(model)
+    with acc.no_sync(model) if skip_sync else nullcontext(), acc.autocast():
         if placeholder:
             loss = model(batch).float().sum() * 0.0
         else:
@@ -106,7 +111,11 @@ def optimizer_step(
     scaler = acc.scaler
     scale = scaler.get_scale() if scaler is not None else None
     # clip_grad_norm_ unscales the gradients under fp16.
-    grad_norm = tally.read(acc.clip_grad_norm_(params, clip))
+    norm = acc.clip_grad_norm_(params, clip)
+    # Sharded gradients give the norm as a DTensor of per-shard parts: full_tensor() sums them.
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    grad_norm = tally.read(norm)
     loss = tally.loss
     if math.isfinite(loss) and math.isfinite(grad_norm):
         # Under fp16 this is scaler.step and scaler.update.
