@@ -47,12 +47,15 @@ class SearchParameter(Section):
     integers) or a list of ``choices``."""
 
     low: int | float | None = None
+    """The range's lowest value."""
     high: int | float | None = None
+    """The range's highest value."""
     log: bool = False
     """Draw on a log scale (a learning rate), ``low`` > 0."""
     step: int | float | None = None
     """Draw only ``low``, ``low + step``, ... (not with ``log``)."""
     choices: list[Any] | None = None
+    """The values to draw from, instead of a range."""
 
 
 class PrunerConfig(Section):
@@ -81,7 +84,9 @@ class SearchConfig(Section):
     """The evaluation metric a trial is judged by: its best checkpoint's value, and each
     evaluation's for stopping early."""
     direction: Literal["minimize", "maximize"] = "minimize"
+    """Whether a lower or a higher ``metric`` is better."""
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
+    """Stopping trials early (the default: the median rule after three trials)."""
     sampler_seed: int = 0
     """The sampler's seed: the same file draws the same first trials."""
     parallel: int = Field(default=4, gt=0)
