@@ -580,6 +580,12 @@ class OptimConfig(Section):
     # No optimizer setting means anything at inf or nan (clip_grad_norm: null disables clipping).
     model_config = ConfigDict(allow_inf_nan=False)
 
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    """``adamw``: torch's AdamW, its two moment estimates in fp32 (8 bytes per trained
+    parameter). ``adamw_8bit``: bitsandbytes' AdamW8bit (Hugging Face's ``optim: adamw_8bit``),
+    the moments kept as 8-bit codes with a scale per block of 256 values (about 2 bytes per
+    parameter; tensors under 4096 values keep fp32 moments); needs the ``lowbit`` extra
+    (``pip install 'asrforge[lowbit]'``). Both resume exactly."""
     lr: float = Field(default=1e-3, gt=0)
     """Peak learning rate."""
     embedding_lr_scale: float = Field(default=1.0, gt=0)
