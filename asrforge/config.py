@@ -145,6 +145,16 @@ class LoraConfig(Section):
     ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (attention), ``fc1``, ``fc2`` (MLP), in the
     encoder and decoder; a longer path suffix (``decoder.layers.3.fc1``) picks single layers.
     The default, the queries and values, is the common Whisper LoRA."""
+    quantize_base: Literal["4bit", "8bit"] | None = None
+    """Hold the frozen base quantized (QLoRA; bitsandbytes through transformers'
+    ``BitsAndBytesConfig``, the ``lowbit`` extra), its linear layers only: ``4bit``: NF4 with
+    double quantization (about 0.5 byte per weight), matmuls in the run's precision
+    (``train.precision``: fp32, bf16 or fp16); ``8bit``: LLM.int8 (1 byte per weight), matmuls
+    in fp16 whatever the precision. Needs ``model.pretrained`` and its own vocabulary. The
+    adapters train in fp32 on top. Checkpoints hold the adapters and the sha256 of the
+    full-precision base; ``asrforge export`` merges the adapters into that full-precision base
+    (read again from ``model.pretrained``), not into the quantized one. null: the base in full
+    precision."""
 
 
 class ModelConfig(Section):
@@ -222,6 +232,11 @@ class ModelConfig(Section):
                     problems.append(
                         f"{side}_attention_heads: must divide d_model={self.d_model}, got {heads}"
                     )
+        if self.lora is not None and self.lora.quantize_base and self.pretrained is None:
+            problems.append(
+                f"lora.quantize_base: {self.lora.quantize_base} needs model.pretrained (the base "
+                "is loaded quantized from its weights; a model built from scratch has none)"
+            )
         if self.lora is not None and (self.freeze_encoder or self.train_encoder_layers is not None):
             problems.append(
                 "lora: cannot be combined with model.freeze_encoder or model.train_encoder_layers "
