@@ -74,6 +74,8 @@ SWIFT_NAMES: dict[str, str] = {
     "save_steps": HF_NAMES["save_steps"],
     "metric_for_best_model": HF_NAMES["metric_for_best_model"],
     "greater_is_better": HF_NAMES["greater_is_better"],
+    "quant_bits": "model.lora.quantize_base (4bit or 8bit; bitsandbytes)",
+    "quant_method": "model.lora.quantize_base (bitsandbytes is the only method)",
 }
 """ms-swift's names, for users who bring an ms-swift config (several are Hugging Face's too)."""
 
