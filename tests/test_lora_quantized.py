@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.bundle.export import export_bundle
+from asrforge.cli import main
 from asrforge.config import ConfigError
 from asrforge.model import lora
 from asrforge.model.build import build_model, build_tokenizer
@@ -146,12 +147,15 @@ def test_export_merges_into_the_full_precision_base_not_the_quantized_one(qlora_
     assert (on_quantized - want).abs().max() > 1e-4
 
 
-def test_ct2_converts_and_decodes_the_export_of_a_quantized_base_run(qlora_run, tmp_path):
+def test_asrforge_export_ct2_of_a_quantized_base_run_loads_and_decodes_in_ctranslate2(
+    qlora_run, tmp_path
+):
     ctranslate2 = pytest.importorskip("ctranslate2")
     from asrforge.bundle.load import load_bundle
 
     bundle = load_bundle(export_bundle(qlora_run, tmp_path / "bundle"))
-    out = export_bundle(qlora_run, tmp_path / "ct2", fmt="ct2")
+    out = tmp_path / "ct2"
+    assert main(["export", str(qlora_run), "--out", str(out), "--format", "ct2"]) == 0
     model = ctranslate2.models.Whisper(str(out), device="cpu", compute_type="float32")
     wave = np.sin(np.arange(16_000, dtype=np.float32) * 0.05) * 0.3
     feats = bundle.features(wave, sampling_rate=16_000, return_tensors="np").input_features
