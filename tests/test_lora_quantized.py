@@ -21,6 +21,7 @@ from asrforge.model.build import build_model, build_tokenizer
 from asrforge.model.lowbit import quantization_config
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.train.loop import Trainer
+from asrforge.train.setup import build_run_model
 from tests.conftest import tiny_config
 from tests.test_resume import PreemptAt, run
 
@@ -188,3 +189,19 @@ def test_quantize_base_needs_a_pretrained_model(tmp_path, tones_dir):
     with pytest.raises(ConfigError) as e:
         tiny_config(tmp_path, tones_dir, model={"lora": {"quantize_base": "4bit"}})
     assert "model.lora.quantize_base: 4bit needs model.pretrained" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+)
+def test_a_4bit_base_multiplies_in_the_run_precision(
+    tmp_path, tones_dir, pretrained, precision, dtype
+):
+    cfg = tiny_config(tmp_path, tones_dir, **sections(pretrained))
+    tokenizer = load_tokenizer(pretrained)
+    bundle, base = build_run_model(cfg, tokenizer, None, precision, torch.device("cpu"))
+    fc1 = bundle.model.model.encoder.layers[0].fc1
+    assert type(fc1.base_layer).__name__ == "Linear4bit" and fc1.base_layer.compute_dtype == dtype
+    # the adapters train in fp32 whatever the precision; the base's fingerprint is full precision
+    assert fc1.lora_A["default"].weight.dtype == torch.float32
+    assert base == lora.base_fingerprint(build_model(cfg.model, tokenizer, cfg.seed).model)
