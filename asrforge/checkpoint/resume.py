@@ -8,8 +8,8 @@ refused resume leaves the run directory as it was:
   over sets the damaged directories aside (renamed, never deleted).
 - :func:`check_resume_config`: the config given now against the one the checkpoint was written
   with. A change of the model's shape, vocabulary or trained parameters (which the weights and
-  the optimizer state depend on), or of the optimizer, is refused, listing every differing field; any other change
-  (``optim.lr``, ``train.max_steps``, ...) is logged.
+  the optimizer state depend on), or of the optimizer, is refused, listing every differing
+  field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged.
 """
 
 from __future__ import annotations
