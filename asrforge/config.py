@@ -145,6 +145,16 @@ class LoraConfig(Section):
     ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (attention), ``fc1``, ``fc2`` (MLP), in the
     encoder and decoder; a longer path suffix (``decoder.layers.3.fc1``) picks single layers.
     The default, the queries and values, is the common Whisper LoRA."""
+    quantize_base: Literal["4bit", "8bit"] | None = None
+    """Hold the frozen base quantized (QLoRA; bitsandbytes through transformers'
+    ``BitsAndBytesConfig``, the ``lowbit`` extra), its linear layers only: ``4bit``: NF4 with
+    double quantization (about 0.5 byte per weight), matmuls in the run's precision
+    (``train.precision``: fp32, bf16 or fp16); ``8bit``: LLM.int8 (1 byte per weight), matmuls
+    in fp16 whatever the precision. Needs ``model.pretrained`` and its own vocabulary. The
+    adapters train in fp32 on top. Checkpoints hold the adapters and the sha256 of the
+    full-precision base; ``asrforge export`` merges the adapters into that full-precision base
+    (read again from ``model.pretrained``), not into the quantized one. null: the base in full
+    precision."""
 
 
 class ModelConfig(Section):
@@ -222,6 +232,11 @@ class ModelConfig(Section):
                     problems.append(
                         f"{side}_attention_heads: must divide d_model={self.d_model}, got {heads}"
                     )
+        if self.lora is not None and self.lora.quantize_base and self.pretrained is None:
+            problems.append(
+                f"lora.quantize_base: {self.lora.quantize_base} needs model.pretrained (the base "
+                "is loaded quantized from its weights; a model built from scratch has none)"
+            )
         if self.lora is not None and (self.freeze_encoder or self.train_encoder_layers is not None):
             problems.append(
                 "lora: cannot be combined with model.freeze_encoder or model.train_encoder_layers "
@@ -581,6 +596,12 @@ class OptimConfig(Section):
     # No optimizer setting means anything at inf or nan (clip_grad_norm: null disables clipping).
     model_config = ConfigDict(allow_inf_nan=False)
 
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    """``adamw``: torch's AdamW, its two moment estimates in fp32 (8 bytes per trained
+    parameter). ``adamw_8bit``: bitsandbytes' AdamW8bit (Hugging Face's ``optim: adamw_8bit``),
+    the moments kept as 8-bit codes with a scale per block of 256 values (about 2 bytes per
+    parameter; tensors under 4096 values keep fp32 moments); needs the ``lowbit`` extra
+    (``pip install 'asrforge[lowbit]'``). Both resume exactly."""
     lr: float = Field(default=1e-3, gt=0)
     """Peak learning rate."""
     embedding_lr_scale: float = Field(default=1.0, gt=0)

@@ -39,8 +39,8 @@ HF_NAMES: dict[str, str] = {
     "save_strategy": "checkpoint.save_on_eval and checkpoint.checkpoint_every",
     "save_total_limit": "checkpoint.save_total_limit",
     "load_best_model_at_end": "nothing to set: checkpoints/best is always kept and export uses it",
-    "optim": "nothing to set: the optimizer is always AdamW (torch's); its settings are "
-    "optim.lr, optim.betas, optim.eps, optim.weight_decay, optim.schedule",
+    "optim": "optim.optimizer (adamw_torch, adamw_torch_fused -> adamw; adamw_8bit, "
+    "adamw_bnb_8bit -> adamw_8bit)",
     "metric_for_best_model": "selection.policy (by_wer, by_loss, combined_gate) and "
     "checkpoint.keep_best[].metric",
     "greater_is_better": "checkpoint.keep_best[].mode (min or max)",
@@ -74,6 +74,8 @@ SWIFT_NAMES: dict[str, str] = {
     "save_steps": HF_NAMES["save_steps"],
     "metric_for_best_model": HF_NAMES["metric_for_best_model"],
     "greater_is_better": HF_NAMES["greater_is_better"],
+    "quant_bits": "model.lora.quantize_base (4bit or 8bit; bitsandbytes)",
+    "quant_method": "model.lora.quantize_base (bitsandbytes is the only method)",
 }
 """ms-swift's names, for users who bring an ms-swift config (several are Hugging Face's too)."""
 

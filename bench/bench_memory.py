@@ -37,6 +37,23 @@ activations are never all alive at once, while the tied token embedding's gradie
 times at one moment. :func:`peak_bytes` takes the larger of the two moments that matter; both
 it and the sum are printed with their error against the measurement.
 
+Low-bit terms (``optim.optimizer: adamw_8bit``, ``model.lora.quantize_base``; bitsandbytes):
+
+    Adam states       8 bytes per trained parameter (two fp32 moments), 8-bit AdamW
+                      2 + 8/256 (two 1-byte codes and an fp32 scale per block of 256 each;
+                      tensors under 4096 values keep 8, a negligible share of a Whisper)
+    LoRA base         fp32 4 bytes per weight; quantized, its linear layers' weights at
+                      ``BASE_BYTES`` (NF4 4 bits + an 8-bit scale per 64 + the scales' fp32
+                      scale per 256 scales = 0.5 + 1/64 + 4/16384; LLM.int8 1 + 4/out row),
+                      the rest (token and position embeddings, convolutions, norms,
+                      biases) fp32
+    LoRA adapters     r (in + out) per targeted linear layer, fp32, trained: weights,
+                      gradients and Adam states as above; no autocast weight cache of the
+                      frozen base (autocast caches only the casts of weights that train)
+
+A LoRA run's activations are taken as full fine-tuning's, an upper bound: a frozen linear layer
+keeps no input for a weight gradient, only what carries the gradient down to the adapters.
+
 Run::
 
     .venv/bin/python bench/bench_memory.py                   # 4 shapes x {off, on}
@@ -322,6 +339,97 @@ def run(shapes: list[Shape], steps: int) -> list[dict]:
     return rows
 
 
+ADAM_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0 + 2 * 4 / 256}
+"""Bytes of Adam state per trained parameter for each ``optim.optimizer``."""
+
+BASE_BYTES = {None: 4.0, "8bit": 1.0, "4bit": 0.5 + 1 / 64 + 4 / (64 * 256)}
+"""Bytes per weight of a LoRA base's linear layers for each ``model.lora.quantize_base`` (the
+8-bit row scales, 4 bytes per output row, are added in :func:`lora_terms`)."""
+
+LORA_TARGETS = {
+    "q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "out_proj": "attn",
+    "fc1": "fc1", "fc2": "fc2",
+}  # fmt: skip
+
+
+def linear_weights(s: Shape) -> tuple[int, int]:
+    """(weights of every attention/FFN linear layer, their output rows): what bitsandbytes
+    quantizes (the output projection is tied to the embedding and stays fp32)."""
+    d, f = s.d_model, s.ffn
+    enc = s.encoder_layers * (4 * d * d + 2 * d * f)
+    dec = s.decoder_layers * (8 * d * d + 2 * d * f)
+    rows = s.encoder_layers * (4 * d + f + d) + s.decoder_layers * (8 * d + f + d)
+    return enc + dec, rows
+
+
+def lora_parameters(s: Shape, r: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters: ``r (in + out)`` per targeted linear layer (the decoder's self- and
+    cross-attention both have each attention projection)."""
+    d, f = s.d_model, s.ffn
+    size = {"attn": d + d, "fc1": d + f, "fc2": f + d}
+    per_enc = sum(r * size[LORA_TARGETS[t]] for t in targets)
+    per_dec = per_enc + sum(r * size["attn"] for t in targets if LORA_TARGETS[t] == "attn")
+    return s.encoder_layers * per_enc + s.decoder_layers * per_dec
+
+
+def lora_terms(
+    s: Shape,
+    quantize: str | None,
+    optimizer: str,
+    r: int = 32,
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"),
+    checkpointing: bool = True,
+    mixed: bool = True,
+) -> dict[str, float]:
+    """Bytes by term of a LoRA step on shape ``s`` (see the module docstring), and its peak."""
+    p_all, _ = parameters(s)
+    linear, rows = linear_weights(s)
+    base = (
+        4 * (p_all - linear)
+        + BASE_BYTES[quantize] * linear
+        + (4 * rows if quantize == "8bit" else 0)
+    )
+    p_lora = lora_parameters(s, r, targets)
+    acts = sum(activation_bytes(s, checkpointing, mixed=mixed).values())
+    terms = {
+        "weights": base + 4 * p_lora,
+        "gradients": 4 * p_lora,
+        "adam": ADAM_BYTES[optimizer] * p_lora,
+        "activations": acts + (2 * p_lora if mixed else 0),
+    }
+    return {**terms, "lora_parameters": p_lora, "peak": peak_bytes(terms, tied_gradient=0)}
+
+
+def full_terms(s: Shape, optimizer: str, checkpointing: bool = True) -> dict[str, float]:
+    """Bytes by term of a full fine-tuning step on a GPU with mixed precision (fp32 weights,
+    gradients and ``optimizer``'s states; autocast's weight cache), and its peak."""
+    p_all, p_train = parameters(s)
+    acts = sum(activation_bytes(s, checkpointing, mixed=True).values())
+    terms = {
+        "weights": 4 * p_all,
+        "gradients": 4 * p_train,
+        "adam": ADAM_BYTES[optimizer] * p_train,
+        "activations": acts + 2 * p_all,
+    }
+    return {**terms, "peak": peak_bytes(terms, tied_gradient=4 * s.vocab * s.d_model)}
+
+
+def large_v3_lowbit_table(batch: int = 4) -> list[dict]:
+    """large-v3 at ``batch`` (30 s windows, 448 decoder tokens, checkpointing on, bf16/fp16
+    autocast): the peak of full fine-tuning with either AdamW, and of LoRA (r 32 on every
+    attention and FFN linear layer) on an fp32, 8-bit or 4-bit base."""
+    shape = Shape(**{**asdict(LARGE_V3), "batch": batch})
+    rows = []
+    for optimizer in ("adamw", "adamw_8bit"):
+        rows.append({"run": "full", "base": "fp32", "optimizer": optimizer,
+                     **full_terms(shape, optimizer)})  # fmt: skip
+    for quantize in (None, "8bit", "4bit"):
+        for optimizer in ("adamw", "adamw_8bit"):
+            rows.append({"run": "lora r32", "base": quantize or "fp32", "optimizer": optimizer,
+                         **lora_terms(shape, quantize, optimizer)})  # fmt: skip
+    return rows
+
+
 def large_v3_table() -> list[dict]:
     """The peak the formula predicts for large-v3 at the pipeline's batch sizes, on a GPU.
 
@@ -426,6 +534,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['peak'] / GB:>6.1f}GB"
             )
         out["large_v3_sharded"] = sharded_table(args.procs)
+        print("large-v3 low-bit (formula; batch 4, 30 s, checkpointing on, bf16 autocast):")
+        print(f"{'run':>8} {'base':>5} {'optimizer':>10} {'weights':>8} {'adam':>7} {'peak':>7}")
+        out["large_v3_lowbit"] = large_v3_lowbit_table()
+        for r in out["large_v3_lowbit"]:
+            print(
+                f"{r['run']:>8} {r['base']:>5} {r['optimizer']:>10} {r['weights'] / GB:>6.2f}GB "
+                f"{r['adam'] / GB:>5.2f}GB {r['peak'] / GB:>5.1f}GB"
+            )
     return out
 
 

@@ -208,6 +208,34 @@ def test_bench_memory_measures_the_smallest_shape_against_the_formula(capsys):
     assert "RESULT memory peak_model max_abs_error=" in capsys.readouterr().out
 
 
+def test_bench_lowbit_measures_states_and_base_bytes_against_the_memory_model(capsys):
+    pytest.importorskip("bitsandbytes")
+    import bench_lowbit
+
+    rows = {r["side"]: r for r in bench_lowbit.main(["--quick", "--steps", "1", "--threads", "1"])}
+    # 8-bit moments: about a quarter of fp32's bytes, as the memory model says
+    full, full8 = rows["full, adamw"], rows["full, adamw_8bit"]
+    assert full8["measured"] < 0.35 * full["measured"]
+    for row in rows.values():
+        assert row["step_s"] > 0
+        assert abs(row["predicted"] - row["measured"]) <= 0.1 * row["measured"], row["side"]
+    assert rows["LoRA r8, 4bit base"]["measured"] < rows["LoRA r8, 8bit base"]["measured"]
+    assert "RESULT lowbit adam_state_8bit/fp32=" in capsys.readouterr().out
+
+
+def test_memory_model_lowbit_terms_order_the_large_v3_runs():
+    import bench_memory
+
+    rows = bench_memory.large_v3_lowbit_table()
+    peak = {(r["run"], r["base"], r["optimizer"]): r["peak"] for r in rows}
+    assert peak[("full", "fp32", "adamw_8bit")] < peak[("full", "fp32", "adamw")]
+    assert peak[("lora r32", "4bit", "adamw")] < peak[("lora r32", "8bit", "adamw")]
+    assert peak[("lora r32", "8bit", "adamw")] < peak[("lora r32", "fp32", "adamw")]
+    # 2 bytes of 8-bit Adam state per trained parameter instead of 8
+    ratio = rows[1]["adam"] / rows[0]["adam"]
+    assert 0.25 <= ratio < 0.26
+
+
 def test_bench_startup_reaches_the_first_step_on_each_side(tmp_path, capsys):
     import json
 

@@ -8,8 +8,8 @@ refused resume leaves the run directory as it was:
   over sets the damaged directories aside (renamed, never deleted).
 - :func:`check_resume_config`: the config given now against the one the checkpoint was written
   with. A change of the model's shape, vocabulary or trained parameters (which the weights and
-  the optimizer state depend on) is refused, listing every differing field; any other change
-  (``optim.lr``, ``train.max_steps``, ...) is logged.
+  the optimizer state depend on), or of the optimizer, is refused, listing every differing
+  field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ FIXED_MODEL_FIELDS = (
 )
 """``model.*`` fields a resume may not change: the checkpoint's weights, tokenizer and optimizer
 state (one entry per trained parameter) were made for them."""
+
+FIXED_OPTIM_FIELDS = ("optimizer",)
+"""``optim.*`` fields a resume may not change: the optimizer state's layout is the optimizer's
+(fp32 moments or 8-bit codes with their scales)."""
 
 _PATH_FIELDS = ("model.pretrained", "model.tokenizer")
 RESOLVED_FIELDS = ("model.vocab_size", "model.base_vocab_size")
@@ -216,6 +220,8 @@ def _same(key: str, a: Any, b: Any) -> bool:
 
 def _is_fixed(key: str, cfg: TrainConfig, now: Any) -> bool:
     section, _, name = key.partition(".")
+    if section == "optim":
+        return name in FIXED_OPTIM_FIELDS
     if section != "model" or name.partition(".")[0] not in FIXED_MODEL_FIELDS:
         return False
     if name == "bpe_vocab_size":  # only a from-scratch model trains its BPE

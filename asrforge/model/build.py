@@ -9,13 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+from transformers import (
+    BitsAndBytesConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+)
 from transformers import logging as hf_logging
 
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
+from asrforge.model.lowbit import stored_numel
 from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (
     SpecialTokens,
@@ -26,7 +32,6 @@ from asrforge.model.tokenizer import (
 from asrforge.model.vocab import VocabExtension, load_extended_tokenizer
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -98,6 +103,8 @@ def build_model(
     seed: int,
     *,
     language_tokens: Mapping[str, str] | None = None,
+    quantization: BitsAndBytesConfig | None = None,
+    device: torch.device | str | None = None,
 ) -> BuiltModel:
     """Build (from scratch) or load (from ``cfg.pretrained``) the model.
 
@@ -108,12 +115,19 @@ def build_model(
     ``cfg.freeze_encoder`` / ``cfg.train_encoder_layers`` freeze the encoder or its lower part
     (``asrforge.model.partial``; a UserError when the model has fewer encoder layers).
     ``language_tokens`` (``data.language_tokens``) decodes languages without a token of their
-    own under another's (see :class:`SpecialTokens`).
+    own under another's (see :class:`SpecialTokens`). ``quantization`` loads the pretrained
+    model's linear layers quantized (``asrforge.model.lowbit``) onto ``device``.
     """
     specials = SpecialTokens.from_tokenizer(tokenizer, is_multilingual(cfg), language_tokens)
     if cfg.pretrained is not None:
-        model = _load_pretrained(cfg)
+        model = _load_pretrained(cfg, quantization, device)
         base_vocab_size = model.config.vocab_size
+        if quantization is not None and base_vocab_size != len(tokenizer):
+            raise UserError(
+                f"model.lora.quantize_base: the pretrained model {cfg.pretrained} has "
+                f"{base_vocab_size} tokens, model.tokenizer {len(tokenizer)}; a quantized base "
+                "keeps its own vocabulary (with LoRA the embeddings do not train)"
+            )
         if base_vocab_size != len(tokenizer) and (
             cfg.tokenizer is None
             or extend_pretrained(model, tokenizer, cfg.tokenizer, cfg.pretrained, seed) is None
@@ -214,8 +228,13 @@ def _record_vocab_sizes(cfg: ModelConfig, vocab_size: int, base_vocab_size: int)
     cfg.vocab_size, cfg.base_vocab_size = vocab_size, base_vocab_size
 
 
-def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
-    """Load ``cfg.pretrained``; every tensor of the model must come from its weights.
+def _load_pretrained(
+    cfg: ModelConfig,
+    quantization: BitsAndBytesConfig | None = None,
+    device: torch.device | str | None = None,
+) -> WhisperForConditionalGeneration:
+    """Load ``cfg.pretrained``; every tensor of the model must come from its weights. With
+    ``quantization``, its linear layers are quantized as they load onto ``device``.
 
     transformers re-initializes a tensor the weights file lacks and drops one the model has no
     place for, reporting both only through its logger. Both are checked here instead: a missing
@@ -228,6 +247,10 @@ def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
         raise UserError(
             f"model.pretrained: {path} is not a transformers model directory (no config.json)"
         )
+    quantized = {}
+    if quantization is not None:
+        # bitsandbytes quantizes a weight when it is placed on its device
+        quantized = {"quantization_config": quantization, "device_map": {"": device or "cpu"}}
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report is replaced by the checks below
     try:
@@ -238,6 +261,7 @@ def _load_pretrained(cfg: ModelConfig) -> WhisperForConditionalGeneration:
             attn_implementation=cfg.attn_implementation,
             dropout=cfg.dropout,
             output_loading_info=True,
+            **quantized,
         )
     except (OSError, ValueError, RuntimeError) as e:
         raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
@@ -296,6 +320,7 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
         if id(p) in seen:
             continue
         seen.add(id(p))
-        total += p.numel()
-        trainable += p.numel() if p.requires_grad else 0
+        n = stored_numel(p)
+        total += n
+        trainable += n if p.requires_grad else 0
     return total, trainable

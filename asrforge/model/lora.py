@@ -70,6 +70,10 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> Any:
         raise UserError(f"model.lora.target_modules {list(cfg.target_modules)}: {e}") from None
     for name, p in model.named_parameters():
         p.requires_grad_(_is_adapter(name))
+        # peft makes an adapter in its layer's dtype (bf16 over a 4-bit base in a bf16 run),
+        # where small updates vanish, so adapters train in fp32 as PeftModel keeps them.
+        if _is_adapter(name) and p.dtype in (torch.float16, torch.bfloat16):
+            p.data = p.data.float()
     return tuner
 
 

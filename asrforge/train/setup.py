@@ -51,6 +51,7 @@ from asrforge.model.build import (
     is_multilingual,
 )
 from asrforge.model.frames import window_seconds
+from asrforge.model.lowbit import prepare_for_training, quantization_config
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.selection import Selector, build_selector, mixed_groups, run_language
@@ -150,7 +151,7 @@ def prepare_run(
     # The model's vocabulary is the tokenizer's.
     tokenizer = run_tokenizer(cfg, out, acc, train_texts)
     clock.lap("tokenizer")
-    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from)
+    bundle, lora_base = build_run_model(cfg, tokenizer, resume_from, precision, acc.device)
     clock.lap("model")
     n_params = log_model(bundle.model)
     # The data sets check labels with the tokenizer and clips against the model's window.
@@ -473,16 +474,36 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
 
 
 def build_run_model(
-    cfg: TrainConfig, tokenizer, resume_from: TrainingCheckpoint | None
+    cfg: TrainConfig,
+    tokenizer,
+    resume_from: TrainingCheckpoint | None,
+    precision: str,
+    device: torch.device,
 ) -> tuple[BuiltModel, str | None]:
     """The model, and with ``model.lora`` its adapters (added before the optimizer exists: it
-    sees only them) and the base weights' fingerprint, checked against a resumed checkpoint's."""
+    sees only them) and the base weights' fingerprint, checked against a resumed checkpoint's.
+
+    With ``model.lora.quantize_base`` the fingerprint is the full-precision base's (what export
+    merges into), which is then loaded again quantized onto ``device`` for ``precision``.
+    """
     bundle = build_model(cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens)
     if cfg.model.lora is None:
         return bundle, None
     lora_base = lora.base_fingerprint(bundle.model)
     if resume_from is not None:
         lora.check_base(resume_from.manifest.get(lora.BASE_KEY), lora_base, resume_from.path)
+    if quantize := cfg.model.lora.quantize_base:
+        del bundle  # the full-precision copy is not kept next to the quantized one
+        bundle = build_model(
+            cfg.model,
+            tokenizer,
+            cfg.seed,
+            language_tokens=cfg.data.language_tokens,
+            quantization=quantization_config(quantize, precision),
+            device=device,
+        )
+        prepare_for_training(bundle.model, cfg.model.gradient_checkpointing)
+        log.info("model: base loaded %s (bitsandbytes), LoRA adapters in fp32", quantize)
     lora.add_adapters(bundle.model, cfg.model.lora)
     return bundle, lora_base
 
