@@ -998,6 +998,10 @@ class TrainConfig(Section):
             refused.append("data.asr_ratio below 1 (text-only batches skip the encoder's shards)")
         if self.model.trained_top_encoder_layers is not None:
             refused.append("a frozen encoder part (model.freeze_encoder, train_encoder_layers)")
+        if self.optim.optimizer == "adamw_8bit":
+            refused.append(
+                "optim.optimizer: adamw_8bit (its 8-bit states are not sharded: use adamw)"
+            )
         return refused
 
     @property

@@ -70,6 +70,10 @@ def test_config_refuses_what_sharding_cannot_run(tmp_path, tones_dir):
         assert refused in message
     with pytest.raises(ConfigError, match="model.lora"):
         tiny_config(tmp_path, tones_dir, train={"distributed": "fsdp"}, model={"lora": {}})
+    with pytest.raises(ConfigError, match="optim.optimizer: adamw_8bit"):
+        tiny_config(
+            tmp_path, tones_dir, train={"distributed": "fsdp"}, optim={"optimizer": "adamw_8bit"}
+        )
     # the same sections train under ddp
     tiny_config(tmp_path, tones_dir, train={"ema_decay": 0.9}, model={"freeze_encoder": True})
 
