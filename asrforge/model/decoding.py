@@ -125,19 +125,6 @@ class Suppression:
         return logits.masked_fill(mask[: logits.shape[-1]], float("-inf"))
 
 
-def suppress(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
-    """``logits`` with the ``ids`` set to -inf on the last axis (a copy; the input is left as
-    is), so no decoder picks or samples a suppressed token."""
-    if not ids:
-        return logits
-    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), float("-inf"))
-
-
-def pick(logits: torch.Tensor, suppress_ids: list[int]) -> torch.Tensor:
-    """Argmax over the last axis with the ``suppress_ids`` excluded (``logits`` is left as is)."""
-    return suppress(logits, suppress_ids).argmax(-1)
-
-
 @torch.no_grad()
 def greedy_decode(
     model,
@@ -181,7 +168,8 @@ def greedy_decode(
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
     every = check_interval(device) if check_every is None else check_every
-    cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
+    if cap > 0:
+        cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
     suppression = Suppression.of(model, device)
     out = torch.full((b, max(cap, 0)), eot, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
