@@ -195,29 +195,32 @@ class _Step:
     @classmethod
     def read(cls, ends, top_rows, top_scores, top_am, generated, src, nxt, fusion) -> _Step:
         """Everything in one float64 tensor and one ``tolist`` (token ids and rows are exact
-        in float64, float32 scores too)."""
+        in float64, float32 scores too). ``ends``, ``top_*``: (utterances, candidates);
+        ``generated``: (beams, t); ``src``, ``nxt``: (beams,)."""
         parts = [ends, top_rows, top_scores, top_am, generated]
         if fusion is not None:
             parts += [src, nxt]
         flat = torch.cat([x.reshape(-1).double() for x in parts]).tolist()
         n, m = ends.shape
-        sizes = [n * m] * 4 + [generated.numel()] + ([src.numel()] * 2 if fusion else [])
-        chunks, at = [], 0
-        for size in sizes:
-            chunks.append(flat[at : at + size])
-            at += size
-        rows_of = lambda c: [c[i * m : (i + 1) * m] for i in range(n)]  # noqa: E731
-        t = generated.shape[1]
-        gen = [[int(x) for x in chunks[4][r * t : (r + 1) * t]] for r in range(generated.shape[0])]
+        beams, t = generated.shape
+        grids = [_grid(flat[g * n * m : (g + 1) * n * m], n, m) for g in range(4)]
+        at = 4 * n * m
+        gen = _grid([int(x) for x in flat[at : at + beams * t]], beams, t)
+        parents = [int(x) for x in flat[at + beams * t :]]
         return cls(
-            ends=[(i, j) for i in range(n) for j in range(m) if chunks[0][i * m + j]],
-            rows=rows_of(chunks[1]),
-            scores=rows_of(chunks[2]),
-            am=rows_of(chunks[3]),
+            ends=[(i, j) for i in range(n) for j in range(m) if grids[0][i][j]],
+            rows=grids[1],
+            scores=grids[2],
+            am=grids[3],
             generated=gen,
-            src=[int(x) for x in chunks[5]] if fusion else [],
-            nxt=[int(x) for x in chunks[6]] if fusion else [],
+            src=parents[: len(parents) // 2],
+            nxt=parents[len(parents) // 2 :],
         )
+
+
+def _grid(values: list, height: int, width: int) -> list[list]:
+    """``values`` (row-major) as ``height`` lists of ``width``."""
+    return [values[r * width : (r + 1) * width] for r in range(height)]
 
 
 def _reorder(cache, src: torch.Tensor, filled: int, *, first: bool) -> None:
@@ -250,7 +253,7 @@ def _collect_finished(finished, audios, host: _Step, max_candidates):
         pool = finished[audios[i]]
         if len(pool) < max_candidates:
             row = int(host.rows[i][j])
-            pool.append((host.generated[row], host.scores[i][j], host.am[i][j]))
+            pool.append((list(host.generated[row]), host.scores[i][j], host.am[i][j]))
 
 
 def _add_unfinished(finished, audios, generated, sums, am_sums, k):
