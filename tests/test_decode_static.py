@@ -93,8 +93,9 @@ def test_greedy_from_a_teacher_forced_cache_equals_greedy_from_the_prompt():
 
 
 def test_beam_search_keeps_its_hypotheses_as_rows_and_utterances_end():
-    """Beam 1 on the static cache is greedy decoding; beam 3 equals ``generate``'s under the
-    convention both share (plain sum, stop at k finished)."""
+    """Beam 1 is greedy decoding (whose finished rows stay in the batch); beam 3, reading the
+    device once per step, equals ``generate``'s under the convention both share (plain sum,
+    stop at k finished) as utterances end at different steps."""
     model = _model(2, eot_bias=0.15)
     enc, prompts = _inputs(6, 2)
     greedy, _ = greedy_decode(model, enc, prompts, EOT, 20)

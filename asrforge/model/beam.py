@@ -1,4 +1,4 @@
-"""Beam search with a pre-allocated KV cache, batched over utterances, as openai-whisper's
+"""Beam search with a KV cache, batched over utterances, as openai-whisper's
 ``BeamSearchDecoder`` and ``MaximumLikelihoodRanker`` define it (written anew for transformers'
 Whisper): ``beam_size``, ``patience`` and ``length_penalty`` mean what they mean there.
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asrforge.model.decoding import Suppression, decoder_states, new_cache
+from asrforge.model.decoding import Suppression, decoder_states
 
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
@@ -59,10 +59,10 @@ def beam_search(
     rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     fusion: ShallowFusion | None = None,
 ) -> list[Hypothesis]:
-    """The best hypothesis of each utterance by beam search with a pre-allocated KV cache.
+    """The best hypothesis of each utterance by beam search with a KV cache.
 
     The prompt is decoded once per utterance and its cache repeated per beam; each step the
-    filled part of the self-attention cache is reordered to the surviving beams' parents, and an
+    self-attention cache is reordered to the surviving beams' parents, and an
     utterance that is done leaves the batch (its rows are dropped from both caches). The host
     reads the device once per step: the candidates that ended, with their parents and scores,
     and the beams' tokens so far, in one transfer (plus, with ``fusion``, the surviving beams'
@@ -84,6 +84,9 @@ def beam_search(
     Returns:
         One :class:`Hypothesis` per utterance, in input order.
     """
+    # transformers loads when a decode runs, not when asrforge.model is imported
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
     if beam_size < 1:
         raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
     if patience <= 0:
@@ -96,7 +99,9 @@ def beam_search(
     if cap <= 0:  # the prompt fills the decoder's context
         return [Hypothesis([], 0.0, True) for _ in range(n_audio)]
     suppression = Suppression.of(model, device)
-    cache = new_cache(model, p + cap)
+    # Every step rewrites the whole self-attention cache in the beams' new order, so a
+    # pre-allocated one would save no copy: transformers' DynamicCache fits beam search.
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
 
     # per utterance: (tokens, ranking sum, the model's own sum) of each finished hypothesis
     finished: list[list[tuple[list[int], float, float]]] = [[] for _ in range(n_audio)]
@@ -153,9 +158,12 @@ def beam_search(
             ]
         sums = new_sums
         generated = torch.cat([generated[src], nxt[:, None]], dim=1)
-        _reorder(cache, src, p + t, first=t == 0)
         if t == 0:  # one prompt row per utterance becomes its k beams' rows
+            cache.reorder_cache(src)
             enc = enc[src]
+        else:
+            # Beams move within one utterance, whose cross-attention rows are all the same.
+            cache.self_attention_cache.reorder_cache(src)
         done = [len(finished[a]) >= max_candidates for a in audios]
         if all(done):
             break
@@ -167,7 +175,7 @@ def beam_search(
             am_sums = am_sums[rows]
             if states is not None:
                 states = [states[i * k + j] for i in live for j in range(k)]
-            _select_rows(cache, rows)
+            cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
         # A capped beam's last word is complete too, so it pays the LM for it.
@@ -221,29 +229,6 @@ class _Step:
 def _grid(values: list, height: int, width: int) -> list[list]:
     """``values`` (row-major) as ``height`` lists of ``width``."""
     return [values[r * width : (r + 1) * width] for r in range(height)]
-
-
-def _reorder(cache, src: torch.Tensor, filled: int, *, first: bool) -> None:
-    """Reorder ``cache`` to the beams' parents ``src``: at the first step both caches (one
-    prompt row per utterance becomes its k beams' rows), later the self-attention cache's
-    ``filled`` positions only (beams move within one utterance, whose cross-attention rows are
-    all the same)."""
-    if first:
-        _select_rows(cache, src)
-        return
-    for layer in cache.self_attention_cache.layers:
-        layer.keys[:, :, :filled] = layer.keys[src, :, :filled]
-        layer.values[:, :, :filled] = layer.values[src, :, :filled]
-
-
-def _select_rows(cache, rows: torch.Tensor) -> None:
-    """Keep (or repeat) the batch ``rows`` of both parts of ``cache``, in that order."""
-    for part in (cache.self_attention_cache, cache.cross_attention_cache):
-        for layer in part.layers:
-            if layer.is_initialized:
-                layer.keys, layer.values = layer.keys[rows], layer.values[rows]
-                if hasattr(layer, "batch_size"):
-                    layer.batch_size = len(rows)
 
 
 def _collect_finished(finished, audios, host: _Step, max_candidates):

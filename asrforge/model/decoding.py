@@ -43,6 +43,7 @@ def new_cache(model, max_len: int):
     """An ``EncoderDecoderCache`` for one decode: the self-attention part transformers'
     ``StaticCache`` of ``max_len`` positions (allocated at the first decoder pass, written in
     place), the cross-attention part a ``DynamicCache`` filled once from the encoder output."""
+    # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
     # WhisperConfig's num_hidden_layers is the encoder's depth; the cache needs the decoder's.
@@ -55,6 +56,7 @@ def static_copy(model, cache, max_len: int):
     """``cache`` (an ``EncoderDecoderCache`` whose self-attention part holds a prompt) as a
     :func:`new_cache` of ``max_len`` positions: the prompt's keys and values copied in, the
     cross-attention part shared."""
+    # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
     if isinstance(cache.self_attention_cache, StaticCache):
