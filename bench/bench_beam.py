@@ -35,6 +35,7 @@ Prints one row per method, then ``RESULT beam wer greedy=X beam5=Y s/utt beam5=A
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import sys
 import time
@@ -142,7 +143,7 @@ def baseline_decoders(root: Path):
         return loaded
 
     decoding = load("baseline_decoding", "decoding.py")
-    ours = sys.modules["asrforge.model.decoding"]
+    ours = importlib.import_module("asrforge.model.decoding")
     sys.modules["asrforge.model.decoding"] = decoding
     try:
         beam = load("baseline_beam", "beam.py")
