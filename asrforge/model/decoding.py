@@ -21,9 +21,10 @@ import torch
 from asrforge.model.frames import TIME_PRECISION
 
 CHECK_EVERY = 16
-"""Tokens between two reads of "has every sequence ended?" on an accelerator: each read makes
-the host wait for the device to drain its queue, and 16 tokens of a finished batch cost less
-than that wait does per token; on the CPU nothing is queued, so it reads every token."""
+"""Tokens between two reads of "has every sequence ended?" on an accelerator: a read stalls the
+host until the device has run all it queued, so one read per 16 tokens keeps a GPU fed at the
+price of at most 15 steps past the batch's end (on the CPU, where nothing is queued, it reads
+every token)."""
 
 
 @functools.cache
