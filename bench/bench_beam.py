@@ -18,10 +18,16 @@ clips, ``max_new_tokens`` 96:
 The clips are the sentences of ``workload.py`` in each of its voices (``--clips N``). WER is on
 ``asrforge.text.normalize``-d text.
 
+``--baseline DIR`` also times the greedy and beam-5 decoders of another asrforge checkout
+(``DIR/asrforge/model/{decoding,beam}.py``, e.g. ``git archive`` of the commit before a change)
+in this process, each pair alternating which runs first, and counts the clips whose hypotheses
+equal this checkout's.
+
 Run::
 
     .venv/bin/python bench/bench_beam.py --threads 1            # 24 clips
     .venv/bin/python bench/bench_beam.py --quick                 # 4 clips
+    .venv/bin/python bench/bench_beam.py --threads 1 --baseline /tmp/before
 
 Prints one row per method, then ``RESULT beam wer greedy=X beam5=Y s/utt beam5=A generate=B``.
 """
@@ -29,6 +35,8 @@ Prints one row per method, then ``RESULT beam wer greedy=X beam5=Y s/utt beam5=A
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -122,11 +130,39 @@ def generate_decoder(model, eot: int, **kwargs):
     return decode
 
 
+def baseline_decoders(root: Path):
+    """``(greedy_decode, beam_decode)`` of the asrforge checkout at ``root``, loaded under other
+    module names; its ``beam.py`` imports that checkout's ``decoding.py``."""
+
+    def load(name: str, module: str):
+        spec = importlib.util.spec_from_file_location(name, root / "asrforge" / "model" / module)
+        loaded = importlib.util.module_from_spec(spec)
+        # dataclasses look their module up by name while the class is being built
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    decoding = load("baseline_decoding", "decoding.py")
+    ours = importlib.import_module("asrforge.model.decoding")
+    sys.modules["asrforge.model.decoding"] = decoding
+    try:
+        beam = load("baseline_beam", "beam.py")
+    finally:
+        sys.modules["asrforge.model.decoding"] = ours
+    return decoding.greedy_decode, beam.beam_decode
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clips", type=int, default=24, help="espeak-ng clips")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="4 clips")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another asrforge checkout whose greedy and beam decoders to time alongside",
+    )
     add_session_args(p)
     return p.parse_args(argv)
 
@@ -158,14 +194,36 @@ def main(argv: list[str] | None = None) -> dict:
                 model, eot, length_penalty=0.0, early_stopping=True
             ),
         }
+        pairs = []
+        if args.baseline is not None:
+            greedy_then, beam_then = baseline_decoders(args.baseline)
+            for name, then in (
+                ("greedy", lambda enc, p: greedy_then(model, enc, p, eot, MAX_NEW_TOKENS)[0]),
+                (
+                    "beam5",
+                    lambda enc, p: beam_then(model, enc, p, eot, MAX_NEW_TOKENS, beam_size=5)[0],
+                ),
+            ):
+                pairs.append((name, f"{name}@baseline"))
+                methods[f"{name}@baseline"] = then
         refs_n = [normalize(r, "en") for r in refs]
         print(f"{n} clips, batch {args.batch_size}; load {load_average()}")
         print(f"{'method':<20} {'WER %':>6} {'wall s/utt':>10} {'CPU s/utt':>10}")
         out: dict = {"clips": n}
         hyps: dict[str, list[list[int]]] = {}
-        for name, decode in methods.items():
-            ids, wall, cpu = run(decode, encoded, prompt)
+        paired = {name for pair in pairs for name in pair}
+        order = [m for m in methods if m not in paired]
+        # A pair runs twice, alternating which goes first; the table keeps each one's faster run.
+        for a, b in pairs:
+            order += [a, b, b, a]
+        timings: dict[str, list[tuple[float, float]]] = {}
+        for name in order:
+            ids, wall, cpu = run(methods[name], encoded, prompt)
             hyps[name] = ids
+            timings.setdefault(name, []).append((wall, cpu))
+        for name in methods:
+            ids = hyps[name]
+            wall, cpu = min(timings[name], key=lambda x: x[1])
             texts = [
                 normalize(bundle.tokenizer.decode(x, skip_special_tokens=True), "en") for x in ids
             ]
@@ -177,6 +235,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
         out["same_hypotheses_lp0"] = same
         print(f"same hypotheses, beam5-lp0 vs generate-beam5-lp0: {same} of {n}")
+        for a, b in pairs:
+            equal = sum(x == y for x, y in zip(hyps[a], hyps[b], strict=True))
+            speedup = out[b]["cpu_per_utt"] / out[a]["cpu_per_utt"]
+            out[f"{a}_same_as_baseline"] = equal
+            print(f"{a} vs {b}: {equal} of {n} hypotheses equal, CPU {speedup:.2f}x")
     g, b, h = out["greedy"], out["beam5"], out["generate-beam5"]
     print(
         f"RESULT beam wer greedy={g['wer']:.4f} beam5={b['wer']:.4f} "

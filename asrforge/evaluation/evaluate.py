@@ -28,7 +28,7 @@ from asrforge.data.rules import language_filter
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import decoder_states, greedy_decode, pick, suppressed_ids
+from asrforge.model.decoding import Suppression, decoder_states, greedy_decode
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
 EVAL_DIR = "eval"
@@ -107,11 +107,12 @@ def evaluate(
                         beam_size=beam_size, fusion=fusion,
                     )
                 else:
+                    # greedy_decode copies the prompt's keys and values into its static cache
                     cache.crop(-(dec_in.shape[1] - prompt_len))
                     # each row's first label position is its last prompt position: the first token
-                    first = pick(
-                        logits[(mask.cumsum(1) == 1)[mask]], sum(suppressed_ids(model), [])
-                    )
+                    first = Suppression.of(model, device).apply(
+                        logits[(mask.cumsum(1) == 1)[mask]], 0
+                    ).argmax(-1)
                     seqs, hit_cap = greedy_decode(
                         model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
                         first_tokens=first,

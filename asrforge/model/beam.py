@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asrforge.model.decoding import decoder_states, suppress, suppressed_ids
+from asrforge.model.decoding import Suppression, decoder_states
 
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
@@ -62,8 +62,11 @@ def beam_search(
     """The best hypothesis of each utterance by beam search with a KV cache.
 
     The prompt is decoded once per utterance and its cache repeated per beam; each step the
-    self-attention cache is reordered to the surviving beams' parents, and an utterance that
-    is done leaves the batch (its rows are dropped from both caches).
+    self-attention cache is reordered to the surviving beams' parents, and an
+    utterance that is done leaves the batch (its rows are dropped from both caches). The host
+    reads the device once per step: the candidates that ended, with their parents and scores,
+    and the beams' tokens so far, in one transfer (plus, with ``fusion``, the surviving beams'
+    parents and tokens in the same one).
 
     Args:
         encoder_hidden: (batch, frames, d_model) encoder output.
@@ -81,6 +84,7 @@ def beam_search(
     Returns:
         One :class:`Hypothesis` per utterance, in input order.
     """
+    # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     if beam_size < 1:
@@ -92,35 +96,37 @@ def beam_search(
     device = prompts.device
     n_audio, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    always, at_begin = suppressed_ids(model)
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     if cap <= 0:  # the prompt fills the decoder's context
         return [Hypothesis([], 0.0, True) for _ in range(n_audio)]
+    suppression = Suppression.of(model, device)
+    # Every step rewrites the whole self-attention cache in the beams' new order, so a
+    # pre-allocated one would save no copy: transformers' DynamicCache fits beam search.
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
 
     # per utterance: (tokens, ranking sum, the model's own sum) of each finished hypothesis
     finished: list[list[tuple[list[int], float, float]]] = [[] for _ in range(n_audio)]
-    audios = torch.arange(n_audio, device=device)  # the utterance of each live group of k rows
+    audios = list(range(n_audio))  # the utterance of each live group of k rows
     generated = torch.zeros((n_audio, 0), dtype=torch.long, device=device)  # (rows, t)
     sums = torch.zeros(n_audio, device=device)  # (rows,) summed log-probs (+ LM bonuses)
     am_sums = sums  # (rows,) the model's own summed log-probs (the same without an LM)
     states = [fusion.start(row) for row in prompts.tolist()] if fusion is not None else None
+    vocab = model.config.vocab_size
+    if fusion is not None:
+        starts = fusion.starts_word(vocab, device)
+        word_starts = starts.bool().tolist()
     tokens, enc = prompts, encoder_hidden
     for t in range(cap):
         h = decoder_states(model, tokens, enc, cache)[:, -1]
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)
-        logits = suppress(logits, always + at_begin if t == 0 else always)
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
         # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
         per_audio = 1 if t == 0 else k
-        vocab = logprobs.shape[-1]
         cand_am = am_sums[:, None] + logprobs
         cand = cand_am if fusion is None else sums[:, None] + logprobs
         if fusion is not None:
             boundary, end = fusion.bonuses(states)
-            starts = fusion.starts_word(vocab, device)
-            word_starts = starts.bool().tolist()
             cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
             cand[:, eot] += torch.tensor(end, device=device)
         cand = cand.reshape(len(audios), per_audio * vocab)
@@ -136,20 +142,21 @@ def beam_search(
         keep = ~is_eot & (rank <= k)
         # EOT before the k-th continuing candidate (and not a forbidden one)
         ends = is_eot & (rank < k) & (top_scores > float("-inf"))
-        _collect_finished(
-            finished, audios, generated, top_rows, (top_scores, top_am), ends, max_candidates
-        )
         # the k continuing beams of each utterance, in score order
         order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
         src = top_rows.gather(1, order).reshape(-1)
         nxt = top_tokens.gather(1, order).reshape(-1)
-        sums = top_scores.gather(1, order).reshape(-1)
-        am_sums = sums if fusion is None else top_am.gather(1, order).reshape(-1)
+        new_sums = top_scores.gather(1, order).reshape(-1)
+        am_sums = new_sums if fusion is None else top_am.gather(1, order).reshape(-1)
+        # The step's one read: what the host's bookkeeping needs, in one transfer.
+        host = _Step.read(ends, top_rows, top_scores, top_am, generated, src, nxt, fusion)
+        _collect_finished(finished, audios, host, max_candidates)
         if states is not None:
             states = [
                 fusion.advance(states[r], tok, word_starts[tok])
-                for r, tok in zip(src.tolist(), nxt.tolist(), strict=True)
+                for r, tok in zip(host.src, host.nxt, strict=True)
             ]
+        sums = new_sums
         generated = torch.cat([generated[src], nxt[:, None]], dim=1)
         if t == 0:  # one prompt row per utterance becomes its k beams' rows
             cache.reorder_cache(src)
@@ -157,17 +164,17 @@ def beam_search(
         else:
             # Beams move within one utterance, whose cross-attention rows are all the same.
             cache.self_attention_cache.reorder_cache(src)
-        done = torch.tensor([len(finished[int(a)]) >= max_candidates for a in audios.tolist()])
-        if bool(done.all()):
+        done = [len(finished[a]) >= max_candidates for a in audios]
+        if all(done):
             break
-        if bool(done.any()):
-            live = (~done).nonzero().squeeze(1).to(device)
-            rows = (live[:, None] * k + torch.arange(k, device=device)).reshape(-1)
-            audios = audios[live]
+        if any(done):
+            live = [i for i, d in enumerate(done) if not d]
+            rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
+            audios = [audios[i] for i in live]
             generated, sums, nxt, enc = generated[rows], sums[rows], nxt[rows], enc[rows]
             am_sums = am_sums[rows]
             if states is not None:
-                states = [states[r] for r in rows.tolist()]
+                states = [states[i * k + j] for i in live for j in range(k)]
             cache.batch_select_indices(rows)
         tokens = nxt[:, None]
     else:
@@ -178,27 +185,72 @@ def beam_search(
     return [_best(f, eot, length_penalty) for f in finished]
 
 
-def _collect_finished(finished, audios, generated, top_rows, scores, ends, max_candidates):
+@dataclass(frozen=True)
+class _Step:
+    """One beam step's values on the host: per live utterance, the candidates that ended
+    (``ends``: (utterance, candidate) pairs), each candidate's beam row and (ranking, model's
+    own) scores, the beams' tokens before the step; with an LM, the surviving beams' parents
+    and tokens."""
+
+    ends: list[tuple[int, int]]
+    rows: list[list[float]]
+    scores: list[list[float]]
+    am: list[list[float]]
+    generated: list[list[int]]
+    src: list[int]
+    nxt: list[int]
+
+    @classmethod
+    def read(cls, ends, top_rows, top_scores, top_am, generated, src, nxt, fusion) -> _Step:
+        """Everything in one float64 tensor and one ``tolist`` (token ids and rows are exact
+        in float64, float32 scores too). ``ends``, ``top_*``: (utterances, candidates);
+        ``generated``: (beams, t); ``src``, ``nxt``: (beams,)."""
+        parts = [ends, top_rows, top_scores, top_am, generated]
+        if fusion is not None:
+            parts += [src, nxt]
+        flat = torch.cat([x.reshape(-1).double() for x in parts]).tolist()
+        n, m = ends.shape
+        beams, t = generated.shape
+        grids = [_grid(flat[g * n * m : (g + 1) * n * m], n, m) for g in range(4)]
+        at = 4 * n * m
+        gen = _grid([int(x) for x in flat[at : at + beams * t]], beams, t)
+        parents = [int(x) for x in flat[at + beams * t :]]
+        return cls(
+            ends=[(i, j) for i in range(n) for j in range(m) if grids[0][i][j]],
+            rows=grids[1],
+            scores=grids[2],
+            am=grids[3],
+            generated=gen,
+            src=parents[: len(parents) // 2],
+            nxt=parents[len(parents) // 2 :],
+        )
+
+
+def _grid(values: list, height: int, width: int) -> list[list]:
+    """``values`` (row-major) as ``height`` lists of ``width``."""
+    return [values[r * width : (r + 1) * width] for r in range(height)]
+
+
+def _collect_finished(finished, audios, host: _Step, max_candidates):
     """Append each utterance's newly finished hypotheses (in score order) until it has
-    ``max_candidates``; ``scores``: the (ranking, model's own) sums of the candidates."""
-    if not bool(ends.any()):
-        return
-    for i, j in ends.nonzero().tolist():
-        pool = finished[int(audios[i])]
+    ``max_candidates``."""
+    for i, j in host.ends:
+        pool = finished[audios[i]]
         if len(pool) < max_candidates:
-            row = int(top_rows[i, j])
-            pool.append((generated[row].tolist(), float(scores[0][i, j]), float(scores[1][i, j])))
+            row = int(host.rows[i][j])
+            pool.append((list(host.generated[row]), host.scores[i][j], host.am[i][j]))
 
 
 def _add_unfinished(finished, audios, generated, sums, am_sums, k):
     """At the cap: fill each live utterance's pool up to ``k`` with its best running beams."""
-    for i, a in enumerate(audios.tolist()):
+    generated, sums, am_sums = generated.tolist(), sums.tolist(), am_sums.tolist()
+    for i, a in enumerate(audios):
         pool = finished[a]
         beams = range(i * k, (i + 1) * k)
-        for row in sorted(beams, key=lambda r: -float(sums[r])):
+        for row in sorted(beams, key=lambda r: -sums[r]):
             if len(pool) >= k:
                 break
-            pool.append((generated[row].tolist() + [None], float(sums[row]), float(am_sums[row])))
+            pool.append((generated[row] + [None], sums[row], am_sums[row]))
 
 
 def _best(pool, eot, length_penalty) -> Hypothesis:

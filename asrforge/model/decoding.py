@@ -1,8 +1,16 @@
-"""Greedy decoding with a KV cache, shared by evaluation and inference bundles, and Whisper's
-timestamp rules for long-form transcription (:class:`TimestampRules`)."""
+"""Greedy decoding with a pre-allocated KV cache, shared by evaluation and inference bundles,
+and Whisper's timestamp rules for long-form transcription (:class:`TimestampRules`).
+
+How a decode runs (docs/decoding.md, "How decoding runs"): the decoder's self-attention keys
+and values go to transformers' ``StaticCache`` sized once per decode, the cross-attention ones
+are projected once; the suppressed tokens are one mask built per decode; a sequence that ended
+keeps its row, its next tokens forced to EOT; the host reads whether every sequence ended only
+every :data:`CHECK_EVERY` tokens on an accelerator.
+"""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -12,12 +20,52 @@ import torch
 
 from asrforge.model.frames import TIME_PRECISION
 
+CHECK_EVERY = 16
+"""Tokens between two reads of "has every sequence ended?" on an accelerator: a read stalls the
+host until the device has run all it queued, so one read per 16 tokens keeps a GPU fed at the
+price of at most 15 steps past the batch's end (on the CPU, where nothing is queued, it reads
+every token)."""
+
 
 @functools.cache
 def _cache_argument(decoder_class: type) -> str:
     # transformers 5 renamed the decoder's past_key_values argument to cache and warns on the old name.
     params = inspect.signature(decoder_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def check_interval(device: torch.device | str) -> int:
+    """Tokens between two host reads of the decoders' stop condition on ``device``
+    (:data:`CHECK_EVERY`; 1 on the CPU, where a read waits for nothing)."""
+    return 1 if torch.device(device).type == "cpu" else CHECK_EVERY
+
+
+def new_cache(model, max_len: int):
+    """An ``EncoderDecoderCache`` for one decode: the self-attention part transformers'
+    ``StaticCache`` of ``max_len`` positions (allocated at the first decoder pass, written in
+    place), the cross-attention part a ``DynamicCache`` filled once from the encoder output."""
+    # transformers loads when a decode runs, not when asrforge.model is imported
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+
+    # WhisperConfig's num_hidden_layers is the encoder's depth; the cache needs the decoder's.
+    config = copy.copy(model.config)
+    config.num_hidden_layers = model.config.decoder_layers
+    return EncoderDecoderCache(StaticCache(config=config, max_cache_len=max_len), DynamicCache())
+
+
+def static_copy(model, cache, max_len: int):
+    """``cache`` (an ``EncoderDecoderCache`` whose self-attention part holds a prompt) as a
+    :func:`new_cache` of ``max_len`` positions: the prompt's keys and values copied in, the
+    cross-attention part shared."""
+    # transformers loads when a decode runs, not when asrforge.model is imported
+    from transformers.cache_utils import EncoderDecoderCache, StaticCache
+
+    if isinstance(cache.self_attention_cache, StaticCache):
+        return cache
+    static = new_cache(model, max_len).self_attention_cache
+    for i, layer in enumerate(cache.self_attention_cache.layers):
+        static.update(layer.keys, layer.values, i)
+    return EncoderDecoderCache(static, cache.cross_attention_cache)
 
 
 def decoder_states(
@@ -56,17 +104,28 @@ def suppressed_ids(model) -> tuple[list[int], list[int]]:
     return ids("suppress_tokens"), ids("begin_suppress_tokens")
 
 
-def suppress(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
-    """``logits`` with the ``ids`` set to -inf on the last axis (a copy; the input is left as
-    is), so no decoder picks or samples a suppressed token."""
-    if not ids:
-        return logits
-    return logits.index_fill(-1, torch.tensor(ids, device=logits.device), float("-inf"))
+@dataclass(frozen=True)
+class Suppression:
+    """The generation config's suppressed tokens (:func:`suppressed_ids`) as two (vocab,) bool
+    masks on the decoding device, built once per decode: ``always`` for every step, ``first``
+    (``always`` and ``begin_suppress_tokens``) for the first generated position."""
 
+    always: torch.Tensor
+    first: torch.Tensor
 
-def pick(logits: torch.Tensor, suppress_ids: list[int]) -> torch.Tensor:
-    """Argmax over the last axis with the ``suppress_ids`` excluded (``logits`` is left as is)."""
-    return suppress(logits, suppress_ids).argmax(-1)
+    @classmethod
+    def of(cls, model, device: torch.device | str) -> Suppression:
+        always, at_begin = suppressed_ids(model)
+        mask = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
+        mask[always] = True
+        first = mask.clone()
+        first[at_begin] = True
+        return cls(mask, first)
+
+    def apply(self, logits: torch.Tensor, t: int) -> torch.Tensor:
+        """``logits`` (rows, vocab) with step ``t``'s suppressed tokens at -inf (a copy)."""
+        mask = self.first if t == 0 else self.always
+        return logits.masked_fill(mask[: logits.shape[-1]], float("-inf"))
 
 
 @torch.no_grad()
@@ -80,10 +139,12 @@ def greedy_decode(
     cache=None,
     first_tokens: torch.Tensor | None = None,
     rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    check_every: int | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """Greedy decoding with a KV cache. A sequence that emitted EOT leaves the batch (its rows
-    are dropped from the cache), so a batch costs what its sequences need, not batch x longest.
-    The generation config's suppressed tokens are never picked (:func:`suppressed_ids`).
+    """Greedy decoding with a pre-allocated KV cache (:func:`new_cache`). A sequence that
+    emitted EOT keeps its row, its next tokens forced to EOT; the loop stops at the first check
+    (every ``check_every`` tokens) that finds every sequence ended, or at the cap. The generation
+    config's suppressed tokens are never picked (:func:`suppressed_ids`).
 
     Args:
         encoder_hidden: (batch, frames, d_model) encoder output.
@@ -93,25 +154,28 @@ def greedy_decode(
             values and the encoder's cross-attention ones (e.g. a teacher-forced pass's cache
             cropped to the prompt); then ``first_tokens`` must be given too.
         first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given
-            (chosen with :func:`pick` and both suppression lists, as here).
+            (chosen with the first step's :class:`Suppression`, as here).
         rules: ``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied
-            at every step before the pick; ``logits`` is (live, vocab), ``generated`` (live, t)
-            the ids each live sequence generated so far (e.g. :class:`TimestampRules`).
+            at every step before the pick; ``logits`` is (batch, vocab), ``generated`` (batch, t)
+            the ids each sequence generated so far, EOT repeated after its end (e.g.
+            :class:`TimestampRules`).
+        check_every: tokens between the host's reads of whether every sequence ended; default
+            :func:`check_interval` of the device.
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
     """
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
     if (cache is None) != (first_tokens is None):
         raise ValueError("give both cache and first_tokens, or neither")
+    device = prompts.device
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    if cache is None:
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    always, at_begin = suppressed_ids(model)
-    out = torch.full((b, cap), eot, dtype=torch.long, device=prompts.device)
-    rows = torch.arange(b, device=prompts.device)  # the batch row of each live sequence
+    every = check_interval(device) if check_every is None else check_every
+    if cap > 0:
+        cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
+    suppression = Suppression.of(model, device)
+    out = torch.full((b, max(cap, 0)), eot, dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens, n = prompts, 0
     for t in range(cap):
         if t == 0 and first_tokens is not None:
@@ -120,18 +184,15 @@ def greedy_decode(
             h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
             logits = model.proj_out(h)
             if rules is not None:
-                logits = rules(logits, out[rows, :t])
-            nxt = pick(logits, always + at_begin if t == 0 else always)
-        out[rows, t] = nxt
+                logits = rules(logits, out[:, :t])
+            nxt = suppression.apply(logits, t).argmax(-1)
+        # A sequence that ended keeps its row; what it computes after EOT is thrown away.
+        nxt = nxt.masked_fill(done, eot)
+        out[:, t] = nxt
+        done = done | (nxt == eot)
         n = t + 1
-        live = nxt != eot
-        if not bool(live.any()):
+        if n % every == 0 and bool(done.all()):
             break
-        # Later steps compute the rows still live only, so the finished ones are dropped.
-        if not bool(live.all()):
-            keep = live.nonzero().squeeze(1)
-            rows, nxt, encoder_hidden = rows[keep], nxt[keep], encoder_hidden[keep]
-            cache.batch_select_indices(keep)
         tokens = nxt[:, None]
     seqs, hit_cap = [], []
     for row in out[:, :n].tolist():
@@ -217,22 +278,21 @@ class TimestampRules:
         self.max_initial = (
             None if max_initial_timestamp is None else round(max_initial_timestamp / TIME_PRECISION)
         )
+        self._columns: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, logits: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
-        """(rows, vocab) logits, (rows, t) generated ids -> masked float logits."""
+        """(rows, vocab) logits, (rows, t) generated ids -> masked float logits. Every rule is
+        a tensor operation over all rows, so applying them reads nothing back to the host."""
         v = self.vocab
         logits = logits.float().clone()
         logits[:, v.first_special : v.begin] = float("-inf")  # sot, languages, notimestamps...
-        text = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        text[v.eot] = False
-        text[v.first_special : v.end] = False
         if generated.shape[1] == 0:
             logits[:, : v.begin] = float("-inf")
             logits[:, v.end :] = float("-inf")
             if self.max_initial is not None:
                 logits[:, v.begin + self.max_initial + 1 :] = float("-inf")
-        for k, seq in enumerate(generated.tolist()):
-            self._pairs_and_order(logits[k], seq, text)
+        else:
+            self._pairs_and_order(logits, generated)
         logprobs = torch.log_softmax(logits, dim=-1)
         stamps = logprobs[:, v.begin : v.end].logsumexp(-1)
         others = torch.cat([logprobs[:, : v.begin], logprobs[:, v.end :]], -1).amax(-1)
@@ -240,20 +300,35 @@ class TimestampRules:
         logits[stamps > others, v.end :] = float("-inf")
         return logits
 
-    def _pairs_and_order(self, row: torch.Tensor, seq: list[int], text: torch.Tensor) -> None:
+    def _columns_of(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(vocab,) column ids and the (vocab,) mask of the text tokens, built once per size and
+        device."""
+        key = (size, device)
+        if key not in self._columns:
+            v = self.vocab
+            text = torch.ones(size, dtype=torch.bool, device=device)
+            text[v.eot] = False
+            text[v.first_special : v.end] = False
+            self._columns[key] = (torch.arange(size, device=device), text)
+        return self._columns[key]
+
+    def _pairs_and_order(self, logits: torch.Tensor, generated: torch.Tensor) -> None:
+        """The pairing and ordering rules for rows that generated at least one token."""
         v = self.vocab
-        if not seq:
-            return
-        last = v.is_timestamp(seq[-1])
-        penultimate = len(seq) < 2 or v.is_timestamp(seq[-2])
+        columns, text = self._columns_of(logits.shape[-1], logits.device)
+        stamp_columns = (columns >= v.begin) & (columns < v.end)
+        is_stamp = (generated >= v.begin) & (generated < v.end)
+        last = is_stamp[:, -1]
+        penultimate = is_stamp[:, -2] if generated.shape[1] >= 2 else torch.ones_like(last)
         # After a pair of timestamps (or the opening one) text must follow.
-        if last and penultimate:
-            row[v.begin : v.end] = float("-inf")
-        elif last:
-            # After a segment's end comes the next segment's start or EOT.
-            row[text] = float("-inf")
-        stamps = [t for t in seq if v.is_timestamp(t)]
-        if stamps:
-            # never backwards; a segment's end must be later than its start (no endless loop)
-            floor = stamps[-1] if last and not penultimate else stamps[-1] + 1
-            row[v.begin : floor] = float("-inf")
+        logits.masked_fill_((last & penultimate)[:, None] & stamp_columns, float("-inf"))
+        # After a segment's end comes the next segment's start or EOT.
+        logits.masked_fill_((last & ~penultimate)[:, None] & text, float("-inf"))
+        # 1-based position of each row's last timestamp, 0 when it has none
+        steps = torch.arange(1, generated.shape[1] + 1, device=generated.device)
+        at = (is_stamp * steps).amax(-1)
+        latest = generated.gather(1, (at - 1).clamp(min=0)[:, None]).squeeze(1)
+        # never backwards; a segment's end must be later than its start (no endless loop)
+        floor = torch.where(last & ~penultimate, latest, latest + 1)
+        below = (at > 0)[:, None] & (columns >= v.begin) & (columns < floor[:, None])
+        logits.masked_fill_(below, float("-inf"))

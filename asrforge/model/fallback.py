@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from asrforge.model.beam import Hypothesis, beam_search
-from asrforge.model.decoding import decoder_states, suppress, suppressed_ids
+from asrforge.model.decoding import Suppression, decoder_states, new_cache
 from asrforge.text.repetition import repetition_score
 
 
@@ -74,13 +74,11 @@ def sample(
 ) -> list[Hypothesis]:
     """One sampled sequence per row at ``temperature`` (> 0), with a KV cache; the
     log-probabilities summed are the model's (before the temperature), as openai-whisper's."""
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
     device = prompts.device
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    always, at_begin = suppressed_ids(model)
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    suppression = Suppression.of(model, device)
+    cache = new_cache(model, p + max(cap, 0))
     generated = torch.zeros((b, 0), dtype=torch.long, device=device)
     sums = torch.zeros(b, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
@@ -90,7 +88,7 @@ def sample(
         logits = model.proj_out(h).float()
         if rules is not None:
             logits = rules(logits, generated)
-        logits = suppress(logits, always + at_begin if t == 0 else always)
+        logits = suppression.apply(logits, t)
         probs = torch.softmax(logits / temperature, dim=-1)
         nxt = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
         nxt = torch.where(done, eot, nxt)
