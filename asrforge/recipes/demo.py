@@ -29,7 +29,7 @@ from asrforge.data.guard_set import (
 )
 from asrforge.data.sources import load_arrow
 from asrforge.errors import EXIT_INTERRUPTED, UserError
-from asrforge.evaluation.evaluate import evaluate_split
+from asrforge.evaluation.evaluate import evaluate_split, summarize
 from asrforge.matrix.executors import LocalExecutor, parse_devices
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.report import collect
@@ -215,17 +215,24 @@ def longform_recording(data: Path, split: str, dest: Path) -> tuple[Path, str, f
     return dest, " ".join(texts), wave.shape[0] / SAMPLE_RATE
 
 
-def longform_wer(bundle, path: Path, reference: str) -> tuple[float, str]:
+def longform_wer(bundle, path: Path, reference: str, language: str = "en") -> tuple[float, str]:
     """``(WER, transcript)`` of the long recording transcribed by ``bundle`` as ``asrforge
     transcribe`` does, with :data:`LONGFORM_MAX_NEW_TOKENS` per window whatever the bundle's
-    own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there)."""
+    own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there), both
+    normalized as ``language``'s text."""
     hyp = bundle.transcribe(path, max_new_tokens=LONGFORM_MAX_NEW_TOKENS)
-    return float(wer(normalize(reference, "en"), normalize(hyp, "en"))), hyp
+    return float(wer(normalize(reference, language), normalize(hyp, language))), hyp
 
 
 def drift(before: list[str], after: list[str]) -> float:
     """WER of ``after`` against ``before`` (the starting model's transcripts), normalized."""
     return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
+
+
+def guard_drift(before: dict, after: dict) -> float:
+    """:func:`drift` of the guard transcripts of two :func:`measure` metrics, window by window."""
+    ids = sorted(before["guard_hyps"])
+    return drift([before["guard_hyps"][k] for k in ids], [after["guard_hyps"][k] for k in ids])
 
 
 def counting(label: str, say: Progress) -> Callable[[Iterable[dict], int], Iterator[dict]]:
@@ -255,20 +262,33 @@ class Measurement:
     """One prediction record per test clip."""
 
 
-def measure(bundle, *, data: Path, batch_size: int, max_new_tokens: int, long_path: Path,
-            long_ref: str, guard_cfg, label: str, say: Progress) -> Measurement:
+def measure(bundle, *, data, batch_size: int, max_new_tokens: int, long_path: Path,
+            long_ref: str, guard_cfg, label: str, say: Progress,
+            score_as: str | None = None) -> Measurement:  # fmt: skip
     """The demo's one measurement of a :class:`~asrforge.bundle.Bundle`, the same before and
     after fine-tuning, so the two columns compare: the test clips decoded by the training loop's
     evaluation (greedy, without timestamps, Whisper's English normalizer; the figure validation
     WER tracks during training), the long recording transcribed as ``asrforge transcribe`` does
     (timestamp-driven windows), and the guard set windowed and decoded as the training run's
-    guard does."""
+    guard does.
+
+    Args:
+        data: the data set's path, or a data section (one that relabels its language).
+        score_as: score the transcripts as this language's text instead of the rows' language
+            (data relabelled as English for an English-only model is still Spanish text,
+            normalized as Spanish: accents kept).
+    """
 
     metrics, preds, _ = evaluate_split(
         bundle, data, "test", batch_size=batch_size, max_new_tokens=max_new_tokens,
         progress=counting(label, say),
     )
-    metrics["longform_wer"], metrics["longform_hyp"] = longform_wer(bundle, long_path, long_ref)
+    if score_as is not None:
+        preds = [{**p, "language": score_as} for p in preds]
+        metrics.update(summarize(preds))
+    metrics["longform_wer"], metrics["longform_hyp"] = longform_wer(
+        bundle, long_path, long_ref, score_as or "en"
+    )
     say(f"{label}: WER {pct(metrics['wer']).strip()}% CER {pct(metrics['cer']).strip()}% on the "
         f"test clips, long-form WER {pct(metrics['longform_wer']).strip()}%")
     if guard_cfg is not None:
@@ -457,10 +477,7 @@ def run_english(options: DemoOptions) -> int:
     say.phase("fine-tune", f"{cfg.train.max_steps} steps of batch {cfg.data.batch_size}, "
               f"evaluating every {cfg.eval.eval_steps}; run dir {run_dir}")
 
-    n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
-    callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
-    result = Trainer(cfg, callbacks).fit()
-    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); {best_text(result)}")
+    result = fine_tune(cfg, card, say)
     stopped = stop_after_fine_tune(result, run_dir, root, say)
     if stopped is not None:
         return stopped
@@ -481,8 +498,7 @@ def run_english(options: DemoOptions) -> int:
     second = measure(load_bundle(bundle_dir), label="after", **look)
     after, preds = second.metrics, second.preds
     if guard_cfg is not None:
-        after["guard_drift"] = drift([before["guard_hyps"][k] for k in sorted(before["guard_hyps"])],
-                                     [after["guard_hyps"][k] for k in sorted(before["guard_hyps"])])
+        after["guard_drift"] = guard_drift(before, after)
         say(f"after: guard drift {pct(after['guard_drift']).strip()} points")
     after["ct2_longform_wer"], after["ct2_longform_hyp"] = _ct2(
         source, root / "ct2", long_path, long_ref, "after", say)
@@ -518,6 +534,16 @@ def run_english(options: DemoOptions) -> int:
     return 0
 
 
+def fine_tune(cfg, card: dict, say: Progress):
+    """The demo's fine-tune: :class:`~asrforge.train.loop.Trainer` with the config's callbacks
+    and :class:`EvalNotice`; returns its result."""
+    n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
+    callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
+    result = Trainer(cfg, callbacks).fit()
+    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); {best_text(result)}")
+    return result
+
+
 def best_text(result) -> str:
     """``best checkpoint at step N``, or that none became best."""
     if result.best_step is None:
@@ -543,9 +569,15 @@ def stop_after_fine_tune(result, run_dir: Path, root: Path, say: Progress) -> in
 
 def write_report(root: Path, before: dict, after: dict, before_preds: list[dict],
                  preds: list[dict], table: str, say: Progress, result, bundle_dir: Path,
-                 card: dict) -> Path:
+                 card: dict, *, what: str = "Whisper tiny.en fine-tuned on synthetic English speech",
+                 more: dict | None = None) -> Path:  # fmt: skip
     """``root/demo-report.md`` and ``root/demo-report.json``: the table, timings, every test
-    utterance before and after."""
+    utterance before and after.
+
+    Args:
+        what: the report's first sentence, before the run's outcome.
+        more: further entries of the JSON report (another demo's own figures).
+    """
     before_hyp = {p["uid"]: p["hyp"] for p in before_preds}
     data = {
         "before": strict_json_metrics(before), "after": strict_json_metrics(after), "phases_s": say.phases,
@@ -556,11 +588,12 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
             {"uid": a["uid"], "ref": a["ref"], "before": before_hyp.get(a["uid"]), "after": a["hyp"]}
             for a in preds
         ],
+        **(more or {}),
     }
     (root / "demo-report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     lines = [
         "# asrforge demo", "",
-        f"Whisper tiny.en fine-tuned on synthetic English speech: {result.status} at step "
+        f"{what}: {result.status} at step "
         f"{result.step} ({result.reason}); {best_text(result)}; bundle `{bundle_dir}`.", "",
         "```", table, "```", "",
         "Phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in say.phases.items()), "",
