@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test demo install lint clean espeak chromium demo-data
+.PHONY: test demo demo-es install lint clean espeak chromium demo-data
 
 # espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
 # when we may (root with apt); otherwise those tests skip and say why.
@@ -17,15 +17,17 @@ espeak:
 	  else echo "note: espeak-ng is missing: run 'sudo apt-get install espeak-ng' for the speech tests and the demo"; fi; }
 
 # The demo's text and guard speech come from Debian packages (no text or audio lives in the repo):
-# fortunes (natural English sentences for the corpus) and asterisk-core-sounds-en-wav (real human
-# speech for the forgetting guard). Installed the same way as espeak-ng.
-DEMO_PACKAGES := fortunes asterisk-core-sounds-en-wav
+# fortunes and fortunes-es (natural English and Spanish sentences for the corpora: `asrforge demo`
+# and `asrforge demo --language es`) and asterisk-core-sounds-en-wav (real human speech for the
+# forgetting guard). Installed the same way as espeak-ng.
+DEMO_PACKAGES := fortunes fortunes-es asterisk-core-sounds-en-wav
 demo-data:
-	@test -f /usr/share/games/fortunes/wisdom && test -d /usr/share/asterisk/sounds/en_US_f_Allison || { \
+	@test -f /usr/share/games/fortunes/wisdom && test -f /usr/share/games/fortunes/es/vida.fortunes \
+	  && test -d /usr/share/asterisk/sounds/en_US_f_Allison || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEMO_PACKAGES) >/dev/null) \
-	      || echo "warning: could not install $(DEMO_PACKAGES); the demo and its test will not run"; \
-	  else echo "note: run 'sudo apt-get install $(DEMO_PACKAGES)' for the demo and its test"; fi; }
+	      || echo "warning: could not install $(DEMO_PACKAGES); the demos and their tests will not run"; \
+	  else echo "note: run 'sudo apt-get install $(DEMO_PACKAGES)' for the demos and their tests"; fi; }
 
 # Headless Chromium renders the matrix report in its tests: installed the same way as espeak-ng.
 chromium:
@@ -51,6 +53,10 @@ test: $(STAMP) espeak chromium demo-data
 
 demo: $(STAMP) espeak demo-data
 	$(BIN)/asrforge demo
+
+# The new-language demo: tiny.en taught Spanish under a guard on English (docs/new-language.md).
+demo-es: $(STAMP) espeak demo-data
+	$(BIN)/asrforge demo --language es
 
 lint: $(STAMP)
 	$(BIN)/ruff check asrforge tests bench

