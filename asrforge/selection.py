@@ -232,7 +232,7 @@ class GuardGate:
             raise KeyError(f"the forgetting guard needs metric 'guard_wer'; got {sorted(metrics)}")
         # A drift guard says so; otherwise the reason names the error rate the guard judged by.
         name = "drift" if self.kind == "drift" else metrics.get("guard_metric") or self.kind
-        within, why = self._within(f"guard {name}", metrics["guard_wer"], self.start)
+        within, why = self.within_tolerance(metrics["guard_wer"], self.start, f"guard {name}")
         if not within:
             return False, why
         for language, figure in (metrics.get("guard_languages") or {}).items():
@@ -248,9 +248,14 @@ class GuardGate:
     def check_language(self, language: str, value: float | None, metric: str) -> tuple[bool, str]:
         """``(within tolerance, why)`` for one language's figure in a guard of several."""
         name = "drift" if self.kind == "drift" else metric
-        return self._within(f"guard {name} of {language!r}", value, self.language_starts[language])
+        return self.within_tolerance(
+            value, self.language_starts[language], f"guard {name} of {language!r}"
+        )
 
-    def _within(self, what: str, value: float | None, start: float) -> tuple[bool, str]:
+    def within_tolerance(
+        self, value: float | None, start: float, what: str = "guard"
+    ) -> tuple[bool, str]:
+        """``(value <= start + tolerance, why)``: the rule every guard figure is held to."""
         value = math.nan if value is None else float(value)
         what = f"{what} {_f(value)}"
         if not math.isfinite(value):

@@ -174,14 +174,14 @@ class Search:
     def done(self, job: Job, end: dict[str, Any]) -> str:
         """Tell the study the trial's value (its best checkpoint's metric); the line to say."""
         trial = self.trials.pop(job.job_id)
+        study = self.studies[trial.language]
         value = (end.get("best") or {}).get(self.spec.metric)
         if not isinstance(value, int | float):
-            self.studies[trial.language].tell(trial.trial, state=self.optuna.trial.TrialState.FAIL)
+            study.tell(trial.trial, state=self.optuna.trial.TrialState.FAIL)
             return (
                 f"search {trial.language}: trial {trial.number} has no {self.spec.metric}: failed"
             )
-        self.studies[trial.language].tell(trial.trial, float(value))
-        study = self.studies[trial.language]
+        study.tell(trial.trial, float(value))
         best = study.best_trial
         return (f"search {trial.language}: trial {trial.number} {self.spec.metric} {value:.4g}; best "
                 f"so far trial {best.number} {best.value:.4g} ({_values(best.params)})")  # fmt: skip

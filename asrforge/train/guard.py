@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -351,7 +350,7 @@ class Guard:
             "guard_wer": value,
             "guard_start": start,
             "guard_tolerance": gate.tolerance,
-            "guard_within": bool(math.isfinite(value) and value <= start + gate.tolerance + 1e-12),
+            "guard_within": gate.within_tolerance(value, start)[0],
             "guard_drift": self.kind == "drift",
             "guard_metric": self.metric,
             "guard_n": len(self.items),
