@@ -54,7 +54,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_runs import free_memory, memory_model, run_asrforge_train, run_eval, run_hf_train  # noqa: E402
+from gpu_runs import (  # noqa: E402
+    free_memory,
+    memory_model,
+    run_asrforge_train,
+    run_eval,
+    run_hf_train,
+    warm_shapes,
+)
 from workload import (  # noqa: E402 - the bench directory is not a package
     build_workload,
     make_config,
@@ -132,10 +139,11 @@ def check_training(args, prog: Progress, tmp: Path, data: Path, model: dict, sha
     steps = args.warmup + args.steps
     free_memory(args.device)
     cfg = make_cfg(args, tmp / f"run-{shape}-{precision}", data, model, precision, steps)
-    a = run_asrforge_train(cfg, args.warmup)
-    prog.say(f"  asrforge {a['steps_per_s']:.2f} steps/s, losses {a['losses'][-1]:.3f} ...")
     w = build_workload(make_cfg(args, tmp / f"w-{shape}-{precision}", data, model, precision,
                                 steps))  # fmt: skip
+    warm_shapes(w, steps)
+    a = run_asrforge_train(cfg, args.warmup)
+    prog.say(f"  asrforge {a['steps_per_s']:.2f} steps/s, losses {a['losses'][-1]:.3f} ...")
     predicted = memory_model(w.cfg, w, a["n_params"])
     h = run_hf_train(w, tmp / f"hf-{shape}-{precision}", args.warmup, a["workers"])
     del w
@@ -190,7 +198,9 @@ def check_eval(args, tmp: Path, data: Path, model: dict, shape: str) -> dict:
         "eval", f"{shape} {args.eval_precision}",
         f"asrforge {r['asrforge_s']:.2f}s, Seq2SeqTrainer {r['hf_s']:.2f}s ({x_hf:.2f}x), "
         f"generate {r['generate_s']:.2f}s ({x_gen:.2f}x); same hypotheses {r['same_as_hf']}/"
-        f"{r['n']} (hf), {r['same_as_generate']}/{r['n']} (generate)",
+        f"{r['n']} (hf), {r['same_as_generate']}/{r['n']} (generate), hf and generate "
+        f"{r['hf_same_as_generate']}/{r['n']}; words a hypothesis "
+        + "/".join(f"{r['words'][k]:.1f}" for k in ("asrforge", "hf", "generate")),
         x_hf >= 3 and same, **r, speedup_hf=x_hf, speedup_generate=x_gen,
     )  # fmt: skip
 
@@ -241,9 +251,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of all three evaluation sides (default bf16; cpu: fp32)")  # fmt: skip
     p.add_argument("--budget-seconds", type=float, default=450)
+    p.add_argument("--parts", default="train,eval", help="comma-separated: train, eval")
     p.add_argument("--out", type=Path, required=True, help="the table (markdown); + .json")
     p.add_argument("--work-dir", type=Path, default=None, help="keep data and tokenizer here")
     args = p.parse_args(argv)
+    args.parts = args.parts.split(",")
     if args.warmup < 1 or args.steps < 1:
         p.error("--warmup and --steps must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -275,7 +287,10 @@ def main(argv: list[str] | None = None) -> dict:
         for shape in shapes:
             model = whisper_shape_model(shape, tokenizer)
             parts = [(f"train {shape}", precision) for precision in precisions]
-            for kind, precision in [*parts, (f"eval {shape}", args.eval_precision)]:
+            parts = [p for p in parts if "train" in args.parts] + (
+                [(f"eval {shape}", args.eval_precision)] if "eval" in args.parts else []
+            )
+            for kind, precision in parts:
                 case, checks = f"{shape} {precision}", ["eval"]
                 if kind.startswith("train"):
                     checks = ["clean", "train", "data", "reads", "memory"]

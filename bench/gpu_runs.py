@@ -79,9 +79,36 @@ def count_host_reads(counter: Callable[[str], None]):
             setattr(torch.Tensor, name, original)
 
 
-def run_asrforge_train(cfg: TrainConfig, warmup: int) -> dict:
+def warm_shapes(w: Workload, steps: int) -> None:
+    """One forward and backward of every batch shape the next ``steps`` steps meet, under the
+    run's precision, then the model back on the host: cuDNN's attention builds an execution plan
+    the first time it meets a shape (about 3 ms of host time a call on an H100/H200), and one
+    process runs both sides, so without this the side that runs first pays for both."""
+    cfg, model = w.cfg, w.bundle.model
+    device, precision = cfg.train.device, cfg.train.precision
+    batches = CollatedBatches(w.train_set, w.collator, w.train_batches(steps))
+    model.to(device).train()
+    seen = set()
+    for k in range(len(batches)):
+        batch = batches[k]
+        shape = (tuple(batch["input_features"].shape), tuple(batch["decoder_input_ids"].shape))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        with eval_autocast(device, {"no": "fp32"}.get(precision, precision)):
+            out = model(**{key: v.to(device) for key, v in batch.items()})
+        out.loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.to("cpu")
+    free_memory(device)
+
+
+def run_asrforge_train(
+    cfg: TrainConfig, warmup: int, step_hook: Callable[[], None] | None = None
+) -> dict:
     """``Trainer.fit`` on ``cfg``: steady steps/s, losses, skips, loss scale, data wait, host
-    reads per step, peak GPU memory; and the run's loader workers and initial weights."""
+    reads per step, peak GPU memory; and the run's loader workers and initial weights.
+    ``step_hook`` is called at every step's end (a profiler's ``step``)."""
     device = cfg.train.device
     clock, info = Clock(), {"metrics": [], "reads": [], "counting": False, "peak": 0}
 
@@ -111,6 +138,8 @@ def run_asrforge_train(cfg: TrainConfig, warmup: int) -> dict:
             info["metrics"].append(metrics)
             if device == "cuda":
                 info["peak"] = max(info["peak"], torch.cuda.max_memory_allocated())
+            if step_hook is not None:
+                step_hook()
 
     with count_host_reads(note):
         result = Trainer(cfg, [Probe()]).fit()
@@ -137,9 +166,12 @@ def run_asrforge_train(cfg: TrainConfig, warmup: int) -> dict:
     }
 
 
-def run_hf_train(w: Workload, out: Path, warmup: int, workers: int) -> dict:
+def run_hf_train(
+    w: Workload, out: Path, warmup: int, workers: int, step_hook: Callable[[], None] | None = None
+) -> dict:
     """``Seq2SeqTrainer.train`` on asrforge's batches with asrforge's optimizer and schedule,
-    the same precision and DataLoader workers (pinned memory on a GPU)."""
+    the same precision and DataLoader workers (pinned memory on a GPU); ``step_hook`` as
+    :func:`run_asrforge_train`'s."""
     from transformers import (
         PrinterCallback,
         Seq2SeqTrainer,
@@ -156,6 +188,8 @@ def run_hf_train(w: Workload, out: Path, warmup: int, workers: int) -> dict:
         def on_step_end(self, args, state, control, **kw):
             sync(device)
             clock.mark()
+            if step_hook is not None:
+                step_hook()
 
     class LossRecorder(Seq2SeqTrainer):
         def training_step(self, *a, **kw):
@@ -238,48 +272,69 @@ def eval_autocast(device: str, precision: str):
     return torch.autocast(device, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
+def silence_timestamps(model, tokenizer) -> None:
+    """Zero the output rows of the timestamp tokens, so that a model with random weights never
+    picks one (its other logits, the largest of 51k, are above zero). After a timestamp,
+    transformers' ``generate`` decodes the rest of the 30 s window as further segments while
+    ``evaluate()`` stops at the cap, so a random model that emits them makes the sides decode
+    different amounts."""
+    first = tokenizer.convert_tokens_to_ids("<|0.00|>")
+    if first is None or first == tokenizer.unk_token_id:
+        return
+    with torch.no_grad():
+        model.get_output_embeddings().weight[first:].zero_()
+
+
 def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
     """asrforge's ``evaluate``, a ``model.generate`` loop and ``Seq2SeqTrainer.evaluate``, in
-    that order (the last wraps the model's forward in its own autocast), on the same batches."""
+    that order (the last wraps the model's forward in its own autocast), on the same batches.
+    Each side first decodes the first batch unmeasured, so that none pays for the kernels and
+    allocations the others found warm."""
     from transformers import PrinterCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     cfg, b = w.cfg, w.bundle
     device, cap = cfg.train.device, cfg.eval.max_new_tokens
     model, tok, eot = b.model.to(device).eval(), b.tokenizer, b.specials.eot
+    silence_timestamps(model, tok)
     index_batches = w.eval_index_batches()
     pin = device == "cuda"
 
-    def loader():
+    def loader(batches=index_batches):
         return DataLoader(
-            w.eval_set, batch_sampler=index_batches, collate_fn=w.collator, num_workers=workers,
+            w.eval_set, batch_sampler=batches, collate_fn=w.collator, num_workers=workers,
             pin_memory=pin, prefetch_factor=4 if workers else None,
         )  # fmt: skip
 
-    warm = w.collator([w.eval_set[i] for i in index_batches[0]])
-    with torch.no_grad(), eval_autocast(device, precision):
-        model(input_features=warm["input_features"].to(device),
-              decoder_input_ids=warm["decoder_input_ids"].to(device))  # fmt: skip
-    sync(device)
-    out_rows = {}
+    def timed(run: Callable[[list], list[str]]) -> dict:
+        run(index_batches[:1])
+        sync(device)
+        t0 = time.perf_counter()
+        hyps = run(index_batches)
+        sync(device)
+        return {"seconds": time.perf_counter() - t0, "hyps": hyps}
 
-    t0 = time.perf_counter()
-    _, preds = evaluate(
-        model, loader(), tokenizer=tok, eot=eot, max_new_tokens=cap, device=device,
-        autocast=lambda: eval_autocast(device, precision),
-    )  # fmt: skip
-    sync(device)
-    out_rows["asrforge"] = {"seconds": time.perf_counter() - t0, "hyps": [p["hyp"] for p in preds]}
+    def asrforge_side(batches: list) -> list[str]:
+        _, preds = evaluate(
+            model, loader(batches), tokenizer=tok, eot=eot, max_new_tokens=cap, device=device,
+            autocast=lambda: eval_autocast(device, precision),
+        )  # fmt: skip
+        return [p["hyp"] for p in preds]
 
     gen_kwargs: dict = {"max_new_tokens": cap, "num_beams": 1}
     if b.specials.multilingual:
         gen_kwargs.update(language="en", task=cfg.data.task)
-    t0, hyps = time.perf_counter(), []
-    with torch.no_grad(), eval_autocast(device, precision):
-        for batch in loader():
-            ids = model.generate(input_features=batch["input_features"].to(device), **gen_kwargs)
-            hyps += [h.strip() for h in tok.batch_decode(ids.tolist(), skip_special_tokens=True)]
-    sync(device)
-    out_rows["generate"] = {"seconds": time.perf_counter() - t0, "hyps": hyps}
+
+    def generate_side(batches: list) -> list[str]:
+        hyps = []
+        with torch.no_grad(), eval_autocast(device, precision):
+            for batch in loader(batches):
+                ids = model.generate(
+                    input_features=batch["input_features"].to(device), **gen_kwargs
+                )
+                hyps += [
+                    h.strip() for h in tok.batch_decode(ids.tolist(), skip_special_tokens=True)
+                ]
+        return hyps
 
     seen: dict = {}
 
@@ -297,21 +352,29 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
     )  # fmt: skip
     trainer = Seq2SeqTrainer(
         model=model, args=args, data_collator=unwrap, compute_metrics=compute_metrics,
-        eval_dataset=CollatedBatches(w.eval_set, w.collator, index_batches),
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
-    t0 = time.perf_counter()
-    trainer.evaluate(**gen_kwargs)
-    sync(device)
-    out_rows["hf"] = {"seconds": time.perf_counter() - t0, "hyps": seen["hyps"]}
-    ref = out_rows["asrforge"]["hyps"]
+
+    def hf_side(batches: list) -> list[str]:
+        trainer.evaluate(CollatedBatches(w.eval_set, w.collator, batches), **gen_kwargs)
+        return seen["hyps"]
+
+    with torch.no_grad():
+        rows = {"asrforge": timed(asrforge_side)}
+    rows["generate"] = timed(generate_side)
+    rows["hf"] = timed(hf_side)
+    ref = rows["asrforge"]["hyps"]
+
+    def same(a: list[str], b: list[str]) -> int:
+        return sum(x == y for x, y in zip(a, b, strict=True))
+
     return {
         "n": len(ref),
-        "asrforge_s": out_rows["asrforge"]["seconds"],
-        "generate_s": out_rows["generate"]["seconds"],
-        "hf_s": out_rows["hf"]["seconds"],
-        "same_as_hf": sum(x == y for x, y in zip(ref, out_rows["hf"]["hyps"], strict=True)),
-        "same_as_generate": sum(
-            x == y for x, y in zip(ref, out_rows["generate"]["hyps"], strict=True)
-        ),
+        "asrforge_s": rows["asrforge"]["seconds"],
+        "generate_s": rows["generate"]["seconds"],
+        "hf_s": rows["hf"]["seconds"],
+        "same_as_hf": same(ref, rows["hf"]["hyps"]),
+        "same_as_generate": same(ref, rows["generate"]["hyps"]),
+        "hf_same_as_generate": same(rows["hf"]["hyps"], rows["generate"]["hyps"]),
+        "words": {k: sum(len(h.split()) for h in r["hyps"]) / len(ref) for k, r in rows.items()},
     }

@@ -7,6 +7,8 @@
 # The list is what a --device cpu --quick run imports, less what the image has. datasets is
 # 5.0.0, not the newest: it is the last that accepts the image's huggingface-hub 1.x and a
 # pyarrow older than 24 (5.1 wants pyarrow >= 24). pydantic-core is pinned by pydantic.
+# transformers travels too, at the version the suite runs, so the GPU runs the decoders CI tested
+# (the image's is older); whisper-normalizer ships the English spelling map the scorer reads.
 #
 # Run from anywhere:  bench/gpu_wheels.sh      (PY=python3 by default; needs pip and the network)
 set -euo pipefail
@@ -18,6 +20,8 @@ WHEELS=(
   typing-extensions==4.16.0
   soundfile==0.14.0 cffi==2.1.1 pycparser==3.12
   rapidfuzz==3.14.6
+  whisper-normalizer==0.1.15
+  transformers==5.24.0
 )
 rm -rf .whl
 mkdir .whl

@@ -300,6 +300,44 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
     assert f"RESULT gpu_check targets_met={summary['targets_met']}/9" in printed
 
 
+def test_gpu_profile_reports_both_sides_of_training_and_decoding(tmp_path):
+    """The profiler companion on the CPU: a report per side with its per-step figures, and the
+    two decoders' hypotheses compared."""
+    import gpu_profile
+
+    out = tmp_path / "prof.txt"
+    gpu_profile.main(["--device", "cpu", "--quick", "--warmup", "1", "--steps", "2",
+                      "--top", "3", "--out", str(out)])  # fmt: skip
+    text = out.read_text()
+    for label in ("train asrforge: 2 step(s)", "train transformers: 2 step(s)",
+                  "eval evaluate() base fp32: 2 batch(s)", "eval generate base fp32: 2 batch(s)"):  # fmt: skip
+        assert f"== {label}, wall " in text
+    assert "== eval hypotheses: 4/4 equal" in text
+
+
+def test_silenced_timestamps_can_no_longer_be_picked(tmp_path):
+    """The evaluation sides of the GPU check decode the same amount only if no side emits a
+    timestamp: their output rows are zeroed, the rest of the vocabulary is left alone."""
+    import torch
+    from gpu_runs import silence_timestamps
+
+    from asrforge.config import ModelConfig
+    from asrforge.model.build import build_tokenizer
+
+    tok = build_tokenizer(ModelConfig(), ["a b c", "c b a"] * 8, timestamps=True)
+    first = tok.convert_tokens_to_ids("<|0.00|>")
+    proj = torch.nn.Linear(8, len(tok), bias=False)
+    before = proj.weight.detach().clone()
+
+    class Model:
+        def get_output_embeddings(self):
+            return proj
+
+    silence_timestamps(Model(), tok)
+    assert proj.weight[first:].abs().sum() == 0
+    assert torch.equal(proj.weight[:first], before[:first])
+
+
 def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     import gpu_check
 
