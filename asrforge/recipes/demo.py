@@ -396,7 +396,7 @@ class EvalNotice(Callback):
 
 
 
-def _resolve(options: DemoOptions, default_config: str, quick_overrides: list[str]):
+def resolve_demo_run(options: DemoOptions, default_config: str, quick_overrides: list[str]):
     """``(config path, overrides, config, demo dir, data dir)`` of a demo run: the config
     (``--config`` or the default), ``--quick``'s and the user's overrides and ``--steps``, the
     demo directory (``--out`` or the config's output_dir plus a time stamp) and the data set
@@ -428,7 +428,7 @@ def run_english(options: DemoOptions) -> int:
     """Steps 1-7 of the module docstring."""
 
     say = Progress(total_phases=6)
-    config, overrides, base, root, data = _resolve(options, CONFIG, QUICK_OVERRIDES)
+    config, overrides, base, root, data = resolve_demo_run(options, CONFIG, QUICK_OVERRIDES)
     run_dir = root / "train"
     cfg = load_config(config, [*overrides, f"output_dir={run_dir}", f"data.path={data}"])
     say(f"asrforge demo: fine-tune Whisper tiny.en on synthetic English speech ({config}"

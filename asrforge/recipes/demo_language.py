@@ -38,7 +38,6 @@ from asrforge.recipes.demo import (
     QUICK_OVERRIDES,
     QUICK_SIZES,
     Progress,
-    _resolve,
     ensure_guard_set,
     ensure_tiny_en,
     fine_tune,
@@ -46,6 +45,7 @@ from asrforge.recipes.demo import (
     longform_recording,
     measure,
     pct,
+    resolve_demo_run,
     stop_after_fine_tune,
     train_sentences,
     write_report,
@@ -84,7 +84,7 @@ def run_new_language(options: DemoOptions) -> int:
     lang = options.language
     name = language_name(lang).capitalize()
     say = Progress(total_phases=6)
-    config, overrides, base, root, data = _resolve(options, LANGUAGE_CONFIGS[lang], QUICK_OVERRIDES)
+    config, overrides, base, root, data = resolve_demo_run(options, LANGUAGE_CONFIGS[lang], QUICK_OVERRIDES)
     run_dir = root / "train"
     cfg = load_config(config, [*overrides, f"output_dir={run_dir}", f"data.path={data}"])
     require_text(lang)

@@ -15,7 +15,7 @@ from asrforge.matrix.report import collect
 from asrforge.matrix.report import write_report as write_matrix_report
 from asrforge.matrix.run import Launcher
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
-from asrforge.recipes.demo import Progress, _resolve, counting, pct
+from asrforge.recipes.demo import Progress, counting, pct, resolve_demo_run
 from asrforge.recipes.demo_options import MULTI_CONFIG, DemoOptions
 from asrforge.selection import resolve_group
 from asrforge.text import primary_metric
@@ -33,7 +33,7 @@ def run_multilingual(options: DemoOptions) -> int:
     import yaml
 
     say = Progress(total_phases=4)
-    config, overrides, base, root, data = _resolve(options, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
+    config, overrides, base, root, data = resolve_demo_run(options, MULTI_CONFIG, MULTI_QUICK_OVERRIDES)
     say(f"asrforge demo --multilingual: a from-scratch tiny Whisper per language ({config})")
 
     sizes = MULTI_QUICK_SIZES if options.quick else MULTI_SIZES
