@@ -144,23 +144,7 @@ def run_new_language(options: DemoOptions) -> int:
     if stopped is not None:
         return stopped
 
-    say.phase(
-        "export",
-        "a bundle of the fine-tuned weights, and the largest share of them within the guard",
-    )
-    tuned_dir = export_bundle(finetuned_checkpoint(run_dir), root / "bundle-finetuned")
-    say(f"export: the fine-tuned weights: {tuned_dir}")
-    try:
-        within_dir, facts, _ = export_within_guard(
-            run_dir, None, SHARES, root / "bundle", "hf", lm=None, ct2_quantization=None,
-            max_shard_size=None, progress=say, say=say,
-        )  # fmt: skip
-    except UserError as e:
-        # No share within the guard is a finding of the demo, shown with the rest.
-        say(f"export: {e}")
-        within_dir, facts = None, None
-    if within_dir is not None:
-        say(f"export: {facts['share']:g} of the fine-tuned weights within the guard: {within_dir}")
+    tuned_dir, within_dir, facts = export_both(run_dir, root, say)
 
     say.phase("after", "the fine-tuned and the within-guard bundles, measured as tiny.en was")
     second = measure(load_bundle(tuned_dir), label="fine-tuned", **look)
@@ -196,12 +180,7 @@ def run_new_language(options: DemoOptions) -> int:
     print()
     print(checks)
     print()
-    before_hyp = {p["uid"]: p["hyp"] for p in first.preds}
-    for p in final.preds[:3]:
-        print(
-            f"  reference: {p['ref']}\n  before:    {before_hyp.get(p['uid'], '')}\n"
-            f"  after:     {p['hyp']}\n"
-        )
+    print_examples(first.preds, final.preds)
     bundle = within_dir or tuned_dir
     print(f"demo dir:     {root}")
     print(f"run dir:      {run_dir}  (train.log, metrics.jsonl, eval/, checkpoints/)")
@@ -214,6 +193,43 @@ def run_new_language(options: DemoOptions) -> int:
         + ", ".join(f"{k} {v:.0f} s" for k, v in say.phases.items())
     )
     return 0
+
+
+def export_both(run_dir: Path, root: Path, say: Progress) -> tuple[Path, Path | None, dict | None]:
+    """The export phase: a bundle of the fine-tuned weights, and one of the largest share of
+    them within the guard.
+
+    Returns:
+        (the fine-tuned bundle, the within-guard bundle and its facts, or None and None when no
+        share kept the guard within tolerance)
+    """
+    say.phase(
+        "export",
+        "a bundle of the fine-tuned weights, and the largest share of them within the guard",
+    )
+    tuned_dir = export_bundle(finetuned_checkpoint(run_dir), root / "bundle-finetuned")
+    say(f"export: the fine-tuned weights: {tuned_dir}")
+    try:
+        within_dir, facts, _ = export_within_guard(
+            run_dir, None, SHARES, root / "bundle", "hf", lm=None, ct2_quantization=None,
+            max_shard_size=None, progress=say, say=say,
+        )  # fmt: skip
+    except UserError as e:
+        # No share within the guard is a finding of the demo, shown with the rest.
+        say(f"export: {e}")
+        return tuned_dir, None, None
+    say(f"export: {facts['share']:g} of the fine-tuned weights within the guard: {within_dir}")
+    return tuned_dir, within_dir, facts
+
+
+def print_examples(before: list[dict], after: list[dict], n: int = 3) -> None:
+    """The first ``n`` test clips: reference, the starting model's and the final hypothesis."""
+    before_hyp = {p["uid"]: p["hyp"] for p in before}
+    for p in after[:n]:
+        print(
+            f"  reference: {p['ref']}\n  before:    {before_hyp.get(p['uid'], '')}\n"
+            f"  after:     {p['hyp']}\n"
+        )
 
 
 def held_out_voices(language: str, seed: int) -> list[str]:
