@@ -55,16 +55,16 @@ class ByMetric:
         self.reason = ""
 
     def update(self, metrics: Mapping[str, float]) -> bool:
-        value = _metric(metrics, self.metric, self.name)
+        value = required_metric(metrics, self.metric, self.name)
         if not math.isfinite(value):
             self.reason = f"{self.metric} is {value}: never better"
             return False
         if self.best is None:
-            self.reason = f"first evaluation: {self.metric} {_f(value)}"
+            self.reason = f"first evaluation: {self.metric} {short_number(value)}"
         elif improves(value, self.best):
-            self.reason = f"{self.metric} {_f(value)} < best {_f(self.best)}"
+            self.reason = f"{self.metric} {short_number(value)} < best {short_number(self.best)}"
         else:
-            self.reason = f"{self.metric} {_f(value)} >= best {_f(self.best)}"
+            self.reason = f"{self.metric} {short_number(value)} >= best {short_number(self.best)}"
             return False
         self.best = value
         return True
@@ -123,44 +123,44 @@ class CombinedGate:
 
     def update(self, metrics: Mapping[str, float]) -> bool:
         m = self.metric
-        err = _metric(metrics, m, self.name)
-        loss = _metric(metrics, "loss", self.name)
+        err = required_metric(metrics, m, self.name)
+        loss = required_metric(metrics, "loss", self.name)
         bad = [f"{k} is {v}" for k, v in ((m, err), ("loss", loss)) if not math.isfinite(v)]
         if bad:
             self.reason = " and ".join(bad) + ": never better"
             return False
         best_err = getattr(self, f"best_{m}")
         if best_err is None or self.best_loss is None:
-            self.reason = f"first evaluation: {m} {_f(err)}, loss {_f(loss)}"
+            self.reason = f"first evaluation: {m} {short_number(err)}, loss {short_number(loss)}"
         else:
             better = []
             if improves(err, best_err):
-                better.append(f"{m} {_f(err)} < best {_f(best_err)}")
+                better.append(f"{m} {short_number(err)} < best {short_number(best_err)}")
             if improves(loss, self.best_loss):
-                better.append(f"loss {_f(loss)} < best {_f(self.best_loss)}")
+                better.append(f"loss {short_number(loss)} < best {short_number(self.best_loss)}")
             if not better:
                 self.reason = (
-                    f"neither {m} {_f(err)} < best {_f(best_err)} "
-                    f"nor loss {_f(loss)} < best {_f(self.best_loss)}"
+                    f"neither {m} {short_number(err)} < best {short_number(best_err)} "
+                    f"nor loss {short_number(loss)} < best {short_number(self.best_loss)}"
                 )
                 return False
             outside = []
             if not err < best_err + self.wer_tol:
-                outside.append(f"{m} {_f(err)} >= best {_f(best_err)} + wer_tol {_f(self.wer_tol)}")
+                outside.append(f"{m} {short_number(err)} >= best {short_number(best_err)} + wer_tol {short_number(self.wer_tol)}")
             if not loss < self.best_loss + self.loss_eps:
                 outside.append(
-                    f"loss {_f(loss)} >= best {_f(self.best_loss)} + loss_eps {_f(self.loss_eps)}"
+                    f"loss {short_number(loss)} >= best {short_number(self.best_loss)} + loss_eps {short_number(self.loss_eps)}"
                 )
             if outside:
                 self.reason = f"{' and '.join(better)}, but {' and '.join(outside)}"
                 return False
             self.reason = f"{' and '.join(better)}, within tolerances"
-        self.best_loss = _min(self.best_loss, loss)
+        self.best_loss = running_min(self.best_loss, loss)
         # both error rates' bests are kept (the one gated is always reported)
         for rate in ("wer", "cer"):
             value = float(metrics.get(rate, math.nan))
             if math.isfinite(value):
-                setattr(self, f"best_{rate}", _min(getattr(self, f"best_{rate}"), value))
+                setattr(self, f"best_{rate}", running_min(getattr(self, f"best_{rate}"), value))
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -257,13 +257,13 @@ class GuardGate:
     ) -> tuple[bool, str]:
         """``(value <= start + tolerance, why)``: the rule every guard figure is held to."""
         value = math.nan if value is None else float(value)
-        what = f"{what} {_f(value)}"
+        what = f"{what} {short_number(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The small margin absorbs float noise, so start + tolerance itself is within.
         if value > start + self.tolerance + 1e-12:
-            return False, f"{what} > start {_f(start)} + tolerance {_f(self.tolerance)}"
-        return True, f"{what} <= start {_f(start)} + tolerance {_f(self.tolerance)}"
+            return False, f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}"
+        return True, f"{what} <= start {short_number(start)} + tolerance {short_number(self.tolerance)}"
 
     @property
     def judges_lid(self) -> bool:
@@ -275,8 +275,8 @@ class GuardGate:
         if self.lid_start is None or self.lid_tolerance is None:
             raise RuntimeError("the guard judges no language identification (GuardGate.judges_lid)")
         value = math.nan if value is None else float(value)
-        what = f"guard language-ID accuracy {_f(value)}"
-        limits = f"start {_f(self.lid_start)} - tolerance {_f(self.lid_tolerance)}"
+        what = f"guard language-ID accuracy {short_number(value)}"
+        limits = f"start {short_number(self.lid_start)} - tolerance {short_number(self.lid_tolerance)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The same margin as for the WER: start - tolerance itself is within.
@@ -504,7 +504,7 @@ class Selector:
     def tracked_bests(self) -> dict[str, float]:
         """The policy's own bests over all saved evaluations (``best_wer``, ``best_loss``,
         ``best_cer``), which may come from evaluations other than the best checkpoint's."""
-        return _numbers(self.policy.state_dict())
+        return finite_numbers(self.policy.state_dict())
 
     @property
     def policy_name(self) -> str:
@@ -532,7 +532,7 @@ class Selector:
         reason = self.policy.reason
         unguarded = False
         if step == 0:  # the starting model, before any optimizer step
-            self.start = _numbers(metrics)
+            self.start = finite_numbers(metrics)
             reason = f"the starting model (step 0), {reason}"
         progressed = save
         if self.guard is not None:
@@ -552,10 +552,10 @@ class Selector:
             if progressed:
                 unguarded = not within
                 self.unguarded_step = step if unguarded else None
-                self.unguarded = _numbers(metrics) if unguarded else {}
+                self.unguarded = finite_numbers(metrics) if unguarded else {}
         self.n_evals += 1
         if save:
-            self.best_step, self.best = step, _numbers(metrics)
+            self.best_step, self.best = step, finite_numbers(metrics)
         stop_reason = None
         # patience counts evaluations without held-out progress: drift alone must not stop a
         # run that still improves on held-out data (the guard still decides what is best)
@@ -866,14 +866,15 @@ def resolve_group(
     )
 
 
-def _metric(metrics: Mapping[str, float], key: str, policy: str) -> float:
+def required_metric(metrics: Mapping[str, float], key: str, policy: str) -> float:
+    """``metrics[key]`` as a float (None reads as NaN); a KeyError naming ``policy`` when absent."""
     if key not in metrics:
         raise KeyError(f"policy {policy} needs metric {key!r}; got {sorted(metrics)}")
     value = metrics[key]
     return math.nan if value is None else float(value)
 
 
-def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+def finite_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The finite numbers of ``metrics`` (they go to strict JSON: train_state.json)."""
     return {
         k: v
@@ -882,9 +883,11 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _min(best: float | None, value: float) -> float:
+def running_min(best: float | None, value: float) -> float:
+    """The smaller of ``best`` (None: nothing yet) and ``value``."""
     return value if best is None else min(best, value)
 
 
-def _f(x: float) -> str:
+def short_number(x: float) -> str:
+    """``x`` to 4 significant digits, as the selection's reasons print figures."""
     return f"{x:.4g}"
