@@ -22,7 +22,7 @@ from asrforge.errors import UserError
 from asrforge.model.build import BuiltModel
 from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens
-from asrforge.selection import GuardGate
+from asrforge.selection.guard_gate import GuardGate
 from asrforge.train.guard import (
     build_guard,
     guard_language,

@@ -20,7 +20,7 @@ from asrforge.data.rules import SkipReport, language_filter
 from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import WHISPER_SPECIALS, SpecialTokens, train_bpe_tokenizer
-from asrforge.selection import build_selector
+from asrforge.selection.selector import build_selector
 from asrforge.text.languages import find_language_code, resolve_language
 from tests.conftest import save_english_only_model, tiny_config
 

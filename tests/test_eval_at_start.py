@@ -16,7 +16,8 @@ from asrforge.cli.train import _describe_best
 from asrforge.config import ConfigError, load_config
 from asrforge.matrix.report import collect, render
 from asrforge.model.build import build_model, build_tokenizer
-from asrforge.selection import ByWer, Selector
+from asrforge.selection.policies import ByWer
+from asrforge.selection.selector import Selector
 from asrforge.train.events import Callback
 from asrforge.train.guard import Guard
 from asrforge.train.loop import NOT_IMPROVED, Trainer

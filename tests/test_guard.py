@@ -13,7 +13,9 @@ import soundfile as sf
 
 from asrforge.config import GuardConfig
 from asrforge.errors import UserError
-from asrforge.selection import ByLoss, ByWer, CombinedGate, GuardGate, Selector
+from asrforge.selection.guard_gate import GuardGate
+from asrforge.selection.policies import ByLoss, ByWer, CombinedGate
+from asrforge.selection.selector import Selector
 from asrforge.train.guard import Guard, GuardItem, load_guard_items
 
 POLICIES = {"by_wer": ByWer, "by_loss": ByLoss, "combined_gate": CombinedGate}

@@ -13,13 +13,9 @@ from conftest import tiny_config
 from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.errors import CheckpointNotSupportedError
-from asrforge.selection import (
-    WITHIN_GUARD_SHARES,
-    ByWer,
-    GuardGate,
-    Selector,
-    largest_share_within,
-)
+from asrforge.selection.guard_gate import WITHIN_GUARD_SHARES, GuardGate, largest_share_within
+from asrforge.selection.policies import ByWer
+from asrforge.selection.selector import Selector
 from asrforge.train.guard import Guard
 from asrforge.train.loop import NOT_IMPROVED, Trainer
 
@@ -229,7 +225,7 @@ def test_shares_without_within_guard_is_refused(tmp_path, capsys):
 
 
 def test_the_refused_step_names_the_guard_s_metric():
-    from asrforge.selection import describe_refused
+    from asrforge.selection.guard_gate import describe_refused
 
     refused = {"cer": 0.10, "guard_wer": 0.30, "guard_start": 0.1, "guard_tolerance": 0.02}
     line = describe_refused(10, {**refused, "guard_metric": "cer"}, {"cer": 0.2},

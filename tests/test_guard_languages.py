@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asrforge.selection import GuardGate, describe_refused, largest_share_within
+from asrforge.selection.guard_gate import GuardGate, describe_refused, largest_share_within
 from asrforge.train.guard import Guard, GuardItem, log_text
 
 EN = ["the cat sat down", "a red sun rose", "we go home now", "it is very cold"] * 2

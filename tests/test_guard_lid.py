@@ -9,7 +9,9 @@ import json
 import pytest
 
 from asrforge.config import GuardConfig
-from asrforge.selection import ByWer, GuardGate, Selector, describe_refused
+from asrforge.selection.guard_gate import GuardGate, describe_refused
+from asrforge.selection.policies import ByWer
+from asrforge.selection.selector import Selector
 from asrforge.train.guard import load_guard_items
 
 

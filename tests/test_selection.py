@@ -10,17 +10,10 @@ from hypothesis import strategies as st
 
 from asrforge.config import ConfigError, SelectionConfig, load_config
 from asrforge.errors import UserError
-from asrforge.selection import (
-    ByLoss,
-    ByWer,
-    CombinedGate,
-    Decision,
-    GuardGate,
-    Patience,
-    Selector,
-    build_selector,
-    default_groups,
-)
+from asrforge.selection.groups import default_groups
+from asrforge.selection.guard_gate import GuardGate
+from asrforge.selection.policies import ByLoss, ByWer, CombinedGate, Patience
+from asrforge.selection.selector import Decision, Selector, build_selector
 
 
 def _evals(*pairs):
@@ -269,7 +262,7 @@ def test_no_catch_all_group():
 
 
 def test_shipped_yaml_is_plain_data():
-    from asrforge.selection import GROUPS_FILE
+    from asrforge.selection.groups import GROUPS_FILE
 
     data = yaml.safe_load(GROUPS_FILE.read_text())
     assert set(data) == {"A", "B", "C"}

@@ -11,7 +11,7 @@ import pytest
 
 from asrforge.config import SelectionConfig
 from asrforge.errors import UserError
-from asrforge.selection import build_selector
+from asrforge.selection.selector import build_selector
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
 

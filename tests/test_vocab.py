@@ -354,7 +354,7 @@ def test_a_language_without_a_token_gets_one_with_a_drawn_row(
     """Ganda (the seed's group C) has no Whisper token: the extension adds <|lg|> as its last
     id, its embedding row is drawn like the other new rows, and prompts of lg carry it."""
     from asrforge.config import SelectionConfig
-    from asrforge.selection import build_selector
+    from asrforge.selection.selector import build_selector
 
     rng = random.Random(0)
     words = ["omusajja", "abaana", "ekitabo", "ennyumba", "okulya", "ŋŋaali", "ŋumi", "ñña"]

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
-from asrforge.selection import Decision, Patience, improves
+from asrforge.selection.policies import Patience, improves
+from asrforge.selection.selector import Decision
 from asrforge.train.events import Callback
 from asrforge.train.state import TrainState
 

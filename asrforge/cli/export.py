@@ -10,7 +10,7 @@ from pathlib import Path
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import parse_size
 from asrforge.io.atomic import directory_problem
-from asrforge.selection import WITHIN_GUARD_SHARES
+from asrforge.selection.guard_gate import WITHIN_GUARD_SHARES
 
 # The bundle code loads torch and transformers: it is imported inside the handler, so building the
 # parser (`asrforge --help`) does not wait for it.

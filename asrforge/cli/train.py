@@ -11,7 +11,7 @@ from asrforge.config import external_code_allowed, load_config
 from asrforge.config_reference import fields_epilog
 from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
 from asrforge.io.atomic import directory_problem
-from asrforge.selection import format_metrics
+from asrforge.selection.policies import format_metrics
 from asrforge.train.events import CriticalCallbackError
 from asrforge.train.run_log import is_rank_zero
 

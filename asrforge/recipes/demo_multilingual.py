@@ -17,7 +17,7 @@ from asrforge.matrix.run import Launcher
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo import Progress, counting, pct, resolve_demo_run
 from asrforge.recipes.demo_options import MULTI_CONFIG, DemoOptions
-from asrforge.selection import resolve_group
+from asrforge.selection.groups import resolve_group
 from asrforge.text import primary_metric
 
 MULTI_LANGUAGES = ("es", "en", "zh")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.io.append import SymlinkRefused
-from asrforge.selection import Decision
+from asrforge.selection.selector import Decision
 from asrforge.train.state import TrainState
 
 log = logging.getLogger("asrforge.callbacks")

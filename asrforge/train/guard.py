@@ -27,7 +27,8 @@ from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.silence import segment
-from asrforge.selection import GuardGate, largest_share_within, run_language
+from asrforge.selection.groups import run_language
+from asrforge.selection.guard_gate import GuardGate, largest_share_within
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 
@@ -419,7 +420,7 @@ def measure_interpolations(
 ) -> tuple[float | None, list[tuple[float, float]]]:
     """The largest share of the fine-tuned weights, interpolated with the starting ones, whose
     guard stays within ``gate``'s tolerance, and the ``(share, guard figure)`` pairs measured
-    (:func:`asrforge.selection.largest_share_within`). ``model`` is loaded with each candidate
+    (:func:`asrforge.selection.guard_gate.largest_share_within`). ``model`` is loaded with each candidate
     in turn (left with the last one measured)."""
 
     def measure(share: float) -> float:

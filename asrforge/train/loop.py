@@ -15,7 +15,7 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
-from asrforge.selection import format_metrics
+from asrforge.selection.policies import format_metrics
 from asrforge.train.events import Callback, CallbackList
 from asrforge.train.precision import choose_precision, model_width
 from asrforge.train.run import FitResult, TrainingRun

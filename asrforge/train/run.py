@@ -21,7 +21,7 @@ from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
-from asrforge.selection import describe_refused
+from asrforge.selection.guard_gate import describe_refused
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import CallbackList, Decision, RunInfo
 from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
@@ -64,7 +64,7 @@ class FitResult:
     """The evaluation of the starting model at step 0 (``eval.at_start``); empty without one."""
     refused: str | None = None
     """What the forgetting guard refused that the policy alone would have chosen, and where
-    it is kept (``best-unguarded/``; :func:`~asrforge.selection.describe_refused`); None when
+    it is kept (``best-unguarded/``; :func:`~asrforge.selection.guard_gate.describe_refused`); None when
     it refused nothing the policy would have chosen."""
     out_of_time: bool = False
     """The run stopped at ``max_time`` with its resume state kept, for ``--resume`` to go on."""

@@ -54,7 +54,8 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.lowbit import prepare_for_training, quantization_config
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.model.tokenizer import load_tokenizer
-from asrforge.selection import Selector, build_selector, mixed_groups, run_language
+from asrforge.selection.groups import mixed_groups, run_language
+from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.loaders import RunLoaders
 from asrforge.train.precision import (  # noqa: F401 - bench/bench_packing.py imports them from here
