@@ -8,7 +8,7 @@ which holds the imports):
 
 * ``average``: ``average_checkpoints`` over the k checkpoints;
 * ``export``: what ``asrforge export`` does with the weights of a checkpoint with EMA: the raw
-  weights with the EMA tensors put over them (``_with_ema``, read lazily) written as the
+  weights with the EMA tensors put over them (``ema_weights``, read lazily) written as the
   bundle's weights (``save_weights_sharded``), with the same layout as the input.
 
 Run: ``.venv/bin/python bench/bench_shards.py [--shard-mb 100] [--dir /tmp/x]`` (writes 4.2 GB).
@@ -36,7 +36,7 @@ def hwm():  # peak RSS of this process image
     with open("/proc/self/status") as f:
         return int(re.search(r"VmHWM:\\s+(\\d+)", f.read()).group(1)) * 1024
 
-from asrforge.bundle.export import _with_ema
+from asrforge.bundle.export import ema_weights
 from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.training import save_weights_sharded
 
@@ -47,7 +47,7 @@ if what == "average":
 else:
     Path(out).mkdir()
     limit = int(max_bytes) or None
-    save_weights_sharded(Path(out), "model", _with_ema(Path(inputs[0])), max_shard_bytes=limit)
+    save_weights_sharded(Path(out), "model", ema_weights(Path(inputs[0])), max_shard_bytes=limit)
 print(hwm(), base)
 """
 

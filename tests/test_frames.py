@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import WhisperConfig
 
-from asrforge.bundle.export import _feature_config
+from asrforge.bundle.export import feature_config
 from asrforge.config import ModelConfig
 from asrforge.model.frames import window_seconds
 
@@ -18,14 +18,14 @@ def test_every_window_length_is_the_same_rate(positions):
     assert window_seconds(whisper) == seconds
     assert window_seconds(ModelConfig(max_source_positions=positions)) == seconds
     assert ModelConfig(max_source_positions=positions).chunk_seconds == seconds
-    assert _feature_config(whisper).chunk_length == positions // 50
+    assert feature_config(whisper).chunk_length == positions // 50
 
 
 def test_an_exported_window_of_a_fraction_of_a_second_rounds_down_as_before():
     """A pretrained model's window need not be whole seconds (the config only checks its own)."""
     whisper = WhisperConfig(max_source_positions=175, num_mel_bins=80)
     assert window_seconds(whisper) == 3.5
-    assert _feature_config(whisper).chunk_length == 3
+    assert feature_config(whisper).chunk_length == 3
 
 
 def test_a_timestamp_token_is_one_encoder_position_in_every_layer():

@@ -47,9 +47,9 @@ def _latest(run_dir: Path) -> Path:
 
 def _base_model(ckpt: Path):
     """The base the run trained on, rebuilt from its checkpoint as training built it."""
-    from asrforge.bundle.export import _read_train_config
+    from asrforge.bundle.export import read_train_config
 
-    cfg = _read_train_config(ckpt / "config.yaml")
+    cfg = read_train_config(ckpt / "config.yaml")
     tok = load_tokenizer(ckpt / "tokenizer")
     return build_model(cfg.model, tok, cfg.seed).model.eval(), tok
 
@@ -162,9 +162,9 @@ def test_ct2_export_of_a_lora_run_decodes_as_the_merged_bundle(lora_run, tmp_pat
 
 def test_adapters_on_other_base_weights_are_refused(lora_run):
     ckpt = _latest(lora_run)
-    from asrforge.bundle.export import _read_train_config
+    from asrforge.bundle.export import read_train_config
 
-    cfg = _read_train_config(ckpt / "config.yaml")
+    cfg = read_train_config(ckpt / "config.yaml")
     tok = load_tokenizer(ckpt / "tokenizer")
     adapters = load_file(ckpt / "model.safetensors")
     with pytest.raises(UserError, match="trained on other base weights"):

@@ -150,7 +150,7 @@ def export_bundle(
     except ValueError as e:
         raise UserError(f"max_shard_size: {e}") from None
     _check_out(out, source)
-    converter = _ct2_converter() if fmt == "ct2" else None
+    converter = ct2_converter() if fmt == "ct2" else None
     kind, path = resolve_source(source)
     if kind == "pretrained":
         if weights not in (None, "raw"):
@@ -182,7 +182,7 @@ def _export_contents(
     log.info("exporting %s", contents.note)
     _check_timestamp_reading(contents.tokenizer, "ct2" if converter is not None else "hf")
     if converter is not None:
-        return _write_ct2(contents, out, converter, ct2_quantization, shard_bytes)
+        return write_ct2(contents, out, converter, ct2_quantization, shard_bytes)
     return write_bundle(contents, out, max_shard_bytes=shard_bytes)
 
 
@@ -204,7 +204,7 @@ def export_interpolated(
         shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     except ValueError as e:
         raise UserError(f"max_shard_size: {e}") from None
-    converter = _ct2_converter() if fmt == "ct2" else None
+    converter = ct2_converter() if fmt == "ct2" else None
     source = {**contents.inference.source, "within_guard": facts}
     contents = dataclasses.replace(
         contents,
@@ -234,7 +234,7 @@ def finetuned_checkpoint(source: Path) -> Path:
 
 def read_run_config(ckpt: Path) -> TrainConfig:
     """The config ``ckpt`` was trained with (its ``config.yaml``)."""
-    return _read_train_config(ckpt / "config.yaml")
+    return read_train_config(ckpt / "config.yaml")
 
 
 def check_same_start(
@@ -248,7 +248,7 @@ def check_same_start(
     """
     copies: dict[int, torch.Tensor] = {}
     own = {}
-    for name, tensor in _in_memory(finetuned).items():
+    for name, tensor in in_memory(finetuned).items():
         if id(tensor) not in copies:
             copies[id(tensor)] = tensor.clone()
         own[name] = copies[id(tensor)]
@@ -280,11 +280,11 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
     for candidate in (root / "step-000000", root / "best"):
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
-            return _in_memory(contents.state), str(candidate)
-    cfg = _read_train_config(ckpt / "config.yaml")
+            return in_memory(contents.state), str(candidate)
+    cfg = read_train_config(ckpt / "config.yaml")
     pretrained = cfg.model.pretrained
     if pretrained is not None and (Path(pretrained) / "config.json").is_file():
-        return _read_pretrained_weights(Path(pretrained)), str(pretrained)
+        return read_pretrained_weights(Path(pretrained)), str(pretrained)
     gone = (
         f"and model.pretrained {pretrained} is not there"
         if pretrained is not None
@@ -354,9 +354,9 @@ def export_adapter(source: str | Path, out: str | Path, weights: Weights | None 
         raise UserError(f"--adapter-only: --weights must be ema or raw, got {chosen!r}")
     if chosen == "ema" and not has_ema:
         raise UserError(f"{ckpt}: has no EMA weights (train.ema_decay was off); use --weights raw")
-    cfg = _read_train_config(ckpt / "config.yaml")
+    cfg = read_train_config(ckpt / "config.yaml")
     adapters = (
-        _with_ema(ckpt) if chosen == "ema" else LazyWeights.open(ckpt, MODEL_STEM)
+        ema_weights(ckpt) if chosen == "ema" else LazyWeights.open(ckpt, MODEL_STEM)
     ).materialize()
     base = str(cfg.model.pretrained) if cfg.model.pretrained is not None else None
     with atomic_directory(out) as tmp:
@@ -395,8 +395,8 @@ def bundle_from_checkpoint(
 
 
 def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bundle:
-    model = check_tensors(_shapes(contents.state), contents.config, "weights")
-    model.load_state_dict(_in_memory(contents.state), strict=False, assign=True)
+    model = check_tensors(tensor_shapes(contents.state), contents.config, "weights")
+    model.load_state_dict(in_memory(contents.state), strict=False, assign=True)
     model.tie_weights()
     model.generation_config = contents.generation
     return Bundle(model, contents.tokenizer, contents.inference, device=device)
@@ -467,7 +467,7 @@ def checkpoint_contents(
     files = manifest["files"]
     if "config.yaml" not in files or not any(f.startswith("tokenizer/") for f in files):
         raise CheckpointError(f"{ckpt}: not a training checkpoint (no config.yaml or tokenizer/)")
-    cfg = _read_train_config(ckpt / "config.yaml")
+    cfg = read_train_config(ckpt / "config.yaml")
     tokenizer = load_tokenizer(ckpt / "tokenizer")
     multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual, cfg.data.language_tokens)
@@ -481,7 +481,7 @@ def checkpoint_contents(
             raise UserError(
                 f"{ckpt}: has no EMA weights (train.ema_decay was off); use --weights raw"
             )
-        state = _with_ema(ckpt)
+        state = ema_weights(ckpt)
     elif chosen == "raw":
         state = LazyWeights.open(ckpt, MODEL_STEM)
     elif chosen == "average":
@@ -496,7 +496,7 @@ def checkpoint_contents(
                 f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
                 "updates: use --weights raw or ema"
             )
-        state = lora.merged_state(cfg, tokenizer, _in_memory(state), manifest[lora.BASE_KEY], ckpt)
+        state = lora.merged_state(cfg, tokenizer, in_memory(state), manifest[lora.BASE_KEY], ckpt)
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
     languages, stats = None, None
@@ -512,18 +512,19 @@ def checkpoint_contents(
             "weights": chosen,
             "multilingual": multilingual,
             "languages": languages,
-            "features": _feature_config(config, stats).model_dump(),
+            "features": feature_config(config, stats).model_dump(),
             "source": source,
         }
     )
-    generation = _generation_config(base_gen, config, specials, icfg)
+    generation = generation_config(base_gen, config, specials, icfg)
     step = manifest.get("step")
     where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == "checkpoints" else str(ckpt)
     note = f"{where} (step {step}), {chosen} weights"
     return BundleContents(state, config, generation, tokenizer, icfg, note)
 
 
-def _read_train_config(path: Path) -> TrainConfig:
+def read_train_config(path: Path) -> TrainConfig:
+    """The training config saved at ``path``; a UserError naming it when it is unreadable."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return load_config(data=data)
@@ -536,7 +537,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
     config = WhisperConfig.from_pretrained(str(hf_dir), local_files_only=True)
     if config.model_type != "whisper":
         raise UserError(f"{hf_dir}: a {config.model_type!r} model, not Whisper")
-    state = _read_pretrained_weights(hf_dir)
+    state = read_pretrained_weights(hf_dir)
     tokenizer = load_tokenizer(hf_dir)
     multilingual = is_multilingual(ModelConfig(pretrained=hf_dir))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual)
@@ -562,15 +563,16 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
             "weights": "pretrained",
             "multilingual": multilingual,
             "languages": languages,
-            "features": _feature_config(config).model_dump(),
+            "features": feature_config(config).model_dump(),
             "source": {"pretrained": str(hf_dir)},
         }
     )
-    generation = _generation_config(base_gen, config, specials, icfg)
+    generation = generation_config(base_gen, config, specials, icfg)
     return BundleContents(state, config, generation, tokenizer, icfg, f"pretrained model {hf_dir}")
 
 
-def _read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+def read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights of a transformers directory: one safetensors file or its shards."""
     index = hf_dir / "model.safetensors.index.json"
     if (hf_dir / MODEL_FILE).is_file():
         shards = [hf_dir / MODEL_FILE]
@@ -600,7 +602,7 @@ def _multilingual(cfg: ModelConfig, vocab_size: int, recorded: bool | None = Non
     return vocab_size >= 51865  # transformers' rule, for checkpoints that did not record it
 
 
-def _with_ema(ckpt: Path) -> LazyWeights:
+def ema_weights(ckpt: Path) -> LazyWeights:
     """Raw weights with the EMA tensors put over them, cast to the raw dtypes (EMA keeps
     trainable parameters only: frozen ones and buffers come from the raw weights); tied aliases
     are the raw weights' (an EMA alias of a kept name reads the kept name's EMA tensor)."""
@@ -611,12 +613,12 @@ def _with_ema(ckpt: Path) -> LazyWeights:
         raise CheckpointError(f"{ckpt / EMA_FILE}: {e}") from None
 
 
-def _in_memory(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def in_memory(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` as a dict of tensors (a lazy one read whole; ties kept as one object)."""
     return state.materialize() if isinstance(state, LazyWeights) else dict(state)
 
 
-def _shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     """Name -> shape, without reading a lazy state's tensors."""
     if isinstance(state, LazyWeights):
         return state.shapes()
@@ -695,7 +697,7 @@ def _whisper_config(
             "not record the model's shape (written by an older asrforge): the attention heads "
             "cannot be read from the weights. Restore that directory to export this checkpoint"
         )
-    shapes = _shapes(state)
+    shapes = tensor_shapes(state)
     config.vocab_size = int(shapes["model.decoder.embed_tokens.weight"][0])
     config.use_cache = True
     config.architectures = ["WhisperForConditionalGeneration"]
@@ -719,7 +721,7 @@ def _config_from_record(cfg: ModelConfig, tokenizer: WhisperTokenizer) -> Whispe
     )
 
 
-def _generation_config(
+def generation_config(
     base: GenerationConfig | None, config: WhisperConfig, specials: SpecialTokens, icfg: Any
 ) -> GenerationConfig:
     """What transformers' ``generate`` and ASR pipeline need to decode as ``Bundle`` does: the
@@ -749,7 +751,9 @@ def _generation_config(
     return GenerationConfig(**fields)
 
 
-def _feature_config(config: WhisperConfig, stats: tuple | None = None) -> FeatureConfig:
+def feature_config(config: WhisperConfig, stats: tuple | None = None) -> FeatureConfig:
+    """The bundle's feature settings for ``config``'s window, with the data's log-mel ``stats``
+    (mean, std, count) when the run normalized by them."""
     mean, std, n = stats if stats else (None, None, 0)
     chunk = int(window_seconds(config))
     return FeatureConfig(feature_size=config.num_mel_bins, chunk_length=chunk, mean=mean, std=std,
@@ -777,7 +781,7 @@ def _data_facts(
         langs = [c for c in langs if c in specials.languages]
     stats = None
     if n_stats > 0 and len(split):
-        fe, frames = _feature_config(config).extractor(), []
+        fe, frames = feature_config(config).extractor(), []
         for row in split.select_columns(["audio"]):
             audio = row["audio"]
             try:
@@ -897,7 +901,7 @@ def write_bundle(
     return out
 
 
-def _ct2_converter() -> type:
+def ct2_converter() -> type:
     """CTranslate2's own converter class (an optional dependency)."""
     try:
         from ctranslate2.converters import TransformersConverter
@@ -908,7 +912,7 @@ def _ct2_converter() -> type:
     return TransformersConverter
 
 
-def _write_ct2(
+def write_ct2(
     contents: BundleContents,
     out: Path,
     converter: type,
