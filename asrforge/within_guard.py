@@ -7,15 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from asrforge.bundle.contents import checkpoint_contents, read_run_config, with_lm
 from asrforge.bundle.export import (
     check_same_start,
-    checkpoint_contents,
     contents_to_bundle,
     export_interpolated,
     finetuned_checkpoint,
-    read_run_config,
     start_weights,
-    with_lm,
 )
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.errors import UserError

@@ -36,7 +36,7 @@ def hwm():  # peak RSS of this process image
     with open("/proc/self/status") as f:
         return int(re.search(r"VmHWM:\\s+(\\d+)", f.read()).group(1)) * 1024
 
-from asrforge.bundle.export import ema_weights
+from asrforge.bundle.contents import ema_weights
 from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.training import save_weights_sharded
 

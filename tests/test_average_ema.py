@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asrforge.bundle.export import checkpoint_contents
+from asrforge.bundle.contents import checkpoint_contents
 from asrforge.checkpoint.average import average_checkpoints
 from asrforge.checkpoint.manifest import read_manifest, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights

@@ -24,9 +24,10 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
-from asrforge.bundle.export import export_bundle, write_bundle_manifest
+from asrforge.bundle.export import export_bundle
 from asrforge.bundle.load import Bundle, load_bundle
 from asrforge.bundle.schema import INFERENCE_CONFIG
+from asrforge.bundle.write import write_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.checkpoint.training import load_weights
 from asrforge.cli import main

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import WhisperConfig
 
-from asrforge.bundle.export import feature_config
+from asrforge.bundle.contents import feature_config
 from asrforge.config import ModelConfig
 from asrforge.model.frames import window_seconds
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import GenerationConfig, WhisperConfig
 
-from asrforge.bundle.export import generation_config as bundle_generation_config
+from asrforge.bundle.contents import generation_config as bundle_generation_config
 from asrforge.convert.ct2 import _generation_config as ct2_generation_config
 from asrforge.model.build import _set_generation_defaults
 from asrforge.model.tokenizer import SpecialTokens

@@ -47,7 +47,7 @@ def _latest(run_dir: Path) -> Path:
 
 def _base_model(ckpt: Path):
     """The base the run trained on, rebuilt from its checkpoint as training built it."""
-    from asrforge.bundle.export import read_train_config
+    from asrforge.bundle.contents import read_train_config
 
     cfg = read_train_config(ckpt / "config.yaml")
     tok = load_tokenizer(ckpt / "tokenizer")
@@ -162,7 +162,7 @@ def test_ct2_export_of_a_lora_run_decodes_as_the_merged_bundle(lora_run, tmp_pat
 
 def test_adapters_on_other_base_weights_are_refused(lora_run):
     ckpt = _latest(lora_run)
-    from asrforge.bundle.export import read_train_config
+    from asrforge.bundle.contents import read_train_config
 
     cfg = read_train_config(ckpt / "config.yaml")
     tok = load_tokenizer(ckpt / "tokenizer")

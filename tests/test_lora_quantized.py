@@ -66,7 +66,7 @@ def _latest(run_dir: Path) -> Path:
 
 
 def _full_precision_base(ckpt: Path):
-    from asrforge.bundle.export import read_train_config
+    from asrforge.bundle.contents import read_train_config
 
     cfg = read_train_config(ckpt / "config.yaml")
     return build_model(cfg.model, load_tokenizer(ckpt / "tokenizer"), cfg.seed).model.eval(), cfg

@@ -6,7 +6,7 @@ lowest corpus error rate (WER, or CER when a language is scored by characters) w
 to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is beam search
 without the LM (bit for bit), so the recorded weights never score worse on that split than no
 LM. The manifest is rewritten in one atomic rename and sealed afresh
-(:func:`asrforge.bundle.export.update_bundle_manifest`): the bundle is never half-updated.
+(:func:`asrforge.bundle.write.update_bundle_manifest`): the bundle is never half-updated.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from asrforge.bundle.export import update_bundle_manifest
 from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+from asrforge.bundle.write import update_bundle_manifest
 from asrforge.config import DataConfig
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError

@@ -1,0 +1,135 @@
+"""Writing bundle contents to a directory, as transformers files (``hf``) or CTranslate2's
+format (``ct2``), with the sealed manifest."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from asrforge.bundle.contents import BundleContents
+from asrforge.bundle.load import (
+    SEAL_KEY,
+    manifest_digest,
+    verify_bundle,
+)
+from asrforge.bundle.schema import (
+    BUNDLE_VERSION,
+    INFERENCE_CONFIG,
+)
+from asrforge.checkpoint.manifest import (
+    MANIFEST_NAME,
+    manifest_seal,
+    write_manifest,
+)
+from asrforge.checkpoint.manifest import SEAL_KEY as FILES_SEAL
+from asrforge.checkpoint.training import (
+    MODEL_STEM,
+    save_weights_sharded,
+)
+from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_directory, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def write_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``manifest.json`` (sha256 of every file) and seal it with its own digest."""
+    manifest = write_manifest(directory, meta)
+    manifest[SEAL_KEY] = manifest_digest(manifest)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write_hf_files(
+    contents: BundleContents, directory: Path, max_shard_bytes: int | None = None
+) -> None:
+    save_weights_sharded(directory, MODEL_STEM, contents.state, max_shard_bytes=max_shard_bytes)
+    contents.config.save_pretrained(str(directory))
+    contents.generation.save_pretrained(str(directory))
+    # transformers ignores this cleanup for BPE tokenizers and warns on every decode when set
+    contents.tokenizer.clean_up_tokenization_spaces = False
+    contents.tokenizer.save_pretrained(str(directory))
+    contents.inference.features.extractor().save_pretrained(str(directory))
+
+
+def _write_inference_config(contents: BundleContents, directory: Path, fmt: str) -> None:
+    icfg = contents.inference.model_copy(update={"format": fmt})
+    text = json.dumps(icfg.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    (directory / INFERENCE_CONFIG).write_text(text, encoding="utf-8")
+
+
+def _copy_lm(contents: BundleContents, directory: Path) -> None:
+    if contents.lm is not None:
+        shutil.copyfile(contents.lm, directory / contents.inference.lm.file)
+
+
+def update_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Add ``meta`` to a bundle's manifest (the files unchanged) and seal it afresh, in one
+    atomic rename: the bundle is verified first and is never left half-updated."""
+
+    manifest = verify_bundle(directory)
+    body = {k: v for k, v in manifest.items() if k not in (FILES_SEAL, SEAL_KEY)}
+    body.update(meta)
+    body[FILES_SEAL] = manifest_seal(body)
+    body[SEAL_KEY] = manifest_digest(body)
+    atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(body, indent=2) + "\n")
+    return body
+
+
+def write_bundle(
+    contents: BundleContents, out: Path, *, max_shard_bytes: int | None = 5 * 10**9
+) -> Path:
+    """Write ``contents`` as a transformers-format bundle at ``out``, atomically; weights past
+    ``max_shard_bytes`` sharded."""
+    with atomic_directory(out) as tmp:
+        _write_hf_files(contents, tmp, max_shard_bytes)
+        _write_inference_config(contents, tmp, "hf")
+        _copy_lm(contents, tmp)
+        for p in tmp.iterdir():
+            p.chmod(0o644)  # safetensors writes 0o600
+        write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})
+    log.info("wrote the bundle %s (%s)", out, contents.note)
+    return out
+
+
+def ct2_converter() -> type:
+    """CTranslate2's own converter class (an optional dependency)."""
+    try:
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        raise UserError(
+            "--format ct2 needs the optional dependency ctranslate2 (pip install ctranslate2)"
+        ) from None
+    return TransformersConverter
+
+
+def write_ct2(
+    contents: BundleContents,
+    out: Path,
+    converter: type,
+    quantization: str | None,
+    max_shard_bytes: int | None = None,
+) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".asrforge-hf-", dir=out.parent) as hf_dir:
+        _write_hf_files(contents, Path(hf_dir), max_shard_bytes)
+        with atomic_directory(out) as tmp:
+            copy = [
+                f
+                for f in ("tokenizer.json", "preprocessor_config.json")
+                if (Path(hf_dir) / f).is_file()
+            ]
+            converter(hf_dir, copy_files=copy, load_as_float16=False).convert(
+                str(tmp), quantization=quantization, force=True
+            )
+            _write_inference_config(contents, tmp, "ct2")
+            _copy_lm(contents, tmp)
+            write_bundle_manifest(
+                tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2"}
+            )
+    log.info("wrote the CTranslate2 bundle %s (%s)", out, contents.note)
+    return out
