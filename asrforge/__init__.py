@@ -18,7 +18,7 @@ _EXPORTS = {
     "build_callbacks": "asrforge.callbacks",
     "Callback": "asrforge.train.events",
     "load_bundle": "asrforge.bundle.load",
-    "Bundle": "asrforge.bundle.load",
+    "Bundle": "asrforge.bundle.inference",
     "export_bundle": "asrforge.bundle.export",
     "wer": "asrforge.text",
     "cer": "asrforge.text",
@@ -45,7 +45,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from asrforge.bundle.export import export_bundle
-    from asrforge.bundle.load import Bundle, load_bundle
+    from asrforge.bundle.inference import Bundle
+    from asrforge.bundle.load import load_bundle
     from asrforge.callbacks import build_callbacks
     from asrforge.checkpoint.average import average_checkpoints
     from asrforge.config import TrainConfig, load_config

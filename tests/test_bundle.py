@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asrforge.bundle.export import export_bundle
-from asrforge.bundle.load import Bundle, load_bundle
+from asrforge.bundle.inference import Bundle
+from asrforge.bundle.load import load_bundle
 from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.bundle.write import write_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest

@@ -16,7 +16,8 @@ from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
 
 from asrforge.bundle.export import bundle_from_pretrained, export_bundle
-from asrforge.bundle.load import Bundle, load_bundle
+from asrforge.bundle.inference import Bundle
+from asrforge.bundle.load import load_bundle
 from asrforge.model.silence import quietest_point, segment, split_points
 
 SR = 16_000

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from asrforge._lazy import lazy_exports
 
 _EXPORTS = {
-    "Bundle": "asrforge.bundle.load",
-    "Transcript": "asrforge.bundle.load",
+    "Bundle": "asrforge.bundle.inference",
+    "Transcript": "asrforge.bundle.inference",
     "Segment": "asrforge.model.longform",
     "load_bundle": "asrforge.bundle.load",
     "verify_bundle": "asrforge.bundle.load",
@@ -38,7 +38,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from asrforge.bundle.export import bundle_from_checkpoint, bundle_from_pretrained, export_bundle
-    from asrforge.bundle.load import Bundle, Transcript, load_bundle, verify_bundle
+    from asrforge.bundle.inference import Bundle, Transcript
+    from asrforge.bundle.load import load_bundle, verify_bundle
     from asrforge.bundle.schema import BUNDLE_VERSION, InferenceConfig
     from asrforge.model.longform import Segment
 

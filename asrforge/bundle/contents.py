@@ -18,10 +18,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import GenerationConfig, WhisperConfig
 
-from asrforge.bundle.load import (
-    MODEL_FILE,
-    check_tensors,
-)
+from asrforge.bundle.load import MODEL_FILE, check_tensors
 from asrforge.bundle.schema import (
     MODEL_SHAPE,
     FeatureConfig,

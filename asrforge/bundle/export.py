@@ -26,11 +26,8 @@ from asrforge.bundle.contents import (
     tensor_shapes,
     with_lm,
 )
-from asrforge.bundle.load import (
-    MODEL_FILE,
-    Bundle,
-    check_tensors,
-)
+from asrforge.bundle.inference import Bundle
+from asrforge.bundle.load import MODEL_FILE, check_tensors
 from asrforge.bundle.schema import (
     INFERENCE_CONFIG,
 )

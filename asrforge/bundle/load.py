@@ -1,4 +1,5 @@
-"""Loading an inference bundle and transcribing with it, with no training code imported.
+"""Loading an inference bundle and checking every file of it, with no training code imported; the
+loaded :class:`~asrforge.bundle.inference.Bundle` transcribes.
 
 :func:`load_bundle` checks, in this order, before any weight is read: that the directory is not a
 training checkpoint or run (which must be exported first), every file against the manifest's
@@ -19,12 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
@@ -38,24 +36,19 @@ from asrforge.bundle.schema import (
 )
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.checkpoint.shards import index_name, weight_files
-from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
-from asrforge.lm.fusion import ShallowFusion
 from asrforge.lm.ngram import read_arpa
-from asrforge.model.fallback import Fallback
-from asrforge.model.frames import window_seconds
-from asrforge.model.longform import Segment, choose_chunking, transcribe_long
-from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
-from asrforge.text.languages import find_language_code
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError
 except ImportError:
     # Older versions raise TypeError or ValueError for a wrong type, if anything.
     StrictDataclassError = ValueError
+from asrforge.bundle.inference import Bundle
 
 log = logging.getLogger(__name__)
+
 
 MODEL_FILE = "model.safetensors"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -67,8 +60,6 @@ ALIASES_KEY = "asrforge_aliases"  # as written by asrforge.checkpoint.training.s
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 """Files that may hold a pickle: a bundle with one is refused (none is ever opened)."""
 _PICKLE_OR_ZIP = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
-
-Audio = str | Path | bytes | np.ndarray
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -424,349 +415,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CheckpointCorruptError(f"{path}: not a JSON object")
     return data
-
-
-@dataclass
-class Transcript:
-    """One recording's transcription."""
-
-    text: str
-    language: str
-    seconds: float
-    """Duration of the audio."""
-    segments: list[Segment] = field(default_factory=list)
-    """Stretches of the audio with their text, in order, times in seconds."""
-    chunking: str = "timestamps"
-    """How long audio was cut into windows: ``timestamps`` or ``silence``."""
-
-
-class Bundle:
-    """A model ready to transcribe: weights, tokenizer, log-mel front end and inference config.
-
-    Args:
-        model: a Whisper model (put in eval mode, moved to ``device``).
-        tokenizer: its tokenizer.
-        config: the bundle's ``InferenceConfig``.
-        path: where it was loaded from, if anywhere.
-        device: where the model runs.
-        lm: the word n-gram LM (:class:`~asrforge.lm.ngram.NGramLM`) beam search fuses, if any.
-        lm_weights: ``alpha`` and ``beta`` ``asrforge lm tune`` recorded (default: the inference
-            config's ``lm.alpha``/``lm.beta``).
-    """
-
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        config,
-        *,
-        path: Path | None = None,
-        device="cpu",
-        lm=None,
-        lm_weights: dict[str, Any] | None = None,
-    ):
-        self.device = torch.device(device)
-        if self.device.type == "cpu":
-            model = model.float()
-        self.model = model.to(self.device).eval()
-        self.tokenizer = tokenizer
-        self.config = config
-        self.path = path
-        self.specials = SpecialTokens.from_tokenizer(
-            tokenizer, config.multilingual, config.data.language_tokens
-        )
-        self.features = config.features.extractor()
-        self.lm = lm
-        self.lm_weights = dict(lm_weights or {})
-
-    @property
-    def version(self) -> str:
-        return self.config.bundle_version
-
-    @property
-    def languages(self) -> list[str]:
-        return list(self.config.languages)
-
-    @property
-    def window_seconds(self) -> float:
-        """The encoder's window: longer audio is cut into windows (see ``model/longform.py``)."""
-        return window_seconds(self.model.config)
-
-    def __repr__(self) -> str:
-        return (
-            f"Bundle({self.path or '<memory>'}, version {self.version}, weights "
-            f"{self.config.weights}, languages {self.languages})"
-        )
-
-    # -- audio and language -------------------------------------------------------------------
-    def load_audio(self, audio: Audio, sampling_rate: int | None = None) -> np.ndarray:
-        """A path (wav/flac/mp3/... at any rate), encoded bytes, or a float array ->
-        (n_samples,) float32 at 16 kHz.
-
-        Args:
-            sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
-                and bytes carry their own rate.
-
-        Raises:
-            UserError: a missing or unreadable file, an array that is not 1-D, or a rate <= 0.
-        """
-        if isinstance(audio, np.ndarray):
-            if audio.ndim != 1:
-                raise UserError(f"audio array must be 1-D (mono), got shape {audio.shape}")
-            rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
-            if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
-                raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
-            return resample(audio.astype(np.float32, copy=False), int(rate), SAMPLE_RATE)
-        if isinstance(audio, bytes | bytearray):
-            return decode_audio(bytes(audio), SAMPLE_RATE)
-        if isinstance(audio, str | Path):
-            if Path(audio).is_dir():
-                raise UserError(f"{audio}: a directory, not an audio file")
-            if not Path(audio).is_file():
-                raise UserError(f"{audio}: no such audio file")
-            return decode_audio(Path(audio), SAMPLE_RATE)
-        raise UserError(f"audio must be a path, bytes or a numpy array, got {type(audio).__name__}")
-
-    def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
-        """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
-        language, or the one detected among the bundle's languages."""
-        if language is not None:  # a code, name or locale ("de", "German", "de-AT")
-            code = find_language_code(language) or language.strip().lower()
-            if not self.specials.multilingual:
-                if code not in ("en", "english"):
-                    raise UserError(f"language {language!r}: this bundle is English-only")
-                return "en"
-            if code not in self._language_ids():
-                raise UserError(
-                    f"unknown language {language!r}: this bundle transcribes "
-                    f"{', '.join(sorted(self._language_ids()))}"
-                )
-            return code
-        if not self.specials.multilingual:
-            return "en"
-        ids = self._language_ids()
-        if len(ids) == 1:
-            return next(iter(ids))
-        return self.detect_language(audio)
-
-    def _language_ids(self) -> dict[str, int]:
-        langs = self.config.languages or list(self.specials.languages)
-        return {c: self.specials.languages[c] for c in langs if c in self.specials.languages}
-
-    @torch.no_grad()
-    def detect_language(self, audio: Audio) -> str:
-        """The most likely of the bundle's languages for the first window of ``audio`` (the
-        decoder's distribution after ``<|startoftranscript|>``, as Whisper detects)."""
-        wave = self.load_audio(audio)
-        first = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
-        enc = self._encode([wave[first[0] : first[1]]])
-        sot = torch.tensor([[self.specials.sot]], device=self.device)
-        h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
-        logits = self.model.proj_out(h[:, -1])[0]
-        ids = self._language_ids()
-        codes = list(ids)
-        return codes[int(logits[[ids[c] for c in codes]].argmax())]
-
-    # -- transcription ------------------------------------------------------------------------
-    def transcribe(
-        self,
-        audio: Audio,
-        language: str | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        chunking: str | None = None,
-        sampling_rate: int | None = None,
-        beam_size: int = 1,
-    ) -> str:
-        """Transcribe one recording of any length.
-
-        Args:
-            audio: a path, encoded bytes, or a (n_samples,) float32 array.
-            language: ISO code; default: the bundle's only language, else detected.
-            max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking, beam_size: see :meth:`recognize`.
-            sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
-        """
-        return self.recognize(
-            [audio],
-            language,
-            max_new_tokens=max_new_tokens,
-            chunking=chunking,
-            sampling_rate=sampling_rate,
-            beam_size=beam_size,
-        )[0].text
-
-    def transcribe_many(
-        self,
-        audios: Sequence[Audio],
-        language: str | Sequence[str | None] | None = None,
-        *,
-        batch_size: int = 8,
-        max_new_tokens: int | None = None,
-        chunking: str | None = None,
-        sampling_rate: int | None = None,
-        beam_size: int = 1,
-    ) -> list[str]:
-        """Transcribe several recordings; windows of all of them are decoded in batches.
-        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz)."""
-        return [
-            t.text
-            for t in self.recognize(
-                audios,
-                language,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                chunking=chunking,
-                sampling_rate=sampling_rate,
-                beam_size=beam_size,
-            )
-        ]
-
-    def lm_alpha_beta(self) -> tuple[float, float]:
-        """The LM weight and word bonus to decode with: tuned ones, else the recorded defaults."""
-        info = self.config.lm
-        return (
-            float(self.lm_weights.get("alpha", info.alpha if info else 0.0)),
-            float(self.lm_weights.get("beta", info.beta if info else 0.0)),
-        )
-
-    def fusion(self, alpha: float | None = None, beta: float | None = None):
-        """A :class:`~asrforge.lm.fusion.ShallowFusion` of the bundle's LM for beam search
-        (None when it has none); ``alpha``/``beta`` default to :meth:`lm_alpha_beta`."""
-        if self.lm is None:
-            return None
-
-        tuned = self.lm_alpha_beta()
-        return ShallowFusion(
-            self.lm,
-            self.tokenizer,
-            self.specials.eot,
-            tuned[0] if alpha is None else alpha,
-            tuned[1] if beta is None else beta,
-            language_of=self.language_of_prompt,
-        )
-
-    def language_of_prompt(self, prompt: Sequence[int]) -> str:
-        """The language a decoder prompt asks for (``en`` for an English-only model); the LM's
-        language when several share the prompt's token (``data.language_tokens``)."""
-        if not self.specials.multilingual:
-            return "en"
-        ids = set(prompt)
-        codes = [c for c, i in self.specials.languages.items() if i in ids]
-        known = set(self.config.lm.languages) if self.config.lm else set()
-        return next((c for c in codes if c in known), codes[0] if codes else "")
-
-    def chunking_for(self, requested: str | None) -> tuple[str, str]:
-        """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
-
-        Raises:
-            UserError: an unknown chunking, or ``timestamps`` for a model without them.
-        """
-        return choose_chunking(self.tokenizer, self.model.config, requested)
-
-    def recognize(
-        self,
-        audios: Sequence[Audio],
-        language: str | Sequence[str | None] | None = None,
-        *,
-        batch_size: int = 8,
-        max_new_tokens: int | None = None,
-        chunking: str | None = None,
-        condition_on_previous_text: bool = False,
-        sampling_rate: int | None = None,
-        beam_size: int = 1,
-        temperature_fallback: bool = False,
-        use_lm: bool = True,
-        lm_alpha: float | None = None,
-        lm_beta: float | None = None,
-    ) -> list[Transcript]:
-        """:meth:`transcribe_many` with the language, duration and timed segments of each.
-
-        Args:
-            chunking: how audio is decoded. ``timestamps`` (default when the model has
-                timestamp tokens): windows in timestamp mode, each starting at the end of the
-                last complete segment of the one before, as openai-whisper and faster-whisper
-                transcribe (audio within one window is one window, its segments timed by the
-                model). ``silence`` (default otherwise): cut at the quietest moments, pieces
-                decoded without timestamps, one segment per piece.
-            condition_on_previous_text: ``timestamps`` only: prompt each window with the text
-                decoded before it (``<|startofprev|>``). Off by default: a window that went
-                wrong (a repetition loop) then steers the next ones, and with greedy decoding
-                there is no temperature fallback to recover; a model fine-tuned without such
-                prompts has never seen them.
-            beam_size: beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy.
-            temperature_fallback: decode a window whose text looks like a loop (it compresses
-                too well, is unlikely, or repeats itself) again by seeded sampling at
-                temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
-            use_lm: fuse the bundle's n-gram LM, when it has one, into beam search (then beam
-                search runs even at ``beam_size`` 1); ``lm_alpha``/``lm_beta`` override the
-                tuned or recorded weights (:meth:`lm_alpha_beta`).
-        """
-        if batch_size < 1:
-            raise UserError(f"batch_size must be >= 1, got {batch_size}")
-        if beam_size < 1:
-            raise UserError(f"beam_size must be >= 1, got {beam_size}")
-        mode, why = self.chunking_for(chunking)
-        log.info("long audio: chunking %s (%s)", mode, why)
-        langs = (
-            [language] * len(audios)
-            if language is None or isinstance(language, str)
-            else list(language)
-        )
-        if len(langs) != len(audios):
-            raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
-        cap = max_new_tokens or self.config.eval.max_new_tokens
-        waves, codes, prompts = [], [], []
-        # A None entry is decoded below, in this order.
-        out: list[Transcript | None] = []
-        for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
-            wave = self.load_audio(audio, sampling_rate)
-            problem = audio_problem(wave)
-            if problem is not None:  # decoding it would only make up "" or noise
-                name = audio if isinstance(audio, str | Path) else f"recording {i}"
-                log.warning("%s: %s; not transcribed (empty text)", name, problem)
-                out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, [], mode))
-                continue
-            code = self.resolve_language(wave, lang)
-            waves.append(wave)
-            codes.append(code)
-            prompts.append(self.specials.prompt(code, self.config.data.task))
-            out.append(None)
-        segments = (
-            transcribe_long(
-                self.model,
-                self.tokenizer,
-                self.features,
-                waves,
-                prompts,
-                chunking=mode,
-                no_timestamps=self.specials.no_timestamps,
-                eot=self.specials.eot,
-                max_new_tokens=cap,
-                batch_size=batch_size,
-                device=self.device,
-                condition_on_previous_text=condition_on_previous_text,
-                beam_size=beam_size,
-                fallback=Fallback() if temperature_fallback else None,
-                fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
-            )
-            if waves
-            else []
-        )
-        decoded = iter(
-            Transcript(
-                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
-            )
-            for wave, code, segs in zip(waves, codes, segments, strict=True)
-        )
-        return [t if t is not None else next(decoded) for t in out]
-
-    @torch.no_grad()
-    def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:
-        """(batch, frames, d_model) encoder output for windows of at most one chunk each."""
-        feats = [
-            self.features(w, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
-            for w in windows
-        ]
-        x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
-        return self.model.model.encoder(x).last_hidden_state

@@ -11,11 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.bundle.contents import BundleContents
-from asrforge.bundle.load import (
-    SEAL_KEY,
-    manifest_digest,
-    verify_bundle,
-)
+from asrforge.bundle.load import SEAL_KEY, manifest_digest, verify_bundle
 from asrforge.bundle.schema import (
     BUNDLE_VERSION,
     INFERENCE_CONFIG,
