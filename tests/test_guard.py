@@ -16,7 +16,8 @@ from asrforge.errors import UserError
 from asrforge.selection.guard_gate import GuardGate
 from asrforge.selection.policies import ByLoss, ByWer, CombinedGate
 from asrforge.selection.selector import Selector
-from asrforge.train.guard import Guard, GuardItem, load_guard_items
+from asrforge.train.guard import Guard
+from asrforge.train.guard_items import GuardItem, load_guard_items
 
 POLICIES = {"by_wer": ByWer, "by_loss": ByLoss, "combined_gate": CombinedGate}
 

@@ -13,7 +13,7 @@ import pytest
 from asrforge.cli import main
 from asrforge.config import GuardConfig
 from asrforge.data.guard_set import MANIFEST
-from asrforge.train.guard import load_guard_items
+from asrforge.train.guard_items import load_guard_items
 from tests.conftest import tiny_config
 
 

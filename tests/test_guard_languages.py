@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from asrforge.selection.guard_gate import GuardGate, describe_refused, largest_share_within
-from asrforge.train.guard import Guard, GuardItem, log_text
+from asrforge.train.guard import Guard, log_text
+from asrforge.train.guard_items import GuardItem
 
 EN = ["the cat sat down", "a red sun rose", "we go home now", "it is very cold"] * 2
 ES = ["el sol sale hoy", "la mar esta azul"]
