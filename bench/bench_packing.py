@@ -61,7 +61,7 @@ from asrforge.text import edit_counts, normalize  # noqa: E402
 from asrforge.text.metrics import EditCounts  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
-from asrforge.train.setup import choose_precision, model_width  # noqa: E402
+from asrforge.train.precision import choose_precision, model_width  # noqa: E402
 
 
 def build_data(work: Path, quick: bool, n_train: int, n_test: int) -> Path:

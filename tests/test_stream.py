@@ -405,7 +405,8 @@ def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard
     from types import SimpleNamespace
 
     import asrforge.data.stream as stream_module
-    from asrforge.train.setup import SplitTexts, run_tokenizer
+    from asrforge.train.setup import run_tokenizer
+    from asrforge.train.setup_data import SplitTexts
 
     path, _ = stream_source("jsonl files", tmp_path / "corpus", clips)
     data = {"path": str(path), "stream": {"enabled": True}, "languages": ["English"]}
