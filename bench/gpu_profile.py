@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import make_cfg, prepare  # noqa: E402
+from gpu_check import Progress, make_cfg, prepare  # noqa: E402
 from gpu_runs import (  # noqa: E402
     eval_autocast,
     free_memory,
@@ -180,13 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     args.eval_n = 4 if small else 32
     args.max_new_tokens = 4 if small else 48
     args.eval_precision = args.eval_precision or ("bf16" if args.device == "cuda" else "fp32")
-    args.budget_seconds = 1e9
     logging.getLogger("asrforge").setLevel(logging.WARNING)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     tmp = Path(tempfile.mkdtemp(prefix="gpu-profile-"))
     try:
-        prog = type("Quiet", (), {"say": staticmethod(print)})()
-        data, tokenizer = prepare(args, prog, tmp)
+        data, tokenizer = prepare(args, Progress(budget=float("inf")), tmp)
         model = whisper_shape_model("quick" if args.quick else args.shape, tokenizer)
         parts = []
         if "train" in args.parts.split(","):
