@@ -1,7 +1,10 @@
 """Errors a user can act on. The CLI prints their message and exits with code 2, no traceback.
+The exit codes, and how the processes of a job under torchrun report theirs to the matrix.
 
 This module imports nothing of ours, so every layer may raise these.
 """
+
+import os
 
 
 class UserError(Exception):
@@ -32,3 +35,43 @@ class RunIOError(RuntimeError):
 EXIT_INTERRUPTED = 75
 """Exit code of ``asrforge train`` stopped by SIGTERM/SIGINT after saving a checkpoint
 (sysexits' EX_TEMPFAIL: try again later): ``--resume`` continues it, and the matrix retries it."""
+
+
+EXIT_DIR_ENV = "ASRFORGE_EXIT_DIR"
+"""Environment variable naming a directory where each process of a job run under ``torchrun``
+reports its exit code (:func:`report_exit_code`): torchrun itself exits 1 whatever its processes
+exited with, and the matrix must tell bad input (2) and an interrupted run (75) from a crash."""
+
+
+def report_exit_code(code: int) -> None:
+    """Write ``code`` to ``rank-<RANK>`` in the directory :data:`EXIT_DIR_ENV` names, if any
+    (the launcher made it; the file is created, never followed through a link)."""
+    directory = os.environ.get(EXIT_DIR_ENV)
+    if not directory:
+        return
+    path = os.path.join(directory, f"rank-{int(os.environ.get('RANK', '0'))}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return  # the code is a hint to the launcher; torchrun's own code still stands
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{code}\n")
+
+
+def reported_exit_code(returncode: int | None, directory: str) -> int | None:
+    """The exit code a job's processes reported in ``directory`` when its launcher (torchrun)
+    failed with 1: 2 when any process exited for bad input, else 75 when any was interrupted after
+    saving, else ``returncode``."""
+    if returncode != 1 or not os.path.isdir(directory):
+        return returncode
+    codes = set()
+    for name in os.listdir(directory):
+        try:
+            with open(os.path.join(directory, name)) as f:
+                codes.add(int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    for code in (2, EXIT_INTERRUPTED):
+        if code in codes:
+            return code
+    return returncode

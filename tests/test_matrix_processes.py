@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asrforge.errors import UserError
+from asrforge.errors import (
+    EXIT_DIR_ENV,
+    EXIT_INTERRUPTED,
+    UserError,
+    report_exit_code,
+    reported_exit_code,
+)
 from asrforge.matrix.executors import (
     Attempt,
     LocalExecutor,
     group_devices,
     parse_devices,
+    run_attempt,
 )
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.run import Launcher
@@ -118,3 +125,62 @@ def test_a_two_process_cpu_job_leaves_the_run_dir_of_a_one_process_job(
     assert files_of(runs[2]) == files_of(runs[1])
     done = [json.loads((runs[n] / "DONE").read_text()) for n in (1, 2)]
     assert [d["step"] for d in done] == [2, 2] and done[1]["history"][0]["device"] == "cpu:0,1"
+
+
+def test_each_process_reports_its_exit_code_where_the_launcher_says(tmp_path, monkeypatch):
+    """torchrun exits 1 whatever its processes exited with: the processes report their own."""
+    reports = tmp_path / "exit"
+    reports.mkdir()
+    monkeypatch.setenv(EXIT_DIR_ENV, str(reports))
+    monkeypatch.setenv("RANK", "1")
+    report_exit_code(2)
+    assert (reports / "rank-1").read_text() == "2\n"
+    # a file already there, or a link planted in its place, is never written through
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (reports / "rank-3").symlink_to(target)
+    monkeypatch.setenv("RANK", "3")
+    report_exit_code(EXIT_INTERRUPTED)
+    assert target.read_text() == "keep"
+    monkeypatch.delenv(EXIT_DIR_ENV)
+    report_exit_code(1)  # outside a matrix job: nothing to report, nothing written
+    assert sorted(p.name for p in reports.iterdir()) == ["rank-1", "rank-3"]
+
+
+@pytest.mark.parametrize(
+    ("reported", "returncode", "expected"),
+    [
+        ({"rank-0": "2", "rank-1": "75"}, 1, 2),  # bad input is the cause, whoever saw it
+        ({"rank-0": "75", "rank-1": "1"}, 1, EXIT_INTERRUPTED),
+        ({"rank-0": "1"}, 1, 1),  # a crash stays a crash
+        ({}, 1, 1),  # a process that died without a word
+        ({"rank-0": "2"}, 0, 0),  # torchrun's own success or a signal's code stands
+        ({"rank-0": "2"}, -9, -9),
+        ({"rank-0": "not a number", "rank-1": "75"}, 1, EXIT_INTERRUPTED),
+    ],
+)
+def test_the_launcher_reads_the_processes_codes_when_torchrun_failed(
+    tmp_path, reported, returncode, expected
+):
+    for name, text in reported.items():
+        (tmp_path / name).write_text(text)
+    assert reported_exit_code(returncode, str(tmp_path)) == expected
+
+
+@pytest.mark.slow
+def test_a_two_process_job_with_bad_input_ends_with_exit_code_2(
+        tmp_path, tones_dir, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config(tmp_path / "unused", tones_dir).to_yaml())
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump({
+        "languages": ["en"], "configs": [{"config_id": "a", "path": str(config)}]}))
+    job = load_matrix(matrix, out=tmp_path / "root").jobs[0]
+    config.unlink()  # each process of the job now stops on a missing config: bad input
+    device = group_devices(parse_devices("cpu:2"), 2)[0]
+    log = tmp_path / "job.log"
+    result = run_attempt(Attempt(job, device, 1, False, log, tmp_path))
+    text = log.read_text()
+    assert "torch.distributed.run" in text and text.count("c.yaml: no such file") == 2, text[-2000:]
+    assert result.returncode == 2, text[-2000:]  # torchrun itself exited 1

@@ -31,7 +31,7 @@ from asrforge.cli import (
     vocab,
 )
 from asrforge.config_hf import flag_hint
-from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError
+from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError, report_exit_code
 from asrforge.io.atomic import describe_os_error
 
 # Each command's module, in the order `asrforge --help` lists them; these modules import their
@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    report_exit_code(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -22,14 +22,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from asrforge.errors import UserError
+from asrforge.errors import EXIT_DIR_ENV, UserError, reported_exit_code
 from asrforge.io.append import open_append
 from asrforge.matrix.plan import Job
 
@@ -143,24 +145,34 @@ def run_attempt(
         )
         log.flush()
         cwd = attempt.cwd if attempt.cwd.is_dir() else None
-        try:
-            # A session of its own: a Ctrl-C in the terminal reaches the launcher only, which
-            # then sends each job one SIGTERM (a second signal would skip the final save).
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=attempt.environment(dict(os.environ)), cwd=cwd, pass_fds=pass_fds,
-                start_new_session=True, preexec_fn=_ignoring(ignore) if ignore else None,
-            )
-        except OSError as e:
-            return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label, None,
-                                 started, time.time(), socket.gethostname(), f"cannot start: {e}")
-        if on_start is not None:
-            on_start(proc)
-        try:
-            rc = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
+        env = attempt.environment(dict(os.environ))
+        several = attempt.device.processes > 1
+        # torchrun exits 1 whatever its processes exited with: they report theirs here
+        reports = tempfile.TemporaryDirectory(prefix="asrforge-exit-") if several else nullcontext()
+        with reports as exit_dir:
+            if exit_dir is not None:
+                env[EXIT_DIR_ENV] = exit_dir
+            try:
+                # A session of its own: a Ctrl-C in the terminal reaches the launcher only, which
+                # then sends each job one SIGTERM (a second signal would skip the final save).
+                proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, cwd=cwd, pass_fds=pass_fds, start_new_session=True,
+                    preexec_fn=_ignoring(ignore) if ignore else None,
+                )  # fmt: skip
+            except OSError as e:
+                return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label,
+                                     None, started, time.time(), socket.gethostname(),
+                                     f"cannot start: {e}")  # fmt: skip
+            if on_start is not None:
+                on_start(proc)
+            try:
+                rc = proc.wait()
+                if exit_dir is not None:
+                    rc = reported_exit_code(rc, exit_dir)
+            except BaseException:
+                _stop(proc)
+                raise
     return AttemptResult(attempt.job.job_id, attempt.number, attempt.device.label, rc, started,
                          time.time(), socket.gethostname())
 

@@ -273,7 +273,7 @@ class Launcher:
                           "seconds": round(res.finished - res.started, 3),
                           "error": None if ok else why})
         self.claims.event("exit", r.job.job_id, attempt=r.attempt, returncode=res.returncode, ok=ok)
-        # stopped early, the trial has its answer however it exited (torchrun exits 1, not 75)
+        # stopped early, the trial has its answer however it exited
         if r.stopped_early:
             return self._pruned(r, run_dir, end)
         if ok and end.get("out_of_time") and not self.stopping:
