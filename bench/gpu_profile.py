@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import Progress, make_cfg, prepare  # noqa: E402
 from gpu_runs import (  # noqa: E402
-    eval_autocast,
+    EvalSides,
     free_memory,
     run_asrforge_train,
     run_hf_train,
@@ -42,7 +42,6 @@ from gpu_runs import (  # noqa: E402
 from workload import build_workload, whisper_shape_model  # noqa: E402
 
 from asrforge.data.workers import worker_count  # noqa: E402
-from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "Memcpy DtoH")
 """Profiler event names (substrings) where the host waits for the device."""
@@ -110,40 +109,16 @@ def profile_training(args, tmp: Path, data: Path, model: dict) -> list[str]:
 
 
 def profile_eval(args, tmp: Path, data: Path, model: dict) -> list[str]:
-    """``evaluate()`` and a ``model.generate`` loop on the same batches, each after a warm-up
-    decode of the first batch."""
+    """``evaluate()`` and a ``model.generate`` loop on the same batches (``gpu_runs.EvalSides``),
+    each after a warm-up decode of the first batch."""
     free_memory(args.device)
     w = build_workload(make_cfg(args, tmp / "eval", data, model, "no", 1))
     w.eval_set.utts = w.eval_set.utts[: args.eval_n]
-    b, device, cap = w.bundle, args.device, args.max_new_tokens
-    m, tok, eot = b.model.to(device).eval(), b.tokenizer, b.specials.eot
-    batches = w.eval_index_batches()
-
-    def loader(some):
-        return torch.utils.data.DataLoader(w.eval_set, batch_sampler=some, collate_fn=w.collator)
-
-    def ours(some) -> list[str]:
-        _, preds = evaluate(m, loader(some), tokenizer=tok, eot=eot, max_new_tokens=cap,
-                            device=device,
-                            autocast=lambda: eval_autocast(device, args.eval_precision))  # fmt: skip
-        return [p["hyp"] for p in preds]
-
-    gen_kwargs: dict = {"max_new_tokens": cap, "num_beams": 1}
-    if b.specials.multilingual:
-        gen_kwargs.update(language="en", task=w.cfg.data.task)
-
-    def generate(some) -> list[str]:
-        hyps = []
-        with torch.no_grad(), eval_autocast(device, args.eval_precision):
-            for batch in loader(some):
-                ids = m.generate(input_features=batch["input_features"].to(device), **gen_kwargs)
-                hyps += [
-                    h.strip() for h in tok.batch_decode(ids.tolist(), skip_special_tokens=True)
-                ]
-        return hyps
+    sides = EvalSides(w, workers=0, precision=args.eval_precision)
+    device, batches = sides.device, sides.batches
 
     out, hyps = [], {}
-    for name, run in (("evaluate()", ours), ("generate", generate)):
+    for name, run in (("evaluate()", sides.asrforge), ("generate", sides.generate)):
         run(batches[:1])
         sync(device)
         with profile(activities=activities(device)) as prof:

@@ -285,6 +285,55 @@ def silence_timestamps(model, tokenizer) -> None:
         model.get_output_embeddings().weight[first:].zero_()
 
 
+class EvalSides:
+    """asrforge's ``evaluate()`` and a ``model.generate`` loop over index batches of ``w``'s
+    evaluation set, under the same autocast: the model on the device with its timestamps
+    silenced, the same DataLoader, the same prompt (``generate`` is told the language and task
+    of a multilingual model)."""
+
+    def __init__(self, w: Workload, workers: int, precision: str):
+        cfg, b = w.cfg, w.bundle
+        self.w, self.workers, self.precision = w, workers, precision
+        self.device, self.cap = cfg.train.device, cfg.eval.max_new_tokens
+        self.model, self.tok, self.eot = b.model.to(self.device).eval(), b.tokenizer, b.specials.eot
+        silence_timestamps(self.model, self.tok)
+        self.batches = w.eval_index_batches()
+        self.gen_kwargs: dict = {"max_new_tokens": self.cap, "num_beams": 1}
+        if b.specials.multilingual:
+            self.gen_kwargs.update(language="en", task=cfg.data.task)
+
+    def loader(self, batches: list) -> DataLoader:
+        workers = self.workers
+        return DataLoader(
+            self.w.eval_set, batch_sampler=batches, collate_fn=self.w.collator,
+            num_workers=workers, pin_memory=self.device == "cuda",
+            prefetch_factor=4 if workers else None,
+        )  # fmt: skip
+
+    def asrforge(self, batches: list) -> list[str]:
+        device, precision = self.device, self.precision
+        with torch.no_grad():
+            _, preds = evaluate(
+                self.model, self.loader(batches), tokenizer=self.tok, eot=self.eot,
+                max_new_tokens=self.cap, device=device,
+                autocast=lambda: eval_autocast(device, precision),
+            )  # fmt: skip
+        return [p["hyp"] for p in preds]
+
+    def generate(self, batches: list) -> list[str]:
+        hyps = []
+        with torch.no_grad(), eval_autocast(self.device, self.precision):
+            for batch in self.loader(batches):
+                ids = self.model.generate(
+                    input_features=batch["input_features"].to(self.device), **self.gen_kwargs
+                )
+                hyps += [
+                    h.strip()
+                    for h in self.tok.batch_decode(ids.tolist(), skip_special_tokens=True)
+                ]
+        return hyps
+
+
 def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
     """asrforge's ``evaluate``, a ``model.generate`` loop and ``Seq2SeqTrainer.evaluate``, in
     that order (the last wraps the model's forward in its own autocast), on the same batches.
@@ -292,18 +341,9 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
     allocations the others found warm."""
     from transformers import PrinterCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    cfg, b = w.cfg, w.bundle
-    device, cap = cfg.train.device, cfg.eval.max_new_tokens
-    model, tok, eot = b.model.to(device).eval(), b.tokenizer, b.specials.eot
-    silence_timestamps(model, tok)
-    index_batches = w.eval_index_batches()
-    pin = device == "cuda"
-
-    def loader(batches=index_batches):
-        return DataLoader(
-            w.eval_set, batch_sampler=batches, collate_fn=w.collator, num_workers=workers,
-            pin_memory=pin, prefetch_factor=4 if workers else None,
-        )  # fmt: skip
+    sides = EvalSides(w, workers, precision)
+    device, model, tok, eot = sides.device, sides.model, sides.tok, sides.eot
+    index_batches, gen_kwargs, pin = sides.batches, sides.gen_kwargs, device == "cuda"
 
     def timed(run: Callable[[list], list[str]]) -> dict:
         run(index_batches[:1])
@@ -312,29 +352,6 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
         hyps = run(index_batches)
         sync(device)
         return {"seconds": time.perf_counter() - t0, "hyps": hyps}
-
-    def asrforge_side(batches: list) -> list[str]:
-        _, preds = evaluate(
-            model, loader(batches), tokenizer=tok, eot=eot, max_new_tokens=cap, device=device,
-            autocast=lambda: eval_autocast(device, precision),
-        )  # fmt: skip
-        return [p["hyp"] for p in preds]
-
-    gen_kwargs: dict = {"max_new_tokens": cap, "num_beams": 1}
-    if b.specials.multilingual:
-        gen_kwargs.update(language="en", task=cfg.data.task)
-
-    def generate_side(batches: list) -> list[str]:
-        hyps = []
-        with torch.no_grad(), eval_autocast(device, precision):
-            for batch in loader(batches):
-                ids = model.generate(
-                    input_features=batch["input_features"].to(device), **gen_kwargs
-                )
-                hyps += [
-                    h.strip() for h in tok.batch_decode(ids.tolist(), skip_special_tokens=True)
-                ]
-        return hyps
 
     seen: dict = {}
 
@@ -359,9 +376,8 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
         trainer.evaluate(CollatedBatches(w.eval_set, w.collator, batches), **gen_kwargs)
         return seen["hyps"]
 
-    with torch.no_grad():
-        rows = {"asrforge": timed(asrforge_side)}
-    rows["generate"] = timed(generate_side)
+    rows = {"asrforge": timed(sides.asrforge)}
+    rows["generate"] = timed(sides.generate)
     rows["hf"] = timed(hf_side)
     ref = rows["asrforge"]["hyps"]
 
