@@ -94,19 +94,26 @@ def save_run_checkpoint(
     if not acc.is_main_process:
         return None
     try:
-        return _save_main(
-            setup,
-            step=step,
-            weights=weights if weights is not None else lora.checkpoint_weights(model),
-            ema=ema,
-            optimizer=None if staging is not None else optimizer.state_dict(),
-            optimizer_dir=staging,
-            scheduler=scheduler,
-            scaler=scaler,
-            state=state,
-            callback_states=callback_states,
-            metrics=metrics,
+        return setup.checkpoints.save(
+            step,
+            CheckpointContents(
+                model=weights if weights is not None else lora.checkpoint_weights(model),
+                ema=ema.state_dict() if ema is not None else None,
+                optimizer=None if staging is not None else optimizer.state_dict(),
+                optimizer_dir=staging,
+                scheduler=scheduler.state_dict(),
+                scaler=scaler.state_dict() if scaler is not None else None,
+                rng=capture_rng_state(),
+                train_state=state.to_dict(),
+                callbacks=callback_states,
+                config_yaml=setup.cfg.to_yaml(),
+                tokenizer_save=functools.partial(save_tokenizer, setup.model_bundle.tokenizer),
+                meta=checkpoint_meta(setup, step, metrics or {}),
+                max_shard_bytes=setup.cfg.checkpoint.max_shard_bytes,
+            ),
+            metrics=scalars(metrics) if metrics else None,
             is_best=is_best,
+            unguarded_step=setup.selector.unguarded_step,
         )
     finally:
         # Taken into the checkpoint, or left by a failed save.
@@ -114,22 +121,8 @@ def save_run_checkpoint(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _save_main(
-    setup: RunSetup,
-    *,
-    step,
-    weights,
-    ema,
-    optimizer,
-    optimizer_dir,
-    scheduler,
-    scaler,
-    state,
-    callback_states,
-    metrics,
-    is_best,
-) -> Path:
-    metrics = metrics or {}
+def checkpoint_meta(setup: RunSetup, step: int, metrics: dict) -> dict:
+    """What a checkpoint's metadata records of the run and of its evaluation (``metrics``)."""
     meta = {
         "step": step,
         "wer": metrics.get("wer"),
@@ -143,25 +136,4 @@ def _save_main(
     # The checkpoint holds the adapters only; export rebuilds the base from this.
     if setup.lora_base is not None:
         meta[lora.BASE_KEY] = setup.lora_base
-    tok = setup.model_bundle.tokenizer
-    return setup.checkpoints.save(
-        step,
-        CheckpointContents(
-            model=weights,
-            ema=ema.state_dict() if ema is not None else None,
-            optimizer=optimizer,
-            optimizer_dir=optimizer_dir,
-            scheduler=scheduler.state_dict(),
-            scaler=scaler.state_dict() if scaler is not None else None,
-            rng=capture_rng_state(),
-            train_state=state.to_dict(),
-            callbacks=callback_states,
-            config_yaml=setup.cfg.to_yaml(),
-            tokenizer_save=functools.partial(save_tokenizer, tok),
-            meta=meta,
-            max_shard_bytes=setup.cfg.checkpoint.max_shard_bytes,
-        ),
-        metrics=scalars(metrics) if metrics else None,
-        is_best=is_best,
-        unguarded_step=setup.selector.unguarded_step,
-    )
+    return meta
