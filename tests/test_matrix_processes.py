@@ -182,5 +182,6 @@ def test_a_two_process_job_with_bad_input_ends_with_exit_code_2(
     log = tmp_path / "job.log"
     result = run_attempt(Attempt(job, device, 1, False, log, tmp_path))
     text = log.read_text()
-    assert "torch.distributed.run" in text and text.count("c.yaml: no such file") == 2, text[-2000:]
+    # torchrun stops the other process once one fails, so it may not live to report its own error.
+    assert "torch.distributed.run" in text and text.count("c.yaml: no such file") >= 1, text[-2000:]
     assert result.returncode == 2, text[-2000:]  # torchrun itself exited 1
