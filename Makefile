@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test demo demo-es install lint clean espeak chromium demo-data
+.PHONY: test check demo demo-es install lint clean espeak chromium demo-data
 
 # espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
 # when we may (root with apt); otherwise those tests skip and say why.
@@ -49,7 +49,13 @@ install: $(STAMP)
 
 test: $(STAMP) espeak chromium demo-data
 	$(BIN)/ruff check asrforge tests bench
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
+
+# The fast tier, after every change: lint and the tests marked fast, on every core (under 90 s on
+# two). It installs nothing beyond the venv; tests that need espeak-ng or chromium skip without them.
+check: $(STAMP)
+	$(BIN)/ruff check asrforge tests bench
+	$(BIN)/python -m pytest -q -m fast -n auto -p no:randomly tests
 
 demo: $(STAMP) espeak demo-data
 	$(BIN)/asrforge demo

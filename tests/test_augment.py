@@ -51,6 +51,7 @@ def _speech(seconds: float = 1.5, seed: int = 0) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.normal(size=t.size)).astype(np.float32)
 
 
+@pytest.mark.fast
 def test_draws_are_a_pure_function_of_seed_utterance_and_epoch(noise_dir):
     aug, wave = _augmenter(noise_dir), _speech()
     again = _augmenter(noise_dir)  # a resumed run or another process builds its own
@@ -67,6 +68,7 @@ def test_draws_are_a_pure_function_of_seed_utterance_and_epoch(noise_dir):
                for i in range(6))
 
 
+@pytest.mark.fast
 def test_speed_changes_the_length_as_planned_and_never_past_the_window():
     aug = build_augmenter(AugmentConfig(speed={"factors": [0.8, 1.25]}), seed=0, window_seconds=WINDOW)
     wave = _speech(2.0)
@@ -83,6 +85,7 @@ def test_speed_changes_the_length_as_planned_and_never_past_the_window():
     assert all(aug.n_samples(f"u{i}", 0, 29 * SAMPLE_RATE) <= WINDOW * SAMPLE_RATE for i in range(20))
 
 
+@pytest.mark.fast
 def test_speed_raised_to_fit_never_passes_the_window_and_resamples_cheaply():
     # a clip slowed down past the window gets the factor that just fits; the old rate
     # round(16000 * factor) could land a few samples past the window (441994 -> 480005) and
@@ -99,6 +102,7 @@ def test_speed_raised_to_fit_never_passes_the_window_and_resamples_cheaply():
     assert len(out) > 0.99 * window  # it still fills the window: the factor rose only to fit
 
 
+@pytest.mark.fast
 def test_noise_is_mixed_at_the_drawn_snr(noise_dir):
     wave = _speech()
     noise = np.random.default_rng(2).normal(0, 1.0, wave.size).astype(np.float32)
@@ -116,6 +120,7 @@ def test_noise_is_mixed_at_the_drawn_snr(noise_dir):
     assert out.shape == wave.shape and snr == pytest.approx(5.0, abs=0.01)
 
 
+@pytest.mark.fast
 def test_spec_augment_masks_stay_within_the_audio_and_their_widths():
     feats = np.ones((80, 3000), dtype=np.float32)
     for seed in range(30):
@@ -151,6 +156,7 @@ def test_config_says_what_a_cache_cannot_serve(tmp_path, tones_dir):
     tiny_config(tmp_path, tones_dir, data={"cache_features": True, "augment": {"spec_augment": {}}})
 
 
+@pytest.mark.fast
 def test_a_noise_directory_without_audio_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="empty holds no audio file"):
@@ -164,6 +170,7 @@ def invert(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return -wave
 
 
+@pytest.mark.fast
 def test_user_transforms_need_registration_or_the_import_flag(tmp_path, tones_dir, monkeypatch):
     from asrforge.cli import main
 
@@ -228,6 +235,7 @@ def _stretch(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.repeat(wave, 2)
 
 
+@pytest.mark.fast
 def test_an_augmentation_failure_stops_instead_of_dropping_clips_as_undecodable(
     tones_parts, tmp_path, monkeypatch  # noqa: F811 - the fixture imported above
 ):

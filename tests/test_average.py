@@ -18,6 +18,8 @@ from asrforge.checkpoint.training import load_weights, save_weights
 from asrforge.cli import average as average_command
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 
+pytestmark = pytest.mark.fast
+
 
 def _state(i: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(i)

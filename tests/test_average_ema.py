@@ -52,6 +52,7 @@ def _exported(i: int) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.fast
 def test_an_average_of_checkpoints_with_ema_averages_the_exported_weights(tmp_path):
     paths = [_ckpt(tmp_path, i) for i in (1, 2, 3)]
     out = average_checkpoints(paths, tmp_path / "avg")
@@ -67,6 +68,7 @@ def test_an_average_of_checkpoints_with_ema_averages_the_exported_weights(tmp_pa
     assert read_manifest(out)["weights"] == "ema"
 
 
+@pytest.mark.fast
 def test_raw_weights_on_request_and_without_ema(tmp_path):
     paths = [_ckpt(tmp_path, i) for i in (1, 2)]
     raw = load_weights(
@@ -82,6 +84,7 @@ def test_raw_weights_on_request_and_without_ema(tmp_path):
         average_checkpoints(mixed, tmp_path / "refused", weights="ema")
 
 
+@pytest.mark.fast
 def test_the_average_command_says_which_weights_and_takes_an_option(tmp_path, capsys):
     root = tmp_path / "run" / "checkpoints"
     for i in (1, 2):

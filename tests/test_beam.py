@@ -107,6 +107,7 @@ def test_beam_honours_suppression_and_finds_a_likelier_sequence_than_greedy():
     assert any(h.tokens != g.tokens for h, g in zip(hyps, greedy, strict=True))
 
 
+@pytest.mark.fast
 def test_length_penalty_conventions():
     assert length_normalized(-6.0, 3, None) == -2.0
     assert length_normalized(-6.0, 3, 0.0) == -6.0

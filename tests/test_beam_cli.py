@@ -56,6 +56,7 @@ def test_transcribe_beam_size(best, tones_dir, tmp_path, capsys) -> None:
     assert "--beam-size: must be >= 1, got -1" in cli_error(capsys)
 
 
+@pytest.mark.fast
 def test_eval_beam_size_is_validated(tmp_path, tones_dir) -> None:
     from conftest import tiny_config
 

@@ -112,6 +112,7 @@ def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     assert ours - plain.get_total_flops() == attention
 
 
+@pytest.mark.fast
 def test_bench_metrics_finds_both_sides_equal(capsys):
     import bench_metrics
 
@@ -153,6 +154,7 @@ def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
     assert "one word is" in text  # the held-out set's resolution
 
 
+@pytest.mark.fast
 def test_bench_packing_variants_parse_and_reject_unknown_keys():
     from bench_packing import parse_variant
 
@@ -166,6 +168,7 @@ def test_bench_packing_variants_parse_and_reject_unknown_keys():
         parse_variant("bacth_size=1")
 
 
+@pytest.mark.fast
 def test_bench_packing_wer_difference_interval_is_paired():
     from bench_packing import wer_difference_interval
 
@@ -223,6 +226,7 @@ def test_bench_lowbit_measures_states_and_base_bytes_against_the_memory_model(ca
     assert "RESULT lowbit adam_state_8bit/fp32=" in capsys.readouterr().out
 
 
+@pytest.mark.fast
 def test_memory_model_lowbit_terms_order_the_large_v3_runs():
     import bench_memory
 
@@ -315,6 +319,7 @@ def test_gpu_profile_reports_both_sides_of_training_and_decoding(tmp_path):
     assert "== eval hypotheses: 4/4 equal" in text
 
 
+@pytest.mark.fast
 def test_silenced_timestamps_can_no_longer_be_picked(tmp_path):
     """The evaluation sides of the GPU check decode the same amount only if no side emits a
     timestamp: their output rows are zeroed, the rest of the vocabulary is left alone."""
@@ -338,6 +343,7 @@ def test_silenced_timestamps_can_no_longer_be_picked(tmp_path):
     assert torch.equal(proj.weight[:first], before[:first])
 
 
+@pytest.mark.fast
 def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     import gpu_check
 
@@ -350,6 +356,7 @@ def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     assert out.read_text().count("skipped: time budget") == 11
 
 
+@pytest.mark.fast
 def test_bench_memory_shards_the_static_terms_not_the_activations():
     import bench_memory
 

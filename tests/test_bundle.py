@@ -562,6 +562,7 @@ def cli_problems(capsys) -> list[str]:
     return [x.strip() for x in lines[1:]]
 
 
+@pytest.mark.fast
 def test_transcribe_reports_the_model_and_every_audio_problem_at_once(tmp_path, capsys):
     (tmp_path / "clips").mkdir()
     argv = [str(tmp_path / "no-bundle"), str(tmp_path / "missing.wav"), str(tmp_path / "clips")]
@@ -581,6 +582,7 @@ def test_a_directory_given_as_audio_is_named_a_directory(bundle, bundle_dir, tmp
         bundle.transcribe(tmp_path)
 
 
+@pytest.mark.fast
 def test_export_reports_the_source_and_the_target_at_once(tmp_path, capsys) -> None:
     (tmp_path / "a-file").write_text("mine")
     loop = tmp_path / "loop"

@@ -21,6 +21,8 @@ from asrforge.bundle.schema import (
 from asrforge.config import SHAPE_FIELDS, DataConfig, ModelConfig, OptimConfig, TrainConfig
 from asrforge.errors import CheckpointNotSupportedError
 
+pytestmark = pytest.mark.fast
+
 
 def _bundle_facts(**extra) -> dict:
     return {

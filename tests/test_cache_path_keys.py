@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import soundfile as sf
 from transformers import WhisperFeatureExtractor
 
@@ -15,6 +16,8 @@ from asrforge.data.dataset import SpeechDataset
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
+
+pytestmark = pytest.mark.fast
 
 
 def test_a_file_rewritten_in_place_is_not_served_its_old_log_mels(tmp_path):

@@ -69,6 +69,7 @@ def test_three_early_stopping_callbacks_resume_each_their_own_state(tmp_path, to
     assert [cb.state_dict() for cb in stoppers] == [saved[k] for k in keys]
 
 
+@pytest.mark.fast
 def test_callback_state_keys_by_id_and_old_checkpoints_keyed_by_name(tmp_path, tones_dir):
     cfg = tiny_config(
         tmp_path / "run",
@@ -109,6 +110,7 @@ def test_evaluation_metric_names_are_what_an_evaluation_produces(tmp_path, tones
     assert {"wer", "cer", "loss", "wer_raw", "cer_raw"} <= numbers
 
 
+@pytest.mark.fast
 def test_a_monitor_no_evaluation_produces_stops_the_cli_before_training(
     tmp_path, tones_dir, capsys
 ):
@@ -133,6 +135,7 @@ def test_a_monitor_no_evaluation_produces_stops_the_cli_before_training(
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.fast
 def test_every_builtin_callback_has_an_options_schema(tmp_path, tones_dir, capsys):
     for cls in REGISTRY.values():
         assert issubclass(cls.Options, Options), cls.name

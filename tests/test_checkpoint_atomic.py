@@ -34,6 +34,8 @@ from asrforge.io.atomic import (
     recover_interrupted,
 )
 
+pytestmark = pytest.mark.fast
+
 # ---------------------------------------------------------------------------------------------
 # atomic_directory
 

@@ -47,6 +47,7 @@ def _edit_manifest(ckpt: Path, **changes) -> None:
     path.write_text(json.dumps(manifest, indent=2))
 
 
+@pytest.mark.fast
 def test_manifests_are_sealed_and_an_edited_fact_is_refused(tmp_path):
     d = tmp_path / "ckpt"
     d.mkdir()
@@ -126,6 +127,7 @@ def test_averaging_members_survive_rotation_and_the_cli_names_them(tmp_path, ton
         assert f"step {step}: loss {record.by_step[step]['loss']:.6g}" in out
 
 
+@pytest.mark.fast
 def test_averaging_specs_use_the_callbacks_own_defaults():
     from asrforge.callbacks.averaging import AverageCheckpoints
     from asrforge.checkpoint.manager import averaging_specs

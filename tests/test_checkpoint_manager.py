@@ -45,6 +45,7 @@ def _step_dirs(root: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step-*"))
 
 
+@pytest.mark.fast
 def test_layout_latest_and_best(tmp_path):
     m = CheckpointManager(tmp_path, save_total_limit=None, keep_best=[])
     p1 = m.save(1, _writer(1), {"wer": 0.5}, is_best=True)
@@ -94,6 +95,7 @@ def test_rotation_never_deletes_best_or_topk_sources(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.fast
 def test_topk_ranks_min_and_max(tmp_path):
     specs = [TopKSpec(metric="wer", k=3, mode="min"), TopKSpec(metric="bleu", k=2, mode="max")]
     m = CheckpointManager(tmp_path, save_total_limit=None, keep_best=specs)
@@ -110,6 +112,7 @@ def test_topk_ranks_min_and_max(tmp_path):
     assert [e["step"] for e in m.top_k["wer"]] == [2, 5, 3]
 
 
+@pytest.mark.fast
 def test_corrupt_newest_falls_back_and_logs(tmp_path, caplog):
     m = CheckpointManager(tmp_path, save_total_limit=None)
     for step in (1, 2, 3):
@@ -125,6 +128,7 @@ def test_corrupt_newest_falls_back_and_logs(tmp_path, caplog):
     assert "step-000003" in text and "weights.bin: sha256" in text
 
 
+@pytest.mark.fast
 def test_stale_temporaries_are_cleaned_by_the_writer_only(tmp_path, caplog):
     m = CheckpointManager(tmp_path)
     m.save(1, _writer(1), is_best=True)
@@ -143,6 +147,7 @@ def test_stale_temporaries_are_cleaned_by_the_writer_only(tmp_path, caplog):
     assert "restored" in caplog.text and ".tmp-step-000002-4242-abcd" in caplog.text
 
 
+@pytest.mark.fast
 def test_state_dict_round_trip_and_manifest_copy(tmp_path):
     spec = [TopKSpec(metric="wer", k=2)]
     m = CheckpointManager(tmp_path, save_total_limit=2, keep_best=spec)
@@ -172,6 +177,7 @@ def test_state_dict_round_trip_and_manifest_copy(tmp_path):
         CheckpointManager(tmp_path, keep_best=[TopKSpec(metric="wer"), TopKSpec(metric="wer")])
 
 
+@pytest.mark.fast
 def test_enospc_during_save_keeps_everything(tmp_path, monkeypatch):
     m = CheckpointManager(tmp_path, save_total_limit=1, keep_best=[TopKSpec(metric="wer")])
     m.save(1, _writer(1), {"wer": 0.5}, is_best=True)
@@ -191,6 +197,7 @@ def test_enospc_during_save_keeps_everything(tmp_path, monkeypatch):
     assert m.state_dict() == state and os.readlink(tmp_path / "latest") == "step-000002"
 
 
+@pytest.mark.fast
 def test_training_payload_is_passed_once(tmp_path):
     m = CheckpointManager(tmp_path, keep_best=[TopKSpec(metric="wer")])
     payload = {

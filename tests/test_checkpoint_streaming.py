@@ -21,6 +21,8 @@ from asrforge.checkpoint.training import (
     save_weights_hashed,
 )
 
+pytestmark = pytest.mark.fast
+
 
 def _state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)

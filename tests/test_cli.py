@@ -7,6 +7,7 @@ import argparse
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from asrforge.cli import build_parser, main
@@ -50,6 +51,7 @@ def test_every_command_parser_is_built_without_heavy_imports():
     assert _probe("vocab", "--help") == "NO-TORCH 0"
 
 
+@pytest.mark.fast
 def test_every_command_is_listed_with_its_own_parser():
     commands = _commands(build_parser())
     listed = {c.dest for c in commands._choices_actions}  # noqa: SLF001
@@ -65,6 +67,7 @@ def _train_yaml(tmp_path, **fields) -> str:
     return str(path)
 
 
+@pytest.mark.fast
 def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
     (tmp_path / "a-file").write_text("mine")
     assert main(["train", _train_yaml(tmp_path, output_dir=str(tmp_path / "a-file"))]) == 2
@@ -76,6 +79,7 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
     assert (tmp_path / "a-file").read_text() == "mine"
 
 
+@pytest.mark.fast
 def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
     loop = tmp_path / "data" / "tones"
     loop.parent.mkdir()

@@ -11,6 +11,8 @@ from schema_fields import schema_fields
 from asrforge.config import ConfigError, TrainConfig, load_config
 from asrforge.matrix.plan import MatrixConfig
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 MINIMAL = {"output_dir": "runs/x", "data": {"path": "d"}}
 

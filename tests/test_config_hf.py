@@ -12,6 +12,8 @@ from asrforge.config import ConfigError, load_config
 from asrforge.config_hf import PEER_NAMES
 from asrforge.config_reference import field_docs
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -14,6 +14,8 @@ from asrforge.config import TrainConfig, load_config
 from asrforge.config_reference import field_docs
 from asrforge.matrix.plan import MatrixConfig
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import warnings
 
+import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -51,6 +52,7 @@ def test_decoding_passes_the_cache_under_the_name_transformers_expects():
     assert len(greedy) == 2
 
 
+@pytest.mark.fast
 def test_a_tokenizer_saved_with_clean_up_loads_without_the_per_decode_warning(tmp_path, caplog):
     tok = train_bpe_tokenizer(["hello world", "good morning"] * 20, 300)
     tok.clean_up_tokenization_spaces = True

@@ -121,6 +121,7 @@ def test_rebuild_keeps_the_cache_inside_the_corpus_dir(tmp_path):
     assert card["build"]["clips_from_cache"] == 4
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("languages", "needle"),
     [
@@ -149,6 +150,7 @@ def test_japanese_kana_only_is_allowed_and_uses_kana_words():
     assert all(all(ord(ch) in kana for ch in c.text.rstrip("。")) for c in clips)
 
 
+@pytest.mark.fast
 def test_bad_sizes_are_refused(tmp_path):
     with pytest.raises(UserError, match="validation: needs at least 1"):
         CorpusSpec(["en"], {"train": 3, "validation": 0, "test": 1})
@@ -179,12 +181,14 @@ def test_sentences_are_deterministic_and_distinct():
     assert all(" " not in s and s.endswith("。") for s in zh)
 
 
+@pytest.mark.fast
 def test_wordfreq_falling_back_to_english_is_refused():
     # wordfreq answers an unknown language with its English list; the corpus must not.
     with pytest.raises(UserError, match="no word list"):
         word_pool("sw")
 
 
+@pytest.mark.fast
 @requires_espeak
 def test_every_table_voice_exists():
     voices = espeak_voices()
@@ -224,6 +228,7 @@ def fortunes_root(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.fast
 def test_natural_sentences_keep_only_short_speakable_ones(fortunes_root):
     from asrforge.recipes.sentences import natural_sentences
 
@@ -236,6 +241,7 @@ def test_natural_sentences_keep_only_short_speakable_ones(fortunes_root):
     ]
 
 
+@pytest.mark.fast
 def test_a_corpus_from_fortunes_uses_natural_sentences_and_records_them(fortunes_root):
     spec = CorpusSpec(["en"], {"train": 2, "validation": 1, "test": 1}, max_words=16)
     assert spec.sources() == {"en": "fortunes"}
@@ -255,6 +261,7 @@ def test_a_corpus_from_fortunes_uses_natural_sentences_and_records_them(fortunes
     assert CorpusSpec(["en"], SIZES, text="wordfreq").sources() == {"en": "wordfreq"}
 
 
+@pytest.mark.fast
 def test_missing_fortunes_package_is_named(tmp_path, monkeypatch):
     from asrforge.recipes import sentences
 

@@ -246,6 +246,7 @@ def test_bad_directories_are_user_errors(ct2_tiny_en: Path, tmp_path: Path) -> N
         import_ct2(partial, tmp_path / "out")
 
 
+@pytest.mark.fast
 def test_cli_parses_and_reports_user_errors(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="asrforge")
     import_ct2_command.add_parser(parser.add_subparsers(dest="command"))
@@ -255,6 +256,7 @@ def test_cli_parses_and_reports_user_errors(tmp_path: Path) -> None:
         import_ct2_command.run(args)
 
 
+@pytest.mark.fast
 def test_multilingual_generation_config_names_languages_and_tasks() -> None:
     """No multilingual CTranslate2 model ships locally: check the fields on openai's id layout."""
     names = [

@@ -89,6 +89,7 @@ def fit(cfg):
 # Item 9: languages
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "given, code",
     [("English", "en"), ("en-US", "en"), ("en_us", "en"), ("zh-CN", "zh"), ("sv-SE", "sv"),
@@ -100,12 +101,14 @@ def test_codes_names_and_locales_resolve_alike(given, code):
     assert resolve_language(given, strict=False) == code
 
 
+@pytest.mark.fast
 def test_an_unknown_language_filter_is_an_error_naming_its_entry():
     assert language_filter(["English", "es-MX"]) == {"en", "es"}
     with pytest.raises(UserError, match=r"data\.languages\.1: unknown language 'klingon'"):
         language_filter(["en", "klingon"])
 
 
+@pytest.mark.fast
 def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path, tones_dir):
     spellings = {"en": ["en-US", "English", "en"], "es": ["es-ES", "Spanish"]}
 
@@ -126,6 +129,7 @@ def test_data_languages_match_names_and_locales_in_the_language_column(tmp_path,
     assert len(utts) == len(split)
 
 
+@pytest.mark.fast
 def test_the_skip_report_holds_each_dropped_id_once_per_reason():
     # workers drop a clip again every epoch, and every rank's drops are gathered into each one
     report = SkipReport("train", 10, {"empty text": ["a"]})
@@ -137,6 +141,7 @@ def test_the_skip_report_holds_each_dropped_id_once_per_reason():
     assert skipped == {"empty text": ["a", "b"], "x": ["b"]}
 
 
+@pytest.mark.fast
 def test_rows_left_out_by_data_languages_are_counted_apart_not_skipped(tmp_path, tones_dir, caplog):
     # a deliberate filter is no defect of the data: the log says kept / left out (per language)
     # / skipped, the skip report does not list them; a filter that leaves nothing names the
@@ -169,6 +174,7 @@ def test_rows_left_out_by_data_languages_are_counted_apart_not_skipped(tmp_path,
     )
 
 
+@pytest.mark.fast
 def test_vocab_build_reads_the_transcripts_of_every_spelling_of_its_language(tmp_path):
     from datasets import Dataset, DatasetDict
 
@@ -180,6 +186,7 @@ def test_vocab_build_reads_the_transcripts_of_every_spelling_of_its_language(tmp
     assert read_transcripts(tmp_path / "d", "georgian") == ["a", "b", "c"]
 
 
+@pytest.mark.fast
 def test_cantonese_is_selected_as_cantonese_and_decoded_with_zh_without_a_yue_token(
     tmp_path, tones_dir, caplog
 ):
@@ -210,6 +217,7 @@ def swedish_half(_split, rows):
     rows["language"] = ["en" if x == "en" else "sv-SE" for x in rows["language"]]
 
 
+@pytest.mark.fast
 def test_an_english_only_model_refuses_other_languages_naming_them(tmp_path, tones_dir):
     split = load_arrow(variant(tones_dir, tmp_path / "d", swedish_half))["train"]
     n_sv = sum(x == "sv-SE" for x in split["language"])
@@ -224,6 +232,7 @@ def test_an_english_only_model_refuses_other_languages_naming_them(tmp_path, ton
     assert {u.language for u in utts} == {"en"}
 
 
+@pytest.mark.fast
 def test_fine_tuning_an_english_only_model_on_swedish_stops_before_training(tmp_path, tones_dir):
     pretrained = save_english_only_model(tmp_path, tones_dir)
     data = variant(tones_dir, tmp_path / "d", swedish_half)
@@ -234,6 +243,7 @@ def test_fine_tuning_an_english_only_model_on_swedish_stops_before_training(tmp_
     assert not list((tmp_path / "run").rglob("step-*"))  # not a step trained
 
 
+@pytest.mark.fast
 def test_rows_without_a_language_are_named_with_the_ways_to_give_one(tmp_path, tones_dir):
     def blank_two(name, rows):
         rows["language"][3] = rows["language"][7] = None if name == "train" else "en"
@@ -254,6 +264,7 @@ def test_rows_without_a_language_are_named_with_the_ways_to_give_one(tmp_path, t
         prepare(split, tok, SpecialTokens.from_tokenizer(tok, True))
 
 
+@pytest.mark.fast
 def test_language_tokens_must_name_known_languages_with_a_token():
     tok = tokenizer_without()
     specials = SpecialTokens.from_tokenizer(tok, True, {"Ganda": "Swahili"})
@@ -353,6 +364,7 @@ def test_nan_and_empty_clips_are_skipped_and_reported_in_training_and_evaluation
     assert f"evaluation: dropped 2 of 11 clips (2 {NAN_REASON})" in log_text
 
 
+@pytest.mark.fast
 def test_transcribe_warns_about_nan_and_empty_audio(tmp_path, caplog):
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -385,6 +397,7 @@ def test_transcribe_warns_about_nan_and_empty_audio(tmp_path, caplog):
 # Item 21: data errors are clear
 
 
+@pytest.mark.fast
 def test_an_empty_train_split_is_a_user_error(tmp_path, tones_dir, capsys):
     def empty(split, rows):
         if split == "train":
@@ -421,6 +434,7 @@ def test_missing_transcripts_are_skipped_before_the_tokenizer_is_trained(tmp_pat
     )
 
 
+@pytest.mark.fast
 def test_a_text_column_of_numbers_is_an_error_naming_the_column_and_type(tmp_path, tones_dir):
     def numbers(_split, rows):
         rows["text"] = list(range(len(rows["text"])))
@@ -433,6 +447,7 @@ def test_a_text_column_of_numbers_is_an_error_naming_the_column_and_type(tmp_pat
     assert main(["train", str(config)]) == 2
 
 
+@pytest.mark.fast
 def test_transcripts_of_whitespace_only_are_skipped_as_empty_up_front(tmp_path, tones_dir):
     """Blank as ``str.strip`` sees it (Unicode spaces too), without a trimmed copy of the texts."""
     blanks = {0: None, 1: "", 2: "  ", 3: "\u3000\t", 4: "\u00a0\n"}

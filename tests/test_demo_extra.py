@@ -9,6 +9,8 @@ import pytest
 
 from asrforge.cli import main
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("command", "module", "package"),

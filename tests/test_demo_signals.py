@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asrforge.recipes import demo
 from asrforge.train.run import FitResult
 
@@ -79,6 +81,7 @@ def _demo(monkeypatch, tmp_path, capsys, **fit) -> tuple[int, str, Stage]:
     return rc, capsys.readouterr().out, stage
 
 
+@pytest.mark.fast
 def test_a_signal_in_the_fine_tune_stops_the_demo_with_75_and_says_how_to_continue(
     monkeypatch, tmp_path, capsys
 ):
@@ -93,6 +96,7 @@ def test_a_signal_in_the_fine_tune_stops_the_demo_with_75_and_says_how_to_contin
     assert "step None" not in out and "no checkpoint became best" in out
 
 
+@pytest.mark.fast
 def test_the_export_line_says_no_evaluation_ran_rather_than_that_the_guard_refused(
     monkeypatch, tmp_path, capsys
 ):
@@ -102,6 +106,7 @@ def test_the_export_line_says_no_evaluation_ran_rather_than_that_the_guard_refus
     assert "no evaluation ran" in out and "step None" not in out
 
 
+@pytest.mark.fast
 def test_the_guard_refusal_is_named_when_evaluations_ran(monkeypatch, tmp_path, capsys):
     metrics = {"wer": 0.2, "cer": 0.1, "loss": 1.0, "guard_wer": 0.5}
     rc, out, _ = _demo(monkeypatch, tmp_path, capsys, last_metrics=metrics)

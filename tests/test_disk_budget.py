@@ -95,6 +95,7 @@ def test_a_budget_too_small_for_one_save_is_refused_before_writing(tmp_path, ton
     assert list(root.iterdir()) == []  # nothing half-written, no temporary left
 
 
+@pytest.mark.fast
 def test_rotation_makes_room_and_refusal_deletes_nothing(tmp_path):
     size = 100_000
     # room for three checkpoints of `size`, not four (manifests are a few hundred bytes)
@@ -110,6 +111,7 @@ def test_rotation_makes_room_and_refusal_deletes_nothing(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_a_budget_for_one_checkpoint_refuses_the_second_and_keeps_the_first(tmp_path):
     size = 100_000
     m = CheckpointManager(tmp_path, save_total_limit=None, max_disk_gb=1.5 * size / GB)
@@ -124,11 +126,13 @@ def test_a_budget_for_one_checkpoint_refuses_the_second_and_keeps_the_first(tmp_
     verify(tmp_path / "step-000001")
 
 
+@pytest.mark.fast
 def test_max_disk_gb_must_be_positive(tmp_path):
     with pytest.raises(UserError, match="max_disk_gb"):
         CheckpointManager(tmp_path, max_disk_gb=0)
 
 
+@pytest.mark.fast
 def test_the_matrix_report_shows_disk_per_job_and_in_total(tmp_path):
     from asrforge.matrix.report import collect, render
 
@@ -157,6 +161,7 @@ def _training_like(step: int):
     return write
 
 
+@pytest.mark.fast
 def test_prune_keeps_everything_when_the_best_cannot_be_rebuilt(tmp_path, monkeypatch):
     from asrforge.checkpoint import manager as manager_module
 

@@ -10,6 +10,8 @@ import pytest
 
 from asrforge.config_reference import render_markdown
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [
     ROOT / "README.md",

@@ -48,6 +48,7 @@ def test_cached_encoder_states_give_the_losses_of_recomputing(tmp_path, tones_di
     assert again == cached
 
 
+@pytest.mark.fast
 def test_cache_needs_a_frozen_encoder(tmp_path, tones_dir):
     with pytest.raises(ConfigError, match="data.cache_encoder: needs model.freeze_encoder"):
         tiny_config(tmp_path, tones_dir, data={"cache_encoder": True})

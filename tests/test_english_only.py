@@ -21,6 +21,7 @@ def english_only(tmp_path_factory, tones_dir) -> Path:
     return save_english_only_model(tmp_path_factory.mktemp("english-only"), tones_dir)
 
 
+@pytest.mark.fast
 def test_the_refusal_comes_before_the_weights_load_and_leaves_no_run(
     tmp_path, tones_dir, english_only, monkeypatch, capsys
 ):
@@ -54,6 +55,7 @@ def test_relabelled_as_english_the_data_trains_the_english_only_prompt(
     assert (out / "checkpoints" / "latest").exists()
 
 
+@pytest.mark.fast
 def test_the_language_slot_is_read_from_the_files(tmp_path, english_only):
     assert not has_language_slot(english_only)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 51865}))

@@ -57,6 +57,7 @@ def pretrained(tmp_path, tones_dir) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_at_start_is_on_for_a_pretrained_start_and_off_from_scratch(tmp_path, tones_dir):
     assert not tiny_config(tmp_path, tones_dir).evaluates_at_start
     assert tiny_config(tmp_path, tones_dir, eval={"at_start": True}).evaluates_at_start
@@ -66,6 +67,7 @@ def test_at_start_is_on_for_a_pretrained_start_and_off_from_scratch(tmp_path, to
     assert not off.evaluates_at_start
 
 
+@pytest.mark.fast
 def test_the_start_seeds_the_bests_and_patience_counts_from_it():
     sel = Selector(ByWer(), patience=2, max_steps=None)
     first = sel.update({"wer": 0.30, "loss": 1.0}, step=0)
@@ -183,6 +185,7 @@ def test_a_resume_from_the_start_checkpoint_is_exact_and_does_not_evaluate_it_ag
     assert [r["step"] for r in records(tmp_path / "split", "eval")] == [0, 2, 4]
 
 
+@pytest.mark.fast
 def test_the_result_line_shows_the_start_and_eval_on_start_gets_its_name(tmp_path, tones_dir):
     improved = FitResult("completed", "", 4, 3, {"wer": 0.5}, tmp_path, start={"wer": 0.8})
     assert improved.improved_on_start is True

@@ -34,6 +34,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", list(BAD_INPUTS))
 def test_a_failed_start_in_a_new_directory_removes_what_it_made(tmp_path, tones_dir, capsys, bad):
     cfg = tmp_path / "cfg.yaml"
@@ -44,6 +45,7 @@ def test_a_failed_start_in_a_new_directory_removes_what_it_made(tmp_path, tones_
     assert not (tmp_path / "runs").exists()  # the parents it created too
 
 
+@pytest.mark.fast
 def test_a_failed_start_in_an_existing_directory_leaves_it_as_it_was(tmp_path, tones_dir, capsys):
     cfg = tmp_path / "cfg.yaml"
     out = tmp_path / "run"
@@ -72,6 +74,7 @@ def test_a_refused_resume_changes_nothing_in_the_run(tmp_path, tones_dir, capsys
     assert _tree(out) == before
 
 
+@pytest.mark.fast
 def test_a_failed_start_leaves_the_run_started_beside_it_under_the_same_new_parent(tmp_path):
     runs = tmp_path / "runs"
     a, b = RunDirBefore.look(runs / "a"), RunDirBefore.look(runs / "b")
@@ -85,6 +88,7 @@ def test_a_failed_start_leaves_the_run_started_beside_it_under_the_same_new_pare
     assert not runs.exists()  # the parent goes with the last run in it
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("where", ["listdir", "unlink"])
 def test_an_undo_that_cannot_remove_an_entry_does_not_raise(tmp_path, monkeypatch, where):
     before = RunDirBefore.look(tmp_path)
@@ -112,6 +116,7 @@ def test_a_resume_refused_after_the_config_was_written_keeps_the_runs_config(tmp
     assert (out / "config.yaml").read_bytes() == before
 
 
+@pytest.mark.fast
 def test_a_failed_start_removes_a_metrics_file_of_a_configured_name(tmp_path, tones_dir, capsys):
     out = tmp_path / "run"
     out.mkdir()

@@ -3,6 +3,7 @@ decoded again by seeded sampling at a higher temperature; a fine window is left 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_beam import EOT, _inputs, _model
 
@@ -67,6 +68,7 @@ def test_a_fine_window_is_kept_at_temperature_zero():
     assert hyps == beam_search(model, enc, prompts, EOT, 20, beam_size=1)
 
 
+@pytest.mark.fast
 def test_thresholds():
     assert compression_ratio("the cat " * 40) > 2.4 > compression_ratio("a quick brown fox")
     h = Hypothesis([3, 4, 5], sum_logprob=-8.0, hit_cap=False)

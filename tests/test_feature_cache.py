@@ -38,6 +38,7 @@ def _dataset(tones_dir, tmp_path, split="train", fe=None) -> SpeechDataset:
     return SpeechDataset(dd[split], utts, fe or bundle.features, bundle.specials.eot)
 
 
+@pytest.mark.fast
 @given(
     arrays(
         np.float32,
@@ -88,6 +89,7 @@ def test_a_new_split_extends_the_cache_and_earlier_rows_still_read_back(tones_di
     assert FeatureCache.open(tmp_path / "cache", WhisperFeatureExtractor(feature_size=128)) is None
 
 
+@pytest.mark.fast
 def test_dithering_extractor_is_refused(tones_dir, tmp_path):
     ds = _dataset(tones_dir, tmp_path, fe=WhisperFeatureExtractor(feature_size=80, dither=1.0))
     with pytest.raises(UserError, match="data.cache_features.*dither"):
@@ -153,6 +155,7 @@ def test_a_build_never_removes_a_data_file_another_run_reads(tones_dir, tmp_path
     assert names == sorted(["index.json", third.values, second.values])
 
 
+@pytest.mark.fast
 def test_killed_builds_leave_temporaries_the_next_build_removes(tmp_path):
     from asrforge.data.cache.files import SharedData, remove_unused
 

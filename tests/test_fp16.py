@@ -7,6 +7,7 @@ import functools
 import json
 import math
 
+import pytest
 import torch
 
 from asrforge.train import step as step_module
@@ -51,6 +52,7 @@ def poison_losses(monkeypatch, calls: set[int] | None):
     monkeypatch.setattr(step_module, "token_loss", poisoned)
 
 
+@pytest.mark.fast
 def test_fp16_is_kept_on_the_cpu():
     assert choose_precision("fp16", "cpu", 32)[0] == "fp16"
     assert choose_precision("fp16", "auto", 384)[0] == "fp16"

@@ -10,6 +10,8 @@ from asrforge.bundle.contents import feature_config
 from asrforge.config import ModelConfig
 from asrforge.model.frames import window_seconds
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("positions", [1500, 100])
 def test_every_window_length_is_the_same_rate(positions):

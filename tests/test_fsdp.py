@@ -59,6 +59,7 @@ def step_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if r.get("event") == "train"}
 
 
+@pytest.mark.fast
 def test_config_refuses_what_sharding_cannot_run(tmp_path, tones_dir):
     with pytest.raises(ConfigError) as e:
         tiny_config(tmp_path, tones_dir, train={"distributed": "fsdp", "ema_decay": 0.9,
@@ -95,6 +96,7 @@ class _Marker:
         return (Path.touch, (Path(self.path),))
 
 
+@pytest.mark.fast
 def test_shard_metadata_naming_other_code_is_refused_unrun(tmp_path):
     marker = tmp_path / "ran"
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Marker(str(marker))))

@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import threading
 
+import pytest
+
 from asrforge.data.sources import load_arrow
 from asrforge.data.synth import make_tones_dataset, tone_splits
 from asrforge.io.locks import exclusive
@@ -40,6 +42,7 @@ def _build(path):
     make_tones_dataset(path, sizes=SIZES)
 
 
+@pytest.mark.fast
 def test_two_processes_generating_at_once_both_succeed_with_one_data_set(tmp_path):
     path = tmp_path / "generated" / "tones"
     ctx = multiprocessing.get_context("fork")
@@ -53,6 +56,7 @@ def test_two_processes_generating_at_once_both_succeed_with_one_data_set(tmp_pat
     assert sorted(p.name for p in path.parent.iterdir()) == ["tones", "tones.lock"]
 
 
+@pytest.mark.fast
 def test_a_killed_builders_temporary_is_removed_and_the_new_data_set_is_made_durable(
     tmp_path, monkeypatch
 ):

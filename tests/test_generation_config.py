@@ -14,6 +14,8 @@ from asrforge.convert.ct2 import _generation_config as ct2_generation_config
 from asrforge.model.build import _set_generation_defaults
 from asrforge.model.tokenizer import SpecialTokens
 
+pytestmark = pytest.mark.fast
+
 # openai's multilingual id layout, shortened to two languages
 NAMES = [
     "<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|zh|>", "<|translate|>",

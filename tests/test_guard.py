@@ -28,6 +28,7 @@ def _selector(policy: str, tolerance: float = 0.02) -> Selector:
     return Selector(POLICIES[policy](), patience=10, max_steps=None, guard=gate)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_rising_drift_blocks_a_save_the_policy_alone_would_make(policy):
     # Every evaluation improves both wer and loss: each policy alone saves every time.
@@ -49,6 +50,7 @@ def test_rising_drift_blocks_a_save_the_policy_alone_would_make(policy):
     assert guarded.evals_without_save == 0
 
 
+@pytest.mark.fast
 def test_drift_alone_does_not_run_out_patience_while_held_out_improves():
     # The demo's measured run: validation WER falls at every evaluation while the drift stays
     # just over the tolerance. The guard refuses each save, but the held-out metrics still
@@ -66,6 +68,7 @@ def test_drift_alone_does_not_run_out_patience_while_held_out_improves():
     assert sel.best_step == 100
 
 
+@pytest.mark.fast
 def test_patience_judges_held_out_progress_against_refused_evaluations_too():
     # Eval 2 is refused but sets the held-out best (0.10); evals 3 and 4 beat the last saved
     # 0.30 yet not 0.10: no held-out progress, so patience 2 runs out at eval 4.
@@ -95,6 +98,7 @@ def _gate(tolerance: float = 0.02) -> GuardGate:
     return gate
 
 
+@pytest.mark.fast
 def test_guard_on_its_tolerance_saves_and_a_nan_guard_never_does():
     sel = _selector("by_wer", tolerance=0.02)
     assert sel.update({"wer": 0.5, "loss": 1, "guard_wer": 0.02}).save  # exactly start + tol
@@ -103,6 +107,7 @@ def test_guard_on_its_tolerance_saves_and_a_nan_guard_never_does():
         sel.update({"wer": 0.3, "loss": 1})
 
 
+@pytest.mark.fast
 def test_guard_start_rides_in_the_selector_state():
     sel = _selector("combined_gate")
     sel.update({"wer": 0.5, "loss": 1.0, "guard_wer": 0.0}, step=2)
@@ -126,6 +131,7 @@ def _items(*refs):
     return [GuardItem(f"u{i}", np.zeros(1600, np.float32), r, "en") for i, r in enumerate(refs)]
 
 
+@pytest.mark.fast
 def test_drift_is_scored_against_the_start_transcripts():
     guard = Guard(
         _items(None, None),
@@ -156,6 +162,7 @@ def test_drift_is_scored_against_the_start_transcripts():
     assert with_refs.score(["a b", "c x"], gate) == pytest.approx(0.25)
 
 
+@pytest.mark.fast
 def test_unspaced_languages_are_guarded_by_cer_as_evaluation_judges_them():
     """A Chinese sentence is one "word": one wrong character made the old guard's WER 100%,
     so a barely changed model looked like it forgot everything. CER, as evaluation uses."""
@@ -196,6 +203,7 @@ def test_unspaced_languages_are_guarded_by_cer_as_evaluation_judges_them():
     assert en.score(["the cat sat", "on the hat"], gate) == pytest.approx(1 / 6)
 
 
+@pytest.mark.fast
 def test_guard_audio_is_cut_into_windows_and_bad_paths_are_named(tmp_path):
     sr = 16000
     rng = np.random.default_rng(0)
@@ -254,6 +262,7 @@ def test_a_run_measures_the_guard_from_step_0_and_records_it(tones_dir, tmp_path
     assert result.best_step is not None
 
 
+@pytest.mark.fast
 def test_guard_data_in_any_source_form_gives_the_saved_datasets_items(tones_dir, tmp_path):
     """A NeMo manifest, a Common Voice CSV (columns mapped, audio beside it) and a CSV of paths
     alone (no text: drift) give the windows, references and languages of the same clips in a
@@ -302,6 +311,7 @@ def test_guard_data_in_any_source_form_gives_the_saved_datasets_items(tones_dir,
     )
 
 
+@pytest.mark.fast
 def test_a_directory_of_recordings_with_a_sidecar_file_is_still_audio_files(tones_dir, tmp_path):
     """Recordings with a metadata.csv or a notes.json beside them (no split in their names, so
     data.path would not read the directory as data) are the audio-file guard they were before
@@ -324,6 +334,7 @@ def test_a_directory_of_recordings_with_a_sidecar_file_is_still_audio_files(tone
     assert [i.reference for i in items] == [r["text"] for r in rows]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", ['{"language": "en"', "[1, 2]", "\xff"])
 def test_a_damaged_step_0_guard_record_is_named(tmp_path, bad):
     from asrforge.train.guard import recorded_language

@@ -31,6 +31,7 @@ def by_language(tmp_path: Path, clips: list[dict]) -> dict[str, Path]:
     return dirs
 
 
+@pytest.mark.fast
 def test_windows_fit_hold_one_language_and_cover_every_clip_once(tmp_path, clips, capsys):
     dirs = by_language(tmp_path, clips)
     out = tmp_path / "guard"
@@ -53,6 +54,7 @@ def _name(path: str) -> str:
     return Path(path).name
 
 
+@pytest.mark.fast
 def test_references_and_their_languages_come_from_a_file_and_reach_the_guard(tmp_path, clips):
     refs = tmp_path / "corpus" / "refs.jsonl"
     refs.write_text("".join(
@@ -109,6 +111,7 @@ def test_the_starting_model_s_transcripts_become_the_references(tmp_path, clips,
     assert main([*argv[:-1], str(tmp_path / "g2"), "--window-seconds", "29"]) == 2
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", ["missing", "not audio", "empty dir", "languages", "reference"])
 def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
     clip = tmp_path / "corpus" / clips[0]["file"]
@@ -131,6 +134,7 @@ def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
     assert not (tmp_path / "guard").exists()
 
 
+@pytest.mark.fast
 def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatch):
     """A recording longer than the model's window, or one it transcribes as nothing, gets no
     reference; a guard with references on only some recordings would silently measure drift

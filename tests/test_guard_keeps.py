@@ -12,7 +12,7 @@ from conftest import tiny_config
 
 from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint.average import interpolate_weights
-from asrforge.errors import CheckpointNotSupportedError
+from asrforge.errors import CheckpointNotSupportedError, UserError
 from asrforge.selection.guard_gate import WITHIN_GUARD_SHARES, GuardGate, largest_share_within
 from asrforge.selection.policies import ByWer
 from asrforge.selection.selector import Selector
@@ -26,6 +26,7 @@ def _guarded_selector() -> Selector:
     return Selector(ByWer(), patience=10, max_steps=None, guard=gate)
 
 
+@pytest.mark.fast
 def test_the_best_refused_evaluation_is_tracked_and_rides_in_the_state():
     sel = _guarded_selector()
     assert not sel.update({"wer": 0.50, "loss": 1.0, "guard_wer": 0.0}, step=0).unguarded
@@ -43,6 +44,7 @@ def test_the_best_refused_evaluation_is_tracked_and_rides_in_the_state():
     assert resumed.unguarded_step is None and resumed.unguarded == {}
 
 
+@pytest.mark.fast
 def test_a_run_resumed_without_the_guard_forgets_what_the_guard_refused():
     sel = _guarded_selector()
     sel.update({"wer": 0.50, "loss": 1.0, "guard_wer": 0.0}, step=0)
@@ -136,6 +138,7 @@ def test_a_step_within_the_guard_that_beats_it_retires_best_unguarded(
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["best"]
 
 
+@pytest.mark.fast
 def test_the_largest_share_within_the_guard_is_chosen_largest_first():
     gate = GuardGate(0.02)
     gate.set_start(0.10, "wer", {})
@@ -155,6 +158,7 @@ def test_the_largest_share_within_the_guard_is_chosen_largest_first():
     )  # on it
 
 
+@pytest.mark.fast
 def test_interpolation_mixes_floats_keeps_ties_and_refuses_another_shape():
     start = {"w": torch.zeros(2, 2), "n": torch.tensor([1]), "emb": torch.ones(3)}
     tied = torch.full((3,), 3.0)
@@ -215,6 +219,7 @@ def test_export_within_guard_without_the_starting_weights_is_refused(tmp_path, t
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.fast
 def test_shares_without_within_guard_is_refused(tmp_path, capsys):
     from asrforge.cli import main
 
@@ -224,6 +229,7 @@ def test_shares_without_within_guard_is_refused(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.fast
 def test_the_refused_step_names_the_guard_s_metric():
     from asrforge.selection.guard_gate import describe_refused
 
@@ -234,3 +240,15 @@ def test_the_refused_step_names_the_guard_s_metric():
     line = describe_refused(10, {**refused, "guard_metric": "wer"}, {"cer": 0.2},
                             before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
     assert "guard wer 0.3000" in line
+
+
+@pytest.mark.fast
+def test_export_within_guard_of_a_directory_that_is_no_run_names_it(tmp_path):
+    from asrforge.within_guard import export_within_guard
+
+    with pytest.raises(UserError, match="not a checkpoint") as refused:
+        export_within_guard(
+            tmp_path, "ema", (1.0,), tmp_path / "out", "hf", lm=None, ct2_quantization=None,
+            max_shard_size=None, progress=print, say=print,
+        )  # fmt: skip
+    assert str(tmp_path) in str(refused.value) and not (tmp_path / "out").exists()

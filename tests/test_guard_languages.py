@@ -10,6 +10,8 @@ from asrforge.selection.guard_gate import GuardGate, describe_refused, largest_s
 from asrforge.train.guard import Guard, log_text
 from asrforge.train.guard_items import GuardItem
 
+pytestmark = pytest.mark.fast
+
 EN = ["the cat sat down", "a red sun rose", "we go home now", "it is very cold"] * 2
 ES = ["el sol sale hoy", "la mar esta azul"]
 

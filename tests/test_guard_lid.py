@@ -21,6 +21,7 @@ def _gate(lid_tolerance: float | None = 0.05, lid_start: float | None = 0.95) ->
     return gate
 
 
+@pytest.mark.fast
 def test_a_language_id_drop_beyond_its_tolerance_is_refused_and_within_it_accepted():
     gate = _gate()
     within, why = gate.check({"guard_wer": 0.01, "guard_lid": 0.80})
@@ -37,6 +38,7 @@ def test_a_language_id_drop_beyond_its_tolerance_is_refused_and_within_it_accept
     assert _gate(lid_start=None).check({"guard_wer": 0.0, "guard_lid": 0.0})[0]
 
 
+@pytest.mark.fast
 def test_the_selector_refuses_the_save_on_a_language_id_drop():
     selector = Selector(ByWer(), patience=10, max_steps=None, guard=_gate())
     assert selector.update({"wer": 0.5, "guard_wer": 0.0, "guard_lid": 0.95}, step=1).save
@@ -54,6 +56,7 @@ def test_the_selector_refuses_the_save_on_a_language_id_drop():
     assert "guard drift" not in line
 
 
+@pytest.mark.fast
 def test_the_language_id_start_rides_in_the_state_and_a_guard_without_one_is_unchanged():
     gate = _gate()
     restored = GuardGate(0.02, 0.05)
@@ -65,6 +68,7 @@ def test_the_language_id_start_rides_in_the_state_and_a_guard_without_one_is_unc
     assert plain.check({"guard_wer": 0.0}) == (True, "guard drift 0 <= start 0 + tolerance 0.02")
 
 
+@pytest.mark.fast
 def test_audio_files_carry_no_language_of_their_own_and_data_rows_do(tones_dir, tmp_path):
     from asrforge.data.sources import read_split
 

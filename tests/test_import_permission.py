@@ -50,6 +50,7 @@ def handed_matrix(tmp_path, tones_dir) -> Path:
     return matrix
 
 
+@pytest.mark.fast
 def test_a_matrix_file_cannot_allow_its_own_imports(handed_matrix, monkeypatch):
     monkeypatch.syspath_prepend(str(handed_matrix.parent))
     monkeypatch.delenv(ALLOW_EXTERNAL_ENV, raising=False)
@@ -81,6 +82,7 @@ def test_the_matrix_command_refuses_the_file_key_before_importing(handed_matrix)
     assert not (handed_matrix.parent / "RAN").exists()
 
 
+@pytest.mark.fast
 def test_the_person_allows_it_by_flag_or_environment(handed_matrix, monkeypatch):
     monkeypatch.delenv(ALLOW_EXTERNAL_ENV, raising=False)
     assert not external_code_allowed(False)

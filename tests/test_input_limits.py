@@ -26,6 +26,8 @@ from asrforge.data.stream import RowRules, StreamedSplit, check_row
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 
+pytestmark = pytest.mark.fast
+
 MAX_SECONDS = 30.0
 MAX_POSITIONS = 64
 

@@ -12,6 +12,8 @@ import pytest
 from asrforge.io import locks
 from asrforge.io.locks import LOCKING_UNSUPPORTED, exclusive, hold_shared, try_lock, unlock
 
+pytestmark = pytest.mark.fast
+
 
 def _open(path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT)

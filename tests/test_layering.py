@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 SECTION = "## Layers and who may import whom"
@@ -120,10 +122,12 @@ def violations(root: Path, doc: str) -> list[str]:
     return problems
 
 
+@pytest.mark.fast
 def test_every_import_in_asrforge_is_one_the_table_allows():
     assert violations(ROOT / "asrforge", DOC.read_text(encoding="utf-8")) == []
 
 
+@pytest.mark.fast
 def test_the_table_names_every_layer_once_and_only_layers():
     layer_of, allowed = layer_table(DOC.read_text(encoding="utf-8"))
     package = ROOT / "asrforge"
@@ -139,6 +143,7 @@ def test_the_table_names_every_layer_once_and_only_layers():
                 assert path.with_suffix(".py").is_file() or path.is_dir(), name
 
 
+@pytest.mark.fast
 def test_the_inference_side_imports_no_training_code():
     """What the table says of them, read off it: a change here is a change of design."""
     _, allowed = layer_table(DOC.read_text(encoding="utf-8"))
@@ -170,6 +175,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
+@pytest.mark.fast
 def test_the_checker_passes_allowed_imports_and_names_each_violation(tmp_path):
     layer_of, allowed = layer_table(TABLE)
     assert layer_of == {n: n for n in ("errors", "model", "data", "train", "matrix", "asrforge")}
@@ -204,6 +210,7 @@ def test_the_checker_passes_allowed_imports_and_names_each_violation(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_a_module_of_an_unlisted_layer_fails(tmp_path):
     root = _package(tmp_path, {"errors.py": "", "utils.py": "import os\n"})
     assert violations(root, TABLE) == [
@@ -211,6 +218,7 @@ def test_a_module_of_an_unlisted_layer_fails(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_the_real_document_parses_as_the_synthetic_one_does():
     """The real table uses the conventions the synthetic one exercises."""
     layer_of, allowed = layer_table(DOC.read_text(encoding="utf-8"))

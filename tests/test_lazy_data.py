@@ -51,6 +51,7 @@ def tokenizer_and_specials():
     return tok, SpecialTokens.from_tokenizer(tok, True)
 
 
+@pytest.mark.fast
 def test_start_up_opens_no_audio_and_skips_durations_out_of_range(
     tmp_path, manifest_rows, tokenizer_and_specials, monkeypatch
 ):
@@ -87,6 +88,7 @@ def test_start_up_opens_no_audio_and_skips_durations_out_of_range(
     assert table.problem(table[2]) is None
 
 
+@pytest.mark.fast
 def test_a_duration_column_must_hold_numbers(tmp_path, manifest_rows):
     rows = [{**r, "seconds": "long"} for r in manifest_rows]
     path = write_manifest(tmp_path / "corpus" / "train.jsonl", rows)
@@ -136,6 +138,7 @@ def test_clips_found_unusable_in_the_workers_land_in_the_skip_report_once(tmp_pa
     assert state["dropped"] == expected
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("n", "batch", "world"), [(1, 4, 1), (50, 8, 1), (53, 8, 2), (9, 3, 3)])
 def test_epoch_batches_keep_the_order_of_torch_randperm(n, batch, world):
     for epoch in (0, 1):
@@ -148,6 +151,7 @@ def test_epoch_batches_keep_the_order_of_torch_randperm(n, batch, world):
             assert [list(b) for b in got[1:]] == old[rank::world][1:]  # a resume's slice
 
 
+@pytest.mark.fast
 def test_a_split_checked_in_full_is_cached_by_its_fingerprint(
     tmp_path, manifest_rows, tokenizer_and_specials, monkeypatch
 ):

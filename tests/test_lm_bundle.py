@@ -53,6 +53,7 @@ def waves(tones_dir) -> list[np.ndarray]:
     return [decode_audio(split[i]["audio"]["bytes"]) for i in range(4)]
 
 
+@pytest.mark.fast
 def test_lm_build_cli_writes_an_arpa_file_of_the_normalized_text(tmp_path, capsys):
     text = tmp_path / "en.txt"
     text.write_text("Hello, World!\n\nhello there.\n", encoding="utf-8")
@@ -65,6 +66,7 @@ def test_lm_build_cli_writes_an_arpa_file_of_the_normalized_text(tmp_path, capsy
     assert "wrote" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -303,6 +305,7 @@ def test_lm_tune_on_a_manifest(lm_bundle_dir, tones_dir, tmp_path, capsys):
     assert record["data"] == str(manifest) and record["n"] == 3
 
 
+@pytest.mark.fast
 def test_lm_build_reads_transcripts_with_no_audio_column(tones_dir, tmp_path, capsys):
     """An LM needs transcripts only: a saved DatasetDict or a CSV of text and language alone
     builds the LM the tones' own data set gives (both were refused for lacking audio)."""

@@ -38,6 +38,7 @@ def _fusion(alpha: float, beta: float) -> ShallowFusion:
     return ShallowFusion(LM, Letters(), EOT, alpha, beta, language_of=lambda prompt: "en")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_alpha_and_beta_zero_decode_exactly_as_without_an_lm(beam_size):
     model = _model(eot_bias=4.0)
@@ -47,6 +48,7 @@ def test_alpha_and_beta_zero_decode_exactly_as_without_an_lm(beam_size):
     assert fused == plain  # tokens, sums and caps: bit for bit
 
 
+@pytest.mark.fast
 def test_bonuses_are_the_lm_log_probabilities_of_completed_words():
     fusion = _fusion(0.7, 0.3)
     starts = fusion.starts_word(40, "cpu")

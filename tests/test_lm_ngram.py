@@ -18,6 +18,8 @@ from asrforge.lm.ngram import (
     write_arpa,
 )
 
+pytestmark = pytest.mark.fast
+
 TOY = [["a", "b"], ["a"]]
 HALF = [(0.5, 0.5, 0.5)] * 3
 

@@ -12,6 +12,8 @@ from asrforge.config import ConfigError, load_config
 from asrforge.data import workers as workers_module
 from asrforge.data.workers import AUTO_WORKERS_MAX, worker_count
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -55,11 +55,13 @@ def _apply(generated: list[int], logits: torch.Tensor | None = None, **kw) -> to
     return rules(x, torch.tensor([generated], dtype=torch.long).reshape(1, len(generated)))[0]
 
 
+@pytest.mark.fast
 def test_the_first_token_is_a_timestamp_no_later_than_the_initial_limit() -> None:
     assert _allowed(_apply([], max_initial_timestamp=0.04)) == {15, 16, 17}
     assert _allowed(_apply([], max_initial_timestamp=None)) == STAMPS
 
 
+@pytest.mark.fast
 def test_timestamps_come_in_pairs_and_never_go_back() -> None:
     # after the opening stamp: text only (no empty segment, no special token)
     assert _allowed(_apply([17])) == TEXT | {10}
@@ -73,6 +75,7 @@ def test_timestamps_come_in_pairs_and_never_go_back() -> None:
     assert not _allowed(_apply([17, 3])) & {11, 12, 13, 14}
 
 
+@pytest.mark.fast
 def test_a_timestamp_wins_when_all_timestamps_together_outweigh_any_text_token() -> None:
     logits = torch.full((V,), -20.0)
     logits[3] = 0.0  # the likeliest single token is text ...
@@ -82,6 +85,7 @@ def test_a_timestamp_wins_when_all_timestamps_together_outweigh_any_text_token()
     assert 3 in _allowed(_apply([17, 3], logits))
 
 
+@pytest.mark.fast
 def test_rules_apply_per_row() -> None:
     rules = TimestampRules(SMALL)
     logits = torch.zeros(2, V)
@@ -110,6 +114,7 @@ def ts(seconds: float) -> int:
     return BIG.begin + round(seconds / 0.02)
 
 
+@pytest.mark.fast
 def test_parse_window_cases() -> None:
     # complete segments, the last closed by a single timestamp: move past the whole window
     segs, seek = parse_window([ts(0), 1, 2, ts(2), ts(2.5), 3, ts(4)], BIG)
@@ -169,6 +174,7 @@ def _rule_abiding_window(rng: random.Random) -> list[int]:
     return ids + [rng.randrange(1, 40) for _ in range(rng.randrange(0, 3))]
 
 
+@pytest.mark.fast
 def test_parse_window_seeks_as_openai_whisper_does() -> None:
     """The seek rule next to openai-whisper's on windows the rules allow, the lone timestamp
     early in the window included: then Whisper (and this) moves past the whole window, taking
@@ -218,6 +224,7 @@ def _scripted(sentences: list[tuple[float, float]], calls: list) -> callable:
     return decode
 
 
+@pytest.mark.fast
 def test_sequential_windows_decode_every_sentence_once_in_order() -> None:
     # 22 sentences of 3.2-6.4 s with pauses over ~2.4 min; 30 s windows cut many of them
     rng = np.random.default_rng(1)
@@ -249,6 +256,7 @@ def test_sequential_windows_decode_every_sentence_once_in_order() -> None:
     assert any(abs(s - b) < 1e-6 for _, b in sentences for s in starts)
 
 
+@pytest.mark.fast
 def test_windows_without_timestamps_move_by_a_whole_window() -> None:
     wave = _ramp(70.0)
     calls = []
@@ -263,6 +271,7 @@ def test_windows_without_timestamps_move_by_a_whole_window() -> None:
     assert [(s.start, s.end) for s in segs] == [(0.0, 30.0), (30.0, 60.0), (60.0, 70.0)]
 
 
+@pytest.mark.fast
 def test_a_window_that_would_not_move_is_skipped_not_repeated() -> None:
     wave = _ramp(65.0)
     calls = []
@@ -277,6 +286,7 @@ def test_a_window_that_would_not_move_is_skipped_not_repeated() -> None:
     assert len(calls) == 3
 
 
+@pytest.mark.fast
 def test_segments_stay_within_the_audio() -> None:
     wave = _ramp(10.0)  # the model claims speech until 29 s of a 10 s recording
     [segs] = transcribe_by_timestamps(
@@ -290,6 +300,7 @@ def test_segments_stay_within_the_audio() -> None:
     assert [(s.start, s.end) for s in segs] == [(1.0, 10.0)]
 
 
+@pytest.mark.fast
 def test_condition_on_previous_text_prompts_with_the_text_before() -> None:
     sentences = [(0.0, 20.0), (22.0, 35.0), (36.0, 40.0)]
     calls = []
@@ -307,6 +318,7 @@ def test_condition_on_previous_text_prompts_with_the_text_before() -> None:
     assert prompts[1] == [9, ts(0), 0, ts(20), 7, 8]  # window 1 saw sentence 0, cut sentence 1
 
 
+@pytest.mark.fast
 def test_recordings_are_decoded_together_each_at_its_own_position() -> None:
     calls = []
     out = transcribe_by_timestamps(
@@ -325,6 +337,7 @@ def test_recordings_are_decoded_together_each_at_its_own_position() -> None:
     assert [len(ws) for ws, _ in calls] == [2, 1]
 
 
+@pytest.mark.fast
 def test_silence_cuts_give_one_segment_per_piece_with_text() -> None:
     wave = np.concatenate([np.ones(3 * SR), np.zeros(SR), np.ones(3 * SR)]).astype(np.float32)
     [segs] = transcribe_by_silence(
@@ -342,6 +355,7 @@ def test_silence_cuts_give_one_segment_per_piece_with_text() -> None:
 # Subtitles
 
 
+@pytest.mark.fast
 def test_srt_and_vtt() -> None:
     from asrforge.bundle.subtitles import to_srt, to_vtt
 
@@ -543,6 +557,7 @@ def _fake_wave(u) -> np.ndarray:
     return np.full(u.seconds * SR, int(u.uid[1:]), np.float32)
 
 
+@pytest.mark.fast
 def test_long_items_are_deterministic_one_language_each_and_in_range() -> None:
     from asrforge.evaluation.longform import build_items
 
@@ -567,6 +582,7 @@ def test_long_items_are_deterministic_one_language_each_and_in_range() -> None:
         assert 0.2 * (len(it.parts) - 1) <= it.seconds - speech <= 0.8 * (len(it.parts) - 1) + 1e-3
 
 
+@pytest.mark.fast
 def test_long_items_stop_when_the_split_runs_out(caplog) -> None:
     from asrforge.evaluation.longform import build_items
 
@@ -577,6 +593,7 @@ def test_long_items_stop_when_the_split_runs_out(caplog) -> None:
     assert "short of 8 s" in caplog.text and "audio for 2 recordings, not 3" in caplog.text
 
 
+@pytest.mark.fast
 def test_eval_config_checks_the_long_form_range() -> None:
     from asrforge.config import ConfigError, load_config
 

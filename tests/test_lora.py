@@ -192,6 +192,7 @@ def test_average_and_adapter_only_of_a_full_run_are_refused(lora_run, tmp_path, 
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.fast
 def test_lora_config_is_checked(tmp_path, tones_dir):
     with pytest.raises(ConfigError, match="model.lora: cannot be combined"):
         tiny_config(tmp_path, tones_dir, model={"lora": {}, "freeze_encoder": True})

@@ -185,6 +185,7 @@ def test_an_8bit_base_trains_and_exports_plain_weights(tmp_path, tones_dir, pret
     assert type(hf.model.decoder.layers[0].fc1) is torch.nn.Linear
 
 
+@pytest.mark.fast
 def test_quantize_base_needs_a_pretrained_model(tmp_path, tones_dir):
     with pytest.raises(ConfigError) as e:
         tiny_config(tmp_path, tones_dir, model={"lora": {"quantize_base": "4bit"}})

@@ -60,6 +60,7 @@ def test_adamw_8bit_resume_is_bit_identical_weights_and_optimizer_state(tmp_path
     assert codes >= 8
 
 
+@pytest.mark.fast
 def test_adamw_8bit_keeps_the_parameter_groups():
     model = torch.nn.Module()
     model.embed_tokens, model.fc1 = torch.nn.Embedding(100, 64), torch.nn.Linear(64, 128)
@@ -73,6 +74,7 @@ def test_adamw_8bit_keeps_the_parameter_groups():
     assert by_name["no_decay"]["params"] == [model.fc1.bias]
 
 
+@pytest.mark.fast
 def test_adamw_8bit_without_bitsandbytes_names_the_option_and_the_extra(monkeypatch):
     # a None entry makes `import bitsandbytes` raise ImportError
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
@@ -82,6 +84,7 @@ def test_adamw_8bit_without_bitsandbytes_names_the_option_and_the_extra(monkeypa
     assert "asrforge[lowbit]" in str(e.value)
 
 
+@pytest.mark.fast
 def test_resume_refuses_another_optimizer(tmp_path, tones_dir):
     saved = tiny_config(tmp_path / "run", tones_dir).to_yaml()
     now = tiny_config(tmp_path / "run", tones_dir, optim={"optimizer": "adamw_8bit", "lr": 1e-3})

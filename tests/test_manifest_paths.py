@@ -61,6 +61,7 @@ def _checkpoint(tmp_path) -> Path:
     return ckpt
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("entry", "why"),
     [
@@ -80,6 +81,7 @@ def test_a_checkpoint_manifest_entry_outside_its_directory_is_refused(
         verify(ckpt)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("link", ["evil.txt", "tokenizer"])
 def test_a_listed_symlink_is_refused_even_to_a_file_inside(tmp_path, outside, link):
     ckpt = _checkpoint(tmp_path)
@@ -96,6 +98,7 @@ def test_a_listed_symlink_is_refused_even_to_a_file_inside(tmp_path, outside, li
             verify(ckpt)
 
 
+@pytest.mark.fast
 def test_a_listed_file_that_cannot_be_looked_at_is_a_corrupt_checkpoint(tmp_path, monkeypatch):
     ckpt = _checkpoint(tmp_path)
     real = os.lstat

@@ -70,6 +70,7 @@ def two_configs(tmp_path, tones_dir) -> tuple[Path, Path]:
     return a, b
 
 
+@pytest.mark.fast
 def test_jobs_are_languages_x_configs_x_seeds_with_overrides_in_order(tmp_path, two_configs):
     a, b = two_configs
     m = write_yaml(tmp_path / "m.yaml", {
@@ -99,6 +100,7 @@ def test_jobs_are_languages_x_configs_x_seeds_with_overrides_in_order(tmp_path, 
     assert plan.root == tmp_path / "elsewhere" and cfg.train.max_steps == 9
 
 
+@pytest.mark.fast
 def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs):
     a, _ = two_configs
     m = write_yaml(tmp_path / "m.yaml", {
@@ -147,6 +149,7 @@ def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs)
         load_matrix(m)
 
 
+@pytest.mark.fast
 def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
     tmp_path, two_configs, capsys
 ):
@@ -184,6 +187,7 @@ def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
                             "'no_such_module_anywhere.Callback'") for p in e.value.problems)
 
 
+@pytest.mark.fast
 def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path, two_configs):
     """A 'module:function' transform imports code as a _target_ does: without the matrix's
     permission every job failed as it started (exit 2), after the launch."""
@@ -206,6 +210,7 @@ def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path
         "job en-a-s0: data.augment.transforms[1]: cannot import 'no_such_module_anywhere:f'")
 
 
+@pytest.mark.fast
 def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):
     from asrforge.cli import main
 
@@ -218,6 +223,7 @@ def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):
 MATRICES = sorted((ROOT / "configs").glob("matrix-*.yaml"))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("path", MATRICES, ids=lambda p: p.name)
 def test_shipped_matrices_load_and_name_their_command(path, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -227,6 +233,7 @@ def test_shipped_matrices_load_and_name_their_command(path, monkeypatch):
     assert f"asrforge matrix configs/{path.name}" in header
 
 
+@pytest.mark.fast
 def test_devices_spec():
     assert [d.label for d in parse_devices("0,2")] == ["cuda:0", "cuda:2"]
     assert parse_devices("0")[0].cuda_visible == "0"
@@ -242,6 +249,7 @@ def test_devices_spec():
 # claims
 
 
+@pytest.mark.fast
 def test_a_job_is_claimed_once_and_markers_end_it(tmp_path):
     run_dir = tmp_path / "runs" / "j"
     a, b = Claims(tmp_path, "A"), Claims(tmp_path, "B")
@@ -347,6 +355,7 @@ class ScriptedExecutor:
         pass
 
 
+@pytest.mark.fast
 def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_configs, capsys):
     a, _ = two_configs
     m = write_yaml(tmp_path / "m.yaml", {
@@ -382,6 +391,7 @@ def test_launcher_retries_from_the_checkpoint_then_marks_failed(tmp_path, two_co
     assert len(out.done) == 4 and out.exit_code == 0
 
 
+@pytest.mark.fast
 def test_a_run_out_of_time_is_continued_with_resume_not_marked_done(tmp_path, two_configs,
                                                                     capsys):
     a, _ = two_configs
@@ -399,6 +409,7 @@ def test_a_run_out_of_time_is_continued_with_resume_not_marked_done(tmp_path, tw
     assert "reached its max_time at step 3; continuing it" in capsys.readouterr().out
 
 
+@pytest.mark.fast
 def test_a_job_log_that_is_a_symlink_ends_the_attempt_as_bad_input(tmp_path, two_configs):
     a, _ = two_configs
     m = write_yaml(tmp_path / "m.yaml", {"out": str(tmp_path / "r"), "languages": ["en"],
@@ -414,6 +425,7 @@ def test_a_job_log_that_is_a_symlink_ends_the_attempt_as_bad_input(tmp_path, two
     assert not (tmp_path / "elsewhere.log").exists()
 
 
+@pytest.mark.fast
 def test_eta_from_finished_jobs(tmp_path, two_configs):
     a, _ = two_configs
     m = write_yaml(tmp_path / "m.yaml", {"out": str(tmp_path / "r"), "languages": ["en"],

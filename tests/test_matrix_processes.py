@@ -35,6 +35,7 @@ from tests.conftest import tiny_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.fast
 def test_devices_are_grouped_into_slots_of_gpus_per_job():
     gpus = group_devices(parse_devices("0,1,2,3,5"), 2)
     assert [(d.label, d.cuda_visible, d.processes) for d in gpus] == [

@@ -61,6 +61,7 @@ class PauseAfterFirstSave(Callback):
             time.sleep(self.pause)
 
 
+@pytest.mark.fast
 def test_time_limits_in_slurm_formats():
     assert time_limit_minutes("4:00:00") == 240
     assert time_limit_minutes("90") == 90
@@ -75,6 +76,7 @@ def test_time_limits_in_slurm_formats():
         parse_slurm_args(["exclusive"])
 
 
+@pytest.mark.fast
 def test_the_sbatch_script_has_partition_gpus_time_and_the_signal(tmp_path):
     from submitit.slurm.slurm import _get_default_parameters, _make_sbatch_string
 

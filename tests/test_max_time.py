@@ -24,6 +24,7 @@ from tests.conftest import tiny_config
 MINIMAL = {"output_dir": "runs/x", "data": {"path": "d"}}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("written", "seconds"),
     [(3600, 3600), (1.5, 1.5), ("3600", 3600), ("90m", 5400), ("2h", 7200), ("1d2h", 93600),
@@ -35,6 +36,7 @@ def test_durations_parse_to_seconds(written, seconds):
     assert cfg.train.max_time == written and cfg.train.max_time_seconds == seconds
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("written", ["", "soon", "2x", "1d2", "h", "2h 30m", "1:60:00", "inf",
                                      0, -5, "0s", True])  # fmt: skip
 def test_a_bad_duration_is_refused_naming_the_field(written):
@@ -45,6 +47,7 @@ def test_a_bad_duration_is_refused_naming_the_field(written):
     assert "duration" in problem
 
 
+@pytest.mark.fast
 def test_no_budget_by_default():
     cfg = load_config(data=MINIMAL)
     assert cfg.train.max_time is None and cfg.train.max_time_seconds is None

@@ -15,6 +15,8 @@ from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("lazy", [True, False])
 def test_a_clip_longer_than_its_duration_says_is_dropped_not_cut(tmp_path, lazy):

@@ -6,8 +6,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import pytest
+
 from asrforge.config import load_config
 from asrforge.train.setup import build_run_selector
+
+pytestmark = pytest.mark.fast
 
 
 def _cfg(tmp_path, **selection):

@@ -53,6 +53,7 @@ def test_resume_refuses_a_symlinked_log_and_writes_nothing_through_it(
         assert path.read_text() == STAND_IN
 
 
+@pytest.mark.fast
 def test_matrix_files_and_locks_are_not_written_through_symlinks(tmp_path):
     target = tmp_path / "precious.txt"
     target.write_text(STAND_IN)
@@ -79,6 +80,7 @@ def test_matrix_files_and_locks_are_not_written_through_symlinks(tmp_path):
     assert (tmp_path / "plain.log").read_text() == "one\ntwo\n"
 
 
+@pytest.mark.fast
 def test_appended_files_are_created_with_the_umask_applied(tmp_path):
     old = os.umask(0o002)
     try:

@@ -16,6 +16,8 @@ from asrforge.text import (
     resolve_language,
 )
 
+pytestmark = pytest.mark.fast
+
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
 
 

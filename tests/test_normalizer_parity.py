@@ -134,6 +134,7 @@ def _basic_difference_is_documented(text):
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("language", ["de", "hi"])
 def test_basic_equals_whispers_basic_text_normalizer_but_keeps_marks(language):
     reference = BasicTextNormalizer()

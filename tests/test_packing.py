@@ -47,6 +47,7 @@ def _items(n: int, seed: int, languages=("en", "es", "de")) -> PackItems:
     )
 
 
+@pytest.mark.fast
 @given(
     n=st.integers(1, 120),
     data_seed=st.integers(0, 10_000),
@@ -87,6 +88,7 @@ def test_windows_fit_never_mix_languages_and_hold_every_utterance_once(
     assert stats.timestamp_windows == sum(w.timestamps for w in windows)
 
 
+@pytest.mark.fast
 def test_composition_is_a_pure_function_of_seed_and_epoch():
     items = _items(200, 0)
     cfg = PackConfig(enabled=True)
@@ -101,6 +103,7 @@ def test_composition_is_a_pure_function_of_seed_and_epoch():
     assert 0.1 < sum(w.prev != () for w in first) / len(first) < 0.3
 
 
+@pytest.mark.fast
 def test_short_clips_fill_whisper_windows():
     # 1-5 s clips (the demo's average 3 s) in 30 s windows: about 8 fit with their gaps
     rng = np.random.default_rng(0)
@@ -126,6 +129,7 @@ def test_short_clips_fill_whisper_windows():
     assert 0.05 < len(singles) / len(windows) < 0.15  # the single share, of windows
 
 
+@pytest.mark.fast
 def test_a_window_too_long_for_timestamps_trains_in_text_mode_and_says_so():
     # one utterance of 60 text tokens: 4 + 60 + 1 fits 65 positions, with timestamps 66 do not
     items = PackItems(
@@ -188,6 +192,7 @@ def _packed(tones_parts, *, multilingual: bool, cfg: PackConfig, max_positions: 
     return packing, specials
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("multilingual", [True, False], ids=["multilingual", "english-only"])
 def test_timestamp_targets_match_the_offsets_and_decode_back(tones_parts, multilingual):
     split, tok, _ = tones_parts
@@ -230,6 +235,7 @@ def test_timestamp_targets_match_the_offsets_and_decode_back(tones_parts, multil
             assert item["input_features"].shape == (80, int(WINDOW * 100))
 
 
+@pytest.mark.fast
 def test_text_mode_and_previous_text_are_context_not_targets(tones_parts):
     cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=0.0, prev_text_share=1.0)
     packing, specials = _packed(tones_parts, multilingual=True, cfg=cfg, max_positions=48)
@@ -252,6 +258,7 @@ def test_text_mode_and_previous_text_are_context_not_targets(tones_parts):
         assert labels[sot + 3 :] == joined + [specials.eot]
 
 
+@pytest.mark.fast
 def test_a_clip_that_fails_to_decode_is_reported_and_the_window_trains(tones_parts, monkeypatch):
     cfg = PackConfig(enabled=True, single_share=0.0, timestamp_share=1.0, prev_text_share=0.0)
     packing, specials = _packed(tones_parts, multilingual=True, cfg=cfg)
@@ -278,6 +285,7 @@ def test_a_clip_that_fails_to_decode_is_reported_and_the_window_trains(tones_par
     assert abs(segments[0]["timestamp"][0] - w.pieces[1].offset / SAMPLE_RATE) <= TIME_PRECISION
 
 
+@pytest.mark.fast
 def test_a_tokenizer_without_timestamps_turns_timestamp_mode_off_and_says_so(tones_parts, caplog):
     split, _, fe = tones_parts
     plain = train_bpe_tokenizer(split["text"], 300)  # as before: no timestamp tokens
@@ -308,6 +316,7 @@ def test_a_tokenizer_without_timestamps_turns_timestamp_mode_off_and_says_so(ton
         )
 
 
+@pytest.mark.fast
 def test_pack_config_names_a_bad_gap_range(tmp_path, tones_dir):
     with pytest.raises(ConfigError, match=r"data.pack.gap_seconds: must be \[min, max\]"):
         tiny_config(tmp_path, tones_dir, data={"pack": {"gap_seconds": [0.5, 0.1]}})
@@ -397,6 +406,7 @@ def test_max_epochs_with_packing_ends_at_the_last_batch_of_windows(tmp_path, ton
     assert result.step < 48 // 4  # fewer batches than the utterances would make
 
 
+@pytest.mark.fast
 def test_an_utterance_longer_than_max_seconds_stays_alone_in_its_mode():
     # 3 s clips, windows of 2 s (shorter than the model's): each clip alone, timestamps kept
     items = PackItems(["en"] * 3, [3 * SAMPLE_RATE] * 3, [5] * 3, [4] * 3)
@@ -408,6 +418,7 @@ def test_an_utterance_longer_than_max_seconds_stays_alone_in_its_mode():
     assert all(w.timestamps for w in windows) and stats.timestamp_fallbacks == 0
 
 
+@pytest.mark.fast
 def test_tokens_appended_after_the_timestamps_are_not_timestamps(tones_parts):
     # an extended vocabulary (asrforge vocab build) appends its tokens after the base's last id,
     # i.e. after <|30.00|> for Whisper; the timestamp range must stop before them
@@ -424,6 +435,7 @@ def test_tokens_appended_after_the_timestamps_are_not_timestamps(tones_parts):
         stamps.id_of(WINDOW + TIME_PRECISION)
 
 
+@pytest.mark.fast
 def test_the_encoder_cache_is_off_with_packing_and_the_log_says_why(tmp_path, tones_dir, caplog):
     cfg = tiny_config(
         tmp_path / "run",

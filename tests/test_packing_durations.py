@@ -5,11 +5,14 @@ reported, not cut to its planned length with its whole transcript kept."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from asrforge.config import PackConfig
 from asrforge.data.audio import SAMPLE_RATE, AudioFile
 from asrforge.data.dataset import Collator
 from tests.test_packing import _packed, tones_parts  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.fast
 
 
 def test_a_clip_longer_than_its_duration_is_dropped_from_its_window(tones_parts, monkeypatch):  # noqa: F811

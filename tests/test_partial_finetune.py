@@ -39,6 +39,7 @@ def _encoder(layers: int = 3, **kw) -> WhisperEncoder:
         return WhisperEncoder(cfg)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("top", [0, 1, 2, 3])
 def test_the_two_parts_compute_the_encoder_exactly(top):
     encoder = _encoder().eval()
@@ -49,6 +50,7 @@ def test_the_two_parts_compute_the_encoder_exactly(top):
     assert torch.equal(got, want)
 
 
+@pytest.mark.fast
 def test_layerdrop_and_dropout_of_the_trained_layers_follow_the_encoder():
     # all layers trained: only the convolutions and positions are frozen; in training mode with
     # LayerDrop the stock forward and the split one draw the same random numbers
@@ -63,12 +65,14 @@ def test_layerdrop_and_dropout_of_the_trained_layers_follow_the_encoder():
         assert torch.equal(got, want)
 
 
+@pytest.mark.fast
 def test_the_frozen_part_must_be_in_eval_mode():
     encoder = _encoder().train()
     with pytest.raises(RuntimeError, match="eval mode"):
         encode_frozen_part(encoder, torch.randn(1, 80, 100), 1)
 
 
+@pytest.mark.fast
 def test_freezing_leaves_the_top_layers_and_the_norm_trainable():
     encoder = _encoder()
     freeze_encoder_part(encoder, 1)
@@ -82,6 +86,7 @@ def test_freezing_leaves_the_top_layers_and_the_norm_trainable():
         freeze_encoder_part(_encoder(), 4)
 
 
+@pytest.mark.fast
 def test_the_frozen_part_id_covers_the_split_and_the_frozen_weights_only():
     encoder = _encoder()
     ids = {top: frozen_part_id(encoder, top) for top in range(4)}
@@ -200,6 +205,7 @@ def test_cache_dirs_differ_by_split_and_are_reused(tmp_path, tones_dir):
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -220,6 +226,7 @@ def test_config_errors_name_the_field(tmp_path, tones_dir, model, message):
     assert message in str(err.value)
 
 
+@pytest.mark.fast
 def test_cache_is_allowed_with_train_encoder_layers(tmp_path, tones_dir):
     cfg = tiny_config(
         tmp_path, tones_dir, model={"train_encoder_layers": 0}, data={"cache_encoder": True}

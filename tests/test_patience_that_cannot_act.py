@@ -11,6 +11,8 @@ import pytest
 from asrforge.config import load_config
 from asrforge.train.setup import build_run_selector
 
+pytestmark = pytest.mark.fast
+
 
 def _warnings(tmp_path, caplog, **sections) -> list[str]:
     data = {"output_dir": str(tmp_path / "run"), "data": {"path": str(tmp_path / "data")}}

@@ -16,6 +16,8 @@ from asrforge.model.build import build_model, build_tokenizer
 from asrforge.train.optim import EMA
 from tests.conftest import tiny_config
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["a b c", "hello world", "the quick brown fox"] * 40
 
 

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from asrforge.text import repetition_flags, repetition_score, summarize_flags
 
+pytestmark = pytest.mark.fast
+
 NORMAL = "the quick brown fox jumps over the lazy dog while the farmer watches from the porch"
 LOOPED = "so we went to the market and then " + "we bought some bread and then " * 12
 

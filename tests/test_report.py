@@ -99,6 +99,7 @@ def held_lock(matrix_root):
     os.close(fd)
 
 
+@pytest.mark.fast
 def test_collect_reads_every_state(matrix_root, held_lock):
     rows = {r.job_id: r for r in collect(matrix_root)}
     assert list(rows) == ["en-tiny-s0", "en-tiny-s1", "es-tiny-s0", "es-tiny-s1", "th-tiny-s0",
@@ -125,6 +126,7 @@ def test_collect_reads_every_state(matrix_root, held_lock):
     assert sorted(r.job_id for r in collect(plain)) == sorted(set(rows) - {"th-tiny-s1"})
 
 
+@pytest.mark.fast
 def test_a_change_of_wer_is_coloured_better_or_worse():
     from asrforge.matrix.report import JobReport, render
 
@@ -147,6 +149,7 @@ def test_a_change_of_wer_is_coloured_better_or_worse():
     assert cells.classes.count("n better") >= 1 and cells.classes.count("n worse") >= 1
 
 
+@pytest.mark.fast
 def test_the_page_is_self_contained(matrix_root, tmp_path):
     from asrforge.cli import main
 

@@ -8,6 +8,8 @@ import torch
 from asrforge.errors import CheckpointNotSupportedError
 from asrforge.model.resize import VOCAB_TENSORS, adapt_state_dict
 
+pytestmark = pytest.mark.fast
+
 EMB, PROJ = VOCAB_TENSORS
 
 

@@ -76,6 +76,7 @@ OLD_SHAPES = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("saved", "dropped"), OLD_SHAPES)
 def test_an_old_state_loads_with_the_same_dropped_ids(saved, dropped):
     state = TrainState.from_dict(json.loads(json.dumps(saved)))

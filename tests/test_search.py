@@ -97,6 +97,7 @@ class TrialExecutor:
         pass
 
 
+@pytest.mark.fast
 def test_a_search_is_checked_whole_before_anything_runs(tmp_path, config, capsys):
     bad = write_yaml(tmp_path / "bad.yaml", {
         "out": str(tmp_path / "root"), "languages": ["en"], "seeds": [0, 1],
@@ -129,6 +130,7 @@ def test_a_search_is_checked_whole_before_anything_runs(tmp_path, config, capsys
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_the_dry_run_names_the_command_every_trial_starts_from(tmp_path, config, capsys):
     assert main(["matrix", str(search_file(tmp_path, config)), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -136,6 +138,7 @@ def test_the_dry_run_names_the_command_every_trial_starts_from(tmp_path, config,
     assert "a search: 6 trials per language, each the command above with drawn optim.lr" in out
 
 
+@pytest.mark.fast
 def test_trials_behind_the_others_stop_early_and_the_best_is_the_lowest(tmp_path, config, capsys):
     plan = load_matrix(search_file(tmp_path, config))
     executor = TrialExecutor(plan)
@@ -165,6 +168,7 @@ def test_trials_behind_the_others_stop_early_and_the_best_is_the_lowest(tmp_path
     assert "6/6 done" in text
 
 
+@pytest.mark.fast
 def test_a_relaunch_resumes_the_trials_left_running_with_their_values(tmp_path, config):
     plan = load_matrix(search_file(tmp_path, config))
     first = Search(plan)
@@ -185,6 +189,7 @@ def test_a_relaunch_resumes_the_trials_left_running_with_their_values(tmp_path, 
     assert executor.attempts == []
 
 
+@pytest.mark.fast
 def test_the_same_file_draws_the_same_first_trials(tmp_path, config):
     draws = []
     for name in ("a", "b"):

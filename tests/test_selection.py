@@ -30,6 +30,7 @@ COLLAPSE = _evals((0.30, 1.00), (0.32, 0.90), (0.40, 0.80), (0.60, 0.70), (0.90,
 MIRROR = _evals((0.50, 1.00), (0.45, 1.03), (0.40, 1.50), (0.35, 3.00))
 
 
+@pytest.mark.fast
 def test_collapse_pattern():
     assert _saves(ByLoss(), COLLAPSE) == [True] * 5
     assert _saves(ByWer(), COLLAPSE) == [True, False, False, False, False]
@@ -41,6 +42,7 @@ def test_collapse_pattern():
     assert (gate.best_wer, gate.best_loss, gate.best_cer) == (0.30, 0.90, 0.15)
 
 
+@pytest.mark.fast
 def test_mirror_pattern():
     assert _saves(ByWer(), MIRROR) == [True] * 4
     assert _saves(ByLoss(), MIRROR) == [True, False, False, False]
@@ -49,6 +51,7 @@ def test_mirror_pattern():
     assert "loss_eps" in gate.reason
 
 
+@pytest.mark.fast
 def test_combined_gate_bests_take_the_min_on_save():
     gate = CombinedGate(wer_tol=0.1, loss_eps=0.1)
     assert gate.update({"wer": 0.5, "cer": 0.3, "loss": 1.0})
@@ -59,12 +62,14 @@ def test_combined_gate_bests_take_the_min_on_save():
     assert gate.best_cer == 0.2
 
 
+@pytest.mark.fast
 def test_first_evaluation_always_saves():
     for policy in (ByWer(), ByLoss(), CombinedGate()):
         assert policy.update({"wer": 5.0, "cer": 4.0, "loss": 80.0})
         assert "first" in policy.reason
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", [math.nan, math.inf, None])
 def test_non_finite_is_never_better(bad):
     for make, key in (
@@ -80,6 +85,7 @@ def test_non_finite_is_never_better(bad):
         assert not policy.update({**metrics, "wer": 0.1, "loss": 0.1, key: bad})
 
 
+@pytest.mark.fast
 def test_by_wer_reason_names_the_comparison():
     policy = ByWer()
     policy.update({"wer": 0.35})
@@ -89,11 +95,13 @@ def test_by_wer_reason_names_the_comparison():
     assert policy.reason == "wer 0.4 >= best 0.31"
 
 
+@pytest.mark.fast
 def test_missing_metric_is_a_clear_error():
     with pytest.raises(KeyError, match="'loss'"):
         CombinedGate().update({"wer": 0.3})
 
 
+@pytest.mark.fast
 def test_patience_counts_evaluations_without_a_save():
     sel = Selector(ByWer(), patience=3, max_steps=None)
     decisions = [
@@ -105,6 +113,7 @@ def test_patience_counts_evaluations_without_a_save():
     assert sel.best_step == 2
 
 
+@pytest.mark.fast
 def test_the_selector_owns_the_best_evaluation_and_resumes_it():
     sel = Selector(ByWer(), patience=3, max_steps=None)
     sel.update({"wer": 0.5, "cer": math.nan, "n": 3, "per_language": {"en": {}}}, step=2)
@@ -117,6 +126,7 @@ def test_the_selector_owns_the_best_evaluation_and_resumes_it():
     assert (fresh.best_step, fresh.best, fresh.evals_without_save) == (2, sel.best, 1)
 
 
+@pytest.mark.fast
 def test_early_stopping_shares_the_selectors_decision_and_patience():
     from asrforge.callbacks.early_stopping import EarlyStopping
     from asrforge.train import events
@@ -132,6 +142,7 @@ def test_early_stopping_shares_the_selectors_decision_and_patience():
         Patience(0)
 
 
+@pytest.mark.fast
 def test_step_cap_stops():
     sel = Selector(ByLoss(), patience=5, max_steps=3000)
     assert not sel.update({"loss": 1.0}, step=2500).should_stop
@@ -165,12 +176,14 @@ def test_state_dict_round_trip_mid_sequence(seq, cut, policy):
     assert fresh.state_dict() == straight.state_dict()
 
 
+@pytest.mark.fast
 def test_loading_another_policys_state_is_refused():
     state = build_selector(SelectionConfig(policy="by_wer"), "en", False).state_dict()
     with pytest.raises(UserError, match="by_wer"):
         build_selector(SelectionConfig(policy="by_loss"), "en", False).load_state_dict(state)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "language, policy, max_steps",
     [("de", "by_wer", 3000), ("German", "by_wer", 3000), ("yue", "by_wer", 3000),
@@ -184,6 +197,7 @@ def test_shipped_table(language, policy, max_steps):
     assert repr(language) in sel.why and policy in sel.why
 
 
+@pytest.mark.fast
 def test_shipped_table_matches_the_issue():
     groups = default_groups()
     assert {name: g.policy for name, g in groups.items()} == {
@@ -195,6 +209,7 @@ def test_shipped_table_matches_the_issue():
     assert len(groups["A"].languages) == 17 and groups["B"].languages == []
 
 
+@pytest.mark.fast
 def test_partial_training_and_explicit_settings():
     sel = build_selector(SelectionConfig(), "de", partial=True)
     assert sel.patience == 3 and "part of the model" in sel.why
@@ -205,6 +220,7 @@ def test_partial_training_and_explicit_settings():
     assert "selection.policy set in config" in sel.why
 
 
+@pytest.mark.fast
 def test_config_language_wins():
     sel = build_selector(SelectionConfig(language="thai"), "de", partial=False)
     assert sel.policy_name == "by_loss"
@@ -212,11 +228,13 @@ def test_config_language_wins():
         build_selector(SelectionConfig(), None, partial=False)
 
 
+@pytest.mark.fast
 def test_unknown_language_names_it():
     with pytest.raises(UserError, match="'germna'.*did you mean 'german'"):
         build_selector(SelectionConfig(), "germna", partial=False)
 
 
+@pytest.mark.fast
 def test_yaml_override_of_groups(tmp_path):
     text = """
 output_dir: runs/x
@@ -236,6 +254,7 @@ selection:
     assert build_selector(cfg, "de", partial=False).policy_name == "by_loss"
 
 
+@pytest.mark.fast
 def test_bad_group_tables_report_every_problem():
     groups = {
         "X": {"languages": ["de", "germna"], "policy": "by_wer"},
@@ -252,6 +271,7 @@ def test_bad_group_tables_report_every_problem():
     assert "Z, W" in problems
 
 
+@pytest.mark.fast
 def test_no_catch_all_group():
     cfg = SelectionConfig.model_validate(
         {"groups": {"only": {"languages": ["de"], "policy": "by_wer"}}}
@@ -261,6 +281,7 @@ def test_no_catch_all_group():
         build_selector(cfg, "fr", partial=False)
 
 
+@pytest.mark.fast
 def test_shipped_yaml_is_plain_data():
     from asrforge.selection.groups import GROUPS_FILE
 
@@ -268,6 +289,7 @@ def test_shipped_yaml_is_plain_data():
     assert set(data) == {"A", "B", "C"}
 
 
+@pytest.mark.fast
 def test_the_guard_gate_names_the_error_rate_it_judged_by():
     gate = GuardGate(tolerance=0.02)
     gate.set_start(0.10, "wer", {})

@@ -50,6 +50,7 @@ def _save(path: Path, state: dict, max_shard_bytes: int | None, **kw) -> Path:
     )  # fmt: skip
 
 
+@pytest.mark.fast
 def test_parse_size_reads_transformers_sizes():
     assert parse_size("5GB") == 5 * 10**9
     assert parse_size("500MiB") == 500 * 2**20
@@ -60,12 +61,14 @@ def test_parse_size_reads_transformers_sizes():
             parse_size(bad)
 
 
+@pytest.mark.fast
 def test_plan_shards_is_greedy_in_order_and_keeps_a_large_tensor_alone():
     sizes = {"a": 4, "b": 4, "c": 10, "d": 1, "e": 3, "f": 1}
     assert plan_shards(sizes, 8) == [["a", "b"], ["c"], ["d", "e", "f"]]
     assert plan_shards(sizes, None) == [list(sizes)]
 
 
+@pytest.mark.fast
 def test_a_sharded_checkpoint_lists_every_shard_and_loads_exactly(tmp_path):
     model = _whisper()
     state = model.state_dict()
@@ -95,6 +98,7 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_exactly(tmp_path):
     assert all(torch.equal(ck.ema[k], t) for k, t in ema.items())
 
 
+@pytest.mark.fast
 def test_a_tampered_shard_is_refused_by_name(tmp_path):
     path = _save(tmp_path / "ck", _whisper().state_dict(), SHARD)
     shard = sorted(path.glob("model-*.safetensors"))[1]
@@ -172,6 +176,7 @@ def _largest_shard(directory: Path, stem: str = "model") -> int:
     return max(files.count(f) for f in set(files))
 
 
+@pytest.mark.fast
 def test_averaging_holds_one_output_shard_at_a_time(tmp_path, monkeypatch):
     paths = [_weights_dir(tmp_path, i, SHARD) for i in (1, 2, 3)]
     alive = _count_alive(monkeypatch, average, "_average_one")

@@ -19,6 +19,8 @@ from asrforge.data.stream import StreamedSplit
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
 
+pytestmark = pytest.mark.fast
+
 ROW = {"audio_filepath": "clips/a.wav", "text": "la la", "language": "en"}
 
 

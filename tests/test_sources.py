@@ -132,6 +132,7 @@ def specials_and_tokenizer():
     return tok, SpecialTokens.from_tokenizer(tok, True)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_each_source_format_loads_with_its_columns_mapped(
     fmt, tmp_path, clips, specials_and_tokenizer
@@ -164,6 +165,7 @@ def test_each_source_format_loads_with_its_columns_mapped(
         assert sorted(p.name for p in path.rglob("*")) == before
 
 
+@pytest.mark.fast
 def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips, capsys):
     root = tmp_path / "corpus"
     write_table(root / "x.csv", [{"path": r["file"], "transcript": r["text"]} for r in clips], ",")
@@ -197,6 +199,7 @@ def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips
     assert "data.columns.text: column 'sentence' not in" in err and "Traceback" not in err
 
 
+@pytest.mark.fast
 def test_a_language_without_a_token_stops_naming_the_value(tmp_path, clips, specials_and_tokenizer):
     tok, specials = specials_and_tokenizer
     rows = [{**r, "language": "Klingon" if i % 4 == 0 else NAMES[r["language"]]}
@@ -221,6 +224,7 @@ def test_a_language_without_a_token_stops_naming_the_value(tmp_path, clips, spec
     assert len(utts) == 45 and report.n_skipped == 0
 
 
+@pytest.mark.fast
 def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, specials_and_tokenizer):
     tok, specials = specials_and_tokenizer
     root = tmp_path / "corpus"
@@ -240,6 +244,7 @@ def test_a_missing_audio_file_is_named_in_the_skip_report(tmp_path, clips, speci
     }  # the path as the manifest has it
 
 
+@pytest.mark.fast
 def test_relative_paths_are_resolved_when_a_row_is_read_not_rewritten_up_front(tmp_path, clips):
     """The path column stays as the manifest writes it (memory-mapped, no column of absolute
     paths or of ids per row); a row read gives the absolute path, and the caches' key, as before."""
@@ -266,6 +271,7 @@ def test_relative_paths_are_resolved_when_a_row_is_read_not_rewritten_up_front(t
         assert carved[1] == split[2] and given_ids(carved, [1]) == [rows[2]["file"]]
 
 
+@pytest.mark.fast
 def test_a_manifest_of_segments_is_refused(tmp_path, clips):
     rows = [{"audio_filepath": r["file"], "text": r["text"], "offset": 0.5 * (i % 2)}
             for i, r in enumerate(clips)]  # fmt: skip
@@ -275,6 +281,7 @@ def test_a_manifest_of_segments_is_refused(tmp_path, clips):
         load_source(cfg)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", [0, 4])
 def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad):
     lines = [json.dumps({"audio_filepath": r["file"], "text": r["text"], "lang": r["language"]})
@@ -291,6 +298,7 @@ def ids(split) -> list[str] | None:
     return given_ids(split, np.arange(len(split)))
 
 
+@pytest.mark.fast
 def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, clips):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     cfg = DataConfig(path=path, cache_dir=tmp_path / "cache", **data)
@@ -326,6 +334,7 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
                         is_main=True)  # fmt: skip
 
 
+@pytest.mark.fast
 def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, caplog):
     path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
     full = load_source(DataConfig(path=path, cache_dir=tmp_path / "cache", **data)).splits["train"]
@@ -361,6 +370,7 @@ def test_a_resumed_carve_refuses_reordered_or_replaced_rows(tmp_path, clips, cap
     assert "records no fingerprint" in caplog.text
 
 
+@pytest.mark.fast
 def test_a_carve_holds_out_rows_of_every_language_in_proportion():
     en_sv = ["en"] * 20 + ["sv"] * 20
     held = carve_rows(en_sv, CarveConfig(size=1))  # one row asked: one of each language
@@ -379,6 +389,7 @@ def test_a_carve_holds_out_rows_of_every_language_in_proportion():
         carve_rows(["en", "sv", "fi"], CarveConfig(size=1))
 
 
+@pytest.mark.fast
 def test_a_carved_split_names_the_languages_it_has_no_rows_of(tmp_path, caplog):
     from datasets import Dataset
 
@@ -434,6 +445,7 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     assert info["languages"] == ["en", "es"] and info["features"]["stats_utterances"] == 16
 
 
+@pytest.mark.fast
 def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
     """ "NA" is a transcript, not a missing value; a Common Voice TSV's quotes are text."""
     root = tmp_path / "corpus"
@@ -447,6 +459,7 @@ def test_csv_and_tsv_keep_transcripts_as_written(tmp_path, clips):
     assert list(csv.splits["train"]["text"]) == ["NA", "null"]
 
 
+@pytest.mark.fast
 def test_a_hub_snapshot_layout_splits_by_file_name(tmp_path, clips, caplog):
     """Files in data/, dev_clean + dev_other are the validation split, a file whose name says
     no split is named in a warning (not silently read or dropped)."""
@@ -473,6 +486,7 @@ def test_a_hub_snapshot_layout_splits_by_file_name(tmp_path, clips, caplog):
     assert "not read, their names say no split: data/notes.jsonl" in caplog.text
 
 
+@pytest.mark.fast
 def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
     """The guard reads recordings without transcripts; text alone reads without audio."""
     root = tmp_path / "corpus"
@@ -491,6 +505,7 @@ def test_columns_a_reader_does_not_need_may_be_absent(tmp_path, clips):
         load_source(DataConfig(path=root / "audio.csv", language="en", cache_dir=cache))
 
 
+@pytest.mark.fast
 def test_messages_name_the_section_read_and_leave_paths_as_written(tmp_path, clips):
     """The guard's data (eval.guard.*) and a run's (data.*) each name their own fields, however
     the message is worded; a user's path holding ``data.path`` is quoted as it is."""
@@ -512,6 +527,7 @@ def test_messages_name_the_section_read_and_leave_paths_as_written(tmp_path, cli
         assert str(e.value).startswith(f"{section}.path: {root / 'notes.txt'}: not a format")
 
 
+@pytest.mark.fast
 def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
     """Evaluating the validation split does not convert (or even open) the training files."""
     from asrforge.data.sources import read_split
@@ -528,6 +544,7 @@ def test_reading_one_split_leaves_the_others_unread(tmp_path, clips):
         read_split(DataConfig(path=path, cache_dir=cache), "train")
 
 
+@pytest.mark.fast
 def test_data_language_is_part_of_the_split_fingerprint(tmp_path, clips):
     """The prepared-split cache is keyed by the split's fingerprint: another data.language (or
     audio root) must not read back the other's result; the same config must."""

@@ -121,6 +121,7 @@ def test_each_shard_format_streams_every_row_once_per_epoch(fmt, tmp_path, clips
     assert set(stream.languages) == {"en", "es"}
 
 
+@pytest.mark.fast
 def test_virtual_shards_of_a_manifest_cover_every_line(tmp_path):
     lines = [json.dumps({"audio_filepath": f"{i}.wav", "text": "x"}) for i in range(23)]
     for text, n in (
@@ -284,6 +285,7 @@ def test_an_english_only_model_refuses_a_streamed_language_other_than_english(
         open_split(cfg, english_only)
 
 
+@pytest.mark.fast
 def test_incompatible_options_are_refused_by_name(tmp_path):
     from asrforge.config import ConfigError
 
@@ -376,6 +378,7 @@ def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips
     )
 
 
+@pytest.mark.fast
 def test_a_parquet_stream_reads_only_the_text_and_language_columns_in_one_pass(
     tmp_path, clips, monkeypatch
 ):
@@ -399,6 +402,7 @@ def test_a_parquet_stream_reads_only_the_text_and_language_columns_in_one_pass(
     assert read == [["text", "language"]] * len(stream.shards)  # no audio column, no second pass
 
 
+@pytest.mark.fast
 def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard_once(
     tmp_path, clips, monkeypatch
 ):
@@ -422,6 +426,7 @@ def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard
     assert read == stream.shards  # texts, languages and what the filter leaves out: one pass
 
 
+@pytest.mark.fast
 def test_a_line_that_is_not_utf8_in_a_later_shard_is_refused_when_the_stream_opens(tmp_path):
     lines = [json.dumps({"audio_filepath": f"{i}.wav", "text": "la"}).encode() for i in range(20)]
     lines[16] = lines[16].replace(b"la", b"caf\xe9")

@@ -7,6 +7,7 @@ import logging
 import statistics
 import time
 
+import pytest
 from accelerate.state import AcceleratorState
 
 from asrforge.callbacks import build_callbacks
@@ -89,6 +90,7 @@ def test_fields_and_diagnosis_on_a_loader_made_slow(tmp_path, tones_dir, monkeyp
     assert "train/sys/data_wait_frac" in tb.Tags()["scalars"]
 
 
+@pytest.mark.fast
 def test_diagnosis_only_when_data_bound_and_names_the_fixes_that_apply():
     mon = SystemMonitor(data_bound_frac=0.2)
     mon.num_workers, mon.cache_features = 2, False
@@ -106,6 +108,7 @@ def test_diagnosis_only_when_data_bound_and_names_the_fixes_that_apply():
     assert w.fractions()["data_wait_frac"] == 0.1 and w.fractions()["compute_frac"] == 0.65
 
 
+@pytest.mark.fast
 def test_the_data_wait_clock_counts_only_the_time_in_next():
     def slow():
         for i in range(3):
@@ -141,6 +144,7 @@ def test_the_step_0_evaluation_is_no_part_of_the_first_window(tmp_path, tones_di
     assert first["step"] == 2 and first["sys/eval_frac"] == 0 and first["sys/compute_frac"] > 0
 
 
+@pytest.mark.fast
 def test_the_advice_names_the_workers_auto_resolved_to(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path / "run", tones_dir, data={"num_workers": "auto"})
     run = RunInfo(

@@ -56,6 +56,7 @@ def test_cer_equals_jiwer_on_any_text(pair):
     assert cer(refs, hyps) == pytest.approx(jiwer.cer(refs, hyps), abs=1e-9)
 
 
+@pytest.mark.fast
 @settings(max_examples=200, deadline=None)
 @given(_pairs(_any_text))
 def test_any_whitespace_separates_words(pair):
@@ -72,6 +73,7 @@ def test_any_whitespace_separates_words(pair):
     assert wer(refs, hyps) == pytest.approx(expected, abs=1e-9)
 
 
+@pytest.mark.fast
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=300),
@@ -96,6 +98,7 @@ def test_edit_counts_agree_with_jiwer(ref, hyp, unit):
     assert min(counts) >= 0
 
 
+@pytest.mark.fast
 @settings(max_examples=100, deadline=None)
 @given(_pairs(_spaced_text))
 def test_corpus_error_rate_from_counts_equals_wer_and_cer(pair):
@@ -105,6 +108,7 @@ def test_corpus_error_rate_from_counts_equals_wer_and_cer(pair):
         assert corpus_error_rate(counts) == fn(refs, hyps)
 
 
+@pytest.mark.fast
 def test_hand_examples():
     assert wer("the cat sat", "the cat sat") == 0.0
     assert wer("the cat sat", "the cat sat down") == pytest.approx(1 / 3)  # one insertion
@@ -120,6 +124,7 @@ def test_hand_examples():
     assert edit_counts("a b c", "c", "word") == EditCounts(subs=0, dels=2, ins=0, n_ref=3)
 
 
+@pytest.mark.fast
 def test_empty_references():
     # An empty reference in a corpus: its hypothesis words are insertions.
     assert wer(["", "a b"], ["x y", "a b"]) == pytest.approx(2 / 2)
@@ -133,6 +138,7 @@ def test_empty_references():
     assert corpus_error_rate([]) == 0.0
 
 
+@pytest.mark.fast
 def test_length_mismatch_raises():
     with pytest.raises(ValueError, match="2 references but 1 hypotheses"):
         wer(["a", "b"], ["a"])
@@ -140,6 +146,7 @@ def test_length_mismatch_raises():
         edit_counts("a", "b", "syllable")
 
 
+@pytest.mark.fast
 def test_error_rates_normalize_and_handle_unspaced_scripts():
     en = error_rates(["Hello, World!"], ["hello world"], "english")
     assert en == {"wer": 0.0, "cer": 0.0, "primary_metric": "wer", "wer_reliable": True}

@@ -45,6 +45,7 @@ def text_batches(path: Path, tok, **kw) -> TextBatches:
     return TextBatches(path, **{**args, **kw})
 
 
+@pytest.mark.fast
 def test_interleaving_is_even_and_a_pure_function_of_seed_and_index():
     for seed in range(4):
         half = [is_text_batch(seed, i, 0.5) for i in range(100)]
@@ -71,6 +72,7 @@ def test_interleaving_is_even_and_a_pure_function_of_seed_and_index():
         assert tasks(m, full[:m].count("asr")) == full[m:]
 
 
+@pytest.mark.fast
 def test_batches_hold_prompt_text_and_labels(tmp_path, tok):
     path = tmp_path / "t.txt"
     path.write_text("red cat\n\n  blue dog  \n" + "sun " * 40 + "\n")
@@ -90,6 +92,7 @@ def test_batches_hold_prompt_text_and_labels(tmp_path, tok):
     assert {"red cat", "blue dog"} <= texts and len(texts) == 3  # the empty line is skipped
 
 
+@pytest.mark.fast
 def test_resume_from_a_position_gives_the_same_batches_across_passes(tmp_path, tok, monkeypatch):
     monkeypatch.setattr("asrforge.data.text_only.SHUFFLE_BLOCK", 8)  # several blocks per pass
     path = tmp_path / "t.txt"
@@ -111,6 +114,7 @@ def test_resume_from_a_position_gives_the_same_batches_across_passes(tmp_path, t
     assert tb.bytes_read == len(("\n".join(english_lines(60)[:30]) + "\n").encode())
 
 
+@pytest.mark.fast
 def test_a_multi_gigabyte_file_is_streamed_not_read(tmp_path, tok):
     path = tmp_path / "big.txt"
     lines = english_lines(200)
@@ -135,6 +139,7 @@ def test_a_multi_gigabyte_file_is_streamed_not_read(tmp_path, tok):
     assert seconds < 5
 
 
+@pytest.mark.fast
 def test_an_overlong_line_is_skipped_in_bounded_reads(tmp_path, tok):
     path = tmp_path / "long.txt"
     path.write_bytes(b"red cat\n" + b"a" * (3 * LINE_LIMIT + 5) + b"\nblue dog\n")
@@ -146,6 +151,7 @@ def test_an_overlong_line_is_skipped_in_bounded_reads(tmp_path, tok):
     assert texts == {"red cat", "blue dog"} and tb.skipped_long == 1
 
 
+@pytest.mark.fast
 def test_unusable_text_files_fail_at_start_up(tmp_path, tok):
     with pytest.raises(UserError, match="data.text_path: .* is not a file"):
         text_batches(tmp_path / "missing.txt", tok).check()
@@ -216,6 +222,7 @@ def test_training_with_asr_ratio_half_logs_both_losses_and_resumes_exactly(tmp_p
     assert sa["batch_in_epoch"] == sb["batch_in_epoch"]
 
 
+@pytest.mark.fast
 def test_a_missing_text_file_stops_the_run_before_step_one(tmp_path, tones_dir):
     cfg = tiny_config(
         tmp_path / "run",

@@ -11,6 +11,7 @@ from asrforge.model.tokenizer import SpecialTokens, load_tokenizer, train_bpe_to
 from tests.conftest import tiny_config
 
 
+@pytest.mark.fast
 def test_a_trained_tokenizer_holds_the_data_languages_after_whispers_own():
     tok = train_bpe_tokenizer(["la la tone"] * 20, 300, languages=["lg", "en", "Klingon"])
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|zh|>", "<|lg|>", "<|translate|>")}

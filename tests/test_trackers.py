@@ -52,6 +52,7 @@ def test_neither_package_is_imported_unless_named():
     assert out.stdout.strip() == "[]", out.stderr
 
 
+@pytest.mark.fast
 def test_a_missing_package_is_a_config_error_naming_it(tmp_path, tones_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import and find_spec fail as if absent
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
@@ -212,6 +213,7 @@ def test_mlflow_logs_to_a_local_file_store_and_a_resume_continues_its_run(
     assert list(history("eval/wer")) == [2, 4] and list(history("eval_en/wer")) == [2, 4]
 
 
+@pytest.mark.fast
 def test_mlflow_names_keep_one_namespace_and_only_characters_mlflow_accepts():
     assert mlflow_key("train/loss") == "train/loss"
     assert mlflow_key("train/lr/embeddings") == "train/lr.embeddings"

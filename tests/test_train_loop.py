@@ -90,6 +90,7 @@ def test_failing_optional_callback_is_logged_and_training_goes_on(tmp_path, tone
     assert any("callback 'boom' failed in on_step_end" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.fast
 def test_failing_critical_callback_stops_the_run(tmp_path, tones_dir):
     boom = Boom(critical=True)
     cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 3}, eval={"eval_steps": None, "at_end": False})
@@ -98,6 +99,7 @@ def test_failing_critical_callback_stops_the_run(tmp_path, tones_dir):
     assert boom.calls == 1
 
 
+@pytest.mark.fast
 def test_early_stopping_stops_at_the_right_evaluation():
     es = EarlyStopping(monitor="wer", mode="min", patience=2, min_delta=0.01)
     state = TrainState()
@@ -147,6 +149,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, tones_di
     assert rec.state.skipped_steps == 3 and rec.state.consecutive_nonfinite == 2
 
 
+@pytest.mark.fast
 def test_external_callbacks_need_permission(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path / "run", tones_dir, callbacks=[{"_target_": "os.system"}])
     with pytest.raises(ConfigError, match="--allow-external-callbacks"):
@@ -213,6 +216,7 @@ def test_a_failed_save_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path,
     assert not (tmp_path / "run" / "checkpoints" / "step-000004").exists()
 
 
+@pytest.mark.fast
 def test_precision_auto_on_cpu_follows_the_units_the_width_and_the_measured_speed(monkeypatch):
     import asrforge.train.precision as precision_module
 
@@ -235,6 +239,7 @@ def test_precision_auto_on_cpu_follows_the_units_the_width_and_the_measured_spee
     assert precision_module.choose_precision("auto", "auto", 384)[0] == "no"
 
 
+@pytest.mark.fast
 def test_the_bf16_probe_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
     import asrforge.train.precision as precision_module
 
@@ -266,6 +271,7 @@ def test_the_bf16_probe_measures_a_ratio_of_two_real_timings_leaving_the_rng_alo
     assert torch.equal(torch.rand(3), want)  # the caller's random numbers did not move
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("unusable", ["read-only directory", "a file in the way"])
 def test_an_unusable_probe_cache_costs_a_probe_not_the_run(monkeypatch, tmp_path, unusable):
     import asrforge.train.precision as precision_module
@@ -300,6 +306,7 @@ def test_fp32_is_a_name_for_full_precision(tmp_path, tones_dir):
     assert run.precision == "no"
 
 
+@pytest.mark.fast
 def test_model_width_reads_a_pretrained_directory(tmp_path):
     from asrforge.config import ModelConfig
     from asrforge.train.precision import model_width
@@ -310,6 +317,7 @@ def test_model_width_reads_a_pretrained_directory(tmp_path):
     assert model_width(ModelConfig(pretrained=tmp_path / "missing")) is None
 
 
+@pytest.mark.fast
 def test_optimizer_is_fused_for_float_parameters_on_the_cpu():
     import torch
 

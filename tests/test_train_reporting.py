@@ -30,6 +30,7 @@ class Record(Callback):
         self.saves.append((state.step, kind))
 
 
+@pytest.mark.fast
 def test_lr_is_the_main_groups_and_the_others_are_named(tmp_path, tones_dir):
     cfg = tiny_config(
         tmp_path / "run",

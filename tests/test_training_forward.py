@@ -53,6 +53,7 @@ def _modes(whisper) -> dict[str, bool]:
     }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("top", [0, 1])
 def test_train_keeps_the_frozen_part_in_eval_mode(top):
     whisper = _whisper(dropout=0.1)
@@ -67,6 +68,7 @@ def test_train_keeps_the_frozen_part_in_eval_mode(top):
         assert not any(_modes(whisper).values())
 
 
+@pytest.mark.fast
 def test_without_a_frozen_part_everything_trains():
     whisper = _whisper()
     TrainingWhisper(whisper, frozen_top=None).train()
@@ -83,6 +85,7 @@ def _batch(task: str = "asr", **extra) -> dict:
     }
 
 
+@pytest.mark.fast
 def test_each_kind_of_batch_gives_whispers_logits():
     """In eval mode every path computes what Whisper's own forward (or, text-only, its decoder
     without encoder states) computes."""
@@ -105,6 +108,7 @@ def test_each_kind_of_batch_gives_whispers_logits():
     torch.testing.assert_close(got, whisper.proj_out(hidden))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("task", ["asr", "lm"])
 def test_logits_at_labelled_positions_give_the_full_projections_loss_and_gradients(task):
     """The loss over labelled positions only (no vocabulary projection at prompt or padding)

@@ -61,12 +61,14 @@ def _bursts(pattern: list[tuple[float, bool]], seed: int = 0) -> np.ndarray:
 # Cutting
 
 
+@pytest.mark.fast
 def test_audio_within_one_window_is_not_cut() -> None:
     wave = _bursts([(1.9, True)])
     assert split_points(wave, SR, 2.0) == [] and segment(wave, SR, 2.0) == [(0, wave.shape[0])]
     assert segment(np.zeros(0, np.float32), SR, 2.0) == [(0, 0)]
 
 
+@pytest.mark.fast
 def test_cuts_fall_in_the_longest_pause_of_the_last_quarter() -> None:
     # window 4 s: the search region is [3, 4) s of each window. Pauses at 1.0-1.5 s (outside
     # the region), 3.1-3.2 s (short) and 3.5-3.9 s (longest): the cut is the middle of the last.
@@ -89,6 +91,7 @@ def test_cuts_fall_in_the_longest_pause_of_the_last_quarter() -> None:
     assert all(0 < end - start <= 4 * SR for start, end in pieces)
 
 
+@pytest.mark.fast
 def test_without_pauses_every_cut_stays_in_the_last_quarter() -> None:
     wave = _bursts([(23.0, True)], seed=3)
     pieces = segment(wave, SR, 3.0)
@@ -97,6 +100,7 @@ def test_without_pauses_every_cut_stays_in_the_last_quarter() -> None:
         assert 0.75 * 3 * SR <= end - start <= 3 * SR
 
 
+@pytest.mark.fast
 def test_quietest_point_is_the_middle_of_the_longest_quiet_run() -> None:
     wave = _bursts([(0.2, True), (0.3, False), (0.2, True), (0.6, False), (0.2, True)])
     assert quietest_point(wave, SR) == pytest.approx(1.0 * SR, abs=0.02 * SR)

@@ -20,6 +20,7 @@ FIRST = {"wer": 1.0, "cer": 0.30, "loss": 2.0}
 SECOND = {"wer": 1.0, "cer": 0.11, "loss": 2.0}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("language, policy", [("yue", "by_wer"), ("zh", "combined_gate")])
 def test_unspaced_languages_are_selected_by_cer(language, policy):
     selector = build_selector(SelectionConfig(), language, partial=False)
@@ -31,6 +32,7 @@ def test_unspaced_languages_are_selected_by_cer(language, policy):
     assert "cer 0.11 < best 0.3" in decision.reason
 
 
+@pytest.mark.fast
 def test_the_setting_restores_wer_and_the_line_says_so():
     cfg = SelectionConfig(unspaced_error_rate="wer")
     selector = build_selector(cfg, "cantonese", partial=False)
@@ -40,17 +42,20 @@ def test_the_setting_restores_wer_and_the_line_says_so():
     assert not decision.save and "wer 1 >= best 1" in decision.reason
 
 
+@pytest.mark.fast
 def test_spaced_languages_keep_wer():
     selector = build_selector(SelectionConfig(), "de", partial=False)
     assert selector.error_metric == "wer" and "CER" not in selector.why
 
 
+@pytest.mark.fast
 def test_a_resume_judged_by_the_other_rate_names_the_setting():
     state = build_selector(SelectionConfig(unspaced_error_rate="wer"), "yue", False).state_dict()
     with pytest.raises(UserError, match="selection.unspaced_error_rate: wer to resume"):
         build_selector(SelectionConfig(), "yue", False).load_state_dict(state)
 
 
+@pytest.mark.fast
 def test_a_by_loss_language_resumes_a_state_saved_before_the_rate_was_recorded():
     selector = build_selector(SelectionConfig(), "th", partial=False)  # group C: by_loss
     state = selector.state_dict()

@@ -17,6 +17,8 @@ from asrforge.data.stream import StreamedSplit
 from asrforge.model.build import feature_extractor
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_row_is_named_by_the_id_it_gives_else_by_its_split_and_number():
     assert row_id("utt7", "train", 3) == "utt7"

@@ -142,6 +142,7 @@ def test_merge_keeps_every_base_id_and_the_new_tokens_are_produced(base_tok, ka_
     assert tok.decode(tok.encode(mixed, add_special_tokens=False)) == mixed
 
 
+@pytest.mark.fast
 def test_language_merges_go_first_and_ascii_ones_are_dropped():
     base_vocab = {c: i for i, c in enumerate(["a", "b", "à", "¤", "ab", "à¤"])}
     lang = [("a", "b"), ("à", "¤"), ("à¤", "a"), ("ab", "à¤")]  # ("ab", ...) needs an ASCII merge
@@ -259,6 +260,7 @@ def test_build_on_an_english_only_base_says_the_data_must_train_as_english(tmp_p
 # Model side
 
 
+@pytest.mark.fast
 def test_new_rows_follow_the_mean_and_covariance_of_the_old():
     g = torch.Generator().manual_seed(0)
     d = 16
@@ -277,6 +279,7 @@ def test_new_rows_follow_the_mean_and_covariance_of_the_old():
     assert not torch.equal(new, sample_like_rows(old, 4000, torch.Generator().manual_seed(2)))
 
 
+@pytest.mark.fast
 def test_singular_covariance_is_regularized():
     old = torch.randn(5, 16, generator=torch.Generator().manual_seed(0))  # rank <= 4
     new = sample_like_rows(old, 2000, torch.Generator().manual_seed(0))
@@ -383,6 +386,7 @@ def test_a_language_without_a_token_gets_one_with_a_drawn_row(
     assert VocabExtension.read(ka_ext).language_token is None
 
 
+@pytest.mark.fast
 def test_loading_a_base_checkpoint_into_an_extended_model_and_back_reports_the_vocab_tensors():
     base = _tiny_whisper(300, eot=256)
     extended = _tiny_whisper(300, eot=256)
@@ -458,6 +462,7 @@ def test_mismatches_are_user_errors_naming_the_file(tmp_path, pretrained, ka_ext
         build_model(cfg, build_tokenizer(cfg), seed=0)
 
 
+@pytest.mark.fast
 def test_vocab_reads_transcripts_from_a_tsv_with_its_columns_named(tmp_path, capsys):
     """Common Voice's TSV (sentence, locale; no audio needed) and a text file of one language
     without a language column give the transcripts a saved DatasetDict would."""

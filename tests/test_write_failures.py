@@ -71,6 +71,7 @@ def test_a_failed_write_mid_run_stops_it_with_one_message(
     assert "INFO checkpoints: saved step-000001" in err
 
 
+@pytest.mark.fast
 def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys, monkeypatch):
     cfg = _config_file(tmp_path, tones_dir, train={"max_steps": 2})
     run = tmp_path / "run"
@@ -86,6 +87,7 @@ def test_a_full_disk_under_a_logger_stops_the_run(tmp_path, tones_dir, capsys, m
     ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "error",
     [
