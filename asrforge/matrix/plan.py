@@ -28,6 +28,8 @@ from asrforge.errors import UserError
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
 FILE_PERMISSION = "allow_external_callbacks"
+SLURM_DIR = "slurm"
+"""Under the matrix root: the SLURM executor's directory, one directory in it per launch."""
 """A key older matrix files held: refused by name, since a file may not permit imports."""
 
 
