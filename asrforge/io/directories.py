@@ -21,12 +21,12 @@ def _names_a_sibling(target: str) -> bool:
 
 
 def refuse_links_under(root: Path, *, not_walked: tuple[str, ...] = ()) -> None:
-    """Walk ``root`` (not following links) and refuse any link that leads out of its directory.
+    """Walk ``root`` (not following links) and refuse any link to a directory that leads out of
+    its own directory (files are guarded where they are opened: :mod:`asrforge.io.append`).
 
     ``root`` itself may be a link (the person named it); what is under it may not.
     ``not_walked``: top-level names whose trees asrforge never reads or writes into again (a
-    matrix root's ``slurm/``, where each launch makes a directory of its own); the entries
-    themselves must still be real directories.
+    matrix root's ``slurm/``, where each launch makes a directory of its own).
 
     Raises:
         SymlinkRefused: the first such link, named with its target.
@@ -38,16 +38,16 @@ def refuse_links_under(root: Path, *, not_walked: tuple[str, ...] = ()) -> None:
     while pending:
         directory = pending.pop()
         try:
-            entries = list(os.scandir(directory))
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
             if entry.is_symlink():
                 target = os.readlink(entry.path)
-                if not _names_a_sibling(target):
+                if entry.is_dir() and not _names_a_sibling(target):
                     raise SymlinkRefused(
-                        f"{entry.path}: a symlink (to {target}) inside {root}; asrforge does "
-                        "not write through a link it did not create: remove it"
+                        f"{entry.path}: a symlink (to {target}) to a directory inside {root}; "
+                        "asrforge does not write through a link it did not create: remove it"
                     )
             elif entry.is_dir(follow_symlinks=False):
                 if directory != root or entry.name not in not_walked:

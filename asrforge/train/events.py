@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asrforge.io.append import SymlinkRefused
+from asrforge.io.append import LinkRefused
 from asrforge.selection.selector import Decision
 from asrforge.train.state import TrainState
 
@@ -126,7 +126,7 @@ class CallbackList:
                 if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
                     raise
                 # a link in the run dir must be removed by the user, not written around
-                if isinstance(e, SymlinkRefused) and event != "on_exception":
+                if isinstance(e, LinkRefused) and event != "on_exception":
                     raise
                 if cb.critical:
                     raise CriticalCallbackError(
