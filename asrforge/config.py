@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from asrforge.config_hf import hf_hint
+from asrforge.config_yaml import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 
 
@@ -1071,15 +1072,18 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """A YAML file whose top level is a mapping.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or not a mapping.
+        ConfigError: the file is missing, not UTF-8, not YAML (or beyond the bounds of
+            :mod:`asrforge.config_yaml`), or not a mapping.
     """
     p, source = Path(path), str(path)
     if not p.is_file():
         raise ConfigError([f"{p}: no such file"], source)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], source) from None
+        data = load_yaml(read_yaml_text(p)) or {}
+    except ValueError as e:
+        raise ConfigError([str(e)], source) from None
+    except OSError as e:
+        raise ConfigError([f"cannot be read: {e.strerror}"], source) from None
     if not isinstance(data, dict):
         raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
     return data
