@@ -286,3 +286,38 @@ def test_a_choice_or_step_outside_the_space_is_refused(tmp_path, config):
         ({"optim.lr": 3e-4, "train.max_steps": float("nan")}, "train.max_steps: nan is outside"),
     ]:
         assert search.outside_space(params).startswith(why), params
+
+
+@pytest.mark.parametrize(
+    "space, drawn",
+    [
+        ({"model.d_model": {"low": 32, "high": 34}}, "model.d_model=33"),
+        ({"model.d_model": {"low": 32, "high": 1024}}, "model.d_model=33"),
+        ({"model.d_model": {"low": 32, "high": 64, "step": 8},
+          "model.encoder_attention_heads": {"choices": [2, 3]}},
+         "model.encoder_attention_heads=3"),
+    ],
+    ids=["odd-inside", "sampled-wide-range", "a-choice-against-the-range"],
+)
+def test_a_space_whose_inside_holds_invalid_configs_is_refused_before_anything_runs(
+    tmp_path, config, space, drawn
+):
+    """The ends of each range are valid configs; values between them (or a choice beside
+    another parameter's end) are not: found by the plan, not when a trial fails."""
+    with pytest.raises(ConfigError) as e:
+        load_matrix(search_file(tmp_path, config, space=space))
+    assert f"search.space draws {drawn}" in str(e.value) or (
+        "search.space draws" in str(e.value) and drawn in str(e.value))
+    assert "must divide d_model" in str(e.value)
+
+
+def test_space_values_cover_small_ranges_and_sample_large_ones():
+    from asrforge.matrix.plan import SPACE_SAMPLES, SearchParameter, space_values
+
+    assert space_values(SearchParameter(low=2, high=8, step=2)) == [2, 4, 6, 8]
+    wide = space_values(SearchParameter(low=0, high=10**6))
+    assert len(wide) == SPACE_SAMPLES and wide[:2] == [0, 1] and wide[-2:] == [10**6 - 1, 10**6]
+    logs = space_values(SearchParameter(low=1e-6, high=1e-2, log=True))
+    assert logs[0] == 1e-6 and logs[-1] == 1e-2 and logs == sorted(set(logs))
+    stepped = space_values(SearchParameter(low=0.0, high=1.0, step=0.25))
+    assert stepped == [0.0, 0.25, 0.5, 0.75, 1.0]
