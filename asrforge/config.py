@@ -509,9 +509,9 @@ class DataConfig(Section):
     """Utterances per evaluation batch; default ``batch_size``."""
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """DataLoader worker processes per training process that load audio and compute the log-mel
-    features (0: in the main process). ``auto``: on a GPU, the process's share of the cores less
-    one, at most 4, with pinned memory; on a CPU, where the step needs the cores, a worker per
-    four spare cores (0 on 2 or 3 cores)."""
+    features (0: in the main process; a count is capped at the cores the process may use).
+    ``auto``: on a GPU, the process's share of the cores less one, at most 4, with pinned memory;
+    on a CPU, where the step needs the cores, a worker per four spare cores (0 on 2 or 3 cores)."""
 
     @field_validator("num_workers", mode="before")
     @classmethod
