@@ -31,9 +31,10 @@ def trained(tmp_path_factory, tones_dir) -> Path:
     return root
 
 
-def resume_with(trained: Path, tmp_path: Path, edit) -> tuple[int, str, Path]:
+def resume_with(trained: Path, tmp_path: Path, edit, edit_manifest=None) -> tuple[int, Path]:
     """Resume a copy of the run after ``edit(state)`` changed its checkpoint's
-    ``train_state.json`` (the manifest resealed, as anyone can): (exit code, stderr, the file)."""
+    ``train_state.json`` and ``edit_manifest(meta)`` its manifest's records (the manifest
+    resealed, as anyone can): (exit code, the file)."""
     out = tmp_path / "run"
     shutil.copytree(trained / "run", out, symlinks=True)
     config = tmp_path / "run.yaml"
@@ -44,9 +45,11 @@ def resume_with(trained: Path, tmp_path: Path, edit) -> tuple[int, str, Path]:
     edit(state)
     path.write_text(json.dumps(state))
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    write_manifest(
-        ckpt, {k: v for k, v in manifest.items() if k not in ("files", "format_version")}
-    )
+    meta = {k: v for k, v in manifest.items() if k not in ("files", "format_version")}
+    if edit_manifest is not None:
+        edit_manifest(meta)
+        path = ckpt / "manifest.json"
+    write_manifest(ckpt, meta)
     return main(["train", str(config), "--resume", "train.max_steps=4"]), path
 
 
@@ -76,6 +79,36 @@ def test_a_training_state_of_the_wrong_kinds_is_refused_by_file_and_field(
     trained, tmp_path, capsys, dotted, value, named
 ):
     code, path = resume_with(trained, tmp_path, lambda s: set_path(s, dotted, value))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err and f"{path}: " in err and named in err
+
+
+@pytest.mark.parametrize(
+    "dotted, value, named",
+    [
+        ("best_step", "2", "checkpoint_manager.best_step: '2' is not an integer >= 0 or null"),
+        ("top_k", {"wer": []}, "checkpoint_manager.top_k: {'wer': []} is not a list of"),
+        ("top_k.0.entries.0.value", "0.5", "entries.0.value: '0.5' is not a number"),
+        ("top_k.0.entries.0.step", None, "entries.0.step: None is not an integer >= 0"),
+        ("top_k.0.mode", 1, "checkpoint_manager.top_k.0.mode: 1 is not a string"),
+    ],
+)
+def test_the_managers_record_in_the_manifest_is_type_checked(
+    trained, tmp_path, capsys, dotted, value, named
+):
+    def edit_manifest(meta):
+        record = meta["checkpoint_manager"]
+        if dotted.startswith("top_k.0") and not record.get("top_k"):
+            record["top_k"] = [{"metric": "wer", "mode": "min",
+                                "entries": [{"step": 2, "value": 0.5}]}]  # fmt: skip
+        *parents, last = dotted.split(".")
+        node = record
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+
+    code, path = resume_with(trained, tmp_path, lambda s: None, edit_manifest)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert "Traceback" not in err and f"{path}: " in err and named in err

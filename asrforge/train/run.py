@@ -159,7 +159,10 @@ class TrainingRun:
         except ValueError as e:
             raise CheckpointCorruptError(f"{ckpt.path / 'train_state.json'}: {e}") from None
         # the manifest holds the manager's records including this very checkpoint
-        self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
+        try:
+            self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{ckpt.path / 'manifest.json'}: {e}") from None
         self.callbacks.load_state_dict(ckpt.callbacks)
         restore_rng_state(ckpt.rng)
         self.last_saved_step = state.step
