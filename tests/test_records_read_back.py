@@ -192,3 +192,41 @@ def test_a_truncated_pretrained_safetensors_is_one_line_naming_the_model(
     assert main(["train", str(tmp_path / "c.yaml")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"model.pretrained: cannot load {pretrained}" in err
+
+
+@pytest.fixture(scope="module")
+def stopping_run(tmp_path_factory, tones_dir) -> Path:
+    """A 2-step run with an early-stopping callback, whose state callbacks.json holds."""
+    root = tmp_path_factory.mktemp("callbacks-state")
+    cfg = tiny_config(root / "run", tones_dir, train={"max_steps": 2}, eval={"eval_steps": 2},
+                      callbacks=[{"name": "early_stopping", "monitor": "loss", "patience": 5}])  # fmt: skip
+    (root / "run.yaml").write_text(cfg.to_yaml())
+    assert main(["train", str(root / "run.yaml")]) == 0
+    return root
+
+
+@pytest.mark.parametrize(
+    "states, named",
+    [
+        ([], "[] is not an object"),
+        ({"early_stopping": "patience"}, "early_stopping: 'patience' is not an object"),
+        ({"early_stopping": {"best": "0.5", "bad_evals": 0}}, "best: '0.5' is not a number"),
+        ({"early_stopping": {"best": 0.5, "bad_evals": "x"}}, "bad_evals: 'x' is not an integer"),
+    ],
+)
+def test_a_callbacks_state_of_the_wrong_kinds_is_refused_by_key(
+    stopping_run, tmp_path, capsys, states, named
+):
+    ckpt = "checkpoints/step-000002"
+    assert "early_stopping" in json.loads(
+        (stopping_run / "run" / ckpt / "callbacks.json").read_text()
+    )
+
+    def edit_manifest(meta):
+        (tmp_path / "run" / ckpt / "callbacks.json").write_text(json.dumps(states))
+
+    code, _ = resume_with(stopping_run, tmp_path, lambda s: None, edit_manifest)
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    path = tmp_path / "run" / ckpt / "callbacks.json"
+    assert "Traceback" not in err and f"{path}: " in err and named in err

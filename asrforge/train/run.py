@@ -163,7 +163,10 @@ class TrainingRun:
             self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
         except ValueError as e:
             raise CheckpointCorruptError(f"{ckpt.path / 'manifest.json'}: {e}") from None
-        self.callbacks.load_state_dict(ckpt.callbacks)
+        try:
+            self.callbacks.load_state_dict(ckpt.callbacks)
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{ckpt.path / 'callbacks.json'}: {e}") from None
         restore_rng_state(ckpt.rng)
         self.last_saved_step = state.step
         # start-up wrote the up-front skips only: the clips dropped before the checkpoint too
