@@ -7,6 +7,7 @@ traceback from deep inside a resume."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -230,3 +231,29 @@ def test_a_callbacks_state_of_the_wrong_kinds_is_refused_by_key(
     assert code == 2, err[-2000:]
     path = tmp_path / "run" / ckpt / "callbacks.json"
     assert "Traceback" not in err and f"{path}: " in err and named in err
+
+
+@pytest.mark.parametrize(
+    "name, summary, named",
+    [
+        ("DONE", {"duration_s": "12 s", "attempts": 1}, "duration_s: '12 s' is not a number"),
+        ("DONE", {"best": [0.3], "step": 4}, "best: [0.3] is not an object or null"),
+        ("FAILED", {"log_tail": ["a"], "reason": "x"}, "log_tail: ['a'] is not a string"),
+        ("DONE", ["done"], "['done'] is not an object"),
+    ],
+)
+def test_a_result_marker_of_the_wrong_kinds_is_named_by_the_launcher_and_the_report(
+    tmp_path, capsys, name, summary, named
+):
+    from asrforge.matrix.claims import read_marker
+
+    run_dir = tmp_path / "root" / "runs" / "en-a-s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / name).write_text(json.dumps(summary))
+    with pytest.raises(UserError, match=re.escape(f"{name}: ") + ".*" + re.escape(named)):
+        read_marker(run_dir)
+    assert main(["report", str(tmp_path / "root"), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(run_dir / name) in err and named in err
+    (run_dir / name).write_text(json.dumps({"duration_s": 3.5, "attempts": 1, "best": None}))
+    assert read_marker(run_dir)[1]["duration_s"] == 3.5
