@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Collection
@@ -27,6 +28,7 @@ from pydantic import (
 )
 
 from asrforge.config_hf import hf_hint
+from asrforge.config_yaml import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 
 
@@ -70,6 +72,14 @@ def parse_size(value: int | str) -> int:
 
 _DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION_FORMS = "3600 (seconds), 90m, 2h, 1d2h, 1h30m or 01:30:00"
+MAX_DURATION_DAYS = 1000
+"""Longest duration a config may give: beyond it a number is a typo, and timers overflow."""
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a 400-digit number stays readable)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 12]}...({len(text)} chars)"
 
 
 def parse_duration(value: int | float | str) -> float:
@@ -82,7 +92,10 @@ def parse_duration(value: int | float | str) -> float:
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as {_DURATION_FORMS}, got {value!r}")
-    if isinstance(value, int | float):
+    if isinstance(value, int) and abs(value) > MAX_DURATION_DAYS * 86400:
+        # float() of a 400-digit integer overflows
+        seconds = math.inf if value > 0 else -math.inf
+    elif isinstance(value, int | float):
         seconds = float(value)
     else:
         text = str(value).strip().lower()
@@ -103,9 +116,13 @@ def parse_duration(value: int | float | str) -> float:
             days, hours, minutes, secs = (int(n or 0) for n in clock.groups())
             seconds = float(((days * 24 + hours) * 60 + minutes) * 60 + secs)
         else:
-            raise ValueError(f"expected a duration such as {_DURATION_FORMS}, got {value!r}")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"must be a positive duration, got {value!r}")
+            raise ValueError(
+                f"expected a duration such as {_DURATION_FORMS}, got {short_repr(value)}"
+            )
+    if not seconds > 0:
+        raise ValueError(f"must be a positive duration, got {short_repr(value)}")
+    if seconds > MAX_DURATION_DAYS * 86400:
+        raise ValueError(f"must be at most {MAX_DURATION_DAYS} days, got {short_repr(value)}")
     return seconds
 
 
@@ -492,9 +509,9 @@ class DataConfig(Section):
     """Utterances per evaluation batch; default ``batch_size``."""
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """DataLoader worker processes per training process that load audio and compute the log-mel
-    features (0: in the main process). ``auto``: on a GPU, the process's share of the cores less
-    one, at most 4, with pinned memory; on a CPU, where the step needs the cores, a worker per
-    four spare cores (0 on 2 or 3 cores)."""
+    features (0: in the main process; a count is capped at the cores the process may use).
+    ``auto``: on a GPU, the process's share of the cores less one, at most 4, with pinned memory;
+    on a CPU, where the step needs the cores, a worker per four spare cores (0 on 2 or 3 cores)."""
 
     @field_validator("num_workers", mode="before")
     @classmethod
@@ -1059,6 +1076,7 @@ def load_config(
             apply_override(data, item)
         except ValueError as e:
             problems.append(str(e))
+    problems += huge_integers(data)
     if problems:
         raise ConfigError(problems, source)
     try:
@@ -1067,19 +1085,38 @@ def load_config(
         raise ConfigError(format_errors(e, TrainConfig), source) from None
 
 
+MAX_INTEGER = 2**63 - 1
+"""Largest integer a config may hold (int64: what torch, numpy and the OS take)."""
+
+
+def huge_integers(data: Any, path: str = "") -> list[str]:
+    """One ``yaml.path: ... larger than 2^63 - 1`` line per integer of ``data`` (a config tree)
+    beyond :data:`MAX_INTEGER`: converted to a float or a tensor, it overflows."""
+    if isinstance(data, dict):
+        return [line for k, v in data.items() for line in huge_integers(v, f"{path}{k}.")]
+    if isinstance(data, list):
+        return [line for i, v in enumerate(data) for line in huge_integers(v, f"{path}{i}.")]
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INTEGER:
+        return [f"{path.rstrip('.')}: {short_repr(data)} is larger than 2^63 - 1"]
+    return []
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """A YAML file whose top level is a mapping.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or not a mapping.
+        ConfigError: the file is missing, not UTF-8, not YAML (or beyond the bounds of
+            :mod:`asrforge.config_yaml`), or not a mapping.
     """
     p, source = Path(path), str(path)
     if not p.is_file():
         raise ConfigError([f"{p}: no such file"], source)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], source) from None
+        data = load_yaml(read_yaml_text(p)) or {}
+    except ValueError as e:
+        raise ConfigError([str(e)], source) from None
+    except OSError as e:
+        raise ConfigError([f"cannot be read: {e.strerror}"], source) from None
     if not isinstance(data, dict):
         raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
     return data

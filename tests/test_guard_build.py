@@ -164,3 +164,14 @@ def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatc
     windows = [window("ok", 1.0)]
     guard_module.attach_model_references(bundle, windows, 4, 8)
     assert windows[0].text == "hello"
+
+
+@pytest.mark.parametrize("gap", ["nan", "inf", "1e12", "-0.5", "30", "8"])
+def test_a_gap_no_window_can_hold_exits_2_naming_it(tmp_path, clips, capsys, gap):
+    clip = tmp_path / "corpus" / clips[0]["file"]
+    argv = ["guard", "build", str(clip), "--window-seconds", "8", "--gap-seconds", gap,
+            "--out", str(tmp_path / "guard")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asrforge: error: --gap-seconds: must be >= 0 and below the window")
+    assert "Traceback" not in err and not (tmp_path / "guard").exists()

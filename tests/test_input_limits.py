@@ -248,3 +248,86 @@ def test_a_negative_duration_is_one_reason_in_map_and_stream_modes(tmp_path, cli
     )  # fmt: skip
     assert report.skipped == {NEGATIVE_DURATION: ["backwards"]}
     assert streamed == NEGATIVE_DURATION
+
+
+def flac_claiming(total_frames: int, seconds: float = 1.0, rate: int = SAMPLE_RATE) -> bytes:
+    """A FLAC of ``seconds`` of tone whose STREAMINFO claims ``total_frames`` samples."""
+    import io
+
+    buf = io.BytesIO()
+    tone = (0.3 * np.sin(np.arange(int(seconds * rate)) / 10)).astype(np.float32)
+    sf.write(buf, tone, rate, format="FLAC")
+    data = bytearray(buf.getvalue())
+    # STREAMINFO starts at byte 8; its 36-bit sample count at bit 108 (byte 13, low nibble)
+    data[21] = (data[21] & 0xF0) | ((total_frames >> 32) & 0x0F)
+    data[22:26] = (total_frames & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize("claimed", [1 << 35, (1 << 36) - 1, 10 * 3600 * SAMPLE_RATE])
+def test_a_header_claiming_hours_of_samples_allocates_nothing_of_that_size(
+    tmp_path, monkeypatch, claimed
+):
+    """decode never sizes an array from the header: a lie of 2^35 samples is a UserError naming
+    the file (or the real samples), not a 128 GiB allocation."""
+    path = tmp_path / "liar.flac"
+    path.write_bytes(flac_claiming(claimed))
+    assert audio_info(str(path))[1] == claimed / SAMPLE_RATE
+    real_empty = sf.SoundFile._create_empty_array
+    asked = []
+
+    def watched(self, frames, *args, **kwargs):
+        asked.append(frames)
+        return real_empty(self, frames, *args, **kwargs)
+
+    monkeypatch.setattr(sf.SoundFile, "_create_empty_array", watched)
+    try:
+        wave = decode_audio(str(path))
+    except UserError as e:
+        assert str(path) in str(e) and "\n" not in str(e)
+    else:
+        assert wave.shape[0] <= 2 * SAMPLE_RATE
+    assert max(asked, default=0) <= 1 << 18  # blocks, not the claim
+    # training skips it from its header, never decoding
+    with pytest.raises(data_rules.UnusableAudio, match="longer than"):
+        data_rules.read_audio({"bytes": None, "path": str(path)}, MAX_SECONDS)
+
+
+@pytest.mark.parametrize("channels, rate", [(1, SAMPLE_RATE), (2, 44_100), (3, 8_000)])
+def test_block_decoding_gives_the_samples_a_whole_read_gives(tmp_path, channels, rate):
+    from asrforge.data.audio import resample
+
+    rng = np.random.default_rng(channels)
+    samples = (0.2 * rng.standard_normal((int(2.7 * rate), channels))).astype(np.float32)
+    path = tmp_path / "clip.flac"
+    sf.write(path, samples, rate, subtype="PCM_24")
+    whole, _ = sf.read(path, dtype="float32", always_2d=True)
+    want = resample(whole.mean(axis=1) if channels > 1 else whole[:, 0], rate, SAMPLE_RATE)
+    np.testing.assert_array_equal(decode_audio(str(path)), want)
+
+
+def test_audio_longer_than_the_decode_limit_is_refused_by_name(tmp_path, monkeypatch):
+    from asrforge.data import audio as audio_module
+
+    monkeypatch.setattr(audio_module, "MAX_DECODE_SECONDS", 3600)
+    monkeypatch.setattr(audio_module, "_BLOCK_FRAMES", 4000)
+    path = tmp_path / "long.wav"
+    sf.write(path, np.zeros(8000, np.int16), 2)  # 4000 s at 2 Hz: longer than the hour
+    with pytest.raises(UserError, match="long.wav: longer than 1 hours"):
+        decode_audio(str(path))
+
+
+@pytest.mark.parametrize("name", ["clips/bad\u0000name.wav", "\u0000", "clips/x.wav\u0000.txt"])
+def test_an_audio_path_with_a_nul_byte_is_a_missing_file_named_in_both_modes(
+    tmp_path, clips, tokenizer, name
+):
+    path = manifest(tmp_path, clips, [{"audio_filepath": name, "text": "la", "language": "en",
+                                       "id": "nul"}])  # fmt: skip
+    table, report = prepare(path, tokenizer, lazy=False)
+    assert "nul" not in table.uids()
+    assert any(u.startswith("nul") for u in report.skipped["audio file not found"])
+    table, _ = prepare(path, tokenizer, lazy=True)
+    reasons = lazy_reasons(table)
+    assert [r for uid, r in reasons.items() if uid.startswith("nul")] == ["audio file not found"]
+    with pytest.raises(UserError, match="a NUL byte in its path"):
+        decode_audio(str(tmp_path / name))

@@ -35,8 +35,10 @@ def test_auto_follows_the_device_and_the_cores_this_process_has(
 ):
     monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert worker_count("auto", device, here) == want
-    assert worker_count(3, device, here) == 3  # a count is a count
+    assert worker_count(min(3, cores), device, here) == min(3, cores)  # a count is a count
     assert worker_count(0, device, here) == 0
+    # but never more than the cores this process may use
+    assert worker_count(10**9, device, here) == worker_count(cores + 1, device, here) == cores
 
 
 def test_the_config_takes_auto_or_a_count_and_names_anything_else():
@@ -53,3 +55,17 @@ def test_the_config_takes_auto_or_a_count_and_names_anything_else():
 def test_this_machine_gets_a_count():
     assert 0 <= worker_count("auto", "cpu") <= AUTO_WORKERS_MAX
     assert 1 <= worker_count("auto", "cuda") <= max(1, len(os.sched_getaffinity(0)))
+
+
+def test_a_count_beyond_the_machine_is_capped_and_the_run_says_so(tmp_path, tones_dir, caplog):
+    from asrforge.train.loop import Trainer
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 1},
+                      data={"num_workers": 1_000_000_000}, eval={"eval_steps": None})  # fmt: skip
+    with caplog.at_level("WARNING", logger="asrforge.train"):
+        result = Trainer(cfg).fit()
+    assert result.status == "completed"
+    cores = len(os.sched_getaffinity(0))
+    assert (f"data.num_workers: 1000000000 is more than the {cores} cores this process may use: "
+            f"{cores} workers") in caplog.text  # fmt: skip

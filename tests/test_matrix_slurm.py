@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -27,7 +28,10 @@ from asrforge.matrix.slurm import (
     SIGNAL_DELAY_S,
     SlurmAttempt,
     SlurmExecutor,
+    make_launch_dir,
+    outcome_path,
     parse_slurm_args,
+    read_outcome,
     sbatch_parameters,
     time_limit_minutes,
 )
@@ -119,7 +123,7 @@ def test_the_signal_handler_stops_the_run_and_requeues_it_with_resume(tmp_path, 
          "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\nprint('up', flush=True)\n"
          "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     assert run.stdout.readline() == "up\n"
-    fn = SlurmAttempt(attempt, run_dir, plan.root)
+    fn = SlurmAttempt(attempt, run_dir, plan.root, tmp_path)
     fn._proc = run
     delayed = fn.__submitit_checkpoint__()
     assert run.returncode == EXIT_INTERRUPTED
@@ -152,9 +156,10 @@ def test_a_job_signalled_before_its_time_limit_is_requeued_and_resumes(
         tmp_path, tones_dir, train={"max_steps": 10, "log_every": 1, "precision": "no"},
         eval={"eval_steps": 2}, data={"batch_size": 4},
         callbacks=[{"_target_": "test_matrix_slurm.PauseAfterFirstSave", "marker": str(marker)}])
-    local = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    launch_dir = make_launch_dir(plan.root)
+    local = submitit.LocalExecutor(folder=launch_dir / "%j")
     local.update_parameters(timeout_min=10, signal_delay_s=60)
-    executor = SlurmExecutor(local, plan.root, slots=1)
+    executor = SlurmExecutor(local, plan.root, launch_dir, slots=1)
     signalled = []
 
     def signal_after_the_first_save() -> None:
@@ -185,3 +190,103 @@ def test_a_job_signalled_before_its_time_limit_is_requeued_and_resumes(
     ev = [e["event"] for e in events(plan.root)]
     assert ev == ["claim", "start", "requeue", "exit", "done"]
     assert "via slurm" in capsys.readouterr().out
+
+
+class PlantedPickle:
+    """What a planted result pickle would run when unpickled: it leaves a file behind."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "pickle ran"))
+
+
+@pytest.mark.slow
+def test_a_planted_result_pickle_is_never_read_the_outcome_comes_from_json(
+        tmp_path, tones_dir, monkeypatch):
+    """A job whose folder already holds a result pickle (someone who could write the root put it
+    there for a job id the queue hands out): the launcher reads the job's own JSON record."""
+    import pickle
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    plan = one_job_plan(tmp_path, tones_dir, train={"max_steps": 2, "precision": "no"},
+                        eval={"eval_steps": None})
+    launch_dir = make_launch_dir(plan.root)
+    local = submitit.LocalExecutor(folder=launch_dir / "%j")
+    local.update_parameters(timeout_min=10)
+    executor = SlurmExecutor(local, plan.root, launch_dir, slots=1)
+    marker = tmp_path / "ran"
+    job = plan.jobs[0]
+    attempt = Attempt(job, executor.devices()[0], 1, False, plan.log_path(job), tmp_path)
+    plan.log_path(job).parent.mkdir(parents=True, exist_ok=True)
+    executor.submit(attempt)
+    (submitted, _), = executor._jobs.values()
+    deadline = time.time() + 300
+    while not submitted.done() and time.time() < deadline:
+        time.sleep(0.5)
+    # replaced after the job ended, before the launcher looks: as a planted file would be
+    submitted.paths.result_pickle.write_bytes(pickle.dumps(("success", PlantedPickle(marker))))
+    (result,) = executor.poll(1.0)
+    assert not marker.exists()
+    assert result.returncode == 0 and result.error is None
+    assert result == read_outcome(outcome_path(launch_dir, attempt))
+
+
+def test_an_outcome_record_is_read_with_every_field_type_checked(tmp_path):
+    plan_job = type("J", (), {"job_id": "en-a-s0"})()
+    attempt = Attempt(plan_job, parse_devices("cpu:1")[0], 2, False, tmp_path / "l", tmp_path)
+    path = outcome_path(tmp_path, attempt)
+    good = {"job_id": "en-a-s0", "number": 2, "device": "slurm:0", "returncode": 0,
+            "started": 1.0, "finished": 2.5, "host": "n1", "error": None}
+    path.write_text(json.dumps(good))
+    assert read_outcome(path).returncode == 0
+    for key, bad in [("returncode", "0"), ("number", True), ("started", None), ("error", 3),
+                     ("job_id", ["x"])]:
+        path.write_text(json.dumps({**good, key: bad}))
+        assert read_outcome(path).startswith(f"{path}: {key}: ")
+    path.write_text(json.dumps({**good, "extra": 1}))
+    assert "not an outcome record" in read_outcome(path)
+    path.write_bytes(b"\xff\xfe")
+    assert read_outcome(path).endswith("not JSON")
+    path.unlink()
+    assert read_outcome(path) == "no outcome recorded"
+    os.mkfifo(path)  # a FIFO never hangs the launcher
+    assert "not a regular file" in read_outcome(path)
+    path.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+    path.symlink_to(tmp_path / "elsewhere.json")
+    assert "a symlink" in read_outcome(path)
+
+
+def test_each_launch_gets_a_fresh_private_folder_and_a_planted_one_is_refused(tmp_path):
+    root = tmp_path / "root"
+    first, second = make_launch_dir(root), make_launch_dir(root)
+    assert first != second and first.parent == second.parent == root / "slurm"
+    assert stat.S_IMODE(first.stat().st_mode) == 0o700 and not any(first.iterdir())
+    # a slurm/ folder that is a link to elsewhere: never written through
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for planted in (tmp_path / "r2", tmp_path / "r3"):
+        planted.mkdir()
+    (tmp_path / "r2" / "slurm").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="slurm: a symlink"):
+        make_launch_dir(tmp_path / "r2")
+    (tmp_path / "r3" / "slurm").write_text("a file")
+    with pytest.raises(UserError, match="not a directory"):
+        make_launch_dir(tmp_path / "r3")
+    assert not any(elsewhere.iterdir())
+
+
+def test_on_cluster_puts_submitit_in_this_launchs_folder(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit looks for it, never runs it
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    executor = SlurmExecutor.on_cluster(tmp_path / "root", 1, partition=None, gpus_per_job=1,
+                                        time_limit="1:00:00")
+    folder = Path(str(executor._submitter.folder))
+    assert folder.parent == executor._launch_dir and folder.name == "%j"
+    assert executor._launch_dir.parent == tmp_path / "root" / "slurm"

@@ -14,7 +14,7 @@ import yaml
 
 from asrforge.cli import main
 from asrforge.config import ConfigError
-from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.errors import EXIT_INTERRUPTED, UserError
 from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.run import Launcher
@@ -215,3 +215,114 @@ def test_trials_are_ordinary_training_runs(tmp_path, config):
         assert saved["optim"]["lr"] == t["params"]["optim.lr"] and saved["seed"] == 0
         end = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
         assert end["event"] == "train_end" and t["value"] == end["best"]["loss"]
+
+
+def plant_running_trial(plan, suggest) -> int:
+    """A trial left running in the study's journal, its values written by ``suggest(trial)``
+    (as a journal someone edited would hold them, each with a distribution of its own)."""
+    import optuna
+
+    path = str(plan.root / "search" / "en.journal")
+    journal = optuna.storages.journal
+    storage = journal.JournalStorage(
+        journal.JournalFileBackend(path, lock_obj=journal.JournalFileOpenLock(path))
+    )
+    trial = optuna.load_study(study_name="en", storage=storage).ask()
+    suggest(trial)
+    return trial.number
+
+
+@pytest.mark.parametrize(
+    "suggest, refused",
+    [
+        (lambda t: t.suggest_float("optim.lr", 1e300, 1.000001e300, log=True),
+         "optim.lr: 1.0"),
+        (lambda t: t.suggest_float("optim.lr", 0.5, 0.6, log=True), "optim.lr: 0.5"),
+        (lambda t: (t.suggest_float("optim.lr", 9e-5, 1e-4, log=True),
+                    t.suggest_categorical("data.cache_dir", ["/elsewhere"])),
+         "data.cache_dir: not in search.space"),
+        (lambda t: None, "optim.lr: no value drawn"),
+    ],
+    ids=["huge", "above-range", "extra-name", "no-value"],
+)
+def test_a_trial_the_journal_holds_outside_the_space_is_refused_by_name(
+    tmp_path, config, caplog, suggest, refused
+):
+    plan = load_matrix(search_file(tmp_path, config))
+    good = Search(plan).draw(1)[0]
+    number = plant_running_trial(plan, suggest)
+    again = Search(plan)
+    with caplog.at_level("WARNING", logger="asrforge.matrix"):
+        left = again.left_running()
+    assert [j.job_id for j in left] == [good.job_id]  # the trial drawn from the space resumes
+    assert f"search en: trial {number} refused, not run: {refused}" in caplog.text
+    (refused_trial,) = [t for t in again.studies["en"].trials if t.number == number]
+    assert refused_trial.state.name == "FAIL"
+    assert Search(plan).left_running() == [good]  # a later launch does not see it again
+
+
+def test_a_journal_trial_of_another_kind_is_refused_and_drawing_beside_it_is_one_line(
+    tmp_path, config, caplog, capsys
+):
+    """A first trial whose lr is the string '0.001': refused; optuna then cannot draw beside
+    it, and says so as bad input naming the journal, not a traceback."""
+    plan = load_matrix(search_file(tmp_path, config))
+    Search(plan)  # the study exists
+    number = plant_running_trial(plan, lambda t: t.suggest_categorical("optim.lr", ["0.001"]))
+    search = Search(plan)
+    with caplog.at_level("WARNING", logger="asrforge.matrix"):
+        assert search.left_running() == []
+    assert f"trial {number} refused, not run: optim.lr: '0.001' is outside" in caplog.text
+    with pytest.raises(UserError, match=r"en.journal: .*move it aside to start afresh"):
+        search.draw(1)
+
+
+def test_a_choice_or_step_outside_the_space_is_refused(tmp_path, config):
+    space = {"optim.lr": {"choices": [1e-3, 3e-4]},
+             "train.max_steps": {"low": 2, "high": 8, "step": 2}}  # fmt: skip
+    plan = load_matrix(search_file(tmp_path, config, space=space))
+    search = Search(plan)
+    assert search.outside_space({"optim.lr": 3e-4, "train.max_steps": 6}) is None
+    for params, why in [
+        ({"optim.lr": 5e-4, "train.max_steps": 6}, "optim.lr: 0.0005 is not one of"),
+        ({"optim.lr": True, "train.max_steps": 6}, "optim.lr: True is not one of"),
+        ({"optim.lr": 3e-4, "train.max_steps": 5}, "train.max_steps: 5 is not on"),
+        ({"optim.lr": 3e-4, "train.max_steps": 6.0}, "train.max_steps: 6.0 is not an integer"),
+        ({"optim.lr": 3e-4, "train.max_steps": float("nan")}, "train.max_steps: nan is outside"),
+    ]:
+        assert search.outside_space(params).startswith(why), params
+
+
+@pytest.mark.parametrize(
+    "space, drawn",
+    [
+        ({"model.d_model": {"low": 32, "high": 34}}, "model.d_model=33"),
+        ({"model.d_model": {"low": 32, "high": 1024}}, "model.d_model=33"),
+        ({"model.d_model": {"low": 32, "high": 64, "step": 8},
+          "model.encoder_attention_heads": {"choices": [2, 3]}},
+         "model.encoder_attention_heads=3"),
+    ],
+    ids=["odd-inside", "sampled-wide-range", "a-choice-against-the-range"],
+)
+def test_a_space_whose_inside_holds_invalid_configs_is_refused_before_anything_runs(
+    tmp_path, config, space, drawn
+):
+    """The ends of each range are valid configs; values between them (or a choice beside
+    another parameter's end) are not: found by the plan, not when a trial fails."""
+    with pytest.raises(ConfigError) as e:
+        load_matrix(search_file(tmp_path, config, space=space))
+    assert f"search.space draws {drawn}" in str(e.value) or (
+        "search.space draws" in str(e.value) and drawn in str(e.value))
+    assert "must divide d_model" in str(e.value)
+
+
+def test_space_values_cover_small_ranges_and_sample_large_ones():
+    from asrforge.matrix.plan import SPACE_SAMPLES, SearchParameter, space_values
+
+    assert space_values(SearchParameter(low=2, high=8, step=2)) == [2, 4, 6, 8]
+    wide = space_values(SearchParameter(low=0, high=10**6))
+    assert len(wide) == SPACE_SAMPLES and wide[:2] == [0, 1] and wide[-2:] == [10**6 - 1, 10**6]
+    logs = space_values(SearchParameter(low=1e-6, high=1e-2, log=True))
+    assert logs[0] == 1e-6 and logs[-1] == 1e-2 and logs == sorted(set(logs))
+    stepped = space_values(SearchParameter(low=0.0, high=1.0, step=0.25))
+    assert stepped == [0.0, 0.25, 0.5, 0.75, 1.0]

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import yaml
 from safetensors.torch import load_file
 from transformers import GenerationConfig, WhisperConfig
 
@@ -40,11 +39,11 @@ from asrforge.checkpoint.training import (
 )
 from asrforge.config import (
     SHAPE_FIELDS,
-    ConfigError,
     ModelConfig,
     TrainConfig,
     load_config,
 )
+from asrforge.config_yaml import load_yaml, read_yaml_text
 from asrforge.data.audio import decode_audio
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
@@ -192,9 +191,9 @@ def checkpoint_contents(
 def read_train_config(path: Path) -> TrainConfig:
     """The training config saved at ``path``; a UserError naming it when it is unreadable."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(read_yaml_text(path))
         return load_config(data=data)
-    except (yaml.YAMLError, AttributeError, ConfigError) as e:
+    except (ValueError, AttributeError, OSError) as e:
         raise UserError(f"{path}: not a readable training config: {e}") from None
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
+from asrforge.io.records import COUNT, NUMBER, optional, record_problems
 from asrforge.selection.policies import Patience, improves
 from asrforge.selection.selector import Decision
 from asrforge.train.events import Callback
@@ -66,5 +67,8 @@ class EarlyStopping(Callback):
         return {"best": self.best, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict) -> None:
+        problems = record_problems(state, {"best": optional(NUMBER), "bad_evals": COUNT})
+        if problems:
+            raise ValueError("; ".join(problems))
         self.best = state.get("best")
         self.without_improvement.count = int(state.get("bad_evals", 0))

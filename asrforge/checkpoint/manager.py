@@ -48,6 +48,16 @@ from asrforge.io.atomic import (
     recover_interrupted,
     temp_sibling,
 )
+from asrforge.io.records import (
+    COUNT,
+    INTEGER,
+    MAPPING,
+    NUMBER,
+    TEXT,
+    list_of,
+    optional,
+    record_problems,
+)
 
 STATE_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -132,6 +142,15 @@ def verify_quick(directory: Path) -> bool:
     except CheckpointCorruptError:
         return False
     return True
+
+
+_STATE_KINDS = {
+    "version": INTEGER, "best_step": optional(COUNT), "unguarded_step": optional(COUNT),
+    "top_k": list_of(MAPPING),
+}  # fmt: skip
+_TOP_K_KINDS = {"metric": TEXT, "mode": TEXT, "entries": list_of(MAPPING)}
+_ENTRY_KINDS = {"step": COUNT, "value": NUMBER}
+"""What the manager's record in a checkpoint's manifest may hold, field by field."""
 
 
 class CheckpointManager:
@@ -270,7 +289,20 @@ class CheckpointManager:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`. Entries of specs no longer configured are dropped; a
-        spec whose ``k`` shrank keeps its best ``k``; a changed ``mode`` starts empty."""
+        spec whose ``k`` shrank keeps its best ``k``; a changed ``mode`` starts empty.
+
+        Raises:
+            ValueError: a field is not of its kind (a damaged or altered manifest), by name.
+        """
+        problems = record_problems(state, _STATE_KINDS, "checkpoint_manager")
+        for i, top in enumerate(state.get("top_k", []) if not problems else []):
+            problems += record_problems(top, _TOP_K_KINDS, f"checkpoint_manager.top_k.{i}",
+                                        ("metric", "mode", "entries"))  # fmt: skip
+            for j, entry in enumerate(top.get("entries", []) if not problems else []):
+                where = f"checkpoint_manager.top_k.{i}.entries.{j}"
+                problems += record_problems(entry, _ENTRY_KINDS, where, ("step", "value"))
+        if problems:
+            raise ValueError("; ".join(problems))
         if state.get("version", STATE_VERSION) > STATE_VERSION:
             raise UserError(f"checkpoint manager state version {state['version']} is too new")
         self.best_step = state.get("best_step")

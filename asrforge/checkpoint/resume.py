@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import verify
 from asrforge.config import SHAPE_FIELDS, TrainConfig
+from asrforge.config_yaml import load_yaml
 from asrforge.errors import CheckpointCorruptError, UserError
 
 FIXED_MODEL_FIELDS = (
@@ -161,9 +160,9 @@ def check_resume_config(
         log.warning("resume: %s has no config.yaml; the config cannot be compared", where)
         return []
     try:
-        old = yaml.safe_load(config_yaml)
-    except yaml.YAMLError as e:
-        raise UserError(f"{where / 'config.yaml'}: not readable YAML: {e}") from None
+        old = load_yaml(config_yaml)
+    except ValueError as e:
+        raise UserError(f"{where / 'config.yaml'}: {e}") from None
     if not isinstance(old, dict):
         raise UserError(f"{where / 'config.yaml'}: not a mapping")
     before, now = _flatten(old), _flatten(cfg.to_plain())

@@ -41,6 +41,7 @@ from asrforge.checkpoint.streaming import (
     write_safetensors,
     write_text,
 )
+from asrforge.config_yaml import read_yaml_text
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 from asrforge.io.atomic import atomic_directory, fsync_tree
 
@@ -554,6 +555,12 @@ def load_training_checkpoint(
         except ValueError as e:
             raise CheckpointCorruptError(f"{path / name}: not valid JSON ({e})") from None
 
+    def config_text() -> str:
+        try:
+            return read_yaml_text(path / "config.yaml")
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{path / 'config.yaml'}: {e}") from None
+
     def weights(name: str) -> dict[str, torch.Tensor] | None:
         if not has_weights(files, name.removesuffix(".safetensors")):
             return None
@@ -579,9 +586,7 @@ def load_training_checkpoint(
         rng=objs["rng"],
         train_state=json_file("train_state.json"),
         callbacks=json_file("callbacks.json") if "callbacks.json" in files else {},
-        config_yaml=(path / "config.yaml").read_text(encoding="utf-8")
-        if "config.yaml" in files
-        else "",
+        config_yaml=config_text() if "config.yaml" in files else "",
         tokenizer_dir=path / TOKENIZER_DIR if has_tokenizer else None,
         optimizer_dir=path / SHARDED_OPTIMIZER_DIR if sharded_optimizer else None,
     )

@@ -79,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     gap = GUARD_GAP_SECONDS if args.gap_seconds is None else args.gap_seconds
     if not 0 < window <= 30:
         raise UserError(f"--window-seconds: must be in (0, 30], got {window}")
-    if gap < 0:
-        raise UserError(f"--gap-seconds: must be >= 0, got {gap}")
+    # nan, inf and a gap no window holds would each fail later, as a crash or gigabytes of zeros
+    if not 0 <= gap < window:
+        raise UserError(f"--gap-seconds: must be >= 0 and below the window ({window:g} s), "
+                        f"got {gap}")
     for flag, value in (("--batch-size", args.batch_size), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")

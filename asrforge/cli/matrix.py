@@ -11,7 +11,7 @@ import textwrap
 from asrforge.config import external_code_allowed
 from asrforge.config_reference import fields_epilog
 from asrforge.errors import UserError
-from asrforge.matrix.plan import MatrixConfig, load_matrix
+from asrforge.matrix.plan import MAX_GPUS_PER_JOB, MatrixConfig, load_matrix
 
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
 # so building the parser (`asrforge --help`) does not wait for them.
@@ -81,6 +81,9 @@ def run(args) -> int:
                         datefmt="%H:%M:%S")
     if args.gpus_per_job is not None and args.gpus_per_job < 1:
         raise UserError(f"--gpus-per-job: must be >= 1, got {args.gpus_per_job}")
+    if args.gpus_per_job is not None and args.gpus_per_job > MAX_GPUS_PER_JOB:
+        raise UserError(f"--gpus-per-job: must be at most {MAX_GPUS_PER_JOB} (a job runs on one "
+                        f"machine), got {args.gpus_per_job}")
     allowed = external_code_allowed(args.allow_external_callbacks)
     plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
                        allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)

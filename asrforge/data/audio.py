@@ -18,6 +18,9 @@ import torch
 from asrforge.errors import UserError
 
 SAMPLE_RATE = 16_000
+MAX_DECODE_SECONDS = 6 * 3600
+"""Longest audio decoded whole: a few kilobytes of FLAC can decode to days of silence."""
+_BLOCK_FRAMES = 1 << 16
 
 
 def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
@@ -53,11 +56,26 @@ class AudioFile:
         Raises:
             UserError: the samples cannot be read, naming the file.
         """
+        limit = int(MAX_DECODE_SECONDS * self.sample_rate)
+        blocks, frames = [], 0
         try:
-            wave = self.sound.read(dtype="float32", always_2d=True)
-        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-            raise UserError(f"cannot read audio {self.name}: {e}") from None
-        wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+            # block by block: the header's frame count is a claim, not a size to allocate
+            while True:
+                block = self.sound.read(_BLOCK_FRAMES, dtype="float32", always_2d=True)
+                if not len(block):
+                    break
+                frames += len(block)
+                if frames > limit:
+                    raise UserError(f"cannot read audio {self.name}: longer than "
+                                    f"{MAX_DECODE_SECONDS // 3600} hours")
+                blocks.append(block.mean(axis=1) if block.shape[1] > 1 else block[:, 0])
+                if len(block) < _BLOCK_FRAMES:
+                    break
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError, MemoryError) as e:
+            where = (f" after {frames / self.sample_rate:.1f} s of the {self.seconds:.1f} s its "
+                     "header gives" if frames else "")  # fmt: skip
+            raise UserError(f"cannot read audio {self.name}{where}: {e}") from None
+        wave = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
         return resample(wave, self.sample_rate, target_sr)
 
 
@@ -95,6 +113,8 @@ def _source_name(source: bytes | str | Path) -> str:
 
 def _open_regular(path: str) -> int:
     """A blocking read descriptor of the regular file ``path``."""
+    if "\0" in path:
+        raise UserError(f"cannot read audio {path!r}: a NUL byte in its path names no file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
@@ -116,7 +136,7 @@ def is_special_file(source: bytes | str | Path) -> bool:
         return False
     try:
         return not stat.S_ISREG(os.stat(source).st_mode)
-    except OSError:
+    except (OSError, ValueError):
         # A missing or unreachable file is left to the decoder, whose own error names it.
         return False
 

@@ -128,8 +128,8 @@ def audio_key(audio) -> str:
     try:
         stat = os.stat(name)
         name = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    except OSError:
-        # A missing file is reported by the worker when it reads the audio.
+    except (OSError, ValueError):
+        # A missing file (or a path with a NUL byte) is reported when the audio is read.
         pass
     return hashlib.sha256(name.encode()).hexdigest()
 

@@ -17,18 +17,27 @@ def worker_count(setting: int | str, device_type: str, processes_here: int = 1) 
     ``AUTO_WORKERS_MAX``. On a CPU the training step itself needs the cores, so ``auto`` starts a
     worker only where a quarter of them is spare (0 on 2 or 3 cores).
 
+    A count is capped at the cores this process may use (:func:`usable_cores`).
+
     Args:
         setting: ``data.num_workers``: a count, or ``"auto"``.
         device_type: the training device's type (``cuda``, ``cpu``, ...).
         processes_here: training processes on this machine (torchrun's local world size).
     """
+    cores = usable_cores()
     if setting != "auto":
-        return int(setting)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = max(1, (cores or 1) // max(1, processes_here))
+        # a worker per core is the most that helps; a billion would exhaust the machine
+        return min(int(setting), cores)
+    share = max(1, cores // max(1, processes_here))
     if device_type == "cpu":
         return min(AUTO_WORKERS_MAX, share // 4)
     return min(AUTO_WORKERS_MAX, max(1, share - 1))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -3,7 +3,8 @@
 
 They are opened without following a symlink at the last component, so a link left in a run,
 checkpoint or matrix directory is refused by name (:class:`SymlinkRefused`, exit code 2) instead
-of being written through. Atomic writes (:mod:`asrforge.io.atomic`) replace such a link.
+of being written through. Atomic writes (:mod:`asrforge.io.atomic`) replace such a link. A file
+opened for writing must have one link: a hard link would carry the writes to another name.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from asrforge.errors import UserError
 APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
-class SymlinkRefused(UserError):
+class LinkRefused(UserError):
+    """A file asrforge would write in place is a link (symbolic or hard) it did not create."""
+
+
+class SymlinkRefused(LinkRefused):
     """A file asrforge would write in place is a symlink it did not create."""
+
+
+class HardLinkRefused(LinkRefused):
+    """A file asrforge would write in place has another name (a hard link) it did not make."""
 
 
 def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
@@ -28,10 +37,11 @@ def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
 
     Raises:
         SymlinkRefused: ``path`` is a symlink (named with its target).
+        HardLinkRefused: ``path`` is opened for writing and has more than one link.
         OSError: any other failure.
     """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as e:
         if e.errno == errno.ELOOP and os.path.islink(path):
             raise SymlinkRefused(
@@ -39,6 +49,15 @@ def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
                 "link it did not create: remove it"
             ) from None
         raise
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        links = os.fstat(fd).st_nlink
+        if links > 1:
+            os.close(fd)
+            raise HardLinkRefused(
+                f"{path}: has {links} hard links; asrforge does not write into a file that "
+                "another name shares: copy it to a file of its own"
+            )
+    return fd
 
 
 def open_append(path: str | Path, encoding: str = "utf-8") -> TextIO:
@@ -46,6 +65,7 @@ def open_append(path: str | Path, encoding: str = "utf-8") -> TextIO:
 
     Raises:
         SymlinkRefused: ``path`` is a symlink.
+        HardLinkRefused: ``path`` has more than one link.
     """
     return open(path, "a", encoding=encoding, opener=_no_follow_opener)
 

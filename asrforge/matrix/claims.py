@@ -14,9 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from asrforge.errors import UserError
 from asrforge.io.append import APPEND, open_no_follow
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import LOCKING_UNSUPPORTED, try_lock, unlock
+from asrforge.io.records import (
+    COUNT,
+    MAPPING,
+    NUMBER,
+    TEXT,
+    list_of,
+    optional,
+    record_problems,
+)
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -24,15 +34,31 @@ DONE, FAILED = "DONE", "FAILED"
 ClaimRefusal = Literal["done", "failed", "held"]
 
 
+_MARKER_KINDS = {
+    "attempts": optional(COUNT), "duration_s": optional(NUMBER), "status": optional(TEXT),
+    "reason": optional(TEXT), "log_tail": optional(TEXT), "best": optional(MAPPING),
+    "best_step": optional(COUNT), "step": optional(COUNT), "history": optional(list_of(MAPPING)),
+}  # fmt: skip
+"""The fields of a DONE or FAILED marker the launcher, the search and the report read."""
+
+
 def read_marker(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
-    """``("done" | "failed", summary)`` when the job has a result marker, else None."""
+    """``("done" | "failed", summary)`` when the job has a result marker, else None.
+
+    Raises:
+        UserError: the marker is JSON with a field of the wrong kind (an altered file), named.
+    """
     for name in (DONE, FAILED):
         p = run_dir / name
         if p.is_file():
             try:
-                return name.lower(), json.loads(p.read_text())
+                summary = json.loads(p.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 return name.lower(), {}
+            problems = record_problems(summary, _MARKER_KINDS)
+            if problems:
+                raise UserError(f"{p}: {'; '.join(problems)}")
+            return name.lower(), summary
     return None
 
 

@@ -20,6 +20,7 @@ from asrforge.config import (
     ConfigError,
     Section,
     format_errors,
+    huge_integers,
     load_config,
     read_yaml_mapping,
 )
@@ -28,6 +29,10 @@ from asrforge.errors import UserError
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
 FILE_PERMISSION = "allow_external_callbacks"
+MAX_GPUS_PER_JOB = 64
+"""A job runs on one machine (one SLURM node): no machine holds more devices."""
+SLURM_DIR = "slurm"
+"""Under the matrix root: the SLURM executor's directory, one directory in it per launch."""
 """A key older matrix files held: refused by name, since a file may not permit imports."""
 
 
@@ -113,9 +118,9 @@ class MatrixConfig(Section):
     """Per-language overrides, e.g. ``{th: {selection.policy: by_loss}}``."""
     retries: int = Field(default=2, ge=0)
     """Re-runs of a failed job, each resuming from its latest checkpoint, before it is failed."""
-    gpus_per_job: int = Field(default=1, ge=1)
+    gpus_per_job: int = Field(default=1, ge=1, le=MAX_GPUS_PER_JOB)
     """Devices each job trains on, one process per device under ``torchrun``: GPUs, or CPU slots
-    of ``--devices cpu:K`` (gloo). ``--gpus-per-job`` wins."""
+    of ``--devices cpu:K`` (gloo), at most one machine's (64). ``--gpus-per-job`` wins."""
     search: SearchConfig | None = None
     """Draw the config's values instead of listing configs: one config, one seed, and
     ``search.trials`` jobs per language, drawn as the launch goes (needs ``optuna``)."""
@@ -235,6 +240,8 @@ def load_matrix(
             f"{FILE_PERMISSION}: a matrix file cannot allow importing code, remove it; the person "
             f"running the matrix passes --allow-external-callbacks (or sets {ALLOW_EXTERNAL_ENV}=1)"
         ], source)
+    if huge := huge_integers(data):
+        raise ConfigError(huge, source)
     try:
         m = MatrixConfig.model_validate(data)
     except ValidationError as e:
@@ -263,12 +270,14 @@ def load_matrix(
                 )
                 # a search checks its space's ends and choices, each a config of its own
                 variants = search_variants(m.search) if m.search else [[]]
-                for drawn in variants:
+                for n, drawn in enumerate(variants):
                     try:
                         cfg = load_config(entry.path, [*overrides[:-1], *drawn, overrides[-1]])
                     except ConfigError as e:
+                        # past the space's low ends, the values that make the config invalid
+                        where = f"search.space draws {', '.join(drawn)}: " if n else ""
                         for line in e.problems:
-                            by_problem.setdefault(line, []).append(jid)
+                            by_problem.setdefault(where + line, []).append(jid)
                         break
                     for line in _callback_problems(cfg, allow_external_callbacks):
                         by_problem.setdefault(line, []).append(jid)
@@ -299,9 +308,41 @@ def load_matrix(
                 base=tuple(jobs) if m.search else ())
 
 
+SPACE_SAMPLES = 32
+"""Values of one range a search checks before it runs: every value of a smaller integer range."""
+
+
+def space_values(p: SearchParameter) -> list[Any]:
+    """The values of one parameter a search checks before it runs: each choice; every value of
+    an integer range of at most :data:`SPACE_SAMPLES` values, else that many spread over it
+    (its ends and their neighbours included, on its step); a float range's ends and points between them (on its log
+    scale or step)."""
+    if p.choices is not None:
+        return list(p.choices)
+    integers = isinstance(p.low, int) and isinstance(p.high, int) and not isinstance(p.step, float)
+    if integers:
+        step = int(p.step or 1)
+        count = (p.high - p.low) // step + 1
+        if count <= SPACE_SAMPLES:
+            return [p.low + i * step for i in range(count)]
+        # the neighbours of the ends too: evenly spread picks may all share a divisor
+        picks = {round(i * (count - 1) / (SPACE_SAMPLES - 3)) for i in range(SPACE_SAMPLES - 2)}
+        return [p.low + i * step for i in sorted({*picks, 1, count - 2})]
+    low, high = float(p.low), float(p.high)
+    points = [i / (SPACE_SAMPLES - 1) for i in range(SPACE_SAMPLES)]
+    if p.log:
+        values = [low * (high / low) ** t for t in points]
+    else:
+        values = [low + (high - low) * t for t in points]
+    if p.step:
+        values = [min(high, low + round((v - low) / p.step) * p.step) for v in values]
+    return list(dict.fromkeys([p.low, *values[1:-1], p.high]))
+
+
 def search_variants(search: SearchConfig) -> list[list[str]]:
-    """The configs that check a search's space before it runs: every range at its low end, at
-    its high end, and each choice (the others at their low end or first choice)."""
+    """The configs that check a search's space as a whole before it runs: every range at its
+    low end and at its high end, and each value :func:`space_values` gives of each parameter
+    with the others at their low ends and at their high ends (choices: the first)."""
     def first(p: SearchParameter) -> Any:
         return p.choices[0] if p.choices else p.low
 
@@ -309,8 +350,10 @@ def search_variants(search: SearchConfig) -> list[list[str]]:
     highs = {k: p.choices[0] if p.choices else p.high for k, p in search.space.items()}
     variants = [lows, highs]
     for key, p in search.space.items():
-        variants += [{**lows, key: c} for c in (p.choices or [])[1:]]
-    return [normalize_overrides(v) for v in variants]
+        for value in space_values(p):
+            variants += [{**lows, key: value}, {**highs, key: value}]
+    unique = {json.dumps(v, sort_keys=True): v for v in variants}
+    return [normalize_overrides(v) for v in unique.values()]
 
 
 def _search_problems(cfg, search: SearchConfig) -> list[str]:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from asrforge.checkpoint.disk import format_gb, tree_bytes
+from asrforge.config_yaml import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker
@@ -152,8 +151,10 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     cfg_path = run_dir / "config.yaml"
     if cfg_path.is_file():
         try:
-            cfg = yaml.safe_load(cfg_path.read_text()) or {}
-        except yaml.YAMLError:
+            cfg = load_yaml(read_yaml_text(cfg_path)) or {}
+        except (ValueError, OSError):
+            cfg = {}
+        if not isinstance(cfg, dict):
             cfg = {}
         langs = (cfg.get("data") or {}).get("languages") or [None]
         r.language = r.language or (cfg.get("selection") or {}).get("language") or langs[0]

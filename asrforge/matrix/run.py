@@ -34,9 +34,10 @@ from typing import Any, TextIO
 from asrforge.data.synth import make_tones_dataset
 from asrforge.errors import EXIT_INTERRUPTED
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.directories import refuse_links_under
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
-from asrforge.matrix.plan import Job, Plan
+from asrforge.matrix.plan import SLURM_DIR, Job, Plan
 from asrforge.matrix.search import Search
 
 log = logging.getLogger("asrforge.matrix")
@@ -133,6 +134,8 @@ class Launcher:
         self.plan, self.executor, self.retry_failed = plan, executor, retry_failed
         self.every = progress_every
         self.out = out or sys.stdout
+        # every write below goes into the root: a link there would carry it elsewhere
+        refuse_links_under(plan.root, not_walked=(SLURM_DIR,))
         self.claims = Claims(plan.root)
         self.cwd = Path.cwd()
         self.running: dict[str, Running] = {}

@@ -7,7 +7,9 @@ on the trial's own evaluation metric, and the launcher stops the run, which save
 as on any signal), and tells it how each trial ended. The studies live in journal files under
 ``<root>/search/`` (Optuna's file journal, locked for several launchers), so a launch again
 carries on the same studies: a trial left running by a launcher that died is run again from
-its checkpoint, with the values it was drawn with.
+its checkpoint, with the values it was drawn with. The journal is a file like any other: a trial
+it holds is run again only when its values are names and values of ``search.space``; any other is
+refused by name (told the study as failed) and never run.
 
 How it works: docs/matrix.md, "Search".
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,13 @@ class Search:
             for frozen in study.get_trials(deepcopy=False):
                 if frozen.state != self.optuna.trial.TrialState.RUNNING:
                     continue
+                problem = self.outside_space(frozen.params)
+                if problem is not None:
+                    log.warning("search %s: trial %d refused, not run: %s (the journal %s holds "
+                                "values search.space does not draw)", language, frozen.number,
+                                problem, self.plan.root / "search" / f"{language}.journal")
+                    study.tell(frozen.number, state=self.optuna.trial.TrialState.FAIL)
+                    continue
                 trial = Trial(language, frozen.number, self.optuna.trial.Trial(study, frozen._trial_id),
                               self._job(language, frozen.number, frozen.params))  # fmt: skip
                 self.trials[trial.job.job_id] = trial
@@ -99,6 +109,35 @@ class Search:
                     self.done(trial.job, {"best": marker[1].get("best")})
         return jobs
 
+    def outside_space(self, params: dict[str, Any]) -> str | None:
+        """Why ``params`` (a trial's values, as a journal holds them) are not a draw of
+        ``search.space``: a name it lacks or does not have, a value of another type, outside its
+        range or step, or not one of its choices; None when they are a draw."""
+        names, space = set(params), self.spec.space
+        if names != set(space):
+            extra, missing = sorted(names - set(space)), sorted(set(space) - names)
+            return "; ".join(
+                [f"{', '.join(extra)}: not in search.space"] * bool(extra)
+                + [f"{', '.join(missing)}: no value drawn"] * bool(missing)
+            )
+        for name, value in params.items():
+            p = space[name]
+            if p.choices is not None:
+                if not any(type(c) is type(value) and c == value for c in p.choices):
+                    return f"{name}: {value!r} is not one of search.space's choices {p.choices}"
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or not p.low <= value <= p.high:
+                return f"{name}: {value!r} is outside search.space ({p.low} to {p.high})"
+            integers = isinstance(self.distributions[name],
+                                  self.optuna.distributions.IntDistribution)
+            if integers and not isinstance(value, int):
+                return f"{name}: {value!r} is not an integer, as search.space draws"
+            steps = (value - p.low) / p.step if p.step else 0
+            if abs(steps - round(steps)) > 1e-8:
+                return f"{name}: {value!r} is not on search.space's step {p.step} from {p.low}"
+        return None
+
     def draw(self, n: int) -> list[Job]:
         """Up to ``n`` new trials, one language after another, while a study has fewer than
         ``search.trials`` (running ones counted, this launcher's and others')."""
@@ -110,7 +149,13 @@ class Search:
             if not open_studies:
                 break
             for language, study in open_studies[: n - len(jobs)]:
-                trial = study.ask(self.distributions)
+                try:
+                    trial = study.ask(self.distributions)
+                except ValueError as e:  # optuna: a trial of the journal has another kind
+                    raise UserError(
+                        f"{self.plan.root / 'search' / f'{language}.journal'}: {e} (the journal "
+                        "holds trials of another search.space: move it aside to start afresh)"
+                    ) from None
                 job = self._job(language, trial.number, trial.params)
                 self.trials[job.job_id] = Trial(language, trial.number, trial, job)
                 jobs.append(job)

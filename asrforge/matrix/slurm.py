@@ -2,7 +2,10 @@
 time-limit signal and resumed there.
 
 The job runs :func:`~asrforge.matrix.executors.run_attempt` (``asrforge train``, under
-``torchrun`` when it has several GPUs) with SIGUSR2 ignored. SLURM sends SIGUSR2
+``torchrun`` when it has several GPUs) with SIGUSR2 ignored, and records how it ended as JSON in
+the launch's own directory, ``<root>/slurm/launch-*/``, which the launcher makes afresh (mode
+0700) each time: submitit's files are pickles, so the launcher never reads one (not even the
+job's result) and never uses a folder it did not make in this launch. SLURM sends SIGUSR2
 ``signal_delay_s`` before the time limit; submitit's handler calls
 :meth:`SlurmAttempt.checkpoint`, which sends the run SIGTERM (it saves a checkpoint and exits 75),
 and returns the same attempt with ``--resume``, which submitit requeues. Why requeue rather than
@@ -11,19 +14,27 @@ a new job from the launcher: docs/matrix.md, "SLURM".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import re
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from asrforge.errors import UserError
+from asrforge.io.append import open_no_follow
+from asrforge.io.atomic import atomic_write_text
+from asrforge.io.directories import real_directory
 from asrforge.matrix.claims import Claims
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, run_attempt
+from asrforge.matrix.plan import SLURM_DIR
 from asrforge.matrix.run import has_checkpoint
 
 log = logging.getLogger("asrforge.matrix")
@@ -33,6 +44,44 @@ SIGNAL_DELAY_S = 180
 SAVE_GRACE_S = SIGNAL_DELAY_S - 30
 """How long the checkpoint handler waits for the run to save and exit before it requeues."""
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_OUTCOME_BYTES = 1 << 16
+_OUTCOME_TYPES: dict[str, tuple[type, ...]] = {
+    "job_id": (str,), "number": (int,), "device": (str,), "returncode": (int, type(None)),
+    "started": (int, float), "finished": (int, float), "host": (str,), "error": (str, type(None)),
+}
+
+
+def outcome_path(launch_dir: Path, attempt: Attempt) -> Path:
+    """Where the job of ``attempt`` records how it ended (JSON of its :class:`AttemptResult`)."""
+    return Path(launch_dir) / f"{attempt.job.job_id}.attempt-{attempt.number}.json"
+
+
+def read_outcome(path: Path) -> AttemptResult | str:
+    """The :class:`AttemptResult` a job recorded at ``path``, or why it cannot be read (missing,
+    not a regular file, too large, not JSON, a field of the wrong type)."""
+    try:
+        fd = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+    except UserError:
+        return f"{path}: a symlink, not the outcome the job recorded"
+    except FileNotFoundError:
+        return "no outcome recorded"
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _OUTCOME_BYTES:
+            return f"{path}: not a regular file of at most {_OUTCOME_BYTES} bytes"
+        raw = f.read(_OUTCOME_BYTES + 1)
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return f"{path}: not JSON"
+    if not isinstance(record, dict) or set(record) != set(_OUTCOME_TYPES):
+        return f"{path}: not an outcome record (expected the keys {sorted(_OUTCOME_TYPES)})"
+    for key, types in _OUTCOME_TYPES.items():
+        if isinstance(record[key], bool) or not isinstance(record[key], types):
+            return f"{path}: {key}: {record[key]!r} is not {' or '.join(t.__name__ for t in types)}"
+    return AttemptResult(**record)
 
 
 def time_limit_minutes(text: str) -> int:
@@ -97,17 +146,22 @@ class SlurmAttempt:
         attempt: the job, its slot and try number.
         run_dir: the job's run directory (whether a checkpoint exists to resume from).
         root: the matrix root, where ``events.jsonl`` gets a ``requeue`` line.
+        launch_dir: this launch's directory, where the job records its outcome as JSON.
     """
 
-    def __init__(self, attempt: Attempt, run_dir: Path, root: Path):
+    def __init__(self, attempt: Attempt, run_dir: Path, root: Path, launch_dir: Path):
         self.attempt, self.run_dir, self.root = attempt, run_dir, root
+        self.launch_dir = launch_dir
         self._proc: subprocess.Popen | None = None
 
     def __call__(self) -> AttemptResult:
         def started(proc: subprocess.Popen) -> None:
             self._proc = proc
 
-        return run_attempt(self.attempt, on_start=started, ignore=(signal.SIGUSR2,))
+        result = run_attempt(self.attempt, on_start=started, ignore=(signal.SIGUSR2,))
+        atomic_write_text(outcome_path(self.launch_dir, self.attempt),
+                          json.dumps(dataclasses.asdict(result)))
+        return result
 
     def __submitit_checkpoint__(self) -> Any:
         """Stop the run (SIGTERM: it saves and exits 75) and hand submitit the attempt to
@@ -122,14 +176,14 @@ class SlurmAttempt:
             "requeue", self.attempt.job.job_id, attempt=self.attempt.number, returncode=rc,
             resume=resume)
         return DelayedSubmission(SlurmAttempt(replace(self.attempt, resume=resume), self.run_dir,
-                                              self.root))
+                                              self.root, self.launch_dir))
 
     # submitit's signal handler looks for `checkpoint`, its requeue for `__submitit_checkpoint__`.
     checkpoint = __submitit_checkpoint__
 
     def __getstate__(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "run_dir": self.run_dir, "root": self.root,
-                "_proc": None}
+                "launch_dir": self.launch_dir, "_proc": None}
 
 
 def _stop_within_handler(proc: subprocess.Popen, grace: float) -> int:
@@ -156,21 +210,42 @@ def _stop_within_handler(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
+def make_launch_dir(root: Path) -> Path:
+    """A fresh directory of this launch under ``<root>/slurm/`` (mode 0700, a name no earlier
+    launch used), for submitit's files and the jobs' outcomes.
+
+    Raises:
+        UserError: ``<root>/slurm`` is a link, not a directory, or owned by another user.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    slurm = real_directory(root / SLURM_DIR, under=root)
+    owner = os.lstat(slurm).st_uid
+    if owner != os.geteuid():
+        raise UserError(f"{slurm}: owned by user id {owner}, not by you: asrforge keeps "
+                        "submitit's files only in a folder of yours")
+    return Path(tempfile.mkdtemp(prefix=f"launch-{time.strftime('%Y%m%d-%H%M%S')}-",
+                                 dir=slurm))
+
+
 class SlurmExecutor:
     """One SLURM job per attempt, through a submitit executor.
 
     Args:
         submitter: a submitit executor with its parameters set (``submitit.SlurmExecutor``; a
-            ``submitit.LocalExecutor`` in tests runs the same job code on this machine).
+            ``submitit.LocalExecutor`` in tests runs the same job code on this machine), whose
+            folder is under ``launch_dir``.
         root: the matrix root (``events.jsonl``; the run directories are under ``runs/``).
+        launch_dir: this launch's directory (:func:`make_launch_dir`): the jobs' outcomes.
         slots: jobs submitted at once (the queue decides when each runs).
         gpus_per_job: GPUs (processes) per job.
     """
 
     name = "slurm"
 
-    def __init__(self, submitter: Any, root: Path, slots: int, gpus_per_job: int = 1):
-        self._submitter, self._root = submitter, Path(root)
+    def __init__(self, submitter: Any, root: Path, launch_dir: Path, slots: int,
+                 gpus_per_job: int = 1):
+        self._submitter, self._root, self._launch_dir = submitter, Path(root), Path(launch_dir)
         self._devices = [Device(f"slurm:{i}", None, None, gpus_per_job) for i in range(slots)]
         self._jobs: dict[str, tuple[Any, Attempt]] = {}
 
@@ -178,8 +253,8 @@ class SlurmExecutor:
     def on_cluster(cls, root: Path, slots: int, *, partition: str | None, gpus_per_job: int,
                    time_limit: str, slurm_args: dict[str, str] | None = None,
                    max_requeues: int = 100) -> SlurmExecutor:
-        """On the SLURM cluster this machine submits to; submitit's files go to
-        ``<root>/slurm/``."""
+        """On the SLURM cluster this machine submits to; submitit's files go to a fresh
+        ``<root>/slurm/launch-*/``."""
         params = sbatch_parameters(partition=partition, gpus_per_job=gpus_per_job,
                                    time_limit=time_limit, slurm_args=slurm_args)
         # submitit is an optional extra, loaded only for --executor slurm.
@@ -188,20 +263,21 @@ class SlurmExecutor:
         except ImportError:
             raise UserError(
                 "--executor slurm needs submitit: pip install 'asrforge[slurm]'") from None
+        launch_dir = make_launch_dir(root)
         try:
-            submitter = submitit.SlurmExecutor(folder=Path(root) / "slurm" / "%j",
+            submitter = submitit.SlurmExecutor(folder=launch_dir / "%j",
                                                max_num_timeout=max_requeues)
         except RuntimeError as e:
             raise UserError(f"--executor slurm: {e}") from None
         submitter.update_parameters(**params)
-        return cls(submitter, root, slots, gpus_per_job)
+        return cls(submitter, root, launch_dir, slots, gpus_per_job)
 
     def devices(self) -> list[Device]:
         return list(self._devices)
 
     def submit(self, attempt: Attempt, *, hold_fd: int | None = None) -> None:
         run_dir = self._root / "runs" / attempt.job.job_id
-        job = self._submitter.submit(SlurmAttempt(attempt, run_dir, self._root))
+        job = self._submitter.submit(SlurmAttempt(attempt, run_dir, self._root, self._launch_dir))
         log.info("%s: SLURM job %s", attempt.job.job_id, job.job_id)
         self._jobs[attempt.job.job_id] = (job, attempt)
 
@@ -215,13 +291,21 @@ class SlurmExecutor:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def _result(self, job_id: str) -> AttemptResult:
+        """How the attempt ended, from the JSON its job recorded: never submitit's result
+        pickle, which anyone who can write the folder could make run code here."""
         job, attempt = self._jobs.pop(job_id)
+        outcome = read_outcome(outcome_path(self._launch_dir, attempt))
+        if isinstance(outcome, AttemptResult) and (outcome.job_id, outcome.number) == (
+                job_id, attempt.number):
+            return outcome
+        if isinstance(outcome, AttemptResult):
+            outcome = "the outcome recorded names another attempt"
         try:
-            return job.result()
-        except Exception as e:  # noqa: BLE001 - a job SLURM killed or lost: a failed try
-            return AttemptResult(job_id, attempt.number, attempt.device.label, None, time.time(),
-                                 time.time(), "", f"SLURM job {job.job_id}: {type(e).__name__}: "
-                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            state = job.state
+        except Exception:  # noqa: BLE001 - sacct unreachable: the state is only for the message
+            state = "unknown"
+        return AttemptResult(job_id, attempt.number, attempt.device.label, None, time.time(),
+                             time.time(), "", f"SLURM job {job.job_id} ({state}): {outcome}")
 
     def cancel(self, job_id: str, *, force: bool = False) -> None:
         # scancel sends SIGTERM (the run saves and exits 75), then SIGKILL after KillWait.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     BitsAndBytesConfig,
     WhisperConfig,
@@ -263,7 +264,7 @@ def _load_pretrained(
             output_loading_info=True,
             **quantized,
         )
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
     finally:
         hf_logging.set_verbosity(level)

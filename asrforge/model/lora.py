@@ -140,6 +140,8 @@ def check_base(recorded: str | None, actual: str, where: Path | str) -> None:
     """
     if recorded is None:
         raise UserError(f"{where}: not a LoRA checkpoint (its manifest records no {BASE_KEY})")
+    if not isinstance(recorded, str):
+        raise UserError(f"{where}: its manifest's {BASE_KEY} is {recorded!r}, not a sha256")
     if recorded != actual:
         raise UserError(
             f"{where}: its LoRA adapters were trained on other base weights (sha256 "

@@ -79,7 +79,10 @@ class VocabExtension:
             raise UserError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a JSON object")
-        if raw.get("format", EXTENSION_FORMAT) > EXTENSION_FORMAT:
+        version = raw.get("format", EXTENSION_FORMAT)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UserError(f"{path}: format must be an integer, got {version!r}")
+        if version > EXTENSION_FORMAT:
             raise UserError(f"{path}: format {raw['format']} is newer than this asrforge reads")
         fields = cls.__dataclass_fields__
         for name in (
@@ -92,8 +95,12 @@ class VocabExtension:
             if name not in raw:
                 raise UserError(f"{path}: missing field {name!r}")
         for name in ("base_vocab_size", "vocab_size", "new_tokens"):
-            if not isinstance(raw[name], int) or raw[name] < 0:
-                raise UserError(f"{path}: {name} must be a non-negative integer, got {raw[name]!r}")
+            value = raw[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"{path}: {name} must be a non-negative integer, got {value!r}")
+        for name in ("language", "base_tokenizer_sha256"):
+            if not isinstance(raw[name], str):
+                raise UserError(f"{path}: {name} must be a string, got {raw[name]!r}")
         ext = cls(**{k: v for k, v in raw.items() if k in fields})
         if ext.base_vocab_size + ext.new_tokens != ext.vocab_size:
             raise UserError(

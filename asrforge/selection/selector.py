@@ -9,6 +9,15 @@ from typing import Any
 
 from asrforge.config import GuardConfig, SelectionConfig
 from asrforge.errors import UserError
+from asrforge.io.records import (
+    COUNT,
+    MAPPING,
+    NUMBER,
+    TEXT,
+    mapping_of,
+    optional,
+    record_problems,
+)
 from asrforge.selection.groups import error_metric, group_table, resolve_group
 from asrforge.selection.guard_gate import GuardGate
 from asrforge.selection.policies import (
@@ -216,7 +225,11 @@ class Selector:
         Raises:
             UserError: the state was saved under a different policy than this run's config, or
                 without the forgetting guard this run has (its start cannot be measured now).
+            ValueError: a field is missing or not of its kind (a damaged or altered record).
         """
+        problems = selection_state_problems(state)
+        if problems:
+            raise ValueError("; ".join(problems))
         if state["policy"] != self.policy.name:
             raise UserError(
                 f"the checkpoint's selection state is for policy {state['policy']!r}, but this "
@@ -250,6 +263,29 @@ class Selector:
             self.unguarded = dict(state.get("unguarded") or {})
         # An empty start means the starting model was not evaluated.
         self.start = dict(state.get("start") or {})
+
+
+_STATE_KINDS = {
+    "policy": TEXT, "error_metric": TEXT, "policy_state": mapping_of(optional(NUMBER)),
+    "evals_without_save": COUNT, "n_evals": COUNT, "best_step": optional(COUNT),
+    "best": MAPPING, "start": MAPPING, "guard": MAPPING, "held_out_state": optional(MAPPING),
+    "unguarded_step": optional(COUNT), "unguarded": MAPPING,
+}  # fmt: skip
+_GUARD_KINDS = {
+    "start": optional(NUMBER), "kind": TEXT, "tolerance": NUMBER,
+    "start_transcripts": mapping_of(TEXT), "lid_start": optional(NUMBER),
+    "language_starts": mapping_of(NUMBER),
+}  # fmt: skip
+
+
+def selection_state_problems(state: Any) -> list[str]:
+    """What in a saved selection state (:meth:`Selector.state_dict`) is missing or not of its
+    kind, by field (``selection.guard.start: '0.2' is not a number or null``)."""
+    required = ("policy", "policy_state", "evals_without_save", "n_evals")
+    problems = record_problems(state, _STATE_KINDS, "selection", required)
+    if not problems and state.get("guard"):
+        problems = record_problems(state["guard"], _GUARD_KINDS, "selection.guard", ("start", "kind"))
+    return problems
 
 
 def build_selector(

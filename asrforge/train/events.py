@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asrforge.io.append import SymlinkRefused
+from asrforge.io.append import LinkRefused
+from asrforge.io.records import MAPPING, record_problems
 from asrforge.selection.selector import Decision
 from asrforge.train.state import TrainState
 
@@ -126,7 +127,7 @@ class CallbackList:
                 if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
                     raise
                 # a link in the run dir must be removed by the user, not written around
-                if isinstance(e, SymlinkRefused) and event != "on_exception":
+                if isinstance(e, LinkRefused) and event != "on_exception":
                     raise
                 if cb.critical:
                     raise CriticalCallbackError(
@@ -153,9 +154,22 @@ class CallbackList:
         return {key: cb.state_dict() for key, cb in self.keyed}
 
     def load_state_dict(self, states: dict[str, dict]) -> None:
+        """Each callback's state from ``callbacks.json`` (``states``: by key).
+
+        Raises:
+            ValueError: ``states`` is not an object of objects, or a callback refused its state
+                (a damaged or altered record): the key and the reason.
+        """
+        problems = record_problems(states, {key: MAPPING for key, _ in self.keyed})
+        if problems:
+            raise ValueError("; ".join(problems))
         for key, cb in self.keyed:
             if key in states:
-                cb.load_state_dict(states[key])
+                try:
+                    cb.load_state_dict(states[key])
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    # a callback's own fields are its to check; any it cannot take is named here
+                    raise ValueError(f"{key}: cannot be restored ({type(e).__name__}: {e})") from None
 
 
 def state_keys(callbacks: list[Callback]) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
+from asrforge.io.directories import refuse_links_under
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import Callback, CallbackList
 from asrforge.train.precision import choose_precision, model_width
@@ -68,6 +69,8 @@ class Trainer:
         directory as it found it (:mod:`asrforge.train.run_dir`).
         """
         entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
+        # O_NOFOLLOW guards a file's last component only: a linked eval/ would carry writes out
+        refuse_links_under(Path(self.cfg.output_dir))
         before = RunDirBefore.look(Path(self.cfg.output_dir), entries)
         self._run = None
         try:

@@ -16,7 +16,7 @@ from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.data.rules import SkipReport
-from asrforge.errors import UserError
+from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
@@ -151,13 +151,22 @@ class TrainingRun:
         self.scheduler.load_state_dict(ckpt.scheduler)
         if ckpt.scaler and self.acc.scaler is not None:
             self.acc.scaler.load_state_dict(ckpt.scaler)
-        state = self.state = TrainState.from_dict(ckpt.train_state)
-        # A checkpoint from before the selector kept "best" has it in the training state.
-        if state.selection:
-            self.setup.selector.load_state_dict({"best": state.best, **state.selection})
+        try:
+            state = self.state = TrainState.from_dict(ckpt.train_state)
+            # A checkpoint from before the selector kept "best" has it in the training state.
+            if state.selection:
+                self.setup.selector.load_state_dict({"best": state.best, **state.selection})
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{ckpt.path / 'train_state.json'}: {e}") from None
         # the manifest holds the manager's records including this very checkpoint
-        self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
-        self.callbacks.load_state_dict(ckpt.callbacks)
+        try:
+            self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{ckpt.path / 'manifest.json'}: {e}") from None
+        try:
+            self.callbacks.load_state_dict(ckpt.callbacks)
+        except ValueError as e:
+            raise CheckpointCorruptError(f"{ckpt.path / 'callbacks.json'}: {e}") from None
         restore_rng_state(ckpt.rng)
         self.last_saved_step = state.step
         # start-up wrote the up-front skips only: the clips dropped before the checkpoint too

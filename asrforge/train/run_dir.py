@@ -25,7 +25,7 @@ from asrforge.checkpoint.training import TOKENIZER_DIR
 from asrforge.data.carve import CARVE_FILE
 from asrforge.errors import CheckpointSaveError
 from asrforge.evaluation.evaluate import EVAL_DIR
-from asrforge.io.append import SymlinkRefused, open_no_follow
+from asrforge.io.append import LinkRefused, open_no_follow
 from asrforge.io.atomic import atomic_write_bytes
 from asrforge.train.run_log import RUN_LOG, detach_run_log
 
@@ -101,7 +101,7 @@ class RunDirBefore:
                     p.unlink(missing_ok=True)
         if self.log_size is not None:
             # best effort: the error that stopped the run is the one to report
-            with contextlib.suppress(OSError, SymlinkRefused):
+            with contextlib.suppress(OSError, LinkRefused):
                 fd = open_no_follow(self.path / RUN_LOG, os.O_WRONLY)
                 try:
                     os.ftruncate(fd, self.log_size)

@@ -32,6 +32,7 @@ from asrforge.data.dataset import (
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.stream import StreamedSplit
+from asrforge.data.workers import usable_cores
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.build import (
@@ -171,6 +172,11 @@ def prepare_run(
         cfg.data.num_workers,
         ", pinned memory" if loaders.pin_memory else "",
     )
+    if cfg.data.num_workers != "auto" and loaders.loader_workers < cfg.data.num_workers:
+        log.warning(
+            "data.num_workers: %d is more than the %d cores this process may use: %d workers",
+            cfg.data.num_workers, usable_cores(), loaders.loader_workers,
+        )  # fmt: skip
     return RunSetup(
         cfg=cfg,
         output_dir=out,

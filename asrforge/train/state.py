@@ -5,6 +5,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from asrforge.io.records import (
+    COUNT,
+    INTEGER,
+    MAPPING,
+    NUMBER,
+    TEXT,
+    either,
+    list_of,
+    mapping_of,
+    optional,
+    record_problems,
+)
+
 
 @dataclass
 class TrainState:
@@ -59,9 +72,35 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainState:
-        """The state :meth:`to_dict` gave, or an older checkpoint's (see :func:`_migrate`)."""
-        known = {k: v for k, v in _migrate(d).items() if k in cls.__dataclass_fields__}
+        """The state :meth:`to_dict` gave, or an older checkpoint's (see :func:`_migrate`).
+
+        Raises:
+            ValueError: a field is missing or not of its kind, each named.
+        """
+        problems = record_problems(d, _FIELD_KINDS, required=("step",))
+        if problems:
+            raise ValueError("; ".join(problems))
+        d = _migrate(d)
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+_FIELD_KINDS = {
+    **dict.fromkeys(
+        ("step", "epoch", "batch_in_epoch", "samples_seen", "skipped_steps",
+         "consecutive_nonfinite"), COUNT),
+    "text_position": mapping_of(COUNT),
+    "stream_position": mapping_of(either(INTEGER, TEXT)),
+    "dropped": mapping_of(list_of(TEXT)),
+    "running_loss": optional(NUMBER),
+    "best": MAPPING,
+    "best_step": optional(COUNT),
+    "last_eval_step": optional(COUNT),
+    "selection": MAPPING,
+    "stop_reason": optional(TEXT),
+    "dropped_utterances": optional(list_of(TEXT)),
+}  # fmt: skip
+"""What each field of ``train_state.json`` may hold (an older one's too)."""
 
 
 OLD_DROP_REASON = "failed to decode"

@@ -1,0 +1,128 @@
+"""YAML as asrforge reads it from a file it may have been handed: UTF-8, at most
+:data:`MAX_BYTES`, nested at most :data:`MAX_DEPTH` levels and at most :data:`MAX_VALUES` values
+once its aliases are expanded (a kilobyte of nested aliases can stand for billions of values,
+which every copy of the loaded tree would build).
+
+Each problem is a ``ValueError`` whose message says what is wrong; callers name the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 16 * 2**20
+"""Largest YAML file read (a config is a few kilobytes)."""
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists, aliases expanded."""
+MAX_VALUES = 100_000
+"""Most values (mappings, lists, scalars and keys), aliases expanded."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader whose composer stops at :data:`MAX_DEPTH` before Python's own
+    recursion limit does."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise ValueError(
+                    f"nested deeper than {MAX_DEPTH} levels (line "
+                    f"{self.peek_event().start_mark.line + 1})"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Count the values and depth of ``root`` as its aliases expand, without expanding them
+    (each node is measured once; a node that contains itself is refused)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        kids = _children(node)
+        if finished:
+            size[key] = 1 + sum(size[id(kid)] for kid in kids)
+            depth[key] = 1 + max((depth[id(kid)] for kid in kids), default=0)
+            entered.discard(key)
+            if size[key] > MAX_VALUES:
+                raise ValueError(
+                    f"more than {MAX_VALUES} values once its aliases (*name) are "
+                    f"expanded (line {node.start_mark.line + 1})"
+                )
+            if depth[key] > MAX_DEPTH:
+                raise ValueError(
+                    f"nested deeper than {MAX_DEPTH} levels once its aliases "
+                    f"(*name) are expanded (line {node.start_mark.line + 1})"
+                )
+            continue
+        if key in size:
+            continue
+        if key in entered:
+            raise ValueError(
+                f"an alias inside the value it names (line {node.start_mark.line + 1})"
+            )
+        entered.add(key)
+        stack.append((node, True))
+        stack.extend((kid, False) for kid in kids if id(kid) not in size)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML's safe loader reads it (None for an empty document), within
+    :data:`MAX_DEPTH` and :data:`MAX_VALUES`.
+
+    Raises:
+        ValueError: not YAML, or beyond those bounds.
+    """
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not valid YAML: {e}") from None
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml_text(path: Path) -> str:
+    """The text of the YAML file ``path``: UTF-8, at most :data:`MAX_BYTES`.
+
+    Raises:
+        ValueError: too large, or not UTF-8 (the first bad byte and its offset).
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES // 2**20} MiB: not a config")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): save it as UTF-8"
+        ) from None

@@ -1,0 +1,140 @@
+"""YAML asrforge reads from a file is bounded: an alias bomb, nesting past Python's recursion
+limit (directly or through a chain of aliases), an alias inside itself, a file not in UTF-8 or of
+gigabytes are each one line naming the file (exit code 2), in a second, for a config, a matrix
+file, and a checkpoint's or a run's config.yaml."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from asrforge.cli import main
+from asrforge.config import ConfigError, load_config
+from asrforge.config_yaml import MAX_DEPTH, MAX_VALUES, load_yaml, read_yaml_text
+
+
+def alias_bomb(levels: int = 9, fan: int = 9) -> str:
+    """``levels`` anchors, each a list of ``fan`` aliases of the one before: ``fan ** levels``
+    values once expanded, in a few hundred bytes."""
+    lines = [f"l0: &l0 [{', '.join(['lol'] * fan)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fan)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def alias_chain(n: int) -> str:
+    """Each anchor a list holding the one before: nested ``n`` deep once expanded, though no
+    line nests more than one level."""
+    return "c0: &c0 [0]\n" + "".join(f"c{i}: &c{i} [*c{i - 1}]\n" for i in range(1, n))
+
+
+BAD_YAML = {
+    "bomb": (alias_bomb(), f"more than {MAX_VALUES} values once its aliases"),
+    "wide-bomb": (alias_bomb(levels=4, fan=40), f"more than {MAX_VALUES} values"),
+    "flow-deep": ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", f"deeper than {MAX_DEPTH}"),
+    "block-deep": (
+        "".join("  " * i + f"k{i}:\n" for i in range(3000)) + "  " * 3000 + "v: 1\n",
+        f"deeper than {MAX_DEPTH}",
+    ),
+    "alias-chain": (alias_chain(2000), f"deeper than {MAX_DEPTH} levels once its aliases"),
+    "recursive": ("a: &a {b: *a}\n", "an alias inside the value it names"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_YAML))
+def test_bounded_yaml_refuses_in_a_second(name):
+    text, why = BAD_YAML[name]
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=why):
+        load_yaml(text)
+    assert time.perf_counter() - start < 5
+
+
+def test_aliases_within_the_bounds_load_as_yaml_does():
+    text = "base: &b {lr: 0.001, steps: [1, 2]}\nrun: *b\nruns: [*b, *b]\n"
+    assert load_yaml(text) == {
+        "base": {"lr": 0.001, "steps": [1, 2]},
+        "run": {"lr": 0.001, "steps": [1, 2]},
+        "runs": [{"lr": 0.001, "steps": [1, 2]}] * 2,
+    }
+    assert load_yaml("") is None
+    nested = "a: " + "[" * (MAX_DEPTH - 2) + "1" + "]" * (MAX_DEPTH - 2)
+    assert load_yaml(nested)["a"] is not None
+
+
+@pytest.mark.parametrize(
+    "data, offset",
+    [(b"seed: 1\nconfig_id: caf\xe9\n", 22), (b"\xff\xfeseed: 1\n", 0), (b"a: \xc3\n", 3)],
+)
+def test_a_config_not_in_utf8_names_its_first_bad_byte(tmp_path, data, offset):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=f"not UTF-8 text \\(byte 0x.. at offset {offset}\\)"):
+        read_yaml_text(path)
+    with pytest.raises(ConfigError, match="latin1.yaml") as e:
+        load_config(path)
+    assert "not UTF-8" in str(e.value)
+
+
+def test_a_huge_config_file_is_refused_unread(tmp_path, monkeypatch):
+    from asrforge import config_yaml
+
+    monkeypatch.setattr(config_yaml, "MAX_BYTES", 1000)
+    path = tmp_path / "big.yaml"
+    path.write_text("a: 1\n" * 1000)
+    with pytest.raises(ValueError, match="larger than"):
+        read_yaml_text(path)
+
+
+@pytest.mark.parametrize("name", ["bomb", "flow-deep", "alias-chain"])
+@pytest.mark.parametrize("command", ["train", "matrix", "config"])
+def test_the_cli_says_one_line_naming_the_file(tmp_path, capsys, name, command):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(BAD_YAML[name][0])
+    argv = {"train": ["train", str(path)], "matrix": ["matrix", str(path), "--dry-run"],
+            "config": ["config", "show", str(path)]}[command]  # fmt: skip
+    start = time.perf_counter()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(path) in err and BAD_YAML[name][1][:20] in err
+    assert time.perf_counter() - start < 10
+
+
+def test_a_checkpoints_config_yaml_is_bounded_too(tmp_path):
+    from asrforge.bundle.contents import read_train_config
+    from asrforge.checkpoint.resume import check_resume_config
+    from asrforge.errors import UserError
+
+    path = tmp_path / "config.yaml"
+    path.write_text(alias_bomb())
+    with pytest.raises(UserError, match="config.yaml: not a readable training config: more than"):
+        read_train_config(path)
+    path.write_bytes(b"seed: \xff\n")
+    with pytest.raises(UserError, match="not UTF-8"):
+        read_train_config(path)
+    with pytest.raises(UserError, match="config.yaml: more than"):
+        check_resume_config(None, alias_bomb(), tmp_path)  # refused before the config is used
+
+
+def test_a_checkpoints_config_yaml_not_in_utf8_is_refused_by_name(tmp_path):
+    import torch
+
+    from asrforge.checkpoint.manifest import write_manifest
+    from asrforge.checkpoint.training import (
+        CheckpointContents,
+        capture_rng_state,
+        load_training_checkpoint,
+        save_training_checkpoint,
+    )
+    from asrforge.errors import CheckpointCorruptError
+
+    ckpt = save_training_checkpoint(
+        tmp_path / "step-000001",
+        CheckpointContents(model={"w": torch.zeros(2)}, optimizer={}, scheduler={},
+                           rng=capture_rng_state(), train_state={"step": 1},
+                           config_yaml="seed: 0\n"),
+    )  # fmt: skip
+    (ckpt / "config.yaml").write_bytes(b"seed: 0\nconfig_id: \xe9t\xe9\n")
+    write_manifest(ckpt, {"step": 1})
+    with pytest.raises(CheckpointCorruptError, match="config.yaml: not UTF-8 text"):
+        load_training_checkpoint(ckpt)
