@@ -38,7 +38,8 @@ def run_guard(cfg, run_dir: Path, contents, model):
     )
     features = contents.inference.features.extractor()
     built = BuiltModel(model, contents.tokenizer, specials, features)
-    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
+    trained = contents.inference.trained_languages or contents.inference.languages
+    language = recorded_language(run_dir) or guard_language(cfg, trained)
     return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
 
 

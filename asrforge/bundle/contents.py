@@ -53,7 +53,12 @@ from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
-from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
+from asrforge.model.tokenizer import (
+    WHISPER_LANGUAGES,
+    SpecialTokens,
+    WhisperTokenizer,
+    load_tokenizer,
+)
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -165,10 +170,11 @@ def checkpoint_contents(
         state = lora.merged_state(cfg, tokenizer, in_memory(state), manifest[lora.BASE_KEY], ckpt)
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
-    languages, stats = None, None
+    trained, stats = None, None
     if scan_data:
-        languages, stats = _data_facts(cfg, specials, config, stats_utterances)
-    languages = languages or _languages_fallback(cfg, ckpt, specials)
+        trained, stats = _data_facts(cfg, specials, config, stats_utterances)
+    trained = trained or _languages_fallback(cfg, ckpt, specials)
+    languages = bundle_languages(cfg.model, base_gen, specials, trained)
     view = inference_view(cfg)
     view["model"].update({name: getattr(config, name) for name in MODEL_SHAPE})
     icfg = InferenceConfig.model_validate(
@@ -178,6 +184,7 @@ def checkpoint_contents(
             "weights": chosen,
             "multilingual": multilingual,
             "languages": languages,
+            "trained_languages": trained,
             "features": feature_config(config, stats).model_dump(),
             "source": source,
         }
@@ -438,7 +445,9 @@ def _data_facts(
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None
     langs = (
-        sorted({resolve_language(x, strict=False) for x in split["language"]}) if specials.multilingual else ["en"]
+        sorted({resolve_language(x, strict=False) for x in split["language"]})
+        if specials.multilingual
+        else ["en"]
     )
     keep = language_filter(cfg.data.languages)
     if keep is not None:
@@ -463,6 +472,27 @@ def _data_facts(
             mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
             stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
     return langs, stats
+
+
+def bundle_languages(
+    model: ModelConfig,
+    base_gen: GenerationConfig | None,
+    specials: SpecialTokens,
+    trained: list[str],
+) -> list[str]:
+    """The languages a bundle transcribes and detects among: a multilingual pretrained base's
+    own (its ``lang_to_id``, else its tokenizer's tokens of Whisper's languages), then the
+    trained ones it lacked; a model trained from scratch knows the trained ones only."""
+    if not specials.multilingual or model.pretrained is None:
+        return list(trained)
+    if base_gen is not None and getattr(base_gen, "lang_to_id", None):
+        base = [t.strip("<|>") for t in base_gen.lang_to_id]
+    else:
+        # the pretrained directory is gone: its tokenizer still holds the base's language tokens
+        base = [
+            c for c in WHISPER_LANGUAGES if c in specials.languages and c not in specials.token_of
+        ]
+    return [*base, *(c for c in trained if c not in base)]
 
 
 def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -> list[str]:
