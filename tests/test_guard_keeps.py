@@ -234,3 +234,22 @@ def test_the_refused_step_names_the_guard_s_metric():
     line = describe_refused(10, {**refused, "guard_metric": "wer"}, {"cer": 0.2},
                             before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
     assert "guard wer 0.3000" in line
+
+
+def test_export_within_guard_of_the_start_alone_says_no_fine_tuned_weights_are_there(
+    tmp_path, tones_dir, monkeypatch, capsys
+):
+    import shutil
+
+    from asrforge.cli import main
+
+    cfg = _refusing_run(tmp_path, tones_dir, monkeypatch, checkpoint={"after_run": "all"})
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    shutil.rmtree(root / "best-unguarded")  # best/ is step 0: the start, nothing learned
+    for source in (tmp_path / "run", root / "step-000000"):
+        out = tmp_path / f"bundle-{source.name}"
+        assert main(["export", str(source), "--within-guard", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "holds the starting weights (step 0)" in err
+        assert "no fine-tuned weights are there" in err and not out.exists()

@@ -170,7 +170,8 @@ def finetuned_checkpoint(source: Path) -> Path:
     ``checkpoints/best-unguarded`` when it has one, else what :func:`resolve_source` takes.
 
     Raises:
-        UserError: ``source`` is no checkpoint or run (a pretrained model has no start).
+        UserError: ``source`` is no checkpoint or run (a pretrained model has no start), or
+            what it resolves to holds the starting weights (step 0).
     """
     unguarded = source / CHECKPOINTS_DIR / UNGUARDED_DIR
     if (unguarded / MANIFEST_NAME).is_file():
@@ -179,6 +180,13 @@ def finetuned_checkpoint(source: Path) -> Path:
     kind, path = resolve_source(source)
     if kind != "checkpoint":
         raise UserError(f"--within-guard: {source} is not a training run or checkpoint")
+    # Interpolating the start with itself would export the start as "fine-tuned" weights.
+    if read_manifest(path).get("step") == 0:
+        raise UserError(
+            f"--within-guard: {path} holds the starting weights (step 0) and {source} has no "
+            f"checkpoints/{UNGUARDED_DIR}/: no fine-tuned weights are there to bring within the "
+            "guard; name a fine-tuned checkpoint (checkpoints/step-N) instead"
+        )
     return path
 
 
