@@ -732,6 +732,10 @@ class GuardConfig(Section):
     """Cap on generated tokens per guard window (the model's own limit applies too). Keep it
     above the longest transcript: a transcript cut at the cap ends at a different word whenever
     a spelling earlier in it changes, which would count as drift."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The precision the guard is measured in, the same at step 0, at every evaluation and in
+    ``export --within-guard``: the one the bundle ships in (its weights are fp32), whatever
+    ``train.precision`` autocasts the training in. Drift between precisions is not forgetting."""
 
 
 class EvalConfig(Section):

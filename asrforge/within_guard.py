@@ -72,10 +72,16 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     bundle = contents_to_bundle(contents)
     finetuned = check_same_start(contents.state, start, start_from)
     guard = run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
+    measured_in = (
+        guard.precision
+        if gate.precision is not None
+        else (f"{guard.precision}; the start was recorded without its precision")
+    )
     progress(
         f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
         f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
-        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}"
+        f"tolerance {gate.tolerance:g}, in {measured_in}) on {ckpt} interpolated with "
+        f"{start_from}"
     )
     share, figures = measure_interpolations(
         guard, gate, bundle.model, start, finetuned, shares, device=bundle.device

@@ -42,6 +42,9 @@ class GuardGate:
         self.start_transcripts: dict[str, str] = {}
         self.lid_start: float | None = None
         self.language_starts: dict[str, float] = {}
+        self.precision: str | None = None
+        """What the start was measured in (None: recorded by an older asrforge, which
+        measured it in the training's autocast)."""
 
     @property
     def started(self) -> bool:
@@ -54,11 +57,14 @@ class GuardGate:
         transcripts: Mapping[str, str],
         lid: float | None = None,
         language_starts: Mapping[str, float] | None = None,
+        precision: str | None = None,
     ) -> None:
         """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``), its
         transcript of each item (id -> text), its language-identification accuracy (None:
-        not measured) and each language's own figure (a guard of several languages)."""
+        not measured), each language's own figure (a guard of several languages) and the
+        precision it was measured in."""
         self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
+        self.precision = precision
         self.lid_start = None if lid is None else float(lid)
         self.language_starts = {k: float(v) for k, v in (language_starts or {}).items()}
 
@@ -100,8 +106,14 @@ class GuardGate:
             return False, f"{what}: never within tolerance"
         # The small margin absorbs float noise, so start + tolerance itself is within.
         if value > start + self.tolerance + 1e-12:
-            return False, f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}"
-        return True, f"{what} <= start {short_number(start)} + tolerance {short_number(self.tolerance)}"
+            return (
+                False,
+                f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}",
+            )
+        return (
+            True,
+            f"{what} <= start {short_number(start)} + tolerance {short_number(self.tolerance)}",
+        )
 
     @property
     def judges_lid(self) -> bool:
@@ -114,7 +126,9 @@ class GuardGate:
             raise RuntimeError("the guard judges no language identification (GuardGate.judges_lid)")
         value = math.nan if value is None else float(value)
         what = f"guard language-ID accuracy {short_number(value)}"
-        limits = f"start {short_number(self.lid_start)} - tolerance {short_number(self.lid_tolerance)}"
+        limits = (
+            f"start {short_number(self.lid_start)} - tolerance {short_number(self.lid_tolerance)}"
+        )
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The same margin as for the WER: start - tolerance itself is within.
@@ -132,6 +146,7 @@ class GuardGate:
             **({"lid_start": self.lid_start} if self.lid_start is not None else {}),
             # only a guard of several languages records each one's start
             **({"language_starts": dict(self.language_starts)} if self.language_starts else {}),
+            **({"precision": self.precision} if self.precision is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -139,6 +154,7 @@ class GuardGate:
         self.start_transcripts = dict(state.get("start_transcripts") or {})
         self.lid_start = state.get("lid_start")
         self.language_starts = dict(state.get("language_starts") or {})
+        self.precision = state.get("precision")
 
 
 def describe_refused(

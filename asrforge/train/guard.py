@@ -29,6 +29,9 @@ from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 from asrforge.train.guard_items import GuardItem, load_guard_items
 
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``eval.guard.precision`` -> the autocast dtype (fp32: no autocast)."""
+
 log = logging.getLogger("asrforge.train")
 
 
@@ -47,6 +50,8 @@ class Guard:
         language_ids: a multilingual model's language tokens (code -> id), to measure language
             identification on the items whose source gave their language; None: not measured.
         sot: the ``<|startoftranscript|>`` id (with ``language_ids``).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (``eval.guard.precision``): every
+            measurement autocasts to it, or runs in fp32.
     """
 
     def __init__(
@@ -62,8 +67,10 @@ class Guard:
         max_new_tokens: int,
         language_ids: Mapping[str, int] | None = None,
         sot: int | None = None,
+        precision: str = "fp32",
     ):
         self.items = list(items)
+        self.precision = precision
         self.language_ids = dict(language_ids or {})
         self.sot = sot
         self.lid_items = [
@@ -82,9 +89,17 @@ class Guard:
         self.features, self.tokenizer, self.prompt, self.eot = features, tokenizer, prompt, eot
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
 
+    def _autocast(self, device) -> contextlib.AbstractContextManager:
+        """The guard's own precision, whatever the caller autocasts in (fp32: autocast off)."""
+        kind = torch.device(device).type
+        if self.precision == "fp32":
+            return torch.autocast(kind, enabled=False)
+        return torch.autocast(kind, dtype=PRECISION_DTYPES[self.precision])
+
     @torch.no_grad()
-    def transcribe(self, model, *, device, autocast=None) -> list[str]:
-        """The model's greedy transcript of each item (model left in the mode it was in)."""
+    def transcribe(self, model, *, device) -> list[str]:
+        """The model's greedy transcript of each item in the guard's precision (model left in
+        the mode it was in)."""
         was_training = model.training
         model.eval()
         texts: list[str] = []
@@ -101,7 +116,7 @@ class Guard:
                     ]
                 ).astype(np.float32)
                 prompts = torch.tensor([self.prompt(i.language) for i in chunk], device=device)
-                with autocast() if autocast is not None else contextlib.nullcontext():
+                with self._autocast(device):
                     enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
                     seqs, _ = greedy_decode(model, enc, prompts, self.eot, self.max_new_tokens)
                     if self.lid_items:
@@ -159,19 +174,20 @@ class Guard:
             return [i.reference or "" for i in self.items]
         return [start_transcripts.get(i.id, "") for i in self.items]
 
-    def measure_start(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+    def measure_start(self, model, gate: GuardGate, *, device) -> dict:
         """Transcribe with the starting model and record the start in ``gate``. Returns the
         guard's metrics at step 0 (see :meth:`measure`)."""
-        hyps = self.transcribe(model, device=device, autocast=autocast)
+        hyps = self.transcribe(model, device=device)
         transcripts = {i.id: h for i, h in zip(self.items, hyps, strict=True)}
         start = self.score(hyps, gate) if self.kind == "wer" else 0.0
         lid = self.lid_accuracy()
         by_language = self.score_by_language(hyps, transcripts)
         language_starts = {language: value for language, (value, _) in by_language.items()}
-        gate.set_start(start, self.kind, transcripts, lid, language_starts)
+        gate.set_start(start, self.kind, transcripts, lid, language_starts, self.precision)
         log.info(
-            "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
+            "forgetting guard: %d item(s) in %s, %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
+            self.precision,
             f"{self.metric.upper()} against references"
             if self.kind == "wer"
             else f"drift ({self.metric.upper()}) against the starting model's transcripts",
@@ -194,7 +210,7 @@ class Guard:
         self.last_hyps = hyps
         return self.metrics(start, gate, lid, by_language)
 
-    def measure(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+    def measure(self, model, gate: GuardGate, *, device) -> dict:
         """The guard's metrics for ``model`` now: ``guard_wer`` (the value the selector judges),
         ``guard_start``, ``guard_tolerance``, ``guard_within`` (bool), ``guard_drift`` (bool: the
         value is drift, not WER against references) and ``guard_n``."""
@@ -203,7 +219,12 @@ class Guard:
                 f"eval.guard: the run started with a {gate.kind} guard, this config "
                 f"measures {self.kind}; resume with the same eval.guard"
             )
-        hyps = self.transcribe(model, device=device, autocast=autocast)
+        if gate.precision is not None and gate.precision != self.precision:
+            raise UserError(
+                f"eval.guard.precision: the guard's start was measured in {gate.precision}, "
+                f"this config measures in {self.precision}; measure it as it started"
+            )
+        hyps = self.transcribe(model, device=device)
         self.last_hyps = hyps
         by_language = self.score_by_language(hyps, gate.start_transcripts)
         return self.metrics(self.score(hyps, gate), gate, self.lid_accuracy(), by_language)
@@ -444,6 +465,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         max_new_tokens=gcfg.max_new_tokens,
         language_ids=language_ids if gcfg.lid_tolerance is not None else None,
         sot=specials.sot,
+        precision=gcfg.precision,
     )
 
 

@@ -207,9 +207,7 @@ class TrainingRun:
                 "without eval.guard); remove eval.guard to resume it"
             )
         with whole_weights(self.model):
-            self.guard_at_start = self.guard.measure_start(
-                self.whisper, gate, device=acc.device, autocast=acc.autocast
-            )
+            self.guard_at_start = self.guard.measure_start(self.whisper, gate, device=acc.device)
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
             self.guard.write_records(setup.output_dir, self.state.step, gate)
@@ -489,9 +487,7 @@ class TrainingRun:
                 # The starting model's own guard figures: drift 0 by definition.
                 guard_metrics = self.guard_at_start
             elif self.guard is not None:
-                guard_metrics = self.guard.measure(
-                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
-                )
+                guard_metrics = self.guard.measure(whisper, setup.selector.guard, device=acc.device)
         self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
         metrics, preds = gather_eval(acc, metrics, preds)
         metrics.update(
