@@ -160,3 +160,18 @@ def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatc
     windows = [window("ok", 1.0)]
     guard_module.attach_model_references(bundle, windows, 4, 8)
     assert windows[0].text == "hello"
+
+
+def test_clip_paths_are_relative_to_the_manifest_whatever_directory_built_it(
+    tmp_path, clips, monkeypatch
+):
+    dirs = by_language(tmp_path, clips)
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "elsewhere" / "deeper")
+    english = Path("../..") / dirs["en"].relative_to(tmp_path)  # as given, from here
+    assert main(["guard", "build", str(english), "--language", "en", "--out", "../guard"]) == 0
+    out = tmp_path / "elsewhere" / "guard"
+    monkeypatch.chdir(tmp_path)  # read from another directory
+    named = [out / clip for row in manifest(out) for clip in row["clips"]]
+    assert sorted(p.resolve() for p in named) == sorted(p.resolve() for p in dirs["en"].iterdir())
+

@@ -145,7 +145,7 @@ def checkpoint_contents(
 
     has_ema = has_weights(files, EMA_STEM)
     chosen = weights or ("ema" if has_ema else "raw")
-    source: dict[str, Any] = {"checkpoint": str(ckpt), "step": manifest.get("step")}
+    source: dict[str, Any] = {"checkpoint": str(ckpt.absolute()), "step": manifest.get("step")}
     source["metrics"] = manifest.get("metrics") or {}
     if chosen == "ema":
         if not has_ema:
@@ -237,7 +237,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
             "multilingual": multilingual,
             "languages": languages,
             "features": feature_config(config).model_dump(),
-            "source": {"pretrained": str(hf_dir)},
+            "source": {"pretrained": str(hf_dir.absolute())},
         }
     )
     generation = generation_config(base_gen, config, specials, icfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,8 +262,10 @@ def write_guard_set(out: Path, windows: Sequence[GuardWindow]) -> Path:
         rows = []
         for w in windows:
             sf.write(tmp / f"{w.id}.wav", w.wave, SAMPLE_RATE, subtype="PCM_16")
+            # Relative to the manifest, as its audio is: valid whatever directory reads it.
+            clips = [os.path.relpath(c.path.absolute(), out.absolute()) for c in w.clips]
             row = {"id": w.id, "audio": f"{w.id}.wav", "language": w.language,
-                   "duration": round(w.seconds, 3), "clips": [str(c.path) for c in w.clips]}  # fmt: skip
+                   "duration": round(w.seconds, 3), "clips": clips}  # fmt: skip
             if w.text is not None:
                 row["text"] = w.text
             rows.append(json.dumps(row, ensure_ascii=False))

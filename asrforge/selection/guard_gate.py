@@ -10,6 +10,12 @@ from typing import Any
 from asrforge.selection.policies import format_metrics, short_number
 
 
+def within(value: float, start: float, tolerance: float) -> bool:
+    """The rule every guard figure is held to: ``value <= start + tolerance`` (nan: never)."""
+    # The small margin absorbs float noise, so start + tolerance itself is within.
+    return math.isfinite(value) and value <= start + tolerance + 1e-12
+
+
 class GuardGate:
     """The forgetting guard's rule: a save needs ``guard_wer <= start + tolerance``.
 
@@ -104,8 +110,7 @@ class GuardGate:
         what = f"{what} {short_number(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
-        # The small margin absorbs float noise, so start + tolerance itself is within.
-        if value > start + self.tolerance + 1e-12:
+        if not within(value, start, self.tolerance):
             return (
                 False,
                 f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}",
@@ -188,10 +193,10 @@ def describe_refused(
         for language, figure in (refused.get("guard_languages") or {}).items()
         if not figure["within"]
     }
-    wer_refused = (
-        not (lid_refused or languages_refused)
-        or refused.get("guard_wer", 0.0)
-        > refused.get("guard_start", 0.0) + refused.get("guard_tolerance", 0.0) + 1e-12
+    wer_refused = not (lid_refused or languages_refused) or not within(
+        refused.get("guard_wer", 0.0),
+        refused.get("guard_start", 0.0),
+        refused.get("guard_tolerance", 0.0),
     )
     if "guard_wer" in refused and wer_refused:
         # a guard with references names its metric: CER for unspaced scripts, else WER
@@ -226,15 +231,15 @@ WITHIN_GUARD_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 def largest_share_within(
     measure: Callable[[float], Mapping[str, Any]], shares: Iterable[float], gate: GuardGate
-) -> tuple[float | None, list[tuple[float, float]]]:
+) -> tuple[float | None, list[tuple[float, Mapping[str, Any]]]]:
     """The largest of ``shares`` whose guard metrics (``measure(share)``, the guard's metrics of
     the weights interpolated with that share of the fine-tuned ones) ``gate`` accepts, and the
-    ``(share, guard_wer)`` pairs measured. Shares are measured largest first, up to the first
+    ``(share, metrics)`` pairs measured. Shares are measured largest first, up to the first
     accepted one (None: none is within the tolerance)."""
     figures = []
     for share in sorted(set(shares), reverse=True):
         metrics = measure(share)
-        figures.append((share, metrics["guard_wer"]))
+        figures.append((share, metrics))
         if gate.check(metrics)[0]:
             return share, figures
     return None, figures

@@ -24,7 +24,7 @@ from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.selection.groups import run_language
-from asrforge.selection.guard_gate import GuardGate, largest_share_within
+from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 from asrforge.train.guard_items import GuardItem, load_guard_items
@@ -312,9 +312,9 @@ def measure_interpolations(
     shares: Sequence[float],
     *,
     device,
-) -> tuple[float | None, list[tuple[float, float]]]:
+) -> tuple[float | None, list[tuple[float, dict]]]:
     """The largest share of the fine-tuned weights, interpolated with the starting ones, whose
-    guard stays within ``gate``'s tolerance, and the ``(share, guard figure)`` pairs measured
+    guard stays within ``gate``'s tolerance, and the ``(share, guard metrics)`` pairs measured
     (:func:`asrforge.selection.guard_gate.largest_share_within`). ``model`` is loaded with each candidate
     in turn (left with the last one measured)."""
 
@@ -409,7 +409,9 @@ def log_text(metrics: dict) -> str:
         return ""
     metric = metrics.get("guard_metric", "wer")
     kind = f"drift ({metric})" if metrics["guard_drift"] else metric
-    verdict = "within" if metrics["guard_within"] else "OUTSIDE"
+    # The pooled figure's own verdict: a language or the language ID may refuse alone.
+    pooled = within(metrics["guard_wer"], metrics["guard_start"], metrics["guard_tolerance"])
+    verdict = "within" if pooled else "OUTSIDE"
     lid = ""
     if "guard_lid" in metrics:
         lid = (
@@ -424,6 +426,14 @@ def log_text(metrics: dict) -> str:
             + ")"
             for language, f in metrics["guard_languages"].items()
         )
+    refused_by = [
+        language
+        for language, f in (metrics.get("guard_languages") or {}).items()
+        if not f["within"]
+    ]
+    if pooled and not metrics["guard_within"]:
+        lid_outside = "language ID" if "guard_lid" in metrics and not refused_by else ""
+        languages += f"; OUTSIDE by {', '.join(refused_by) or lid_outside or 'another figure'}"
     return (
         f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
         f"{verdict} tolerance {metrics['guard_tolerance']:g}){lid}{languages}"
