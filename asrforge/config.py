@@ -633,7 +633,13 @@ class TrainLoopConfig(Section):
     """Stop after this many passes over the training split (``max_steps`` still caps the run);
     null: no epoch limit."""
     grad_accum: int = Field(default=1, gt=0)
-    """Micro-batches per optimizer step."""
+    """Micro-batches per optimizer step, on each process."""
+    keep_global_batch: bool = True
+    """On ``--resume``: keep the checkpoint's global batch (micro-batches a step on all
+    processes together, times ``data.batch_size``) on another number of processes, or after a
+    change of ``grad_accum``, by setting ``grad_accum`` to what keeps it (said at start); a
+    resume where none does is refused. ``false``: this config's ``grad_accum`` as it is,
+    whatever global batch that makes (said at start)."""
     precision: Literal["auto", "no", "fp32", "fp16", "bf16"] = "auto"
     """Autocast dtype; ``no`` and ``fp32``: none, full precision. ``auto``: bf16 on GPUs that
     support it, fp16 with dynamic loss scaling on other GPUs; on a CPU, bf16 only when it has
