@@ -175,3 +175,30 @@ def test_clip_paths_are_relative_to_the_manifest_whatever_directory_built_it(
     named = [out / clip for row in manifest(out) for clip in row["clips"]]
     assert sorted(p.resolve() for p in named) == sorted(p.resolve() for p in dirs["en"].iterdir())
 
+
+def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix(
+    tmp_path, clips, tones_dir, capsys
+):
+    from asrforge.model.build import build_model, build_tokenizer
+
+    base = tiny_config(tmp_path / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    model = tmp_path / "tiny"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
+    tokenizer.save_pretrained(str(model))
+    dirs = by_language(tmp_path, clips[:16])
+    refs = tmp_path / "english.tsv"
+    english = sorted(dirs["en"].iterdir())
+    refs.write_text("".join(f"{p}\tspoken words {k}\ten\n" for k, p in enumerate(english)))
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--language", "en",
+            "--language", "es", "--references", str(refs), "--model", str(model),
+            "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = manifest(out)
+    given = [r for r in rows if r["language"] == "en"]
+    heard = [r for r in rows if r["language"] == "es"]
+    assert given and heard and all(r.get("text") for r in rows)
+    assert all(r["text"].startswith("spoken words") for r in given)  # the file's, kept
+    assert not any("spoken words" in r["text"] for r in heard)  # the model's
+    assert f"({len(given)} from --references, {len(heard)} from --model)" in capsys.readouterr().out

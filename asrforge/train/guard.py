@@ -507,14 +507,15 @@ def guard_transcripts(
 
 def attach_model_references(bundle, windows: Sequence[GuardWindow], batch_size: int,
                             max_new_tokens: int) -> None:  # fmt: skip
-    """Give each recording of a guard set the starting model's transcript as its reference
-    (``asrforge guard build --model``).
+    """Give each recording of a guard set without a reference the starting model's transcript
+    as its reference (``asrforge guard build --model``; those ``--references`` gave keep theirs).
 
     Raises:
         UserError: a recording the model cannot give a reference (longer than its window, or
             an empty transcript), naming them: with references on only some recordings the
             guard would measure drift under ``mode: auto`` and be refused under ``mode: wer``.
     """
+    windows = [w for w in windows if w.text is None]
     if bundle.specials.multilingual and any(w.language is None for w in windows):
         raise UserError("--model is multilingual: give the clips' --language to "
                         "transcribe them in")  # fmt: skip
