@@ -210,3 +210,30 @@ def test_trials_are_ordinary_training_runs(tmp_path, config):
         assert saved["optim"]["lr"] == t["params"]["optim.lr"] and saved["seed"] == 0
         end = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
         assert end["event"] == "train_end" and t["value"] == end["best"]["loss"]
+
+
+def test_two_launchers_on_one_root_never_leave_an_older_search_json_last(tmp_path, config):
+    import threading
+
+    plan = load_matrix(search_file(tmp_path, config))
+    first, second = Search(plan), Search(plan)  # two launchers sharing the root
+    mine, theirs = first.draw(1)[0], second.draw(1)[0]
+    first.done(mine, {"best": {"loss": 1.0}})
+    read, others = first.summary, []
+
+    def read_then_the_other_finishes():
+        summary = read()  # the other launcher's trial still runs in this reading
+        other = threading.Thread(
+            target=lambda: (second.done(theirs, {"best": {"loss": 0.5}}), second.write_summary())
+        )
+        other.start()
+        other.join(0.5)  # it may write now, between this reading and this write
+        others.append(other)
+        return summary
+
+    first.summary = read_then_the_other_finishes
+    first.write_summary()
+    others[0].join()
+    written = json.loads((plan.root / "search.json").read_text())["en"]
+    assert [t["state"] for t in written["trials"]] == ["complete", "complete"]
+    assert written["best"] == 1  # the other launcher's trial, told last
