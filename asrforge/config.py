@@ -744,6 +744,33 @@ class GuardConfig(Section):
     ``train.precision`` autocasts the training in. Drift between precisions is not forgetting."""
 
 
+class NormalizerConfig(Section):
+    """How references and hypotheses are normalized before WER and CER (each evaluation, the
+    selection that judges by them, ``asrforge evaluate``): Whisper's normalizers (English's, a
+    basic one for every other language), with two of their options. The metrics name the
+    options in force (``normalizer``)."""
+
+    remove_diacritics: bool = False
+    """Strip accents and other combining marks, and write ``œ ø æ ß ð þ ł`` as ASCII, in every
+    language (Whisper's basic normalizer with ``remove_diacritics``), so references written
+    without accents are not scored as errors. English's normalizer strips them already."""
+    numbers: Literal["standard", "as_written"] = "standard"
+    """``standard``: English spoken numbers are rewritten as digits ("twenty five" -> "25", as
+    Whisper's English normalizer does), other languages' numbers stay as written;
+    ``as_written``: numbers stay as written in every language, English too, so the model is
+    scored on writing them as the references do."""
+
+    @property
+    def name(self) -> str:
+        """``whisper``, or ``whisper`` and the options changed (``whisper, no diacritics``)."""
+        parts = ["whisper"]
+        if self.remove_diacritics:
+            parts.append("no diacritics")
+        if self.numbers == "as_written":
+            parts.append("numbers as written")
+        return ", ".join(parts)
+
+
 class EvalConfig(Section):
     """When and how the validation split is evaluated."""
 
@@ -788,6 +815,8 @@ class EvalConfig(Section):
 
     guard: GuardConfig | None = None
     """The forgetting guard (see GuardConfig); null: none."""
+    normalizer: NormalizerConfig = Field(default_factory=NormalizerConfig)
+    """How transcripts are normalized before WER and CER (see NormalizerConfig)."""
 
 
 class PolicyGroup(Section):

@@ -101,6 +101,8 @@ TRAINING_ONLY: Split = {
         "longform_max_seconds": ALL,
         "longform_chunking": ALL,
         "guard": ALL,
+        # how the run's evaluations scored; asrforge evaluate takes its own options
+        "normalizer": ALL,
     },
 }
 """Fields of ``TrainConfig`` an exported model does not need."""

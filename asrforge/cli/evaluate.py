@@ -12,6 +12,7 @@ from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, 
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.config import NormalizerConfig
 from asrforge.data.sources import reads_whole
 from asrforge.text.metrics import strict_json_metrics
 
@@ -38,6 +39,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument(
+        "--remove-diacritics",
+        action="store_true",
+        help="score without accents and other combining marks, in every language (as "
+        "eval.normalizer.remove_diacritics)",
+    )
+    p.add_argument(
+        "--numbers",
+        choices=["standard", "as_written"],
+        default="standard",
+        help="standard: English spoken numbers read as digits (Whisper's normalizer); "
+        "as_written: numbers scored as written, in every language (as eval.normalizer.numbers)",
+    )
     p.add_argument(
         "--predictions",
         type=Path,
@@ -115,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     data = attempt(lambda: data_options(args), problems)
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
+    normalizer = NormalizerConfig(remove_diacritics=args.remove_diacritics, numbers=args.numbers)
     metrics, preds, report = evaluate_split(
         bundle,
         data,
@@ -124,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         max_samples=args.max_samples,
         beam_size=args.beam_size,
         fusion=fusion,
+        normalizer=normalizer,
     )
     if args.longform_items:
         from asrforge.evaluation.longform import evaluate_split_longform
@@ -147,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         from asrforge.io.atomic import atomic_write_text
 
         lines = [
-            json.dumps(r, ensure_ascii=False) for r in prediction_records(preds, bundle.specials)
+            json.dumps(r, ensure_ascii=False)
+            for r in prediction_records(preds, bundle.specials, normalizer)
         ]
         atomic_write_text(args.predictions, "".join(f"{line}\n" for line in lines))
     language = language_line(bundle.specials.multilingual)
@@ -171,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(format_table(metrics))
         print(language)
+        print(f"normalizer: {metrics['normalizer']}")
         if args.predictions is not None:
             print(f"predictions: {len(preds)} utterance(s) in {args.predictions}")
         if args.longform_items:

@@ -52,6 +52,7 @@ class Guard:
         sot: the ``<|startoftranscript|>`` id (with ``language_ids``).
         precision: ``fp32``, ``bf16`` or ``fp16`` (``eval.guard.precision``): every
             measurement autocasts to it, or runs in fp32.
+        normalizer: how transcripts are normalized before scoring (``eval.normalizer``).
     """
 
     def __init__(
@@ -68,9 +69,11 @@ class Guard:
         language_ids: Mapping[str, int] | None = None,
         sot: int | None = None,
         precision: str = "fp32",
+        normalizer=None,
     ):
         self.items = list(items)
         self.precision = precision
+        self.normalizer = normalizer
         self.language_ids = dict(language_ids or {})
         self.sot = sot
         self.lid_items = [
@@ -151,7 +154,8 @@ class Guard:
         """The error rate (:attr:`metric`) of ``hyps`` against the references (``wer``) or the
         start's transcripts (``drift``), on normalized text."""
         refs = self._references(gate.start_transcripts)
-        return _wer(refs, list(hyps), [i.language for i in self.items], self.metric)
+        languages = [i.language for i in self.items]
+        return _wer(refs, list(hyps), languages, self.metric, self.normalizer)
 
     def score_by_language(
         self, hyps: Sequence[str], start_transcripts: Mapping[str, str]
@@ -164,7 +168,11 @@ class Guard:
             mine = [k for k, i in enumerate(self.items) if i.language == language]
             metric = guard_metric([language])
             value = _wer(
-                [refs[k] for k in mine], [hyps[k] for k in mine], [language] * len(mine), metric
+                [refs[k] for k in mine],
+                [hyps[k] for k in mine],
+                [language] * len(mine),
+                metric,
+                self.normalizer,
             )
             figures[language] = (value, metric)
         return figures
@@ -382,9 +390,10 @@ def guard_metric(languages: Sequence[str]) -> str:
     return "cer" if metrics == {"cer"} else "wer"
 
 
-def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer") -> float:
-    r = [normalize(x, lang) for x, lang in zip(refs, languages, strict=True)]
-    h = [normalize(x, lang) for x, lang in zip(hyps, languages, strict=True)]
+def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer",
+         normalizer=None) -> float:  # fmt: skip
+    r = [normalize(x, lang, normalizer) for x, lang in zip(refs, languages, strict=True)]
+    h = [normalize(x, lang, normalizer) for x, lang in zip(hyps, languages, strict=True)]
     # As the evaluation does, CER counts characters and ignores the spaces between phrases.
     if metric == "cer":
         return float(error_rates(r, h, languages[0], normalized=True)["cer"])
@@ -476,6 +485,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         language_ids=language_ids if gcfg.lid_tolerance is not None else None,
         sot=specials.sot,
         precision=gcfg.precision,
+        normalizer=cfg.eval.normalizer,
     )
 
 

@@ -482,6 +482,7 @@ class TrainingRun:
                 device=acc.device,
                 autocast=acc.autocast,
                 beam_size=self.cfg.eval.beam_size,
+                normalizer=self.cfg.eval.normalizer,
             )
             if self.guard is not None and self.state.step == 0 and self.guard_at_start:
                 # The starting model's own guard figures: drift 0 by definition.
@@ -489,7 +490,7 @@ class TrainingRun:
             elif self.guard is not None:
                 guard_metrics = self.guard.measure(whisper, setup.selector.guard, device=acc.device)
         self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
-        metrics, preds = gather_eval(acc, metrics, preds)
+        metrics, preds = gather_eval(acc, metrics, preds, self.cfg.eval.normalizer)
         metrics.update(
             run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
         )
