@@ -53,12 +53,7 @@ from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
-from asrforge.model.tokenizer import (
-    WHISPER_LANGUAGES,
-    SpecialTokens,
-    WhisperTokenizer,
-    load_tokenizer,
-)
+from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -217,12 +212,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
     base_gen = None
     if (hf_dir / "generation_config.json").is_file():
         base_gen = GenerationConfig.from_pretrained(str(hf_dir), local_files_only=True)
-    if not multilingual:
-        languages = ["en"]
-    elif base_gen is not None and getattr(base_gen, "lang_to_id", None):
-        languages = [t.strip("<|>") for t in base_gen.lang_to_id]
-    else:
-        languages = list(specials.languages)
+    languages = bundle_languages(ModelConfig(pretrained=hf_dir), base_gen, specials, ["en"])
     icfg = InferenceConfig.model_validate(
         {
             "config_id": hf_dir.name,
@@ -481,17 +471,18 @@ def bundle_languages(
     trained: list[str],
 ) -> list[str]:
     """The languages a bundle transcribes and detects among: a multilingual pretrained base's
-    own (its ``lang_to_id``, else its tokenizer's tokens of Whisper's languages), then the
-    trained ones it lacked; a model trained from scratch knows the trained ones only."""
-    if not specials.multilingual or model.pretrained is None:
+    own (its ``lang_to_id``, else every language its tokenizer has a token of its own for), then
+    the trained ones it lacked; a model trained from scratch knows the trained ones only, an
+    English-only one English."""
+    if not specials.multilingual:
+        return ["en"]
+    if model.pretrained is None:
         return list(trained)
     if base_gen is not None and getattr(base_gen, "lang_to_id", None):
         base = [t.strip("<|>") for t in base_gen.lang_to_id]
     else:
-        # the pretrained directory is gone: its tokenizer still holds the base's language tokens
-        base = [
-            c for c in WHISPER_LANGUAGES if c in specials.languages and c not in specials.token_of
-        ]
+        # no generation config (the pretrained directory is gone): the tokenizer's own tokens
+        base = [c for c in specials.languages if c not in specials.token_of]
     return [*base, *(c for c in trained if c not in base)]
 
 

@@ -39,8 +39,6 @@ WHISPER_SPECIALS = [
     "<|nospeech|>",
     "<|notimestamps|>",
 ]
-WHISPER_LANGUAGES = tuple(LANGUAGES)
-"""The codes of the languages Whisper has a token for, in its order."""
 FALLBACK_TOKENS = {"yue": "zh"}
 """Language -> the language whose token decodes it when the tokenizer has none of its own:
 Whisper before large-v3 has no ``<|yue|>`` and learned Cantonese under ``<|zh|>``."""
@@ -82,16 +80,11 @@ def train_bpe_tokenizer(
     if len(usable) < len(texts):  # the data set skips the same rows as "empty text"
         log.warning(
             "tokenizer: %d of %d transcripts are empty or missing; trained on the other %d",
-            len(texts) - len(usable),
-            len(texts),
-            len(usable),
+            len(texts) - len(usable), len(texts), len(usable),
         )
     bpe = ByteLevelBPETokenizer(add_prefix_space=False)
     bpe.train_from_iterator(
-        usable,
-        vocab_size=vocab_size,
-        min_frequency=2,
-        show_progress=False,
+        usable, vocab_size=vocab_size, min_frequency=2, show_progress=False,
         special_tokens=[EOT],
     )
     state = json.loads(bpe._tokenizer.to_str())["model"]  # the trained vocab and merges
