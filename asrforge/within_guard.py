@@ -73,11 +73,9 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     bundle = contents_to_bundle(contents)
     finetuned = check_same_start(contents.state, start, start_from)
     guard = run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
-    measured_in = (
-        guard.precision
-        if gate.precision is not None
-        else (f"{guard.precision}; the start was recorded without its precision")
-    )
+    measured_in = guard.precision
+    if gate.precision is None:  # an older run's start, measured in its training's autocast
+        measured_in += "; the start was recorded without its precision"
     progress(
         f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
         f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "

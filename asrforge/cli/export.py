@@ -156,17 +156,10 @@ def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
     from asrforge.within_guard import export_within_guard
 
     out, facts, gate = export_within_guard(
-        args.source,
-        args.weights,
-        shares,
-        args.out,
-        args.fmt,
-        lm=args.lm,
-        ct2_quantization=args.quantization,
-        max_shard_size=shard_size,
-        progress=lambda line: print(line, file=sys.stderr),
-        say=print,
-    )
+        args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,
+        ct2_quantization=args.quantization, max_shard_size=shard_size,
+        progress=lambda line: print(line, file=sys.stderr), say=print,
+    )  # fmt: skip
     share = facts["share"]
     _print_written(args, out)
     print(
