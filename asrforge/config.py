@@ -650,7 +650,13 @@ class TrainLoopConfig(Section):
     """Stop after this many passes over the training split (``max_steps`` still caps the run);
     null: no epoch limit."""
     grad_accum: int = Field(default=1, gt=0)
-    """Micro-batches per optimizer step."""
+    """Micro-batches per optimizer step, on each process."""
+    keep_global_batch: bool = True
+    """On ``--resume``: keep the checkpoint's global batch (micro-batches a step on all
+    processes together, times ``data.batch_size``) on another number of processes, or after a
+    change of ``grad_accum``, by setting ``grad_accum`` to what keeps it (said at start); a
+    resume where none does is refused. ``false``: this config's ``grad_accum`` as it is,
+    whatever global batch that makes (said at start)."""
     precision: Literal["auto", "no", "fp32", "fp16", "bf16"] = "auto"
     """Autocast dtype; ``no`` and ``fp32``: none, full precision. ``auto``: bf16 on GPUs that
     support it, fp16 with dynamic loss scaling on other GPUs; on a CPU, bf16 only when it has
@@ -749,6 +755,37 @@ class GuardConfig(Section):
     """Cap on generated tokens per guard window (the model's own limit applies too). Keep it
     above the longest transcript: a transcript cut at the cap ends at a different word whenever
     a spelling earlier in it changes, which would count as drift."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The precision the guard is measured in, the same at step 0, at every evaluation and in
+    ``export --within-guard``: the one the bundle ships in (its weights are fp32), whatever
+    ``train.precision`` autocasts the training in. Drift between precisions is not forgetting."""
+
+
+class NormalizerConfig(Section):
+    """How references and hypotheses are normalized before WER and CER (each evaluation, the
+    selection that judges by them, ``asrforge evaluate``): Whisper's normalizers (English's, a
+    basic one for every other language), with two of their options. The metrics name the
+    options in force (``normalizer``)."""
+
+    remove_diacritics: bool = False
+    """Strip accents and other combining marks, and write ``œ ø æ ß ð þ ł`` as ASCII, in every
+    language (Whisper's basic normalizer with ``remove_diacritics``), so references written
+    without accents are not scored as errors. English's normalizer strips them already."""
+    numbers: Literal["standard", "as_written"] = "standard"
+    """``standard``: English spoken numbers are rewritten as digits ("twenty five" -> "25", as
+    Whisper's English normalizer does), other languages' numbers stay as written;
+    ``as_written``: numbers stay as written in every language, English too, so the model is
+    scored on writing them as the references do."""
+
+    @property
+    def name(self) -> str:
+        """``whisper``, or ``whisper`` and the options changed (``whisper, no diacritics``)."""
+        parts = ["whisper"]
+        if self.remove_diacritics:
+            parts.append("no diacritics")
+        if self.numbers == "as_written":
+            parts.append("numbers as written")
+        return ", ".join(parts)
 
 
 class EvalConfig(Section):
@@ -795,6 +832,8 @@ class EvalConfig(Section):
 
     guard: GuardConfig | None = None
     """The forgetting guard (see GuardConfig); null: none."""
+    normalizer: NormalizerConfig = Field(default_factory=NormalizerConfig)
+    """How transcripts are normalized before WER and CER (see NormalizerConfig)."""
 
 
 class PolicyGroup(Section):

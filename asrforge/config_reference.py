@@ -140,8 +140,9 @@ def render_markdown(model: type[BaseModel] = TrainConfig) -> str:
 
 
 def render_resolved(cfg: TrainConfig) -> str:
-    """The resolved config, every default filled in, as the YAML a run would record."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    """The resolved config, every default filled in, as the YAML a run would record: under
+    ``model.pretrained`` the shape fields left unset are the pretrained model's, not shown."""
+    return yaml.safe_dump(cfg.to_plain(), sort_keys=False, allow_unicode=True)
 
 
 def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, str]:

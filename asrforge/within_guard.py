@@ -24,6 +24,7 @@ from asrforge.selection.guard_gate import GuardGate
 from asrforge.train.guard import (
     build_guard,
     guard_language,
+    log_text,
     measure_interpolations,
     recorded_gate,
     recorded_language,
@@ -38,7 +39,8 @@ def run_guard(cfg, run_dir: Path, contents, model):
     )
     features = contents.inference.features.extractor()
     built = BuiltModel(model, contents.tokenizer, specials, features)
-    language = recorded_language(run_dir) or guard_language(cfg, contents.inference.languages)
+    trained = contents.inference.trained_languages or contents.inference.languages
+    language = recorded_language(run_dir) or guard_language(cfg, trained)
     return build_guard(cfg, built, language=language, window_seconds=window_seconds(model.config))
 
 
@@ -71,40 +73,66 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     bundle = contents_to_bundle(contents)
     finetuned = check_same_start(contents.state, start, start_from)
     guard = run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
+    measured_in = guard.precision
+    if gate.precision is None:  # an older run's start, measured in its training's autocast
+        measured_in += "; the start was recorded without its precision"
     progress(
         f"asrforge: measuring the forgetting guard ({len(guard.items)} item(s), "
         f"{'drift' if gate.kind == 'drift' else guard.metric}, start {gate.start:.4f}, "
-        f"tolerance {gate.tolerance:g}) on {ckpt} interpolated with {start_from}"
+        f"tolerance {gate.tolerance:g}, in {measured_in}) on {ckpt} interpolated with "
+        f"{start_from}"
     )
     share, figures = measure_interpolations(
         guard, gate, bundle.model, start, finetuned, shares, device=bundle.device
     )
-    for a, value in figures:
-        verdict = "within" if a == share else "outside"
-        say(f"  share {a:g}: guard {value:.4f} ({verdict} {gate.start:.4f} + {gate.tolerance:g})")
+    for a, metrics in figures:
+        why = gate.check(metrics)[1]
+        say(f"  share {a:g}: {'within' if a == share else 'outside'}: {why};{log_text(metrics)}")
     if share is None:
         raise UserError(
             f"--within-guard: no share of {ckpt}'s weights in {', '.join(f'{a:g}' for a in shares)} "
-            f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g}; "
-            "nothing was exported (try smaller --shares)"
+            f"keeps the guard within start {gate.start:.4f} + tolerance {gate.tolerance:g} "
+            f"(share {figures[-1][0]:g}: {gate.check(figures[-1][1])[1]}); nothing was exported "
+            "(try smaller --shares)"
         )
+    chosen = dict(figures)[share]
     facts = {
         "share": share,
-        "finetuned": str(ckpt),
+        "finetuned": str(ckpt.absolute()),
         "start": start_from,
         "guard_kind": gate.kind,
         "guard_start": gate.start,
         "guard_tolerance": gate.tolerance,
-        "guard": dict(figures)[share],
-        "measured": [{"share": a, "guard": v} for a, v in figures],
+        "guard_precision": guard.precision,
+        "guard": chosen["guard_wer"],
+        "measured": [measured_share(a, metrics, gate) for a, metrics in figures],
     }
     written = export_interpolated(
         contents,
         interpolate_weights(start, finetuned, share),
         facts,
+        guard_figures(chosen),
         out,
         fmt,
         ct2_quantization=ct2_quantization,
         max_shard_size=max_shard_size,
     )
     return written, facts, gate
+
+
+def guard_figures(metrics: dict) -> dict:
+    """The guard's figures of one measured share (``guard_*``: pooled, each language's, the
+    language ID), as a bundle's ``source.metrics`` records what was measured of its weights."""
+    return {k: v for k, v in metrics.items() if k.startswith("guard_")}
+
+
+def measured_share(share: float, metrics: dict, gate: GuardGate) -> dict:
+    """One share's entry of ``source.within_guard.measured``: its pooled figure, whether the gate
+    took it and why, and each language's own figures (a guard of several languages)."""
+    within, why = gate.check(metrics)
+    entry = {"share": share, "guard": metrics["guard_wer"], "within": within, "why": why}
+    if "guard_languages" in metrics:
+        entry["languages"] = metrics["guard_languages"]
+    if "guard_lid" in metrics:
+        entry["lid"] = metrics["guard_lid"]
+    return entry

@@ -60,6 +60,17 @@ def test_show_prints_the_resolved_config_with_overrides_and_defaults(capsys):
     assert load_config(data=shown) == load_config(path, ["optim.lr=2e-4"])
 
 
+def test_show_under_a_pretrained_model_prints_only_the_shape_fields_set(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    config = {"output_dir": "runs/x", "data": {"path": "data"}, "model": {"pretrained": "base"}}
+    path.write_text(yaml.safe_dump(config))
+    assert main(["config", "show", str(path), "model.decoder_layers=3"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["model"]
+    # the pretrained model's shape is not the from-scratch defaults
+    assert "d_model" not in shown and "encoder_layers" not in shown
+    assert shown["decoder_layers"] == 3 and shown["pretrained"] == "base"
+
+
 def _help(argv: list[str], capsys) -> list[str]:
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -74,7 +74,9 @@ def test_the_table_lists_each_language(run, tones_dir, capsys) -> None:
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    header, *rows = out.strip().splitlines()[1:]
+    header, *rows, language, normalizer = out.strip().splitlines()[1:]
+    assert language.startswith("language: forced from the data")
+    assert normalizer == "normalizer: whisper"
     assert header.split() == ["language", "n", "WER", "%", "CER", "%", "raw", "WER", "raw", "CER", "loss", "rep-trap"]  # fmt: skip
     assert [r.split()[0] for r in rows] == ["all", "en", "es"]
     assert rows[0].split()[1] == "4"
@@ -221,3 +223,48 @@ def test_bad_data_options_exit_2_naming_the_split_or_the_mapping(
     ):  # fmt: skip
         assert main(["evaluate", best, "--data", *argv]) == 2, argv
         assert message in cli_error(capsys), argv
+
+
+def test_predictions_show_what_the_model_heard_and_the_table_how_its_language_was_set(
+    run, tones_dir, tmp_path, capsys
+):
+    from asrforge.text import normalize
+
+    out = tmp_path / "heard.jsonl"
+    argv = ["evaluate", str(run), "--data", str(tones_dir), "--split", "test",
+            "--max-samples", "5", "--predictions", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "language: forced from the data (each utterance's own), not detected" in printed
+    assert f"predictions: 5 utterance(s) in {out}" in printed
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 5 and len({r["id"] for r in records}) == 5
+    for r in records:
+        assert {"id", "language", "reference", "hypothesis"} <= set(r) and r["reference"]
+        assert r["reference_normalized"] == normalize(r["reference"], r["language"])
+        assert r["hypothesis_normalized"] == normalize(r["hypothesis"], r["language"])
+    assert {r["language"] for r in records} <= {"en", "es"}
+    # a file that cannot be written is named before any work
+    bad = ["evaluate", str(run), "--data", str(tones_dir), "--predictions", str(tmp_path)]
+    assert main(bad) == 2
+    assert f"--predictions {tmp_path}: a directory" in capsys.readouterr().err
+
+
+def test_the_normalizer_s_options_score_evaluations_and_are_named(run, tones_dir, capsys):
+    argv = [str(run), "--data", str(tones_dir), "--max-samples", "4"]
+    plain = _evaluate(capsys, *argv)
+    told = _evaluate(capsys, *argv, "--remove-diacritics", "--numbers", "as_written")
+    assert plain["normalizer"] == "whisper"
+    assert told["normalizer"] == "whisper, no diacritics, numbers as written"
+
+
+def test_a_run_s_evaluations_are_scored_and_named_by_its_normalizer(tmp_path, tones_dir):
+    from conftest import tiny_config
+
+    from asrforge.train.loop import Trainer
+
+    cfg = tiny_config(tmp_path / "run", tones_dir, train={"max_steps": 2},
+                      eval={"eval_steps": 2, "normalizer": {"numbers": "as_written"}})  # fmt: skip
+    Trainer(cfg, []).fit()
+    lines = (tmp_path / "run" / "eval" / "step-000002.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["normalizer"] == "whisper, numbers as written"

@@ -175,3 +175,45 @@ def test_a_gap_no_window_can_hold_exits_2_naming_it(tmp_path, clips, capsys, gap
     err = capsys.readouterr().err
     assert err.startswith("asrforge: error: --gap-seconds: must be >= 0 and below the window")
     assert "Traceback" not in err and not (tmp_path / "guard").exists()
+
+
+def test_clip_paths_are_relative_to_the_manifest_whatever_directory_built_it(
+    tmp_path, clips, monkeypatch
+):
+    dirs = by_language(tmp_path, clips)
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "elsewhere" / "deeper")
+    english = Path("../..") / dirs["en"].relative_to(tmp_path)  # as given, from here
+    assert main(["guard", "build", str(english), "--language", "en", "--out", "../guard"]) == 0
+    out = tmp_path / "elsewhere" / "guard"
+    monkeypatch.chdir(tmp_path)  # read from another directory
+    named = [out / clip for row in manifest(out) for clip in row["clips"]]
+    assert sorted(p.resolve() for p in named) == sorted(p.resolve() for p in dirs["en"].iterdir())
+
+
+def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix(
+    tmp_path, clips, tones_dir, capsys
+):
+    from asrforge.model.build import build_model, build_tokenizer
+
+    base = tiny_config(tmp_path / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    model = tmp_path / "tiny"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
+    tokenizer.save_pretrained(str(model))
+    dirs = by_language(tmp_path, clips[:16])
+    refs = tmp_path / "english.tsv"
+    english = sorted(dirs["en"].iterdir())
+    refs.write_text("".join(f"{p}\tspoken words {k}\ten\n" for k, p in enumerate(english)))
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--language", "en",
+            "--language", "es", "--references", str(refs), "--model", str(model),
+            "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = manifest(out)
+    given = [r for r in rows if r["language"] == "en"]
+    heard = [r for r in rows if r["language"] == "es"]
+    assert given and heard and all(r.get("text") for r in rows)
+    assert all(r["text"].startswith("spoken words") for r in given)  # the file's, kept
+    assert not any("spoken words" in r["text"] for r in heard)  # the model's
+    assert f"({len(given)} from --references, {len(heard)} from --model)" in capsys.readouterr().out

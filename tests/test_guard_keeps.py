@@ -151,7 +151,12 @@ def test_the_largest_share_within_the_guard_is_chosen_largest_first():
 
     share, pairs = largest_share_within(measure, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], gate)
     assert share == 0.7 and measured == [1.0, 0.9, 0.8, 0.7]  # nothing below it is measured
-    assert pairs == [(1.0, 0.20), (0.9, 0.13), (0.8, 0.121), (0.7, 0.119)]
+    assert [(a, m["guard_wer"]) for a, m in pairs] == [
+        (1.0, 0.20),
+        (0.9, 0.13),
+        (0.8, 0.121),
+        (0.7, 0.119),
+    ]
     assert largest_share_within(lambda s: {"guard_wer": 0.5}, WITHIN_GUARD_SHARES, gate)[0] is None
     assert (
         largest_share_within(lambda s: {"guard_wer": 0.12}, WITHIN_GUARD_SHARES, gate)[0] == 1.0
@@ -192,7 +197,7 @@ def test_export_within_guard_writes_the_chosen_share(tmp_path, tones_dir, monkey
     out = tmp_path / "bundle"
     assert main(["export", str(tmp_path / "run"), "--within-guard", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "share 0.9: guard 0.0300 (outside 0.0000 + 0.02)" in printed
+    assert "share 0.9: outside: guard drift 0.03 > start 0 + tolerance 0.02" in printed
     assert "0.8 of the fine-tuned weights (over 0.2 of the starting model's)" in printed
     facts = json.loads((out / "inference_config.json").read_text())["source"]["within_guard"]
     assert facts["share"] == 0.8 and facts["guard"] == 0.015 and facts["guard_tolerance"] == 0.02
@@ -252,3 +257,24 @@ def test_export_within_guard_of_a_directory_that_is_no_run_names_it(tmp_path):
             max_shard_size=None, progress=print, say=print,
         )  # fmt: skip
     assert str(tmp_path) in str(refused.value) and not (tmp_path / "out").exists()
+
+
+def test_export_within_guard_of_the_start_alone_says_no_fine_tuned_weights_are_there(
+    tmp_path, tones_dir, monkeypatch, capsys
+):
+    import shutil
+
+    from asrforge.cli import main
+
+    cfg = _refusing_run(tmp_path, tones_dir, monkeypatch, checkpoint={"after_run": "all"})
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    shutil.rmtree(root / "best-unguarded")  # best/ is step 0: the start, nothing learned
+    # the start is within its own guard: an export would go through, "1" of nothing learned
+    monkeypatch.setattr(Guard, "measure", lambda self, model, gate, **kw: self.metrics(0.0, gate))
+    for source in (tmp_path / "run", root / "step-000000"):
+        out = tmp_path / f"bundle-{source.name}"
+        assert main(["export", str(source), "--within-guard", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "holds the starting weights (step 0)" in err
+        assert "no fine-tuned weights are there" in err and not out.exists()

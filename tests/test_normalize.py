@@ -164,3 +164,37 @@ def test_english_numbers_are_scored_alike_whatever_their_style():
     assert normalize("Press 1 for sales.", "en") == normalize("press one for sales", "en")
     assert normalize("twenty five people", "en") == normalize("25 people", "en") == "25 people"
     assert normalize("one hundred and two", "en") == "102"
+
+
+@pytest.mark.parametrize(
+    "text, language, options, expected",
+    [
+        ("Él está aquí, señor", "es", {}, "él está aquí señor"),
+        ("Él está aquí, señor", "es", {"remove_diacritics": True}, "el esta aqui senor"),
+        ("Straße Œuvre Łódź", "pl", {"remove_diacritics": True}, "strasse oeuvre lodz"),
+        ("twenty five apples", "en", {}, "25 apples"),
+        ("twenty five apples", "en", {"numbers": "as_written"}, "twenty five apples"),
+        ("I have 25 apples", "en", {"numbers": "as_written"}, "i have 25 apples"),
+        ("veinte y cinco", "es", {"numbers": "as_written"}, "veinte y cinco"),
+    ],
+)
+def test_the_normalizer_s_options(text, language, options, expected):
+    from asrforge.config import NormalizerConfig
+
+    assert normalize(text, language, NormalizerConfig(**options)) == expected
+
+
+def test_evaluation_scores_with_the_options_and_names_them():
+    from asrforge.config import NormalizerConfig
+    from asrforge.evaluation.evaluate import summarize
+    from asrforge.text import repetition_flags
+
+    said = [("es", "el nino esta aqui", "El niño está aquí."), ("en", "twenty one", "twenty one")]
+    preds = [
+        {"uid": str(k), "language": lang, "ref": ref, "hyp": hyp,
+         **repetition_flags(hyp, n_tokens=4, max_new_tokens=8)}
+        for k, (lang, ref, hyp) in enumerate(said)
+    ]  # fmt: skip
+    plain, told = summarize(preds), summarize(preds, NormalizerConfig(remove_diacritics=True))
+    assert plain["per_language"]["es"]["wer"] == 0.75 and told["per_language"]["es"]["wer"] == 0
+    assert plain["normalizer"] == "whisper" and told["normalizer"] == "whisper, no diacritics"

@@ -326,3 +326,30 @@ def test_space_values_cover_small_ranges_and_sample_large_ones():
     assert logs[0] == 1e-6 and logs[-1] == 1e-2 and logs == sorted(set(logs))
     stepped = space_values(SearchParameter(low=0.0, high=1.0, step=0.25))
     assert stepped == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_two_launchers_on_one_root_never_leave_an_older_search_json_last(tmp_path, config):
+    import threading
+
+    plan = load_matrix(search_file(tmp_path, config))
+    first, second = Search(plan), Search(plan)  # two launchers sharing the root
+    mine, theirs = first.draw(1)[0], second.draw(1)[0]
+    first.done(mine, {"best": {"loss": 1.0}})
+    read, others = first.summary, []
+
+    def read_then_the_other_finishes():
+        summary = read()  # the other launcher's trial still runs in this reading
+        other = threading.Thread(
+            target=lambda: (second.done(theirs, {"best": {"loss": 0.5}}), second.write_summary())
+        )
+        other.start()
+        other.join(0.5)  # it may write now, between this reading and this write
+        others.append(other)
+        return summary
+
+    first.summary = read_then_the_other_finishes
+    first.write_summary()
+    others[0].join()
+    written = json.loads((plan.root / "search.json").read_text())["en"]
+    assert [t["state"] for t in written["trials"]] == ["complete", "complete"]
+    assert written["best"] == 1  # the other launcher's trial, told last

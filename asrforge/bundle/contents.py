@@ -139,7 +139,7 @@ def checkpoint_contents(
 
     has_ema = has_weights(files, EMA_STEM)
     chosen = weights or ("ema" if has_ema else "raw")
-    source: dict[str, Any] = {"checkpoint": str(ckpt), "step": manifest.get("step")}
+    source: dict[str, Any] = {"checkpoint": str(ckpt.absolute()), "step": manifest.get("step")}
     source["metrics"] = manifest.get("metrics") or {}
     if chosen == "ema":
         if not has_ema:
@@ -164,10 +164,11 @@ def checkpoint_contents(
         state = lora.merged_state(cfg, tokenizer, in_memory(state), manifest[lora.BASE_KEY], ckpt)
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
-    languages, stats = None, None
+    trained, stats = None, None
     if scan_data:
-        languages, stats = _data_facts(cfg, specials, config, stats_utterances)
-    languages = languages or _languages_fallback(cfg, ckpt, specials)
+        trained, stats = _data_facts(cfg, specials, config, stats_utterances)
+    trained = trained or _languages_fallback(cfg, ckpt, specials)
+    languages = bundle_languages(cfg.model, base_gen, specials, trained)
     view = inference_view(cfg)
     view["model"].update({name: getattr(config, name) for name in MODEL_SHAPE})
     icfg = InferenceConfig.model_validate(
@@ -177,6 +178,7 @@ def checkpoint_contents(
             "weights": chosen,
             "multilingual": multilingual,
             "languages": languages,
+            "trained_languages": trained,
             "features": feature_config(config, stats).model_dump(),
             "source": source,
         }
@@ -209,12 +211,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
     base_gen = None
     if (hf_dir / "generation_config.json").is_file():
         base_gen = GenerationConfig.from_pretrained(str(hf_dir), local_files_only=True)
-    if not multilingual:
-        languages = ["en"]
-    elif base_gen is not None and getattr(base_gen, "lang_to_id", None):
-        languages = [t.strip("<|>") for t in base_gen.lang_to_id]
-    else:
-        languages = list(specials.languages)
+    languages = bundle_languages(ModelConfig(pretrained=hf_dir), base_gen, specials, ["en"])
     icfg = InferenceConfig.model_validate(
         {
             "config_id": hf_dir.name,
@@ -229,7 +226,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
             "multilingual": multilingual,
             "languages": languages,
             "features": feature_config(config).model_dump(),
-            "source": {"pretrained": str(hf_dir)},
+            "source": {"pretrained": str(hf_dir.absolute())},
         }
     )
     generation = generation_config(base_gen, config, specials, icfg)
@@ -437,7 +434,9 @@ def _data_facts(
         log.info("training data not readable (%s): languages from the config or eval records", e)
         return None, None
     langs = (
-        sorted({resolve_language(x, strict=False) for x in split["language"]}) if specials.multilingual else ["en"]
+        sorted({resolve_language(x, strict=False) for x in split["language"]})
+        if specials.multilingual
+        else ["en"]
     )
     keep = language_filter(cfg.data.languages)
     if keep is not None:
@@ -462,6 +461,28 @@ def _data_facts(
             mels = np.concatenate(frames, axis=1).astype(np.float64)  # (n_mels, frames)
             stats = (mels.mean(1).round(5).tolist(), mels.std(1).round(5).tolist(), len(frames))
     return langs, stats
+
+
+def bundle_languages(
+    model: ModelConfig,
+    base_gen: GenerationConfig | None,
+    specials: SpecialTokens,
+    trained: list[str],
+) -> list[str]:
+    """The languages a bundle transcribes and detects among: a multilingual pretrained base's
+    own (its ``lang_to_id``, else every language its tokenizer has a token of its own for), then
+    the trained ones it lacked; a model trained from scratch knows the trained ones only, an
+    English-only one English."""
+    if not specials.multilingual:
+        return ["en"]
+    if model.pretrained is None:
+        return list(trained)
+    if base_gen is not None and getattr(base_gen, "lang_to_id", None):
+        base = [t.strip("<|>") for t in base_gen.lang_to_id]
+    else:
+        # no generation config (the pretrained directory is gone): the tokenizer's own tokens
+        base = [c for c in specials.languages if c not in specials.token_of]
+    return [*base, *(c for c in trained if c not in base)]
 
 
 def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -> list[str]:

@@ -140,6 +140,7 @@ def export_interpolated(
     contents: BundleContents,
     state: Mapping[str, torch.Tensor],
     facts: dict[str, Any],
+    metrics: dict[str, Any],
     out: str | Path,
     fmt: Literal["hf", "ct2"] = "hf",
     *,
@@ -148,14 +149,21 @@ def export_interpolated(
 ) -> Path:
     """Write a bundle of ``contents`` with the weights ``state`` in place of its own (the
     fine-tuned weights interpolated with the starting ones), ``facts`` (the share chosen, the
-    guard's figures) recorded in ``inference_config.json`` as ``source.within_guard``."""
+    guard's figures) recorded in ``inference_config.json`` as ``source.within_guard``, and
+    ``metrics`` (what was measured of ``state``) as ``source.metrics``: the fine-tuned step's own
+    figures, which describe other weights, move to ``source.finetuned_metrics``."""
     out = Path(out)
     try:
         shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     except ValueError as e:
         raise UserError(f"max_shard_size: {e}") from None
     converter = ct2_converter() if fmt == "ct2" else None
-    source = {**contents.inference.source, "within_guard": facts}
+    source = {
+        **contents.inference.source,
+        "metrics": metrics,
+        "finetuned_metrics": contents.inference.source.get("metrics") or {},
+        "within_guard": facts,
+    }
     contents = dataclasses.replace(
         contents,
         state=state,
@@ -170,7 +178,8 @@ def finetuned_checkpoint(source: Path) -> Path:
     ``checkpoints/best-unguarded`` when it has one, else what :func:`resolve_source` takes.
 
     Raises:
-        UserError: ``source`` is no checkpoint or run (a pretrained model has no start).
+        UserError: ``source`` is no checkpoint or run (a pretrained model has no start), or
+            what it resolves to holds the starting weights (step 0).
     """
     unguarded = source / CHECKPOINTS_DIR / UNGUARDED_DIR
     if (unguarded / MANIFEST_NAME).is_file():
@@ -179,6 +188,13 @@ def finetuned_checkpoint(source: Path) -> Path:
     kind, path = resolve_source(source)
     if kind != "checkpoint":
         raise UserError(f"--within-guard: {source} is not a training run or checkpoint")
+    # Interpolating the start with itself would export the start as "fine-tuned" weights.
+    if read_manifest(path).get("step") == 0:
+        raise UserError(
+            f"--within-guard: {path} holds the starting weights (step 0) and {source} has no "
+            f"checkpoints/{UNGUARDED_DIR}/: no fine-tuned weights are there to bring within the "
+            "guard; name a fine-tuned checkpoint (checkpoints/step-N) instead"
+        )
     return path
 
 
@@ -225,11 +241,12 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
     for candidate in (root / "step-000000", root / "best"):
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
-            return in_memory(contents.state), str(candidate)
+            # absolute: a bundle's record must not depend on the directory export ran in
+            return in_memory(contents.state), str(candidate.absolute())
     cfg = read_train_config(ckpt / "config.yaml")
     pretrained = cfg.model.pretrained
     if pretrained is not None and (Path(pretrained) / "config.json").is_file():
-        return read_pretrained_weights(Path(pretrained)), str(pretrained)
+        return read_pretrained_weights(Path(pretrained)), str(Path(pretrained).absolute())
     gone = (
         f"and model.pretrained {pretrained} is not there"
         if pretrained is not None

@@ -29,8 +29,8 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-# Version 1.1 added data.language_tokens and 1.2 the n-gram LM.
-BUNDLE_VERSION = "1.2.0"
+# Version 1.1 added data.language_tokens, 1.2 the n-gram LM and 1.3 trained_languages.
+BUNDLE_VERSION = "1.3.0"
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 
@@ -101,6 +101,8 @@ TRAINING_ONLY: Split = {
         "longform_max_seconds": ALL,
         "longform_chunking": ALL,
         "guard": ALL,
+        # how the run's evaluations scored; asrforge evaluate takes its own options
+        "normalizer": ALL,
     },
 }
 """Fields of ``TrainConfig`` an exported model does not need."""
@@ -190,7 +192,10 @@ class BundleFacts(_Strict):
     multilingual: bool
     """Whether the decoder prompt carries a language and a task token."""
     languages: list[str]
-    """Languages the model was trained on (ISO codes); ``transcribe`` accepts only these."""
+    """Languages the bundle transcribes (ISO codes): a multilingual pretrained base's own and
+    those it was trained on; ``transcribe`` accepts these and detects among them."""
+    trained_languages: list[str] | None = None
+    """The languages of its training data (None: a pretrained model exported as it is)."""
     features: FeatureConfig
     source: dict[str, Any] = Field(default_factory=dict)
     """Where the weights came from: checkpoint path, step, metrics, averaged steps."""

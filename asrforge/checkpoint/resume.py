@@ -188,6 +188,64 @@ def check_resume_config(
     return allowed
 
 
+def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:
+    """Keep the global batch a resumed checkpoint (a :class:`TrainingCheckpoint`) was trained
+    with on ``processes`` processes: ``cfg.train.grad_accum`` becomes the micro-batches a step
+    each process takes to keep it, and the checkpoint's data position (micro-batches of the
+    epoch each process took) is shared anew among them.
+
+    Raises:
+        UserError: no ``grad_accum`` keeps it (its micro-batches a step do not divide by
+            ``processes``) and ``train.keep_global_batch`` is on; a record of the wrong type.
+    """
+    recorded = ckpt.manifest.get("processes")
+    micro = ckpt.manifest.get("micro_batches_per_step")
+    if recorded is None or micro is None:  # an older checkpoint: nothing to compare with
+        return
+    for name, value in (("processes", recorded), ("micro_batches_per_step", micro)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(
+                f"{ckpt.path / 'manifest.json'}: {name} must be a positive integer, got {value!r}"
+            )
+    bs, accum, where = cfg.data.batch_size, cfg.train.grad_accum, ckpt.path.name
+    was = f"{micro} micro-batch(es) a step on {recorded} process(es)"
+    if accum * processes != micro:
+        if cfg.train.keep_global_batch and micro % processes == 0:
+            cfg.train.grad_accum = micro // processes
+            log.warning(
+                "resume: %s was trained with %s; on %d process(es) train.grad_accum %d -> %d "
+                "keeps its global batch of %d utterance(s) a step",
+                where, was, processes, accum, micro // processes, micro * bs,
+            )  # fmt: skip
+        elif cfg.train.keep_global_batch:
+            raise UserError(
+                f"--resume: {ckpt.path} was trained with {was} ({micro * bs} utterance(s) a "
+                f"step); on {processes} process(es) no train.grad_accum keeps that ({micro} does "
+                f"not divide by {processes}). Resume on a number of processes that divides "
+                f"{micro}, or set train.keep_global_batch: false to go on with {accum * processes} "
+                f"micro-batch(es) a step ({accum * processes * bs} utterance(s))"
+            )
+        else:
+            log.warning(
+                "resume: %s was trained with %s; this run takes %d on %d process(es): the "
+                "global batch changes from %d to %d utterance(s) a step "
+                "(train.keep_global_batch: false)",
+                where, was, accum * processes, processes, micro * bs, accum * processes * bs,
+            )  # fmt: skip
+    if recorded != processes:
+        # Every process took its first batch_in_epoch of the epoch's batches, dealt in turn:
+        # the epoch's first taken ones are gone, whichever process takes the rest.
+        state = ckpt.train_state
+        taken = int(state.get("batch_in_epoch") or 0) * recorded
+        state["batch_in_epoch"] = taken // processes
+        if taken % processes:
+            log.warning(
+                "resume: the %d batch(es) of this epoch taken on %d process(es) do not share "
+                "out among %d: %d are taken again",
+                taken, recorded, processes, taken % processes,
+            )  # fmt: skip
+
+
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are values."""
     if not isinstance(tree, dict):

@@ -12,6 +12,7 @@ from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, 
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.config import NormalizerConfig
 from asrforge.data.sources import reads_whole
 from asrforge.text.metrics import strict_json_metrics
 
@@ -38,6 +39,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument(
+        "--remove-diacritics",
+        action="store_true",
+        help="score without accents and other combining marks, in every language (as "
+        "eval.normalizer.remove_diacritics)",
+    )
+    p.add_argument(
+        "--numbers",
+        choices=["standard", "as_written"],
+        default="standard",
+        help="standard: English spoken numbers read as digits (Whisper's normalizer); "
+        "as_written: numbers scored as written, in every language (as eval.normalizer.numbers)",
+    )
+    p.add_argument(
+        "--predictions",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write what the model heard: one JSON line per utterance (id, language, "
+        "reference, hypothesis, and both as normalized for scoring)",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
@@ -86,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
         positive("--max-samples", args.max_samples),
         positive("--beam-size", args.beam_size),
     ]
+    if args.predictions is not None and (
+        args.predictions.is_dir() or not args.predictions.parent.is_dir()
+    ):
+        problems.append(
+            f"--predictions {args.predictions}: "
+            + ("a directory" if args.predictions.is_dir() else "its directory does not exist")
+        )
     if args.longform_items < 0:
         problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
     if not 0 < args.longform_min_seconds <= args.longform_max_seconds:
@@ -100,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     data = attempt(lambda: data_options(args), problems)
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
-    metrics, _preds, report = evaluate_split(
+    normalizer = NormalizerConfig(remove_diacritics=args.remove_diacritics, numbers=args.numbers)
+    metrics, preds, report = evaluate_split(
         bundle,
         data,
         args.split,
@@ -109,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         max_samples=args.max_samples,
         beam_size=args.beam_size,
         fusion=fusion,
+        normalizer=normalizer,
     )
     if args.longform_items:
         from asrforge.evaluation.longform import evaluate_split_longform
@@ -127,6 +158,16 @@ def run(args: argparse.Namespace) -> int:
             fallback=_fallback(args.temperature_fallback),
         )
         metrics.update(long_metrics)
+    if args.predictions is not None:
+        from asrforge.evaluation.evaluate import prediction_records
+        from asrforge.io.atomic import atomic_write_text
+
+        lines = [
+            json.dumps(r, ensure_ascii=False)
+            for r in prediction_records(preds, bundle.specials, normalizer)
+        ]
+        atomic_write_text(args.predictions, "".join(f"{line}\n" for line in lines))
+    language = language_line(bundle.specials.multilingual)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     # data of one split is read whole, so no split name describes what was scored
     split = None if reads_whole(args.data) else args.split
@@ -137,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             "split": split,
             **strict_json_metrics(metrics),
             "skipped": skipped,
+            "language_mode": "forced" if bundle.specials.multilingual else "english-only",
         }
         print(json.dumps(record, ensure_ascii=False))
     else:
@@ -145,9 +187,21 @@ def run(args: argparse.Namespace) -> int:
             + (f", skipped {skipped}" if skipped else "")
         )
         print(format_table(metrics))
+        print(language)
+        print(f"normalizer: {metrics['normalizer']}")
+        if args.predictions is not None:
+            print(f"predictions: {len(preds)} utterance(s) in {args.predictions}")
         if args.longform_items:
             print(format_longform(metrics))
     return 0
+
+
+def language_line(multilingual: bool) -> str:
+    """How the table's languages were decoded: each utterance's language from the data was
+    forced into its prompt (evaluation never detects), or an English-only model has none."""
+    if multilingual:
+        return "language: forced from the data (each utterance's own), not detected"
+    return "language: English (an English-only model's prompt has no language token)"
 
 
 def _fallback(on: bool):

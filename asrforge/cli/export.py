@@ -137,9 +137,13 @@ def run(args: argparse.Namespace) -> int:
 def _print_written(args: argparse.Namespace, out: Path) -> None:
     info = json.loads((out / "inference_config.json").read_text())
     step = info["source"].get("step")
+    interpolated = info["source"].get("within_guard")
     print(
-        f"wrote a {args.fmt} bundle to {out}: {info['weights']} weights"
+        f"wrote a {args.fmt} bundle to {out}: "
+        + (f"{interpolated['share']:g} of the " if interpolated else "")
+        + f"{info['weights']} weights"
         + (f" of step {step}" if step is not None else "")
+        + (f" over {1 - interpolated['share']:g} of the starting model's" if interpolated else "")
         + f", languages {', '.join(info['languages'][:10])}"
         + (" ..." if len(info["languages"]) > 10 else "")
     )
@@ -155,7 +159,7 @@ def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
         args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,
         ct2_quantization=args.quantization, max_shard_size=shard_size,
         progress=lambda line: print(line, file=sys.stderr), say=print,
-    )
+    )  # fmt: skip
     share = facts["share"]
     _print_written(args, out)
     print(

@@ -40,18 +40,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="the clips' language (code, name or locale): once for every input, or once per "
         "input in their order; default none (the guard takes the run's language)",
     )
-    refs = b.add_mutually_exclusive_group()
-    refs.add_argument(
+    b.add_argument(
         "--model",
         type=Path,
         help="the starting model (a bundle, a run or checkpoint, or a transformers directory): "
-        "its transcripts are stored as the references",
+        "its transcripts are stored as the references (with --references: of the clips it has "
+        "none for)",
     )
-    refs.add_argument(
+    b.add_argument(
         "--references",
         type=Path,
         help="clip path -> text: a TSV (path<TAB>text[<TAB>language], or a header naming "
-        "path/sentence/locale as Common Voice's) or a .jsonl of {path, text, language}",
+        "path/sentence/locale as Common Voice's) or a .jsonl of {path, text, language}; "
+        "every clip needs one unless --model gives the others theirs",
     )
     b.add_argument("--window-seconds", type=float,
                    help="longest joined recording, at most 30 (default 28)")  # fmt: skip
@@ -87,22 +88,25 @@ def run(args: argparse.Namespace) -> int:
         if value < 1:
             raise UserError(f"{flag}: must be >= 1, got {value}")
     check_out(args.out)
-    clips = read_clips(args.audio, args.language, args.references)
+    others = "--model" if args.model is not None else None
+    clips = read_clips(args.audio, args.language, args.references, others_from=others)
     bundle = open_model(args.model) if args.model is not None else None
     if bundle is not None and window > bundle.window_seconds:
         raise UserError(f"--window-seconds {window}: longer than the model's window "
                         f"({bundle.window_seconds:g} s)")  # fmt: skip
     windows = plan_windows(clips, window, gap)
+    given = sum(w.text is not None for w in windows)
     if bundle is not None:
         attach_model_references(bundle, windows, args.batch_size, args.max_new_tokens)
     write_guard_set(args.out, windows)
     languages = Counter(w.language or "no language (the run's)" for w in windows)
     seconds = sum(w.seconds for w in windows)
     refs = sum(w.text is not None for w in windows)
+    mixed = f" ({given} from --references, {refs - given} from --model)" if 0 < given < refs else ""
     print(
         f"wrote {args.out}: {len(clips)} clips joined into {len(windows)} recordings "
         f"({seconds:.0f} s; {', '.join(f'{k} {n}' for k, n in languages.items())}), "
-        f"{refs} with references"
+        f"{refs} with references{mixed}"
         + ("" if refs else " (the guard measures drift from the starting model)")
     )
     print(f"use it with eval.guard.path={args.out}")

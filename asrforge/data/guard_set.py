@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,8 @@ def audio_files(inputs: Sequence[Path]) -> list[tuple[int, Path]]:
 
 
 def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
-               references: Path | None = None) -> list[GuardClip]:  # fmt: skip
+               references: Path | None = None, *,
+               others_from: str | None = None) -> list[GuardClip]:  # fmt: skip
     """The clips the inputs name, each with its length (from its header), language and
     reference.
 
@@ -124,7 +126,10 @@ def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
         inputs: audio files and directories of them (:func:`audio_files`).
         languages: none (the run's language), one for every input, or one per input.
         references: a TSV or JSONL file of clip path -> text (:func:`read_references`); every
-            clip must have one. A language column there overrides ``languages``.
+            clip must have one, unless ``others_from`` names where the others get theirs. A
+            language column there overrides ``languages``.
+        others_from: what gives the clips the file has no reference for theirs (``--model``);
+            None: none may lack one.
 
     Raises:
         UserError: a missing input, a file that is not audio, a count of languages that fits
@@ -145,9 +150,10 @@ def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
         reference = None
         if refs is not None:
             found = refs.find(path)
-            if found is None:
+            if found is None and others_from is None:
                 raise UserError(f"--references {references}: no reference for {path}")
-            reference, language = found[0], found[1] or language
+            if found is not None:
+                reference, language = found[0], found[1] or language
         clips.append(GuardClip(path, seconds, language, reference))
     return clips
 
@@ -220,8 +226,10 @@ def plan_windows(clips: Sequence[GuardClip], window_seconds: float = GUARD_WINDO
     ``window_seconds`` with ``gap_seconds`` between them (:func:`guard_windows`); a clip longer
     than that is a recording of its own, which the guard cuts at pauses like any long one."""
     windows = []
-    for language in dict.fromkeys(c.language for c in clips):
-        group = [c for c in clips if c.language == language]
+    # Clips with a reference and clips without are never joined: a recording's reference is
+    # wholly given or wholly the model's.
+    for language, given in dict.fromkeys((c.language, c.reference is not None) for c in clips):
+        group = [c for c in clips if c.language == language and (c.reference is not None) == given]
         fit = [(str(k), c.seconds) for k, c in enumerate(group)]
         names = guard_windows(fit, window_seconds, gap_seconds)
         names += [[str(k)] for k, c in enumerate(group) if c.seconds > window_seconds]
@@ -261,8 +269,10 @@ def write_guard_set(out: Path, windows: Sequence[GuardWindow]) -> Path:
         rows = []
         for w in windows:
             sf.write(tmp / f"{w.id}.wav", w.wave, SAMPLE_RATE, subtype="PCM_16")
+            # Relative to the manifest, as its audio is: valid whatever directory reads it.
+            clips = [os.path.relpath(c.path.absolute(), out.absolute()) for c in w.clips]
             row = {"id": w.id, "audio": f"{w.id}.wav", "language": w.language,
-                   "duration": round(w.seconds, 3), "clips": [str(c.path) for c in w.clips]}  # fmt: skip
+                   "duration": round(w.seconds, 3), "clips": clips}  # fmt: skip
             if w.text is not None:
                 row["text"] = w.text
             rows.append(json.dumps(row, ensure_ascii=False))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from asrforge.config import DataConfig
+from asrforge.config import DataConfig, NormalizerConfig
 from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, dropped_by_reason, eval_batches
 from asrforge.data.prepare import prepare_split
 from asrforge.data.rules import language_filter
@@ -61,6 +61,7 @@ def evaluate(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     beam_size: int = 1,
     fusion=None,
+    normalizer: NormalizerConfig | None = None,
 ) -> tuple[dict, list[dict]]:
     """Evaluate ``model`` on collated batches (see ``asrforge.data.dataset.Collator``).
 
@@ -68,6 +69,8 @@ def evaluate(
         beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
         fusion: an n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
             beam search even at ``beam_size`` 1).
+        normalizer: how transcripts are normalized before WER/CER (``eval.normalizer``);
+            ``metrics["normalizer"]`` names it.
 
     Returns:
         (metrics, predictions). ``metrics`` has ``loss`` (token-weighted mean cross-entropy),
@@ -140,7 +143,7 @@ def evaluate(
                 )
     finally:
         model.train(was_training)
-    metrics = summarize(preds)
+    metrics = summarize(preds, normalizer)
     metrics["loss"] = loss_sum / tok_sum if tok_sum else math.nan
     metrics.update(dropped_metrics(dropped, len(preds)))
     return metrics, preds
@@ -169,23 +172,27 @@ def _prompt_length(labels: torch.Tensor) -> int:
     return n_ignored + 1
 
 
-def summarize(preds: list[dict]) -> dict:
-    """Corpus metrics over prediction records, overall and per language."""
+def summarize(preds: list[dict], normalizer: NormalizerConfig | None = None) -> dict:
+    """Corpus metrics over prediction records, overall and per language, normalized as
+    ``normalizer`` says (named as ``normalizer``)."""
     by_lang: dict[str, list[dict]] = defaultdict(list)
     for p in preds:
         by_lang[p["language"]].append(p)
-    metrics = _metrics_of(preds)
-    metrics["per_language"] = {lang: _metrics_of(ps) for lang, ps in sorted(by_lang.items())}
+    metrics = _metrics_of(preds, normalizer)
+    metrics["per_language"] = {
+        lang: _metrics_of(ps, normalizer) for lang, ps in sorted(by_lang.items())
+    }
+    metrics["normalizer"] = (normalizer or NormalizerConfig()).name
     langs = list(by_lang)
     metrics["wer_reliable"] = all(primary_metric(lang) == "wer" for lang in langs)
     return metrics
 
 
-def _metrics_of(preds: list[dict]) -> dict:
+def _metrics_of(preds: list[dict], normalizer: NormalizerConfig | None) -> dict:
     if not preds:
         return {"n": 0, "wer": math.nan, "cer": math.nan}
-    refs = [normalize(p["ref"], p["language"]) for p in preds]
-    hyps = [normalize(p["hyp"], p["language"]) for p in preds]
+    refs = [normalize(p["ref"], p["language"], normalizer) for p in preds]
+    hyps = [normalize(p["hyp"], p["language"], normalizer) for p in preds]
     raw_refs = [p["ref"] for p in preds]
     raw_hyps = [p["hyp"] for p in preds]
     n_tok = sum(p.get("n_label_tokens", 0) for p in preds)
@@ -201,6 +208,29 @@ def _metrics_of(preds: list[dict]) -> dict:
     }
     out.update(summarize_flags(preds))
     return out
+
+
+def prediction_records(
+    preds: list[dict], specials, normalizer: NormalizerConfig | None = None
+) -> list[dict]:
+    """What ``evaluate --predictions`` writes of each utterance: its ``id``, the ``language``
+    its prompt was forced to (the data's; ``decoded_as`` names another language whose token
+    carried it, ``data.language_tokens``), the ``reference`` and ``hypothesis`` and both as
+    normalized for scoring."""
+    records = []
+    for p in preds:
+        record = {"id": p["uid"], "language": p["language"]}
+        token = specials.token_language(p["language"]) if specials.multilingual else None
+        if token is not None and token != p["language"]:
+            record["decoded_as"] = token
+        record.update(
+            reference=p["ref"],
+            hypothesis=p["hyp"],
+            reference_normalized=normalize(p["ref"], p["language"], normalizer),
+            hypothesis_normalized=normalize(p["hyp"], p["language"], normalizer),
+        )
+        records.append(record)
+    return records
 
 
 def error_rate_or_nan(metric, refs: list[str], hyps: list[str]) -> float:
@@ -224,6 +254,7 @@ def evaluate_split(
     progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
     beam_size: int = 1,
     fusion=None,
+    normalizer: NormalizerConfig | None = None,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
     one split of a data set, with the training loop's filtering and batch order.
@@ -235,7 +266,7 @@ def evaluate_split(
         languages: keep only these languages' utterances (default: all).
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
-        beam_size, fusion: see :func:`evaluate`.
+        beam_size, fusion, normalizer: see :func:`evaluate`.
 
     Returns:
         ``(metrics, predictions, skip_report)``.
@@ -250,6 +281,7 @@ def evaluate_split(
     metrics, preds = evaluate(
         bundle.model, batches, tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
         max_new_tokens=max_new_tokens, device=bundle.device, beam_size=beam_size, fusion=fusion,
+        normalizer=normalizer,
     )
     for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
         for uid in uids:

@@ -200,9 +200,7 @@ class Launcher:
         self.outcome.interrupted = bool(self.stopping)
         self.outcome.unfinished += [j.job_id for j in pending]
         if self.search is not None:
-            summary = self.search.summary()
-            atomic_write_text(plan.root / "search.json", json.dumps(summary, indent=1) + "\n")
-            self.outcome.search = summary
+            self.outcome.search = self.search.write_summary()
         return self.outcome
 
     def _write_index(self) -> None:
@@ -306,6 +304,7 @@ class Launcher:
                      f"{score or '–'}")
             if self.search is not None:
                 self.say(self.search.done(r.job, end))
+                self.search.write_summary()
         elif self.stopping:
             self.claims.event("release", r.job.job_id, reason="launcher stopping")
             r.claim.release()
@@ -325,6 +324,7 @@ class Launcher:
             self.outcome.failed.append(r.job.job_id)
             if self.search is not None:
                 self.search.failed(r.job)
+                self.search.write_summary()
             tail = summary["log_tail"].splitlines()[-5:]
             self.say(f"FAILED {r.job.job_id} after {r.attempt} attempt(s): {why}\n    "
                      + "\n    ".join(tail))
@@ -343,6 +343,7 @@ class Launcher:
         self.claims.finish(r.claim, run_dir, "done", summary)
         self.outcome.done.append(r.job.job_id)
         self.search.stopped_early(r.job)
+        self.search.write_summary()
         self.say(f"pruned {r.job.job_id} after {summary['duration_s']:.0f} s")
         del self.running[r.job.job_id]
         return r.device

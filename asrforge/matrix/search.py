@@ -24,10 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
+from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import read_marker
 from asrforge.matrix.plan import Job, Plan, SearchConfig, normalize_overrides, yaml_string
 
 log = logging.getLogger("asrforge.matrix")
+
+SUMMARY_FILE = "search.json"
+"""Every study's trials and best, under the matrix root (:meth:`Search.write_summary`)."""
+SUMMARY_LOCK = "search.json.lock"
+"""Under ``<root>/search/``: held while ``search.json`` is read from the journals and written."""
 
 
 @dataclass
@@ -252,6 +259,17 @@ class Search:
             out[language] = {"metric": self.spec.metric, "direction": self.spec.direction,
                              "best": None if best is None else best.number, "trials": trials}  # fmt: skip
         return out
+
+
+    def write_summary(self) -> dict[str, Any]:
+        """Write ``<root>/search.json`` (:meth:`summary`) and return it. The studies are read
+        and the file written under one lock: launchers sharing the root write in turn, each
+        what the journals hold as it writes, so the last write is never an older reading."""
+        root = self.plan.root
+        with exclusive(root / "search" / SUMMARY_LOCK):
+            summary = self.summary()
+            atomic_write_text(root / SUMMARY_FILE, json.dumps(summary, indent=1) + "\n")
+        return summary
 
 
 def _distribution(optuna, p):

@@ -10,6 +10,12 @@ from typing import Any
 from asrforge.selection.policies import format_metrics, short_number
 
 
+def within(value: float, start: float, tolerance: float) -> bool:
+    """The rule every guard figure is held to: ``value <= start + tolerance`` (nan: never)."""
+    # The small margin absorbs float noise, so start + tolerance itself is within.
+    return math.isfinite(value) and value <= start + tolerance + 1e-12
+
+
 class GuardGate:
     """The forgetting guard's rule: a save needs ``guard_wer <= start + tolerance``.
 
@@ -42,6 +48,9 @@ class GuardGate:
         self.start_transcripts: dict[str, str] = {}
         self.lid_start: float | None = None
         self.language_starts: dict[str, float] = {}
+        self.precision: str | None = None
+        """What the start was measured in (None: recorded by an older asrforge, which
+        measured it in the training's autocast)."""
 
     @property
     def started(self) -> bool:
@@ -54,11 +63,14 @@ class GuardGate:
         transcripts: Mapping[str, str],
         lid: float | None = None,
         language_starts: Mapping[str, float] | None = None,
+        precision: str | None = None,
     ) -> None:
         """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``), its
         transcript of each item (id -> text), its language-identification accuracy (None:
-        not measured) and each language's own figure (a guard of several languages)."""
+        not measured), each language's own figure (a guard of several languages) and the
+        precision it was measured in."""
         self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
+        self.precision = precision
         self.lid_start = None if lid is None else float(lid)
         self.language_starts = {k: float(v) for k, v in (language_starts or {}).items()}
 
@@ -98,10 +110,15 @@ class GuardGate:
         what = f"{what} {short_number(value)}"
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
-        # The small margin absorbs float noise, so start + tolerance itself is within.
-        if value > start + self.tolerance + 1e-12:
-            return False, f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}"
-        return True, f"{what} <= start {short_number(start)} + tolerance {short_number(self.tolerance)}"
+        if not within(value, start, self.tolerance):
+            return (
+                False,
+                f"{what} > start {short_number(start)} + tolerance {short_number(self.tolerance)}",
+            )
+        return (
+            True,
+            f"{what} <= start {short_number(start)} + tolerance {short_number(self.tolerance)}",
+        )
 
     @property
     def judges_lid(self) -> bool:
@@ -114,7 +131,9 @@ class GuardGate:
             raise RuntimeError("the guard judges no language identification (GuardGate.judges_lid)")
         value = math.nan if value is None else float(value)
         what = f"guard language-ID accuracy {short_number(value)}"
-        limits = f"start {short_number(self.lid_start)} - tolerance {short_number(self.lid_tolerance)}"
+        limits = (
+            f"start {short_number(self.lid_start)} - tolerance {short_number(self.lid_tolerance)}"
+        )
         if not math.isfinite(value):
             return False, f"{what}: never within tolerance"
         # The same margin as for the WER: start - tolerance itself is within.
@@ -132,6 +151,7 @@ class GuardGate:
             **({"lid_start": self.lid_start} if self.lid_start is not None else {}),
             # only a guard of several languages records each one's start
             **({"language_starts": dict(self.language_starts)} if self.language_starts else {}),
+            **({"precision": self.precision} if self.precision is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -139,6 +159,7 @@ class GuardGate:
         self.start_transcripts = dict(state.get("start_transcripts") or {})
         self.lid_start = state.get("lid_start")
         self.language_starts = dict(state.get("language_starts") or {})
+        self.precision = state.get("precision")
 
 
 def describe_refused(
@@ -172,10 +193,10 @@ def describe_refused(
         for language, figure in (refused.get("guard_languages") or {}).items()
         if not figure["within"]
     }
-    wer_refused = (
-        not (lid_refused or languages_refused)
-        or refused.get("guard_wer", 0.0)
-        > refused.get("guard_start", 0.0) + refused.get("guard_tolerance", 0.0) + 1e-12
+    wer_refused = not (lid_refused or languages_refused) or not within(
+        refused.get("guard_wer", 0.0),
+        refused.get("guard_start", 0.0),
+        refused.get("guard_tolerance", 0.0),
     )
     if "guard_wer" in refused and wer_refused:
         # a guard with references names its metric: CER for unspaced scripts, else WER
@@ -210,15 +231,15 @@ WITHIN_GUARD_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 def largest_share_within(
     measure: Callable[[float], Mapping[str, Any]], shares: Iterable[float], gate: GuardGate
-) -> tuple[float | None, list[tuple[float, float]]]:
+) -> tuple[float | None, list[tuple[float, Mapping[str, Any]]]]:
     """The largest of ``shares`` whose guard metrics (``measure(share)``, the guard's metrics of
     the weights interpolated with that share of the fine-tuned ones) ``gate`` accepts, and the
-    ``(share, guard_wer)`` pairs measured. Shares are measured largest first, up to the first
+    ``(share, metrics)`` pairs measured. Shares are measured largest first, up to the first
     accepted one (None: none is within the tolerance)."""
     figures = []
     for share in sorted(set(shares), reverse=True):
         metrics = measure(share)
-        figures.append((share, metrics["guard_wer"]))
+        figures.append((share, metrics))
         if gate.check(metrics)[0]:
             return share, figures
     return None, figures

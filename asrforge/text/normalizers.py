@@ -11,6 +11,7 @@ import re
 import unicodedata
 from importlib import resources
 
+from asrforge.config import NormalizerConfig
 from asrforge.text.languages import resolve_language
 
 # Whisper's own bracket rules: a parenthesized span needs at least one character.
@@ -20,12 +21,13 @@ _INVISIBLE = str.maketrans({"\u200b": " ", "\ufeff": None, "\u2060": None})
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 
 
-def normalize(text: str, language: str) -> str:
+def normalize(text: str, language: str, options: NormalizerConfig | None = None) -> str:
     """Normalize a transcript (reference or hypothesis) of ``language`` for scoring.
 
     Args:
         text: the transcript.
         language: a code or English name (``"en"``, ``"english"``, ``"de"``, ``"hindi"``).
+        options: ``eval.normalizer`` (diacritics, numbers); default Whisper's normalizers.
 
     Returns:
         The normalized text: words separated by single spaces, no leading or trailing space.
@@ -33,9 +35,33 @@ def normalize(text: str, language: str) -> str:
     Raises:
         UserError: the language is unknown.
     """
+    options = options or DEFAULT
     if resolve_language(language) == "en":
-        return _normalize_english(text)
-    return _normalize_basic(text)
+        text = _normalize_english(text, numbers=options.numbers == "standard")
+    else:
+        text = _normalize_basic(text)
+    return _without_diacritics(text) if options.remove_diacritics else text
+
+
+DEFAULT = NormalizerConfig()
+"""Whisper's normalizers as they are."""
+
+
+def _without_diacritics(text: str) -> str:
+    # Whisper's remove_symbols_and_diacritics, marks only: symbols were spaced out already.
+    marks = _additional_diacritics()
+    kept = "".join(
+        c for c in unicodedata.normalize("NFKD", text) if unicodedata.category(c) != "Mn"
+    )
+    return " ".join("".join(marks.get(c, c) for c in kept).split())
+
+
+@functools.cache
+def _additional_diacritics() -> dict[str, str]:
+    """Letters Whisper writes as ASCII beside the combining marks it drops (œ -> oe, ß -> ss)."""
+    from transformers.models.whisper.english_normalizer import ADDITIONAL_DIACRITICS
+
+    return dict(ADDITIONAL_DIACRITICS)
 
 
 def _normalize_basic(text: str) -> str:
@@ -48,12 +74,12 @@ def _normalize_basic(text: str) -> str:
     return " ".join(text.split())
 
 
-def _normalize_english(text: str) -> str:
+def _normalize_english(text: str, numbers: bool = True) -> str:
     # Whisper's rewrites feed each other ("o1" -> "0 one" -> "one", "o¢" -> "o" -> "0"), so the
     # pass repeats until the text settles: normalized text must normalize to itself.
     text = text.translate(_INVISIBLE).translate(_APOSTROPHES)
     for _ in range(4):
-        once = " ".join(_whisper_english()(text).split())
+        once = " ".join(_whisper_english(numbers)(text).split())
         if once == text:
             break
         text = once
@@ -61,11 +87,15 @@ def _normalize_english(text: str) -> str:
 
 
 @functools.cache
-def _whisper_english():
+def _whisper_english(numbers: bool = True):
     """Whisper's ``EnglishTextNormalizer`` as transformers ships it, with Whisper's British ->
     American spelling map from the whisper-normalizer package (transformers is imported on
-    first use: the CLI's quick paths never load it)."""
+    first use: the CLI's quick paths never load it); without ``numbers``, its rewriting of
+    spoken numbers as digits is left out."""
     from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
     spellings = resources.files("whisper_normalizer").joinpath("normalizers/english.json")
-    return EnglishTextNormalizer(json.loads(spellings.read_text(encoding="utf-8")))
+    normalizer = EnglishTextNormalizer(json.loads(spellings.read_text(encoding="utf-8")))
+    if not numbers:
+        normalizer.standardize_numbers = str
+    return normalizer

@@ -24,10 +24,13 @@ from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.selection.groups import run_language
-from asrforge.selection.guard_gate import GuardGate, largest_share_within
+from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 from asrforge.train.guard_items import GuardItem, load_guard_items
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``eval.guard.precision`` -> the autocast dtype (fp32: no autocast)."""
 
 log = logging.getLogger("asrforge.train")
 
@@ -47,6 +50,9 @@ class Guard:
         language_ids: a multilingual model's language tokens (code -> id), to measure language
             identification on the items whose source gave their language; None: not measured.
         sot: the ``<|startoftranscript|>`` id (with ``language_ids``).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (``eval.guard.precision``): every
+            measurement autocasts to it, or runs in fp32.
+        normalizer: how transcripts are normalized before scoring (``eval.normalizer``).
     """
 
     def __init__(
@@ -62,8 +68,12 @@ class Guard:
         max_new_tokens: int,
         language_ids: Mapping[str, int] | None = None,
         sot: int | None = None,
+        precision: str = "fp32",
+        normalizer=None,
     ):
         self.items = list(items)
+        self.precision = precision
+        self.normalizer = normalizer
         self.language_ids = dict(language_ids or {})
         self.sot = sot
         self.lid_items = [
@@ -82,9 +92,17 @@ class Guard:
         self.features, self.tokenizer, self.prompt, self.eot = features, tokenizer, prompt, eot
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
 
+    def _autocast(self, device) -> contextlib.AbstractContextManager:
+        """The guard's own precision, whatever the caller autocasts in (fp32: autocast off)."""
+        kind = torch.device(device).type
+        if self.precision == "fp32":
+            return torch.autocast(kind, enabled=False)
+        return torch.autocast(kind, dtype=PRECISION_DTYPES[self.precision])
+
     @torch.no_grad()
-    def transcribe(self, model, *, device, autocast=None) -> list[str]:
-        """The model's greedy transcript of each item (model left in the mode it was in)."""
+    def transcribe(self, model, *, device) -> list[str]:
+        """The model's greedy transcript of each item in the guard's precision (model left in
+        the mode it was in)."""
         was_training = model.training
         model.eval()
         texts: list[str] = []
@@ -101,7 +119,7 @@ class Guard:
                     ]
                 ).astype(np.float32)
                 prompts = torch.tensor([self.prompt(i.language) for i in chunk], device=device)
-                with autocast() if autocast is not None else contextlib.nullcontext():
+                with self._autocast(device):
                     enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
                     seqs, _ = greedy_decode(model, enc, prompts, self.eot, self.max_new_tokens)
                     if self.lid_items:
@@ -136,7 +154,8 @@ class Guard:
         """The error rate (:attr:`metric`) of ``hyps`` against the references (``wer``) or the
         start's transcripts (``drift``), on normalized text."""
         refs = self._references(gate.start_transcripts)
-        return _wer(refs, list(hyps), [i.language for i in self.items], self.metric)
+        languages = [i.language for i in self.items]
+        return _wer(refs, list(hyps), languages, self.metric, self.normalizer)
 
     def score_by_language(
         self, hyps: Sequence[str], start_transcripts: Mapping[str, str]
@@ -149,7 +168,11 @@ class Guard:
             mine = [k for k, i in enumerate(self.items) if i.language == language]
             metric = guard_metric([language])
             value = _wer(
-                [refs[k] for k in mine], [hyps[k] for k in mine], [language] * len(mine), metric
+                [refs[k] for k in mine],
+                [hyps[k] for k in mine],
+                [language] * len(mine),
+                metric,
+                self.normalizer,
             )
             figures[language] = (value, metric)
         return figures
@@ -159,19 +182,20 @@ class Guard:
             return [i.reference or "" for i in self.items]
         return [start_transcripts.get(i.id, "") for i in self.items]
 
-    def measure_start(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+    def measure_start(self, model, gate: GuardGate, *, device) -> dict:
         """Transcribe with the starting model and record the start in ``gate``. Returns the
         guard's metrics at step 0 (see :meth:`measure`)."""
-        hyps = self.transcribe(model, device=device, autocast=autocast)
+        hyps = self.transcribe(model, device=device)
         transcripts = {i.id: h for i, h in zip(self.items, hyps, strict=True)}
         start = self.score(hyps, gate) if self.kind == "wer" else 0.0
         lid = self.lid_accuracy()
         by_language = self.score_by_language(hyps, transcripts)
         language_starts = {language: value for language, (value, _) in by_language.items()}
-        gate.set_start(start, self.kind, transcripts, lid, language_starts)
+        gate.set_start(start, self.kind, transcripts, lid, language_starts, self.precision)
         log.info(
-            "forgetting guard: %d item(s), %s; starting model %s %.4f (tolerance %g)",
+            "forgetting guard: %d item(s) in %s, %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
+            self.precision,
             f"{self.metric.upper()} against references"
             if self.kind == "wer"
             else f"drift ({self.metric.upper()}) against the starting model's transcripts",
@@ -194,7 +218,7 @@ class Guard:
         self.last_hyps = hyps
         return self.metrics(start, gate, lid, by_language)
 
-    def measure(self, model, gate: GuardGate, *, device, autocast=None) -> dict:
+    def measure(self, model, gate: GuardGate, *, device) -> dict:
         """The guard's metrics for ``model`` now: ``guard_wer`` (the value the selector judges),
         ``guard_start``, ``guard_tolerance``, ``guard_within`` (bool), ``guard_drift`` (bool: the
         value is drift, not WER against references) and ``guard_n``."""
@@ -203,7 +227,12 @@ class Guard:
                 f"eval.guard: the run started with a {gate.kind} guard, this config "
                 f"measures {self.kind}; resume with the same eval.guard"
             )
-        hyps = self.transcribe(model, device=device, autocast=autocast)
+        if gate.precision is not None and gate.precision != self.precision:
+            raise UserError(
+                f"eval.guard.precision: the guard's start was measured in {gate.precision}, "
+                f"this config measures in {self.precision}; measure it as it started"
+            )
+        hyps = self.transcribe(model, device=device)
         self.last_hyps = hyps
         by_language = self.score_by_language(hyps, gate.start_transcripts)
         return self.metrics(self.score(hyps, gate), gate, self.lid_accuracy(), by_language)
@@ -291,9 +320,9 @@ def measure_interpolations(
     shares: Sequence[float],
     *,
     device,
-) -> tuple[float | None, list[tuple[float, float]]]:
+) -> tuple[float | None, list[tuple[float, dict]]]:
     """The largest share of the fine-tuned weights, interpolated with the starting ones, whose
-    guard stays within ``gate``'s tolerance, and the ``(share, guard figure)`` pairs measured
+    guard stays within ``gate``'s tolerance, and the ``(share, guard metrics)`` pairs measured
     (:func:`asrforge.selection.guard_gate.largest_share_within`). ``model`` is loaded with each candidate
     in turn (left with the last one measured)."""
 
@@ -361,9 +390,10 @@ def guard_metric(languages: Sequence[str]) -> str:
     return "cer" if metrics == {"cer"} else "wer"
 
 
-def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer") -> float:
-    r = [normalize(x, lang) for x, lang in zip(refs, languages, strict=True)]
-    h = [normalize(x, lang) for x, lang in zip(hyps, languages, strict=True)]
+def _wer(refs: list[str], hyps: list[str], languages: list[str], metric: str = "wer",
+         normalizer=None) -> float:  # fmt: skip
+    r = [normalize(x, lang, normalizer) for x, lang in zip(refs, languages, strict=True)]
+    h = [normalize(x, lang, normalizer) for x, lang in zip(hyps, languages, strict=True)]
     # As the evaluation does, CER counts characters and ignores the spaces between phrases.
     if metric == "cer":
         return float(error_rates(r, h, languages[0], normalized=True)["cer"])
@@ -388,7 +418,9 @@ def log_text(metrics: dict) -> str:
         return ""
     metric = metrics.get("guard_metric", "wer")
     kind = f"drift ({metric})" if metrics["guard_drift"] else metric
-    verdict = "within" if metrics["guard_within"] else "OUTSIDE"
+    # The pooled figure's own verdict: a language or the language ID may refuse alone.
+    pooled = within(metrics["guard_wer"], metrics["guard_start"], metrics["guard_tolerance"])
+    verdict = "within" if pooled else "OUTSIDE"
     lid = ""
     if "guard_lid" in metrics:
         lid = (
@@ -403,6 +435,14 @@ def log_text(metrics: dict) -> str:
             + ")"
             for language, f in metrics["guard_languages"].items()
         )
+    refused_by = [
+        language
+        for language, f in (metrics.get("guard_languages") or {}).items()
+        if not f["within"]
+    ]
+    if pooled and not metrics["guard_within"]:
+        lid_outside = "language ID" if "guard_lid" in metrics and not refused_by else ""
+        languages += f"; OUTSIDE by {', '.join(refused_by) or lid_outside or 'another figure'}"
     return (
         f" guard {kind} {metrics['guard_wer']:.4f} (start {metrics['guard_start']:.4f}, "
         f"{verdict} tolerance {metrics['guard_tolerance']:g}){lid}{languages}"
@@ -444,6 +484,8 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         max_new_tokens=gcfg.max_new_tokens,
         language_ids=language_ids if gcfg.lid_tolerance is not None else None,
         sot=specials.sot,
+        precision=gcfg.precision,
+        normalizer=cfg.eval.normalizer,
     )
 
 
@@ -475,14 +517,15 @@ def guard_transcripts(
 
 def attach_model_references(bundle, windows: Sequence[GuardWindow], batch_size: int,
                             max_new_tokens: int) -> None:  # fmt: skip
-    """Give each recording of a guard set the starting model's transcript as its reference
-    (``asrforge guard build --model``).
+    """Give each recording of a guard set without a reference the starting model's transcript
+    as its reference (``asrforge guard build --model``; those ``--references`` gave keep theirs).
 
     Raises:
         UserError: a recording the model cannot give a reference (longer than its window, or
             an empty transcript), naming them: with references on only some recordings the
             guard would measure drift under ``mode: auto`` and be refused under ``mode: wer``.
     """
+    windows = [w for w in windows if w.text is None]
     if bundle.specials.multilingual and any(w.language is None for w in windows):
         raise UserError("--model is multilingual: give the clips' --language to "
                         "transcribe them in")  # fmt: skip

@@ -84,14 +84,17 @@ def gather_dropped(acc, dropped: dict[str, list[str]]) -> list[dict[str, list[st
     return gather_object([dropped])
 
 
-def gather_eval(acc, metrics: dict, preds: list[dict]) -> tuple[dict, list[dict]]:
-    """Every process evaluated its shard: gather the predictions and recompute metrics."""
+def gather_eval(
+    acc, metrics: dict, preds: list[dict], normalizer=None
+) -> tuple[dict, list[dict]]:
+    """Every process evaluated its shard: gather the predictions and recompute metrics
+    (normalized as ``normalizer``, ``eval.normalizer``, says)."""
     if acc.num_processes == 1:
         return metrics, preds
     from accelerate.utils import gather_object
 
     allp = gather_object(preds)
-    merged = summarize(allp)
+    merged = summarize(allp, normalizer)
     n_tok = sum(p["n_label_tokens"] for p in allp)
     merged["loss"] = sum(p["loss"] * p["n_label_tokens"] for p in allp) / max(1, n_tok)
     dropped: dict[str, list[str]] = {}

@@ -37,6 +37,8 @@ def write_eval_records(
         "save": decision.save,
         "reason": decision.reason,
         "selected_on": selected_on,
+        # how the error rates above were normalized (eval.normalizer)
+        "normalizer": metrics.get("normalizer"),
     }
     lines.append(json.dumps(summary, ensure_ascii=False))
     (out / EVAL_DIR).mkdir(exist_ok=True)

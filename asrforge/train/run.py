@@ -216,9 +216,7 @@ class TrainingRun:
                 "without eval.guard); remove eval.guard to resume it"
             )
         with whole_weights(self.model):
-            self.guard_at_start = self.guard.measure_start(
-                self.whisper, gate, device=acc.device, autocast=acc.autocast
-            )
+            self.guard_at_start = self.guard.measure_start(self.whisper, gate, device=acc.device)
         self.state.selection = setup.selector.state_dict()
         if acc.is_main_process:
             self.guard.write_records(setup.output_dir, self.state.step, gate)
@@ -493,16 +491,15 @@ class TrainingRun:
                 device=acc.device,
                 autocast=acc.autocast,
                 beam_size=self.cfg.eval.beam_size,
+                normalizer=self.cfg.eval.normalizer,
             )
             if self.guard is not None and self.state.step == 0 and self.guard_at_start:
                 # The starting model's own guard figures: drift 0 by definition.
                 guard_metrics = self.guard_at_start
             elif self.guard is not None:
-                guard_metrics = self.guard.measure(
-                    whisper, setup.selector.guard, device=acc.device, autocast=acc.autocast
-                )
+                guard_metrics = self.guard.measure(whisper, setup.selector.guard, device=acc.device)
         self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
-        metrics, preds = gather_eval(acc, metrics, preds)
+        metrics, preds = gather_eval(acc, metrics, preds, self.cfg.eval.normalizer)
         metrics.update(
             run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
         )

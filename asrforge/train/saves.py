@@ -131,6 +131,9 @@ def checkpoint_meta(setup: RunSetup, step: int, metrics: dict) -> dict:
         "config_id": setup.cfg.config_id,
         "seed": setup.cfg.seed,
         "multilingual": setup.model_bundle.specials.multilingual,  # the prompt, for export
+        # the global batch, which a resume on another number of processes keeps
+        "processes": setup.accelerator.num_processes,
+        "micro_batches_per_step": setup.cfg.train.grad_accum * setup.accelerator.num_processes,
         "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
     }
     # The checkpoint holds the adapters only; export rebuilds the base from this.

@@ -21,7 +21,11 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
-from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
+from asrforge.checkpoint.resume import (
+    check_resume_config,
+    find_resume_checkpoint,
+    keep_global_batch,
+)
 from asrforge.checkpoint.training import TOKENIZER_DIR, save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import (
@@ -304,6 +308,7 @@ def find_resume(
     resume_from = load_training_checkpoint(latest) if latest is not None else None
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
+        keep_global_batch(cfg, resume_from, acc.num_processes, log)
     return manager, resume_from
 
 
