@@ -13,6 +13,8 @@ from asrforge.cli import main
 from asrforge.config import ConfigError, load_config
 from asrforge.config_yaml import MAX_DEPTH, MAX_VALUES, load_yaml, read_yaml_text
 
+pytestmark = pytest.mark.fast
+
 
 def alias_bomb(levels: int = 9, fan: int = 9) -> str:
     """``levels`` anchors, each a list of ``fan`` aliases of the one before: ``fan ** levels``

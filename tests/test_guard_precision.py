@@ -75,6 +75,7 @@ def test_a_guard_told_bf16_autocasts_to_it_and_records_it(tmp_path, tones_dir, a
     assert state["selection"]["guard"]["precision"] == "bf16"
 
 
+@pytest.mark.fast
 def test_a_start_measured_in_another_precision_is_refused():
     items = [GuardItem("g0", np.zeros(16, np.float32), "la la", "en")]
     guard = Guard(items, mode="drift", features=None, tokenizer=None, prompt=lambda lang: [0],

@@ -12,6 +12,8 @@ from asrforge.config import ConfigError, load_config, parse_duration
 from asrforge.matrix.plan import load_matrix
 from tests.conftest import tiny_config
 
+pytestmark = pytest.mark.fast
+
 HUGE = 10**400
 
 

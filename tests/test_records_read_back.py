@@ -85,6 +85,7 @@ def test_a_training_state_of_the_wrong_kinds_is_refused_by_file_and_field(
     assert "Traceback" not in err and f"{path}: " in err and named in err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "dotted, value, named",
     [
@@ -115,6 +116,7 @@ def test_the_managers_record_in_the_manifest_is_type_checked(
     assert "Traceback" not in err and f"{path}: " in err and named in err
 
 
+@pytest.mark.fast
 def test_a_training_state_without_a_step_or_not_an_object_is_refused():
     with pytest.raises(ValueError, match="step: missing"):
         TrainState.from_dict({"epoch": 0})
@@ -136,6 +138,7 @@ SELECTION = {"policy": "combined_gate", "error_metric": "wer", "evals_without_sa
              "unguarded": {}}  # fmt: skip
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "key, value, named",
     [
@@ -157,6 +160,7 @@ def test_a_guard_start_of_the_wrong_kind_is_named(key, value, named):
     assert selection_state_problems(missing) == ["selection.guard.start: missing"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("recorded", [12345, 1.5, ["ab"], {"sha256": "x"}])
 def test_a_recorded_base_sha256_that_is_not_text_is_refused_by_name(recorded):
     from asrforge.model.lora import BASE_KEY, check_base
@@ -165,6 +169,7 @@ def test_a_recorded_base_sha256_that_is_not_text_is_refused_by_name(recorded):
         check_base(recorded, "a" * 64, "runs/x/checkpoints/step-000002")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "field, value",
     [("base_tokenizer_sha256", 7), ("language", ["es"]), ("format", "1"), ("new_tokens", True)],
@@ -179,6 +184,7 @@ def test_a_vocabulary_record_of_the_wrong_kinds_is_refused_by_field(tmp_path, fi
         VocabExtension.read(tmp_path)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("keep", [0.5, 0.01, 8])
 def test_a_truncated_pretrained_safetensors_is_one_line_naming_the_model(
     tmp_path, tones_dir, capsys, keep
@@ -233,6 +239,7 @@ def test_a_callbacks_state_of_the_wrong_kinds_is_refused_by_key(
     assert "Traceback" not in err and f"{path}: " in err and named in err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "name, summary, named",
     [

@@ -27,6 +27,7 @@ def checkpoint(processes, micro, batch_in_epoch=3):
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("recorded", "micro", "now", "accum", "position"),
     [(2, 2, 1, 2, 6), (4, 4, 2, 2, 6), (1, 6, 3, 2, 1), (3, 6, 2, 3, 4)],
@@ -44,6 +45,7 @@ def test_another_number_of_processes_keeps_the_global_batch(
     assert ckpt.train_state["batch_in_epoch"] == position
 
 
+@pytest.mark.fast
 def test_a_global_batch_no_grad_accum_keeps_is_refused_unless_allowed(tmp_path, tones_dir, caplog):
     cfg = tiny_config(tmp_path, tones_dir)
     with pytest.raises(UserError) as e:
@@ -59,6 +61,7 @@ def test_a_global_batch_no_grad_accum_keeps_is_refused_unless_allowed(tmp_path, 
     assert ckpt.train_state["batch_in_epoch"] == 2 and "2 are taken again" in caplog.text
 
 
+@pytest.mark.fast
 def test_a_record_of_the_wrong_type_is_refused_by_name(tmp_path, tones_dir):
     cfg = tiny_config(tmp_path, tones_dir)
     with pytest.raises(UserError, match="processes must be a positive integer, got '2'"):

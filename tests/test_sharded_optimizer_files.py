@@ -19,7 +19,7 @@ from asrforge.checkpoint.manifest import write_manifest
 from asrforge.checkpoint.sharded import METADATA_FILE, SafeReader, load_sharded, save_sharded
 from asrforge.errors import CheckpointError
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+pytestmark = [pytest.mark.fast, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 
 def optimizer_state(fill: float = 0.0) -> dict:
