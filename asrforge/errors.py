@@ -1,10 +1,12 @@
 """Errors a user can act on. The CLI prints their message and exits with code 2, no traceback.
-The exit codes, and how the processes of a job under torchrun report theirs to the matrix.
+The exit codes (:class:`ExitCode`), and how the processes of a job under torchrun report theirs
+to the matrix.
 
 This module imports nothing of ours, so every layer may raise these.
 """
 
 import os
+from enum import IntEnum
 
 
 class UserError(Exception):
@@ -32,9 +34,20 @@ class RunIOError(RuntimeError):
     names the file and the checkpoint a resume continues from."""
 
 
-EXIT_INTERRUPTED = 75
-"""Exit code of ``asrforge train`` stopped by SIGTERM/SIGINT after saving a checkpoint
-(sysexits' EX_TEMPFAIL: try again later): ``--resume`` continues it, and the matrix retries it."""
+class ExitCode(IntEnum):
+    """The exit codes of the ``asrforge`` command, of a training process and of a matrix launch."""
+
+    OK = 0
+    """Done, also a run stopped early by a callback or the selection policy."""
+    FAILED = 1
+    """A run that failed: diverged, a file that could not be written, a critical callback."""
+    BAD_INPUT = 2
+    """A config, a path or a file is wrong: one line names it, no traceback."""
+    INTERRUPTED = 75
+    """Stopped by SIGTERM/SIGINT after saving a checkpoint (sysexits' EX_TEMPFAIL: try again
+    later): ``--resume`` continues it, and the matrix retries it."""
+    CANCELLED = 130
+    """Stopped by Ctrl-C without saving (128 + SIGINT, as a shell reports it)."""
 
 
 EXIT_DIR_ENV = "ASRFORGE_EXIT_DIR"
@@ -55,7 +68,7 @@ def report_exit_code(code: int) -> None:
     except OSError:
         return  # the code is a hint to the launcher; torchrun's own code still stands
     with os.fdopen(fd, "w") as f:
-        f.write(f"{code}\n")
+        f.write(f"{int(code)}\n")
 
 
 def reported_exit_code(returncode: int | None, directory: str) -> int | None:
@@ -71,7 +84,7 @@ def reported_exit_code(returncode: int | None, directory: str) -> int | None:
                 codes.add(int(f.read().strip()))
         except (OSError, ValueError):
             continue
-    for code in (2, EXIT_INTERRUPTED):
+    for code in (ExitCode.BAD_INPUT, ExitCode.INTERRUPTED):
         if code in codes:
             return code
     return returncode

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from asrforge.config import ALLOW_EXTERNAL_HINT, ConfigError, load_config
-from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.errors import ExitCode
 from asrforge.matrix.claims import Claims, lock_is_held
 from asrforge.matrix.executors import (
     Attempt,
@@ -340,7 +340,7 @@ class ScriptedExecutor:
             f.write(f"attempt {attempt.number}\n")
             if what == "crash":
                 f.write("Traceback: boom\n")
-        rc = {"crash": 1, "bad": 2, "interrupted": EXIT_INTERRUPTED}.get(what, 0)
+        rc = {"crash": 1, "bad": 2, "interrupted": ExitCode.INTERRUPTED}.get(what, 0)
         self.results.append(AttemptResult(job.job_id, attempt.number, attempt.device.label, rc,
                                           time.time(), time.time(), "here"))
 

@@ -16,7 +16,7 @@ import yaml
 
 from asrforge.errors import (
     EXIT_DIR_ENV,
-    EXIT_INTERRUPTED,
+    ExitCode,
     UserError,
     report_exit_code,
     reported_exit_code,
@@ -141,7 +141,7 @@ def test_each_process_reports_its_exit_code_where_the_launcher_says(tmp_path, mo
     target.write_text("keep")
     (reports / "rank-3").symlink_to(target)
     monkeypatch.setenv("RANK", "3")
-    report_exit_code(EXIT_INTERRUPTED)
+    report_exit_code(ExitCode.INTERRUPTED)
     assert target.read_text() == "keep"
     monkeypatch.delenv(EXIT_DIR_ENV)
     report_exit_code(1)  # outside a matrix job: nothing to report, nothing written
@@ -152,12 +152,12 @@ def test_each_process_reports_its_exit_code_where_the_launcher_says(tmp_path, mo
     ("reported", "returncode", "expected"),
     [
         ({"rank-0": "2", "rank-1": "75"}, 1, 2),  # bad input is the cause, whoever saw it
-        ({"rank-0": "75", "rank-1": "1"}, 1, EXIT_INTERRUPTED),
+        ({"rank-0": "75", "rank-1": "1"}, 1, ExitCode.INTERRUPTED),
         ({"rank-0": "1"}, 1, 1),  # a crash stays a crash
         ({}, 1, 1),  # a process that died without a word
         ({"rank-0": "2"}, 0, 0),  # torchrun's own success or a signal's code stands
         ({"rank-0": "2"}, -9, -9),
-        ({"rank-0": "not a number", "rank-1": "75"}, 1, EXIT_INTERRUPTED),
+        ({"rank-0": "not a number", "rank-1": "75"}, 1, ExitCode.INTERRUPTED),
     ],
 )
 def test_the_launcher_reads_the_processes_codes_when_torchrun_failed(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.errors import ExitCode, UserError
 from asrforge.matrix.executors import Attempt, parse_devices
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.run import Launcher
@@ -126,13 +126,13 @@ def test_the_signal_handler_stops_the_run_and_requeues_it_with_resume(tmp_path, 
     fn = SlurmAttempt(attempt, run_dir, plan.root, tmp_path)
     fn._proc = run
     delayed = fn.__submitit_checkpoint__()
-    assert run.returncode == EXIT_INTERRUPTED
+    assert run.returncode == ExitCode.INTERRUPTED
     again = delayed.function
     assert isinstance(again, SlurmAttempt) and again.attempt == replace(attempt, resume=True)
     assert "--resume" in again.attempt.command()
     (requeue,) = events(plan.root)
     assert requeue["event"] == "requeue" and requeue["job_id"] == job.job_id
-    assert requeue["returncode"] == EXIT_INTERRUPTED and requeue["resume"] is True
+    assert requeue["returncode"] == ExitCode.INTERRUPTED and requeue["resume"] is True
 
 
 def task_pid(controller: int, timeout: float = 60) -> int:

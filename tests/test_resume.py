@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint import CheckpointManager
 from asrforge.checkpoint.manifest import verify
-from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.errors import ExitCode
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -122,7 +122,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_interrupted(tmp_path, tones_d
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_INTERRUPTED == 75, out  # not 0: the run did not finish
+    assert proc.returncode == ExitCode.INTERRUPTED == 75, out  # not 0: the run did not finish
     assert "SIGTERM received" in out and "interrupted" in out
     latest = tmp_path / "run" / "checkpoints" / "latest"
     manifest = verify(latest)

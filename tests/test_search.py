@@ -14,7 +14,7 @@ import yaml
 
 from asrforge.cli import main
 from asrforge.config import ConfigError
-from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.errors import ExitCode, UserError
 from asrforge.matrix.executors import AttemptResult, Device, LocalExecutor, parse_devices
 from asrforge.matrix.plan import load_matrix
 from asrforge.matrix.run import Launcher
@@ -89,7 +89,7 @@ class TrialExecutor:
     def cancel(self, job_id, *, force=False):
         self.cancelled.append(job_id)
         # the run stopped by SIGTERM saves and exits 75
-        self.results = [AttemptResult(r.job_id, r.number, r.device, EXIT_INTERRUPTED, r.started,
+        self.results = [AttemptResult(r.job_id, r.number, r.device, ExitCode.INTERRUPTED, r.started,
                                       r.finished, r.host) if r.job_id == job_id else r
                         for r in self.results]  # fmt: skip
 

@@ -16,12 +16,13 @@ import pytest
 from asrforge.cli import main
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.audio import decode_audio
-from asrforge.data.carve import CARVE_FILE, carve_eval, carve_rows, training_splits
+from asrforge.data.carve import carve_eval, carve_rows, training_splits
 from asrforge.data.ids import given_ids, standard_rows
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
+from asrforge.run_layout import CARVE_FILE
 from tests.conftest import tiny_config
 
 LOCALES = {"en": "en-US", "es": "es-ES"}  # Common Voice's

@@ -44,15 +44,16 @@ from asrforge.config import (
     load_config,
 )
 from asrforge.config_yaml import load_yaml, read_yaml_text
-from asrforge.data.audio import decode_audio
+from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, UserError
 from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
-from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
+from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
+from asrforge.run_layout import CHECKPOINTS, RunLayout
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def checkpoint_contents(
     )
     generation = generation_config(base_gen, config, specials, icfg)
     step = manifest.get("step")
-    where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == "checkpoints" else str(ckpt)
+    where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == CHECKPOINTS else str(ckpt)
     note = f"{where} (step {step}), {chosen} weights"
     return BundleContents(state, config, generation, tokenizer, icfg, note)
 
@@ -492,7 +493,7 @@ def _languages_fallback(cfg: TrainConfig, ckpt: Path, specials: SpecialTokens) -
         codes = [resolve_language(c, strict=False) for c in cfg.data.languages]
         return [c for c in codes if c in specials.languages]
     seen: set[str] = set()
-    for records in sorted((ckpt.parent.parent / "eval").glob("step-*.jsonl")):
+    for records in RunLayout(ckpt.parent.parent).eval_records():
         for line in records.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
             if "language" in rec:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -32,8 +31,6 @@ from asrforge.bundle.schema import (
     INFERENCE_CONFIG,
 )
 from asrforge.bundle.write import ct2_converter, write_bundle, write_bundle_manifest, write_ct2
-from asrforge.checkpoint.average import CHECKPOINTS_DIR
-from asrforge.checkpoint.manager import UNGUARDED_DIR
 from asrforge.checkpoint.manifest import (
     MANIFEST_NAME,
     read_manifest,
@@ -51,6 +48,14 @@ from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.vocab import ids_read_as_timestamps
+from asrforge.run_layout import (
+    BEST,
+    BEST_UNGUARDED,
+    CHECKPOINTS,
+    LATEST,
+    CheckpointsLayout,
+    RunLayout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +186,9 @@ def finetuned_checkpoint(source: Path) -> Path:
         UserError: ``source`` is no checkpoint or run (a pretrained model has no start), or
             what it resolves to holds the starting weights (step 0).
     """
-    unguarded = source / CHECKPOINTS_DIR / UNGUARDED_DIR
+    unguarded = RunLayout(source).checkpoints.best_unguarded
     if (unguarded / MANIFEST_NAME).is_file():
-        log.info("%s: using checkpoints/%s", source, UNGUARDED_DIR)
+        log.info("%s: using %s/%s", source, CHECKPOINTS, BEST_UNGUARDED)
         return unguarded
     kind, path = resolve_source(source)
     if kind != "checkpoint":
@@ -192,7 +197,7 @@ def finetuned_checkpoint(source: Path) -> Path:
     if read_manifest(path).get("step") == 0:
         raise UserError(
             f"--within-guard: {path} holds the starting weights (step 0) and {source} has no "
-            f"checkpoints/{UNGUARDED_DIR}/: no fine-tuned weights are there to bring within the "
+            f"{CHECKPOINTS}/{BEST_UNGUARDED}/: no fine-tuned weights are there to bring within the "
             "guard; name a fine-tuned checkpoint (checkpoints/step-N) instead"
         )
     return path
@@ -238,7 +243,7 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
         UserError: neither is there, named.
     """
     root = ckpt.parent
-    for candidate in (root / "step-000000", root / "best"):
+    for candidate in (CheckpointsLayout(root).step(0), CheckpointsLayout(root).best):
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
             # absolute: a bundle's record must not depend on the directory export ran in
@@ -254,7 +259,8 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
     )
     raise UserError(
         f"--within-guard: the starting weights of {ckpt} are missing: no step-0 checkpoint "
-        f"({root / 'step-000000'}, or {root / 'best'} at step 0; eval.at_start saves it) {gone}"
+        f"({CheckpointsLayout(root).step(0)}, or {CheckpointsLayout(root).best} at step 0; "
+        f"eval.at_start saves it) {gone}"
     )
 
 
@@ -339,19 +345,16 @@ def resolve_source(source: Path) -> tuple[str, Path]:
         raise UserError(f"{source}: already an inference bundle")
     if (source / MANIFEST_NAME).is_file() and has_weights(source, MODEL_STEM):
         return "checkpoint", source
-    root = source / "checkpoints"
-    if root.is_dir():
-        candidates = [("best", root / "best")]
-        if (root / "latest").is_symlink():
-            candidates.append(("latest", root / os.readlink(root / "latest")))
-        elif (root / "latest.txt").is_file():
-            candidates.append(("latest", root / (root / "latest.txt").read_text().strip()))
-        for name, path in candidates:
-            if (path / MANIFEST_NAME).is_file():
+    checkpoints = RunLayout(source).checkpoints
+    if checkpoints.root.is_dir():
+        for name, path in ((BEST, checkpoints.best), (LATEST, checkpoints.latest())):
+            if path is not None and (path / MANIFEST_NAME).is_file():
                 step = read_manifest(path).get("step")
-                log.info("%s: using checkpoints/%s (step %s)", source, name, step)
+                log.info("%s: using %s/%s (step %s)", source, CHECKPOINTS, name, step)
                 return "checkpoint", path
-        raise UserError(f"{source}: has no checkpoints/best or checkpoints/latest to export")
+        raise UserError(
+            f"{source}: has no {CHECKPOINTS}/{BEST} or {CHECKPOINTS}/{LATEST} to export"
+        )
     if (source / "config.json").is_file():
         return "pretrained", source
     raise UserError(

@@ -21,7 +21,7 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
-from asrforge.text.languages import find_language_code
+from asrforge.text import languages
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class Bundle:
         """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
         language, or the one detected among the bundle's languages."""
         if language is not None:  # a code, name or locale ("de", "German", "de-AT")
-            code = find_language_code(language) or language.strip().lower()
+            code = languages.resolve_language(language, strict=False).strip().lower()
             if not self.specials.multilingual:
                 if code not in ("en", "english"):
                     raise UserError(f"language {language!r}: this bundle is English-only")

@@ -35,10 +35,11 @@ from asrforge.bundle.schema import (
     parse_inference_config,
 )
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
-from asrforge.checkpoint.shards import index_name, weight_files
+from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
+from asrforge.run_layout import RunLayout
 
 try:  # transformers' configs validate their field types with it (huggingface_hub >= 0.34)
     from huggingface_hub.errors import StrictDataclassError
@@ -56,7 +57,6 @@ GENERATION_CONFIG = "generation_config.json"
 SEAL_KEY = "bundle_seal"
 LM_WEIGHTS_KEY = "lm_weights"
 """Manifest key of the LM weights ``asrforge lm tune`` chose (``alpha``, ``beta``, how)."""
-ALIASES_KEY = "asrforge_aliases"  # as written by asrforge.checkpoint.training.save_weights
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 """Files that may hold a pickle: a bundle with one is refused (none is ever opened)."""
 _PICKLE_OR_ZIP = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -83,7 +83,7 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: no such bundle directory")
-    if not (path / MANIFEST_NAME).is_file() and (path / "checkpoints").is_dir():
+    if not (path / MANIFEST_NAME).is_file() and RunLayout(path).checkpoints.root.is_dir():
         raise CheckpointNotSupportedError(
             f"{path}: a training run directory, not an inference bundle; export it first: "
             f"asrforge export {path} --out BUNDLE_DIR"
@@ -143,11 +143,7 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, tuple[int, ...]], dic
             metadata = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointCorruptError(f"{path}: not a readable safetensors file: {e}") from None
-    try:
-        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
-    except ValueError:
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata") from None
-    return shapes, aliases
+    return shapes, aliases_in(metadata, path)
 
 
 def bundle_weight_files(path: Path) -> list[str]:

@@ -25,6 +25,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from asrforge.config import SHAPE_FIELDS, TrainConfig, format_errors
+from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class FeatureConfig(_Strict):
 
     feature_size: int = Field(gt=0)
     """Log-mel channels (``num_mel_bins``)."""
-    sampling_rate: int = 16_000
+    sampling_rate: int = SAMPLE_RATE
     """Sample rate the model expects, Hz."""
     hop_length: int = 160
     """Samples between feature frames (10 ms at 16 kHz)."""

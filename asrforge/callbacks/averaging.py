@@ -10,8 +10,9 @@ from typing import Literal
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
-from asrforge.checkpoint.average import CHECKPOINTS_DIR, average_top_k, rank_checkpoints
+from asrforge.checkpoint.average import average_top_k, rank_checkpoints
 from asrforge.checkpoint.manifest import read_manifest
+from asrforge.run_layout import RunLayout
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
 
@@ -54,7 +55,7 @@ class AverageCheckpoints(Callback):
         self.written: Path | None = None
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
-        self.root = Path(run.output_dir) / CHECKPOINTS_DIR
+        self.root = RunLayout(Path(run.output_dir)).checkpoints.root
 
     def _top(self) -> list[int]:
         mode = self.mode or ("max" if self.metric.startswith(("acc", "bleu")) else "min")

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from asrforge.callbacks.options import Options
 from asrforge.io.append import open_append
+from asrforge.run_layout import METRICS_FILE
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
 
@@ -94,9 +95,9 @@ class MetricsJsonl(Callback):
     class Options(Options):
         log_every: int | None = Field(default=None, gt=0)
         """Steps per training line; default ``train.log_every``."""
-        filename: str = "metrics.jsonl"
+        filename: str = METRICS_FILE
 
-    def __init__(self, log_every: int | None = None, filename: str = "metrics.jsonl"):
+    def __init__(self, log_every: int | None = None, filename: str = METRICS_FILE):
         self.log_every, self.filename = log_every, filename
         self.avg = _StepAverager()
         self.fh = None

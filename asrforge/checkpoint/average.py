@@ -48,9 +48,7 @@ from asrforge.checkpoint.training import (
 )
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 from asrforge.io.atomic import atomic_directory
-
-UNGUARDED_DIR = "best-unguarded"
-"""The best checkpoint the forgetting guard refused, kept beside ``best/``."""
+from asrforge.run_layout import BEST_UNGUARDED, RunLayout, step_of
 
 log = logging.getLogger(__name__)
 
@@ -315,14 +313,11 @@ def interpolate_weights(
     return out
 
 
-CHECKPOINTS_DIR = "checkpoints"
-"""A run directory's folder of checkpoints (``step-NNNNNN/``, ``latest``, ``best/``)."""
-
-
 def checkpoints_root(run_dir: Path) -> Path:
     """``run_dir/checkpoints`` when it exists, else ``run_dir`` itself."""
     run_dir = Path(run_dir)
-    return run_dir / CHECKPOINTS_DIR if (run_dir / CHECKPOINTS_DIR).is_dir() else run_dir
+    checkpoints = RunLayout(run_dir).checkpoints.root
+    return checkpoints if checkpoints.is_dir() else run_dir
 
 
 def default_mode(metric: str) -> str:
@@ -348,7 +343,7 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
         if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
             continue
         manifest = read_manifest(d)
-        if d.name == UNGUARDED_DIR:
+        if d.name == BEST_UNGUARDED:
             refused_step = manifest.get("step")
             continue
         if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
@@ -359,7 +354,7 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
         if not isinstance(value, int | float) or not math.isfinite(value):
             continue
         step = manifest["step"]
-        if step not in by_step or d.name.startswith("step-"):
+        if step not in by_step or step_of(d.name) is not None:
             by_step[step] = (float(value), step, d)
     by_step.pop(refused_step, None)
     sign = 1.0 if mode == "min" else -1.0

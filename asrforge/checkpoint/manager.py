@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from asrforge.checkpoint.average import UNGUARDED_DIR, default_mode, rank_checkpoints
+from asrforge.checkpoint.average import default_mode, rank_checkpoints
 from asrforge.checkpoint.disk import (
     GB,
     RESUME_ONLY_FILES,
@@ -58,16 +58,11 @@ from asrforge.io.records import (
     optional,
     record_problems,
 )
+from asrforge.run_layout import BEST, CheckpointsLayout, step_dir_name
 
 STATE_VERSION = 1
-_STEP_RE = re.compile(r"^step-(\d+)$")
 
 Payload = CheckpointContents | Callable[[Path], None]
-
-
-def step_dir_name(step: int) -> str:
-    """``step-000200``: six digits, zero-padded (more digits past 999999)."""
-    return f"step-{step:06d}"
 
 
 def metric_dir_name(metric: str, rank: int) -> str:
@@ -184,6 +179,7 @@ class CheckpointManager:
         log: logging.Logger | None = None,
     ):
         self.root = Path(root)
+        self.layout = CheckpointsLayout(self.root)
         self.save_total_limit = save_total_limit
         self.specs = list(keep_best or [])
         self.protect_top = list(protect_top or [])
@@ -223,24 +219,11 @@ class CheckpointManager:
 
     def step_dirs(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every ``step-*`` directory, oldest first."""
-        out = []
-        if not self.root.is_dir():
-            return out
-        for p in self.root.iterdir():
-            m = _STEP_RE.match(p.name)
-            if m and p.is_dir() and not p.is_symlink():
-                out.append((int(m.group(1)), p))
-        return sorted(out)
+        return self.layout.steps()
 
     def latest(self) -> Path | None:
         """Where ``latest`` points (no verification); None before the first save."""
-        link = self.root / "latest"
-        if link.is_symlink():
-            return self.root / os.readlink(link)
-        txt = self.root / "latest.txt"
-        if txt.is_file():
-            return self.root / txt.read_text().strip()
-        return None
+        return self.layout.latest()
 
     def latest_valid(self, *, check_hashes: bool = True) -> Path | None:
         """The newest ``step-*`` directory whose manifest verifies; a newer corrupt or
@@ -367,7 +350,7 @@ class CheckpointManager:
                 updating ``best``/top-k fails, the step directory itself is complete.)
         """
         t0 = time.perf_counter()
-        final = self.root / step_dir_name(step)
+        final = self.layout.step(step)
         metrics = _json_metrics(metrics)
         state = self._next_state(step, metrics, is_best, unguarded_step)
         if self.max_disk_gb is not None:
@@ -391,13 +374,13 @@ class CheckpointManager:
 
     def _point_latest(self, final: Path) -> None:
         try:
-            atomic_symlink(self.root / "latest", final.name)
+            atomic_symlink(self.layout.latest_link, final.name)
         except CheckpointSaveError:  # no symlinks here (some network filesystems)
-            atomic_write_text(self.root / "latest.txt", final.name + "\n")
+            atomic_write_text(self.layout.latest_txt, final.name + "\n")
 
     def _source_for(self, step: int) -> Path | None:
         """A complete directory holding ``step``: its step dir, else a best dir that has it."""
-        path = self.root / step_dir_name(step)
+        path = self.layout.step(step)
         if path.is_dir():
             return path
         for p in sorted(self.root.glob("best*")):
@@ -423,8 +406,8 @@ class CheckpointManager:
         """Make ``best/``, ``best-unguarded/`` and every ``best-<metric>-<rank>/`` hold what
         the state says."""
         if self.best_step is not None:
-            self._make_image(self.root / "best", self.best_step)
-        unguarded = self.root / UNGUARDED_DIR
+            self._make_image(self.layout.best, self.best_step)
+        unguarded = self.layout.best_unguarded
         if self.unguarded_step is not None:
             self._make_image(unguarded, self.unguarded_step)
         elif unguarded.is_dir():
@@ -551,7 +534,7 @@ class CheckpointManager:
         """The directory :meth:`prune_after_run` kept (``best/``, else the final step), when
         the run was pruned; None otherwise."""
         latest = self.latest()
-        for d in (self.root / "best", latest):
+        for d in (self.layout.best, latest):
             if d is not None and (d / MANIFEST_NAME).is_file():
                 try:
                     if PRUNED_KEY in read_manifest(d):
@@ -578,10 +561,10 @@ class CheckpointManager:
             for p in sorted(self.root.iterdir())
             if p.is_dir()
             and not p.is_symlink()
-            and (p.name == "best" or p.name.startswith("best-"))
+            and (p.name == BEST or p.name.startswith(f"{BEST}-"))
         ]
         # no evaluation chose a best, or none judged the final weights: they are a result
-        no_best = not (self.root / "best").is_dir()
+        no_best = not self.layout.best.is_dir()
         if (no_best or keep_latest) and latest is not None and latest.is_dir():
             kept.append(latest)
         try:
@@ -617,7 +600,7 @@ class CheckpointManager:
             self._delete(p)
             actions.append(f"deleted {p.name}")
         if latest is None or latest not in kept:
-            for link in (self.root / "latest", self.root / "latest.txt"):
+            for link in (self.layout.latest_link, self.layout.latest_txt):
                 if link.is_symlink() or link.is_file():
                     link.unlink()
         fsync_dir(self.root)

@@ -354,6 +354,24 @@ class LazyWeights(Mapping[str, torch.Tensor]):
 
 
 ALIASES_KEY = "asrforge_aliases"
+"""The safetensors header key of a weights file's ``{alias: kept name}`` record: tied tensors
+are stored once."""
+
+
+def aliases_in(metadata: dict[str, str], path: Path) -> dict[str, str]:
+    """The ``{alias: kept name}`` record of a safetensors header's ``metadata`` (empty when
+    none).
+
+    Raises:
+        CheckpointCorruptError: the record is damaged, naming ``path``.
+    """
+    try:
+        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+    except ValueError:
+        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata") from None
+    if not isinstance(aliases, dict):
+        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata")
+    return aliases
 
 
 def read_aliases(path: Path) -> dict[str, str]:
@@ -362,10 +380,4 @@ def read_aliases(path: Path) -> dict[str, str]:
     Raises:
         CheckpointCorruptError: the file is not safetensors, or the record is damaged.
     """
-    try:
-        aliases = json.loads(read_metadata(path).get(ALIASES_KEY, "{}"))
-    except ValueError:
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata") from None
-    if not isinstance(aliases, dict):
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata")
-    return aliases
+    return aliases_in(read_metadata(path), path)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from asrforge.checkpoint.manifest import PRUNED_KEY, sha256_file, verify, write_manifest
 from asrforge.checkpoint.sharded import METADATA_FILE, SHARDED_OPTIMIZER_DIR
 from asrforge.checkpoint.shards import (
+    ALIASES_KEY,
     LazyWeights,
     has_weights,
     index_name,
@@ -45,7 +46,6 @@ from asrforge.config_yaml import read_yaml_text
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 from asrforge.io.atomic import atomic_directory, fsync_tree
 
-ALIASES_KEY = "asrforge_aliases"
 MODEL_STEM, EMA_STEM = "model", "ema"
 MODEL_FILE = single_name(MODEL_STEM)
 EMA_FILE = single_name(EMA_STEM)

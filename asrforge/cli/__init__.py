@@ -4,8 +4,9 @@ command's parser and handler are a module of this package.
 Exit codes: 0 success (also a run stopped early by a callback or the selection policy), 1 a run
 that failed (diverged, a checkpoint or another file that could not be written, a critical
 callback), 2 bad input (a config, a path, a file): one message naming what is wrong, no
-traceback; 75 (``EXIT_INTERRUPTED``) a run stopped by SIGTERM/SIGINT after saving its checkpoint,
-which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved.
+traceback; 75 a run stopped by SIGTERM/SIGINT after saving its checkpoint,
+which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved
+(:class:`asrforge.errors.ExitCode` owns them).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from asrforge.cli import (
     vocab,
 )
 from asrforge.config_hf import flag_hint
-from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, UserError, report_exit_code
+from asrforge.errors import CheckpointSaveError, ExitCode, UserError, report_exit_code
 from asrforge.io.atomic import describe_os_error
 
 # Each command's module, in the order `asrforge --help` lists them; these modules import their
@@ -48,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asrforge",
         description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
         epilog=(
-            "Exit codes: 0 done, 1 a run failed, 2 bad input (config, path, file), "
-            f"{EXIT_INTERRUPTED} a run stopped by SIGTERM/SIGINT after saving (--resume continues it)."
+            f"Exit codes: {ExitCode.OK:d} done, {ExitCode.FAILED:d} a run failed, "
+            f"{ExitCode.BAD_INPUT:d} bad input (config, path, file), {ExitCode.INTERRUPTED:d} a run "
+            "stopped by SIGTERM/SIGINT after saving (--resume continues it)."
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
+    code = int(_main(argv))
     report_exit_code(code)
     return code
 
@@ -80,16 +82,16 @@ def _main(argv: list[str] | None) -> int:
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     except (CheckpointSaveError, OSError) as e:
         # A write (or read) the OS refused: export, average, a run's set-up, ... (a failed
         # checkpoint save is reported by `cli.train.run`). One line, no traceback; nothing
         # was half-written, as every write is atomic.
         print(f"asrforge: error: {_describe_write_failure(e)}", file=sys.stderr)
-        return 2 if _path_at_fault(e) else 1
+        return ExitCode.BAD_INPUT if _path_at_fault(e) else ExitCode.FAILED
     except KeyboardInterrupt:
         print("asrforge: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.CANCELLED
 
 
 # The path the user named is at fault (exit 2), unlike a full disk or an I/O error (exit 1).

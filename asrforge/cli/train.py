@@ -9,7 +9,7 @@ import time
 
 from asrforge.config import external_code_allowed, load_config
 from asrforge.config_reference import fields_epilog
-from asrforge.errors import EXIT_INTERRUPTED, CheckpointSaveError, RunIOError, UserError
+from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError, UserError
 from asrforge.io.atomic import directory_problem
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import CriticalCallbackError
@@ -65,20 +65,22 @@ def run(args) -> int:
         result = Trainer(cfg, callbacks, startup=startup).fit(resume=args.resume, start_over=args.start_over)
     except CriticalCallbackError as e:
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     finally:  # a data error every rank agreed to stop on leaves by this way too
         _close_process_group()
     if not is_rank_zero():  # the console is rank zero's
-        return 1 if result.status == "diverged" else 0
+        return ExitCode.FAILED if result.status == "diverged" else ExitCode.OK
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
     if result.best_step is not None:
         print(f"asrforge: {_describe_best(result)}")
     if result.refused is not None:
         print(f"asrforge: {result.refused}")
-    return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(result.status, 0)
+    return {"diverged": ExitCode.FAILED, "interrupted": ExitCode.INTERRUPTED}.get(
+        result.status, ExitCode.OK
+    )
 
 
 def _close_process_group() -> None:

@@ -19,11 +19,10 @@ from asrforge.data.ids import row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.run_layout import CARVE_FILE
 
 log = logging.getLogger(__name__)
 
-
-CARVE_FILE = "eval_carve.json"
 
 
 def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: bool):

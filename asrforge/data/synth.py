@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, directory_problem, remove_path, temporaries_of
 from asrforge.io.locks import exclusive
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 WORDS = {
     "en": ["red", "blue", "cat", "dog", "sun", "one", "two", "go", "stop", "yes", "no", "hat"],
     "es": ["sol", "mar", "gato", "uno", "dos", "rojo", "azul", "si", "pan", "luz"],

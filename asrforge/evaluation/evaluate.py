@@ -31,7 +31,6 @@ from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import Suppression, decoder_states, greedy_decode
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
-EVAL_DIR = "eval"
 """A run directory's folder of evaluation records (``step-NNNNNN.jsonl``, long-form, guard)."""
 
 log = logging.getLogger(__name__)

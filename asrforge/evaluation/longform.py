@@ -30,10 +30,11 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
-from asrforge.evaluation.evaluate import EVAL_DIR, error_rate_or_nan
+from asrforge.evaluation.evaluate import error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.fallback import Fallback
 from asrforge.model.longform import choose_chunking, transcribe_long
+from asrforge.run_layout import RunLayout
 from asrforge.text import cer, normalize, wer
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
         metrics["longform_chunking"],
     )
     if acc.is_main_process:
-        write_records(run.output_dir / EVAL_DIR / f"longform-step-{step:06d}.jsonl", records, metrics)
+        write_records(RunLayout(run.output_dir).longform_record(step), records, metrics)
     return metrics
 
 

@@ -19,6 +19,7 @@ from asrforge.config_yaml import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker
+from asrforge.run_layout import CONFIG_FILE, METRICS_FILE, RunLayout
 from asrforge.text.languages import primary_metric
 
 METRICS = ("wer", "cer", "loss")
@@ -86,7 +87,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     train: list[tuple[int, float]] = []
     saves: list[tuple[int, str]] = []
     begin = end = None
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     lines = []
     if path.is_file():
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -111,7 +112,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         elif event == "train_end":
             end = rec
     if not evals:
-        for f in sorted((run_dir / "eval").glob("step-*.jsonl")):
+        for f in RunLayout(run_dir).eval_records():
             last = f.read_text(encoding="utf-8", errors="replace").strip().rsplit("\n", 1)[-1]
             try:
                 rec = json.loads(last)
@@ -137,7 +138,7 @@ def collect(runs_dir: Path) -> list[JobReport]:
             planned = {j["job_id"]: j for j in json.loads(index.read_text())["jobs"]}
         except (ValueError, KeyError, TypeError):
             planned = {}
-    signs = ("config.yaml", "metrics.jsonl", "DONE", "FAILED")
+    signs = (CONFIG_FILE, METRICS_FILE, "DONE", "FAILED")
     found = sorted(
         d.name for d in runs.iterdir() if d.is_dir() and any((d / n).exists() for n in signs)
     ) if runs.is_dir() else []
@@ -166,9 +167,8 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     r.evals, r.train_loss, r.saves = run["evals"], run["train"], run["saves"]
     logged = {s for s, _ in r.saves}
     # a process killed right after a save may not have logged it: the directory tells
-    for d in (run_dir / "checkpoints").glob("step-*"):
-        step = int(d.name[5:]) if d.name[5:].isdigit() else None
-        if step is not None and step not in logged and (d / "manifest.json").is_file():
+    for step, d in RunLayout(run_dir).checkpoints.steps():
+        if step not in logged and (d / "manifest.json").is_file():
             r.saves.append((step, "step"))
     begin, end = run["begin"], run["end"]
     steps = [e["step"] for e in r.evals] + [t[0] for t in r.train_loss]
@@ -215,7 +215,7 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
 
 def _policy_from_checkpoint(run_dir: Path) -> str | None:
     try:
-        state = json.loads((run_dir / "checkpoints" / "best" / "train_state.json").read_text())
+        state = json.loads((RunLayout(run_dir).checkpoints.best / "train_state.json").read_text())
         return (state.get("selection") or {}).get("policy")
     except (OSError, ValueError):
         return None

@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asrforge.data.synth import make_tones_dataset
-from asrforge.errors import EXIT_INTERRUPTED
+from asrforge.errors import ExitCode
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.directories import refuse_links_under
 from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import SLURM_DIR, Job, Plan
 from asrforge.matrix.search import Search
+from asrforge.run_layout import RunLayout
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -72,12 +73,14 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return 130 if self.interrupted else (1 if self.failed or self.unfinished else 0)
+        if self.interrupted:
+            return ExitCode.CANCELLED
+        return ExitCode.FAILED if self.failed or self.unfinished else ExitCode.OK
 
 
 def last_train_end(run_dir: Path) -> dict[str, Any] | None:
     """The ``train_end`` record of the run's last start (None: it did not end normally)."""
-    path = run_dir / "metrics.jsonl"
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         return None
     end = None
@@ -94,8 +97,7 @@ def last_train_end(run_dir: Path) -> dict[str, Any] | None:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    ckpts = run_dir / "checkpoints"
-    return ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir())
+    return bool(RunLayout(run_dir).checkpoints.steps())
 
 
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -265,10 +267,10 @@ class Launcher:
               and end.get("status") in ("completed", "stopped"))
         why = (res.error or (f"exit code {res.returncode}" if res.returncode else None)
                or ("the run was interrupted" if end else "the run did not end normally"))
-        if res.returncode == 2:
+        if res.returncode == ExitCode.BAD_INPUT:
             why += " (bad input: a config, path or checkpoint to fix; not retried)"
-        elif res.returncode == EXIT_INTERRUPTED:
-            why = f"interrupted by a signal after saving a checkpoint (exit code {EXIT_INTERRUPTED})"
+        elif res.returncode == ExitCode.INTERRUPTED:
+            why = f"interrupted by a signal after saving a checkpoint (exit code {ExitCode.INTERRUPTED:d})"
         r.history.append({"attempt": r.attempt, "device": r.device.label, "host": res.host,
                           "returncode": res.returncode,
                           "seconds": round(res.finished - res.started, 3),

@@ -28,6 +28,7 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import read_marker
 from asrforge.matrix.plan import Job, Plan, SearchConfig, normalize_overrides, yaml_string
+from asrforge.run_layout import RunLayout
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -197,7 +198,7 @@ class Search:
         trial = self.trials.get(job.job_id)
         if trial is None or self.spec.pruner.kind == "none":
             return False
-        path = self.plan.run_dir(job) / "metrics.jsonl"
+        path = RunLayout(self.plan.run_dir(job)).metrics
         try:
             with open(path, "rb") as f:
                 f.seek(trial.metrics_read)

@@ -19,9 +19,10 @@ from transformers import (
 from transformers import logging as hf_logging
 
 from asrforge.config import SHAPE_FIELDS, ModelConfig
+from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.model.embeddings import extend_pretrained
-from asrforge.model.frames import HOP_LENGTH, SAMPLE_RATE, window_seconds
+from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.lowbit import stored_numel
 from asrforge.model.partial import freeze_encoder_part
 from asrforge.model.tokenizer import (

@@ -3,8 +3,6 @@ window the encoder sees is."""
 
 from __future__ import annotations
 
-SAMPLE_RATE = 16_000
-"""Hz of the audio Whisper's feature extractor takes (``asrforge.data.audio`` decodes to it)."""
 HOP_LENGTH = 160
 """Samples between log-mel frames: 100 frames per second."""
 ENCODER_POSITIONS_PER_SECOND = 50

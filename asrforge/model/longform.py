@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import TimestampRules, TimestampVocab, greedy_decode
@@ -97,7 +98,7 @@ def transcribe_by_timestamps(
     *,
     decode_text: Callable[[list[int]], str],
     window_samples: int,
-    sample_rate: int = 16_000,
+    sample_rate: int = SAMPLE_RATE,
     startofprev: int | None = None,
 ) -> list[list[Segment]]:
     """Sequential windows moved by timestamps (see the module docstring). The current windows
@@ -149,7 +150,7 @@ def transcribe_by_silence(
     *,
     decode_text: Callable[[list[int]], str],
     window_seconds: float,
-    sample_rate: int = 16_000,
+    sample_rate: int = SAMPLE_RATE,
 ) -> list[list[Segment]]:
     """Cut each recording at its quietest moments (:func:`asrforge.model.silence.segment`) and
     decode every piece; one segment per piece that has text."""
@@ -180,7 +181,7 @@ def decode_windows(
     device: torch.device | str = "cpu",
     rules=None,
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-    sample_rate: int = 16_000,
+    sample_rate: int = SAMPLE_RATE,
     beam_size: int = 1,
     fallback: Fallback | None = None,
     decode_text: Callable[[list[int]], str] | None = None,
@@ -288,7 +289,7 @@ def transcribe_long(
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     condition_on_previous_text: bool = False,
-    sample_rate: int = 16_000,
+    sample_rate: int = SAMPLE_RATE,
     beam_size: int = 1,
     fallback: Fallback | None = None,
     fusion=None,

@@ -14,14 +14,7 @@ import torch
 from transformers import BitsAndBytesConfig
 
 from asrforge.errors import UserError
-
-COMPUTE_DTYPES = {
-    "no": torch.float32,
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
-"""A 4-bit base's matmul dtype for each autocast precision (``train.precision`` resolved)."""
+from asrforge.model.dtypes import precision_dtype
 
 
 def bitsandbytes(option: str):
@@ -52,7 +45,7 @@ def quantization_config(quantize: str, precision: str) -> BitsAndBytesConfig:
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=COMPUTE_DTYPES[precision],
+            bnb_4bit_compute_dtype=precision_dtype(precision),
         )
     return BitsAndBytesConfig(load_in_8bit=True)
 

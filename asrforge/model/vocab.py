@@ -23,7 +23,7 @@ from asrforge.config import DataConfig
 from asrforge.data.sources import read_split
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import TIME_PRECISION, load_tokenizer
-from asrforge.text.languages import find_language_code
+from asrforge.text.languages import find_language_code, resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -463,14 +463,14 @@ def read_transcripts(data: Path | DataConfig, language: str, split: str = "train
     the ``language`` column and ``language`` may be codes, names or locales (resolved alike), and
     data without a language column is all ``language``."""
 
-    wanted = find_language_code(language) or language
+    wanted = resolve_language(language, strict=False)
     ds = read_split(data, split, required=("text",), default_language=wanted)
     codes: dict[str, str] = {}  # the column's spellings ("English", "en-US") -> code
     texts = []
     for batch in ds.select_columns(["text", "language"]).iter(batch_size=4096):
         for t, lang in zip(batch["text"], batch["language"], strict=True):
             if lang not in codes:
-                codes[lang] = find_language_code(str(lang)) or str(lang)
+                codes[lang] = resolve_language(str(lang), strict=False)
             if codes[lang] == wanted and isinstance(t, str) and t.strip():
                 texts.append(t.strip())
     return texts

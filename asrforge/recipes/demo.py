@@ -28,7 +28,7 @@ from asrforge.data.guard_set import (
     join_waves,
 )
 from asrforge.data.sources import load_arrow
-from asrforge.errors import EXIT_INTERRUPTED, UserError
+from asrforge.errors import ExitCode, UserError
 from asrforge.evaluation.evaluate import evaluate_split, summarize
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo_options import CONFIG, DemoOptions
@@ -549,10 +549,10 @@ def stop_after_fine_tune(result, run_dir: Path, root: Path, say: Progress) -> in
             f"{shlex.quote(str(run_dir / 'config.yaml'))} --resume, then export it with: "
             f"asrforge export {shlex.quote(str(run_dir))} --out "
             f"{shlex.quote(str(root / 'bundle'))} (or run asrforge demo again)")
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     if result.status == "diverged":
         say("fine-tune: the run diverged; no bundle is exported")
-        return 1
+        return ExitCode.FAILED
     return None
 
 

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from asrforge.errors import UserError
+from asrforge.text.languages import UNSPACED_LANGUAGES
 
 RULES_VERSION = 2
 """Bumped whenever a change here changes the sentences drawn for a seed."""
@@ -36,8 +37,6 @@ contractions ("m", "s", "t") that espeak-ng spells out."""
 MIN_WORDS, MAX_WORDS = 4, 10
 """Words per sentence (inclusive bounds)."""
 
-# Languages written without spaces between words: their words are joined with no separator.
-_UNSPACED = {"zh", "ja"}
 _KANA = {"HIRAGANA", "KATAKANA"}
 
 
@@ -118,7 +117,8 @@ def make_sentence(
         w = rng.choices(pool, cum_weights=weights)[0]
         if not words or w != words[-1]:
             words.append(w)
-    if language in _UNSPACED:
+    # of the unspaced languages the corpus builds only Chinese and Japanese (corpus_languages)
+    if language in UNSPACED_LANGUAGES:
         return "".join(words) + "。"
     text = " ".join(words)
     if language == "en":  # English writes the pronoun capitalized anywhere
@@ -350,7 +350,7 @@ def _speakable(sentence: str, language: str, min_words: int, max_words: int) -> 
     body = sentence[:-1]
     if any(not (unicodedata.category(c)[0] in "LM" or c == " " or c in _INNER_MARKS) for c in body):
         return False
-    if language in _UNSPACED:
+    if language in UNSPACED_LANGUAGES:
         if any(not _is_cjk(c) and c not in _INNER_MARKS for c in body):
             return False  # Latin words and spaces inside a Chinese sentence
         n_words = len(body) / 4  # about four characters a word, for the same length bounds

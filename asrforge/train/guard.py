@@ -20,16 +20,16 @@ from asrforge.checkpoint.average import interpolate_weights
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.guard_set import GuardWindow
 from asrforge.errors import UserError
-from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
+from asrforge.model.dtypes import is_full_precision, precision_dtype
+from asrforge.run_layout import RunLayout
 from asrforge.selection.groups import run_language
 from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
 from asrforge.train.guard_items import GuardItem, load_guard_items
 
-PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """``eval.guard.precision`` -> the autocast dtype (fp32: no autocast)."""
 
 log = logging.getLogger("asrforge.train")
@@ -95,9 +95,9 @@ class Guard:
     def _autocast(self, device) -> contextlib.AbstractContextManager:
         """The guard's own precision, whatever the caller autocasts in (fp32: autocast off)."""
         kind = torch.device(device).type
-        if self.precision == "fp32":
+        if is_full_precision(self.precision):
             return torch.autocast(kind, enabled=False)
-        return torch.autocast(kind, dtype=PRECISION_DTYPES[self.precision])
+        return torch.autocast(kind, dtype=precision_dtype(self.precision))
 
     @torch.no_grad()
     def transcribe(self, model, *, device) -> list[str]:
@@ -305,10 +305,9 @@ class Guard:
             if k in measured:
                 record["detected"] = code_of[self.last_detected[k]]
             lines.append(json.dumps(record, ensure_ascii=False))
-        (out_dir / EVAL_DIR).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            out_dir / EVAL_DIR / f"guard-step-{step:06d}.jsonl", "\n".join(lines) + "\n"
-        )
+        layout = RunLayout(out_dir)
+        layout.eval_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(layout.guard_record(step), "\n".join(lines) + "\n")
 
 
 def measure_interpolations(
@@ -361,7 +360,7 @@ def recorded_gate(ckpt: Path, tolerance: float) -> GuardGate:
 def recorded_language(out_dir: Path) -> str | None:
     """The language most of the guard's items were transcribed in at step 0, as the run's
     ``eval/guard-step-000000.jsonl`` records it (None: no record)."""
-    path = out_dir / EVAL_DIR / "guard-step-000000.jsonl"
+    path = RunLayout(out_dir).guard_record(0)
     try:
         lines = path.read_text().splitlines()
     except OSError:

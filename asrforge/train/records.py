@@ -8,10 +8,9 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.data.rules import SkipReport
-from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.atomic import atomic_write_text
+from asrforge.run_layout import RunLayout
 from asrforge.train.events import Decision
-from asrforge.train.run_dir import CONFIG_FILE
 
 
 def scalars(metrics: dict) -> dict:
@@ -20,7 +19,7 @@ def scalars(metrics: dict) -> dict:
 
 def write_config(out: Path, cfg: TrainConfig) -> None:
     """``config.yaml``: the resolved config of the run."""
-    atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
+    atomic_write_text(RunLayout(out).config, cfg.to_yaml())
 
 
 def write_eval_records(
@@ -41,8 +40,9 @@ def write_eval_records(
         "normalizer": metrics.get("normalizer"),
     }
     lines.append(json.dumps(summary, ensure_ascii=False))
-    (out / EVAL_DIR).mkdir(exist_ok=True)
-    atomic_write_text(out / EVAL_DIR / f"step-{step:06d}.jsonl", "\n".join(lines) + "\n")
+    layout = RunLayout(out)
+    layout.eval_dir.mkdir(exist_ok=True)
+    atomic_write_text(layout.eval_record(step), "\n".join(lines) + "\n")
 
 
 def write_skip_report(

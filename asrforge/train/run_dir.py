@@ -20,20 +20,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.training import TOKENIZER_DIR
-from asrforge.data.carve import CARVE_FILE
 from asrforge.errors import CheckpointSaveError
-from asrforge.evaluation.evaluate import EVAL_DIR
 from asrforge.io.append import LinkRefused, open_no_follow
 from asrforge.io.atomic import atomic_write_bytes
-from asrforge.train.run_log import RUN_LOG, detach_run_log
-
-CONFIG_FILE = "config.yaml"
-"""The run's resolved config, written by start-up over an earlier run's."""
+from asrforge.run_layout import CACHE, CARVE_FILE, CHECKPOINTS, CONFIG_FILE, EVAL, RUN_LOG
+from asrforge.train.run_log import detach_run_log
 
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, "cache", CHECKPOINTS_DIR, EVAL_DIR}
+    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, CACHE, CHECKPOINTS, EVAL}
 )
 """Top-level names of a run directory that start-up creates (besides ``skipped-*.json`` and the
 callbacks' files)."""

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from asrforge.io.append import open_append
+from asrforge.run_layout import RunLayout
 
 log = logging.getLogger("asrforge.train")
-RUN_LOG = "train.log"
 
 
 def is_rank_zero() -> bool:
@@ -36,7 +36,7 @@ def setup_logging(output_dir: Path | None, is_main: bool) -> logging.Handler | N
             h.setLevel(logging.INFO if is_main else logging.ERROR)
     if output_dir is None or not is_main:
         return None
-    fh = _RunLogFile(output_dir / RUN_LOG)
+    fh = _RunLogFile(RunLayout(output_dir).log)
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(fh)
     return fh

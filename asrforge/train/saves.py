@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asrforge.checkpoint import CheckpointContents, capture_rng_state
-from asrforge.checkpoint.manager import step_dir_name
 from asrforge.checkpoint.training import save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.io.atomic import TMP_PREFIX
 from asrforge.model import lora
+from asrforge.run_layout import step_dir_name
 from asrforge.train.events import Decision
 from asrforge.train.forward import WHISPER_PREFIX
 from asrforge.train.records import scalars

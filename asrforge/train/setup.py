@@ -19,7 +19,6 @@ from asrforge.checkpoint import (
     TrainingCheckpoint,
     load_training_checkpoint,
 )
-from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import (
     check_resume_config,
@@ -48,6 +47,7 @@ from asrforge.model.build import (
 )
 from asrforge.model.lowbit import prepare_for_training, quantization_config
 from asrforge.model.tokenizer import load_tokenizer
+from asrforge.run_layout import RunLayout
 from asrforge.selection.groups import mixed_groups, run_language
 from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
@@ -293,7 +293,7 @@ def find_resume(
     from, its config checked against this one before anything is written (a refused resume
     changes nothing)."""
     manager = CheckpointManager(
-        out / CHECKPOINTS_DIR,
+        RunLayout(out).checkpoints.root,
         save_total_limit=cfg.checkpoint.save_total_limit,
         keep_best=list(cfg.checkpoint.keep_best),
         protect_top=averaging_specs(cfg.callbacks),

@@ -39,13 +39,14 @@ from transformers.models.whisper.modeling_whisper import WhisperDecoderLayer, Wh
 
 from asrforge.checkpoint.sharded import load_sharded, save_sharded
 from asrforge.errors import UserError
+from asrforge.model.dtypes import precision_dtype
 
 WRAPPED_LAYERS = (WhisperEncoderLayer, WhisperDecoderLayer)
 """The units of sharding: one all-gather before each layer runs, one reduce-scatter after its
 backward."""
-_PARAM_DTYPES = {"bf16": torch.bfloat16}
-"""Precisions whose weights are gathered and used in a low dtype (sharded fp32 master weights,
-gradients reduced in fp32); fp32 runs gather fp32."""
+_LOW_PARAM_PRECISIONS = frozenset({"bf16"})
+"""Precisions whose weights are gathered and used in their low dtype (sharded fp32 master
+weights, gradients reduced in fp32); other runs gather fp32."""
 
 
 def check_processes(num_processes: int, precision: str, launched_as: str) -> None:
@@ -80,7 +81,7 @@ def shard_model(model: nn.Module, precision: str, device: torch.device) -> nn.Mo
         precision: the run's resolved precision (``bf16``, ``fp32``, ``no``).
         device: the process's device (``train.device: cpu`` on a GPU machine shards on CPUs).
     """
-    dtype = _PARAM_DTYPES.get(precision)
+    dtype = precision_dtype(precision) if precision in _LOW_PARAM_PRECISIONS else None
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     # One dimension over every process; the default would take the GPU even for CPU runs.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

@@ -1,0 +1,136 @@
+"""The names of a run directory: where a run keeps its checkpoints, evaluation records, logs and
+caches. Every reader and writer of a run directory asks :class:`RunLayout` (or, for a folder of
+checkpoints alone, :class:`CheckpointsLayout`) instead of spelling a name.
+
+A run directory::
+
+    config.yaml  train.log  metrics.jsonl  eval_carve.json  cache/
+    checkpoints/  step-000200/ ...  latest -> step-000200 (or latest.txt)  best/  best-unguarded/
+    eval/  step-000200.jsonl  guard-step-000200.jsonl  longform-step-000200.jsonl
+
+This module imports nothing of ours, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINTS = "checkpoints"
+EVAL = "eval"
+CONFIG_FILE = "config.yaml"
+"""The run's resolved config, written by start-up over an earlier run's."""
+RUN_LOG = "train.log"
+METRICS_FILE = "metrics.jsonl"
+"""The ``metrics_jsonl`` callback's file, under its default name."""
+CARVE_FILE = "eval_carve.json"
+CACHE = "cache"
+BEST = "best"
+BEST_UNGUARDED = "best-unguarded"
+"""The best checkpoint the forgetting guard refused, kept beside ``best/``."""
+LATEST = "latest"
+LATEST_TXT = "latest.txt"
+"""Where a filesystem without symbolic links records ``latest``."""
+
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step-000200``: six digits, zero-padded (more digits past 999999)."""
+    return f"step-{step:06d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a ``step-NNNNNN`` name holds; None for any other name."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class CheckpointsLayout:
+    """A folder of checkpoints: ``step-NNNNNN/``, ``latest``, ``best/``, ``best-unguarded/``."""
+
+    root: Path
+
+    def step(self, step: int) -> Path:
+        return self.root / step_dir_name(step)
+
+    @property
+    def best(self) -> Path:
+        return self.root / BEST
+
+    @property
+    def best_unguarded(self) -> Path:
+        return self.root / BEST_UNGUARDED
+
+    @property
+    def latest_link(self) -> Path:
+        return self.root / LATEST
+
+    @property
+    def latest_txt(self) -> Path:
+        return self.root / LATEST_TXT
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every ``step-*`` directory (not a link to one), oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [(step_of(p.name), p) for p in self.root.iterdir()]
+        return sorted((s, p) for s, p in found if s is not None and p.is_dir() and not p.is_symlink())
+
+    def latest(self) -> Path | None:
+        """Where ``latest`` points (nothing verified); None before the first save."""
+        if self.latest_link.is_symlink():
+            return self.root / os.readlink(self.latest_link)
+        if self.latest_txt.is_file():
+            return self.root / self.latest_txt.read_text().strip()
+        return None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """One run directory's places."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> CheckpointsLayout:
+        return CheckpointsLayout(self.root / CHECKPOINTS)
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / EVAL
+
+    def eval_record(self, step: int) -> Path:
+        """``eval/step-NNNNNN.jsonl``: each evaluated utterance and the summary."""
+        return self.eval_dir / f"{step_dir_name(step)}.jsonl"
+
+    def guard_record(self, step: int) -> Path:
+        """``eval/guard-step-NNNNNN.jsonl``: the forgetting guard's transcripts."""
+        return self.eval_dir / f"guard-{step_dir_name(step)}.jsonl"
+
+    def longform_record(self, step: int) -> Path:
+        """``eval/longform-step-NNNNNN.jsonl``: the long recordings' transcripts."""
+        return self.eval_dir / f"longform-{step_dir_name(step)}.jsonl"
+
+    def eval_records(self) -> list[Path]:
+        """Every ``eval/step-*.jsonl``, in step order."""
+        return sorted(self.eval_dir.glob("step-*.jsonl"))
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.root / RUN_LOG
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def cache(self) -> Path:
+        return self.root / CACHE
