@@ -14,12 +14,12 @@ from safetensors.torch import load_file
 from asrforge.callbacks import build_callbacks
 from asrforge.cli.train import _describe_best
 from asrforge.config import ConfigError, load_config
+from asrforge.evaluation.guard import Guard
 from asrforge.matrix.report import collect, render
 from asrforge.model.build import build_model, build_tokenizer
 from asrforge.selection.policies import ByWer
 from asrforge.selection.selector import Selector
 from asrforge.train.events import Callback
-from asrforge.train.guard import Guard
 from asrforge.train.loop import NOT_IMPROVED, Trainer
 from asrforge.train.run import FitResult, TrainingRun
 from tests.conftest import tiny_config

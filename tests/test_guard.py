@@ -13,11 +13,11 @@ import soundfile as sf
 
 from asrforge.config import GuardConfig
 from asrforge.errors import UserError
+from asrforge.evaluation.guard import Guard
+from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.selection.guard_gate import GuardGate
 from asrforge.selection.policies import ByLoss, ByWer, CombinedGate
 from asrforge.selection.selector import Selector
-from asrforge.train.guard import Guard
-from asrforge.train.guard_items import GuardItem, load_guard_items
 
 POLICIES = {"by_wer": ByWer, "by_loss": ByLoss, "combined_gate": CombinedGate}
 
@@ -166,7 +166,7 @@ def test_drift_is_scored_against_the_start_transcripts():
 def test_unspaced_languages_are_guarded_by_cer_as_evaluation_judges_them():
     """A Chinese sentence is one "word": one wrong character made the old guard's WER 100%,
     so a barely changed model looked like it forgot everything. CER, as evaluation uses."""
-    from asrforge.train.guard import log_text
+    from asrforge.evaluation.guard import log_text
 
     def guard(language: str, refs: tuple[str, str] | None) -> Guard:
         items = [
@@ -337,7 +337,7 @@ def test_a_directory_of_recordings_with_a_sidecar_file_is_still_audio_files(tone
 @pytest.mark.fast
 @pytest.mark.parametrize("bad", ['{"language": "en"', "[1, 2]", "\xff"])
 def test_a_damaged_step_0_guard_record_is_named(tmp_path, bad):
-    from asrforge.train.guard import recorded_language
+    from asrforge.evaluation.guard import recorded_language
 
     assert recorded_language(tmp_path) is None
     (tmp_path / "eval").mkdir()

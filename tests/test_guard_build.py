@@ -13,7 +13,7 @@ import pytest
 from asrforge.cli import main
 from asrforge.config import GuardConfig
 from asrforge.data.guard_set import MANIFEST
-from asrforge.train.guard_items import load_guard_items
+from asrforge.evaluation.guard_items import load_guard_items
 from tests.conftest import tiny_config
 
 
@@ -145,7 +145,7 @@ def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatc
 
     from asrforge.data.guard_set import GuardClip, GuardWindow
     from asrforge.errors import UserError
-    from asrforge.train import guard as guard_module
+    from asrforge.evaluation import guard as guard_module
 
     def window(name: str, seconds: float) -> GuardWindow:
         clip = GuardClip(Path(f"/clips/{name}.wav"), seconds, "en", None)

@@ -13,10 +13,10 @@ from conftest import tiny_config
 from asrforge.callbacks import build_callbacks
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.errors import CheckpointNotSupportedError, UserError
+from asrforge.evaluation.guard import Guard
 from asrforge.selection.guard_gate import WITHIN_GUARD_SHARES, GuardGate, largest_share_within
 from asrforge.selection.policies import ByWer
 from asrforge.selection.selector import Selector
-from asrforge.train.guard import Guard
 from asrforge.train.loop import NOT_IMPROVED, Trainer
 
 
@@ -249,7 +249,7 @@ def test_the_refused_step_names_the_guard_s_metric():
 
 @pytest.mark.fast
 def test_export_within_guard_of_a_directory_that_is_no_run_names_it(tmp_path):
-    from asrforge.within_guard import export_within_guard
+    from asrforge.bundle.within_guard import export_within_guard
 
     with pytest.raises(UserError, match="not a checkpoint") as refused:
         export_within_guard(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from asrforge.evaluation.guard import Guard, log_text
+from asrforge.evaluation.guard_items import GuardItem
 from asrforge.selection.guard_gate import GuardGate, describe_refused, largest_share_within
-from asrforge.train.guard import Guard, log_text
-from asrforge.train.guard_items import GuardItem
 
 pytestmark = pytest.mark.fast
 

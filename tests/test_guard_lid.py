@@ -9,10 +9,10 @@ import json
 import pytest
 
 from asrforge.config import GuardConfig
+from asrforge.evaluation.guard_items import load_guard_items
 from asrforge.selection.guard_gate import GuardGate, describe_refused
 from asrforge.selection.policies import ByWer
 from asrforge.selection.selector import Selector
-from asrforge.train.guard_items import load_guard_items
 
 
 def _gate(lid_tolerance: float | None = 0.05, lid_start: float | None = 0.95) -> GuardGate:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import asrforge.train.guard as guard_module
+import asrforge.evaluation.guard as guard_module
 from asrforge.errors import UserError
+from asrforge.evaluation.guard import Guard
+from asrforge.evaluation.guard_items import GuardItem
 from asrforge.selection.guard_gate import GuardGate
-from asrforge.train.guard import Guard
-from asrforge.train.guard_items import GuardItem
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
 

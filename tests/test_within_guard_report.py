@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import tiny_config
 
-import asrforge.within_guard as within_guard
+import asrforge.bundle.within_guard as within_guard
 from asrforge.callbacks import build_callbacks
+from asrforge.evaluation.guard import Guard, log_text
 from asrforge.selection.guard_gate import GuardGate
-from asrforge.train.guard import Guard, log_text
 from asrforge.train.loop import Trainer
 
 

@@ -153,7 +153,7 @@ def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
                         shard_size: str | None) -> int:  # fmt: skip
     """``--within-guard``: the export within the guard, and what it measured and wrote."""
     # torch and transformers load with it, so only when the command runs (as above).
-    from asrforge.within_guard import export_within_guard
+    from asrforge.bundle.within_guard import export_within_guard
 
     out, facts, gate = export_within_guard(
         args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,

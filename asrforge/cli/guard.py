@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         read_clips,
         write_guard_set,
     )
-    from asrforge.train.guard import attach_model_references
+    from asrforge.evaluation.guard import attach_model_references
 
     window = GUARD_WINDOW_SECONDS if args.window_seconds is None else args.window_seconds
     gap = GUARD_GAP_SECONDS if args.gap_seconds is None else args.gap_seconds

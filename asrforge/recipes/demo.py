@@ -30,12 +30,12 @@ from asrforge.data.guard_set import (
 from asrforge.data.sources import load_arrow
 from asrforge.errors import ExitCode, UserError
 from asrforge.evaluation.evaluate import evaluate_split, summarize
+from asrforge.evaluation.guard import guard_transcripts
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo_options import CONFIG, DemoOptions
 from asrforge.text import normalize, wer
 from asrforge.text.metrics import strict_json_metrics
 from asrforge.train.events import Callback, Decision
-from asrforge.train.guard import guard_transcripts
 from asrforge.train.loop import Trainer
 from asrforge.train.state import TrainState
 

@@ -1,6 +1,6 @@
 """``asrforge demo --language es``: Whisper tiny.en taught a new language, end to end, under a
 forgetting guard on English, then brought back inside the guard by interpolating its weights
-with tiny.en's (WiSE-FT, :mod:`asrforge.within_guard`).
+with tiny.en's (WiSE-FT, :mod:`asrforge.bundle.within_guard`).
 
 The steps, and the English demo's pieces each reuses (:mod:`asrforge.recipes.demo`):
 
@@ -16,7 +16,7 @@ The steps, and the English demo's pieces each reuses (:mod:`asrforge.recipes.dem
    English, and the run keeps its best in ``checkpoints/best-unguarded``.
 5. **export**: a bundle of the fine-tuned weights (``bundle-finetuned``), and the largest share
    of them, interpolated with tiny.en's, whose guard stays within the tolerance (``bundle``;
-   :func:`~asrforge.within_guard.export_within_guard`).
+   :func:`~asrforge.bundle.within_guard.export_within_guard`).
 6. **after**: both bundles measured as tiny.en was; the table, the targets, the report.
 
 How to teach a model a new language, of which this is the worked example: docs/new-language.md.
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from asrforge.bundle import export_bundle, load_bundle
 from asrforge.bundle.export import finetuned_checkpoint
+from asrforge.bundle.within_guard import export_within_guard
 from asrforge.config import load_config
 from asrforge.errors import UserError
 from asrforge.recipes.corpus import CorpusSpec, build_corpus, plan_speakers
@@ -54,7 +55,6 @@ from asrforge.recipes.demo_options import LANGUAGE_CONFIGS, DemoOptions
 from asrforge.recipes.sentences import FORTUNES, fortunes_available
 from asrforge.text.languages import language_name
 from asrforge.text.metrics import strict_json_metrics
-from asrforge.within_guard import export_within_guard
 
 TARGET_WER = 0.40
 """What the new-language demo aims for: the language's test WER within the guard at most this."""

@@ -18,6 +18,7 @@ from asrforge.data.dataset import dropped_by_reason
 from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.evaluation.evaluate import evaluate
+from asrforge.evaluation.guard import build_guard, guard_language, log_text
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
@@ -25,7 +26,6 @@ from asrforge.selection.guard_gate import describe_refused
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import CallbackList, Decision, RunInfo
 from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
-from asrforge.train.guard import build_guard, guard_language, log_text
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
 from asrforge.train.records import write_eval_records, write_skip_report

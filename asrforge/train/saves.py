@@ -30,7 +30,7 @@ GUARD_META = (
     "guard_lid_start",
     "guard_lid_tolerance",
 )
-"""The forgetting guard's metrics a checkpoint's metadata names (``asrforge.train.guard``)."""
+"""The forgetting guard's metrics a checkpoint's metadata names (``asrforge.evaluation.guard``)."""
 
 
 def saves_this_step(

@@ -17,11 +17,7 @@ from asrforge.bundle.export import (
 )
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.errors import UserError
-from asrforge.model.build import BuiltModel
-from asrforge.model.frames import window_seconds
-from asrforge.model.tokenizer import SpecialTokens
-from asrforge.selection.guard_gate import GuardGate
-from asrforge.train.guard import (
+from asrforge.evaluation.guard import (
     build_guard,
     guard_language,
     log_text,
@@ -29,6 +25,10 @@ from asrforge.train.guard import (
     recorded_gate,
     recorded_language,
 )
+from asrforge.model.build import BuiltModel
+from asrforge.model.frames import window_seconds
+from asrforge.model.tokenizer import SpecialTokens
+from asrforge.selection.guard_gate import GuardGate
 
 
 def run_guard(cfg, run_dir: Path, contents, model):

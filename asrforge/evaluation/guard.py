@@ -1,7 +1,7 @@
 """The forgetting guard's measurement: how well the model still transcribes speech it already
 handled before fine-tuning (``eval.guard``).
 
-How it measures: docs/guard.md, "The guard's measurement (`train/guard.py`)".
+How it measures: docs/guard.md, "The guard's measurement (`evaluation/guard.py`)".
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from asrforge.checkpoint.average import interpolate_weights
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.guard_set import GuardWindow
 from asrforge.errors import UserError
+from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
@@ -28,7 +29,6 @@ from asrforge.selection.groups import run_language
 from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
 from asrforge.text import error_rates, normalize, primary_metric, wer
 from asrforge.text.languages import resolve_language
-from asrforge.train.guard_items import GuardItem, load_guard_items
 
 """``eval.guard.precision`` -> the autocast dtype (fp32: no autocast)."""
 
