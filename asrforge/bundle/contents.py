@@ -49,6 +49,7 @@ from asrforge.data.audio import decode_audio
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, UserError
+from asrforge.hub import model_dir_if_any
 from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
@@ -263,7 +264,7 @@ def _multilingual(cfg: ModelConfig, vocab_size: int, recorded: bool | None = Non
         return recorded
     if cfg.pretrained is None:
         return True
-    if (Path(cfg.pretrained) / "config.json").is_file():
+    if (pretrained := model_dir_if_any(cfg.pretrained)) and (pretrained / "config.json").is_file():
         return is_multilingual(cfg)
     return vocab_size >= 51865  # transformers' rule, for checkpoints that did not record it
 
@@ -330,7 +331,9 @@ def _whisper_config(
             whose shape is no longer the one trained.
         CheckpointNotSupportedError: the recorded shape does not fit the weights.
     """
-    pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained is not None else None
+    pretrained = model_dir_if_any(cfg.model.pretrained)
+    if pretrained is None and cfg.model.pretrained is not None:
+        pretrained = Path(cfg.model.pretrained)  # gone: the recorded shape stands in for it
     recorded = pretrained is None or set(SHAPE_FIELDS) <= cfg.model.model_fields_set
     base_gen = None
     if pretrained is None:

@@ -48,6 +48,7 @@ from asrforge.config import (
     parse_size,
 )
 from asrforge.errors import UserError
+from asrforge.hub import model_dir_if_any
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.vocab import ids_read_as_timestamps
@@ -228,8 +229,9 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
             return in_memory(contents.state), str(candidate)
     cfg = read_train_config(ckpt / "config.yaml")
     pretrained = cfg.model.pretrained
-    if pretrained is not None and (Path(pretrained) / "config.json").is_file():
-        return read_pretrained_weights(Path(pretrained)), str(pretrained)
+    here = model_dir_if_any(pretrained)
+    if here is not None and (here / "config.json").is_file():
+        return read_pretrained_weights(here), str(pretrained)
     gone = (
         f"and model.pretrained {pretrained} is not there"
         if pretrained is not None

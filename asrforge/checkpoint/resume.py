@@ -27,6 +27,7 @@ from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import verify
 from asrforge.config import SHAPE_FIELDS, TrainConfig
 from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.hub import resolve_model
 
 FIXED_MODEL_FIELDS = (
     *SHAPE_FIELDS,
@@ -204,8 +205,8 @@ def _fill_pretrained_shape(now: dict[str, Any], cfg: TrainConfig) -> None:
     if cfg.model.pretrained is None:
         return
     try:
-        hf = json.loads((Path(cfg.model.pretrained) / "config.json").read_text())
-    except (OSError, ValueError):
+        hf = json.loads((resolve_model(cfg.model.pretrained).path / "config.json").read_text())
+    except (OSError, ValueError, UserError):
         return  # building the model reports it
     for name in SHAPE_FIELDS:
         if f"model.{name}" not in now and isinstance(hf, dict) and name in hf:

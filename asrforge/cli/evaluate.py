@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "model",
-        type=Path,
+        type=str,
         help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
     )
     p.add_argument("--data", type=Path, required=True, help=DATA_HELP)

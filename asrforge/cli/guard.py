@@ -43,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     refs = b.add_mutually_exclusive_group()
     refs.add_argument(
         "--model",
-        type=Path,
+        type=str,
         help="the starting model (a bundle, a run or checkpoint, or a transformers directory): "
         "its transcripts are stored as the references",
     )

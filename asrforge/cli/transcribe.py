@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "bundle",
-        type=Path,
+        type=str,
         help="a bundle directory (asrforge export), a checkpoint or run directory, or a "
         "transformers Whisper directory (not verified: no manifest)",
     )
