@@ -9,12 +9,12 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import DataConfig, apply_override, format_errors
 from asrforge.data.columns import standardize
+from asrforge.data.locate import split_of
 from asrforge.errors import UserError
 from asrforge.text.languages import resolve_language
 
@@ -29,15 +29,6 @@ FILE_FORMATS = {
     ".tsv": "tsv",
 }
 """File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
-SPLIT_WORDS = {
-    "train": "train",
-    "validation": "validation",
-    "dev": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "test": "test",
-}
-"""The word a data file's name starts with -> its split."""
 
 
 @dataclass
@@ -195,12 +186,6 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
             ", ".join(str(f.relative_to(path)) for f in unsplit),
         )
     return by_split
-
-
-def split_of(name: str) -> str | None:
-    """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
-    word = re.match(r"[a-z]*", name.lower()).group()
-    return SPLIT_WORDS.get(word)
 
 
 def format_of(path: Path, *, section: str = "data") -> str:
