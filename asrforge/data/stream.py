@@ -33,6 +33,7 @@ from asrforge.config import DataConfig
 from asrforge.data.columns import find_column, language_codes, standardize
 from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
+from asrforge.data.locate import is_url, locate
 from asrforge.data.prepare import Utterance
 from asrforge.data.rules import (
     NOT_FOUND,
@@ -56,7 +57,10 @@ from asrforge.data.sources import (
 )
 from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
+from asrforge.hub import hub_ref
 from asrforge.text.languages import resolve_language
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
 """Bytes read at a time while counting a JSONL file's lines."""
@@ -80,14 +84,31 @@ class Shard:
 # -- shards ----------------------------------------------------------------------------------
 
 
-def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
-    """The shards of the training split of ``cfg.path`` in file order, and the directory relative
-    audio paths are read from.
+def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path | str]:
+    """The shards of the training split of ``cfg.path`` (a local path, a Hub id, an fsspec URL:
+    :func:`~asrforge.data.locate.locate`) in file order, and the directory relative audio paths
+    are read from.
 
     Raises:
         UserError: the path is missing, a ``save_to_disk`` directory, or has no training files.
     """
-    path = Path(cfg.path)
+    located = locate(cfg, stream=True)
+    if located.splits is not None or is_url(located.root):
+        if located.splits is None:  # one file at a URL: the training split
+            files, root = [str(located.root)], str(located.root).rsplit("/", 1)[0]
+        else:
+            files, root = located.splits.get(cfg.train_split), located.root
+        if not files:
+            has = ", ".join(located.splits or {}) or "none"
+            raise UserError(
+                f"data.train_split {cfg.train_split!r}: no such split in {located.where} to "
+                f"stream (it has {has})"
+            )
+        shards = [s for f in files for s in _file_shards(f, cfg.stream.shard_rows)]
+        if not sum(s.rows for s in shards):
+            raise UserError(f"data: split {cfg.train_split!r} of {located.where} has no rows")
+        return shards, Path(cfg.audio_dir) if cfg.audio_dir is not None else root
+    path = Path(located.root)
     check_data_path(path)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
         raise UserError(
@@ -108,24 +129,62 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
     return shards, Path(cfg.audio_dir) if cfg.audio_dir is not None else root
 
 
-def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
-    fmt = format_of(path)
-    if fmt in ("json", "csv", "tsv") and (problem := no_rows([path])):
+def _file_shards(path: Path | str, shard_rows: int) -> list[Shard]:
+    fmt = format_of(Path(path))
+    if fmt in ("json", "csv", "tsv") and not is_url(path) and (problem := no_rows([path])):
         raise UserError(f"data.path: {problem}")
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            meta = pq.ParquetFile(path).metadata
+            def row_groups():
+                with open_shard_file(path) as f:
+                    return pq.ParquetFile(f).metadata
+
+            meta = with_retries(row_groups, path)
             return [Shard(str(path), fmt, meta.row_group(g).num_rows, group=g)
                     for g in range(meta.num_row_groups)]  # fmt: skip
         if fmt == "json":
-            return _jsonl_shards(path, shard_rows)
+            return with_retries(lambda: _jsonl_shards(path, shard_rows), path)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
         raise unreadable(str(path), fmt, e) from None
     return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
+
+
+RETRY_SECONDS = (1.0, 4.0, 16.0)
+"""Waits before each new try of a remote shard whose read failed (a dropped connection, a
+timeout): a corpus streamed for days meets them."""
+
+
+def open_shard_file(path: Path | str):
+    """A data file opened for reading bytes: a local path as it is, an fsspec URL through its
+    file system (``s3://``, ``gs://``, ``hf://``, ``https://``, ``memory://``, ``file://``)."""
+    if not is_url(path):
+        return open(path, "rb")
+    import fsspec
+
+    return fsspec.open(str(path), "rb").open()
+
+
+def with_retries(read: Callable, path: Path | str):
+    """``read()``; for a remote file tried again after each of :data:`RETRY_SECONDS` when it
+    fails with an I/O error other than a missing file or a refusal (which no retry mends)."""
+    import time
+
+    waits = list(RETRY_SECONDS) if is_url(path) else []
+    while True:
+        try:
+            return read()
+        except (FileNotFoundError, PermissionError, IsADirectoryError):
+            raise
+        except (OSError, TimeoutError) as e:
+            if not waits:
+                raise
+            wait = waits.pop(0)
+            log.warning("data.path: reading %s failed (%s); trying again in %.0f s", path, e, wait)
+            time.sleep(wait)
 
 
 def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
@@ -139,7 +198,7 @@ def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
     starts, lines, offset = [0], 0, 0
     last = b"\n"
     utf8 = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as f:
+    with open_shard_file(path) as f:
         while chunk := f.read(CHUNK):
             _check_utf8(utf8, chunk, path)
             newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
@@ -170,7 +229,7 @@ def _check_utf8(decoder, chunk: bytes, path: Path, *, final: bool = False) -> No
     try:
         decoder.decode(chunk, final)
     except UnicodeDecodeError as e:
-        with open(path, "rb") as f:
+        with open_shard_file(path) as f:
             line = utf8_problem(f, path)
         raise UserError(f"data.path: {line or f'{path}: not UTF-8 text ({e})'}") from None
 
@@ -185,36 +244,55 @@ def read_table(shard: Shard, keep: Callable[[list[str]], list[str]] | None = Non
             whole), or a JSONL line is no JSON object.
     """
     try:
-        if shard.fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            file = pq.ParquetFile(shard.path)
-            columns = None if keep is None else keep(file.schema_arrow.names)
-            return file.read_row_group(shard.group, columns=columns)
-        table = _read_table(shard)
-        return table if keep is None else table.select(keep(table.column_names))
+        return with_retries(lambda: _read(shard, keep), shard.path)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
         raise unreadable(shard.path, shard.fmt, e) from None
 
 
+def _read(shard: Shard, keep):
+    if shard.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with open_shard_file(shard.path) as f:
+            file = pq.ParquetFile(f)
+            columns = None if keep is None else keep(file.schema_arrow.names)
+            return file.read_row_group(shard.group, columns=columns)
+    table = _read_table(shard)
+    return table if keep is None else table.select(keep(table.column_names))
+
+
 def _read_table(shard: Shard):
+    import pyarrow as pa
+
+    if is_url(shard.path):  # read once into memory: a remote file cannot be memory-mapped
+        with open_shard_file(shard.path) as f:
+            data = f.read()
+        return _table_from(shard, pa.BufferReader(data))
+    return _table_from(shard, shard.path)
+
+
+def _table_from(shard: Shard, source):
+    """The table of a whole arrow/csv/tsv file or a JSONL shard from ``source`` (a local path,
+    or a buffer of a remote file's bytes)."""
     import pyarrow as pa
 
     # datasets writes the Arrow IPC stream format, other writers the file format.
     if shard.fmt == "arrow":
-        with pa.memory_map(shard.path) as source:
+        opened = pa.memory_map(source) if isinstance(source, str) else source
+        with opened:
             try:
-                return pa.ipc.open_stream(source).read_all()
+                return pa.ipc.open_stream(opened).read_all()
             except pa.ArrowInvalid:
-                return pa.ipc.open_file(source).read_all()
+                opened.seek(0)
+                return pa.ipc.open_file(opened).read_all()
     if shard.fmt in ("csv", "tsv"):
         import pyarrow.csv as pcsv
 
         tabs = shard.fmt == "tsv"
         return pcsv.read_csv(
-            shard.path,
+            source,
             parse_options=pcsv.ParseOptions(
                 delimiter="\t" if tabs else ",", quote_char=not tabs and '"'
             ),
@@ -233,7 +311,7 @@ def _json_table(shard: Shard):
     import pyarrow as pa
     import pyarrow.json as pj
 
-    with open(shard.path, "rb") as f:
+    with open_shard_file(shard.path) as f:
         f.seek(shard.start)
         data = f.read(shard.end - shard.start)
     try:
@@ -623,8 +701,9 @@ def stream_eval_split(cfg: DataConfig):
     Raises:
         UserError: there is none.
     """
-    path = Path(cfg.stream.eval_path or cfg.path)
-    if cfg.stream.eval_path is None and not path.is_dir():
+    path = cfg.stream.eval_path or cfg.path
+    elsewhere = is_url(path) or hub_ref(path, "dataset") is not None
+    if cfg.stream.eval_path is None and not elsewhere and not Path(path).is_dir():
         raise UserError(
             f"data.stream.eval_path: data.path {path} is one file, the training split; name the "
             f"evaluation split's data (data.stream.eval_path)"
