@@ -197,6 +197,12 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         raise UserError(f"{field}: {ref}: the Hub answered {e}".splitlines()[0]) from None
 
 
+def resolve_afresh() -> None:
+    """Forget this process's resolutions: the next resolves each id again (a run starts so, since
+    a process that runs twice may find a branch moved in between)."""
+    _snapshot.cache_clear()
+
+
 def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") -> Resolved:
     """A transformers Whisper model by local path or Hub id (:func:`resolve`); a Hub snapshot
     must hold safetensors weights.

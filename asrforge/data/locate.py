@@ -21,7 +21,7 @@ import yaml
 
 from asrforge.config import DataConfig
 from asrforge.errors import UserError
-from asrforge.hub import Resolved, hub_ref, offline, resolve
+from asrforge.hub import HubRef, Resolved, hub_ref, offline, resolve
 
 SPLIT_WORDS = {
     "train": "train",
@@ -71,6 +71,12 @@ def is_url(path: str | Path) -> bool:
     return re.match(r"^[a-z][a-z0-9+.-]*://", str(path)) is not None
 
 
+def data_ref(cfg: DataConfig) -> HubRef | None:
+    """The Hub data set ``cfg.path`` names, or None: a local path (also one ``data.generate``
+    builds, whatever it looks like) or a URL."""
+    return hub_ref(cfg.path, "dataset", cfg.revision) if cfg.generate is None else None
+
+
 def locate(
     cfg: DataConfig,
     *,
@@ -91,7 +97,7 @@ def locate(
             only.
     """
     text = str(cfg.path)
-    ref = hub_ref(text, "dataset", cfg.revision)
+    ref = data_ref(cfg)
     if ref is None and not is_url(text):
         return _local(Path(text), cfg.subset, Resolved(Path(text)), text, section)
     if ref is None:

@@ -1,5 +1,6 @@
 """What a run writes beside its checkpoints (main process only): the evaluation records
-``eval/step-NNNNNN.jsonl``, the training split's ``skipped-<split>.json`` and ``config.yaml``."""
+``eval/step-NNNNNN.jsonl``, the training split's ``skipped-<split>.json``, ``config.yaml`` and
+``hub_commits.json`` (the Hub commit of each model and data set read by id)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,38 @@ import json
 from pathlib import Path
 
 from asrforge.config import TrainConfig
+from asrforge.data.locate import data_ref, locate
 from asrforge.data.rules import SkipReport
 from asrforge.evaluation.evaluate import EVAL_DIR
+from asrforge.hub import hub_ref, resolve_model
 from asrforge.io.atomic import atomic_write_text
 from asrforge.train.events import Decision
-from asrforge.train.run_dir import CONFIG_FILE
+from asrforge.train.run_dir import CONFIG_FILE, HUB_COMMITS_FILE
 
 
 def scalars(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
 
 
-def write_config(out: Path, cfg: TrainConfig) -> None:
-    """``config.yaml``: the resolved config of the run."""
+def write_config(out: Path, cfg: TrainConfig, commits: dict | None = None) -> None:
+    """``config.yaml``: the resolved config of the run; beside it ``hub_commits.json``, the Hub
+    commits of ``commits`` (:func:`hub_commits`) when the run read anything by id."""
     atomic_write_text(out / CONFIG_FILE, cfg.to_yaml())
+    if commits:
+        atomic_write_text(out / HUB_COMMITS_FILE, json.dumps(commits, indent=1) + "\n")
+
+
+def hub_commits(cfg: TrainConfig) -> dict[str, dict]:
+    """The config field -> ``{id, revision, commit}`` of each model and data set the run reads
+    by Hub id (``model.pretrained``, ``data.path``); resolving them again costs nothing (one
+    resolution per process)."""
+    commits = {}
+    if hub_ref(cfg.model.pretrained) is not None:
+        commits["model.pretrained"] = resolve_model(cfg.model.pretrained).record()
+    if data_ref(cfg.data) is not None:
+        located = locate(cfg.data, stream=cfg.data.stream.enabled)
+        commits["data.path"] = located.resolved.record()
+    return commits
 
 
 def write_eval_records(

@@ -31,10 +31,13 @@ from asrforge.train.run_log import RUN_LOG, detach_run_log
 
 CONFIG_FILE = "config.yaml"
 """The run's resolved config, written by start-up over an earlier run's."""
+HUB_COMMITS_FILE = "hub_commits.json"
+"""The Hub commit of each model and data set the run read by id, beside ``config.yaml``."""
 
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, "cache", CHECKPOINTS_DIR, EVAL_DIR}
-)
+    {RUN_LOG, CONFIG_FILE, HUB_COMMITS_FILE, CARVE_FILE, TOKENIZER_DIR, "cache", CHECKPOINTS_DIR,
+     EVAL_DIR}
+)  # fmt: skip
 """Top-level names of a run directory that start-up creates (besides ``skipped-*.json`` and the
 callbacks' files)."""
 

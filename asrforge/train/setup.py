@@ -21,7 +21,11 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.average import CHECKPOINTS_DIR
 from asrforge.checkpoint.manager import averaging_specs
-from asrforge.checkpoint.resume import check_resume_config, find_resume_checkpoint
+from asrforge.checkpoint.resume import (
+    check_resume_commits,
+    check_resume_config,
+    find_resume_checkpoint,
+)
 from asrforge.checkpoint.training import TOKENIZER_DIR, save_tokenizer
 from asrforge.config import TrainConfig
 from asrforge.data.dataset import (
@@ -32,6 +36,7 @@ from asrforge.data.dataset import (
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.stream import StreamedSplit
+from asrforge.hub import resolve_afresh
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.build import (
@@ -48,7 +53,7 @@ from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.loaders import RunLoaders
 from asrforge.train.precision import enable_cpu_fp16
-from asrforge.train.records import write_config
+from asrforge.train.records import hub_commits, write_config
 from asrforge.train.run_log import StartupClock, setup_logging
 from asrforge.train.setup_data import (
     build_text_batches,
@@ -91,6 +96,9 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
+    hub_commits: dict = field(default_factory=dict)
+    """The Hub commit of each model and data set read by id (``records.hub_commits``), recorded
+    in ``hub_commits.json`` and every checkpoint's manifest."""
 
     @property
     def train_languages(self) -> Counter:
@@ -126,10 +134,13 @@ def prepare_run(
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
     out = Path(cfg.output_dir)
+    resolve_afresh()
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
     # A refused resume changes nothing: its config is checked before anything else is written.
-    manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    manager, resume_from, commits = find_resume(
+        cfg, out, acc, resume=resume, start_over=start_over
+    )
     # Seeded before anything draws: the model's initial weights and new tokens' embeddings.
     seed_everything(cfg.seed)
     clock = StartupClock(startup)
@@ -155,7 +166,7 @@ def prepare_run(
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
-        write_config(out, cfg)
+        write_config(out, cfg, commits)
     loaders = RunLoaders(
         cfg=cfg,
         accelerator=acc,
@@ -187,6 +198,7 @@ def prepare_run(
         log_handler=handler,
         startup=clock,
         lora_base=lora_base,
+        hub_commits=commits,
         train_skipped=train_skipped,
     )
 
@@ -278,10 +290,11 @@ def open_run_dir(out: Path, acc) -> logging.Handler | None:
 
 def find_resume(
     cfg: TrainConfig, out: Path, acc, *, resume: bool, start_over: bool
-) -> tuple[CheckpointManager, TrainingCheckpoint | None]:
-    """The run's checkpoint manager (interrupted saves recovered) and the checkpoint to resume
-    from, its config checked against this one before anything is written (a refused resume
-    changes nothing)."""
+) -> tuple[CheckpointManager, TrainingCheckpoint | None, dict]:
+    """The run's checkpoint manager (interrupted saves recovered), the checkpoint to resume
+    from, and the Hub commits the run reads (:func:`hub_commits`); the config and the commits
+    are checked against the checkpoint's before anything is written (a refused resume changes
+    nothing)."""
     manager = CheckpointManager(
         out / CHECKPOINTS_DIR,
         save_total_limit=cfg.checkpoint.save_total_limit,
@@ -296,9 +309,12 @@ def find_resume(
         manager, resume=resume, start_over=start_over, is_main=acc.is_main_process, log=log
     )
     resume_from = load_training_checkpoint(latest) if latest is not None else None
+    commits = hub_commits(cfg)
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
-    return manager, resume_from
+        check_resume_commits(resume_from.manifest.get("hub_commits") or {}, commits,
+                             resume_from.path)  # fmt: skip
+    return manager, resume_from, commits
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):

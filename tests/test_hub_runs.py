@@ -1,0 +1,77 @@
+"""Runs that start from a model and a data set named by Hub id (``model.pretrained: org/tiny``,
+``data.path: org/speech`` + ``data.subset``), offline from a cache this test builds: they train
+whole and streamed, record the commit of each in ``hub_commits.json`` and every checkpoint, resume
+bit for bit, and refuse a resume after the branch moved unless the config names a commit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrforge.checkpoint.manifest import read_manifest
+from asrforge.errors import UserError
+from tests.conftest import tiny_config
+from tests.hub_cache import add_repo
+from tests.test_hub_data import hf_home, repo_files  # noqa: F401 - fixtures
+from tests.test_hub_models import tiny_model  # noqa: F401 - a fixture
+from tests.test_resume import PreemptAt, run
+
+OLD, NEW = "a" * 40, "b" * 40
+
+
+@pytest.fixture
+def hub(hf_home, repo_files, tiny_model):  # noqa: F811
+    """``org/tiny`` at commit OLD and ``org/speech`` in the cache."""
+    add_repo(hf_home, "org/tiny", {"": tiny_model}, commit=OLD)
+    add_repo(hf_home, "org/speech", repo_files, repo_type="dataset", commit="c" * 40)
+    return hf_home
+
+
+def hub_config(out, **sections):
+    data = {"path": "org/speech", "subset": "all", **sections.pop("data", {})}
+    model = {"pretrained": "org/tiny", **sections.pop("model", {})}
+    return tiny_config(out, "unused", model=model, data=data, **sections)
+
+
+def test_a_run_trains_whole_from_hub_ids_and_records_their_commits(hub, tmp_path):
+    _losses, result = run(hub_config(tmp_path / "run", train={"max_steps": 2}), [])
+    assert result.status == "completed"
+    commits = json.loads((tmp_path / "run" / "hub_commits.json").read_text())
+    assert commits == {
+        "model.pretrained": {"id": "org/tiny", "revision": None, "commit": OLD},
+        "data.path": {"id": "org/speech", "revision": None, "commit": "c" * 40},
+    }
+    assert read_manifest(tmp_path / "run/checkpoints/latest")["hub_commits"] == commits
+    assert result.last_metrics["n"] == 12  # the configuration's validation split
+
+
+def test_a_streamed_hub_run_resumes_bit_identically_and_refuses_a_moved_branch(hub, tmp_path):
+    sections = dict(
+        data={"stream": {"enabled": True, "shuffle_shards": 2}},
+        model={"dropout": 0.1},
+        eval={"eval_steps": None, "at_end": False},
+        train={"max_steps": 4, "grad_accum": 4}, checkpoint={"save_total_limit": 5},
+    )  # fmt: skip
+    full, _ = run(hub_config(tmp_path / "full", **sections), [])
+    cfg = hub_config(tmp_path / "split", **sections)
+    first, interrupted = run(cfg, [PreemptAt(2)])
+    assert interrupted.status == "interrupted"
+
+    # main moves on: the resume is refused by name, nothing written
+    add_repo(hub, "org/tiny", {"": tiny_model_dir(hub), "note.txt": "v2"}, commit=NEW)
+    with pytest.raises(UserError, match=rf"model.pretrained org/tiny is at commit {NEW} now, "
+                                        rf"the checkpoint was trained from {OLD}"):  # fmt: skip
+        run(cfg, [], resume=True)
+
+    # pinned to the commit it started from, it resumes exactly
+    pinned = hub_config(
+        tmp_path / "split", **{**sections, "model": {"dropout": 0.1, "pretrained": f"org/tiny@{OLD}"}}
+    )  # fmt: skip
+    second, result = run(pinned, [], resume=True)
+    assert result.status == "completed"
+    assert {**first, **second} == full  # per-step losses, exactly
+
+
+def tiny_model_dir(home):
+    return home / "hub" / "models--org--tiny" / "snapshots" / OLD
