@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from asrforge.errors import UserError
@@ -147,10 +146,10 @@ def resolve(
     return Resolved(path, ref, path.name)
 
 
-@lru_cache(maxsize=64)
 def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, url: str) -> Path:
-    """One download per repository, revision and file set in a process (a run asks again for
-    its model from several places)."""
+    """The snapshot ``snapshot_download`` gives, resolved afresh on every call (offline a read of
+    the ref; online one request when the files are cached), so a process never holds on to a
+    commit a branch has left."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -195,12 +194,6 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         ) from None
     except HfHubHTTPError as e:
         raise UserError(f"{field}: {ref}: the Hub answered {e}".splitlines()[0]) from None
-
-
-def resolve_afresh() -> None:
-    """Forget this process's resolutions: the next resolves each id again (a run starts so, since
-    a process that runs twice may find a branch moved in between)."""
-    _snapshot.cache_clear()
 
 
 def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") -> Resolved:

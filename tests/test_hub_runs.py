@@ -75,3 +75,76 @@ def test_a_streamed_hub_run_resumes_bit_identically_and_refuses_a_moved_branch(h
 
 def tiny_model_dir(home):
     return home / "hub" / "models--org--tiny" / "snapshots" / OLD
+
+
+@pytest.fixture
+def trained(hub, tmp_path):
+    """A finished run from Hub ids, evaluated at its last step (2)."""
+    cfg = hub_config(tmp_path / "run", train={"max_steps": 2}, eval={"eval_steps": 2})
+    run(cfg, [])
+    return tmp_path / "run"
+
+
+def test_the_bundle_card_loads_in_huggingface_hub_with_the_wer_evaluate_prints(trained, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.load import load_bundle
+    from asrforge.config import DataConfig
+    from asrforge.evaluation.evaluate import evaluate_split
+
+    bundle = export_bundle(trained, tmp_path / "bundle", repo_id="me/tiny-tones")
+    card = ModelCard.load(bundle / "README.md")
+    data = card.data.to_dict()
+    assert data["base_model"] == "org/tiny" and data["datasets"] == ["org/speech"]
+    assert data["pipeline_tag"] == "automatic-speech-recognition"
+    assert OLD in card.text and "me/tiny-tones" in card.text
+    results = {r["dataset"]["args"]["language"]: r for r in data["model-index"][0]["results"]}
+    assert set(results) == {"en", "es"}
+    assert results["en"]["dataset"] == {"name": "org/speech (en)", "type": "org/speech",
+                                        "split": "validation", "config": "en",
+                                        "revision": "c" * 40, "args": {"language": "en"}}  # fmt: skip
+    loaded = load_bundle(bundle)  # the card is one of the files the manifest verifies
+    metrics, _preds, _report = evaluate_split(
+        loaded,
+        DataConfig(path="org/speech", subset="all"),
+        "validation",
+        batch_size=8,
+        max_new_tokens=8,
+    )
+    for lang, r in results.items():
+        wer = next(m["value"] for m in r["metrics"] if m["type"] == "wer")
+        assert wer == pytest.approx(100 * metrics["per_language"][lang]["wer"], abs=1e-3)
+
+
+def test_export_push_to_hub_dry_run_lists_the_verified_files(trained, tmp_path, capsys):
+    # An upload needs the Hub itself; its dry run proves what would be sent, and the card.
+    from asrforge.cli import main
+
+    out = tmp_path / "bundle"
+    argv = ["export", str(trained), "--out", str(out), "--push-to-hub", "me/tiny", "--dry-run"]
+    assert main(argv) == 0
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    listed = said.split(": ", 1)[1].split(", ")
+    assert said.startswith("would upload ") and "/me/tiny" in said
+    assert "README.md" in listed and "manifest.json" in listed and "model.safetensors" in listed
+    assert sorted(p.name for p in out.iterdir()) == sorted(listed)
+
+
+def test_a_bundle_loads_from_its_hub_id_with_every_file_verified(trained, hub, tmp_path):
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.load import load_bundle
+    from asrforge.errors import CheckpointCorruptError
+
+    bundle = export_bundle(trained, tmp_path / "bundle", repo_id="me/tiny")
+    add_repo(hub, "me/tiny", {"": bundle, ".gitattributes": "*.safetensors filter=lfs\n"})
+    loaded = load_bundle("me/tiny")
+    assert (
+        loaded.config.languages
+        == json.loads((bundle / "inference_config.json").read_text())["languages"]
+    )
+    # a blob changed in the cache under another commit: refused, naming the file
+    changed = {"": bundle, "tokenizer.json": (bundle / "tokenizer.json").read_text() + " "}
+    add_repo(hub, "me/tiny", changed, commit="d" * 40)
+    with pytest.raises(CheckpointCorruptError, match="tokenizer.json"):
+        load_bundle("me/tiny")

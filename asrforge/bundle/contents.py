@@ -79,6 +79,8 @@ class BundleContents:
     """What was exported, for the user (``checkpoints/best (step 200), EMA weights``)."""
     lm: Path | None = None
     """An ARPA file to carry (its facts are in ``inference.lm``)."""
+    card: str | None = None
+    """The bundle's ``README.md``, a model card (``asrforge.bundle.card``)."""
 
 
 def read_run_config(ckpt: Path) -> TrainConfig:

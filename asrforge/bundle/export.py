@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 
+from asrforge.bundle.card import model_card
 from asrforge.bundle.contents import (
     BundleContents,
     Weights,
@@ -22,6 +23,7 @@ from asrforge.bundle.contents import (
     in_memory,
     pretrained_contents,
     read_pretrained_weights,
+    read_run_config,
     read_train_config,
     tensor_shapes,
     with_lm,
@@ -68,8 +70,10 @@ def export_bundle(
     ct2_quantization: str | None = None,
     lm: str | Path | None = None,
     max_shard_size: int | str | None = "5GB",
+    repo_id: str | None = None,
 ) -> Path:
-    """Write an inference bundle.
+    """Write an inference bundle; one from a training checkpoint has a model card as its
+    ``README.md`` (``asrforge.bundle.card``).
 
     Args:
         source: a training checkpoint directory (``manifest.json`` + ``model.safetensors``), a run
@@ -85,6 +89,7 @@ def export_bundle(
         lm: an ARPA file from ``asrforge lm build`` to carry for beam search (``lm.arpa``).
         max_shard_size: weights larger than this are written as transformers' shards and index
             (bytes, or ``"5GB"``, ``"500MB"``, ...); None: one file.
+        repo_id: the Hub id the bundle will be pushed to, named in its card's usage.
 
     Returns:
         ``out``.
@@ -117,6 +122,8 @@ def export_bundle(
             average_metric=average_metric,
             stats_utterances=stats_utterances,
         )
+        card = model_card(path, read_run_config(path), contents.inference.languages, repo_id)
+        contents = dataclasses.replace(contents, card=card)
     if lm is not None:
         contents = with_lm(contents, Path(lm))
     return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)

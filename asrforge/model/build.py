@@ -80,7 +80,7 @@ def is_multilingual(cfg: ModelConfig) -> bool:
 
 def pretrained_dir(cfg: ModelConfig) -> Path:
     """``cfg.pretrained`` on this machine: the directory itself, or the snapshot of the Hub id
-    it names (:func:`asrforge.hub.resolve_model`; one download per process)."""
+    it names (:func:`asrforge.hub.resolve_model`)."""
     return resolve_model(cfg.pretrained).path
 
 

@@ -31,8 +31,7 @@ def write_config(out: Path, cfg: TrainConfig, commits: dict | None = None) -> No
 
 def hub_commits(cfg: TrainConfig) -> dict[str, dict]:
     """The config field -> ``{id, revision, commit}`` of each model and data set the run reads
-    by Hub id (``model.pretrained``, ``data.path``); resolving them again costs nothing (one
-    resolution per process)."""
+    by Hub id (``model.pretrained``, ``data.path``)."""
     commits = {}
     if hub_ref(cfg.model.pretrained) is not None:
         commits["model.pretrained"] = resolve_model(cfg.model.pretrained).record()

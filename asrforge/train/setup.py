@@ -36,7 +36,6 @@ from asrforge.data.dataset import (
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.stream import StreamedSplit
-from asrforge.hub import resolve_afresh
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.build import (
@@ -134,7 +133,6 @@ def prepare_run(
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
     out = Path(cfg.output_dir)
-    resolve_afresh()
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
     # A refused resume changes nothing: its config is checked before anything else is written.
