@@ -34,7 +34,7 @@ def open_model(model: str | Path, weights: str | None = None):
     kind, _resolved = resolve_source(path)
     if kind == "pretrained":
         print(
-            f"asrforge: {path}: a transformers directory, not a bundle: loaded without "
+            f"asrforge: {model}: a transformers directory, not a bundle: loaded without "
             "verification (no manifest); `asrforge export` makes a verified bundle",
             file=sys.stderr,
         )

@@ -154,19 +154,18 @@ def _load_grouped(
     :func:`load_source`)."""
     splits = {}
     for name, group in by_split.items():
+        if only not in (None, name):
+            splits[name] = None
+            continue
         formats = {format_of(Path(f), section=section) for f in group}
         if not formats:
-            raise UserError(f"{section}.path: split {name!r}: its configuration names no files")
+            raise UserError(f"{section}.path: split {name!r}: no file matches its configuration")
         if len(formats) > 1:
             raise UserError(
                 f"{section}.path: split {name!r} mixes formats "
                 f"({', '.join(Path(f).name for f in group)}); convert them to one"
             )
-        splits[name] = (
-            _load_files(formats.pop(), group, cache_dir, section=section)
-            if only in (None, name)
-            else None
-        )
+        splits[name] = _load_files(formats.pop(), group, cache_dir, section=section)
     return splits
 
 
