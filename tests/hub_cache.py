@@ -53,7 +53,7 @@ def add_repo(
         link = snapshot / name
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
     (repo / "refs" / ref).write_text(commit)
     return snapshot
 

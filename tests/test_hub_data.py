@@ -125,13 +125,26 @@ def test_a_directory_downloaded_with_hf_download_reads_as_the_id(speech, tmp_pat
     assert [r["audio"]["bytes"] for r in by_dir] == [r["audio"]["bytes"] for r in by_id]
 
 
-def test_a_data_set_with_only_a_loading_script_is_refused_naming_the_parquet_conversion(
-    hf_home,
+def test_a_loading_script_is_never_run_its_parquet_conversion_is_read(
+    hf_home, repo_files, tmp_path
 ):
-    add_repo(hf_home, "org/scripted", {"scripted.py": "import os\n", "README.md": "# x\n"},
-             repo_type="dataset")  # fmt: skip
+    script = {"scripted.py": "raise SystemExit('never run')\n", "README.md": "# x\n"}
+    add_repo(hf_home, "org/scripted", script, repo_type="dataset")
+    with pytest.raises(UserError, match=r"org/scripted@refs/convert/parquet: no revision of it "
+                       r"in the Hugging Face cache.*--revision refs/convert/parquet"):  # fmt: skip
+        load_source(DataConfig(path="org/scripted", subset="all"))
+    # the Hub's conversion: <config>/<split>/NNNN.parquet on refs/convert/parquet
+    converted = {"all/validation/0000.parquet": repo_files["all/validation-00000-of-00001.parquet"],
+                 "all/train/0000.parquet": repo_files["all/train-00000-of-00002.parquet"]}  # fmt: skip
+    add_repo(hf_home, "org/scripted", converted, repo_type="dataset", ref="refs/convert/parquet")
+    split = read_split(DataConfig(path="org/scripted", subset="all"), "validation")
+    assert len(split) == 12
+    # a local directory with only the script is refused
+    local = tmp_path / "scripted"
+    local.mkdir()
+    (local / "scripted.py").write_text(script["scripted.py"])
     with pytest.raises(UserError, match=r"loading script.*never runs.*refs/convert/parquet"):
-        load_source(DataConfig(path="org/scripted"))
+        load_source(DataConfig(path=local))
 
 
 def test_a_hub_data_set_streams_shard_by_shard_from_the_cache(speech, tok_specials):  # noqa: F811
@@ -220,3 +233,24 @@ def test_columns_of_fleurs_are_recognised(hf_home, tones_dir):
     # FLEURS names its languages; they resolve to codes as every language value does
     assert {resolve_language(r["language"]) for r in split} == {"es", "en"}
     assert json.dumps(split[0]["id"]) == '"7"'
+
+
+def test_a_split_read_alone_downloads_only_its_files():
+    # Offline the cache holds what it holds; online these patterns are what snapshot_download
+    # is asked for, so they are checked against a repository's file names.
+    from fnmatch import fnmatch
+
+    from asrforge.data.locate import _layout_patterns
+
+    files = ["es_419/train/0000.parquet", "es_419/validation/0000.parquet",
+             "es_419/test/0000.parquet", "es_419/test/0001.parquet", "fr_fr/test/0000.parquet",
+             "data/dev-00000.parquet", "data/train-00000.parquet"]  # fmt: skip
+
+    def picked(subset, only):
+        patterns = _layout_patterns(subset, only)
+        return [f for f in files if any(fnmatch(f, p) for p in patterns)]
+
+    assert picked("es_419", "test") == ["es_419/test/0000.parquet", "es_419/test/0001.parquet"]
+    assert picked("es_419", None) == files[:4]
+    assert picked(None, "validation") == ["es_419/validation/0000.parquet",
+                                          "data/dev-00000.parquet"]  # fmt: skip

@@ -13,6 +13,7 @@ dataset`` reads the same as its id. A loading script is never run.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ SPLIT_WORDS = {
     "test": "test",
 }
 """The word a data file's name starts with -> its split."""
+log = logging.getLogger(__name__)
+
 DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json", ".csv", ".tsv")
 """The file endings of data files (``sources.FILE_FORMATS``)."""
 PARQUET_REVISION = "refs/convert/parquet"
@@ -105,20 +108,37 @@ def locate(
     where = f"{ref}" + (f" (subset {cfg.subset})" if cfg.subset else "")
     if stream and not offline():
         return _hub_remote(ref, cfg.subset, where, section)
-    card = resolve(text, field=f"{section}.path", repo_type="dataset", revision=cfg.revision,
+    revision = ref.revision
+    card = resolve(text, field=f"{section}.path", repo_type="dataset", revision=revision,
                    patterns=("README.md", "*.py"))  # fmt: skip
     configs = declared_configs(card.path / "README.md")
+    if not configs and revision is None and any(card.path.glob("*.py")):
+        # A loading script is never run: its rows are read where the Hub converted them, as
+        # the datasets library does.
+        log.info("%s.path: %s has a loading script: reading its parquet conversion (%s)",
+                 section, ref.repo_id, PARQUET_REVISION)  # fmt: skip
+        revision = PARQUET_REVISION
+        where = f"{ref.repo_id}@{revision}" + (f" (subset {cfg.subset})" if cfg.subset else "")
     if configs:
         name = choose_config(configs, cfg.subset, where, section)
         wanted = {k: v for k, v in configs[name].items() if only in (None, k)}
         patterns = tuple(p for globs in (wanted or configs[name]).values() for p in globs)
-    elif cfg.subset is not None:
-        patterns = (f"{cfg.subset}/*",)
     else:
-        patterns = tuple(f"*{suffix}" for suffix in DATA_SUFFIXES)
-    resolved = resolve(text, field=f"{section}.path", repo_type="dataset", revision=cfg.revision,
-                       patterns=("README.md", "*.py", *patterns))  # fmt: skip
+        patterns = _layout_patterns(cfg.subset, only)
+    resolved = resolve(ref.repo_id, field=f"{section}.path", repo_type="dataset",
+                       revision=revision, patterns=("README.md", "*.py", *patterns))  # fmt: skip
     return _local(resolved.path, cfg.subset, resolved, where, section)
+
+
+def _layout_patterns(subset: str | None, only: str | None) -> tuple[str, ...]:
+    """The files of a data set without declared configurations to download: its data files,
+    under ``subset/`` (``<subset>/<split>/*.parquet``, the Hub's parquet conversion), and with
+    ``only`` those whose name or folder starts with a word of that split."""
+    prefix = f"{subset}/" if subset is not None else ""
+    if only is None:
+        return tuple(f"{prefix}*{suffix}" for suffix in DATA_SUFFIXES)
+    words = [w for w, split in SPLIT_WORDS.items() if split == only] or [only]
+    return tuple(f"{prefix}{w}*" for w in words) + tuple(f"{prefix}*/{w}*" for w in words)
 
 
 def _local(path: Path, subset: str | None, resolved: Resolved, where: str, section: str):
