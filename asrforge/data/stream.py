@@ -710,6 +710,7 @@ def stream_eval_split(cfg: DataConfig):
         )
     # one file (or one saved Dataset) is the evaluation split; a directory's named split is read
     # alone, so the training files are never converted
-    return read_split(
-        cfg.model_copy(update={"path": path}), cfg.eval_split, option="data.eval_split"
-    )
+    update = {"path": path}
+    if cfg.stream.eval_path is not None and Path(path).is_file():
+        update["subset"] = None  # one file is the split, whatever configuration data.path has
+    return read_split(cfg.model_copy(update=update), cfg.eval_split, option="data.eval_split")
