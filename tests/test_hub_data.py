@@ -16,9 +16,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from asrforge.config import DataConfig
-from asrforge.data import stream as stream_module
+from asrforge.data import shards as shards_module
+from asrforge.data.shards import find_shards
 from asrforge.data.sources import load_arrow, load_source, read_split
-from asrforge.data.stream import find_shards
 from asrforge.errors import UserError
 from asrforge.text.languages import resolve_language
 from tests.hub_cache import add_repo, audio_parquet
@@ -209,7 +209,7 @@ def test_a_remote_shard_that_fails_once_is_read_on_the_next_try(
     tok_specials,  # noqa: F811
 ):
     fsspec.register_implementation("flakymem", FlakyMemory, clobber=True)
-    monkeypatch.setattr(stream_module, "RETRY_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr(shards_module, "RETRY_SECONDS", (0.0, 0.0))
     _mirror("memory://flaky", {k: v for k, v in repo_files.items() if k != "README.md"})
     cfg = DataConfig(path="flakymem://flaky/all", batch_size=5,
                      stream={"enabled": True, "shuffle_shards": 2})  # fmt: skip
