@@ -105,20 +105,13 @@ def locate(
         return _local(Path(text), cfg.subset, Resolved(Path(text)), text, section)
     if ref is None:
         return _remote(text, cfg.subset, Resolved(Path(text)), text, section)
-    where = f"{ref}" + (f" (subset {cfg.subset})" if cfg.subset else "")
+    card = _card(ref, section)
+    where = f"{card.ref}" + (f" (subset {cfg.subset})" if cfg.subset else "")
     if stream and not offline():
-        return _hub_remote(ref, cfg.subset, where, section)
-    revision = ref.revision
-    card = resolve(text, field=f"{section}.path", repo_type="dataset", revision=revision,
-                   patterns=("README.md", "*.py"))  # fmt: skip
+        # Listed and read shard by shard at the commit the card resolved to, never downloaded.
+        url = f"hf://datasets/{ref.repo_id}@{card.commit}"
+        return _remote(url, cfg.subset, card, where, section)
     configs = declared_configs(card.path / "README.md")
-    if not configs and revision is None and any(card.path.glob("*.py")):
-        # A loading script is never run: its rows are read where the Hub converted them, as
-        # the datasets library does.
-        log.info("%s.path: %s has a loading script: reading its parquet conversion (%s)",
-                 section, ref.repo_id, PARQUET_REVISION)  # fmt: skip
-        revision = PARQUET_REVISION
-        where = f"{ref.repo_id}@{revision}" + (f" (subset {cfg.subset})" if cfg.subset else "")
     if configs:
         name = choose_config(configs, cfg.subset, where, section)
         wanted = {k: v for k, v in configs[name].items() if only in (None, k)}
@@ -126,8 +119,23 @@ def locate(
     else:
         patterns = _layout_patterns(cfg.subset, only)
     resolved = resolve(ref.repo_id, field=f"{section}.path", repo_type="dataset",
-                       revision=revision, patterns=("README.md", "*.py", *patterns))  # fmt: skip
+                       revision=card.ref.revision, patterns=("README.md", "*.py", *patterns))  # fmt: skip
     return _local(resolved.path, cfg.subset, resolved, where, section)
+
+
+def _card(ref: HubRef, section: str) -> Resolved:
+    """The data set's README.md (and loading script, if any) at ``ref``'s revision; for a data
+    set with a loading script and no declared configurations, at the Hub's parquet conversion of
+    it instead, since the script is never run (the ``datasets`` library reads it there too)."""
+    files = ("README.md", "*.py")
+    card = resolve(str(ref), field=f"{section}.path", repo_type="dataset", patterns=files)
+    scripted = any(card.path.glob("*.py")) and not declared_configs(card.path / "README.md")
+    if not scripted or ref.revision is not None:
+        return card
+    log.info("%s.path: %s has a loading script: reading its parquet conversion (%s)",
+             section, ref.repo_id, PARQUET_REVISION)  # fmt: skip
+    return resolve(ref.repo_id, field=f"{section}.path", repo_type="dataset",
+                   revision=PARQUET_REVISION, patterns=files)  # fmt: skip
 
 
 def _layout_patterns(subset: str | None, only: str | None) -> tuple[str, ...]:
@@ -208,15 +216,6 @@ def _remote(url: str, subset: str | None, resolved: Resolved, where: str, sectio
             f"validation*, dev*, test*; formats {', '.join(DATA_SUFFIXES)})"
         )
     return DataFiles(fs.unstrip_protocol(root), splits, resolved, where)
-
-
-def _hub_remote(ref, subset: str | None, where: str, section: str) -> DataFiles:
-    """An online Hub data set streamed: its README.md fetched to learn the commit, its files
-    then read through ``hf://`` at that commit (so the shard list names the commit)."""
-    card = resolve(str(ref), field=f"{section}.path", repo_type="dataset",
-                   patterns=("README.md",))  # fmt: skip
-    url = f"hf://datasets/{ref.repo_id}@{card.commit}"
-    return _remote(url, subset, Resolved(card.path, ref, card.commit), where, section)
 
 
 def declared_configs(readme: Path) -> Configs:
