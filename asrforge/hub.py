@@ -154,6 +154,7 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -182,15 +183,23 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         ) from None
     except RepositoryNotFoundError:
         raise UserError(
-            f"{field}: {ref}: no such repository at {ref.page}, or it is private: if it is "
-            "yours, set HF_TOKEN (or run `hf auth login`)"
+            f"{field}: {ref}: no such local path, nor a repository at {ref.page} (or it is "
+            "private: if it is yours, set HF_TOKEN or run `hf auth login`)"
+        ) from None
+    except IncompleteSnapshotError:
+        raise UserError(
+            f"{field}: {ref}: its snapshot in the Hugging Face cache {cache} is incomplete (a "
+            f"download was interrupted): download it again with `{ref.download_command}`"
         ) from None
     except (LocalEntryNotFoundError, FileNotFoundError) as e:
-        where = "HF_HUB_OFFLINE is set" if is_offline else f"the Hub could not be reached ({e})"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = (
+            "HF_HUB_OFFLINE is set" if is_offline else f"the Hub could not be reached ({reason})"
+        )
         what = "revision" if ref.revision else "snapshot"
         raise UserError(
-            f"{field}: {ref}: no {what} of it in the Hugging Face cache {cache}, and {where}: "
-            f"download it first with `{ref.download_command}`"
+            f"{field}: {ref}: no such local path, and no {what} of it in the Hugging Face cache "
+            f"{cache}, and {where}: download it first with `{ref.download_command}`"
         ) from None
     except HfHubHTTPError as e:
         raise UserError(f"{field}: {ref}: the Hub answered {e}".splitlines()[0]) from None

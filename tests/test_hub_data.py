@@ -130,7 +130,7 @@ def test_a_loading_script_is_never_run_its_parquet_conversion_is_read(
 ):
     script = {"scripted.py": "raise SystemExit('never run')\n", "README.md": "# x\n"}
     add_repo(hf_home, "org/scripted", script, repo_type="dataset")
-    with pytest.raises(UserError, match=r"org/scripted@refs/convert/parquet: no revision of it "
+    with pytest.raises(UserError, match=r"org/scripted@refs/convert/parquet: no such local path, and no revision of it "
                        r"in the Hugging Face cache.*--revision refs/convert/parquet"):  # fmt: skip
         load_source(DataConfig(path="org/scripted", subset="all"))
     # the Hub's conversion: <config>/<split>/NNNN.parquet on refs/convert/parquet

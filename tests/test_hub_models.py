@@ -84,7 +84,9 @@ def test_an_id_not_in_the_cache_offline_names_the_download_command(hf_home):
 
 def test_a_revision_not_in_the_cache_offline_is_named(hf_home, tiny_model):
     add_repo(hf_home, "org/tiny", {"": tiny_model})
-    with pytest.raises(UserError, match=r"org/tiny@v9: no revision.*--revision v9"):
+    with pytest.raises(
+        UserError, match=r"org/tiny@v9: no such local path, and no revision.*--revision v9"
+    ):
         resolve_model("org/tiny@v9")
 
 
@@ -103,7 +105,7 @@ def test_a_repository_with_only_pickle_weights_is_refused_naming_the_conversion(
             r"org/tiny is gated: accept its terms at http://127\.0\.0\.1:\d+/org/"
             r"tiny and set HF_TOKEN",
         ),  # fmt: skip
-        (401, "RepoNotFound", r"no such repository at .*org/tiny, or it is private.*HF_TOKEN"),
+        (401, "RepoNotFound", r"nor a repository at .*org/tiny \(or it is private.*HF_TOKEN"),
         (404, "RevisionNotFound", r"revision 'v9' does not exist"),
     ],
 )
