@@ -134,3 +134,15 @@ def test_the_cli_refuses_an_uncached_id_offline_with_exit_2_and_one_line(hf_home
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "hf download org/absent" in lines[0]
+
+
+def test_transcribe_takes_a_hub_id(hf_home, tiny_model, tones_dir, tmp_path, capsys):
+    from asrforge.cli import main
+    from asrforge.data.sources import load_arrow
+
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(load_arrow(tones_dir)["test"][0]["audio"]["bytes"])
+    assert main(["transcribe", "org/tiny", str(clip), "--max-new-tokens", "4"]) == 0
+    # the note on stderr names the model as given, not its snapshot
+    assert "asrforge: org/tiny: a transformers directory" in capsys.readouterr().err
