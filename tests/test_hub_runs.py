@@ -6,6 +6,7 @@ bit for bit, and refuse a resume after the branch moved unless the config names 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -148,3 +149,21 @@ def test_a_bundle_loads_from_its_hub_id_with_every_file_verified(trained, hub, t
     add_repo(hub, "me/tiny", changed, commit="d" * 40)
     with pytest.raises(CheckpointCorruptError, match="tokenizer.json"):
         load_bundle("me/tiny")
+
+
+def test_export_rebuilds_from_the_commit_the_run_started_from_after_main_moved(
+    trained, hub, tmp_path
+):
+    from asrforge.bundle.export import export_bundle
+
+    # main now holds a model of another shape: unpinned, export would refuse it as changed
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir(hub), moved)
+    config = json.loads((moved / "config.json").read_text())
+    config["encoder_attention_heads"] = 4 if config["encoder_attention_heads"] != 4 else 2
+    (moved / "config.json").write_text(json.dumps(config))
+    add_repo(hub, "org/tiny", {"": moved}, commit=NEW)
+    bundle = export_bundle(trained, tmp_path / "bundle")
+    exported = json.loads((bundle / "config.json").read_text())
+    trained_with = json.loads((tiny_model_dir(hub) / "config.json").read_text())
+    assert exported["encoder_attention_heads"] == trained_with["encoder_attention_heads"]

@@ -136,7 +136,7 @@ def checkpoint_contents(
     files = manifest["files"]
     if "config.yaml" not in files or not any(f.startswith("tokenizer/") for f in files):
         raise CheckpointError(f"{ckpt}: not a training checkpoint (no config.yaml or tokenizer/)")
-    cfg = read_train_config(ckpt / "config.yaml")
+    cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), manifest)
     tokenizer = load_tokenizer(ckpt / "tokenizer")
     multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual, cfg.data.language_tokens)
@@ -190,6 +190,17 @@ def checkpoint_contents(
     where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == "checkpoints" else str(ckpt)
     note = f"{where} (step {step}), {chosen} weights"
     return BundleContents(state, config, generation, tokenizer, icfg, note)
+
+
+def pinned_to_recorded_commits(cfg: TrainConfig, manifest: dict) -> TrainConfig:
+    """``cfg`` with a Hub ``model.pretrained`` pinned to the commit the checkpoint records
+    (``hub_commits``), so an export rebuilds the weights it was trained from even after the
+    branch moved."""
+    record = (manifest.get("hub_commits") or {}).get("model.pretrained") or {}
+    if not record.get("commit") or record.get("revision") is not None:
+        return cfg
+    pinned = f"{record['id']}@{record['commit']}"
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": pinned})})
 
 
 def read_train_config(path: Path) -> TrainConfig:

@@ -21,6 +21,7 @@ from asrforge.bundle.contents import (
     checkpoint_contents,
     ema_weights,
     in_memory,
+    pinned_to_recorded_commits,
     pretrained_contents,
     read_pretrained_weights,
     read_run_config,
@@ -234,7 +235,7 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
             return in_memory(contents.state), str(candidate)
-    cfg = read_train_config(ckpt / "config.yaml")
+    cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), read_manifest(ckpt))
     pretrained = cfg.model.pretrained
     here = model_dir_if_any(pretrained)
     if here is not None and (here / "config.json").is_file():
