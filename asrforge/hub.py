@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_directory
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
 """What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
@@ -239,8 +240,6 @@ def materialize(resolved: Resolved) -> Path:
     path is returned as it is."""
     if resolved.ref is None:
         return resolved.path
-    from asrforge.io.atomic import atomic_directory
-
     name = f"{resolved.ref.repo_type}s--{resolved.ref.repo_id.replace('/', '--')}"
     target = hf_home() / "asrforge" / name / str(resolved.commit)
     if not target.is_dir():

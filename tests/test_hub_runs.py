@@ -167,3 +167,24 @@ def test_export_rebuilds_from_the_commit_the_run_started_from_after_main_moved(
     exported = json.loads((bundle / "config.json").read_text())
     trained_with = json.loads((tiny_model_dir(hub) / "config.json").read_text())
     assert exported["encoder_attention_heads"] == trained_with["encoder_attention_heads"]
+
+
+def test_the_card_states_each_language_s_recorded_figures_as_percent(trained):
+    from huggingface_hub import ModelCard
+
+    from asrforge.bundle.card import model_card
+    from asrforge.bundle.contents import read_run_config
+
+    ckpt = trained / "checkpoints" / "latest"
+    step = read_manifest(ckpt)["step"]
+    record = trained / "eval" / f"step-{step:06d}.jsonl"
+    lines = record.read_text().splitlines()
+    summary = json.loads(lines[-1])
+    summary["per_language"] = {"en": {"wer": 0.25, "cer": 0.125, "n": 6},
+                               "es": {"wer": 0.5, "cer": None, "n": 6}}  # fmt: skip
+    record.write_text("\n".join([*lines[:-1], json.dumps(summary)]) + "\n")
+    card = ModelCard(model_card(ckpt, read_run_config(ckpt), ["en", "es"], "me/x"))
+    metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"]
+               for m in r["metrics"]}  # fmt: skip
+    assert metrics == {"WER (en)": 25.0, "CER (en)": 12.5, "WER (es)": 50.0}
+    assert "| en | 25 | 12.5 | 6 |" in card.text
