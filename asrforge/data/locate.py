@@ -24,6 +24,17 @@ from asrforge.config import DataConfig
 from asrforge.errors import UserError
 from asrforge.hub import HubRef, Resolved, hub_ref, offline, resolve
 
+log = logging.getLogger(__name__)
+
+FILE_FORMATS = {
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+}
+"""File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
 SPLIT_WORDS = {
     "train": "train",
     "validation": "validation",
@@ -33,10 +44,8 @@ SPLIT_WORDS = {
     "test": "test",
 }
 """The word a data file's name starts with -> its split."""
-log = logging.getLogger(__name__)
-
-DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".json", ".csv", ".tsv")
-"""The file endings of data files (``sources.FILE_FORMATS``)."""
+DATA_SUFFIXES = tuple(FILE_FORMATS)
+"""The file endings of data files."""
 PARQUET_REVISION = "refs/convert/parquet"
 """The Hub's own parquet conversion of a data set, where one with a loading script has its rows."""
 

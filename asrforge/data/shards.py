@@ -42,7 +42,7 @@ class Shard:
     ``[first_line, first_line + rows)`` of a JSONL file at bytes ``[start, end)``."""
 
     path: str
-    # The sources.FILE_FORMATS name (parquet, arrow, json, csv or tsv).
+    # The locate.FILE_FORMATS name (parquet, arrow, json, csv or tsv).
     fmt: str
     rows: int
     group: int = 0  # parquet row group

@@ -14,22 +14,13 @@ from pathlib import Path
 
 from asrforge.config import DataConfig, apply_override, format_errors
 from asrforge.data.columns import standardize
-from asrforge.data.locate import is_url, locate, split_of
+from asrforge.data.locate import FILE_FORMATS, is_url, locate, split_of
 from asrforge.errors import UserError
 from asrforge.hub import Resolved
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
-FILE_FORMATS = {
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".tsv": "tsv",
-}
-"""File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
 
 
 @dataclass
