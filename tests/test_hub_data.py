@@ -254,3 +254,16 @@ def test_a_split_read_alone_downloads_only_its_files():
     assert picked("es_419", None) == files[:4]
     assert picked(None, "validation") == ["es_419/validation/0000.parquet",
                                           "data/dev-00000.parquet"]  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", ["memory", "file"])
+def test_a_url_reads_whole_as_the_local_directory_does(protocol, repo_files, tmp_path):
+    local = tmp_path / "local"
+    _mirror(str(local), repo_files)
+    url = f"memory://whole-{tmp_path.name}" if protocol == "memory" else f"file://{local}"
+    if protocol == "memory":
+        _mirror(url, repo_files)
+    by_url = load_source(DataConfig(path=url, subset="all")).splits["validation"]
+    by_dir = load_source(DataConfig(path=local, subset="all")).splits["validation"]
+    assert [r["text"] for r in by_url] == [r["text"] for r in by_dir]
+    assert [r["audio"]["bytes"] for r in by_url] == [r["audio"]["bytes"] for r in by_dir]
