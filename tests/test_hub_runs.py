@@ -188,3 +188,31 @@ def test_the_card_states_each_language_s_recorded_figures_as_percent(trained):
                for m in r["metrics"]}  # fmt: skip
     assert metrics == {"WER (en)": 25.0, "CER (en)": 12.5, "WER (es)": 50.0}
     assert "| en | 25 | 12.5 | 6 |" in card.text
+
+
+@pytest.mark.parametrize("answer", ["refused", "unreachable"])
+def test_a_push_the_hub_refuses_or_cannot_take_is_one_line_exit_2(
+    trained, tmp_path, capsys, monkeypatch, answer
+):
+    # A stand-in endpoint on 127.0.0.1 that refuses without a token, or a port nothing
+    # listens on: the upload's failures, never the Hub itself.
+    from asrforge.cli import main
+    from tests.hub_cache import hub_answering
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    out = tmp_path / "bundle"
+    argv = ["export", str(trained), "--out", str(out), "--push-to-hub", "me/tiny"]
+    if answer == "refused":
+        with hub_answering(401, "RepoNotFound", "Invalid credentials") as url:
+            monkeypatch.setenv("HF_ENDPOINT", url)
+            assert main(argv) == 2
+        expected = "the Hub refused: "
+    else:
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+        assert main(argv) == 2
+        expected = "nothing was uploaded: "
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and expected in errors[0] and "--push-to-hub me/tiny" in errors[0]
+    if answer == "refused":
+        assert "HF_TOKEN" in errors[0]
+    assert (out / "manifest.json").is_file()  # the bundle itself is written and kept

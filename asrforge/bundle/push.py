@@ -48,7 +48,16 @@ def push_bundle(
         status = getattr(e.response, "status_code", None)
         hint = " (set HF_TOKEN to a token with write access, or run `hf auth login`)"
         raise UserError(
-            f"--push-to-hub {repo_id}: the Hub refused: {str(e).splitlines()[0]}"
+            f"--push-to-hub {repo_id}: the Hub refused: {_first_line(e)}"
             + (hint if status in (401, 403) else "")
         ) from None
+    except Exception as e:  # noqa: BLE001 - the HTTP client's and the token lookup's errors vary
+        raise UserError(
+            f"--push-to-hub {repo_id}: nothing was uploaded: {type(e).__name__}: {_first_line(e)}"
+        ) from None
     return url, files
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
