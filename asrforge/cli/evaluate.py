@@ -38,7 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "model",
         type=str,
-        help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
+        help="a checkpoint, run or bundle directory, a transformers Whisper directory, or the "
+        "Hugging Face Hub id of a model or a pushed bundle (org/name[@revision])",
     )
     p.add_argument("--data", type=str, required=True, help=DATA_HELP)
     add_hub_options(p)

@@ -44,7 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     refs.add_argument(
         "--model",
         type=str,
-        help="the starting model (a bundle, a run or checkpoint, or a transformers directory): "
+        help="the starting model (a bundle, a run or checkpoint, a transformers directory, or a "
+        "Hub id): "
         "its transcripts are stored as the references",
     )
     refs.add_argument(
