@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -126,6 +127,16 @@ def parse_duration(value: int | float | str) -> float:
     return seconds
 
 
+def _as_written(value: Any) -> Any:
+    """A path given as a ``Path`` kept as text, so ``./name`` stays a path, never a Hub id."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+PathOrHubId = Annotated[str, BeforeValidator(_as_written)]
+"""A local path or a Hugging Face Hub id (``org/name``, ``org/name@revision``), kept as written:
+an existing path wins, and ``./name`` is always a path (asrforge.hub)."""
+
+
 class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
@@ -177,10 +188,13 @@ class LoraConfig(Section):
 class ModelConfig(Section):
     """The one place that defines the model's shape (or points at a pretrained model)."""
 
-    pretrained: Path | None = None
-    """A local transformers Whisper directory (config.json + weights). Its shape is used: the
-    shape fields below are filled in from it when the model is built (so the run's config.yaml
-    records the whole shape), and any set must equal it. Nothing is ever downloaded."""
+    pretrained: PathOrHubId | None = None
+    """A transformers Whisper model: a local directory (config.json + safetensors weights) or a
+    Hugging Face Hub id, ``openai/whisper-small`` or ``org/name@revision`` (downloaded once into
+    the Hugging Face cache; offline with ``HF_HUB_OFFLINE=1``; the run records the commit). An
+    existing local path wins; ``./name`` is always local. Its shape is used: the shape fields
+    below are filled in from it when the model is built (so the run's config.yaml records the
+    whole shape), and any set must equal it."""
     tokenizer: Path | None = None
     """A directory with tokenizer files. Default: the pretrained model's; for a model built from
     scratch, a byte-level BPE trained on the training transcripts (see ``bpe_vocab_size``)."""
@@ -463,12 +477,24 @@ class StreamConfig(Section):
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
-    path: Path
-    """The data (see README "Your data"): a ``save_to_disk`` ``DatasetDict`` or ``Dataset``; a
-    directory of parquet, arrow, jsonl/json, csv or tsv files whose names start with their split
-    (``train-0000.parquet``, ``validation.jsonl``, ``dev.csv`` is ``validation``); or one such
-    file, the training split: a JSONL manifest (NeMo: ``audio_filepath``, ``text``, ``duration``,
-    optional ``lang``) or a CSV/TSV with a header row. See ``columns`` for the column names."""
+    path: PathOrHubId
+    """The data (see README "Your data"): a Hugging Face Hub data set id
+    (``mozilla-foundation/common_voice_17_0``, ``google/fleurs``; see ``subset``, ``revision``);
+    a ``save_to_disk`` ``DatasetDict`` or ``Dataset``; a directory of parquet, arrow, jsonl/json,
+    csv or tsv files whose names start with their split (``train-0000.parquet``,
+    ``validation.jsonl``, ``dev.csv`` is ``validation``), or a Hub data set's files with its
+    README.md declaring its configurations; an fsspec URL of such a directory (``s3://``,
+    ``gs://``, ``hf://``; with ``stream.enabled``); or one such file, the training split: a JSONL
+    manifest (NeMo: ``audio_filepath``, ``text``, ``duration``, optional ``lang``) or a CSV/TSV
+    with a header row. See ``columns`` for the column names. An existing local path wins over a
+    Hub id; ``./name`` is always local."""
+    subset: str | None = None
+    """The data set's configuration (the Hub's ``name``/subset, e.g. ``sw`` of Common Voice,
+    ``es_419`` of FLEURS), as its README.md declares them; needed when it declares several and
+    none is the default."""
+    revision: str | None = None
+    """The Hub revision of ``path`` (a branch, tag or commit); default its main branch. Pinning
+    a commit keeps a resumed run on the data it started with."""
     generate: Literal["tones"] | None = None
     """Build this small synthetic data set at ``path`` when it is missing (deterministic)."""
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)

@@ -53,7 +53,7 @@ HF_NAMES: dict[str, str] = {
     "logging_dir": "output_dir (tensorboard/ is written under it)",
     "resume_from_checkpoint": "--resume on the command line (asrforge train CONFIG --resume)",
     "output_dir": "output_dir (at the top level)",
-    "model_name_or_path": "model.pretrained (a local directory; nothing is downloaded)",
+    "model_name_or_path": "model.pretrained (a Hub id or a local directory)",
     "push_to_hub": "nothing to set: asrforge never uploads; export a bundle and upload it yourself",
     # WhisperConfig's SpecAugment switches, which users set on the model
     "apply_spec_augment": "data.augment.spec_augment ({} for LibriSpeech's LD policy)",

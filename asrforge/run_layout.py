@@ -4,7 +4,7 @@ checkpoints alone, :class:`CheckpointsLayout`) instead of spelling a name.
 
 A run directory::
 
-    config.yaml  train.log  metrics.jsonl  eval_carve.json  cache/
+    config.yaml  hub_commits.json  train.log  metrics.jsonl  eval_carve.json  cache/
     checkpoints/  step-000200/ ...  latest -> step-000200 (or latest.txt)  best/  best-unguarded/
     eval/  step-000200.jsonl  guard-step-000200.jsonl  longform-step-000200.jsonl
 
@@ -22,6 +22,8 @@ CHECKPOINTS = "checkpoints"
 EVAL = "eval"
 CONFIG_FILE = "config.yaml"
 """The run's resolved config, written by start-up over an earlier run's."""
+HUB_COMMITS_FILE = "hub_commits.json"
+"""The Hub commit of each model and data set the run read by id, beside ``config.yaml``."""
 RUN_LOG = "train.log"
 METRICS_FILE = "metrics.jsonl"
 """The ``metrics_jsonl`` callback's file, under its default name."""
@@ -122,6 +124,10 @@ class RunLayout:
     @property
     def config(self) -> Path:
         return self.root / CONFIG_FILE
+
+    @property
+    def hub_commits(self) -> Path:
+        return self.root / HUB_COMMITS_FILE
 
     @property
     def log(self) -> Path:

@@ -279,3 +279,18 @@ def test_multilingual_generation_config_names_languages_and_tasks() -> None:
     assert gen.task_to_id == {"transcribe": 50262, "translate": 50261}
     assert gen.forced_decoder_ids == [[1, None], [2, 50262]]
     assert gen.no_timestamps_token_id == 50266 and gen.prev_sot_token_id == 50264
+
+
+def test_a_hub_id_imports_from_the_cache_as_the_directory_does(
+    ct2_tiny_en: Path, hf_tiny_en: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from tests.hub_cache import add_repo
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    add_repo(tmp_path / "hf", "Systran/faster-whisper-tiny.en", {"": ct2_tiny_en})
+    out = import_ct2("Systran/faster-whisper-tiny.en", tmp_path / "from-hub")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (out / name).read_bytes() == (hf_tiny_en / name).read_bytes(), name

@@ -93,7 +93,10 @@ def test_a_training_run_guards_with_the_built_set(tmp_path, clips, tones_dir):
     assert [e["guard_drift"] for e in evals if e.get("event") == "eval"] == [True]
 
 
-def test_the_starting_model_s_transcripts_become_the_references(tmp_path, clips, tones_dir):
+@pytest.mark.parametrize("named", ["directory", "hub id"])
+def test_the_starting_model_s_transcripts_become_the_references(
+    tmp_path, clips, tones_dir, monkeypatch, named
+):
     from asrforge.model.build import build_model, build_tokenizer
 
     base = tiny_config(tmp_path / "base", tones_dir)
@@ -101,6 +104,14 @@ def test_the_starting_model_s_transcripts_become_the_references(tmp_path, clips,
     model = tmp_path / "tiny"
     build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
     tokenizer.save_pretrained(str(model))
+    if named == "hub id":  # from a Hugging Face cache built here, offline
+        from tests.hub_cache import add_repo
+
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+        add_repo(tmp_path / "hf", "org/tiny", {"": model})
+        model = "org/tiny"
     dirs = by_language(tmp_path, clips[:12])
     out = tmp_path / "guard"
     argv = ["guard", "build", str(dirs["en"]), "--language", "en", "--model", str(model),
@@ -124,8 +135,10 @@ def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
         "missing": ([str(tmp_path / "nope.wav")], "nope.wav"),
         "not audio": ([str(clip), str(text)], "notes.wav"),
         "empty dir": ([str(tmp_path / "empty")], "empty"),
-        "languages": ([str(clip), str(clip), str(clip), "--language", "en", "--language", "es"],
-                      "--language"),
+        "languages": (
+            [str(clip), str(clip), str(clip), "--language", "en", "--language", "es"],
+            "--language",
+        ),
         "reference": ([str(clip), "--references", str(refs)], clip.name),
     }[bad]
     assert main(["guard", "build", *argv, "--out", str(tmp_path / "guard")]) == 2

@@ -62,7 +62,7 @@ def test_a_pretrained_run_records_its_whole_shape(pretrained_run):
     ckpt = run / "checkpoints" / "step-000002"
     assert _recorded_shape((ckpt / "config.yaml").read_text()) == want
     again = load_config(data=yaml.safe_load((run / "config.yaml").read_text()))
-    assert again.model.pretrained == pretrained  # the recorded config loads back
+    assert again.model.pretrained == str(pretrained)  # the recorded config loads back, as written
 
 
 def test_export_without_the_pretrained_directory_keeps_the_heads_and_the_loss(

@@ -13,12 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.config import DataConfig
-from asrforge.data.stream import (
-    StreamedSplit,
-    _read_table,
-    epoch_blocks,
-    find_shards,
-)
+from asrforge.data.shards import _read_table, find_shards
+from asrforge.data.stream import StreamedSplit, epoch_blocks
 from asrforge.data.workers import worker_count
 from asrforge.errors import UserError
 from asrforge.model.build import feature_extractor

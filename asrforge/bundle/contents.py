@@ -48,6 +48,7 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, UserError
+from asrforge.hub import model_dir_if_any
 from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
@@ -78,6 +79,8 @@ class BundleContents:
     """What was exported, for the user (``checkpoints/best (step 200), EMA weights``)."""
     lm: Path | None = None
     """An ARPA file to carry (its facts are in ``inference.lm``)."""
+    card: str | None = None
+    """The bundle's ``README.md``, a model card (``asrforge.bundle.card``)."""
 
 
 def read_run_config(ckpt: Path) -> TrainConfig:
@@ -133,7 +136,7 @@ def checkpoint_contents(
     files = manifest["files"]
     if "config.yaml" not in files or not any(f.startswith("tokenizer/") for f in files):
         raise CheckpointError(f"{ckpt}: not a training checkpoint (no config.yaml or tokenizer/)")
-    cfg = read_train_config(ckpt / "config.yaml")
+    cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), manifest)
     tokenizer = load_tokenizer(ckpt / "tokenizer")
     multilingual = _multilingual(cfg.model, len(tokenizer), manifest.get("multilingual"))
     specials = SpecialTokens.from_tokenizer(tokenizer, multilingual, cfg.data.language_tokens)
@@ -189,6 +192,17 @@ def checkpoint_contents(
     where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == CHECKPOINTS else str(ckpt)
     note = f"{where} (step {step}), {chosen} weights"
     return BundleContents(state, config, generation, tokenizer, icfg, note)
+
+
+def pinned_to_recorded_commits(cfg: TrainConfig, manifest: dict) -> TrainConfig:
+    """``cfg`` with a Hub ``model.pretrained`` pinned to the commit the checkpoint records
+    (``hub_commits``), so an export rebuilds the weights it was trained from even after the
+    branch moved."""
+    record = (manifest.get("hub_commits") or {}).get("model.pretrained") or {}
+    if not record.get("commit") or record.get("revision") is not None:
+        return cfg
+    pinned = f"{record['id']}@{record['commit']}"
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": pinned})})
 
 
 def read_train_config(path: Path) -> TrainConfig:
@@ -260,7 +274,7 @@ def _multilingual(cfg: ModelConfig, vocab_size: int, recorded: bool | None = Non
         return recorded
     if cfg.pretrained is None:
         return True
-    if (Path(cfg.pretrained) / "config.json").is_file():
+    if (pretrained := model_dir_if_any(cfg.pretrained)) and (pretrained / "config.json").is_file():
         return is_multilingual(cfg)
     return vocab_size >= 51865  # transformers' rule, for checkpoints that did not record it
 
@@ -327,7 +341,9 @@ def _whisper_config(
             whose shape is no longer the one trained.
         CheckpointNotSupportedError: the recorded shape does not fit the weights.
     """
-    pretrained = Path(cfg.model.pretrained) if cfg.model.pretrained is not None else None
+    pretrained = model_dir_if_any(cfg.model.pretrained)
+    if pretrained is None and cfg.model.pretrained is not None:
+        pretrained = Path(cfg.model.pretrained)  # gone: the recorded shape stands in for it
     recorded = pretrained is None or set(SHAPE_FIELDS) <= cfg.model.model_fields_set
     base_gen = None
     if pretrained is None:

@@ -13,14 +13,17 @@ from typing import Any, Literal
 
 import torch
 
+from asrforge.bundle.card import model_card
 from asrforge.bundle.contents import (
     BundleContents,
     Weights,
     checkpoint_contents,
     ema_weights,
     in_memory,
+    pinned_to_recorded_commits,
     pretrained_contents,
     read_pretrained_weights,
+    read_run_config,
     read_train_config,
     tensor_shapes,
     with_lm,
@@ -45,6 +48,7 @@ from asrforge.config import (
     parse_size,
 )
 from asrforge.errors import UserError
+from asrforge.hub import hub_ref, model_dir_if_any
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.vocab import ids_read_as_timestamps
@@ -72,8 +76,10 @@ def export_bundle(
     ct2_quantization: str | None = None,
     lm: str | Path | None = None,
     max_shard_size: int | str | None = "5GB",
+    repo_id: str | None = None,
 ) -> Path:
-    """Write an inference bundle.
+    """Write an inference bundle; one from a training checkpoint has a model card as its
+    ``README.md`` (``asrforge.bundle.card``).
 
     Args:
         source: a training checkpoint directory (``manifest.json`` + ``model.safetensors``), a run
@@ -89,6 +95,7 @@ def export_bundle(
         lm: an ARPA file from ``asrforge lm build`` to carry for beam search (``lm.arpa``).
         max_shard_size: weights larger than this are written as transformers' shards and index
             (bytes, or ``"5GB"``, ``"500MB"``, ...); None: one file.
+        repo_id: the Hub id the bundle will be pushed to, named in its card's usage.
 
     Returns:
         ``out``.
@@ -121,6 +128,8 @@ def export_bundle(
             average_metric=average_metric,
             stats_utterances=stats_utterances,
         )
+        card = model_card(path, read_run_config(path), contents.inference.languages, repo_id)
+        contents = dataclasses.replace(contents, card=card)
     if lm is not None:
         contents = with_lm(contents, Path(lm))
     return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)
@@ -248,10 +257,13 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
             # absolute: a bundle's record must not depend on the directory export ran in
             return in_memory(contents.state), str(candidate.absolute())
-    cfg = read_train_config(ckpt / "config.yaml")
+    cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), read_manifest(ckpt))
     pretrained = cfg.model.pretrained
-    if pretrained is not None and (Path(pretrained) / "config.json").is_file():
-        return read_pretrained_weights(Path(pretrained)), str(Path(pretrained).absolute())
+    here = model_dir_if_any(pretrained)
+    if here is not None and (here / "config.json").is_file():
+        # a Hub id names itself; a local path is recorded absolute, as above
+        named = str(pretrained) if hub_ref(pretrained) is not None else str(here.absolute())
+        return read_pretrained_weights(here), named
     gone = (
         f"and model.pretrained {pretrained} is not there"
         if pretrained is not None

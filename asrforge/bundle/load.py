@@ -37,6 +37,7 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.hub import materialize, resolve
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.run_layout import RunLayout
@@ -200,7 +201,9 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
     """Load an inference bundle written by ``asrforge export``.
 
     Args:
-        path: the bundle directory.
+        path: the bundle directory, or a Hugging Face Hub id (``org/name[@revision]``) of a
+            bundle pushed there (``asrforge export --push-to-hub``): its files are copied out of
+            the cache as regular files and verified the same way.
         device: where the model runs. Weights are used in float32 on the CPU.
 
     Raises:
@@ -209,7 +212,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
             could hold a pickle, or tensors that do not fit the model config.
         UserError: ``path`` is not a directory.
     """
-    path = Path(path)
+    path = materialize(resolve(path, field="bundle", patterns=None))
     manifest = verify_bundle(path)
     where = str(path)
     if INFERENCE_CONFIG not in manifest["files"]:

@@ -65,6 +65,9 @@ TRAINING_ONLY: Split = {
     },
     "data": {
         "path": ALL,
+        # Where the training data came from; the model card names them (bundle/card.py).
+        "subset": ALL,
+        "revision": ALL,
         "generate": ALL,
         "columns": ALL,
         # The bundle records the languages the training data had, not this setting.

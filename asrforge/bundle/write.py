@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asrforge.bundle.card import CARD_FILE
 from asrforge.bundle.contents import BundleContents
 from asrforge.bundle.load import SEAL_KEY, manifest_digest, verify_bundle
 from asrforge.bundle.schema import (
@@ -85,6 +86,8 @@ def write_bundle(
         _write_hf_files(contents, tmp, max_shard_bytes)
         _write_inference_config(contents, tmp, "hf")
         _copy_lm(contents, tmp)
+        if contents.card is not None:
+            (tmp / CARD_FILE).write_text(contents.card, encoding="utf-8")
         for p in tmp.iterdir():
             p.chmod(0o644)  # safetensors writes 0o600
         write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})

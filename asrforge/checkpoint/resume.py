@@ -26,6 +26,7 @@ from asrforge.checkpoint.manifest import verify
 from asrforge.config import SHAPE_FIELDS, TrainConfig
 from asrforge.config_yaml import load_yaml
 from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.hub import hub_ref, resolve_model
 
 FIXED_MODEL_FIELDS = (
     *SHAPE_FIELDS,
@@ -246,6 +247,34 @@ def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logge
             )  # fmt: skip
 
 
+def check_resume_commits(recorded: dict, now: dict, where: Path) -> None:
+    """Refuse a resume whose Hub model or data set now resolves to another commit than the one
+    the checkpoint was trained from (its branch moved), unless the config names that new commit
+    as its revision: the person chose it.
+
+    Args:
+        recorded: the checkpoint's ``hub_commits`` (config field -> ``{id, revision, commit}``).
+        now: the same, resolved for the config given now.
+
+    Raises:
+        UserError: naming each field, both commits, and the two ways on.
+    """
+    moved = []
+    for key, then in sorted(recorded.items()):
+        current = now.get(key)
+        if current is None or then.get("commit") == current.get("commit"):
+            continue
+        if current.get("revision") is not None and current.get("revision") == current["commit"]:
+            continue
+        name, old, new = current.get("id"), then.get("commit"), current.get("commit")
+        moved.append(
+            f"{key} {name} is at commit {new} now, the checkpoint was trained from {old} (pin "
+            f"it: {key}={name}@{old}; or continue on the new one: {key}={name}@{new})"
+        )
+    if moved:
+        raise UserError(f"--resume: {where}: " + "; ".join(moved))
+
+
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are values."""
     if not isinstance(tree, dict):
@@ -261,8 +290,8 @@ def _fill_pretrained_shape(now: dict[str, Any], cfg: TrainConfig) -> None:
     if cfg.model.pretrained is None:
         return
     try:
-        hf = json.loads((Path(cfg.model.pretrained) / "config.json").read_text())
-    except (OSError, ValueError):
+        hf = json.loads((resolve_model(cfg.model.pretrained).path / "config.json").read_text())
+    except (OSError, ValueError, UserError):
         return  # building the model reports it
     for name in SHAPE_FIELDS:
         if f"model.{name}" not in now and isinstance(hf, dict) and name in hf:
@@ -271,6 +300,10 @@ def _fill_pretrained_shape(now: dict[str, Any], cfg: TrainConfig) -> None:
 
 def _same(key: str, a: Any, b: Any) -> bool:
     if key in _PATH_FIELDS and isinstance(a, str) and isinstance(b, str):
+        # A Hub id pinned to a revision is the same model: its commit is checked apart.
+        ref_a, ref_b = hub_ref(a), hub_ref(b)
+        if ref_a is not None and ref_b is not None:
+            return ref_a.repo_id == ref_b.repo_id
         return os.path.normpath(a) == os.path.normpath(b)
     return a == b
 

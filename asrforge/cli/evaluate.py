@@ -8,7 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.cli.data_options import (
+    DATA_HELP,
+    DATA_OPTIONS_HELP,
+    SPLIT_HELP,
+    add_hub_options,
+    data_options,
+)
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
@@ -33,10 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "model",
-        type=Path,
-        help="a checkpoint, run or bundle directory, or a transformers Whisper directory",
+        type=str,
+        help="a checkpoint, run or bundle directory, a transformers Whisper directory, or the "
+        "Hugging Face Hub id of a model or a pushed bundle (org/name[@revision])",
     )
-    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    p.add_argument("--data", type=str, required=True, help=DATA_HELP)
+    add_hub_options(p)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument(
@@ -170,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     language = language_line(bundle.specials.multilingual)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     # data of one split is read whole, so no split name describes what was scored
-    split = None if reads_whole(args.data) else args.split
+    split = None if reads_whole(data.path) else args.split
     if args.json:
         record = {
             "model": str(args.model),

@@ -50,6 +50,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "+ adapter_config.json) instead of a bundle with the adapters merged in",
     )
     p.add_argument(
+        "--push-to-hub",
+        metavar="ORG/NAME",
+        default=None,
+        help="upload the verified bundle to this Hugging Face Hub model repository (its "
+        "README.md is the model card); the token is HF_TOKEN's or your `hf auth login`",
+    )
+    p.add_argument("--private", action="store_true", help="--push-to-hub: create it private")
+    p.add_argument(
+        "--dry-run", action="store_true", help="--push-to-hub: list what would be uploaded"
+    )
+    p.add_argument(
         "--lm",
         type=Path,
         default=None,
@@ -102,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--adapter-only writes peft's adapter files: --lm does not apply")
     if args.lm is not None and not args.lm.is_file():
         problems.append(f"--lm {args.lm}: no such file")
+    if (args.private or args.dry_run) and args.push_to_hub is None:
+        problems.append("--private and --dry-run: only with --push-to-hub")
+    if args.push_to_hub is not None and (args.adapter_only or args.fmt != "hf"):
+        problems.append("--push-to-hub uploads an hf bundle: --adapter-only and --format ct2 "
+                        "do not apply")  # fmt: skip
     if args.shares is not None and not args.within_guard:
         problems.append("--shares: only with --within-guard (the shares it tries)")
     if args.within_guard and (args.adapter_only or args.weights == "average"):
@@ -129,8 +145,17 @@ def run(args: argparse.Namespace) -> int:
         ct2_quantization=args.quantization,
         lm=args.lm,
         max_shard_size=shard_size,
+        repo_id=args.push_to_hub,
     )
     _print_written(args, out)
+    if args.push_to_hub is not None:
+        from asrforge.bundle.push import push_bundle
+
+        url, files = push_bundle(out, args.push_to_hub, private=args.private, dry_run=args.dry_run)
+        if args.dry_run:
+            print(f"would upload {len(files)} files to {url}: {', '.join(files)}")
+        else:
+            print(f"uploaded {len(files)} files to {url}")
     return 0
 
 

@@ -42,10 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     b.add_argument(
         "--model",
-        type=Path,
-        help="the starting model (a bundle, a run or checkpoint, or a transformers directory): "
-        "its transcripts are stored as the references (with --references: of the clips it has "
-        "none for)",
+        type=str,
+        help="the starting model (a bundle, a run or checkpoint, a transformers directory, or a "
+        "Hub id): its transcripts are stored as the references (with --references: of the clips "
+        "it has none for)",
     )
     b.add_argument(
         "--references",

@@ -21,9 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "ct2_dir",
-        type=Path,
+        type=str,
         metavar="CT2_DIR",
-        help="directory with model.bin, config.json, tokenizer.json, vocabulary.*",
+        help="directory with model.bin, config.json, tokenizer.json, vocabulary.*, or its "
+        "Hugging Face Hub id (Systran/faster-whisper-base)",
     )
     parser.add_argument(
         "--out",

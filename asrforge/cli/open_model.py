@@ -11,14 +11,20 @@ from asrforge.errors import UserError
 # the parser (`asrforge --help`) does not wait for it.
 
 
-def open_model(path: Path, weights: str | None = None):
+def open_model(model: str | Path, weights: str | None = None):
     """A :class:`~asrforge.bundle.Bundle` from a bundle (verified by ``load_bundle``), a training
     checkpoint or run (verified against its manifest), or a plain transformers Whisper
-    directory, which has no manifest and is loaded unverified (said on stderr)."""
+    directory, which has no manifest and is loaded unverified (said on stderr); each a local
+    directory or a Hugging Face Hub id (``org/name[@revision]``, :mod:`asrforge.hub`)."""
     from asrforge.bundle.export import bundle_from_checkpoint, resolve_source
     from asrforge.bundle.load import load_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG
+    from asrforge.hub import resolve_model
 
+    resolved = resolve_model(model, field=str(model))
+    path = resolved.path
+    if resolved.ref is not None and (path / INFERENCE_CONFIG).is_file():
+        return load_bundle(model)  # the whole repository, every file verified
     if not path.is_dir():
         raise UserError(f"{path}: no such directory")
     if (path / INFERENCE_CONFIG).is_file():
@@ -28,7 +34,7 @@ def open_model(path: Path, weights: str | None = None):
     kind, _resolved = resolve_source(path)
     if kind == "pretrained":
         print(
-            f"asrforge: {path}: a transformers directory, not a bundle: loaded without "
+            f"asrforge: {model}: a transformers directory, not a bundle: loaded without "
             "verification (no manifest); `asrforge export` makes a verified bundle",
             file=sys.stderr,
         )

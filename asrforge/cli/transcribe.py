@@ -35,9 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "bundle",
-        type=Path,
-        help="a bundle directory (asrforge export), a checkpoint or run directory, or a "
-        "transformers Whisper directory (not verified: no manifest)",
+        type=str,
+        help="a bundle directory (asrforge export), a checkpoint or run directory, a "
+        "transformers Whisper directory (not verified: no manifest), or the Hugging Face Hub id "
+        "of a pushed bundle or a model (org/name[@revision])",
     )
     p.add_argument("audio", type=Path, nargs="+", help="audio files")
     p.add_argument("--language", default=None, help="ISO code; default: detected")

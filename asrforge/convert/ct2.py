@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from asrforge.errors import CheckpointNotSupportedError, UserError
+from asrforge.hub import CT2_FILES, resolve
 from asrforge.io.atomic import fsync_dir, fsync_file
 from asrforge.model.build import feature_extractor
 from asrforge.model.frames import window_seconds
@@ -49,7 +50,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 
 
-def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
+def import_ct2(ct2_dir: str | Path, out_dir: Path, *, dtype: str = "float32") -> Path:
     """Turn a CTranslate2 Whisper directory into a transformers Whisper directory.
 
     Quantized weights (int8 with per-row scales, int16 with one scale) are dequantized; every
@@ -58,7 +59,8 @@ def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
 
     Args:
         ct2_dir: directory with ``model.bin``, ``config.json``, ``tokenizer.json`` and
-            ``vocabulary.txt`` (or ``vocabulary.json``).
+            ``vocabulary.txt`` (or ``vocabulary.json``), or the Hugging Face Hub id of one
+            (``Systran/faster-whisper-base``, :mod:`asrforge.hub`).
         out_dir: where to write; must not exist or be empty.
         dtype: ``float32`` (default, what fine-tuning wants), ``float16`` or ``bfloat16``.
 
@@ -70,7 +72,8 @@ def import_ct2(ct2_dir: Path, out_dir: Path, *, dtype: str = "float32") -> Path:
             unsupported binary version or spec revision, or not a Whisper model.
         CheckpointNotSupportedError: the tensors do not form a transformers Whisper model.
     """
-    ct2_dir, out_dir = Path(ct2_dir), Path(out_dir)
+    ct2_dir = resolve(ct2_dir, field="CT2_DIR", patterns=CT2_FILES).path
+    out_dir = Path(out_dir)
     if dtype not in DTYPES:
         raise UserError(f"dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
     if not ct2_dir.is_dir():

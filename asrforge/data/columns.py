@@ -22,13 +22,14 @@ log = logging.getLogger(__name__)
 
 USUAL_COLUMNS = {
     "audio": ("audio", "audio_filepath", "path"),
-    "text": ("text",),
-    "language": ("language", "lang"),
+    "text": ("text", "sentence", "raw_transcription", "transcription"),
+    "language": ("language", "lang", "locale"),
     "id": ("id",),
     "duration": ("duration",),
 }
-"""Column names looked for when ``data.columns`` names none (``audio_filepath``, ``lang``,
-``duration``: NeMo)."""
+"""Column names looked for, in this order, when ``data.columns`` names none (``audio_filepath``,
+``lang``, ``duration``: NeMo; ``sentence``, ``locale``: Common Voice; ``raw_transcription``, the
+cased and punctuated text, before ``transcription``: FLEURS)."""
 
 
 STRING_TYPES = ("string", "large_string", "null")

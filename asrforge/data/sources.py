@@ -9,35 +9,18 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrforge.config import DataConfig, apply_override, format_errors
 from asrforge.data.columns import standardize
+from asrforge.data.locate import FILE_FORMATS, is_url, locate, split_of
 from asrforge.errors import UserError
+from asrforge.hub import Resolved
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
-FILE_FORMATS = {
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".jsonl": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".tsv": "tsv",
-}
-"""File extension -> the ``datasets`` loader that reads it (tsv: ``csv`` with tabs)."""
-SPLIT_WORDS = {
-    "train": "train",
-    "validation": "validation",
-    "dev": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "test": "test",
-}
-"""The word a data file's name starts with -> its split."""
 
 
 @dataclass
@@ -45,10 +28,12 @@ class Source:
     """The splits of ``data.path``, each with the standard columns."""
 
     splits: dict  # split name -> datasets.Dataset
-    where: Path
-    """``data.path``, for messages."""
+    where: Path | str
+    """``data.path``, for messages (a Hub id with its subset)."""
     names: list[str] = field(default_factory=list)
     """Every split's name, also those not read (``load_source(split=...)``)."""
+    resolved: Resolved | None = None
+    """The Hub commit ``data.path`` resolved to, for the run's record."""
 
 
 def load_source(
@@ -78,14 +63,24 @@ def load_source(
     import datasets
 
     datasets.disable_progress_bars()
-    path = Path(cfg.path)
+    located = locate(cfg, section=section, only=split)
+    path = Path(located.root) if not is_url(located.root) else located.root
     cache_dir = Path(cfg.cache_dir) / "datasets" if cfg.cache_dir is not None else None
-    check_data_path(path, section=section)
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+    if located.splits is not None:
+        raw, root = _load_grouped(located.splits, cache_dir, only=split, section=section), path
+    elif is_url(path):
+        fmt = format_of(Path(path), section=section)
+        raw, root = _load_files(fmt, [path], cache_dir, section=section), path.rsplit("/", 1)[0]
+    elif path.is_dir() and (
+        (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+    ):
         raw, root = _load_saved(path), path
     elif path.is_dir():
-        raw, root = _load_directory(path, cache_dir, only=split, section=section), path
+        check_data_path(path, section=section)
+        grouped = split_files(path, section=section)
+        raw, root = _load_grouped(grouped, cache_dir, only=split, section=section), path
     else:
+        check_data_path(path, section=section)
         fmt = format_of(path, section=section)
         raw, root = _load_files(fmt, [path], cache_dir, section=section), path.parent
     # One file or one saved Dataset is the split training reads.
@@ -94,12 +89,14 @@ def load_source(
     names = sorted(raw)
     raw = {name: ds for name, ds in raw.items() if split in (None, name)}
     root = Path(cfg.audio_dir) if cfg.audio_dir is not None else root
+    where_all = located.where if located.resolved.ref is not None else path
     language = None
     if cfg.language is not None:
         language = resolve_language(cfg.language, f"{section}.language")
     splits = {}
     for name, ds in raw.items():
-        where = path if len(names) == 1 or not path.is_dir() else f"{path} (split {name!r})"
+        one = len(names) == 1 or (not is_url(path) and not path.is_dir())
+        where = where_all if one else f"{where_all} (split {name!r})"
         splits[name] = standardize(
             ds,
             cfg,
@@ -110,7 +107,7 @@ def load_source(
             default_language=default_language,
             section=section,
         )
-    return Source(splits, path, names)
+    return Source(splits, where_all, names, located.resolved)
 
 
 def check_data_path(path: Path, *, section: str = "data") -> None:
@@ -139,34 +136,36 @@ def _load_saved(path: Path):
     return loaded if isinstance(loaded, datasets.Dataset) else dict(loaded)
 
 
-def _load_directory(
-    path: Path, cache_dir: Path | None, only: str | None = None, *, section: str = "data"
+def _load_grouped(
+    by_split: dict, cache_dir: Path | None, only: str | None = None, *, section: str = "data"
 ) -> dict:
-    """A directory of data files, grouped into splits by the word each file name, or else its
-    folder's name, starts with. The files are the directory's own, or when none of those names a
-    split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper, so a folder
-    of a million clips beside a manifest is not walked. With ``only``, the other splits are
-    named but not read (None); ``section`` names ``path`` in messages (see :func:`load_source`)."""
-    by_split = split_files(path, section=section)
+    """Each split from its data files (:func:`split_files`, or the files a data set's
+    configuration names: :func:`asrforge.data.locate.locate`). With ``only``, the other splits
+    are named but not read (None); ``section`` names the path in messages (see
+    :func:`load_source`)."""
     splits = {}
     for name, group in by_split.items():
-        formats = {format_of(f, section=section) for f in group}
+        if only not in (None, name):
+            splits[name] = None
+            continue
+        formats = {format_of(Path(f), section=section) for f in group}
+        if not formats:
+            raise UserError(f"{section}.path: split {name!r}: no file matches its configuration")
         if len(formats) > 1:
             raise UserError(
-                f"{section}.path: split {name!r} of {path} mixes formats "
-                f"({', '.join(f.name for f in group)}); convert them to one"
+                f"{section}.path: split {name!r} mixes formats "
+                f"({', '.join(Path(f).name for f in group)}); convert them to one"
             )
-        splits[name] = (
-            _load_files(formats.pop(), group, cache_dir, section=section)
-            if only in (None, name)
-            else None
-        )
+        splits[name] = _load_files(formats.pop(), group, cache_dir, section=section)
     return splits
 
 
 def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
-    """The data files of the directory ``path`` by split (see :func:`_load_directory`);
-    ``section`` names ``path`` in messages.
+    """The data files of the directory ``path`` by split: grouped by the word each file name, or
+    else its folder's name, starts with. The files are the directory's own, or when none of
+    those names a split, its subdirectories' (a Hub snapshot keeps them in ``data/``); no deeper,
+    so a folder of a million clips beside a manifest is not walked. ``section`` names ``path``
+    in messages.
 
     Raises:
         UserError: no file names a split.
@@ -195,12 +194,6 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
             ", ".join(str(f.relative_to(path)) for f in unsplit),
         )
     return by_split
-
-
-def split_of(name: str) -> str | None:
-    """The split a file or folder name starts with (``dev_clean.jsonl`` -> ``validation``)."""
-    word = re.match(r"[a-z]*", name.lower()).group()
-    return SPLIT_WORDS.get(word)
 
 
 def format_of(path: Path, *, section: str = "data") -> str:
@@ -233,6 +226,7 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     # Unquoted, as Common Voice writes it, so a " is text.
     if fmt == "tsv":
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
+    local = not any(is_url(f) for f in files)
     try:
         ds = datasets.load_dataset(
             "csv" if fmt == "tsv" else fmt,
@@ -242,14 +236,15 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
             **options,
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
-        bad = no_rows(files) or (_bad_json_line(files) if fmt == "json" else None)
+        bad = local and (no_rows(files) or (_bad_json_line(files) if fmt == "json" else None))
         # The line is named here because pyarrow counts rows of a block from 0 ("row 1" of another
         # line).
-        if bad is not None:
+        if bad:
             raise UserError(f"{section}.path: {bad}") from None
         raise unreadable(", ".join(map(str, files)), fmt, e, section=section) from None
     if fmt == "json":
-        check_utf8(ds.data.table, lambda: _bad_utf8_line(files), section=section)
+        find_line = (lambda: _bad_utf8_line(files)) if local else (lambda: None)
+        check_utf8(ds.data.table, find_line, section=section)
     return ds
 
 
@@ -338,12 +333,12 @@ def _bad_json_line(files: list[Path]) -> str | None:
     return None
 
 
-SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir")
+SOURCE_OPTIONS = ("columns", "language", "audio_dir", "cache_dir", "subset", "revision")
 """The ``data`` fields that say how to read a source: the ``data.*`` options of the commands that
 read data outside a run (``evaluate``, ``lm build``, ``lm tune``)."""
 
 
-def source_config(path: Path, options: list[str]) -> DataConfig:
+def source_config(path: Path | str, options: list[str]) -> DataConfig:
     """The data section of a command that reads ``path`` outside a run, from its ``data.*``
     options written as a run's config overrides (``data.columns.text=sentence``,
     ``data.language=en``, ``data.audio_dir=/corpus``): the same names, values and checks.
@@ -361,7 +356,7 @@ def source_config(path: Path, options: list[str]) -> DataConfig:
         if not key.startswith("data.") or field not in SOURCE_OPTIONS:
             problems.append(
                 f"{key}: not an option here (it takes data.columns.audio/text/language/id, "
-                "data.language, data.audio_dir, data.cache_dir)"
+                "data.language, data.audio_dir, data.cache_dir, data.subset, data.revision)"
             )
             continue
         try:
@@ -483,5 +478,3 @@ def _empty_splits(path: Path) -> list[str]:
         return [n for n, state in states.items() if not state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-
-

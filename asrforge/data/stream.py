@@ -2,9 +2,8 @@
 order that is a pure function of (seed, epoch), so a resumed run sees exactly the batches an
 uninterrupted one would have (why not ``datasets.IterableDataset``: docs/decisions.md).
 
-Shards: a parquet row group, an arrow/csv/tsv file, or ``data.stream.shard_rows`` lines of a JSONL
-file (found by counting newlines once); row counts come from that index and file metadata, so an
-epoch's length is known before step 1. Epoch ``e``: the shards permuted by (seed, e) in blocks of
+Shards (:mod:`asrforge.data.shards`): a parquet row group, an arrow/csv/tsv file, or
+``data.stream.shard_rows`` lines of a JSONL file. Epoch ``e``: the shards permuted by (seed, e) in blocks of
 ``data.stream.shuffle_shards``, each block's rows permuted by (seed, e, block), cut into batches;
 batch ``j`` goes to rank ``j % world`` and that rank's ``i``-th batch to worker ``i % num_workers``
 (the DataLoader takes the workers' outputs round-robin, so the order holds to the epoch's end).
@@ -15,13 +14,10 @@ reasons); a row ``data.languages`` leaves out is no skip (:meth:`StreamedSplit.l
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +29,7 @@ from asrforge.config import DataConfig
 from asrforge.data.columns import find_column, language_codes, standardize
 from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
+from asrforge.data.locate import is_url
 from asrforge.data.prepare import Utterance
 from asrforge.data.rules import (
     NOT_FOUND,
@@ -45,229 +42,12 @@ from asrforge.data.rules import (
     language_filter,
     utterance_problem,
 )
-from asrforge.data.sources import (
-    check_data_path,
-    format_of,
-    no_rows,
-    read_split,
-    split_files,
-    unreadable,
-    utf8_problem,
-)
+from asrforge.data.shards import Shard, find_shards, read_table, shard_list_fingerprint
+from asrforge.data.sources import read_split
 from asrforge.data.workers import ignore_stop_signals
 from asrforge.errors import UserError
+from asrforge.hub import hub_ref
 from asrforge.text.languages import resolve_language
-
-CHUNK = 1 << 24
-"""Bytes read at a time while counting a JSONL file's lines."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A piece of the training split read at once: a file, a parquet row group, or lines
-    ``[first_line, first_line + rows)`` of a JSONL file at bytes ``[start, end)``."""
-
-    path: str
-    # The sources.FILE_FORMATS name (parquet, arrow, json, csv or tsv).
-    fmt: str
-    rows: int
-    group: int = 0  # parquet row group
-    start: int = 0
-    end: int = 0
-    first_line: int = 0
-
-
-# -- shards ----------------------------------------------------------------------------------
-
-
-def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path]:
-    """The shards of the training split of ``cfg.path`` in file order, and the directory relative
-    audio paths are read from.
-
-    Raises:
-        UserError: the path is missing, a ``save_to_disk`` directory, or has no training files.
-    """
-    path = Path(cfg.path)
-    check_data_path(path)
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-        raise UserError(
-            f"data.stream.enabled: {path} is a save_to_disk directory, which is memory-mapped "
-            "where it lies already; stream a directory of parquet/arrow/jsonl/csv files or a "
-            "JSONL/CSV manifest, or turn data.stream.enabled off"
-        )
-    if path.is_dir():
-        files = split_files(path).get(cfg.train_split)
-        if not files:
-            raise UserError(f"data: no {cfg.train_split!r} files in {path} to stream")
-        root = path
-    else:
-        files, root = [path], path.parent
-    shards = [s for f in files for s in _file_shards(f, cfg.stream.shard_rows)]
-    if not sum(s.rows for s in shards):
-        raise UserError(f"data: split {cfg.train_split!r} of {path} has no rows")
-    return shards, Path(cfg.audio_dir) if cfg.audio_dir is not None else root
-
-
-def _file_shards(path: Path, shard_rows: int) -> list[Shard]:
-    fmt = format_of(path)
-    if fmt in ("json", "csv", "tsv") and (problem := no_rows([path])):
-        raise UserError(f"data.path: {problem}")
-    try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            meta = pq.ParquetFile(path).metadata
-            return [Shard(str(path), fmt, meta.row_group(g).num_rows, group=g)
-                    for g in range(meta.num_row_groups)]  # fmt: skip
-        if fmt == "json":
-            return _jsonl_shards(path, shard_rows)
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-        raise unreadable(str(path), fmt, e) from None
-    return [Shard(str(path), fmt, read_table(Shard(str(path), fmt, 0)).num_rows)]
-
-
-def _jsonl_shards(path: Path, shard_rows: int) -> list[Shard]:
-    """Shards of ``shard_rows`` lines: one pass over the bytes counting newlines, keeping only
-    the offsets where a shard starts (memory grows with the shards, not the lines), and checking
-    they are UTF-8 text, which pyarrow's JSON reader would keep in its string columns.
-
-    Raises:
-        UserError: a line is not UTF-8, naming it.
-    """
-    starts, lines, offset = [0], 0, 0
-    last = b"\n"
-    utf8 = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            _check_utf8(utf8, chunk, path)
-            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-            # line number (1-based, counted from the file's start) each newline ends
-            ends = lines + 1 + np.arange(len(newlines))
-            cuts = newlines[ends % shard_rows == 0]
-            starts += (offset + cuts + 1).tolist()
-            lines += len(newlines)
-            offset += len(chunk)
-            last = chunk[-1:]
-    _check_utf8(utf8, b"", path, final=True)
-    if last != b"\n":  # a last line without a newline
-        lines += 1
-    # A file that ends at a shard's start has no shard there.
-    if starts[-1] >= offset:
-        starts.pop()
-    shards = []
-    for i, start in enumerate(starts):
-        end = starts[i + 1] if i + 1 < len(starts) else offset
-        rows = min(shard_rows, lines - i * shard_rows)
-        shards.append(
-            Shard(str(path), "json", rows, start=start, end=end, first_line=i * shard_rows)
-        )
-    return shards
-
-
-def _check_utf8(decoder, chunk: bytes, path: Path, *, final: bool = False) -> None:
-    try:
-        decoder.decode(chunk, final)
-    except UnicodeDecodeError as e:
-        with open(path, "rb") as f:
-            line = utf8_problem(f, path)
-        raise UserError(f"data.path: {line or f'{path}: not UTF-8 text ({e})'}") from None
-
-
-def read_table(shard: Shard, keep: Callable[[list[str]], list[str]] | None = None):
-    """The rows of ``shard`` as a pyarrow table: every column as the file has them, or those
-    ``keep`` picks from the file's column names (a parquet row group then reads them alone,
-    leaving its audio bytes on disk).
-
-    Raises:
-        UserError: the file cannot be read (in the words ``sources`` uses for a split read
-            whole), or a JSONL line is no JSON object.
-    """
-    try:
-        if shard.fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            file = pq.ParquetFile(shard.path)
-            columns = None if keep is None else keep(file.schema_arrow.names)
-            return file.read_row_group(shard.group, columns=columns)
-        table = _read_table(shard)
-        return table if keep is None else table.select(keep(table.column_names))
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - pyarrow's errors have no common type
-        raise unreadable(shard.path, shard.fmt, e) from None
-
-
-def _read_table(shard: Shard):
-    import pyarrow as pa
-
-    # datasets writes the Arrow IPC stream format, other writers the file format.
-    if shard.fmt == "arrow":
-        with pa.memory_map(shard.path) as source:
-            try:
-                return pa.ipc.open_stream(source).read_all()
-            except pa.ArrowInvalid:
-                return pa.ipc.open_file(source).read_all()
-    if shard.fmt in ("csv", "tsv"):
-        import pyarrow.csv as pcsv
-
-        tabs = shard.fmt == "tsv"
-        return pcsv.read_csv(
-            shard.path,
-            parse_options=pcsv.ParseOptions(
-                delimiter="\t" if tabs else ",", quote_char=not tabs and '"'
-            ),
-            # a transcript "NA" or "null" is text, not a missing value (as sources reads them)
-            convert_options=pcsv.ConvertOptions(
-                strings_can_be_null=False, quoted_strings_can_be_null=False
-            ),
-        )
-    return _json_table(shard)
-
-
-def _json_table(shard: Shard):
-    """A JSONL shard's lines, by pyarrow's JSON reader (about 10x faster than ``json.loads`` per
-    line); when it gives another row count (it skips blank lines) or fails, line by line, so
-    every line is a row, as the shard index counted them, and a bad line is named."""
-    import pyarrow as pa
-    import pyarrow.json as pj
-
-    with open(shard.path, "rb") as f:
-        f.seek(shard.start)
-        data = f.read(shard.end - shard.start)
-    try:
-        table = pj.read_json(pa.BufferReader(data))
-    except pa.ArrowInvalid:
-        table = None
-    if table is None or table.num_rows != shard.rows:
-        table = pa.Table.from_pylist(_json_rows(shard, data))
-    return table
-
-
-def _json_rows(shard: Shard, data: bytes) -> list[dict]:
-    """The objects of a JSONL shard's lines (a blank line is a row with no fields)."""
-    rows = []
-    for n, line in enumerate(data.split(b"\n")[: shard.rows]):
-        try:
-            row = json.loads(line) if line.strip() else {}
-        except ValueError as e:
-            raise UserError(
-                f"data.path: {shard.path} line {shard.first_line + n + 1}: not JSON ({e})"
-            ) from None
-        if not isinstance(row, dict):
-            raise UserError(
-                f"data.path: {shard.path} line {shard.first_line + n + 1}: not a JSON object"
-            )
-        rows.append(row)
-    return rows
-
-
-def shard_list_fingerprint(shards: list[Shard]) -> str:
-    """Names the stream: the shard list (paths, sizes in rows and bytes)."""
-    text = json.dumps([[s.path, s.fmt, s.rows, s.group, s.start, s.end] for s in shards])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
 
 # -- order -----------------------------------------------------------------------------------
 
@@ -623,14 +403,16 @@ def stream_eval_split(cfg: DataConfig):
     Raises:
         UserError: there is none.
     """
-    path = Path(cfg.stream.eval_path or cfg.path)
-    if cfg.stream.eval_path is None and not path.is_dir():
+    path = cfg.stream.eval_path or cfg.path
+    elsewhere = is_url(path) or hub_ref(path, "dataset") is not None
+    if cfg.stream.eval_path is None and not elsewhere and not Path(path).is_dir():
         raise UserError(
             f"data.stream.eval_path: data.path {path} is one file, the training split; name the "
             f"evaluation split's data (data.stream.eval_path)"
         )
     # one file (or one saved Dataset) is the evaluation split; a directory's named split is read
     # alone, so the training files are never converted
-    return read_split(
-        cfg.model_copy(update={"path": path}), cfg.eval_split, option="data.eval_split"
-    )
+    update = {"path": path}
+    if cfg.stream.eval_path is not None and Path(path).is_file():
+        update["subset"] = None  # one file is the split, whatever configuration data.path has
+    return read_split(cfg.model_copy(update=update), cfg.eval_split, option="data.eval_split")

@@ -11,7 +11,8 @@ import numpy as np
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.guard_set import AUDIO_SUFFIXES
-from asrforge.data.sources import FILE_FORMATS, read_split, split_of
+from asrforge.data.locate import FILE_FORMATS, split_of
+from asrforge.data.sources import read_split
 from asrforge.errors import UserError
 from asrforge.model.silence import segment
 from asrforge.text.languages import resolve_language

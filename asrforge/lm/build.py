@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asrforge.config import DataConfig
+from asrforge.data.locate import data_ref, is_url
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
@@ -123,8 +124,10 @@ def build_lm_file(
             raise UserError("--text: give its --language (it decides how words are normalized)")
         lm = build_lm(text_sentences(text, next(iter(keep))), order, str(text))
     else:
-        path = data_config(data).path
-        if not path.exists():
+        cfg = data_config(data)
+        path = cfg.path
+        local = data_ref(cfg) is None and not is_url(path)
+        if local and not Path(path).exists():  # a Hub id or a URL is checked where it is read
             raise UserError(f"--data {path}: no such file or directory")
         lm = build_lm(data_sentences(data, split, keep), order, f"{path} ({split})")
     write_arpa(lm, out)

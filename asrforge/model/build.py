@@ -21,6 +21,7 @@ from transformers import logging as hf_logging
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
+from asrforge.hub import resolve_model
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.lowbit import stored_numel
@@ -64,7 +65,7 @@ def build_tokenizer(
             return load_extended_tokenizer(cfg.tokenizer)
         return load_tokenizer(cfg.tokenizer)
     if cfg.pretrained is not None:
-        return load_tokenizer(cfg.pretrained)
+        return load_tokenizer(pretrained_dir(cfg))
     if train_texts is None:
         raise UserError("model.tokenizer is not set and there are no training texts to build one")
     return train_bpe_tokenizer(
@@ -76,7 +77,13 @@ def is_multilingual(cfg: ModelConfig) -> bool:
     """English-only Whisper models (``*.en``) have no language or task token in their prompt."""
     if cfg.pretrained is None:
         return True
-    return has_language_slot(Path(cfg.pretrained))
+    return has_language_slot(pretrained_dir(cfg))
+
+
+def pretrained_dir(cfg: ModelConfig) -> Path:
+    """``cfg.pretrained`` on this machine: the directory itself, or the snapshot of the Hub id
+    it names (:func:`asrforge.hub.resolve_model`)."""
+    return resolve_model(cfg.pretrained).path
 
 
 def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
@@ -132,7 +139,7 @@ def build_model(
             )
         if base_vocab_size != len(tokenizer) and (
             cfg.tokenizer is None
-            or extend_pretrained(model, tokenizer, cfg.tokenizer, cfg.pretrained, seed) is None
+            or extend_pretrained(model, tokenizer, cfg.tokenizer, pretrained_dir(cfg), seed) is None
         ):
             raise UserError(
                 f"model.tokenizer has {len(tokenizer)} tokens but the pretrained model "
@@ -244,7 +251,7 @@ def _load_pretrained(
     (The one deliberate change of the loaded weights, the vocabulary extension to an extended
     tokenizer, happens after loading and reports itself: ``asrforge.model.embeddings``.)
     """
-    path = Path(cfg.pretrained)
+    path = pretrained_dir(cfg)
     if not (path / "config.json").is_file():
         raise UserError(
             f"model.pretrained: {path} is not a transformers model directory (no config.json)"

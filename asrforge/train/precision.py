@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from asrforge.config import ModelConfig
-from asrforge.errors import CheckpointSaveError
+from asrforge.errors import CheckpointSaveError, UserError
+from asrforge.hub import resolve_model
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
 
@@ -147,8 +148,9 @@ def model_width(cfg: ModelConfig) -> int | None:
     if cfg.pretrained is None:
         return cfg.d_model
     try:
-        return int(json.loads((Path(cfg.pretrained) / "config.json").read_text())["d_model"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = resolve_model(cfg.pretrained).path / "config.json"
+        return int(json.loads(config.read_text())["d_model"])
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return None
 
 

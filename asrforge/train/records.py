@@ -1,5 +1,6 @@
 """What a run writes beside its checkpoints (main process only): the evaluation records
-``eval/step-NNNNNN.jsonl``, the training split's ``skipped-<split>.json`` and ``config.yaml``."""
+``eval/step-NNNNNN.jsonl``, the training split's ``skipped-<split>.json``, ``config.yaml`` and
+``hub_commits.json`` (the Hub commit of each model and data set read by id)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 from pathlib import Path
 
 from asrforge.config import TrainConfig
+from asrforge.data.locate import data_ref, locate
 from asrforge.data.rules import SkipReport
+from asrforge.hub import hub_ref, resolve_model
 from asrforge.io.atomic import atomic_write_text
 from asrforge.run_layout import RunLayout
 from asrforge.train.events import Decision
@@ -17,9 +20,25 @@ def scalars(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float | bool | None)}
 
 
-def write_config(out: Path, cfg: TrainConfig) -> None:
-    """``config.yaml``: the resolved config of the run."""
-    atomic_write_text(RunLayout(out).config, cfg.to_yaml())
+def write_config(out: Path, cfg: TrainConfig, commits: dict | None = None) -> None:
+    """``config.yaml``: the resolved config of the run; beside it ``hub_commits.json``, the Hub
+    commits of ``commits`` (:func:`hub_commits`) when the run read anything by id."""
+    layout = RunLayout(out)
+    atomic_write_text(layout.config, cfg.to_yaml())
+    if commits:
+        atomic_write_text(layout.hub_commits, json.dumps(commits, indent=1) + "\n")
+
+
+def hub_commits(cfg: TrainConfig) -> dict[str, dict]:
+    """The config field -> ``{id, revision, commit}`` of each model and data set the run reads
+    by Hub id (``model.pretrained``, ``data.path``)."""
+    commits = {}
+    if hub_ref(cfg.model.pretrained) is not None:
+        commits["model.pretrained"] = resolve_model(cfg.model.pretrained).record()
+    if data_ref(cfg.data) is not None:
+        located = locate(cfg.data, stream=cfg.data.stream.enabled)
+        commits["data.path"] = located.resolved.record()
+    return commits
 
 
 def write_eval_records(

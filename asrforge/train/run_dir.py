@@ -24,11 +24,19 @@ from asrforge.checkpoint.training import TOKENIZER_DIR
 from asrforge.errors import CheckpointSaveError
 from asrforge.io.append import LinkRefused, open_no_follow
 from asrforge.io.atomic import atomic_write_bytes
-from asrforge.run_layout import CACHE, CARVE_FILE, CHECKPOINTS, CONFIG_FILE, EVAL, RUN_LOG
+from asrforge.run_layout import (
+    CACHE,
+    CARVE_FILE,
+    CHECKPOINTS,
+    CONFIG_FILE,
+    EVAL,
+    HUB_COMMITS_FILE,
+    RUN_LOG,
+)
 from asrforge.train.run_log import detach_run_log
 
 STARTUP_ENTRIES = frozenset(
-    {RUN_LOG, CONFIG_FILE, CARVE_FILE, TOKENIZER_DIR, CACHE, CHECKPOINTS, EVAL}
+    {RUN_LOG, CONFIG_FILE, HUB_COMMITS_FILE, CARVE_FILE, TOKENIZER_DIR, CACHE, CHECKPOINTS, EVAL}
 )
 """Top-level names of a run directory that start-up creates (besides ``skipped-*.json`` and the
 callbacks' files)."""

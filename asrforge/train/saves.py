@@ -136,6 +136,9 @@ def checkpoint_meta(setup: RunSetup, step: int, metrics: dict) -> dict:
         "micro_batches_per_step": setup.cfg.train.grad_accum * setup.accelerator.num_processes,
         "guard": {k: metrics[k] for k in GUARD_META if k in metrics} or None,
     }
+    # A resume refuses a model or data set whose Hub branch has moved since (checkpoint.resume).
+    if setup.hub_commits:
+        meta["hub_commits"] = setup.hub_commits
     # The checkpoint holds the adapters only; export rebuilds the base from this.
     if setup.lora_base is not None:
         meta[lora.BASE_KEY] = setup.lora_base

@@ -21,6 +21,7 @@ from asrforge.checkpoint import (
 )
 from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import (
+    check_resume_commits,
     check_resume_config,
     find_resume_checkpoint,
     keep_global_batch,
@@ -53,7 +54,7 @@ from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.loaders import RunLoaders
 from asrforge.train.precision import enable_cpu_fp16
-from asrforge.train.records import write_config
+from asrforge.train.records import hub_commits, write_config
 from asrforge.train.run_log import StartupClock, setup_logging
 from asrforge.train.setup_data import (
     build_text_batches,
@@ -96,6 +97,9 @@ class RunSetup:
     lora_base: str | None = None
     """With ``model.lora``: sha256 of the base weights under the adapters (see
     ``asrforge.model.lora``), recorded in every checkpoint's manifest."""
+    hub_commits: dict = field(default_factory=dict)
+    """The Hub commit of each model and data set read by id (``records.hub_commits``), recorded
+    in ``hub_commits.json`` and every checkpoint's manifest."""
 
     @property
     def train_languages(self) -> Counter:
@@ -134,7 +138,9 @@ def prepare_run(
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
     # A refused resume changes nothing: its config is checked before anything else is written.
-    manager, resume_from = find_resume(cfg, out, acc, resume=resume, start_over=start_over)
+    manager, resume_from, commits = find_resume(
+        cfg, out, acc, resume=resume, start_over=start_over
+    )
     # Seeded before anything draws: the model's initial weights and new tokens' embeddings.
     seed_everything(cfg.seed)
     clock = StartupClock(startup)
@@ -160,7 +166,7 @@ def prepare_run(
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
-        write_config(out, cfg)
+        write_config(out, cfg, commits)
     loaders = RunLoaders(
         cfg=cfg,
         accelerator=acc,
@@ -197,6 +203,7 @@ def prepare_run(
         log_handler=handler,
         startup=clock,
         lora_base=lora_base,
+        hub_commits=commits,
         train_skipped=train_skipped,
     )
 
@@ -288,10 +295,11 @@ def open_run_dir(out: Path, acc) -> logging.Handler | None:
 
 def find_resume(
     cfg: TrainConfig, out: Path, acc, *, resume: bool, start_over: bool
-) -> tuple[CheckpointManager, TrainingCheckpoint | None]:
-    """The run's checkpoint manager (interrupted saves recovered) and the checkpoint to resume
-    from, its config checked against this one before anything is written (a refused resume
-    changes nothing)."""
+) -> tuple[CheckpointManager, TrainingCheckpoint | None, dict]:
+    """The run's checkpoint manager (interrupted saves recovered), the checkpoint to resume
+    from, and the Hub commits the run reads (:func:`hub_commits`); the config and the commits
+    are checked against the checkpoint's before anything is written (a refused resume changes
+    nothing)."""
     manager = CheckpointManager(
         RunLayout(out).checkpoints.root,
         save_total_limit=cfg.checkpoint.save_total_limit,
@@ -306,10 +314,13 @@ def find_resume(
         manager, resume=resume, start_over=start_over, is_main=acc.is_main_process, log=log
     )
     resume_from = load_training_checkpoint(latest) if latest is not None else None
+    commits = hub_commits(cfg)
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
         keep_global_batch(cfg, resume_from, acc.num_processes, log)
-    return manager, resume_from
+        check_resume_commits(resume_from.manifest.get("hub_commits") or {}, commits,
+                             resume_from.path)  # fmt: skip
+    return manager, resume_from, commits
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):

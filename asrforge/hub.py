@@ -1,0 +1,269 @@
+"""The Hugging Face Hub: a model or data set named by its id (``org/name`` or
+``org/name@revision``) resolved to a local directory through ``huggingface_hub``'s cache, with the
+commit it resolved to.
+
+An existing local path always wins, and a path written ``./name``, ``../name``, ``/name`` or
+``~/name`` is never an id. The cache, offline mode, endpoint and token are ``huggingface_hub``'s
+own (``HF_HOME``/``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``, ``HF_TOKEN`` or the
+user's login), read when an id is resolved; the token is passed on by ``huggingface_hub`` and
+never printed or written by asrforge. Only safetensors weights are fetched, and no code from a
+repository is ever run. How to use it: docs/data.md, "Data sets and models from the Hub".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_directory
+
+MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
+"""What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
+CT2_FILES = ("*.json", "*.txt", "model.bin", "README.md")
+"""A CTranslate2 model's files (its ``model.bin`` is CTranslate2's own format, not a pickle)."""
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5")
+"""Weight files of a repository without safetensors that asrforge refuses to load."""
+CONVERT_URL = "https://huggingface.co/spaces/safetensors/convert"
+
+_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[^\s@]+)?$")
+_LOCAL_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A repository on the Hub and the revision asked for (None: its default branch)."""
+
+    repo_id: str
+    revision: str | None
+    repo_type: str = "model"
+
+    def __str__(self) -> str:
+        return self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}"
+
+    @property
+    def page(self) -> str:
+        """The repository's page, where access to a gated one is requested."""
+        kind = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        return f"{endpoint()}/{kind}{self.repo_id}"
+
+    @property
+    def download_command(self) -> str:
+        kind = "" if self.repo_type == "model" else f" --repo-type {self.repo_type}"
+        rev = "" if self.revision is None else f" --revision {self.revision}"
+        return f"hf download {self.repo_id}{kind}{rev}"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a model or data set lies on this machine, and the Hub commit it came from (None for a
+    local path)."""
+
+    path: Path
+    ref: HubRef | None = None
+    commit: str | None = None
+
+    def record(self) -> dict:
+        """What a run records of it: ``{id, revision, commit}`` (``{path}`` for a local one)."""
+        if self.ref is None:
+            return {"path": str(self.path)}
+        return {"id": self.ref.repo_id, "revision": self.ref.revision, "commit": self.commit}
+
+
+def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
+            revision: str | None = None) -> HubRef | None:  # fmt: skip
+    """The Hub repository ``value`` names, or None when it is a local path (one that exists, one
+    written as a path, or anything that is not ``org/name[@revision]``).
+
+    Args:
+        revision: a revision given apart (``data.revision``); ``@revision`` in ``value`` too is
+            refused unless the two agree.
+    """
+    if value is None:
+        return None
+    text = os.fspath(value)
+    if text.startswith(_LOCAL_PREFIXES) or Path(text).exists() or not _ID.match(text):
+        return None
+    repo_id, _, at = text.partition("@")
+    if at and revision is not None and at != revision:
+        raise UserError(f"{text}: names revision {at!r}, and revision {revision!r} is set apart")
+    return HubRef(repo_id, at or revision, repo_type)
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) as set now, not when ``huggingface_hub``
+    was imported."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hf_home() -> Path:
+    """``HF_HOME`` as the environment names it now (default ``~/.cache/huggingface``)."""
+    home = os.environ.get("HF_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "huggingface"
+    )
+    return Path(home).expanduser()
+
+
+def cache_dir() -> Path:
+    """``huggingface_hub``'s cache as the environment names it now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return hf_home() / "hub"
+
+
+def resolve(
+    value: str | os.PathLike,
+    *,
+    field: str,
+    repo_type: str = "model",
+    revision: str | None = None,
+    patterns: tuple[str, ...] | None = MODEL_FILES,
+) -> Resolved:
+    """``value`` as a local directory: itself when it is a local path, else the snapshot of the
+    Hub repository it names (downloaded into the cache unless offline), only the files
+    ``patterns`` match.
+
+    Args:
+        field: the config field or option that names ``value``, as messages name it.
+        revision: see :func:`hub_ref`.
+
+    Raises:
+        UserError: the id is not in the cache while offline (naming the ``hf download`` command),
+            the repository is gated or private and no token is set (naming ``HF_TOKEN`` and its
+            page), it or the revision does not exist.
+    """
+    ref = hub_ref(value, repo_type, revision)
+    if ref is None:
+        return Resolved(Path(value))
+    path = _snapshot(ref, field, patterns, offline(), cache_dir(), endpoint())
+    return Resolved(path, ref, path.name)
+
+
+def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, url: str) -> Path:
+    """The snapshot ``snapshot_download`` gives, resolved afresh on every call (offline a read of
+    the ref; online one request when the files are cached), so a process never holds on to a
+    commit a branch has left."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(
+            snapshot_download(
+                ref.repo_id,
+                repo_type=ref.repo_type,
+                revision=ref.revision,
+                cache_dir=cache,
+                local_files_only=is_offline,
+                allow_patterns=list(patterns) if patterns is not None else None,
+                endpoint=url,
+            )
+        )
+    except RevisionNotFoundError:
+        raise UserError(
+            f"{field}: {ref}: revision {ref.revision!r} does not exist in {ref.page}"
+        ) from None
+    except GatedRepoError:
+        raise UserError(
+            f"{field}: {ref} is gated: accept its terms at {ref.page} and set HF_TOKEN "
+            "(or run `hf auth login`)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"{field}: {ref}: no such local path, nor a repository at {ref.page} (or it is "
+            "private: if it is yours, set HF_TOKEN or run `hf auth login`)"
+        ) from None
+    except IncompleteSnapshotError:
+        raise UserError(
+            f"{field}: {ref}: its snapshot in the Hugging Face cache {cache} is incomplete (a "
+            f"download was interrupted): download it again with `{ref.download_command}`"
+        ) from None
+    except (LocalEntryNotFoundError, FileNotFoundError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = (
+            "HF_HUB_OFFLINE is set" if is_offline else f"the Hub could not be reached ({reason})"
+        )
+        what = "revision" if ref.revision else "snapshot"
+        raise UserError(
+            f"{field}: {ref}: no such local path, and no {what} of it in the Hugging Face cache "
+            f"{cache}, and {where}: download it first with `{ref.download_command}`"
+        ) from None
+    except HfHubHTTPError as e:
+        raise UserError(f"{field}: {ref}: the Hub answered {e}".splitlines()[0]) from None
+
+
+def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") -> Resolved:
+    """A transformers Whisper model by local path or Hub id (:func:`resolve`); a Hub snapshot
+    must hold safetensors weights.
+
+    Raises:
+        UserError: as :func:`resolve`, or the repository has only pickle weights (naming the
+            safetensors conversion).
+    """
+    resolved = resolve(value, field=field)
+    if resolved.ref is not None:
+        check_safetensors(resolved, field)
+    return resolved
+
+
+def check_safetensors(resolved: Resolved, field: str) -> None:
+    """Refuse a Hub snapshot with no safetensors weights (its pickle weights are never read)."""
+    if any(resolved.path.glob("*.safetensors")):
+        return
+    pickles = [name for name in PICKLE_WEIGHTS if (resolved.path / name).exists()]
+    has = f"only {', '.join(pickles)}" if pickles else "no weights asrforge reads"
+    raise UserError(
+        f"{field}: {resolved.ref} (commit {resolved.commit}) has {has}, no *.safetensors "
+        f"weights; asrforge never loads pickle weights: convert them with {CONVERT_URL} and "
+        "name the revision it opens (org/name@refs/pr/N)"
+    )
+
+
+def materialize(resolved: Resolved) -> Path:
+    """A Hub snapshot's files copied as regular files into
+    ``HF_HOME/asrforge/<repo>/<commit>`` (once; the cache keeps them as symlinks into its blobs,
+    and a bundle's manifest names regular files only; the Hub's dotfiles are left out). A local
+    path is returned as it is."""
+    if resolved.ref is None:
+        return resolved.path
+    name = f"{resolved.ref.repo_type}s--{resolved.ref.repo_id.replace('/', '--')}"
+    target = hf_home() / "asrforge" / name / str(resolved.commit)
+    if not target.is_dir():
+        with atomic_directory(target) as partial:
+            for src in sorted(resolved.path.rglob("*")):
+                rel = src.relative_to(resolved.path)
+                if rel.parts[0].startswith("."):  # the Hub's own .gitattributes
+                    continue
+                dest = partial / rel
+                if src.is_dir():
+                    dest.mkdir(parents=True, exist_ok=True)
+                else:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dest)  # reads through the cache's own symlink
+    return target
+
+
+def model_dir_if_any(value: str | os.PathLike | None) -> Path | None:
+    """``value``'s model directory (:func:`resolve_model`), or None when there is none to read:
+    no model named, or one that cannot be resolved (readers that can do without it, such as
+    export rebuilding the shape a checkpoint records, say so themselves)."""
+    if value is None:
+        return None
+    try:
+        return resolve_model(value).path
+    except UserError:
+        return None

@@ -1,0 +1,54 @@
+"""``asrforge evaluate MODEL --data google/fleurs --subset es_419 --split test``: a standard
+benchmark in one command, model and data by Hub id from a cache this test builds (offline),
+FLEURS' own columns (a sentence id shared by its speakers, the language by name) read as they
+are. The process is the CLI's own, with ``HF_HUB_OFFLINE=1``: no network."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from asrforge.data.sources import load_arrow
+from tests.hub_cache import add_repo, audio_parquet
+from tests.test_hub_data import hf_home  # noqa: F401 - a fixture
+from tests.test_hub_models import tiny_model  # noqa: F401 - a fixture
+
+FLEURS_README = """---
+configs:
+- config_name: es_419
+  data_files:
+  - split: train
+    path: es_419/train-*.parquet
+  - split: test
+    path: es_419/test-*.parquet
+---
+"""
+
+
+def fleurs_rows(rows) -> list[dict]:
+    """FLEURS' columns: a sentence id its speakers share, the language by its English name."""
+    return [
+        {"id": 1000 + k // 2, "num_samples": 16000, "path": f"{k}.wav",
+         "audio": {"bytes": r["audio"]["bytes"], "path": f"{k}.wav"},
+         "transcription": r["text"].lower(), "raw_transcription": r["text"], "gender": k % 2,
+         "lang_id": 0, "language": "Spanish", "lang_group_id": 0}
+        for k, r in enumerate(rows)
+    ]  # fmt: skip
+
+
+def test_evaluate_scores_fleurs_by_hub_id_from_the_cache(hf_home, tiny_model, tones_dir):  # noqa: F811
+    spanish = [r for r in load_arrow(tones_dir)["train"] if r["language"] == "es"][:6]
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    add_repo(hf_home, "google/fleurs", {"README.md": FLEURS_README,
+             "es_419/test-00000-of-00001.parquet": audio_parquet(fleurs_rows(spanish))},
+             repo_type="dataset")  # fmt: skip
+    argv = ["evaluate", "org/tiny", "--data", "google/fleurs", "--subset", "es_419",
+            "--split", "test", "--json", "--max-new-tokens", "4"]  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "asrforge", *argv], capture_output=True,
+                         text=True, env={**os.environ}, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (record["data"], record["split"], record["n"]) == ("google/fleurs", "test", 6)
+    assert set(record["per_language"]) == {"es"}

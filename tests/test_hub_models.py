@@ -1,0 +1,154 @@
+"""Models named by their Hugging Face Hub id: resolved through the real ``huggingface_hub`` code
+against a cache this test builds (``HF_HUB_OFFLINE=1``: the path a user's second run takes), and
+each error a user meets one line naming what to do. The errors only an online Hub gives (gated,
+private, a revision that does not exist) come from a stand-in endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from asrforge.config import ModelConfig
+from asrforge.errors import UserError
+from asrforge.hub import hub_ref, resolve_model
+from asrforge.model.build import build_model, build_tokenizer
+from tests.conftest import tiny_config
+from tests.hub_cache import add_repo, hub_answering
+
+TEXTS = ["a b c", "hello world", "the quick brown fox"] * 40
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face home, offline, with an endpoint nothing listens on."""
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for name in ("HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, tones_dir) -> Path:
+    """A tiny from-scratch model and its tokenizer as a transformers directory."""
+    root = tmp_path_factory.mktemp("tiny")
+    cfg = tiny_config(root / "run", tones_dir)
+    tokenizer = build_tokenizer(cfg.model, TEXTS)
+    path = root / "model"
+    build_model(cfg.model, tokenizer, 0).model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_an_id_loads_the_cached_snapshot_it_names_with_its_commit(hf_home, tiny_model):
+    snapshot = add_repo(hf_home, "org/tiny", {"": tiny_model}, commit="a" * 40)
+    resolved = resolve_model("org/tiny")
+    assert resolved.path == snapshot and resolved.commit == "a" * 40
+    assert resolved.record() == {"id": "org/tiny", "revision": None, "commit": "a" * 40}
+    cfg = ModelConfig(pretrained="org/tiny")
+    model = build_model(cfg, build_tokenizer(cfg), 0).model
+    saved = load_file(str(tiny_model / "model.safetensors"))
+    state = model.state_dict()
+    assert all(state[name].equal(t) for name, t in saved.items())
+
+
+@pytest.mark.fast
+def test_a_pinned_revision_wins_over_a_moved_main(hf_home, tiny_model):
+    old = add_repo(hf_home, "org/tiny", {"": tiny_model}, commit="a" * 40)
+    add_repo(hf_home, "org/tiny", {"": tiny_model, "extra.json": "{}"}, commit="b" * 40)
+    assert resolve_model("org/tiny").commit == "b" * 40
+    assert resolve_model(f"org/tiny@{'a' * 40}").path == old
+
+
+@pytest.mark.fast
+def test_an_existing_local_path_wins_and_dot_slash_is_always_local(
+    hf_home, tiny_model, tmp_path, monkeypatch
+):
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "tiny").mkdir(parents=True)
+    assert resolve_model("org/tiny").ref is None
+    assert hub_ref("./org/other") is None and hub_ref("org/other") is not None
+    # kept as written by the config, so ./ still says "local" after validation
+    assert ModelConfig(pretrained="./org/other").pretrained == "./org/other"
+
+
+@pytest.mark.fast
+def test_an_id_not_in_the_cache_offline_names_the_download_command(hf_home):
+    with pytest.raises(UserError, match=r"org/absent.*HF_HUB_OFFLINE.*`hf download org/absent`"):
+        resolve_model("org/absent")
+
+
+@pytest.mark.fast
+def test_a_revision_not_in_the_cache_offline_is_named(hf_home, tiny_model):
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    with pytest.raises(
+        UserError, match=r"org/tiny@v9: no such local path, and no revision.*--revision v9"
+    ):
+        resolve_model("org/tiny@v9")
+
+
+@pytest.mark.fast
+def test_a_repository_with_only_pickle_weights_is_refused_naming_the_conversion(hf_home):
+    add_repo(hf_home, "org/old", {"config.json": "{}", "pytorch_model.bin": b"\x80\x02pickle"})
+    with pytest.raises(UserError, match=r"only pytorch_model\.bin.*safetensors/convert"):
+        resolve_model("org/old")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("status", "code", "expected"),
+    [
+        (
+            403,
+            "GatedRepo",
+            r"org/tiny is gated: accept its terms at http://127\.0\.0\.1:\d+/org/"
+            r"tiny and set HF_TOKEN",
+        ),  # fmt: skip
+        (401, "RepoNotFound", r"nor a repository at .*org/tiny \(or it is private.*HF_TOKEN"),
+        (404, "RevisionNotFound", r"revision 'v9' does not exist"),
+    ],
+)
+def test_what_the_hub_refuses_is_one_line_naming_what_to_do(
+    hf_home, monkeypatch, status, code, expected
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with hub_answering(status, code) as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        ref = "org/tiny@v9" if code == "RevisionNotFound" else "org/tiny"
+        with pytest.raises(UserError, match=expected) as err:
+            resolve_model(ref)
+    assert "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_an_uncached_id_offline_with_exit_2_and_one_line(hf_home, tmp_path):
+    import os
+
+    run = subprocess.run(
+        [sys.executable, "-m", "asrforge", "evaluate", "org/absent", "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "hf download org/absent" in lines[0]
+
+
+def test_transcribe_takes_a_hub_id(hf_home, tiny_model, tones_dir, tmp_path, capsys):
+    from asrforge.cli import main
+    from asrforge.data.sources import load_arrow
+
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(load_arrow(tones_dir)["test"][0]["audio"]["bytes"])
+    assert main(["transcribe", "org/tiny", str(clip), "--max-new-tokens", "4"]) == 0
+    # the note on stderr names the model as given, not its snapshot
+    assert "asrforge: org/tiny: a transformers directory" in capsys.readouterr().err
