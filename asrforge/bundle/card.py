@@ -21,6 +21,7 @@ import yaml
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
 from asrforge.hub import hub_ref, model_dir_if_any
+from asrforge.run_layout import RunLayout
 
 CARD_FILE = "README.md"
 
@@ -59,7 +60,7 @@ def _eval_summary(ckpt: Path, step: int | None) -> dict:
     """The summary line of the run's evaluation record of ``step`` ({} when there is none)."""
     if step is None:
         return {}
-    record = ckpt.parent.parent / "eval" / f"step-{step:06d}.jsonl"
+    record = RunLayout(ckpt.parent.parent).eval_record(step)
     if not record.is_file():
         return {}
     lines = record.read_text(encoding="utf-8").strip().splitlines()
