@@ -16,6 +16,7 @@ import torch
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
+from asrforge.model.alignment import Word, add_word_timestamps
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
@@ -41,6 +42,11 @@ class Transcript:
     """Stretches of the audio with their text, in order, times in seconds."""
     chunking: str = "timestamps"
     """How long audio was cut into windows: ``timestamps`` or ``silence``."""
+
+    @property
+    def words(self) -> list[Word]:
+        """Every segment's words, in order (empty unless word timestamps were asked for)."""
+        return [w for s in self.segments for w in s.words or []]
 
 
 class Bundle:
@@ -180,7 +186,8 @@ class Bundle:
         chunking: str | None = None,
         sampling_rate: int | None = None,
         beam_size: int = 1,
-    ) -> str:
+        word_timestamps: bool = False,
+    ) -> str | Transcript:
         """Transcribe one recording of any length.
 
         Args:
@@ -189,15 +196,19 @@ class Bundle:
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
             chunking, beam_size: see :meth:`recognize`.
             sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
+            word_timestamps: return the whole :class:`Transcript`, its segments' words timed
+                (``transcript.words``), instead of the text.
         """
-        return self.recognize(
+        [result] = self.recognize(
             [audio],
             language,
             max_new_tokens=max_new_tokens,
             chunking=chunking,
             sampling_rate=sampling_rate,
             beam_size=beam_size,
-        )[0].text
+            word_timestamps=word_timestamps,
+        )
+        return result if word_timestamps else result.text
 
     def transcribe_many(
         self,
@@ -282,6 +293,7 @@ class Bundle:
         use_lm: bool = True,
         lm_alpha: float | None = None,
         lm_beta: float | None = None,
+        word_timestamps: bool = False,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -304,6 +316,9 @@ class Bundle:
             use_lm: fuse the bundle's n-gram LM, when it has one, into beam search (then beam
                 search runs even at ``beam_size`` 1); ``lm_alpha``/``lm_beta`` override the
                 tuned or recorded weights (:meth:`lm_alpha_beta`).
+            word_timestamps: time every word of every segment (``Segment.words``): the
+                cross-attention of the model's alignment heads aligned to the audio by dynamic
+                time warping (:mod:`asrforge.model.alignment`).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -356,6 +371,19 @@ class Bundle:
             if waves
             else []
         )
+        if word_timestamps and waves:
+            add_word_timestamps(
+                self.model,
+                self.features,
+                waves,
+                segments,
+                prompts,
+                codes,
+                eot=self.specials.eot,
+                decode=lambda ids: self.tokenizer.decode(ids),
+                non_text=self.non_text_ids(),
+                device=self.device,
+            )
         decoded = iter(
             Transcript(
                 " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
@@ -363,6 +391,12 @@ class Bundle:
             for wave, code, segs in zip(waves, codes, segments, strict=True)
         )
         return [t if t is not None else next(decoded) for t in out]
+
+    def non_text_ids(self) -> frozenset[int]:
+        """Ids that are not text: the tokenizer's special and added tokens (timestamps too)."""
+        return frozenset(int(i) for i in self.tokenizer.added_tokens_decoder) | frozenset(
+            self.tokenizer.all_special_ids
+        )
 
     @torch.no_grad()
     def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:

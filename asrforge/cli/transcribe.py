@@ -81,6 +81,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
         "1.0 (seeded sampling), as openai-whisper does",
     )
+    p.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="time every word (cross-attention of the alignment heads aligned by dynamic time "
+        "warping): json gets a words list per segment (start, end, probability); srt and vtt "
+        "get one cue per word",
+    )
     add_lm_options(p)
     p.set_defaults(func=run)
 
@@ -97,7 +104,7 @@ def audio_problem(path: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.subtitles import to_srt, to_vtt
+    from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
 
     problems = [
         positive("--batch-size", args.batch_size),
@@ -137,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         use_lm=fusion is not None,
         lm_alpha=fusion.alpha if fusion is not None else None,
         lm_beta=fusion.beta if fusion is not None else None,
+        word_timestamps=args.word_timestamps,
     )
     # The chunking notice comes after every error check, as one line.
     if args.chunking is None and chunking == "silence":
@@ -152,10 +160,9 @@ def run(args: argparse.Namespace) -> int:
                 "segments": [s.to_dict() for s in r.segments],
             }
             out = json.dumps(record, ensure_ascii=False)
-        elif fmt == "srt":
-            out = to_srt(r.segments)
-        elif fmt == "vtt":
-            out = to_vtt(r.segments)
+        elif fmt in ("srt", "vtt"):
+            cues = word_cues(r.segments) if args.word_timestamps else r.segments
+            out = to_srt(cues) if fmt == "srt" else to_vtt(cues)
         else:
             out = r.text
         if args.output_dir is not None:

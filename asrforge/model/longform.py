@@ -37,9 +37,17 @@ class Segment:
     text: str
     tokens: list[int] = field(default_factory=list, repr=False)
     """The generated ids, timestamps included (what conditions the next window)."""
+    window: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+    """The audio decoded to find this segment, seconds from the start of the recording: where
+    word timestamps (``asrforge.model.alignment``) align its text."""
+    words: list | None = None
+    """Its words (``asrforge.model.alignment.Word``), when word timestamps were asked for."""
 
     def to_dict(self) -> dict:
-        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+        out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+        if self.words is not None:
+            out["words"] = [w.to_dict() for w in self.words]
+        return out
 
 
 def parse_window(
@@ -134,7 +142,7 @@ def transcribe_by_timestamps(
                 b = limit if end is None else min(offset + end * TIME_PRECISION, limit)
                 text = decode_text([t for t in ids if vocab.is_text(t)]).strip()
                 if text and b > a:
-                    out[i].append(Segment(a, b, text, list(ids)))
+                    out[i].append(Segment(a, b, text, list(ids), (offset, limit)))
                     previous[i] += ids
             moved = window.shape[0] if seek is None else min(seek * step, window.shape[0])
             seeks[i] += moved if moved > 0 else window.shape[0]  # never decode a window twice
@@ -163,7 +171,8 @@ def transcribe_by_silence(
     for (i, a, b), ids in zip(pieces, generated, strict=True):
         text = decode_text(ids).strip()
         if text:
-            out[i].append(Segment(a / sample_rate, b / sample_rate, text, list(ids)))
+            span = (a / sample_rate, b / sample_rate)
+            out[i].append(Segment(*span, text, list(ids), span))
     return out
 
 
