@@ -106,6 +106,11 @@ def verify_bundle(path: Path) -> dict[str, Any]:
             f"{path}: a CTranslate2 export; run it with ctranslate2/faster-whisper, or export "
             "again with --format hf for asrforge and transformers"
         )
+    if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ggml":
+        raise CheckpointNotSupportedError(
+            f"{path}: a whisper.cpp export (ggml-model.bin); run it with whisper.cpp, or "
+            "export again with --format hf for asrforge and transformers"
+        )
     on_disk = list_files(path)
     for rel in on_disk:
         if rel.lower().endswith(UNSAFE_SUFFIXES):
