@@ -22,6 +22,7 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
+from asrforge.model.vad import speech_chunks, vad_available
 from asrforge.text.languages import find_language_code
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class Transcript:
     """Stretches of the audio with their text, in order, times in seconds."""
     chunking: str = "timestamps"
     """How long audio was cut into windows: ``timestamps`` or ``silence``."""
+    vad: bool = False
+    """Whether only the speech Silero VAD found was decoded (:mod:`asrforge.model.vad`)."""
 
     @property
     def words(self) -> list[Word]:
@@ -294,6 +297,7 @@ class Bundle:
         lm_alpha: float | None = None,
         lm_beta: float | None = None,
         word_timestamps: bool = False,
+        vad: bool | None = None,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -319,6 +323,12 @@ class Bundle:
             word_timestamps: time every word of every segment (``Segment.words``): the
                 cross-attention of the model's alignment heads aligned to the audio by dynamic
                 time warping (:mod:`asrforge.model.alignment`).
+            vad: decode only the speech Silero VAD finds, its regions merged into chunks of at
+                most one window, all decoded as one batch (:mod:`asrforge.model.vad`); False:
+                sequential windows over the whole recording. None (default): VAD for
+                recordings longer than one window when the ``silero-vad`` package is
+                installed and ``condition_on_previous_text`` is off (a chunk is decoded
+                without the text of the chunks before it).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -350,6 +360,11 @@ class Bundle:
             codes.append(code)
             prompts.append(self.specials.prompt(code, self.config.data.task))
             out.append(None)
+        by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
+        speech = [
+            speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [(0, wave.shape[0])]
+            for wave, use in zip(waves, by_vad, strict=True)
+        ]
         segments = (
             transcribe_long(
                 self.model,
@@ -367,6 +382,7 @@ class Bundle:
                 beam_size=beam_size,
                 fallback=Fallback() if temperature_fallback else None,
                 fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+                speech=speech,
             )
             if waves
             else []
@@ -386,11 +402,20 @@ class Bundle:
             )
         decoded = iter(
             Transcript(
-                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
+                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode, use
             )
-            for wave, code, segs in zip(waves, codes, segments, strict=True)
+            for wave, code, segs, use in zip(waves, codes, segments, by_vad, strict=True)
         )
         return [t if t is not None else next(decoded) for t in out]
+
+    def _use_vad(self, vad: bool | None, wave: np.ndarray, previous_text: bool) -> bool:
+        """Whether to decode ``wave`` by VAD chunks (see :meth:`recognize`); not by default
+        when each window is to be conditioned on the text before it, which chunks decoded
+        apart cannot be."""
+        if vad is None:
+            long = wave.shape[0] > self.window_seconds * SAMPLE_RATE
+            return long and not previous_text and vad_available()
+        return vad
 
     def non_text_ids(self) -> frozenset[int]:
         """Ids that are not text: the tokenizer's special and added tokens (timestamps too)."""

@@ -43,6 +43,14 @@ class Segment:
     words: list | None = None
     """Its words (``asrforge.model.alignment.Word``), when word timestamps were asked for."""
 
+    def moved(self, seconds: float) -> Segment:
+        """This segment ``seconds`` later (a chunk's segment on its recording's clock)."""
+        a, b = self.window
+        return Segment(
+            self.start + seconds, self.end + seconds, self.text, self.tokens,
+            (a + seconds, b + seconds), self.words,
+        )  # fmt: skip
+
     def to_dict(self) -> dict:
         out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
         if self.words is not None:
@@ -301,6 +309,7 @@ def transcribe_long(
     beam_size: int = 1,
     fallback: Fallback | None = None,
     fusion=None,
+    speech: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -315,7 +324,24 @@ def transcribe_long(
         beam_size: beams per window (both chunkings); 1: greedy decoding.
         fallback: temperature fallback per window (:mod:`asrforge.model.fallback`); None: off.
         fusion: an n-gram LM fused into each window's beam search (see :func:`decode_windows`).
+        speech: per recording, the chunks of it to decode (``(start, end)`` samples, each at
+            most one window: :func:`asrforge.model.vad.speech_chunks`); all chunks of all
+            recordings are decoded together, as recordings of their own, and their segments
+            moved back to the recording's clock. None: the whole of each recording.
     """
+    if speech is not None:
+        pieces = [(i, a, b) for i, chunks in enumerate(speech) for a, b in chunks]
+        decoded = transcribe_long(
+            model, tokenizer, extractor, [waves[i][a:b] for i, a, b in pieces],
+            [prompts[i] for i, _, _ in pieces], chunking=chunking, no_timestamps=no_timestamps,
+            eot=eot, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
+            autocast=autocast, condition_on_previous_text=condition_on_previous_text,
+            sample_rate=sample_rate, beam_size=beam_size, fallback=fallback, fusion=fusion,
+        )  # fmt: skip
+        out: list[list[Segment]] = [[] for _ in waves]
+        for (i, a, _), segments in zip(pieces, decoded, strict=True):
+            out[i] += [s.moved(a / sample_rate) for s in segments]
+        return out
     seconds = window_seconds(model.config)
 
     def text(ids: list[int]) -> str:
