@@ -74,6 +74,10 @@ def test_tiny_en_decodes_only_the_speech_of_a_long_recording(hf_tiny_en: Path) -
     gap = (first.shape[0] / SR + 0.5, second_at - 0.5)
     assert not [s for s in by_vad.segments if gap[0] < s.start and s.end < gap[1]]
     assert any(abs(s.start - second_at) < 1.0 for s in by_vad.segments)
+    # words are timed on the recording's clock, not their chunk's
+    [timed] = bundle.recognize([wave], word_timestamps=True)
+    [the] = [w for w in timed.words if w.start > second_at - 1.0][:1]
+    assert abs(the.start - second_at) < 0.5
     [sequential] = bundle.recognize([wave], vad=False)
     assert not sequential.vad
     [clip] = bundle.recognize([first])
