@@ -64,6 +64,9 @@ class Bundle:
         lm: the word n-gram LM (:class:`~asrforge.lm.ngram.NGramLM`) beam search fuses, if any.
         lm_weights: ``alpha`` and ``beta`` ``asrforge lm tune`` recorded (default: the inference
             config's ``lm.alpha``/``lm.beta``).
+        alignment_heads: the ``(layer, head)`` pairs ``asrforge align-heads`` found for word
+            timestamps (empty: it found none that qualifies); None: the model's own
+            (:func:`asrforge.model.alignment.alignment_heads`).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Bundle:
         device="cpu",
         lm=None,
         lm_weights: dict[str, Any] | None = None,
+        alignment_heads: list[tuple[int, int]] | None = None,
     ):
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -90,6 +94,7 @@ class Bundle:
         self.features = config.features.extractor()
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
+        self.alignment_heads = alignment_heads
 
     @property
     def version(self) -> str:
@@ -399,6 +404,7 @@ class Bundle:
                 decode=lambda ids: self.tokenizer.decode(ids),
                 non_text=self.non_text_ids(),
                 device=self.device,
+                heads=self._word_heads(),
             )
         decoded = iter(
             Transcript(
@@ -416,6 +422,16 @@ class Bundle:
             long = wave.shape[0] > self.window_seconds * SAMPLE_RATE
             return long and not previous_text and vad_available()
         return vad
+
+    def _word_heads(self) -> list[tuple[int, int]] | None:
+        """The heads word timestamps align with; None: the model's own."""
+        if self.alignment_heads == []:
+            log.warning(
+                "asrforge align-heads found no head that follows the audio in this model: "
+                "word times come from the default heads and may be far off"
+            )
+            return None
+        return self.alignment_heads
 
     def non_text_ids(self) -> frozenset[int]:
         """Ids that are not text: the tokenizer's special and added tokens (timestamps too)."""

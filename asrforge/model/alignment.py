@@ -366,6 +366,7 @@ def add_word_timestamps(
     non_text: frozenset[int],
     device: torch.device | str = "cpu",
     sample_rate: int = 16_000,
+    heads: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """Set ``words`` on every segment: each window's segments aligned together, as
     openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment.
@@ -376,8 +377,9 @@ def add_word_timestamps(
         prompts: each recording's decoder prompt, ending in ``<|notimestamps|>``.
         languages: each recording's language code (unspaced scripts are split per character).
         non_text: ids that are not text (specials, timestamps).
+        heads: ``(layer, head)`` pairs to align with; None: :func:`alignment_heads`.
     """
-    heads = alignment_heads(model)
+    heads = alignment_heads(model) if heads is None else list(heads)
     for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
         by_window: dict[tuple[float, float], list[Segment]] = {}
         for s in segs:
@@ -413,3 +415,75 @@ def add_word_timestamps(
                 k += len(w.tokens)
             for s in group:
                 tidy_long_words(s.words, s.start, s.end)
+
+
+HEAD_ERROR_LIMIT = 0.2
+"""Seconds: a head qualifies when its median error of an utterance's start is within this."""
+
+
+def speech_onset(wave: np.ndarray, sample_rate: int = 16_000) -> float:
+    """Seconds to the first 10 ms frame of ``wave`` whose RMS reaches a tenth of its loudest
+    frame's: where an utterance's speech starts after its leading silence."""
+    hop = sample_rate // 100
+    n = wave.shape[0] // hop
+    if n == 0:
+        return 0.0
+    rms = np.sqrt((wave[: n * hop].reshape(n, hop).astype(np.float64) ** 2).mean(axis=1))
+    return float(np.argmax(rms >= 0.1 * rms.max())) * hop / sample_rate
+
+
+@torch.no_grad()
+def head_errors(
+    model,
+    extractor,
+    joins: Sequence[tuple[np.ndarray, list[int], int, float]],
+    prompt: Sequence[int],
+    *,
+    eot: int,
+    device: torch.device | str = "cpu",
+    sample_rate: int = 16_000,
+) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """How far each decoder head's own alignment places the start of a known utterance.
+
+    Args:
+        joins: ``(wave, text_tokens, k, onset)``: audio of two utterances joined (at most one
+            window), the text tokens of both, the index of the second's first token, and where
+            the second's speech starts in seconds.
+        prompt: the decoder prompt, ending in ``<|notimestamps|>``.
+
+    Returns:
+        ``(heads, errors)``: every ``(layer, head)`` and (len(joins), len(heads)) absolute errors
+        in seconds of the token's start by that head alone (the steps of :func:`align_words`).
+    """
+    cfg = model.config
+    heads = [
+        (layer, head)
+        for layer in range(cfg.decoder_layers)
+        for head in range(cfg.decoder_attention_heads)
+    ]
+    errors = np.zeros((len(joins), len(heads)))
+    for j, (wave, tokens, k, onset) in enumerate(joins):
+        feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
+        encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
+        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
+        _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
+        frames = max(1, min(qk.shape[-1], wave.shape[0] // HOP_LENGTH // 2))
+        weights = qk[:, :, :frames].softmax(dim=-1)
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+        weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
+        rows = weights[:, len(prompt) - 1 : len(prompt) + len(tokens)].double().cpu().numpy()
+        for h in range(len(heads)):
+            token_index, frame_index = dtw(-rows[h])
+            starts = frame_index[np.diff(token_index, prepend=-1).astype(bool)] * TIME_PRECISION
+            errors[j, h] = abs(starts[k] - onset)
+    return heads, errors
+
+
+def qualifying_heads(
+    heads: Sequence[tuple[int, int]], errors: np.ndarray, limit: float = HEAD_ERROR_LIMIT
+) -> list[tuple[int, int]]:
+    """The heads whose median error (over the joins, ``errors`` as :func:`head_errors` gives)
+    is within ``limit`` seconds, best first; empty when none is."""
+    median = np.median(errors, axis=0)
+    order = np.argsort(median, kind="stable")
+    return [tuple(heads[h]) for h in order if median[h] <= limit]
