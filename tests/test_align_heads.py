@@ -100,3 +100,24 @@ def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
     assert abs(dinner.start - onset) < 0.3
     record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
     assert record["joins"] == 4 and len(record["median_error_s"]) == 4 * 6
+
+
+@pytest.mark.fast
+def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, capsys, caplog):
+    from asrforge.cli import main
+
+    bundle_dir = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    argv = ["align-heads", str(bundle_dir), "--data", str(tones_dir), "--split", "train"]
+    # an untrained model's best head is off by more than 5 ms (below one 20 ms frame)
+    assert main([*argv, "--joins", "3", "--max-error", "0.005"]) == 0
+    assert "no head qualifies" in capsys.readouterr().out
+    record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
+    assert record["heads"] == [] and record["joins"] >= 1
+    assert min(record["median_error_s"].values()) > record["limit_s"]
+    bundle = load_bundle(bundle_dir)
+    assert bundle.alignment_heads == []
+    wave = np.random.default_rng(0).standard_normal(SR).astype(np.float32) * 0.1
+    bundle.transcribe(wave, word_timestamps=True, max_new_tokens=4)
+    # the warning is given only when there are words to time
+    assert bundle._word_heads() is None
+    assert "found no head that follows the audio" in caplog.text

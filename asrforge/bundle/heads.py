@@ -7,7 +7,8 @@ recordings of at most one window. The start of the second utterance's speech is 
 it was joined plus its own leading silence (:func:`asrforge.model.alignment.speech_onset`).
 Each head aligns the joined text to the audio alone, as word timestamps do with the heads
 together (:func:`asrforge.model.alignment.head_errors`); a head qualifies when its median error
-of that start is within :data:`~asrforge.model.alignment.HEAD_ERROR_LIMIT` (0.2 s). The manifest
+of that start is within ``max_error`` (:data:`~asrforge.model.alignment.HEAD_ERROR_LIMIT`, 0.2 s,
+by default). The manifest
 is rewritten in one atomic rename and sealed afresh; when no head qualifies that is recorded
 too, and word timestamps keep the default heads, with a warning.
 """
@@ -41,9 +42,11 @@ def find_alignment_heads(
     split: str = "validation",
     *,
     joins: int = 8,
+    max_error: float = HEAD_ERROR_LIMIT,
 ) -> dict[str, Any]:
     """Measure every decoder head on ``joins`` joined pairs of ``split`` and record the heads
-    that qualify in the bundle's manifest (see the module docstring).
+    that qualify (median error within ``max_error`` seconds) in the bundle's manifest (see the
+    module docstring).
 
     Returns:
         What was recorded: ``heads`` (best first; empty when none qualifies), ``limit_s``,
@@ -55,6 +58,8 @@ def find_alignment_heads(
     """
     if joins < 1:
         raise UserError(f"--joins: must be >= 1, got {joins}")
+    if not max_error > 0:
+        raise UserError(f"--max-error: must be > 0 seconds, got {max_error}")
     bundle = load_bundle(bundle_dir)
     loader, n, _report = split_loader(bundle, data, split, batch_size=1)
     dataset = loader.dataset
@@ -91,11 +96,11 @@ def find_alignment_heads(
         )  # fmt: skip
         errors.append(error[0])
     table = np.stack(errors)
-    chosen = qualifying_heads(heads, table)
+    chosen = qualifying_heads(heads, table, max_error)
     median = np.median(table, axis=0)
     record = {
         "heads": [list(h) for h in chosen],
-        "limit_s": HEAD_ERROR_LIMIT,
+        "limit_s": max_error,
         "data": str(data_config(data).path),
         "split": split,
         "joins": len(pairs),
@@ -107,7 +112,7 @@ def find_alignment_heads(
         log.warning(
             "no head's median error is within %.2f s (the best: %.3f s): word timestamps keep "
             "the default heads",
-            HEAD_ERROR_LIMIT,
+            max_error,
             float(median.min()),
         )
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})

@@ -30,13 +30,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--joins", type=int, default=8, help="pairs of utterances to measure on")
+    p.add_argument(
+        "--max-error",
+        type=float,
+        default=0.2,
+        help="seconds: a head qualifies when its median error is within this (default 0.2)",
+    )
     p.set_defaults(func=run, accepts_overrides=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.heads import find_alignment_heads
 
-    record = find_alignment_heads(args.bundle, data_options(args), args.split, joins=args.joins)
+    record = find_alignment_heads(
+        args.bundle, data_options(args), args.split, joins=args.joins, max_error=args.max_error
+    )
     best = sorted(record["median_error_s"].items(), key=lambda kv: kv[1])[:5]
     print(
         "median error by head (layer,head): "
