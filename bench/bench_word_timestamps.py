@@ -13,6 +13,10 @@ of the word's first voiced frame on speech with pauses. A hypothesis word is sco
 matches a reference word (case and punctuation aside) in the longest-matching-blocks alignment
 of the two word lists; both sides' share of words scored is printed.
 
+``--find-heads`` adds a row: asrforge with the heads ``asrforge align-heads`` finds on a
+validation split of the first 16 sentences in the first voice (as for a model whose heads are
+unknown), and then scores every row on the other 8 sentences only, which the search never saw.
+
 Run::
 
     .venv/bin/python bench/bench_word_timestamps.py --threads 1      # 24 sentences x 4 voices
@@ -123,9 +127,31 @@ def start_errors(hyp: list[tuple[str, float]], ref: list[tuple[str, float]]) -> 
     return out
 
 
+def bundle_with_found_heads(work: Path, model_dir: Path):
+    """tiny.en exported under ``work`` with the heads ``asrforge align-heads`` finds on a
+    validation split of :data:`SENTENCES` ``[:16]`` in the first voice."""
+    from workload import make_speech_dataset
+
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.heads import find_alignment_heads
+    from asrforge.bundle.load import load_bundle
+
+    data = work / "heads-validation16"
+    if not data.exists():
+        make_speech_dataset(data, {"validation": 16})
+    out = export_bundle(model_dir, work / "tiny-en-heads")
+    find_alignment_heads(out, data, "validation", joins=8)
+    return load_bundle(out)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 sentences, one voice")
+    p.add_argument(
+        "--find-heads",
+        action="store_true",
+        help="also time words with the heads align-heads finds on 16 other sentences",
+    )
     add_session_args(p)
     return p.parse_args(argv)
 
@@ -146,6 +172,13 @@ def main(argv: list[str] | None = None) -> dict:
         sentences = SENTENCES[:2] if args.quick else SENTENCES
         errors: dict[str, list[float]] = {"asrforge": [], "transformers": []}
         seconds = {"asrforge": 0.0, "transformers": 0.0}
+        found = None
+        if args.find_heads:
+            found = bundle_with_found_heads(work, model_dir)
+            print(f"recorded heads {bundle.model.generation_config.alignment_heads}; found "
+                  f"{found.alignment_heads}")  # fmt: skip
+            sentences = sentences[16:] or sentences
+            errors["asrforge, found heads"], seconds["asrforge, found heads"] = [], 0.0
         n_ref = 0
         for voice, wpm in voices:
             for text in sentences:
@@ -155,6 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
                 result = bundle.transcribe(wave, word_timestamps=True)
                 seconds["asrforge"] += time.process_time() - t
                 ours = [(w.word, w.start) for w in result.words]
+                if found is not None:
+                    t = time.process_time()
+                    other = found.transcribe(wave, word_timestamps=True)
+                    seconds["asrforge, found heads"] += time.process_time() - t
+                    errors["asrforge, found heads"] += start_errors(
+                        [(w.word, w.start) for w in other.words], ref
+                    )
                 t = time.process_time()
                 chunks = asr(wave, return_timestamps="word")["chunks"]
                 seconds["transformers"] += time.process_time() - t
@@ -165,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{len(sentences) * len(voices)} clips, {n_ref} reference words; load {load_average()}"
         )
         print(
-            f"{'method':<14} {'scored':>7} {'median ms':>10} {'mean ms':>8} {'<=200 ms':>9} {'CPU s':>7}"
+            f"{'method':<22} {'scored':>7} {'median ms':>10} {'mean ms':>8} {'<=200 ms':>9} {'CPU s':>7}"
         )
         out: dict = {}
         for name, e in errors.items():
@@ -179,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
             }
             out[name] = row
             print(
-                f"{name:<14} {100 * row['scored']:6.1f}% {row['median_ms']:10.0f} "
+                f"{name:<22} {100 * row['scored']:6.1f}% {row['median_ms']:10.0f} "
                 f"{row['mean_ms']:8.0f} {100 * row['within200']:8.1f}% {row['cpu_seconds']:7.1f}"
             )
     a, t = out["asrforge"], out["transformers"]
