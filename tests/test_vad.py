@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from audio_fixtures import synthesize
+from conftest import save_english_only_model
 from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
 
@@ -82,3 +83,48 @@ def test_tiny_en_decodes_only_the_speech_of_a_long_recording(hf_tiny_en: Path) -
     assert not sequential.vad
     [clip] = bundle.recognize([first])
     assert not clip.vad  # a clip within one window decodes whole
+
+
+@pytest.mark.fast
+def test_long_form_evaluation_decodes_the_vad_chunks_when_asked(
+    monkeypatch, tmp_path, tones_dir
+) -> None:
+    import asrforge.evaluation.longform as longform
+    from asrforge.bundle.export import bundle_from_checkpoint
+    from asrforge.evaluation.longform import LongItem, evaluate_items
+
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    wave = np.random.default_rng(0).standard_normal(5 * SR).astype(np.float32) * 0.1
+    item = LongItem("r0", "en", wave, "la la", ["a", "b"])
+    asked: list[int] = []
+
+    def chunks(w, rate, seconds):
+        asked.append(w.shape[0])
+        return [(SR, 2 * SR)]  # one second of it, one window (2 s) at most
+
+    monkeypatch.setattr(longform, "speech_chunks", chunks)
+    run = dict(max_new_tokens=4, batch_size=2)  # noqa: C408
+    _metrics, [record] = evaluate_items(
+        bundle.model, bundle.tokenizer, bundle.features, bundle.specials, [item], vad=True, **run
+    )
+    assert asked == [5 * SR]
+    assert all(1.0 <= s["start"] and s["end"] <= 2.0 for s in record["segments"])
+    evaluate_items(bundle.model, bundle.tokenizer, bundle.features, bundle.specials, [item], **run)
+    assert asked == [5 * SR]  # sequential by default
+
+
+@pytest.mark.fast
+def test_eval_longform_vad_without_the_package_is_a_config_error(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from asrforge.config import load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "silero_vad" else real(name, *a),
+    )
+    with pytest.raises(Exception, match="longform_vad: needs the package silero-vad"):
+        load_config(data={"output_dir": str(tmp_path), "data": {"path": str(tmp_path)},
+                          "eval": {"longform_vad": True}})  # fmt: skip

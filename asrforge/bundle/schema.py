@@ -100,6 +100,7 @@ TRAINING_ONLY: Split = {
         "longform_min_seconds": ALL,
         "longform_max_seconds": ALL,
         "longform_chunking": ALL,
+        "longform_vad": ALL,
         "guard": ALL,
     },
 }
