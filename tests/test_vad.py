@@ -128,3 +128,12 @@ def test_eval_longform_vad_without_the_package_is_a_config_error(monkeypatch, tm
     with pytest.raises(Exception, match="longform_vad: needs the package silero-vad"):
         load_config(data={"output_dir": str(tmp_path), "data": {"path": str(tmp_path)},
                           "eval": {"longform_vad": True}})  # fmt: skip
+
+
+@pytest.mark.fast
+def test_evaluate_longform_vad_needs_long_recordings(tmp_path, capsys) -> None:
+    from asrforge.cli import main
+
+    argv = ["evaluate", str(tmp_path / "none"), "--data", str(tmp_path), "--longform-vad"]
+    assert main(argv) == 2
+    assert "--longform-vad: needs --longform-items" in capsys.readouterr().err
