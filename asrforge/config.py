@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -846,6 +847,10 @@ class EvalConfig(Section):
     longform_chunking: Literal["timestamps", "silence"] | None = None
     """How the long recordings are decoded; null: as ``asrforge transcribe`` would (timestamps
     when the model's vocabulary has them, else cuts at silences)."""
+    longform_vad: bool = False
+    """Decode the long recordings as ``asrforge transcribe --vad`` does: only the speech Silero
+    VAD finds, in chunks of at most one window decoded as a batch (needs the package
+    ``silero-vad``); false: sequential windows over each whole recording."""
 
     @model_validator(mode="after")
     def _longform_range(self) -> EvalConfig:
@@ -853,6 +858,10 @@ class EvalConfig(Section):
             raise ValueError(
                 f"longform_min_seconds: must be <= longform_max_seconds "
                 f"({self.longform_max_seconds:g}), got {self.longform_min_seconds:g}"
+            )
+        if self.longform_vad and importlib.util.find_spec("silero_vad") is None:
+            raise ValueError(
+                "longform_vad: needs the package silero-vad (pip install 'asrforge[vad]')"
             )
         return self
 

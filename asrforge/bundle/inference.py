@@ -16,11 +16,13 @@ import torch
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
+from asrforge.model.alignment import Word, add_word_timestamps
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
+from asrforge.model.vad import speech_chunks, vad_available
 from asrforge.text import languages
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,13 @@ class Transcript:
     """Stretches of the audio with their text, in order, times in seconds."""
     chunking: str = "timestamps"
     """How long audio was cut into windows: ``timestamps`` or ``silence``."""
+    vad: bool = False
+    """Whether only the speech Silero VAD found was decoded (:mod:`asrforge.model.vad`)."""
+
+    @property
+    def words(self) -> list[Word]:
+        """Every segment's words, in order (empty unless word timestamps were asked for)."""
+        return [w for s in self.segments for w in s.words or []]
 
 
 class Bundle:
@@ -55,6 +64,9 @@ class Bundle:
         lm: the word n-gram LM (:class:`~asrforge.lm.ngram.NGramLM`) beam search fuses, if any.
         lm_weights: ``alpha`` and ``beta`` ``asrforge lm tune`` recorded (default: the inference
             config's ``lm.alpha``/``lm.beta``).
+        alignment_heads: the ``(layer, head)`` pairs ``asrforge align-heads`` found for word
+            timestamps (empty: it found none that qualifies); None: the model's own
+            (:func:`asrforge.model.alignment.alignment_heads`).
     """
 
     def __init__(
@@ -67,6 +79,7 @@ class Bundle:
         device="cpu",
         lm=None,
         lm_weights: dict[str, Any] | None = None,
+        alignment_heads: list[tuple[int, int]] | None = None,
     ):
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -81,6 +94,7 @@ class Bundle:
         self.features = config.features.extractor()
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
+        self.alignment_heads = alignment_heads
 
     @property
     def version(self) -> str:
@@ -180,7 +194,8 @@ class Bundle:
         chunking: str | None = None,
         sampling_rate: int | None = None,
         beam_size: int = 1,
-    ) -> str:
+        word_timestamps: bool = False,
+    ) -> str | Transcript:
         """Transcribe one recording of any length.
 
         Args:
@@ -189,15 +204,19 @@ class Bundle:
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
             chunking, beam_size: see :meth:`recognize`.
             sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
+            word_timestamps: return the whole :class:`Transcript`, its segments' words timed
+                (``transcript.words``), instead of the text.
         """
-        return self.recognize(
+        [result] = self.recognize(
             [audio],
             language,
             max_new_tokens=max_new_tokens,
             chunking=chunking,
             sampling_rate=sampling_rate,
             beam_size=beam_size,
-        )[0].text
+            word_timestamps=word_timestamps,
+        )
+        return result if word_timestamps else result.text
 
     def transcribe_many(
         self,
@@ -282,6 +301,8 @@ class Bundle:
         use_lm: bool = True,
         lm_alpha: float | None = None,
         lm_beta: float | None = None,
+        word_timestamps: bool = False,
+        vad: bool | None = None,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -304,6 +325,15 @@ class Bundle:
             use_lm: fuse the bundle's n-gram LM, when it has one, into beam search (then beam
                 search runs even at ``beam_size`` 1); ``lm_alpha``/``lm_beta`` override the
                 tuned or recorded weights (:meth:`lm_alpha_beta`).
+            word_timestamps: time every word of every segment (``Segment.words``): the
+                cross-attention of the model's alignment heads aligned to the audio by dynamic
+                time warping (:mod:`asrforge.model.alignment`).
+            vad: decode only the speech Silero VAD finds, its regions merged into chunks of at
+                most one window, all decoded as one batch (:mod:`asrforge.model.vad`); False:
+                sequential windows over the whole recording. None (default): VAD for
+                recordings longer than one window when the ``silero-vad`` package is
+                installed and ``condition_on_previous_text`` is off (a chunk is decoded
+                without the text of the chunks before it).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -335,6 +365,11 @@ class Bundle:
             codes.append(code)
             prompts.append(self.specials.prompt(code, self.config.data.task))
             out.append(None)
+        by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
+        speech = [
+            speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [(0, wave.shape[0])]
+            for wave, use in zip(waves, by_vad, strict=True)
+        ]
         segments = (
             transcribe_long(
                 self.model,
@@ -352,17 +387,57 @@ class Bundle:
                 beam_size=beam_size,
                 fallback=Fallback() if temperature_fallback else None,
                 fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+                speech=speech,
             )
             if waves
             else []
         )
+        if word_timestamps and waves:
+            add_word_timestamps(
+                self.model,
+                self.features,
+                waves,
+                segments,
+                prompts,
+                codes,
+                eot=self.specials.eot,
+                decode=lambda ids: self.tokenizer.decode(ids),
+                non_text=self.non_text_ids(),
+                device=self.device,
+                heads=self._word_heads(),
+            )
         decoded = iter(
             Transcript(
-                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode
+                " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode, use
             )
-            for wave, code, segs in zip(waves, codes, segments, strict=True)
+            for wave, code, segs, use in zip(waves, codes, segments, by_vad, strict=True)
         )
         return [t if t is not None else next(decoded) for t in out]
+
+    def _use_vad(self, vad: bool | None, wave: np.ndarray, previous_text: bool) -> bool:
+        """Whether to decode ``wave`` by VAD chunks (see :meth:`recognize`); not by default
+        when each window is to be conditioned on the text before it, which chunks decoded
+        apart cannot be."""
+        if vad is None:
+            long = wave.shape[0] > self.window_seconds * SAMPLE_RATE
+            return long and not previous_text and vad_available()
+        return vad
+
+    def _word_heads(self) -> list[tuple[int, int]] | None:
+        """The heads word timestamps align with; None: the model's own."""
+        if self.alignment_heads == []:
+            log.warning(
+                "asrforge align-heads found no head that follows the audio in this model: "
+                "word times come from the default heads and may be far off"
+            )
+            return None
+        return self.alignment_heads
+
+    def non_text_ids(self) -> frozenset[int]:
+        """Ids that are not text: the tokenizer's special and added tokens (timestamps too)."""
+        return frozenset(int(i) for i in self.tokenizer.added_tokens_decoder) | frozenset(
+            self.tokenizer.all_special_ids
+        )
 
     @torch.no_grad()
     def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:

@@ -58,6 +58,8 @@ GENERATION_CONFIG = "generation_config.json"
 SEAL_KEY = "bundle_seal"
 LM_WEIGHTS_KEY = "lm_weights"
 """Manifest key of the LM weights ``asrforge lm tune`` chose (``alpha``, ``beta``, how)."""
+ALIGNMENT_HEADS_KEY = "alignment_heads"
+"""Manifest key of the heads ``asrforge align-heads`` found (``heads``, how they were found)."""
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 """Files that may hold a pickle: a bundle with one is refused (none is ever opened)."""
 _PICKLE_OR_ZIP = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -106,6 +108,11 @@ def verify_bundle(path: Path) -> dict[str, Any]:
         raise CheckpointNotSupportedError(
             f"{path}: a CTranslate2 export; run it with ctranslate2/faster-whisper, or export "
             "again with --format hf for asrforge and transformers"
+        )
+    if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ggml":
+        raise CheckpointNotSupportedError(
+            f"{path}: a whisper.cpp export (ggml-model.bin); run it with whisper.cpp, or "
+            "export again with --format hf for asrforge and transformers"
         )
     on_disk = list_files(path)
     for rel in on_disk:
@@ -267,12 +274,42 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         )
     lm = _read_lm(path, icfg, manifest)
     weights = manifest.get(LM_WEIGHTS_KEY) or {}
-    bundle = Bundle(model, tokenizer, icfg, path=path, device=device, lm=lm, lm_weights=weights)
+    specials = SpecialTokens.from_tokenizer(tokenizer, icfg.multilingual, icfg.data.language_tokens)
     # Bundle decodes with the inference config; transformers (from_pretrained, the ASR
     # pipeline) reads these two files instead, so they must say the same.
     check_preprocessor_config(path / PREPROCESSOR_CONFIG, icfg.features)
-    check_generation_config(path / GENERATION_CONFIG, bundle.specials)
-    return bundle
+    check_generation_config(path / GENERATION_CONFIG, specials)
+    # the heads align-heads found, else the ones the generation config ships
+    found = manifest.get(ALIGNMENT_HEADS_KEY)
+    if found is None and _read_json(path / GENERATION_CONFIG).get("alignment_heads"):
+        found = {"heads": _read_json(path / GENERATION_CONFIG)["alignment_heads"]}
+    where = path / (MANIFEST_NAME if ALIGNMENT_HEADS_KEY in manifest else GENERATION_CONFIG)
+    return Bundle(
+        model, tokenizer, icfg, path=path, device=device, lm=lm, lm_weights=weights,
+        alignment_heads=None if found is None else _alignment_heads(found, where, model.config),
+    )  # fmt: skip
+
+
+def _alignment_heads(found: Any, where: Path, config) -> list[tuple[int, int]]:
+    """The ``(layer, head)`` pairs of ``found["heads"]`` (what ``asrforge align-heads``
+    recorded in ``where``, or the generation config's), checked against the model.
+
+    Raises:
+        CheckpointCorruptError: a record that is not a list of pairs of the model's heads.
+    """
+    heads = found.get("heads") if isinstance(found, dict) else None
+    ok = isinstance(heads, list) and all(
+        isinstance(h, list) and len(h) == 2 and all(type(x) is int for x in h)
+        and 0 <= h[0] < config.decoder_layers and 0 <= h[1] < config.decoder_attention_heads
+        for h in heads
+    )  # fmt: skip
+    if not ok:
+        raise CheckpointCorruptError(
+            f"{where}: {ALIGNMENT_HEADS_KEY} must hold heads as [layer, head] "
+            f"pairs of this model's {config.decoder_layers} layers x "
+            f"{config.decoder_attention_heads} heads"
+        )
+    return [(h[0], h[1]) for h in heads]
 
 
 def _read_lm(path: Path, icfg, manifest: dict[str, Any]):

@@ -30,8 +30,9 @@ from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError
 
 log = logging.getLogger(__name__)
 
-# Version 1.1 added data.language_tokens, 1.2 the n-gram LM and 1.3 trained_languages.
-BUNDLE_VERSION = "1.3.0"
+# Version 1.1 added data.language_tokens, 1.2 the n-gram LM, 1.3 trained_languages and 1.4 the
+# ggml format.
+BUNDLE_VERSION = "1.4.0"
 """The bundle format this asrforge writes (and the newest it reads)."""
 INFERENCE_CONFIG = "inference_config.json"
 
@@ -104,6 +105,7 @@ TRAINING_ONLY: Split = {
         "longform_min_seconds": ALL,
         "longform_max_seconds": ALL,
         "longform_chunking": ALL,
+        "longform_vad": ALL,
         "guard": ALL,
         # how the run's evaluations scored; asrforge evaluate takes its own options
         "normalizer": ALL,
@@ -189,8 +191,9 @@ class BundleFacts(_Strict):
     """Semver of the bundle format (see the module doc)."""
     asrforge_version: str
     """The asrforge that wrote the bundle."""
-    format: Literal["hf", "ct2"] = "hf"
-    """``hf``: transformers safetensors (loadable by ``load_bundle``); ``ct2``: CTranslate2."""
+    format: Literal["hf", "ct2", "ggml"] = "hf"
+    """``hf``: transformers safetensors (loadable by ``load_bundle``); ``ct2``: CTranslate2;
+    ``ggml``: whisper.cpp's model file (``ggml-model.bin``)."""
     weights: Literal["ema", "raw", "average", "pretrained"]
     """Which weights were exported."""
     multilingual: bool

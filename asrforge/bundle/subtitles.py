@@ -37,3 +37,8 @@ def to_vtt(segments: Sequence[Segment]) -> str:
         for s in segments
     ]
     return "\n".join(["WEBVTT\n", *cues])
+
+
+def word_cues(segments: Sequence[Segment]) -> list[Segment]:
+    """One cue per timed word of ``segments`` (their ``words``), for word-level subtitles."""
+    return [Segment(w.start, w.end, w.word.strip()) for s in segments for w in s.words or []]

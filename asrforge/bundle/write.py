@@ -1,5 +1,5 @@
-"""Writing bundle contents to a directory, as transformers files (``hf``) or CTranslate2's
-format (``ct2``), with the sealed manifest."""
+"""Writing bundle contents to a directory, as transformers files (``hf``), CTranslate2's
+format (``ct2``) or whisper.cpp's model file (``ggml``), with the sealed manifest."""
 
 from __future__ import annotations
 
@@ -27,10 +27,20 @@ from asrforge.checkpoint.training import (
     MODEL_STEM,
     save_weights_sharded,
 )
+from asrforge.convert.ggml import write_ggml_model
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, atomic_write_text
 
 log = logging.getLogger(__name__)
+
+FORMATS = ("hf", "ct2", "ggml")
+"""The formats a bundle is written in."""
+GGML_FILE = "ggml-model.bin"
+"""whisper.cpp's model file in a ggml bundle."""
+GGML_QUANTIZATIONS = (None, "float16")
+"""``--quantization`` of a ggml export: f16 matrices. An all-f32 file is what whisper.cpp's
+converter writes without f16, but whisper.cpp 1.8's convolution asserts f16 kernels (measured
+with pywhispercpp 1.5.1: it aborts), so it is not offered."""
 
 
 def write_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -131,4 +141,29 @@ def write_ct2(
                 tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2"}
             )
     log.info("wrote the CTranslate2 bundle %s (%s)", out, contents.note)
+    return out
+
+
+def write_ggml(contents: BundleContents, out: Path, quantization: str | None) -> Path:
+    """Write ``contents`` as a bundle holding whisper.cpp's model file (:data:`GGML_FILE`),
+    matrices in f16, atomically."""
+    if quantization not in GGML_QUANTIZATIONS:
+        raise UserError(f"--quantization {quantization}: --format ggml writes float16")
+    mel_filters = contents.inference.features.extractor().mel_filters
+    with atomic_directory(out) as tmp:
+        write_ggml_model(
+            tmp / GGML_FILE,
+            contents.state,
+            contents.config,
+            contents.tokenizer,
+            mel_filters,
+        )
+        _write_inference_config(contents, tmp, "ggml")
+        _copy_lm(contents, tmp)
+        for p in tmp.iterdir():
+            p.chmod(0o644)
+        write_bundle_manifest(
+            tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ggml"}
+        )
+    log.info("wrote the whisper.cpp bundle %s (%s)", out, contents.note)
     return out

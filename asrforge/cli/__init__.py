@@ -16,6 +16,7 @@ import errno
 import sys
 
 from asrforge.cli import (
+    align_heads,
     average,
     config,
     corpus,
@@ -39,7 +40,7 @@ from asrforge.io.atomic import describe_os_error
 # heavy domain code only when the command runs, so every parser is built on each call.
 COMMANDS = (
     train, config, matrix, report, export, transcribe, evaluate, demo, lm, average, import_ct2,
-    vocab, corpus, guard,
+    vocab, corpus, guard, align_heads,
 )  # fmt: skip
 
 

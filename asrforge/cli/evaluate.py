@@ -87,6 +87,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--longform-min-seconds", type=float, default=60.0)
     p.add_argument("--longform-max-seconds", type=float, default=120.0)
     p.add_argument(
+        "--longform-vad",
+        action="store_true",
+        help="decode the long recordings as `transcribe --vad` does: only the speech Silero VAD "
+        "finds (package silero-vad); default: sequential windows, as training evaluates",
+    )
+    p.add_argument(
         "--chunking",
         choices=["timestamps", "silence"],
         default=None,
@@ -123,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
             f"--predictions {args.predictions}: "
             + ("a directory" if args.predictions.is_dir() else "its directory does not exist")
         )
+    if args.longform_vad and not args.longform_items:
+        problems.append("--longform-vad: needs --longform-items")
+    if args.longform_vad:
+        from asrforge.model.vad import VAD_PACKAGE, vad_available
+
+        if not vad_available():
+            problems.append(f"--longform-vad: needs the package {VAD_PACKAGE}")
     if args.longform_items < 0:
         problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
     if not 0 < args.longform_min_seconds <= args.longform_max_seconds:
@@ -164,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
             chunking=args.chunking,
             fallback=_fallback(args.temperature_fallback),
+            vad=args.longform_vad,
         )
         metrics.update(long_metrics)
     if args.predictions is not None:

@@ -33,10 +33,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="default: ema when the checkpoint has EMA weights, else raw",
     )
-    p.add_argument("--format", dest="fmt", choices=["hf", "ct2"], default="hf")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=["hf", "ct2", "ggml"],
+        default="hf",
+        help="hf: transformers (default); ct2: CTranslate2 (faster-whisper); ggml: whisper.cpp",
+    )
     p.add_argument("--k", type=int, default=5, help="--weights average: how many checkpoints")
     p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
-    p.add_argument("--quantization", default=None, help="--format ct2: e.g. int8, float16")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="--format ct2: e.g. int8, float16; --format ggml: float16 (its only one)",
+    )
     p.add_argument(
         "--max-shard-size",
         default="5GB",

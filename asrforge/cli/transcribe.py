@@ -82,6 +82,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="decode a window that looks like a repetition loop again at temperatures 0.2 ... "
         "1.0 (seeded sampling), as openai-whisper does",
     )
+    p.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="time every word (cross-attention of the alignment heads aligned by dynamic time "
+        "warping): json gets a words list per segment (start, end, probability); srt and vtt "
+        "get one cue per word",
+    )
+    p.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode only the speech Silero VAD finds (package silero-vad), merged into "
+        "chunks of at most 30 s decoded as a batch; --no-vad: sequential windows over the whole "
+        "recording. Default: VAD for recordings longer than 30 s when silero-vad is installed",
+    )
     add_lm_options(p)
     p.set_defaults(func=run)
 
@@ -98,7 +113,7 @@ def audio_problem(path: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.subtitles import to_srt, to_vtt
+    from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
 
     problems = [
         positive("--batch-size", args.batch_size),
@@ -117,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
         twice = sorted({s for s in stems if stems.count(s) > 1})
         if twice:  # one output file would overwrite the other
             problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
+    if args.vad:
+        from asrforge.model.vad import VAD_PACKAGE, vad_available
+
+        if not vad_available():
+            problems.append(f"--vad: needs the package {VAD_PACKAGE} (pip install 'asrforge[vad]')")
     # the model first, then every audio file: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle), problems)
     problems += [audio_problem(path) for path in args.audio]
@@ -138,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         use_lm=fusion is not None,
         lm_alpha=fusion.alpha if fusion is not None else None,
         lm_beta=fusion.beta if fusion is not None else None,
+        word_timestamps=args.word_timestamps,
+        vad=args.vad,
     )
     # The chunking notice comes after every error check, as one line.
     if args.chunking is None and chunking == "silence":
@@ -150,13 +172,13 @@ def run(args: argparse.Namespace) -> int:
                 "language": r.language,
                 "seconds": round(r.seconds, 3),
                 "chunking": r.chunking,
+                "vad": r.vad,
                 "segments": [s.to_dict() for s in r.segments],
             }
             out = json.dumps(record, ensure_ascii=False)
-        elif fmt == "srt":
-            out = to_srt(r.segments)
-        elif fmt == "vtt":
-            out = to_vtt(r.segments)
+        elif fmt in ("srt", "vtt"):
+            cues = word_cues(r.segments) if args.word_timestamps else r.segments
+            out = to_srt(cues) if fmt == "srt" else to_vtt(cues)
         else:
             out = r.text
         if args.output_dir is not None:

@@ -33,7 +33,9 @@ from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.fallback import Fallback
+from asrforge.model.frames import window_seconds
 from asrforge.model.longform import choose_chunking, transcribe_long
+from asrforge.model.vad import speech_chunks
 from asrforge.run_layout import RunLayout
 from asrforge.text import cer, normalize, wer
 
@@ -158,11 +160,13 @@ def evaluate_items(
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     fallback: Fallback | None = None,
+    vad: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Transcribe the long recordings and score them.
 
     ``fallback``: temperature fallback per window, as ``transcribe --temperature-fallback``
-    decodes (:mod:`asrforge.model.fallback`); None: off.
+    decodes (:mod:`asrforge.model.fallback`); None: off. ``vad``: decode only the speech Silero
+    VAD finds, as ``transcribe --vad`` does (:mod:`asrforge.model.vad`).
 
     Every module's train/eval mode is put back as it was (a frozen encoder stays in eval mode).
 
@@ -172,6 +176,10 @@ def evaluate_items(
         ``segments``).
     """
     mode, why = choose_chunking(tokenizer, model.config, chunking)
+    speech = None
+    if vad:
+        seconds = window_seconds(model.config)
+        speech = [speech_chunks(it.wave, SAMPLE_RATE, seconds) for it in items]
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -189,6 +197,7 @@ def evaluate_items(
             device=device,
             autocast=autocast,
             fallback=fallback,
+            speech=speech,
         )
     finally:
         for m, training in modes.items():
@@ -265,6 +274,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
             batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
             device=acc.device,
             autocast=autocast,
+            vad=cfg.eval.longform_vad,
         )
     if acc.num_processes > 1:
         from accelerate.utils import gather_object
@@ -312,6 +322,7 @@ def evaluate_split_longform(
     chunking: str | None = None,
     languages: list[str] | None = None,
     fallback: Fallback | None = None,
+    vad: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of a data set (a
     path or a data section, as :func:`~asrforge.evaluation.evaluate.evaluate_split` takes it),
@@ -358,4 +369,5 @@ def evaluate_split_longform(
         batch_size=batch_size,
         device=bundle.device,
         fallback=fallback,
+        vad=vad,
     )

@@ -38,9 +38,25 @@ class Segment:
     text: str
     tokens: list[int] = field(default_factory=list, repr=False)
     """The generated ids, timestamps included (what conditions the next window)."""
+    window: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+    """The audio decoded to find this segment, seconds from the start of the recording: where
+    word timestamps (``asrforge.model.alignment``) align its text."""
+    words: list | None = None
+    """Its words (``asrforge.model.alignment.Word``), when word timestamps were asked for."""
+
+    def moved(self, seconds: float) -> Segment:
+        """This segment ``seconds`` later (a chunk's segment on its recording's clock)."""
+        a, b = self.window
+        return Segment(
+            self.start + seconds, self.end + seconds, self.text, self.tokens,
+            (a + seconds, b + seconds), self.words,
+        )  # fmt: skip
 
     def to_dict(self) -> dict:
-        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+        out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+        if self.words is not None:
+            out["words"] = [w.to_dict() for w in self.words]
+        return out
 
 
 def parse_window(
@@ -135,7 +151,7 @@ def transcribe_by_timestamps(
                 b = limit if end is None else min(offset + end * TIME_PRECISION, limit)
                 text = decode_text([t for t in ids if vocab.is_text(t)]).strip()
                 if text and b > a:
-                    out[i].append(Segment(a, b, text, list(ids)))
+                    out[i].append(Segment(a, b, text, list(ids), (offset, limit)))
                     previous[i] += ids
             moved = window.shape[0] if seek is None else min(seek * step, window.shape[0])
             seeks[i] += moved if moved > 0 else window.shape[0]  # never decode a window twice
@@ -164,7 +180,8 @@ def transcribe_by_silence(
     for (i, a, b), ids in zip(pieces, generated, strict=True):
         text = decode_text(ids).strip()
         if text:
-            out[i].append(Segment(a / sample_rate, b / sample_rate, text, list(ids)))
+            span = (a / sample_rate, b / sample_rate)
+            out[i].append(Segment(*span, text, list(ids), span))
     return out
 
 
@@ -293,6 +310,7 @@ def transcribe_long(
     beam_size: int = 1,
     fallback: Fallback | None = None,
     fusion=None,
+    speech: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -307,7 +325,24 @@ def transcribe_long(
         beam_size: beams per window (both chunkings); 1: greedy decoding.
         fallback: temperature fallback per window (:mod:`asrforge.model.fallback`); None: off.
         fusion: an n-gram LM fused into each window's beam search (see :func:`decode_windows`).
+        speech: per recording, the chunks of it to decode (``(start, end)`` samples, each at
+            most one window: :func:`asrforge.model.vad.speech_chunks`); all chunks of all
+            recordings are decoded together, as recordings of their own, and their segments
+            moved back to the recording's clock. None: the whole of each recording.
     """
+    if speech is not None:
+        pieces = [(i, a, b) for i, chunks in enumerate(speech) for a, b in chunks]
+        decoded = transcribe_long(
+            model, tokenizer, extractor, [waves[i][a:b] for i, a, b in pieces],
+            [prompts[i] for i, _, _ in pieces], chunking=chunking, no_timestamps=no_timestamps,
+            eot=eot, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
+            autocast=autocast, condition_on_previous_text=condition_on_previous_text,
+            sample_rate=sample_rate, beam_size=beam_size, fallback=fallback, fusion=fusion,
+        )  # fmt: skip
+        out: list[list[Segment]] = [[] for _ in waves]
+        for (i, a, _), segments in zip(pieces, decoded, strict=True):
+            out[i] += [s.moved(a / sample_rate) for s in segments]
+        return out
     seconds = window_seconds(model.config)
 
     def text(ids: list[int]) -> str:

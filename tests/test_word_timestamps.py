@@ -1,0 +1,193 @@
+"""Word timestamps: dynamic time warping, the median filter, words from tokens, and the words a
+bundle times (a tiny from-scratch model in the fast tier; Whisper tiny.en on espeak-ng speech)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from audio_fixtures import synthesize
+from conftest import save_english_only_model
+from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
+from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
+
+from asrforge.bundle.export import bundle_from_checkpoint
+from asrforge.bundle.subtitles import to_srt, word_cues
+from asrforge.model.alignment import (
+    Word,
+    add_word_timestamps,
+    alignment_heads,
+    dtw,
+    median_filter,
+    merge_punctuation,
+    split_words,
+)
+from asrforge.model.longform import Segment
+
+SR = 16_000
+
+
+@pytest.mark.fast
+def test_dtw_follows_the_cheap_cells_of_each_row() -> None:
+    # token i is cheap in frames [starts[i], starts[i + 1]): the path enters row i there
+    starts = [0, 3, 4, 9, 14]
+    cost = np.ones((4, 14))
+    for i in range(4):
+        cost[i, starts[i] : starts[i + 1]] = 0.0
+    tokens, frames = dtw(cost)
+    assert tokens[0] == 0 and frames[0] == 0 and tokens[-1] == 3 and frames[-1] == 13
+    assert np.all(np.diff(tokens) >= 0) and np.all(np.diff(frames) >= 0)
+    assert np.all(np.diff(tokens) + np.diff(frames) >= 1)  # a step moves
+    entered = frames[np.diff(tokens, prepend=-1).astype(bool)]
+    assert entered.tolist() == starts[:4]
+
+
+@pytest.mark.fast
+def test_dtw_path_cost_is_the_minimum_over_paths() -> None:
+    rng = np.random.default_rng(0)
+    cost = rng.random((3, 5))
+    tokens, frames = dtw(cost)
+
+    def best(i: int, j: int) -> float:  # brute force over monotonic paths
+        if i == 0 and j == 0:
+            return cost[0, 0]
+        options = []
+        if i > 0 and j > 0:
+            options.append(best(i - 1, j - 1))
+        if i > 0:
+            options.append(best(i - 1, j))
+        if j > 0:
+            options.append(best(i, j - 1))
+        return cost[i, j] + min(options)
+
+    assert cost[tokens, frames].sum() == pytest.approx(best(2, 4))
+
+
+@pytest.mark.fast
+def test_median_filter_is_the_running_median_with_reflected_edges() -> None:
+    x = torch.tensor([[5.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0]])
+    padded = np.pad(x[0].numpy(), 1, mode="reflect")
+    expected = [np.median(padded[i : i + 3]) for i in range(7)]
+    assert median_filter(x, 3)[0].tolist() == expected
+    # (heads, tokens, frames) keeps its shape
+    assert median_filter(torch.rand(2, 3, 10), 7).shape == (2, 3, 10)
+
+
+PIECES = {1: " We", 2: " li", 3: "brary", 4: ".", 5: " (", 6: "hi", 7: ")", 8: "\xe4"}
+
+
+def _decode(ids: list[int]) -> str:
+    # token 9 is the first byte of a two-byte character that token 8 completes
+    text = "".join(PIECES.get(i, "") for i in ids if i != 9)
+    return text if 9 not in ids or 8 in ids else text + "\ufffd"
+
+
+@pytest.mark.fast
+def test_words_start_at_a_space_and_keep_a_split_character_whole() -> None:
+    assert split_words([1, 2, 3, 4], _decode, frozenset()) == [[1], [2, 3], [4]]
+    assert split_words([1, 9, 8, 2], _decode, frozenset()) == [[1, 9, 8], [2]]
+    assert split_words([1, 9, 8], _decode, frozenset(), unspaced=True) == [[1], [9, 8]]
+
+
+@pytest.mark.fast
+def test_punctuation_joins_its_word_with_its_time() -> None:
+    words = [
+        Word(" We", 0.0, 0.4, 0.9, (1,)),
+        Word(" (", 0.4, 0.5, 0.5, (5,)),
+        Word("hi", 0.5, 0.8, 0.7, (6,)),
+        Word(")", 0.8, 0.9, 0.1, (7,)),
+        Word(".", 0.9, 1.0, 0.3, (4,)),
+    ]
+    merged = merge_punctuation(words)
+    assert [w.word for w in merged] == [" We", " (hi)."]
+    assert (merged[1].start, merged[1].end, merged[1].tokens) == (0.4, 1.0, (5, 6, 7, 4))
+    assert merged[1].probability == pytest.approx((0.5 + 0.7 + 0.1 + 0.3) / 4)
+
+
+@pytest.mark.fast
+def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_dir) -> None:
+    """A from-scratch model (no recorded alignment heads: the upper half's): the segments of
+    two windows get words that hold their text tokens in order, timed inside their window."""
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    assert getattr(bundle.model.generation_config, "alignment_heads", None) is None
+    assert alignment_heads(bundle.model) == [(1, 0), (1, 1)]
+    wave = np.random.default_rng(0).standard_normal(int(3.5 * SR)).astype(np.float32) * 0.1
+    encode = bundle.tokenizer.encode
+    ids = [encode(t, add_special_tokens=False) for t in (" la la", " tone beep", " boop la")]
+    eot = bundle.specials.eot
+    segments = [
+        Segment(0.0, 1.0, "la la", [*ids[0], eot], (0.0, 2.0)),  # EOT is no text
+        Segment(1.0, 2.0, "tone beep", ids[1], (0.0, 2.0)),
+        Segment(2.0, 3.5, "boop la", ids[2], (2.0, 3.5)),
+    ]
+    add_word_timestamps(
+        bundle.model,
+        bundle.features,
+        [wave],
+        [segments],
+        [bundle.specials.prompt("en")],
+        ["en"],
+        eot=eot,
+        decode=bundle.tokenizer.decode,
+        non_text=bundle.non_text_ids(),
+    )
+    for s, text_ids in zip(segments, ids, strict=True):
+        assert [t for w in s.words for t in w.tokens] == text_ids
+        assert "".join(w.word for w in s.words) == bundle.tokenizer.decode(text_ids)
+        starts = [w.start for w in s.words]
+        assert starts == sorted(starts)
+        assert all(s.window[0] <= w.start <= w.end <= s.window[1] + 1e-6 for w in s.words)
+        assert all(0.0 <= w.probability <= 1.0 for w in s.words)
+    # the windows are aligned apart: the second starts its words at its own start
+    assert segments[2].words[0].start == pytest.approx(2.0)
+
+
+@pytest.mark.fast
+def test_word_cues_are_one_subtitle_per_word() -> None:
+    seg = Segment(1.0, 2.0, "We meet.", [1, 2])
+    seg.words = [Word(" We", 1.0, 1.4, 0.9), Word(" meet.", 1.4, 2.0, 0.8)]
+    srt = to_srt(word_cues([seg]))
+    assert srt.splitlines()[:3] == ["1", "00:00:01,000 --> 00:00:01,400", "We"]
+    assert "00:00:01,400 --> 00:00:02,000\nmeet." in srt
+
+
+def test_tiny_en_times_a_sentence_after_a_pause(hf_tiny_en: Path) -> None:  # noqa: F811
+    """Two sentences 2.5 s apart: the second sentence's first word starts after the pause,
+    within 0.3 s of where its audio starts, and every word is where its sentence is."""
+    first = synthesize("We will meet at the library tomorrow morning.")
+    second = synthesize("The museum is closed on Mondays.")
+    gap = np.zeros(int(2.5 * SR), np.float32)
+    wave = np.concatenate([first, gap, second])
+    onset = (first.shape[0] + gap.shape[0]) / SR
+    bundle = bundle_from_checkpoint(hf_tiny_en)
+    result = bundle.transcribe(wave, word_timestamps=True)
+    words = result.words
+    museum = next(i for i, w in enumerate(words) if "museum" in w.word.lower())
+    the = words[museum - 1]
+    assert the.word.strip().lower() == "the"
+    assert abs(the.start - onset) < 0.3
+    assert all(w.end <= onset + 0.1 for w in words[: museum - 1])
+    assert words[0].start < 0.3 and words[-1].end <= wave.shape[0] / SR + 0.02
+    assert " ".join(w.word.strip() for w in words) == " ".join(result.text.split())
+
+
+def test_transcribe_word_timestamps_json_has_words(hf_tiny_en: Path, tmp_path: Path) -> None:  # noqa: F811
+    import soundfile as sf
+
+    from asrforge.cli import main
+
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, synthesize("Please send me the report."), SR)
+    out = tmp_path / "out"
+    assert main(["transcribe", str(hf_tiny_en), str(clip), "--json", "--word-timestamps",
+                 "--output-dir", str(out)]) == 0  # fmt: skip
+    record = json.loads((out / "clip.json").read_text())
+    words = [w for s in record["segments"] for w in s["words"]]
+    assert [w["word"].strip() for w in words] == record["text"].split()
+    assert all(set(w) == {"word", "start", "end", "probability"} for w in words)
+    assert main(["transcribe", str(hf_tiny_en), str(clip), "--format", "vtt",
+                 "--word-timestamps", "--output-dir", str(out)]) == 0  # fmt: skip
+    assert (out / "clip.vtt").read_text().count(" --> ") == len(words)
