@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
     from asrforge.evaluation.evaluate import evaluate_split
+    from asrforge.model.decoding import DecodeOptions
 
     # the model first, then the data: every problem in one message
     bundle = attempt(lambda: open_model(args.model, args.weights), problems)
@@ -137,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
-        beam_size=args.beam_size,
-        fusion=fusion,
+        options=DecodeOptions(beam_size=args.beam_size, fusion=fusion),
         normalizer=normalizer,
     )
     if args.longform_items:
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
             chunking=args.chunking,
-            fallback=_fallback(args.temperature_fallback),
+            options=_long_options(args.temperature_fallback),
         )
         metrics.update(long_metrics)
     if args.predictions is not None:
@@ -204,10 +204,13 @@ def language_line(multilingual: bool) -> str:
     return "language: English (an English-only model's prompt has no language token)"
 
 
-def _fallback(on: bool):
+def _long_options(fallback: bool):
+    """How long-form evaluation decodes each window: greedily, with the temperature fallback
+    when asked."""
+    from asrforge.model.decoding import DecodeOptions
     from asrforge.model.fallback import Fallback
 
-    return Fallback() if on else None
+    return DecodeOptions(fallback=Fallback() if fallback else None)
 
 
 def format_longform(metrics: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import EVAL_DIR, error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
-from asrforge.model.fallback import Fallback
+from asrforge.model.decoding import DecodeOptions
 from asrforge.model.longform import choose_chunking, transcribe_long
 from asrforge.text import cer, normalize, wer
 
@@ -156,12 +156,12 @@ def evaluate_items(
     batch_size: int,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-    fallback: Fallback | None = None,
+    options: DecodeOptions = DecodeOptions(),
 ) -> tuple[dict, list[dict]]:
     """Transcribe the long recordings and score them.
 
-    ``fallback``: temperature fallback per window, as ``transcribe --temperature-fallback``
-    decodes (:mod:`asrforge.model.fallback`); None: off.
+    ``options``: how each window is decoded, e.g. with the temperature fallback
+    ``transcribe --temperature-fallback`` decodes with (:mod:`asrforge.model.fallback`).
 
     Every module's train/eval mode is put back as it was (a frozen encoder stays in eval mode).
 
@@ -187,7 +187,7 @@ def evaluate_items(
             batch_size=batch_size,
             device=device,
             autocast=autocast,
-            fallback=fallback,
+            options=options,
         )
     finally:
         for m, training in modes.items():
@@ -280,7 +280,9 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
         metrics["longform_chunking"],
     )
     if acc.is_main_process:
-        write_records(run.output_dir / EVAL_DIR / f"longform-step-{step:06d}.jsonl", records, metrics)
+        write_records(
+            run.output_dir / EVAL_DIR / f"longform-step-{step:06d}.jsonl", records, metrics
+        )
     return metrics
 
 
@@ -310,7 +312,7 @@ def evaluate_split_longform(
     max_new_tokens: int,
     chunking: str | None = None,
     languages: list[str] | None = None,
-    fallback: Fallback | None = None,
+    options: DecodeOptions = DecodeOptions(),
 ) -> tuple[dict, list[dict]]:
     """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of a data set (a
     path or a data section, as :func:`~asrforge.evaluation.evaluate.evaluate_split` takes it),
@@ -356,5 +358,5 @@ def evaluate_split_longform(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         device=bundle.device,
-        fallback=fallback,
+        options=options,
     )

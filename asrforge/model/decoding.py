@@ -15,10 +15,15 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from asrforge.model.frames import TIME_PRECISION
+
+if TYPE_CHECKING:
+    from asrforge.lm.fusion import ShallowFusion
+    from asrforge.model.fallback import Fallback
 
 CHECK_EVERY = 16
 """Tokens between two reads of "has every sequence ended?" on an accelerator: a read stalls the
@@ -32,6 +37,43 @@ def _cache_argument(decoder_class: type) -> str:
     # transformers 5 renamed the decoder's past_key_values argument to cache and warns on the old name.
     params = inspect.signature(decoder_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+Rules = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied at every
+step before the pick; ``logits`` is (rows, vocab), ``generated`` (rows, t) the ids each row
+generated so far (e.g. :class:`TimestampRules`)."""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How every decoder picks tokens (openai-whisper's ``DecodingOptions``): one value carried
+    from the caller (evaluation, a bundle, long-form transcription) to the decoder that reads
+    it, so a new option is added here and read where it matters, not threaded through each
+    layer."""
+
+    beam_size: int = 1
+    """Beams per utterance; 1: greedy decoding (:func:`greedy_decode`), more:
+    :func:`~asrforge.model.beam.beam_search`."""
+    patience: float = 1.0
+    """Beam search: finished hypotheses to collect per utterance, in units of ``beam_size``."""
+    length_penalty: float | None = None
+    """Beam search's ranking (:func:`~asrforge.model.beam.length_normalized`)."""
+    rules: Rules | None = None
+    """Token rules applied at every step before the pick (:data:`Rules`)."""
+    fusion: ShallowFusion | None = None
+    """A word n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
+    beam search runs even at ``beam_size`` 1)."""
+    fallback: Fallback | None = None
+    """Temperature fallback (:mod:`asrforge.model.fallback`); None: off."""
+    check_every: int | None = None
+    """Greedy decoding: tokens between the host's reads of whether every sequence ended;
+    None: :func:`check_interval` of the device."""
+
+    @property
+    def searches_beams(self) -> bool:
+        """Whether beam search decodes (more than one beam, or an LM to fuse)."""
+        return self.beam_size > 1 or self.fusion is not None
 
 
 def check_interval(device: torch.device | str) -> int:
@@ -135,11 +177,10 @@ def greedy_decode(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
+    options: DecodeOptions = DecodeOptions(),
     *,
     cache=None,
     first_tokens: torch.Tensor | None = None,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    check_every: int | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Greedy decoding with a pre-allocated KV cache (:func:`new_cache`). A sequence that
     emitted EOT keeps its row, its next tokens forced to EOT; the loop stops at the first check
@@ -150,17 +191,13 @@ def greedy_decode(
         encoder_hidden: (batch, frames, d_model) encoder output.
         prompts: (batch, prompt_len) forced prefix ids (start, language, task, no-timestamps).
         max_new_tokens: cap on generated tokens per sequence (the decoder's own limit applies too).
+        options: read here: ``rules`` (``generated`` holds EOT repeated after a sequence's end)
+            and ``check_every``.
         cache: an ``EncoderDecoderCache`` already holding the prompt's self-attention keys and
             values and the encoder's cross-attention ones (e.g. a teacher-forced pass's cache
             cropped to the prompt); then ``first_tokens`` must be given too.
         first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given
             (chosen with the first step's :class:`Suppression`, as here).
-        rules: ``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied
-            at every step before the pick; ``logits`` is (batch, vocab), ``generated`` (batch, t)
-            the ids each sequence generated so far, EOT repeated after its end (e.g.
-            :class:`TimestampRules`).
-        check_every: tokens between the host's reads of whether every sequence ended; default
-            :func:`check_interval` of the device.
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
@@ -170,7 +207,8 @@ def greedy_decode(
     device = prompts.device
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    every = check_interval(device) if check_every is None else check_every
+    rules = options.rules
+    every = check_interval(device) if options.check_every is None else options.check_every
     if cap > 0:
         cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
     suppression = Suppression.of(model, device)
@@ -257,7 +295,7 @@ class TimestampVocab:
 
 class TimestampRules:
     """openai-whisper's ``ApplyTimestampRules`` for greedy decoding in timestamp mode (a prompt
-    without ``<|notimestamps|>``), as a ``rules`` argument of :func:`greedy_decode`:
+    without ``<|notimestamps|>``), as :attr:`DecodeOptions.rules`:
 
     * ``<|notimestamps|>`` and the other special tokens between EOT and the timestamps are
       never picked;
