@@ -798,6 +798,11 @@ class EvalConfig(Section):
     beam_size: int = Field(default=1, ge=1)
     """Beams per utterance when decoding the evaluation split; 1: greedy decoding (fast, the
     in-training default); 5 is openai-whisper's and faster-whisper's inference default."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Greedy decoding replays each decoder step from one captured CUDA graph instead of
+    launching its kernels one by one (a step of a small batch on a GPU is bound by launches);
+    the hypotheses are the same. auto: on for CUDA, off on the CPU (where a step's kernels cost
+    more than their launches). Beam search, sampling and timestamp rules are not captured."""
     at_end: bool = True
     """Evaluate once more after the last step (unless that step was just evaluated)."""
     at_start: bool | None = None

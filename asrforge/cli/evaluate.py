@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
     from asrforge.evaluation.evaluate import evaluate_split
-    from asrforge.model.decoding import DecodeOptions
+    from asrforge.model.decoding import DecodeOptions, capture_for
 
     # the model first, then the data: every problem in one message
     bundle = attempt(lambda: open_model(args.model, args.weights), problems)
@@ -138,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
-        options=DecodeOptions(beam_size=args.beam_size, fusion=fusion),
+        options=DecodeOptions(
+            beam_size=args.beam_size,
+            fusion=fusion,
+            capture=capture_for("auto", bundle.device),
+        ),
         normalizer=normalizer,
     )
     if args.longform_items:

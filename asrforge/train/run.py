@@ -19,7 +19,7 @@ from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.longform import run_longform_eval
-from asrforge.model.decoding import DecodeOptions
+from asrforge.model.decoding import DecodeOptions, capture_for
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
 from asrforge.selection.guard_gate import describe_refused
@@ -491,7 +491,10 @@ class TrainingRun:
                 max_new_tokens=self.cfg.eval.max_new_tokens,
                 device=acc.device,
                 autocast=acc.autocast,
-                options=DecodeOptions(beam_size=self.cfg.eval.beam_size),
+                options=DecodeOptions(
+                    beam_size=self.cfg.eval.beam_size,
+                    capture=capture_for(self.cfg.eval.compile, acc.device),
+                ),
                 normalizer=self.cfg.eval.normalizer,
             )
             if self.guard is not None and self.state.step == 0 and self.guard_at_start:
