@@ -128,3 +128,17 @@ def test_a_captured_step_reads_its_input_from_its_own_buffer():
     assert captured(torch.tensor([[7], [8]])).tolist() == [8, 9]
     # every call hands the step the same tensor, as a replayed graph reads one address
     assert len(set(seen)) == 1 and seen[0] != first.data_ptr()
+
+
+def test_a_step_that_cannot_be_captured_is_decoded_uncaptured(monkeypatch, caplog):
+    enc, prompts = _inputs(4)
+    model = _model(eot_bias=0.3)
+    plain = greedy_decode(model, enc, prompts, EOT, 8, DecodeOptions(check_every=1))
+
+    def refuse(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(decoding, "CapturedStep", refuse)
+    options = DecodeOptions(check_every=1, capture=True)
+    assert greedy_decode(model, enc, prompts, EOT, 8, options) == plain
+    assert "could not be captured" in caplog.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from asrforge.model.frames import TIME_PRECISION
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
     from asrforge.model.fallback import Fallback
+
+log = logging.getLogger(__name__)
 
 CHECK_EVERY = 16
 """Tokens between two reads of "has every sequence ended?" on an accelerator: a read stalls the
@@ -245,12 +248,18 @@ def greedy_step(
     return logits.add_(mask).argmax(-1)
 
 
-def capture_step(model, tokens, encoder_hidden, cache, mask) -> CapturedStep:
+def capture_step(model, tokens, encoder_hidden, cache, mask) -> CapturedStep | None:
     """:func:`greedy_step` without rules over one decode's cache, encoder output and mask, as
-    a :class:`~asrforge.model.capture.CapturedStep` taking the (batch, 1) tokens."""
-    return CapturedStep(
-        lambda step_tokens: greedy_step(model, step_tokens, encoder_hidden, cache, mask), tokens
-    )
+    a :class:`~asrforge.model.capture.CapturedStep` taking the (batch, 1) tokens; None, with a
+    warning, when the step cannot be captured (the decode goes on uncaptured, same tokens)."""
+    try:
+        return CapturedStep(
+            lambda step_tokens: greedy_step(model, step_tokens, encoder_hidden, cache, mask),
+            tokens,
+        )
+    except RuntimeError as e:
+        log.warning("eval.compile: the decoder step could not be captured (%s); uncaptured", e)
+        return None
 
 
 @torch.no_grad()
@@ -300,16 +309,17 @@ def greedy_decode(
     mask = PickMask(Suppression.of(model, device), eot, b, vocab)
     # (cap, batch): each step's picks are one contiguous row, read as the next step's input
     out = torch.full((max(cap, 0), b), eot, dtype=torch.long, device=device)
-    captured = None
+    captured, capture = None, options.capture and rules is None
     tokens, n = prompts, 0
     for t in range(cap):
+        if capture and t == 2:  # the (batch, 1) step before was the warm-up a capture needs
+            captured, capture = (
+                capture_step(model, tokens, encoder_hidden, cache, mask.values),
+                False,
+            )
         if t == 0 and first_tokens is not None:
             out[0] = first_tokens
         elif captured is not None:
-            out[t] = captured(tokens)
-        elif options.capture and rules is None and t >= 2:
-            # the (batch, 1) step before was the warm-up a capture needs
-            captured = capture_step(model, tokens, encoder_hidden, cache, mask.values)
             out[t] = captured(tokens)
         else:
             out[t] = greedy_step(
