@@ -505,8 +505,12 @@ class DataConfig(Section):
     batch_size: int = Field(default=8, gt=0)
     """Utterances per micro-batch (per process); with ``pack.enabled``, windows (each holds
     several utterances)."""
-    eval_batch_size: int | None = Field(default=None, gt=0)
-    """Utterances per evaluation batch; default ``batch_size``."""
+    eval_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = None
+    """Utterances per evaluation batch; null: ``batch_size``. auto: on a GPU the largest batch
+    whose evaluation fits in 80% of its memory (a power of two times ``batch_size``, at most
+    512; probed once per model shape and device), since greedy decoding there is bound by
+    kernel launches and a larger batch decodes more utterances per second; on the CPU, and in
+    a run of several processes, ``batch_size``."""
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """DataLoader worker processes per training process that load audio and compute the log-mel
     features (0: in the main process; a count is capped at the cores the process may use).

@@ -30,6 +30,7 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import EVAL_DIR, error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import DecodeOptions
@@ -261,7 +262,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
             task=cfg.data.task,
             chunking=cfg.eval.longform_chunking,
             max_new_tokens=cfg.eval.max_new_tokens,
-            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            batch_size=eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size),
             device=acc.device,
             autocast=autocast,
         )
