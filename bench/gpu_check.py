@@ -12,10 +12,12 @@ light noise, 10-20 s per clip, made here), the script measures:
    (same initial weights), the same batches (``workload.CollatedBatches``), the same precision,
    optimizer and DataLoader workers (``bench_train``'s set-up; a ``torch.cuda.synchronize`` at
    each step's end on both sides, so the clock sees finished steps);
-3. evaluation seconds of asrforge's ``evaluate()``, ``Seq2SeqTrainer.evaluate(
+3. evaluation seconds and decoded tokens/s of asrforge's ``evaluate()`` with its decoder step
+   captured and uncaptured (``eval.compile`` on and off), ``Seq2SeqTrainer.evaluate(
    predict_with_generate=True)`` and a plain ``model.generate`` loop, on the same batches with
-   greedy decoding to the same cap, under the same autocast; random weights never emit the end
-   token, so every side decodes to the cap and the hypotheses are compared instead of WER;
+   greedy decoding to the same cap, under the same autocast, at ``--eval-batch-size`` and at
+   the batch ``data.eval_batch_size: auto`` picks; random weights never emit the end token, so
+   every side decodes to the cap and the hypotheses are compared instead of WER;
 4. the peak GPU memory of asrforge's training (``torch.cuda.max_memory_allocated``) against
    ``bench_memory``'s model (mixed-precision activations, the autocast weight cache);
 5. the data-wait share of the step time (``data_wait_seconds`` / ``step_seconds`` of the
