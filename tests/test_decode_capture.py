@@ -74,6 +74,32 @@ def test_the_captured_step_decodes_what_the_uncaptured_one_does(monkeypatch):
     assert len(set(ends)) > 1  # rows ended at different steps: the pick mask's ended rows ran
 
 
+def test_evaluations_path_from_a_teacher_forced_cache_decodes_the_same_captured(monkeypatch):
+    """evaluate() starts the decode from its loss pass's cache and first token: the step after
+    is the warm-up, the one after that is captured."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = _model(eot_bias=0.3)
+    enc, prompts = _inputs(4)
+    labels = torch.randint(3, 40, (4, 5), generator=torch.Generator().manual_seed(2))
+
+    def decode(capture: bool):
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.no_grad():
+            h = decoding.decoder_states(model, torch.cat([prompts, labels], 1), enc, cache)
+            logits = model.proj_out(h[:, prompts.shape[1] - 1])
+        first = Suppression.of(model, "cpu").apply(logits, 0).argmax(-1)
+        cache.crop(-labels.shape[1])
+        options = DecodeOptions(check_every=1, capture=capture)
+        return greedy_decode(model, enc, prompts, EOT, 12, options, cache=cache, first_tokens=first)
+
+    captures: list[int] = []
+    real = decoding.CapturedStep
+    monkeypatch.setattr(decoding, "CapturedStep", lambda *a: captures.append(1) or real(*a))
+    assert decode(capture=True) == decode(capture=False) and captures == [1]
+    assert decode(False) == greedy_decode(model, enc, prompts, EOT, 12)
+
+
 @pytest.mark.fast
 def test_rules_are_never_captured(monkeypatch):
     model = _model()
