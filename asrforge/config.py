@@ -532,8 +532,12 @@ class DataConfig(Section):
     batch_size: int = Field(default=8, gt=0)
     """Utterances per micro-batch (per process); with ``pack.enabled``, windows (each holds
     several utterances)."""
-    eval_batch_size: int | None = Field(default=None, gt=0)
-    """Utterances per evaluation batch; default ``batch_size``."""
+    eval_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = None
+    """Utterances per evaluation batch; null: ``batch_size``. auto: on a GPU the largest batch
+    whose evaluation fits in 80% of its memory (a power of two times ``batch_size``, at most
+    512; probed once per model shape and device), since greedy decoding there is bound by
+    kernel launches and a larger batch decodes more utterances per second; on the CPU, and in
+    a run of several processes, ``batch_size``."""
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """DataLoader worker processes per training process that load audio and compute the log-mel
     features (0: in the main process; a count is capped at the cores the process may use).
@@ -825,6 +829,11 @@ class EvalConfig(Section):
     beam_size: int = Field(default=1, ge=1)
     """Beams per utterance when decoding the evaluation split; 1: greedy decoding (fast, the
     in-training default); 5 is openai-whisper's and faster-whisper's inference default."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Greedy decoding replays each decoder step from one captured CUDA graph instead of
+    launching its kernels one by one (a step of a small batch on a GPU is bound by launches);
+    the hypotheses are the same. auto: on for CUDA, off on the CPU (where a step's kernels cost
+    more than their launches). Beam search, sampling and timestamp rules are not captured."""
     at_end: bool = True
     """Evaluate once more after the last step (unless that step was just evaluated)."""
     at_start: bool | None = None

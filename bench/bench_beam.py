@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     with bench_session("bench-beam-", args) as (_tmp, work):
         from asrforge.bundle.export import bundle_from_checkpoint
         from asrforge.model.beam import beam_decode
-        from asrforge.model.decoding import greedy_decode
+        from asrforge.model.decoding import DecodeOptions, greedy_decode
 
         bundle = bundle_from_checkpoint(tiny_en_dir(work))
         model, eot = bundle.model.eval(), bundle.specials.eot
@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
         encoded = encode(bundle, waves, args.batch_size)
 
         def ours(**kw):
-            return lambda enc, p: beam_decode(model, enc, p, eot, MAX_NEW_TOKENS, **kw)[0]
+            return lambda enc, p: beam_decode(
+                model, enc, p, eot, MAX_NEW_TOKENS, DecodeOptions(**kw)
+            )[0]
 
         methods = {
             "greedy": lambda enc, p: greedy_decode(model, enc, p, eot, MAX_NEW_TOKENS)[0],

@@ -67,7 +67,7 @@ def encode(bundle, data: Path, split: str, batch_size: int, max_samples: int | N
 def decode(bundle, batches, method: str, fusion=None, max_new_tokens: int = 96) -> tuple:
     """``(hypotheses, CPU seconds)`` of ``method`` (``greedy`` or ``beam``) over the batches."""
     from asrforge.model.beam import beam_decode
-    from asrforge.model.decoding import greedy_decode
+    from asrforge.model.decoding import DecodeOptions, greedy_decode
 
     eot, hyps = bundle.specials.eot, []
     t0 = time.process_time()
@@ -76,9 +76,8 @@ def decode(bundle, batches, method: str, fusion=None, max_new_tokens: int = 96) 
             if method == "greedy":
                 seqs, _ = greedy_decode(bundle.model, enc, prompts, eot, max_new_tokens)
             else:
-                seqs, _ = beam_decode(
-                    bundle.model, enc, prompts, eot, max_new_tokens, beam_size=BEAM, fusion=fusion
-                )
+                options = DecodeOptions(beam_size=BEAM, fusion=fusion)
+                seqs, _ = beam_decode(bundle.model, enc, prompts, eot, max_new_tokens, options)
             hyps += [bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
     return hyps, time.process_time() - t0
 

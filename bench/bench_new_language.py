@@ -17,6 +17,7 @@ from pathlib import Path
 from asrforge.bundle import load_bundle
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.config import load_config
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.recipes.demo import Progress, guard_drift, longform_recording, measure, pct
 
 
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bundle = load_bundle(args.demo_dir / "bundle-finetuned")
     finetuned = {k: v.clone() for k, v in bundle.model.state_dict().items()}
     start = load_bundle(args.demo_dir / "bundle-start").model.state_dict()
-    look = dict(data=cfg.data, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+    batch_size = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
+    look = dict(data=cfg.data, batch_size=batch_size,
                 max_new_tokens=cfg.eval.max_new_tokens, long_path=long_path, long_ref=long_ref,
                 guard_cfg=cfg.eval.guard, say=say, score_as=language)  # fmt: skip
     rows = []

@@ -12,10 +12,12 @@ light noise, 10-20 s per clip, made here), the script measures:
    (same initial weights), the same batches (``workload.CollatedBatches``), the same precision,
    optimizer and DataLoader workers (``bench_train``'s set-up; a ``torch.cuda.synchronize`` at
    each step's end on both sides, so the clock sees finished steps);
-3. evaluation seconds of asrforge's ``evaluate()``, ``Seq2SeqTrainer.evaluate(
+3. evaluation seconds and decoded tokens/s of asrforge's ``evaluate()`` with its decoder step
+   captured and uncaptured (``eval.compile`` on and off), ``Seq2SeqTrainer.evaluate(
    predict_with_generate=True)`` and a plain ``model.generate`` loop, on the same batches with
-   greedy decoding to the same cap, under the same autocast; random weights never emit the end
-   token, so every side decodes to the cap and the hypotheses are compared instead of WER;
+   greedy decoding to the same cap, under the same autocast, at ``--eval-batch-size`` and at
+   the batch ``data.eval_batch_size: auto`` picks; random weights never emit the end token, so
+   every side decodes to the cap and the hypotheses are compared instead of WER;
 4. the peak GPU memory of asrforge's training (``torch.cuda.max_memory_allocated``) against
    ``bench_memory``'s model (mixed-precision activations, the autocast weight cache);
 5. the data-wait share of the step time (``data_wait_seconds`` / ``step_seconds`` of the
@@ -55,6 +57,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_runs import (  # noqa: E402
+    eval_autocast,
     free_memory,
     memory_model,
     run_asrforge_train,
@@ -73,6 +76,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 from asrforge.config import TrainConfig  # noqa: E402
 from asrforge.data.synth import make_tones_dataset  # noqa: E402
 from asrforge.data.workers import worker_count  # noqa: E402
+from asrforge.evaluation.batch_size import eval_batch_size  # noqa: E402
 
 TARGETS = {
     "train": "asrforge >= 1.2x Seq2SeqTrainer steps/s",
@@ -80,7 +84,7 @@ TARGETS = {
     "data": "data wait <= 5% of step time",
     "reads": "<= 1 host read per step",
     "memory": "within 10% of the memory model",
-    "eval": ">= 3x Seq2SeqTrainer, hypotheses equal",
+    "eval": ">= 3x Seq2SeqTrainer and >= 2x generate (captured), hypotheses equal",
 }
 
 
@@ -182,26 +186,48 @@ def check_training(args, prog: Progress, tmp: Path, data: Path, model: dict, sha
     return rows
 
 
-def check_eval(args, tmp: Path, data: Path, model: dict, shape: str) -> dict:
-    """The three evaluation sides on one shape; its row."""
+def check_eval(args, tmp: Path, data: Path, model: dict, shape: str) -> list[dict]:
+    """The evaluation sides on one shape, at ``--eval-batch-size`` and at the batch
+    ``data.eval_batch_size: auto`` picks (on ``--eval-n-auto`` utterances); a row each."""
     free_memory(args.device)
     cfg = make_cfg(args, tmp / f"eval-{shape}", data, model, "no", 1)
     w = build_workload(cfg)
-    w.eval_set.utts = w.eval_set.utts[: args.eval_n]
-    r = run_eval(
-        w, tmp / f"hf-eval-{shape}", worker_count("auto", args.device), args.eval_precision
-    )
-    del w
-    x_hf, x_gen = r["hf_s"] / r["asrforge_s"], r["generate_s"] / r["asrforge_s"]
-    same = r["same_as_hf"] == r["n"]
+    utts, workers = w.eval_set.utts, worker_count("auto", args.device)
+    w.eval_set.utts = utts[: args.eval_n]
+    rows = [eval_row(args, shape, "batch", run_eval(
+        w, tmp / f"hf-eval-{shape}", workers, args.eval_precision, args.eval_batch_size
+    ))]  # fmt: skip
+    whisper = w.bundle.model.to(args.device).eval()
+    auto = eval_batch_size(
+        "auto", args.eval_batch_size, whisper, args.device,
+        max_new_tokens=args.max_new_tokens,
+        autocast=lambda: eval_autocast(args.device, args.eval_precision),
+    )  # fmt: skip
+    w.eval_set.utts = utts[: max(args.eval_n_auto, args.eval_n)]
+    rows.append(eval_row(args, shape, "auto batch", run_eval(
+        w, tmp / f"hf-eval-auto-{shape}", workers, args.eval_precision, auto
+    )))  # fmt: skip
+    del w, whisper
+    return rows
+
+
+def eval_row(args, shape: str, which: str, r: dict) -> dict:
+    """One evaluation row: the captured ``evaluate()`` against the peers, the uncaptured one
+    beside it; decoded tokens per second; whether every side's hypotheses are the same."""
+    fast = r["captured_s"]
+    x_hf, x_gen, x_cap = r["hf_s"] / fast, r["generate_s"] / fast, r["asrforge_s"] / fast
+    tps, n = r["tokens_per_s"], r["n"]
+    same = r["same_as_hf"] == n and r["same_captured"] == n
     return row(
-        "eval", f"{shape} {args.eval_precision}",
-        f"asrforge {r['asrforge_s']:.2f}s, Seq2SeqTrainer {r['hf_s']:.2f}s ({x_hf:.2f}x), "
-        f"generate {r['generate_s']:.2f}s ({x_gen:.2f}x); same hypotheses {r['same_as_hf']}/"
-        f"{r['n']} (hf), {r['same_as_generate']}/{r['n']} (generate), hf and generate "
-        f"{r['hf_same_as_generate']}/{r['n']}; words a hypothesis "
-        + "/".join(f"{r['words'][k]:.1f}" for k in ("asrforge", "hf", "generate")),
-        x_hf >= 3 and same, **r, speedup_hf=x_hf, speedup_generate=x_gen,
+        "eval", f"{shape} {args.eval_precision} {which} {r['batch']}",
+        f"asrforge captured {fast:.2f}s ({tps['captured']:.0f} tok/s), uncaptured "
+        f"{r['asrforge_s']:.2f}s ({tps['asrforge']:.0f} tok/s, capture {x_cap:.2f}x); "
+        f"Seq2SeqTrainer {r['hf_s']:.2f}s ({tps['hf']:.0f} tok/s, {x_hf:.2f}x), generate "
+        f"{r['generate_s']:.2f}s ({tps['generate']:.0f} tok/s, {x_gen:.2f}x); same hypotheses "
+        f"{r['same_captured']}/{n} (captured), {r['same_as_hf']}/{n} (hf), "
+        f"{r['same_as_generate']}/{n} (generate), hf and generate {r['hf_same_as_generate']}/{n}",
+        x_hf >= 3 and x_gen >= 2 and same, **r, speedup_hf=x_hf, speedup_generate=x_gen,
+        speedup_capture=x_cap,
     )  # fmt: skip
 
 
@@ -247,6 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (>= 1)")
     p.add_argument("--steps", type=int, default=10, help="measured steps")
     p.add_argument("--eval-n", type=int, default=None, help="utterances (default 32, --quick 4)")
+    p.add_argument("--eval-n-auto", type=int, default=None,
+                   help="utterances at the auto batch (default 256, --quick 4)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 48 (--quick 4)")
     p.add_argument("--eval-precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of all three evaluation sides (default bf16; cpu: fp32)")  # fmt: skip
@@ -264,6 +292,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_size = args.batch_size or (2 if small else 16)
     args.eval_batch_size = args.eval_batch_size or (2 if small else 16)
     args.eval_n = args.eval_n or (4 if small else 32)
+    args.eval_n_auto = args.eval_n_auto or (4 if small else 256)
     args.max_new_tokens = args.max_new_tokens or (4 if small else 48)
     args.eval_precision = args.eval_precision or ("bf16" if args.device == "cuda" else "fp32")
     return args
@@ -291,24 +320,28 @@ def main(argv: list[str] | None = None) -> dict:
                 [(f"eval {shape}", args.eval_precision)] if "eval" in args.parts else []
             )
             for kind, precision in parts:
-                case, checks = f"{shape} {precision}", ["eval"]
+                case = f"{shape} {precision}"
+                cases = [
+                    ("eval", f"{case} batch {args.eval_batch_size}"),
+                    ("eval", f"{case} auto batch"),
+                ]
                 if kind.startswith("train"):
-                    checks = ["clean", "train", "data", "reads", "memory"]
+                    cases = [(c, case) for c in ("clean", "train", "data", "reads", "memory")]
                 # a larger shape's first part is guessed at 3x the longest so far (small has
                 # 3.3x base's parameters)
                 if not prog.fits(kind, 3 * prog.longest(kind.split()[0])):
-                    rows += [skipped_row(c, case, "time budget") for c in checks]
+                    rows += [skipped_row(c, k, "time budget") for c, k in cases]
                     continue
                 try:
                     with prog.part(kind, f"{kind} {precision}"):
                         if kind.startswith("train"):
                             rows += check_training(args, prog, tmp, data, model, shape, precision)
                         else:
-                            rows.append(check_eval(args, tmp, data, model, shape))
+                            rows += check_eval(args, tmp, data, model, shape)
                 except Exception as e:  # one broken part must not cost the others' figures
                     traceback.print_exc()
-                    rows += [row(c, case, f"error: {type(e).__name__}: {e}"[:300], False)
-                             for c in checks]  # fmt: skip
+                    rows += [row(c, k, f"error: {type(e).__name__}: {e}"[:300], False)
+                             for c, k in cases]  # fmt: skip
                 write_outputs(args, prog, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -321,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
 def prepare(args, prog: Progress, work: Path) -> tuple[Path, Path | None]:
     """The data set (and, for the Whisper shapes, the 51865-token tokenizer) under ``work``."""
     steps = args.warmup + args.steps
-    sizes = {"train": args.batch_size * steps, "validation": args.eval_n}
+    sizes = {"train": args.batch_size * steps, "validation": max(args.eval_n, args.eval_n_auto)}
     if args.quick:  # the tones set is a third Spanish, which the run leaves out
         sizes = {k: v * 3 // 2 + 2 for k, v in sizes.items()}
         data = work / f"tones-{sizes['train']}-{sizes['validation']}"

@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     small = args.quick
     args.batch_size = args.eval_batch_size = 2 if small else 16
     args.eval_n = 4 if small else 32
+    args.eval_n_auto = args.eval_n  # gpu_check.prepare makes this many clips; no auto batch here
     args.max_new_tokens = 4 if small else 48
     args.eval_precision = args.eval_precision or ("bf16" if args.device == "cuda" else "fp32")
     logging.getLogger("asrforge").setLevel(logging.WARNING)

@@ -29,8 +29,10 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 )
 
 from asrforge.config import TrainConfig  # noqa: E402
+from asrforge.data.dataset import eval_batches  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.model.build import count_parameters  # noqa: E402
+from asrforge.model.decoding import DecodeOptions  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 from asrforge.train.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -291,13 +293,17 @@ class EvalSides:
     silenced, the same DataLoader, the same prompt (``generate`` is told the language and task
     of a multilingual model)."""
 
-    def __init__(self, w: Workload, workers: int, precision: str):
+    def __init__(self, w: Workload, workers: int, precision: str, batch_size: int | None = None):
         cfg, b = w.cfg, w.bundle
         self.w, self.workers, self.precision = w, workers, precision
         self.device, self.cap = cfg.train.device, cfg.eval.max_new_tokens
         self.model, self.tok, self.eot = b.model.to(self.device).eval(), b.tokenizer, b.specials.eot
         silence_timestamps(self.model, self.tok)
-        self.batches = w.eval_index_batches()
+        self.batches = (
+            w.eval_index_batches()
+            if batch_size is None
+            else eval_batches(w.eval_set.utts, batch_size)
+        )
         self.gen_kwargs: dict = {"max_new_tokens": self.cap, "num_beams": 1}
         if b.specials.multilingual:
             self.gen_kwargs.update(language="en", task=cfg.data.task)
@@ -310,14 +316,18 @@ class EvalSides:
             prefetch_factor=4 if workers else None,
         )  # fmt: skip
 
-    def asrforge(self, batches: list) -> list[str]:
+    def asrforge(self, batches: list, capture: bool = False) -> list[str]:
+        """``evaluate()``'s hypotheses; ``capture``: its greedy step replayed from a graph
+        (``eval.compile: on``)."""
         device, precision = self.device, self.precision
         with torch.no_grad():
             _, preds = evaluate(
                 self.model, self.loader(batches), tokenizer=self.tok, eot=self.eot,
                 max_new_tokens=self.cap, device=device,
                 autocast=lambda: eval_autocast(device, precision),
+                options=DecodeOptions(capture=capture),
             )  # fmt: skip
+        self.decoded = sum(p["n_tokens"] + 1 for p in preds)  # EOT is a decoded token too
         return [p["hyp"] for p in preds]
 
     def generate(self, batches: list) -> list[str]:
@@ -328,20 +338,23 @@ class EvalSides:
                     input_features=batch["input_features"].to(self.device), **self.gen_kwargs
                 )
                 hyps += [
-                    h.strip()
-                    for h in self.tok.batch_decode(ids.tolist(), skip_special_tokens=True)
+                    h.strip() for h in self.tok.batch_decode(ids.tolist(), skip_special_tokens=True)
                 ]
         return hyps
 
 
-def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
-    """asrforge's ``evaluate``, a ``model.generate`` loop and ``Seq2SeqTrainer.evaluate``, in
-    that order (the last wraps the model's forward in its own autocast), on the same batches.
-    Each side first decodes the first batch unmeasured, so that none pays for the kernels and
-    allocations the others found warm."""
+def run_eval(
+    w: Workload, out: Path, workers: int, precision: str, batch_size: int | None = None
+) -> dict:
+    """asrforge's ``evaluate`` with its decoder step uncaptured and captured
+    (``eval.compile`` off and on), a ``model.generate`` loop and ``Seq2SeqTrainer.evaluate``,
+    in that order (the last wraps the model's forward in its own autocast), on the same batches
+    (of ``batch_size``; default ``w``'s evaluation batch). Each side first decodes the first
+    batch unmeasured, so that none pays for the kernels and allocations the others found
+    warm."""
     from transformers import PrinterCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    sides = EvalSides(w, workers, precision)
+    sides = EvalSides(w, workers, precision, batch_size)
     device, model, tok, eot = sides.device, sides.model, sides.tok, sides.eot
     index_batches, gen_kwargs, pin = sides.batches, sides.gen_kwargs, device == "cuda"
 
@@ -377,6 +390,7 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
         return seen["hyps"]
 
     rows = {"asrforge": timed(sides.asrforge)}
+    rows["captured"] = timed(lambda batches: sides.asrforge(batches, capture=True))
     rows["generate"] = timed(sides.generate)
     rows["hf"] = timed(hf_side)
     ref = rows["asrforge"]["hyps"]
@@ -386,9 +400,16 @@ def run_eval(w: Workload, out: Path, workers: int, precision: str) -> dict:
 
     return {
         "n": len(ref),
+        "batch": len(sides.batches[0]),
         "asrforge_s": rows["asrforge"]["seconds"],
+        "captured_s": rows["captured"]["seconds"],
         "generate_s": rows["generate"]["seconds"],
         "hf_s": rows["hf"]["seconds"],
+        # what asrforge decoded, EOT included, over each side's time: a side with the same
+        # hypotheses decoded as many tokens
+        "tokens": sides.decoded,
+        "tokens_per_s": {k: sides.decoded / r["seconds"] for k, r in rows.items()},
+        "same_captured": same(ref, rows["captured"]["hyps"]),
         "same_as_hf": same(ref, rows["hf"]["hyps"]),
         "same_as_generate": same(ref, rows["generate"]["hyps"]),
         "hf_same_as_generate": same(rows["hf"]["hyps"], rows["generate"]["hyps"]),

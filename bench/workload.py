@@ -45,6 +45,7 @@ from asrforge.data.dataset import Collator, SpeechDataset, epoch_batches, eval_b
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_arrow
 from asrforge.data.synth import WORDS, make_tones_dataset, tone_audio
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer
 from asrforge.model.tokenizer import EOT, TIME_PRECISION, language_specials
 
@@ -298,7 +299,7 @@ class Workload:
 
     def eval_index_batches(self) -> list[list[int]]:
         """The evaluation batches of ``RunLoaders.eval_loader`` (longest labels first)."""
-        bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        bs = eval_batch_size(self.cfg.data.eval_batch_size, self.cfg.data.batch_size)
         return eval_batches(self.eval_set.utts, bs)
 
 
@@ -524,7 +525,11 @@ def training_sizes(quick: bool, batch_size: int, n_steps: int) -> dict[str, int]
     """Split sizes for a training benchmark: one epoch of distinct clips for tiny.en; the tones
     set for ``--quick`` is a third Spanish, filtered out, and small (later epochs reshuffle it
     on every side alike)."""
-    return {"train": 24, "validation": 6} if quick else {"train": batch_size * n_steps, "validation": 4}
+    return (
+        {"train": 24, "validation": 6}
+        if quick
+        else {"train": batch_size * n_steps, "validation": 4}
+    )
 
 
 # ---------------------------------------------------------------------------------------------

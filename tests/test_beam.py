@@ -9,7 +9,7 @@ from transformers import GenerationMixin, WhisperConfig, WhisperForConditionalGe
 from transformers.modeling_outputs import BaseModelOutput
 
 from asrforge.model.beam import beam_decode, beam_search, length_normalized
-from asrforge.model.decoding import greedy_decode
+from asrforge.model.decoding import DecodeOptions, greedy_decode
 
 EOT = 2
 
@@ -56,7 +56,7 @@ def test_beam_size_one_equals_greedy():
     model.generation_config.begin_suppress_tokens = [EOT, 11]
     enc, prompts = _inputs(model, 6)
     greedy, greedy_cap = greedy_decode(model, enc, prompts, EOT, 20)
-    beam, beam_cap = beam_decode(model, enc, prompts, EOT, 20, beam_size=1)
+    beam, beam_cap = beam_decode(model, enc, prompts, EOT, 20, DecodeOptions(beam_size=1))
     assert beam == greedy
     assert beam_cap == greedy_cap
 
@@ -72,7 +72,9 @@ def test_beam_matches_generate_with_the_same_convention(k):
         model = _model(seed, eot_bias=0.15)
         model.generation_config.begin_suppress_tokens = [EOT]
         enc, prompts = _inputs(model, 5, seed)
-        ours = beam_search(model, enc, prompts, EOT, 16, beam_size=k, length_penalty=0.0)
+        ours = beam_search(
+            model, enc, prompts, EOT, 16, DecodeOptions(beam_size=k, length_penalty=0.0)
+        )
         ref = GenerationMixin.generate(
             model,
             encoder_outputs=BaseModelOutput(last_hidden_state=enc),
@@ -98,8 +100,10 @@ def test_beam_honours_suppression_and_finds_a_likelier_sequence_than_greedy():
     model.generation_config.suppress_tokens = [4, 6, 8]
     model.generation_config.begin_suppress_tokens = [EOT, 10]
     enc, prompts = _inputs(model, 8, 3)
-    hyps = beam_search(model, enc, prompts, EOT, 16, beam_size=4, length_penalty=0.0)
-    greedy = beam_search(model, enc, prompts, EOT, 16, beam_size=1, length_penalty=0.0)
+    hyps = beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=4, length_penalty=0.0))
+    greedy = beam_search(
+        model, enc, prompts, EOT, 16, DecodeOptions(beam_size=1, length_penalty=0.0)
+    )
     for h, g in zip(hyps, greedy, strict=True):
         assert not {4, 6, 8} & set(h.tokens)
         assert not h.tokens or h.tokens[0] not in (EOT, 10)
@@ -118,7 +122,9 @@ def test_patience_collects_more_finished_hypotheses_before_stopping():
     model = _model(1, eot_bias=1.0)
     enc, prompts = _inputs(model, 4, 2)
     for patience in (1.0, 2.0):
-        hyps = beam_search(model, enc, prompts, EOT, 16, beam_size=3, patience=patience)
+        hyps = beam_search(
+            model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3, patience=patience)
+        )
         assert len(hyps) == 4
     with pytest.raises(ValueError, match="patience"):
-        beam_search(model, enc, prompts, EOT, 16, beam_size=3, patience=0)
+        beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3, patience=0))

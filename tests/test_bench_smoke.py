@@ -306,7 +306,8 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
     summary = gpu_check.main([*GPU_CHECK_QUICK, "--out", str(out), "--work-dir", str(tmp_path)])
     rows = {(r["check"], r["case"]): r for r in summary["rows"]}
     expected = {(c, f"quick {p}") for c in ("clean", "train", "data", "reads", "memory")
-                for p in ("fp16", "bf16")} | {("eval", "quick fp32")}  # fmt: skip
+                for p in ("fp16", "bf16")}  # fmt: skip
+    expected |= {("eval", "quick fp32 batch 2"), ("eval", "quick fp32 auto batch 2")}
     assert set(rows) == expected and len(summary["rows"]) == len(expected)
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == json.loads(
         json.dumps(summary["rows"], default=float)
@@ -325,10 +326,12 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
         assert rows["reads", f"quick {p}"]["raw"]["per_step"] == 1
         assert rows["memory", f"quick {p}"]["raw"]["predicted"] > 0
     assert rows["clean", "quick fp16"]["raw"]["grad_scale"] > 0  # the loss scaler is on
-    ev = rows["eval", "quick fp32"]["raw"]
-    assert min(ev["asrforge_s"], ev["hf_s"], ev["generate_s"]) > 0
-    assert ev["same_as_hf"] == ev["same_as_generate"] == ev["n"] == 4
-    assert f"RESULT gpu_check targets_met={summary['targets_met']}/9" in printed
+    for case in ("quick fp32 batch 2", "quick fp32 auto batch 2"):  # auto: the default on a CPU
+        ev = rows["eval", case]["raw"]
+        assert min(ev["asrforge_s"], ev["captured_s"], ev["hf_s"], ev["generate_s"]) > 0
+        assert ev["same_captured"] == ev["same_as_hf"] == ev["same_as_generate"] == ev["n"] == 4
+        assert ev["batch"] == 2 and min(ev["tokens_per_s"].values()) > 0
+    assert f"RESULT gpu_check targets_met={summary['targets_met']}/10" in printed
 
 
 def test_gpu_profile_reports_both_sides_of_training_and_decoding(tmp_path):
@@ -378,9 +381,9 @@ def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     summary = gpu_check.main(
         [*GPU_CHECK_QUICK, "--budget-seconds", "0", "--out", str(out), "--work-dir", str(tmp_path)]
     )
-    assert len(summary["rows"]) == 11 and summary["targets_measured"] == 0
+    assert len(summary["rows"]) == 12 and summary["targets_measured"] == 0
     assert all(r["measured"] == "skipped: time budget" for r in summary["rows"])
-    assert out.read_text().count("skipped: time budget") == 11
+    assert out.read_text().count("skipped: time budget") == 12
 
 
 @pytest.mark.fast

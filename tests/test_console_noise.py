@@ -12,7 +12,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import decoder_states, greedy_decode
+from asrforge.model.decoding import DecodeOptions, decoder_states, greedy_decode
 from asrforge.model.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 EOT = 2
@@ -37,7 +37,7 @@ def test_decoding_passes_the_cache_under_the_name_transformers_expects():
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         greedy, _ = greedy_decode(model, enc, prompts, EOT, 6)
-        beam_decode(model, enc, prompts, EOT, 6, beam_size=2)
+        beam_decode(model, enc, prompts, EOT, 6, DecodeOptions(beam_size=2))
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         states = decoder_states(model, prompts, enc, cache)
     assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []

@@ -12,7 +12,13 @@ import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from asrforge.model.beam import beam_search
-from asrforge.model.decoding import CHECK_EVERY, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.decoding import (
+    CHECK_EVERY,
+    DecodeOptions,
+    TimestampRules,
+    TimestampVocab,
+    greedy_decode,
+)
 from tests.test_host_reads import READS
 
 EOT = 2
@@ -62,7 +68,7 @@ def test_greedy_decoding_reads_the_device_once_per_check(monkeypatch):
     for rules in (None, TimestampRules(vocab)):
         reads = _count_reads(monkeypatch)
         seqs, capped = greedy_decode(
-            model, enc, prompts, EOT, TOKENS, rules=rules, check_every=CHECK_EVERY
+            model, enc, prompts, EOT, TOKENS, DecodeOptions(rules=rules, check_every=CHECK_EVERY)
         )
         monkeypatch.undo()
         assert all(capped) and [len(s) for s in seqs] == [TOKENS] * 4
@@ -75,7 +81,7 @@ def test_beam_search_reads_the_device_once_per_step(monkeypatch):
     model = _model()
     enc, prompts = _inputs()
     reads = _count_reads(monkeypatch)
-    hyps = beam_search(model, enc, prompts, EOT, TOKENS, beam_size=3)
+    hyps = beam_search(model, enc, prompts, EOT, TOKENS, DecodeOptions(beam_size=3))
     monkeypatch.undo()
     assert all(h.hit_cap for h in hyps)
     # one per step, and the running beams' tokens and sums at the cap

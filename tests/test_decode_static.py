@@ -15,6 +15,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from asrforge.model.beam import beam_search
 from asrforge.model.decoding import (
     CHECK_EVERY,
+    DecodeOptions,
     Suppression,
     TimestampRules,
     TimestampVocab,
@@ -68,7 +69,9 @@ def test_greedy_picks_what_generate_picks_as_rows_end_at_different_lengths(check
     for seed in range(3):
         model = _model(seed)
         enc, prompts = _inputs(8, seed)
-        ours, capped = greedy_decode(model, enc, prompts, EOT, 24, check_every=check_every)
+        ours, capped = greedy_decode(
+            model, enc, prompts, EOT, 24, DecodeOptions(check_every=check_every)
+        )
         assert ours == _generate(model, enc, prompts, 24), seed
         lengths |= {len(s) for s in ours}
         n_capped += sum(capped)
@@ -99,10 +102,12 @@ def test_beam_search_keeps_its_hypotheses_as_rows_and_utterances_end():
     model = _model(2, eot_bias=0.15)
     enc, prompts = _inputs(6, 2)
     greedy, _ = greedy_decode(model, enc, prompts, EOT, 20)
-    assert [h.tokens for h in beam_search(model, enc, prompts, EOT, 20, beam_size=1)] == greedy
+    assert [
+        h.tokens for h in beam_search(model, enc, prompts, EOT, 20, DecodeOptions(beam_size=1))
+    ] == greedy
     model.generation_config.suppress_tokens = None
     model.generation_config.begin_suppress_tokens = [EOT]
-    ours = beam_search(model, enc, prompts, EOT, 20, beam_size=3, length_penalty=0.0)
+    ours = beam_search(model, enc, prompts, EOT, 20, DecodeOptions(beam_size=3, length_penalty=0.0))
     ref = GenerationMixin.generate(
         model, encoder_outputs=BaseModelOutput(last_hidden_state=enc), decoder_input_ids=prompts,
         num_beams=3, early_stopping=True, length_penalty=0.0, max_new_tokens=20,

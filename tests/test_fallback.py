@@ -8,6 +8,7 @@ import torch
 from test_beam import EOT, _inputs, _model
 
 from asrforge.model.beam import Hypothesis, beam_search
+from asrforge.model.decoding import DecodeOptions
 from asrforge.model.fallback import (
     Fallback,
     compression_ratio,
@@ -39,17 +40,17 @@ def test_a_repetitive_window_falls_back_to_sampling_deterministically():
     enc, prompts = _inputs(model, 3)
     # an untrained model's samples are all unlikely: judge by the loop's symptoms only
     fallback = Fallback(logprob_threshold=None)
-    greedy = beam_search(model, enc, prompts, EOT, 20, beam_size=1)
+    greedy = beam_search(model, enc, prompts, EOT, 20, DecodeOptions(beam_size=1))
     for first in greedy:  # the crafted loop
         assert first.tokens.count(LOOP) > 12 and first.hit_cap
         assert fallback_reason(first, _text(first.tokens), fallback).startswith("compression")
     hyps, temps = decode_with_fallback(
-        model, enc, prompts, EOT, 20, decode_text=_text, fallback=fallback
+        model, enc, prompts, EOT, 20, DecodeOptions(fallback=fallback), decode_text=_text
     )
     assert all(t > 0 for t in temps)
     assert all(fallback_reason(h, _text(h.tokens), fallback) is None for h in hyps)
     again, temps_again = decode_with_fallback(
-        model, enc, prompts, EOT, 20, decode_text=_text, fallback=fallback
+        model, enc, prompts, EOT, 20, DecodeOptions(fallback=fallback), decode_text=_text
     )
     assert again == hyps and temps_again == temps  # seeded
 
@@ -62,10 +63,10 @@ def test_a_fine_window_is_kept_at_temperature_zero():
         compression_ratio_threshold=None, logprob_threshold=-100.0, repetition_threshold=None
     )
     hyps, temps = decode_with_fallback(
-        model, enc, prompts, EOT, 20, decode_text=_text, fallback=lenient
+        model, enc, prompts, EOT, 20, DecodeOptions(fallback=lenient), decode_text=_text
     )
     assert temps == [0.0] * 4
-    assert hyps == beam_search(model, enc, prompts, EOT, 20, beam_size=1)
+    assert hyps == beam_search(model, enc, prompts, EOT, 20, DecodeOptions(beam_size=1))
 
 
 @pytest.mark.fast

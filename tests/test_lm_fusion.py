@@ -12,6 +12,7 @@ from test_beam import EOT, _inputs, _model
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.lm.ngram import BOS, EOS, estimate
 from asrforge.model.beam import beam_search
+from asrforge.model.decoding import DecodeOptions
 
 # ids 0-2 are special (<|0|>, <|1|>, EOT); the others spell letters, every third with a space
 PIECES = ["<|0|>", "<|1|>", "<|endoftext|>"] + [
@@ -43,8 +44,10 @@ def _fusion(alpha: float, beta: float) -> ShallowFusion:
 def test_alpha_and_beta_zero_decode_exactly_as_without_an_lm(beam_size):
     model = _model(eot_bias=4.0)
     enc, prompts = _inputs(model, 6)
-    plain = beam_search(model, enc, prompts, EOT, 16, beam_size=beam_size)
-    fused = beam_search(model, enc, prompts, EOT, 16, beam_size=beam_size, fusion=_fusion(0, 0))
+    plain = beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=beam_size))
+    fused = beam_search(
+        model, enc, prompts, EOT, 16, DecodeOptions(beam_size=beam_size, fusion=_fusion(0, 0))
+    )
     assert fused == plain  # tokens, sums and caps: bit for bit
 
 
@@ -72,9 +75,9 @@ def test_a_language_the_lm_does_not_know_is_decoded_without_it():
     fusion = ShallowFusion(LM, Letters(), EOT, 5.0, 5.0, language_of=lambda prompt: "de")
     model = _model(eot_bias=4.0)
     enc, prompts = _inputs(model, 4)
-    assert beam_search(model, enc, prompts, EOT, 16, beam_size=3, fusion=fusion) == beam_search(
-        model, enc, prompts, EOT, 16, beam_size=3
-    )
+    assert beam_search(
+        model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3, fusion=fusion)
+    ) == beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3))
 
 
 def test_the_word_bonus_changes_how_many_words_are_decoded():
@@ -83,7 +86,9 @@ def test_the_word_bonus_changes_how_many_words_are_decoded():
     tok = Letters()
 
     def words(beta: float) -> int:
-        hyps = beam_search(model, enc, prompts, EOT, 12, beam_size=3, fusion=_fusion(0.0, beta))
+        hyps = beam_search(
+            model, enc, prompts, EOT, 12, DecodeOptions(beam_size=3, fusion=_fusion(0.0, beta))
+        )
         return sum(len(tok.decode(h.tokens).split()) for h in hyps)
 
     assert words(8.0) > words(0.0) > words(-8.0)

@@ -26,7 +26,7 @@ def test_the_longform_pass_decodes_with_the_fallback_when_asked(
     real = longform.decode_with_fallback
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["fallback"])
+        seen.append(args[5].fallback)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(longform, "decode_with_fallback", spy)

@@ -17,6 +17,7 @@ from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resamp
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
+from asrforge.model.decoding import DecodeOptions
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import Segment, choose_chunking, transcribe_long
@@ -384,9 +385,11 @@ class Bundle:
                 batch_size=batch_size,
                 device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
-                beam_size=beam_size,
-                fallback=Fallback() if temperature_fallback else None,
-                fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+                options=DecodeOptions(
+                    beam_size=beam_size,
+                    fallback=Fallback() if temperature_fallback else None,
+                    fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+                ),
                 speech=speech,
             )
             if waves

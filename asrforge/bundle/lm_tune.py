@@ -26,6 +26,7 @@ from asrforge.data.sources import data_config
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import _prompt_length, split_loader
 from asrforge.model.beam import beam_decode
+from asrforge.model.decoding import DecodeOptions
 from asrforge.text import cer, normalize, primary_metric, wer
 
 log = logging.getLogger(__name__)
@@ -70,15 +71,8 @@ def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) 
         prompts = prompts.to(bundle.device)
         refs += list(zip(batch["language"], batch["text"], strict=True))
         for alpha, beta in points:
-            seqs, _ = beam_decode(
-                model,
-                enc,
-                prompts,
-                eot,
-                max_new_tokens,
-                beam_size=beam_size,
-                fusion=bundle.fusion(alpha, beta),
-            )
+            options = DecodeOptions(beam_size=beam_size, fusion=bundle.fusion(alpha, beta))
+            seqs, _ = beam_decode(model, enc, prompts, eot, max_new_tokens, options)
             hyps[(alpha, beta)] += [
                 bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs
             ]

@@ -100,6 +100,7 @@ TRAINING_ONLY: Split = {
         "at_start": ALL,
         "at_end": ALL,
         "beam_size": ALL,  # a bundle decodes with the beams its caller asks for
+        "compile": ALL,  # captured or not, the hypotheses are the same; the device decides
         # the long-form evaluation's recordings: a bundle's transcribe decodes long audio anyway
         "longform_items": ALL,
         "longform_min_seconds": ALL,

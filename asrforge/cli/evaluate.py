@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.longform_min_seconds:g} and {args.longform_max_seconds:g}"
         )
     from asrforge.evaluation.evaluate import evaluate_split
+    from asrforge.model.decoding import DecodeOptions, capture_for
 
     # the model first, then the data: every problem in one message
     bundle = attempt(lambda: open_model(args.model, args.weights), problems)
@@ -158,8 +159,11 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
         max_samples=args.max_samples,
-        beam_size=args.beam_size,
-        fusion=fusion,
+        options=DecodeOptions(
+            beam_size=args.beam_size,
+            fusion=fusion,
+            capture=capture_for("auto", bundle.device),
+        ),
         normalizer=normalizer,
     )
     if args.longform_items:
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
             chunking=args.chunking,
-            fallback=_fallback(args.temperature_fallback),
+            options=_long_options(args.temperature_fallback),
             vad=args.longform_vad,
         )
         metrics.update(long_metrics)
@@ -226,10 +230,13 @@ def language_line(multilingual: bool) -> str:
     return "language: English (an English-only model's prompt has no language token)"
 
 
-def _fallback(on: bool):
+def _long_options(fallback: bool):
+    """How long-form evaluation decodes each window: greedily, with the temperature fallback
+    when asked."""
+    from asrforge.model.decoding import DecodeOptions
     from asrforge.model.fallback import Fallback
 
-    return Fallback() if on else None
+    return DecodeOptions(fallback=Fallback() if fallback else None)
 
 
 def format_longform(metrics: dict[str, Any]) -> str:

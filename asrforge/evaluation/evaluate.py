@@ -28,7 +28,7 @@ from asrforge.data.rules import language_filter
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import Suppression, decoder_states, greedy_decode
+from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, greedy_decode
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
 """A run directory's folder of evaluation records (``step-NNNNNN.jsonl``, long-form, guard)."""
@@ -58,16 +58,15 @@ def evaluate(
     max_new_tokens: int = 256,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-    beam_size: int = 1,
-    fusion=None,
+    options: DecodeOptions = DecodeOptions(),
     normalizer: NormalizerConfig | None = None,
 ) -> tuple[dict, list[dict]]:
     """Evaluate ``model`` on collated batches (see ``asrforge.data.dataset.Collator``).
 
     Args:
-        beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
-        fusion: an n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
-            beam search even at ``beam_size`` 1).
+        options: how tokens are picked: beam search (:func:`~asrforge.model.beam.beam_decode`)
+            when :attr:`~asrforge.model.decoding.DecodeOptions.searches_beams`, else greedy
+            decoding started from the teacher-forced pass's cache.
         normalizer: how transcripts are normalized before WER/CER (``eval.normalizer``);
             ``metrics["normalizer"]`` names it.
 
@@ -103,10 +102,9 @@ def evaluate(
                 # Only label positions are projected, giving (n_label_tokens, vocab).
                 logits = model.proj_out(h[mask])
                 flat = token_loss(logits, labels[mask], reduction="none")
-                if beam_size > 1 or fusion is not None:  # beams start from the prompt, own caches
+                if options.searches_beams:  # beams start from the prompt, own caches
                     seqs, hit_cap = beam_decode(
-                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens,
-                        beam_size=beam_size, fusion=fusion,
+                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, options
                     )
                 else:
                     # greedy_decode copies the prompt's keys and values into its static cache
@@ -116,8 +114,8 @@ def evaluate(
                         logits[(mask.cumsum(1) == 1)[mask]], 0
                     ).argmax(-1)
                     seqs, hit_cap = greedy_decode(
-                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, cache=cache,
-                        first_tokens=first,
+                        model, enc, dec_in[:, :prompt_len], eot, max_new_tokens, options,
+                        cache=cache, first_tokens=first,
                     )
             per_tok = torch.zeros(labels.shape, dtype=flat.dtype, device=flat.device)
             per_tok[mask] = flat
@@ -251,8 +249,7 @@ def evaluate_split(
     languages: list[str] | None = None,
     max_samples: int | None = None,
     progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
-    beam_size: int = 1,
-    fusion=None,
+    options: DecodeOptions = DecodeOptions(),
     normalizer: NormalizerConfig | None = None,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
@@ -265,7 +262,7 @@ def evaluate_split(
         languages: keep only these languages' utterances (default: all).
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
-        beam_size, fusion, normalizer: see :func:`evaluate`.
+        options, normalizer: see :func:`evaluate`.
 
     Returns:
         ``(metrics, predictions, skip_report)``.
@@ -279,7 +276,7 @@ def evaluate_split(
     batches = progress(loader, n) if progress is not None else loader
     metrics, preds = evaluate(
         bundle.model, batches, tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
-        max_new_tokens=max_new_tokens, device=bundle.device, beam_size=beam_size, fusion=fusion,
+        max_new_tokens=max_new_tokens, device=bundle.device, options=options,
         normalizer=normalizer,
     )
     for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out

@@ -20,6 +20,7 @@ from asrforge.checkpoint.average import interpolate_weights
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.guard_set import GuardWindow
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
@@ -479,7 +480,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         tokenizer=bundle.tokenizer,
         prompt=lambda code: bundle.specials.prompt(code, task),
         eot=bundle.specials.eot,
-        batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+        batch_size=eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size),
         max_new_tokens=gcfg.max_new_tokens,
         language_ids=language_ids if gcfg.lid_tolerance is not None else None,
         sot=specials.sot,

@@ -30,9 +30,10 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
-from asrforge.model.fallback import Fallback
+from asrforge.model.decoding import DecodeOptions
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import choose_chunking, transcribe_long
 from asrforge.model.vad import speech_chunks
@@ -159,14 +160,15 @@ def evaluate_items(
     batch_size: int,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
-    fallback: Fallback | None = None,
+    options: DecodeOptions = DecodeOptions(),
     vad: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Transcribe the long recordings and score them.
 
-    ``fallback``: temperature fallback per window, as ``transcribe --temperature-fallback``
-    decodes (:mod:`asrforge.model.fallback`); None: off. ``vad``: decode only the speech Silero
-    VAD finds, as ``transcribe --vad`` does (:mod:`asrforge.model.vad`).
+    ``options``: how each window is decoded, e.g. with the temperature fallback
+    ``transcribe --temperature-fallback`` decodes with (:mod:`asrforge.model.fallback`). ``vad``:
+    decode only the speech Silero VAD finds, as ``transcribe --vad`` does
+    (:mod:`asrforge.model.vad`).
 
     Every module's train/eval mode is put back as it was (a frozen encoder stays in eval mode).
 
@@ -196,7 +198,7 @@ def evaluate_items(
             batch_size=batch_size,
             device=device,
             autocast=autocast,
-            fallback=fallback,
+            options=options,
             speech=speech,
         )
     finally:
@@ -271,7 +273,7 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
             task=cfg.data.task,
             chunking=cfg.eval.longform_chunking,
             max_new_tokens=cfg.eval.max_new_tokens,
-            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            batch_size=eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size),
             device=acc.device,
             autocast=autocast,
             vad=cfg.eval.longform_vad,
@@ -321,7 +323,7 @@ def evaluate_split_longform(
     max_new_tokens: int,
     chunking: str | None = None,
     languages: list[str] | None = None,
-    fallback: Fallback | None = None,
+    options: DecodeOptions = DecodeOptions(),
     vad: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Long-form evaluation of a :class:`~asrforge.bundle.Bundle` on one split of a data set (a
@@ -368,6 +370,6 @@ def evaluate_split_longform(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         device=bundle.device,
-        fallback=fallback,
+        options=options,
         vad=vad,
     )

@@ -8,16 +8,11 @@ How it works: docs/decoding.md,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from asrforge.model.decoding import Suppression, decoder_states
-
-if TYPE_CHECKING:
-    from asrforge.lm.fusion import ShallowFusion
+from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states
 
 
 @dataclass(frozen=True)
@@ -52,12 +47,7 @@ def beam_search(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
-    *,
-    beam_size: int = 5,
-    patience: float = 1.0,
-    length_penalty: float | None = None,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    fusion: ShallowFusion | None = None,
+    options: DecodeOptions = DecodeOptions(),
 ) -> list[Hypothesis]:
     """The best hypothesis of each utterance by beam search with a KV cache.
 
@@ -72,14 +62,10 @@ def beam_search(
         encoder_hidden: (batch, frames, d_model) encoder output.
         prompts: (batch, prompt_len) forced prefix ids.
         max_new_tokens: cap on generated tokens per sequence (the decoder's limit applies too).
-        beam_size: beams per utterance; 1 is greedy decoding.
-        patience: finished hypotheses to collect per utterance, in units of ``beam_size``.
-        length_penalty: see :func:`length_normalized`.
-        rules: ``rules(logits, generated)`` -> masked logits, as in
-            :func:`~asrforge.model.decoding.greedy_decode` (rows are beams here).
-        fusion: a word n-gram LM fused at word boundaries
-            (:class:`~asrforge.lm.fusion.ShallowFusion`): beams are ranked by the fused score;
-            each hypothesis's ``sum_logprob`` stays the model's own.
+        options: read here: ``beam_size`` (1 is greedy decoding), ``patience``,
+            ``length_penalty``, ``rules`` (rows are beams here) and ``fusion`` (fused at word
+            boundaries: beams are ranked by the fused score; each hypothesis's ``sum_logprob``
+            stays the model's own).
 
     Returns:
         One :class:`Hypothesis` per utterance, in input order.
@@ -87,6 +73,12 @@ def beam_search(
     # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+    beam_size, patience, rules, fusion = (
+        options.beam_size,
+        options.patience,
+        options.rules,
+        options.fusion,
+    )
     if beam_size < 1:
         raise ValueError(f"beam_size: must be >= 1, got {beam_size}")
     if patience <= 0:
@@ -182,7 +174,7 @@ def beam_search(
         if fusion is not None:
             sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
         _add_unfinished(finished, audios, generated, sums, am_sums, k)
-    return [_best(f, eot, length_penalty) for f in finished]
+    return [_best(f, eot, options.length_penalty) for f in finished]
 
 
 @dataclass(frozen=True)
@@ -275,25 +267,9 @@ def beam_decode(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
-    *,
-    beam_size: int = 5,
-    patience: float = 1.0,
-    length_penalty: float | None = None,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    fusion: ShallowFusion | None = None,
+    options: DecodeOptions = DecodeOptions(),
 ) -> tuple[list[list[int]], list[bool]]:
     """:func:`beam_search` in :func:`~asrforge.model.decoding.greedy_decode`'s return shape:
     the generated ids of each sequence (no prompt, no EOT) and whether each hit the cap."""
-    hyps = beam_search(
-        model,
-        encoder_hidden,
-        prompts,
-        eot,
-        max_new_tokens,
-        beam_size=beam_size,
-        patience=patience,
-        length_penalty=length_penalty,
-        rules=rules,
-        fusion=fusion,
-    )
+    hyps = beam_search(model, encoder_hidden, prompts, eot, max_new_tokens, options)
     return [h.tokens for h in hyps], [h.hit_cap for h in hyps]

@@ -13,12 +13,21 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from asrforge.model.capture import CapturedStep
 from asrforge.model.frames import TIME_PRECISION
+
+if TYPE_CHECKING:
+    from asrforge.lm.fusion import ShallowFusion
+    from asrforge.model.fallback import Fallback
+
+log = logging.getLogger(__name__)
 
 CHECK_EVERY = 16
 """Tokens between two reads of "has every sequence ended?" on an accelerator: a read stalls the
@@ -32,6 +41,63 @@ def _cache_argument(decoder_class: type) -> str:
     # transformers 5 renamed the decoder's past_key_values argument to cache and warns on the old name.
     params = inspect.signature(decoder_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+Rules = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied at every
+step before the pick; ``logits`` is (rows, vocab), ``generated`` (rows, t) the ids each row
+generated so far (e.g. :class:`TimestampRules`)."""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How every decoder picks tokens (openai-whisper's ``DecodingOptions``): one value carried
+    from the caller (evaluation, a bundle, long-form transcription) to the decoder that reads
+    it, so a new option is added here and read where it matters, not threaded through each
+    layer."""
+
+    beam_size: int = 1
+    """Beams per utterance; 1: greedy decoding (:func:`greedy_decode`), more:
+    :func:`~asrforge.model.beam.beam_search`."""
+    patience: float = 1.0
+    """Beam search: finished hypotheses to collect per utterance, in units of ``beam_size``."""
+    length_penalty: float | None = None
+    """Beam search's ranking (:func:`~asrforge.model.beam.length_normalized`)."""
+    rules: Rules | None = None
+    """Token rules applied at every step before the pick (:data:`Rules`)."""
+    fusion: ShallowFusion | None = None
+    """A word n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
+    beam search runs even at ``beam_size`` 1)."""
+    fallback: Fallback | None = None
+    """Temperature fallback (:mod:`asrforge.model.fallback`); None: off."""
+    check_every: int | None = None
+    """Greedy decoding: tokens between the host's reads of whether every sequence ended;
+    None: :func:`check_interval` of the device."""
+    capture: bool = False
+    """Greedy decoding without ``rules``: replay each decoder step from a captured graph
+    (:class:`~asrforge.model.capture.CapturedStep`; a CUDA graph on a GPU) instead of
+    launching its kernels one by one (``eval.compile``)."""
+
+    @property
+    def searches_beams(self) -> bool:
+        """Whether beam search decodes (more than one beam, or an LM to fuse)."""
+        return self.beam_size > 1 or self.fusion is not None
+
+
+COMPILE_SETTINGS = ("auto", "on", "off")
+
+
+def capture_for(setting: str, device: torch.device | str) -> bool:
+    """Whether ``eval.compile`` ``setting`` captures the decoder step on ``device``: ``auto``
+    on CUDA only, where a greedy step is bound by kernel launches; on the CPU a step's kernels
+    cost more than their launches, so there is nothing to win."""
+    if setting not in COMPILE_SETTINGS:
+        raise ValueError(
+            f"eval.compile: must be one of {', '.join(COMPILE_SETTINGS)}, got {setting!r}"
+        )
+    if setting == "auto":
+        return torch.device(device).type == "cuda"
+    return setting == "on"
 
 
 def check_interval(device: torch.device | str) -> int:
@@ -128,6 +194,74 @@ class Suppression:
         return logits.masked_fill(mask[: logits.shape[-1]], float("-inf"))
 
 
+class PickMask:
+    """One greedy decode's (rows, vocab) additive mask over the logits: 0 where a token may be
+    picked, -inf where not. It folds the step's suppressed tokens (:class:`Suppression`) and
+    the rows that ended (every token but EOT) into one tensor, built once and rewritten in
+    place after each pick, so a step adds it and allocates nothing.
+
+    Args:
+        suppression: the suppressed tokens; ``values`` starts with the first step's.
+        eot: the end-of-text id.
+        rows: batch rows.
+        vocab: the logits' width.
+    """
+
+    def __init__(self, suppression: Suppression, eot: int, rows: int, vocab: int):
+        def additive(blocked: torch.Tensor) -> torch.Tensor:
+            zeros = torch.zeros(vocab, device=blocked.device)
+            return zeros.masked_fill(blocked[:vocab], float("-inf"))
+
+        self.eot = eot
+        self.always = additive(suppression.always)
+        self.after_end = torch.full_like(self.always, float("-inf"))
+        self.after_end[eot] = 0.0
+        self.values = additive(suppression.first).expand(rows, vocab).clone()
+        self.ended = torch.zeros(rows, dtype=torch.bool, device=self.always.device)
+        self._hit = torch.zeros_like(self.ended)
+
+    def update(self, picked: torch.Tensor) -> None:
+        """After a step's (rows,) ``picked`` ids: a row that picked EOT has ended; every row's
+        mask becomes the later steps' (in place)."""
+        torch.eq(picked, self.eot, out=self._hit)
+        self.ended.logical_or_(self._hit)
+        torch.where(self.ended[:, None], self.after_end, self.always, out=self.values)
+
+
+def greedy_step(
+    model,
+    tokens: torch.Tensor,
+    encoder_hidden: torch.Tensor,
+    cache,
+    mask: torch.Tensor,
+    rules: Rules | None = None,
+    generated: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One greedy step: (batch, t) ``tokens`` after what ``cache`` holds -> the (batch,) ids
+    picked, with ``mask`` ((batch, vocab), :class:`PickMask`) added to the logits after the
+    ``rules`` (given ``generated``, (batch, t) ids so far); ``cache`` is extended. The captured
+    path replays this same function (:class:`~asrforge.model.capture.CapturedStep`)."""
+    h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
+    logits = model.proj_out(h)
+    if rules is not None:
+        logits = rules(logits, generated)
+    return logits.add_(mask).argmax(-1)
+
+
+def capture_step(model, tokens, encoder_hidden, cache, mask) -> CapturedStep | None:
+    """:func:`greedy_step` without rules over one decode's cache, encoder output and mask, as
+    a :class:`~asrforge.model.capture.CapturedStep` taking the (batch, 1) tokens; None, with a
+    warning, when the step cannot be captured (the decode goes on uncaptured, same tokens)."""
+    try:
+        return CapturedStep(
+            lambda step_tokens: greedy_step(model, step_tokens, encoder_hidden, cache, mask),
+            tokens,
+        )
+    except RuntimeError as e:
+        log.warning("eval.compile: the decoder step could not be captured (%s); uncaptured", e)
+        return None
+
+
 @torch.no_grad()
 def greedy_decode(
     model,
@@ -135,32 +269,29 @@ def greedy_decode(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
+    options: DecodeOptions = DecodeOptions(),
     *,
     cache=None,
     first_tokens: torch.Tensor | None = None,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    check_every: int | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """Greedy decoding with a pre-allocated KV cache (:func:`new_cache`). A sequence that
-    emitted EOT keeps its row, its next tokens forced to EOT; the loop stops at the first check
-    (every ``check_every`` tokens) that finds every sequence ended, or at the cap. The generation
+    """Greedy decoding with a pre-allocated KV cache (:func:`new_cache`), one
+    :func:`greedy_step` per token. A sequence that emitted EOT keeps its row, its next tokens
+    forced to EOT (:class:`PickMask`); the loop stops at the first check (every
+    ``check_every`` tokens) that finds every sequence ended, or at the cap. The generation
     config's suppressed tokens are never picked (:func:`suppressed_ids`).
 
     Args:
         encoder_hidden: (batch, frames, d_model) encoder output.
         prompts: (batch, prompt_len) forced prefix ids (start, language, task, no-timestamps).
         max_new_tokens: cap on generated tokens per sequence (the decoder's own limit applies too).
+        options: read here: ``rules`` (``generated`` holds EOT repeated after a sequence's end),
+            ``check_every`` and ``capture`` (without ``rules`` only: they read a growing
+            ``generated``).
         cache: an ``EncoderDecoderCache`` already holding the prompt's self-attention keys and
             values and the encoder's cross-attention ones (e.g. a teacher-forced pass's cache
             cropped to the prompt); then ``first_tokens`` must be given too.
         first_tokens: (batch,) the token chosen after the prompt, when ``cache`` is given
             (chosen with the first step's :class:`Suppression`, as here).
-        rules: ``rules(logits, generated)`` -> logits with forbidden tokens at ``-inf``, applied
-            at every step before the pick; ``logits`` is (batch, vocab), ``generated`` (batch, t)
-            the ids each sequence generated so far, EOT repeated after its end (e.g.
-            :class:`TimestampRules`).
-        check_every: tokens between the host's reads of whether every sequence ended; default
-            :func:`check_interval` of the device.
 
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
@@ -170,32 +301,38 @@ def greedy_decode(
     device = prompts.device
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
-    every = check_interval(device) if check_every is None else check_every
+    rules = options.rules
+    every = check_interval(device) if options.check_every is None else options.check_every
     if cap > 0:
         cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
-    suppression = Suppression.of(model, device)
-    out = torch.full((b, max(cap, 0)), eot, dtype=torch.long, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
+    vocab = model.proj_out.out_features
+    mask = PickMask(Suppression.of(model, device), eot, b, vocab)
+    # (cap, batch): each step's picks are one contiguous row, read as the next step's input
+    out = torch.full((max(cap, 0), b), eot, dtype=torch.long, device=device)
+    captured, capture = None, options.capture and rules is None
     tokens, n = prompts, 0
     for t in range(cap):
+        if capture and t == 2:  # the (batch, 1) step before was the warm-up a capture needs
+            captured, capture = (
+                capture_step(model, tokens, encoder_hidden, cache, mask.values),
+                False,
+            )
         if t == 0 and first_tokens is not None:
-            nxt = first_tokens
+            out[0] = first_tokens
+        elif captured is not None:
+            out[t] = captured(tokens)
         else:
-            h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
-            logits = model.proj_out(h)
-            if rules is not None:
-                logits = rules(logits, out[:, :t])
-            nxt = suppression.apply(logits, t).argmax(-1)
+            out[t] = greedy_step(
+                model, tokens, encoder_hidden, cache, mask.values, rules, out[:t].T
+            )
         # A sequence that ended keeps its row; what it computes after EOT is thrown away.
-        nxt = nxt.masked_fill(done, eot)
-        out[:, t] = nxt
-        done = done | (nxt == eot)
+        mask.update(out[t])
         n = t + 1
-        if n % every == 0 and bool(done.all()):
+        if n % every == 0 and bool(mask.ended.all()):
             break
-        tokens = nxt[:, None]
+        tokens = out[t][:, None]
     seqs, hit_cap = [], []
-    for row in out[:, :n].tolist():
+    for row in out[:n].T.tolist():
         k = row.index(eot) if eot in row else len(row)
         seqs.append(row[:k])
         hit_cap.append(eot not in row)
@@ -257,7 +394,7 @@ class TimestampVocab:
 
 class TimestampRules:
     """openai-whisper's ``ApplyTimestampRules`` for greedy decoding in timestamp mode (a prompt
-    without ``<|notimestamps|>``), as a ``rules`` argument of :func:`greedy_decode`:
+    without ``<|notimestamps|>``), as :attr:`DecodeOptions.rules`:
 
     * ``<|notimestamps|>`` and the other special tokens between EOT and the timestamps are
       never picked;

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from asrforge.model.beam import Hypothesis, beam_search
-from asrforge.model.decoding import Suppression, decoder_states, new_cache
+from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, new_cache
 from asrforge.text.repetition import repetition_score
 
 
@@ -67,13 +67,15 @@ def sample(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
+    options: DecodeOptions = DecodeOptions(),
     *,
     temperature: float,
     generator: torch.Generator,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[Hypothesis]:
     """One sampled sequence per row at ``temperature`` (> 0), with a KV cache; the
-    log-probabilities summed are the model's (before the temperature), as openai-whisper's."""
+    log-probabilities summed are the model's (before the temperature), as openai-whisper's.
+    ``options``: its ``rules`` are read."""
+    rules = options.rules
     device = prompts.device
     b, p = prompts.shape
     cap = min(max_new_tokens, model.config.max_target_positions - p)
@@ -112,21 +114,21 @@ def decode_with_fallback(
     prompts: torch.Tensor,
     eot: int,
     max_new_tokens: int,
+    options: DecodeOptions,
     *,
     decode_text: Callable[[list[int]], str],
-    fallback: Fallback,
-    beam_size: int = 1,
-    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    fusion=None,
 ) -> tuple[list[Hypothesis], list[float]]:
     """Decode each row at the first temperature, then again at the next ones the rows that
-    :func:`fallback_reason` rejects. ``fusion`` (an n-gram LM,
-    :class:`~asrforge.lm.fusion.ShallowFusion`) joins the beam search at temperature 0 only:
-    the samples are the model's.
+    :func:`fallback_reason` rejects, by ``options.fallback`` (which must be set). Its
+    ``fusion`` (an n-gram LM, :class:`~asrforge.lm.fusion.ShallowFusion`) joins the beam search
+    at temperature 0 only: the samples are the model's.
 
     Returns:
         The kept hypothesis of each row and the temperature it was decoded at.
     """
+    fallback = options.fallback
+    if fallback is None:
+        raise ValueError("decode_with_fallback needs options.fallback")
     generator = torch.Generator().manual_seed(fallback.seed)
     hyps: list[Hypothesis | None] = [None] * prompts.shape[0]
     temps = [fallback.temperatures[0]] * prompts.shape[0]
@@ -137,20 +139,9 @@ def decode_with_fallback(
         idx = torch.tensor(todo, device=prompts.device)
         enc, ps = encoder_hidden[idx], prompts[idx]
         if temperature == 0:
-            found = beam_search(
-                model,
-                enc,
-                ps,
-                eot,
-                max_new_tokens,
-                beam_size=beam_size,
-                rules=rules,
-                fusion=fusion,
-            )
+            found = beam_search(model, enc, ps, eot, max_new_tokens, options)
         else:
-            found = _best_of(
-                model, enc, ps, eot, max_new_tokens, temperature, generator, fallback.best_of, rules
-            )
+            found = _best_of(model, enc, ps, eot, max_new_tokens, options, temperature, generator)
         still = []
         for row, hyp in zip(todo, found, strict=True):
             hyps[row], temps[row] = hyp, temperature
@@ -160,10 +151,11 @@ def decode_with_fallback(
     return [h for h in hyps if h is not None], temps
 
 
-def _best_of(model, enc, prompts, eot, cap, temperature, generator, n, rules) -> list[Hypothesis]:
-    """The likeliest of ``n`` samples per row."""
+def _best_of(model, enc, prompts, eot, cap, options, temperature, generator) -> list[Hypothesis]:
+    """The likeliest of ``options.fallback.best_of`` samples per row."""
+    n = options.fallback.best_of
     rep = enc.repeat_interleave(n, dim=0), prompts.repeat_interleave(n, dim=0)
-    found = sample(model, *rep, eot, cap, temperature=temperature, generator=generator, rules=rules)
+    found = sample(model, *rep, eot, cap, options, temperature=temperature, generator=generator)
     return [
         max(found[i * n : (i + 1) * n], key=lambda h: h.sum_logprob) for i in range(len(prompts))
     ]

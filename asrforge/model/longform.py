@@ -6,6 +6,7 @@ How it works: docs/decoding.md, "Long-form decoding, window by window (`model/lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -15,8 +16,8 @@ import torch
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import TimestampRules, TimestampVocab, greedy_decode
-from asrforge.model.fallback import Fallback, decode_with_fallback
+from asrforge.model.decoding import DecodeOptions, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.fallback import decode_with_fallback
 from asrforge.model.frames import TIME_PRECISION, window_seconds
 from asrforge.model.silence import segment
 
@@ -196,29 +197,24 @@ def decode_windows(
     max_new_tokens: int,
     batch_size: int,
     device: torch.device | str = "cpu",
-    rules=None,
+    options: DecodeOptions = DecodeOptions(),
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     sample_rate: int = SAMPLE_RATE,
-    beam_size: int = 1,
-    fallback: Fallback | None = None,
     decode_text: Callable[[list[int]], str] | None = None,
-    fusion=None,
 ) -> list[list[int]]:
     """Decode windows (each at most one encoder window long), batched among windows of equal
     prompts -> the ids each generated (no prompt, no EOT).
 
     Args:
         extractor: the log-mel front end (a transformers ``WhisperFeatureExtractor``).
-        rules: see :func:`~asrforge.model.decoding.greedy_decode` (e.g. ``TimestampRules``;
-            applied to every beam).
+        options: how tokens are picked: with a ``fallback``, a window that looks like a loop
+            is decoded again at higher temperatures
+            (:func:`~asrforge.model.fallback.decode_with_fallback`; needs ``decode_text``);
+            else beam search when :attr:`~DecodeOptions.searches_beams`, else greedy decoding.
+            Its ``rules`` (e.g. ``TimestampRules``) apply to every beam.
         autocast: a context manager factory for the forward passes (the training loop's).
-        beam_size: 1: greedy decoding; more: :func:`~asrforge.model.beam.beam_decode`.
-        fallback: decode a window that looks like a loop again at higher temperatures
-            (:func:`~asrforge.model.fallback.decode_with_fallback`; needs ``decode_text``).
-        fusion: an n-gram LM fused into beam search
-            (:class:`~asrforge.lm.fusion.ShallowFusion`; beam search even at ``beam_size`` 1).
     """
-    if fallback is not None and decode_text is None:
+    if options.fallback is not None and decode_text is None:
         raise ValueError("fallback needs decode_text")
     out: list[list[int]] = [[] for _ in windows]
     by_prompt: dict[tuple[int, ...], list[int]] = {}
@@ -237,33 +233,15 @@ def decode_windows(
             with autocast() if autocast is not None else contextlib.nullcontext():
                 enc = model.model.encoder(x).last_hidden_state
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
-                if fallback is not None:
+                if options.fallback is not None:
                     hyps, _temps = decode_with_fallback(
-                        model,
-                        enc,
-                        ids,
-                        eot,
-                        max_new_tokens,
-                        decode_text=decode_text,
-                        fallback=fallback,
-                        beam_size=beam_size,
-                        rules=rules,
-                        fusion=fusion,
+                        model, enc, ids, eot, max_new_tokens, options, decode_text=decode_text
                     )
                     seqs = [h.tokens for h in hyps]
-                elif beam_size > 1 or fusion is not None:
-                    seqs, _ = beam_decode(
-                        model,
-                        enc,
-                        ids,
-                        eot,
-                        max_new_tokens,
-                        beam_size=beam_size,
-                        rules=rules,
-                        fusion=fusion,
-                    )
+                elif options.searches_beams:
+                    seqs, _ = beam_decode(model, enc, ids, eot, max_new_tokens, options)
                 else:
-                    seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, rules=rules)
+                    seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, options)
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
@@ -307,9 +285,7 @@ def transcribe_long(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     condition_on_previous_text: bool = False,
     sample_rate: int = SAMPLE_RATE,
-    beam_size: int = 1,
-    fallback: Fallback | None = None,
-    fusion=None,
+    options: DecodeOptions = DecodeOptions(),
     speech: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
@@ -322,9 +298,8 @@ def transcribe_long(
         max_new_tokens: cap per window; in timestamp mode at most half the decoder's context,
             as Whisper caps it (the other half holds the previous text).
         condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
-        beam_size: beams per window (both chunkings); 1: greedy decoding.
-        fallback: temperature fallback per window (:mod:`asrforge.model.fallback`); None: off.
-        fusion: an n-gram LM fused into each window's beam search (see :func:`decode_windows`).
+        options: how each window is decoded (see :func:`decode_windows`; both chunkings);
+            timestamp mode sets its ``rules`` to :class:`TimestampRules`.
         speech: per recording, the chunks of it to decode (``(start, end)`` samples, each at
             most one window: :func:`asrforge.model.vad.speech_chunks`); all chunks of all
             recordings are decoded together, as recordings of their own, and their segments
@@ -337,7 +312,7 @@ def transcribe_long(
             [prompts[i] for i, _, _ in pieces], chunking=chunking, no_timestamps=no_timestamps,
             eot=eot, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
             autocast=autocast, condition_on_previous_text=condition_on_previous_text,
-            sample_rate=sample_rate, beam_size=beam_size, fallback=fallback, fusion=fusion,
+            sample_rate=sample_rate, options=options,
         )  # fmt: skip
         out: list[list[Segment]] = [[] for _ in waves]
         for (i, a, _), segments in zip(pieces, decoded, strict=True):
@@ -348,7 +323,7 @@ def transcribe_long(
     def text(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    def decoder(cap: int, rules=None) -> WindowDecoder:
+    def decoder(cap: int, window_options: DecodeOptions) -> WindowDecoder:
         def decode(windows: list[np.ndarray], ps: list[list[int]]) -> list[list[int]]:
             return decode_windows(
                 model,
@@ -359,13 +334,10 @@ def transcribe_long(
                 max_new_tokens=cap,
                 batch_size=batch_size,
                 device=device,
-                rules=rules,
+                options=window_options,
                 autocast=autocast,
                 sample_rate=sample_rate,
-                beam_size=beam_size,
-                fallback=fallback,
                 decode_text=text,
-                fusion=fusion,
             )
 
         return decode
@@ -376,7 +348,7 @@ def transcribe_long(
         return transcribe_by_silence(
             waves,
             prompts,
-            decoder(max_new_tokens),
+            decoder(max_new_tokens, options),
             decode_text=text,
             window_seconds=seconds,
             sample_rate=sample_rate,
@@ -392,7 +364,10 @@ def transcribe_long(
     return transcribe_by_timestamps(
         waves,
         [p[:-1] if p and p[-1] == no_timestamps else list(p) for p in prompts],
-        decoder(min(max_new_tokens, model.config.max_target_positions // 2), TimestampRules(vocab)),
+        decoder(
+            min(max_new_tokens, model.config.max_target_positions // 2),
+            dataclasses.replace(options, rules=TimestampRules(vocab)),
+        ),
         vocab,
         decode_text=text,
         window_samples=round(seconds * sample_rate),

@@ -29,6 +29,7 @@ from asrforge.data.guard_set import (
 )
 from asrforge.data.sources import load_arrow
 from asrforge.errors import ExitCode, UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import evaluate_split, summarize
 from asrforge.evaluation.guard import guard_transcripts
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
@@ -449,7 +450,7 @@ def run_english(options: DemoOptions) -> int:
     say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
               "joined into one recording, and on the guard set")
 
-    bs = cfg.data.eval_batch_size or cfg.data.batch_size
+    bs = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
     say(f"long-form recording: the test clips joined, {long_seconds:.0f} s, at {long_path}")
     start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start")

@@ -32,6 +32,7 @@ from asrforge.bundle.export import finetuned_checkpoint
 from asrforge.bundle.within_guard import export_within_guard
 from asrforge.config import load_config
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.recipes.corpus import CorpusSpec, build_corpus, plan_speakers
 from asrforge.recipes.demo import (
     EVAL_SIZES,
@@ -126,7 +127,8 @@ def run_new_language(options: DemoOptions) -> int:
     say(f"long-form recording: the test clips joined, {long_seconds:.0f} s, at {long_path}")
     start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start")
     # cfg.data relabels the rows as English, as training reads them; the scores are the language's.
-    look = dict(data=cfg.data, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+    batch_size = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
+    look = dict(data=cfg.data, batch_size=batch_size,
                 max_new_tokens=cfg.eval.max_new_tokens, long_path=long_path, long_ref=long_ref,
                 guard_cfg=guard_cfg, say=say, score_as=lang)  # fmt: skip
     first = measure(load_bundle(start_dir), label="before", **look)

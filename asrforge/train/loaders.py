@@ -17,6 +17,7 @@ from asrforge.data.packing import Packing
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.data.workers import ignore_stop_signals, worker_count
+from asrforge.evaluation.batch_size import eval_batch_size
 
 
 @dataclass
@@ -101,9 +102,12 @@ class RunLoaders:
         n_batches = -(-items // self.cfg.data.batch_size)
         return len(range(acc.process_index, n_batches, acc.num_processes))
 
-    def eval_loader(self) -> DataLoader:
+    def eval_loader(self, batch_size: int | None = None) -> DataLoader:
+        """The evaluation split's loader, in batches of ``batch_size`` (default
+        ``data.eval_batch_size`` without probing: ``auto`` is ``data.batch_size``)."""
         acc = self.accelerator
-        bs = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        data = self.cfg.data
+        bs = batch_size or eval_batch_size(data.eval_batch_size, data.batch_size)
         batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
         return self._loader(self.eval_set, batches)
 

@@ -17,9 +17,11 @@ from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.evaluation.guard import build_guard, guard_language, log_text
 from asrforge.evaluation.longform import run_longform_eval
+from asrforge.model.decoding import DecodeOptions, capture_for
 from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
 from asrforge.selection.guard_gate import describe_refused
@@ -481,16 +483,26 @@ class TrainingRun:
         """Metrics and predictions of the evaluation split, gathered from every process."""
         setup, acc, ema, whisper = self.setup, self.acc, self.ema, self.whisper
         guard_metrics: dict = {}
+        data = self.cfg.data
+        # One process only: ranks probing apart could cut the split into different batches.
+        probe = whisper if acc.num_processes == 1 else None
+        batch_size = eval_batch_size(
+            data.eval_batch_size, data.batch_size, probe, acc.device,
+            max_new_tokens=self.cfg.eval.max_new_tokens, autocast=acc.autocast,
+        )  # fmt: skip
         with ema.swapped_in(whisper) if ema is not None else nullcontext():
             metrics, preds = evaluate(
                 whisper,
-                self.loaders.eval_loader(),
+                self.loaders.eval_loader(batch_size),
                 tokenizer=setup.model_bundle.tokenizer,
                 eot=setup.model_bundle.specials.eot,
                 max_new_tokens=self.cfg.eval.max_new_tokens,
                 device=acc.device,
                 autocast=acc.autocast,
-                beam_size=self.cfg.eval.beam_size,
+                options=DecodeOptions(
+                    beam_size=self.cfg.eval.beam_size,
+                    capture=capture_for(self.cfg.eval.compile, acc.device),
+                ),
                 normalizer=self.cfg.eval.normalizer,
             )
             if self.guard is not None and self.state.step == 0 and self.guard_at_start:

@@ -27,6 +27,7 @@ from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.model.build import (
     BuiltModel,
 )
@@ -312,7 +313,7 @@ def attach_encoder_cache(
     )
     if acc.is_main_process:
         train_set.encoder_cache = build(
-            batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+            batch_size=eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size),
             autocast=acc.autocast,
         )
     acc.wait_for_everyone()
