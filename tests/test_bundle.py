@@ -150,7 +150,7 @@ def test_export_writes_a_complete_bundle(trained_run, bundle_dir) -> None:
 
     info = json.loads((bundle_dir / INFERENCE_CONFIG).read_text())
     best = trained_run / "checkpoints" / "best"
-    assert info["bundle_version"] == "1.3.0" and info["weights"] == "ema"
+    assert info["bundle_version"] == "1.4.0" and info["weights"] == "ema"
     assert info["languages"] == ["en", "es"] and info["multilingual"] is True
     assert info["source"]["step"] == read_manifest(best)["step"]
     assert info["model"]["d_model"] == 32 and info["model"]["max_source_positions"] == 100
