@@ -460,6 +460,32 @@ class StreamConfig(Section):
     ``data.eval_split`` files."""
 
 
+class ReplayConfig(Section):
+    """Rehearsal: rows of another data set (the languages and domain the model already handles)
+    mixed into the training utterances under their own language tag, so fine-tuning keeps
+    practising what it must not forget. Which replay rows join is a pure function of
+    (``seed``, the replay set), fixed for the run, so resume stays exact. See docs/training.md,
+    "Learning without forgetting"."""
+
+    path: Path
+    """The replay data, in any form ``data.path`` takes. Never the guard's set
+    (``eval.guard.path``) or data holding its clips: that is refused, since the guard would
+    then measure what the run trained on."""
+    share: float = Field(default=0.2, gt=0, lt=1)
+    """The share of the training utterances that are replay rows: ``n_train * share / (1 -
+    share)`` rows are drawn from the replay set (repeating it when it is smaller)."""
+    language: str | None = None
+    """The language of every replay row (its tag in the prompt) when the data has no language
+    column (a code, an English name or a locale)."""
+    split: str = "train"
+    """The split of replay data with splits (a single file is read whole)."""
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    """The replay data's column names, as ``data.columns`` gives them."""
+    audio_dir: Path | None = None
+    """Where the replay data's relative audio paths are read from; default its manifest's
+    directory."""
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
@@ -552,6 +578,9 @@ class DataConfig(Section):
     ``AugmentConfig``); off by default."""
     stream: StreamConfig = Field(default_factory=StreamConfig)
     """Stream the training split from its files (see ``StreamConfig``); off by default."""
+    replay: ReplayConfig | None = None
+    """Rehearsal: mix a share of another data set into the training utterances, e.g. ``{path:
+    data/en, share: 0.2, language: en}`` (see ``ReplayConfig``); off by default."""
 
     @model_validator(mode="after")
     def _text_only_needs_text(self) -> DataConfig:
@@ -572,12 +601,14 @@ class DataConfig(Section):
             "cache_encoder": "the encoder cache is built from every utterance first",
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
+            "replay": "replay rows join the training utterances checked before step 1",
         }
         on = {
             "pack.enabled": self.pack.enabled,
             "cache_features": self.cache_features,
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
+            "replay": self.replay is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"
                     for name, value in on.items() if value]  # fmt: skip
@@ -639,6 +670,12 @@ class OptimConfig(Section):
     """Final learning rate as a fraction of ``lr`` (cosine and linear)."""
     clip_grad_norm: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this value; null disables clipping."""
+    l2sp: float = Field(default=0.0, ge=0)
+    """L2-SP: a decoupled pull of the trained weights toward the starting model's, applied
+    after each optimizer step as AdamW applies its decay (``w -= lr * l2sp * (w - w_start)``,
+    the parameter group's learning rate), on the parameters that train only (LoRA's adapters,
+    the unfrozen layers); 0: none. Holds a copy of the trained weights. See docs/training.md,
+    "Learning without forgetting"."""
 
 
 class TrainLoopConfig(Section):
@@ -672,6 +709,12 @@ class TrainLoopConfig(Section):
     scaler finding its scale)."""
     ema_decay: float | None = Field(default=None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
+    distill_weight: float = Field(default=0.0, ge=0)
+    """Distillation toward the start (learning without forgetting): adds this weight times the
+    KL divergence from the frozen starting model's token distributions to the model's, at the
+    labelled positions of the replay rows (``data.replay``; of every row without it); 0: off.
+    Holds a frozen copy of the starting model and runs its forward on those rows every step
+    (about a third more compute per replay row, and the model's memory again)."""
     distributed: Literal["ddp", "fsdp"] = "ddp"
     """How several processes (``torchrun``, ``accelerate launch``) share the training. ``ddp``:
     each holds all the weights, gradients and optimizer states. ``fsdp``: they are sharded
@@ -1054,6 +1097,8 @@ class TrainConfig(Section):
             refused.append("data.asr_ratio below 1 (text-only batches skip the encoder's shards)")
         if self.model.trained_top_encoder_layers is not None:
             refused.append("a frozen encoder part (model.freeze_encoder, train_encoder_layers)")
+        if self.optim.l2sp or self.train.distill_weight:
+            refused.append("optim.l2sp or train.distill_weight (the starting weights are whole)")
         if self.optim.optimizer == "adamw_8bit":
             refused.append(
                 "optim.optimizer: adamw_8bit (its 8-bit states are not sharded: use adamw)"

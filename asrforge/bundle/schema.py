@@ -89,6 +89,7 @@ TRAINING_ONLY: Split = {
         # Inference never augments.
         "augment": ALL,
         "stream": ALL,  # how the training split was read
+        "replay": ALL,  # rehearsal rows mixed into training
     },
     "eval": {
         "eval_steps": ALL,

@@ -91,7 +91,9 @@ class PackItems:
             return cls.of_table(utts, augment, epoch)
         n_samples = [round(u.seconds * SAMPLE_RATE) for u in utts]
         if augment is not None:
-            n_samples = [augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)]
+            n_samples = [
+                augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)
+            ]
         return cls(
             languages=[u.language for u in utts],
             n_samples=n_samples,
@@ -390,7 +392,9 @@ class PackedWindows(Dataset):
         if w.alone and cache is not None and utts[w.pieces[0].utt].audio_key in cache:
             # the utterance's own window, cached; a cache read error is no decoding failure:
             # it propagates instead of dropping every clip
-            feats = self.base.masked(cache.features(utts[w.pieces[0].utt].audio_key), w.pieces[0].utt)
+            feats = self.base.masked(
+                cache.features(utts[w.pieces[0].utt].audio_key), w.pieces[0].utt
+            )
         else:
             try:
                 if w.alone:
@@ -417,6 +421,7 @@ class PackedWindows(Dataset):
             "language": utts[w.pieces[0].utt].language,
             "text": " ".join(utts[u].text for u in kept),
             "n_utterances": len(kept),
+            "replay": any(self.base.is_replay(u) for u in kept),
             "dropped_parts": [utts[u].uid for u in failed],
             "dropped_part_reasons": list(failed.values()),
         }

@@ -34,6 +34,7 @@ from asrforge.data.dataset import (
     language_counts,
 )
 from asrforge.data.prepare import language_value_counts
+from asrforge.data.replay import ReplayUtterances
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
@@ -249,7 +250,9 @@ def log_model(model) -> tuple[int, int]:
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
     if isinstance(train_set, StreamedSplit):
         return train_set.languages
-    return language_counts(train_set.utts)
+    utts = train_set.utts
+    # replay rows (data.replay) are what the run must keep, not the language it learns
+    return language_counts(utts.train if isinstance(utts, ReplayUtterances) else utts)
 
 
 def start_accelerator(cfg: TrainConfig, precision: str):

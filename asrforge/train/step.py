@@ -1,7 +1,8 @@
 """One optimizer step: each micro-batch forward (autocast), loss and backward
-(:func:`micro_batch_backward`), the losses they add up (:class:`StepTally`), then unscale ->
-clip -> step, skipped on a non-finite loss or gradient -> zero grads -> LR step -> EMA
-(:func:`finish_step`)."""
+(:func:`micro_batch_backward`; with distillation toward the start its term), the losses they
+add up (:class:`StepTally`), then unscale -> clip -> step, skipped on a non-finite loss or
+gradient -> L2-SP's pull toward the start -> zero grads -> LR step -> EMA (:func:`finish_step`).
+"""
 
 from __future__ import annotations
 
@@ -12,22 +13,32 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from asrforge.evaluation.evaluate import token_loss
+from asrforge.train.forgetting import StartingModel
 from asrforge.train.forward import labelled_positions
 from asrforge.train.sharding import is_sharded
 
 
 def micro_batch_backward(
-    acc, model, batch: dict, *, accum: int, sync: bool, placeholder: bool = False
+    acc,
+    model,
+    batch: dict,
+    *,
+    accum: int,
+    sync: bool,
+    placeholder: bool = False,
+    start: StartingModel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Forward ``batch`` under autocast, its token loss, and backward of the loss / ``accum``;
     gradients are synchronized across processes only when ``sync`` (the step's last one).
 
     With ``placeholder`` the pass adds nothing (:func:`asrforge.train.ranks.placeholder_batch`):
     the other processes' gradient sync waits for this one's, so every process syncs the same
-    buckets each step.
+    buckets each step. With ``start`` distilling (``train.distill_weight``) its term joins the
+    loss that is back-propagated, not the loss returned.
 
     Returns:
-        (the loss, detached; the (n,) labelled positions' labels), or None for a placeholder.
+        (the token loss, detached; the (n,) labelled positions' labels), or None for a
+        placeholder.
     """
     # A sharded model reduce-scatters every micro-batch's gradients: no_sync would keep each
     # layer's whole gradients until the step's last one.
@@ -37,22 +48,34 @@ def micro_batch_backward(
             loss = model(batch).float().sum() * 0.0
         else:
             positions, labels = labelled_positions(batch["labels"], acc.device)
-            loss = token_loss(model(batch, positions), labels)
-    acc.backward(loss / accum)
+            logits = model(batch, positions)
+            loss = token_loss(logits, labels)
+            distill = None if start is None else start.distill_loss(batch, logits, positions)
+    acc.backward((loss if distill is None else loss + distill) / accum)
     return None if placeholder else (loss.detach(), labels)
 
 
 def finish_step(
-    acc, optimizer, scheduler, ema, whisper, clip: float, tally: StepTally
+    acc,
+    optimizer,
+    scheduler,
+    ema,
+    whisper,
+    clip: float,
+    tally: StepTally,
+    start: StartingModel | None = None,
 ) -> tuple[float, str | None, bool]:
-    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, zero
-    grads, LR step, and the EMA of ``whisper``'s weights unless the step was skipped.
+    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, the
+    pull toward ``start``'s weights (``optim.l2sp``), zero grads, LR step, and the EMA of
+    ``whisper``'s weights; no pull or EMA when the step was skipped.
 
     Returns:
         As :func:`optimizer_step`.
     """
     params = [p for p in whisper.parameters() if p.requires_grad]
     grad_norm, skip, diverging = optimizer_step(acc, optimizer, params, clip, tally)
+    if start is not None and skip is None:
+        start.pull(optimizer)
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     if ema is not None and skip is None:
