@@ -460,6 +460,36 @@ class StreamConfig(Section):
     ``data.eval_split`` files."""
 
 
+class SamplingConfig(Section):
+    """Language sampling for multilingual training: each epoch (as long as the training set)
+    draws its utterances by language at these shares instead of each utterance once; a small
+    language's utterances repeat, a large one's are thinned. Give ``weights`` or
+    ``temperature``. Each epoch's draw is a pure function of (seed, epoch), so resume stays
+    exact. Not with ``pack.enabled`` or ``stream.enabled`` yet."""
+
+    weights: dict[str, float] | None = None
+    """Per-language weights, e.g. ``{es: 2, en: 1}``: a language's share is its weight over
+    their sum. Every language of the training set needs one (0 leaves it out)."""
+    temperature: float | None = Field(default=None, gt=0)
+    """Shares by the languages' sizes ``n_l ** (1 / temperature)`` over their sum: 1 keeps the
+    data's shares, larger ones move toward equal shares (multilingual pretraining uses 3 to
+    5)."""
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_not_negative(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        bad = {k: w for k, w in (v or {}).items() if not w >= 0 or w == float("inf")}
+        if bad:
+            raise ValueError(f"must be finite and >= 0, got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SamplingConfig:
+        if (self.weights is None) == (self.temperature is None):
+            raise ValueError("give one of weights and temperature")
+        return self
+
+
 class ReplayConfig(Section):
     """Rehearsal: rows of another data set (the languages and domain the model already handles)
     mixed into the training utterances under their own language tag, so fine-tuning keeps
@@ -578,6 +608,10 @@ class DataConfig(Section):
     ``AugmentConfig``); off by default."""
     stream: StreamConfig = Field(default_factory=StreamConfig)
     """Stream the training split from its files (see ``StreamConfig``); off by default."""
+    sampling: SamplingConfig | None = None
+    """Language sampling for multilingual mixes: ``{weights: {es: 2, en: 1}}`` or
+    ``{temperature: 3}`` (see ``SamplingConfig``); off by default (each utterance once an
+    epoch)."""
     replay: ReplayConfig | None = None
     """Rehearsal: mix a share of another data set into the training utterances, e.g. ``{path:
     data/en, share: 0.2, language: en}`` (see ``ReplayConfig``); off by default."""
@@ -602,6 +636,7 @@ class DataConfig(Section):
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
             "replay": "replay rows join the training utterances checked before step 1",
+            "sampling": "the draw needs every training utterance's language before step 1",
         }
         on = {
             "pack.enabled": self.pack.enabled,
@@ -609,11 +644,21 @@ class DataConfig(Section):
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
             "replay": self.replay is not None,
+            "sampling": self.sampling is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"
                     for name, value in on.items() if value]  # fmt: skip
         if problems:
             raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _sampling_draws_utterances_not_windows(self) -> DataConfig:
+        if self.sampling is not None and self.pack.enabled:
+            raise ValueError(
+                "sampling: not available with pack.enabled yet (packed windows are composed "
+                "from every utterance once an epoch)"
+            )
         return self
 
     @model_validator(mode="after")

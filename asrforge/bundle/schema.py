@@ -90,6 +90,7 @@ TRAINING_ONLY: Split = {
         "augment": ALL,
         "stream": ALL,  # how the training split was read
         "replay": ALL,  # rehearsal rows mixed into training
+        "sampling": ALL,  # how often each language trained
     },
     "eval": {
         "eval_steps": ALL,

@@ -36,6 +36,7 @@ from asrforge.data.dataset import (
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.replay import ReplayUtterances
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
+from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
 from asrforge.io.atomic import atomic_directory
@@ -170,6 +171,11 @@ def prepare_run(
         collator=Collator(pad_id=bundle.specials.eot),
         text=text,
         packing=packing,
+        sampling=(
+            LanguageSampling.of(train_set.utts, cfg.data.sampling, cfg.seed)
+            if cfg.data.sampling is not None
+            else None
+        ),
     )
     log.info(
         "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
