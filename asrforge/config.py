@@ -612,6 +612,13 @@ class DataConfig(Section):
     """Language sampling for multilingual mixes: ``{weights: {es: 2, en: 1}}`` or
     ``{temperature: 3}`` (see ``SamplingConfig``); off by default (each utterance once an
     epoch)."""
+    filter_wer: float | None = Field(default=None, gt=0)
+    """Drop training rows whose transcript the starting model (``model.pretrained``) disagrees
+    with by more than this WER (its greedy transcript against the row's, normalized as
+    evaluation normalizes them; 0.5 drops rows it gets more than half wrong): each row is
+    scored once, cached by fingerprint under ``cache_dir``, and the dropped rows are listed in
+    ``skipped-<split>.json``. Costs one decoding pass over the training split before step 1,
+    the first time. Not with ``stream.enabled``."""
     replay: ReplayConfig | None = None
     """Rehearsal: mix a share of another data set into the training utterances, e.g. ``{path:
     data/en, share: 0.2, language: en}`` (see ``ReplayConfig``); off by default."""
@@ -637,6 +644,7 @@ class DataConfig(Section):
             "evaluation split its own file (stream.eval_path)",
             "replay": "replay rows join the training utterances checked before step 1",
             "sampling": "the draw needs every training utterance's language before step 1",
+            "filter_wer": "every training row is scored before step 1",
         }
         on = {
             "pack.enabled": self.pack.enabled,
@@ -645,6 +653,7 @@ class DataConfig(Section):
             "eval_carve": self.eval_carve is not None,
             "replay": self.replay is not None,
             "sampling": self.sampling is not None,
+            "filter_wer": self.filter_wer is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"
                     for name, value in on.items() if value]  # fmt: skip
@@ -1119,6 +1128,11 @@ class TrainConfig(Section):
             raise ValueError(
                 "data.cache_encoder: needs model.freeze_encoder: true or model.train_encoder_layers "
                 "(a training encoder's output changes every step)"
+            )
+        if self.data.filter_wer is not None and self.model.pretrained is None:
+            raise ValueError(
+                "data.filter_wer: needs model.pretrained (the rows are scored by the starting "
+                "model; a model built here transcribes nothing yet)"
             )
         if self.train.distributed == "fsdp":
             refused = self._fsdp_refusals()

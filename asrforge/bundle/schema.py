@@ -91,6 +91,7 @@ TRAINING_ONLY: Split = {
         "stream": ALL,  # how the training split was read
         "replay": ALL,  # rehearsal rows mixed into training
         "sampling": ALL,  # how often each language trained
+        "filter_wer": ALL,  # which training rows were left out
     },
     "eval": {
         "eval_steps": ALL,

@@ -43,6 +43,7 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
 from asrforge.train.guard_items import guard_clip_files
 from asrforge.train.ranks import main_process_first
+from asrforge.train.transcript_filter import filter_transcripts
 
 log = logging.getLogger("asrforge.train")
 
@@ -201,7 +202,10 @@ def build_datasets(
     )
     data = cfg.data
     # replay joins utterances checked in full (a lazy table's checks are its own rows')
-    lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder or data.replay)
+    lazy = not (
+        data.pack.enabled or data.cache_features or data.cache_encoder or data.replay
+        or data.filter_wer is not None
+    )  # fmt: skip
     # a split checked in full is cached: rank zero checks it, the others (and a resume) read it
     kw["cache"] = Path(data.cache_dir or out / "cache") / "prepared"
     (train_utts, train_report), (eval_utts, eval_report) = main_process_first(
@@ -213,11 +217,20 @@ def build_datasets(
     )
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
+    eot = bundle.specials.eot
+    if data.filter_wer is not None and train_utts:
+        scored = SpeechDataset(train_split, train_utts, bundle.features, eot)
+        train_utts = main_process_first(
+            acc,
+            lambda: filter_transcripts(
+                cfg, kw["cache"].parent, scored, train_report, model=bundle.model,
+                tokenizer=bundle.tokenizer, eot=eot, device=acc.device,
+            ),
+        )  # fmt: skip
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
-    eot = bundle.specials.eot
     if data.replay is not None:
         train_split, train_utts = join_replay(cfg, out, acc, kw, train_split, train_utts)
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
