@@ -465,7 +465,8 @@ class SamplingConfig(Section):
     draws its utterances by language at these shares instead of each utterance once; a small
     language's utterances repeat, a large one's are thinned. Give ``weights`` or
     ``temperature``. Each epoch's draw is a pure function of (seed, epoch), so resume stays
-    exact. Not with ``pack.enabled`` or ``stream.enabled`` yet."""
+    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. Not with
+    ``stream.enabled``."""
 
     weights: dict[str, float] | None = None
     """Per-language weights, e.g. ``{es: 2, en: 1}``: a language's share is its weight over
@@ -659,15 +660,6 @@ class DataConfig(Section):
                     for name, value in on.items() if value]  # fmt: skip
         if problems:
             raise ValueError("; ".join(problems))
-        return self
-
-    @model_validator(mode="after")
-    def _sampling_draws_utterances_not_windows(self) -> DataConfig:
-        if self.sampling is not None and self.pack.enabled:
-            raise ValueError(
-                "sampling: not available with pack.enabled yet (packed windows are composed "
-                "from every utterance once an epoch)"
-            )
         return self
 
     @model_validator(mode="after")

@@ -41,19 +41,38 @@ def test_shares_follow_the_weights_or_the_temperature_over_the_sizes():
 
 
 @pytest.mark.fast
-def test_sampling_config_needs_one_way_and_refuses_packing_and_streaming(tmp_path):
+def test_sampling_config_needs_one_way_and_refuses_streaming(tmp_path):
     with pytest.raises(ValueError, match="one of weights and temperature"):
         SamplingConfig()
     with pytest.raises(ValueError, match="finite and >= 0"):
         SamplingConfig(weights={"en": -1})
-    base = {"output_dir": str(tmp_path)}
-    for extra, said in (
-        ({"pack": {"enabled": True}}, "sampling: not available with pack.enabled"),
-        ({"stream": {"enabled": True}}, "sampling: not available with stream.enabled"),
-    ):
-        data = {"path": str(tmp_path), "sampling": {"temperature": 2}, **extra}
-        with pytest.raises(UserError, match=said):
-            load_config(data={**base, "data": data})
+    data = {"path": str(tmp_path), "sampling": {"temperature": 2}, "stream": {"enabled": True}}
+    with pytest.raises(UserError, match="sampling: not available with stream.enabled"):
+        load_config(data={"output_dir": str(tmp_path), "data": data})
+
+
+@pytest.mark.fast
+def test_packed_windows_hold_the_drawn_utterances():
+    from types import SimpleNamespace
+
+    from asrforge.config import PackConfig
+    from asrforge.data.packing import Packing
+
+    utts = _utts({"en": 30, "es": 6})
+    for u in utts:
+        u.seconds = 1.0
+    sampling = LanguageSampling.of(utts, SamplingConfig(weights={"en": 1, "es": 1}), seed=0)
+    packing = Packing(
+        base=SimpleNamespace(utts=utts, augment=None), cfg=PackConfig(enabled=True), seed=0,
+        max_samples=16000 * 30, max_positions=448, no_timestamps=0, start_of_prev=None,
+        timestamps=None, sampling=sampling,
+    )  # fmt: skip
+    windows, stats = packing.windows(0)
+    placed = Counter(p.utt for w in windows for p in w.pieces)
+    assert stats.utterances == 36 and sum(placed.values()) == 36
+    assert placed == Counter(sampling.order(0).tolist())  # the draw, each place once
+    assert all(len({utts[p.utt].language for p in w.pieces}) == 1 for w in windows)
+    assert {placed[i] for i in range(30, 36)} == {3}  # each Spanish utterance three times
 
 
 @pytest.mark.fast
@@ -74,10 +93,18 @@ def test_an_epoch_draws_each_language_at_its_share_repeating_the_small_one_evenl
     assert not np.array_equal(order, other_seed.order(0))
 
 
-def test_resume_with_language_sampling_is_bit_identical(tmp_path, tones_dir):
+PACKED = {
+    "model": {"max_source_positions": 200, "max_target_positions": 64},
+    "pack": {"enabled": True, "gap_seconds": [0.05, 0.3]},
+}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["utterances", "packed"])
+def test_resume_with_language_sampling_is_bit_identical(tmp_path, tones_dir, packed):
+    pack = {"pack": PACKED["pack"], "batch_size": 2} if packed else {"batch_size": 8}
     sections = dict(
-        model={"dropout": 0.1},
-        data={"batch_size": 8, "sampling": {"weights": {"en": 1, "es": 3}}},
+        model={"dropout": 0.1, **(PACKED["model"] if packed else {})},
+        data={**pack, "sampling": {"weights": {"en": 1, "es": 3}}},
         train={"max_steps": 8, "grad_accum": 2},
         eval={"eval_steps": 4},
         checkpoint={"save_total_limit": 5},

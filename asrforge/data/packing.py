@@ -18,6 +18,7 @@ from asrforge.data.audio import SAMPLE_RATE, open_audio
 from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
 from asrforge.data.prepare import UtteranceTable
+from asrforge.data.sampling import LanguageSampling
 from asrforge.data.targets import (
     Segment,
     TimestampTokens,
@@ -99,6 +100,16 @@ class PackItems:
             n_samples=n_samples,
             n_text_tokens=[len(u.text_ids) for u in utts],
             prompt_lengths=[len(u.prompt) for u in utts],
+        )
+
+    def drawn(self, order: np.ndarray) -> PackItems:
+        """The items at the places of ``order`` (utterance indices, repeats allowed)."""
+        at = order.tolist()
+        return PackItems(
+            languages=[self.languages[i] for i in at],
+            n_samples=[self.n_samples[i] for i in at],
+            n_text_tokens=[self.n_text_tokens[i] for i in at],
+            prompt_lengths=[self.prompt_lengths[i] for i in at],
         )
 
     @classmethod
@@ -427,6 +438,12 @@ class PackedWindows(Dataset):
         }
 
 
+def _of_utterances(w: Window, drawn: np.ndarray) -> Window:
+    """Window ``w`` composed over the places of a draw, with each place's utterance."""
+    pieces = tuple(replace(p, utt=int(drawn[p.utt])) for p in w.pieces)
+    return replace(w, pieces=pieces, prev=tuple(int(drawn[u]) for u in w.prev))
+
+
 @dataclass
 class Packing:
     """A run's packing: composes each epoch's windows (cached for the current epoch) and wraps
@@ -440,12 +457,19 @@ class Packing:
     no_timestamps: int
     start_of_prev: int | None
     timestamps: TimestampTokens | None
+    sampling: LanguageSampling | None = None
+    """``data.sampling``: the epoch's utterances drawn by language are what is packed."""
     _epoch: tuple[int, list[Window], PackStats] | None = None
 
     def windows(self, epoch: int) -> tuple[list[Window], PackStats]:
         if self._epoch is None or self._epoch[0] != epoch:
+            items = PackItems.of(self.base.utts, self.base.augment, epoch)
+            drawn = None
+            if self.sampling is not None:
+                drawn = self.sampling.order(epoch)
+                items = items.drawn(drawn)
             windows, stats = compose_windows(
-                PackItems.of(self.base.utts, self.base.augment, epoch),
+                items,
                 self.cfg,
                 max_samples=self.max_samples,
                 max_positions=self.max_positions,
@@ -453,6 +477,8 @@ class Packing:
                 epoch=epoch,
                 timestamps=self.timestamps is not None,
             )
+            if drawn is not None:  # the windows' places in the draw, back to utterances
+                windows = [_of_utterances(w, drawn) for w in windows]
             self._epoch = (epoch, windows, stats)
             log.info("packing, epoch %d: %s", epoch, stats.line())
         return self._epoch[1], self._epoch[2]

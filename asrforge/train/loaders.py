@@ -69,7 +69,8 @@ class RunLoaders:
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
         self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
-        if self.sampling is not None:  # as long as the training set, drawn by language
+        if self.sampling is not None and self.packing is None:  # drawn by language (packed:
+            # the draw is what the windows hold)
             order = self.sampling.order(epoch)
             batches = Batches(order, self.cfg.data.batch_size)[
                 acc.process_index :: acc.num_processes

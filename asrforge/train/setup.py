@@ -163,6 +163,11 @@ def prepare_run(
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
         write_config(out, cfg)
+    sampling = None
+    if cfg.data.sampling is not None:
+        sampling = LanguageSampling.of(train_set.utts, cfg.data.sampling, cfg.seed)
+        if packing is not None:
+            packing.sampling = sampling
     loaders = RunLoaders(
         cfg=cfg,
         accelerator=acc,
@@ -171,11 +176,7 @@ def prepare_run(
         collator=Collator(pad_id=bundle.specials.eot),
         text=text,
         packing=packing,
-        sampling=(
-            LanguageSampling.of(train_set.utts, cfg.data.sampling, cfg.seed)
-            if cfg.data.sampling is not None
-            else None
-        ),
+        sampling=sampling,
     )
     log.info(
         "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
