@@ -254,3 +254,37 @@ def test_the_training_set_holds_the_replay_rows_under_their_own_language(
         assert sum(setup.train_languages.values()) == 48
     finally:
         setup.close()
+
+
+@pytest.mark.fast
+def test_l2sp_and_distillation_with_lora_keep_the_adapters_only(tmp_path, tones_dir):
+    pytest.importorskip("peft")
+    from asrforge.config import LoraConfig
+    from asrforge.model import lora
+    from asrforge.train.forward import TrainingWhisper
+
+    torch.manual_seed(0)
+    whisper = _tiny_whisper(tmp_path, tones_dir).whisper
+    tuned = lora.add_adapters(whisper, LoraConfig(r=2, alpha=4, target_modules=["q_proj"]))
+    model = TrainingWhisper(tuned, None)
+    start = StartingModel(model, l2sp=1.0, distill_weight=1.0, replay_only=False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert set(start.weights) == set(trained) and len(trained) < len(list(model.parameters()))
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    # the frozen copy is its own: training the adapters leaves it at the start
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = torch.optim.SGD([{"params": trained, "lr": 0.5}])
+    with torch.no_grad():
+        for p in trained:
+            p.add_(1.0)
+    moved = [p.detach().clone() for p in trained]
+    start.pull(optimizer)
+    for p, before in zip(trained, moved, strict=True):
+        torch.testing.assert_close(p, before + 0.5 * (start.weights[p] - before))
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+    teacher = dict(start.teacher.named_parameters())
+    assert all(not p.requires_grad for p in teacher.values())
+    assert not any(
+        torch.equal(teacher[n], p) for n, p in model.named_parameters() if p.requires_grad
+        and "lora_B" in n
+    )  # fmt: skip
