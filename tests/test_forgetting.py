@@ -26,6 +26,7 @@ from asrforge.data.replay import (
 from asrforge.errors import UserError
 from asrforge.train.forgetting import StartingModel
 from asrforge.train.guard_items import guard_clip_files
+from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
 from tests.test_resume import PreemptAt, run
 
@@ -288,3 +289,24 @@ def test_l2sp_and_distillation_with_lora_keep_the_adapters_only(tmp_path, tones_
         torch.equal(teacher[n], p) for n, p in model.named_parameters() if p.requires_grad
         and "lora_B" in n
     )  # fmt: skip
+
+
+def test_the_distillation_term_is_logged_zero_at_the_start_then_growing(tmp_path, tones_dir):
+    from asrforge.train.events import Callback
+
+    seen = {}
+
+    class Distill(Callback):
+        name = "distill"
+
+        def on_step_end(self, state, *, metrics):
+            seen[state.step] = metrics["distill"]
+
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir,
+        train={"max_steps": 3, "distill_weight": 1.0, "log_every": 1},
+        eval={"eval_steps": None, "at_end": False},
+    )  # fmt: skip
+    assert Trainer(cfg, [Distill()]).fit().status == "completed"
+    assert seen[1] == pytest.approx(0.0, abs=1e-6)  # the first step's model is the start
+    assert 0 < seen[2] < seen[3]

@@ -332,10 +332,10 @@ class TrainingRun:
                     acc, self.model, placeholder, accum=accum, sync=sync, placeholder=True
                 )
             else:
-                loss, labels = micro_batch_backward(
+                loss, labels, distill = micro_batch_backward(
                     acc, self.model, batch, accum=accum, sync=sync, start=self.start
                 )
-                tally.add(batch, loss, labels, accum)
+                tally.add(batch, loss, labels, accum, distill)
 
         clip = cfg.optim.clip_grad_norm or float("inf")
         grad_norm, skip, diverging = finish_step(
@@ -441,6 +441,9 @@ class TrainingRun:
         # Under fp16, the dynamic loss scale after this step.
         if self.acc.scaler is not None:
             metrics["grad_scale"] = self.acc.scaler.get_scale()
+        # The mean distillation term over the micro-batches that had one (train.distill_weight).
+        if self.cfg.train.distill_weight:
+            metrics["distill"] = sum(tally.distill) / len(tally.distill) if tally.distill else None
         # The mean loss of each task, None when the step had no batch of it.
         if self.loaders.text is not None:
             for name, values in tally.task_losses.items():

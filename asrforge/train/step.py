@@ -27,7 +27,7 @@ def micro_batch_backward(
     sync: bool,
     placeholder: bool = False,
     start: StartingModel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """Forward ``batch`` under autocast, its token loss, and backward of the loss / ``accum``;
     gradients are synchronized across processes only when ``sync`` (the step's last one).
 
@@ -37,13 +37,14 @@ def micro_batch_backward(
     loss that is back-propagated, not the loss returned.
 
     Returns:
-        (the token loss, detached; the (n,) labelled positions' labels), or None for a
-        placeholder.
+        (the token loss, detached; the (n,) labelled positions' labels; the distillation term,
+        detached, or None), or None for a placeholder.
     """
     # A sharded model reduce-scatters every micro-batch's gradients: no_sync would keep each
     # layer's whole gradients until the step's last one.
     skip_sync = not sync and not is_sharded(model)
     with acc.no_sync(model) if skip_sync else nullcontext(), acc.autocast():
+        distill = None
         if placeholder:
             loss = model(batch).float().sum() * 0.0
         else:
@@ -52,7 +53,9 @@ def micro_batch_backward(
             loss = token_loss(logits, labels)
             distill = None if start is None else start.distill_loss(batch, logits, positions)
     acc.backward((loss if distill is None else loss + distill) / accum)
-    return None if placeholder else (loss.detach(), labels)
+    if placeholder:
+        return None
+    return loss.detach(), labels, None if distill is None else distill.detach()
 
 
 def finish_step(
@@ -94,10 +97,23 @@ class StepTally:
         self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
         self._pending: list[tuple[str, torch.Tensor]] = []
         self._accum = 1
+        self.distill: list[float] = []
+        """The distillation terms of the micro-batches that had one (``train.distill_weight``)."""
+        self._pending_distill: list[torch.Tensor] = []
 
-    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
+    def add(
+        self,
+        batch: dict,
+        loss: torch.Tensor,
+        labels: torch.Tensor,
+        accum: int,
+        distill: torch.Tensor | None = None,
+    ) -> None:
+        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions,
+        and its distillation term when it had one."""
         self._pending.append((batch.get("task", "asr"), loss))
+        if distill is not None:
+            self._pending_distill.append(distill)
         self._accum = accum
         self.samples += batch["size"]
         self.tokens += labels.numel()
@@ -108,13 +124,15 @@ class StepTally:
         norm = torch.as_tensor(grad_norm, dtype=torch.float32)
         if self._pending:
             losses = [loss.float() for _, loss in self._pending]
-            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
+            terms = [t.float() for t in self._pending_distill]
+            read = torch.stack([*losses, *terms, norm.to(losses[0].device)]).tolist()
+            values, self.distill, norm_value = read[: len(losses)], read[len(losses) : -1], read[-1]
         else:
             values, norm_value = [], norm.item()
         for (task, _), value in zip(self._pending, values, strict=True):
             self.loss += value / self._accum
             self.task_losses[task].append(value)
-        self._pending = []
+        self._pending, self._pending_distill = [], []
         return norm_value
 
 
