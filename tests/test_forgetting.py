@@ -253,6 +253,15 @@ def test_the_training_set_holds_the_replay_rows_under_their_own_language(
         assert not train_set[0]["replay"]
         # the run's own languages are the training split's, not the replay set's
         assert sum(setup.train_languages.values()) == 48
+        # packing and sampling read both tables' columns, as a pass over the rows would give
+        from asrforge.data.packing import PackItems
+        from asrforge.data.sampling import utterance_languages
+
+        utts = train_set.utts
+        assert PackItems.of(utts) == PackItems.of(list(utts))
+        assert utts.replay_uids() == [u.uid for u in utts[48:]]
+        codes, index = utterance_languages(utts)
+        assert [codes[k] for k in index] == [u.language for u in utts]
     finally:
         setup.close()
 

@@ -18,6 +18,7 @@ from asrforge.data.audio import SAMPLE_RATE, open_audio
 from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
 from asrforge.data.prepare import UtteranceTable
+from asrforge.data.replay import ReplayUtterances
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.targets import (
     Segment,
@@ -90,6 +91,8 @@ class PackItems:
         after this epoch's speed perturbation."""
         if isinstance(utts, UtteranceTable):
             return cls.of_table(utts, augment, epoch)
+        if isinstance(utts, ReplayUtterances):
+            return cls.of_replay(utts, augment, epoch)
         n_samples = [round(u.seconds * SAMPLE_RATE) for u in utts]
         if augment is not None:
             n_samples = [
@@ -100,6 +103,26 @@ class PackItems:
             n_samples=n_samples,
             n_text_tokens=[len(u.text_ids) for u in utts],
             prompt_lengths=[len(u.prompt) for u in utts],
+        )
+
+    @classmethod
+    def of_replay(cls, utts: ReplayUtterances, augment=None, epoch: int = 0) -> PackItems:
+        """The training utterances' items, then the drawn replay utterances', each from its
+        table's columns (no pass over the rows); speed perturbation keyed by the ids the data
+        set gives them."""
+        train = cls.of(utts.train, augment, epoch)
+        replay = cls.of(utts.replay).drawn(utts.picks)
+        n_samples = list(replay.n_samples)
+        if augment is not None:
+            uids = utts.replay_uids()
+            n_samples = [
+                augment.n_samples(uid, epoch, n) for uid, n in zip(uids, n_samples, strict=True)
+            ]
+        return cls(
+            languages=[*train.languages, *replay.languages],
+            n_samples=[*train.n_samples, *n_samples],
+            n_text_tokens=[*train.n_text_tokens, *replay.n_text_tokens],
+            prompt_lengths=[*train.prompt_lengths, *replay.prompt_lengths],
         )
 
     def drawn(self, order: np.ndarray) -> PackItems:

@@ -93,6 +93,11 @@ class ReplayUtterances(Sequence):
     def __len__(self) -> int:
         return len(self.train) + len(self.picks)
 
+    def replay_uids(self) -> list[str]:
+        """The ids of the drawn replay utterances, in order (read from the id column only)."""
+        uids = self.replay.uids() if hasattr(self.replay, "uids") else [u.uid for u in self.replay]
+        return [REPLAY_PREFIX + uids[int(k)] for k in self.picks]
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]

@@ -19,6 +19,7 @@ import numpy as np
 
 from asrforge.config import SamplingConfig
 from asrforge.data.prepare import UtteranceTable
+from asrforge.data.replay import ReplayUtterances
 from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,15 @@ def utterance_languages(utts) -> tuple[list[str], np.ndarray]:
     """The languages of ``utts`` and each utterance's index into them."""
     if isinstance(utts, UtteranceTable):
         return list(utts.languages), np.asarray(utts.language_index, dtype=np.int64)
+    if isinstance(utts, ReplayUtterances):  # each part from its table's columns
+        languages, train = utterance_languages(utts.train)
+        replay_languages, replay = utterance_languages(utts.replay)
+        codes = {lang: k for k, lang in enumerate(languages)}
+        for lang in replay_languages:
+            codes.setdefault(lang, len(codes))
+        shift = np.asarray([codes[lang] for lang in replay_languages], dtype=np.int64)
+        drawn = shift[replay[np.asarray(utts.picks, dtype=np.int64)]] if len(shift) else replay
+        return list(codes), np.concatenate([train, drawn])
     codes: dict[str, int] = {}
     index = [codes.setdefault(u.language, len(codes)) for u in utts]
     return list(codes), np.asarray(index, dtype=np.int64)
