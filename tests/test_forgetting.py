@@ -319,3 +319,21 @@ def test_the_distillation_term_is_logged_zero_at_the_start_then_growing(tmp_path
     assert Trainer(cfg, [Distill()]).fit().status == "completed"
     assert seen[1] == pytest.approx(0.0, abs=1e-6)  # the first step's model is the start
     assert 0 < seen[2] < seen[3]
+
+
+def test_a_resume_on_other_replay_data_is_refused_by_name(tmp_path, tones_dir, clips):
+    replay = _replay_manifest(tmp_path / "corpus", clips, n=8)
+    sections = dict(
+        data={"replay": {"path": str(replay), "share": 0.2}},
+        train={"max_steps": 2},
+        eval={"eval_steps": None, "at_end": False},
+    )
+    cfg = tiny_config(tmp_path / "run", tones_dir, **sections)
+    assert Trainer(cfg, []).fit().status == "completed"
+    record = json.loads((tmp_path / "run" / "replay.json").read_text())
+    assert record["rows"] == 8
+    lines = replay.read_text().splitlines()
+    replay.write_text("\n".join(lines[:-1]) + "\n")  # one row fewer
+    longer = tiny_config(tmp_path / "run", tones_dir, **{**sections, "train": {"max_steps": 4}})
+    with pytest.raises(UserError, match="resume on the replay data the run started with"):
+        Trainer(longer, []).fit(resume=True)

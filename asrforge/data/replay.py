@@ -10,6 +10,8 @@ replay set's usable rows), fixed for the run: a resumed run trains on the same r
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from asrforge.config import DataConfig, ReplayConfig
+from asrforge.data.ids import row_keys
 from asrforge.data.sources import read_split
 from asrforge.errors import UserError
+from asrforge.io.atomic import atomic_write_text
 
 # "RPLY" in ASCII keeps this draw apart from the run's other (seed, ...) streams.
 _SALT = 0x52504C59
@@ -108,6 +112,36 @@ class ReplayUtterances(Sequence):
             return self.train[i]
         u = self.replay[int(self.picks[i - len(self.train)])]
         return replace(u, row=u.row + self.row_offset, uid=REPLAY_PREFIX + u.uid)
+
+
+RECORD_FILE = "replay.json"
+"""The run directory's record of the replay data it drew from."""
+
+
+def check_same_replay(split, cfg: ReplayConfig, run_dir: Path, *, resuming: bool, is_main: bool):
+    """Record the replay data a run draws from (``run_dir/replay.json``: its path, row count and
+    a fingerprint of its rows' keys); a resumed run must draw from the same rows, or the replay
+    utterances, and with them the data order, would differ from the run it continues.
+
+    Raises:
+        UserError: resuming on replay data other than the recorded one.
+    """
+    keys = row_keys(split)
+    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()
+    record = Path(run_dir) / RECORD_FILE
+    if resuming and record.is_file():
+        saved = json.loads(record.read_text())
+        if (saved.get("rows"), saved.get("sha256")) != (len(keys), digest):
+            raise UserError(
+                f"data.replay: {record} records {saved.get('rows')} replay rows of "
+                f"{saved.get('path')}; {cfg.path} holds {len(keys)} rows now, or other ones: "
+                "resume on the replay data the run started with"
+            )
+        return
+    if is_main:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, json.dumps({"path": str(cfg.path), "rows": len(keys),
+                                              "sha256": digest}))  # fmt: skip
 
 
 def check_apart_from_guard(

@@ -154,7 +154,7 @@ def prepare_run(
     n_params = log_model(bundle.model)
     # The data sets check labels with the tokenizer and clips against the model's window.
     train_set, eval_set, train_skipped, packing = setup_data(
-        cfg, out, acc, bundle, train_source, eval_split, precision
+        cfg, out, acc, bundle, train_source, eval_split, precision, resuming=resume_from is not None
     )
     clock.lap(data_phase(cfg, packing))
     # The selection policy is chosen by the languages the training set holds.

@@ -27,6 +27,7 @@ from asrforge.data.replay import (
     JoinedRows,
     ReplayUtterances,
     check_apart_from_guard,
+    check_same_replay,
     read_replay,
     replay_count,
     replay_picks,
@@ -68,6 +69,7 @@ def setup_data(
     train_source,
     eval_split,
     precision: str,
+    resuming: bool = False,
 ) -> tuple[SpeechDataset | StreamedSplit, SpeechDataset, SkipReport, Packing | None]:
     """The training and evaluation data sets with their caches, the training split's skip
     report, and with ``data.pack.enabled`` the packed windows."""
@@ -78,7 +80,7 @@ def setup_data(
         )
     else:
         train_set, eval_set, train_skipped = build_datasets(
-            cfg, out, acc, bundle, train_source, eval_split
+            cfg, out, acc, bundle, train_source, eval_split, resuming=resuming
         )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
@@ -182,7 +184,14 @@ class SplitTexts:
 
 
 def build_datasets(
-    cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    train_split,
+    eval_split,
+    *,
+    resuming: bool = False,
 ) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
     """The training and evaluation data sets: each split's usable utterances (the skipped ones
     reported in the log and ``skipped-<split>.json``), and the training split's report; no
@@ -232,7 +241,9 @@ def build_datasets(
     if not train_utts:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
     if data.replay is not None:
-        train_split, train_utts = join_replay(cfg, out, acc, kw, train_split, train_utts)
+        train_split, train_utts = join_replay(
+            cfg, out, acc, kw, train_split, train_utts, resuming=resuming
+        )
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
     if isinstance(train_utts, ReplayUtterances):
         train_set.replay_from = train_utts.first_replay
@@ -244,14 +255,14 @@ def build_datasets(
 
 
 def join_replay(
-    cfg: TrainConfig, out: Path, acc, kw: dict, train_split, train_utts
+    cfg: TrainConfig, out: Path, acc, kw: dict, train_split, train_utts, *, resuming: bool
 ) -> tuple[JoinedRows, ReplayUtterances]:
     """``data.replay``: the training rows and utterances with the replay set's drawn ones after
     them, its skipped rows reported as ``skipped-replay.json``.
 
     Raises:
-        UserError: the replay data is the guard's or holds its clips, cannot be read, or has
-            no usable utterance.
+        UserError: the replay data is the guard's or holds its clips, cannot be read, has no
+            usable utterance, or (resuming) is not the data the run started with.
     """
     data = cfg.data
     replay = data.replay
@@ -259,6 +270,7 @@ def join_replay(
     if cfg.eval.guard is not None:
         guard_files = guard_clip_files(cfg.eval.guard, data.cache_dir)
         check_apart_from_guard(replay_split, replay, cfg.eval.guard.path, guard_files)
+    check_same_replay(replay_split, replay, out, resuming=resuming, is_main=acc.is_main_process)
     # the replay set keeps its own languages: data.languages picks the training rows
     kw = {**kw, "cfg": data.model_copy(update={"languages": None})}
     utts, report = main_process_first(acc, lambda: prepare_split(replay_split, "replay", **kw))
