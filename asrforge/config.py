@@ -475,6 +475,63 @@ class StreamConfig(Section):
     ``data.eval_split`` files."""
 
 
+class SamplingConfig(Section):
+    """Language sampling for multilingual training: each epoch (as long as the training set)
+    draws its utterances by language at these shares instead of each utterance once; a small
+    language's utterances repeat, a large one's are thinned. Give ``weights`` or
+    ``temperature``. Each epoch's draw is a pure function of (seed, epoch), so resume stays
+    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. Not with
+    ``stream.enabled``."""
+
+    weights: dict[str, float] | None = None
+    """Per-language weights, e.g. ``{es: 2, en: 1}``: a language's share is its weight over
+    their sum. Every language of the training set needs one (0 leaves it out)."""
+    temperature: float | None = Field(default=None, gt=0)
+    """Shares by the languages' sizes ``n_l ** (1 / temperature)`` over their sum: 1 keeps the
+    data's shares, larger ones move toward equal shares (multilingual pretraining uses 3 to
+    5)."""
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_not_negative(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        bad = {k: w for k, w in (v or {}).items() if not w >= 0 or w == float("inf")}
+        if bad:
+            raise ValueError(f"must be finite and >= 0, got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SamplingConfig:
+        if (self.weights is None) == (self.temperature is None):
+            raise ValueError("give one of weights and temperature")
+        return self
+
+
+class ReplayConfig(Section):
+    """Rehearsal: rows of another data set (the languages and domain the model already handles)
+    mixed into the training utterances under their own language tag, so fine-tuning keeps
+    practising what it must not forget. Which replay rows join is a pure function of
+    (``seed``, the replay set), fixed for the run, so resume stays exact. See docs/training.md,
+    "Learning without forgetting"."""
+
+    path: Path
+    """The replay data, in any form ``data.path`` takes. Never the guard's set
+    (``eval.guard.path``) or data holding its clips: that is refused, since the guard would
+    then measure what the run trained on."""
+    share: float = Field(default=0.2, gt=0, lt=1)
+    """The share of the training utterances that are replay rows: ``n_train * share / (1 -
+    share)`` rows are drawn from the replay set (repeating it when it is smaller)."""
+    language: str | None = None
+    """The language of every replay row (its tag in the prompt) when the data has no language
+    column (a code, an English name or a locale)."""
+    split: str = "train"
+    """The split of replay data with splits (a single file is read whole)."""
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    """The replay data's column names, as ``data.columns`` gives them."""
+    audio_dir: Path | None = None
+    """Where the replay data's relative audio paths are read from; default its manifest's
+    directory."""
+
+
 class DataConfig(Section):
     """Where the speech comes from and how it is batched."""
 
@@ -583,6 +640,20 @@ class DataConfig(Section):
     ``AugmentConfig``); off by default."""
     stream: StreamConfig = Field(default_factory=StreamConfig)
     """Stream the training split from its files (see ``StreamConfig``); off by default."""
+    sampling: SamplingConfig | None = None
+    """Language sampling for multilingual mixes: ``{weights: {es: 2, en: 1}}`` or
+    ``{temperature: 3}`` (see ``SamplingConfig``); off by default (each utterance once an
+    epoch)."""
+    filter_wer: float | None = Field(default=None, gt=0)
+    """Drop training rows whose transcript the starting model (``model.pretrained``) disagrees
+    with by more than this WER (its greedy transcript against the row's, normalized as
+    evaluation normalizes them; 0.5 drops rows it gets more than half wrong): each row is
+    scored once, cached by fingerprint under ``cache_dir``, and the dropped rows are listed in
+    ``skipped-<split>.json``. Costs one decoding pass over the training split before step 1,
+    the first time. Not with ``stream.enabled``."""
+    replay: ReplayConfig | None = None
+    """Rehearsal: mix a share of another data set into the training utterances, e.g. ``{path:
+    data/en, share: 0.2, language: en}`` (see ``ReplayConfig``); off by default."""
 
     @model_validator(mode="after")
     def _text_only_needs_text(self) -> DataConfig:
@@ -603,12 +674,18 @@ class DataConfig(Section):
             "cache_encoder": "the encoder cache is built from every utterance first",
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
+            "replay": "replay rows join the training utterances checked before step 1",
+            "sampling": "the draw needs every training utterance's language before step 1",
+            "filter_wer": "every training row is scored before step 1",
         }
         on = {
             "pack.enabled": self.pack.enabled,
             "cache_features": self.cache_features,
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
+            "replay": self.replay is not None,
+            "sampling": self.sampling is not None,
+            "filter_wer": self.filter_wer is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"
                     for name, value in on.items() if value]  # fmt: skip
@@ -670,6 +747,12 @@ class OptimConfig(Section):
     """Final learning rate as a fraction of ``lr`` (cosine and linear)."""
     clip_grad_norm: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this value; null disables clipping."""
+    l2sp: float = Field(default=0.0, ge=0)
+    """L2-SP: a decoupled pull of the trained weights toward the starting model's, applied
+    after each optimizer step as AdamW applies its decay (``w -= lr * l2sp * (w - w_start)``,
+    the parameter group's learning rate), on the parameters that train only (LoRA's adapters,
+    the unfrozen layers); 0: none. Holds a copy of the trained weights. See docs/training.md,
+    "Learning without forgetting"."""
 
 
 class TrainLoopConfig(Section):
@@ -703,6 +786,12 @@ class TrainLoopConfig(Section):
     scaler finding its scale)."""
     ema_decay: float | None = Field(default=None, gt=0, lt=1)
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999)."""
+    distill_weight: float = Field(default=0.0, ge=0)
+    """Distillation toward the start (learning without forgetting): adds this weight times the
+    KL divergence from the frozen starting model's token distributions to the model's, at the
+    labelled positions of the replay rows (``data.replay``; of every row without it); 0: off.
+    Holds a frozen copy of the starting model and runs its forward on those rows every step
+    (about a third more compute per replay row, and the model's memory again)."""
     distributed: Literal["ddp", "fsdp"] = "ddp"
     """How several processes (``torchrun``, ``accelerate launch``) share the training. ``ddp``:
     each holds all the weights, gradients and optimizer states. ``fsdp``: they are sharded
@@ -1076,6 +1165,11 @@ class TrainConfig(Section):
                 "data.cache_encoder: needs model.freeze_encoder: true or model.train_encoder_layers "
                 "(a training encoder's output changes every step)"
             )
+        if self.data.filter_wer is not None and self.model.pretrained is None:
+            raise ValueError(
+                "data.filter_wer: needs model.pretrained (the rows are scored by the starting "
+                "model; a model built here transcribes nothing yet)"
+            )
         if self.train.distributed == "fsdp":
             refused = self._fsdp_refusals()
             if refused:
@@ -1098,6 +1192,8 @@ class TrainConfig(Section):
             refused.append("data.asr_ratio below 1 (text-only batches skip the encoder's shards)")
         if self.model.trained_top_encoder_layers is not None:
             refused.append("a frozen encoder part (model.freeze_encoder, train_encoder_layers)")
+        if self.optim.l2sp or self.train.distill_weight:
+            refused.append("optim.l2sp or train.distill_weight (the starting weights are whole)")
         if self.optim.optimizer == "adamw_8bit":
             refused.append(
                 "optim.optimizer: adamw_8bit (its 8-bit states are not sharded: use adamw)"

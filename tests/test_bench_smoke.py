@@ -396,3 +396,17 @@ def test_bench_memory_shards_the_static_terms_not_the_activations():
     assert four[0]["static"] == one[0]["static"] / 4
     assert four[0]["activations"] == one[0]["activations"]
     assert four[0]["peak"] < whole["mixed"] / 2
+
+
+def test_bench_forgetting_runs_each_option_at_equal_steps(tmp_path, capsys):
+    import bench_forgetting
+
+    rows = bench_forgetting.main(
+        ["--out", str(tmp_path), "--start-steps", "2", "--steps", "2",
+         "--only", "none,replay+distill+l2sp"]
+    )  # fmt: skip
+    assert [r["option"] for r in rows] == ["none", "replay+distill+l2sp"]
+    # both start from the same model, so they see the same starting English loss
+    assert rows[0]["en_loss_start"] == rows[1]["en_loss_start"]
+    assert all(r["step_s"] > 0 and r["guard_start"] == rows[0]["guard_start"] for r in rows)
+    assert "RESULT forgetting " in capsys.readouterr().out

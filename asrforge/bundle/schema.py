@@ -94,6 +94,9 @@ TRAINING_ONLY: Split = {
         # Inference never augments.
         "augment": ALL,
         "stream": ALL,  # how the training split was read
+        "replay": ALL,  # rehearsal rows mixed into training
+        "sampling": ALL,  # how often each language trained
+        "filter_wer": ALL,  # which training rows were left out
     },
     "eval": {
         "eval_steps": ALL,

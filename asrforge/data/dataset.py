@@ -56,6 +56,12 @@ class SpeechDataset(Dataset):
         self.augment = None
         # The epoch being loaded, on which augmentation draws depend.
         self.epoch = 0
+        # The first replay utterance (data.replay; data/replay.py), None without replay.
+        self.replay_from: int | None = None
+
+    def is_replay(self, i: int) -> bool:
+        """Whether utterance ``i`` is a replay row (``data.replay``)."""
+        return self.replay_from is not None and i >= self.replay_from
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -135,7 +141,9 @@ class SpeechDataset(Dataset):
             inputs = {"input_features": torch.from_numpy(feats)}
         else:
             try:
-                inputs = {"input_features": torch.from_numpy(self.masked(self.training_features(i), i))}
+                inputs = {
+                    "input_features": torch.from_numpy(self.masked(self.training_features(i), i))
+                }
             except UnusableAudio as e:
                 uid = named(u.uid, e.source) if e.reason == NOT_FOUND else u.uid
                 return {"dropped": uid, "reason": e.reason}
@@ -154,6 +162,7 @@ class SpeechDataset(Dataset):
             "uid": u.uid,
             "language": u.language,
             "text": u.text,
+            "replay": self.is_replay(i),
         }
 
 
@@ -190,6 +199,7 @@ class Collator:
             "uid": [it["uid"] for it in items],
             "language": [it["language"] for it in items],
             "text": [it["text"] for it in items],
+            "replay": torch.tensor([bool(it.get("replay")) for it in items]),
             "size": len(items),
             "dropped": dropped,
             "dropped_reasons": reasons,

@@ -18,6 +18,8 @@ from asrforge.data.audio import SAMPLE_RATE, open_audio
 from asrforge.data.augment import AugmentError
 from asrforge.data.dataset import SpeechDataset
 from asrforge.data.prepare import UtteranceTable
+from asrforge.data.replay import ReplayUtterances
+from asrforge.data.sampling import LanguageSampling
 from asrforge.data.targets import (
     Segment,
     TimestampTokens,
@@ -89,14 +91,48 @@ class PackItems:
         after this epoch's speed perturbation."""
         if isinstance(utts, UtteranceTable):
             return cls.of_table(utts, augment, epoch)
+        if isinstance(utts, ReplayUtterances):
+            return cls.of_replay(utts, augment, epoch)
         n_samples = [round(u.seconds * SAMPLE_RATE) for u in utts]
         if augment is not None:
-            n_samples = [augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)]
+            n_samples = [
+                augment.n_samples(u.uid, epoch, n) for u, n in zip(utts, n_samples, strict=True)
+            ]
         return cls(
             languages=[u.language for u in utts],
             n_samples=n_samples,
             n_text_tokens=[len(u.text_ids) for u in utts],
             prompt_lengths=[len(u.prompt) for u in utts],
+        )
+
+    @classmethod
+    def of_replay(cls, utts: ReplayUtterances, augment=None, epoch: int = 0) -> PackItems:
+        """The training utterances' items, then the drawn replay utterances', each from its
+        table's columns (no pass over the rows); speed perturbation keyed by the ids the data
+        set gives them."""
+        train = cls.of(utts.train, augment, epoch)
+        replay = cls.of(utts.replay).drawn(utts.picks)
+        n_samples = list(replay.n_samples)
+        if augment is not None:
+            uids = utts.replay_uids()
+            n_samples = [
+                augment.n_samples(uid, epoch, n) for uid, n in zip(uids, n_samples, strict=True)
+            ]
+        return cls(
+            languages=[*train.languages, *replay.languages],
+            n_samples=[*train.n_samples, *n_samples],
+            n_text_tokens=[*train.n_text_tokens, *replay.n_text_tokens],
+            prompt_lengths=[*train.prompt_lengths, *replay.prompt_lengths],
+        )
+
+    def drawn(self, order: np.ndarray) -> PackItems:
+        """The items at the places of ``order`` (utterance indices, repeats allowed)."""
+        at = order.tolist()
+        return PackItems(
+            languages=[self.languages[i] for i in at],
+            n_samples=[self.n_samples[i] for i in at],
+            n_text_tokens=[self.n_text_tokens[i] for i in at],
+            prompt_lengths=[self.prompt_lengths[i] for i in at],
         )
 
     @classmethod
@@ -390,7 +426,9 @@ class PackedWindows(Dataset):
         if w.alone and cache is not None and utts[w.pieces[0].utt].audio_key in cache:
             # the utterance's own window, cached; a cache read error is no decoding failure:
             # it propagates instead of dropping every clip
-            feats = self.base.masked(cache.features(utts[w.pieces[0].utt].audio_key), w.pieces[0].utt)
+            feats = self.base.masked(
+                cache.features(utts[w.pieces[0].utt].audio_key), w.pieces[0].utt
+            )
         else:
             try:
                 if w.alone:
@@ -417,9 +455,16 @@ class PackedWindows(Dataset):
             "language": utts[w.pieces[0].utt].language,
             "text": " ".join(utts[u].text for u in kept),
             "n_utterances": len(kept),
+            "replay": any(self.base.is_replay(u) for u in kept),
             "dropped_parts": [utts[u].uid for u in failed],
             "dropped_part_reasons": list(failed.values()),
         }
+
+
+def _of_utterances(w: Window, drawn: np.ndarray) -> Window:
+    """Window ``w`` composed over the places of a draw, with each place's utterance."""
+    pieces = tuple(replace(p, utt=int(drawn[p.utt])) for p in w.pieces)
+    return replace(w, pieces=pieces, prev=tuple(int(drawn[u]) for u in w.prev))
 
 
 @dataclass
@@ -435,12 +480,19 @@ class Packing:
     no_timestamps: int
     start_of_prev: int | None
     timestamps: TimestampTokens | None
+    sampling: LanguageSampling | None = None
+    """``data.sampling``: the epoch's utterances drawn by language are what is packed."""
     _epoch: tuple[int, list[Window], PackStats] | None = None
 
     def windows(self, epoch: int) -> tuple[list[Window], PackStats]:
         if self._epoch is None or self._epoch[0] != epoch:
+            items = PackItems.of(self.base.utts, self.base.augment, epoch)
+            drawn = None
+            if self.sampling is not None:
+                drawn = self.sampling.order(epoch)
+                items = items.drawn(drawn)
             windows, stats = compose_windows(
-                PackItems.of(self.base.utts, self.base.augment, epoch),
+                items,
                 self.cfg,
                 max_samples=self.max_samples,
                 max_positions=self.max_positions,
@@ -448,6 +500,8 @@ class Packing:
                 epoch=epoch,
                 timestamps=self.timestamps is not None,
             )
+            if drawn is not None:  # the windows' places in the draw, back to utterances
+                windows = [_of_utterances(w, drawn) for w in windows]
             self._epoch = (epoch, windows, stats)
             log.info("packing, epoch %d: %s", epoch, stats.line())
         return self._epoch[1], self._epoch[2]

@@ -3,6 +3,7 @@ files, or data as ``data.path`` takes it, each recording cut at pauses into wind
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from asrforge.config import DataConfig, GuardConfig
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
-from asrforge.data.guard_set import AUDIO_SUFFIXES
+from asrforge.data.guard_set import AUDIO_SUFFIXES, MANIFEST
 from asrforge.data.locate import FILE_FORMATS, split_of
 from asrforge.data.sources import read_split
 from asrforge.errors import UserError
@@ -78,6 +79,37 @@ def load_guard_items(
             f"{missing} (recordings longer than one window have none either); use mode: drift"
         )
     return items
+
+
+def guard_clip_files(cfg: GuardConfig, cache_dir: Path | None = None) -> set[Path]:
+    """Every audio file the guard set reads, and the clips a guard set built by ``asrforge
+    guard build`` was joined from (its manifest's ``clips``), resolved: what no run may train on.
+    """
+    path = Path(cfg.path)
+    if not path.exists():
+        raise UserError(f"eval.guard.path: {path} does not exist")
+    if not is_data_source(path):
+        files = [path] if path.is_file() else [
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES
+        ]  # fmt: skip
+        return {f.resolve() for f in files}
+    data = DataConfig(
+        path=cfg.path, columns=cfg.columns, audio_dir=cfg.audio_dir, cache_dir=cache_dir
+    )
+    ds = read_split(data, cfg.split, option="eval.guard.split", section="eval.guard",
+                    required=("audio",), default_language="en")  # fmt: skip
+    found = set()
+    for row in ds.select_columns(["audio"]):
+        audio = row["audio"]
+        if not audio.get("bytes") and audio.get("path"):
+            found.add(Path(audio["path"]).resolve())
+    manifest = path / MANIFEST if path.is_dir() else path
+    if manifest.suffix == ".jsonl" and manifest.is_file():
+        for line in manifest.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line) if line.strip() else {}
+            clips = record.get("clips") if isinstance(record, dict) else None
+            found |= {(manifest.parent / c).resolve() for c in clips or [] if isinstance(c, str)}
+    return found
 
 
 def _file_sources(path: Path, language: str):

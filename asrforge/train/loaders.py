@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import Collator, SpeechDataset, epoch_batches, eval_batches
+from asrforge.data.dataset import Batches, Collator, SpeechDataset, epoch_batches, eval_batches
 from asrforge.data.packing import Packing
+from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.text_only import TextBatches, interleave
 from asrforge.data.workers import ignore_stop_signals, worker_count
@@ -31,6 +32,8 @@ class RunLoaders:
     collator: Collator
     text: TextBatches | None = None
     packing: Packing | None = None
+    sampling: LanguageSampling | None = None
+    """``data.sampling``: each epoch's utterances drawn by language."""
 
     @property
     def loader_workers(self) -> int:
@@ -67,14 +70,21 @@ class RunLoaders:
         # packed: the epoch's windows (a pure function of seed and epoch) are what is batched
         self.train_set.epoch = epoch  # augmentation draws (each epoch's loader is new)
         train_set = self.packing.dataset(epoch) if self.packing is not None else self.train_set
-        batches = epoch_batches(
-            len(train_set),
-            self.cfg.data.batch_size,
-            self.cfg.seed,
-            epoch,
-            acc.process_index,
-            acc.num_processes,
-        )
+        if self.sampling is not None and self.packing is None:  # drawn by language (packed:
+            # the draw is what the windows hold)
+            order = self.sampling.order(epoch)
+            batches = Batches(order, self.cfg.data.batch_size)[
+                acc.process_index :: acc.num_processes
+            ]
+        else:
+            batches = epoch_batches(
+                len(train_set),
+                self.cfg.data.batch_size,
+                self.cfg.seed,
+                epoch,
+                acc.process_index,
+                acc.num_processes,
+            )
         loader = self._loader(train_set, batches[start_batch:], seed=self.cfg.seed * 7919 + epoch)
         return self._with_text(loader, micro_batch, text_position)
 

@@ -27,6 +27,7 @@ from asrforge.model.lora import load_model_state
 from asrforge.selection.guard_gate import describe_refused
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.events import CallbackList, Decision, RunInfo
+from asrforge.train.forgetting import StartingModel
 from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
 from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
@@ -116,6 +117,8 @@ class TrainingRun:
             optimizer = build_optimizer(self.whisper, cfg.optim)
             self.model, self.optimizer = self.acc.prepare(training_model, optimizer)
         self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
+        # Taken before a resume loads its checkpoint: the start of the run it continues.
+        self.start = StartingModel.of_run(cfg, training_model)
         self.state = TrainState()
         self.ema: EMA | None = None
         self.guard = None
@@ -331,12 +334,14 @@ class TrainingRun:
                     acc, self.model, placeholder, accum=accum, sync=sync, placeholder=True
                 )
             else:
-                loss, labels = micro_batch_backward(acc, self.model, batch, accum=accum, sync=sync)
-                tally.add(batch, loss, labels, accum)
+                loss, labels, distill = micro_batch_backward(
+                    acc, self.model, batch, accum=accum, sync=sync, start=self.start
+                )
+                tally.add(batch, loss, labels, accum, distill)
 
         clip = cfg.optim.clip_grad_norm or float("inf")
         grad_norm, skip, diverging = finish_step(
-            acc, self.optimizer, self.scheduler, self.ema, self.whisper, clip, tally
+            acc, self.optimizer, self.scheduler, self.ema, self.whisper, clip, tally, self.start
         )
         self._count_step(tally, skip, diverging)
         return self._step_metrics(tally, grad_norm, skipped=skip is not None)
@@ -438,6 +443,9 @@ class TrainingRun:
         # Under fp16, the dynamic loss scale after this step.
         if self.acc.scaler is not None:
             metrics["grad_scale"] = self.acc.scaler.get_scale()
+        # The mean distillation term over the micro-batches that had one (train.distill_weight).
+        if self.cfg.train.distill_weight:
+            metrics["distill"] = sum(tally.distill) / len(tally.distill) if tally.distill else None
         # The mean loss of each task, None when the step had no batch of it.
         if self.loaders.text is not None:
             for name, values in tally.task_losses.items():

@@ -34,7 +34,9 @@ from asrforge.data.dataset import (
     language_counts,
 )
 from asrforge.data.prepare import language_value_counts
+from asrforge.data.replay import ReplayUtterances
 from asrforge.data.rules import SkipReport, check_english_only, language_filter
+from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
 from asrforge.io.atomic import atomic_directory
@@ -158,7 +160,7 @@ def prepare_run(
     n_params = log_model(bundle.model)
     # The data sets check labels with the tokenizer and clips against the model's window.
     train_set, eval_set, train_skipped, packing = setup_data(
-        cfg, out, acc, bundle, train_source, eval_split, precision
+        cfg, out, acc, bundle, train_source, eval_split, precision, resuming=resume_from is not None
     )
     clock.lap(data_phase(cfg, packing))
     # The selection policy is chosen by the languages the training set holds.
@@ -167,6 +169,11 @@ def prepare_run(
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
         write_config(out, cfg, commits)
+    sampling = None
+    if cfg.data.sampling is not None:
+        sampling = LanguageSampling.of(train_set.utts, cfg.data.sampling, cfg.seed)
+        if packing is not None:
+            packing.sampling = sampling
     loaders = RunLoaders(
         cfg=cfg,
         accelerator=acc,
@@ -175,6 +182,7 @@ def prepare_run(
         collator=Collator(pad_id=bundle.specials.eot),
         text=text,
         packing=packing,
+        sampling=sampling,
     )
     log.info(
         "data: %d DataLoader worker(s) per process (data.num_workers: %s)%s",
@@ -256,7 +264,9 @@ def log_model(model) -> tuple[int, int]:
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
     if isinstance(train_set, StreamedSplit):
         return train_set.languages
-    return language_counts(train_set.utts)
+    utts = train_set.utts
+    # replay rows (data.replay) are what the run must keep, not the language it learns
+    return language_counts(utts.train if isinstance(utts, ReplayUtterances) else utts)
 
 
 def start_accelerator(cfg: TrainConfig, precision: str):

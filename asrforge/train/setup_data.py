@@ -19,9 +19,19 @@ from asrforge.data.cache.features import FeatureCache
 from asrforge.data.carve import training_splits
 from asrforge.data.dataset import (
     SpeechDataset,
+    language_counts,
 )
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.prepare import prepare_split, split_languages
+from asrforge.data.replay import (
+    JoinedRows,
+    ReplayUtterances,
+    check_apart_from_guard,
+    check_same_replay,
+    read_replay,
+    replay_count,
+    replay_picks,
+)
 from asrforge.data.rules import SkipReport
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
@@ -33,7 +43,9 @@ from asrforge.model.build import (
 )
 from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
+from asrforge.train.guard_items import guard_clip_files
 from asrforge.train.ranks import main_process_first
+from asrforge.train.transcript_filter import filter_transcripts
 
 log = logging.getLogger("asrforge.train")
 
@@ -58,6 +70,7 @@ def setup_data(
     train_source,
     eval_split,
     precision: str,
+    resuming: bool = False,
 ) -> tuple[SpeechDataset | StreamedSplit, SpeechDataset, SkipReport, Packing | None]:
     """The training and evaluation data sets with their caches, the training split's skip
     report, and with ``data.pack.enabled`` the packed windows."""
@@ -68,7 +81,7 @@ def setup_data(
         )
     else:
         train_set, eval_set, train_skipped = build_datasets(
-            cfg, out, acc, bundle, train_source, eval_split
+            cfg, out, acc, bundle, train_source, eval_split, resuming=resuming
         )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
@@ -172,7 +185,14 @@ class SplitTexts:
 
 
 def build_datasets(
-    cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, train_split, eval_split
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    train_split,
+    eval_split,
+    *,
+    resuming: bool = False,
 ) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
     """The training and evaluation data sets: each split's usable utterances (the skipped ones
     reported in the log and ``skipped-<split>.json``), and the training split's report; no
@@ -191,7 +211,11 @@ def build_datasets(
         max_seconds=window_seconds(config),
     )
     data = cfg.data
-    lazy = not (data.pack.enabled or data.cache_features or data.cache_encoder)
+    # replay joins utterances checked in full (a lazy table's checks are its own rows')
+    lazy = not (
+        data.pack.enabled or data.cache_features or data.cache_encoder or data.replay
+        or data.filter_wer is not None
+    )  # fmt: skip
     # a split checked in full is cached: rank zero checks it, the others (and a resume) read it
     kw["cache"] = Path(data.cache_dir or out / "cache") / "prepared"
     (train_utts, train_report), (eval_utts, eval_report) = main_process_first(
@@ -203,17 +227,70 @@ def build_datasets(
     )
     if cfg.data.max_eval_samples:
         eval_utts = eval_utts[: cfg.data.max_eval_samples]
+    eot = bundle.specials.eot
+    if data.filter_wer is not None and train_utts:
+        scored = SpeechDataset(train_split, train_utts, bundle.features, eot)
+        train_utts = main_process_first(
+            acc,
+            lambda: filter_transcripts(
+                cfg, kw["cache"].parent, scored, train_report, model=bundle.model,
+                tokenizer=bundle.tokenizer, eot=eot, device=acc.device,
+            ),
+        )  # fmt: skip
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
-    eot = bundle.specials.eot
+    if data.replay is not None:
+        train_split, train_utts = join_replay(
+            cfg, out, acc, kw, train_split, train_utts, resuming=resuming
+        )
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
+    if isinstance(train_utts, ReplayUtterances):
+        train_set.replay_from = train_utts.first_replay
     # training only: the evaluation set never augments
     train_set.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
     return train_set, SpeechDataset(eval_split, eval_utts, bundle.features, eot), train_report
+
+
+def join_replay(
+    cfg: TrainConfig, out: Path, acc, kw: dict, train_split, train_utts, *, resuming: bool
+) -> tuple[JoinedRows, ReplayUtterances]:
+    """``data.replay``: the training rows and utterances with the replay set's drawn ones after
+    them, its skipped rows reported as ``skipped-replay.json``.
+
+    Raises:
+        UserError: the replay data is the guard's or holds its clips, cannot be read, has no
+            usable utterance, or (resuming) is not the data the run started with.
+    """
+    data = cfg.data
+    replay = data.replay
+    replay_split = read_replay(replay, data.cache_dir)
+    if cfg.eval.guard is not None:
+        guard_files = guard_clip_files(cfg.eval.guard, data.cache_dir)
+        check_apart_from_guard(replay_split, replay, cfg.eval.guard.path, guard_files)
+    check_same_replay(replay_split, replay, out, resuming=resuming, is_main=acc.is_main_process)
+    # the replay set keeps its own languages: data.languages picks the training rows
+    kw = {**kw, "cfg": data.model_copy(update={"languages": None})}
+    utts, report = main_process_first(acc, lambda: prepare_split(replay_split, "replay", **kw))
+    report.log(out if acc.is_main_process else None)
+    if not utts:
+        raise UserError(f"data.replay: no usable utterances in {replay.path} ({report.total} rows)")
+    picks = replay_picks(len(utts), replay_count(len(train_utts), replay.share), cfg.seed)
+    log.info(
+        "data.replay: %d utterances drawn from %d usable ones of %s (languages %s) join the %d "
+        "training utterances (%.0f%% replay)",
+        len(picks),
+        len(utts),
+        replay.path,
+        ", ".join(sorted(language_counts(utts))),
+        len(train_utts),
+        100 * len(picks) / (len(picks) + len(train_utts)),
+    )
+    joined = JoinedRows(train_split, replay_split)
+    return joined, ReplayUtterances(train_utts, utts, picks, row_offset=joined.offset)
 
 
 def build_stream_datasets(

@@ -1,7 +1,8 @@
 """One optimizer step: each micro-batch forward (autocast), loss and backward
-(:func:`micro_batch_backward`), the losses they add up (:class:`StepTally`), then unscale ->
-clip -> step, skipped on a non-finite loss or gradient -> zero grads -> LR step -> EMA
-(:func:`finish_step`)."""
+(:func:`micro_batch_backward`; with distillation toward the start its term), the losses they
+add up (:class:`StepTally`), then unscale -> clip -> step, skipped on a non-finite loss or
+gradient -> L2-SP's pull toward the start -> zero grads -> LR step -> EMA (:func:`finish_step`).
+"""
 
 from __future__ import annotations
 
@@ -12,47 +13,72 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from asrforge.evaluation.evaluate import token_loss
+from asrforge.train.forgetting import StartingModel
 from asrforge.train.forward import labelled_positions
 from asrforge.train.sharding import is_sharded
 
 
 def micro_batch_backward(
-    acc, model, batch: dict, *, accum: int, sync: bool, placeholder: bool = False
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+    acc,
+    model,
+    batch: dict,
+    *,
+    accum: int,
+    sync: bool,
+    placeholder: bool = False,
+    start: StartingModel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """Forward ``batch`` under autocast, its token loss, and backward of the loss / ``accum``;
     gradients are synchronized across processes only when ``sync`` (the step's last one).
 
     With ``placeholder`` the pass adds nothing (:func:`asrforge.train.ranks.placeholder_batch`):
     the other processes' gradient sync waits for this one's, so every process syncs the same
-    buckets each step.
+    buckets each step. With ``start`` distilling (``train.distill_weight``) its term joins the
+    loss that is back-propagated, not the loss returned.
 
     Returns:
-        (the loss, detached; the (n,) labelled positions' labels), or None for a placeholder.
+        (the token loss, detached; the (n,) labelled positions' labels; the distillation term,
+        detached, or None), or None for a placeholder.
     """
     # A sharded model reduce-scatters every micro-batch's gradients: no_sync would keep each
     # layer's whole gradients until the step's last one.
     skip_sync = not sync and not is_sharded(model)
     with acc.no_sync(model) if skip_sync else nullcontext(), acc.autocast():
+        distill = None
         if placeholder:
             loss = model(batch).float().sum() * 0.0
         else:
             positions, labels = labelled_positions(batch["labels"], acc.device)
-            loss = token_loss(model(batch, positions), labels)
-    acc.backward(loss / accum)
-    return None if placeholder else (loss.detach(), labels)
+            logits = model(batch, positions)
+            loss = token_loss(logits, labels)
+            distill = None if start is None else start.distill_loss(batch, logits, positions)
+    acc.backward((loss if distill is None else loss + distill) / accum)
+    if placeholder:
+        return None
+    return loss.detach(), labels, None if distill is None else distill.detach()
 
 
 def finish_step(
-    acc, optimizer, scheduler, ema, whisper, clip: float, tally: StepTally
+    acc,
+    optimizer,
+    scheduler,
+    ema,
+    whisper,
+    clip: float,
+    tally: StepTally,
+    start: StartingModel | None = None,
 ) -> tuple[float, str | None, bool]:
-    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, zero
-    grads, LR step, and the EMA of ``whisper``'s weights unless the step was skipped.
+    """The step's end once its micro-batches are back-propagated: :func:`optimizer_step`, the
+    pull toward ``start``'s weights (``optim.l2sp``), zero grads, LR step, and the EMA of
+    ``whisper``'s weights; no pull or EMA when the step was skipped.
 
     Returns:
         As :func:`optimizer_step`.
     """
     params = [p for p in whisper.parameters() if p.requires_grad]
     grad_norm, skip, diverging = optimizer_step(acc, optimizer, params, clip, tally)
+    if start is not None and skip is None:
+        start.pull(optimizer)
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     if ema is not None and skip is None:
@@ -71,10 +97,23 @@ class StepTally:
         self.task_losses: dict[str, list[float]] = {"asr": [], "lm": []}
         self._pending: list[tuple[str, torch.Tensor]] = []
         self._accum = 1
+        self.distill: list[float] = []
+        """The distillation terms of the micro-batches that had one (``train.distill_weight``)."""
+        self._pending_distill: list[torch.Tensor] = []
 
-    def add(self, batch: dict, loss: torch.Tensor, labels: torch.Tensor, accum: int) -> None:
-        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions."""
+    def add(
+        self,
+        batch: dict,
+        loss: torch.Tensor,
+        labels: torch.Tensor,
+        accum: int,
+        distill: torch.Tensor | None = None,
+    ) -> None:
+        """Count a micro-batch: its mean ``loss`` over ``labels``, the (n,) labelled positions,
+        and its distillation term when it had one."""
         self._pending.append((batch.get("task", "asr"), loss))
+        if distill is not None:
+            self._pending_distill.append(distill)
         self._accum = accum
         self.samples += batch["size"]
         self.tokens += labels.numel()
@@ -85,13 +124,15 @@ class StepTally:
         norm = torch.as_tensor(grad_norm, dtype=torch.float32)
         if self._pending:
             losses = [loss.float() for _, loss in self._pending]
-            *values, norm_value = torch.stack([*losses, norm.to(losses[0].device)]).tolist()
+            terms = [t.float() for t in self._pending_distill]
+            read = torch.stack([*losses, *terms, norm.to(losses[0].device)]).tolist()
+            values, self.distill, norm_value = read[: len(losses)], read[len(losses) : -1], read[-1]
         else:
             values, norm_value = [], norm.item()
         for (task, _), value in zip(self._pending, values, strict=True):
             self.loss += value / self._accum
             self.task_losses[task].append(value)
-        self._pending = []
+        self._pending, self._pending_distill = [], []
         return norm_value
 
 
