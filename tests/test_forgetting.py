@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from asrforge.train.guard_items import guard_clip_files
 from safetensors.torch import load_file
 from torch import nn
 
@@ -25,6 +24,7 @@ from asrforge.data.replay import (
     replay_picks,
 )
 from asrforge.errors import UserError
+from asrforge.evaluation.guard_items import guard_clip_files
 from asrforge.train.forgetting import StartingModel
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config

@@ -38,12 +38,12 @@ from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
+from asrforge.evaluation.guard_items import guard_clip_files
 from asrforge.model.build import (
     BuiltModel,
 )
 from asrforge.model.frames import window_seconds
 from asrforge.model.partial import encode_frozen_part, frozen_part_id
-from asrforge.train.guard_items import guard_clip_files
 from asrforge.train.ranks import main_process_first
 from asrforge.train.transcript_filter import filter_transcripts
 
