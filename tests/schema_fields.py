@@ -1,5 +1,5 @@
 """Every field of a config schema by YAML path, walked here rather than taken from
-asrforge.config_reference, so the tests of the reference do not trust its own walk."""
+asrforge.config.reference, so the tests of the reference do not trust its own walk."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import pytest
 
 from asrforge.cli import main
 from asrforge.config import ConfigError, load_config
-from asrforge.config_hf import PEER_NAMES
-from asrforge.config_reference import field_docs
+from asrforge.config.hf_names import PEER_NAMES
+from asrforge.config.reference import field_docs
 
 pytestmark = pytest.mark.fast
 

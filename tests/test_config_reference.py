@@ -11,7 +11,7 @@ from schema_fields import schema_fields
 
 from asrforge.cli import main
 from asrforge.config import TrainConfig, load_config
-from asrforge.config_reference import field_docs
+from asrforge.config.reference import field_docs
 from asrforge.matrix.plan import MatrixConfig
 
 pytestmark = pytest.mark.fast

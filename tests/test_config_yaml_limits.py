@@ -11,7 +11,7 @@ import pytest
 
 from asrforge.cli import main
 from asrforge.config import ConfigError, load_config
-from asrforge.config_yaml import MAX_DEPTH, MAX_VALUES, load_yaml, read_yaml_text
+from asrforge.config.yaml_limits import MAX_DEPTH, MAX_VALUES, load_yaml, read_yaml_text
 
 pytestmark = pytest.mark.fast
 
@@ -79,9 +79,9 @@ def test_a_config_not_in_utf8_names_its_first_bad_byte(tmp_path, data, offset):
 
 
 def test_a_huge_config_file_is_refused_unread(tmp_path, monkeypatch):
-    from asrforge import config_yaml
+    from asrforge.config import yaml_limits
 
-    monkeypatch.setattr(config_yaml, "MAX_BYTES", 1000)
+    monkeypatch.setattr(yaml_limits, "MAX_BYTES", 1000)
     path = tmp_path / "big.yaml"
     path.write_text("a: 1\n" * 1000)
     with pytest.raises(ValueError, match="larger than"):

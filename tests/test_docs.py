@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asrforge.config_reference import render_markdown
+from asrforge.config.reference import render_markdown
 
 pytestmark = pytest.mark.fast
 

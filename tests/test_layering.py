@@ -222,7 +222,7 @@ def test_a_module_of_an_unlisted_layer_fails(tmp_path):
 def test_the_real_document_parses_as_the_synthetic_one_does():
     """The real table uses the conventions the synthetic one exercises."""
     layer_of, allowed = layer_table(DOC.read_text(encoding="utf-8"))
-    assert layer_of["config_hf"] == "config" and layer_of["__main__"] == "cli"
+    assert layer_of["config"] == "config" and layer_of["__main__"] == "cli"
     assert allowed["recipes"] == {ALL} and allowed["errors"] == set()
     assert (
         allowed["matrix"] >= {"data.synth", "checkpoint.disk"} and "data" not in allowed["matrix"]

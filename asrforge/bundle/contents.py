@@ -43,7 +43,7 @@ from asrforge.config import (
     TrainConfig,
     load_config,
 )
-from asrforge.config_yaml import load_yaml, read_yaml_text
+from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source

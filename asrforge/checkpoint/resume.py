@@ -24,7 +24,7 @@ from typing import Any
 from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import verify
 from asrforge.config import SHAPE_FIELDS, TrainConfig
-from asrforge.config_yaml import load_yaml
+from asrforge.config.yaml_limits import load_yaml
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.hub import hub_ref, resolve_model
 

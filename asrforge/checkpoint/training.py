@@ -42,7 +42,7 @@ from asrforge.checkpoint.streaming import (
     write_safetensors,
     write_text,
 )
-from asrforge.config_yaml import read_yaml_text
+from asrforge.config.yaml_limits import read_yaml_text
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 from asrforge.io.atomic import atomic_directory, fsync_tree
 

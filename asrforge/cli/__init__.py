@@ -32,7 +32,7 @@ from asrforge.cli import (
     transcribe,
     vocab,
 )
-from asrforge.config_hf import flag_hint
+from asrforge.config.hf_names import flag_hint
 from asrforge.errors import CheckpointSaveError, ExitCode, UserError, report_exit_code
 from asrforge.io.atomic import describe_os_error
 

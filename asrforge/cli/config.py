@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from asrforge.config import load_config
-from asrforge.config_hf import PEER_NAMES
-from asrforge.config_reference import field_docs, render_fields, render_markdown, render_resolved
+from asrforge.config.hf_names import PEER_NAMES
+from asrforge.config.reference import field_docs, render_fields, render_markdown, render_resolved
 from asrforge.errors import UserError
 
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from asrforge.config import external_code_allowed
-from asrforge.config_reference import fields_epilog
+from asrforge.config.reference import fields_epilog
 from asrforge.errors import UserError
 from asrforge.matrix.plan import MAX_GPUS_PER_JOB, MatrixConfig, load_matrix
 

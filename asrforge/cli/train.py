@@ -8,7 +8,7 @@ import sys
 import time
 
 from asrforge.config import external_code_allowed, load_config
-from asrforge.config_reference import fields_epilog
+from asrforge.config.reference import fields_epilog
 from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError, UserError
 from asrforge.io.atomic import directory_problem
 from asrforge.selection.policies import format_metrics

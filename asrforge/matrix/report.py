@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.checkpoint.disk import format_gb, tree_bytes
-from asrforge.config_yaml import load_yaml, read_yaml_text
+from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker

@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from asrforge.config import TrainConfig
-from asrforge.config_hf import PEER_NAMES, PEERS
+from asrforge.config.hf_names import PEER_NAMES, PEERS
+from asrforge.config.schema import TrainConfig
 
 # Where a section's fields sit below the field that holds it, by how it holds it.
 _ITEM_PATH = {"": ".", "list": "[].", "dict": ".<name>."}

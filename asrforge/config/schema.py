@@ -29,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from asrforge.config_hf import hf_hint
-from asrforge.config_yaml import load_yaml, read_yaml_text
+from asrforge.config.hf_names import hf_hint
+from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 
 
@@ -1285,7 +1285,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: the file is missing, not UTF-8, not YAML (or beyond the bounds of
-            :mod:`asrforge.config_yaml`), or not a mapping.
+            :mod:`asrforge.config.yaml_limits`), or not a mapping.
     """
     p, source = Path(path), str(path)
     if not p.is_file():
