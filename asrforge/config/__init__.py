@@ -1,18 +1,27 @@
-"""The run configuration: one pydantic schema (`schema.py`), loaded from YAML plus
-``key=value`` overrides; its public names, importable from here."""
+"""The run configuration: its schema (``schema.py``), loaded from YAML plus ``key=value``
+overrides (``loading.py``); the public names every caller imports from here."""
 
-from asrforge.config.schema import (
+from asrforge.config.external_code import (
     ALLOW_EXTERNAL_ENV,
     ALLOW_EXTERNAL_HINT,
-    MAX_DURATION_DAYS,
+    external_code_allowed,
+)
+from asrforge.config.loading import (
     MAX_INTEGER,
+    ConfigError,
+    apply_override,
+    format_errors,
+    huge_integers,
+    load_config,
+    read_yaml_mapping,
+)
+from asrforge.config.schema import (
     SHAPE_FIELDS,
     AugmentConfig,
     CallbackSpec,
     CarveConfig,
     CheckpointConfig,
     ColumnsConfig,
-    ConfigError,
     DataConfig,
     EvalConfig,
     GuardConfig,
@@ -34,15 +43,12 @@ from asrforge.config.schema import (
     TopKSpec,
     TrainConfig,
     TrainLoopConfig,
-    apply_override,
-    external_code_allowed,
-    format_errors,
-    huge_integers,
-    load_config,
     metric_problem,
+)
+from asrforge.config.units import (
+    MAX_DURATION_DAYS,
     parse_duration,
     parse_size,
-    read_yaml_mapping,
     short_repr,
 )
 

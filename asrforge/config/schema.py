@@ -1,8 +1,7 @@
-"""The run configuration: one pydantic schema, loaded from YAML plus ``key=value`` overrides.
+"""The run configuration's schema: one pydantic model per section, :class:`TrainConfig` the whole.
 
 Every field's docstring is its documentation. Unknown fields are errors (``extra="forbid"``);
-:func:`load_config` collects every problem and raises one :class:`ConfigError` that names each
-by its YAML path, e.g. ``optim.lr: must be > 0, got -1``.
+:mod:`asrforge.config.loading` reads a YAML file into it and names every problem by its YAML path.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ import difflib
 import hashlib
 import importlib.util
 import json
-import math
 import os
-import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,108 +21,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from asrforge.config.hf_names import hf_hint
-from asrforge.config.yaml_limits import load_yaml, read_yaml_text
-from asrforge.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration problem the user must fix. ``problems`` holds one line per problem."""
-
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = problems
-        self.source = source
-        head = f"invalid config {source}" if source else "invalid config"
-        super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes of a size as transformers' ``max_shard_size`` takes it: an int (bytes) or a number
-    and a unit, ``"5GB"`` (10^9), ``"500MiB"`` (2^20), ``"1.5GB"``, ``"4096"``.
-
-    Raises:
-        ValueError: not a positive size (the message shows the accepted forms).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 5GB, 500MB or a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        number, unit = float(value), ""
-    else:
-        found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(value))
-        if found is None or found.group(2).upper() not in _UNITS:
-            raise ValueError(
-                f"expected a size such as 5GB, 500MB, 2GiB or a number of bytes, got {value!r}"
-            )
-        number, unit = float(found.group(1)), found.group(2).upper()
-    size = int(number * _UNITS[unit])
-    if size < 1:
-        raise ValueError(f"must be at least 1 byte, got {value!r}")
-    return size
-
-
-_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION_FORMS = "3600 (seconds), 90m, 2h, 1d2h, 1h30m or 01:30:00"
-MAX_DURATION_DAYS = 1000
-"""Longest duration a config may give: beyond it a number is a typo, and timers overflow."""
-
-
-def short_repr(value: Any, limit: int = 40) -> str:
-    """``repr(value)``, cut to ``limit`` characters (a 400-digit number stays readable)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 12]}...({len(text)} chars)"
-
-
-def parse_duration(value: int | float | str) -> float:
-    """Seconds of a duration: a number of seconds (``3600``), numbers with units ``d``, ``h``,
-    ``m``, ``s`` in that order (``90m``, ``2h``, ``1d2h``, ``1.5h``), or a SLURM-style
-    ``[D-]HH:MM:SS`` (``01:30:00``, ``1-00:00:00``).
-
-    Raises:
-        ValueError: not a positive duration (the message shows the accepted forms).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as {_DURATION_FORMS}, got {value!r}")
-    if isinstance(value, int) and abs(value) > MAX_DURATION_DAYS * 86400:
-        # float() of a 400-digit integer overflows
-        seconds = math.inf if value > 0 else -math.inf
-    elif isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        units = re.fullmatch(
-            r"(?:(\d+(?:\.\d*)?)d)?(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?"
-            r"(?:(\d+(?:\.\d*)?)s)?",
-            # a bare number is seconds
-            re.sub(r"^(\d+(?:\.\d*)?)$", r"\1s", text),
-        )
-        clock = re.fullmatch(r"(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)", text)
-        if text and units is not None:
-            seconds = sum(
-                float(n) * unit
-                for n, unit in zip(units.groups(), _DURATION_UNITS.values(), strict=True)
-                if n is not None
-            )
-        elif clock is not None:
-            days, hours, minutes, secs = (int(n or 0) for n in clock.groups())
-            seconds = float(((days * 24 + hours) * 60 + minutes) * 60 + secs)
-        else:
-            raise ValueError(
-                f"expected a duration such as {_DURATION_FORMS}, got {short_repr(value)}"
-            )
-    if not seconds > 0:
-        raise ValueError(f"must be a positive duration, got {short_repr(value)}")
-    if seconds > MAX_DURATION_DAYS * 86400:
-        raise ValueError(f"must be at most {MAX_DURATION_DAYS} days, got {short_repr(value)}")
-    return seconds
+from asrforge.config.units import parse_duration, parse_size
 
 
 def _as_written(value: Any) -> Any:
@@ -1082,19 +982,6 @@ def metric_problem(metric: str, produced: Collection[str]) -> str:
     )
 
 
-ALLOW_EXTERNAL_ENV = "ASRFORGE_ALLOW_EXTERNAL_CALLBACKS"
-"""Set to ``1`` in the environment, it allows what ``--allow-external-callbacks`` allows."""
-ALLOW_EXTERNAL_HINT = f"pass --allow-external-callbacks (or set {ALLOW_EXTERNAL_ENV}=1) to allow it"
-"""How the person running a command permits a config's ``_target_`` and ``module:function``."""
-
-
-def external_code_allowed(flag: bool) -> bool:
-    """Whether code named in a config (a callback's ``_target_``, a ``module:function``
-    augmentation transform) may be imported: only the person running the command decides, by
-    ``--allow-external-callbacks`` (``flag``) or :data:`ALLOW_EXTERNAL_ENV`, never a file."""
-    return flag or os.environ.get(ALLOW_EXTERNAL_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
 class CallbackSpec(BaseModel):
     """One callback: a registered ``name`` (or ``_target_``, a dotted class path, which needs
     ``--allow-external-callbacks``) plus the callback's own options."""
@@ -1225,195 +1112,3 @@ class TrainConfig(Section):
         """sha256 of the resolved config (stable across key order)."""
         blob = json.dumps(self.to_plain(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    *,
-    data: dict[str, Any] | None = None,
-) -> TrainConfig:
-    """Load a YAML file (or a dict) and apply ``dotted.key=value`` overrides.
-
-    Raises:
-        ConfigError: listing every problem with its YAML path.
-    """
-    source = str(path) if path is not None else None
-    if data is None:
-        if path is None:
-            raise ConfigError(["no config file given"])
-        data = read_yaml_mapping(path)
-        data.setdefault("config_id", Path(path).stem)
-    data = json.loads(json.dumps(data, default=str))  # a private deep copy
-    problems = []
-    for item in overrides or []:
-        try:
-            apply_override(data, item)
-        except ValueError as e:
-            problems.append(str(e))
-    problems += huge_integers(data)
-    if problems:
-        raise ConfigError(problems, source)
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_errors(e, TrainConfig), source) from None
-
-
-MAX_INTEGER = 2**63 - 1
-"""Largest integer a config may hold (int64: what torch, numpy and the OS take)."""
-
-
-def huge_integers(data: Any, path: str = "") -> list[str]:
-    """One ``yaml.path: ... larger than 2^63 - 1`` line per integer of ``data`` (a config tree)
-    beyond :data:`MAX_INTEGER`: converted to a float or a tensor, it overflows."""
-    if isinstance(data, dict):
-        return [line for k, v in data.items() for line in huge_integers(v, f"{path}{k}.")]
-    if isinstance(data, list):
-        return [line for i, v in enumerate(data) for line in huge_integers(v, f"{path}{i}.")]
-    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INTEGER:
-        return [f"{path.rstrip('.')}: {short_repr(data)} is larger than 2^63 - 1"]
-    return []
-
-
-def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping.
-
-    Raises:
-        ConfigError: the file is missing, not UTF-8, not YAML (or beyond the bounds of
-            :mod:`asrforge.config.yaml_limits`), or not a mapping.
-    """
-    p, source = Path(path), str(path)
-    if not p.is_file():
-        raise ConfigError([f"{p}: no such file"], source)
-    try:
-        data = load_yaml(read_yaml_text(p)) or {}
-    except ValueError as e:
-        raise ConfigError([str(e)], source) from None
-    except OSError as e:
-        raise ConfigError([f"cannot be read: {e.strerror}"], source) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
-    return data
-
-
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Set ``item`` (``dotted.key=value``, the value read as YAML) in the config tree ``data``.
-
-    Raises:
-        ValueError: ``item`` is not ``dotted.key=value``, or its path crosses a value or a
-            missing list item.
-    """
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ValueError(f"{item}: an override must look like dotted.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
-        # YAML 1.1 reads yes/no/on/off as booleans, but on a command line they are words.
-        value = raw
-    parts = key.split(".")
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ValueError(f"{'.'.join(parts[: i + 1])}: no list item {part}")
-            node = node[int(part)]
-        else:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            node = nxt
-        if not isinstance(node, dict | list):
-            raise ValueError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
-    last = parts[-1]
-    if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ValueError(f"{key}: no list item {last}")
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-_OPS = {
-    "greater_than": ">",
-    "greater_than_equal": ">=",
-    "less_than": "<",
-    "less_than_equal": "<=",
-}
-
-
-def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "") -> list[str]:
-    """Turn pydantic errors into ``yaml.path: what is wrong`` lines (``prefix``: the YAML path
-    of ``root`` inside the whole config)."""
-    lines = []
-    pre = prefix.split(".") if prefix else []
-    for e in err.errors():
-        rel = [str(x) for x in e["loc"]]
-        loc = pre + rel
-        path = ".".join(loc) or "(top level)"
-        kind, ctx = e["type"], e.get("ctx") or {}
-        got = e.get("input")
-        if kind == "extra_forbidden":
-            msg = "unknown field"
-            parent = _model_at(root, rel[:-1])
-            # a TrainingArguments name in a run's config: say where it lives here (not in
-            # other schemas that reuse this formatter, such as the matrix's)
-            if root.__module__ == __name__ and (hint := hf_hint(loc[-1])):
-                msg += f" — {hint}"
-            elif parent is not None:
-                names = [f.alias or n for n, f in parent.model_fields.items()]
-                close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
-                if close:
-                    msg += f" — did you mean {'.'.join(loc[:-1] + [close[0]])}?"
-            lines.append(f"{path}: {msg}")
-        elif kind in _OPS:
-            bound = next(iter(ctx.values()))
-            if isinstance(bound, float) and bound.is_integer():
-                bound = int(bound)
-            lines.append(f"{path}: must be {_OPS[kind]} {bound}, got {got!r}")
-        elif kind == "missing":
-            lines.append(f"{path}: required field is missing")
-        elif kind == "literal_error":
-            lines.append(f"{path}: must be one of {ctx.get('expected')}, got {got!r}")
-        elif kind == "value_error":
-            # Cross-field validators report "field: problem; field: problem" under their section.
-            for piece in str(ctx.get("error", e["msg"])).split("; "):
-                head, sep, rest = piece.partition(": ")
-                if sep and all(part.isidentifier() for part in head.split(".")):
-                    lines.append(f"{'.'.join(loc + [head])}: {rest}")
-                else:
-                    lines.append(f"{path}: {piece}")
-        else:
-            line = f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}"
-            # a TrainingArguments name that is a section here (optim=adamw_torch): say so
-            hf_value = root.__module__ == __name__ and len(loc) == 1 and isinstance(got, str)
-            if hf_value and (hint := hf_hint(loc[0])):
-                line += f" — {hint}"
-            lines.append(line)
-    return lines
-
-
-def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
-    model: Any = root
-    for part in loc:
-        if part.isdigit():
-            continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
-            return None
-        ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        candidates = [ann, *args]
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-        if model is None:
-            return None
-    return model
