@@ -107,7 +107,7 @@ def fields_epilog(model: type[BaseModel] = TrainConfig, intro: str = TRAIN_FIELD
 REFERENCE_INTRO = """\
 # Configuration reference
 
-Generated from the schema (`asrforge/config.py`) by `asrforge config reference >
+Generated from the schema (`asrforge/config/`) by `asrforge config reference >
 docs/configuration.md`; a test fails when this file and the schema disagree. Each field: its
 YAML path, type and default, then its description. Set a field in the YAML file or as a
 `dotted.key=value` override after it on the command line; `asrforge config show CONFIG`
