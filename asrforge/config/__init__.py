@@ -1,6 +1,19 @@
 """The run configuration: its schema (``schema.py``), loaded from YAML plus ``key=value``
 overrides (``loading.py``); the public names every caller imports from here."""
 
+from asrforge.config.data_section import (
+    AugmentConfig,
+    CarveConfig,
+    ColumnsConfig,
+    DataConfig,
+    NoiseConfig,
+    PackConfig,
+    ReplayConfig,
+    SamplingConfig,
+    SpecAugmentConfig,
+    SpeedConfig,
+    StreamConfig,
+)
 from asrforge.config.external_code import (
     ALLOW_EXTERNAL_ENV,
     ALLOW_EXTERNAL_HINT,
@@ -17,33 +30,24 @@ from asrforge.config.loading import (
 )
 from asrforge.config.schema import (
     SHAPE_FIELDS,
-    AugmentConfig,
     CallbackSpec,
-    CarveConfig,
     CheckpointConfig,
-    ColumnsConfig,
-    DataConfig,
     EvalConfig,
     GuardConfig,
     LoraConfig,
     ModelConfig,
-    NoiseConfig,
     NormalizerConfig,
     OptimConfig,
-    PackConfig,
-    PathOrHubId,
     PolicyGroup,
-    ReplayConfig,
-    SamplingConfig,
-    Section,
     SelectionConfig,
-    SpecAugmentConfig,
-    SpeedConfig,
-    StreamConfig,
     TopKSpec,
     TrainConfig,
     TrainLoopConfig,
     metric_problem,
+)
+from asrforge.config.section import (
+    PathOrHubId,
+    Section,
 )
 from asrforge.config.units import (
     MAX_DURATION_DAYS,

@@ -165,7 +165,7 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
             parent = _model_at(root, rel[:-1])
             # a TrainingArguments name in a run's config: say where it lives here (not in
             # other schemas that reuse this formatter, such as the matrix's)
-            if root.__module__ == TrainConfig.__module__ and (hint := hf_hint(loc[-1])):
+            if _in_run_schema(root) and (hint := hf_hint(loc[-1])):
                 msg += f" — {hint}"
             elif parent is not None:
                 names = [f.alias or n for n, f in parent.model_fields.items()]
@@ -193,13 +193,16 @@ def format_errors(err: ValidationError, root: type[BaseModel], prefix: str = "")
         else:
             line = f"{path}: {e['msg'][0].lower() + e['msg'][1:]}, got {got!r}"
             # a TrainingArguments name that is a section here (optim=adamw_torch): say so
-            hf_value = (
-                root.__module__ == TrainConfig.__module__ and len(loc) == 1 and isinstance(got, str)
-            )
+            hf_value = _in_run_schema(root) and len(loc) == 1 and isinstance(got, str)
             if hf_value and (hint := hf_hint(loc[0])):
                 line += f" — {hint}"
             lines.append(line)
     return lines
+
+
+def _in_run_schema(model: type[BaseModel]) -> bool:
+    """Whether ``model`` is a section of the run's schema, whose modules are this package's."""
+    return model.__module__.startswith(f"{__package__}.")
 
 
 def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
