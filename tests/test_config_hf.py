@@ -6,11 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from asrforge.cli import main
-from asrforge.config import ConfigError, load_config
+from asrforge.config import ConfigError, DataConfig, format_errors, load_config
 from asrforge.config.hf_names import PEER_NAMES
 from asrforge.config.reference import field_docs
+from asrforge.matrix.plan import MatrixConfig
 
 pytestmark = pytest.mark.fast
 
@@ -52,6 +54,20 @@ def test_hf_names_get_the_asrforge_name_not_a_lookalike():
     # a typo of an asrforge name still gets the close match
     with pytest.raises(ConfigError, match=r"did you mean eval.eval_steps\?"):
         load_config(ROOT / "configs" / "tiny.yaml", ["eval.eval_step=3"])
+
+
+def test_a_section_checked_alone_gets_the_hint_and_another_schema_does_not():
+    """Every model of the run's schema hints, wherever in the config package it is defined (a
+    command's data.* options are checked by DataConfig alone); the matrix's schema does not."""
+    with pytest.raises(ValidationError) as e:
+        DataConfig.model_validate({"path": "x", "learning_rate": 1})
+    assert format_errors(e.value, DataConfig, prefix="data") == [
+        "data.learning_rate: unknown field — Hugging Face's learning_rate; asrforge calls this "
+        "optim.lr"
+    ]
+    with pytest.raises(ValidationError) as e:
+        MatrixConfig.model_validate({"learning_rate": 1})
+    assert "learning_rate: unknown field" in format_errors(e.value, MatrixConfig)
 
 
 def test_config_hf_lists_the_table(capsys):
