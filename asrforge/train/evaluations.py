@@ -94,7 +94,7 @@ class RunEvaluations:
         let the selector judge, write the records and tell the callbacks."""
         state, setup, cb = self.run.state, self.run.setup, self.run.callbacks
         cb.call("on_eval_begin", state, split=self.run.cfg.data.eval_split)
-        with self.run._timed("evaluation"), whole_weights(self.run.model):
+        with self.run.timed("evaluation"), whole_weights(self.run.model):
             metrics, preds = self._evaluate()
         decision = setup.selector.update(metrics, step=state.step)
         state.selection = setup.selector.state_dict()
@@ -168,7 +168,7 @@ class RunEvaluations:
         return metrics, preds
 
     def refused(self) -> str | None:
-        """:attr:`FitResult.refused` of this run now."""
+        """:attr:`~asrforge.train.run.FitResult.refused` of this run now."""
         selector = self.run.setup.selector
         if selector.unguarded_step is None:
             return None

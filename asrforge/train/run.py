@@ -1,6 +1,7 @@
 """One run in progress (:class:`TrainingRun`): its built pieces, the prepared model and
-optimizer, the EMA, the guard and the ``TrainState``, with the steps ``Trainer.fit`` calls in
-order; and how a run ended (:class:`FitResult`)."""
+optimizer, the EMA and the ``TrainState``, with the steps ``Trainer.fit`` calls in order (set-up,
+the step loop, the end; the evaluations are :mod:`asrforge.train.evaluations`'s); and how a run
+ended (:class:`FitResult`)."""
 
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ class FitResult:
 class TrainingRun:
     """One run's pieces and its progress: the set-up (data, selector, checkpoints), the prepared
     model (:class:`~asrforge.train.forward.TrainingWhisper`, DDP-wrapped with several processes)
-    and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
-    ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
+    and optimizer, the schedule, the EMA, the callbacks, the ``TrainState`` and its evaluations
+    (:class:`~asrforge.train.evaluations.RunEvaluations`: the forgetting guard, selection and
+    records). :meth:`Trainer.fit` calls its steps in order."""
 
     def __init__(
         self,
@@ -248,7 +250,7 @@ class TrainingRun:
             The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
             ran out before the step was complete (its gradients are dropped).
         """
-        with self._timed("step"):
+        with self.timed("step"):
             return self._train_step(batches)
 
     def _train_step(self, batches: Iterator[dict]) -> dict | None:
@@ -334,7 +336,7 @@ class TrainingRun:
             evaluations=int(due) + int(end_evaluates), saves=int(saves_now) + 1
         )
 
-    def _timed(self, kind: str):
+    def timed(self, kind: str):
         """Time the body for the budget (see :meth:`TimeBudget.timed`); nothing without one."""
         return nullcontext() if self.budget is None else self.budget.timed(kind)
 
@@ -402,7 +404,7 @@ class TrainingRun:
         self.last_saved_step = state.step
         self.gather_dropped()
         self.write_skip_report()
-        with self._timed("save"):
+        with self.timed("save"):
             path = save_run_checkpoint(
                 self.setup,
                 step=state.step,
