@@ -15,6 +15,7 @@ from asrforge.callbacks import build_callbacks
 from asrforge.cli import main
 from asrforge.cli import train as cli_train
 from asrforge.config import ConfigError, load_config, parse_duration
+from asrforge.train import evaluations as evaluations_module
 from asrforge.train import run as run_module
 from asrforge.train import time_budget
 from asrforge.train.loop import Trainer
@@ -62,7 +63,11 @@ class FakeClock:
         self.steps = 0
         monkeypatch.setattr(time_budget, "monotonic", lambda: self.now)
         monkeypatch.setattr(run_module, "finish_step", self._costs(run_module.finish_step, step))
-        monkeypatch.setattr(run_module, "evaluate", self._costs(run_module.evaluate, evaluation))
+        monkeypatch.setattr(
+            evaluations_module,
+            "evaluate",
+            self._costs(evaluations_module.evaluate, evaluation),
+        )
         monkeypatch.setattr(
             run_module, "save_run_checkpoint", self._costs(run_module.save_run_checkpoint, save)
         )

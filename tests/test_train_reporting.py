@@ -10,6 +10,7 @@ import pytest
 
 from asrforge.callbacks import build_callbacks
 from asrforge.cli.train import _describe_best
+from asrforge.train import evaluations as evaluations_module
 from asrforge.train import run as run_module
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
@@ -71,7 +72,7 @@ def scripted_evaluate(model, batches, **kwargs):
 def test_a_final_step_is_saved_once_and_the_best_is_the_best_checkpoints(
     tmp_path, tones_dir, monkeypatch, caplog
 ):
-    monkeypatch.setattr(run_module, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(evaluations_module, "evaluate", scripted_evaluate)
     cfg = tiny_config(
         tmp_path / "run",
         tones_dir,

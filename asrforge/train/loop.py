@@ -98,7 +98,7 @@ class Trainer:
         self._install_signal_handlers()
         try:
             callbacks.call("on_train_begin", state, run=run.info())
-            run.evaluate_start()
+            run.evaluations.evaluate_start()
             ended = self._train(run)
             return self._finish(run, ended)
         except (OSError, CheckpointSaveError) as e:
@@ -120,7 +120,7 @@ class Trainer:
         self._run, self._start = run, (run.state.step, run.last_saved_step)
         # The EMA starts from the weights training starts with: the resumed ones on a resume.
         run.start_ema()
-        run.start_guard()
+        run.evaluations.start_guard()
         return run
 
     def _train(self, run: TrainingRun) -> tuple[str, str] | None:
@@ -146,7 +146,7 @@ class Trainer:
             if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
                 # No evaluation and no save of a diverged model.
                 return "diverged", _divergence(state, cfg)
-            decision = run.evaluate_and_select() if run.evaluation_due() else None
+            decision = run.evaluations.evaluate_and_select() if run.evaluation_due() else None
             # one process: a signal received during this step's evaluation stops it too
             stop_signal = self._signal if run.acc.num_processes == 1 else agreed_signal
             if stop_signal is not None:
@@ -156,7 +156,7 @@ class Trainer:
                 evaluated = state.last_eval_step == state.step
                 run.save_checkpoint(
                     "interrupt" if stopping else "step",
-                    run.last_metrics if evaluated else None,
+                    run.evaluations.last_metrics if evaluated else None,
                     decision is not None and decision.save,
                 )
             if stopping:
@@ -171,22 +171,24 @@ class Trainer:
         finished = status in ("completed", "stopped")
         if finished:
             if cfg.eval.at_end and state.last_eval_step != state.step:
-                decision = run.evaluate_and_select()
-                run.save_checkpoint("final", run.last_metrics, decision.save)
+                decision = run.evaluations.evaluate_and_select()
+                run.save_checkpoint("final", run.evaluations.last_metrics, decision.save)
             elif run.last_saved_step != state.step:
                 run.save_checkpoint("final", None, False)
         if run.last_saved_step != state.step:  # the save wrote it otherwise
             run.gather_dropped()
             run.write_skip_report()
         # the last step is kept beside best/ when no evaluation judged any trained step
-        keep_last = run.start_stayed_best() and not run.trained_step_evaluated()
+        keep_last = (
+            run.evaluations.start_stayed_best() and not run.evaluations.trained_step_evaluated()
+        )
         if finished:
             reason = _explain_start_best(run, reason, keep_last)
         result = run.result(status, reason)
         log.info("run %s at step %d: %s", status, state.step, reason)
         if result.refused is not None:
             log.warning("%s", result.refused)
-        if run.guard is not None and result.best_step is None:
+        if run.evaluations.guard is not None and result.best_step is None:
             log.warning(
                 "forgetting guard: no evaluation kept the guard within tolerance, so "
                 "no checkpoint became best; the starting model is still the better one"
@@ -259,13 +261,12 @@ def _explain_start_best(run: TrainingRun, reason: str, keep_last: bool) -> str:
             state.step,
         )
         return f"{reason}; {NOT_EVALUATED}"
-    if run.start_stayed_best():
+    if run.evaluations.start_stayed_best():
         # With a best refused by the guard, the policy alone did find a better step.
         why = (
             "the forgetting guard refused every step the selection policy would have chosen"
             if run.setup.selector.unguarded_step is not None
-            else "fine-tuning as configured made no evaluated step better by the selection "
-            "policy"
+            else "fine-tuning as configured made no evaluated step better by the selection policy"
         )
         log.warning(
             "%s: best/ holds the starting weights (step 0, %s); %s",

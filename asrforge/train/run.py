@@ -1,6 +1,7 @@
 """One run in progress (:class:`TrainingRun`): its built pieces, the prepared model and
-optimizer, the EMA, the guard and the ``TrainState``, with the steps ``Trainer.fit`` calls in
-order; and how a run ended (:class:`FitResult`)."""
+optimizer, the EMA and the ``TrainState``, with the steps ``Trainer.fit`` calls in order (set-up,
+the step loop, the end; the evaluations are :mod:`asrforge.train.evaluations`'s); and how a run
+ended (:class:`FitResult`)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,15 @@ from asrforge.config import TrainConfig
 from asrforge.data.dataset import dropped_by_reason
 from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
-from asrforge.evaluation.batch_size import eval_batch_size
-from asrforge.evaluation.evaluate import evaluate
-from asrforge.evaluation.guard import build_guard, guard_language, log_text
-from asrforge.evaluation.longform import run_longform_eval
-from asrforge.model.decoding import DecodeOptions, capture_for
-from asrforge.model.frames import window_seconds
 from asrforge.model.lora import load_model_state
-from asrforge.selection.guard_gate import describe_refused
 from asrforge.train.data_wait import DataWaitClock
-from asrforge.train.events import CallbackList, Decision, RunInfo
+from asrforge.train.evaluations import RunEvaluations
+from asrforge.train.events import CallbackList, RunInfo
 from asrforge.train.forgetting import StartingModel
 from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
 from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
-from asrforge.train.ranks import agree_to_stop, gather_dropped, gather_eval, placeholder_batch
-from asrforge.train.records import write_eval_records, write_skip_report
+from asrforge.train.ranks import agree_to_stop, gather_dropped, placeholder_batch
+from asrforge.train.records import write_skip_report
 from asrforge.train.saves import save_run_checkpoint
 from asrforge.train.setup import RunSetup
 from asrforge.train.sharding import (
@@ -39,7 +34,6 @@ from asrforge.train.sharding import (
     load_full_weights,
     load_optimizer_shards,
     shard_model,
-    whole_weights,
 )
 from asrforge.train.state import TrainState
 from asrforge.train.step import StepTally, finish_step, micro_batch_backward
@@ -84,8 +78,9 @@ class FitResult:
 class TrainingRun:
     """One run's pieces and its progress: the set-up (data, selector, checkpoints), the prepared
     model (:class:`~asrforge.train.forward.TrainingWhisper`, DDP-wrapped with several processes)
-    and optimizer, the schedule, the EMA, the forgetting guard, the callbacks and the
-    ``TrainState``. :meth:`Trainer.fit` calls its steps in order."""
+    and optimizer, the schedule, the EMA, the callbacks, the ``TrainState`` and its evaluations
+    (:class:`~asrforge.train.evaluations.RunEvaluations`: the forgetting guard, selection and
+    records). :meth:`Trainer.fit` calls its steps in order."""
 
     def __init__(
         self,
@@ -121,16 +116,12 @@ class TrainingRun:
         self.start = StartingModel.of_run(cfg, training_model)
         self.state = TrainState()
         self.ema: EMA | None = None
-        self.guard = None
-        self.last_metrics: dict = {}
-        """The metrics of the last evaluation."""
+        self.evaluations = RunEvaluations(self)
+        """The guard, each evaluation and the selector's judgement of it."""
         self.last_saved_step: int | None = None
         self.stop_error: str | None = None
         """(several processes) The error this process's data stopped the run with, mid-step:
         raised by every process at the step's end (:meth:`agree_to_stop`)."""
-        self.guard_at_start: dict | None = None
-        """The guard's metrics of the starting model, measured by :meth:`start_guard` (the
-        step-0 evaluation reuses them rather than transcribing the guard set again)."""
 
     # -- start ---------------------------------------------------------------------------------
     def restore(self, ckpt: TrainingCheckpoint) -> None:
@@ -201,53 +192,6 @@ class TrainingRun:
                 self.state.step,
             )
 
-    def start_guard(self) -> None:
-        """The forgetting guard: the starting model's transcripts, once (a resume restored
-        them with the selection state)."""
-        setup, acc = self.setup, self.acc
-        language = guard_language(self.cfg, setup.train_languages)
-        self.guard = build_guard(
-            self.cfg,
-            setup.model_bundle,
-            language=language,
-            window_seconds=window_seconds(self.whisper.config),
-        )
-        gate = setup.selector.guard
-        if self.guard is None or gate.started:
-            return
-        if setup.resume_from is not None:  # its starting model is gone
-            raise UserError(
-                "eval.guard: the checkpoint holds no guard start (saved by a run "
-                "without eval.guard); remove eval.guard to resume it"
-            )
-        with whole_weights(self.model):
-            self.guard_at_start = self.guard.measure_start(self.whisper, gate, device=acc.device)
-        self.state.selection = setup.selector.state_dict()
-        if acc.is_main_process:
-            self.guard.write_records(setup.output_dir, self.state.step, gate)
-
-    def evaluate_start(self) -> None:
-        """``eval.at_start``: evaluate the starting model at step 0, which seeds the selector's
-        bests, and save it when it is best (best/ must be able to hold the starting weights)."""
-        if self.start_needs_evaluation() and self.evaluate_and_select().save:
-            self.save_checkpoint("start", self.last_metrics, True)
-
-    def start_needs_evaluation(self) -> bool:
-        """Whether the starting model is evaluated now (``eval.at_start``): at step 0, never
-        evaluated yet; a resumed run's step-0 result is in its selection state already."""
-        state = self.state
-        return self.cfg.evaluates_at_start and state.step == 0 and state.last_eval_step is None
-
-    def start_stayed_best(self) -> bool:
-        """The starting model was evaluated and no later evaluation beat it."""
-        selector = self.setup.selector
-        return bool(selector.start) and selector.best_step == 0
-
-    def trained_step_evaluated(self) -> bool:
-        """Whether an evaluation measured a step after step 0 (a resumed run's included)."""
-        last = self.state.last_eval_step
-        return last is not None and last > 0
-
     def info(self) -> RunInfo:
         """The ``on_train_begin`` payload."""
         setup, acc = self.setup, self.acc
@@ -306,7 +250,7 @@ class TrainingRun:
             The step's metrics (the ``on_step_end`` payload), or None when the micro-batches
             ran out before the step was complete (its gradients are dropped).
         """
-        with self._timed("step"):
+        with self.timed("step"):
             return self._train_step(batches)
 
     def _train_step(self, batches: Iterator[dict]) -> dict | None:
@@ -392,7 +336,7 @@ class TrainingRun:
             evaluations=int(due) + int(end_evaluates), saves=int(saves_now) + 1
         )
 
-    def _timed(self, kind: str):
+    def timed(self, kind: str):
         """Time the body for the budget (see :meth:`TimeBudget.timed`); nothing without one."""
         return nullcontext() if self.budget is None else self.budget.timed(kind)
 
@@ -452,83 +396,6 @@ class TrainingRun:
                 metrics[f"loss_{name}"] = sum(values) / len(values) if values else None
         return metrics
 
-    # -- evaluate, save, stop ------------------------------------------------------------------
-    def evaluate_and_select(self) -> Decision:
-        """Evaluate (with the EMA weights when there are some; the guard and long-form too),
-        let the selector judge, write the records and tell the callbacks."""
-        state, setup, cb = self.state, self.setup, self.callbacks
-        cb.call("on_eval_begin", state, split=self.cfg.data.eval_split)
-        with self._timed("evaluation"), whole_weights(self.model):
-            metrics, preds = self._evaluate()
-        decision = setup.selector.update(metrics, step=state.step)
-        state.selection = setup.selector.state_dict()
-        state.last_eval_step = state.step
-        state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
-        if self.acc.is_main_process:
-            write_eval_records(
-                setup.output_dir, state.step, metrics, preds, decision, setup.selector.selected_on
-            )
-        log.info(
-            "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",
-            state.step,
-            metrics["loss"],
-            metrics["wer"],
-            metrics["cer"],
-            metrics["n"],
-            f" rep-trap {metrics.get('rep_trap_count', 0)}",
-            log_text(metrics),
-            decision.reason,
-        )
-        cb.call("on_predict_end", state, predictions=preds)
-        cb.call("on_eval_end", state, metrics=metrics, decision=decision)
-        if decision.should_stop:
-            state.should_stop = True
-            state.stop_reason = decision.stop_reason
-        self.last_metrics = metrics
-        return decision
-
-    def _evaluate(self) -> tuple[dict, list[dict]]:
-        """Metrics and predictions of the evaluation split, gathered from every process."""
-        setup, acc, ema, whisper = self.setup, self.acc, self.ema, self.whisper
-        guard_metrics: dict = {}
-        data = self.cfg.data
-        # One process only: ranks probing apart could cut the split into different batches.
-        probe = whisper if acc.num_processes == 1 else None
-        batch_size = eval_batch_size(
-            data.eval_batch_size, data.batch_size, probe, acc.device,
-            max_new_tokens=self.cfg.eval.max_new_tokens, autocast=acc.autocast,
-        )  # fmt: skip
-        with ema.swapped_in(whisper) if ema is not None else nullcontext():
-            metrics, preds = evaluate(
-                whisper,
-                self.loaders.eval_loader(batch_size),
-                tokenizer=setup.model_bundle.tokenizer,
-                eot=setup.model_bundle.specials.eot,
-                max_new_tokens=self.cfg.eval.max_new_tokens,
-                device=acc.device,
-                autocast=acc.autocast,
-                options=DecodeOptions(
-                    beam_size=self.cfg.eval.beam_size,
-                    capture=capture_for(self.cfg.eval.compile, acc.device),
-                ),
-                normalizer=self.cfg.eval.normalizer,
-            )
-            if self.guard is not None and self.state.step == 0 and self.guard_at_start:
-                # The starting model's own guard figures: drift 0 by definition.
-                guard_metrics = self.guard_at_start
-            elif self.guard is not None:
-                guard_metrics = self.guard.measure(whisper, setup.selector.guard, device=acc.device)
-        self.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
-        metrics, preds = gather_eval(acc, metrics, preds, self.cfg.eval.normalizer)
-        metrics.update(
-            run_longform_eval(setup, whisper, ema, step=self.state.step, autocast=acc.autocast)
-        )
-        if self.guard is not None:
-            metrics.update(guard_metrics)
-            if acc.is_main_process:
-                self.guard.write_records(setup.output_dir, self.state.step, setup.selector.guard)
-        return metrics, preds
-
     def save_checkpoint(self, kind: str, metrics: dict | None, is_best: bool) -> None:
         """``checkpoints/step-NNNNNN`` with everything a resume needs; ``on_save`` names it
         ``best`` when ``is_best``, else ``kind``. A failed save raises (the run stops)."""
@@ -537,7 +404,7 @@ class TrainingRun:
         self.last_saved_step = state.step
         self.gather_dropped()
         self.write_skip_report()
-        with self._timed("save"):
+        with self.timed("save"):
             path = save_run_checkpoint(
                 self.setup,
                 step=state.step,
@@ -614,24 +481,9 @@ class TrainingRun:
             selector.best_step,
             dict(selector.best),
             self.setup.output_dir,
-            self.last_metrics,
+            self.evaluations.last_metrics,
             tracked_bests=selector.tracked_bests,
             start=dict(selector.start),
-            refused=self.refused(),
+            refused=self.evaluations.refused(),
             out_of_time=self.out_of_time is not None,
-        )
-
-    def refused(self) -> str | None:
-        """:attr:`FitResult.refused` of this run now."""
-        selector = self.setup.selector
-        if selector.unguarded_step is None:
-            return None
-        before_step = 0 if selector.start else selector.best_step
-        return describe_refused(
-            selector.unguarded_step,
-            selector.unguarded,
-            selector.start or selector.best,
-            before_step=before_step,
-            selected_on=selector.selected_on,
-            guard_kind=selector.guard.kind if selector.guard is not None else None,
         )
