@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.errors import ExitCode
 from asrforge.model.dtypes import PRECISION_DTYPES, is_full_precision, precision_dtype
 from asrforge.text.languages import UNSPACED_LANGUAGES
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (what, its owner, how a second copy would be spelled[, the folders that could write one])
 COPIES = [
-    ("the sample rate", "data/audio.py", re.compile(r"\b16_?000\b")),
+    ("the sample rate", "data/sample_rate.py", re.compile(r"\b16_?000\b")),
     ("the weights' alias key", "checkpoint/shards.py", re.compile(r"[\"']asrforge_aliases[\"']")),
     ("a precision's dtype", "model/dtypes.py", re.compile(r"[\"'](bf16|fp16|fp32|no)[\"']\s*:\s*torch\.")),
     ("the unspaced languages", "text/languages.py", re.compile(r"\{\s*[\"']zh[\"'],\s*[\"']ja[\"']")),

@@ -15,10 +15,9 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.errors import UserError
 
-SAMPLE_RATE = 16_000
-"""Hz of the audio Whisper's feature extractor takes: every reader decodes to it."""
 MAX_DECODE_SECONDS = 6 * 3600
 """Longest audio decoded whole: a few kilobytes of FLAC can decode to days of silence."""
 _BLOCK_FRAMES = 1 << 16

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from asrforge.data.audio import SAMPLE_RATE
+from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory, directory_problem, remove_path, temporaries_of
 from asrforge.io.locks import exclusive
