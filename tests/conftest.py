@@ -83,3 +83,15 @@ def save_english_only_model(root: Path, data_dir: Path) -> Path:
     gen = pretrained / "generation_config.json"
     gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
     return pretrained
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face home, offline, with an endpoint nothing listens on."""
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for name in ("HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    return home

@@ -118,3 +118,4 @@ def audio_parquet(rows: list[dict], row_group_size: int | None = None) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=row_group_size)
     return buf.getvalue()
+

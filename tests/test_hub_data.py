@@ -72,16 +72,6 @@ def repo_files(tones_dir) -> dict[str, bytes | str]:
     }
 
 
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    for name in ("HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    return home
-
 
 @pytest.fixture
 def speech(hf_home, repo_files) -> Path:

@@ -12,7 +12,6 @@ import sys
 
 from asrforge.data.sources import load_arrow
 from tests.hub_cache import add_repo, audio_parquet
-from tests.test_hub_data import hf_home  # noqa: F401 - a fixture
 from tests.test_hub_models import tiny_model  # noqa: F401 - a fixture
 
 FLEURS_README = """---

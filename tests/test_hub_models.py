@@ -22,17 +22,6 @@ from tests.hub_cache import add_repo, hub_answering
 TEXTS = ["a b c", "hello world", "the quick brown fox"] * 40
 
 
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch) -> Path:
-    """An empty Hugging Face home, offline, with an endpoint nothing listens on."""
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    for name in ("HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    return home
-
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, tones_dir) -> Path:

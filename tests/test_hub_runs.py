@@ -14,7 +14,7 @@ from asrforge.checkpoint.manifest import read_manifest
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
 from tests.hub_cache import add_repo
-from tests.test_hub_data import hf_home, repo_files  # noqa: F401 - fixtures
+from tests.test_hub_data import repo_files  # noqa: F401 - a fixture
 from tests.test_hub_models import tiny_model  # noqa: F401 - a fixture
 from tests.test_resume import PreemptAt, run
 
