@@ -150,7 +150,6 @@ def optimizer_step(
         ``min_loss_scale`` is 1 for the same reason).
     """
     scaler = acc.scaler
-    scale = scaler.get_scale() if scaler is not None else None
     # clip_grad_norm_ unscales the gradients under fp16.
     norm = acc.clip_grad_norm_(params, clip)
     # Sharded gradients give the norm as a DTensor of per-shard parts: full_tensor() sums them.
@@ -169,6 +168,8 @@ def optimizer_step(
     # found the inf/nan, update() lowers the scale and ends the step (the next unscale_ raises
     # otherwise). Calling optimizer.step() for the scaler to skip would not do: the fused AdamW
     # kernel is called even then (it skips inside), so accelerate cannot tell it was skipped.
+    # The scale is read here, not before every step: a read waits for the backward to finish.
+    scale = scaler.get_scale()
     scaler.update()
     if not math.isfinite(loss):
         return grad_norm, "non-finite loss", True
