@@ -198,3 +198,30 @@ def test_evaluation_scores_with_the_options_and_names_them():
     plain, told = summarize(preds), summarize(preds, NormalizerConfig(remove_diacritics=True))
     assert plain["per_language"]["es"]["wer"] == 0.75 and told["per_language"]["es"]["wer"] == 0
     assert plain["normalizer"] == "whisper" and told["normalizer"] == "whisper, no diacritics"
+
+
+def test_an_evaluation_normalizes_each_transcript_once_and_a_repeated_one_not_again(monkeypatch):
+    import asrforge.text.normalizers as normalizers
+    from asrforge.evaluation.evaluate import summarize
+    from asrforge.text import repetition_flags
+
+    english = []
+    real = normalizers._normalize_english
+    monkeypatch.setattr(
+        normalizers, "_normalize_english", lambda t, **kw: english.append(t) or real(t, **kw)
+    )
+    normalizers.forget_normalized()
+    said = [("en", "Twenty one.", "twenty one"), ("en", "Colour", "color"), ("es", "Sí", "si")]
+    preds = [
+        {"uid": str(k), "language": lang, "ref": ref, "hyp": hyp,
+         **repetition_flags(hyp, n_tokens=4, max_new_tokens=8)}
+        for k, (lang, ref, hyp) in enumerate(said)
+    ]  # fmt: skip
+    first = summarize(preds)
+    # four English transcripts, each normalized once although scored overall and per language
+    assert sorted(english) == sorted(["Twenty one.", "twenty one", "Colour", "color"])
+    assert summarize(preds) == first and len(english) == 4  # the next evaluation: cached
+    assert first["per_language"]["en"]["wer"] == 0 and first["per_language"]["es"]["wer"] == 1
+    normalizers.forget_normalized()
+    summarize(preds)
+    assert len(english) == 8

@@ -14,6 +14,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -90,8 +91,9 @@ def evaluate(
                 continue
             feats = batch["input_features"].to(device)
             dec_in = batch["decoder_input_ids"].to(device)
+            # read on the host copy: on a GPU each position read would wait for the device
+            prompt_len = _prompt_length(batch["labels"])
             labels = batch["labels"].to(device)
-            prompt_len = _prompt_length(labels)
             mask = labels != IGNORE
             with autocast() if autocast is not None else contextlib.nullcontext():
                 enc = model.model.encoder(feats).last_hidden_state
@@ -172,24 +174,38 @@ def _prompt_length(labels: torch.Tensor) -> int:
 def summarize(preds: list[dict], normalizer: NormalizerConfig | None = None) -> dict:
     """Corpus metrics over prediction records, overall and per language, normalized as
     ``normalizer`` says (named as ``normalizer``)."""
-    by_lang: dict[str, list[dict]] = defaultdict(list)
-    for p in preds:
-        by_lang[p["language"]].append(p)
-    metrics = _metrics_of(preds, normalizer)
-    metrics["per_language"] = {
-        lang: _metrics_of(ps, normalizer) for lang, ps in sorted(by_lang.items())
-    }
+    scored = [_Scored.of(p, normalizer) for p in preds]
+    by_lang: dict[str, list[_Scored]] = defaultdict(list)
+    for s in scored:
+        by_lang[s.pred["language"]].append(s)
+    metrics = _metrics_of(scored)
+    metrics["per_language"] = {lang: _metrics_of(ss) for lang, ss in sorted(by_lang.items())}
     metrics["normalizer"] = (normalizer or NormalizerConfig()).name
     langs = list(by_lang)
     metrics["wer_reliable"] = all(primary_metric(lang) == "wer" for lang in langs)
     return metrics
 
 
-def _metrics_of(preds: list[dict], normalizer: NormalizerConfig | None) -> dict:
-    if not preds:
+@dataclass(frozen=True)
+class _Scored:
+    """A prediction record with its reference and hypothesis normalized, once for the overall
+    and the per-language figures."""
+
+    pred: dict
+    ref: str
+    hyp: str
+
+    @classmethod
+    def of(cls, p: dict, normalizer: NormalizerConfig | None) -> _Scored:
+        lang = p["language"]
+        return cls(p, normalize(p["ref"], lang, normalizer), normalize(p["hyp"], lang, normalizer))
+
+
+def _metrics_of(scored: list[_Scored]) -> dict:
+    if not scored:
         return {"n": 0, "wer": math.nan, "cer": math.nan}
-    refs = [normalize(p["ref"], p["language"], normalizer) for p in preds]
-    hyps = [normalize(p["hyp"], p["language"], normalizer) for p in preds]
+    preds = [s.pred for s in scored]
+    refs, hyps = [s.ref for s in scored], [s.hyp for s in scored]
     raw_refs = [p["ref"] for p in preds]
     raw_hyps = [p["hyp"] for p in preds]
     n_tok = sum(p.get("n_label_tokens", 0) for p in preds)
