@@ -33,6 +33,7 @@ from asrforge.data.dataset import eval_batches  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.model.build import count_parameters  # noqa: E402
 from asrforge.model.decoding import DecodeOptions  # noqa: E402
+from asrforge.text.normalizers import forget_normalized  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 from asrforge.train.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -359,6 +360,7 @@ def run_eval(
     index_batches, gen_kwargs, pin = sides.batches, sides.gen_kwargs, device == "cuda"
 
     def timed(run: Callable[[list], list[str]]) -> dict:
+        forget_normalized()  # each side normalizes its references itself
         run(index_batches[:1])
         sync(device)
         t0 = time.perf_counter()

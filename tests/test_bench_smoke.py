@@ -349,6 +349,27 @@ def test_gpu_profile_reports_both_sides_of_training_and_decoding(tmp_path):
     assert "== eval hypotheses: 4/4 equal" in text
 
 
+def test_gpu_eval_parts_splits_an_evaluation_into_phases_that_add_up(tmp_path):
+    """The evaluation breakdown on the CPU: the data and model-side lines, and per decode path
+    the phases, which with the rest add up to the whole."""
+    import re
+
+    import gpu_eval_parts
+
+    out = tmp_path / "parts.txt"
+    gpu_eval_parts.main(["--device", "cpu", "--quick", "--out", str(out)])
+    text = out.read_text()
+    assert "data: collating in this process" in text
+    assert re.search(r"same hypotheses 4/4 \(captured\)", text)
+    for path in ("uncaptured", "captured"):
+        block = text.split(f"phases, {path} (2 batches):\n")[1].split("phases,")[0]
+        seconds = dict(re.findall(r"  (\S.*?\S) +(-?[0-9.]+)s ", block))
+        whole = float(seconds.pop("whole (synchronized phases)"))
+        capture = float(seconds.pop("capture", 0.0))
+        assert whole > 0 and capture >= 0
+        assert abs(sum(map(float, seconds.values())) - whole) < 0.002
+
+
 @pytest.mark.fast
 def test_silenced_timestamps_can_no_longer_be_picked(tmp_path):
     """The evaluation sides of the GPU check decode the same amount only if no side emits a
