@@ -304,7 +304,9 @@ class DataConfig(Section):
     whose evaluation fits in 80% of its memory (a power of two times ``batch_size``, at most
     512; probed once per model shape and device), since greedy decoding there is bound by
     kernel launches and a larger batch decodes more utterances per second; on the CPU, and in
-    a run of several processes, ``batch_size``."""
+    a run of several processes, ``batch_size``. Measured on an H100 with the log-mels computed
+    by the DataLoader's workers, it was slower per utterance than a batch of 16: the large batch
+    waits on its data (bench/README.md)."""
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     """DataLoader worker processes per training process that load audio and compute the log-mel
     features (0: in the main process; a count is capped at the cores the process may use).
