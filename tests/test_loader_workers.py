@@ -69,3 +69,38 @@ def test_a_count_beyond_the_machine_is_capped_and_the_run_says_so(tmp_path, tone
     cores = len(os.sched_getaffinity(0))
     assert (f"data.num_workers: 1000000000 is more than the {cores} cores this process may use: "
             f"{cores} workers") in caplog.text  # fmt: skip
+
+
+def test_the_evaluation_workers_start_once_per_run_and_end_with_it(
+    tmp_path, tones_dir, monkeypatch
+):
+    """Every evaluation of a run is served by the same worker, not a new one started (forked)
+    each time; none is left once the run returns."""
+    import multiprocessing
+
+    import torch
+
+    import asrforge.train.loaders as loaders
+    from asrforge.train.loop import Trainer
+    from tests.conftest import tiny_config
+
+    started, served = tmp_path / "started", []
+    real_init, real_loader = loaders.ignore_stop_signals, loaders.RunLoaders.eval_loader
+
+    def record(worker_id: int) -> None:
+        with started.open("a") as f:  # the worker writes: it is another process
+            f.write(f"{len(torch.utils.data.get_worker_info().dataset)}\n")
+        real_init(worker_id)
+
+    def eval_loader(self, batch_size=None):
+        served.append(len(self.eval_set))
+        return real_loader(self, batch_size)
+
+    monkeypatch.setattr(loaders, "ignore_stop_signals", record)
+    monkeypatch.setattr(loaders.RunLoaders, "eval_loader", eval_loader)
+    cfg = tiny_config(tmp_path / "run", tones_dir, data={"num_workers": 1},
+                      train={"max_steps": 6}, eval={"eval_steps": 2})  # fmt: skip
+    assert Trainer(cfg).fit().status == "completed"
+    assert len(served) >= 3  # steps 2, 4 and 6
+    assert started.read_text().split().count(str(served[0])) == 1
+    assert multiprocessing.active_children() == []

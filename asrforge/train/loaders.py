@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ class RunLoaders:
     packing: Packing | None = None
     sampling: LanguageSampling | None = None
     """``data.sampling``: each epoch's utterances drawn by language."""
+    _eval_loaders: dict[int, DataLoader] = field(default_factory=dict, repr=False)
 
     @property
     def loader_workers(self) -> int:
@@ -114,14 +115,24 @@ class RunLoaders:
 
     def eval_loader(self, batch_size: int | None = None) -> DataLoader:
         """The evaluation split's loader, in batches of ``batch_size`` (default
-        ``data.eval_batch_size`` without probing: ``auto`` is ``data.batch_size``)."""
+        ``data.eval_batch_size`` without probing: ``auto`` is ``data.batch_size``). One loader
+        per batch size serves every evaluation of the run, its workers kept between them
+        (:meth:`close` ends them)."""
         acc = self.accelerator
         data = self.cfg.data
         bs = batch_size or eval_batch_size(data.eval_batch_size, data.batch_size)
-        batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
-        return self._loader(self.eval_set, batches)
+        if bs not in self._eval_loaders:
+            batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
+            # A new loader would start (fork) its workers at every evaluation, which a GPU
+            # evaluation of a few batches mostly waits on.
+            self._eval_loaders[bs] = self._loader(self.eval_set, batches, persistent=True)
+        return self._eval_loaders[bs]
 
-    def _loader(self, ds, batches, seed: int = 0) -> DataLoader:
+    def close(self) -> None:
+        """End the evaluation loaders' workers (a dropped loader shuts its workers down)."""
+        self._eval_loaders.clear()
+
+    def _loader(self, ds, batches, seed: int = 0, persistent: bool = False) -> DataLoader:
         workers = self.loader_workers
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
@@ -130,7 +141,7 @@ class RunLoaders:
             batch_sampler=batches,
             collate_fn=self.collator,
             num_workers=workers,
-            persistent_workers=False,
+            persistent_workers=persistent and workers > 0,
             prefetch_factor=4 if workers else None,
             pin_memory=self.pin_memory,
             generator=torch.Generator().manual_seed(seed),

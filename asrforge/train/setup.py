@@ -118,6 +118,7 @@ class RunSetup:
         return self.model_bundle.model
 
     def close(self) -> None:
+        self.loaders.close()
         if self.log_handler is not None:
             logging.getLogger("asrforge").removeHandler(self.log_handler)
             self.log_handler.close()
