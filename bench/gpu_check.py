@@ -271,7 +271,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="default 16 (--quick: 2)")
     p.add_argument("--eval-batch-size", type=int, default=None, help="default 16 (--quick: 2)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (>= 1)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=30,
+        help="measured steps (ten moved a ratio by a tenth between runs)",
+    )
     p.add_argument("--eval-n", type=int, default=None, help="utterances (default 32, --quick 4)")
     p.add_argument("--eval-n-auto", type=int, default=None,
                    help="utterances at the auto batch (default 256, --quick 4)")  # fmt: skip
