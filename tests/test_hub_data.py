@@ -265,3 +265,31 @@ def test_a_url_reads_whole_as_the_local_directory_does(protocol, repo_files, tmp
     by_dir = load_source(DataConfig(path=local, subset="all")).splits["validation"]
     assert [r["text"] for r in by_url] == [r["text"] for r in by_dir]
     assert [r["audio"]["bytes"] for r in by_url] == [r["audio"]["bytes"] for r in by_dir]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "some/model"],
+        ["lm", "build", "--out", "lm.arpa"],
+        ["lm", "tune", "bundle"],
+        ["vocab", "build", "--language", "es", "--vocab-size", "300", "--out", "t", "--base", "b"],
+        ["vocab", "report", "--language", "es", "--tokenizer", "t"],
+        ["align-heads", "bundle"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_command_reading_data_takes_a_hub_address_and_its_subset_and_revision(argv):
+    """``--data`` reaches the data section as written (a path would fold ``hf://``'s double
+    slash), with ``--subset`` and ``--revision``, in every command that reads data."""
+    from asrforge.cli import build_parser
+    from asrforge.cli.data_options import data_options
+
+    address = "hf://datasets/org/speech/data"
+    args = build_parser().parse_args(
+        [*argv, "--data", address, "--subset", "es_419", "--revision", "v2"]
+    )
+    args.overrides = []
+    data = data_options(args)
+    assert (str(data.path), data.subset, data.revision) == (address, "es_419", "v2")

@@ -7,7 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.cli.data_options import (
+    DATA_OPTIONS_HELP,
+    SPLIT_HELP,
+    add_data_argument,
+    data_options,
+)
 
 # Measuring heads decodes with torch: imported inside the handler, so building the parser does
 # not wait for it.
@@ -27,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("bundle", type=Path, help="a bundle directory (asrforge export)")
-    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    add_data_argument(p)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--joins", type=int, default=8, help="pairs of utterances to measure on")
     p.add_argument(

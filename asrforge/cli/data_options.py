@@ -54,6 +54,16 @@ def data_options(args: argparse.Namespace) -> DataConfig:
     return source_config(data, [*args.overrides, *named])
 
 
+def add_data_argument(
+    parser: argparse.ArgumentParser, *, into=None, required: bool = True, help: str = DATA_HELP
+) -> None:
+    """``--data`` (added to ``into``, e.g. a mutually exclusive group, else to ``parser``) and
+    the Hub options that go with it. A string, not a path: a path would fold the double slash
+    of an ``hf://`` address."""
+    (into or parser).add_argument("--data", type=str, required=required, default=None, help=help)
+    add_hub_options(parser)
+
+
 def add_hub_options(parser: argparse.ArgumentParser) -> None:
     """``--subset`` and ``--revision``: which configuration and revision of a Hub data set."""
     parser.add_argument("--subset", default=None,

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.cli.data_options import (
-    DATA_HELP,
     DATA_OPTIONS_HELP,
     SPLIT_HELP,
-    add_hub_options,
+    add_data_argument,
     data_options,
 )
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
@@ -43,8 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a checkpoint, run or bundle directory, a transformers Whisper directory, or the "
         "Hugging Face Hub id of a model or a pushed bundle (org/name[@revision])",
     )
-    p.add_argument("--data", type=str, required=True, help=DATA_HELP)
-    add_hub_options(p)
+    add_data_argument(p)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument(

@@ -6,7 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from asrforge.cli.data_options import DATA_HELP, DATA_OPTIONS_HELP, SPLIT_HELP, data_options
+from asrforge.cli.data_options import (
+    DATA_OPTIONS_HELP,
+    SPLIT_HELP,
+    add_data_argument,
+    data_options,
+)
 from asrforge.errors import UserError
 
 # Building and tuning an LM read data and decode with torch: imported inside the handlers, so
@@ -33,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--text", type=Path, default=None, help="a UTF-8 text file")
-    source.add_argument("--data", type=Path, default=None, help=DATA_HELP)
+    add_data_argument(p, into=source, required=False)
     p.add_argument("--split", default="train", help=SPLIT_HELP.format(default="train"))
     p.add_argument(
         "--language",
@@ -55,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("bundle", type=Path, help="a bundle directory with an LM (export --lm)")
-    p.add_argument("--data", type=Path, required=True, help=DATA_HELP)
+    add_data_argument(p)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--alphas", type=_floats, default=None, help="comma-separated LM weights")
     p.add_argument("--betas", type=_floats, default=None, help="comma-separated word bonuses")

@@ -7,7 +7,7 @@ import json
 from itertools import chain
 from pathlib import Path
 
-from asrforge.cli.data_options import data_options
+from asrforge.cli.data_options import add_data_argument, data_options
 from asrforge.errors import UserError
 from asrforge.text.languages import resolve_language
 
@@ -25,10 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     sub = parser.add_subparsers(dest="vocab_command", required=True, metavar="ACTION")
     b = sub.add_parser("build", help="train a language BPE and merge it into a Whisper tokenizer")
-    b.add_argument(
-        "--data",
-        type=Path,
-        required=True,
+    add_data_argument(
+        b,
         help="the data, in any form data.path takes (its transcripts are read); data.columns.*, "
         "data.language, data.cache_dir as in `asrforge evaluate --help`",
     )
@@ -52,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     b.set_defaults(func=run, accepts_overrides=True)
     r = sub.add_parser("report", help="tokens per utterance before and after an extension")
-    r.add_argument("--data", type=Path, required=True, help="as for vocab build")
+    add_data_argument(r, help="as for vocab build")
     r.add_argument("--language", required=True)
     r.add_argument("--tokenizer", type=Path, required=True, help="the extended tokenizer")
     r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
