@@ -24,6 +24,7 @@ from asrforge.model.alignment import (
     median_filter,
     merge_punctuation,
     split_words,
+    tidy_long_words,
 )
 from asrforge.model.longform import Segment
 
@@ -105,6 +106,26 @@ def test_punctuation_joins_its_word_with_its_time() -> None:
     assert [w.word for w in merged] == [" We", " (hi)."]
     assert (merged[1].start, merged[1].end, merged[1].tokens) == (0.4, 1.0, (5, 6, 7, 4))
     assert merged[1].probability == pytest.approx((0.5 + 0.7 + 0.1 + 0.3) / 4)
+
+
+@pytest.mark.fast
+def test_a_first_word_stretched_over_a_pause_starts_where_it_is_spoken() -> None:
+    """The alignment's path starts at the window's first frame, so the first word of a
+    recording that opens with 2.5 s of silence comes out starting at 0; it is cut to twice the
+    median word, the silence going before it, as openai-whisper does."""
+    words = [
+        Word(" We", 0.0, 2.8, 0.9),
+        Word(" meet", 2.8, 3.1, 0.9),
+        Word(" at", 3.1, 3.3, 0.9),
+        Word(" noon.", 3.3, 3.6, 0.9),
+    ]
+    end = tidy_long_words(words, 0.0, 3.6, last_speech=0.0)
+    assert words[0].start == pytest.approx(2.8 - 2 * 0.3) and words[0].end == 2.8
+    assert [w.start for w in words[1:]] == [2.8, 3.1, 3.3] and end == 3.6
+    # right after speech (no pause) the same word is left alone
+    words = [Word(" We", 0.0, 2.8, 0.9), Word(" meet", 2.8, 3.1, 0.9), Word(" at", 3.1, 3.3, 0.9)]
+    tidy_long_words(words, 0.0, 3.3, last_speech=2.0)
+    assert words[0].start == 0.0
 
 
 @pytest.mark.fast

@@ -320,18 +320,32 @@ def align_words(
     return merge_punctuation(words)
 
 
-def tidy_long_words(words: list[Word], segment_start: float, segment_end: float) -> list[Word]:
-    """openai-whisper's corrections of words DTW stretched over a pause: a word longer than
-    twice the median word (at most 1.4 s) next to a sentence end is cut to that length, and the
-    first and last words are held to the segment's own timestamps when they run past them by
-    more than 0.5 s.
+def tidy_long_words(
+    words: list[Word], segment_start: float, segment_end: float, last_speech: float = 0.0
+) -> float:
+    """openai-whisper's corrections of words DTW stretched over a pause, in its order: a word
+    longer than twice the median word (at most 1.4 s) next to a sentence end is cut to that
+    length; the first word, when it ends more than four median words after the last speech
+    before it and it (or it and the next) is that long, is cut to that length, the pause going
+    before it; the first and last words are held to the segment's own timestamps when they run
+    past them by more than 0.5 s.
+
+    The path of the alignment starts at the window's first frame, so without the second rule the
+    first word of a recording that opens with silence starts at 0 s.
 
     Args:
-        words: one segment's words, times in seconds from the recording's start.
+        words: one segment's words, times in seconds from the recording's start (changed in
+            place).
         segment_start, segment_end: the segment's times, same clock.
+        last_speech: where the speech before this segment ended (the previous segment's
+            return value; 0 for a recording's first).
+
+    Returns:
+        Where this segment's speech ends: its last word's end (``last_speech`` when it has no
+        words).
     """
     if not words:
-        return words
+        return last_speech
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -345,11 +359,21 @@ def tidy_long_words(words: list[Word], segment_start: float, segment_end: float)
                 elif words[i - 1].word.strip()[-1:] in SENTENCE_END:
                     w.start = w.end - longest
     first, last = words[0], words[-1]
+    second = words[1] if len(words) > 1 else None
+    after_pause = median > 0 and first.end - last_speech > median * 4
+    if after_pause and (
+        first.end - first.start > longest
+        or (second is not None and second.end - first.start > longest * 2)
+    ):
+        if second is not None and second.end - second.start > longest:
+            boundary = max(second.end / 2, second.end - longest)
+            first.end = second.start = boundary
+        first.start = max(0.0, first.end - longest)
     if segment_start < first.end and segment_start - 0.5 > first.start:
         first.start = max(0.0, min(first.end - median, segment_start))
     if segment_end > last.start and segment_end + 0.5 < last.end:
         last.end = max(last.start + median, segment_end)
-    return words
+    return last.end
 
 
 @torch.no_grad()
@@ -369,7 +393,8 @@ def add_word_timestamps(
     heads: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """Set ``words`` on every segment: each window's segments aligned together, as
-    openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment.
+    openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment, in order,
+    each knowing where the speech before it ended.
 
     Args:
         waves: (n_samples,) recordings at ``sample_rate``.
@@ -381,6 +406,7 @@ def add_word_timestamps(
     """
     heads = alignment_heads(model) if heads is None else list(heads)
     for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
+        last_speech = 0.0
         by_window: dict[tuple[float, float], list[Segment]] = {}
         for s in segs:
             by_window.setdefault(s.window, []).append(s)
@@ -414,7 +440,7 @@ def add_word_timestamps(
                 )
                 k += len(w.tokens)
             for s in group:
-                tidy_long_words(s.words, s.start, s.end)
+                last_speech = tidy_long_words(s.words, s.start, s.end, last_speech)
 
 
 HEAD_ERROR_LIMIT = 0.2
