@@ -23,8 +23,10 @@ from asrforge.model.alignment import (
     dtw,
     median_filter,
     merge_punctuation,
+    speech_onset,
     split_words,
     tidy_long_words,
+    token_starts,
 )
 from asrforge.model.longform import Segment
 
@@ -106,6 +108,18 @@ def test_punctuation_joins_its_word_with_its_time() -> None:
     assert [w.word for w in merged] == [" We", " (hi)."]
     assert (merged[1].start, merged[1].end, merged[1].tokens) == (0.4, 1.0, (5, 6, 7, 4))
     assert merged[1].probability == pytest.approx((0.5 + 0.7 + 0.1 + 0.3) / 4)
+
+
+@pytest.mark.fast
+def test_audio_before_the_first_word_is_not_the_first_words() -> None:
+    """Attention of prompt <|startoftranscript|> <|notimestamps|>, two text tokens and EOT over
+    1 s (50 frames): the row before <|notimestamps|> on the first 0.4 s (silence), then each
+    text token's row on its part. The first token starts at 0.4 s, not at the window's start."""
+    qk = torch.zeros(1, 5, 50)
+    for row, (a, b) in enumerate([(0, 20), (20, 30), (30, 40), (40, 50)]):
+        qk[0, row, a:b] = 10.0
+    starts = token_starts(qk, n_prompt=2, n_text=2, n_samples=SR)
+    np.testing.assert_allclose(starts, [0.4, 0.6, 0.8], atol=0.021)
 
 
 @pytest.mark.fast
@@ -193,6 +207,17 @@ def test_tiny_en_times_a_sentence_after_a_pause(hf_tiny_en: Path) -> None:  # no
     assert all(w.end <= onset + 0.1 for w in words[: museum - 1])
     assert words[0].start < 0.3 and words[-1].end <= wave.shape[0] / SR + 0.02
     assert " ".join(w.word.strip() for w in words) == " ".join(result.text.split())
+
+
+def test_tiny_en_starts_the_first_word_after_leading_silence(hf_tiny_en: Path) -> None:  # noqa: F811
+    """A recording that opens with 0.6 s of silence (too short a pause for openai-whisper's
+    rule for long first words): its first word starts within 0.2 s of its speech, not at 0."""
+    lead = 0.6
+    speech = synthesize("We will meet at the library tomorrow morning.")
+    wave = np.concatenate([np.zeros(int(lead * SR), np.float32), speech])
+    words = bundle_from_checkpoint(hf_tiny_en).transcribe(wave, word_timestamps=True).words
+    assert words[0].word.strip() == "We"
+    assert abs(words[0].start - (lead + speech_onset(speech))) < 0.2
 
 
 def test_transcribe_word_timestamps_json_has_words(hf_tiny_en: Path, tmp_path: Path) -> None:  # noqa: F811
