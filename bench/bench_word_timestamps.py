@@ -18,6 +18,10 @@ hypothesis word is scored when it matches a reference word (case and punctuation
 longest-matching-blocks alignment of the two word lists; both sides' share of words scored is
 printed, and the signed median error (positive: late).
 
+``--silence S`` puts S seconds of silence before every clip (the reference moved with it):
+the clips otherwise start speaking at once, where a recording seldom does, and the first word
+of each is then timed right by any method that starts it at 0 s.
+
 ``--find-heads`` adds a row: asrforge with the heads ``asrforge align-heads`` finds on a
 validation split of the first 16 sentences in the first voice (as for a model whose heads are
 unknown), and then scores every row on the other 8 sentences only, which the search never saw.
@@ -205,6 +209,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the first N clips, taken sentence by sentence in every voice (default: all)",
     )
     p.add_argument(
+        "--silence",
+        type=float,
+        default=0.0,
+        help="seconds of silence before every clip (default: 0)",
+    )
+    p.add_argument(
         "--word-events",
         action="store_true",
         help="score against libespeak-ng's word events instead of the words' first phonemes",
@@ -241,6 +251,10 @@ def main(argv: list[str] | None = None) -> dict:
         n_ref = 0
         for text, voice, wpm in clips:
             wave, ref = espeak.speak(text, voice, wpm, word_events=args.word_events)
+            if args.silence > 0:
+                lead = np.zeros(round(args.silence * SAMPLE_RATE), np.float32)
+                wave = np.concatenate([lead, wave])
+                ref = [(word, start + lead.shape[0] / SAMPLE_RATE) for word, start in ref]
             n_ref += len(ref)
             t = time.process_time()
             result = bundle.transcribe(wave, word_timestamps=True)
@@ -259,7 +273,10 @@ def main(argv: list[str] | None = None) -> dict:
             theirs = [(c["text"], c["timestamp"][0]) for c in chunks]
             errors["asrforge"] += start_errors(ours, ref)
             errors["transformers"] += start_errors(theirs, ref)
-        print(f"{len(clips)} clips, {n_ref} reference words; load {load_average()}")
+        print(
+            f"{len(clips)} clips ({args.silence:g} s of silence before each), {n_ref} reference "
+            f"words; load {load_average()}"
+        )
         print(
             f"{'method':<22} {'scored':>7} {'median ms':>10} {'mean ms':>8} {'<=200 ms':>9} "
             f"{'signed ms':>10} {'CPU s':>7}"
