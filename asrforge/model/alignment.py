@@ -8,8 +8,13 @@ For one window of audio (at most the encoder's window) and the text tokens decod
   frames (the padding after the audio is left out, and the softmax taken over the audio alone);
 * normalize each head's weights over the tokens (zero mean, unit variance per frame), smooth
   along time with a median filter of width 7, and average the heads;
-* dynamic time warping over ``-weights`` gives a monotonic path from the first token and frame
-  to the last; a token starts at the first frame of the path on its row;
+* dynamic time warping over ``-weights`` gives a monotonic path from the first row and frame
+  to the last; a token starts at the first frame of the path on its row. The rows are those
+  of the prompt's last two tokens and the text tokens: the row of ``<|notimestamps|>``
+  predicts the first text token, and the one before it (``<|startoftranscript|>`` for an
+  English-only model) attends to the audio before the first word, so a window that opens
+  with silence gives it to that row, not to the first word (openai-whisper starts at
+  ``<|notimestamps|>``, and its first word then starts at the window's first frame);
 * tokens are grouped into words (a token starting with a space, punctuation or a special token
   starts a new one; per character for languages written without spaces), each word starting
   at its first token's start and ending at the next word's start; punctuation is merged into
@@ -265,6 +270,32 @@ def cross_attention(
     return logits, torch.stack([scores[(layer, head)] for layer, head in heads])
 
 
+def token_starts(qk: torch.Tensor, n_prompt: int, n_text: int, n_samples: int) -> np.ndarray:
+    """Where each text token starts, by the heads of ``qk`` together (see the module docstring).
+
+    Args:
+        qk: (heads, n_prompt + n_text + 1, frames) the attention scores of the decoder's input
+            ``prompt + text + EOT``, as :func:`cross_attention` gives them.
+        n_prompt: prompt tokens, the last ``<|notimestamps|>``.
+        n_samples: the window's audio in samples at 16 kHz (the frames after it are padding).
+
+    Returns:
+        (n_text + 1,) seconds from the window's start: each text token's start, then the end of
+        the last one.
+    """
+    frames = max(1, min(qk.shape[-1], n_samples // HOP_LENGTH // 2))
+    weights = qk[:, :, :frames].softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
+    # the row before <|notimestamps|> takes the audio before the first word; a prompt of one
+    # token has none
+    lead = 1 if n_prompt >= 2 else 0
+    matrix = weights.mean(dim=0)[n_prompt - 1 - lead : n_prompt + n_text]
+    token_index, frame_index = dtw(-matrix.double().cpu().numpy())
+    jumps = np.diff(token_index, prepend=-1).astype(bool)
+    return frame_index[jumps][lead:] * TIME_PRECISION
+
+
 def align_words(
     model,
     encoder_out: torch.Tensor,
@@ -298,15 +329,7 @@ def align_words(
     logits, qk = cross_attention(model, encoder_out, ids, heads)
     probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(text_tokens)].softmax(dim=-1)
     token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
-    frames = max(1, min(qk.shape[-1], n_samples // HOP_LENGTH // 2))
-    weights = qk[:, :, :frames].softmax(dim=-1)
-    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-    weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
-    # rows from <|notimestamps|> (which predicts the first text token) to the last text token
-    matrix = weights.mean(dim=0)[len(prompt) - 1 : len(prompt) + len(text_tokens)]
-    token_index, frame_index = dtw(-matrix.double().cpu().numpy())
-    jumps = np.diff(token_index, prepend=-1).astype(bool)
-    starts = frame_index[jumps] * TIME_PRECISION  # one per row: the text tokens, then EOT
+    starts = token_starts(qk, len(prompt), len(text_tokens), n_samples)
 
     word_tokens = split_words(text_tokens, decode, specials, unspaced=unspaced)
     words, k = [], 0
@@ -320,18 +343,32 @@ def align_words(
     return merge_punctuation(words)
 
 
-def tidy_long_words(words: list[Word], segment_start: float, segment_end: float) -> list[Word]:
-    """openai-whisper's corrections of words DTW stretched over a pause: a word longer than
-    twice the median word (at most 1.4 s) next to a sentence end is cut to that length, and the
-    first and last words are held to the segment's own timestamps when they run past them by
-    more than 0.5 s.
+def tidy_long_words(
+    words: list[Word], segment_start: float, segment_end: float, last_speech: float = 0.0
+) -> float:
+    """openai-whisper's corrections of words DTW stretched over a pause, in its order: a word
+    longer than twice the median word (at most 1.4 s) next to a sentence end is cut to that
+    length; the first word, when it ends more than four median words after the last speech
+    before it and it (or it and the next) is that long, is cut to that length, the pause going
+    before it; the first and last words are held to the segment's own timestamps when they run
+    past them by more than 0.5 s.
+
+    The path of the alignment starts at the window's first frame, so without the second rule the
+    first word of a recording that opens with silence starts at 0 s.
 
     Args:
-        words: one segment's words, times in seconds from the recording's start.
+        words: one segment's words, times in seconds from the recording's start (changed in
+            place).
         segment_start, segment_end: the segment's times, same clock.
+        last_speech: where the speech before this segment ended (the previous segment's
+            return value; 0 for a recording's first).
+
+    Returns:
+        Where this segment's speech ends: its last word's end (``last_speech`` when it has no
+        words).
     """
     if not words:
-        return words
+        return last_speech
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -345,11 +382,21 @@ def tidy_long_words(words: list[Word], segment_start: float, segment_end: float)
                 elif words[i - 1].word.strip()[-1:] in SENTENCE_END:
                     w.start = w.end - longest
     first, last = words[0], words[-1]
+    second = words[1] if len(words) > 1 else None
+    after_pause = median > 0 and first.end - last_speech > median * 4
+    if after_pause and (
+        first.end - first.start > longest
+        or (second is not None and second.end - first.start > longest * 2)
+    ):
+        if second is not None and second.end - second.start > longest:
+            boundary = max(second.end / 2, second.end - longest)
+            first.end = second.start = boundary
+        first.start = max(0.0, first.end - longest)
     if segment_start < first.end and segment_start - 0.5 > first.start:
         first.start = max(0.0, min(first.end - median, segment_start))
     if segment_end > last.start and segment_end + 0.5 < last.end:
         last.end = max(last.start + median, segment_end)
-    return words
+    return last.end
 
 
 @torch.no_grad()
@@ -369,7 +416,8 @@ def add_word_timestamps(
     heads: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """Set ``words`` on every segment: each window's segments aligned together, as
-    openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment.
+    openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment, in order,
+    each knowing where the speech before it ended.
 
     Args:
         waves: (n_samples,) recordings at ``sample_rate``.
@@ -381,6 +429,7 @@ def add_word_timestamps(
     """
     heads = alignment_heads(model) if heads is None else list(heads)
     for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
+        last_speech = 0.0
         by_window: dict[tuple[float, float], list[Segment]] = {}
         for s in segs:
             by_window.setdefault(s.window, []).append(s)
@@ -414,7 +463,7 @@ def add_word_timestamps(
                 )
                 k += len(w.tokens)
             for s in group:
-                tidy_long_words(s.words, s.start, s.end)
+                last_speech = tidy_long_words(s.words, s.start, s.end, last_speech)
 
 
 HEAD_ERROR_LIMIT = 0.2
@@ -453,7 +502,7 @@ def head_errors(
 
     Returns:
         ``(heads, errors)``: every ``(layer, head)`` and (len(joins), len(heads)) absolute errors
-        in seconds of the token's start by that head alone (the steps of :func:`align_words`).
+        in seconds of the token's start by that head alone (:func:`token_starts`).
     """
     cfg = model.config
     heads = [
@@ -467,14 +516,8 @@ def head_errors(
         encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
         ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
         _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
-        frames = max(1, min(qk.shape[-1], wave.shape[0] // HOP_LENGTH // 2))
-        weights = qk[:, :, :frames].softmax(dim=-1)
-        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-        weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
-        rows = weights[:, len(prompt) - 1 : len(prompt) + len(tokens)].double().cpu().numpy()
         for h in range(len(heads)):
-            token_index, frame_index = dtw(-rows[h])
-            starts = frame_index[np.diff(token_index, prepend=-1).astype(bool)] * TIME_PRECISION
+            starts = token_starts(qk[h : h + 1], len(prompt), len(tokens), wave.shape[0])
             errors[j, h] = abs(starts[k] - onset)
     return heads, errors
 
