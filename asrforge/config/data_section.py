@@ -387,7 +387,6 @@ class DataConfig(Section):
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
             "replay": "replay rows join the training utterances checked before step 1",
-            "sampling": "the draw needs every training utterance's language before step 1",
             "filter_wer": "every training row is scored before step 1",
         }
         on = {
@@ -396,7 +395,6 @@ class DataConfig(Section):
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
             "replay": self.replay is not None,
-            "sampling": self.sampling is not None,
             "filter_wer": self.filter_wer is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"

@@ -9,6 +9,9 @@ batch ``j`` goes to rank ``j % world`` and that rank's ``i``-th batch to worker 
 (the DataLoader takes the workers' outputs round-robin, so the order holds to the epoch's end).
 Rows are checked as their batch is built (:func:`check_row`: ``prepare_split``'s rules and
 reasons); a row ``data.languages`` leaves out is no skip (:meth:`StreamedSplit.left_out`).
+With ``data.sampling`` each row appears as many times as its multiplicity for the epoch
+(:class:`~asrforge.data.sampling.ShardSampling`: drawn from the language column alone) before
+its block is permuted, so the epoch's length is known before it starts and resume stays exact.
 ``stream_position`` records the shard list's fingerprint: a resume on other shards is refused.
 """
 
@@ -42,6 +45,7 @@ from asrforge.data.rules import (
     language_filter,
     utterance_problem,
 )
+from asrforge.data.sampling import ShardSampling
 from asrforge.data.shards import Shard, find_shards, read_table, shard_list_fingerprint
 from asrforge.data.sources import read_split
 from asrforge.data.workers import ignore_stop_signals
@@ -127,11 +131,20 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     return Utterance(0, uid, lang, text.strip(), prompt, text_ids, audio_key(audio), seconds)
 
 
-def _count_languages(counts: Counter, column) -> None:
-    """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
+def _count_languages(column) -> Counter:
+    """The rows per language code of a pyarrow ``column`` of language values."""
+    counts: Counter = Counter()
     codes, index = language_codes(column)
     for code, n in zip(codes, np.bincount(index, minlength=len(codes)), strict=True):
         counts[code] += int(n)
+    return counts
+
+
+def _row_languages(table) -> np.ndarray:
+    """Each row's language code (as :func:`_count_languages` counts them) of a standardized
+    shard (a ``datasets.Dataset``)."""
+    codes, index = language_codes(table.data.column("language"))
+    return np.asarray(codes, dtype=object)[index] if len(codes) else np.zeros(0, dtype=object)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -164,11 +177,17 @@ class StreamedSplit:
         # An Augmenter, set from data.augment.
         self.augment = None
         self.epoch = 0
+        """The epoch :meth:`loader` last served."""
+        # data.sampling's draw, set by prepare().
+        self.sampling: ShardSampling | None = None
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
-        # With data.language set every row has it; otherwise the shards are counted when asked.
-        self._language_counts = (
-            Counter({self.language: len(self)}) if self.language is not None else None
+        # Rows per language of each shard. With data.language set every row has it; otherwise
+        # the shards are counted when asked.
+        self._shard_languages: list[Counter] | None = (
+            [Counter({self.language: s.rows}) for s in self.shards]
+            if self.language is not None
+            else None
         )
         first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
         self.languages.update(resolve_language(x, strict=False) for x in first["language"])
@@ -222,23 +241,25 @@ class StreamedSplit:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them);
         a pass to the end counts the rows per language too, which :meth:`language_counts` then
         gives without reading the shards again."""
-        counting = self._language_counts is None
-        counts: Counter = Counter()
+        counting = self._shard_languages is None
+        counts: list[Counter] = []
         for shard in self.shards:
             columns = self.read_columns(shard, ["text", "language"] if counting else ["text"])
             if counting:
-                _count_languages(counts, columns[1])
+                counts.append(_count_languages(columns[1]))
             yield from columns[0].to_pylist()
         if counting:
-            self._language_counts = counts
+            self._shard_languages = counts
 
     def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,
                 max_seconds: float) -> None:  # fmt: skip
         """Give the stream what its rows are checked and featurized with; the first shard's
-        languages are checked for a token now.
+        languages are checked for a token now, and ``data.sampling``'s draw is set up (every
+        shard's language column is read, once a run).
 
         Raises:
-            UserError: a language of the first shard has no token.
+            UserError: a language of the first shard has no token, or ``data.sampling.weights``
+                misses a language of the split.
         """
         keep = language_filter(self.cfg.languages)
         rules = UtteranceRules(
@@ -249,6 +270,10 @@ class StreamedSplit:
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials.multilingual, keep)
+        if self.cfg.sampling is not None:
+            self.sampling = ShardSampling.of(
+                self.shard_language_counts(), keep, self.cfg.sampling, self.seed
+            )
 
     def left_out(self) -> dict[str, int]:
         """Rows per language code that ``data.languages`` leaves out, over every shard (their
@@ -262,15 +287,31 @@ class StreamedSplit:
     def language_counts(self) -> Counter:
         """Rows per language code over every shard (their language column alone is read, once
         a run)."""
-        if self._language_counts is None:
-            counts: Counter = Counter()
-            for shard in self.shards:
-                _count_languages(counts, self.read_columns(shard, ["language"])[0])
-            self._language_counts = counts
-        return Counter(self._language_counts)
+        return sum(self.shard_language_counts(), Counter())
 
-    def batches_per_epoch(self, rank: int, world: int) -> int:
-        return local_batches(len(self), self.cfg.batch_size, rank, world)
+    def shard_language_counts(self) -> list[Counter]:
+        """Rows per language code of each shard (read as :meth:`language_counts` reads them)."""
+        if self._shard_languages is None:
+            self._shard_languages = [
+                _count_languages(self.read_columns(shard, ["language"])[0]) for shard in self.shards
+            ]
+        return [Counter(c) for c in self._shard_languages]
+
+    def shard_rows(self, epoch: int) -> list[int]:
+        """Rows each shard gives ``epoch``: its rows, or with ``data.sampling`` their copies."""
+        if self.sampling is None:
+            return [s.rows for s in self.shards]
+        return self.sampling.shard_rows(epoch).tolist()
+
+    def epoch_rows(self, epoch: int) -> int:
+        """Rows (skipped ones too) of ``epoch``, known before it is read."""
+        return sum(self.shard_rows(epoch))
+
+    def batches_per_epoch(self, rank: int, world: int, epoch: int | None = None) -> int:
+        """Batches rank ``rank`` of ``world`` takes in ``epoch`` (default the one :meth:`loader`
+        last served: with ``data.sampling`` each epoch has its own length)."""
+        rows = self.epoch_rows(self.epoch if epoch is None else epoch)
+        return local_batches(rows, self.cfg.batch_size, rank, world)
 
     def loader(
         self,
@@ -288,6 +329,7 @@ class StreamedSplit:
         Raises:
             UserError: (while iterated) a row's language has no token, or a shard cannot be read.
         """
+        self.epoch = epoch
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
         loader = DataLoader(
             batches,
@@ -345,9 +387,10 @@ class _EpochBatches(IterableDataset):
         s = self.stream
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        size, total = s.cfg.batch_size, len(s)
+        shard_rows = s.shard_rows(self.epoch)
+        size, total = s.cfg.batch_size, sum(shard_rows)
         blocks = epoch_blocks(len(s.shards), s.cfg.stream.shuffle_shards, s.seed, self.epoch)
-        block_rows = [sum(s.shards[i].rows for i in b) for b in blocks]
+        block_rows = [sum(shard_rows[i] for i in b) for b in blocks]
         block_first = np.cumsum([0, *block_rows])  # the epoch's row position each block starts at
         cache: dict[int, tuple] = {}  # block -> (its rows in read order, their tables)
         n_local = local_batches(total, size, self.rank, self.world)
@@ -373,7 +416,16 @@ class _EpochBatches(IterableDataset):
     def _load_block(self, shard_ids: list[int], b: int) -> tuple:
         s = self.stream
         tables = [s.read_shard(i) for i in shard_ids]
-        index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
+        if s.sampling is None:
+            index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
+        else:  # each row as many times as the epoch's draw says, copies side by side
+            index = [
+                (k, int(r))
+                for k, (i, t) in enumerate(zip(shard_ids, tables, strict=True))
+                for r in np.repeat(
+                    np.arange(len(t)), s.sampling.multiplicity(self.epoch, i, _row_languages(t))
+                )
+            ]
         order = block_order(len(index), s.seed, self.epoch, b)
         return [index[o] for o in order], tables, shard_ids
 
