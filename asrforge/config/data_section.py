@@ -190,8 +190,11 @@ class SamplingConfig(Section):
     draws its utterances by language at these shares instead of each utterance once; a small
     language's utterances repeat, a large one's are thinned. Give ``weights`` or
     ``temperature``. Each epoch's draw is a pure function of (seed, epoch), so resume stays
-    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. Not with
-    ``stream.enabled``."""
+    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. With
+    ``stream.enabled`` the languages' sizes come from a read of the language column at start-up
+    and each row appears as many times as drawn for it (on average ``share * N / n_l``), so an
+    epoch is about as long as the training set; a thinned language's rows are not taken each
+    once before any twice (docs/data.md, streaming)."""
 
     weights: dict[str, float] | None = None
     """Per-language weights, e.g. ``{es: 2, en: 1}``: a language's share is its weight over
