@@ -84,13 +84,14 @@ def test_a_language_without_a_weight_or_left_out_or_changed_is_handled_by_name()
 
 
 @pytest.mark.fast
-def test_sampling_streams_and_replay_is_still_refused(tmp_path):
-    data = {"path": str(tmp_path), "sampling": {"temperature": 2}, "stream": {"enabled": True}}
+def test_sampling_and_replay_stream_and_packing_is_still_refused(tmp_path):
+    data = {"path": str(tmp_path), "sampling": {"temperature": 2}, "stream": {"enabled": True},
+            "replay": {"path": str(tmp_path)}}  # fmt: skip
     cfg = load_config(data={"output_dir": str(tmp_path), "data": data})
-    assert cfg.data.sampling.temperature == 2
-    replay = {**data, "replay": {"path": str(tmp_path)}}
-    with pytest.raises(UserError, match="replay: not available with stream.enabled"):
-        load_config(data={"output_dir": str(tmp_path), "data": replay})
+    assert cfg.data.sampling.temperature == 2 and cfg.data.replay is not None
+    packed = {**data, "pack": {"enabled": True}}
+    with pytest.raises(UserError, match="pack.enabled: not available with stream.enabled"):
+        load_config(data={"output_dir": str(tmp_path), "data": packed})
 
 
 def test_a_streamed_epoch_holds_each_row_its_drawn_times_and_resumes_at_a_batch(

@@ -389,7 +389,6 @@ class DataConfig(Section):
             "cache_encoder": "the encoder cache is built from every utterance first",
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
-            "replay": "replay rows join the training utterances checked before step 1",
             "filter_wer": "every training row is scored before step 1",
         }
         on = {
@@ -397,7 +396,6 @@ class DataConfig(Section):
             "cache_features": self.cache_features,
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
-            "replay": self.replay is not None,
             "filter_wer": self.filter_wer is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"

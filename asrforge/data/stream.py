@@ -12,6 +12,8 @@ reasons); a row ``data.languages`` leaves out is no skip (:meth:`StreamedSplit.l
 With ``data.sampling`` each row appears as many times as its multiplicity for the epoch
 (:class:`~asrforge.data.sampling.ShardSampling`: drawn from the language column alone) before
 its block is permuted, so the epoch's length is known before it starts and resume stays exact.
+With ``data.replay`` the drawn replay utterances (checked before step 1) join every epoch, each
+once, spread over its blocks in proportion to their rows (:func:`replay_blocks`).
 ``stream_position`` records the shard list's fingerprint: a resume on other shards is refused.
 """
 
@@ -34,6 +36,7 @@ from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.locate import is_url
 from asrforge.data.prepare import Utterance
+from asrforge.data.replay import ReplayUtterances
 from asrforge.data.rules import (
     NOT_FOUND,
     UnusableAudio,
@@ -65,6 +68,15 @@ def epoch_blocks(n_shards: int, block: int, seed: int, epoch: int) -> list[list[
 def block_order(n_rows: int, seed: int, epoch: int, block: int) -> np.ndarray:
     """The order in which a block's rows (numbered across its shards) are read."""
     return np.random.default_rng([seed, epoch, block, 1]).permutation(n_rows)
+
+
+def replay_blocks(n_replay: int, block_rows: list[int], seed: int, epoch: int) -> list[np.ndarray]:
+    """The replay utterances (indices) each block of ``epoch`` holds: a permutation of them cut
+    in proportion to the blocks' rows."""
+    order = np.random.default_rng([seed, epoch, 2]).permutation(n_replay)
+    rows = np.asarray(block_rows, dtype=np.float64)
+    share = np.cumsum(rows) / rows.sum() if rows.sum() else np.ones(len(rows))
+    return np.split(order, np.round(share[:-1] * n_replay).astype(np.int64))
 
 
 def local_batches(total_rows: int, batch_size: int, rank: int, world: int) -> int:
@@ -180,6 +192,8 @@ class StreamedSplit:
         """The epoch :meth:`loader` last served."""
         # data.sampling's draw, set by prepare().
         self.sampling: ShardSampling | None = None
+        # data.replay's drawn utterances, set by join_replay().
+        self.replay: SpeechDataset | None = None
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
         # Rows per language of each shard. With data.language set every row has it; otherwise
@@ -304,8 +318,16 @@ class StreamedSplit:
         return self.sampling.shard_rows(epoch).tolist()
 
     def epoch_rows(self, epoch: int) -> int:
-        """Rows (skipped ones too) of ``epoch``, known before it is read."""
-        return sum(self.shard_rows(epoch))
+        """Rows (skipped ones too, replay utterances too) of ``epoch``, known before it is
+        read."""
+        return sum(self.shard_rows(epoch)) + (len(self.replay) if self.replay is not None else 0)
+
+    def join_replay(self, split, utts, picks: np.ndarray) -> None:
+        """``data.replay``: the replay utterances ``picks`` (into ``utts``, the usable ones of
+        ``split``, checked in full) join every epoch, each once, their ids under ``replay/``."""
+        drawn = ReplayUtterances([], utts, picks, row_offset=0)
+        self.replay = SpeechDataset(split, drawn, self.features, self.eot)
+        self.replay.replay_from = 0
 
     def batches_per_epoch(self, rank: int, world: int, epoch: int | None = None) -> int:
         """Batches rank ``rank`` of ``world`` takes in ``epoch`` (default the one :meth:`loader`
@@ -346,12 +368,16 @@ class StreamedSplit:
         return _stopping(loader)
 
     # -- what a worker does ---------------------------------------------------------------------
-    def batch(self, rows: list[tuple[dict, str]], epoch: int, position: dict) -> dict:
-        """One collated batch of standardized rows ``(row, uid)``: checked, decoded, featurized
-        (as ``SpeechDataset`` does, augmentation included); skipped rows are dropped with their
-        reasons."""
-        utts, items = [], []
-        for row, uid in rows:
+    def batch(self, rows: list[tuple[dict, str] | int], epoch: int, position: dict) -> dict:
+        """One collated batch of standardized rows ``(row, uid)`` and replay utterances (an
+        index into :attr:`replay`): checked, decoded, featurized (as ``SpeechDataset`` does,
+        augmentation included); skipped rows are dropped with their reasons."""
+        utts, items, replayed = [], [], []
+        for entry in rows:
+            if isinstance(entry, int):  # a replay utterance, checked before step 1
+                replayed.append(entry)
+                continue
+            row, uid = entry
             checked = check_row(row, uid, self.rules)
             if checked is None:  # left out by data.languages
                 continue
@@ -365,6 +391,9 @@ class StreamedSplit:
         ds = SpeechDataset([r for _, r in utts], [u for u, _ in utts], self.features, self.eot)
         ds.augment, ds.epoch = self.augment, epoch
         items += [ds[i] for i in range(len(utts))]
+        if replayed:
+            self.replay.augment, self.replay.epoch = self.augment, epoch
+            items += [self.replay[q] for q in replayed]
         batch = Collator(pad_id=self.eot)(items)
         batch["stream_position"] = position
         return batch
@@ -391,6 +420,10 @@ class _EpochBatches(IterableDataset):
         size, total = s.cfg.batch_size, sum(shard_rows)
         blocks = epoch_blocks(len(s.shards), s.cfg.stream.shuffle_shards, s.seed, self.epoch)
         block_rows = [sum(shard_rows[i] for i in b) for b in blocks]
+        n_replay = len(s.replay) if s.replay is not None else 0
+        replayed = replay_blocks(n_replay, block_rows, s.seed, self.epoch)
+        block_rows = [n + len(r) for n, r in zip(block_rows, replayed, strict=True)]
+        total += n_replay
         block_first = np.cumsum([0, *block_rows])  # the epoch's row position each block starts at
         cache: dict[int, tuple] = {}  # block -> (its rows in read order, their tables)
         n_local = local_batches(total, size, self.rank, self.world)
@@ -404,7 +437,7 @@ class _EpochBatches(IterableDataset):
                     if b not in cache:
                         for old in [k for k in cache if k < b]:  # blocks are read in order
                             del cache[old]
-                        cache[b] = self._load_block(blocks[b], b)
+                        cache[b] = self._load_block(blocks[b], b, replayed[b])
                     rows.append(self._row(cache[b], pos - int(block_first[b])))
                 position = {"fingerprint": s.fingerprint, "epoch": self.epoch, "batch": j,
                             "rows_before": hi}  # fmt: skip
@@ -413,7 +446,7 @@ class _EpochBatches(IterableDataset):
             # A language without a token or a file gone bad stops the run.
             yield {"stop": str(e), "size": 0, "dropped": [], "dropped_reasons": []}
 
-    def _load_block(self, shard_ids: list[int], b: int) -> tuple:
+    def _load_block(self, shard_ids: list[int], b: int, replayed: np.ndarray) -> tuple:
         s = self.stream
         tables = [s.read_shard(i) for i in shard_ids]
         if s.sampling is None:
@@ -426,13 +459,17 @@ class _EpochBatches(IterableDataset):
                     np.arange(len(t)), s.sampling.multiplicity(self.epoch, i, _row_languages(t))
                 )
             ]
+        index += [(-1, int(q)) for q in replayed]  # replay utterances, read from s.replay
         order = block_order(len(index), s.seed, self.epoch, b)
         return [index[o] for o in order], tables, shard_ids
 
-    def _row(self, block: tuple, k: int) -> tuple[dict, str]:
-        """Row ``k`` (in read order) of a loaded block and its id."""
+    def _row(self, block: tuple, k: int) -> tuple[dict, str] | int:
+        """Row ``k`` (in read order) of a loaded block and its id, or a replay utterance's
+        index."""
         rows, tables, shard_ids = block
         t, r = rows[k]
+        if t < 0:
+            return r
         row = tables[t][r]
         first = int(self.stream.first_rows[shard_ids[t]])  # the shard's first row in the split
         return row, row_id(row.get("id"), self.stream.split, first + r)
