@@ -223,8 +223,9 @@ class ReplayConfig(Section):
     """Rehearsal: rows of another data set (the languages and domain the model already handles)
     mixed into the training utterances under their own language tag, so fine-tuning keeps
     practising what it must not forget. Which replay rows join is a pure function of
-    (``seed``, the replay set), fixed for the run, so resume stays exact. See docs/training.md,
-    "Learning without forgetting"."""
+    (``seed``, the replay set), fixed for the run, so resume stays exact. With
+    ``stream.enabled`` the replay set is read whole before step 1 and its drawn rows join each
+    streamed epoch once. See docs/training.md, "Learning without forgetting"."""
 
     path: Path
     """The replay data, in any form ``data.path`` takes. Never the guard's set
