@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -149,6 +149,8 @@ class ShardSampling:
     rate: np.ndarray
     """(n_languages,) expected copies of a row of each language per epoch."""
     seed: int
+    # (epoch, _extra(epoch)): every shard of a block and every step's epoch length reads it.
+    _last: tuple[int, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -184,10 +186,14 @@ class ShardSampling:
 
     def _extra(self, epoch: int) -> np.ndarray:
         """(n_shards, n_languages) rows of each language in each shard with one more copy."""
+        if self._last is not None and self._last[0] == epoch:
+            return self._last[1]
         exact = self.counts * (self.rate - np.floor(self.rate))
         whole = np.floor(exact)
         u = np.random.default_rng([_SALT, self.seed, epoch]).random(exact.shape)
-        return (whole + (u < exact - whole)).astype(np.int64)
+        extra = (whole + (u < exact - whole)).astype(np.int64)
+        self._last = (epoch, extra)
+        return extra
 
     def shard_rows(self, epoch: int) -> np.ndarray:
         """(n_shards,) rows each shard contributes to ``epoch``, copies counted."""
