@@ -47,7 +47,7 @@ def test_a_streamed_epoch_holds_every_row_and_each_replay_pick_once(
     tok_specials,  # noqa: F811
 ):
     path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
-    stream = open_split(data_config(path, extra), tok_specials)
+    stream = open_split(data_config(path, {**extra, "num_workers": 2}), tok_specials)
     tok, specials = tok_specials
     replay = ReplayConfig(path=_replay_manifest(tmp_path / "corpus", clips, n=5))
     split = read_replay(replay, None)

@@ -102,7 +102,8 @@ def test_a_streamed_epoch_holds_each_row_its_drawn_times_and_resumes_at_a_batch(
     path, extra = stream_source("parquet row groups", tmp_path / "corpus", clips)
     language = {r["file"]: r["language"] for r in by_split(clips, "train")}
     sizes = Counter(language.values())
-    cfg = data_config(path, {**extra, "sampling": {"weights": {"en": 1, "es": 3}}})
+    weights = {"sampling": {"weights": {"en": 1, "es": 3}}, "num_workers": 2}  # read in workers
+    cfg = data_config(path, {**extra, **weights})
     stream = open_split(cfg, tok_specials)
     epochs = {}
     for epoch in (0, 1):
