@@ -119,6 +119,15 @@ def test_a_streamed_epoch_holds_each_row_its_drawn_times_and_resumes_at_a_batch(
         # resume at batch k: exactly the batches an uninterrupted epoch has from k on
         assert epoch_uids(stream, tmp_path, epoch, start=3) == batches[3:]
     assert epochs[0] != epochs[1]
+    # two ranks take the sampled epoch's batches between them, each as many as it is told
+    ranks = [epoch_uids(stream, tmp_path, 1, rank=r, world=2) for r in (0, 1)]
+    assert [len(b) for b in ranks] == [stream.batches_per_epoch(r, 2, 1) for r in (0, 1)]
+    assert [b for pair in zip(*ranks, strict=False) for b in pair] == epochs[1][: 2 * len(ranks[1])]
+    assert ranks[0][len(ranks[1]) :] == epochs[1][2 * len(ranks[1]) :]
+    # a language of the stream without a weight stops the run before step 1, by name
+    unweighted = data_config(path, {**extra, "sampling": {"weights": {"en": 1}}})
+    with pytest.raises(UserError, match=r"data.sampling.weights: no weight for language\(s\) es"):
+        open_split(unweighted, tok_specials)
 
 
 def test_streamed_resume_with_language_sampling_is_bit_identical(tmp_path, clips):
