@@ -76,11 +76,8 @@ def test_replay_utterances_follow_the_training_ones_with_their_rows_shifted():
 
 
 @pytest.mark.fast
-def test_replay_config_is_refused_with_streaming_and_a_share_of_one(tmp_path):
+def test_replay_config_is_refused_with_a_share_of_one(tmp_path):
     base = {"output_dir": str(tmp_path), "data": {"path": str(tmp_path)}}
-    with pytest.raises(UserError, match="replay: not available with stream.enabled"):
-        load_config(data={**base, "data": {"path": str(tmp_path), "stream": {"enabled": True},
-                                           "replay": {"path": str(tmp_path)}}})  # fmt: skip
     with pytest.raises(UserError, match="data.replay.share"):
         load_config(data={**base, "data": {"path": str(tmp_path),
                                            "replay": {"path": str(tmp_path), "share": 1}}})  # fmt: skip

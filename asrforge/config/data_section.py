@@ -190,8 +190,11 @@ class SamplingConfig(Section):
     draws its utterances by language at these shares instead of each utterance once; a small
     language's utterances repeat, a large one's are thinned. Give ``weights`` or
     ``temperature``. Each epoch's draw is a pure function of (seed, epoch), so resume stays
-    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. Not with
-    ``stream.enabled``."""
+    exact; with ``pack.enabled`` the drawn utterances are what the windows hold. With
+    ``stream.enabled`` the languages' sizes come from a read of the language column at start-up
+    and each row appears as many times as drawn for it (on average ``share * N / n_l``), so an
+    epoch is about as long as the training set; a thinned language's rows are not taken each
+    once before any twice (docs/data.md, streaming)."""
 
     weights: dict[str, float] | None = None
     """Per-language weights, e.g. ``{es: 2, en: 1}``: a language's share is its weight over
@@ -220,8 +223,9 @@ class ReplayConfig(Section):
     """Rehearsal: rows of another data set (the languages and domain the model already handles)
     mixed into the training utterances under their own language tag, so fine-tuning keeps
     practising what it must not forget. Which replay rows join is a pure function of
-    (``seed``, the replay set), fixed for the run, so resume stays exact. See docs/training.md,
-    "Learning without forgetting"."""
+    (``seed``, the replay set), fixed for the run, so resume stays exact. With
+    ``stream.enabled`` the replay set is read whole before step 1 and its drawn rows join each
+    streamed epoch once. See docs/training.md, "Learning without forgetting"."""
 
     path: Path
     """The replay data, in any form ``data.path`` takes. Never the guard's set
@@ -386,8 +390,6 @@ class DataConfig(Section):
             "cache_encoder": "the encoder cache is built from every utterance first",
             "eval_carve": "a carve holds rows out of the whole training split: give the "
             "evaluation split its own file (stream.eval_path)",
-            "replay": "replay rows join the training utterances checked before step 1",
-            "sampling": "the draw needs every training utterance's language before step 1",
             "filter_wer": "every training row is scored before step 1",
         }
         on = {
@@ -395,8 +397,6 @@ class DataConfig(Section):
             "cache_features": self.cache_features,
             "cache_encoder": self.cache_encoder,
             "eval_carve": self.eval_carve is not None,
-            "replay": self.replay is not None,
-            "sampling": self.sampling is not None,
             "filter_wer": self.filter_wer is not None,
         }
         problems = [f"{name}: not available with stream.enabled ({why[name]})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -124,3 +124,100 @@ class LanguageSampling:
             drawn.append(np.concatenate([rng.permutation(pool) for _ in range(rounds)])[:places])
         order = np.concatenate(drawn) if drawn else np.zeros(0, dtype=np.int64)
         return order[rng.permutation(len(order))]
+
+
+@dataclass
+class ShardSampling:
+    """``data.sampling`` for a streamed split: how many times each row appears in an epoch (its
+    multiplicity), drawn from the languages' row counts per shard alone, so the stream keeps
+    bounded memory, reads no audio up front and knows each epoch's length before it starts.
+
+    A row of language ``l`` is expected ``rate_l = share_l * N / n_l`` times (``N`` rows kept by
+    ``data.languages``, ``n_l`` of them in ``l``): ``floor(rate_l)`` copies each, and in each
+    shard ``frac(rate_l) * n_{s,l}`` rows (rounded up with that remainder's probability) one
+    more. Which rows get the extra copy is drawn per shard. Every draw is a pure function of
+    (seed, epoch, shard), and a shard is a fixed range of the split's rows, so a row's
+    multiplicity is one of (seed, epoch, its index). Unlike the whole reader's draw, a large
+    language's rows are thinned independently per shard, not each once before any twice across
+    epochs.
+    """
+
+    languages: list[str]
+    """The languages drawn (sorted), those ``data.languages`` keeps; other rows appear 0 times."""
+    counts: np.ndarray
+    """(n_shards, n_languages) rows of each language in each shard."""
+    rate: np.ndarray
+    """(n_languages,) expected copies of a row of each language per epoch."""
+    seed: int
+    # (epoch, _extra(epoch)): every shard of a block and every step's epoch length reads it.
+    _last: tuple[int, np.ndarray] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(
+        cls, shard_counts: list[Counter], keep: set[str] | None, cfg: SamplingConfig, seed: int
+    ) -> ShardSampling:
+        """The draw for shards whose rows per language are ``shard_counts``; ``keep`` is
+        ``data.languages``' codes (None: all).
+
+        Raises:
+            UserError: ``cfg.weights`` misses a kept language, or weighs them all 0.
+        """
+        totals = sum(shard_counts, Counter())
+        kept = {lang: n for lang, n in totals.items() if n and (keep is None or lang in keep)}
+        if not kept:  # nothing to draw from; setup reports the empty split by name
+            return cls([], np.zeros((len(shard_counts), 0), np.int64), np.zeros(0), seed)
+        shares = language_shares(kept, cfg)
+        n = sum(kept.values())
+        languages = sorted(kept)
+        counts = np.asarray(
+            [[c.get(lang, 0) for lang in languages] for c in shard_counts], dtype=np.int64
+        ).reshape(len(shard_counts), len(languages))
+        rate = np.asarray([shares[lang] * n / kept[lang] for lang in languages])
+        log.info(
+            "data.sampling: per streamed epoch of about %d rows, %s",
+            n,
+            ", ".join(
+                f"{lang} {100 * shares[lang]:.1f}% (has {100 * kept[lang] / n:.1f}%, each row "
+                f"{r:.2f} times)"
+                for lang, r in zip(languages, rate, strict=True)
+            ),  # fmt: skip
+        )
+        return cls(languages, counts, rate, seed)
+
+    def _extra(self, epoch: int) -> np.ndarray:
+        """(n_shards, n_languages) rows of each language in each shard with one more copy."""
+        if self._last is not None and self._last[0] == epoch:
+            return self._last[1]
+        exact = self.counts * (self.rate - np.floor(self.rate))
+        whole = np.floor(exact)
+        u = np.random.default_rng([_SALT, self.seed, epoch]).random(exact.shape)
+        extra = (whole + (u < exact - whole)).astype(np.int64)
+        self._last = (epoch, extra)
+        return extra
+
+    def shard_rows(self, epoch: int) -> np.ndarray:
+        """(n_shards,) rows each shard contributes to ``epoch``, copies counted."""
+        base = self.counts * np.floor(self.rate).astype(np.int64)
+        return (base + self._extra(epoch)).sum(axis=1)
+
+    def multiplicity(self, epoch: int, shard: int, row_languages: np.ndarray) -> np.ndarray:
+        """(rows,) how many times each row of shard ``shard`` appears in ``epoch``, given each
+        row's language code (``row_languages``, a numpy array of str).
+
+        Raises:
+            UserError: the shard's languages are not the ones counted when the run started.
+        """
+        extra = self._extra(epoch)[shard]
+        rng = np.random.default_rng([_SALT, self.seed, epoch, shard])
+        times = np.zeros(len(row_languages), dtype=np.int64)
+        for k, lang in enumerate(self.languages):
+            rows = np.flatnonzero(row_languages == lang)
+            if len(rows) != self.counts[shard, k]:
+                raise UserError(
+                    f"data.sampling: shard {shard} of the training split has {len(rows)} rows of "
+                    f"language {lang}, {self.counts[shard, k]} when the run started: the data "
+                    "changed while training"
+                )
+            times[rows] = int(self.rate[k])
+            times[rng.permutation(rows)[: extra[k]]] += 1
+        return times

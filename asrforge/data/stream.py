@@ -9,6 +9,11 @@ batch ``j`` goes to rank ``j % world`` and that rank's ``i``-th batch to worker 
 (the DataLoader takes the workers' outputs round-robin, so the order holds to the epoch's end).
 Rows are checked as their batch is built (:func:`check_row`: ``prepare_split``'s rules and
 reasons); a row ``data.languages`` leaves out is no skip (:meth:`StreamedSplit.left_out`).
+With ``data.sampling`` each row appears as many times as its multiplicity for the epoch
+(:class:`~asrforge.data.sampling.ShardSampling`: drawn from the language column alone) before
+its block is permuted, so the epoch's length is known before it starts and resume stays exact.
+With ``data.replay`` the drawn replay utterances (checked before step 1) join every epoch, each
+once, spread over its blocks in proportion to their rows (:func:`replay_blocks`).
 ``stream_position`` records the shard list's fingerprint: a resume on other shards is refused.
 """
 
@@ -31,6 +36,7 @@ from asrforge.data.dataset import Collator, SpeechDataset
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.locate import is_url
 from asrforge.data.prepare import Utterance
+from asrforge.data.replay import ReplayUtterances
 from asrforge.data.rules import (
     NOT_FOUND,
     UnusableAudio,
@@ -42,6 +48,7 @@ from asrforge.data.rules import (
     language_filter,
     utterance_problem,
 )
+from asrforge.data.sampling import ShardSampling
 from asrforge.data.shards import Shard, find_shards, read_table, shard_list_fingerprint
 from asrforge.data.sources import read_split
 from asrforge.data.workers import ignore_stop_signals
@@ -61,6 +68,15 @@ def epoch_blocks(n_shards: int, block: int, seed: int, epoch: int) -> list[list[
 def block_order(n_rows: int, seed: int, epoch: int, block: int) -> np.ndarray:
     """The order in which a block's rows (numbered across its shards) are read."""
     return np.random.default_rng([seed, epoch, block, 1]).permutation(n_rows)
+
+
+def replay_blocks(n_replay: int, block_rows: list[int], seed: int, epoch: int) -> list[np.ndarray]:
+    """The replay utterances (indices) each block of ``epoch`` holds: a permutation of them cut
+    in proportion to the blocks' rows."""
+    order = np.random.default_rng([seed, epoch, 2]).permutation(n_replay)
+    rows = np.asarray(block_rows, dtype=np.float64)
+    share = np.cumsum(rows) / rows.sum() if rows.sum() else np.ones(len(rows))
+    return np.split(order, np.round(share[:-1] * n_replay).astype(np.int64))
 
 
 def local_batches(total_rows: int, batch_size: int, rank: int, world: int) -> int:
@@ -127,11 +143,20 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
     return Utterance(0, uid, lang, text.strip(), prompt, text_ids, audio_key(audio), seconds)
 
 
-def _count_languages(counts: Counter, column) -> None:
-    """Add the rows per language code of a pyarrow ``column`` of language values to ``counts``."""
+def _count_languages(column) -> Counter:
+    """The rows per language code of a pyarrow ``column`` of language values."""
+    counts: Counter = Counter()
     codes, index = language_codes(column)
     for code, n in zip(codes, np.bincount(index, minlength=len(codes)), strict=True):
         counts[code] += int(n)
+    return counts
+
+
+def _row_languages(table) -> np.ndarray:
+    """Each row's language code (as :func:`_count_languages` counts them) of a standardized
+    shard (a ``datasets.Dataset``)."""
+    codes, index = language_codes(table.data.column("language"))
+    return np.asarray(codes, dtype=object)[index] if len(codes) else np.zeros(0, dtype=object)
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -164,11 +189,19 @@ class StreamedSplit:
         # An Augmenter, set from data.augment.
         self.augment = None
         self.epoch = 0
+        """The epoch :meth:`loader` last served."""
+        # data.sampling's draw, set by prepare().
+        self.sampling: ShardSampling | None = None
+        # data.replay's drawn utterances, set by join_replay().
+        self.replay: SpeechDataset | None = None
         self.languages: Counter = Counter()
         """The languages of the first shard (the run's language when none is configured)."""
-        # With data.language set every row has it; otherwise the shards are counted when asked.
-        self._language_counts = (
-            Counter({self.language: len(self)}) if self.language is not None else None
+        # Rows per language of each shard. With data.language set every row has it; otherwise
+        # the shards are counted when asked.
+        self._shard_languages: list[Counter] | None = (
+            [Counter({self.language: s.rows}) for s in self.shards]
+            if self.language is not None
+            else None
         )
         first = self.read_shard(0)  # a missing column or a bad type fails now, not mid-epoch
         self.languages.update(resolve_language(x, strict=False) for x in first["language"])
@@ -222,23 +255,25 @@ class StreamedSplit:
         """Every transcript, shard by shard in file order (a tokenizer trained here reads them);
         a pass to the end counts the rows per language too, which :meth:`language_counts` then
         gives without reading the shards again."""
-        counting = self._language_counts is None
-        counts: Counter = Counter()
+        counting = self._shard_languages is None
+        counts: list[Counter] = []
         for shard in self.shards:
             columns = self.read_columns(shard, ["text", "language"] if counting else ["text"])
             if counting:
-                _count_languages(counts, columns[1])
+                counts.append(_count_languages(columns[1]))
             yield from columns[0].to_pylist()
         if counting:
-            self._language_counts = counts
+            self._shard_languages = counts
 
     def prepare(self, *, tokenizer, specials, features, eot: int, max_target_positions: int,
                 max_seconds: float) -> None:  # fmt: skip
         """Give the stream what its rows are checked and featurized with; the first shard's
-        languages are checked for a token now.
+        languages are checked for a token now, and ``data.sampling``'s draw is set up (every
+        shard's language column is read, once a run).
 
         Raises:
-            UserError: a language of the first shard has no token.
+            UserError: a language of the first shard has no token, or ``data.sampling.weights``
+                misses a language of the split.
         """
         keep = language_filter(self.cfg.languages)
         rules = UtteranceRules(
@@ -249,6 +284,10 @@ class StreamedSplit:
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials.multilingual, keep)
+        if self.cfg.sampling is not None:
+            self.sampling = ShardSampling.of(
+                self.shard_language_counts(), keep, self.cfg.sampling, self.seed
+            )
 
     def left_out(self) -> dict[str, int]:
         """Rows per language code that ``data.languages`` leaves out, over every shard (their
@@ -262,15 +301,39 @@ class StreamedSplit:
     def language_counts(self) -> Counter:
         """Rows per language code over every shard (their language column alone is read, once
         a run)."""
-        if self._language_counts is None:
-            counts: Counter = Counter()
-            for shard in self.shards:
-                _count_languages(counts, self.read_columns(shard, ["language"])[0])
-            self._language_counts = counts
-        return Counter(self._language_counts)
+        return sum(self.shard_language_counts(), Counter())
 
-    def batches_per_epoch(self, rank: int, world: int) -> int:
-        return local_batches(len(self), self.cfg.batch_size, rank, world)
+    def shard_language_counts(self) -> list[Counter]:
+        """Rows per language code of each shard (read as :meth:`language_counts` reads them)."""
+        if self._shard_languages is None:
+            self._shard_languages = [
+                _count_languages(self.read_columns(shard, ["language"])[0]) for shard in self.shards
+            ]
+        return [Counter(c) for c in self._shard_languages]
+
+    def shard_rows(self, epoch: int) -> list[int]:
+        """Rows each shard gives ``epoch``: its rows, or with ``data.sampling`` their copies."""
+        if self.sampling is None:
+            return [s.rows for s in self.shards]
+        return self.sampling.shard_rows(epoch).tolist()
+
+    def epoch_rows(self, epoch: int) -> int:
+        """Rows (skipped ones too, replay utterances too) of ``epoch``, known before it is
+        read."""
+        return sum(self.shard_rows(epoch)) + (len(self.replay) if self.replay is not None else 0)
+
+    def join_replay(self, split, utts, picks: np.ndarray) -> None:
+        """``data.replay``: the replay utterances ``picks`` (into ``utts``, the usable ones of
+        ``split``, checked in full) join every epoch, each once, their ids under ``replay/``."""
+        drawn = ReplayUtterances([], utts, picks, row_offset=0)
+        self.replay = SpeechDataset(split, drawn, self.features, self.eot)
+        self.replay.replay_from = 0
+
+    def batches_per_epoch(self, rank: int, world: int, epoch: int | None = None) -> int:
+        """Batches rank ``rank`` of ``world`` takes in ``epoch`` (default the one :meth:`loader`
+        last served: with ``data.sampling`` each epoch has its own length)."""
+        rows = self.epoch_rows(self.epoch if epoch is None else epoch)
+        return local_batches(rows, self.cfg.batch_size, rank, world)
 
     def loader(
         self,
@@ -288,6 +351,7 @@ class StreamedSplit:
         Raises:
             UserError: (while iterated) a row's language has no token, or a shard cannot be read.
         """
+        self.epoch = epoch
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
         loader = DataLoader(
             batches,
@@ -304,12 +368,16 @@ class StreamedSplit:
         return _stopping(loader)
 
     # -- what a worker does ---------------------------------------------------------------------
-    def batch(self, rows: list[tuple[dict, str]], epoch: int, position: dict) -> dict:
-        """One collated batch of standardized rows ``(row, uid)``: checked, decoded, featurized
-        (as ``SpeechDataset`` does, augmentation included); skipped rows are dropped with their
-        reasons."""
-        utts, items = [], []
-        for row, uid in rows:
+    def batch(self, rows: list[tuple[dict, str] | int], epoch: int, position: dict) -> dict:
+        """One collated batch of standardized rows ``(row, uid)`` and replay utterances (an
+        index into :attr:`replay`): checked, decoded, featurized (as ``SpeechDataset`` does,
+        augmentation included); skipped rows are dropped with their reasons."""
+        utts, items, replayed = [], [], []
+        for entry in rows:
+            if isinstance(entry, int):  # a replay utterance, checked before step 1
+                replayed.append(entry)
+                continue
+            row, uid = entry
             checked = check_row(row, uid, self.rules)
             if checked is None:  # left out by data.languages
                 continue
@@ -323,6 +391,9 @@ class StreamedSplit:
         ds = SpeechDataset([r for _, r in utts], [u for u, _ in utts], self.features, self.eot)
         ds.augment, ds.epoch = self.augment, epoch
         items += [ds[i] for i in range(len(utts))]
+        if replayed:
+            self.replay.augment, self.replay.epoch = self.augment, epoch
+            items += [self.replay[q] for q in replayed]
         batch = Collator(pad_id=self.eot)(items)
         batch["stream_position"] = position
         return batch
@@ -345,9 +416,14 @@ class _EpochBatches(IterableDataset):
         s = self.stream
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        size, total = s.cfg.batch_size, len(s)
+        shard_rows = s.shard_rows(self.epoch)
+        size, total = s.cfg.batch_size, sum(shard_rows)
         blocks = epoch_blocks(len(s.shards), s.cfg.stream.shuffle_shards, s.seed, self.epoch)
-        block_rows = [sum(s.shards[i].rows for i in b) for b in blocks]
+        block_rows = [sum(shard_rows[i] for i in b) for b in blocks]
+        n_replay = len(s.replay) if s.replay is not None else 0
+        replayed = replay_blocks(n_replay, block_rows, s.seed, self.epoch)
+        block_rows = [n + len(r) for n, r in zip(block_rows, replayed, strict=True)]
+        total += n_replay
         block_first = np.cumsum([0, *block_rows])  # the epoch's row position each block starts at
         cache: dict[int, tuple] = {}  # block -> (its rows in read order, their tables)
         n_local = local_batches(total, size, self.rank, self.world)
@@ -361,7 +437,7 @@ class _EpochBatches(IterableDataset):
                     if b not in cache:
                         for old in [k for k in cache if k < b]:  # blocks are read in order
                             del cache[old]
-                        cache[b] = self._load_block(blocks[b], b)
+                        cache[b] = self._load_block(blocks[b], b, replayed[b])
                     rows.append(self._row(cache[b], pos - int(block_first[b])))
                 position = {"fingerprint": s.fingerprint, "epoch": self.epoch, "batch": j,
                             "rows_before": hi}  # fmt: skip
@@ -370,17 +446,30 @@ class _EpochBatches(IterableDataset):
             # A language without a token or a file gone bad stops the run.
             yield {"stop": str(e), "size": 0, "dropped": [], "dropped_reasons": []}
 
-    def _load_block(self, shard_ids: list[int], b: int) -> tuple:
+    def _load_block(self, shard_ids: list[int], b: int, replayed: np.ndarray) -> tuple:
         s = self.stream
         tables = [s.read_shard(i) for i in shard_ids]
-        index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
+        if s.sampling is None:
+            index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
+        else:  # each row as many times as the epoch's draw says, copies side by side
+            index = [
+                (k, int(r))
+                for k, (i, t) in enumerate(zip(shard_ids, tables, strict=True))
+                for r in np.repeat(
+                    np.arange(len(t)), s.sampling.multiplicity(self.epoch, i, _row_languages(t))
+                )
+            ]
+        index += [(-1, int(q)) for q in replayed]  # replay utterances, read from s.replay
         order = block_order(len(index), s.seed, self.epoch, b)
         return [index[o] for o in order], tables, shard_ids
 
-    def _row(self, block: tuple, k: int) -> tuple[dict, str]:
-        """Row ``k`` (in read order) of a loaded block and its id."""
+    def _row(self, block: tuple, k: int) -> tuple[dict, str] | int:
+        """Row ``k`` (in read order) of a loaded block and its id, or a replay utterance's
+        index."""
         rows, tables, shard_ids = block
         t, r = rows[k]
+        if t < 0:
+            return r
         row = tables[t][r]
         first = int(self.stream.first_rows[shard_ids[t]])  # the shard's first row in the split
         return row, row_id(row.get("id"), self.stream.split, first + r)

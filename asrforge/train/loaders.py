@@ -105,7 +105,8 @@ class RunLoaders:
     def batches_per_epoch(self) -> int:
         """Speech micro-batches of one epoch on this process (as :meth:`train_loader` cuts them).
         Packed, the windows of the epoch :meth:`train_loader` last composed are batched, not the
-        utterances (about a ninth as many batches for 3 s clips in 30 s windows)."""
+        utterances (about a ninth as many batches for 3 s clips in 30 s windows). Streamed, the
+        epoch :meth:`train_loader` last served (with ``data.sampling`` each has its length)."""
         acc = self.accelerator
         if isinstance(self.train_set, StreamedSplit):  # rows (skipped ones too) make batches
             return self.train_set.batches_per_epoch(acc.process_index, acc.num_processes)

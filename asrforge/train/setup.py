@@ -171,7 +171,8 @@ def prepare_run(
     if acc.is_main_process:
         write_config(out, cfg, commits)
     sampling = None
-    if cfg.data.sampling is not None:
+    # a stream draws its own (StreamedSplit.prepare), shard by shard
+    if cfg.data.sampling is not None and not isinstance(train_set, StreamedSplit):
         sampling = LanguageSampling.of(train_set.utts, cfg.data.sampling, cfg.seed)
         if packing is not None:
             packing.sampling = sampling

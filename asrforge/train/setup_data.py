@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from asrforge.checkpoint import (
     TrainingCheckpoint,
@@ -77,7 +80,7 @@ def setup_data(
     model = bundle.model
     if isinstance(train_source, StreamedSplit):
         train_set, eval_set, train_skipped = build_stream_datasets(
-            cfg, out, acc, bundle, train_source, eval_split
+            cfg, out, acc, bundle, train_source, eval_split, resuming=resuming
         )
     else:
         train_set, eval_set, train_skipped = build_datasets(
@@ -259,7 +262,18 @@ def join_replay(
     cfg: TrainConfig, out: Path, acc, kw: dict, train_split, train_utts, *, resuming: bool
 ) -> tuple[JoinedRows, ReplayUtterances]:
     """``data.replay``: the training rows and utterances with the replay set's drawn ones after
-    them, its skipped rows reported as ``skipped-replay.json``.
+    them (:func:`draw_replay`)."""
+    replay_split, utts, picks = draw_replay(cfg, out, acc, kw, len(train_utts), resuming=resuming)
+    joined = JoinedRows(train_split, replay_split)
+    return joined, ReplayUtterances(train_utts, utts, picks, row_offset=joined.offset)
+
+
+def draw_replay(
+    cfg: TrainConfig, out: Path, acc, kw: dict, n_train: int, *, resuming: bool
+) -> tuple[Any, Sequence, np.ndarray]:
+    """``data.replay``: the replay split, its usable utterances (checked in full, the skipped
+    ones reported as ``skipped-replay.json``) and the picks that join ``n_train`` training
+    utterances.
 
     Raises:
         UserError: the replay data is the guard's or holds its clips, cannot be read, has no
@@ -278,7 +292,7 @@ def join_replay(
     report.log(out if acc.is_main_process else None)
     if not utts:
         raise UserError(f"data.replay: no usable utterances in {replay.path} ({report.total} rows)")
-    picks = replay_picks(len(utts), replay_count(len(train_utts), replay.share), cfg.seed)
+    picks = replay_picks(len(utts), replay_count(n_train, replay.share), cfg.seed)
     log.info(
         "data.replay: %d utterances drawn from %d usable ones of %s (languages %s) join the %d "
         "training utterances (%.0f%% replay)",
@@ -286,15 +300,21 @@ def join_replay(
         len(utts),
         replay.path,
         ", ".join(sorted(language_counts(utts))),
-        len(train_utts),
-        100 * len(picks) / (len(picks) + len(train_utts)),
+        n_train,
+        100 * len(picks) / (len(picks) + n_train),
     )
-    joined = JoinedRows(train_split, replay_split)
-    return joined, ReplayUtterances(train_utts, utts, picks, row_offset=joined.offset)
+    return replay_split, utts, picks
 
 
 def build_stream_datasets(
-    cfg: TrainConfig, out: Path, acc, bundle: BuiltModel, stream: StreamedSplit, eval_split
+    cfg: TrainConfig,
+    out: Path,
+    acc,
+    bundle: BuiltModel,
+    stream: StreamedSplit,
+    eval_split,
+    *,
+    resuming: bool = False,
 ) -> tuple[StreamedSplit, SpeechDataset, SkipReport]:
     """``data.stream``: the stream, given what its rows are checked and featurized with (they
     are checked as they stream by), the evaluation data set as :func:`build_datasets` makes it,
@@ -324,6 +344,11 @@ def build_stream_datasets(
         r.log(out if acc.is_main_process else None)
     if train_report.n_left_out == train_report.total:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
+    if cfg.data.replay is not None:  # checked in full now; the training rows as they stream
+        kw["cache"] = Path(cfg.data.cache_dir or out / "cache") / "prepared"
+        n_train = train_report.total - train_report.n_left_out
+        replay_split, utts, picks = draw_replay(cfg, out, acc, kw, n_train, resuming=resuming)
+        stream.join_replay(replay_split, utts, picks)
     eval_set = SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot)
     return stream, eval_set, train_report
 
