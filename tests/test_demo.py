@@ -105,7 +105,7 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
     rc = main(
         [
             "demo",
-            "--multilingual",
+            "--matrix",
             "--quick",
             "--out",
             str(run),
