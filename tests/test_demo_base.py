@@ -21,7 +21,8 @@ from asrforge.data.guard_set import GUARD_GAP_SECONDS, GUARD_WINDOW_SECONDS, MAN
 from asrforge.errors import UserError
 from asrforge.evaluation.guard_items import load_guard_items
 from asrforge.recipes import asterisk, demo_base
-from asrforge.recipes.demo_base import Scores, base_table, check_lines, score
+from asrforge.recipes.demo_base import base_table, check_lines
+from asrforge.recipes.transcribed import Scores, score
 
 
 @pytest.fixture
@@ -158,7 +159,9 @@ def test_the_goals_are_judged_per_language_on_the_after_column():
     before = {"test": {"es": s(0.50), "it": s(0.80)}, "guard": {"en": s(0.10), "ru": s(0.20)}}
     after = {"test": {"es": s(0.25), "it": s(0.41)}, "guard": {"en": s(0.12), "ru": s(0.225)}}
     lines = check_lines(before, after).splitlines()
-    verdicts = {re.match(r"check: (\w+) (\w+)", x).groups(): not x.endswith("NOT met") for x in lines}
+    verdicts = {
+        re.match(r"check: (\w+) (\w+)", x).groups(): not x.endswith("NOT met") for x in lines
+    }
     assert verdicts == {("es", "synthetic"): True, ("it", "synthetic"): False,
                         ("en", "real"): True, ("ru", "real"): False}  # fmt: skip
     table = base_table(before, after)

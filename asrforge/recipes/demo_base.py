@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from asrforge.bundle import export_bundle, load_bundle
@@ -45,7 +43,7 @@ from asrforge.recipes.demo import (
 )
 from asrforge.recipes.demo_language import require_text
 from asrforge.recipes.demo_options import BASE_CONFIG, DemoOptions
-from asrforge.text import normalize, wer
+from asrforge.recipes.transcribed import Scores, score
 from asrforge.text.metrics import strict_json_metrics
 
 TRAIN_LANGUAGES = ("es", "it")
@@ -69,8 +67,6 @@ QUICK_OVERRIDES = [
     "eval.guard.tolerance=1.0",
 ]  # fmt: skip
 """``--quick``: a CI-sized run of the same steps."""
-MAX_NEW_TOKENS = 96
-"""Cap per 30 s window when the demo transcribes (a full guard window holds about 80 tokens)."""
 TARGET_DRIFT = 0.02
 """Each guarded language's WER on real speech may rise at most this (two points)."""
 TARGET_RATIO = 0.5
@@ -151,35 +147,6 @@ def real_speech_sets(guard_dir: Path, replay_path: Path, *, windows: int, say: P
         + ", ".join(f"{k} {v['guard']}+{v['replay']}" for k, v in counts.items())
     )
     return counts
-
-
-@dataclass
-class Scores:
-    """One language's transcripts of one set, scored against its references."""
-
-    wer: float
-    n: int
-    detected: float
-    """The share of recordings whose detected language is theirs."""
-    hyps: list[str]
-
-
-def score(bundle, audios: Sequence, refs: Sequence[str], languages: Sequence[str],
-          batch_size: int) -> dict[str, Scores]:  # fmt: skip
-    """Each language's WER of ``bundle``'s transcripts of ``audios`` (paths or encoded bytes)
-    made as ``asrforge transcribe`` makes them, the language detected among the bundle's, each
-    normalized as its reference's language."""
-    results = bundle.recognize(list(audios), None, batch_size=batch_size,
-                               max_new_tokens=MAX_NEW_TOKENS)  # fmt: skip
-    by_language: dict[str, Scores] = {}
-    for lang in dict.fromkeys(languages):
-        mine = [k for k, x in enumerate(languages) if x == lang]
-        r = [normalize(refs[k], lang) for k in mine]
-        h = [normalize(results[k].text, lang) for k in mine]
-        right = sum(results[k].language == lang for k in mine)
-        by_language[lang] = Scores(float(wer(r, h)), len(mine), right / len(mine),
-                                   [results[k].text for k in mine])  # fmt: skip
-    return by_language
 
 
 def measure(bundle, data: Path, guard_dir: Path, *, batch_size: int, label: str,
