@@ -202,7 +202,7 @@ def tiny_multilingual_model(root: Path, data_dir: Path) -> Path:
     from tests.conftest import tiny_config
 
     cfg = tiny_config(root / "base", data_dir, model={"max_source_positions": 1500,
-                                                      "max_target_positions": 64})  # fmt: skip
+                                                      "max_target_positions": 128})  # fmt: skip
     tokenizer = build_tokenizer(cfg.model, ["la la tone beep boop"] * 20)
     out = root / "tiny-multilingual"
     build_model(cfg.model, tokenizer, 0).model.save_pretrained(str(out))

@@ -109,11 +109,12 @@ def read_transcripts(path: Path) -> dict[str, str]:
     return texts
 
 
-def prompts(language: str, seconds: tuple[float, float] = SENTENCE_SECONDS) -> list[Prompt]:
-    """``language``'s prompts with a transcript and a length within ``seconds``, in name order
-    (those directly in the speaker's directory: its sub-directories hold digits and letters)."""
+def prompts(language: str, seconds: tuple[float, float] | None = None) -> list[Prompt]:
+    """``language``'s prompts with a transcript and a length within ``seconds`` (default
+    :data:`SENTENCE_SECONDS`), in name order (those directly in the speaker's directory: its
+    sub-directories hold digits and letters)."""
     texts = read_transcripts(transcripts_file(language))
-    lo, hi = seconds
+    lo, hi = seconds or SENTENCE_SECONDS
     found = []
     for path in sorted(sounds_dir(language).glob("*.wav")):
         text = texts.get(path.stem)

@@ -43,7 +43,7 @@ from asrforge.recipes.demo import (
 )
 from asrforge.recipes.demo_language import require_text
 from asrforge.recipes.demo_options import BASE_CONFIG, DemoOptions
-from asrforge.recipes.transcribed import Scores, score
+from asrforge.recipes.transcribed import MAX_NEW_TOKENS, Scores, score
 from asrforge.text.metrics import strict_json_metrics
 
 TRAIN_LANGUAGES = ("es", "it")
@@ -136,6 +136,10 @@ def real_speech_sets(guard_dir: Path, replay_path: Path, *, windows: int, say: P
     guard, rest, counts = [], [], {}
     for lang in GUARD_LANGUAGES:
         held, other = asterisk.split_prompts(asterisk.prompts(lang), windows)
+        if not held or not other:
+            lo, hi = asterisk.SENTENCE_SECONDS
+            raise UserError(f"demo: {asterisk.sounds_dir(lang)} holds too few transcribed prompts "
+                            f"of {lo:g}-{hi:g} s for a guard and rehearsal ({len(held + other)})")  # fmt: skip
         guard += held
         rest += other
         counts[lang] = {"guard": len(held), "replay": len(other)}
@@ -149,18 +153,18 @@ def real_speech_sets(guard_dir: Path, replay_path: Path, *, windows: int, say: P
     return counts
 
 
-def measure(bundle, data: Path, guard_dir: Path, *, batch_size: int, label: str,
-            say: Progress) -> dict[str, dict[str, Scores]]:  # fmt: skip
+def measure(bundle, data: Path, guard_dir: Path, *, batch_size: int, label: str, say: Progress,
+            max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, dict[str, Scores]]:  # fmt: skip
     """``{"test": ..., "guard": ...}``: :func:`score` of the synthetic test split and of the
     guard's recordings of real speech."""
     rows = list(load_arrow(data)["test"])
     test = score(bundle, [r["audio"]["bytes"] for r in rows], [r["text"] for r in rows],
-                 [r["language"] for r in rows], batch_size)  # fmt: skip
+                 [r["language"] for r in rows], batch_size, max_new_tokens)  # fmt: skip
     say(f"{label}: synthetic test WER " + _line(test))
     guard_rows = [json.loads(x) for x in (guard_dir / MANIFEST).read_text().splitlines() if x]
     guard = score(bundle, [guard_dir / r["audio"] for r in guard_rows],
                   [r["text"] for r in guard_rows], [r["language"] for r in guard_rows],
-                  batch_size)  # fmt: skip
+                  batch_size, max_new_tokens)  # fmt: skip
     say(f"{label}: real speech WER " + _line(guard))
     return {"test": test, "guard": guard}
 
@@ -202,9 +206,11 @@ def run_base(options: DemoOptions) -> int:
     say.phase("before", "base's bundle on the synthetic test clips and the real speech, the "
               "language detected as `asrforge transcribe` does")  # fmt: skip
     batch_size = cfg.data.eval_batch_size or cfg.data.batch_size
+    # --quick's untrained models fill every window to the cap, so it keeps its own small one.
+    cap = cfg.eval.max_new_tokens if options.quick else MAX_NEW_TOKENS
     start_dir = export_bundle(pretrained, root / "bundle-start")
     before = measure(load_bundle(start_dir), data, guard_dir, batch_size=batch_size,
-                     label="before", say=say)  # fmt: skip
+                     label="before", say=say, max_new_tokens=cap)  # fmt: skip
 
     say.phase("fine-tune", f"{cfg.train.max_steps} steps of batch {cfg.data.batch_size}, "
               f"rehearsal share {cfg.data.replay.share:g}, distillation "
@@ -219,7 +225,7 @@ def run_base(options: DemoOptions) -> int:
 
     say.phase("after", "the exported bundle, measured as base's was")
     after = measure(load_bundle(bundle_dir), data, guard_dir, batch_size=batch_size,
-                    label="after", say=say)  # fmt: skip
+                    label="after", say=say, max_new_tokens=cap)  # fmt: skip
     say.end_phase()
 
     table = base_table(before, after)

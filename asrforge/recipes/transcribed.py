@@ -26,12 +26,12 @@ class Scores:
 
 
 def score(bundle, audios: Sequence, refs: Sequence[str], languages: Sequence[str],
-          batch_size: int) -> dict[str, Scores]:  # fmt: skip
+          batch_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Scores]:  # fmt: skip
     """Each language's WER of ``bundle``'s transcripts of ``audios`` (paths or encoded bytes)
     made as ``asrforge transcribe`` makes them, the language detected among the bundle's, each
-    normalized as its reference's language."""
+    normalized as its reference's language; ``max_new_tokens`` per window."""
     results = bundle.recognize(list(audios), None, batch_size=batch_size,
-                               max_new_tokens=MAX_NEW_TOKENS)  # fmt: skip
+                               max_new_tokens=max_new_tokens)  # fmt: skip
     by_language: dict[str, Scores] = {}
     for lang in dict.fromkeys(languages):
         mine = [k for k, x in enumerate(languages) if x == lang]
