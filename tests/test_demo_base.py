@@ -253,3 +253,17 @@ def test_quick_demo_measures_before_and_after_through_the_bundles(
     replayed = {Path(json.loads(x)["audio"]).resolve()
                 for x in (tmp_path / "replay.jsonl").read_text().splitlines()}  # fmt: skip
     assert held and replayed and not held & replayed  # rehearsal never replays the guard
+
+
+@pytest.mark.fast
+def test_the_evaluation_line_calls_a_guard_with_references_wer_and_one_without_drift():
+    from asrforge.recipes.demo import EvalNotice
+    from asrforge.selection.selector import Decision
+
+    said = []
+    notice = EvalNotice(said.append, 16)
+    metrics = {"wer": 0.5, "cer": 0.2, "loss": 1.0, "guard_wer": 0.134}
+    for drift in (False, True):
+        notice.on_eval_end(SimpleNamespace(step=24), metrics={**metrics, "guard_drift": drift},
+                           decision=Decision(save=False, reason="outside"))  # fmt: skip
+    assert "guard WER 13.4% ->" in said[0] and "guard drift 13.4 points ->" in said[1]
