@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: test check demo demo-es install lint clean espeak chromium demo-data
+.PHONY: test check demo demo-es demo-multilingual install lint clean espeak chromium demo-data
 
 # espeak-ng synthesizes the speech some tests and the demo use: installed only when missing and
 # when we may (root with apt); otherwise those tests skip and say why.
@@ -17,12 +17,17 @@ espeak:
 	  else echo "note: espeak-ng is missing: run 'sudo apt-get install espeak-ng' for the speech tests and the demo"; fi; }
 
 # The demo's text and guard speech come from Debian packages (no text or audio lives in the repo):
-# fortunes and fortunes-es (natural English and Spanish sentences for the corpora: `asrforge demo`
-# and `asrforge demo --language es`) and asterisk-core-sounds-en-wav (real human speech for the
-# forgetting guard). Installed the same way as espeak-ng.
-DEMO_PACKAGES := fortunes fortunes-es asterisk-core-sounds-en-wav
+# fortunes, fortunes-es and fortunes-it (natural English, Spanish and Italian sentences for the
+# corpora: `asrforge demo`, `--language es` and `--multilingual`) and asterisk-core-sounds-XX-wav
+# with their transcripts in asterisk-core-sounds-XX (real human speech in five languages for the
+# forgetting guards and rehearsal). Installed the same way as espeak-ng.
+ASTERISK := en es fr it ru
+DEMO_PACKAGES := fortunes fortunes-es fortunes-it $(foreach l,$(ASTERISK),asterisk-core-sounds-$(l)-wav asterisk-core-sounds-$(l))
 demo-data:
 	@test -f /usr/share/games/fortunes/wisdom && test -f /usr/share/games/fortunes/es/vida.fortunes \
+	  && test -f /usr/share/games/fortunes/it/leggi \
+	  && test -f /usr/share/doc/asterisk-core-sounds-ru/core-sounds-ru.txt.gz \
+	  && test -d /usr/share/asterisk/sounds/ru_RU_f_IvrvoiceRU \
 	  && test -d /usr/share/asterisk/sounds/en_US_f_Allison || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEMO_PACKAGES) >/dev/null) \
@@ -63,6 +68,10 @@ demo: $(STAMP) espeak demo-data
 # The new-language demo: tiny.en taught Spanish under a guard on English (docs/new-language.md).
 demo-es: $(STAMP) espeak demo-data
 	$(BIN)/asrforge demo --language es
+
+# Whisper base taught Spanish and Italian under a guard of real speech in five languages.
+demo-multilingual: $(STAMP) espeak demo-data
+	$(BIN)/asrforge demo --multilingual
 
 lint: $(STAMP)
 	$(BIN)/ruff check asrforge tests bench

@@ -105,7 +105,7 @@ def test_quick_multilingual_demo_shows_each_language_policy(tmp_path, capsys):
     rc = main(
         [
             "demo",
-            "--multilingual",
+            "--matrix",
             "--quick",
             "--out",
             str(run),
@@ -225,11 +225,20 @@ def test_quick_spanish_demo_teaches_tiny_en_under_the_english_guard(
     number = r"\s+([\d.]+)"
     assert re.search(r"^measure\s+tiny\.en\s+fine-tuned\s+within guard \(1\)$", out, re.M)
     assert re.search(r"^Spanish test WER \(4 clips, unseen voices\)" + 3 * number + "$", out, re.M)
-    assert re.search(r"^Spanish long-form WER \(\d+ s, clips joined\)" + 3 * number + "$", out, re.M)
+    assert re.search(
+        r"^Spanish long-form WER \(\d+ s, clips joined\)" + 3 * number + "$", out, re.M
+    )
     assert re.search(r"^English guard drift \(points\)\s+0\.0" + 2 * number + "$", out, re.M)
+    real = r"^Spanish real speech WER \(4 prompts\)" + 3 * number + "$"
+    assert bool(re.search(real, out, re.M)) == (
+        Path("/usr/share/asterisk/sounds/es_MX_f_Allison").is_dir()
+        and Path("/usr/share/doc/asterisk-core-sounds-es").is_dir()
+    )
     assert re.search(r"^  +1: +[\d.]+ points \(within\)$", out, re.M)
     assert re.search(r"^check: test WER <= 40\.0% within the guard .* (met|NOT met)$", out, re.M)
-    reported = dict(re.findall(r"^(demo dir|run dir|report|bundle|fine-tuned|corpus):\s+(\S+)", out, re.M))
+    reported = dict(
+        re.findall(r"^(demo dir|run dir|report|bundle|fine-tuned|corpus):\s+(\S+)", out, re.M)
+    )
     assert Path(reported["bundle"]) == run / "bundle"
     for path in reported.values():
         assert Path(path).exists(), path
@@ -243,8 +252,8 @@ def test_quick_spanish_demo_teaches_tiny_en_under_the_english_guard(
     report = json.loads((run / "demo-report.json").read_text())
     assert report["language"] == "es" and report["within_guard"]["share"] == 1.0
     before, after, tuned = report["before"], report["after"], report["finetuned"]
-    for key in ("wer", "cer", "longform_wer", "guard_hyps"):
-        assert before[key] == tuned[key] == after[key], key
+    for key in ("wer", "cer", "longform_wer", "guard_hyps", "real_wer"):
+        assert before.get(key) == tuned.get(key) == after.get(key), key
     assert after["guard_drift"] == 0.0
     # scored as Spanish text (accents kept), not as the English the rows were relabelled to
     refs = [normalize(u["ref"], "es") for u in report["utterances"]]

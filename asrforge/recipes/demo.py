@@ -385,7 +385,10 @@ class EvalNotice(Callback):
         verdict = "saved as the new best" if decision.save else "not saved"
         guard = ""
         if "guard_wer" in metrics:
-            guard = f" guard drift {pct(metrics['guard_wer']).strip()} points"
+            # A guard with references measures WER; one without, drift from the start.
+            kind = "drift" if metrics.get("guard_drift", True) else "WER"
+            unit = " points" if kind == "drift" else "%"
+            guard = f" guard {kind} {pct(metrics['guard_wer']).strip()}{unit}"
         self.say(f"fine-tune: step {state.step}: validation WER {pct(metrics['wer']).strip()}% "
                  f"CER {pct(metrics['cer']).strip()}% loss {metrics['loss']:.3f}{guard} -> "
                  f"{verdict} ({decision.reason})")

@@ -9,7 +9,9 @@ The steps, and the English demo's pieces each reuses (:mod:`asrforge.recipes.dem
 2. **model**: tiny.en (:func:`~asrforge.recipes.demo.ensure_tiny_en`) and the English guard set
    (:func:`~asrforge.recipes.demo.ensure_guard_set`).
 3. **before**: tiny.en's test WER/CER scored as the language's text, its long-form WER on the
-   test clips joined, its transcripts of the guard (:func:`~asrforge.recipes.demo.measure`).
+   test clips joined, its transcripts of the guard (:func:`~asrforge.recipes.demo.measure`),
+   and its WER on real prompts of the language's asterisk speaker when installed
+   (:func:`real_prompts`, never trained on).
 4. **fine-tune**: the config relabels the data as English (``data.language: en``: tiny.en's
    prompt has no language slot) and picks the language's selection group
    (``selection.language``); the guard refuses the steps that drift too far from tiny.en on
@@ -33,6 +35,7 @@ from asrforge.bundle.within_guard import export_within_guard
 from asrforge.config import load_config
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
+from asrforge.recipes import asterisk
 from asrforge.recipes.corpus import CorpusSpec, build_corpus, plan_speakers
 from asrforge.recipes.demo import (
     EVAL_SIZES,
@@ -54,6 +57,7 @@ from asrforge.recipes.demo import (
 )
 from asrforge.recipes.demo_options import LANGUAGE_CONFIGS, DemoOptions
 from asrforge.recipes.sentences import FORTUNES, fortunes_available
+from asrforge.recipes.transcribed import score
 from asrforge.text.languages import language_name
 from asrforge.text.metrics import strict_json_metrics
 
@@ -63,6 +67,10 @@ TARGET_DRIFT = 0.02
 """...with the English guard's drift at most this (two points of WER against tiny.en)."""
 SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 """The shares of the fine-tuned weights the export within the guard tries, largest first."""
+REAL_PROMPTS = 60
+"""The language's asterisk prompts the test table adds: a real speaker, never trained on (every
+third prompt, in name order, so the set samples the whole package)."""
+QUICK_REAL_PROMPTS = 4
 
 
 def require_text(language: str) -> None:
@@ -85,7 +93,9 @@ def run_new_language(options: DemoOptions) -> int:
     lang = options.language
     name = language_name(lang).capitalize()
     say = Progress(total_phases=6)
-    config, overrides, base, root, data = resolve_demo_run(options, LANGUAGE_CONFIGS[lang], QUICK_OVERRIDES)
+    config, overrides, base, root, data = resolve_demo_run(
+        options, LANGUAGE_CONFIGS[lang], QUICK_OVERRIDES
+    )
     run_dir = root / "train"
     cfg = load_config(config, [*overrides, f"output_dir={run_dir}", f"data.path={data}"])
     require_text(lang)
@@ -131,7 +141,19 @@ def run_new_language(options: DemoOptions) -> int:
     look = dict(data=cfg.data, batch_size=batch_size,
                 max_new_tokens=cfg.eval.max_new_tokens, long_path=long_path, long_ref=long_ref,
                 guard_cfg=guard_cfg, say=say, score_as=lang)  # fmt: skip
-    first = measure(load_bundle(start_dir), label="before", **look)
+    real = real_prompts(lang, QUICK_REAL_PROMPTS if options.quick else REAL_PROMPTS, say)
+
+    def measure_all(bundle_dir: Path, label: str):
+        bundle = load_bundle(bundle_dir)
+        measured = measure(bundle, label=label, **look)
+        if real:
+            scores = score(bundle, [p.path for p in real], [p.text for p in real],
+                           [lang] * len(real), batch_size)[lang]  # fmt: skip
+            measured.metrics["real_wer"] = scores.wer
+            say(f"{label}: WER {pct(scores.wer).strip()}% on {len(real)} real {name} prompts")
+        return measured
+
+    first = measure_all(start_dir, "before")
     before = first.metrics
     before["guard_drift"] = 0.0  # the starting model against itself
 
@@ -149,18 +171,18 @@ def run_new_language(options: DemoOptions) -> int:
     tuned_dir, within_dir, facts = export_both(run_dir, root, say)
 
     say.phase("after", "the fine-tuned and the within-guard bundles, measured as tiny.en was")
-    second = measure(load_bundle(tuned_dir), label="fine-tuned", **look)
+    second = measure_all(tuned_dir, "fine-tuned")
     tuned = second.metrics
     tuned["guard_drift"] = guard_drift(before, tuned)
     final = second
     if within_dir is not None:
-        final = measure(load_bundle(within_dir), label="within guard", **look)
+        final = measure_all(within_dir, "within guard")
         final.metrics["guard_drift"] = guard_drift(before, final.metrics)
     say.end_phase()
 
     share = facts["share"] if facts else None
     table = language_table(name, before, tuned, final.metrics if facts else None, share,
-                           n=tuned["n"], long_seconds=long_seconds)  # fmt: skip
+                           n=tuned["n"], long_seconds=long_seconds, real_n=len(real))  # fmt: skip
     shares = shares_lines(facts)
     checks = target_lines(final.metrics if facts else {})
     report = write_report(
@@ -240,16 +262,39 @@ def held_out_voices(language: str, seed: int) -> list[str]:
     return [s.name for s in plan_speakers(language, seed)["test"]]
 
 
+def real_prompts(language: str, n: int, say) -> list:
+    """Up to ``n`` of ``language``'s asterisk prompts (every third; none when the language has
+    no asterisk speaker or its packages are not installed, said)."""
+    if language not in asterisk.VOICES:
+        return []
+    try:
+        asterisk.require([language])
+    except UserError as e:
+        say(f"{e}: no real speech in the test table")
+        return []
+    found = asterisk.prompts(language)[::3][:n]
+    say(f"real speech: {len(found)} prompts of {asterisk.packages(language)[0]} (one speaker, "
+        "never trained on) join the test table")  # fmt: skip
+    return found
+
+
 def language_table(name: str, before: dict, tuned: dict, within: dict | None,
-                   share: float | None, *, n: int, long_seconds: float) -> str:  # fmt: skip
-    """The language's test WER/CER and long-form WER, and the English guard's drift (%): tiny.en,
-    the fine-tuned weights, and their share within the guard (``-`` when none was)."""
+                   share: float | None, *, n: int, long_seconds: float,
+                   real_n: int = 0) -> str:  # fmt: skip
+    """The language's test WER/CER and long-form WER, with ``real_n`` real prompts their WER,
+    and the English guard's drift (%): tiny.en, the fine-tuned weights, and their share within
+    the guard (``-`` when none was)."""
     head = f"within guard ({share:g})" if share is not None else "within guard"
     columns = [before, tuned, within or {}]
     rows = [
         (f"{name} test WER ({n} clips, unseen voices)", "wer"),
         (f"{name} test CER", "cer"),
         (f"{name} long-form WER ({long_seconds:.0f} s, clips joined)", "longform_wer"),
+        *(
+            [(f"{name} real speech WER ({real_n} prompts)", "real_wer")]
+            if real_n
+            else []
+        ),
         ("English guard drift (points)", "guard_drift"),
     ]
     lines = [f"{'measure':<44} {'tiny.en':>8} {'fine-tuned':>11} {head:>19}"]

@@ -7,6 +7,9 @@ from pathlib import Path
 
 CONFIG = "demo.yaml"
 MULTI_CONFIG = "demo-multilingual.yaml"
+"""``asrforge demo --matrix``: a from-scratch tiny model per language through the matrix."""
+BASE_CONFIG = "demo-base.yaml"
+"""``asrforge demo --multilingual``: Whisper base taught two languages under a guard of five."""
 LANGUAGE_CONFIGS = {"es": "demo-es.yaml"}
 """``asrforge demo --language``: the languages tiny.en can be taught, and the config of each."""
 
