@@ -5,6 +5,7 @@ run does not evaluate it again, and the report's change from the start fills fro
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,10 @@ def test_a_resume_from_the_start_checkpoint_purges_the_dead_runs_tensorboard_poi
         m.setattr(TrainingRun, "train_step", dies_after_step_3)
         with pytest.raises(Crash):
             Trainer(cfg, build_callbacks(cfg)).fit()
+    # A real resume is a new process, seconds later. TensorBoard reads event files in name
+    # order, the second a writer started and then a per-process counter (".9" sorts after
+    # ".10"), so in one process and one second the resumed file could be read first.
+    time.sleep(1.1)
     Trainer(cfg, build_callbacks(cfg)).fit(resume=True)
     tb = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     tb.Reload()
