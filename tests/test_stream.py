@@ -303,6 +303,34 @@ def test_incompatible_options_are_refused_by_name(tmp_path):
         stream_eval_split(DataConfig(path=tmp_path / "m.jsonl", stream={"enabled": True}))
 
 
+def resume_sections(data: dict, **train) -> dict:
+    """The config sections of a streamed resume test on ``data``: 4 steps of 4 micro-batches
+    (``train`` added), dropout on, so a resume must restore the RNG too; no evaluation; every
+    checkpoint kept."""
+    return dict(
+        data=data, model={"dropout": 0.1}, eval={"eval_steps": None, "at_end": False},
+        train={"max_steps": 4, "grad_accum": 4, **train}, checkpoint={"save_total_limit": 5},
+    )  # fmt: skip
+
+
+def assert_resume_is_bit_identical(tmp_path: Path, path: Path, sections: dict) -> dict:
+    """Run ``sections`` whole (``tmp_path/full``), and stopped after step 2 then resumed
+    (``tmp_path/split``): the same per-step losses and final weights, exactly. Returns the
+    stopped run's ``train_state.json``."""
+    full, _ = run(tiny_config(tmp_path / "full", path, **sections), [])
+    cfg = tiny_config(tmp_path / "split", path, **sections)
+    first, interrupted = run(cfg, [PreemptAt(2)])
+    assert interrupted.status == "interrupted"
+    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
+    second, _ = run(cfg, [], resume=True)
+    assert {**first, **second} == full  # per-step losses, exactly
+    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
+    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    return state
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_streaming_resume_is_bit_identical(workers, tmp_path, clips):
     # 48 rows / 8 = 6 batches an epoch, 4 micro-batches a step: steps cross epoch boundaries;
@@ -311,23 +339,10 @@ def test_streaming_resume_is_bit_identical(workers, tmp_path, clips):
     data = {"path": str(path), "num_workers": workers,
             "stream": {"enabled": True, "shard_rows": 7, "shuffle_shards": 2,
                        "eval_path": extra["stream"]["eval_path"]}}  # fmt: skip
-    sections = dict(
-        data=data, model={"dropout": 0.1}, eval={"eval_steps": None, "at_end": False},
-        train={"max_steps": 4, "grad_accum": 4}, checkpoint={"save_total_limit": 5},
-    )  # fmt: skip
-    full, _ = run(tiny_config(tmp_path / "full", path, **sections), [])
-    cfg = tiny_config(tmp_path / "split", path, **sections)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted"
-    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
+    sections = resume_sections(data)
+    state = assert_resume_is_bit_identical(tmp_path, path, sections)
     assert (state["epoch"], state["batch_in_epoch"]) == (1, 2)
     assert state["stream_position"]["batch"] == 1
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full  # per-step losses, exactly
-    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
-    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
     # other shards (a changed shard size): the resume is refused, nothing written
     moved = tiny_config(tmp_path / "split", path, **{**sections, "data": {

@@ -4,26 +4,23 @@ and a resume sees exactly the batches an uninterrupted run sees."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from asrforge.config import ReplayConfig
 from asrforge.data.prepare import prepare_split
 from asrforge.data.replay import REPLAY_PREFIX, read_replay, replay_picks
 from asrforge.data.stream import replay_blocks
-from tests.conftest import tiny_config
 from tests.test_forgetting import _replay_manifest
-from tests.test_resume import PreemptAt, run
 from tests.test_sources import by_split
 from tests.test_stream import (  # noqa: F401 - tok_specials is a fixture
+    assert_resume_is_bit_identical,
     data_config,
     epoch_uids,
     open_split,
+    resume_sections,
     stream_source,
     tok_specials,
 )
@@ -74,22 +71,9 @@ def test_streamed_resume_with_replay_and_sampling_is_bit_identical(tmp_path, cli
             "replay": {"path": str(replay), "share": 0.2},
             "stream": {"enabled": True, "shard_rows": 7, "shuffle_shards": 2,
                        "eval_path": extra["stream"]["eval_path"]}}  # fmt: skip
-    sections = dict(
-        data=data, model={"dropout": 0.1}, eval={"eval_steps": None, "at_end": False},
-        train={"max_steps": 4, "grad_accum": 4, "distill_weight": 1.0},
-        checkpoint={"save_total_limit": 5},
-    )  # fmt: skip
-    full, _ = run(tiny_config(tmp_path / "full", path, **sections), [])
-    cfg = tiny_config(tmp_path / "split", path, **sections)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted"
-    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
+    sections = resume_sections(data, distill_weight=1.0)
+    state = assert_resume_is_bit_identical(tmp_path, path, sections)
     assert state["stream_position"]["epoch"] == state["epoch"]
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full  # per-step losses, exactly
-    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
-    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
     log = (tmp_path / "full" / "train.log").read_text()
     # a fifth of 48 + 12: 12 replay rows drawn from the 6, each twice
     assert "data.replay: 12 utterances drawn from 6 usable ones" in log
