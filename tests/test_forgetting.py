@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from asrforge.config import GuardConfig, ReplayConfig, load_config
@@ -28,7 +27,7 @@ from asrforge.evaluation.guard_items import guard_clip_files
 from asrforge.train.forgetting import StartingModel
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
-from tests.test_resume import PreemptAt, run
+from tests.test_resume import assert_resume_is_bit_identical
 
 
 def _replay_manifest(root: Path, clips: list[dict], n: int = 12) -> Path:
@@ -208,16 +207,7 @@ def test_replay_distillation_and_l2sp_train_with_packing_and_resume_bit_identica
         eval={"eval_steps": 2},
         checkpoint={"save_total_limit": 5},
     )
-    full, full_result = run(tiny_config(tmp_path / "full", tones_dir, **sections), [])
-    assert full_result.status == "completed", full_result.reason
-    cfg = tiny_config(tmp_path / "split", tones_dir, **sections)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted" and sorted(first) == [1, 2]
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full
-    a = load_file(tmp_path / "full" / "checkpoints" / "latest" / "model.safetensors")
-    b = load_file(tmp_path / "split" / "checkpoints" / "latest" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_bit_identical(tmp_path, tones_dir, sections)
     log = (tmp_path / "full" / "train.log").read_text()
     # a quarter of 48 + 16 utterances, the 12 replay rows drawn again where they run out
     assert "data.replay: 16 utterances drawn from 12 usable ones" in log

@@ -56,6 +56,27 @@ def run(cfg, extra, resume=False):
     return rec.by_step, result
 
 
+def assert_resume_is_bit_identical(
+    tmp_path: Path, data_path: Path, sections: dict, stop_at: int = 2
+) -> dict:
+    """Run ``sections`` on ``data_path`` whole (``tmp_path/full``), and stopped after step
+    ``stop_at`` then resumed (``tmp_path/split``): the same per-step losses and final weights,
+    exactly. Returns the stopped run's ``train_state.json``."""
+    full, full_result = run(tiny_config(tmp_path / "full", data_path, **sections), [])
+    assert full_result.status == "completed", full_result.reason  # e.g. a stray SIGTERM
+    cfg = tiny_config(tmp_path / "split", data_path, **sections)
+    first, interrupted = run(cfg, [PreemptAt(stop_at)])
+    assert interrupted.status == "interrupted" and sorted(first) == list(range(1, stop_at + 1))
+    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
+    second, _ = run(cfg, [], resume=True)
+    assert {**first, **second} == full  # per-step losses, exactly
+    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
+    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    return state
+
+
 def test_resume_is_bit_identical(tmp_path, tones_dir):
     # dropout on, EMA on, grad accumulation across an epoch boundary (48 utterances / 8 = 6
     # micro-batches per epoch, 4 per step), evaluation with the selection policy in between.

@@ -7,15 +7,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from asrforge.config import SamplingConfig
 from asrforge.data.prepare import Utterance
 from asrforge.data.sampling import LanguageSampling, language_shares
 from asrforge.errors import UserError
-from tests.conftest import tiny_config
-from tests.test_resume import PreemptAt, run
+from tests.test_resume import assert_resume_is_bit_identical
 
 
 def _utts(counts: dict[str, int]) -> list[Utterance]:
@@ -106,15 +103,6 @@ def test_resume_with_language_sampling_is_bit_identical(tmp_path, tones_dir, pac
         eval={"eval_steps": 4},
         checkpoint={"save_total_limit": 5},
     )
-    full, full_result = run(tiny_config(tmp_path / "full", tones_dir, **sections), [])
-    assert full_result.status == "completed", full_result.reason
-    cfg = tiny_config(tmp_path / "split", tones_dir, **sections)
-    first, interrupted = run(cfg, [PreemptAt(3)])
-    assert interrupted.status == "interrupted" and sorted(first) == [1, 2, 3]
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full
-    a = load_file(tmp_path / "full" / "checkpoints" / "latest" / "model.safetensors")
-    b = load_file(tmp_path / "split" / "checkpoints" / "latest" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_bit_identical(tmp_path, tones_dir, sections, stop_at=3)
     log = (tmp_path / "full" / "train.log").read_text()
     assert "data.sampling: per epoch of 48 utterances, en 25.0% (has 66.7%), es 75.0%" in log

@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from asrforge.config import DataConfig
 from asrforge.data.shards import _read_table, find_shards
@@ -20,7 +18,7 @@ from asrforge.errors import UserError
 from asrforge.model.build import feature_extractor
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.conftest import tiny_config
-from tests.test_resume import PreemptAt, run
+from tests.test_resume import PreemptAt, assert_resume_is_bit_identical, run
 from tests.test_sources import by_split, write_jsonl, write_table
 
 FORMATS = ["parquet row groups", "arrow files", "jsonl files", "csv", "tsv", "NeMo manifest"]
@@ -311,24 +309,6 @@ def resume_sections(data: dict, **train) -> dict:
         data=data, model={"dropout": 0.1}, eval={"eval_steps": None, "at_end": False},
         train={"max_steps": 4, "grad_accum": 4, **train}, checkpoint={"save_total_limit": 5},
     )  # fmt: skip
-
-
-def assert_resume_is_bit_identical(tmp_path: Path, path: Path, sections: dict) -> dict:
-    """Run ``sections`` whole (``tmp_path/full``), and stopped after step 2 then resumed
-    (``tmp_path/split``): the same per-step losses and final weights, exactly. Returns the
-    stopped run's ``train_state.json``."""
-    full, _ = run(tiny_config(tmp_path / "full", path, **sections), [])
-    cfg = tiny_config(tmp_path / "split", path, **sections)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted"
-    state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full  # per-step losses, exactly
-    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
-    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    return state
 
 
 @pytest.mark.parametrize("workers", [0, 2])

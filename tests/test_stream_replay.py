@@ -14,9 +14,9 @@ from asrforge.data.prepare import prepare_split
 from asrforge.data.replay import REPLAY_PREFIX, read_replay, replay_picks
 from asrforge.data.stream import replay_blocks
 from tests.test_forgetting import _replay_manifest
+from tests.test_resume import assert_resume_is_bit_identical
 from tests.test_sources import by_split
 from tests.test_stream import (  # noqa: F401 - tok_specials is a fixture
-    assert_resume_is_bit_identical,
     data_config,
     epoch_uids,
     open_split,

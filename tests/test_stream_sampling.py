@@ -13,9 +13,9 @@ import pytest
 from asrforge.config import SamplingConfig, load_config
 from asrforge.data.sampling import ShardSampling, language_shares
 from asrforge.errors import UserError
+from tests.test_resume import assert_resume_is_bit_identical
 from tests.test_sources import by_split
 from tests.test_stream import (  # noqa: F401 - tok_specials is a fixture
-    assert_resume_is_bit_identical,
     data_config,
     epoch_uids,
     open_split,
