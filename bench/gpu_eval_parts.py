@@ -16,18 +16,17 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import Progress, make_cfg, prepare  # noqa: E402
-from gpu_runs import EvalSides, eval_autocast, sync  # noqa: E402
+from gpu_runs import EvalSides, sync, write_report  # noqa: E402
 from workload import build_workload, whisper_shape_model  # noqa: E402
 
 import asrforge.evaluation.evaluate as evaluate_module  # noqa: E402
 import asrforge.model.decoding as decoding  # noqa: E402
 from asrforge.data.workers import worker_count  # noqa: E402
-from asrforge.evaluation.evaluate import evaluate  # noqa: E402
-from asrforge.model.decoding import DecodeOptions  # noqa: E402
 from asrforge.text.normalizers import forget_normalized  # noqa: E402
 
 
@@ -58,39 +57,24 @@ class Phases:
         self.originals.clear()
 
 
+def timed(sides: EvalSides, decode: Callable[[], list[str]]) -> tuple[float, list[str]]:
+    """Seconds and hypotheses of ``decode()``, synchronized, its normalizations not cached."""
+    forget_normalized()  # each run normalizes its references itself
+    sync(sides.device)
+    t0 = time.perf_counter()
+    hyps = decode()
+    sync(sides.device)
+    return time.perf_counter() - t0, hyps
+
+
 def model_side(sides: EvalSides, collated: list, capture: bool) -> tuple[float, list[str]]:
     """``evaluate()`` over batches already collated: the model's side alone."""
-    device, precision = sides.device, sides.precision
-    forget_normalized()  # each run normalizes its references itself
-    sync(device)
-    t0 = time.perf_counter()
-    _, preds = evaluate(
-        sides.model, collated, tokenizer=sides.tok, eot=sides.eot, max_new_tokens=sides.cap,
-        device=device, autocast=lambda: eval_autocast(device, precision),
-        options=DecodeOptions(capture=capture),
-    )  # fmt: skip
-    sync(device)
-    return time.perf_counter() - t0, [p["hyp"] for p in preds]
+    return timed(sides, lambda: sides.evaluate_collated(collated, capture))
 
 
 def generate_side(sides: EvalSides, collated: list) -> tuple[float, list[str]]:
     """A ``model.generate`` loop over the same collated batches."""
-    import torch
-
-    device = sides.device
-    hyps = []
-    sync(device)
-    t0 = time.perf_counter()
-    with torch.no_grad(), eval_autocast(device, sides.precision):
-        for batch in collated:
-            ids = sides.model.generate(
-                input_features=batch["input_features"].to(device), **sides.gen_kwargs
-            )
-            hyps += [
-                h.strip() for h in sides.tok.batch_decode(ids.tolist(), skip_special_tokens=True)
-            ]
-    sync(device)
-    return time.perf_counter() - t0, hyps
+    return timed(sides, lambda: sides.generate_collated(collated))
 
 
 def phases_of(sides: EvalSides, collated: list, capture: bool) -> dict[str, float]:
@@ -178,10 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                       for k, v in parts.items()]  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    write_report(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from gpu_runs import (  # noqa: E402
     run_hf_train,
     sync,
     warm_shapes,
+    write_report,
 )
 from workload import build_workload, whisper_shape_model  # noqa: E402
 
@@ -169,10 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             parts += profile_eval(args, tmp, data, model)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = "\n\n".join(parts) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    write_report(args.out, "\n\n".join(parts) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import gc
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -44,6 +44,13 @@ READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
 # ---------------------------------------------------------------------------------------------
 # Training
+
+
+def write_report(out: Path, text: str) -> None:
+    """Write a report (making its folder) and print it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
 
 
 def sync(device: str) -> None:
@@ -320,10 +327,14 @@ class EvalSides:
     def asrforge(self, batches: list, capture: bool = False) -> list[str]:
         """``evaluate()``'s hypotheses; ``capture``: its greedy step replayed from a graph
         (``eval.compile: on``)."""
+        return self.evaluate_collated(self.loader(batches), capture)
+
+    def evaluate_collated(self, collated: Iterable[dict], capture: bool = False) -> list[str]:
+        """:meth:`asrforge` over batches already collated (or a loader of them)."""
         device, precision = self.device, self.precision
         with torch.no_grad():
             _, preds = evaluate(
-                self.model, self.loader(batches), tokenizer=self.tok, eot=self.eot,
+                self.model, collated, tokenizer=self.tok, eot=self.eot,
                 max_new_tokens=self.cap, device=device,
                 autocast=lambda: eval_autocast(device, precision),
                 options=DecodeOptions(capture=capture),
@@ -332,9 +343,13 @@ class EvalSides:
         return [p["hyp"] for p in preds]
 
     def generate(self, batches: list) -> list[str]:
+        return self.generate_collated(self.loader(batches))
+
+    def generate_collated(self, collated: Iterable[dict]) -> list[str]:
+        """:meth:`generate` over batches already collated (or a loader of them)."""
         hyps = []
         with torch.no_grad(), eval_autocast(self.device, self.precision):
-            for batch in self.loader(batches):
+            for batch in collated:
                 ids = self.model.generate(
                     input_features=batch["input_features"].to(self.device), **self.gen_kwargs
                 )
