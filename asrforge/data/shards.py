@@ -12,6 +12,7 @@ import codecs
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,8 +142,6 @@ def open_shard_file(path: Path | str):
 def with_retries(read: Callable, path: Path | str):
     """``read()``; for a remote file tried again after each of :data:`RETRY_SECONDS` when it
     fails with an I/O error other than a missing file or a refusal (which no retry mends)."""
-    import time
-
     waits = list(RETRY_SECONDS) if is_url(path) else []
     while True:
         try:

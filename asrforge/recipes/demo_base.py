@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from asrforge.bundle import export_bundle, load_bundle
+from asrforge.bundle.within_guard import export_within_guard
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
 from asrforge.data.guard_set import MANIFEST
@@ -268,8 +269,6 @@ def export_selected(run_dir: Path, root: Path, result, say: Progress) -> tuple[P
         bundle_dir = export_bundle(run_dir, root / "bundle")
         say(f"export: the best checkpoint (step {result.best_step}): {bundle_dir}")
         return bundle_dir, None
-    from asrforge.bundle.within_guard import export_within_guard
-
     try:
         bundle_dir, facts, _ = export_within_guard(
             run_dir, None, SHARES, root / "bundle", "hf", lm=None, ct2_quantization=None,
