@@ -204,9 +204,10 @@ def test_clip_paths_are_relative_to_the_manifest_whatever_directory_built_it(
     assert sorted(p.resolve() for p in named) == sorted(p.resolve() for p in dirs["en"].iterdir())
 
 
-def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix(
-    tmp_path, clips, tones_dir, capsys
-):
+def build_mixed_guard(tmp_path, clips, tones_dir) -> tuple[Path, Path]:
+    """``guard build`` over English and Spanish clips, the English with references from a file
+    ("spoken words K") and the Spanish transcribed by a tiny model; returns (the model, the
+    guard)."""
     from asrforge.model.build import build_model, build_tokenizer
 
     base = tiny_config(tmp_path / "base", tones_dir)
@@ -223,6 +224,13 @@ def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix
             "--language", "es", "--references", str(refs), "--model", str(model),
             "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
+    return model, out
+
+
+def test_references_for_one_language_and_the_model_s_transcripts_for_another_mix(
+    tmp_path, clips, tones_dir, capsys
+):
+    _, out = build_mixed_guard(tmp_path, clips, tones_dir)
     rows = manifest(out)
     given = [r for r in rows if r["language"] == "en"]
     heard = [r for r in rows if r["language"] == "es"]
@@ -237,23 +245,9 @@ def test_a_guard_of_given_and_heard_references_judges_each_language_against_its_
 ):
     from asrforge.cli.open_model import open_model
     from asrforge.evaluation.guard import Guard
-    from asrforge.model.build import build_model, build_tokenizer
     from asrforge.selection.guard_gate import GuardGate
 
-    base = tiny_config(tmp_path / "base", tones_dir)
-    tokenizer = build_tokenizer(base.model, ["la la tone beep boop"] * 20)
-    model = tmp_path / "tiny"
-    build_model(base.model, tokenizer, 0).model.save_pretrained(str(model))
-    tokenizer.save_pretrained(str(model))
-    dirs = by_language(tmp_path, clips[:16])
-    refs = tmp_path / "english.tsv"
-    english = sorted(dirs["en"].iterdir())
-    refs.write_text("".join(f"{p}\tspoken words {k}\ten\n" for k, p in enumerate(english)))
-    out = tmp_path / "guard"
-    argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--language", "en",
-            "--language", "es", "--references", str(refs), "--model", str(model),
-            "--window-seconds", "1.9", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
+    model, out = build_mixed_guard(tmp_path, clips, tones_dir)
     bundle = open_model(str(model))
     items = load_guard_items(GuardConfig(path=out), "en", bundle.window_seconds)
     guard = Guard(
