@@ -79,6 +79,8 @@ TRAINING_ONLY: Split = {
         "eval_carve": ALL,
         # The training filter is dropped, as the bundle records the languages it saw.
         "languages": ALL,
+        # What the loss covered; the model decodes the same either way.
+        "language_target": ALL,
         "batch_size": ALL,
         "eval_batch_size": ALL,
         "num_workers": ALL,

@@ -297,6 +297,12 @@ class DataConfig(Section):
     ``{lg: sw}`` trains Ganda under ``<|sw|>`` (the run is still selected as Ganda). Without a
     mapping such utterances are skipped ("language 'lg' without a token"), unless the tokenizer
     is a vocabulary extension that added the language's token (``asrforge vocab build``)."""
+    language_target: bool = True
+    """Train the language token: the position of ``<|startoftranscript|>`` is labelled with the
+    row's language token, as in Whisper's own training and transformers' fine-tuning recipe, so
+    the model learns to detect the languages it is taught (``transcribe`` detects the language
+    unless told). ``false``: the whole prompt is context, never a target. English-only models
+    have no language token; nothing changes there."""
     task: Literal["transcribe", "translate"] = "transcribe"
     """Whisper's task token: ``transcribe`` (text in the spoken language) or ``translate``
     (English text)."""

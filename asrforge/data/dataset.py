@@ -29,9 +29,31 @@ log = logging.getLogger(__name__)
 IGNORE = -100  # label id the loss skips
 
 
+def prompt_labels(forced: Sequence[int], language_after: int | None) -> list[int]:
+    """Labels of a forced prompt's positions but its last (which predicts the first target):
+    ``IGNORE``, except that with ``language_after`` (the ``<|startoftranscript|>`` id) that
+    token's position is labelled with the language token after it, so the model learns to
+    detect the language it is taught, as Whisper's own training does."""
+    labels = [IGNORE] * (len(forced) - 1)
+    if language_after is not None:
+        # the last one: any previous text (<|startofprev|> ...) comes before it
+        at = len(forced) - 1 - list(reversed(forced)).index(language_after)
+        if at < len(labels):
+            labels[at] = forced[at + 1]
+    return labels
+
+
+def language_label_after(specials, language_target: bool) -> int | None:
+    """A training set's :attr:`SpeechDataset.language_after`: ``<|startoftranscript|>``'s id
+    when ``data.language_target`` is on and prompts carry a language token (a multilingual
+    model), else None."""
+    return specials.sot if language_target and specials.multilingual else None
+
+
 class SpeechDataset(Dataset):
     """Utterances -> dicts with ``input_features: (n_mels, n_frames)`` float32, ``decoder_input_ids``
-    and ``labels`` (same length; the prompt's positions are ``IGNORE`` in labels).
+    and ``labels`` (same length; the prompt's positions are ``IGNORE`` in labels, but the
+    language token's with :attr:`language_after`).
 
     A clip that cannot be used yields ``{"dropped": uid, "reason": ...}`` (the collator drops it
     and records both), never an exception that would end the epoch: audio that fails to decode
@@ -58,6 +80,9 @@ class SpeechDataset(Dataset):
         self.epoch = 0
         # The first replay utterance (data.replay; data/replay.py), None without replay.
         self.replay_from: int | None = None
+        # <|startoftranscript|>'s id when the language token after it is a target
+        # (data.language_target; training sets only), None when no prompt position is.
+        self.language_after: int | None = None
 
     def is_replay(self, i: int) -> bool:
         """Whether utterance ``i`` is a replay row (``data.replay``)."""
@@ -153,7 +178,7 @@ class SpeechDataset(Dataset):
             except Exception:  # noqa: BLE001 - any decoder failure: skip the clip, keep the epoch
                 return {"dropped": u.uid, "reason": "failed to decode"}
         dec = u.prompt + u.text_ids
-        labels = [IGNORE] * (len(u.prompt) - 1) + u.text_ids + [self.eot]
+        labels = prompt_labels(u.prompt, self.language_after) + u.text_ids + [self.eot]
         return {
             **inputs,
             "decoder_input_ids": torch.tensor(dec, dtype=torch.long),

@@ -374,7 +374,7 @@ class PackedWindows(Dataset):
             used = len(prompt) + len(targets) + 1
             text = [t for u in w.prev for t in utts[u].text_ids]
             prev = previous_text(self.start_of_prev, text, prev_room(self.max_positions, used))
-        return decoder_sequences(prompt, targets, self.base.eot, prev)
+        return decoder_sequences(prompt, targets, self.base.eot, prev, self.base.language_after)
 
     def _waveform(self, w: Window) -> tuple[np.ndarray, dict[int, str]]:
         """The window's samples (silence between utterances) and the utterances that failed,

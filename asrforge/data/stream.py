@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
 from asrforge.data.columns import find_column, language_codes, standardize
-from asrforge.data.dataset import Collator, SpeechDataset
+from asrforge.data.dataset import Collator, SpeechDataset, language_label_after
 from asrforge.data.ids import audio_key, audio_source, named, row_id
 from asrforge.data.locate import is_url
 from asrforge.data.prepare import Utterance
@@ -188,6 +188,8 @@ class StreamedSplit:
         self.eot = 0
         # An Augmenter, set from data.augment.
         self.augment = None
+        # SpeechDataset.language_after of the streamed rows, set by prepare().
+        self.language_after: int | None = None
         self.epoch = 0
         """The epoch :meth:`loader` last served."""
         # data.sampling's draw, set by prepare().
@@ -281,6 +283,7 @@ class StreamedSplit:
         )
         self.rules = RowRules(rules, self.split, keep)
         self.features, self.eot = features, eot
+        self.language_after = language_label_after(specials, self.cfg.language_target)
         if specials.multilingual:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials.multilingual, keep)
@@ -328,6 +331,7 @@ class StreamedSplit:
         drawn = ReplayUtterances([], utts, picks, row_offset=0)
         self.replay = SpeechDataset(split, drawn, self.features, self.eot)
         self.replay.replay_from = 0
+        self.replay.language_after = self.language_after
 
     def batches_per_epoch(self, rank: int, world: int, epoch: int | None = None) -> int:
         """Batches rank ``rank`` of ``world`` takes in ``epoch`` (default the one :meth:`loader`
@@ -389,7 +393,7 @@ class StreamedSplit:
             checked.row = len(utts)
             utts.append((checked, row))
         ds = SpeechDataset([r for _, r in utts], [u for u, _ in utts], self.features, self.eot)
-        ds.augment, ds.epoch = self.augment, epoch
+        ds.augment, ds.epoch, ds.language_after = self.augment, epoch, self.language_after
         items += [ds[i] for i in range(len(utts))]
         if replayed:
             self.replay.augment, self.replay.epoch = self.augment, epoch

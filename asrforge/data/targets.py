@@ -9,7 +9,8 @@ transformers' ``WhisperTokenizer`` decodes with ``output_offsets=True``)::
 and either may be preceded by ``<|startofprev|>`` and the previous window's transcript. English-
 only (``.en``) models have no language or task token. The prompt (previous text included) is
 never a target: its label positions are ``IGNORE``, except that the prompt's last position
-predicts the first target token.
+predicts the first target token and, with ``data.language_target``, ``<|startoftranscript|>``'s
+position predicts the language token.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from asrforge.data.dataset import IGNORE
+from asrforge.data.dataset import prompt_labels
 
 # Seconds per timestamp token, asrforge.model.frames' value repeated because data sits below model.
 TIME_PRECISION = 0.02
@@ -90,7 +91,11 @@ def window_targets(segments: Sequence[Segment], timestamps: TimestampTokens | No
 
 
 def decoder_sequences(
-    prompt: Sequence[int], targets: Sequence[int], eot: int, prev: Sequence[int] = ()
+    prompt: Sequence[int],
+    targets: Sequence[int],
+    eot: int,
+    prev: Sequence[int] = (),
+    language_after: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """``(decoder_input_ids, labels)`` of equal length for one window.
 
@@ -99,10 +104,11 @@ def decoder_sequences(
             ``<|notimestamps|>``).
         targets: what the model learns to produce (see :func:`window_targets`).
         prev: ``<|startofprev|>`` and the previous text, or empty: context, never a target.
+        language_after: as :func:`~asrforge.data.dataset.prompt_labels` takes it.
     """
     forced = [*prev, *prompt]
     decoder_input_ids = forced + list(targets)
-    labels = [IGNORE] * (len(forced) - 1) + list(targets) + [eot]
+    labels = prompt_labels(forced, language_after) + list(targets) + [eot]
     return decoder_input_ids, labels
 
 

@@ -20,10 +20,7 @@ from asrforge.data.augment import build_augmenter
 from asrforge.data.cache.encoder import EncoderCache
 from asrforge.data.cache.features import FeatureCache
 from asrforge.data.carve import training_splits
-from asrforge.data.dataset import (
-    SpeechDataset,
-    language_counts,
-)
+from asrforge.data.dataset import SpeechDataset, language_counts, language_label_after
 from asrforge.data.packing import Packing, build_packing
 from asrforge.data.prepare import prepare_split, split_languages
 from asrforge.data.replay import (
@@ -251,6 +248,7 @@ def build_datasets(
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
     if isinstance(train_utts, ReplayUtterances):
         train_set.replay_from = train_utts.first_replay
+    train_set.language_after = language_label_after(bundle.specials, cfg.data.language_target)
     # training only: the evaluation set never augments
     train_set.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
