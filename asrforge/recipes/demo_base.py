@@ -52,9 +52,10 @@ TRAIN_LANGUAGES = ("es", "it")
 fortunes package and real prompts in an asterisk package."""
 GUARD_LANGUAGES = ("en", "es", "fr", "it", "ru")
 """The languages whose real speech the guard holds and rehearsal replays."""
-GUARD_WINDOWS = 2
-"""Joined recordings per language in the guard (about 55 s of speech, 100 words): each pass of
-base over the guard costs a minute or two on a CPU."""
+GUARD_WINDOWS = 4
+"""Joined recordings per language in the guard (about 100 s of speech, 180-270 words): one word
+is half a point or less, where two recordings made one word nearly two points, so the guard's
+2-point tolerance was within one word's noise. A pass of base over it takes about 40 s here."""
 EVAL_SIZES = {"validation": 8, "test": 12}
 SHARES = (0.75, 0.5, 0.25)
 """The shares of the fine-tuned weights tried when the guard refused the run's every step (each
