@@ -267,3 +267,27 @@ def test_the_evaluation_line_calls_a_guard_with_references_wer_and_one_without_d
         notice.on_eval_end(SimpleNamespace(step=24), metrics={**metrics, "guard_drift": drift},
                            decision=Decision(save=False, reason="outside"))  # fmt: skip
     assert "guard WER 13.4% ->" in said[0] and "guard drift 13.4 points ->" in said[1]
+
+
+@pytest.mark.fast
+def test_the_english_demos_rehearse_every_transcribed_prompt_the_guard_does_not_join(
+    sounds, tmp_path
+):
+    from asrforge.data.audio import audio_info
+    from asrforge.recipes.demo import GUARD_LISTING, REHEARSAL_SECONDS, ensure_rehearsal_set
+
+    guard = tmp_path / "guard-en"
+    guard.mkdir()
+    (guard / GUARD_LISTING).write_text("prompt-00.wav prompt-02.wav\nprompt-04.wav\n")
+    said = []
+    manifest = ensure_rehearsal_set(tmp_path / "replay-en.jsonl", guard, said.append)
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    # the English prompts no guard recording joins, with their transcripts; no tone, none
+    # without a transcript, none shorter than REHEARSAL_SECONDS' half second
+    lo, _ = REHEARSAL_SECONDS
+    long_enough = [n for n in ("prompt-01", "prompt-03", "prompt-05")
+                   if audio_info(asterisk.sounds_dir("en") / f"{n}.wav")[1] >= lo]  # fmt: skip
+    assert [Path(r["audio"]).stem for r in rows] == long_enough and len(long_enough) >= 2
+    texts = asterisk.read_transcripts(asterisk.transcripts_file("en"))
+    assert all(r["language"] == "en" and r["text"] == texts[Path(r["audio"]).stem] for r in rows)
+    assert f"{len(rows)} other prompts" in said[0]

@@ -32,6 +32,7 @@ from asrforge.errors import ExitCode, UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import evaluate_split, summarize
 from asrforge.evaluation.guard import guard_transcripts
+from asrforge.recipes import asterisk
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo_options import CONFIG, DemoOptions
 from asrforge.text import normalize, wer
@@ -72,6 +73,11 @@ GUARD_SECONDS = (3.0, 15.0)
 100 prompts, 500 s)."""
 GUARD_NOT_SPEECH = ("tt-monkeys", "beep", "ascending", "descending", "silence")
 """Prompts that are sounds, not speech."""
+GUARD_LISTING = "PROMPTS.txt"
+"""The guard set's list of the prompts each recording joins, a line per recording."""
+REHEARSAL_SECONDS = (0.5, 30.0)
+"""Prompts of this length (seconds) are rehearsal candidates: every transcribed one the guard
+does not join (about 250 prompts, 600 s, mostly 1-3 s phrases)."""
 
 
 class Progress:
@@ -168,7 +174,7 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
     windows = guard_windows([(name, d) for name, d in prompts if lo <= d <= hi],
                             GUARD_WINDOW_SECONDS, GUARD_GAP_SECONDS)[:n]
     listing = "\n".join(" ".join(w) for w in windows) + "\n"
-    if (dest / "PROMPTS.txt").is_file() and (dest / "PROMPTS.txt").read_text() == listing:
+    if (dest / GUARD_LISTING).is_file() and (dest / GUARD_LISTING).read_text() == listing:
         say(f"reusing the guard set {dest}")
         return dest
     tmp = dest.with_name(f".{dest.name}.tmp")
@@ -180,11 +186,29 @@ def ensure_guard_set(dest: Path, n: int | None, say: Progress) -> Path:
         wave = join_waves(waves, GUARD_GAP_SECONDS)
         sf.write(tmp / f"guard-{k:03d}.wav", wave, SAMPLE_RATE, subtype="PCM_16")
         seconds += wave.shape[0] / SAMPLE_RATE
-    (tmp / "PROMPTS.txt").write_text(listing)  # which prompts each window joins, in order
+    (tmp / GUARD_LISTING).write_text(listing)  # which prompts each window joins, in order
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     say(f"guard set: {sum(map(len, windows))} prompts of {GUARD_PACKAGE} joined into "
         f"{len(windows)} recordings ({seconds:.0f} s of real speech) at {dest}")
+    return dest
+
+
+def ensure_rehearsal_set(dest: Path, guard_dir: Path, say: Progress) -> Path:
+    """The rehearsal manifest at ``dest`` (``data.replay.path``): the prompts of the guard's
+    package with a transcript (``asterisk-core-sounds-en``) that no guard recording joins (the
+    guard set at ``guard_dir``, made first), with their real references: English speech the
+    model keeps hearing while it learns, never what the guard measures.
+
+    Raises:
+        UserError: the transcripts' package is not installed.
+    """
+    asterisk.require(["en"])
+    joined = set((guard_dir / GUARD_LISTING).read_text().split())
+    rest = [p for p in asterisk.prompts("en", REHEARSAL_SECONDS) if p.path.name not in joined]
+    asterisk.write_manifest(dest, rest)
+    say(f"rehearsal set: {len(rest)} other prompts of {GUARD_PACKAGE} "
+        f"({sum(p.seconds for p in rest):.0f} s, real transcripts) at {dest}")  # fmt: skip
     return dest
 
 
@@ -449,6 +473,8 @@ def run_english(options: DemoOptions) -> int:
     guard_cfg = cfg.eval.guard
     if guard_cfg is not None:
         ensure_guard_set(Path(guard_cfg.path), guard_cfg.max_items, say)
+        if cfg.data.replay is not None:
+            ensure_rehearsal_set(Path(cfg.data.replay.path), Path(guard_cfg.path), say)
 
     say.phase("before", f"tiny.en on the {sizes['test']} held-out test clips (unseen speakers), "
               "joined into one recording, and on the guard set")

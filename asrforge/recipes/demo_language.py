@@ -44,6 +44,7 @@ from asrforge.recipes.demo import (
     QUICK_SIZES,
     Progress,
     ensure_guard_set,
+    ensure_rehearsal_set,
     ensure_tiny_en,
     fine_tune,
     guard_drift,
@@ -127,6 +128,8 @@ def run_new_language(options: DemoOptions) -> int:
             "what the model forgets of English with it"
         )
     ensure_guard_set(Path(guard_cfg.path), guard_cfg.max_items, say)
+    if cfg.data.replay is not None:
+        ensure_rehearsal_set(Path(cfg.data.replay.path), Path(guard_cfg.path), say)
 
     say.phase(
         "before",
