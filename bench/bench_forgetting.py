@@ -7,6 +7,13 @@ against references, minus the start's), and the seconds per optimizer step.
     PYTHONPATH=. .venv/bin/python bench/bench_forgetting.py --out /tmp/forgetting
 
 Tones are no speech: the figures compare the options with each other, not with the demos.
+``--base`` runs the same options on real Whisper base with the multilingual demo's config and
+data (``configs/demo-base.yaml``; run ``asrforge demo --multilingual`` once first, which imports
+base and writes the corpus, the guard and the rehearsal set): per run the Spanish and Italian
+validation WER it learned (language given), each guarded language's WER on real speech at the
+end minus at the start (the run's guard, language given), and the seconds per step.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_forgetting.py --base --out /tmp/forgetting-base
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from asrforge.data.synth import tone_splits
 from asrforge.evaluation.evaluate import evaluate_split
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = {
     "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
@@ -99,9 +108,56 @@ def config(out: Path, data_path: Path, steps: int, lr: float, **sections):
     return load_config(data=base)
 
 
+def base_runs(args, names: list[str]) -> list[dict]:
+    """``--base``: each option on Whisper base, the multilingual demo's config and data."""
+    rows, start = [], None
+    for name in names:
+        on = OPTIONS[name]
+        # an option on keeps the demo config's value of it; off, it is zero or null; the start's
+        # validation WER is the same for every run, so only the first measures it
+        overrides = [
+            f"output_dir={args.out / f'run-{name}'}", f"train.max_steps={args.steps}",
+            f"eval.eval_steps={args.steps}", f"eval.at_start={str(start is None).lower()}",
+            *([] if on.get("distill") else ["train.distill_weight=0"]),
+            *([] if on.get("l2sp") else ["optim.l2sp=0"]),
+            *([] if on.get("replay") else ["data.replay=null"]),
+        ]  # fmt: skip
+        clock = StepClock()
+        t0 = time.perf_counter()
+        result = Trainer(load_config(ROOT / "configs" / "demo-base.yaml", overrides), [clock]).fit()
+        m = result.last_metrics
+        if start is None:  # the step-0 evaluation's summary, its last record
+            records = args.out / f"run-{name}" / "eval" / "step-000000.jsonl"
+            start = json.loads(records.read_text().splitlines()[-1])
+        rows.append({
+            "option": name, "steps": args.steps, "step_s": clock.seconds(),
+            "run_s": time.perf_counter() - t0,
+            "learned": {lang: {"start": start["per_language"][lang]["wer"], "end": x["wer"]}
+                        for lang, x in m["per_language"].items()},
+            "guard": {lang: {"start": g["start"], "end": g["value"]}
+                      for lang, g in m["guard_languages"].items()},
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    guarded = list(rows[0]["guard"]) if rows else []
+    print(f"{'option':<22} " + " ".join(f"{lang + ' WER %':>9}" for lang in rows[0]["learned"])
+          + " " + " ".join(f"{lang + ' drift':>9}" for lang in guarded) + f" {'s/step':>7}")  # fmt: skip
+    if rows:
+        first = " ".join(f"{100 * x['start']:>9.1f}" for x in rows[0]["learned"].values())
+        print(f"{'start':<22} {first}")
+    for r in rows:
+        learned = " ".join(f"{100 * x['end']:>9.1f}" for x in r["learned"].values())
+        drift = " ".join(f"{100 * (g['end'] - g['start']):>+9.1f}" for g in r["guard"].values())
+        print(f"{r['option']:<22} {learned} {drift} {r['step_s']:>7.2f}")
+    print("RESULT forgetting-base " + json.dumps(rows))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="a directory for the data and runs")
+    p.add_argument("--base", action="store_true",
+                   help="Whisper base on the multilingual demo's data, each option at its value "
+                        "in configs/demo-base.yaml (--share, --distill, --l2sp are ignored)")  # fmt: skip
     p.add_argument("--start-steps", type=int, default=300, help="steps teaching the start English")
     p.add_argument("--steps", type=int, default=60, help="steps teaching Spanish, every run")
     p.add_argument("--share", type=float, default=0.3, help="data.replay.share")
@@ -109,6 +165,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--l2sp", type=float, default=10.0, help="optim.l2sp")
     p.add_argument("--only", default=None, help="comma-separated option names to run")
     args = p.parse_args(argv)
+    names = args.only.split(",") if args.only else list(OPTIONS)
+    if args.base:
+        return base_runs(args, names)
     root = args.out
     make_data(root)
     start = root / "start"
@@ -121,7 +180,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     guard = {"path": str(root / "guard-en"), "mode": "wer", "tolerance": 1.0, "max_items": 24,
              "language": "en", "lid_tolerance": None}  # fmt: skip
     rows = []
-    names = args.only.split(",") if args.only else list(OPTIONS)
     for name in names:
         on = OPTIONS[name]
         data = (
