@@ -41,7 +41,13 @@ from torch.utils.data import Dataset
 
 from asrforge.config import TrainConfig, load_config
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
-from asrforge.data.dataset import Collator, SpeechDataset, epoch_batches, eval_batches
+from asrforge.data.dataset import (
+    Collator,
+    SpeechDataset,
+    epoch_batches,
+    eval_batches,
+    language_label_after,
+)
 from asrforge.data.prepare import prepare_split
 from asrforge.data.sources import load_arrow
 from asrforge.data.synth import WORDS, make_tones_dataset, tone_audio
@@ -320,10 +326,13 @@ def build_workload(cfg: TrainConfig) -> Workload:
     )
     train_utts, train_report = prepare_split(train_split, cfg.data.train_split, **kw)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
+    train_set = SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot)
+    # labelled as the run's own training set is, so both sides learn the same targets
+    train_set.language_after = language_label_after(bundle.specials, cfg.data.language_target)
     return Workload(
         cfg=cfg,
         bundle=bundle,
-        train_set=SpeechDataset(train_split, train_utts, bundle.features, bundle.specials.eot),
+        train_set=train_set,
         eval_set=SpeechDataset(eval_split, eval_utts, bundle.features, bundle.specials.eot),
         collator=Collator(pad_id=bundle.specials.eot),
         skipped={"train": train_report.n_skipped, "eval": eval_report.n_skipped},
