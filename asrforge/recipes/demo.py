@@ -64,7 +64,7 @@ LONGFORM_MAX_NEW_TOKENS = 224
 """Cap per 30 s window of the long-form transcription: openai-whisper's (half the decoder's 448
 positions); a full window of speech holds about 100 tokens."""
 GUARD_PACKAGE = "asterisk-core-sounds-en-wav"
-GUARD_SOURCE = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
+GUARD_SOURCE = asterisk.SOUNDS_ROOT / asterisk.VOICES["en"]
 """Real human speech a Debian package ships: Asterisk's English telephone prompts (8 kHz, one
 speaker), which Whisper tiny.en transcribes almost perfectly: what the fine-tuned model must not
 forget."""
