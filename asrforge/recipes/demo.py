@@ -366,12 +366,15 @@ def check_lines(before: dict, after: dict) -> str:
     ]
     if "guard_drift" in after:
         checks.append(("guard drift <= 2 points", 0.02, after["guard_drift"]))
-    lines = []
-    for name, limit, value in checks:
-        met = isinstance(value, float) and isinstance(limit, float) and value <= limit + 1e-12
-        lines.append(f"check: {name:<42} {pct(value).strip():>5} (limit {pct(limit).strip()}) "
-                     f"{'met' if met else 'NOT met'}")
-    return "\n".join(lines)
+    return "\n".join(check_line(name, value, limit) for name, limit, value in checks)
+
+
+def check_line(label: str, value: float | None, limit: float | None) -> str:
+    """One goal of a demo: what it asks, the figure measured, the limit, and whether it was met
+    (not when either figure is missing)."""
+    met = isinstance(value, float) and isinstance(limit, float) and value <= limit + 1e-12
+    return (f"check: {label:<42} {pct(value).strip():>5} (limit {pct(limit).strip()}) "
+            f"{'met' if met else 'NOT met'}")  # fmt: skip
 
 
 def pct(v: float | None) -> str:

@@ -24,7 +24,6 @@ import shutil
 from pathlib import Path
 
 from asrforge.bundle import export_bundle, load_bundle
-from asrforge.bundle.within_guard import export_within_guard
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
 from asrforge.data.guard_set import MANIFEST
@@ -36,13 +35,14 @@ from asrforge.recipes.demo import (
     MAX_WORDS,
     Progress,
     best_text,
+    check_line,
     fine_tune,
     pct,
     resolve_demo_run,
     stop_after_fine_tune,
     train_sentences,
 )
-from asrforge.recipes.demo_language import require_text
+from asrforge.recipes.demo_language import export_largest_share, require_text
 from asrforge.recipes.demo_options import BASE_CONFIG, DemoOptions
 from asrforge.recipes.transcribed import MAX_NEW_TOKENS, Scores, score
 from asrforge.text.metrics import strict_json_metrics
@@ -271,14 +271,10 @@ def export_selected(run_dir: Path, root: Path, result, say: Progress) -> tuple[P
         say(f"export: the best checkpoint (step {result.best_step}): {bundle_dir}")
         return bundle_dir, None
     try:
-        bundle_dir, facts, _ = export_within_guard(
-            run_dir, None, SHARES, root / "bundle", "hf", lm=None, ct2_quantization=None,
-            max_shard_size=None, progress=say, say=say,
-        )  # fmt: skip
+        bundle_dir, facts = export_largest_share(run_dir, root / "bundle", SHARES, say)
     except UserError as e:
         say(f"export: {e}; the bundle holds base")
         return export_bundle(Path(read_pretrained(run_dir)), root / "bundle"), 0.0
-    say(f"export: {facts['share']:g} of the fine-tuned weights within the guard: {bundle_dir}")
     return bundle_dir, float(facts["share"])
 
 
@@ -306,17 +302,11 @@ def check_lines(before: dict, after: dict) -> str:
     lines = []
     for lang, b in before["test"].items():
         value, limit = after["test"][lang].wer, TARGET_RATIO * b.wer
-        lines.append(_check(f"{lang} synthetic test WER <= half of before", value, limit))
+        lines.append(check_line(f"{lang} synthetic test WER <= half of before", value, limit))
     for lang, b in before["guard"].items():
         rise = after["guard"][lang].wer - b.wer
-        lines.append(_check(f"{lang} real speech WER rises <= 2 points", rise, TARGET_DRIFT))
+        lines.append(check_line(f"{lang} real speech WER rises <= 2 points", rise, TARGET_DRIFT))
     return "\n".join(lines)
-
-
-def _check(label: str, value: float, limit: float) -> str:
-    met = value <= limit + 1e-12
-    return (f"check: {label:<40} {pct(value).strip():>6} (limit {pct(limit).strip()}) "
-            f"{'met' if met else 'NOT met'}")  # fmt: skip
 
 
 def _json(measured: dict) -> dict:
