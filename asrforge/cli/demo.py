@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "transcribe the test split with it, and print the before/after table. About a "
             "quarter of an hour on a 2-core CPU; nothing is downloaded. --multilingual: teach "
             "OpenAI's multilingual Whisper base Spanish and Italian without forgetting real "
-            "speech in five languages, measured through the exported bundle (about half an hour). "
+            "speech in five languages, measured through the exported bundle (about a quarter of an hour). "
             "--matrix: a from-scratch tiny model per language (es, en, zh) through the matrix, "
             "showing each language's selection policy. --language es: teach tiny.en Spanish under a forgetting guard on "
             "English, then export the largest share of its weights within the guard "
