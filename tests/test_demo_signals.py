@@ -60,6 +60,7 @@ class Stage:
         setattr_(demo, "Trainer", FakeTrainer)
         setattr_(demo, "ensure_tiny_en", lambda *a: None)
         setattr_(demo, "ensure_guard_set", lambda *a: None)
+        setattr_(demo, "ensure_rehearsal_set", lambda *a: None)
         setattr_(demo, "longform_recording", lambda *a: (Path("long.wav"), "ref", 60.0))
         setattr_(demo, "measure", measure)
         setattr_(demo, "_ct2", lambda *a: (None, None))
