@@ -190,9 +190,16 @@ def test_distillation_is_zero_at_the_start_and_counts_only_the_replay_rows(tmp_p
     assert start.distill_loss({**batch, "replay": torch.zeros(2, 4, dtype=torch.bool)}, student,
                               positions) is None  # fmt: skip
     # a packed window holding a replay clip after a training clip: only the replay clip's
-    # positions (the last two labelled ones here) are distilled
+    # positions (the last two labelled ones here) are distilled, by a teacher that reads
+    # only the row holding them
     window = torch.tensor([[False, False, True, True], [False] * 4])
+    rows = []
+    hook = start.teacher.register_forward_pre_hook(
+        lambda _m, args: rows.append(len(args[0]["decoder_input_ids"]))
+    )
     kl = start.distill_loss({**batch, "replay": window}, student, positions)
+    hook.remove()
+    assert rows == [1]
     teacher = start.teacher(batch, positions[1:3]).log_softmax(-1)
     mine = student[1:3].log_softmax(-1)
     torch.testing.assert_close(kl, 2.0 * (teacher.exp() * (teacher - mine)).sum(-1).mean())
