@@ -172,7 +172,7 @@ def test_distillation_is_zero_at_the_start_and_counts_only_the_replay_rows(tmp_p
         "input_features": torch.randn(2, n_mels, frames),
         "decoder_input_ids": torch.tensor([[1, 5, 6, 7], [1, 2, 8, 9]]),
         "labels": labels,
-        "replay": torch.tensor([[False] * 4, [True] * 4]),
+        "replay": torch.tensor([False, True]),
     }
     positions = (labels.flatten() != IGNORE).nonzero().squeeze(1)
     kl = start.distill_loss(batch, model(batch, positions), positions)
@@ -187,63 +187,16 @@ def test_distillation_is_zero_at_the_start_and_counts_only_the_replay_rows(tmp_p
     mine = student[3:].log_softmax(-1)
     expected = 2.0 * (teacher.exp() * (teacher - mine)).sum(-1).mean()
     torch.testing.assert_close(kl, expected)
-    assert start.distill_loss({**batch, "replay": torch.zeros(2, 4, dtype=torch.bool)}, student,
+    assert start.distill_loss({**batch, "replay": torch.tensor([False, False])}, student,
                               positions) is None  # fmt: skip
-    # a packed window holding a replay clip after a training clip: only the replay clip's
-    # positions (the last two labelled ones here) are distilled, by a teacher that reads
-    # only the row holding them
-    window = torch.tensor([[False, False, True, True], [False] * 4])
+    # the teacher reads only the rows it distils: the second row here
     rows = []
     hook = start.teacher.register_forward_pre_hook(
         lambda _m, args: rows.append(len(args[0]["decoder_input_ids"]))
     )
-    kl = start.distill_loss({**batch, "replay": window}, student, positions)
+    start.distill_loss(batch, student, positions)
     hook.remove()
     assert rows == [1]
-    teacher = start.teacher(batch, positions[1:3]).log_softmax(-1)
-    mine = student[1:3].log_softmax(-1)
-    torch.testing.assert_close(kl, 2.0 * (teacher.exp() * (teacher - mine)).sum(-1).mean())
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize("stamped", [0.0, 1.0], ids=["no-timestamps", "timestamps"])
-def test_a_packed_window_marks_the_replay_clips_own_label_positions(
-    tmp_path, tones_dir, clips, stamped
-):
-    from asrforge.data.dataset import IGNORE, Collator
-    from asrforge.train.setup import prepare_run
-
-    replay = _replay_manifest(tmp_path / "corpus", clips)
-    cfg = tiny_config(
-        tmp_path / "run",
-        tones_dir,
-        data={
-            "pack": {"enabled": True, "single_share": 0.0, "timestamp_share": stamped},
-            "replay": {"path": str(replay), "share": 0.5},
-        },
-    )
-    setup = prepare_run(cfg, precision="no", resume=False)
-    try:
-        ds = setup.loaders.packing.dataset(0)
-        base = ds.base
-        mixed, words = 0, {t for u in base.utts for t in u.text_ids}
-        for j, w in enumerate(ds.windows):
-            item = ds[j]
-            flags = [base.is_replay(p.utt) for p in w.pieces]
-            labels, marks = item["labels"].tolist(), item["replay"]
-            assert len(marks) == len(labels)
-            mixed += len(set(flags)) == 2
-            # each piece's text tokens carry its flag, <|endoftext|> the last piece's
-            said = [(t, m) for t, m in zip(labels, marks, strict=True) if t != IGNORE]
-            assert said[-1] == (base.eot, flags[-1])
-            for flag in (True, False):
-                ids = [base.utts[p.utt].text_ids for p in w.pieces if base.is_replay(p.utt) == flag]
-                assert [t for t, m in said if m == flag and t in words] == sum(ids, [])
-        assert mixed, "no window held both replay and training clips"
-        batch = Collator(pad_id=base.eot)([ds[0], ds[1]])
-        assert batch["replay"].shape == batch["labels"].shape
-    finally:
-        setup.close()
 
 
 def test_replay_distillation_and_l2sp_train_with_packing_and_resume_bit_identically(

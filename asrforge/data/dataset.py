@@ -211,13 +211,10 @@ class Collator:
         t = max(len(it["labels"]) for it in items)
         dec = torch.full((len(items), t), self.pad_id, dtype=torch.long)
         lab = torch.full((len(items), t), IGNORE, dtype=torch.long)
-        # per label position: a packed window holds replay and training clips side by side
-        replay = torch.zeros((len(items), t), dtype=torch.bool)
         for r, it in enumerate(items):
             n = len(it["labels"])
             dec[r, :n] = it["decoder_input_ids"]
             lab[r, :n] = it["labels"]
-            replay[r, :n] = torch.as_tensor(it.get("replay", False))
         key = "encoder_hidden_states" if "encoder_hidden_states" in items[0] else "input_features"
         return {
             key: torch.stack([it[key] for it in items]),
@@ -227,7 +224,7 @@ class Collator:
             "uid": [it["uid"] for it in items],
             "language": [it["language"] for it in items],
             "text": [it["text"] for it in items],
-            "replay": replay,
+            "replay": torch.tensor([bool(it.get("replay")) for it in items]),
             "size": len(items),
             "dropped": dropped,
             "dropped_reasons": reasons,

@@ -376,18 +376,6 @@ class PackedWindows(Dataset):
             prev = previous_text(self.start_of_prev, text, prev_room(self.max_positions, used))
         return decoder_sequences(prompt, targets, self.base.eot, prev, self.base.language_after)
 
-    def replay_positions(self, w: Window, kept: list[int], n_labels: int) -> list[bool]:
-        """Whether each label position of window ``w`` (its utterances ``kept``) is a replay
-        utterance's: a piece's text and timestamp tokens are its own, the prompt's language
-        label the first piece's and ``<|endoftext|>`` the last's. Distillation toward the start
-        reads it, so the training clips that share a window with replay rows are not pulled."""
-        stamped = 2 if w.timestamps and self.timestamps is not None else 0
-        text: list[bool] = []
-        for u in kept:
-            text += [self.base.is_replay(u)] * (len(self.base.utts[u].text_ids) + stamped)
-        first, last = self.base.is_replay(kept[0]), self.base.is_replay(kept[-1])
-        return [first] * (n_labels - len(text) - 1) + text + [last]
-
     def _waveform(self, w: Window) -> tuple[np.ndarray, dict[int, str]]:
         """The window's samples (silence between utterances) and the utterances that failed,
         with the skip report's reason."""
@@ -467,7 +455,7 @@ class PackedWindows(Dataset):
             "language": utts[w.pieces[0].utt].language,
             "text": " ".join(utts[u].text for u in kept),
             "n_utterances": len(kept),
-            "replay": self.replay_positions(w, kept, len(labels)),
+            "replay": any(self.base.is_replay(u) for u in kept),
             "dropped_parts": [utts[u].uid for u in failed],
             "dropped_part_reasons": list(failed.values()),
         }

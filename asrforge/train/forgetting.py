@@ -63,9 +63,8 @@ class StartingModel:
         self, batch: dict, student_logits: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor | None:
         """``distill_weight`` times the KL divergence from the frozen start's token
-        distributions to the model's, averaged over the labelled positions it distils (the replay
-        utterances' positions, ``batch["replay"]``, or every one), or None when the batch has
-        none of them.
+        distributions to the model's, averaged over the labelled positions of the rows it
+        distils (the replay rows, or every row), or None when the batch has none of them.
 
         Args:
             student_logits: (n, vocab) the model's logits at ``positions``.
@@ -76,11 +75,12 @@ class StartingModel:
             return None
         labels = batch["labels"]
         keep = (labels.flatten() != IGNORE).nonzero().squeeze(1)
+        rows = keep // labels.shape[1]
         if self.replay_only:
-            replay = batch.get("replay")  # (rows, tokens), as the labels
+            replay = batch.get("replay")
             if replay is None or not bool(replay.any()):
                 return None
-            chosen = replay.flatten()[keep].nonzero().squeeze(1)
+            chosen = replay[rows].nonzero().squeeze(1)
             if not len(chosen):
                 return None
         else:
