@@ -265,10 +265,10 @@ class TrainLoopConfig(Section):
     distill_weight: float = Field(default=0.0, ge=0)
     """Distillation toward the start (learning without forgetting): adds this weight times the
     KL divergence from the frozen starting model's token distributions to the model's, at the
-    labelled positions of the replay clips (``data.replay``; in a packed window, the replay
-    clips' own tokens; every position without it); 0: off. Holds a frozen copy of the starting
-    model and runs its forward on each micro-batch that holds such positions (a forward of
-    the batch more, no backward, and the model's memory again)."""
+    labelled positions of the replay rows (``data.replay``; a packed window that holds a replay
+    clip, whole; every row without it); 0: off. Holds a frozen copy of the starting model and
+    runs its forward on those rows every micro-batch (a forward of them, no backward, and the
+    model's memory again)."""
     distributed: Literal["ddp", "fsdp"] = "ddp"
     """How several processes (``torchrun``, ``accelerate launch``) share the training. ``ddp``:
     each holds all the weights, gradients and optimizer states. ``fsdp``: they are sharded
