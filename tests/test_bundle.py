@@ -407,6 +407,31 @@ def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):
     }
 
 
+def test_a_recording_whose_language_is_detected_is_not_encoded_twice(bundle, validation):
+    from asrforge.model.silence import segment
+
+    waves = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(4))]
+    recordings = [*waves, np.concatenate(waves)]
+    pieces = [w[a:b] for w in recordings for a, b in segment(w, 16_000, bundle.window_seconds)]
+    firsts = [w[slice(*segment(w, 16_000, bundle.window_seconds)[0])] for w in recordings]
+    # the pieces that are no window detection read (the same samples are encoded once)
+    fresh = [p for p in pieces if not any(np.array_equal(p, f) for f in firsts)]
+    rows = []
+    hook = bundle.model.model.encoder.register_forward_hook(
+        lambda _m, args, _out: rows.append(len(args[0]))
+    )
+    try:
+        detected = bundle.recognize(recordings, batch_size=2, vad=False)
+    finally:
+        hook.remove()
+    # detection encodes each recording's first window, and decoding only the others
+    assert sum(rows) == len(recordings) + len(fresh) < len(recordings) + len(pieces)
+    assert {t.language for t in detected} <= {"en", "es"}
+    assert [t.language for t in detected] == [bundle.detect_language(w) for w in recordings]
+    given = bundle.recognize(recordings, [t.language for t in detected], batch_size=1, vad=False)
+    assert [t.text for t in given] == [t.text for t in detected]
+
+
 def test_transcribe_cli_json_and_errors(bundle_dir, validation, tmp_path, capsys) -> None:
     paths = []
     for i, rate in enumerate((16_000, 22_050)):

@@ -20,7 +20,7 @@ from asrforge.model.alignment import Word, add_word_timestamps
 from asrforge.model.decoding import DecodeOptions
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
-from asrforge.model.longform import Segment, choose_chunking, transcribe_long
+from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
 from asrforge.model.vad import speech_chunks, vad_available
@@ -160,12 +160,13 @@ class Bundle:
                     f"{', '.join(sorted(self._language_ids()))}"
                 )
             return code
-        if not self.specials.multilingual:
-            return "en"
-        ids = self._language_ids()
-        if len(ids) == 1:
-            return next(iter(ids))
+        if not self._detects():
+            return "en" if not self.specials.multilingual else next(iter(self._language_ids()))
         return self.detect_language(audio)
+
+    def _detects(self) -> bool:
+        """Whether a recording without a language gets it detected (more than one to choose)."""
+        return self.specials.multilingual and len(self._language_ids()) > 1
 
     def _language_ids(self) -> dict[str, int]:
         langs = self.config.languages or list(self.specials.languages)
@@ -175,15 +176,32 @@ class Bundle:
     def detect_language(self, audio: Audio) -> str:
         """The most likely of the bundle's languages for the first window of ``audio`` (the
         decoder's distribution after ``<|startoftranscript|>``, as Whisper detects)."""
-        wave = self.load_audio(audio)
-        first = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
-        enc = self._encode([wave[first[0] : first[1]]])
-        sot = torch.tensor([[self.specials.sot]], device=self.device)
-        h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
-        logits = self.model.proj_out(h[:, -1])[0]
+        return self._detect([self.load_audio(audio)], batch_size=1)[0]
+
+    @torch.no_grad()
+    def _detect(
+        self, waves: Sequence[np.ndarray], *, batch_size: int, keep: EncodedWindows | None = None
+    ) -> list[str]:
+        """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
+        time; each window's encoder output goes into ``keep``, for decoding to reuse."""
         ids = self._language_ids()
         codes = list(ids)
-        return codes[int(logits[[ids[c] for c in codes]].argmax())]
+        columns = torch.tensor([ids[c] for c in codes], device=self.device)
+        out = []
+        for k in range(0, len(waves), batch_size):
+            windows = []
+            for wave in waves[k : k + batch_size]:
+                start, end = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
+                windows.append(wave[start:end])
+            enc = self._encode(windows)
+            sot = torch.full((len(windows), 1), self.specials.sot, device=self.device)
+            h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc)
+            logits = self.model.proj_out(h.last_hidden_state[:, -1])
+            out += [codes[int(i)] for i in logits[:, columns].argmax(-1)]
+            if keep is not None:
+                for window, encoded in zip(windows, enc, strict=True):
+                    keep.add(window, encoded)
+        return out
 
     # -- transcription ------------------------------------------------------------------------
     def transcribe(
@@ -350,7 +368,7 @@ class Bundle:
         if len(langs) != len(audios):
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         cap = max_new_tokens or self.config.eval.max_new_tokens
-        waves, codes, prompts = [], [], []
+        waves, given = [], []
         # A None entry is decoded below, in this order.
         out: list[Transcript | None] = []
         for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
@@ -361,11 +379,18 @@ class Bundle:
                 log.warning("%s: %s; not transcribed (empty text)", name, problem)
                 out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, [], mode))
                 continue
-            code = self.resolve_language(wave, lang)
             waves.append(wave)
-            codes.append(code)
-            prompts.append(self.specials.prompt(code, self.config.data.task))
+            given.append(lang)
             out.append(None)
+        codes = [None if lang is None and self._detects() else self.resolve_language(w, lang)
+                 for w, lang in zip(waves, given, strict=True)]  # fmt: skip
+        # Detected in batches; the windows detected from are decoded from the same encoding.
+        encoded = EncodedWindows()
+        unknown = [j for j, code in enumerate(codes) if code is None]
+        detected = self._detect([waves[j] for j in unknown], batch_size=batch_size, keep=encoded)
+        for j, code in zip(unknown, detected, strict=True):
+            codes[j] = code
+        prompts = [self.specials.prompt(code, self.config.data.task) for code in codes]
         by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
         speech = [
             speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [(0, wave.shape[0])]
@@ -391,6 +416,7 @@ class Bundle:
                     fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
                 ),
                 speech=speech,
+                encoded=encoded,
             )
             if waves
             else []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -186,6 +187,26 @@ def transcribe_by_silence(
     return out
 
 
+class EncodedWindows:
+    """Encoder outputs already computed for windows, keyed by the windows' samples: a window
+    whose language was detected from it is not encoded again to be decoded."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[int, bytes], torch.Tensor] = {}
+
+    @staticmethod
+    def _key(window: np.ndarray) -> tuple[int, bytes]:
+        data = np.ascontiguousarray(window, dtype=np.float32).tobytes()
+        return window.shape[0], hashlib.blake2b(data, digest_size=16).digest()
+
+    def add(self, window: np.ndarray, encoded: torch.Tensor) -> None:
+        """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``."""
+        self._by_key[self._key(window)] = encoded
+
+    def get(self, window: np.ndarray) -> torch.Tensor | None:
+        return self._by_key.get(self._key(window)) if self._by_key else None
+
+
 @torch.no_grad()
 def decode_windows(
     model,
@@ -201,6 +222,7 @@ def decode_windows(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     sample_rate: int = SAMPLE_RATE,
     decode_text: Callable[[list[int]], str] | None = None,
+    encoded: EncodedWindows | None = None,
 ) -> list[list[int]]:
     """Decode windows (each at most one encoder window long), batched among windows of equal
     prompts -> the ids each generated (no prompt, no EOT).
@@ -213,6 +235,7 @@ def decode_windows(
             else beam search when :attr:`~DecodeOptions.searches_beams`, else greedy decoding.
             Its ``rules`` (e.g. ``TimestampRules``) apply to every beam.
         autocast: a context manager factory for the forward passes (the training loop's).
+        encoded: windows encoded before (by language detection): not encoded again.
     """
     if options.fallback is not None and decode_text is None:
         raise ValueError("fallback needs decode_text")
@@ -223,15 +246,20 @@ def decode_windows(
     for prompt, idx in by_prompt.items():
         for k in range(0, len(idx), batch_size):
             chunk = idx[k : k + batch_size]
+            known = [None if encoded is None else encoded.get(windows[j]) for j in chunk]
             feats = [
                 extractor(
                     windows[j], sampling_rate=sample_rate, return_tensors="np"
                 ).input_features[0]
-                for j in chunk
+                for j, e in zip(chunk, known, strict=True)
+                if e is None
             ]
-            x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
             with autocast() if autocast is not None else contextlib.nullcontext():
-                enc = model.model.encoder(x).last_hidden_state
+                fresh = iter(())
+                if feats:
+                    x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
+                    fresh = iter(model.model.encoder(x).last_hidden_state)
+                enc = torch.stack([next(fresh) if e is None else e for e in known])
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
                 if options.fallback is not None:
                     hyps, _temps = decode_with_fallback(
@@ -287,6 +315,7 @@ def transcribe_long(
     sample_rate: int = SAMPLE_RATE,
     options: DecodeOptions = DecodeOptions(),
     speech: Sequence[Sequence[tuple[int, int]]] | None = None,
+    encoded: EncodedWindows | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -304,6 +333,7 @@ def transcribe_long(
             most one window: :func:`asrforge.model.vad.speech_chunks`); all chunks of all
             recordings are decoded together, as recordings of their own, and their segments
             moved back to the recording's clock. None: the whole of each recording.
+        encoded: windows encoded before (by language detection), not encoded again.
     """
     if speech is not None:
         pieces = [(i, a, b) for i, chunks in enumerate(speech) for a, b in chunks]
@@ -312,7 +342,7 @@ def transcribe_long(
             [prompts[i] for i, _, _ in pieces], chunking=chunking, no_timestamps=no_timestamps,
             eot=eot, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
             autocast=autocast, condition_on_previous_text=condition_on_previous_text,
-            sample_rate=sample_rate, options=options,
+            sample_rate=sample_rate, options=options, encoded=encoded,
         )  # fmt: skip
         out: list[list[Segment]] = [[] for _ in waves]
         for (i, a, _), segments in zip(pieces, decoded, strict=True):
@@ -338,6 +368,7 @@ def transcribe_long(
                 autocast=autocast,
                 sample_rate=sample_rate,
                 decode_text=text,
+                encoded=encoded,
             )
 
         return decode
