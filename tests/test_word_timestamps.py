@@ -20,8 +20,10 @@ from asrforge.model.alignment import (
     Word,
     add_word_timestamps,
     alignment_heads,
+    cut_at_sentence_ends,
     dtw,
     median_filter,
+    median_word,
     merge_punctuation,
     speech_onset,
     split_words,
@@ -96,7 +98,7 @@ def test_words_start_at_a_space_and_keep_a_split_character_whole() -> None:
 
 
 @pytest.mark.fast
-def test_punctuation_joins_its_word_with_its_time() -> None:
+def test_punctuation_joins_its_word_which_keeps_its_own_time() -> None:
     words = [
         Word(" We", 0.0, 0.4, 0.9, (1,)),
         Word(" (", 0.4, 0.5, 0.5, (5,)),
@@ -106,8 +108,37 @@ def test_punctuation_joins_its_word_with_its_time() -> None:
     ]
     merged = merge_punctuation(words)
     assert [w.word for w in merged] == [" We", " (hi)."]
-    assert (merged[1].start, merged[1].end, merged[1].tokens) == (0.4, 1.0, (5, 6, 7, 4))
+    assert (merged[1].start, merged[1].end, merged[1].tokens) == (0.5, 0.8, (5, 6, 7, 4))
     assert merged[1].probability == pytest.approx((0.5 + 0.7 + 0.1 + 0.3) / 4)
+
+
+@pytest.mark.fast
+def test_a_sentence_end_stretched_over_a_pause_is_cut_before_it_joins_its_word() -> None:
+    """DTW gives the full stop the pause after it, and the word after the pause the pause
+    before it: each is cut to twice the window's median word (openai-whisper's order: cut,
+    then merge), so "noon." ends where "noon" does and "Then" starts near where it is said."""
+    words = [
+        Word(" We", 0.0, 0.3, 0.9),
+        Word(" meet", 0.3, 0.6, 0.9),
+        Word(" at", 0.6, 0.8, 0.9),
+        Word(" noon", 0.8, 1.1, 0.9),
+        Word(".", 1.1, 2.9, 0.9),
+        Word(" Then", 2.9, 4.0, 0.9),
+        Word(" go", 4.0, 4.3, 0.9),
+    ]
+    median = median_word(words)
+    assert median == pytest.approx(0.3)
+    cut_at_sentence_ends(words, 2 * median)
+    assert words[4].end == pytest.approx(1.1 + 0.6) and words[5].start == pytest.approx(4.0 - 0.6)
+    merged = merge_punctuation(words)
+    assert [(w.word, w.start, w.end) for w in merged[3:5]] == [
+        (" noon.", 0.8, 1.1),
+        (" Then", pytest.approx(3.4), 4.0),
+    ]
+    # words of ordinary length are left alone
+    same = [Word(" a", 0.0, 0.3, 0.9), Word(".", 0.3, 0.5, 0.9), Word(" b", 0.5, 0.9, 0.9)]
+    cut_at_sentence_ends(same, 0.6)
+    assert [(w.start, w.end) for w in same] == [(0.0, 0.3), (0.3, 0.5), (0.5, 0.9)]
 
 
 @pytest.mark.fast
@@ -133,12 +164,12 @@ def test_a_first_word_stretched_over_a_pause_starts_where_it_is_spoken() -> None
         Word(" at", 3.1, 3.3, 0.9),
         Word(" noon.", 3.3, 3.6, 0.9),
     ]
-    end = tidy_long_words(words, 0.0, 3.6, last_speech=0.0)
+    end = tidy_long_words(words, 0.0, 3.6, last_speech=0.0, median=median_word(words))
     assert words[0].start == pytest.approx(2.8 - 2 * 0.3) and words[0].end == 2.8
     assert [w.start for w in words[1:]] == [2.8, 3.1, 3.3] and end == 3.6
     # right after speech (no pause) the same word is left alone
     words = [Word(" We", 0.0, 2.8, 0.9), Word(" meet", 2.8, 3.1, 0.9), Word(" at", 3.1, 3.3, 0.9)]
-    tidy_long_words(words, 0.0, 3.3, last_speech=2.0)
+    tidy_long_words(words, 0.0, 3.3, last_speech=2.0, median=median_word(words))
     assert words[0].start == 0.0
 
 

@@ -17,8 +17,10 @@ For one window of audio (at most the encoder's window) and the text tokens decod
   ``<|notimestamps|>``, and its first word then starts at the window's first frame);
 * tokens are grouped into words (a token starting with a space, punctuation or a special token
   starts a new one; per character for languages written without spaces), each word starting
-  at its first token's start and ending at the next word's start; punctuation is merged into
-  the neighbouring word; a word's probability is the mean of its tokens' probabilities.
+  at its first token's start and ending at the next word's start; a word longer than twice
+  the window's median word next to a sentence end is cut to that length; punctuation is then
+  merged into the neighbouring word, which keeps its own times; a word's probability is the
+  mean of its tokens' probabilities.
 
 The heads are the generation config's ``alignment_heads`` (openai-whisper's, which the
 pretrained models ship); a model without them (built from scratch, or its heads lost) uses
@@ -181,7 +183,8 @@ def split_words(
 
 def merge_punctuation(words: list[Word]) -> list[Word]:
     """Join punctuation to its word: opening marks to the word after, closing marks to the word
-    before (openai-whisper's ``merge_punctuations``); the mark's time goes with it."""
+    before (openai-whisper's ``merge_punctuations``); the word keeps its own times, so a full
+    stop the alignment stretched over the pause after it does not stretch its word."""
     out = list(words)
     # opening marks, from the end so that a mark joins the word after it
     i = len(out) - 2
@@ -189,7 +192,7 @@ def merge_punctuation(words: list[Word]) -> list[Word]:
         prev, nxt = out[i], out[i + 1]
         if prev.word.startswith(" ") and prev.word.strip() in PREPENDED_PUNCTUATION:
             out[i + 1] = Word(
-                prev.word + nxt.word, prev.start, nxt.end, _mean_probability(prev, nxt),
+                prev.word + nxt.word, nxt.start, nxt.end, _mean_probability(prev, nxt),
                 prev.tokens + nxt.tokens,
             )  # fmt: skip
             del out[i]
@@ -199,13 +202,34 @@ def merge_punctuation(words: list[Word]) -> list[Word]:
         prev, nxt = out[i], out[i + 1]
         if not prev.word.endswith(" ") and nxt.word in APPENDED_PUNCTUATION:
             out[i] = Word(
-                prev.word + nxt.word, prev.start, nxt.end, _mean_probability(prev, nxt),
+                prev.word + nxt.word, prev.start, prev.end, _mean_probability(prev, nxt),
                 prev.tokens + nxt.tokens,
             )  # fmt: skip
             del out[i + 1]
         else:
             i += 1
     return out
+
+
+def median_word(words: Sequence[Word]) -> float:
+    """The median length of the words that have one, at most 0.7 s (openai-whisper's measure
+    of a window's words, which its corrections of long words are relative to); 0 for none."""
+    durations = np.array([w.end - w.start for w in words])
+    durations = durations[durations.nonzero()]
+    return min(0.7, float(np.median(durations))) if len(durations) else 0.0
+
+
+def cut_at_sentence_ends(words: list[Word], longest: float) -> None:
+    """A word longer than ``longest`` next to a sentence end, as DTW stretches one over the
+    pause there, cut to that length: a full stop from its start, the word after it from its
+    end (in place, on the window's words before punctuation is merged)."""
+    for i in range(1, len(words)):
+        w = words[i]
+        if w.end - w.start > longest:
+            if w.word.strip() in SENTENCE_END:
+                w.end = w.start + longest
+            elif words[i - 1].word.strip() in SENTENCE_END:
+                w.start = w.end - longest
 
 
 def _mean_probability(a: Word, b: Word) -> float:
@@ -308,7 +332,7 @@ def align_words(
     specials: frozenset[int],
     heads: Sequence[tuple[int, int]],
     unspaced: bool = False,
-) -> list[Word]:
+) -> tuple[list[Word], float]:
     """The words of one window and their times in it (see the module docstring).
 
     Args:
@@ -319,11 +343,12 @@ def align_words(
             padding and left out).
 
     Returns:
-        Words with times in seconds from the window's start, punctuation merged.
+        Words with times in seconds from the window's start, long words at sentence ends cut
+        and punctuation merged, and :func:`median_word` of the window's words.
     """
     text_tokens = list(text_tokens)
     if not text_tokens:
-        return []
+        return [], 0.0
     device = encoder_out.device
     ids = torch.tensor([[*prompt, *text_tokens, eot]], device=device)
     logits, qk = cross_attention(model, encoder_out, ids, heads)
@@ -340,20 +365,27 @@ def align_words(
                  tuple(toks))
         )  # fmt: skip
         k = b
-    return merge_punctuation(words)
+    median = median_word(words)
+    if median > 0:
+        cut_at_sentence_ends(words, 2 * median)
+    return merge_punctuation(words), median
 
 
 def tidy_long_words(
-    words: list[Word], segment_start: float, segment_end: float, last_speech: float = 0.0
+    words: list[Word],
+    segment_start: float,
+    segment_end: float,
+    last_speech: float = 0.0,
+    *,
+    median: float,
 ) -> float:
-    """openai-whisper's corrections of words DTW stretched over a pause, in its order: a word
-    longer than twice the median word (at most 1.4 s) next to a sentence end is cut to that
-    length; the first word, when it ends more than four median words after the last speech
-    before it and it (or it and the next) is that long, is cut to that length, the pause going
-    before it; the first and last words are held to the segment's own timestamps when they run
-    past them by more than 0.5 s.
+    """openai-whisper's corrections of a segment's first and last words, in its order: the
+    first word, when it ends more than four median words after the last speech before it and
+    it (or it and the next) is longer than twice the median word, is cut to that length, the
+    pause going before it; the first and last words are held to the segment's own timestamps
+    when they run past them by more than 0.5 s.
 
-    The path of the alignment starts at the window's first frame, so without the second rule the
+    The path of the alignment starts at the window's first frame, so without the first rule the
     first word of a recording that opens with silence starts at 0 s.
 
     Args:
@@ -362,6 +394,7 @@ def tidy_long_words(
         segment_start, segment_end: the segment's times, same clock.
         last_speech: where the speech before this segment ended (the previous segment's
             return value; 0 for a recording's first).
+        median: :func:`median_word` of the window the segment was aligned in.
 
     Returns:
         Where this segment's speech ends: its last word's end (``last_speech`` when it has no
@@ -369,18 +402,7 @@ def tidy_long_words(
     """
     if not words:
         return last_speech
-    durations = np.array([w.end - w.start for w in words])
-    durations = durations[durations.nonzero()]
-    median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
     longest = median * 2
-    if len(durations):
-        for i in range(1, len(words)):
-            w = words[i]
-            if w.end - w.start > longest:
-                if w.word.strip() in SENTENCE_END:
-                    w.end = w.start + longest
-                elif words[i - 1].word.strip()[-1:] in SENTENCE_END:
-                    w.start = w.end - longest
     first, last = words[0], words[-1]
     second = words[1] if len(words) > 1 else None
     after_pause = median > 0 and first.end - last_speech > median * 4
@@ -439,7 +461,7 @@ def add_word_timestamps(
             x = torch.from_numpy(feats.input_features.astype(np.float32)).to(device)
             encoder_out = model.model.encoder(x).last_hidden_state
             texts = [[t for t in s.tokens if t not in non_text] for s in group]
-            words = align_words(
+            words, median = align_words(
                 model,
                 encoder_out,
                 prompt,
@@ -463,7 +485,7 @@ def add_word_timestamps(
                 )
                 k += len(w.tokens)
             for s in group:
-                last_speech = tidy_long_words(s.words, s.start, s.end, last_speech)
+                last_speech = tidy_long_words(s.words, s.start, s.end, last_speech, median=median)
 
 
 HEAD_ERROR_LIMIT = 0.2
