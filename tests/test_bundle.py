@@ -412,10 +412,10 @@ def test_a_recording_whose_language_is_detected_is_not_encoded_twice(bundle, val
 
     waves = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(4))]
     recordings = [*waves, np.concatenate(waves)]
-    pieces = [w[a:b] for w in recordings for a, b in segment(w, 16_000, bundle.window_seconds)]
-    firsts = [w[slice(*segment(w, 16_000, bundle.window_seconds)[0])] for w in recordings]
-    # the pieces that are no window detection read (the same samples are encoded once)
-    fresh = [p for p in pieces if not any(np.array_equal(p, f) for f in firsts)]
+    pieces = sum(len(segment(w, 16_000, bundle.window_seconds)) for w in recordings)
+    # decoding starts from the window detection read in a recording of one window only
+    one_window = sum(w.shape[0] <= bundle.window_seconds * 16_000 for w in waves)
+    assert one_window == len(waves) and len(segment(recordings[-1], 16_000, 2.0)) > 1
     rows = []
     hook = bundle.model.model.encoder.register_forward_hook(
         lambda _m, args, _out: rows.append(len(args[0]))
@@ -424,12 +424,40 @@ def test_a_recording_whose_language_is_detected_is_not_encoded_twice(bundle, val
         detected = bundle.recognize(recordings, batch_size=2, vad=False)
     finally:
         hook.remove()
-    # detection encodes each recording's first window, and decoding only the others
-    assert sum(rows) == len(recordings) + len(fresh) < len(recordings) + len(pieces)
+    # detection encodes each recording's first window, and decoding all windows but those
+    assert sum(rows) == len(recordings) + pieces - one_window
     assert {t.language for t in detected} <= {"en", "es"}
     assert [t.language for t in detected] == [bundle.detect_language(w) for w in recordings]
     given = bundle.recognize(recordings, [t.language for t in detected], batch_size=1, vad=False)
     assert [t.text for t in given] == [t.text for t in detected]
+
+
+def test_decoding_takes_a_kept_encoding_in_its_windows_place(bundle, validation, monkeypatch):
+    from asrforge.model import longform
+
+    windows = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(3))]
+    fresh = bundle._encode(windows)
+    kept = torch.full_like(fresh[1], 0.5)  # unlike any encoding: its place in the batch shows
+    memo = longform.EncodedWindows()
+    memo.add(windows[1], kept)
+    seen = []
+
+    def greedy(model, enc, ids, eot, cap, options):
+        seen.append(enc)
+        return [[] for _ in range(len(enc))], None
+
+    monkeypatch.setattr(longform, "greedy_decode", greedy)
+    prompt = bundle.specials.prompt("en")
+    args = dict(eot=bundle.specials.eot, max_new_tokens=4, batch_size=3)
+    longform.decode_windows(bundle.model, bundle.features, windows, [prompt] * 3, **args,
+                            encoded=memo)  # fmt: skip
+    [enc] = seen
+    assert torch.equal(enc[1], kept)
+    torch.testing.assert_close(enc[[0, 2]], fresh[[0, 2]])
+    # handed out once: the same window decoded again is encoded afresh
+    longform.decode_windows(bundle.model, bundle.features, windows[1:2], [prompt], **args,
+                            encoded=memo)  # fmt: skip
+    torch.testing.assert_close(seen[1][0], fresh[1])
 
 
 def test_transcribe_cli_json_and_errors(bundle_dir, validation, tmp_path, capsys) -> None:

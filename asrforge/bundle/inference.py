@@ -28,6 +28,9 @@ from asrforge.text import languages
 
 log = logging.getLogger(__name__)
 
+DETECTED_TOGETHER = 4
+"""Batches of recordings whose languages are detected before any of them is decoded."""
+
 
 Audio = str | Path | bytes | np.ndarray
 
@@ -148,6 +151,12 @@ class Bundle:
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
         """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
         language, or the one detected among the bundle's languages."""
+        code = self._language_unheard(language)
+        return code if code is not None else self.detect_language(audio)
+
+    def _language_unheard(self, language: str | None) -> str | None:
+        """:meth:`resolve_language` where the audio is not needed: ``language`` checked, or the
+        bundle's only language; None when it is to be detected."""
         if language is not None:  # a code, name or locale ("de", "German", "de-AT")
             code = languages.resolve_language(language, strict=False).strip().lower()
             if not self.specials.multilingual:
@@ -160,13 +169,12 @@ class Bundle:
                     f"{', '.join(sorted(self._language_ids()))}"
                 )
             return code
-        if not self._detects():
-            return "en" if not self.specials.multilingual else next(iter(self._language_ids()))
-        return self.detect_language(audio)
-
-    def _detects(self) -> bool:
-        """Whether a recording without a language gets it detected (more than one to choose)."""
-        return self.specials.multilingual and len(self._language_ids()) > 1
+        if not self.specials.multilingual:
+            return "en"
+        ids = self._language_ids()
+        if not ids:
+            raise UserError("this bundle's config names no language its tokenizer has a token for")
+        return next(iter(ids)) if len(ids) == 1 else None
 
     def _language_ids(self) -> dict[str, int]:
         langs = self.config.languages or list(self.specials.languages)
@@ -180,10 +188,16 @@ class Bundle:
 
     @torch.no_grad()
     def _detect(
-        self, waves: Sequence[np.ndarray], *, batch_size: int, keep: EncodedWindows | None = None
+        self,
+        waves: Sequence[np.ndarray],
+        *,
+        batch_size: int,
+        keep: EncodedWindows | None = None,
+        reused: Sequence[bool] = (),
     ) -> list[str]:
         """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
-        time; each window's encoder output goes into ``keep``, for decoding to reuse."""
+        time; the encoder output of the windows ``reused`` marks goes into ``keep``, for
+        decoding to start from."""
         ids = self._language_ids()
         codes = list(ids)
         columns = torch.tensor([ids[c] for c in codes], device=self.device)
@@ -198,8 +212,8 @@ class Bundle:
             h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc)
             logits = self.model.proj_out(h.last_hidden_state[:, -1])
             out += [codes[int(i)] for i in logits[:, columns].argmax(-1)]
-            if keep is not None:
-                for window, encoded in zip(windows, enc, strict=True):
+            for i, (window, encoded) in enumerate(zip(windows, enc, strict=True)):
+                if keep is not None and k + i < len(reused) and reused[k + i]:
                     keep.add(window, encoded)
         return out
 
@@ -382,27 +396,39 @@ class Bundle:
             waves.append(wave)
             given.append(lang)
             out.append(None)
-        codes = [None if lang is None and self._detects() else self.resolve_language(w, lang)
-                 for w, lang in zip(waves, given, strict=True)]  # fmt: skip
-        # Detected in batches; the windows detected from are decoded from the same encoding.
-        encoded = EncodedWindows()
-        unknown = [j for j, code in enumerate(codes) if code is None]
-        detected = self._detect([waves[j] for j in unknown], batch_size=batch_size, keep=encoded)
-        for j, code in zip(unknown, detected, strict=True):
-            codes[j] = code
-        prompts = [self.specials.prompt(code, self.config.data.task) for code in codes]
+        codes = [self._language_unheard(lang) for lang in given]
         by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
         speech = [
             speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [(0, wave.shape[0])]
             for wave, use in zip(waves, by_vad, strict=True)
         ]
-        segments = (
-            transcribe_long(
+        options = DecodeOptions(
+            beam_size=beam_size,
+            fallback=Fallback() if temperature_fallback else None,
+            fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+        )
+        segments: list[list[Segment]] = []
+        # A group's languages are detected together, from windows whose encoder output its
+        # decoding then reuses; groups bound how many such encodings are held at once.
+        group = DETECTED_TOGETHER * batch_size
+        for g in range(0, len(waves), group):
+            part = range(g, min(g + group, len(waves)))
+            encoded = EncodedWindows()
+            unknown = [j for j in part if codes[j] is None]
+            # Decoding starts from the window detection reads only in a recording of one window.
+            window = round(self.window_seconds * SAMPLE_RATE)
+            reused = [not by_vad[j] and waves[j].shape[0] <= window for j in unknown]
+            detected = self._detect(
+                [waves[j] for j in unknown], batch_size=batch_size, keep=encoded, reused=reused
+            )
+            for j, code in zip(unknown, detected, strict=True):
+                codes[j] = code
+            segments += transcribe_long(
                 self.model,
                 self.tokenizer,
                 self.features,
-                waves,
-                prompts,
+                [waves[j] for j in part],
+                [self.specials.prompt(codes[j], self.config.data.task) for j in part],
                 chunking=mode,
                 no_timestamps=self.specials.no_timestamps,
                 eot=self.specials.eot,
@@ -410,17 +436,11 @@ class Bundle:
                 batch_size=batch_size,
                 device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
-                options=DecodeOptions(
-                    beam_size=beam_size,
-                    fallback=Fallback() if temperature_fallback else None,
-                    fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
-                ),
-                speech=speech,
+                options=options,
+                speech=[speech[j] for j in part],
                 encoded=encoded,
             )
-            if waves
-            else []
-        )
+        prompts = [self.specials.prompt(code, self.config.data.task) for code in codes]
         if word_timestamps and waves:
             add_word_timestamps(
                 self.model,

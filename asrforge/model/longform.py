@@ -189,7 +189,8 @@ def transcribe_by_silence(
 
 class EncodedWindows:
     """Encoder outputs already computed for windows, keyed by the windows' samples: a window
-    whose language was detected from it is not encoded again to be decoded."""
+    whose language was detected from it is not encoded again to be decoded. Each is handed out
+    once and then dropped; one lives for one decoding call."""
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[int, bytes], torch.Tensor] = {}
@@ -203,8 +204,9 @@ class EncodedWindows:
         """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``."""
         self._by_key[self._key(window)] = encoded
 
-    def get(self, window: np.ndarray) -> torch.Tensor | None:
-        return self._by_key.get(self._key(window)) if self._by_key else None
+    def take(self, window: np.ndarray) -> torch.Tensor | None:
+        """The encoder output kept for ``window``'s samples (no longer kept), or None."""
+        return self._by_key.pop(self._key(window), None) if self._by_key else None
 
 
 @torch.no_grad()
@@ -246,7 +248,7 @@ def decode_windows(
     for prompt, idx in by_prompt.items():
         for k in range(0, len(idx), batch_size):
             chunk = idx[k : k + batch_size]
-            known = [None if encoded is None else encoded.get(windows[j]) for j in chunk]
+            known = [None if encoded is None else encoded.take(windows[j]) for j in chunk]
             feats = [
                 extractor(
                     windows[j], sampling_rate=sample_rate, return_tensors="np"
