@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asrforge.data.dataset import IGNORE
+from asrforge.train.forward import rows_holding
 
 
 class StartingModel:
@@ -87,26 +88,9 @@ class StartingModel:
             chosen = torch.arange(len(keep))
         device = student_logits.device
         chosen = chosen.to(device, non_blocking=True)
-        rows, at = _rows_of(batch, positions[chosen], labels.shape[1])
+        rows, at = rows_holding(batch, positions[chosen], labels.shape[1])
         with torch.no_grad():
             teacher = self.teacher(rows, at).float().log_softmax(-1)
         student = student_logits[chosen].float().log_softmax(-1)
         kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
         return self.distill_weight * kl
-
-
-# What the teacher's forward reads of a batch, row by row.
-_ROW_INPUTS = ("decoder_input_ids", "input_features", "encoder_hidden_states")
-
-
-def _rows_of(batch: dict, positions: torch.Tensor, width: int) -> tuple[dict, torch.Tensor]:
-    """The rows of ``batch`` that hold ``positions`` (flattened over rows of ``width`` tokens)
-    and those positions within them: the teacher's forward runs on these rows only."""
-    row, slot = torch.unique(positions // width, return_inverse=True)
-    if len(row) == len(batch["decoder_input_ids"]):
-        return batch, positions
-    rows = {**batch}
-    for key in _ROW_INPUTS:
-        if key in batch:
-            rows[key] = batch[key][row.to(batch[key].device)]
-    return rows, slot * width + positions % width

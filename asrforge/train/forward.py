@@ -30,6 +30,23 @@ def labelled_positions(
     return keep.to(device, non_blocking=True), flat[keep].to(device, non_blocking=True)
 
 
+# What TrainingWhisper.forward reads of a batch that has one entry per row.
+ROW_INPUTS = ("decoder_input_ids", "input_features", "encoder_hidden_states")
+
+
+def rows_holding(batch: dict, positions: torch.Tensor, width: int) -> tuple[dict, torch.Tensor]:
+    """The rows of ``batch`` that hold ``positions`` (flattened over rows of ``width`` tokens),
+    as a batch :meth:`TrainingWhisper.forward` takes, and those positions within them."""
+    row, slot = torch.unique(positions // width, return_inverse=True)
+    if len(row) == len(batch["decoder_input_ids"]):
+        return batch, positions
+    rows = {**batch}
+    for key in ROW_INPUTS:
+        if key in batch:
+            rows[key] = batch[key][row.to(batch[key].device)]
+    return rows, slot * width + positions % width
+
+
 WHISPER_PREFIX = "whisper."
 """The Whisper model's parameter names start with this in :class:`TrainingWhisper`'s."""
 
