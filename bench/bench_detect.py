@@ -60,7 +60,8 @@ def timed(fn):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print the rows and the RESULT line; return the wall seconds."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_session_args(p)
     p.add_argument("--clips", type=int, default=40)
@@ -68,7 +69,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--model", type=Path, default=ROOT / "data/generated/models/whisper-base")
     p.add_argument("--quick", action="store_true", help="5 clips")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     n = 5 if args.quick else args.clips
     asterisk.require(list(asterisk.VOICES))
     if not args.model.is_dir():
@@ -76,6 +77,7 @@ def main() -> None:
             f"{args.model}: no such model: run `asrforge demo --multilingual` once, or --model"
         )
 
+    # imported once the inputs are checked: a missing package or model fails in a second
     import torch
     from transformers import WhisperForConditionalGeneration
 
@@ -99,17 +101,21 @@ def main() -> None:
             return bundle.recognize(waves, langs, batch_size=batch, max_new_tokens=cap, vad=False)
 
         @torch.no_grad()
-        def theirs():
+        def theirs_on(clips):
             out = []
-            for k in range(0, n, batch):
-                feats = bundle.features(waves[k : k + batch], sampling_rate=SAMPLE_RATE,
+            for k in range(0, len(clips), batch):
+                feats = bundle.features(clips[k : k + batch], sampling_rate=SAMPLE_RATE,
                                         return_tensors="pt").input_features  # fmt: skip
                 ids = hf.generate(feats, task="transcribe", max_new_tokens=cap,
                                   return_timestamps=False)  # fmt: skip
                 out += bundle.tokenizer.batch_decode(ids, skip_special_tokens=True)
             return out
 
-        ours()  # warm-up: the first call pays for allocations and lazy imports
+        def theirs():
+            return theirs_on(waves)
+
+        # warm-up: each side's first call pays for allocations and lazy imports
+        ours(), theirs_on(waves[:1])
         rows = {}
         for name, fn in (("recognize", ours), ("detect, then decode", twice), ("generate", theirs)):
             result, wall, cpu = timed(fn)
@@ -132,6 +138,7 @@ def main() -> None:
               f"{w['generate'] / w['recognize']:.2f}x generate")  # fmt: skip
         print(f"RESULT detect seconds recognize={w['recognize']:.2f} "
               f"twice={w['detect, then decode']:.2f} generate={w['generate']:.2f}")  # fmt: skip
+        return w
 
 
 if __name__ == "__main__":
