@@ -119,7 +119,8 @@ def base_runs(args, names: list[str]) -> list[dict]:
             f"output_dir={args.out / f'run-{name}'}", f"train.max_steps={args.steps}",
             f"eval.eval_steps={args.steps}", f"eval.at_start={str(start is None).lower()}",
             *([] if on.get("distill") else ["train.distill_weight=0"]),
-            *([] if on.get("l2sp") else ["optim.l2sp=0"]),
+            *(([] if args.l2sp is None else [f"optim.l2sp={args.l2sp}"]) if on.get("l2sp")
+              else ["optim.l2sp=0"]),
             *([] if on.get("replay") else ["data.replay=null"]),
         ]  # fmt: skip
         clock = StepClock()
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--steps", type=int, default=60, help="steps teaching Spanish, every run")
     p.add_argument("--share", type=float, default=0.3, help="data.replay.share")
     p.add_argument("--distill", type=float, default=1.0, help="train.distill_weight")
-    p.add_argument("--l2sp", type=float, default=10.0, help="optim.l2sp")
+    p.add_argument("--l2sp", type=float, default=None,
+                   help="optim.l2sp (default 10; with --base, the demo config's)")  # fmt: skip
     p.add_argument("--only", default=None, help="comma-separated option names to run")
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only else list(OPTIONS)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cfg = config(
             root / f"run-{name}", root / "es", args.steps, 1e-3,
             model={"pretrained": str(start)}, data=data,
-            optim={"l2sp": args.l2sp if on.get("l2sp") else 0.0},
+            optim={"l2sp": (10.0 if args.l2sp is None else args.l2sp) if on.get("l2sp") else 0.0},
             train={"distill_weight": args.distill if on.get("distill") else 0.0},
             eval={"guard": guard, "at_start": True},
         )  # fmt: skip
