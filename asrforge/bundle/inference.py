@@ -410,7 +410,8 @@ class Bundle:
         segments: list[list[Segment]] = []
         # A group's languages are detected together, from windows whose encoder output its
         # decoding then reuses; groups bound how many such encodings are held at once.
-        group = DETECTED_TOGETHER * batch_size
+        detecting = any(code is None for code in codes)
+        group = DETECTED_TOGETHER * batch_size if detecting else max(len(waves), 1)
         for g in range(0, len(waves), group):
             part = range(g, min(g + group, len(waves)))
             encoded = EncodedWindows()
