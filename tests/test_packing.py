@@ -8,10 +8,8 @@ import logging
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from safetensors.torch import load_file
 
 from asrforge.config import ConfigError, PackConfig
 from asrforge.data.audio import SAMPLE_RATE, AudioFile, decode_audio
@@ -32,7 +30,7 @@ from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
-from tests.test_resume import PreemptAt, run
+from tests.test_resume import assert_resume_is_bit_identical
 
 WINDOW = 4.0  # seconds: the tones clips are 0.46-1.24 s, so a window holds two to six
 
@@ -336,16 +334,7 @@ def test_resume_with_packing_is_bit_identical(tmp_path, tones_dir):
         eval={"eval_steps": 2},
         checkpoint={"save_total_limit": 5},
     )
-    full, full_result = run(tiny_config(tmp_path / "full", tones_dir, **sections), [])
-    assert full_result.status == "completed", full_result.reason  # e.g. a stray SIGTERM
-    cfg = tiny_config(tmp_path / "split", tones_dir, **sections)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted" and sorted(first) == [1, 2]
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full
-    a = load_file(tmp_path / "full" / "checkpoints" / "latest" / "model.safetensors")
-    b = load_file(tmp_path / "split" / "checkpoints" / "latest" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_bit_identical(tmp_path, tones_dir, sections)
     state = json.loads(
         (tmp_path / "split" / "checkpoints" / "latest" / "train_state.json").read_text()
     )
