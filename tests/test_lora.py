@@ -20,7 +20,7 @@ from asrforge.model.build import build_model
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
-from tests.test_resume import PreemptAt, run
+from tests.test_resume import assert_resume_is_bit_identical
 
 pytest.importorskip("peft")
 
@@ -89,18 +89,10 @@ def test_lora_gets_the_partial_training_patience_and_the_line_says_only_the_adap
 
 
 def test_lora_resume_is_bit_identical(tmp_path, tones_dir):
-    full, _ = run(tiny_config(tmp_path / "full", tones_dir, **SECTIONS), [])
-    cfg = tiny_config(tmp_path / "split", tones_dir, **SECTIONS)
-    first, interrupted = run(cfg, [PreemptAt(2)])
-    assert interrupted.status == "interrupted" and sorted(first) == [1, 2]
-    second, _ = run(cfg, [], resume=True)
-    assert {**first, **second} == full  # per-step losses, exactly (adapter dropout included)
-    for name in ("model.safetensors", "ema.safetensors"):
-        a = load_file(_latest(tmp_path / "full") / name)
-        b = load_file(_latest(tmp_path / "split") / name)
-        assert a.keys() == b.keys()
-        for k in a:
-            assert torch.equal(a[k], b[k]), (name, k)
+    # per-step losses (adapter dropout included), adapters and their EMA, exactly
+    assert_resume_is_bit_identical(
+        tmp_path, tones_dir, SECTIONS, weights=("model.safetensors", "ema.safetensors")
+    )
 
 
 def test_export_merges_the_adapters_into_plain_whisper_weights(lora_run, tmp_path):

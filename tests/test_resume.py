@@ -57,11 +57,16 @@ def run(cfg, extra, resume=False):
 
 
 def assert_resume_is_bit_identical(
-    tmp_path: Path, data_path: Path, sections: dict, stop_at: int = 2
+    tmp_path: Path,
+    data_path: Path,
+    sections: dict,
+    stop_at: int = 2,
+    weights: tuple[str, ...] = ("model.safetensors",),
 ) -> dict:
     """Run ``sections`` on ``data_path`` whole (``tmp_path/full``), and stopped after step
-    ``stop_at`` then resumed (``tmp_path/split``): the same per-step losses and final weights,
-    exactly. Returns the stopped run's ``train_state.json``."""
+    ``stop_at`` then resumed (``tmp_path/split``): the same per-step losses and final
+    ``weights`` files (e.g. ``ema.safetensors`` too), exactly. Returns the stopped run's
+    ``train_state.json``."""
     full, full_result = run(tiny_config(tmp_path / "full", data_path, **sections), [])
     assert full_result.status == "completed", full_result.reason  # e.g. a stray SIGTERM
     cfg = tiny_config(tmp_path / "split", data_path, **sections)
@@ -70,10 +75,12 @@ def assert_resume_is_bit_identical(
     state = json.loads((tmp_path / "split/checkpoints/latest/train_state.json").read_text())
     second, _ = run(cfg, [], resume=True)
     assert {**first, **second} == full  # per-step losses, exactly
-    a = load_file(tmp_path / "full/checkpoints/latest/model.safetensors")
-    b = load_file(tmp_path / "split/checkpoints/latest/model.safetensors")
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    for name in weights:
+        a = load_file(tmp_path / "full/checkpoints/latest" / name)
+        b = load_file(tmp_path / "split/checkpoints/latest" / name)
+        assert a.keys() == b.keys(), name
+        for k in a:
+            assert torch.equal(a[k], b[k]), (name, k)
     return state
 
 
