@@ -196,8 +196,8 @@ class Bundle:
         reused: Sequence[bool] = (),
     ) -> list[str]:
         """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
-        time; the encoder output of the windows ``reused`` marks goes into ``keep``, for
-        decoding to start from."""
+        time; with ``keep``, the encoder output of the windows ``reused`` marks (one flag a
+        wave) goes into it, for decoding to start from."""
         ids = self._language_ids()
         codes = list(ids)
         columns = torch.tensor([ids[c] for c in codes], device=self.device)
@@ -212,9 +212,11 @@ class Bundle:
             h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc)
             logits = self.model.proj_out(h.last_hidden_state[:, -1])
             out += [codes[int(i)] for i in logits[:, columns].argmax(-1)]
-            for i, (window, encoded) in enumerate(zip(windows, enc, strict=True)):
-                if keep is not None and k + i < len(reused) and reused[k + i]:
-                    keep.add(window, encoded)
+            if keep is not None:
+                flags = reused[k : k + batch_size]
+                for window, encoded, reuse in zip(windows, enc, flags, strict=True):
+                    if reuse:
+                        keep.add(window, encoded)
         return out
 
     # -- transcription ------------------------------------------------------------------------
@@ -408,28 +410,31 @@ class Bundle:
             fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
         )
         segments: list[list[Segment]] = []
+        prompts: list[list[int]] = []
         # A group's languages are detected together, from windows whose encoder output its
         # decoding then reuses; groups bound how many such encodings are held at once.
         detecting = any(code is None for code in codes)
         group = DETECTED_TOGETHER * batch_size if detecting else max(len(waves), 1)
+        window = round(self.window_seconds * SAMPLE_RATE)
         for g in range(0, len(waves), group):
             part = range(g, min(g + group, len(waves)))
             encoded = EncodedWindows()
             unknown = [j for j in part if codes[j] is None]
             # Decoding starts from the window detection reads only in a recording of one window.
-            window = round(self.window_seconds * SAMPLE_RATE)
             reused = [not by_vad[j] and waves[j].shape[0] <= window for j in unknown]
             detected = self._detect(
                 [waves[j] for j in unknown], batch_size=batch_size, keep=encoded, reused=reused
             )
             for j, code in zip(unknown, detected, strict=True):
                 codes[j] = code
+            part_prompts = [self.specials.prompt(codes[j], self.config.data.task) for j in part]
+            prompts += part_prompts
             segments += transcribe_long(
                 self.model,
                 self.tokenizer,
                 self.features,
                 [waves[j] for j in part],
-                [self.specials.prompt(codes[j], self.config.data.task) for j in part],
+                part_prompts,
                 chunking=mode,
                 no_timestamps=self.specials.no_timestamps,
                 eot=self.specials.eot,
@@ -441,7 +446,6 @@ class Bundle:
                 speech=[speech[j] for j in part],
                 encoded=encoded,
             )
-        prompts = [self.specials.prompt(code, self.config.data.task) for code in codes]
         if word_timestamps and waves:
             add_word_timestamps(
                 self.model,
