@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, required=True, help="a directory for the data and runs")
     p.add_argument("--base", action="store_true",
                    help="Whisper base on the multilingual demo's data, each option at its value "
-                        "in configs/demo-base.yaml (--share, --distill, --l2sp are ignored)")  # fmt: skip
+                        "in configs/demo-base.yaml (--share and --distill are ignored)")  # fmt: skip
     p.add_argument("--start-steps", type=int, default=300, help="steps teaching the start English")
     p.add_argument("--steps", type=int, default=60, help="steps teaching Spanish, every run")
     p.add_argument("--share", type=float, default=0.3, help="data.replay.share")
