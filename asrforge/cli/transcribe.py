@@ -93,9 +93,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--vad",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="decode only the speech Silero VAD finds (package silero-vad), merged into "
-        "chunks of at most 30 s decoded as a batch; --no-vad: sequential windows over the whole "
-        "recording. Default: VAD for recordings longer than 30 s when silero-vad is installed",
+        help="decode only the speech Silero VAD finds (packages silero-vad, onnxruntime), joined "
+        "into chunks of at most 26 s of speech decoded as a batch; --no-vad: sequential windows "
+        "over the whole recording. Default: VAD for recordings longer than 30 s when the "
+        "packages are installed",
     )
     add_lm_options(p)
     p.set_defaults(func=run)
@@ -133,10 +134,11 @@ def run(args: argparse.Namespace) -> int:
         if twice:  # one output file would overwrite the other
             problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
     if args.vad:
-        from asrforge.model.vad import VAD_PACKAGE, vad_available
+        from asrforge.config import vad_problem
 
-        if not vad_available():
-            problems.append(f"--vad: needs the package {VAD_PACKAGE} (pip install 'asrforge[vad]')")
+        problem = vad_problem("--vad")
+        if problem is not None:
+            problems.append(problem)
     # the model first, then every audio file: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle), problems)
     problems += [audio_problem(path) for path in args.audio]

@@ -44,6 +44,7 @@ from asrforge.config.schema import (
     TrainConfig,
     TrainLoopConfig,
     metric_problem,
+    vad_problem,
 )
 from asrforge.config.section import (
     PathOrHubId,
@@ -99,4 +100,5 @@ __all__ = [
     "parse_size",
     "read_yaml_mapping",
     "short_repr",
+    "vad_problem",
 ]

@@ -28,6 +28,21 @@ from asrforge.config.section import PathOrHubId, Section
 from asrforge.config.units import parse_duration, parse_size
 
 # The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.
+VAD_PACKAGES = {"silero_vad": "silero-vad", "onnxruntime": "onnxruntime"}
+"""Module -> package: what voice activity detection imports (``transcribe --vad``,
+``eval.longform_vad``): Silero VAD's sequence model, run by onnxruntime."""
+
+
+def vad_problem(option: str) -> str | None:
+    """``option: needs the package ...`` naming the VAD packages that cannot be imported; None
+    when every one can."""
+    missing = [p for m, p in VAD_PACKAGES.items() if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    noun = "package" if len(missing) == 1 else "packages"
+    return f"{option}: needs the {noun} {' and '.join(missing)} (pip install 'asrforge[vad]')"
+
+
 SHAPE_FIELDS = (
     "d_model",
     "encoder_layers",
@@ -424,8 +439,8 @@ class EvalConfig(Section):
     when the model's vocabulary has them, else cuts at silences)."""
     longform_vad: bool = False
     """Decode the long recordings as ``asrforge transcribe --vad`` does: only the speech Silero
-    VAD finds, in chunks of at most one window decoded as a batch (needs the package
-    ``silero-vad``); false: sequential windows over each whole recording."""
+    VAD finds, joined into chunks decoded as a batch (needs the packages ``silero-vad`` and
+    ``onnxruntime``); false: sequential windows over each whole recording."""
 
     @model_validator(mode="after")
     def _longform_range(self) -> EvalConfig:
@@ -434,10 +449,9 @@ class EvalConfig(Section):
                 f"longform_min_seconds: must be <= longform_max_seconds "
                 f"({self.longform_max_seconds:g}), got {self.longform_min_seconds:g}"
             )
-        if self.longform_vad and importlib.util.find_spec("silero_vad") is None:
-            raise ValueError(
-                "longform_vad: needs the package silero-vad (pip install 'asrforge[vad]')"
-            )
+        problem = vad_problem("longform_vad") if self.longform_vad else None
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     guard: GuardConfig | None = None

@@ -35,8 +35,8 @@ from asrforge.evaluation.evaluate import error_rate_or_nan
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import DecodeOptions
 from asrforge.model.frames import window_seconds
-from asrforge.model.longform import choose_chunking, transcribe_long
-from asrforge.model.vad import speech_chunks
+from asrforge.model.longform import Segment, choose_chunking, transcribe_long
+from asrforge.model.vad import Chunk, decode_chunks, speech_chunks
 from asrforge.run_layout import RunLayout
 from asrforge.text import cer, normalize, wer
 
@@ -178,19 +178,18 @@ def evaluate_items(
         ``segments``).
     """
     mode, why = choose_chunking(tokenizer, model.config, chunking)
-    speech = None
-    if vad:
-        seconds = window_seconds(model.config)
-        speech = [speech_chunks(it.wave, SAMPLE_RATE, seconds) for it in items]
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        segments = transcribe_long(
+    seconds = window_seconds(model.config)
+    waves = [it.wave for it in items]
+    chunks = [speech_chunks(w, SAMPLE_RATE, seconds) if vad else [Chunk.whole(w)] for w in waves]
+    prompts = [specials.prompt(it.language, task) for it in items]
+
+    def decode(audios: list[np.ndarray], owners: list[int]) -> list[list[Segment]]:
+        return transcribe_long(
             model,
             tokenizer,
             extractor,
-            [it.wave for it in items],
-            [specials.prompt(it.language, task) for it in items],
+            audios,
+            [prompts[i] for i in owners],
             chunking=mode,
             no_timestamps=specials.no_timestamps,
             eot=specials.eot,
@@ -199,8 +198,12 @@ def evaluate_items(
             device=device,
             autocast=autocast,
             options=options,
-            speech=speech,
         )
+
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        segments = decode_chunks(waves, chunks, decode)
     finally:
         for m, training in modes.items():
             m.training = training

@@ -42,17 +42,11 @@ class Segment:
     """The generated ids, timestamps included (what conditions the next window)."""
     window: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
     """The audio decoded to find this segment, seconds from the start of the recording: where
-    word timestamps (``asrforge.model.alignment``) align its text."""
+    word timestamps (``asrforge.model.alignment``) align its text. A segment of a VAD chunk is
+    timed, and its words aligned, on the chunk's audio, then placed on the recording's clock
+    (``asrforge.model.vad.Chunk.placed``): its window then spans the chunk's regions."""
     words: list | None = None
     """Its words (``asrforge.model.alignment.Word``), when word timestamps were asked for."""
-
-    def moved(self, seconds: float) -> Segment:
-        """This segment ``seconds`` later (a chunk's segment on its recording's clock)."""
-        a, b = self.window
-        return Segment(
-            self.start + seconds, self.end + seconds, self.text, self.tokens,
-            (a + seconds, b + seconds), self.words,
-        )  # fmt: skip
 
     def to_dict(self) -> dict:
         out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
@@ -316,7 +310,6 @@ def transcribe_long(
     condition_on_previous_text: bool = False,
     sample_rate: int = SAMPLE_RATE,
     options: DecodeOptions = DecodeOptions(),
-    speech: Sequence[Sequence[tuple[int, int]]] | None = None,
     encoded: EncodedWindows | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
@@ -331,25 +324,8 @@ def transcribe_long(
         condition_on_previous_text: timestamp mode: ``<|startofprev|>`` + the text before.
         options: how each window is decoded (see :func:`decode_windows`; both chunkings);
             timestamp mode sets its ``rules`` to :class:`TimestampRules`.
-        speech: per recording, the chunks of it to decode (``(start, end)`` samples, each at
-            most one window: :func:`asrforge.model.vad.speech_chunks`); all chunks of all
-            recordings are decoded together, as recordings of their own, and their segments
-            moved back to the recording's clock. None: the whole of each recording.
         encoded: windows encoded before (by language detection), not encoded again.
     """
-    if speech is not None:
-        pieces = [(i, a, b) for i, chunks in enumerate(speech) for a, b in chunks]
-        decoded = transcribe_long(
-            model, tokenizer, extractor, [waves[i][a:b] for i, a, b in pieces],
-            [prompts[i] for i, _, _ in pieces], chunking=chunking, no_timestamps=no_timestamps,
-            eot=eot, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
-            autocast=autocast, condition_on_previous_text=condition_on_previous_text,
-            sample_rate=sample_rate, options=options, encoded=encoded,
-        )  # fmt: skip
-        out: list[list[Segment]] = [[] for _ in waves]
-        for (i, a, _), segments in zip(pieces, decoded, strict=True):
-            out[i] += [s.moved(a / sample_rate) for s in segments]
-        return out
     seconds = window_seconds(model.config)
 
     def text(ids: list[int]) -> str:
