@@ -240,6 +240,39 @@ def test_tiny_en_times_a_sentence_after_a_pause(hf_tiny_en: Path) -> None:  # no
     assert " ".join(w.word.strip() for w in words) == " ".join(result.text.split())
 
 
+def test_tiny_en_times_words_on_the_encodings_decoding_read(hf_tiny_en: Path, monkeypatch) -> None:  # noqa: F811
+    from asrforge.model import longform
+
+    first = synthesize("We will meet at the library tomorrow morning.")
+    second = synthesize("The museum is closed on Mondays.")
+    # two clips of one window and a recording of three windows (no VAD: windows by timestamps)
+    waves = [first, second, np.concatenate([first, np.zeros(25 * SR, np.float32), second] * 2)]
+    bundle = bundle_from_checkpoint(hf_tiny_en)
+    rows = []
+    hook = bundle.model.model.encoder.register_forward_hook(
+        lambda _m, args, _out: rows.append(len(args[0]))
+    )
+    try:
+        plain = bundle.recognize(waves, batch_size=2, vad=False)
+        decoding = sum(rows)
+        timed = bundle.recognize(waves, batch_size=2, vad=False, word_timestamps=True)
+        reused = sum(rows) - decoding
+        # each window encoded again to time its words, as before
+        monkeypatch.setattr(longform.EncodedWindows, "add", lambda *a: None)
+        again = bundle.recognize(waves, batch_size=2, vad=False, word_timestamps=True)
+        fresh = sum(rows) - decoding - reused
+    finally:
+        hook.remove()
+    assert [t.text for t in timed] == [t.text for t in plain]
+    windows = {s.window for t in timed for s in t.segments}
+    assert reused == decoding and fresh == decoding + len(windows) > decoding + len(waves)
+    words = [w for t in timed for w in t.words]
+    assert len(words) == sum(len(t.words) for t in again) > 10
+    for w, v in zip(words, (w for t in again for w in t.words), strict=True):
+        assert w.word == v.word
+        assert (w.start, w.end) == pytest.approx((v.start, v.end), abs=0.021)
+
+
 def test_tiny_en_starts_the_first_word_after_leading_silence(hf_tiny_en: Path) -> None:  # noqa: F811
     """A recording that opens with 0.6 s of silence (too short a pause for openai-whisper's
     rule for long first words): its first word starts within 0.2 s of its speech, not at 0."""

@@ -412,13 +412,15 @@ class Bundle:
         )
         segments: list[list[Segment]] = []
         # A group's languages are detected together, from windows whose encoder output its
-        # decoding then reuses; groups bound how many such encodings are held at once.
+        # decoding then reuses, and words are timed on the encodings decoding read; groups
+        # bound how many such encodings are held at once.
+        held = DETECTED_TOGETHER * batch_size
         detecting = any(code is None for code in codes)
-        group = DETECTED_TOGETHER * batch_size if detecting else max(len(waves), 1)
+        group = held if detecting or word_timestamps else max(len(waves), 1)
         window = round(self.window_seconds * SAMPLE_RATE)
         for g in range(0, len(waves), group):
             part = range(g, min(g + group, len(waves)))
-            encoded = EncodedWindows()
+            encoded = EncodedWindows(limit=held)
             unknown = [j for j in part if codes[j] is None]
             # A language is heard in the first chunk (the first speech VAD found), and decoding
             # starts from that encoding when the chunk is one window.
@@ -445,6 +447,7 @@ class Bundle:
                 condition_on_previous_text=condition_on_previous_text,
                 options=options,
                 encoded=encoded,
+                keep=encoded if word_timestamps else None,
             )
             segments += decode_chunks([waves[j] for j in part], [chunks[j] for j in part], decode)
         decoded = iter(
@@ -463,11 +466,13 @@ class Bundle:
         prompts: Sequence[list[int]],
         languages: Sequence[str],
         word_timestamps: bool,
+        keep: EncodedWindows | None,
         **how,
     ) -> list[list[Segment]]:
         """:func:`~asrforge.model.longform.transcribe_long` of ``audios``, pieces of recordings
         (``owners[k]`` indexes ``prompts`` and ``languages``), with ``how`` (its options), then
-        their words timed when asked, each on its own audio's clock."""
+        their words timed when asked, each on its own audio's clock, from the encodings
+        decoding put in ``keep``."""
         piece_prompts = [prompts[k] for k in owners]
         decoded = transcribe_long(
             self.model,
@@ -478,6 +483,7 @@ class Bundle:
             no_timestamps=self.specials.no_timestamps,
             eot=self.specials.eot,
             device=self.device,
+            keep=keep,
             **how,
         )
         if word_timestamps:
@@ -493,6 +499,7 @@ class Bundle:
                 non_text=self.non_text_ids(),
                 device=self.device,
                 heads=self._word_heads(),
+                encoded=keep,
             )
         return decoded
 

@@ -40,7 +40,7 @@ import torch
 
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
-from asrforge.model.longform import Segment
+from asrforge.model.longform import EncodedWindows, Segment
 from asrforge.text.languages import UNSPACED_LANGUAGES
 
 MEDIAN_FILTER_WIDTH = 7
@@ -436,6 +436,7 @@ def add_word_timestamps(
     device: torch.device | str = "cpu",
     sample_rate: int = SAMPLE_RATE,
     heads: Sequence[tuple[int, int]] | None = None,
+    encoded: EncodedWindows | None = None,
 ) -> None:
     """Set ``words`` on every segment: each window's segments aligned together, as
     openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment, in order,
@@ -448,6 +449,7 @@ def add_word_timestamps(
         languages: each recording's language code (unspaced scripts are split per character).
         non_text: ids that are not text (specials, timestamps).
         heads: ``(layer, head)`` pairs to align with; None: :func:`alignment_heads`.
+        encoded: windows decoding encoded (and kept): not encoded again.
     """
     heads = alignment_heads(model) if heads is None else list(heads)
     for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
@@ -457,9 +459,13 @@ def add_word_timestamps(
             by_window.setdefault(s.window, []).append(s)
         for (a, b), group in by_window.items():
             audio = wave[round(a * sample_rate) : round(b * sample_rate)]
-            feats = extractor(audio, sampling_rate=sample_rate, return_tensors="np")
-            x = torch.from_numpy(feats.input_features.astype(np.float32)).to(device)
-            encoder_out = model.model.encoder(x).last_hidden_state
+            kept = None if encoded is None else encoded.take(audio)
+            if kept is not None:
+                encoder_out = kept[None]
+            else:
+                feats = extractor(audio, sampling_rate=sample_rate, return_tensors="np")
+                x = torch.from_numpy(feats.input_features.astype(np.float32)).to(device)
+                encoder_out = model.model.encoder(x).last_hidden_state
             texts = [[t for t in s.tokens if t not in non_text] for s in group]
             words, median = align_words(
                 model,

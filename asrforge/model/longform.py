@@ -183,11 +183,17 @@ def transcribe_by_silence(
 
 class EncodedWindows:
     """Encoder outputs already computed for windows, keyed by the windows' samples: a window
-    whose language was detected from it is not encoded again to be decoded. Each is handed out
-    once and then dropped; one lives for one decoding call."""
+    whose language was detected from it is not encoded again to be decoded, nor a decoded one
+    to time its words. Each is handed out once and then dropped; one lives for one decoding
+    call.
 
-    def __init__(self) -> None:
+    Args:
+        limit: how many are held at most; one more is not kept (its window is encoded again).
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
         self._by_key: dict[tuple[int, bytes], torch.Tensor] = {}
+        self.limit = limit
 
     @staticmethod
     def _key(window: np.ndarray) -> tuple[int, bytes]:
@@ -195,8 +201,10 @@ class EncodedWindows:
         return window.shape[0], hashlib.blake2b(data, digest_size=16).digest()
 
     def add(self, window: np.ndarray, encoded: torch.Tensor) -> None:
-        """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``."""
-        self._by_key[self._key(window)] = encoded
+        """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``, unless
+        :attr:`limit` are held."""
+        if self.limit is None or len(self._by_key) < self.limit:
+            self._by_key[self._key(window)] = encoded
 
     def take(self, window: np.ndarray) -> torch.Tensor | None:
         """The encoder output kept for ``window``'s samples (no longer kept), or None."""
@@ -219,6 +227,7 @@ def decode_windows(
     sample_rate: int = SAMPLE_RATE,
     decode_text: Callable[[list[int]], str] | None = None,
     encoded: EncodedWindows | None = None,
+    keep: EncodedWindows | None = None,
 ) -> list[list[int]]:
     """Decode windows (each at most one encoder window long), batched among windows of equal
     prompts -> the ids each generated (no prompt, no EOT).
@@ -232,6 +241,7 @@ def decode_windows(
             Its ``rules`` (e.g. ``TimestampRules``) apply to every beam.
         autocast: a context manager factory for the forward passes (the training loop's).
         encoded: windows encoded before (by language detection): not encoded again.
+        keep: where each window's encoder output goes once decoded (to time its words).
     """
     if options.fallback is not None and decode_text is None:
         raise ValueError("fallback needs decode_text")
@@ -256,6 +266,9 @@ def decode_windows(
                     x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
                     fresh = iter(model.model.encoder(x).last_hidden_state)
                 enc = torch.stack([next(fresh) if e is None else e for e in known])
+                if keep is not None:  # a row of its own, not a view holding the whole batch
+                    for j, row in zip(chunk, enc, strict=True):
+                        keep.add(windows[j], row.clone())
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
                 if options.fallback is not None:
                     hyps, _temps = decode_with_fallback(
@@ -311,6 +324,7 @@ def transcribe_long(
     sample_rate: int = SAMPLE_RATE,
     options: DecodeOptions = DecodeOptions(),
     encoded: EncodedWindows | None = None,
+    keep: EncodedWindows | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -325,6 +339,7 @@ def transcribe_long(
         options: how each window is decoded (see :func:`decode_windows`; both chunkings);
             timestamp mode sets its ``rules`` to :class:`TimestampRules`.
         encoded: windows encoded before (by language detection), not encoded again.
+        keep: where each decoded window's encoder output goes (to time its words).
     """
     seconds = window_seconds(model.config)
 
@@ -347,6 +362,7 @@ def transcribe_long(
                 sample_rate=sample_rate,
                 decode_text=text,
                 encoded=encoded,
+                keep=keep,
             )
 
         return decode
