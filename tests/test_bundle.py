@@ -433,6 +433,32 @@ def test_a_recording_whose_language_is_detected_is_not_encoded_twice(bundle, val
     assert [t.text for t in given] == [t.text for t in detected]
 
 
+def test_a_vad_recordings_language_is_heard_in_its_first_chunk(bundle, validation, monkeypatch):
+    from asrforge.bundle import inference
+    from asrforge.model.vad import Chunk
+
+    clips = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(3))]
+    gap = np.zeros(16_000, np.float32)
+    wave = np.concatenate([clips[0], gap, clips[1], gap, clips[2]])
+    starts = np.cumsum([0, *(c.shape[0] + gap.shape[0] for c in clips[:2])])
+    regions = [(int(a), int(a) + c.shape[0]) for a, c in zip(starts, clips, strict=True)]
+    # the first two clips, the pause between them left out, then the third
+    chunks = [Chunk(tuple(regions[:2])), Chunk((regions[2],))]
+    assert all(c.audio(wave).shape[0] <= bundle.window_seconds * 16_000 for c in chunks)
+    monkeypatch.setattr(inference, "speech_chunks", lambda *a: chunks)
+    rows = []
+    hook = bundle.model.model.encoder.register_forward_hook(
+        lambda _m, args, _out: rows.append(len(args[0]))
+    )
+    try:
+        [t] = bundle.recognize([wave], vad=True, batch_size=2)
+    finally:
+        hook.remove()
+    assert t.vad and t.language == bundle.detect_language(chunks[0].audio(wave))
+    # detection encodes the first chunk, decoding the other one: each chunk once
+    assert sum(rows) == len(chunks)
+
+
 def test_decoding_takes_a_kept_encoding_in_its_windows_place(bundle, validation, monkeypatch):
     from asrforge.model import longform
 

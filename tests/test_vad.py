@@ -1,5 +1,6 @@
-"""Voice activity detection for long audio: regions merged into chunks, chunks' segments moved
-back, and tiny.en decoding only the speech of a recording with noise between its sentences."""
+"""Voice activity detection for long audio: regions joined into chunks without the pauses
+between them, chunks' segments and words placed back on the recording's clock, and tiny.en
+decoding only the speech of a recording with noise between its sentences."""
 
 from __future__ import annotations
 
@@ -21,12 +22,21 @@ SR = 16_000
 
 @pytest.mark.fast
 def test_regions_join_in_order_while_their_speech_fits_a_chunk() -> None:
-    regions = [(0, 10), (12, 20), (25, 31), (40, 45), (46, 90)]
+    regions = [(0, 10), (12, 20), (25, 31), (40, 45), (47, 90)]
     chunks = join_regions(regions, 30)
-    # the pauses between regions do not count: 10 + 8 + 6 + 5 = 29 fits, 44 more does not
-    assert [c.regions for c in chunks] == [((0, 10), (12, 20), (25, 31), (40, 45)), ((46, 90),)]
+    # the pauses between regions do not count: 10 + 8 + 6 + 5 = 29 fits, 43 more does not
+    assert [c.regions for c in chunks] == [((0, 10), (12, 20), (25, 31), (40, 45)), ((47, 90),)]
     assert [c.regions for c in join_regions(regions, 100)] == [tuple(regions)]
     assert join_regions([], 30) == []
+
+
+@pytest.mark.fast
+def test_regions_that_touch_become_one_region_of_their_chunk() -> None:
+    # Silero shares a short pause between neighbours (rounding each half down)
+    [chunk] = join_regions([(0, 10), (10, 20), (21, 30), (40, 45)], 100)
+    assert chunk.regions == ((0, 30), (40, 45))
+    # nothing was left out at 10 or 20: a time there is not moved to a region's edge
+    assert chunk.recording_seconds(9.9 / SR, end=True, sample_rate=SR) == pytest.approx(9.9 / SR)
 
 
 @pytest.mark.fast
@@ -38,36 +48,71 @@ def test_a_chunks_audio_leaves_out_the_pauses_between_its_regions() -> None:
     assert whole.audio(wave) is not wave and np.shares_memory(whole.audio(wave), wave)
 
 
+# 1 s of speech at 10-11 s, then 2 s at 40-42 s, joined: chunk time 1.0 is where they meet
+JOINED = Chunk(((10 * SR, 11 * SR), (40 * SR, 42 * SR)))
+
+
 @pytest.mark.fast
 def test_a_chunks_segment_and_its_words_move_to_the_recordings_clock() -> None:
-    # 1 s of speech at 10-11 s, then 2 s at 40-42 s, joined: chunk time 1.0 is where they meet
-    chunk = Chunk(((10 * SR, 11 * SR), (40 * SR, 42 * SR)))
-    words = [Word(" one", 0.2, 1.0, 0.9), Word(" two", 1.0, 1.5, 0.8)]
+    words = [Word(" one", 0.2, 0.9, 0.9), Word(" two", 1.1, 1.5, 0.8)]
     seg = Segment(0.2, 2.5, "one two", [7], (0.0, 3.0), words)
-    placed = chunk.placed(seg)
+    placed = JOINED.placed(seg)
     assert (placed.start, placed.end, *placed.window) == pytest.approx((10.2, 41.5, 10.0, 42.0))
-    # where two regions meet ends the first one and starts the second
     times = [t for w in placed.words for t in (w.start, w.end)]
-    assert times == pytest.approx([10.2, 11.0, 40.0, 40.5])
-    assert (seg.start, seg.words[1].start) == (0.2, 1.0)  # the chunk's own segment is unchanged
+    assert times == pytest.approx([10.2, 10.9, 40.1, 40.5])
+    assert (seg.start, seg.words[1].start) == (0.2, 1.1)  # the chunk's own segment is unchanged
     # a time past the chunk's audio (a segment closed in the padding) stays past its end
-    assert chunk.recording_seconds(3.5, end=True) == pytest.approx(42.5)
+    assert JOINED.recording_seconds(3.5, end=True) == pytest.approx(42.5)
+
+
+@pytest.mark.fast
+def test_a_word_across_a_joint_stays_in_the_region_of_its_middle() -> None:
+    # timed 0.7-1.3 s on the chunk: its middle is the second region's first 0.0 s
+    words = [Word(" so", 0.7, 1.3, 0.9)]
+    placed = JOINED.placed(Segment(0.2, 2.0, "so", [7], (0.0, 3.0), words))
+    [word] = placed.words
+    assert (word.start, word.end) == pytest.approx((40.0, 40.3))  # not 10.7 -> 40.3
+    assert placed.start <= word.start and word.end <= placed.end
+    # one timed 0.6-1.2 s lies in the first region, its end held to that region's
+    [word] = JOINED.placed(
+        Segment(0.2, 2.0, "so", [7], (0.0, 3.0), [Word(" so", 0.6, 1.2, 0.9)])
+    ).words
+    assert (word.start, word.end) == pytest.approx((10.6, 11.0))
 
 
 @pytest.mark.fast
 def test_times_in_the_padding_where_regions_meet_keep_to_the_speech() -> None:
-    chunk = Chunk(((10 * SR, 11 * SR), (40 * SR, 42 * SR)))
     # a segment that opens 70 ms before the joint starts the second region, not the first
-    placed = chunk.placed(Segment(0.93, 2.0, "two", [7], (0.0, 3.0)))
+    placed = JOINED.placed(Segment(0.93, 2.0, "two", [7], (0.0, 3.0)))
     assert (placed.start, placed.end) == pytest.approx((40.0, 41.0))
     # one that closes 100 ms after it ends the first region, not 29 s later
-    assert chunk.placed(Segment(0.2, 1.1, "one", [7], (0.0, 3.0))).end == pytest.approx(11.0)
+    assert JOINED.placed(Segment(0.2, 1.1, "one", [7], (0.0, 3.0))).end == pytest.approx(11.0)
     # farther from the joint, times are the speech's own
-    assert chunk.recording_seconds(0.7) == pytest.approx(10.7)
-    assert chunk.recording_seconds(1.3, end=True) == pytest.approx(40.3)
-    # a word wholly in the padding ends where it starts
-    word = chunk.placed(Segment(0.85, 0.95, "uh", [7], (0.0, 3.0)))
-    assert word.start == word.end == pytest.approx(40.0)
+    assert JOINED.recording_seconds(0.7) == pytest.approx(10.7)
+    assert JOINED.recording_seconds(1.3, end=True) == pytest.approx(40.3)
+    # a segment wholly in that padding keeps its length, in the region of its middle
+    short = JOINED.placed(Segment(0.85, 0.95, "uh", [7], (0.0, 3.0)))
+    assert (short.start, short.end) == pytest.approx((10.85, 10.95))
+
+
+@pytest.mark.fast
+def test_silero_finds_no_speech_in_silence_and_noise() -> None:
+    pytest.importorskip("silero_vad")
+    pytest.importorskip("onnxruntime")
+    from asrforge.model.vad import speech_chunks
+
+    rng = np.random.default_rng(0)
+    quiet = np.concatenate([np.zeros(3 * SR), 0.01 * rng.standard_normal(3 * SR)])
+    assert speech_chunks(quiet.astype(np.float32), SR, 30.0) == []
+
+
+@pytest.mark.fast
+def test_a_window_too_short_for_padded_regions_is_a_user_error() -> None:
+    from asrforge.errors import UserError
+    from asrforge.model.vad import speech_chunks
+
+    with pytest.raises(UserError, match="window of 0.4 s is too short"):
+        speech_chunks(np.zeros(SR, np.float32), SR, 0.4)
 
 
 def without_modules(monkeypatch, *names: str) -> None:

@@ -258,14 +258,20 @@ def test_tiny_en_times_words_on_the_encodings_decoding_read(hf_tiny_en: Path, mo
         timed = bundle.recognize(waves, batch_size=2, vad=False, word_timestamps=True)
         reused = sum(rows) - decoding
         # each window encoded again to time its words, as before
+        before = sum(rows)
+        # at batch 1 the encodings held at once (four batches) are fewer than the windows
+        one = bundle.recognize(waves, batch_size=1, vad=False, word_timestamps=True)
+        held = sum(rows) - before
         monkeypatch.setattr(longform.EncodedWindows, "add", lambda *a: None)
         again = bundle.recognize(waves, batch_size=2, vad=False, word_timestamps=True)
-        fresh = sum(rows) - decoding - reused
+        fresh = sum(rows) - before - held
     finally:
         hook.remove()
-    assert [t.text for t in timed] == [t.text for t in plain]
+    assert [t.text for t in timed] == [t.text for t in plain] == [t.text for t in one]
     windows = {s.window for t in timed for s in t.segments}
     assert reused == decoding and fresh == decoding + len(windows) > decoding + len(waves)
+    assert decoding < held < decoding + len(windows)  # some encoded again, not all
+    assert [w.word for t in one for w in t.words] == [w.word for t in timed for w in t.words]
     words = [w for t in timed for w in t.words]
     assert len(words) == sum(len(t.words) for t in again) > 10
     for w, v in zip(words, (w for t in again for w in t.words), strict=True):

@@ -364,12 +364,14 @@ class Bundle:
             word_timestamps: time every word of every segment (``Segment.words``): the
                 cross-attention of the model's alignment heads aligned to the audio by dynamic
                 time warping (:mod:`asrforge.model.alignment`).
-            vad: decode only the speech Silero VAD finds, its regions merged into chunks of at
-                most one window, all decoded as one batch (:mod:`asrforge.model.vad`); False:
-                sequential windows over the whole recording. None (default): VAD for
-                recordings longer than one window when the ``silero-vad`` package is
-                installed and ``condition_on_previous_text`` is off (a chunk is decoded
-                without the text of the chunks before it).
+            vad: decode only the speech Silero VAD finds, its regions joined into chunks
+                (the pauses between them left out) of at most 26/30 of a window of speech,
+                all decoded as one batch, segments and words placed back on the recording's
+                clock (:mod:`asrforge.model.vad`); False: sequential windows over the whole
+                recording. None (default): VAD for recordings longer than one window when the
+                packages ``silero-vad`` and ``onnxruntime`` are installed and
+                ``condition_on_previous_text`` is off (a chunk is decoded without the text of
+                the chunks before it).
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -450,6 +452,7 @@ class Bundle:
                 keep=encoded if word_timestamps else None,
             )
             segments += decode_chunks([waves[j] for j in part], [chunks[j] for j in part], decode)
+            del decode, encoded  # the next group's detection does not hold this one's encodings
         decoded = iter(
             Transcript(
                 " ".join(s.text for s in segs), code, wave.shape[0] / SAMPLE_RATE, segs, mode, use

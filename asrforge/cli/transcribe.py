@@ -94,9 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="decode only the speech Silero VAD finds (packages silero-vad, onnxruntime), joined "
-        "into chunks of at most 26 s of speech decoded as a batch; --no-vad: sequential windows "
-        "over the whole recording. Default: VAD for recordings longer than 30 s when the "
-        "packages are installed",
+        "into chunks of at most 26 s of speech (for a 30 s window) decoded as a batch; --no-vad: "
+        "sequential windows over the whole recording. Default: VAD for recordings longer than "
+        "30 s when the packages are installed",
     )
     add_lm_options(p)
     p.set_defaults(func=run)

@@ -27,7 +27,6 @@ from asrforge.config.data_section import ColumnsConfig, DataConfig
 from asrforge.config.section import PathOrHubId, Section
 from asrforge.config.units import parse_duration, parse_size
 
-# The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.
 VAD_PACKAGES = {"silero_vad": "silero-vad", "onnxruntime": "onnxruntime"}
 """Module -> package: what voice activity detection imports (``transcribe --vad``,
 ``eval.longform_vad``): Silero VAD's sequence model, run by onnxruntime."""
@@ -43,6 +42,7 @@ def vad_problem(option: str) -> str | None:
     return f"{option}: needs the {noun} {' and '.join(missing)} (pip install 'asrforge[vad]')"
 
 
+# The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.
 SHAPE_FIELDS = (
     "d_model",
     "encoder_layers",

@@ -44,7 +44,8 @@ class Segment:
     """The audio decoded to find this segment, seconds from the start of the recording: where
     word timestamps (``asrforge.model.alignment``) align its text. A segment of a VAD chunk is
     timed, and its words aligned, on the chunk's audio, then placed on the recording's clock
-    (``asrforge.model.vad.Chunk.placed``): its window then spans the chunk's regions."""
+    (``asrforge.model.vad.Chunk.placed``): its window then spans the chunk's regions and the
+    audio left out between them, so its words cannot be aligned again from the recording."""
     words: list | None = None
     """Its words (``asrforge.model.alignment.Word``), when word timestamps were asked for."""
 
@@ -200,10 +201,15 @@ class EncodedWindows:
         data = np.ascontiguousarray(window, dtype=np.float32).tobytes()
         return window.shape[0], hashlib.blake2b(data, digest_size=16).digest()
 
+    @property
+    def full(self) -> bool:
+        """Whether :attr:`limit` are held (one more is not kept)."""
+        return self.limit is not None and len(self._by_key) >= self.limit
+
     def add(self, window: np.ndarray, encoded: torch.Tensor) -> None:
         """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``, unless
-        :attr:`limit` are held."""
-        if self.limit is None or len(self._by_key) < self.limit:
+        :attr:`full`."""
+        if not self.full:
             self._by_key[self._key(window)] = encoded
 
     def take(self, window: np.ndarray) -> torch.Tensor | None:
@@ -266,9 +272,11 @@ def decode_windows(
                     x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
                     fresh = iter(model.model.encoder(x).last_hidden_state)
                 enc = torch.stack([next(fresh) if e is None else e for e in known])
-                if keep is not None:  # a row of its own, not a view holding the whole batch
+                if keep is not None:
+                    # a kept row is a copy of its own, not a view that holds the whole batch
                     for j, row in zip(chunk, enc, strict=True):
-                        keep.add(windows[j], row.clone())
+                        if not keep.full:
+                            keep.add(windows[j], row.clone())
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
                 if options.fallback is not None:
                     hyps, _temps = decode_with_fallback(

@@ -1,5 +1,5 @@
 """Voice activity detection for long audio: Silero VAD's speech regions, joined into chunks of
-at most one encoder window of speech, which long-form decoding then decodes as a batch.
+less than one encoder window of speech, which long-form decoding then decodes as a batch.
 
 Silero VAD is the model the ``silero-vad`` package ships, in its sequence form
 (``silero_vad_16k_sequence.onnx``, run by ``onnxruntime``): one call per 16 s of audio where
@@ -7,19 +7,19 @@ the streaming model takes one per 32 ms frame, the same probabilities; asrforge 
 model. A region longer than a chunk is split by Silero itself (at its longest pause, else just
 before the limit). Regions are joined in order while their speech fits a chunk, and a chunk's
 audio is its regions' samples one after the other (faster-whisper's ``collect_chunks``): the
-pauses between regions longer than their padding are left out, so a chunk holds a window of
-speech however long the pauses were. :meth:`Chunk.placed` moves a chunk's segments, and their
-words, back to the recording's clock.
+pauses between regions longer than their padding are left out, so a chunk holds most of a
+window of speech however long the pauses were. :meth:`Chunk.placed` moves a chunk's segments,
+and their words, back to the recording's clock.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -35,12 +35,10 @@ MIN_SILENCE_MS = 160
 """A pause shorter than this does not end a region."""
 SPEECH_PAD_MS = 200
 """Audio kept each side of a region, so that a word's soft onset or tail is not cut off."""
-CHUNK_SPARE_SECONDS = 4.0
-"""Seconds of a window a chunk's speech leaves empty. Whisper leaves a segment that runs into
-a window's last seconds without its closing timestamp (its training windows cut such text
-off), and an unclosed segment is decoded again in a window of its own: measured on
-bench_vad's recording, chunks of up to 30 s took a second round for two of three chunks, of up
-to 26 s none."""
+CHUNK_SPEECH_SHARE = 26 / 30
+"""The share of a window a chunk's speech fills at most (26 s of Whisper's 30 s): Whisper
+leaves a sentence that runs into a window's last seconds for the next window, and the chunk is
+then decoded again from its last timestamp (measured in docs/decoding.md)."""
 
 
 def vad_available() -> bool:
@@ -48,7 +46,7 @@ def vad_available() -> bool:
     return vad_problem("--vad") is None
 
 
-@lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def silero_model():
     """Silero VAD's sequence model, as the ``silero-vad`` package ships it.
 
@@ -79,6 +77,7 @@ def speech_regions(wave: np.ndarray, sample_rate: int, max_seconds: float) -> li
         wave: (n_samples,) float32 audio at ``sample_rate`` (16 kHz).
     """
     model = silero_model()
+    # after silero_model: importing silero_vad sets torch's thread count, which it puts back
     from silero_vad.sequence_vad import get_speech_timestamps_sequence
 
     found = get_speech_timestamps_sequence(
@@ -113,58 +112,87 @@ class Chunk:
             return wave[a:b]
         return np.concatenate([wave[a:b] for a, b in self.regions])
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        """Where each region starts in the chunk's audio, in samples."""
+        return [0, *np.cumsum([b - a for a, b in self.regions])[:-1].tolist()]
+
+    def _in_region(self, k: int, sample: float, sample_rate: int) -> float:
+        """Seconds in the recording of ``sample`` of the chunk's audio, taken as region ``k``'s
+        and held within it (after the last region's end, a time stays after it)."""
+        a, b = self.regions[k]
+        at = max(a + sample - self._starts[k], a)
+        return (at if k == len(self.regions) - 1 else min(at, b)) / sample_rate
+
     def recording_seconds(
         self, seconds: float, *, end: bool = False, sample_rate: int = SAMPLE_RATE
     ) -> float:
-        """A time in the chunk's audio as a time in its recording. Within a pad's length
-        (:data:`SPEECH_PAD_MS`) either side of where two regions meet lies padding, which Silero
-        did not hear as speech: a start there is the later region's start, and with ``end`` an
-        end there is the earlier region's end. A time after the audio stays after the last
-        region's end."""
+        """A time in the chunk's audio as a time in its recording. Regions of a chunk never
+        touch (:func:`join_regions` makes one of those that do), so audio was left out where
+        two meet, and a pad's length (:data:`SPEECH_PAD_MS`) each side of that joint is
+        padding Silero did not hear as speech: a start in the padding before a joint starts
+        the later region, and with ``end`` an end in the padding after it ends the earlier
+        one."""
         sample = seconds * sample_rate
-        pad = SPEECH_PAD_MS * sample_rate / 1000
-        lengths = [b - a for a, b in self.regions]
-        joints = np.cumsum(lengths)[:-1].tolist()  # where each later region starts in the audio
-        if end:
-            k = bisect.bisect_left(joints, sample - pad)
-            into = sample - (joints[k - 1] if k else 0)
-            if k < len(lengths) - 1:
-                into = min(into, lengths[k])
-        else:
-            k = bisect.bisect_right(joints, sample + pad)
-            into = max(sample - (joints[k - 1] if k else 0), 0.0)
-        return (self.regions[k][0] + into) / sample_rate
+        lean = SPEECH_PAD_MS * sample_rate / 1000 * (-1 if end else 1)
+        k = max(bisect.bisect_right(self._starts, sample + lean) - 1, 0)
+        return self._in_region(k, sample, sample_rate)
+
+    def _in_middle_region(
+        self, a: float, b: float, sample_rate: int = SAMPLE_RATE
+    ) -> tuple[float, float]:
+        """Seconds ``a`` to ``b`` of the chunk's audio in the recording, both within the region
+        that holds their middle (faster-whisper's way with a word)."""
+        middle = (a + b) / 2 * sample_rate
+        k = max(bisect.bisect_right(self._starts, middle) - 1, 0)
+        return (
+            self._in_region(k, a * sample_rate, sample_rate),
+            self._in_region(k, b * sample_rate, sample_rate),
+        )
 
     def placed(self, segment: Segment, sample_rate: int = SAMPLE_RATE) -> Segment:
-        """``segment``, decoded from this chunk's audio, on its recording's clock: its times,
-        its window's and its words' (a word is timed on the chunk's audio before it is
-        placed); an end never comes before its start."""
+        """``segment``, decoded from this chunk's audio, on its recording's clock (its words
+        are timed on the chunk's audio before it is placed).
 
-        def span(a: float, b: float) -> tuple[float, float]:
-            start = self.recording_seconds(a, sample_rate=sample_rate)
-            return start, max(self.recording_seconds(b, end=True, sample_rate=sample_rate), start)
-
+        A word lies within the region that holds its middle, so none spans left-out audio.
+        A segment may span several regions; its start and end are placed by
+        :meth:`recording_seconds`, a segment wholly in the padding around a joint as a word
+        is, and then it is widened to hold its words."""
         words = None
         if segment.words is not None:
             words = []
             for w in segment.words:
-                a, b = span(w.start, w.end)
+                a, b = self._in_middle_region(w.start, w.end, sample_rate)
                 words.append(dataclasses.replace(w, start=a, end=b))
-        start, end = span(segment.start, segment.end)
-        return dataclasses.replace(
-            segment, start=start, end=end, window=span(*segment.window), words=words
+        start = self.recording_seconds(segment.start, sample_rate=sample_rate)
+        end = self.recording_seconds(segment.end, end=True, sample_rate=sample_rate)
+        if end <= start:
+            start, end = self._in_middle_region(segment.start, segment.end, sample_rate)
+        if words:
+            start, end = min(start, words[0].start), max(end, words[-1].end)
+        a, b = segment.window
+        window = (
+            self.recording_seconds(a, sample_rate=sample_rate),
+            self.recording_seconds(b, end=True, sample_rate=sample_rate),
         )
+        return dataclasses.replace(segment, start=start, end=end, window=window, words=words)
 
 
 def join_regions(regions: Sequence[tuple[int, int]], max_samples: int) -> list[Chunk]:
     """Speech regions joined in order into chunks whose regions together hold at most
-    ``max_samples`` (a region longer on its own is a chunk of its own)."""
+    ``max_samples`` (a region longer on its own is a chunk of its own). Regions that touch in
+    a chunk become one: Silero shares a pause shorter than two pads between its neighbours, so
+    nothing between them is left out."""
     chunks: list[list[tuple[int, int]]] = []
     held = 0
     for start, end in regions:
         if chunks and held + end - start <= max_samples:
-            chunks[-1].append((start, end))
             held += end - start
+            last = chunks[-1][-1]
+            if start <= last[1] + 1:  # Silero rounds a shared pause's halves down
+                chunks[-1][-1] = (last[0], end)
+            else:
+                chunks[-1].append((start, end))
         else:
             chunks.append([(start, end)])
             held = end - start
@@ -172,9 +200,18 @@ def join_regions(regions: Sequence[tuple[int, int]], max_samples: int) -> list[C
 
 
 def speech_chunks(wave: np.ndarray, sample_rate: int, window_seconds: float) -> list[Chunk]:
-    """The chunks of ``wave`` to decode: its speech regions joined into chunks of at most one
-    window of speech less :data:`CHUNK_SPARE_SECONDS`; none when Silero finds no speech."""
-    seconds = window_seconds - CHUNK_SPARE_SECONDS
+    """The chunks of ``wave`` to decode: its speech regions joined into chunks of at most
+    :data:`CHUNK_SPEECH_SHARE` of a window of speech; none when Silero finds no speech.
+
+    Raises:
+        UserError: the window is too short to hold a padded region.
+    """
+    seconds = window_seconds * CHUNK_SPEECH_SHARE
+    if seconds <= 2 * SPEECH_PAD_MS / 1000:
+        raise UserError(
+            f"--vad: this model's window of {window_seconds:g} s is too short for speech "
+            f"regions padded by {SPEECH_PAD_MS} ms each side; use --no-vad"
+        )
     regions = speech_regions(wave, sample_rate, seconds)
     return join_regions(regions, round(seconds * sample_rate))
 
