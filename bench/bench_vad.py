@@ -48,6 +48,9 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 from asrforge.data.audio import SAMPLE_RATE  # noqa: E402
 from asrforge.text import normalize, wer  # noqa: E402
 
+GAP_KINDS = ("silence", "noise", "music")
+"""What fills a gap between two clips: silence, white noise, a chord of tones."""
+
 
 def gap(kind: str, seconds: float, rng: np.random.Generator) -> np.ndarray:
     """``seconds`` of silence, white noise at -30 dBFS, or a chord of three tones."""
@@ -70,7 +73,7 @@ def recording(n_sentences: int, seed: int = 0) -> tuple[np.ndarray, str, list[tu
         voice, wpm = VOICES[k % len(VOICES)]
         speech = synthesize(text, voice, wpm)
         spans.append((at, at + speech.shape[0] / SAMPLE_RATE))
-        pause = gap(str(rng.choice(["silence", "noise", "music"])), rng.uniform(1.0, 6.0), rng)
+        pause = gap(str(rng.choice(GAP_KINDS)), rng.uniform(1.0, 6.0), rng)
         parts += [speech, pause]
         at += (speech.shape[0] + pause.shape[0]) / SAMPLE_RATE
         texts.append(text)

@@ -22,6 +22,13 @@ printed, and the signed median error (positive: late).
 the clips otherwise start speaking at once, where a recording seldom does, and the first word
 of each is then timed right by any method that starts it at 0 s.
 
+``--recording`` adds two rows: each sentence once, in the voices in turn (as ``bench_vad.py``
+speaks them: a sentence said twice would let the scorer match a word to the wrong saying),
+joined into one recording, each followed by a gap of 1-6 s of silence, noise or tones
+(``bench_vad.py``'s), transcribed whole with word timestamps by VAD (``vad=True``: chunks
+without their pauses, words placed back on the recording's clock) and sequentially
+(``vad=False``), scored against the references moved by where each clip lies.
+
 ``--find-heads`` adds a row: asrforge with the heads ``asrforge align-heads`` finds on a
 validation split of the first 16 sentences in the first voice (as for a model whose heads are
 unknown), and then scores every row on the other 8 sentences only, which the search never saw.
@@ -177,6 +184,23 @@ def start_errors(hyp: list[tuple[str, float]], ref: list[tuple[str, float]]) -> 
     return out
 
 
+def recording(
+    clips: list[tuple[np.ndarray, list[tuple[str, float]]]], seed: int = 0
+) -> tuple[np.ndarray, list[tuple[str, float]]]:
+    """The clips joined, each followed by a seeded gap of 1-6 s of silence, noise or tones (as
+    ``bench_vad.py`` joins its sentences), and every reference word moved to where it lies."""
+    from bench_vad import GAP_KINDS, gap
+
+    rng = np.random.default_rng(seed)
+    parts, ref, at = [], [], 0
+    for wave, words in clips:
+        ref += [(word, start + at / SAMPLE_RATE) for word, start in words]
+        pause = gap(str(rng.choice(GAP_KINDS)), rng.uniform(1.0, 6.0), rng)
+        parts += [wave, pause]
+        at += wave.shape[0] + pause.shape[0]
+    return np.concatenate(parts), ref
+
+
 def bundle_with_found_heads(work: Path, model_dir: Path):
     """tiny.en exported under ``work`` with the heads ``asrforge align-heads`` finds on a
     validation split of :data:`SENTENCES` ``[:16]`` in the first voice."""
@@ -215,6 +239,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds of silence before every clip (default: 0)",
     )
     p.add_argument(
+        "--recording",
+        action="store_true",
+        help="also time the words of the clips joined into one recording, by VAD and sequentially",
+    )
+    p.add_argument(
         "--word-events",
         action="store_true",
         help="score against libespeak-ng's word events instead of the words' first phonemes",
@@ -246,16 +275,23 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{found.alignment_heads}")  # fmt: skip
             sentences = sentences[16:] or sentences
             errors["asrforge, found heads"], seconds["asrforge, found heads"] = [], 0.0
-        clips = [(text, voice, wpm) for text in sentences for voice, wpm in voices]
+        clips = [
+            (j, k, text, voice, wpm)
+            for j, text in enumerate(sentences)
+            for k, (voice, wpm) in enumerate(voices)
+        ]
         clips = clips[: args.clips] if args.clips else clips
         n_ref = 0
-        for text, voice, wpm in clips:
+        joined: list[tuple[np.ndarray, list[tuple[str, float]]]] = []
+        for j, k, text, voice, wpm in clips:
             wave, ref = espeak.speak(text, voice, wpm, word_events=args.word_events)
             if args.silence > 0:
                 lead = np.zeros(round(args.silence * SAMPLE_RATE), np.float32)
                 wave = np.concatenate([lead, wave])
                 ref = [(word, start + lead.shape[0] / SAMPLE_RATE) for word, start in ref]
             n_ref += len(ref)
+            if k == j % len(voices):  # each sentence once in the recording, voices in turn
+                joined.append((wave, ref))
             t = time.process_time()
             result = bundle.transcribe(wave, word_timestamps=True)
             seconds["asrforge"] += time.process_time() - t
@@ -273,6 +309,17 @@ def main(argv: list[str] | None = None) -> dict:
             theirs = [(c["text"], c["timestamp"][0]) for c in chunks]
             errors["asrforge"] += start_errors(ours, ref)
             errors["transformers"] += start_errors(theirs, ref)
+        references = {name: n_ref for name in errors}
+        if args.recording:
+            long_wave, long_ref = recording(joined)
+            for name, vad in (("one recording, VAD", True), ("one recording, seq.", False)):
+                t = time.process_time()
+                [result] = bundle.recognize([long_wave], word_timestamps=True, vad=vad)
+                seconds[name] = time.process_time() - t
+                errors[name] = start_errors([(w.word, w.start) for w in result.words], long_ref)
+                references[name] = len(long_ref)
+            print(f"one recording: {len(joined)} sentences, {len(long_ref)} reference words, "
+                  f"{long_wave.shape[0] / SAMPLE_RATE:.1f} s")  # fmt: skip
         print(
             f"{len(clips)} clips ({args.silence:g} s of silence before each), {n_ref} reference "
             f"words; load {load_average()}"
@@ -286,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
             signed = np.array(signed)
             e = np.abs(signed)
             row = {
-                "scored": len(e) / n_ref,
+                "scored": len(e) / references[name],
                 "median_ms": 1000 * float(np.median(e)),
                 "mean_ms": 1000 * float(e.mean()),
                 "within200": float((e <= 0.2).mean()),
