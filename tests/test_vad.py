@@ -15,7 +15,7 @@ from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixt
 
 from asrforge.model.alignment import Word
 from asrforge.model.longform import Segment
-from asrforge.model.vad import Chunk, join_regions
+from asrforge.model.vad import SPEECH_PAD_MS, Chunk, join_regions
 
 SR = 16_000
 
@@ -87,9 +87,10 @@ def test_times_in_the_padding_where_regions_meet_keep_to_the_speech() -> None:
     assert (placed.start, placed.end) == pytest.approx((40.0, 41.0))
     # one that closes 100 ms after it ends the first region, not 29 s later
     assert JOINED.placed(Segment(0.2, 1.1, "one", [7], (0.0, 3.0))).end == pytest.approx(11.0)
-    # farther from the joint, times are the speech's own
-    assert JOINED.recording_seconds(0.7) == pytest.approx(10.7)
-    assert JOINED.recording_seconds(1.3, end=True) == pytest.approx(40.3)
+    # farther from the joint than a pad, times are the speech's own
+    assert SPEECH_PAD_MS < 500
+    assert JOINED.recording_seconds(0.5) == pytest.approx(10.5)
+    assert JOINED.recording_seconds(1.5, end=True) == pytest.approx(40.5)
     # a segment wholly in that padding keeps its length, in the region of its middle
     short = JOINED.placed(Segment(0.85, 0.95, "uh", [7], (0.0, 3.0)))
     assert (short.start, short.end) == pytest.approx((10.85, 10.95))

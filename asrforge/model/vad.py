@@ -31,10 +31,12 @@ from asrforge.model.longform import Segment
 
 SPEECH_THRESHOLD = 0.5
 """Silero's speech probability above which a 32 ms frame is speech (its default)."""
-MIN_SILENCE_MS = 160
-"""A pause shorter than this does not end a region."""
-SPEECH_PAD_MS = 200
-"""Audio kept each side of a region, so that a word's soft onset or tail is not cut off."""
+MIN_SILENCE_MS = 2000
+"""A pause shorter than this does not end a region, so a region keeps its speaker's pauses and
+chunks have few joints where audio is left out (faster-whisper's default for its VAD filter)."""
+SPEECH_PAD_MS = 400
+"""Audio kept each side of a region, so that a word's soft onset or tail is not cut off and the
+model hears a pause where two regions meet (faster-whisper's default)."""
 CHUNK_SPEECH_SHARE = 26 / 30
 """The share of a window a chunk's speech fills at most (26 s of Whisper's 30 s): Whisper
 leaves a sentence that runs into a window's last seconds for the next window, and the chunk is
