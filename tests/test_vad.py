@@ -199,6 +199,30 @@ def test_long_form_evaluation_decodes_the_vad_chunks_when_asked(
 
 
 @pytest.mark.fast
+def test_long_audio_without_vads_packages_says_once_that_it_decodes_sequentially(
+    monkeypatch, caplog, tmp_path, tones_dir
+) -> None:
+    import logging
+
+    import asrforge.bundle.inference as inference
+    from asrforge.bundle.export import bundle_from_checkpoint
+
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    long = np.zeros(round(2.5 * bundle.window_seconds * SR), np.float32)
+    without_modules(monkeypatch, "onnxruntime")
+    inference._say_sequential_without_vad.cache_clear()
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
+        assert not bundle._use_vad(None, long, previous_text=False)
+        assert not bundle._use_vad(None, long, previous_text=False)
+        assert not bundle._use_vad(None, long[: SR // 2], previous_text=False)  # a clip: silent
+    said = [r.getMessage() for r in caplog.records if "decode sequentially" in r.getMessage()]
+    assert said == [
+        "long recordings decode sequentially: VAD: needs the package onnxruntime "
+        "(pip install 'asrforge[vad]')"
+    ]
+
+
+@pytest.mark.fast
 def test_eval_longform_vad_without_the_package_is_a_config_error(monkeypatch, tmp_path) -> None:
     from asrforge.config import load_config
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrforge.config import vad_problem
 from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
@@ -55,6 +56,13 @@ class Transcript:
     def words(self) -> list[Word]:
         """Every segment's words, in order (empty unless word timestamps were asked for)."""
         return [w for s in self.segments for w in s.words or []]
+
+
+@functools.lru_cache(maxsize=1)
+def _say_sequential_without_vad() -> None:
+    """Log, once a process, that long recordings decode sequentially for want of VAD's
+    packages (an install from before VAD needed onnxruntime lacks it)."""
+    log.info("long recordings decode sequentially: %s", vad_problem("VAD"))
 
 
 class Bundle:
@@ -512,6 +520,8 @@ class Bundle:
         apart cannot be."""
         if vad is None:
             long = wave.shape[0] > self.window_seconds * SAMPLE_RATE
+            if long and not previous_text and not vad_available():
+                _say_sequential_without_vad()
             return long and not previous_text and vad_available()
         return vad
 
