@@ -518,12 +518,14 @@ class Bundle:
         """Whether to decode ``wave`` by VAD chunks (see :meth:`recognize`); not by default
         when each window is to be conditioned on the text before it, which chunks decoded
         apart cannot be."""
-        if vad is None:
-            long = wave.shape[0] > self.window_seconds * SAMPLE_RATE
-            if long and not previous_text and not vad_available():
-                _say_sequential_without_vad()
-            return long and not previous_text and vad_available()
-        return vad
+        if vad is not None:
+            return vad
+        if wave.shape[0] <= self.window_seconds * SAMPLE_RATE or previous_text:
+            return False
+        if vad_available():
+            return True
+        _say_sequential_without_vad()
+        return False
 
     def _word_heads(self) -> list[tuple[int, int]] | None:
         """The heads word timestamps align with; None: the model's own."""
