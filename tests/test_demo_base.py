@@ -230,6 +230,7 @@ def test_quick_demo_measures_before_and_after_through_the_bundles(
         f"data.path={tmp_path / 'corpus-base'}", f"eval.guard.path={tmp_path / 'guard'}",
         f"data.replay.path={tmp_path / 'replay.jsonl'}",
         "optim.lr=1e-30", "optim.l2sp=0", "train.distill_weight=0",  # weights as they were
+        "model.train_encoder_layers=2",  # the tiny model's two layers; the config trains base's six
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
