@@ -264,16 +264,10 @@ def main(argv: list[str] | None = None) -> dict:
     with bench_session("bench-words-", args) as (_tmp, work):
         from transformers import pipeline
 
-        from asrforge.bundle.export import bundle_from_checkpoint
-        from asrforge.bundle.load import load_bundle
-        from asrforge.bundle.schema import INFERENCE_CONFIG
+        from asrforge.cli.open_model import open_model
 
         model_dir = args.model or tiny_en_dir(work)
-        bundle = (
-            load_bundle(model_dir)
-            if (model_dir / INFERENCE_CONFIG).is_file()
-            else bundle_from_checkpoint(model_dir)
-        )
+        bundle = open_model(model_dir)
         asr = pipeline("automatic-speech-recognition", model=str(model_dir), device="cpu")
         espeak = Espeak()
         voices = VOICES[:1] if args.quick else VOICES
