@@ -119,6 +119,10 @@ class Chunk:
         """Where each region starts in the chunk's audio, in samples."""
         return [0, *np.cumsum([b - a for a, b in self.regions])[:-1].tolist()]
 
+    def _region_at(self, sample: float) -> int:
+        """The region whose audio holds ``sample`` of the chunk's (the first before it)."""
+        return max(bisect.bisect_right(self._starts, sample) - 1, 0)
+
     def _in_region(self, k: int, sample: float, sample_rate: int) -> float:
         """Seconds in the recording of ``sample`` of the chunk's audio, taken as region ``k``'s
         and held within it (after the last region's end, a time stays after it)."""
@@ -137,16 +141,14 @@ class Chunk:
         one."""
         sample = seconds * sample_rate
         lean = SPEECH_PAD_MS * sample_rate / 1000 * (-1 if end else 1)
-        k = max(bisect.bisect_right(self._starts, sample + lean) - 1, 0)
-        return self._in_region(k, sample, sample_rate)
+        return self._in_region(self._region_at(sample + lean), sample, sample_rate)
 
     def _in_middle_region(
         self, a: float, b: float, sample_rate: int = SAMPLE_RATE
     ) -> tuple[float, float]:
         """Seconds ``a`` to ``b`` of the chunk's audio in the recording, both within the region
         that holds their middle (faster-whisper's way with a word)."""
-        middle = (a + b) / 2 * sample_rate
-        k = max(bisect.bisect_right(self._starts, middle) - 1, 0)
+        k = self._region_at((a + b) / 2 * sample_rate)
         return (
             self._in_region(k, a * sample_rate, sample_rate),
             self._in_region(k, b * sample_rate, sample_rate),
