@@ -34,11 +34,11 @@ def test_speech_onset_is_the_end_of_the_leading_silence() -> None:
 @pytest.mark.fast
 def test_heads_qualify_by_median_error_best_first() -> None:
     heads = [(0, 0), (0, 1), (1, 0)]
-    errors = np.array([[0.05, 0.5, 0.15], [0.9, 0.4, 0.1], [0.1, 0.3, 0.12]])
-    # medians 0.10, 0.40, 0.12: one bad join does not sink the head (0, 0)
-    assert qualifying_heads(heads, errors, limit=0.2) == [(0, 0), (1, 0)]
-    assert qualifying_heads(heads, errors, limit=0.11) == [(0, 0)]
-    assert qualifying_heads(heads, errors, limit=0.01) == []
+    offsets = np.array([[0.05, 0.5, -0.15], [0.9, -0.4, 0.1], [-0.1, 0.3, 0.12]])
+    # median errors 0.10, 0.40, 0.12, early or late alike: one bad join does not sink (0, 0)
+    assert qualifying_heads(heads, offsets, limit=0.2) == [(0, 0), (1, 0)]
+    assert qualifying_heads(heads, offsets, limit=0.11) == [(0, 0)]
+    assert qualifying_heads(heads, offsets, limit=0.01) == []
 
 
 @pytest.mark.fast
@@ -49,6 +49,18 @@ def test_a_recorded_head_the_model_lacks_is_refused(tmp_path, tones_dir) -> None
     update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[2, 0]]}})  # 2 layers
     with pytest.raises(CheckpointCorruptError, match="alignment_heads must hold heads"):
         load_bundle(bundle)
+
+
+@pytest.mark.fast
+def test_a_recorded_lag_is_loaded_and_one_that_is_no_time_is_refused(tmp_path, tones_dir):
+    bundle = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    assert load_bundle(bundle).word_lag == 0.0
+    update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": 0.055}})
+    assert load_bundle(bundle).word_lag == 0.055
+    for bad in ("0.05", None, 1e9, float("nan")):
+        update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": bad}})
+        with pytest.raises(CheckpointCorruptError, match="lag_s must be seconds"):
+            load_bundle(bundle)
 
 
 SENTENCES = [
@@ -63,14 +75,9 @@ SENTENCES = [
 ]
 
 
-def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
-    hf_tiny_en: Path,  # noqa: F811
-    tmp_path: Path,
-    capsys,
-) -> None:
-    from asrforge.cli import main
-
-    data = tmp_path / "data"
+def _validation_clips(root: Path) -> Path:
+    """A data directory whose validation split is :data:`SENTENCES` in two espeak-ng voices."""
+    data = root / "data"
     (data / "clips").mkdir(parents=True)
     lines = []
     for i, text in enumerate(SENTENCES):
@@ -80,6 +87,17 @@ def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
         lines.append(json.dumps({"audio_filepath": file, "text": text,
                                  "duration": wave.shape[0] / SR, "lang": "en"}))  # fmt: skip
     (data / "validation_manifest.json").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
+    hf_tiny_en: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+) -> None:
+    from asrforge.cli import main
+
+    data = _validation_clips(tmp_path)
     bundle_dir = export_bundle(hf_tiny_en, tmp_path / "tiny")
     # before the search, a loaded bundle aligns with the heads its generation config ships
     shipped = json.loads((bundle_dir / "generation_config.json").read_text())["alignment_heads"]
@@ -100,6 +118,43 @@ def test_tiny_en_heads_found_from_clips_are_mostly_whispers_own(
     assert abs(dinner.start - onset) < 0.3
     record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
     assert record["joins"] == 4 and len(record["median_error_s"]) == 4 * 6
+    assert bundle.word_lag == record["lag_s"]
+
+
+def test_tiny_en_words_come_on_time_once_the_shipped_heads_lag_is_taken_off(
+    hf_tiny_en: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The heads Whisper ships place a sentence's start after a pause late on espeak-ng speech;
+    the lag ``--keep-heads`` measures on the validation clips brings the starts of sentences
+    it never heard closer."""
+    from asrforge.cli import main
+
+    bundle_dir = export_bundle(hf_tiny_en, tmp_path / "tiny")
+    late = load_bundle(bundle_dir)
+    data = _validation_clips(tmp_path)
+    assert main(["align-heads", str(bundle_dir), "--data", str(data), "--keep-heads"]) == 0
+    bundle = load_bundle(bundle_dir)
+    assert bundle.alignment_heads == late.alignment_heads
+    assert 0.02 < bundle.word_lag < 0.2
+    held_out = [
+        ("The museum is closed on Mondays.", "Dinner will be ready in about twenty minutes."),
+        ("Our flight was delayed by two hours.", "Children are playing in the garden."),
+        ("He forgot his umbrella on the bus.", "Nobody answered the phone this morning."),
+        ("The coffee is too hot to drink.", "Several boats sailed across the lake."),
+    ]
+    offsets = {"shipped": [], "lag taken off": []}
+    for first_text, second_text in held_out:
+        first, second = synthesize(first_text), synthesize(second_text, "en-gb")
+        onset = first.shape[0] / SR + 1.5 + speech_onset(second)
+        wave = np.concatenate([first, np.zeros(int(1.5 * SR), np.float32), second])
+        for name, b in (("shipped", late), ("lag taken off", bundle)):
+            words = b.transcribe(wave, word_timestamps=True).words
+            # the first sentence's words all start within its audio
+            start = next(w.start for w in words if w.start >= first.shape[0] / SR)
+            offsets[name].append(start - onset)
+    before, after = (abs(float(np.median(offsets[n]))) for n in offsets)
+    assert after < before - 0.02, offsets
 
 
 @pytest.mark.fast
@@ -121,3 +176,9 @@ def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, caps
     # the warning is given only when there are words to time
     assert bundle._word_heads() is None
     assert "found no head that follows the audio" in caplog.text
+    # measuring the lag alone keeps the finding that no head qualifies
+    assert main([*argv, "--joins", "3", "--keep-heads"]) == 0
+    assert "kept the alignment heads" in capsys.readouterr().out
+    kept = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
+    assert kept["heads"] == [] and kept["joins"] == record["joins"]
+    assert load_bundle(bundle_dir).word_lag == kept["lag_s"] != 0

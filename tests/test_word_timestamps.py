@@ -173,13 +173,8 @@ def test_a_first_word_stretched_over_a_pause_starts_where_it_is_spoken() -> None
     assert words[0].start == 0.0
 
 
-@pytest.mark.fast
-def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_dir) -> None:
-    """A from-scratch model (no recorded alignment heads: the upper half's): the segments of
-    two windows get words that hold their text tokens in order, timed inside their window."""
-    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
-    assert getattr(bundle.model.generation_config, "alignment_heads", None) is None
-    assert alignment_heads(bundle.model) == [(1, 0), (1, 1)]
+def _tiny_windows(bundle) -> tuple[np.ndarray, list[Segment], list[list[int]]]:
+    """3.5 s of noise and three segments over two windows: (wave, segments, their text ids)."""
     wave = np.random.default_rng(0).standard_normal(int(3.5 * SR)).astype(np.float32) * 0.1
     encode = bundle.tokenizer.encode
     ids = [encode(t, add_special_tokens=False) for t in (" la la", " tone beep", " boop la")]
@@ -189,6 +184,10 @@ def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_
         Segment(1.0, 2.0, "tone beep", ids[1], (0.0, 2.0)),
         Segment(2.0, 3.5, "boop la", ids[2], (2.0, 3.5)),
     ]
+    return wave, segments, ids
+
+
+def _time_words(bundle, wave: np.ndarray, segments: list[Segment], **options) -> None:
     add_word_timestamps(
         bundle.model,
         bundle.features,
@@ -196,10 +195,22 @@ def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_
         [segments],
         [bundle.specials.prompt("en")],
         ["en"],
-        eot=eot,
+        eot=bundle.specials.eot,
         decode=bundle.tokenizer.decode,
         non_text=bundle.non_text_ids(),
+        **options,
     )
+
+
+@pytest.mark.fast
+def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_dir) -> None:
+    """A from-scratch model (no recorded alignment heads: the upper half's): the segments of
+    two windows get words that hold their text tokens in order, timed inside their window."""
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    assert getattr(bundle.model.generation_config, "alignment_heads", None) is None
+    assert alignment_heads(bundle.model) == [(1, 0), (1, 1)]
+    wave, segments, ids = _tiny_windows(bundle)
+    _time_words(bundle, wave, segments)
     for s, text_ids in zip(segments, ids, strict=True):
         assert [t for w in s.words for t in w.tokens] == text_ids
         assert "".join(w.word for w in s.words) == bundle.tokenizer.decode(text_ids)
@@ -209,6 +220,23 @@ def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_
         assert all(0.0 <= w.probability <= 1.0 for w in s.words)
     # the windows are aligned apart: the second starts its words at its own start
     assert segments[2].words[0].start == pytest.approx(2.0)
+
+
+@pytest.mark.fast
+def test_the_heads_lag_is_taken_off_every_word_within_its_window(tmp_path, tones_dir) -> None:
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    wave, plain, _ = _tiny_windows(bundle)
+    _, early, _ = _tiny_windows(bundle)
+    _time_words(bundle, wave, plain)
+    _time_words(bundle, wave, early, lag=0.3)
+    pairs = [(a, b, s.window[0]) for s, t in zip(plain, early, strict=True)
+             for a, b in zip(s.words, t.words, strict=True)]  # fmt: skip
+    assert len(pairs) >= 6
+    for a, b, window_start in pairs:
+        assert b.start == pytest.approx(max(window_start, a.start - 0.3))
+        assert b.end == pytest.approx(max(window_start, a.end - 0.3))
+    assert any(a.start - 0.3 > window_start for a, _, window_start in pairs)
+    assert any(a.start - 0.3 < window_start for a, _, window_start in pairs)
 
 
 @pytest.mark.fast

@@ -1,16 +1,22 @@
-"""``asrforge align-heads``: find the decoder heads whose cross-attention follows the audio, from
-held-out clips, for a model whose alignment heads are unknown (built from scratch, vocabulary
-extended), and record them in the bundle's manifest, which word timestamps then use.
+"""``asrforge align-heads``: from held-out clips, find the decoder heads whose cross-attention
+follows the audio (for a model whose alignment heads are unknown: built from scratch,
+vocabulary extended), measure how late they place words, and record both in the bundle's
+manifest, which word timestamps then use.
 
 Consecutive utterances of a split (same language) are joined with one second of silence into
 recordings of at most one window. The start of the second utterance's speech is known: where
 it was joined plus its own leading silence (:func:`asrforge.model.alignment.speech_onset`).
 Each head aligns the joined text to the audio alone, as word timestamps do with the heads
-together (:func:`asrforge.model.alignment.head_errors`); a head qualifies when its median error
+together (:func:`asrforge.model.alignment.head_offsets`); a head qualifies when its median error
 of that start is within ``max_error`` (:data:`~asrforge.model.alignment.HEAD_ERROR_LIMIT`, 0.2 s,
-by default). The manifest
-is rewritten in one atomic rename and sealed afresh; when no head qualifies that is recorded
-too, and word timestamps keep the default heads, with a warning.
+by default). When no head qualifies that is recorded too, and word timestamps keep the default
+heads, with a warning.
+
+The heads word timestamps will use then align the same joins together, and the median of how
+late they place that start is recorded as the bundle's lag (``lag_s``), which word timestamps
+take off every word: cross-attention attends to a word's sound a little after it begins, by
+an amount that differs from model to model and head to head. The manifest is rewritten in one
+atomic rename and sealed afresh.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import split_loader
-from asrforge.model.alignment import HEAD_ERROR_LIMIT, head_errors, qualifying_heads, speech_onset
+from asrforge.model.alignment import (
+    HEAD_ERROR_LIMIT,
+    alignment_heads,
+    head_offsets,
+    onset_offsets,
+    qualifying_heads,
+    speech_onset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +56,20 @@ def find_alignment_heads(
     *,
     joins: int = 8,
     max_error: float = HEAD_ERROR_LIMIT,
+    keep_heads: bool = False,
 ) -> dict[str, Any]:
-    """Measure every decoder head on ``joins`` joined pairs of ``split`` and record the heads
-    that qualify (median error within ``max_error`` seconds) in the bundle's manifest (see the
-    module docstring).
+    """Measure every decoder head on ``joins`` joined pairs of ``split``, record the heads
+    that qualify (median error within ``max_error`` seconds) in the bundle's manifest, and how
+    late they place the second utterance's start together (see the module docstring).
+
+    Args:
+        keep_heads: do not search; keep the heads the bundle aligns with and only measure
+            their lag.
 
     Returns:
-        What was recorded: ``heads`` (best first; empty when none qualifies), ``limit_s``,
-        the data, split and join count, and ``median_error_s`` of every head (``"layer,head"``).
+        What was recorded: ``heads`` (best first; empty when none qualifies), ``lag_s``, the
+        data, split and join count, and unless ``keep_heads``, ``limit_s`` and
+        ``median_error_s`` of every head (``"layer,head"``).
 
     Raises:
         UserError: ``joins`` < 1, a bad split, or one with no two utterances of a language that
@@ -88,32 +107,46 @@ def find_alignment_heads(
             f"{data_config(data).path} split {split!r}: no two utterances of one language fit "
             "one window together; give a split with more (or shorter) utterances"
         )
-    errors = []
-    for wave, tokens, k, onset, prompt in pairs:
-        heads, error = head_errors(
-            bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt,
+    if keep_heads:
+        chosen, median = bundle.alignment_heads, None
+    else:
+        tables = []
+        for wave, tokens, k, onset, prompt in pairs:
+            heads, offsets = head_offsets(
+                bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt,
+                eot=bundle.specials.eot, device=bundle.device,
+            )  # fmt: skip
+            tables.append(offsets[0])
+        table = np.stack(tables)
+        chosen = qualifying_heads(heads, table, max_error)
+        median = np.median(np.abs(table), axis=0)
+    # the lag of the heads word timestamps will align with: the default ones when none qualifies
+    timing = chosen or alignment_heads(bundle.model)
+    lag = float(np.median([
+        onset_offsets(
+            bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt, timing,
             eot=bundle.specials.eot, device=bundle.device,
-        )  # fmt: skip
-        errors.append(error[0])
-    table = np.stack(errors)
-    chosen = qualifying_heads(heads, table, max_error)
-    median = np.median(table, axis=0)
+        )[0]
+        for wave, tokens, k, onset, prompt in pairs
+    ]))  # fmt: skip
     record = {
-        "heads": [list(h) for h in chosen],
-        "limit_s": max_error,
+        "heads": [list(h) for h in (timing if chosen is None else chosen)],
+        "lag_s": round(lag, 4),
         "data": str(data_config(data).path),
         "split": split,
         "joins": len(pairs),
-        "median_error_s": {
-            f"{a},{b}": round(float(e), 4) for (a, b), e in zip(heads, median, strict=True)
-        },
     }
-    if not chosen:
-        log.warning(
-            "no head's median error is within %.2f s (the best: %.3f s): word timestamps keep "
-            "the default heads",
-            max_error,
-            float(median.min()),
-        )
+    if median is not None:
+        record["limit_s"] = max_error
+        record["median_error_s"] = {
+            f"{a},{b}": round(float(e), 4) for (a, b), e in zip(heads, median, strict=True)
+        }
+        if not chosen:
+            log.warning(
+                "no head's median error is within %.2f s (the best: %.3f s): word timestamps "
+                "keep the default heads",
+                max_error,
+                float(median.min()),
+            )
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})
     return record

@@ -80,6 +80,8 @@ class Bundle:
         alignment_heads: the ``(layer, head)`` pairs ``asrforge align-heads`` found for word
             timestamps (empty: it found none that qualifies); None: the model's own
             (:func:`asrforge.model.alignment.alignment_heads`).
+        word_lag: seconds those heads place words late (``asrforge align-heads`` measures it),
+            taken off word timestamps.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class Bundle:
         lm=None,
         lm_weights: dict[str, Any] | None = None,
         alignment_heads: list[tuple[int, int]] | None = None,
+        word_lag: float = 0.0,
     ):
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -108,6 +111,7 @@ class Bundle:
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
         self.alignment_heads = alignment_heads
+        self.word_lag = word_lag
 
     @property
     def version(self) -> str:
@@ -511,6 +515,7 @@ class Bundle:
                 device=self.device,
                 heads=self._word_heads(),
                 encoded=keep,
+                lag=self.word_lag,
             )
         return decoded
 

@@ -39,6 +39,7 @@ from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import materialize, resolve
 from asrforge.lm.ngram import read_arpa
+from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.run_layout import RunLayout
 
@@ -287,6 +288,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
     return Bundle(
         model, tokenizer, icfg, path=path, device=device, lm=lm, lm_weights=weights,
         alignment_heads=None if found is None else _alignment_heads(found, where, model.config),
+        word_lag=0.0 if found is None else _word_lag(found, where, window_seconds(model.config)),
     )  # fmt: skip
 
 
@@ -310,6 +312,22 @@ def _alignment_heads(found: Any, where: Path, config) -> list[tuple[int, int]]:
             f"{config.decoder_attention_heads} heads"
         )
     return [(h[0], h[1]) for h in heads]
+
+
+def _word_lag(found: dict[str, Any], where: Path, window_seconds: float) -> float:
+    """The seconds ``asrforge align-heads`` measured its heads place words late (0 when it
+    measured none).
+
+    Raises:
+        CheckpointCorruptError: a lag that is not a number of seconds within one window.
+    """
+    lag = found.get("lag_s", 0.0)
+    if type(lag) not in (int, float) or not abs(lag) < window_seconds:
+        raise CheckpointCorruptError(
+            f"{where}: {ALIGNMENT_HEADS_KEY}.lag_s must be seconds within one "
+            f"{window_seconds:g} s window, got {lag!r}"
+        )
+    return float(lag)
 
 
 def _read_lm(path: Path, icfg, manifest: dict[str, Any]):

@@ -23,11 +23,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "align-heads",
         help="find the heads word timestamps align with, from held-out clips",
-        description="For a model whose alignment heads are unknown (built from scratch, or "
-        "with an extended vocabulary): join consecutive utterances of a split with a second of "
-        "silence, measure how far each decoder head's own alignment places the second's start, "
-        "and record the heads within 0.2 s (median) in the bundle's manifest. "
-        "transcribe --word-timestamps then aligns with them.",
+        description="Join consecutive utterances of a split with a second of silence, measure "
+        "how far each decoder head's own alignment places the second's start, and record the "
+        "heads within 0.2 s (median) in the bundle's manifest, with how late they place that "
+        "start together (the lag). transcribe --word-timestamps then aligns with them and "
+        "takes the lag off every word. Found heads are for a model whose alignment heads are "
+        "unknown (built from scratch, or with an extended vocabulary); --keep-heads measures "
+        "only the lag, for any fine-tuned model.",
         epilog=DATA_OPTIONS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -41,6 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=0.2,
         help="seconds: a head qualifies when its median error is within this (default 0.2)",
     )
+    p.add_argument(
+        "--keep-heads",
+        action="store_true",
+        help="do not search: keep the heads the bundle aligns with (its generation config's "
+        "for Whisper's models) and only measure how late they place words",
+    )
     p.set_defaults(func=run, accepts_overrides=True)
 
 
@@ -48,8 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.heads import find_alignment_heads
 
     record = find_alignment_heads(
-        args.bundle, data_options(args), args.split, joins=args.joins, max_error=args.max_error
-    )
+        args.bundle, data_options(args), args.split, joins=args.joins, max_error=args.max_error,
+        keep_heads=args.keep_heads,
+    )  # fmt: skip
+    lag = f"; they place words {1000 * record['lag_s']:.0f} ms late, taken off word timestamps"
+    if args.keep_heads:
+        heads = " ".join(f"{a},{b}" for a, b in record["heads"])
+        print(f"kept the alignment heads of {args.bundle}: {heads}{lag} (median of "
+              f"{record['joins']} joins of {args.split})")  # fmt: skip
+        return 0
     best = sorted(record["median_error_s"].items(), key=lambda kv: kv[1])[:5]
     print(
         "median error by head (layer,head): "
@@ -60,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
         heads = " ".join(f"{a},{b}" for a, b in record["heads"])
         print(f"recorded {len(record['heads'])} alignment heads in {args.bundle}: {heads} "
               f"(median error within {record['limit_s']} s on {record['joins']} joins of "
-              f"{args.split})")  # fmt: skip
+              f"{args.split}){lag}")  # fmt: skip
     else:
         print(f"no head qualifies: none places an utterance's start within "
               f"{record['limit_s']} s (median of {record['joins']} joins of {args.split}); "
-              f"recorded that in {args.bundle}, and word timestamps keep the default heads")  # fmt: skip
+              f"recorded that in {args.bundle}, and word timestamps keep the default "
+              f"heads{lag}")  # fmt: skip
     return 0

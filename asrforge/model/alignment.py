@@ -437,6 +437,7 @@ def add_word_timestamps(
     sample_rate: int = SAMPLE_RATE,
     heads: Sequence[tuple[int, int]] | None = None,
     encoded: EncodedWindows | None = None,
+    lag: float = 0.0,
 ) -> None:
     """Set ``words`` on every segment: each window's segments aligned together, as
     openai-whisper aligns a window's text, then :func:`tidy_long_words` per segment, in order,
@@ -450,6 +451,8 @@ def add_word_timestamps(
         non_text: ids that are not text (specials, timestamps).
         heads: ``(layer, head)`` pairs to align with; None: :func:`alignment_heads`.
         encoded: windows decoding encoded (and kept): not encoded again.
+        lag: seconds the heads place words late (what ``asrforge align-heads`` measured),
+            taken off every word's times, none before its window's start.
     """
     heads = alignment_heads(model) if heads is None else list(heads)
     for wave, segs, prompt, language in zip(waves, segments, prompts, languages, strict=True):
@@ -486,9 +489,8 @@ def add_word_timestamps(
                 s.words = []
             for w in words:
                 where = min(int(np.searchsorted(bounds, k, side="right")), len(group) - 1)
-                group[where].words.append(
-                    Word(w.word, a + w.start, a + w.end, w.probability, w.tokens)
-                )
+                start, end = (a + max(0.0, t - lag) for t in (w.start, w.end))
+                group[where].words.append(Word(w.word, start, end, w.probability, w.tokens))
                 k += len(w.tokens)
             for s in group:
                 last_speech = tidy_long_words(s.words, s.start, s.end, last_speech, median=median)
@@ -509,8 +511,28 @@ def speech_onset(wave: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float:
     return float(np.argmax(rms >= 0.1 * rms.max())) * hop / sample_rate
 
 
+def _join_attention(
+    model,
+    extractor,
+    joins: Sequence[tuple[np.ndarray, list[int], int, float]],
+    prompt: Sequence[int],
+    heads: Sequence[tuple[int, int]],
+    *,
+    eot: int,
+    device: torch.device | str,
+    sample_rate: int,
+):
+    """Each join's attention scores of ``heads`` (:func:`cross_attention`), with the join."""
+    for wave, tokens, k, onset in joins:
+        feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
+        encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
+        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
+        _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
+        yield qk, wave, tokens, k, onset
+
+
 @torch.no_grad()
-def head_errors(
+def head_offsets(
     model,
     extractor,
     joins: Sequence[tuple[np.ndarray, list[int], int, float]],
@@ -529,8 +551,9 @@ def head_errors(
         prompt: the decoder prompt, ending in ``<|notimestamps|>``.
 
     Returns:
-        ``(heads, errors)``: every ``(layer, head)`` and (len(joins), len(heads)) absolute errors
-        in seconds of the token's start by that head alone (:func:`token_starts`).
+        ``(heads, offsets)``: every ``(layer, head)`` and (len(joins), len(heads)) signed
+        offsets in seconds (positive: late) of the token's start by that head alone
+        (:func:`token_starts`).
     """
     cfg = model.config
     heads = [
@@ -538,23 +561,47 @@ def head_errors(
         for layer in range(cfg.decoder_layers)
         for head in range(cfg.decoder_attention_heads)
     ]
-    errors = np.zeros((len(joins), len(heads)))
-    for j, (wave, tokens, k, onset) in enumerate(joins):
-        feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
-        encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
-        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
-        _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
+    offsets = np.zeros((len(joins), len(heads)))
+    attention = _join_attention(
+        model, extractor, joins, prompt, heads, eot=eot, device=device, sample_rate=sample_rate
+    )
+    for j, (qk, wave, tokens, k, onset) in enumerate(attention):
         for h in range(len(heads)):
             starts = token_starts(qk[h : h + 1], len(prompt), len(tokens), wave.shape[0])
-            errors[j, h] = abs(starts[k] - onset)
-    return heads, errors
+            offsets[j, h] = starts[k] - onset
+    return heads, offsets
+
+
+@torch.no_grad()
+def onset_offsets(
+    model,
+    extractor,
+    joins: Sequence[tuple[np.ndarray, list[int], int, float]],
+    prompt: Sequence[int],
+    heads: Sequence[tuple[int, int]],
+    *,
+    eot: int,
+    device: torch.device | str = "cpu",
+    sample_rate: int = SAMPLE_RATE,
+) -> np.ndarray:
+    """(len(joins),) signed offsets in seconds (positive: late) of the second utterance's start
+    as word timestamps place it, by ``heads`` together; ``joins`` as :func:`head_offsets`
+    takes them."""
+    attention = _join_attention(
+        model, extractor, joins, prompt, heads, eot=eot, device=device, sample_rate=sample_rate
+    )
+    return np.array([
+        token_starts(qk, len(prompt), len(tokens), wave.shape[0])[k] - onset
+        for qk, wave, tokens, k, onset in attention
+    ])  # fmt: skip
 
 
 def qualifying_heads(
-    heads: Sequence[tuple[int, int]], errors: np.ndarray, limit: float = HEAD_ERROR_LIMIT
+    heads: Sequence[tuple[int, int]], offsets: np.ndarray, limit: float = HEAD_ERROR_LIMIT
 ) -> list[tuple[int, int]]:
-    """The heads whose median error (over the joins, ``errors`` as :func:`head_errors` gives)
-    is within ``limit`` seconds, best first; empty when none is."""
-    median = np.median(errors, axis=0)
+    """The heads whose median absolute error (over the joins, ``offsets`` as
+    :func:`head_offsets` gives them) is within ``limit`` seconds, best first; empty when none
+    is."""
+    median = np.median(np.abs(offsets), axis=0)
     order = np.argsort(median, kind="stable")
     return [tuple(heads[h]) for h in order if median[h] <= limit]
