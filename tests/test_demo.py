@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from audio_fixtures import requires_espeak
 
+from asrforge.bundle import load_bundle
 from asrforge.cli import main
 
 
@@ -74,6 +75,11 @@ def test_quick_demo_runs_end_to_end(tiny_en_installed, demo_packages, tmp_path, 
     assert (run / "train" / "checkpoints" / "best").exists()
     assert (Path(reported["bundle"]) / "inference_config.json").is_file()
     assert (Path(reported["corpus"]) / "README.md").is_file()
+    # the bundle's word timestamps take off the lag its heads showed on the validation clips
+    timing = json.loads((Path(reported["bundle"]) / "manifest.json").read_text())["alignment_heads"]
+    assert timing["split"] == "validation" and timing["joins"] >= 1
+    assert load_bundle(reported["bundle"]).word_lag == timing["lag_s"]
+    assert re.search(r"export: the alignment heads place words -?\d+ ms late on \d+ joins", out)
     report = json.loads((run / "demo-report.json").read_text())
     assert report["before"]["n"] == report["after"]["n"] == 4
     # one measurement before and after: the same model gives the same figures and transcripts
@@ -244,6 +250,8 @@ def test_quick_spanish_demo_teaches_tiny_en_under_the_english_guard(
         assert Path(path).exists(), path
     assert (run / "bundle" / "inference_config.json").is_file()
     assert (run / "bundle-finetuned" / "inference_config.json").is_file()
+    # the bundle the demo gives the user has its word timing measured, on Spanish clips
+    assert "lag_s" in json.loads((run / "bundle" / "manifest.json").read_text())["alignment_heads"]
     # the Spanish rows trained tiny.en's English prompt
     assert "language: en" in (run / "train" / "config.yaml").read_text()
     card = json.loads((Path(reported["corpus"]) / "card.json").read_text())

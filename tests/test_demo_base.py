@@ -248,6 +248,7 @@ def test_quick_demo_measures_before_and_after_through_the_bundles(
     report = json.loads((run / "demo-report.json").read_text())
     assert report["before"] == report["after"]
     assert (run / "bundle" / "inference_config.json").is_file()
+    assert "lag_s" in json.loads((run / "bundle" / "manifest.json").read_text())["alignment_heads"]
     guard = tmp_path / "guard"
     held = {(guard / c).resolve() for r in map(json.loads, (guard / MANIFEST).read_text().splitlines())
             for c in r["clips"]}  # fmt: skip

@@ -40,6 +40,7 @@ from asrforge.recipes.demo import (
     pct,
     resolve_demo_run,
     stop_after_fine_tune,
+    time_words,
     train_sentences,
 )
 from asrforge.recipes.demo_language import export_largest_share, require_text
@@ -224,6 +225,7 @@ def run_base(options: DemoOptions) -> int:
 
     say.phase("export", "the best checkpoint, or the largest share within the guard")
     bundle_dir, share = export_selected(run_dir, root, result, say)
+    time_words(bundle_dir, data, say)
 
     say.phase("after", "the exported bundle, measured as base's was")
     after = measure(load_bundle(bundle_dir), data, guard_dir, batch_size=batch_size,

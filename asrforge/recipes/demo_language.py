@@ -54,6 +54,7 @@ from asrforge.recipes.demo import (
     pct,
     resolve_demo_run,
     stop_after_fine_tune,
+    time_words,
     train_sentences,
     write_report,
 )
@@ -172,7 +173,7 @@ def run_new_language(options: DemoOptions) -> int:
     if stopped is not None:
         return stopped
 
-    tuned_dir, within_dir, facts = export_both(run_dir, root, say)
+    tuned_dir, within_dir, facts = export_both(run_dir, root, data, say)
 
     say.phase("after", "the fine-tuned and the within-guard bundles, measured as tiny.en was")
     second = measure_all(tuned_dir, "fine-tuned")
@@ -223,9 +224,12 @@ def run_new_language(options: DemoOptions) -> int:
     return 0
 
 
-def export_both(run_dir: Path, root: Path, say: Progress) -> tuple[Path, Path | None, dict | None]:
+def export_both(
+    run_dir: Path, root: Path, data: Path, say: Progress
+) -> tuple[Path, Path | None, dict | None]:
     """The export phase: a bundle of the fine-tuned weights, and one of the largest share of
-    them within the guard.
+    them within the guard; the one the demo gives the user has its word timing measured on
+    ``data``'s validation clips (:func:`~asrforge.recipes.demo.time_words`).
 
     Returns:
         (the fine-tuned bundle, the within-guard bundle and its facts, or None and None when no
@@ -242,7 +246,9 @@ def export_both(run_dir: Path, root: Path, say: Progress) -> tuple[Path, Path | 
     except UserError as e:
         # No share within the guard is a finding of the demo, shown with the rest.
         say(f"export: {e}")
+        time_words(tuned_dir, data, say)
         return tuned_dir, None, None
+    time_words(within_dir, data, say)
     return tuned_dir, within_dir, facts
 
 
