@@ -82,6 +82,13 @@ def test_rows_above_the_threshold_are_dropped_reported_and_scored_once(
         assert calls == [] and len(again) == len(utts)
         cached = list((tmp_path / "cache" / "filter").glob("*.json"))
         assert len(cached) == 1 and len(json.loads(cached[0].read_text())) == len(utts)
+        # eval_batch_size auto scores in batches of batch_size off a GPU
+        auto = strict.model_copy(
+            update={"data": strict.data.model_copy(update={"eval_batch_size": "auto"})}
+        )
+        calls.clear()
+        filter_transcripts(auto, tmp_path / "cache-auto", dataset, SkipReport("train"), **kw)
+        assert sum(calls) == len(utts) and max(calls) == cfg.data.batch_size < len(utts)
     finally:
         setup.close()
 

@@ -29,6 +29,7 @@ from asrforge.convert.ct2 import import_ct2
 from asrforge.data.guard_set import MANIFEST
 from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.recipes import asterisk
 from asrforge.recipes.corpus import CorpusSpec, build_corpus
 from asrforge.recipes.demo import (
@@ -208,7 +209,7 @@ def run_base(options: DemoOptions) -> int:
 
     say.phase("before", "base's bundle on the synthetic test clips and the real speech, the "
               "language detected as `asrforge transcribe` does")  # fmt: skip
-    batch_size = cfg.data.eval_batch_size or cfg.data.batch_size
+    batch_size = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
     # --quick's untrained models fill every window to the cap, so it keeps its own small one.
     cap = cfg.eval.max_new_tokens if options.quick else MAX_NEW_TOKENS
     start_dir = export_bundle(pretrained, root / "bundle-start")

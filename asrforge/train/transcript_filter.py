@@ -24,6 +24,7 @@ from asrforge.config import TrainConfig
 from asrforge.data.dataset import Collator, SpeechDataset, eval_batches
 from asrforge.data.prepare import UtteranceTable, prepared_split_key
 from asrforge.data.rules import SkipReport, UtteranceRules
+from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.io.atomic import atomic_write_text
 from asrforge.text.metrics import wer
@@ -63,7 +64,10 @@ def score_rows(
 ) -> dict[str, float]:
     """Each utterance's WER (the starting model's greedy transcript against its own), by id;
     clips that fail to decode are left out (training drops them as it meets them)."""
-    batch_size = cfg.data.eval_batch_size or cfg.data.batch_size
+    batch_size = eval_batch_size(
+        cfg.data.eval_batch_size, cfg.data.batch_size, model, device,
+        max_new_tokens=cfg.eval.max_new_tokens,
+    )  # fmt: skip
     loader = DataLoader(
         dataset,
         batch_sampler=eval_batches(dataset.utts, batch_size),
