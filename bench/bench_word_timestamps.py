@@ -30,9 +30,12 @@ joined into one recording, each followed by a gap of 1-6 s of silence, noise or 
 without their pauses, words placed back on the recording's clock) and sequentially
 (``vad=False``), scored against the references moved by where each clip lies.
 
-``--find-heads`` adds a row: asrforge with the heads ``asrforge align-heads`` finds on a
-validation split of the first 16 sentences in the first voice (as for a model whose heads are
-unknown), and then scores every row on the other 8 sentences only, which the search never saw.
+``--find-heads`` adds two rows, each timed by ``asrforge align-heads`` on a validation split of
+the first 16 sentences in the first voice: asrforge with the heads it finds (as for a model
+whose heads are unknown) and their lag, and with the model's own heads and their lag
+(``--keep-heads``). Every row is then scored on the other 8 sentences only, which the
+measurement never heard. The plain ``asrforge`` row takes off the lag the model records, if
+any (a demo's bundle records one; tiny.en none).
 
 Run::
 
@@ -202,9 +205,11 @@ def recording(
     return np.concatenate(parts), ref
 
 
-def bundle_with_found_heads(work: Path, model_dir: Path):
-    """tiny.en exported under ``work`` with the heads ``asrforge align-heads`` finds on a
-    validation split of :data:`SENTENCES` ``[:16]`` in the first voice."""
+def bundles_timed_on_clips(work: Path, model_dir: Path) -> dict:
+    """The model exported under ``work`` twice, each timed by ``asrforge align-heads`` on a
+    validation split of :data:`SENTENCES` ``[:16]`` in the first voice: with the heads it
+    finds and their lag, and with the model's own heads and their lag (``--keep-heads``), by
+    row name."""
     from workload import make_speech_dataset
 
     from asrforge.bundle.export import export_bundle
@@ -214,9 +219,13 @@ def bundle_with_found_heads(work: Path, model_dir: Path):
     data = work / "heads-validation16"
     if not data.exists():
         make_speech_dataset(data, {"validation": 16})
-    out = export_bundle(model_dir, work / "tiny-en-heads")
-    find_alignment_heads(out, data, "validation", joins=8)
-    return load_bundle(out)
+    out = {}
+    for name, keep in (("found heads, lag", False), ("own heads, lag", True)):
+        bundle_dir = export_bundle(model_dir, work / f"timed-{int(keep)}")
+        record = find_alignment_heads(bundle_dir, data, "validation", joins=8, keep_heads=keep)
+        print(f"{name}: heads {record['heads']}, lag {1000 * record['lag_s']:.0f} ms")
+        out[f"asrforge, {name}"] = load_bundle(bundle_dir)
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -225,7 +234,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--find-heads",
         action="store_true",
-        help="also time words with the heads align-heads finds on 16 other sentences",
+        help="also time words with the heads and lag align-heads measures on 16 other sentences",
     )
     p.add_argument(
         "--clips",
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import pipeline
 
         from asrforge.cli.open_model import open_model
+        from asrforge.model.alignment import alignment_heads
 
         model_dir = args.model or tiny_en_dir(work)
         bundle = open_model(model_dir)
@@ -274,13 +284,14 @@ def main(argv: list[str] | None = None) -> dict:
         sentences = SENTENCES[:2] if args.quick else SENTENCES
         errors: dict[str, list[float]] = {"asrforge": [], "transformers": []}
         seconds = {"asrforge": 0.0, "transformers": 0.0}
-        found = None
+        timed = {}
         if args.find_heads:
-            found = bundle_with_found_heads(work, model_dir)
-            print(f"recorded heads {bundle.model.generation_config.alignment_heads}; found "
-                  f"{found.alignment_heads}")  # fmt: skip
+            timed = bundles_timed_on_clips(work, model_dir)
+            own = bundle.alignment_heads or alignment_heads(bundle.model)
+            print(f"the model's own heads: {own}")
             sentences = sentences[16:] or sentences
-            errors["asrforge, found heads"], seconds["asrforge, found heads"] = [], 0.0
+            for name in timed:
+                errors[name], seconds[name] = [], 0.0
         clips = [
             (j, k, text, voice, wpm)
             for j, text in enumerate(sentences)
@@ -302,13 +313,11 @@ def main(argv: list[str] | None = None) -> dict:
             result = bundle.transcribe(wave, word_timestamps=True)
             seconds["asrforge"] += time.process_time() - t
             ours = [(w.word, w.start) for w in result.words]
-            if found is not None:
+            for name, other in timed.items():
                 t = time.process_time()
-                other = found.transcribe(wave, word_timestamps=True)
-                seconds["asrforge, found heads"] += time.process_time() - t
-                errors["asrforge, found heads"] += start_errors(
-                    [(w.word, w.start) for w in other.words], ref
-                )
+                timed_result = other.transcribe(wave, word_timestamps=True)
+                seconds[name] += time.process_time() - t
+                errors[name] += start_errors([(w.word, w.start) for w in timed_result.words], ref)
             t = time.process_time()
             chunks = asr(wave, return_timestamps="word")["chunks"]
             seconds["transformers"] += time.process_time() - t
