@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``align-heads``."""
     p = subparsers.add_parser(
         "align-heads",
-        help="find the heads word timestamps align with, from held-out clips",
+        help="measure word timing on held-out clips: the heads to align with, and their lag",
         description="Join consecutive utterances of a split with a second of silence, measure "
         "how far each decoder head's own alignment places the second's start, and record the "
         "heads within 0.2 s (median) in the bundle's manifest, with how late they place that "
