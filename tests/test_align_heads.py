@@ -181,4 +181,29 @@ def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, caps
     assert "kept the alignment heads" in capsys.readouterr().out
     kept = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
     assert kept["heads"] == [] and kept["joins"] == record["joins"]
-    assert load_bundle(bundle_dir).word_lag == kept["lag_s"] != 0
+    assert load_bundle(bundle_dir).word_lag == kept["lag_s"]
+    assert kept["lag_s"] in (kept["onset_offset_s"], 0.0) and 0.0 <= kept["lag_s"] <= 0.2
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("offset, lag", [(0.07, 0.07), (-0.45, 0.0), (0.35, 0.0)])
+def test_only_a_start_placed_late_within_the_limit_is_taken_as_the_lag(
+    tmp_path, tones_dir, monkeypatch, caplog, offset, lag
+):
+    """Heads that give the pause before an utterance to its first word place its start early:
+    that is where the pause went, not a lag, and taking it off would move every word late."""
+    from asrforge.bundle import heads as heads_module
+
+    bundle_dir = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    monkeypatch.setattr(heads_module, "onset_offsets", lambda *a, **k: np.array([offset]))
+    record = heads_module.find_alignment_heads(
+        bundle_dir, tones_dir, "train", joins=3, keep_heads=True
+    )
+    assert record["onset_offset_s"] == offset and record["lag_s"] == lag
+    assert load_bundle(bundle_dir).word_lag == lag
+    said = heads_module.lag_text(record)
+    if lag:
+        assert "70 ms late; word timestamps take that off" in said
+        assert "not how late words come" not in caplog.text
+    else:
+        assert "take no lag off" in said and "not how late words come" in caplog.text

@@ -13,10 +13,13 @@ by default). When no head qualifies that is recorded too, and word timestamps ke
 heads, with a warning.
 
 The heads word timestamps will use then align the same joins together, and the median of how
-late they place that start is recorded as the bundle's lag (``lag_s``), which word timestamps
-take off every word: cross-attention attends to a word's sound a little after it begins, by
-an amount that differs from model to model and head to head. The manifest is rewritten in one
-atomic rename and sealed afresh.
+late they place that start (``onset_offset_s``) is the bundle's lag (``lag_s``), which word
+timestamps take off every word: cross-attention attends to a word's sound a little after it
+begins, by an amount that differs from model to model and head to head. It is taken as a lag
+only when it lies between 0 and ``max_error``: heads that give the pause before an utterance to
+its first word place that start early (Whisper base's, by 0.4-0.6 s), which says where the
+pause went, not how late words come, and then the lag is 0, with a warning. The manifest is
+rewritten in one atomic rename and sealed afresh.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ def find_alignment_heads(
             their lag.
 
     Returns:
-        What was recorded: ``heads`` (best first; empty when none qualifies), ``lag_s``, the
-        data, split and join count, and unless ``keep_heads``, ``limit_s`` and
-        ``median_error_s`` of every head (``"layer,head"``).
+        What was recorded: ``heads`` (best first; empty when none qualifies), ``lag_s`` and the
+        ``onset_offset_s`` it was taken from, the data, split and join count, and unless
+        ``keep_heads``, ``limit_s`` and ``median_error_s`` of every head (``"layer,head"``).
 
     Raises:
         UserError: ``joins`` < 1, a bad split, or one with no two utterances of a language that
@@ -122,16 +125,25 @@ def find_alignment_heads(
         median = np.median(np.abs(table), axis=0)
     # the lag of the heads word timestamps will align with: the default ones when none qualifies
     timing = chosen or alignment_heads(bundle.model)
-    lag = float(np.median([
+    offset = float(np.median([
         onset_offsets(
             bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt, timing,
             eot=bundle.specials.eot, device=bundle.device,
         )[0]
         for wave, tokens, k, onset, prompt in pairs
     ]))  # fmt: skip
+    lag = offset if 0.0 <= offset <= max_error else 0.0
+    if lag != offset:
+        log.warning(
+            "the heads place an utterance's start after a pause %.0f ms %s, outside 0-%.0f ms: "
+            "that is where they put the pause, not how late words come; word timestamps take "
+            "no lag off",
+            abs(1000 * offset), "early" if offset < 0 else "late", 1000 * max_error,
+        )  # fmt: skip
     record = {
         "heads": [list(h) for h in (timing if chosen is None else chosen)],
         "lag_s": round(lag, 4),
+        "onset_offset_s": round(offset, 4),
         "data": str(data_config(data).path),
         "split": split,
         "joins": len(pairs),
@@ -150,3 +162,16 @@ def find_alignment_heads(
             )
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})
     return record
+
+
+def lag_text(record: dict[str, Any]) -> str:
+    """What :func:`find_alignment_heads`' ``record`` means for word timestamps, in words."""
+    lag, offset = record["lag_s"], record["onset_offset_s"]
+    if lag == offset:
+        return f"the heads place words {1000 * lag:.0f} ms late; word timestamps take that off"
+    side = "early" if offset < 0 else "late"
+    return (
+        f"the heads place an utterance's start after a pause {abs(1000 * offset):.0f} ms {side}: "
+        "that is where they put the pause, not how late words come, so word timestamps take no "
+        "lag off"
+    )

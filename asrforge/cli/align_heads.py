@@ -53,17 +53,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.heads import find_alignment_heads
+    from asrforge.bundle.heads import find_alignment_heads, lag_text
 
     record = find_alignment_heads(
         args.bundle, data_options(args), args.split, joins=args.joins, max_error=args.max_error,
         keep_heads=args.keep_heads,
     )  # fmt: skip
-    lag = f"; they place words {1000 * record['lag_s']:.0f} ms late, taken off word timestamps"
+    lag = f"; {lag_text(record)}"
     if args.keep_heads:
         heads = " ".join(f"{a},{b}" for a, b in record["heads"])
-        print(f"kept the alignment heads of {args.bundle}: {heads}{lag} (median of "
-              f"{record['joins']} joins of {args.split})")  # fmt: skip
+        print(f"kept the alignment heads of {args.bundle}: {heads} (measured on "
+              f"{record['joins']} joins of {args.split}){lag}")  # fmt: skip
         return 0
     best = sorted(record["median_error_s"].items(), key=lambda kv: kv[1])[:5]
     print(

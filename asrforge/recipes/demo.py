@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asrforge.bundle import export_bundle, load_bundle
-from asrforge.bundle.heads import find_alignment_heads
+from asrforge.bundle.heads import find_alignment_heads, lag_text
 from asrforge.callbacks import build_callbacks
 from asrforge.config import load_config
 from asrforge.convert.ct2 import import_ct2
@@ -249,8 +249,7 @@ def time_words(bundle_dir: Path, data: Path, say: Progress) -> None:
     except UserError as e:
         say(f"export: word timestamps take no lag off: {e}")
         return
-    say(f"export: the alignment heads place words {1000 * record['lag_s']:.0f} ms late on "
-        f"{record['joins']} joins of validation clips; word timestamps take that off")  # fmt: skip
+    say(f"export: word timing on {record['joins']} joins of validation clips: {lag_text(record)}")
 
 
 def drift(before: list[str], after: list[str]) -> float:
