@@ -57,7 +57,7 @@ def test_a_recorded_lag_is_loaded_and_one_that_is_no_time_is_refused(tmp_path, t
     assert load_bundle(bundle).word_lag == 0.0
     update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": 0.055}})
     assert load_bundle(bundle).word_lag == 0.055
-    for bad in ("0.05", None, 1e9, float("nan")):
+    for bad in ("0.05", None, -0.1, 1e9, float("nan")):
         update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": bad}})
         with pytest.raises(CheckpointCorruptError, match="lag_s must be seconds"):
             load_bundle(bundle)
@@ -180,7 +180,8 @@ def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, caps
     assert main([*argv, "--joins", "3", "--keep-heads"]) == 0
     assert "kept the alignment heads" in capsys.readouterr().out
     kept = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
-    assert kept["heads"] == [] and kept["joins"] == record["joins"]
+    assert kept["heads"] == [] and kept["joins"] == record["joins"] and kept["kept"]
+    assert kept["median_error_s"] == record["median_error_s"]  # the search's evidence stays
     assert load_bundle(bundle_dir).word_lag == kept["lag_s"]
     assert kept["lag_s"] in (kept["onset_offset_s"], 0.0) and 0.0 <= kept["lag_s"] <= 0.2
 

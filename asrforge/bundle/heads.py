@@ -12,14 +12,16 @@ of that start is within ``max_error`` (:data:`~asrforge.model.alignment.HEAD_ERR
 by default). When no head qualifies that is recorded too, and word timestamps keep the default
 heads, with a warning.
 
-The heads word timestamps will use then align the same joins together, and the median of how
-late they place that start (``onset_offset_s``) is the bundle's lag (``lag_s``), which word
-timestamps take off every word: cross-attention attends to a word's sound a little after it
-begins, by an amount that differs from model to model and head to head. It is taken as a lag
-only when it lies between 0 and ``max_error``: heads that give the pause before an utterance to
-its first word place that start early (Whisper base's, by 0.4-0.6 s), which says where the
-pause went, not how late words come, and then the lag is 0, with a warning. The manifest is
-rewritten in one atomic rename and sealed afresh.
+The heads word timestamps will use then time the same joins' words together, and the median of
+how late the second utterance's first word starts (``onset_offset_s``) is the bundle's lag
+(``lag_s``), which word timestamps take off every word: cross-attention attends to a word's
+sound a little after it begins, by an amount that differs from model to model and head to
+head. It is taken as a lag only when it lies between 0 and
+:data:`~asrforge.model.alignment.LAG_LIMIT`: heads that give the pause before an utterance to
+its first word place that start early, which says where the pause went, not how late words
+come, and then the lag is 0, with a warning. ``keep_heads`` measures the lag alone and keeps
+what an earlier search recorded. The manifest is rewritten in one atomic rename and sealed
+afresh.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, load_bundle
 from asrforge.bundle.write import update_bundle_manifest
+from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import DataConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.sources import data_config
@@ -39,12 +42,14 @@ from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import split_loader
 from asrforge.model.alignment import (
     HEAD_ERROR_LIMIT,
+    LAG_LIMIT,
     alignment_heads,
     head_offsets,
     onset_offsets,
     qualifying_heads,
     speech_onset,
 )
+from asrforge.text.languages import UNSPACED_LANGUAGES
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +109,18 @@ def find_alignment_heads(
         onset = (first.shape[0] + gap.shape[0]) / SAMPLE_RATE + speech_onset(second)
         prompt = bundle.specials.prompt(utt.language, bundle.config.data.task)
         pairs.append((np.concatenate([first, gap, second]), tokens, len(dataset.utts[j].text_ids),
-                      onset, prompt))  # fmt: skip
+                      onset, prompt, utt.language))  # fmt: skip
     if not pairs:
         raise UserError(
             f"{data_config(data).path} split {split!r}: no two utterances of one language fit "
             "one window together; give a split with more (or shorter) utterances"
         )
+    earlier = read_manifest(Path(bundle_dir)).get(ALIGNMENT_HEADS_KEY) or {}
     if keep_heads:
         chosen, median = bundle.alignment_heads, None
     else:
         tables = []
-        for wave, tokens, k, onset, prompt in pairs:
+        for wave, tokens, k, onset, prompt, _language in pairs:
             heads, offsets = head_offsets(
                 bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt,
                 eot=bundle.specials.eot, device=bundle.device,
@@ -123,26 +129,20 @@ def find_alignment_heads(
         table = np.stack(tables)
         chosen = qualifying_heads(heads, table, max_error)
         median = np.median(np.abs(table), axis=0)
-    # the lag of the heads word timestamps will align with: the default ones when none qualifies
+    # Word timestamps fall back to the default heads when none qualifies: their lag is the one.
     timing = chosen or alignment_heads(bundle.model)
     offset = float(np.median([
         onset_offsets(
             bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt, timing,
-            eot=bundle.specials.eot, device=bundle.device,
+            eot=bundle.specials.eot, decode=bundle.tokenizer.decode,
+            specials=bundle.non_text_ids(), unspaced=language in UNSPACED_LANGUAGES,
+            device=bundle.device,
         )[0]
-        for wave, tokens, k, onset, prompt in pairs
+        for wave, tokens, k, onset, prompt, language in pairs
     ]))  # fmt: skip
-    lag = offset if 0.0 <= offset <= max_error else 0.0
-    if lag != offset:
-        log.warning(
-            "the heads place an utterance's start after a pause %.0f ms %s, outside 0-%.0f ms: "
-            "that is where they put the pause, not how late words come; word timestamps take "
-            "no lag off",
-            abs(1000 * offset), "early" if offset < 0 else "late", 1000 * max_error,
-        )  # fmt: skip
     record = {
         "heads": [list(h) for h in (timing if chosen is None else chosen)],
-        "lag_s": round(lag, 4),
+        "lag_s": round(offset if 0.0 <= offset <= LAG_LIMIT else 0.0, 4),
         "onset_offset_s": round(offset, 4),
         "data": str(data_config(data).path),
         "split": split,
@@ -160,6 +160,11 @@ def find_alignment_heads(
                 max_error,
                 float(median.min()),
             )
+    else:  # the search an earlier run recorded still stands
+        record.update({k: earlier[k] for k in ("limit_s", "median_error_s") if k in earlier})
+        record["kept"] = True
+    if record["lag_s"] != record["onset_offset_s"]:
+        log.warning("%s", lag_text(record))
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})
     return record
 
@@ -171,7 +176,7 @@ def lag_text(record: dict[str, Any]) -> str:
         return f"the heads place words {1000 * lag:.0f} ms late; word timestamps take that off"
     side = "early" if offset < 0 else "late"
     return (
-        f"the heads place an utterance's start after a pause {abs(1000 * offset):.0f} ms {side}: "
-        "that is where they put the pause, not how late words come, so word timestamps take no "
-        "lag off"
+        f"the heads place an utterance's start after a pause {abs(1000 * offset):.0f} ms {side}, "
+        f"outside 0-{1000 * LAG_LIMIT:.0f} ms: that is where they put the pause, not how late "
+        "words come, so word timestamps take no lag off"
     )

@@ -314,18 +314,19 @@ def _alignment_heads(found: Any, where: Path, config) -> list[tuple[int, int]]:
     return [(h[0], h[1]) for h in heads]
 
 
-def _word_lag(found: dict[str, Any], where: Path, window_seconds: float) -> float:
+def _word_lag(found: dict[str, Any], where: Path, window: float) -> float:
     """The seconds ``asrforge align-heads`` measured its heads place words late (0 when it
-    measured none).
+    measured none), within one ``window`` of seconds.
 
     Raises:
-        CheckpointCorruptError: a lag that is not a number of seconds within one window.
+        CheckpointCorruptError: a lag that is not a number of seconds from 0 to one window (a
+            negative one would move words later).
     """
     lag = found.get("lag_s", 0.0)
-    if type(lag) not in (int, float) or not abs(lag) < window_seconds:
+    if type(lag) not in (int, float) or not 0 <= lag < window:
         raise CheckpointCorruptError(
-            f"{where}: {ALIGNMENT_HEADS_KEY}.lag_s must be seconds within one "
-            f"{window_seconds:g} s window, got {lag!r}"
+            f"{where}: {ALIGNMENT_HEADS_KEY}.lag_s must be seconds from 0 to one {window:g} s "
+            f"window, got {lag!r}"
         )
     return float(lag)
 

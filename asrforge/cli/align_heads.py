@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     lag = f"; {lag_text(record)}"
     if args.keep_heads:
-        heads = " ".join(f"{a},{b}" for a, b in record["heads"])
+        heads = " ".join(f"{a},{b}" for a, b in record["heads"]) or (
+            "none qualified, so the default ones"
+        )
         print(f"kept the alignment heads of {args.bundle}: {heads} (measured on "
               f"{record['joins']} joins of {args.split}){lag}")  # fmt: skip
         return 0

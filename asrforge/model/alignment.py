@@ -20,7 +20,9 @@ For one window of audio (at most the encoder's window) and the text tokens decod
   at its first token's start and ending at the next word's start; a word longer than twice
   the window's median word next to a sentence end is cut to that length; punctuation is then
   merged into the neighbouring word, which keeps its own times; a word's probability is the
-  mean of its tokens' probabilities.
+  mean of its tokens' probabilities;
+* the heads' lag (what ``asrforge align-heads`` measured, :func:`onset_offsets`) is taken off
+  every word's times, none before its window's start.
 
 The heads are the generation config's ``alignment_heads`` (openai-whisper's, which the
 pretrained models ship); a model without them (built from scratch, or its heads lost) uses
@@ -421,6 +423,13 @@ def tidy_long_words(
     return last.end
 
 
+def _encode(model, extractor, wave: np.ndarray, device, sample_rate: int) -> torch.Tensor:
+    """(1, frames, d_model) the encoder output of one window of audio."""
+    feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
+    x = torch.from_numpy(feats.astype(np.float32)).to(device)
+    return model.model.encoder(x).last_hidden_state
+
+
 @torch.no_grad()
 def add_word_timestamps(
     model,
@@ -466,9 +475,7 @@ def add_word_timestamps(
             if kept is not None:
                 encoder_out = kept[None]
             else:
-                feats = extractor(audio, sampling_rate=sample_rate, return_tensors="np")
-                x = torch.from_numpy(feats.input_features.astype(np.float32)).to(device)
-                encoder_out = model.model.encoder(x).last_hidden_state
+                encoder_out = _encode(model, extractor, audio, device, sample_rate)
             texts = [[t for t in s.tokens if t not in non_text] for s in group]
             words, median = align_words(
                 model,
@@ -498,6 +505,9 @@ def add_word_timestamps(
 
 HEAD_ERROR_LIMIT = 0.2
 """Seconds: a head qualifies when its median error of an utterance's start is within this."""
+LAG_LIMIT = 0.2
+"""Seconds: the most an utterance's start after a pause may come late to be taken as the heads'
+lag; later (or early) is where the heads put the pause."""
 
 
 def speech_onset(wave: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float:
@@ -524,10 +534,9 @@ def _join_attention(
 ):
     """Each join's attention scores of ``heads`` (:func:`cross_attention`), with the join."""
     for wave, tokens, k, onset in joins:
-        feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
-        encoder_out = model.model.encoder(torch.from_numpy(feats.astype(np.float32)).to(device))
+        encoder_out = _encode(model, extractor, wave, device, sample_rate)
         ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
-        _, qk = cross_attention(model, encoder_out.last_hidden_state, ids, heads)
+        _, qk = cross_attention(model, encoder_out, ids, heads)
         yield qk, wave, tokens, k, onset
 
 
@@ -581,19 +590,26 @@ def onset_offsets(
     heads: Sequence[tuple[int, int]],
     *,
     eot: int,
+    decode: Callable[[list[int]], str],
+    specials: frozenset[int],
+    unspaced: bool = False,
     device: torch.device | str = "cpu",
     sample_rate: int = SAMPLE_RATE,
 ) -> np.ndarray:
     """(len(joins),) signed offsets in seconds (positive: late) of the second utterance's start
-    as word timestamps place it, by ``heads`` together; ``joins`` as :func:`head_offsets`
-    takes them."""
-    attention = _join_attention(
-        model, extractor, joins, prompt, heads, eot=eot, device=device, sample_rate=sample_rate
-    )
-    return np.array([
-        token_starts(qk, len(prompt), len(tokens), wave.shape[0])[k] - onset
-        for qk, wave, tokens, k, onset in attention
-    ])  # fmt: skip
+    as word timestamps place it: the start of the word holding its first token among the
+    join's words by ``heads`` together (:func:`align_words`, long words at sentence ends cut);
+    ``joins`` as :func:`head_offsets` takes them, the rest as :func:`align_words`."""
+    offsets = []
+    for wave, tokens, k, onset in joins:
+        encoder_out = _encode(model, extractor, wave, device, sample_rate)
+        words, _ = align_words(
+            model, encoder_out, prompt, tokens, wave.shape[0], eot=eot, decode=decode,
+            specials=specials, heads=heads, unspaced=unspaced,
+        )  # fmt: skip
+        ends = np.cumsum([len(w.tokens) for w in words])
+        offsets.append(words[int(np.searchsorted(ends, k, side="right"))].start - onset)
+    return np.array(offsets)
 
 
 def qualifying_heads(
