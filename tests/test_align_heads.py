@@ -18,7 +18,7 @@ from asrforge.bundle.export import export_bundle
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, load_bundle
 from asrforge.bundle.write import update_bundle_manifest
 from asrforge.errors import CheckpointCorruptError
-from asrforge.model.alignment import qualifying_heads, speech_onset
+from asrforge.model.head_timing import qualifying_heads, speech_onset
 
 SR = 16_000
 

@@ -25,11 +25,11 @@ from asrforge.model.alignment import (
     median_filter,
     median_word,
     merge_punctuation,
-    speech_onset,
     split_words,
     tidy_long_words,
     token_starts,
 )
+from asrforge.model.head_timing import speech_onset
 from asrforge.model.longform import Segment
 
 SR = 16_000

@@ -5,10 +5,10 @@ manifest, which word timestamps then use.
 
 Consecutive utterances of a split (same language) are joined with one second of silence into
 recordings of at most one window. The start of the second utterance's speech is known: where
-it was joined plus its own leading silence (:func:`asrforge.model.alignment.speech_onset`).
+it was joined plus its own leading silence (:func:`asrforge.model.head_timing.speech_onset`).
 Each head aligns the joined text to the audio alone, as word timestamps do with the heads
-together (:func:`asrforge.model.alignment.head_offsets`); a head qualifies when its median error
-of that start is within ``max_error`` (:data:`~asrforge.model.alignment.HEAD_ERROR_LIMIT`, 0.2 s,
+together (:func:`asrforge.model.head_timing.head_offsets`); a head qualifies when its median error
+of that start is within ``max_error`` (:data:`~asrforge.model.head_timing.HEAD_ERROR_LIMIT`, 0.2 s,
 by default). When no head qualifies that is recorded too, and word timestamps keep the default
 heads, with a warning.
 
@@ -17,7 +17,7 @@ how late the second utterance's first word starts (``onset_offset_s``) is the bu
 (``lag_s``), which word timestamps take off every word: cross-attention attends to a word's
 sound a little after it begins, by an amount that differs from model to model and head to
 head. It is taken as a lag only when it lies between 0 and
-:data:`~asrforge.model.alignment.LAG_LIMIT`: heads that give the pause before an utterance to
+:data:`~asrforge.model.head_timing.LAG_LIMIT`: heads that give the pause before an utterance to
 its first word place that start early, which says where the pause went, not how late words
 come, and then the lag is 0, with a warning. ``keep_heads`` measures the lag alone and keeps
 what an earlier search recorded. The manifest is rewritten in one atomic rename and sealed
@@ -40,10 +40,10 @@ from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import split_loader
-from asrforge.model.alignment import (
+from asrforge.model.alignment import alignment_heads
+from asrforge.model.head_timing import (
     HEAD_ERROR_LIMIT,
     LAG_LIMIT,
-    alignment_heads,
     head_offsets,
     onset_offsets,
     qualifying_heads,
