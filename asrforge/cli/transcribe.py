@@ -86,8 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--word-timestamps",
         action="store_true",
         help="time every word (cross-attention of the alignment heads aligned by dynamic time "
-        "warping): json gets a words list per segment (start, end, probability); srt and vtt "
-        "get one cue per word",
+        "warping, less the heads' lag `asrforge align-heads` measured): json gets a words list "
+        "per segment (start, end, probability); srt and vtt get one cue per word",
     )
     p.add_argument(
         "--vad",
