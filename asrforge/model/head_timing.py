@@ -33,25 +33,6 @@ def speech_onset(wave: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float:
     return float(np.argmax(rms >= 0.1 * rms.max())) * hop / sample_rate
 
 
-def _join_attention(
-    model,
-    extractor,
-    joins: Sequence[tuple[np.ndarray, list[int], int, float]],
-    prompt: Sequence[int],
-    heads: Sequence[tuple[int, int]],
-    *,
-    eot: int,
-    device: torch.device | str,
-    sample_rate: int,
-):
-    """Each join's attention scores of ``heads`` (:func:`cross_attention`), with the join."""
-    for wave, tokens, k, onset in joins:
-        encoder_out = encode_window(model, extractor, wave, device, sample_rate)
-        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
-        _, qk = cross_attention(model, encoder_out, ids, heads)
-        yield qk, wave, tokens, k, onset
-
-
 @torch.no_grad()
 def head_offsets(
     model,
@@ -83,10 +64,10 @@ def head_offsets(
         for head in range(cfg.decoder_attention_heads)
     ]
     offsets = np.zeros((len(joins), len(heads)))
-    attention = _join_attention(
-        model, extractor, joins, prompt, heads, eot=eot, device=device, sample_rate=sample_rate
-    )
-    for j, (qk, wave, tokens, k, onset) in enumerate(attention):
+    for j, (wave, tokens, k, onset) in enumerate(joins):
+        encoder_out = encode_window(model, extractor, wave, device, sample_rate)
+        ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
+        _, qk = cross_attention(model, encoder_out, ids, heads)
         for h in range(len(heads)):
             starts = token_starts(qk[h : h + 1], len(prompt), len(tokens), wave.shape[0])
             offsets[j, h] = starts[k] - onset
