@@ -140,10 +140,14 @@ def test_bench_word_timestamps_scores_both_sides(tmp_path, capsys):
 
     if workload.ESPEAK is None:
         pytest.skip("espeak-ng is not installed")
-    out = bench_word_timestamps.main(["--quick", "--threads", "1", "--work-dir", str(tmp_path)])
-    for side in ("asrforge", "transformers"):
+    argv = ["--quick", "--find-heads", "--threads", "1", "--work-dir", str(tmp_path)]
+    out = bench_word_timestamps.main(argv)
+    sides = ("asrforge", "transformers", "asrforge, found heads, lag", "asrforge, own heads, lag")
+    for side in sides:
         assert out[side]["scored"] >= 0.7 and out[side]["median_ms"] < 300
-    assert "RESULT word_timestamps asrforge median_ms=" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "own heads, lag: heads [[1, 0]" in said  # tiny.en's shipped heads, kept
+    assert "RESULT word_timestamps asrforge median_ms=" in said
 
 
 @pytest.mark.fast
