@@ -39,6 +39,7 @@ def test_the_best_refused_evaluation_is_tracked_and_rides_in_the_state():
     resumed = _guarded_selector()
     resumed.load_state_dict(json.loads(json.dumps(sel.state_dict())))
     assert resumed.unguarded_step == 10 and resumed.unguarded == sel.unguarded
+    assert resumed.unguarded_why == sel.unguarded_why == "guard drift 0.1 > start 0 + tolerance 0.02"
     # a step within the guard that beats it by the policy makes best/ the better one
     assert resumed.update({"wer": 0.20, "loss": 0.6, "guard_wer": 0.01}, step=30).save
     assert resumed.unguarded_step is None and resumed.unguarded == {}
@@ -94,7 +95,7 @@ def test_a_run_the_guard_refuses_keeps_its_best_trained_step(
     line = next(x for x in out.splitlines() if "forgetting guard refused" in x)
     assert f"refused step {step}" in line
     assert f"loss {start_loss:.4f} -> {manifest['metrics']['loss']:.4f} since step 0" in line
-    assert "guard drift 0.5000 > start 0.0000 + tolerance 0.02" in line
+    assert "guard drift 0.5 > start 0 + tolerance 0.02" in line
     assert "checkpoints/best-unguarded/" in line and NOT_IMPROVED in out
     log = (tmp_path / "run" / "train.log").read_text()
     assert "forgetting guard refused every step the selection policy would have chosen" in log
@@ -237,14 +238,15 @@ def test_shares_without_within_guard_is_refused(tmp_path, capsys):
 @pytest.mark.fast
 def test_the_refused_step_names_the_guard_s_metric():
     from asrforge.selection.guard_gate import describe_refused
-
-    refused = {"cer": 0.10, "guard_wer": 0.30, "guard_start": 0.1, "guard_tolerance": 0.02}
-    line = describe_refused(10, {**refused, "guard_metric": "cer"}, {"cer": 0.2},
-                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
-    assert "guard cer 0.3000 > start 0.1000" in line and "guard wer" not in line
-    line = describe_refused(10, {**refused, "guard_metric": "wer"}, {"cer": 0.2},
-                            before_step=0, selected_on="cer", guard_kind="wer")  # fmt: skip
-    assert "guard wer 0.3000" in line
+    for metric in ("cer", "wer"):
+        gate = GuardGate(0.02)
+        gate.set_start(0.1, "wer", {})
+        sel = Selector(ByWer("cer"), patience=10, max_steps=None, guard=gate)
+        sel.update({"cer": 0.2, "wer": 0.3, "guard_wer": 0.1, "guard_metric": metric}, step=0)
+        sel.update({"cer": 0.1, "wer": 0.2, "guard_wer": 0.3, "guard_metric": metric}, step=10)
+        line = describe_refused(10, sel.unguarded, sel.start, before_step=0, selected_on="cer",
+                                why=sel.unguarded_why)  # fmt: skip
+        assert f"cer 0.2000 -> 0.1000 since step 0; guard {metric} 0.3 > start 0.1" in line
 
 
 @pytest.mark.fast

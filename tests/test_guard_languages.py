@@ -9,6 +9,8 @@ import pytest
 from asrforge.evaluation.guard import Guard, log_text
 from asrforge.evaluation.guard_items import GuardItem
 from asrforge.selection.guard_gate import GuardGate, describe_refused, largest_share_within
+from asrforge.selection.policies import ByWer
+from asrforge.selection.selector import Selector
 
 pytestmark = pytest.mark.fast
 
@@ -72,15 +74,25 @@ def test_a_guard_of_one_language_keeps_one_pooled_figure():
 
 
 def test_the_end_message_names_the_language_the_guard_refused():
-    refused = {"wer": 0.2, "guard_wer": 0.1, "guard_start": 0.0, "guard_tolerance": 0.3,
-               "guard_languages": {"es": {"value": 0.5, "start": 0.0, "metric": "wer", "within": False},
-                                   "en": {"value": 0.0, "start": 0.0, "metric": "wer", "within": True}}}  # fmt: skip
+    """Through the selector, as a run reports it: the pooled figure was within, one language
+    was not, and the end message says which (the figures the selector keeps are numbers only)."""
+    g, gate = guard(), GuardGate(0.3)
+    start = measured(g, gate, EN + ES, EN + ES)
+    selector = Selector(ByWer(), patience=10, max_steps=None, guard=gate)
+    assert selector.update({"wer": 0.4, **start}, step=0).save
+    g.transcribe = lambda model, **kw: EN + ["uno dos tres cuatro", ES[1]]
+    metrics = g.measure(None, gate, device="cpu")
+    assert not selector.update({"wer": 0.2, **metrics}, step=6).save
     text = describe_refused(
-        6, refused, {"wer": 0.4}, before_step=0, selected_on="wer", guard_kind="wer"
-    )
-    assert "guard wer of 'es' 0.5000 > start 0.0000 + tolerance 0.3" in text
+        6, selector.unguarded, selector.start, before_step=0, selected_on="wer",
+        why=selector.unguarded_why,
+    )  # fmt: skip
+    assert "wer 0.4000 -> 0.2000 since step 0; guard wer of 'es' 0.5 > start 0 + tolerance 0.3" in text
     # the pooled figure was within: the message does not say it was not
-    assert "guard wer 0.1000 >" not in text and "'en'" not in text
+    assert "guard wer 0.1 >" not in text and "'en'" not in text
+    resumed = Selector(ByWer(), patience=10, max_steps=None, guard=GuardGate(0.3))
+    resumed.load_state_dict(selector.state_dict())
+    assert resumed.unguarded_why == selector.unguarded_why
 
 
 def test_interpolation_takes_the_largest_share_every_language_accepts():

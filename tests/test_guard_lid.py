@@ -45,14 +45,12 @@ def test_the_selector_refuses_the_save_on_a_language_id_drop():
     refused = selector.update({"wer": 0.4, "guard_wer": 0.0, "guard_lid": 0.5}, step=2)
     assert not refused.save and refused.unguarded
     assert "language-ID accuracy 0.5 < start 0.95 - tolerance 0.05" in refused.reason
-    assert selector.update({"wer": 0.3, "guard_wer": 0.0, "guard_lid": 0.92}, step=3).save
     line = describe_refused(
-        2,
-        {"wer": 0.4, "guard_wer": 0.0, "guard_start": 0.0, "guard_tolerance": 0.02,
-         "guard_lid": 0.5, "guard_lid_start": 0.95, "guard_lid_tolerance": 0.05},
-        {"wer": 0.5}, before_step=1, selected_on="wer", guard_kind="drift",
+        2, selector.unguarded, selector.best, before_step=1, selected_on="wer",
+        why=selector.unguarded_why,
     )  # fmt: skip
-    assert "guard language-ID accuracy 0.5000 < start 0.9500 - tolerance 0.05" in line
+    assert selector.update({"wer": 0.3, "guard_wer": 0.0, "guard_lid": 0.92}, step=3).save
+    assert "guard language-ID accuracy 0.5 < start 0.95 - tolerance 0.05" in line
     assert "guard drift" not in line
 
 

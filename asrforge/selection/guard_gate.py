@@ -169,12 +169,12 @@ def describe_refused(
     *,
     before_step: int | None,
     selected_on: str,
-    guard_kind: str | None,
+    why: str,
 ) -> str:
     """What the forgetting guard kept from the run: the step it refused that the policy alone
     would have chosen (``refused``: its metrics), what the policy's metrics did from
-    ``before`` (the evaluation at ``before_step``: the start, else the best), how far the guard
-    drifted, and where that checkpoint is."""
+    ``before`` (the evaluation at ``before_step``: the start, else the best), why the guard
+    refused it (:meth:`GuardGate.check`'s reason), and where that checkpoint is."""
     names = selected_on.split(" and ")
     since = f" since step {before_step}" if before_step is not None else ""
     changes = ", ".join(
@@ -182,45 +182,9 @@ def describe_refused(
         for m in names
         if m in before and m in refused
     ) or format_metrics(refused)
-    guard = ""
-    lid_refused = (
-        "guard_lid" in refused
-        and refused["guard_lid"]
-        < refused.get("guard_lid_start", 0.0) - refused.get("guard_lid_tolerance", 0.0) - 1e-12
-    )
-    languages_refused = {
-        language: figure
-        for language, figure in (refused.get("guard_languages") or {}).items()
-        if not figure["within"]
-    }
-    wer_refused = not (lid_refused or languages_refused) or not within(
-        refused.get("guard_wer", 0.0),
-        refused.get("guard_start", 0.0),
-        refused.get("guard_tolerance", 0.0),
-    )
-    if "guard_wer" in refused and wer_refused:
-        # a guard with references names its metric: CER for unspaced scripts, else WER
-        name = "drift" if guard_kind == "drift" else refused.get("guard_metric", "wer")
-        guard = (
-            f"; guard {name} {refused['guard_wer']:.4f} > start "
-            f"{refused.get('guard_start', 0.0):.4f} + tolerance "
-            f"{refused.get('guard_tolerance', 0.0):g}"
-        )
-    for language, figure in languages_refused.items():
-        name = "drift" if guard_kind == "drift" else figure["metric"]
-        guard += (
-            f"; guard {name} of {language!r} {figure['value']:.4f} > start "
-            f"{figure['start']:.4f} + tolerance {refused.get('guard_tolerance', 0.0):g}"
-        )
-    if lid_refused:
-        guard += (
-            f"; guard language-ID accuracy {refused['guard_lid']:.4f} < start "
-            f"{refused.get('guard_lid_start', 0.0):.4f} - tolerance "
-            f"{refused.get('guard_lid_tolerance', 0.0):g}"
-        )
     return (
         f"the forgetting guard refused step {step}, the best by the selection policy alone "
-        f"({changes}{guard}); it is kept in checkpoints/best-unguarded/ (`asrforge export "
+        f"({changes}; {why}); it is kept in checkpoints/best-unguarded/ (`asrforge export "
         f"RUN --within-guard` finds the share of it that stays within the guard)"
     )
 

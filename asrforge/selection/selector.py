@@ -110,6 +110,9 @@ class Selector:
         evaluation within the guard beat it)."""
         self.unguarded: dict[str, float] = {}
         """That evaluation's metrics, the guard's (``guard_wer``, ``guard_start``, ...) included."""
+        self.unguarded_why: str = ""
+        """Why the guard refused that evaluation, in the gate's words (which figure was out of
+        tolerance: the pooled one, a language's or the language identification's)."""
 
     @property
     def patience(self) -> int:
@@ -172,6 +175,7 @@ class Selector:
                 unguarded = not within
                 self.unguarded_step = step if unguarded else None
                 self.unguarded = finite_numbers(metrics) if unguarded else {}
+                self.unguarded_why = why if unguarded else ""
         self.n_evals += 1
         if save:
             self.best_step, self.best = step, finite_numbers(metrics)
@@ -217,6 +221,7 @@ class Selector:
             state["held_out_state"] = self.held_out_state
             state["unguarded_step"] = self.unguarded_step
             state["unguarded"] = dict(self.unguarded)
+            state["unguarded_why"] = self.unguarded_why
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -261,6 +266,10 @@ class Selector:
         if self.guard is not None:
             self.unguarded_step = state.get("unguarded_step")
             self.unguarded = dict(state.get("unguarded") or {})
+            # a state from before the reason was kept: the gate judges the figures it kept again
+            self.unguarded_why = state.get("unguarded_why") or (
+                self.guard.check(self.unguarded)[1] if "guard_wer" in self.unguarded else ""
+            )
         # An empty start means the starting model was not evaluated.
         self.start = dict(state.get("start") or {})
 
@@ -269,7 +278,7 @@ _STATE_KINDS = {
     "policy": TEXT, "error_metric": TEXT, "policy_state": mapping_of(optional(NUMBER)),
     "evals_without_save": COUNT, "n_evals": COUNT, "best_step": optional(COUNT),
     "best": MAPPING, "start": MAPPING, "guard": MAPPING, "held_out_state": optional(MAPPING),
-    "unguarded_step": optional(COUNT), "unguarded": MAPPING,
+    "unguarded_step": optional(COUNT), "unguarded": MAPPING, "unguarded_why": optional(TEXT),
 }  # fmt: skip
 _GUARD_KINDS = {
     "start": optional(NUMBER), "kind": TEXT, "tolerance": NUMBER,

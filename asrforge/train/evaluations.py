@@ -179,5 +179,5 @@ class RunEvaluations:
             selector.start or selector.best,
             before_step=before_step,
             selected_on=selector.selected_on,
-            guard_kind=selector.guard.kind if selector.guard is not None else None,
+            why=selector.unguarded_why,
         )
