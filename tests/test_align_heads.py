@@ -32,6 +32,17 @@ def test_speech_onset_is_the_end_of_the_leading_silence() -> None:
 
 
 @pytest.mark.fast
+def test_joins_come_from_each_language_in_turn() -> None:
+    from asrforge.bundle.heads import in_turn
+
+    # a split sorted by language: the first joins are not all English
+    groups = {"en": ["en1", "en2", "en3"], "es": ["es1"], "it": ["it1", "it2"]}
+    assert in_turn(groups, 4) == ["en1", "es1", "it1", "en2"]
+    assert in_turn(groups, 10) == ["en1", "es1", "it1", "en2", "it2", "en3"]
+    assert in_turn({}, 3) == []
+
+
+@pytest.mark.fast
 def test_heads_qualify_by_median_error_best_first() -> None:
     heads = [(0, 0), (0, 1), (1, 0)]
     offsets = np.array([[0.05, 0.5, -0.15], [0.9, -0.4, 0.1], [-0.1, 0.3, 0.12]])
@@ -168,6 +179,7 @@ def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, caps
     assert "no head qualifies" in capsys.readouterr().out
     record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
     assert record["heads"] == [] and record["joins"] >= 1
+    assert sum(record["joins_by_language"].values()) == record["joins"]
     assert min(record["median_error_s"].values()) > record["limit_s"]
     bundle = load_bundle(bundle_dir)
     assert bundle.alignment_heads == []

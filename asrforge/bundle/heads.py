@@ -4,7 +4,7 @@ vocabulary extended), measure how late they place words, and record both in the 
 manifest, which word timestamps then use.
 
 Consecutive utterances of a split (same language) are joined with one second of silence into
-recordings of at most one window. The start of the second utterance's speech is known: where
+recordings of at most one window, taken from the split's languages in turn. The start of the second utterance's speech is known: where
 it was joined plus its own leading silence (:func:`asrforge.model.head_timing.speech_onset`).
 Each head aligns the joined text to the audio alone, as word timestamps do with the heads
 together (:func:`asrforge.model.head_timing.head_offsets`); a head qualifies when its median error
@@ -27,6 +27,7 @@ afresh.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,14 @@ def find_alignment_heads(
     dataset = loader.dataset
     window = round(bundle.window_seconds * SAMPLE_RATE)
     gap = np.zeros(round(GAP_SECONDS * SAMPLE_RATE), np.float32)
-    pairs, by_language = [], {}
+    # Each language pairs its own utterances, up to ``joins`` of them; the joins measured are
+    # then taken from the languages in turn, so a split sorted by language is not one language.
+    paired: dict[str, list] = {}
+    by_language: dict[str, int] = {}
     for i in range(n):
-        if len(pairs) == joins:
-            break
         utt = dataset.utts[i]
+        if len(paired.get(utt.language, ())) == joins:
+            continue
         j = by_language.pop(utt.language, None)
         if j is None:
             by_language[utt.language] = i
@@ -108,8 +112,11 @@ def find_alignment_heads(
         tokens = list(dataset.utts[j].text_ids) + list(utt.text_ids)
         onset = (first.shape[0] + gap.shape[0]) / SAMPLE_RATE + speech_onset(second)
         prompt = bundle.specials.prompt(utt.language, bundle.config.data.task)
-        pairs.append((np.concatenate([first, gap, second]), tokens, len(dataset.utts[j].text_ids),
-                      onset, prompt, utt.language))  # fmt: skip
+        paired.setdefault(utt.language, []).append(
+            (np.concatenate([first, gap, second]), tokens, len(dataset.utts[j].text_ids), onset,
+             prompt, utt.language)
+        )  # fmt: skip
+    pairs = in_turn(paired, joins)
     if not pairs:
         raise UserError(
             f"{data_config(data).path} split {split!r}: no two utterances of one language fit "
@@ -147,6 +154,7 @@ def find_alignment_heads(
         "data": str(data_config(data).path),
         "split": split,
         "joins": len(pairs),
+        "joins_by_language": dict(Counter(language for *_, language in pairs)),
     }
     if median is not None:
         record["limit_s"] = max_error
@@ -167,6 +175,15 @@ def find_alignment_heads(
         log.warning("%s", lag_text(record))
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})
     return record
+
+
+def in_turn(groups: dict[str, list], n: int) -> list:
+    """Up to ``n`` items taken from ``groups`` in turn (the first of each, then the second of
+    each, ...), in the groups' order."""
+    out: list = []
+    for k in range(max((len(g) for g in groups.values()), default=0)):
+        out += [g[k] for g in groups.values() if k < len(g)]
+    return out[:n]
 
 
 def lag_text(record: dict[str, Any]) -> str:
