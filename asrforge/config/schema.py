@@ -371,6 +371,13 @@ class GuardConfig(Section):
     """The precision the guard is measured in, the same at step 0, at every evaluation and in
     ``export --within-guard``: the one the bundle ships in (its weights are fp32), whatever
     ``train.precision`` autocasts the training in. Drift between precisions is not forgetting."""
+    decode: Literal["prompt", "transcribe"] = "prompt"
+    """How the guard decodes each item, the same at step 0, at every evaluation and in
+    ``export --within-guard``. ``prompt``: greedy in the item's own language, without
+    timestamps. ``transcribe``: as ``asrforge transcribe`` runs the bundle, the language detected
+    (a multilingual model) and with timestamps: the model judged as users run it, where the
+    item's language is not given (a window's first language token chosen right, and what the
+    model writes once it has chosen, both count)."""
 
 
 class NormalizerConfig(Section):

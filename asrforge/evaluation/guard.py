@@ -25,6 +25,7 @@ from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
+from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
 from asrforge.run_layout import RunLayout
 from asrforge.selection.groups import run_language
 from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
@@ -54,6 +55,10 @@ class Guard:
         precision: ``fp32``, ``bf16`` or ``fp16`` (``eval.guard.precision``): every
             measurement autocasts to it, or runs in fp32.
         normalizer: how transcripts are normalized before scoring (``eval.normalizer``).
+        decode: ``prompt`` or ``transcribe`` (``eval.guard.decode``).
+        detect: with ``transcribe``, a multilingual model's language tokens (code -> id) to
+            detect each item's language from; None: each item in its own (English-only).
+        no_timestamps: the ``<|notimestamps|>`` id (with ``transcribe``).
     """
 
     def __init__(
@@ -71,8 +76,14 @@ class Guard:
         sot: int | None = None,
         precision: str = "fp32",
         normalizer=None,
+        decode: str = "prompt",
+        detect: Mapping[str, int] | None = None,
+        no_timestamps: int | None = None,
     ):
         self.items = list(items)
+        self.decode = decode
+        self.detect = dict(detect or {})
+        self.no_timestamps = no_timestamps
         self.precision = precision
         self.normalizer = normalizer
         self.language_ids = dict(language_ids or {})
@@ -119,22 +130,45 @@ class Guard:
                         for i in chunk
                     ]
                 ).astype(np.float32)
-                prompts = torch.tensor([self.prompt(i.language) for i in chunk], device=device)
                 with self._autocast(device):
                     enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
-                    seqs, _ = greedy_decode(model, enc, prompts, self.eot, self.max_new_tokens)
                     if self.lid_items:
-                        detected += self._detect(model, enc)
+                        detected += self._detect(model, enc, self.language_ids)
+                    if self.decode == "transcribe":
+                        texts += self._transcribe(model, chunk, enc, device=device)
+                        continue
+                    prompts = [self.prompt(i.language) for i in chunk]
+                    ids = torch.tensor(prompts, device=device)
+                    seqs, _ = greedy_decode(model, enc, ids, self.eot, self.max_new_tokens)
                 texts += [self.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
         finally:
             model.train(was_training)
         self.last_detected = detected
         return texts
 
-    def _detect(self, model, enc: torch.Tensor) -> list[int]:
+    def _transcribe(self, model, chunk: Sequence[GuardItem], enc: torch.Tensor, *, device) -> list[str]:
+        """Each item's text as ``asrforge transcribe`` decodes it: the language detected (or
+        the item's own, English-only), timestamps on, from the windows' encodings ``enc``."""
+        languages = [i.language for i in chunk]
+        if self.detect:
+            code_of = {token: code for code, token in self.detect.items()}
+            languages = [code_of[t] for t in self._detect(model, enc, self.detect)]
+        encoded = EncodedWindows(len(chunk))
+        for item, window in zip(chunk, enc, strict=True):
+            encoded.add(item.wave, window)
+        segments = transcribe_long(
+            model, self.tokenizer, self.features, [i.wave for i in chunk],
+            [self.prompt(lang) for lang in languages],
+            chunking=choose_chunking(self.tokenizer, model.config, None)[0],
+            no_timestamps=self.no_timestamps, eot=self.eot, max_new_tokens=self.max_new_tokens,
+            batch_size=len(chunk), device=device, encoded=encoded,
+        )  # fmt: skip
+        return [" ".join(s.text for s in segs).strip() for segs in segments]
+
+    def _detect(self, model, enc: torch.Tensor, language_ids: Mapping[str, int]) -> list[int]:
         """The language token each window's decoder ranks first right after
-        ``<|startoftranscript|>`` among the model's language tokens, as Whisper detects."""
-        ids = sorted(set(self.language_ids.values()))
+        ``<|startoftranscript|>`` among ``language_ids``, as Whisper detects."""
+        ids = sorted(set(language_ids.values()))
         sot = torch.full((enc.shape[0], 1), self.sot, dtype=torch.long, device=enc.device)
         h = model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
         logits = model.proj_out(h[:, -1])[:, ids]
@@ -486,6 +520,9 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         sot=specials.sot,
         precision=gcfg.precision,
         normalizer=cfg.eval.normalizer,
+        decode=gcfg.decode,
+        detect=language_ids,
+        no_timestamps=specials.no_timestamps,
     )
 
 
@@ -512,7 +549,8 @@ def guard_transcripts(
     """``(item ids, transcripts)`` of the guard set by ``bundle``, windows as the training
     run's guard cuts them."""
     items = load_guard_items(guard_cfg, "en", window_seconds)
-    return [i.id for i in items], bundle_transcripts(bundle, items, batch_size, max_new_tokens)
+    texts = bundle_transcripts(bundle, items, batch_size, max_new_tokens, decode=guard_cfg.decode)
+    return [i.id for i in items], texts
 
 
 def attach_model_references(bundle, windows: Sequence[GuardWindow], batch_size: int,
@@ -550,17 +588,21 @@ def attach_model_references(bundle, windows: Sequence[GuardWindow], batch_size: 
 
 
 def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
-                       max_new_tokens: int) -> list[str]:  # fmt: skip
+                       max_new_tokens: int, *, decode: str = "prompt") -> list[str]:  # fmt: skip
     """The greedy transcript of each item by ``bundle`` (an :class:`asrforge.bundle.Bundle`),
-    decoded as the training run's guard decodes, each in its item's language."""
+    decoded as the training run's guard decodes (``decode``: ``eval.guard.decode``)."""
+    specials = bundle.specials
     guard = Guard(
         items,
         mode="drift",
         features=bundle.features,
         tokenizer=bundle.tokenizer,
-        prompt=lambda code: bundle.specials.prompt(code, bundle.config.data.task),
-        eot=bundle.specials.eot,
+        prompt=lambda code: specials.prompt(code, bundle.config.data.task),
+        eot=specials.eot,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
+        decode=decode,
+        detect=specials.languages if specials.multilingual else None,
+        no_timestamps=specials.no_timestamps,
     )
     return guard.transcribe(bundle.model, device=bundle.device)

@@ -1,0 +1,47 @@
+"""``eval.guard.decode: transcribe``: the guard judges a model as ``asrforge transcribe`` runs it
+(language detected, timestamps), where ``prompt`` gives each item its own language."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from audio_fixtures import synthesize
+from conftest import save_english_only_model
+from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
+from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
+
+from asrforge.bundle.export import bundle_from_checkpoint
+from asrforge.config import GuardConfig
+from asrforge.evaluation.guard import bundle_transcripts
+from asrforge.evaluation.guard_items import GuardItem
+
+
+@pytest.mark.fast
+def test_the_guard_decodes_each_item_as_transcribe_does(tmp_path, tones_dir):
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    rng = np.random.default_rng(0)
+    items = [
+        GuardItem(f"g{k}", (rng.standard_normal(int(s * 16000)) * 0.1).astype(np.float32),
+                  None, "en")
+        for k, s in enumerate((0.6, 1.3, 1.9))
+    ]  # fmt: skip
+    as_users = [bundle.transcribe(i.wave, max_new_tokens=12).strip() for i in items]
+    assert bundle_transcripts(bundle, items, 2, 12, decode="transcribe") == as_users
+    assert GuardConfig(path=tmp_path).decode == "prompt"
+    with pytest.raises(ValueError, match="decode"):
+        GuardConfig(path=tmp_path, decode="bundle")
+
+
+def test_tiny_en_guard_windows_decode_with_timestamps_as_transcribe_does(hf_tiny_en):  # noqa: F811
+    from asrforge.model.longform import choose_chunking
+
+    bundle = bundle_from_checkpoint(hf_tiny_en)
+    assert choose_chunking(bundle.tokenizer, bundle.model.config, None)[0] == "timestamps"
+    texts = ["We will meet at the library tomorrow morning.", "It is a beautiful day."]
+    gap = np.zeros(8000, np.float32)
+    items = [GuardItem("g0", np.concatenate([synthesize(texts[0]), gap, synthesize(texts[1])]),
+                       " ".join(texts), "en"),
+             GuardItem("g1", synthesize(texts[1], "en-gb"), texts[1], "en")]  # fmt: skip
+    as_users = [bundle.transcribe(i.wave, max_new_tokens=64).strip() for i in items]
+    assert bundle_transcripts(bundle, items, 2, 64, decode="transcribe") == as_users
+    assert all("library" in t.lower() or "beautiful" in t.lower() for t in as_users)
