@@ -45,3 +45,29 @@ def test_tiny_en_guard_windows_decode_with_timestamps_as_transcribe_does(hf_tiny
     as_users = [bundle.transcribe(i.wave, max_new_tokens=64).strip() for i in items]
     assert bundle_transcripts(bundle, items, 2, 64, decode="transcribe") == as_users
     assert all("library" in t.lower() or "beautiful" in t.lower() for t in as_users)
+
+
+@pytest.mark.fast
+def test_a_start_decoded_another_way_is_refused_and_the_way_rides_in_the_state():
+    from asrforge.errors import UserError
+    from asrforge.evaluation.guard import Guard
+    from asrforge.selection.guard_gate import GuardGate
+
+    items = [GuardItem("g0", np.zeros(16, np.float32), "la la", "en")]
+
+    def guard(decode: str) -> Guard:
+        return Guard(items, mode="drift", features=None, tokenizer=None, prompt=lambda lang: [0],
+                     eot=0, batch_size=1, max_new_tokens=4, decode=decode)  # fmt: skip
+
+    gate = GuardGate(0.02)
+    gate.set_start(0.0, "drift", {"g0": "la la"}, decode="transcribe")
+    resumed = GuardGate(0.02)
+    resumed.load_state_dict(gate.state_dict())
+    assert resumed.decode == "transcribe"
+    with pytest.raises(UserError, match="decoded as transcribe, this config decodes as prompt"):
+        guard("prompt").measure(None, resumed, device="cpu")
+    # a start recorded before the choice existed was decoded as prompt
+    older = GuardGate(0.02)
+    older.set_start(0.0, "drift", {"g0": "la la"})
+    with pytest.raises(UserError, match="decoded as prompt, this config decodes as transcribe"):
+        guard("transcribe").measure(None, older, device="cpu")

@@ -226,7 +226,9 @@ class Guard:
         lid = self.lid_accuracy()
         by_language = self.score_by_language(hyps, transcripts)
         language_starts = {language: value for language, (value, _) in by_language.items()}
-        gate.set_start(start, self.kind, transcripts, lid, language_starts, self.precision)
+        gate.set_start(
+            start, self.kind, transcripts, lid, language_starts, self.precision, self.decode
+        )
         log.info(
             "forgetting guard: %d item(s) in %s, %s; starting model %s %.4f (tolerance %g)",
             len(self.items),
@@ -266,6 +268,11 @@ class Guard:
             raise UserError(
                 f"eval.guard.precision: the guard's start was measured in {gate.precision}, "
                 f"this config measures in {self.precision}; measure it as it started"
+            )
+        if (gate.decode or "prompt") != self.decode:
+            raise UserError(
+                f"eval.guard.decode: the guard's start was decoded as {gate.decode or 'prompt'}, "
+                f"this config decodes as {self.decode}; decode it as it started"
             )
         hyps = self.transcribe(model, device=device)
         self.last_hyps = hyps

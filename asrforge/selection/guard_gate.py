@@ -51,6 +51,9 @@ class GuardGate:
         self.precision: str | None = None
         """What the start was measured in (None: recorded by an older asrforge, which
         measured it in the training's autocast)."""
+        self.decode: str | None = None
+        """How the start was decoded, ``eval.guard.decode`` (None: recorded by an older
+        asrforge, which decoded as ``prompt``)."""
 
     @property
     def started(self) -> bool:
@@ -64,13 +67,14 @@ class GuardGate:
         lid: float | None = None,
         language_starts: Mapping[str, float] | None = None,
         precision: str | None = None,
+        decode: str | None = None,
     ) -> None:
         """Record the starting model's guard WER, the guard's kind (``wer`` or ``drift``), its
         transcript of each item (id -> text), its language-identification accuracy (None:
-        not measured), each language's own figure (a guard of several languages) and the
-        precision it was measured in."""
+        not measured), each language's own figure (a guard of several languages), and the
+        precision it was measured in and how it was decoded."""
         self.start, self.kind, self.start_transcripts = float(wer), kind, dict(transcripts)
-        self.precision = precision
+        self.precision, self.decode = precision, decode
         self.lid_start = None if lid is None else float(lid)
         self.language_starts = {k: float(v) for k, v in (language_starts or {}).items()}
 
@@ -152,6 +156,7 @@ class GuardGate:
             # only a guard of several languages records each one's start
             **({"language_starts": dict(self.language_starts)} if self.language_starts else {}),
             **({"precision": self.precision} if self.precision is not None else {}),
+            **({"decode": self.decode} if self.decode is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -160,6 +165,7 @@ class GuardGate:
         self.lid_start = state.get("lid_start")
         self.language_starts = dict(state.get("language_starts") or {})
         self.precision = state.get("precision")
+        self.decode = state.get("decode")
 
 
 def describe_refused(
