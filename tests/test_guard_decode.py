@@ -17,7 +17,7 @@ from asrforge.evaluation.guard_items import GuardItem
 
 
 @pytest.mark.fast
-def test_the_guard_decodes_each_item_as_transcribe_does(tmp_path, tones_dir):
+def test_the_guard_decodes_each_item_as_transcribe_does(tmp_path, tones_dir, monkeypatch):
     bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
     rng = np.random.default_rng(0)
     items = [
@@ -27,6 +27,17 @@ def test_the_guard_decodes_each_item_as_transcribe_does(tmp_path, tones_dir):
     ]  # fmt: skip
     as_users = [bundle.transcribe(i.wave, max_new_tokens=12).strip() for i in items]
     assert bundle_transcripts(bundle, items, 2, 12, decode="transcribe") == as_users
+    # the guard took transcribe's way, not only its result (this model decodes alike either way)
+    from asrforge.evaluation import guard as guard_module
+
+    calls = []
+    real = guard_module.transcribe_long
+    monkeypatch.setattr(guard_module, "transcribe_long",
+                        lambda *a, **k: calls.append(len(a[3])) or real(*a, **k))  # fmt: skip
+    bundle_transcripts(bundle, items, 2, 12)
+    assert calls == []
+    bundle_transcripts(bundle, items, 2, 12, decode="transcribe")
+    assert calls == [2, 1]
     assert GuardConfig(path=tmp_path).decode == "prompt"
     with pytest.raises(ValueError, match="decode"):
         GuardConfig(path=tmp_path, decode="bundle")
@@ -57,7 +68,7 @@ def test_a_start_decoded_another_way_is_refused_and_the_way_rides_in_the_state()
 
     def guard(decode: str) -> Guard:
         return Guard(items, mode="drift", features=None, tokenizer=None, prompt=lambda lang: [0],
-                     eot=0, batch_size=1, max_new_tokens=4, decode=decode)  # fmt: skip
+                     eot=0, batch_size=1, max_new_tokens=4, decode=decode, no_timestamps=1)  # fmt: skip
 
     gate = GuardGate(0.02)
     gate.set_start(0.0, "drift", {"g0": "la la"}, decode="transcribe")
@@ -71,3 +82,18 @@ def test_a_start_decoded_another_way_is_refused_and_the_way_rides_in_the_state()
     older.set_start(0.0, "drift", {"g0": "la la"})
     with pytest.raises(UserError, match="decoded as prompt, this config decodes as transcribe"):
         guard("transcribe").measure(None, older, device="cpu")
+
+
+@pytest.mark.fast
+def test_a_multilingual_guard_decodes_in_the_language_it_detects(tmp_path, tones_dir):
+    """Items labelled English, a model that hears French in everything: the guard decodes
+    each in French, as transcribe does."""
+    from test_bundle_languages import multilingual_base
+
+    bundle = bundle_from_checkpoint(multilingual_base(tmp_path, tones_dir, detects="fr"))
+    rng = np.random.default_rng(1)
+    items = [GuardItem(f"g{k}", (rng.standard_normal(16000) * 0.1).astype(np.float32), None, "en")
+             for k in range(2)]  # fmt: skip
+    assert [bundle.detect_language(i.wave) for i in items] == ["fr", "fr"]
+    as_users = [bundle.transcribe(i.wave, max_new_tokens=8).strip() for i in items]
+    assert bundle_transcripts(bundle, items, 2, 8, decode="transcribe") == as_users

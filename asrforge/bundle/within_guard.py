@@ -104,6 +104,7 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
         "guard_start": gate.start,
         "guard_tolerance": gate.tolerance,
         "guard_precision": guard.precision,
+        "guard_decode": guard.decode,
         "guard": chosen["guard_wer"],
         "measured": [measured_share(a, metrics, gate) for a, metrics in figures],
     }

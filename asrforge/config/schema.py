@@ -377,7 +377,8 @@ class GuardConfig(Section):
     timestamps. ``transcribe``: as ``asrforge transcribe`` runs the bundle, the language detected
     (a multilingual model) and with timestamps: the model judged as users run it, where the
     item's language is not given (a window's first language token chosen right, and what the
-    model writes once it has chosen, both count)."""
+    model writes once it has chosen, both count); ``max_new_tokens`` then caps each decoding
+    window, timestamps counted, as in long-form decoding."""
 
 
 class NormalizerConfig(Section):

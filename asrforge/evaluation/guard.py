@@ -80,6 +80,8 @@ class Guard:
         detect: Mapping[str, int] | None = None,
         no_timestamps: int | None = None,
     ):
+        if decode == "transcribe" and (no_timestamps is None or (detect and sot is None)):
+            raise ValueError("decode transcribe needs no_timestamps, and sot to detect with")
         self.items = list(items)
         self.decode = decode
         self.detect = dict(detect or {})
@@ -132,10 +134,12 @@ class Guard:
                 ).astype(np.float32)
                 with self._autocast(device):
                     enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
-                    if self.lid_items:
-                        detected += self._detect(model, enc, self.language_ids)
+                    found = self._detect(model, enc, self.language_ids) if self.lid_items else []
+                    detected += found
                     if self.decode == "transcribe":
-                        texts += self._transcribe(model, chunk, enc, device=device)
+                        same = found and self.detect == self.language_ids
+                        texts += self._transcribe(model, chunk, enc, found if same else None,
+                                                  device=device)  # fmt: skip
                         continue
                     prompts = [self.prompt(i.language) for i in chunk]
                     ids = torch.tensor(prompts, device=device)
@@ -146,13 +150,18 @@ class Guard:
         self.last_detected = detected
         return texts
 
-    def _transcribe(self, model, chunk: Sequence[GuardItem], enc: torch.Tensor, *, device) -> list[str]:
+    def _transcribe(
+        self, model, chunk: Sequence[GuardItem], enc: torch.Tensor, found: list[int] | None, *,
+        device,
+    ) -> list[str]:  # fmt: skip
         """Each item's text as ``asrforge transcribe`` decodes it: the language detected (or
-        the item's own, English-only), timestamps on, from the windows' encodings ``enc``."""
+        the item's own, English-only), timestamps on, from the windows' encodings ``enc``;
+        ``found``: the language tokens already detected among :attr:`detect`, if any."""
         languages = [i.language for i in chunk]
         if self.detect:
             code_of = {token: code for code, token in self.detect.items()}
-            languages = [code_of[t] for t in self._detect(model, enc, self.detect)]
+            found = found or self._detect(model, enc, self.detect)
+            languages = [code_of[t] for t in found]
         encoded = EncodedWindows(len(chunk))
         for item, window in zip(chunk, enc, strict=True):
             encoded.add(item.wave, window)
@@ -609,7 +618,8 @@ def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         decode=decode,
-        detect=specials.languages if specials.multilingual else None,
+        detect=bundle._language_ids() if specials.multilingual else None,
+        sot=specials.sot,
         no_timestamps=specials.no_timestamps,
     )
     return guard.transcribe(bundle.model, device=bundle.device)

@@ -283,7 +283,7 @@ _STATE_KINDS = {
 _GUARD_KINDS = {
     "start": optional(NUMBER), "kind": TEXT, "tolerance": NUMBER,
     "start_transcripts": mapping_of(TEXT), "lid_start": optional(NUMBER),
-    "language_starts": mapping_of(NUMBER), "decode": optional(TEXT),
+    "language_starts": mapping_of(NUMBER), "precision": optional(TEXT), "decode": optional(TEXT),
 }  # fmt: skip
 
 
