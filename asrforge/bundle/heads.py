@@ -4,13 +4,14 @@ vocabulary extended), measure how late they place words, and record both in the 
 manifest, which word timestamps then use.
 
 Consecutive utterances of a split (same language) are joined with one second of silence into
-recordings of at most one window, taken from the split's languages in turn. The start of the second utterance's speech is known: where
-it was joined plus its own leading silence (:func:`asrforge.model.head_timing.speech_onset`).
-Each head aligns the joined text to the audio alone, as word timestamps do with the heads
-together (:func:`asrforge.model.head_timing.head_offsets`); a head qualifies when its median error
-of that start is within ``max_error`` (:data:`~asrforge.model.head_timing.HEAD_ERROR_LIMIT`, 0.2 s,
-by default). When no head qualifies that is recorded too, and word timestamps keep the default
-heads, with a warning.
+recordings of at most one window, taken from the split's languages in turn. The start of the
+second utterance's speech is known: where it was joined plus its own leading silence
+(:func:`asrforge.model.head_timing.speech_onset`). Each head aligns the joined text to the
+audio alone, as word timestamps do with the heads together
+(:func:`asrforge.model.head_timing.head_offsets`); a head qualifies when its median error of
+that start is within ``max_error`` (:data:`~asrforge.model.head_timing.HEAD_ERROR_LIMIT`, 0.2
+s, by default). When no head qualifies that is recorded too, and word timestamps keep the
+default heads, with a warning.
 
 The heads word timestamps will use then time the same joins' words together, and the median of
 how late the second utterance's first word starts (``onset_offset_s``) is the bundle's lag
