@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from asrforge.model.decoding import greedy_decode, suppressed_ids
+from asrforge.model.decoding import greedy_decode, suppressed_ids, vocab_logits
 
 EOT = 2
 
@@ -84,3 +84,19 @@ def test_ids_outside_the_vocabulary_are_ignored():
     model.generation_config.suppress_tokens = [3, 39, 40, 50256]
     model.generation_config.begin_suppress_tokens = None
     assert suppressed_ids(model) == ([3, 39], [])
+
+
+@pytest.mark.fast
+def test_vocab_logits_are_the_projections_and_follow_a_weight_written_in_place():
+    model = _model()
+    hidden = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.allclose(vocab_logits(model, hidden), model.proj_out(hidden), atol=1e-6)
+        first = vocab_logits(model, hidden).clone()
+        model.proj_out.weight.mul_(-2.0)  # as an optimizer step writes it
+        assert torch.allclose(vocab_logits(model, hidden), -2.0 * first, atol=1e-5)
+        model.proj_out.weight = torch.nn.Parameter(torch.zeros_like(model.proj_out.weight))
+        assert vocab_logits(model, hidden).abs().max() == 0
+    # with autograd on, the module itself runs, so gradients reach its weight
+    vocab_logits(model, hidden).sum().backward()
+    assert model.proj_out.weight.grad is not None

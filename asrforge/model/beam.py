@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states
+from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, vocab_logits
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def beam_search(
     tokens, enc = prompts, encoder_hidden
     for t in range(cap):
         h = decoder_states(model, tokens, enc, cache)[:, -1]
-        logits = model.proj_out(h).float()
+        logits = vocab_logits(model, h).float()
         if rules is not None:
             logits = rules(logits, generated)
         logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)

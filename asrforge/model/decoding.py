@@ -155,6 +155,36 @@ def decoder_states(
     ).last_hidden_state
 
 
+def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The output projection of decoder states ``hidden`` (..., d_model) -> (..., vocab), as
+    ``model.proj_out`` computes it. On the CPU, without autograd, a plain bias-free projection
+    multiplies by its weight transposed once into (d_model, vocab), kept beside the module (one
+    more copy of the vocabulary's matrix): ``proj_out`` took twice as long for one row of
+    tiny.en or base (bench/README.md, "The output projection on the CPU")."""
+    proj = model.proj_out
+    weight = proj.weight
+    if (
+        type(proj) is not torch.nn.Linear
+        or proj.bias is not None
+        or weight.device.type != "cpu"
+        or torch.is_grad_enabled()
+    ):
+        return proj(hidden)
+    return hidden @ _transposed(proj)
+
+
+def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
+    """``proj``'s weight as a contiguous (in, out) tensor, kept on the module until the weight
+    is written in place (an optimizer step bumps its version) or replaced."""
+    weight = proj.weight
+    key = (weight.data_ptr(), weight._version, weight.dtype)
+    kept = proj.__dict__.get("_asrforge_transposed")
+    if kept is None or kept[0] != key:
+        kept = (key, weight.detach().t().contiguous())
+        proj.__dict__["_asrforge_transposed"] = kept
+    return kept[1]
+
+
 def suppressed_ids(model) -> tuple[list[int], list[int]]:
     """``(always, at_begin)``: the token ids the model's generation config suppresses at every
     step (``suppress_tokens``: Whisper's non-speech symbols) and at the first generated position
@@ -242,7 +272,7 @@ def greedy_step(
     ``rules`` (given ``generated``, (batch, t) ids so far); ``cache`` is extended. The captured
     path replays this same function (:class:`~asrforge.model.capture.CapturedStep`)."""
     h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
-    logits = model.proj_out(h)
+    logits = vocab_logits(model, h)
     if rules is not None:
         logits = rules(logits, generated)
     return logits.add_(mask).argmax(-1)

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from asrforge.model.beam import Hypothesis, beam_search
-from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, new_cache
+from asrforge.model.decoding import (
+    DecodeOptions,
+    Suppression,
+    decoder_states,
+    new_cache,
+    vocab_logits,
+)
 from asrforge.text.repetition import repetition_score
 
 
@@ -87,7 +93,7 @@ def sample(
     tokens = prompts
     for t in range(max(cap, 0)):
         h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
-        logits = model.proj_out(h).float()
+        logits = vocab_logits(model, h).float()
         if rules is not None:
             logits = rules(logits, generated)
         logits = suppression.apply(logits, t)
