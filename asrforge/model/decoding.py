@@ -445,11 +445,12 @@ class TimestampRules:
         self.max_initial = (
             None if max_initial_timestamp is None else round(max_initial_timestamp / TIME_PRECISION)
         )
-        self._columns: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._offsets: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, logits: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
         """(rows, vocab) logits, (rows, t) generated ids -> masked float logits. Every rule is
-        a tensor operation over all rows, so applying them reads nothing back to the host."""
+        a tensor operation over all rows, so applying them reads nothing back to the host; each
+        writes only the columns it rules on, so a step passes over the vocabulary a few times."""
         v = self.vocab
         logits = logits.float().clone()
         logits[:, v.first_special : v.begin] = float("-inf")  # sot, languages, notimestamps...
@@ -460,42 +461,60 @@ class TimestampRules:
                 logits[:, v.begin + self.max_initial + 1 :] = float("-inf")
         else:
             self._pairs_and_order(logits, generated)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        stamps = logprobs[:, v.begin : v.end].logsumexp(-1)
-        others = torch.cat([logprobs[:, : v.begin], logprobs[:, v.end :]], -1).amax(-1)
-        logits[stamps > others, : v.begin] = float("-inf")
-        logits[stamps > others, v.end :] = float("-inf")
+        # The softmax's normalizer is common to both sides, so logits compare as log-probs do.
+        stamps = logits[:, v.begin : v.end].logsumexp(-1)
+        others = logits[:, : v.begin].amax(-1)
+        if v.end < logits.shape[-1]:
+            others = torch.maximum(others, logits[:, v.end :].amax(-1))
+        self._block(logits, stamps > others, self._non_stamps(logits.shape[-1]))
         return logits
 
-    def _columns_of(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(vocab,) column ids and the (vocab,) mask of the text tokens, built once per size and
-        device."""
-        key = (size, device)
-        if key not in self._columns:
-            v = self.vocab
-            text = torch.ones(size, dtype=torch.bool, device=device)
-            text[v.eot] = False
-            text[v.first_special : v.end] = False
-            self._columns[key] = (torch.arange(size, device=device), text)
-        return self._columns[key]
+    def _non_stamps(self, width: int) -> list[slice]:
+        """The column ranges of every token but a timestamp."""
+        v = self.vocab
+        return [s for s in (slice(0, v.begin), slice(v.end, width)) if s.start < s.stop]
+
+    def _text(self, width: int) -> list[slice]:
+        """The column ranges of the text tokens: all but EOT, the specials and the timestamps."""
+        v = self.vocab
+        blocked = sorted([(v.eot, v.eot + 1), (v.first_special, v.end)])
+        ranges, at = [], 0
+        for start, stop in blocked:
+            if at < start:
+                ranges.append(slice(at, start))
+            at = max(at, stop)
+        if at < width:
+            ranges.append(slice(at, width))
+        return ranges
+
+    @staticmethod
+    def _block(logits: torch.Tensor, rows: torch.Tensor, columns: list[slice]) -> None:
+        """Set ``columns`` of the (rows,) ``rows`` marked to -inf, in place."""
+        for span in columns:
+            logits[:, span].masked_fill_(rows[:, None], float("-inf"))
 
     def _pairs_and_order(self, logits: torch.Tensor, generated: torch.Tensor) -> None:
         """The pairing and ordering rules for rows that generated at least one token."""
         v = self.vocab
-        columns, text = self._columns_of(logits.shape[-1], logits.device)
-        stamp_columns = (columns >= v.begin) & (columns < v.end)
+        stamps = logits[:, v.begin : v.end]
         is_stamp = (generated >= v.begin) & (generated < v.end)
         last = is_stamp[:, -1]
         penultimate = is_stamp[:, -2] if generated.shape[1] >= 2 else torch.ones_like(last)
         # After a pair of timestamps (or the opening one) text must follow.
-        logits.masked_fill_((last & penultimate)[:, None] & stamp_columns, float("-inf"))
+        stamps.masked_fill_((last & penultimate)[:, None], float("-inf"))
         # After a segment's end comes the next segment's start or EOT.
-        logits.masked_fill_((last & ~penultimate)[:, None] & text, float("-inf"))
+        self._block(logits, last & ~penultimate, self._text(logits.shape[-1]))
         # 1-based position of each row's last timestamp, 0 when it has none
         steps = torch.arange(1, generated.shape[1] + 1, device=generated.device)
         at = (is_stamp * steps).amax(-1)
         latest = generated.gather(1, (at - 1).clamp(min=0)[:, None]).squeeze(1)
         # never backwards; a segment's end must be later than its start (no endless loop)
-        floor = torch.where(last & ~penultimate, latest, latest + 1)
-        below = (at > 0)[:, None] & (columns >= v.begin) & (columns < floor[:, None])
-        logits.masked_fill_(below, float("-inf"))
+        floor = torch.where(last & ~penultimate, latest, latest + 1) - v.begin
+        below = (at > 0)[:, None] & (self._offsets_on(logits.device) < floor[:, None])
+        stamps.masked_fill_(below, float("-inf"))
+
+    def _offsets_on(self, device: torch.device) -> torch.Tensor:
+        """(count,) each timestamp's offset from ``<|0.00|>``, built once per device."""
+        if device not in self._offsets:
+            self._offsets[device] = torch.arange(self.vocab.count, device=device)
+        return self._offsets[device]
