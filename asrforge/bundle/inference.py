@@ -19,7 +19,7 @@ from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resamp
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
-from asrforge.model.decoding import DecodeOptions
+from asrforge.model.decoding import DecodeOptions, detect_languages
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
@@ -176,20 +176,22 @@ class Bundle:
                 if code not in ("en", "english"):
                     raise UserError(f"language {language!r}: this bundle is English-only")
                 return "en"
-            if code not in self._language_ids():
+            if code not in self.language_ids:
                 raise UserError(
                     f"unknown language {language!r}: this bundle transcribes "
-                    f"{', '.join(sorted(self._language_ids()))}"
+                    f"{', '.join(sorted(self.language_ids))}"
                 )
             return code
         if not self.specials.multilingual:
             return "en"
-        ids = self._language_ids()
+        ids = self.language_ids
         if not ids:
             raise UserError("this bundle's config names no language its tokenizer has a token for")
         return next(iter(ids)) if len(ids) == 1 else None
 
-    def _language_ids(self) -> dict[str, int]:
+    @property
+    def language_ids(self) -> dict[str, int]:
+        """The languages this bundle transcribes and detects among: code -> language token."""
         langs = self.config.languages or list(self.specials.languages)
         return {c: self.specials.languages[c] for c in langs if c in self.specials.languages}
 
@@ -211,9 +213,7 @@ class Bundle:
         """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
         time; with ``keep``, the encoder output of the windows ``reused`` marks (one flag a
         wave) goes into it, for decoding to start from."""
-        ids = self._language_ids()
-        codes = list(ids)
-        columns = torch.tensor([ids[c] for c in codes], device=self.device)
+        code_of = {token: code for code, token in self.language_ids.items()}
         out = []
         for k in range(0, len(waves), batch_size):
             windows = []
@@ -221,10 +221,8 @@ class Bundle:
                 start, end = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
                 windows.append(wave[start:end])
             enc = self._encode(windows)
-            sot = torch.full((len(windows), 1), self.specials.sot, device=self.device)
-            h = self.model.model.decoder(input_ids=sot, encoder_hidden_states=enc)
-            logits = self.model.proj_out(h.last_hidden_state[:, -1])
-            out += [codes[int(i)] for i in logits[:, columns].argmax(-1)]
+            found = detect_languages(self.model, enc, self.specials.sot, code_of)
+            out += [code_of[token] for token in found]
             if keep is not None:
                 flags = reused[k : k + batch_size]
                 for window, encoded, reuse in zip(windows, enc, flags, strict=True):

@@ -23,7 +23,7 @@ from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
-from asrforge.model.decoding import greedy_decode
+from asrforge.model.decoding import detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
 from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
 from asrforge.run_layout import RunLayout
@@ -175,13 +175,8 @@ class Guard:
         return [" ".join(s.text for s in segs).strip() for segs in segments]
 
     def _detect(self, model, enc: torch.Tensor, language_ids: Mapping[str, int]) -> list[int]:
-        """The language token each window's decoder ranks first right after
-        ``<|startoftranscript|>`` among ``language_ids``, as Whisper detects."""
-        ids = sorted(set(language_ids.values()))
-        sot = torch.full((enc.shape[0], 1), self.sot, dtype=torch.long, device=enc.device)
-        h = model.model.decoder(input_ids=sot, encoder_hidden_states=enc).last_hidden_state
-        logits = model.proj_out(h[:, -1])[:, ids]
-        return [ids[int(k)] for k in logits.argmax(dim=-1)]
+        """The language token each window's decoder ranks first among ``language_ids``."""
+        return detect_languages(model, enc, self.sot, language_ids.values())
 
     def lid_accuracy(self) -> float | None:
         """The share of the measured items whose detected language token (in the last
@@ -618,7 +613,7 @@ def bundle_transcripts(bundle, items: Sequence[GuardItem], batch_size: int,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         decode=decode,
-        detect=bundle._language_ids() if specials.multilingual else None,
+        detect=bundle.language_ids if specials.multilingual else None,
         sot=specials.sot,
         no_timestamps=specials.no_timestamps,
     )

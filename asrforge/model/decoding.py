@@ -14,7 +14,7 @@ import copy
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -183,6 +183,21 @@ def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
         kept = (key, weight.detach().t().contiguous())
         proj.__dict__["_asrforge_transposed"] = kept
     return kept[1]
+
+
+@torch.no_grad()
+def detect_languages(
+    model, encoder_hidden: torch.Tensor, sot: int, language_ids: Iterable[int]
+) -> list[int]:
+    """The language token each window's decoder ranks first, among ``language_ids``, right
+    after ``<|startoftranscript|>`` (one decoder pass over the (batch, frames, d_model)
+    ``encoder_hidden``), as Whisper detects a language."""
+    ids = sorted(set(language_ids))
+    rows = encoder_hidden.shape[0]
+    prompt = torch.full((rows, 1), sot, dtype=torch.long, device=encoder_hidden.device)
+    h = model.model.decoder(input_ids=prompt, encoder_hidden_states=encoder_hidden)
+    logits = vocab_logits(model, h.last_hidden_state[:, -1])[:, ids]
+    return [ids[int(k)] for k in logits.argmax(-1)]
 
 
 def suppressed_ids(model) -> tuple[list[int], list[int]]:
