@@ -42,7 +42,7 @@ from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import split_loader
-from asrforge.model.alignment import alignment_heads
+from asrforge.model.alignment import alignment_heads, encode_window
 from asrforge.model.head_timing import (
     HEAD_ERROR_LIMIT,
     LAG_LIMIT,
@@ -124,14 +124,20 @@ def find_alignment_heads(
             "one window together; give a split with more (or shorter) utterances"
         )
     earlier = read_manifest(Path(bundle_dir)).get(ALIGNMENT_HEADS_KEY) or {}
+    # Each join is encoded once, for the head search and the lag both.
+    encodings = [
+        encode_window(bundle.model, bundle.features, wave, bundle.device, SAMPLE_RATE)
+        for wave, *_ in pairs
+    ]
     if keep_heads:
         chosen, median = bundle.alignment_heads, None
     else:
         tables = []
-        for wave, tokens, k, onset, prompt, _language in pairs:
+        for pair, encoded in zip(pairs, encodings, strict=True):
+            wave, tokens, k, onset, prompt, _language = pair
             heads, offsets = head_offsets(
                 bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt,
-                eot=bundle.specials.eot, device=bundle.device,
+                eot=bundle.specials.eot, device=bundle.device, encoded=[encoded],
             )  # fmt: skip
             tables.append(offsets[0])
         table = np.stack(tables)
@@ -144,9 +150,11 @@ def find_alignment_heads(
             bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt, timing,
             eot=bundle.specials.eot, decode=bundle.tokenizer.decode,
             specials=bundle.non_text_ids(), unspaced=language in UNSPACED_LANGUAGES,
-            device=bundle.device,
+            device=bundle.device, encoded=[encoded],
         )[0]
-        for wave, tokens, k, onset, prompt, language in pairs
+        for (wave, tokens, k, onset, prompt, language), encoded in zip(
+            pairs, encodings, strict=True
+        )
     ]))  # fmt: skip
     record = {
         "heads": [list(h) for h in (timing if chosen is None else chosen)],

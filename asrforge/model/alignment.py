@@ -424,6 +424,7 @@ def tidy_long_words(
     return last.end
 
 
+@torch.no_grad()
 def encode_window(model, extractor, wave: np.ndarray, device, sample_rate: int) -> torch.Tensor:
     """(1, frames, d_model) the encoder output of one window of audio."""
     feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features

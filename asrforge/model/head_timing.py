@@ -43,6 +43,7 @@ def head_offsets(
     eot: int,
     device: torch.device | str = "cpu",
     sample_rate: int = SAMPLE_RATE,
+    encoded: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[tuple[int, int]], np.ndarray]:
     """How far each decoder head's own alignment places the start of a known utterance.
 
@@ -51,6 +52,7 @@ def head_offsets(
             window), the text tokens of both, the index of the second's first token, and where
             the second's speech starts in seconds.
         prompt: the decoder prompt, ending in ``<|notimestamps|>``.
+        encoded: each join's encoder output (:func:`encode_window`), when already computed.
 
     Returns:
         ``(heads, offsets)``: every ``(layer, head)`` and (len(joins), len(heads)) signed
@@ -65,7 +67,7 @@ def head_offsets(
     ]
     offsets = np.zeros((len(joins), len(heads)))
     for j, (wave, tokens, k, onset) in enumerate(joins):
-        encoder_out = encode_window(model, extractor, wave, device, sample_rate)
+        encoder_out = _encoding(model, extractor, joins, encoded, j, device, sample_rate)
         ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
         _, qk = cross_attention(model, encoder_out, ids, heads)
         for h in range(len(heads)):
@@ -88,14 +90,16 @@ def onset_offsets(
     unspaced: bool = False,
     device: torch.device | str = "cpu",
     sample_rate: int = SAMPLE_RATE,
+    encoded: Sequence[torch.Tensor] | None = None,
 ) -> np.ndarray:
     """(len(joins),) signed offsets in seconds (positive: late) of the second utterance's start
     as word timestamps place it: the start of the word holding its first token among the
     join's words by ``heads`` together (:func:`align_words`, long words at sentence ends cut);
-    ``joins`` as :func:`head_offsets` takes them, the rest as :func:`align_words`."""
+    ``joins`` and ``encoded`` as :func:`head_offsets` takes them, the rest as
+    :func:`align_words`."""
     offsets = []
-    for wave, tokens, k, onset in joins:
-        encoder_out = encode_window(model, extractor, wave, device, sample_rate)
+    for j, (wave, tokens, k, onset) in enumerate(joins):
+        encoder_out = _encoding(model, extractor, joins, encoded, j, device, sample_rate)
         words, _ = align_words(
             model, encoder_out, prompt, tokens, wave.shape[0], eot=eot, decode=decode,
             specials=specials, heads=heads, unspaced=unspaced,
@@ -103,6 +107,13 @@ def onset_offsets(
         ends = np.cumsum([len(w.tokens) for w in words])
         offsets.append(words[int(np.searchsorted(ends, k, side="right"))].start - onset)
     return np.array(offsets)
+
+
+def _encoding(model, extractor, joins, encoded, j: int, device, sample_rate: int) -> torch.Tensor:
+    """Join ``j``'s encoder output: ``encoded[j]``, or computed when none was given."""
+    if encoded is not None:
+        return encoded[j]
+    return encode_window(model, extractor, joins[j][0], device, sample_rate)
 
 
 def qualifying_heads(
