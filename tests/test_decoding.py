@@ -88,15 +88,30 @@ def test_ids_outside_the_vocabulary_are_ignored():
 
 @pytest.mark.fast
 def test_vocab_logits_are_the_projections_and_follow_a_weight_written_in_place():
-    model = _model()
+    model = _model().requires_grad_(False)  # as a bundle holds it
     hidden = torch.randn(3, 32)
     with torch.no_grad():
         assert torch.allclose(vocab_logits(model, hidden), model.proj_out(hidden), atol=1e-6)
         first = vocab_logits(model, hidden).clone()
-        model.proj_out.weight.mul_(-2.0)  # as an optimizer step writes it
+        model.proj_out.weight.mul_(-2.0)  # as an interpolation or an EMA swap writes it
         assert torch.allclose(vocab_logits(model, hidden), -2.0 * first, atol=1e-5)
         model.proj_out.weight = torch.nn.Parameter(torch.zeros_like(model.proj_out.weight))
         assert vocab_logits(model, hidden).abs().max() == 0
+        # a weight replaced by another of the same shape
+        model.proj_out.weight.data = torch.ones_like(model.proj_out.weight)
+        ones = hidden.sum(-1, keepdim=True).expand(3, 40)
+        assert torch.allclose(vocab_logits(model, hidden), ones, atol=1e-5)
+
+
+@pytest.mark.fast
+def test_a_trained_weight_is_projected_by_its_module_rewritten_or_not():
+    model = _model()
+    hidden = torch.randn(3, 32)
+    with torch.no_grad():
+        vocab_logits(model, hidden)
+        # a sharded model's gather rewrites the weight's storage and leaves its version alone
+        model.proj_out.weight.data.mul_(-1.0)
+        assert torch.allclose(vocab_logits(model, hidden), model.proj_out(hidden), atol=1e-6)
     # with autograd on, the module itself runs, so gradients reach its weight
     vocab_logits(model, hidden).sum().backward()
     assert model.proj_out.weight.grad is not None

@@ -100,7 +100,8 @@ class Bundle:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             model = model.float()
-        self.model = model.to(self.device).eval()
+        # A bundle transcribes and is never trained: no autograd state on its weights.
+        self.model = model.to(self.device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.config = config
         self.path = path

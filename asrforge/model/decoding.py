@@ -158,15 +158,18 @@ def decoder_states(
 def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The output projection of decoder states ``hidden`` (..., d_model) -> (..., vocab), as
     ``model.proj_out`` computes it. On the CPU, without autograd, a plain bias-free projection
-    multiplies by its weight transposed once into (d_model, vocab), kept beside the module (one
-    more copy of the vocabulary's matrix): ``proj_out`` took twice as long for one row of
-    tiny.en or base (bench/README.md, "The output projection on the CPU")."""
+    whose weight is not trained (a bundle's) multiplies by that weight transposed once into
+    (d_model, vocab), kept beside the module (one more copy of the vocabulary's matrix):
+    ``proj_out`` took twice as long for one row of tiny.en or base (bench/README.md, "The output
+    projection on the CPU"). A trained weight can be rewritten without a trace the copy could
+    see (a sharded model gathers it afresh for every evaluation), so it is never copied."""
     proj = model.proj_out
     weight = proj.weight
     if (
         type(proj) is not torch.nn.Linear
         or proj.bias is not None
         or weight.device.type != "cpu"
+        or weight.requires_grad
         or torch.is_grad_enabled()
     ):
         return proj(hidden)
@@ -175,14 +178,20 @@ def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
     """``proj``'s weight as a contiguous (in, out) tensor, kept on the module until the weight
-    is written in place (an optimizer step bumps its version) or replaced."""
+    is written in place (its version moves) or replaced (another storage: the one copied is
+    held, so no new weight can take its address)."""
     weight = proj.weight
-    key = (weight.data_ptr(), weight._version, weight.dtype)
     kept = proj.__dict__.get("_asrforge_transposed")
-    if kept is None or kept[0] != key:
-        kept = (key, weight.detach().t().contiguous())
+    if (
+        kept is None
+        or kept[0].data_ptr() != weight.data_ptr()
+        or kept[0].dtype != weight.dtype
+        or kept[0].shape != weight.shape
+        or kept[1] != weight._version
+    ):
+        kept = (weight.detach(), weight._version, weight.detach().t().contiguous())
         proj.__dict__["_asrforge_transposed"] = kept
-    return kept[1]
+    return kept[2]
 
 
 @torch.no_grad()
