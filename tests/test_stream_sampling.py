@@ -10,9 +10,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from asrforge.config import SamplingConfig, load_config
-from asrforge.data.sampling import ShardSampling, language_shares
+from asrforge.config import DataConfig, SamplingConfig, load_config
+from asrforge.data.prepare import prepare_split
+from asrforge.data.sampling import LanguageSampling, ShardSampling, language_shares
+from asrforge.data.sources import load_source
 from asrforge.errors import UserError
+from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from tests.test_resume import assert_resume_is_bit_identical
 from tests.test_sources import by_split
 from tests.test_stream import (  # noqa: F401 - tok_specials is a fixture
@@ -136,3 +139,27 @@ def test_streamed_resume_with_language_sampling_is_bit_identical(tmp_path, clips
     assert state["stream_position"]["epoch"] == state["epoch"]
     log = (tmp_path / "full" / "train.log").read_text()
     assert "data.sampling: per streamed epoch of about 48 rows, en 25.0%" in log
+
+
+def test_rows_without_a_language_are_english_under_an_english_only_model(tmp_path, clips):
+    # Half the English rows name no language: under an English-only model they are English's,
+    # neither a language of their own in the draw nor left out by data.languages: [en].
+    english = [c for c in clips if c["language"] == "en"]
+    rows = [dict(r, language="en" if k % 2 else None) for k, r in enumerate(english)]
+    path, extra = stream_source("jsonl files", tmp_path / "corpus", rows)
+    tok = train_bpe_tokenizer(["la la tone beep boop"] * 20, 300)
+    english_only = (tok, SpecialTokens.from_tokenizer(tok, False))
+    train = sorted(r["file"] for r in by_split(rows, "train"))
+    chosen = {**extra, "languages": ["en"], "sampling": {"temperature": 3}}
+    stream = open_split(data_config(path, chosen), english_only)
+    assert stream.sampling.languages == ["en"]
+    assert stream.left_out() == {}
+    # one language: every row once an epoch
+    assert sorted(u for b in epoch_uids(stream, tmp_path) for u in b) == train
+    # the whole reader reads them alike
+    cfg = DataConfig(path=path, **chosen)
+    table, report = prepare_split(load_source(cfg).splits["train"], "train", cfg=cfg,
+                                  tokenizer=tok, specials=english_only[1],
+                                  max_target_positions=64, max_seconds=30.0, lazy=True)  # fmt: skip
+    assert table.language_counts() == {"en": len(train)} and not report.left_out
+    assert LanguageSampling.of(table, cfg.sampling, seed=0).languages == ["en"]

@@ -37,11 +37,11 @@ from asrforge.data.rules import (
     file_problem,
     header_seconds,
     language_filter,
+    row_language,
     utterance_problem,
 )
 from asrforge.errors import CheckpointSaveError
 from asrforge.io.atomic import atomic_directory
-from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +350,7 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         check_english_only(
             by_value, name, rules.specials.multilingual, language_filter(cfg.languages)
         )
-    codes = [resolve_language(v, strict=False) for v in values]
+    codes = [row_language(v, rules.specials.multilingual) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
     language_index = code_of_value[value_index]

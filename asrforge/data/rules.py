@@ -407,6 +407,24 @@ def check_english_only(counts: Counter, split: str, multilingual: bool, keep: se
     )
 
 
+def row_language(value: str | None, multilingual: bool) -> str:
+    """The language code a row's ``language`` value trains as (:func:`resolve_language`; a
+    value that names no language as it is). A row without one is English's under an
+    English-only model, whose prompt has no language slot; under a multilingual model it stays
+    ``""``, which :func:`check_language_tokens` refuses."""
+    code = resolve_language(value, strict=False)
+    return code or ("" if multilingual else "en")
+
+
+def trained_languages(counts: Counter, multilingual: bool) -> Counter:
+    """``counts`` (rows per language code, ``""`` for none) keyed as rows train
+    (:func:`row_language`)."""
+    out: Counter = Counter()
+    for code, n in counts.items():
+        out[row_language(code, multilingual)] += n
+    return out
+
+
 def is_english(value: str | None) -> bool:
     """Whether a ``language`` value is English (or empty: an English-only model's every row)."""
     return not value or resolve_language(value, strict=False) == "en"

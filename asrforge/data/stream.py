@@ -46,6 +46,8 @@ from asrforge.data.rules import (
     header_seconds,
     is_english,
     language_filter,
+    row_language,
+    trained_languages,
     utterance_problem,
 )
 from asrforge.data.sampling import ShardSampling
@@ -110,10 +112,10 @@ def check_row(row: dict, uid: str, rules: RowRules) -> Utterance | str | None:
             not English under an English-only model.
     """
     value = row.get("language")
-    lang = resolve_language(value, strict=False)
+    utterance, specials = rules.utterance, rules.utterance.specials
+    lang = row_language(value, specials.multilingual)
     if rules.keep is not None and lang not in rules.keep:
         return None
-    utterance, specials = rules.utterance, rules.utterance.specials
     if specials.multilingual and specials.token_language(lang) is None:
         check_language_tokens(Counter([value]), rules.split, specials, rules.keep, [uid])
     if not specials.multilingual and not is_english(value):
@@ -152,10 +154,11 @@ def _count_languages(column) -> Counter:
     return counts
 
 
-def _row_languages(table) -> np.ndarray:
-    """Each row's language code (as :func:`_count_languages` counts them) of a standardized
-    shard (a ``datasets.Dataset``)."""
+def _row_languages(table, multilingual: bool) -> np.ndarray:
+    """Each row's language code as it trains (:func:`row_language`) of a standardized shard (a
+    ``datasets.Dataset``)."""
     codes, index = language_codes(table.data.column("language"))
+    codes = [row_language(code, multilingual) for code in codes]
     return np.asarray(codes, dtype=object)[index] if len(codes) else np.zeros(0, dtype=object)
 
 
@@ -288,9 +291,10 @@ class StreamedSplit:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials.multilingual, keep)
         if self.cfg.sampling is not None:
-            self.sampling = ShardSampling.of(
-                self.shard_language_counts(), keep, self.cfg.sampling, self.seed
-            )
+            counts = [
+                trained_languages(c, specials.multilingual) for c in self.shard_language_counts()
+            ]
+            self.sampling = ShardSampling.of(counts, keep, self.cfg.sampling, self.seed)
 
     def left_out(self) -> dict[str, int]:
         """Rows per language code that ``data.languages`` leaves out, over every shard (their
@@ -299,6 +303,8 @@ class StreamedSplit:
         if keep is None:
             return {}
         counts = self.language_counts()
+        if self.rules is not None:  # keyed as the rows train, as check_row filters them
+            counts = trained_languages(counts, self.rules.utterance.specials.multilingual)
         return {lang: n for lang, n in counts.items() if n and lang not in keep}
 
     def language_counts(self) -> Counter:
@@ -456,11 +462,13 @@ class _EpochBatches(IterableDataset):
         if s.sampling is None:
             index = [(k, r) for k, t in enumerate(tables) for r in range(len(t))]
         else:  # each row as many times as the epoch's draw says, copies side by side
+            multilingual = s.rules.utterance.specials.multilingual
             index = [
                 (k, int(r))
                 for k, (i, t) in enumerate(zip(shard_ids, tables, strict=True))
                 for r in np.repeat(
-                    np.arange(len(t)), s.sampling.multiplicity(self.epoch, i, _row_languages(t))
+                    np.arange(len(t)),
+                    s.sampling.multiplicity(self.epoch, i, _row_languages(t, multilingual)),
                 )
             ]
         index += [(-1, int(q)) for q in replayed]  # replay utterances, read from s.replay
