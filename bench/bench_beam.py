@@ -131,8 +131,8 @@ def generate_decoder(model, eot: int, **kwargs):
 
 
 def baseline_decoders(root: Path):
-    """``(greedy_decode, beam_decode)`` of the asrforge checkout at ``root``, loaded under other
-    module names; its ``beam.py`` imports that checkout's ``decoding.py``."""
+    """``(greedy_decode, beam_decode, DecodeOptions)`` of the asrforge checkout at ``root``,
+    loaded under other module names; its ``beam.py`` imports that checkout's ``decoding.py``."""
 
     def load(name: str, module: str):
         spec = importlib.util.spec_from_file_location(name, root / "asrforge" / "model" / module)
@@ -149,7 +149,7 @@ def baseline_decoders(root: Path):
         beam = load("baseline_beam", "beam.py")
     finally:
         sys.modules["asrforge.model.decoding"] = ours
-    return decoding.greedy_decode, beam.beam_decode
+    return decoding.greedy_decode, beam.beam_decode, decoding.DecodeOptions
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -198,12 +198,13 @@ def main(argv: list[str] | None = None) -> dict:
         }
         pairs = []
         if args.baseline is not None:
-            greedy_then, beam_then = baseline_decoders(args.baseline)
+            greedy_then, beam_then, options_then = baseline_decoders(args.baseline)
+            beam5_then = options_then(beam_size=5)
             for name, then in (
                 ("greedy", lambda enc, p: greedy_then(model, enc, p, eot, MAX_NEW_TOKENS)[0]),
                 (
                     "beam5",
-                    lambda enc, p: beam_then(model, enc, p, eot, MAX_NEW_TOKENS, beam_size=5)[0],
+                    lambda enc, p: beam_then(model, enc, p, eot, MAX_NEW_TOKENS, beam5_then)[0],
                 ),
             ):
                 pairs.append((name, f"{name}@baseline"))
