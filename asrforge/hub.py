@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +121,26 @@ def cache_dir() -> Path:
     return hf_home() / "hub"
 
 
+_pinned: dict[tuple, Resolved | str] | None = None
+"""Within :func:`pinned`: each resolution made (by its request) and each repository's commit."""
+
+
+@contextmanager
+def pinned() -> Iterator[None]:
+    """Within it, a Hub repository resolves to the commit it first resolved to, whatever files
+    are asked for, and a resolution already made is not asked of the Hub again: a run's start-up
+    reads one commit of each repository (a branch that moves meanwhile moves none of its files)
+    and asks the Hub once for each. Outside, every call resolves afresh (:func:`_snapshot`)."""
+    global _pinned
+    outer = _pinned
+    if outer is None:
+        _pinned = {}
+    try:
+        yield
+    finally:
+        _pinned = outer
+
+
 def resolve(
     value: str | os.PathLike,
     *,
@@ -143,14 +165,24 @@ def resolve(
     ref = hub_ref(value, repo_type, revision)
     if ref is None:
         return Resolved(Path(value))
-    path = _snapshot(ref, field, patterns, offline(), cache_dir(), endpoint())
-    return Resolved(path, ref, path.name)
+    where = (offline(), cache_dir(), endpoint())
+    request = (ref, None if patterns is None else tuple(patterns), *where)
+    if _pinned is not None and request in _pinned:
+        return _pinned[request]
+    commit = None if _pinned is None else _pinned.get((ref, *where))
+    path = _snapshot(ref, field, patterns, *where, commit=commit)
+    resolved = Resolved(path, ref, path.name)
+    if _pinned is not None:
+        _pinned[request] = resolved
+        _pinned[(ref, *where)] = resolved.commit
+    return resolved
 
 
-def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, url: str) -> Path:
+def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, url: str, *,
+              commit: str | None = None) -> Path:  # fmt: skip
     """The snapshot ``snapshot_download`` gives, resolved afresh on every call (offline a read of
     the ref; online one request when the files are cached), so a process never holds on to a
-    commit a branch has left."""
+    commit a branch has left; at ``commit`` when given (:func:`pinned`)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -166,7 +198,7 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
             snapshot_download(
                 ref.repo_id,
                 repo_type=ref.repo_type,
-                revision=ref.revision,
+                revision=ref.revision if commit is None else commit,
                 cache_dir=cache,
                 local_files_only=is_offline,
                 allow_patterns=list(patterns) if patterns is not None else None,

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import pytest
 
+import asrforge.hub as hub_module
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.errors import UserError
 from tests.conftest import tiny_config
@@ -45,6 +47,28 @@ def test_a_run_trains_whole_from_hub_ids_and_records_their_commits(hub, tmp_path
     }
     assert read_manifest(tmp_path / "run/checkpoints/latest")["hub_commits"] == commits
     assert result.last_metrics["n"] == 12  # the configuration's validation split
+
+
+def test_a_run_start_asks_for_each_hub_request_once_and_reads_one_commit(
+    hub, tmp_path, monkeypatch
+):
+    asked: Counter = Counter()
+    snapshot = hub_module._snapshot
+
+    def moving_main(ref, field, patterns, *where, commit=None):
+        asked[(str(ref), patterns)] += 1
+        path = snapshot(ref, field, patterns, *where, commit=commit)
+        if ref.repo_id == "org/tiny" and sum(asked.values()) == 1:
+            # main moves on once the start-up has read the model's files the first time
+            add_repo(hub, "org/tiny", {"": tiny_model_dir(hub), "note.txt": "v2"}, commit=NEW)
+        return path
+
+    monkeypatch.setattr(hub_module, "_snapshot", moving_main)
+    _losses, result = run(hub_config(tmp_path / "run", train={"max_steps": 2}), [])
+    assert result.status == "completed"
+    assert max(asked.values()) == 1, asked
+    commits = json.loads((tmp_path / "run" / "hub_commits.json").read_text())
+    assert commits["model.pretrained"]["commit"] == OLD  # the files the run read
 
 
 def test_a_streamed_hub_run_resumes_bit_identically_and_refuses_a_moved_branch(hub, tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
+from asrforge.hub import pinned
 from asrforge.io.directories import refuse_links_under
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import Callback, CallbackList
@@ -93,7 +94,8 @@ class Trainer:
             if max_time is not None
             else None
         )
-        run = self._start_run(resume=resume, start_over=start_over, budget=budget)
+        with pinned():  # the start-up reads one commit of each Hub repository it names
+            run = self._start_run(resume=resume, start_over=start_over, budget=budget)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
         self._install_signal_handlers()
         try:
