@@ -104,3 +104,70 @@ def test_the_evaluation_workers_start_once_per_run_and_end_with_it(
     assert len(served) >= 3  # steps 2, 4 and 6
     assert started.read_text().split().count(str(served[0])) == 1
     assert multiprocessing.active_children() == []
+
+
+def test_a_batch_joined_from_pieces_is_the_batch_of_all_its_items():
+    import torch
+
+    from asrforge.data.dataset import IGNORE, Collator, worker_pieces
+
+    def item(i: int, n: int) -> dict:
+        labels = torch.arange(n) + 10 * i
+        return {"input_features": torch.full((2, 3), float(i)), "decoder_input_ids": labels + 1,
+                "labels": labels, "index": i, "uid": f"u{i}", "language": "en",
+                "text": f"t{i}", "replay": i == 3}  # fmt: skip
+
+    items = [item(0, 2), {"dropped": "bad", "reason": "empty audio"}, item(2, 5), item(3, 1),
+             {"dropped": "gone"}, {"dropped": "gone too"}, item(6, 3)]  # fmt: skip
+    pieces, counts = worker_pieces([list(range(7))], 4)
+    assert counts == [4] and [len(p) for p in pieces] == [2, 2, 2, 1]
+    collate = Collator(pad_id=99)
+    whole = collate(items)
+    joined = collate.join([collate([items[i] for i in p]) for p in pieces])
+    assert joined.keys() == whole.keys()
+    for key, value in whole.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, joined[key]), key
+        else:
+            assert value == joined[key], key
+    assert (whole["labels"][0, 2:] == IGNORE).all()  # padded to the longest piece's length
+    nothing = collate.join([collate([items[4]]), collate([items[5]])])
+    assert nothing == {"size": 0, "dropped": ["gone", "gone too"],
+                       "dropped_reasons": ["failed to decode"] * 2}  # fmt: skip
+
+
+def test_evaluation_batches_read_by_two_workers_together_score_as_one_reads_them(
+    tmp_path, tones_dir, monkeypatch
+):
+    """Each evaluation batch is cut into a piece per worker and joined again: the predictions
+    and metrics are those of one process reading whole batches."""
+    import json
+
+    import asrforge.train.loaders as loaders
+    from asrforge.train.loop import Trainer
+    from tests.conftest import tiny_config
+
+    cut = []
+
+    def pieces(batches, workers):
+        out = real_pieces(batches, workers)
+        cut.append(out[1])
+        return out
+
+    real_pieces = loaders.worker_pieces
+    monkeypatch.setattr(loaders, "worker_pieces", pieces)
+    records = []
+    for workers in (0, 2):
+        out = tmp_path / f"w{workers}"
+        cfg = tiny_config(out, tones_dir, data={"num_workers": workers, "eval_batch_size": 5},
+                          train={"max_steps": 2}, eval={"eval_steps": 2})  # fmt: skip
+        result = Trainer(cfg).fit()
+        lines = (out / "eval" / "step-000002.jsonl").read_text().splitlines()
+        records.append(([json.loads(x) for x in lines[:-1]], result.last_metrics))
+    (preds0, metrics0), (preds2, metrics2) = records
+    assert set(cut[0]) == {1} and set(cut[-1]) == {2}  # whole batches, then two pieces each
+    assert len(preds0) == metrics0["n"] > 5  # more than one batch
+    assert preds2 == preds0
+    assert {k: metrics2[k] for k in ("loss", "wer", "cer", "n")} == {
+        k: metrics0[k] for k in ("loss", "wer", "cer", "n")
+    }

@@ -230,6 +230,70 @@ class Collator:
             "dropped_reasons": reasons,
         }
 
+    def join(self, pieces: Sequence[dict]) -> dict:
+        """One batch of collated ``pieces`` in order, as this collator would have made of all
+        their items at once (labels and decoder inputs padded to the longest)."""
+        kept = [p for p in pieces if p["size"]]
+        dropped = [uid for p in pieces for uid in p["dropped"]]
+        reasons = [r for p in pieces for r in p["dropped_reasons"]]
+        if not kept:
+            return {"size": 0, "dropped": dropped, "dropped_reasons": reasons}
+        t = max(p["labels"].shape[1] for p in kept)
+
+        def padded(key: str, value: int) -> torch.Tensor:
+            return torch.cat([
+                torch.nn.functional.pad(p[key], (0, t - p[key].shape[1]), value=value)
+                for p in kept
+            ])  # fmt: skip
+
+        key = "encoder_hidden_states" if "encoder_hidden_states" in kept[0] else "input_features"
+        return {
+            key: torch.cat([p[key] for p in kept]),
+            "decoder_input_ids": padded("decoder_input_ids", self.pad_id),
+            "labels": padded("labels", IGNORE),
+            **{k: [x for p in kept for x in p[k]] for k in ("index", "uid", "language", "text")},
+            "replay": torch.cat([p["replay"] for p in kept]),
+            "size": sum(p["size"] for p in kept),
+            "dropped": dropped,
+            "dropped_reasons": reasons,
+        }
+
+
+def worker_pieces(batches: Sequence[list[int]], workers: int) -> tuple[list[list[int]], list[int]]:
+    """Each batch cut into up to ``workers`` contiguous pieces, and how many each became: a
+    DataLoader gives a whole batch to one worker, so a large evaluation batch would be read and
+    featurized by one of them while the others wait (:class:`JoinedBatches` joins them again)."""
+    pieces, counts = [], []
+    for batch in batches:
+        k = max(1, min(workers, len(batch)))
+        cuts = np.array_split(np.asarray(batch, dtype=np.int64), k)
+        pieces += [c.tolist() for c in cuts]
+        counts.append(k)
+    return pieces, counts
+
+
+class JoinedBatches:
+    """The batches of ``loader``, which loads each as ``counts[k]`` pieces
+    (:func:`worker_pieces`), joined again by ``collator``; pinned when ``pin`` (a joined
+    batch is a new tensor, and a GPU copies pinned memory without waiting)."""
+
+    def __init__(self, loader, counts: Sequence[int], collator: Collator, pin: bool = False):
+        self.loader, self.counts, self.collator, self.pin = loader, list(counts), collator, pin
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __iter__(self):
+        pieces = iter(self.loader)
+        for k in self.counts:
+            batch = self.collator.join([next(pieces) for _ in range(k)])
+            if self.pin and k > 1:
+                batch = {
+                    key: v.pin_memory() if isinstance(v, torch.Tensor) else v
+                    for key, v in batch.items()
+                }
+            yield batch
+
 
 def dropped_by_reason(batch: dict) -> dict[str, list[str]]:
     """The ids a collated batch dropped, by reason (as :class:`SkipReport` groups them)."""

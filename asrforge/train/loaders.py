@@ -12,7 +12,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import Batches, Collator, SpeechDataset, epoch_batches, eval_batches
+from asrforge.data.dataset import (
+    Batches,
+    Collator,
+    JoinedBatches,
+    SpeechDataset,
+    epoch_batches,
+    eval_batches,
+    worker_pieces,
+)
 from asrforge.data.packing import Packing
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
@@ -34,7 +42,7 @@ class RunLoaders:
     packing: Packing | None = None
     sampling: LanguageSampling | None = None
     """``data.sampling``: each epoch's utterances drawn by language."""
-    _eval_loaders: dict[int, DataLoader] = field(default_factory=dict, repr=False)
+    _eval_loaders: dict[int, JoinedBatches] = field(default_factory=dict, repr=False)
 
     @property
     def loader_workers(self) -> int:
@@ -114,19 +122,21 @@ class RunLoaders:
         n_batches = -(-items // self.cfg.data.batch_size)
         return len(range(acc.process_index, n_batches, acc.num_processes))
 
-    def eval_loader(self, batch_size: int | None = None) -> DataLoader:
-        """The evaluation split's loader, in batches of ``batch_size`` (default
-        ``data.eval_batch_size`` without probing: ``auto`` is ``data.batch_size``). One loader
-        per batch size serves every evaluation of the run, its workers kept between them
-        (:meth:`close` ends them)."""
+    def eval_loader(self, batch_size: int | None = None) -> JoinedBatches:
+        """The evaluation split's batches of ``batch_size`` (default ``data.eval_batch_size``
+        without probing: ``auto`` is ``data.batch_size``), each read by the loader's workers
+        together, a piece each (:func:`worker_pieces`). One loader per batch size serves every
+        evaluation of the run, its workers kept between them (:meth:`close` ends them)."""
         acc = self.accelerator
         data = self.cfg.data
         bs = batch_size or eval_batch_size(data.eval_batch_size, data.batch_size)
         if bs not in self._eval_loaders:
             batches = eval_batches(self.eval_set.utts, bs)[acc.process_index :: acc.num_processes]
+            pieces, counts = worker_pieces(batches, self.loader_workers)
             # A new loader would start (fork) its workers at every evaluation, which a GPU
             # evaluation of a few batches mostly waits on.
-            self._eval_loaders[bs] = self._loader(self.eval_set, batches, persistent=True)
+            loader = self._loader(self.eval_set, pieces, persistent=True)
+            self._eval_loaders[bs] = JoinedBatches(loader, counts, self.collator, self.pin_memory)
         return self._eval_loaders[bs]
 
     def close(self) -> None:
