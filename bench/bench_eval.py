@@ -51,24 +51,30 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     unwrap,
 )
 
+from asrforge.data.dataset import JoinedBatches, worker_pieces  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.text import normalize, wer  # noqa: E402
 
 
 def run_asrforge(w: Workload, precision: str = "fp32") -> dict:
-    """asrforge's ``evaluate`` over the DataLoader ``RunLoaders.eval_loader`` builds, under the
-    training loop's autocast for ``precision``."""
+    """asrforge's ``evaluate`` over the batches ``RunLoaders.eval_loader`` gives (each read by
+    the workers together, a piece each), under the training loop's autocast for ``precision``."""
     cfg, b = w.cfg, w.bundle
     workers = cfg.data.num_workers
     timer = ModuleTimer(b.model.model.encoder)
     t0, c0 = time.perf_counter(), time.process_time()
-    loader = DataLoader(
-        w.eval_set,
-        batch_sampler=w.eval_index_batches(),
-        collate_fn=w.collator,
-        num_workers=workers,
-        persistent_workers=False,
-        prefetch_factor=4 if workers else None,
+    pieces, counts = worker_pieces(w.eval_index_batches(), workers)
+    loader = JoinedBatches(
+        DataLoader(
+            w.eval_set,
+            batch_sampler=pieces,
+            collate_fn=w.collator,
+            num_workers=workers,
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
+        ),
+        counts,
+        w.collator,
     )
     with timer:
         metrics, preds = evaluate(

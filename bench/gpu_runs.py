@@ -29,7 +29,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 )
 
 from asrforge.config import TrainConfig  # noqa: E402
-from asrforge.data.dataset import eval_batches  # noqa: E402
+from asrforge.data.dataset import JoinedBatches, eval_batches, worker_pieces  # noqa: E402
 from asrforge.evaluation.evaluate import evaluate  # noqa: E402
 from asrforge.model.build import count_parameters  # noqa: E402
 from asrforge.model.decoding import DecodeOptions  # noqa: E402
@@ -325,9 +325,12 @@ class EvalSides:
         )  # fmt: skip
 
     def asrforge(self, batches: list, capture: bool = False) -> list[str]:
-        """``evaluate()``'s hypotheses; ``capture``: its greedy step replayed from a graph
-        (``eval.compile: on``)."""
-        return self.evaluate_collated(self.loader(batches), capture)
+        """``evaluate()``'s hypotheses, each batch read by the workers together as a training
+        run's evaluation reads it (``RunLoaders.eval_loader``); ``capture``: its greedy step
+        replayed from a graph (``eval.compile: on``)."""
+        pieces, counts = worker_pieces(batches, self.workers)
+        joined = JoinedBatches(self.loader(pieces), counts, self.w.collator, self.device == "cuda")
+        return self.evaluate_collated(joined, capture)
 
     def evaluate_collated(self, collated: Iterable[dict], capture: bool = False) -> list[str]:
         """:meth:`asrforge` over batches already collated (or a loader of them)."""

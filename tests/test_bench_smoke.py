@@ -70,6 +70,14 @@ def test_bench_eval_decodes_alike_on_both_sides(tmp_path, capsys):
     assert "RESULT eval seconds asrforge=" in capsys.readouterr().out
 
 
+def test_bench_eval_batches_loads_every_clip_both_ways(tmp_path, capsys):
+    import bench_eval_batches
+
+    out = bench_eval_batches.main(["--quick", "--repeats", "1", "--work-dir", str(tmp_path)])
+    assert out["whole"] > 0 and out["joined"] > 0
+    assert "RESULT eval_batches seconds whole=" in capsys.readouterr().out
+
+
 def test_training_flops_adds_cpu_flash_attention_to_torchs_count():
     """torch's FlopCounterMode has no formula for CPU flash attention; the benchmark's count adds
     exactly the attention matmuls (forward 2 per call, backward twice that)."""
