@@ -17,6 +17,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,24 +122,30 @@ def cache_dir() -> Path:
     return hf_home() / "hub"
 
 
-_pinned: dict[tuple, Resolved | str] | None = None
-"""Within :func:`pinned`: each resolution made (by its request) and each repository's commit."""
+class _Pins:
+    """What :func:`pinned` keeps: each resolution made, by its request, and the commit each
+    repository resolved to first."""
+
+    def __init__(self) -> None:
+        self.resolutions: dict[tuple, Resolved] = {}
+        self.commits: dict[tuple, str] = {}
+
+
+_pins: ContextVar[_Pins | None] = ContextVar("asrforge_hub_pins", default=None)
 
 
 @contextmanager
 def pinned() -> Iterator[None]:
-    """Within it, a Hub repository resolves to the commit it first resolved to, whatever files
-    are asked for, and a resolution already made is not asked of the Hub again: a run's start-up
-    reads one commit of each repository (a branch that moves meanwhile moves none of its files)
-    and asks the Hub once for each. Outside, every call resolves afresh (:func:`_snapshot`)."""
-    global _pinned
-    outer = _pinned
-    if outer is None:
-        _pinned = {}
+    """Within it (in this thread or task), a Hub repository resolves to the commit it first
+    resolved to, whatever files are asked for, and a resolution already made is not asked of the
+    Hub again: a process's start of a run reads one commit of each repository (a branch that
+    moves meanwhile moves none of its files) and asks the Hub once for each. Outside, every call
+    resolves afresh (:func:`_snapshot`)."""
+    token = _pins.set(_pins.get() or _Pins())
     try:
         yield
     finally:
-        _pinned = outer
+        _pins.reset(token)
 
 
 def resolve(
@@ -167,14 +174,15 @@ def resolve(
         return Resolved(Path(value))
     where = (offline(), cache_dir(), endpoint())
     request = (ref, None if patterns is None else tuple(patterns), *where)
-    if _pinned is not None and request in _pinned:
-        return _pinned[request]
-    commit = None if _pinned is None else _pinned.get((ref, *where))
+    pins = _pins.get()
+    if pins is not None and request in pins.resolutions:
+        return pins.resolutions[request]
+    commit = None if pins is None else pins.commits.get((ref, *where))
     path = _snapshot(ref, field, patterns, *where, commit=commit)
     resolved = Resolved(path, ref, path.name)
-    if _pinned is not None:
-        _pinned[request] = resolved
-        _pinned[(ref, *where)] = resolved.commit
+    if pins is not None:
+        pins.resolutions[request] = resolved
+        pins.commits.setdefault((ref, *where), path.name)
     return resolved
 
 

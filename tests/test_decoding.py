@@ -7,7 +7,13 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from asrforge.model.decoding import greedy_decode, suppressed_ids, vocab_logits
+from asrforge.model.decoding import (
+    TimestampVocab,
+    codes_of_tokens,
+    greedy_decode,
+    suppressed_ids,
+    vocab_logits,
+)
 
 EOT = 2
 
@@ -115,3 +121,42 @@ def test_a_trained_weight_is_projected_by_its_module_rewritten_or_not():
     # with autograd on, the module itself runs, so gradients reach its weight
     vocab_logits(model, hidden).sum().backward()
     assert model.proj_out.weight.grad is not None
+
+
+@pytest.mark.fast
+def test_a_language_token_two_languages_share_is_the_first_ones():
+    # yue borrows zh's token (data.language_tokens) and is listed after it
+    assert codes_of_tokens({"zh": 50260, "yue": 50260, "en": 50259}) == {50260: "zh", 50259: "en"}
+
+
+@pytest.mark.fast
+def test_inference_tensors_and_hooked_projections_are_projected_by_the_module():
+    hidden = torch.randn(3, 32)
+    with torch.inference_mode():
+        model = _model().requires_grad_(False)
+        assert torch.allclose(vocab_logits(model, hidden), model.proj_out(hidden))
+    model = _model().requires_grad_(False)
+    model.proj_out.register_forward_hook(lambda module, args, out: out * 0)
+    with torch.no_grad():
+        assert vocab_logits(model, hidden).abs().max() == 0
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "vocab, width",
+    [
+        (TimestampVocab(begin=15, count=10, eot=10, no_timestamps=14), 27),  # Whisper's, extended
+        (TimestampVocab(begin=15, count=10, eot=10, no_timestamps=14), 25),  # stamps at the end
+        (TimestampVocab(begin=20, count=5, eot=0, no_timestamps=19, specials=16), 25),  # a BPE's
+    ],
+)
+def test_the_text_and_non_timestamp_spans_cover_the_columns_is_text_and_is_timestamp_say(
+    vocab, width
+):
+    def columns(spans):
+        return sorted(i for s in spans for i in range(s.start, s.stop))
+
+    assert columns(vocab.text_spans(width)) == [i for i in range(width) if vocab.is_text(i)]
+    assert columns(vocab.non_timestamp_spans(width)) == [
+        i for i in range(width) if not vocab.is_timestamp(i)
+    ]

@@ -19,7 +19,7 @@ from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resamp
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
-from asrforge.model.decoding import DecodeOptions, detect_languages
+from asrforge.model.decoding import DecodeOptions, codes_of_tokens, detect_languages
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
@@ -214,7 +214,7 @@ class Bundle:
         """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
         time; with ``keep``, the encoder output of the windows ``reused`` marks (one flag a
         wave) goes into it, for decoding to start from."""
-        code_of = {token: code for code, token in self.language_ids.items()}
+        code_of = codes_of_tokens(self.language_ids)
         out = []
         for k in range(0, len(waves), batch_size):
             windows = []
@@ -222,7 +222,7 @@ class Bundle:
                 start, end = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
                 windows.append(wave[start:end])
             enc = self._encode(windows)
-            found = detect_languages(self.model, enc, self.specials.sot, code_of)
+            found = detect_languages(self.model, enc, self.specials.sot, code_of.keys())
             out += [code_of[token] for token in found]
             if keep is not None:
                 flags = reused[k : k + batch_size]

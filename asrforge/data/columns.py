@@ -271,8 +271,8 @@ def dictionary_encoded(column) -> tuple[list, np.ndarray]:
 
 def language_codes(column) -> tuple[list[str], np.ndarray]:
     """(distinct language codes, each row's index into them) of an Arrow column of language
-    values, each resolved as training resolves a cell (``""`` for none; a value that names no
-    language as it is)."""
+    values, each resolved as a cell is (``""`` for none; a value that names no language as it
+    is); what a row without one trains as is :func:`~asrforge.data.rules.row_language`'s."""
     values, index = dictionary_encoded(column)
     return [resolve_language(v, strict=False) for v in values], index
 

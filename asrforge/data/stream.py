@@ -303,7 +303,8 @@ class StreamedSplit:
         if keep is None:
             return {}
         counts = self.language_counts()
-        if self.rules is not None:  # keyed as the rows train, as check_row filters them
+        # keyed as the rows train, as check_row filters them
+        if self.rules is not None:
             counts = trained_languages(counts, self.rules.utterance.specials.multilingual)
         return {lang: n for lang, n in counts.items() if n and lang not in keep}
 

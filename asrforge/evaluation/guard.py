@@ -23,7 +23,7 @@ from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
-from asrforge.model.decoding import detect_languages, greedy_decode
+from asrforge.model.decoding import codes_of_tokens, detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
 from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
 from asrforge.run_layout import RunLayout
@@ -159,7 +159,7 @@ class Guard:
         ``found``: the language tokens already detected among :attr:`detect`, if any."""
         languages = [i.language for i in chunk]
         if self.detect:
-            code_of = {token: code for code, token in self.detect.items()}
+            code_of = codes_of_tokens(self.detect)
             found = found or self._detect(model, enc, self.detect)
             languages = [code_of[t] for t in found]
         encoded = EncodedWindows(len(chunk))

@@ -14,7 +14,7 @@ import copy
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,22 +158,33 @@ def decoder_states(
 def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The output projection of decoder states ``hidden`` (..., d_model) -> (..., vocab), as
     ``model.proj_out`` computes it. On the CPU, without autograd, a plain bias-free projection
-    whose weight is not trained (a bundle's) multiplies by that weight transposed once into
-    (d_model, vocab), kept beside the module (one more copy of the vocabulary's matrix):
-    ``proj_out`` took twice as long for one row of tiny.en or base (bench/README.md, "The output
-    projection on the CPU"). A trained weight can be rewritten without a trace the copy could
-    see (a sharded model gathers it afresh for every evaluation), so it is never copied."""
+    without hooks whose weight is not trained (a bundle's, or a LoRA run's frozen one)
+    multiplies by that weight transposed once into (d_model, vocab), kept beside the module
+    (one more copy of the vocabulary's matrix): ``proj_out`` took twice as long for one row of
+    tiny.en or base (bench/README.md, "The output projection on the CPU"). A trained weight
+    can be rewritten without a trace the copy could see (a sharded model gathers it afresh for
+    every evaluation), so it is never copied."""
     proj = model.proj_out
     weight = proj.weight
     if (
         type(proj) is not torch.nn.Linear
         or proj.bias is not None
+        or proj._forward_hooks
+        or proj._forward_pre_hooks
         or weight.device.type != "cpu"
         or weight.requires_grad
+        or weight.is_inference()
         or torch.is_grad_enabled()
     ):
+        # a copy made before the weight moved or became trainable is of no more use
+        proj.__dict__.pop(_TRANSPOSED, None)
         return proj(hidden)
     return hidden @ _transposed(proj)
+
+
+_TRANSPOSED = "_asrforge_transposed"
+"""Where :func:`vocab_logits` keeps a projection's transposed weight: in the module's own
+attributes, so it goes with the model."""
 
 
 def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
@@ -181,7 +192,7 @@ def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
     is written in place (its version moves) or replaced (another storage: the one copied is
     held, so no new weight can take its address)."""
     weight = proj.weight
-    kept = proj.__dict__.get("_asrforge_transposed")
+    kept = proj.__dict__.get(_TRANSPOSED)
     if (
         kept is None
         or kept[0].data_ptr() != weight.data_ptr()
@@ -190,18 +201,28 @@ def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
         or kept[1] != weight._version
     ):
         kept = (weight.detach(), weight._version, weight.detach().t().contiguous())
-        proj.__dict__["_asrforge_transposed"] = kept
+        proj.__dict__[_TRANSPOSED] = kept
     return kept[2]
+
+
+def codes_of_tokens(language_ids: Mapping[str, int]) -> dict[int, str]:
+    """Each language token's code in ``language_ids`` (code -> token): the first language that
+    has it, since a language that borrows another's token (``data.language_tokens``) is listed
+    after it."""
+    codes: dict[int, str] = {}
+    for code, token in language_ids.items():
+        codes.setdefault(token, code)
+    return codes
 
 
 @torch.no_grad()
 def detect_languages(
-    model, encoder_hidden: torch.Tensor, sot: int, language_ids: Iterable[int]
+    model, encoder_hidden: torch.Tensor, sot: int, tokens: Iterable[int]
 ) -> list[int]:
-    """The language token each window's decoder ranks first, among ``language_ids``, right
-    after ``<|startoftranscript|>`` (one decoder pass over the (batch, frames, d_model)
+    """The language token each window's decoder ranks first, among ``tokens``, right after
+    ``<|startoftranscript|>`` (one decoder pass over the (batch, frames, d_model)
     ``encoder_hidden``), as Whisper detects a language."""
-    ids = sorted(set(language_ids))
+    ids = sorted(set(tokens))
     rows = encoder_hidden.shape[0]
     prompt = torch.full((rows, 1), sot, dtype=torch.long, device=encoder_hidden.device)
     h = model.model.decoder(input_ids=prompt, encoder_hidden_states=encoder_hidden)
@@ -422,6 +443,21 @@ class TimestampVocab:
     def is_text(self, token: int) -> bool:
         return token != self.eot and not self.first_special <= token < self.end
 
+    def text_spans(self, width: int) -> list[slice]:
+        """The column ranges of the text tokens (:meth:`is_text`) in logits ``width`` wide."""
+        spans, at = [], 0
+        for start, stop in sorted([(self.eot, self.eot + 1), (self.first_special, self.end)]):
+            if at < start:
+                spans.append(slice(at, start))
+            at = max(at, stop)
+        if at < width:
+            spans.append(slice(at, width))
+        return spans
+
+    def non_timestamp_spans(self, width: int) -> list[slice]:
+        """The column ranges of every token but a timestamp in logits ``width`` wide."""
+        return [s for s in (slice(0, self.begin), slice(self.end, width)) if s.start < s.stop]
+
     @classmethod
     def of(cls, tokenizer, vocab_size: int, window_seconds: float) -> TimestampVocab | None:
         """The timestamp tokens of ``tokenizer``, or None when it has none or too few to cover
@@ -490,26 +526,8 @@ class TimestampRules:
         others = logits[:, : v.begin].amax(-1)
         if v.end < logits.shape[-1]:
             others = torch.maximum(others, logits[:, v.end :].amax(-1))
-        self._block(logits, stamps > others, self._non_stamps(logits.shape[-1]))
+        self._block(logits, stamps > others, v.non_timestamp_spans(logits.shape[-1]))
         return logits
-
-    def _non_stamps(self, width: int) -> list[slice]:
-        """The column ranges of every token but a timestamp."""
-        v = self.vocab
-        return [s for s in (slice(0, v.begin), slice(v.end, width)) if s.start < s.stop]
-
-    def _text(self, width: int) -> list[slice]:
-        """The column ranges of the text tokens: all but EOT, the specials and the timestamps."""
-        v = self.vocab
-        blocked = sorted([(v.eot, v.eot + 1), (v.first_special, v.end)])
-        ranges, at = [], 0
-        for start, stop in blocked:
-            if at < start:
-                ranges.append(slice(at, start))
-            at = max(at, stop)
-        if at < width:
-            ranges.append(slice(at, width))
-        return ranges
 
     @staticmethod
     def _block(logits: torch.Tensor, rows: torch.Tensor, columns: list[slice]) -> None:
@@ -527,7 +545,7 @@ class TimestampRules:
         # After a pair of timestamps (or the opening one) text must follow.
         stamps.masked_fill_((last & penultimate)[:, None], float("-inf"))
         # After a segment's end comes the next segment's start or EOT.
-        self._block(logits, last & ~penultimate, self._text(logits.shape[-1]))
+        self._block(logits, last & ~penultimate, v.text_spans(logits.shape[-1]))
         # 1-based position of each row's last timestamp, 0 when it has none
         steps = torch.arange(1, generated.shape[1] + 1, device=generated.device)
         at = (is_stamp * steps).amax(-1)

@@ -94,7 +94,8 @@ class Trainer:
             if max_time is not None
             else None
         )
-        with pinned():  # the start-up reads one commit of each Hub repository it names
+        # The start-up reads one commit of each Hub repository it names.
+        with pinned():
             run = self._start_run(resume=resume, start_over=start_over, budget=budget)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
         self._install_signal_handlers()
