@@ -12,6 +12,7 @@ import pytest
 import asrforge.model.build as model_build
 from asrforge.cli import main
 from asrforge.model.build import has_language_slot
+from asrforge.train.loop import Trainer
 from tests.conftest import save_english_only_model, tiny_config
 
 
@@ -65,3 +66,21 @@ def test_the_language_slot_is_read_from_the_files(tmp_path, english_only):
     # a tokenizer directory alone: its size decides, as transformers' rule for Whisper
     assert not has_language_slot(tmp_path / "tokenizer-only", 51864)
     assert has_language_slot(tmp_path / "tokenizer-only", 51866)
+
+
+def test_rows_without_a_language_evaluate_as_english(tmp_path, clips, english_only):
+    # Half the English rows name no language: under an English-only model they are scored as
+    # English (its normalizer, its per-language figures), not as a language of their own.
+    from tests.test_stream import stream_source
+
+    english = [c for c in clips if c["language"] == "en"]
+    rows = [dict(r, language="en" if k % 2 else None) for k, r in enumerate(english)]
+    path, extra = stream_source("jsonl files", tmp_path / "corpus", rows)
+    cfg = tiny_config(
+        tmp_path / "run", path, model={"pretrained": str(english_only)}, data=extra,
+        train={"max_steps": 1}, eval={"eval_steps": 1, "at_start": False},
+    )  # fmt: skip
+    result = Trainer(cfg).fit()
+    assert result.status == "completed"
+    assert set(result.last_metrics["per_language"]) == {"en"}
+    assert result.last_metrics["n"] == len([r for r in rows if r["split"] == "validation"])
