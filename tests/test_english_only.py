@@ -68,7 +68,8 @@ def test_the_language_slot_is_read_from_the_files(tmp_path, english_only):
     assert has_language_slot(tmp_path / "tokenizer-only", 51866)
 
 
-def test_rows_without_a_language_evaluate_as_english(tmp_path, clips, english_only):
+@pytest.mark.parametrize("stream", [False, True])
+def test_rows_without_a_language_evaluate_as_english(tmp_path, clips, english_only, stream):
     # Half the English rows name no language: under an English-only model they are scored as
     # English (its normalizer, its per-language figures), not as a language of their own.
     from tests.test_stream import stream_source
@@ -76,8 +77,9 @@ def test_rows_without_a_language_evaluate_as_english(tmp_path, clips, english_on
     english = [c for c in clips if c["language"] == "en"]
     rows = [dict(r, language="en" if k % 2 else None) for k, r in enumerate(english)]
     path, extra = stream_source("jsonl files", tmp_path / "corpus", rows)
+    data = {**extra, "stream": {"enabled": stream}}
     cfg = tiny_config(
-        tmp_path / "run", path, model={"pretrained": str(english_only)}, data=extra,
+        tmp_path / "run", path, model={"pretrained": str(english_only)}, data=data,
         train={"max_steps": 1}, eval={"eval_steps": 1, "at_start": False},
     )  # fmt: skip
     result = Trainer(cfg).fit()
