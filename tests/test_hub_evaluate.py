@@ -51,3 +51,40 @@ def test_evaluate_scores_fleurs_by_hub_id_from_the_cache(hf_home, tiny_model, to
     record = json.loads(run.stdout.strip().splitlines()[-1])
     assert (record["data"], record["split"], record["n"]) == ("google/fleurs", "test", 6)
     assert set(record["per_language"]) == {"es"}
+
+
+def test_a_command_reads_the_files_of_the_commit_whose_card_it_read(
+    hf_home,
+    tiny_model,  # noqa: F811
+    tones_dir,
+    monkeypatch,
+    capsys,
+):
+    """main moves between the data set's card and its files: the command reads both at the
+    commit it read first."""
+    import asrforge.hub as hub_module
+    from asrforge.cli import main
+
+    spanish = [r for r in load_arrow(tones_dir)["train"] if r["language"] == "es"][:6]
+    add_repo(hf_home, "org/tiny", {"": tiny_model})
+    files = {"README.md": FLEURS_README,
+             "es_419/test-00000-of-00001.parquet": audio_parquet(fleurs_rows(spanish))}  # fmt: skip
+    add_repo(hf_home, "google/fleurs", files, repo_type="dataset", commit="a" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    read = []
+    snapshot = hub_module._snapshot
+
+    def moving_main(ref, field, patterns, *where, commit=None):
+        path = snapshot(ref, field, patterns, *where, commit=commit)
+        read.append((ref.repo_id, path.name))
+        # the data set's card was read: main moves on
+        if ref.repo_id == "google/fleurs" and len(read) == 2:
+            add_repo(hf_home, "google/fleurs", {"README.md": "no configurations now"},
+                     repo_type="dataset", commit="b" * 40)  # fmt: skip
+        return path
+
+    monkeypatch.setattr(hub_module, "_snapshot", moving_main)
+    argv = ["evaluate", "org/tiny", "--data", "google/fleurs", "--subset", "es_419",
+            "--split", "test", "--json", "--max-new-tokens", "4"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert [c for r, c in read if r == "google/fleurs"] == ["a" * 40, "a" * 40]

@@ -34,6 +34,7 @@ from asrforge.cli import (
 )
 from asrforge.config.hf_names import flag_hint
 from asrforge.errors import CheckpointSaveError, ExitCode, UserError, report_exit_code
+from asrforge.hub import pinned
 from asrforge.io.atomic import describe_os_error
 
 # Each command's module, in the order `asrforge --help` lists them; these modules import their
@@ -80,7 +81,9 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}{hint}")
     args.overrides = overrides
     try:
-        return int(args.func(args) or 0)
+        # A command reads one commit of each Hub repository it names, however often it asks.
+        with pinned():
+            return int(args.func(args) or 0)
     except UserError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
