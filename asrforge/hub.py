@@ -138,9 +138,9 @@ _pins: ContextVar[_Pins | None] = ContextVar("asrforge_hub_pins", default=None)
 def pinned() -> Iterator[None]:
     """Within it (in this thread or task), a Hub repository resolves to the commit it first
     resolved to, whatever files are asked for, and a resolution already made is not asked of the
-    Hub again: a process's start of a run reads one commit of each repository (a branch that
-    moves meanwhile moves none of its files) and asks the Hub once for each. Outside, every call
-    resolves afresh (:func:`_snapshot`)."""
+    Hub again: a command, or a run's start-up, reads one commit of each repository (a branch
+    that moves meanwhile moves none of its files) and asks the Hub once for each. Outside,
+    every call resolves afresh (:func:`_snapshot`)."""
     token = _pins.set(_pins.get() or _Pins())
     try:
         yield
