@@ -69,7 +69,8 @@ class Bundle:
     """A model ready to transcribe: weights, tokenizer, log-mel front end and inference config.
 
     Args:
-        model: a Whisper model (put in eval mode, moved to ``device``).
+        model: a Whisper model (put in eval mode, moved to ``device``, its weights without
+            ``requires_grad``: ``bundle.model.requires_grad_(True)`` before training it).
         tokenizer: its tokenizer.
         config: the bundle's ``InferenceConfig``.
         path: where it was loaded from, if anywhere.
