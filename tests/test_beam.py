@@ -128,3 +128,33 @@ def test_patience_collects_more_finished_hypotheses_before_stopping():
         assert len(hyps) == 4
     with pytest.raises(ValueError, match="patience"):
         beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3, patience=0))
+
+
+def test_beams_attend_to_one_copy_of_their_utterances_encoder_keys(monkeypatch):
+    """Cross-attention after the first step: queries of k beams per live utterance, keys and
+    values of one row per utterance; the model's own attention is back afterwards."""
+    import asrforge.model.beam_attention as beam_attention
+
+    seen = []
+    grouped = beam_attention._grouped
+
+    def spying(base):
+        attention = grouped(base)
+
+        def spy(module, query, key, value, attention_mask, **kwargs):
+            if module is model.model.decoder.layers[0].encoder_attn:
+                seen.append((query.shape[0], key.shape[0]))
+            return attention(module, query, key, value, attention_mask, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(beam_attention, "_grouped", spying)
+    model = _model(2, eot_bias=0.5)
+    own = model.config._attn_implementation
+    enc, prompts = _inputs(model, 4, 2)
+    hyps = beam_search(model, enc, prompts, EOT, 16, DecodeOptions(beam_size=3))
+    assert seen[0] == (4, 4)  # the prompt: one row per utterance
+    assert all(q == 3 * kv for q, kv in seen[1:])
+    assert {kv for _, kv in seen} == {4, 3, 1}  # done utterances left, their keys with them
+    assert len({len(h.tokens) for h in hyps}) > 1
+    assert model.config._attn_implementation == own

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asrforge.model.beam_attention import shared_cross_attention
 from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, vocab_logits
 
 
@@ -51,7 +52,9 @@ def beam_search(
 ) -> list[Hypothesis]:
     """The best hypothesis of each utterance by beam search with a KV cache.
 
-    The prompt is decoded once per utterance and its cache repeated per beam; each step the
+    The prompt is decoded once per utterance and its self-attention cache repeated per beam;
+    the beams share their utterance's one row of the cross-attention cache
+    (:func:`~asrforge.model.beam_attention.shared_cross_attention`). Each step the
     self-attention cache is reordered to the surviving beams' parents, and an
     utterance that is done leaves the batch (its rows are dropped from both caches). The host
     reads the device once per step: the candidates that ended, with their parents and scores,
@@ -107,73 +110,77 @@ def beam_search(
         starts = fusion.starts_word(vocab, device)
         word_starts = starts.bool().tolist()
     tokens, enc = prompts, encoder_hidden
-    for t in range(cap):
-        h = decoder_states(model, tokens, enc, cache)[:, -1]
-        logits = vocab_logits(model, h).float()
-        if rules is not None:
-            logits = rules(logits, generated)
-        logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
-        # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
-        per_audio = 1 if t == 0 else k
-        cand_am = am_sums[:, None] + logprobs
-        cand = cand_am if fusion is None else sums[:, None] + logprobs
-        if fusion is not None:
-            boundary, end = fusion.bonuses(states)
-            cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
-            cand[:, eot] += torch.tensor(end, device=device)
-        cand = cand.reshape(len(audios), per_audio * vocab)
-        # k continuing candidates are always among the best 2k: at most one EOT per beam
-        n_top = min(2 * k, per_audio * vocab)
-        top_scores, top_idx = cand.topk(n_top, dim=-1)
-        top_rows = top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
-        top_tokens = top_idx % vocab
-        top_am = top_scores if fusion is None else cand_am.reshape(cand.shape).gather(1, top_idx)
-        is_eot = top_tokens == eot
-        # a candidate's rank among the continuing ones (1-based) / how many continue before it
-        rank = (~is_eot).cumsum(-1)
-        keep = ~is_eot & (rank <= k)
-        # EOT before the k-th continuing candidate (and not a forbidden one)
-        ends = is_eot & (rank < k) & (top_scores > float("-inf"))
-        # the k continuing beams of each utterance, in score order
-        order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
-        src = top_rows.gather(1, order).reshape(-1)
-        nxt = top_tokens.gather(1, order).reshape(-1)
-        new_sums = top_scores.gather(1, order).reshape(-1)
-        am_sums = new_sums if fusion is None else top_am.gather(1, order).reshape(-1)
-        # The step's one read: what the host's bookkeeping needs, in one transfer.
-        host = _Step.read(ends, top_rows, top_scores, top_am, generated, src, nxt, fusion)
-        _collect_finished(finished, audios, host, max_candidates)
-        if states is not None:
-            states = [
-                fusion.advance(states[r], tok, word_starts[tok])
-                for r, tok in zip(host.src, host.nxt, strict=True)
-            ]
-        sums = new_sums
-        generated = torch.cat([generated[src], nxt[:, None]], dim=1)
-        if t == 0:  # one prompt row per utterance becomes its k beams' rows
-            cache.reorder_cache(src)
-            enc = enc[src]
-        else:
-            # Beams move within one utterance, whose cross-attention rows are all the same.
-            cache.self_attention_cache.reorder_cache(src)
-        done = [len(finished[a]) >= max_candidates for a in audios]
-        if all(done):
-            break
-        if any(done):
-            live = [i for i, d in enumerate(done) if not d]
-            rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
-            audios = [audios[i] for i in live]
-            generated, sums, nxt, enc = generated[rows], sums[rows], nxt[rows], enc[rows]
-            am_sums = am_sums[rows]
+    with shared_cross_attention(model):
+        for t in range(cap):
+            h = decoder_states(model, tokens, enc, cache)[:, -1]
+            logits = vocab_logits(model, h).float()
+            if rules is not None:
+                logits = rules(logits, generated)
+            logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
+            # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
+            per_audio = 1 if t == 0 else k
+            cand_am = am_sums[:, None] + logprobs
+            cand = cand_am if fusion is None else sums[:, None] + logprobs
+            if fusion is not None:
+                boundary, end = fusion.bonuses(states)
+                cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
+                cand[:, eot] += torch.tensor(end, device=device)
+            cand = cand.reshape(len(audios), per_audio * vocab)
+            # k continuing candidates are always among the best 2k: at most one EOT per beam
+            n_top = min(2 * k, per_audio * vocab)
+            top_scores, top_idx = cand.topk(n_top, dim=-1)
+            top_rows = (
+                top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
+            )
+            top_tokens = top_idx % vocab
+            top_am = (
+                top_scores if fusion is None else cand_am.reshape(cand.shape).gather(1, top_idx)
+            )
+            is_eot = top_tokens == eot
+            # a candidate's rank among the continuing ones (1-based) / how many continue before it
+            rank = (~is_eot).cumsum(-1)
+            keep = ~is_eot & (rank <= k)
+            # EOT before the k-th continuing candidate (and not a forbidden one)
+            ends = is_eot & (rank < k) & (top_scores > float("-inf"))
+            # the k continuing beams of each utterance, in score order
+            order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
+            src = top_rows.gather(1, order).reshape(-1)
+            nxt = top_tokens.gather(1, order).reshape(-1)
+            new_sums = top_scores.gather(1, order).reshape(-1)
+            am_sums = new_sums if fusion is None else top_am.gather(1, order).reshape(-1)
+            # The step's one read: what the host's bookkeeping needs, in one transfer.
+            host = _Step.read(ends, top_rows, top_scores, top_am, generated, src, nxt, fusion)
+            _collect_finished(finished, audios, host, max_candidates)
             if states is not None:
-                states = [states[i * k + j] for i in live for j in range(k)]
-            cache.batch_select_indices(rows)
-        tokens = nxt[:, None]
-    else:
-        # A capped beam's last word is complete too, so it pays the LM for it.
-        if fusion is not None:
-            sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
-        _add_unfinished(finished, audios, generated, sums, am_sums, k)
+                states = [
+                    fusion.advance(states[r], tok, word_starts[tok])
+                    for r, tok in zip(host.src, host.nxt, strict=True)
+                ]
+            sums = new_sums
+            generated = torch.cat([generated[src], nxt[:, None]], dim=1)
+            # One prompt row per utterance becomes its k beams' rows at t == 0; later beams move
+            # within their utterance. The cross-attention cache keeps one row per utterance, which
+            # its beams share (shared_cross_attention).
+            cache.self_attention_cache.reorder_cache(src)
+            done = [len(finished[a]) >= max_candidates for a in audios]
+            if all(done):
+                break
+            if any(done):
+                live = [i for i, d in enumerate(done) if not d]
+                rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
+                audios = [audios[i] for i in live]
+                generated, sums, nxt = generated[rows], sums[rows], nxt[rows]
+                am_sums, enc = am_sums[rows], enc[live]
+                if states is not None:
+                    states = [states[i * k + j] for i in live for j in range(k)]
+                cache.self_attention_cache.batch_select_indices(rows)
+                cache.cross_attention_cache.batch_select_indices(torch.tensor(live, device=device))
+            tokens = nxt[:, None]
+        else:
+            # A capped beam's last word is complete too, so it pays the LM for it.
+            if fusion is not None:
+                sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
+            _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, options.length_penalty) for f in finished]
 
 
