@@ -158,3 +158,22 @@ def test_beams_attend_to_one_copy_of_their_utterances_encoder_keys(monkeypatch):
     assert {kv for _, kv in seen} == {4, 3, 1}  # done utterances left, their keys with them
     assert len({len(h.tokens) for h in hyps}) > 1
     assert model.config._attn_implementation == own
+
+
+def test_searches_overlapping_on_one_model_keep_the_shared_attention_until_the_last_ends():
+    """As two threads' searches on one bundle would: the first to end does not take the
+    shared cross-attention from the other."""
+    from asrforge.model.beam_attention import PREFIX, shared_cross_attention
+
+    model = _model()
+    own = model.config._attn_implementation
+    first, second = shared_cross_attention(model), shared_cross_attention(model)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert model.config._attn_implementation == PREFIX + own
+    enc, prompts = _inputs(model, 2)
+    beam_search(model, enc, prompts, EOT, 8, DecodeOptions(beam_size=3))  # a third, inside
+    assert model.config._attn_implementation == PREFIX + own
+    second.__exit__(None, None, None)
+    assert model.config._attn_implementation == own

@@ -12,10 +12,9 @@ when a layer's queries have ``k`` times the keys' rows and otherwise is the mode
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import torch
 
 PREFIX = "asrforge_beams+"
 """Names of the implementations registered here: the prefix, then the model's own (``sdpa``)."""
@@ -45,29 +44,36 @@ def _grouped(base: str):
     return attention
 
 
+_lock = threading.Lock()
+_searching: dict[int, tuple[int, str | None]] = {}
+"""Per model config (by ``id``) while a search runs: how many, and its own implementation."""
+
+
 @contextmanager
 def shared_cross_attention(model) -> Iterator[None]:
     """Within it, a cross-attention layer whose cache holds one row per utterance serves the
     utterance's beams (``k`` consecutive rows of the queries) from it; every other attention is
-    the model's own. The model's attention implementation is restored after."""
+    the model's own. The model's attention implementation is restored when the last search on
+    it ends, so searches in several threads on one model do not undo each other's."""
     # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     config = model.config
-    before = config._attn_implementation
-    base = before.removeprefix(PREFIX) if before else "sdpa"
-    name = PREFIX + base
-    AttentionInterface.register(name, _grouped(base))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
-    config._attn_implementation = name
+    with _lock:
+        count, own = _searching.get(id(config), (0, config._attn_implementation))
+        if count == 0:
+            base = own or "sdpa"
+            AttentionInterface.register(PREFIX + base, _grouped(base))
+            AttentionMaskInterface.register(PREFIX + base, ALL_MASK_ATTENTION_FUNCTIONS[base])
+            config._attn_implementation = PREFIX + base
+        _searching[id(config)] = (count + 1, own)
     try:
         yield
     finally:
-        config._attn_implementation = before
-
-
-def utterance_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
-    """The utterance of each group of ``k`` consecutive beam ``rows`` (row ``i * k + j`` is
-    utterance ``i``'s beam ``j``)."""
-    return rows[::k] // k
+        with _lock:
+            count, own = _searching.pop(id(config))
+            if count > 1:
+                _searching[id(config)] = (count - 1, own)
+            else:
+                config._attn_implementation = own
