@@ -177,3 +177,18 @@ def test_searches_overlapping_on_one_model_keep_the_shared_attention_until_the_l
     assert model.config._attn_implementation == PREFIX + own
     second.__exit__(None, None, None)
     assert model.config._attn_implementation == own
+
+
+def test_an_implementation_the_beams_cannot_share_under_gives_each_beam_its_keys(monkeypatch):
+    """Outside the implementations wrapped (flash attention looks its kernels up by the model's
+    implementation name), each beam attends to a copy of its utterance's keys, as before."""
+    import asrforge.model.beam_attention as beam_attention
+
+    model = _model(2, eot_bias=0.5)
+    enc, prompts = _inputs(model, 4, 2)
+    options = DecodeOptions(beam_size=3)
+    shared = beam_search(model, enc, prompts, EOT, 16, options)
+    monkeypatch.setattr(beam_attention, "SHARING", ())
+    copied = beam_search(model, enc, prompts, EOT, 16, options)
+    assert [h.tokens for h in copied] == [h.tokens for h in shared]
+    assert model.config._attn_implementation == "sdpa"

@@ -110,7 +110,7 @@ def beam_search(
         starts = fusion.starts_word(vocab, device)
         word_starts = starts.bool().tolist()
     tokens, enc = prompts, encoder_hidden
-    with shared_cross_attention(model):
+    with shared_cross_attention(model) as shared:
         for t in range(cap):
             h = decoder_states(model, tokens, enc, cache)[:, -1]
             logits = vocab_logits(model, h).float()
@@ -159,9 +159,12 @@ def beam_search(
             sums = new_sums
             generated = torch.cat([generated[src], nxt[:, None]], dim=1)
             # One prompt row per utterance becomes its k beams' rows at t == 0; later beams move
-            # within their utterance. The cross-attention cache keeps one row per utterance, which
-            # its beams share (shared_cross_attention).
+            # within their utterance. Shared, the cross-attention cache keeps one row per
+            # utterance; else each beam gets a copy of its utterance's row.
             cache.self_attention_cache.reorder_cache(src)
+            if t == 0 and not shared:
+                cache.cross_attention_cache.reorder_cache(src)
+                enc = enc[src]
             done = [len(finished[a]) >= max_candidates for a in audios]
             if all(done):
                 break
@@ -170,11 +173,13 @@ def beam_search(
                 rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
                 audios = [audios[i] for i in live]
                 generated, sums, nxt = generated[rows], sums[rows], nxt[rows]
-                am_sums, enc = am_sums[rows], enc[live]
+                am_sums = am_sums[rows]
+                cross = torch.tensor(live, device=device) if shared else rows
                 if states is not None:
                     states = [states[i * k + j] for i in live for j in range(k)]
+                enc = enc[cross]
                 cache.self_attention_cache.batch_select_indices(rows)
-                cache.cross_attention_cache.batch_select_indices(torch.tensor(live, device=device))
+                cache.cross_attention_cache.batch_select_indices(cross)
             tokens = nxt[:, None]
         else:
             # A capped beam's last word is complete too, so it pays the LM for it.

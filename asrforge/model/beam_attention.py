@@ -31,15 +31,18 @@ def _grouped(base: str):
         rows, kv_rows = query.shape[0], key.shape[0]
         if rows == kv_rows or attention_mask is not None:
             return own(module, query, key, value, attention_mask, **kwargs)
+        if rows % kv_rows:
+            raise ValueError(f"{rows} beam rows do not share {kv_rows} utterances' keys evenly")
         k = rows // kv_rows
         _, heads, length, dim = query.shape
         # (utterance x beam, heads, q, dim) -> (utterance, heads, beam x q, dim)
         grouped = query.view(kv_rows, k, heads, length, dim).transpose(1, 2)
-        out, weights = own(
+        out, _weights = own(
             module, grouped.reshape(kv_rows, heads, k * length, dim), key, value, None, **kwargs
         )
-        # (utterance, beam x q, heads, dim) -> (utterance x beam, q, heads, dim)
-        return out.reshape(rows, length, heads, dim), weights
+        # (utterance, beam x q, heads, dim) -> (utterance x beam, q, heads, dim); no weights:
+        # they would come in the grouped shape, and beam search asks for none
+        return out.reshape(rows, length, heads, dim), None
 
     return attention
 
@@ -49,12 +52,19 @@ _searching: dict[int, tuple[int, str | None]] = {}
 """Per model config (by ``id``) while a search runs: how many, and its own implementation."""
 
 
+SHARING = ("sdpa", "eager")
+"""The implementations wrapped: flash attention's kernels look themselves up by the model's
+implementation name, which the wrapper changes."""
+
+
 @contextmanager
-def shared_cross_attention(model) -> Iterator[None]:
+def shared_cross_attention(model) -> Iterator[bool]:
     """Within it, a cross-attention layer whose cache holds one row per utterance serves the
     utterance's beams (``k`` consecutive rows of the queries) from it; every other attention is
-    the model's own. The model's attention implementation is restored when the last search on
-    it ends, so searches in several threads on one model do not undo each other's."""
+    the model's own. Yields whether it does: not for an implementation outside
+    :data:`SHARING`, whose beams then need a cross-attention row each. The model's
+    implementation is restored when the last search on it ends, so searches in several threads
+    on one model do not undo each other's."""
     # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -62,14 +72,22 @@ def shared_cross_attention(model) -> Iterator[None]:
     config = model.config
     with _lock:
         count, own = _searching.get(id(config), (0, config._attn_implementation))
-        if count == 0:
-            base = own or "sdpa"
-            AttentionInterface.register(PREFIX + base, _grouped(base))
-            AttentionMaskInterface.register(PREFIX + base, ALL_MASK_ATTENTION_FUNCTIONS[base])
-            config._attn_implementation = PREFIX + base
-        _searching[id(config)] = (count + 1, own)
+        # transformers attends eagerly when no implementation is set
+        base = own or "eager"
+        if base not in SHARING:
+            shared = False
+        else:
+            shared = True
+            if count == 0:
+                AttentionInterface.register(PREFIX + base, _grouped(base))
+                AttentionMaskInterface.register(PREFIX + base, ALL_MASK_ATTENTION_FUNCTIONS[base])
+                config._attn_implementation = PREFIX + base
+            _searching[id(config)] = (count + 1, own)
+    if not shared:
+        yield False
+        return
     try:
-        yield
+        yield True
     finally:
         with _lock:
             count, own = _searching.pop(id(config))
