@@ -233,6 +233,8 @@ class Collator:
     def join(self, pieces: Sequence[dict]) -> dict:
         """One batch of collated ``pieces`` in order, as this collator would have made of all
         their items at once (labels and decoder inputs padded to the longest)."""
+        if len(pieces) == 1:
+            return pieces[0]
         kept = [p for p in pieces if p["size"]]
         dropped = [uid for p in pieces for uid in p["dropped"]]
         reasons = [r for p in pieces for r in p["dropped_reasons"]]
@@ -274,8 +276,9 @@ def worker_pieces(batches: Sequence[list[int]], workers: int) -> tuple[list[list
 
 class JoinedBatches:
     """The batches of ``loader``, which loads each as ``counts[k]`` pieces
-    (:func:`worker_pieces`), joined again by ``collator``; pinned when ``pin`` (a joined
-    batch is a new tensor, and a GPU copies pinned memory without waiting)."""
+    (:func:`worker_pieces`), joined again by ``collator``; pinned here when ``pin``, not by
+    ``loader`` (a joined batch is a new tensor, and a GPU copies pinned memory without
+    waiting)."""
 
     def __init__(self, loader, counts: Sequence[int], collator: Collator, pin: bool = False):
         self.loader, self.counts, self.collator, self.pin = loader, list(counts), collator, pin
@@ -287,7 +290,7 @@ class JoinedBatches:
         pieces = iter(self.loader)
         for k in self.counts:
             batch = self.collator.join([next(pieces) for _ in range(k)])
-            if self.pin and k > 1:
+            if self.pin:
                 batch = {
                     key: v.pin_memory() if isinstance(v, torch.Tensor) else v
                     for key, v in batch.items()

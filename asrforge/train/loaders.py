@@ -135,15 +135,24 @@ class RunLoaders:
             pieces, counts = worker_pieces(batches, self.loader_workers)
             # A new loader would start (fork) its workers at every evaluation, which a GPU
             # evaluation of a few batches mostly waits on.
-            loader = self._loader(self.eval_set, pieces, persistent=True)
-            self._eval_loaders[bs] = JoinedBatches(loader, counts, self.collator, self.pin_memory)
+            # Joined batches are new tensors, pinned after the join; whole ones the loader pins.
+            joined = any(k > 1 for k in counts)
+            pin = self.pin_memory and not joined
+            loader = self._loader(self.eval_set, pieces, persistent=True, pin=pin)
+            self._eval_loaders[bs] = JoinedBatches(
+                loader, counts, self.collator, self.pin_memory and joined
+            )
         return self._eval_loaders[bs]
 
     def close(self) -> None:
         """End the evaluation loaders' workers (a dropped loader shuts its workers down)."""
         self._eval_loaders.clear()
 
-    def _loader(self, ds, batches, seed: int = 0, persistent: bool = False) -> DataLoader:
+    def _loader(
+        self, ds, batches, seed: int = 0, persistent: bool = False, pin: bool | None = None
+    ) -> DataLoader:
+        """A DataLoader of ``batches`` of ``ds``; ``pin``: into page-locked memory (default:
+        :attr:`pin_memory`)."""
         workers = self.loader_workers
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
@@ -154,7 +163,7 @@ class RunLoaders:
             num_workers=workers,
             persistent_workers=persistent and workers > 0,
             prefetch_factor=4 if workers else None,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory if pin is None else pin,
             generator=torch.Generator().manual_seed(seed),
             worker_init_fn=ignore_stop_signals,  # a SIGTERM is the training process's to handle
         )
