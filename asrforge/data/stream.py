@@ -291,21 +291,25 @@ class StreamedSplit:
             check_language_tokens(self.languages, self.split, specials, keep)
         check_english_only(self.languages, self.split, specials.multilingual, keep)
         if self.cfg.sampling is not None:
-            counts = [
-                trained_languages(c, specials.multilingual) for c in self.shard_language_counts()
-            ]
+            counts = [self.as_trained(c) for c in self.shard_language_counts()]
             self.sampling = ShardSampling.of(counts, keep, self.cfg.sampling, self.seed)
+
+    def as_trained(self, counts: Counter) -> Counter:
+        """``counts`` (rows per language code as the data names them, ``""`` for none) keyed
+        as the rows train under the model :meth:`prepare` was given (:func:`row_language`);
+        as they are before it, when no model is known."""
+        if self.rules is None:
+            return Counter(counts)
+        return trained_languages(counts, self.rules.utterance.specials.multilingual)
 
     def left_out(self) -> dict[str, int]:
         """Rows per language code that ``data.languages`` leaves out, over every shard (their
-        language column alone is read: a pass over the metadata, made only with the filter)."""
+        language column alone is read: a pass over the metadata, made only with the filter),
+        keyed as the rows train, as :func:`check_row` filters them."""
         keep = language_filter(self.cfg.languages)
         if keep is None:
             return {}
-        counts = self.language_counts()
-        # keyed as the rows train, as check_row filters them
-        if self.rules is not None:
-            counts = trained_languages(counts, self.rules.utterance.specials.multilingual)
+        counts = self.as_trained(self.language_counts())
         return {lang: n for lang, n in counts.items() if n and lang not in keep}
 
     def language_counts(self) -> Counter:

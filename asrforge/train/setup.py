@@ -35,7 +35,7 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.replay import ReplayUtterances
-from asrforge.data.rules import SkipReport, check_english_only, language_filter, trained_languages
+from asrforge.data.rules import SkipReport, check_english_only, language_filter
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
@@ -265,9 +265,7 @@ def log_model(model) -> tuple[int, int]:
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
     if isinstance(train_set, StreamedSplit):
-        # The first shard's rows as they train: the stream is prepared, its rules know the model.
-        multilingual = train_set.rules.utterance.specials.multilingual
-        return trained_languages(train_set.languages, multilingual)
+        return train_set.as_trained(train_set.languages)
     utts = train_set.utts
     # replay rows (data.replay) are what the run must keep, not the language it learns
     return language_counts(utts.train if isinstance(utts, ReplayUtterances) else utts)
