@@ -48,7 +48,7 @@ BETAS = (0.0, 1.0, 2.0)
 
 def encode(bundle, data: Path, split: str, batch_size: int, max_samples: int | None) -> list:
     """``[(encoder output, prompts, [(language, reference)])]`` per evaluation batch."""
-    from asrforge.evaluation.evaluate import _prompt_length, split_loader
+    from asrforge.evaluation.evaluate import prompt_length, split_loader
 
     loader, _n, _report = split_loader(
         bundle, data, split, batch_size=batch_size, max_samples=max_samples
@@ -59,7 +59,7 @@ def encode(bundle, data: Path, split: str, batch_size: int, max_samples: int | N
             if not batch.get("size"):
                 continue
             enc = bundle.model.model.encoder(batch["input_features"]).last_hidden_state
-            prompts = batch["decoder_input_ids"][:, : _prompt_length(batch["labels"])]
+            prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
             out.append((enc, prompts, list(zip(batch["language"], batch["text"], strict=True))))
     return out
 

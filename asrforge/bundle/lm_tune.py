@@ -24,7 +24,7 @@ from asrforge.bundle.write import update_bundle_manifest
 from asrforge.config import DataConfig
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError
-from asrforge.evaluation.evaluate import _prompt_length, split_loader
+from asrforge.evaluation.evaluate import prompt_length, split_loader
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions
 from asrforge.text import cer, normalize, primary_metric, wer
@@ -66,7 +66,7 @@ def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) 
     for batch in loader:
         if not batch.get("size"):
             continue
-        prompts = batch["decoder_input_ids"][:, : _prompt_length(batch["labels"])]
+        prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
         enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
         prompts = prompts.to(bundle.device)
         refs += list(zip(batch["language"], batch["text"], strict=True))

@@ -92,7 +92,7 @@ def evaluate(
             feats = batch["input_features"].to(device)
             dec_in = batch["decoder_input_ids"].to(device)
             # read on the host copy: on a GPU each position read would wait for the device
-            prompt_len = _prompt_length(batch["labels"])
+            prompt_len = prompt_length(batch["labels"])
             labels = batch["labels"].to(device)
             mask = labels != IGNORE
             with autocast() if autocast is not None else contextlib.nullcontext():
@@ -162,7 +162,7 @@ def dropped_metrics(dropped: dict[str, list[str]], n: int) -> dict:
     return {"n_dropped": count, "dropped_utterances": dropped}
 
 
-def _prompt_length(labels: torch.Tensor) -> int:
+def prompt_length(labels: torch.Tensor) -> int:
     """Prompt length from the labels: the prompt's positions (all but its last) are IGNORE."""
     first = labels[0]
     n_ignored = 0
