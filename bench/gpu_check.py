@@ -24,7 +24,10 @@ light noise, 10-20 s per clip, made here), the script measures:
    ``on_step_end`` payload) with ``data.num_workers: auto`` (pinned memory on a GPU), and the
    host reads per step (``Tensor.item/tolist/cpu/numpy/__float__/__int__/__bool__`` called from
    asrforge's own files between ``on_step_begin`` and ``on_step_end``, as
-   ``tests/test_host_reads.py`` counts them).
+   ``tests/test_host_reads.py`` counts them);
+6. beam search (``--parts beam``): asrforge's beam 5, its beams sharing their utterance's
+   encoder keys, against a ``model.generate(num_beams=5)`` loop on the same batches collated
+   beforehand: seconds, peak GPU memory, equal hypotheses (no goal: a measurement).
 
 The runs themselves are in ``gpu_runs.py``. ``--budget-seconds`` skips the parts that would not
 finish in time (the table says which).
@@ -61,6 +64,7 @@ from gpu_runs import (  # noqa: E402
     free_memory,
     memory_model,
     run_asrforge_train,
+    run_beam,
     run_eval,
     run_hf_train,
     warm_shapes,
@@ -85,6 +89,7 @@ TARGETS = {
     "reads": "<= 1 host read per step",
     "memory": "within 10% of the memory model",
     "eval": ">= 3x Seq2SeqTrainer and >= 2x generate (captured), hypotheses equal",
+    "beam": "measured, no goal: asrforge beam 5 vs generate(num_beams=5), time and memory",
 }
 
 
@@ -211,6 +216,26 @@ def check_eval(args, tmp: Path, data: Path, model: dict, shape: str) -> list[dic
     return rows
 
 
+def check_beam(args, tmp: Path, data: Path, model: dict, shape: str) -> list[dict]:
+    """Beam search on one shape at ``--eval-batch-size``: a row."""
+    free_memory(args.device)
+    cfg = make_cfg(args, tmp / f"beam-{shape}", data, model, "no", 1)
+    w = build_workload(cfg)
+    w.eval_set.utts = w.eval_set.utts[: args.eval_n]
+    r = run_beam(w, worker_count("auto", args.device), args.eval_precision, args.eval_batch_size)
+    x = r["generate_s"] / r["asrforge_s"]
+
+    def gb(peak: int | None) -> str:
+        return "" if peak is None else f", peak {peak / 1e9:.2f} GB"
+
+    return [row(
+        "beam", f"{shape} {args.eval_precision} batch {r['batch']}",
+        f"asrforge {r['asrforge_s']:.2f}s{gb(r['asrforge_peak'])}; generate {r['generate_s']:.2f}s"
+        f"{gb(r['generate_peak'])} ({x:.2f}x); same hypotheses {r['same']}/{r['n']}",
+        None, speedup=x, **{k: v for k, v in r.items() if not k.endswith("_hyps")},
+    )]  # fmt: skip
+
+
 def eval_row(args, shape: str, which: str, r: dict) -> dict:
     """One evaluation row: the captured ``evaluate()`` against the peers, the uncaptured one
     beside it; decoded tokens per second; whether every side's hypotheses are the same."""
@@ -284,7 +309,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of all three evaluation sides (default bf16; cpu: fp32)")  # fmt: skip
     p.add_argument("--budget-seconds", type=float, default=450)
-    p.add_argument("--parts", default="train,eval", help="comma-separated: train, eval")
+    p.add_argument("--parts", default="train,eval,beam", help="comma-separated: train, eval, beam")
     p.add_argument("--out", type=Path, required=True, help="the table (markdown); + .json")
     p.add_argument("--work-dir", type=Path, default=None, help="keep data and tokenizer here")
     args = p.parse_args(argv)
@@ -321,9 +346,11 @@ def main(argv: list[str] | None = None) -> dict:
         for shape in shapes:
             model = whisper_shape_model(shape, tokenizer)
             parts = [(f"train {shape}", precision) for precision in precisions]
-            parts = [p for p in parts if "train" in args.parts] + (
-                [(f"eval {shape}", args.eval_precision)] if "eval" in args.parts else []
-            )
+            parts = [p for p in parts if "train" in args.parts] + [
+                (f"{part} {shape}", args.eval_precision)
+                for part in ("eval", "beam")
+                if part in args.parts
+            ]
             for kind, precision in parts:
                 case = f"{shape} {precision}"
                 cases = [
@@ -332,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ]
                 if kind.startswith("train"):
                     cases = [(c, case) for c in ("clean", "train", "data", "reads", "memory")]
+                if kind.startswith("beam"):
+                    cases = [("beam", f"{case} batch {args.eval_batch_size}")]
                 # a larger shape's first part is guessed at 3x the longest so far (small has
                 # 3.3x base's parameters)
                 if not prog.fits(kind, 3 * prog.longest(kind.split()[0])):
@@ -341,6 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
                     with prog.part(kind, f"{kind} {precision}"):
                         if kind.startswith("train"):
                             rows += check_training(args, prog, tmp, data, model, shape, precision)
+                        elif kind.startswith("beam"):
+                            rows += check_beam(args, tmp, data, model, shape)
                         else:
                             rows += check_eval(args, tmp, data, model, shape)
                 except Exception as e:  # one broken part must not cost the others' figures

@@ -30,7 +30,8 @@ from workload import (  # noqa: E402 - the bench directory is not a package
 
 from asrforge.config import TrainConfig  # noqa: E402
 from asrforge.data.dataset import JoinedBatches, eval_batches, worker_pieces  # noqa: E402
-from asrforge.evaluation.evaluate import evaluate  # noqa: E402
+from asrforge.evaluation.evaluate import evaluate, prompt_length  # noqa: E402
+from asrforge.model.beam import beam_decode  # noqa: E402
 from asrforge.model.build import count_parameters  # noqa: E402
 from asrforge.model.decoding import DecodeOptions  # noqa: E402
 from asrforge.text.normalizers import forget_normalized  # noqa: E402
@@ -360,6 +361,59 @@ class EvalSides:
                     h.strip() for h in self.tok.batch_decode(ids.tolist(), skip_special_tokens=True)
                 ]
         return hyps
+
+
+def run_beam(
+    w: Workload, workers: int, precision: str, batch_size: int | None = None, beam_size: int = 5
+) -> dict:
+    """asrforge's beam search (its beams sharing their utterance's encoder keys) against a
+    ``model.generate(num_beams=beam_size)`` loop, on the same batches collated once beforehand
+    and under the same autocast, each after one unmeasured batch: seconds, peak device memory
+    on CUDA, and equal hypotheses (the two rank and stop by other conventions:
+    docs/decoding.md, "Beam search, and how it differs from transformers'")."""
+    sides = EvalSides(w, workers, precision, batch_size)
+    device, model, tok, eot, cap = sides.device, sides.model, sides.tok, sides.eot, sides.cap
+    collated = list(sides.loader(sides.batches))
+
+    def ours(batches: list[dict]) -> list[str]:
+        hyps = []
+        with torch.no_grad(), eval_autocast(device, precision):
+            for b in batches:
+                enc = model.model.encoder(b["input_features"].to(device)).last_hidden_state
+                prompts = b["decoder_input_ids"][:, : prompt_length(b["labels"])].to(device)
+                seqs, _ = beam_decode(
+                    model, enc, prompts, eot, cap, DecodeOptions(beam_size=beam_size)
+                )
+                hyps += [tok.decode(x, skip_special_tokens=True).strip() for x in seqs]
+        return hyps
+
+    def theirs(batches: list[dict]) -> list[str]:
+        hyps = []
+        with torch.no_grad(), eval_autocast(device, precision):
+            for b in batches:
+                ids = model.generate(
+                    input_features=b["input_features"].to(device),
+                    **{**sides.gen_kwargs, "num_beams": beam_size},
+                )
+                texts = tok.batch_decode(ids.tolist(), skip_special_tokens=True)
+                hyps += [x.strip() for x in texts]
+        return hyps
+
+    out: dict = {"batch": len(collated[0]["uid"]), "n": sum(b["size"] for b in collated)}
+    for name, run in (("asrforge", ours), ("generate", theirs)):
+        run(collated[:1])
+        sync(device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out[f"{name}_hyps"] = run(collated)
+        sync(device)
+        out[f"{name}_s"] = time.perf_counter() - t0
+        out[f"{name}_peak"] = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    out["same"] = sum(
+        a == b for a, b in zip(out["asrforge_hyps"], out["generate_hyps"], strict=True)
+    )
+    return out
 
 
 def run_eval(

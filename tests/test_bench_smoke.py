@@ -353,6 +353,7 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
     expected = {(c, f"quick {p}") for c in ("clean", "train", "data", "reads", "memory")
                 for p in ("fp16", "bf16")}  # fmt: skip
     expected |= {("eval", "quick fp32 batch 2"), ("eval", "quick fp32 auto batch 2")}
+    expected |= {("beam", "quick fp32 batch 2")}
     assert set(rows) == expected and len(summary["rows"]) == len(expected)
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == json.loads(
         json.dumps(summary["rows"], default=float)
@@ -376,6 +377,10 @@ def test_gpu_check_fills_every_row_of_its_table(tmp_path, capsys):
         assert min(ev["asrforge_s"], ev["captured_s"], ev["hf_s"], ev["generate_s"]) > 0
         assert ev["same_captured"] == ev["same_as_hf"] == ev["same_as_generate"] == ev["n"] == 4
         assert ev["batch"] == 2 and min(ev["tokens_per_s"].values()) > 0
+    beam = rows["beam", "quick fp32 batch 2"]
+    assert beam["met"] is None and beam["raw"]["asrforge_s"] > 0 and beam["raw"]["generate_s"] > 0
+    assert beam["raw"]["n"] == 4 and 0 <= beam["raw"]["same"] <= 4
+    # a measurement without a goal is not counted among the targets
     assert f"RESULT gpu_check targets_met={summary['targets_met']}/10" in printed
 
 
@@ -465,9 +470,9 @@ def test_gpu_check_skips_what_the_budget_leaves_no_time_for(tmp_path):
     summary = gpu_check.main(
         [*GPU_CHECK_QUICK, "--budget-seconds", "0", "--out", str(out), "--work-dir", str(tmp_path)]
     )
-    assert len(summary["rows"]) == 12 and summary["targets_measured"] == 0
+    assert len(summary["rows"]) == 13 and summary["targets_measured"] == 0
     assert all(r["measured"] == "skipped: time budget" for r in summary["rows"])
-    assert out.read_text().count("skipped: time budget") == 12
+    assert out.read_text().count("skipped: time budget") == 13
 
 
 @pytest.mark.fast
