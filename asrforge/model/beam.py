@@ -73,6 +73,21 @@ def beam_search(
     Returns:
         One :class:`Hypothesis` per utterance, in input order.
     """
+    with shared_cross_attention(model) as shared:
+        return _search(model, encoder_hidden, prompts, eot, max_new_tokens, options, shared)
+
+
+def _search(
+    model,
+    encoder_hidden: torch.Tensor,
+    prompts: torch.Tensor,
+    eot: int,
+    max_new_tokens: int,
+    options: DecodeOptions,
+    shared: bool,
+) -> list[Hypothesis]:
+    """:func:`beam_search` once its beams attend to one cross-attention row per utterance
+    (``shared``) or to a copy each."""
     # transformers loads when a decode runs, not when asrforge.model is imported
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -110,82 +125,77 @@ def beam_search(
         starts = fusion.starts_word(vocab, device)
         word_starts = starts.bool().tolist()
     tokens, enc = prompts, encoder_hidden
-    with shared_cross_attention(model) as shared:
-        for t in range(cap):
-            h = decoder_states(model, tokens, enc, cache)[:, -1]
-            logits = vocab_logits(model, h).float()
-            if rules is not None:
-                logits = rules(logits, generated)
-            logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
-            # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
-            per_audio = 1 if t == 0 else k
-            cand_am = am_sums[:, None] + logprobs
-            cand = cand_am if fusion is None else sums[:, None] + logprobs
-            if fusion is not None:
-                boundary, end = fusion.bonuses(states)
-                cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
-                cand[:, eot] += torch.tensor(end, device=device)
-            cand = cand.reshape(len(audios), per_audio * vocab)
-            # k continuing candidates are always among the best 2k: at most one EOT per beam
-            n_top = min(2 * k, per_audio * vocab)
-            top_scores, top_idx = cand.topk(n_top, dim=-1)
-            top_rows = (
-                top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
-            )
-            top_tokens = top_idx % vocab
-            top_am = (
-                top_scores if fusion is None else cand_am.reshape(cand.shape).gather(1, top_idx)
-            )
-            is_eot = top_tokens == eot
-            # a candidate's rank among the continuing ones (1-based) / how many continue before it
-            rank = (~is_eot).cumsum(-1)
-            keep = ~is_eot & (rank <= k)
-            # EOT before the k-th continuing candidate (and not a forbidden one)
-            ends = is_eot & (rank < k) & (top_scores > float("-inf"))
-            # the k continuing beams of each utterance, in score order
-            order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
-            src = top_rows.gather(1, order).reshape(-1)
-            nxt = top_tokens.gather(1, order).reshape(-1)
-            new_sums = top_scores.gather(1, order).reshape(-1)
-            am_sums = new_sums if fusion is None else top_am.gather(1, order).reshape(-1)
-            # The step's one read: what the host's bookkeeping needs, in one transfer.
-            host = _Step.read(ends, top_rows, top_scores, top_am, generated, src, nxt, fusion)
-            _collect_finished(finished, audios, host, max_candidates)
+    for t in range(cap):
+        h = decoder_states(model, tokens, enc, cache)[:, -1]
+        logits = vocab_logits(model, h).float()
+        if rules is not None:
+            logits = rules(logits, generated)
+        logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
+        # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
+        per_audio = 1 if t == 0 else k
+        cand_am = am_sums[:, None] + logprobs
+        cand = cand_am if fusion is None else sums[:, None] + logprobs
+        if fusion is not None:
+            boundary, end = fusion.bonuses(states)
+            cand = cand + torch.tensor(boundary, device=device)[:, None] * starts
+            cand[:, eot] += torch.tensor(end, device=device)
+        cand = cand.reshape(len(audios), per_audio * vocab)
+        # k continuing candidates are always among the best 2k: at most one EOT per beam
+        n_top = min(2 * k, per_audio * vocab)
+        top_scores, top_idx = cand.topk(n_top, dim=-1)
+        top_rows = top_idx // vocab + torch.arange(len(audios), device=device)[:, None] * per_audio
+        top_tokens = top_idx % vocab
+        top_am = top_scores if fusion is None else cand_am.reshape(cand.shape).gather(1, top_idx)
+        is_eot = top_tokens == eot
+        # a candidate's rank among the continuing ones (1-based) / how many continue before it
+        rank = (~is_eot).cumsum(-1)
+        keep = ~is_eot & (rank <= k)
+        # EOT before the k-th continuing candidate (and not a forbidden one)
+        ends = is_eot & (rank < k) & (top_scores > float("-inf"))
+        # the k continuing beams of each utterance, in score order
+        order = torch.where(keep, rank, n_top + 1).argsort(dim=-1, stable=True)[:, :k]
+        src = top_rows.gather(1, order).reshape(-1)
+        nxt = top_tokens.gather(1, order).reshape(-1)
+        new_sums = top_scores.gather(1, order).reshape(-1)
+        am_sums = new_sums if fusion is None else top_am.gather(1, order).reshape(-1)
+        # The step's one read: what the host's bookkeeping needs, in one transfer.
+        host = _Step.read(ends, top_rows, top_scores, top_am, generated, src, nxt, fusion)
+        _collect_finished(finished, audios, host, max_candidates)
+        if states is not None:
+            states = [
+                fusion.advance(states[r], tok, word_starts[tok])
+                for r, tok in zip(host.src, host.nxt, strict=True)
+            ]
+        sums = new_sums
+        generated = torch.cat([generated[src], nxt[:, None]], dim=1)
+        # One prompt row per utterance becomes its k beams' rows at t == 0; later beams move
+        # within their utterance. Shared, the cross-attention cache keeps one row per
+        # utterance; else each beam gets a copy of its utterance's row.
+        cache.self_attention_cache.reorder_cache(src)
+        if t == 0 and not shared:
+            cache.cross_attention_cache.reorder_cache(src)
+            enc = enc[src]
+        done = [len(finished[a]) >= max_candidates for a in audios]
+        if all(done):
+            break
+        if any(done):
+            live = [i for i, d in enumerate(done) if not d]
+            rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
+            audios = [audios[i] for i in live]
+            generated, sums, nxt = generated[rows], sums[rows], nxt[rows]
+            am_sums = am_sums[rows]
+            cross = torch.tensor(live, device=device) if shared else rows
             if states is not None:
-                states = [
-                    fusion.advance(states[r], tok, word_starts[tok])
-                    for r, tok in zip(host.src, host.nxt, strict=True)
-                ]
-            sums = new_sums
-            generated = torch.cat([generated[src], nxt[:, None]], dim=1)
-            # One prompt row per utterance becomes its k beams' rows at t == 0; later beams move
-            # within their utterance. Shared, the cross-attention cache keeps one row per
-            # utterance; else each beam gets a copy of its utterance's row.
-            cache.self_attention_cache.reorder_cache(src)
-            if t == 0 and not shared:
-                cache.cross_attention_cache.reorder_cache(src)
-                enc = enc[src]
-            done = [len(finished[a]) >= max_candidates for a in audios]
-            if all(done):
-                break
-            if any(done):
-                live = [i for i, d in enumerate(done) if not d]
-                rows = torch.tensor([i * k + j for i in live for j in range(k)], device=device)
-                audios = [audios[i] for i in live]
-                generated, sums, nxt = generated[rows], sums[rows], nxt[rows]
-                am_sums = am_sums[rows]
-                cross = torch.tensor(live, device=device) if shared else rows
-                if states is not None:
-                    states = [states[i * k + j] for i in live for j in range(k)]
-                enc = enc[cross]
-                cache.self_attention_cache.batch_select_indices(rows)
-                cache.cross_attention_cache.batch_select_indices(cross)
-            tokens = nxt[:, None]
-        else:
-            # A capped beam's last word is complete too, so it pays the LM for it.
-            if fusion is not None:
-                sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
-            _add_unfinished(finished, audios, generated, sums, am_sums, k)
+                states = [states[i * k + j] for i in live for j in range(k)]
+            enc = enc[cross]
+            cache.self_attention_cache.batch_select_indices(rows)
+            cache.cross_attention_cache.batch_select_indices(cross)
+        tokens = nxt[:, None]
+    else:
+        # A capped beam's last word is complete too, so it pays the LM for it.
+        if fusion is not None:
+            sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
+        _add_unfinished(finished, audios, generated, sums, am_sums, k)
     return [_best(f, eot, options.length_penalty) for f in finished]
 
 
