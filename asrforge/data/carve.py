@@ -148,8 +148,8 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
 
 def _row_languages(split) -> list[str]:
     """The language code of each row (``""`` for none: the carve keeps such rows a group of
-    their own, whatever the model). Read as an Arrow column: ``split["language"]`` formats every row through the split's transform (54 s
-    for a million rows)."""
+    their own, whatever the model). Read as an Arrow column: ``split["language"]`` formats
+    every row through the split's transform (54 s for a million rows)."""
     if "language" not in split.column_names:
         return [""] * len(split)
     codes, index = language_codes(arrow_columns(split, ["language"]).column("language"))
