@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     code = int(_main(argv))
+    # Here the command's frames and its error's traceback are gone, so nothing keeps the group.
+    if "torch.distributed" in sys.modules:
+        from asrforge.train.ranks import close_process_group
+
+        close_process_group()
     report_exit_code(code)
     return code
 

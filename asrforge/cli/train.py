@@ -69,8 +69,6 @@ def run(args) -> int:
     except (CheckpointSaveError, RunIOError) as e:  # the message names the file
         print(f"asrforge: run stopped: {e}", file=sys.stderr)
         return ExitCode.FAILED
-    finally:  # a data error every rank agreed to stop on leaves by this way too
-        _close_process_group()
     if not is_rank_zero():  # the console is rank zero's
         return ExitCode.FAILED if result.status == "diverged" else ExitCode.OK
     print(f"asrforge: {result.status} at step {result.step}: {result.reason}; run dir {result.output_dir}")
@@ -81,17 +79,6 @@ def run(args) -> int:
     return {"diverged": ExitCode.FAILED, "interrupted": ExitCode.INTERRUPTED}.get(
         result.status, ExitCode.OK
     )
-
-
-def _close_process_group() -> None:
-    """End this process's part in a multi-process run, finished or stopped: a process group
-    left to the interpreter's exit can abort the process from gloo's threads ("terminate
-    called without an active exception", SIGABRT) instead of exiting with the run's code."""
-    # The run has loaded torch already, so this import costs nothing.
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _describe_best(result) -> str:

@@ -4,6 +4,7 @@ With one process each of these returns at once, without a collective."""
 
 from __future__ import annotations
 
+import gc
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,27 @@ def main_process_first(acc, work: Callable[[], Any]) -> Any:
     if error is not None:
         raise UserError(error)
     return result if acc.is_main_process else work()
+
+
+def close_process_group() -> None:
+    """End this process's part in a multi-process run, finished or stopped, while the
+    interpreter still lives: destroy the process group and join gloo's worker threads now.
+
+    A worker thread frees each finished collective's tensors, which takes the GIL. Left to the
+    interpreter's exit, a late one does so after finalization began and aborts the process
+    (SIGABRT, "terminate called without an active exception") instead of exiting with the
+    run's code. Freed by the garbage that holds it (a DDP model's reducer), the group's
+    destructor would keep the GIL while it waits for that worker, which waits for the GIL. So
+    the garbage goes first, and the group's last reference is this function's: its destructor
+    releases the GIL. Nothing happens in a process that has no group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = dist.group.WORLD
+    dist.destroy_process_group()
+    gc.collect()
+    del group  # the destructor joins the group's threads
 
 
 def agree_to_stop(
