@@ -1,6 +1,7 @@
 """Agreement between training processes: one stop for all, a placeholder pass for a process
-whose micro-batch is empty, and the evaluations and dropped clips of every process gathered.
-With one process each of these returns at once, without a collective."""
+whose micro-batch is empty, the evaluations and dropped clips of every process gathered, and
+the process group closed at the end. With one process each of these returns at once, without a
+collective."""
 
 from __future__ import annotations
 
