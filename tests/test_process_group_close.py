@@ -49,3 +49,50 @@ def test_closing_joins_the_groups_threads_that_a_cycle_still_holds(tmp_path):
     assert int(during) > int(before)  # the group's threads ran
     assert int(after) == int(before), "gloo's threads outlive the command"
     assert initialized == "False"
+
+
+# Two gloo ranks: rank 0 leaves with an all-reduce its peer never joins, and closes its group as
+# the CLI does; rank 1 waits (up to a minute) for rank 0 to say it closed, so a close that waited
+# for the pending collective would take that minute.
+PENDING = """
+import os, sys, time
+from datetime import timedelta
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from asrforge.train.ranks import close_process_group
+
+rank, rendezvous, closed = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank, world_size=2,
+                        timeout=timedelta(seconds=120))
+if rank == 0:
+    dist.all_reduce(torch.ones(4), async_op=True)
+    t0 = time.monotonic()
+    closed_now = close_process_group(wait=1.0)
+    closed.write_text(f"{time.monotonic() - t0} {closed_now}")
+    if not closed_now:  # as the CLI leaves: the interpreter's finalization could abort
+        os._exit(0)
+else:
+    deadline = time.monotonic() + 60
+    while not closed.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def test_a_collective_left_pending_does_not_hold_the_close_for_the_groups_timeout(tmp_path):
+    closed = tmp_path / "closed"
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", PENDING, str(rank), str(tmp_path / "rendezvous"), str(closed)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for proc in ranks:
+        assert proc.wait(timeout=150) == 0, proc.stderr.read()[-2000:]
+    seconds, joined = closed.read_text().split()
+    assert float(seconds) < 30  # the peer would have held it 60 s, the group 120 s
+    assert joined == "False"  # so the CLI leaves by os._exit, without the finalization

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
+import os
 import sys
 
 from asrforge.cli import (
@@ -64,12 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     code = int(_main(argv))
+    report_exit_code(code)
     # Here the command's frames and its error's traceback are gone, so nothing keeps the group.
     if "torch.distributed" in sys.modules:
         from asrforge.train.ranks import close_process_group
 
-        close_process_group()
-    report_exit_code(code)
+        if not close_process_group():  # a gloo thread still waits in a collective
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     return code
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ def main_process_first(acc, work: Callable[[], Any]) -> Any:
     return result if acc.is_main_process else work()
 
 
-def close_process_group() -> None:
+def close_process_group(wait: float = 10.0) -> bool:
     """End this process's part in a multi-process run, finished or stopped, while the
     interpreter still lives: destroy the process group and join gloo's worker threads now.
 
@@ -44,16 +45,29 @@ def close_process_group() -> None:
     (SIGABRT, "terminate called without an active exception") instead of exiting with the
     run's code. Freed by the garbage that holds it (a DDP model's reducer), the group's
     destructor would keep the GIL while it waits for that worker, which waits for the GIL. So
-    the garbage goes first, and the group's last reference is this function's: its destructor
-    releases the GIL. Nothing happens in a process that has no group."""
+    the garbage goes first, and the group's last reference is dropped here: its destructor
+    releases the GIL.
+
+    The destructor also waits for a collective still pending, up to the group's timeout (a
+    rank that left in the middle of one while its peers live): it runs on a thread that this
+    process waits ``wait`` seconds for.
+
+    Returns:
+        False when that thread still waits: the process should then leave without the
+        interpreter's finalization (``os._exit``), which a late worker would abort. True
+        otherwise, also in a process that has no group.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return
-    group = dist.group.WORLD
+        return True
+    last_reference = [dist.group.WORLD]
     dist.destroy_process_group()
     gc.collect()
-    del group  # the destructor joins the group's threads
+    release = threading.Thread(target=last_reference.clear, name="asrforge-close-group", daemon=True)
+    release.start()
+    release.join(timeout=wait)
+    return not release.is_alive()
 
 
 def agree_to_stop(
