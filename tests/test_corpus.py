@@ -94,10 +94,14 @@ def test_the_cache_spares_a_second_build_every_synthesis(built, tmp_path, monkey
         return real_run(cmd, *a, **k)
 
     monkeypatch.setattr(corpus_mod.subprocess, "run", spy)
+
+    def written() -> dict[Path, int]:
+        return {f: f.stat().st_mtime_ns for f in path.rglob("*") if f.is_file()}
+
     # Same args, same place: reused outright, not a file rewritten.
-    written = {f: f.stat().st_mtime_ns for f in path.rglob("*") if f.is_file()}
+    before = written()
     assert build_corpus(CorpusSpec(["en", "es"], SIZES, seed=3), path, cache_dir=cache) == card
-    assert {f: f.stat().st_mtime_ns for f in path.rglob("*") if f.is_file()} == written
+    assert written() == before
     # Elsewhere with the same cache: every clip from the cache.
     card2 = build_corpus(
         CorpusSpec(["en", "es"], SIZES, seed=3), tmp_path / "again", cache_dir=cache

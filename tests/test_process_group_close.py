@@ -9,6 +9,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+# The scripts' environment: this checkout's asrforge, one thread per process.
+CHILD_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}
+
 # One rank on gloo: garbage in a reference cycle holds the group, as a training run's does, and a
 # collective of Python objects has run; the script prints its thread counts before, during, after.
 SCRIPT = """
@@ -37,8 +40,7 @@ print(before, during, threads(), dist.is_initialized())
 def run_script(tmp_path) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "rendezvous")],
-        capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)},
+        capture_output=True, text=True, timeout=120, env=CHILD_ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
@@ -81,11 +83,10 @@ else:
 
 def test_a_collective_left_pending_does_not_hold_the_close_for_the_groups_timeout(tmp_path):
     closed = tmp_path / "closed"
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", PENDING, str(rank), str(tmp_path / "rendezvous"), str(closed)],
-            env=env,
+            env=CHILD_ENV,
             stderr=subprocess.PIPE,
             text=True,
         )
