@@ -168,3 +168,25 @@ def test_a_tokenless_language_in_one_ranks_stream_stops_every_rank_with_it(
     assert not rank_traceback(stderr + rank0.read_text()), stderr[-3000:]
     assert proc.returncode == 1  # torchrun: a rank failed
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
+
+
+def test_a_launchers_signal_while_a_worker_starts_does_not_kill_it():
+    import signal
+    import subprocess
+    import time
+
+    from asrforge.data.workers import StopSignalLoader, ignore_stop_signals
+
+    def slow_start(worker_id: int) -> None:
+        time.sleep(1.0)  # the window between the fork and ignoring the signals, widened
+        ignore_stop_signals(worker_id)
+
+    loader = StopSignalLoader(
+        list(range(6)), batch_size=2, num_workers=1, worker_init_fn=slow_start
+    )
+    batches = iter(loader)
+    worker = batches._workers[0].pid
+    # a launcher's signal comes from another process, not the worker's parent
+    subprocess.run(["kill", "-TERM", str(worker)], check=True)
+    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # this process's mask restored

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from asrforge.config import DataConfig
 from asrforge.data.columns import find_column, language_codes, standardize
@@ -53,7 +53,7 @@ from asrforge.data.rules import (
 from asrforge.data.sampling import ShardSampling
 from asrforge.data.shards import Shard, find_shards, read_table, shard_list_fingerprint
 from asrforge.data.sources import read_split
-from asrforge.data.workers import ignore_stop_signals
+from asrforge.data.workers import StopSignalLoader, ignore_stop_signals
 from asrforge.errors import UserError
 from asrforge.hub import hub_ref
 from asrforge.text.languages import resolve_language
@@ -368,7 +368,7 @@ class StreamedSplit:
         """
         self.epoch = epoch
         batches = _EpochBatches(self, epoch, start_batch, rank, world)
-        loader = DataLoader(
+        loader = StopSignalLoader(
             batches,
             batch_size=None,  # each item is a collated batch
             num_workers=workers,

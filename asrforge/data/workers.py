@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import signal
 
+from torch.utils.data import DataLoader
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that stop a run gracefully: its workers ignore them."""
+
 AUTO_WORKERS_MAX = 4
 """``data.num_workers: auto`` starts at most this many workers per process."""
 
@@ -46,8 +51,26 @@ def ignore_stop_signals(worker_id: int) -> None:
     Launchers (torchrun, SLURM, a terminal's Ctrl-C) signal a rank's whole process group, its
     workers included. A worker killed by the signal makes the rank's next batch raise
     ("DataLoader worker ... is killed by signal") before the rank can finish its step and save;
-    ignoring it leaves the stop to the rank, which shuts its workers down itself. Draws no
-    random numbers: the workers' seeds (and so the batches) are as without it.
+    ignoring it leaves the stop to the rank, which shuts its workers down itself. A worker of a
+    :class:`StopSignalLoader` starts with the signals blocked, so one that came before this
+    ignored them is dropped here. Draws no random numbers: the workers' seeds (and so the
+    batches) are as without it.
     """
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+class StopSignalLoader(DataLoader):
+    """A DataLoader whose workers start with the stop signals blocked until
+    :func:`ignore_stop_signals` ignores them: torch's worker sets its own SIGTERM handler first,
+    which dies of a launcher's signal, so a signal at an epoch's start (its workers forking)
+    would kill a worker. The training process receives a signal that came meanwhile once its
+    workers are started."""
+
+    def _get_iterator(self):
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super()._get_iterator()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -25,7 +25,7 @@ from asrforge.data.packing import Packing
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.text_only import TextBatches, interleave
-from asrforge.data.workers import ignore_stop_signals, worker_count
+from asrforge.data.workers import StopSignalLoader, ignore_stop_signals, worker_count
 from asrforge.evaluation.batch_size import eval_batch_size
 
 
@@ -156,7 +156,7 @@ class RunLoaders:
         workers = self.loader_workers
         # A private generator: creating the loader's iterator must not draw from the global RNG
         # (dropout's), or a resumed run would see different dropout masks.
-        return DataLoader(
+        return StopSignalLoader(
             ds,
             batch_sampler=batches,
             collate_fn=self.collator,
