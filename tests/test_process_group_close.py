@@ -15,13 +15,13 @@ CHILD_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".
 # One rank on gloo: garbage in a reference cycle holds the group, as a training run's does, and a
 # collective of Python objects has run; the script prints its thread counts before, during, after.
 SCRIPT = """
-import os, sys
+import os, sys, time
 import torch
 import torch.distributed as dist
 from asrforge.train.ranks import close_process_group
 
 def threads():
-    return len(os.listdir("/proc/self/task"))
+    return set(os.listdir("/proc/self/task"))
 
 torch.set_num_threads(1)
 before = threads()
@@ -33,7 +33,10 @@ dist.all_gather_object(gathered, {"dropped": ["a"]})
 del holder
 during = threads()
 close_process_group()
-print(before, during, threads(), dist.is_initialized())
+deadline = time.monotonic() + 10
+while threads() - during and time.monotonic() < deadline:  # the joined closing thread's exit
+    time.sleep(0.01)
+print(len(before), len(during), len(threads()), dist.is_initialized())
 """
 
 
