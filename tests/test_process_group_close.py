@@ -2,7 +2,8 @@
 threads joined while the interpreter lives, even when garbage in a reference cycle (as a
 training run's model and accelerator) still holds the group. A worker left to the
 interpreter's exit frees its last collective's tensors after finalization began, and the rank
-dies by SIGABRT instead of its exit code."""
+dies by SIGABRT instead of its exit code. When the group outlives the close, the CLI leaves
+without the finalization."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import sys
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}
 
 # One rank on gloo: garbage in a reference cycle holds the group, as a training run's does, and a
-# collective of Python objects has run; the script prints its thread counts before, during, after.
+# collective of Python objects has run; with "kept", a live list holds it too, as torch's DTensor
+# caches hold a sharded model's device mesh. The script prints its thread counts before, during
+# and after the close, and what the close returned.
 SCRIPT = """
 import os, sys, time
 import torch
@@ -28,21 +31,22 @@ before = threads()
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 holder = [dist.group.WORLD]
 holder.append(holder)
+kept = [dist.group.WORLD] if sys.argv[2] == "kept" else []
 gathered = [None]
 dist.all_gather_object(gathered, {"dropped": ["a"]})
 del holder
 during = threads()
-close_process_group()
+closed = close_process_group()
 deadline = time.monotonic() + 10
 while threads() - during and time.monotonic() < deadline:  # the joined closing thread's exit
     time.sleep(0.01)
-print(len(before), len(during), len(threads()), dist.is_initialized())
+print(len(before), len(during), len(threads()), dist.is_initialized(), closed)
 """
 
 
-def run_script(tmp_path) -> list[str]:
+def run_script(tmp_path, holders: str) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "rendezvous")],
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "rendezvous"), holders],
         capture_output=True, text=True, timeout=120, env=CHILD_ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -50,10 +54,46 @@ def run_script(tmp_path) -> list[str]:
 
 
 def test_closing_joins_the_groups_threads_that_a_cycle_still_holds(tmp_path):
-    before, during, after, initialized = run_script(tmp_path)
+    before, during, after, initialized, closed = run_script(tmp_path, "cycle")
     assert int(during) > int(before)  # the group's threads ran
     assert int(after) == int(before), "gloo's threads outlive the command"
     assert initialized == "False"
+    assert closed == "True"
+
+
+def test_a_group_something_else_keeps_is_reported_so_the_cli_skips_finalization(tmp_path):
+    before, during, after, initialized, closed = run_script(tmp_path, "kept")
+    assert int(after) == int(during) > int(before)  # the kept group's threads still run
+    assert initialized == "False"
+    assert closed == "False"
+
+
+# What the CLI does when the close returns False: exit handlers run, then the exit code, with no
+# finalization (an object's __del__ that only the finalization would call never runs).
+LEAVE = """
+import atexit, sys
+from pathlib import Path
+from asrforge.cli import leave_without_finalization
+
+class Finalized:
+    def __del__(self, mark=str(Path(sys.argv[1], "finalized")), open=open):
+        open(mark, "w").close()
+
+anchor = Finalized()
+anchor.cycle = anchor
+atexit.register(Path(sys.argv[1], "handlers").write_text, "")
+print("before the exit", end="")
+leave_without_finalization(3)
+"""
+
+
+def test_leaving_without_finalization_runs_the_exit_handlers_and_keeps_the_code(tmp_path):
+    done = subprocess.run([sys.executable, "-c", LEAVE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env=CHILD_ENV)  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == "before the exit"  # stdout flushed though it is a pipe
+    assert (tmp_path / "handlers").exists()
+    assert not (tmp_path / "finalized").exists()
 
 
 # Two gloo ranks: rank 0 leaves with an all-reduce its peer never joins, and closes its group as

@@ -12,10 +12,11 @@ which ``--resume`` continues (the matrix retries it); 130 a second signal that s
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
-import logging
 import os
 import sys
+from typing import NoReturn
 
 from asrforge.cli import (
     align_heads,
@@ -71,12 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     if "torch.distributed" in sys.modules:
         from asrforge.train.ranks import close_process_group
 
-        if not close_process_group():  # a gloo thread still waits in a collective
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        if not close_process_group():  # gloo's threads outlive the group's close
+            leave_without_finalization(code)
     return code
+
+
+def leave_without_finalization(code: int) -> NoReturn:
+    """Exit with ``code`` after the exit handlers a normal exit runs (logging's flush, workers'
+    joins, temporary directories' removal), but without the interpreter's finalization, during
+    which a gloo worker thread that asks for the GIL aborts the process."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,21 +54,24 @@ def close_process_group(wait: float = 10.0) -> bool:
     process waits ``wait`` seconds for.
 
     Returns:
-        False when that thread still waits: the process should then leave without the
-        interpreter's finalization (``os._exit``), which a late worker would abort. True
-        otherwise, also in a process that has no group.
+        False when the group outlives this call, its threads with it: that thread still waits,
+        or something else still holds the group (a sharded model's device mesh stays in
+        torch's DTensor caches). The process should then leave without the interpreter's
+        finalization (``os._exit``), which a late worker would abort. True otherwise, also in
+        a process that has no group.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return True
+    group = weakref.ref(dist.group.WORLD)
     last_reference = [dist.group.WORLD]
     dist.destroy_process_group()
     gc.collect()
     release = threading.Thread(target=last_reference.clear, name="asrforge-close-group", daemon=True)
     release.start()
     release.join(timeout=wait)
-    return not release.is_alive()
+    return not release.is_alive() and group() is None
 
 
 def agree_to_stop(
