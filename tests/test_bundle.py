@@ -208,6 +208,13 @@ def test_export_raw_and_average_weights(trained_run, tmp_path) -> None:
     assert info["weights"] == "average" and sorted(info["source"]["averaged_steps"]) == [2, 4]
     # the run keeps EMA weights: the average is of them, as a bundle of one checkpoint takes them
     assert info["source"]["averaged_weights"] == "ema"
+    # no step's figures are the mean's: the card names the steps averaged and claims no result
+    assert "step" not in info["source"] and "metrics" not in info["source"]
+    card = (avg / "README.md").read_text()
+    ranked = zip(info["source"]["averaged_steps"], info["source"]["averaged_values"], strict=True)
+    named = ", ".join(f"{step} (wer {value:.4g})" for step, value in ranked)
+    assert f"steps {named}, the 2 best by `wer`" in card
+    assert "model-index" not in card and "selection policy" not in card
     steps = [
         load_weights(trained_run / "checkpoints" / f"step-00000{s}" / "ema.safetensors")
         for s in (2, 4)

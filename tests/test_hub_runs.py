@@ -207,7 +207,7 @@ def test_the_card_states_each_language_s_recorded_figures_as_percent(trained):
     summary["per_language"] = {"en": {"wer": 0.25, "cer": 0.125, "n": 6},
                                "es": {"wer": 0.5, "cer": None, "n": 6}}  # fmt: skip
     record.write_text("\n".join([*lines[:-1], json.dumps(summary)]) + "\n")
-    card = ModelCard(model_card(ckpt, read_run_config(ckpt), ["en", "es"], "me/x"))
+    card = ModelCard(model_card(ckpt, read_run_config(ckpt), ["en", "es"], "me/x", {"step": step}))
     metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"]
                for m in r["metrics"]}  # fmt: skip
     assert metrics == {"WER (en)": 25.0, "CER (en)": 12.5, "WER (es)": 50.0}

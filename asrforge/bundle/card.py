@@ -6,7 +6,8 @@ commits the run read), how it was selected, what the forgetting guard measured, 
 it with transformers and asrforge.
 
 The figures are the ones the run recorded for the exported step (``eval/step-NNNNNN.jsonl``),
-as percentages.
+as percentages. Averaged weights were not evaluated as such: their card names the steps averaged
+and those steps' figures, and claims no result.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from asrforge.run_layout import RunLayout
 CARD_FILE = "README.md"
 
 
-def model_card(ckpt: Path, cfg: TrainConfig, languages: list[str], repo_id: str | None) -> str:
+def model_card(
+    ckpt: Path, cfg: TrainConfig, languages: list[str], repo_id: str | None, source: dict
+) -> str:
     """The card of a bundle exported from the training checkpoint ``ckpt`` of a run with
-    ``cfg``, for ``languages``; ``repo_id`` names it in the usage examples (its Hub id when it
-    is pushed)."""
+    ``cfg``, for ``languages``, whose ``inference_config.json`` records ``source``; ``repo_id``
+    names it in the usage examples (its Hub id when it is pushed)."""
     manifest = read_manifest(ckpt)
-    step = manifest.get("step")
     commits = manifest.get("hub_commits") or {}
-    summary = _eval_summary(ckpt, step)
+    summary = {} if "averaged_steps" in source else _eval_summary(ckpt, manifest.get("step"))
     meta: dict[str, Any] = {
         "library_name": "transformers",
         "pipeline_tag": "automatic-speech-recognition",
@@ -53,7 +55,7 @@ def model_card(ckpt: Path, cfg: TrainConfig, languages: list[str], repo_id: str 
         name = (repo_id or "model").split("/")[-1]
         meta["model-index"] = [{"name": name, "results": results}]
     header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    return f"---\n{header}---\n\n" + _body(cfg, manifest, summary, commits, repo_id)
+    return f"---\n{header}---\n\n" + _body(cfg, manifest, source, summary, commits, repo_id)
 
 
 def _eval_summary(ckpt: Path, step: int | None) -> dict:
@@ -118,7 +120,9 @@ def _percent(fraction: float) -> float:
     return round(100 * float(fraction), 4)
 
 
-def _body(cfg: TrainConfig, manifest: dict, summary: dict, commits: dict, repo_id) -> str:
+def _body(
+    cfg: TrainConfig, manifest: dict, source: dict, summary: dict, commits: dict, repo_id
+) -> str:
     name = repo_id or "path/to/this/bundle"
     lines = ["# " + (repo_id or "asrforge bundle"), ""]
     base = cfg.model.pretrained
@@ -132,18 +136,17 @@ def _body(cfg: TrainConfig, manifest: dict, summary: dict, commits: dict, repo_i
     where = f"`{data['id']}` at commit `{data['commit']}`" if data else f"`{cfg.data.path}`"
     subset = f", subset `{cfg.data.subset}`" if cfg.data.subset else ""
     lines += ["", f"Data: {where}{subset}; evaluated on its `{cfg.data.eval_split}` split.", ""]
-    lines += ["## Results", "", "| language | WER % | CER % | utterances |", "|---|---|---|---|"]
-    for lang, m in sorted((summary.get("per_language") or {}).items()):
-        cer = "" if m.get("cer") is None else f"{_percent(m['cer']):g}"
-        lines.append(f"| {lang} | {_percent(m['wer']):g} | {cer} | {m.get('n', '')} |")
-    lines.append("")
-    step = manifest.get("step")
-    policy = cfg.selection.policy
-    reason = summary.get("reason")
-    lines.append(f"Step {step}, selected by the `{policy}` selection policy"
-                 + (f" ({reason})." if reason else "."))  # fmt: skip
+    lines += ["## Results", ""]
+    if "averaged_steps" in source:
+        lines.append(_averaged(source))
+    else:
+        lines += _results_table(summary)
+        policy = cfg.selection.policy
+        reason = summary.get("reason")
+        lines.append(f"Step {manifest.get('step')}, selected by the `{policy}` selection policy"
+                     + (f" ({reason})." if reason else "."))  # fmt: skip
     guard = manifest.get("guard") or {}
-    if guard:
+    if guard and "averaged_steps" not in source:
         facts = ", ".join(f"{k.removeprefix('guard_')} {v}" for k, v in sorted(guard.items()))
         lines += ["", f"Forgetting guard at this step: {facts}."]
     lines += [
@@ -172,3 +175,28 @@ def _body(cfg: TrainConfig, manifest: dict, summary: dict, commits: dict, repo_i
         "",
     ]
     return "\n".join(lines)
+
+
+def _results_table(summary: dict) -> list[str]:
+    """The evaluation's WER and CER per language, as percentages, and a blank line."""
+    lines = ["| language | WER % | CER % | utterances |", "|---|---|---|---|"]
+    for lang, m in sorted((summary.get("per_language") or {}).items()):
+        cer = "" if m.get("cer") is None else f"{_percent(m['cer']):g}"
+        lines.append(f"| {lang} | {_percent(m['wer']):g} | {cer} | {m.get('n', '')} |")
+    return [*lines, ""]
+
+
+def _averaged(source: dict) -> str:
+    """What averaged weights are, with each averaged step's figure, and that the mean itself was
+    not evaluated."""
+    metric, steps = source.get("average_metric"), source["averaged_steps"]
+    values = source.get("averaged_values") or [None] * len(steps)
+    named = ", ".join(
+        str(step) if value is None else f"{step} ({metric} {value:.4g})"
+        for step, value in zip(steps, values, strict=True)
+    )
+    return (
+        f"The mean of the {source.get('averaged_weights')} weights of steps {named}, the "
+        f"{len(steps)} best by `{metric}`. The mean itself was not evaluated in the run: "
+        "`asrforge evaluate` measures it."
+    )

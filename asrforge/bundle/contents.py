@@ -143,7 +143,8 @@ def checkpoint_contents(
 
     has_ema = has_weights(files, EMA_STEM)
     chosen = weights or ("ema" if has_ema else "raw")
-    source: dict[str, Any] = {"checkpoint": str(ckpt.absolute()), "step": manifest.get("step")}
+    step = manifest.get("step")
+    source: dict[str, Any] = {"checkpoint": str(ckpt.absolute()), "step": step}
     source["metrics"] = manifest.get("metrics") or {}
     if chosen == "ema":
         if not has_ema:
@@ -155,7 +156,8 @@ def checkpoint_contents(
         state = LazyWeights.open(ckpt, MODEL_STEM)
     elif chosen == "average":
         state, averaged = _average(ckpt, average_k, average_metric)
-        source.update(averaged)
+        # the checkpoint's step and figures are not the mean's: only the averaged steps are named
+        source = {"checkpoint": source["checkpoint"], **averaged}
     else:
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
     # A LoRA checkpoint's adapters are merged into the rebuilt base weights.
@@ -188,9 +190,12 @@ def checkpoint_contents(
         }
     )
     generation = generation_config(base_gen, config, specials, icfg)
-    step = manifest.get("step")
     where = f"{ckpt.parent.name}/{ckpt.name}" if ckpt.parent.name == CHECKPOINTS else str(ckpt)
-    note = f"{where} (step {step}), {chosen} weights"
+    if chosen == "average":
+        steps = ", ".join(map(str, source["averaged_steps"]))
+        note = f"the mean of steps {steps} of {ckpt.parent.parent}, {averaged['averaged_weights']}"
+    else:
+        note = f"{where} (step {step}), {chosen} weights"
     return BundleContents(state, config, generation, tokenizer, icfg, note)
 
 
@@ -313,6 +318,7 @@ def _average(ckpt: Path, k: int, metric: str) -> tuple[LazyWeights, dict[str, An
     facts = {
         "averaged_steps": manifest.get("steps"),
         "average_metric": metric,
+        "averaged_values": manifest.get("values"),
         "averaged_weights": manifest.get("weights"),
         "k": manifest.get("k"),
     }

@@ -137,7 +137,9 @@ def export_bundle(
             average_metric=average_metric,
             stats_utterances=stats_utterances,
         )
-        card = model_card(path, read_run_config(path), contents.inference.languages, repo_id)
+        run_cfg = read_run_config(path)
+        card = model_card(path, run_cfg, contents.inference.languages, repo_id,
+                          contents.inference.source)  # fmt: skip
         contents = dataclasses.replace(contents, card=card)
     if lm is not None:
         contents = with_lm(contents, Path(lm))

@@ -172,12 +172,14 @@ def run(args: argparse.Namespace) -> int:
 def _print_written(args: argparse.Namespace, out: Path) -> None:
     info = json.loads((out / "inference_config.json").read_text())
     step = info["source"].get("step")
+    averaged = info["source"].get("averaged_steps")
     interpolated = info["source"].get("within_guard")
     print(
         f"wrote a {args.fmt} bundle to {out}: "
         + (f"{interpolated['share']:g} of the " if interpolated else "")
         + f"{info['weights']} weights"
         + (f" of step {step}" if step is not None else "")
+        + (f" of steps {', '.join(map(str, averaged))}" if averaged else "")
         + (f" over {1 - interpolated['share']:g} of the starting model's" if interpolated else "")
         + f", languages {', '.join(info['languages'][:10])}"
         + (" ..." if len(info["languages"]) > 10 else "")
