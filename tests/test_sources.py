@@ -201,6 +201,25 @@ def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips
 
 
 @pytest.mark.fast
+def test_a_missing_column_hint_suggests_a_column_no_other_role_holds(tmp_path, clips):
+    nemo = tmp_path / "corpus" / "nemo.json"
+    write_jsonl(nemo, [{"audio_filepath": r["file"], "transcript": r["text"], "duration": 1.0}
+                       for r in clips])  # fmt: skip
+    cfg = DataConfig(path=nemo, language="en", cache_dir=tmp_path / "cache")
+    with pytest.raises(UserError) as e:
+        load_source(cfg)
+    assert str(e.value).startswith("data.columns.text: ")
+    assert str(e.value).endswith("; name it, e.g. data.columns.text: transcript")
+    # no column that looks like a transcript: the free string columns are listed
+    odd = tmp_path / "corpus" / "odd.json"
+    write_jsonl(odd, [{"audio_filepath": r["file"], "words": r["text"], "speaker": "a",
+                       "duration": 1.0} for r in clips])  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_source(DataConfig(path=odd, language="en", cache_dir=tmp_path / "cache"))
+    assert str(e.value).endswith("; name it in data.columns.text (one of: words, speaker)")
+
+
+@pytest.mark.fast
 def test_a_language_without_a_token_stops_naming_the_value(tmp_path, clips, specials_and_tokenizer):
     tok, specials = specials_and_tokenizer
     rows = [{**r, "language": "Klingon" if i % 4 == 0 else NAMES[r["language"]]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +71,14 @@ def standardize(
     from datasets import Value
 
     _refuse_headerless(ds, where, section=section)
-    found = {
-        key: find_column(ds.column_names, key, getattr(cfg.columns, key), where,
-                         required=key in required, section=section)  # fmt: skip
-        for key in ("audio", "text", "language", "id", "duration")
-    }
+    kinds = {c: _dtype(ds.features[c]) for c in ds.column_names}
+    found: dict[str, str | None] = {}
+    for key in ("audio", "text", "language", "id", "duration"):
+        # A hint for a missing column never points at one another role holds.
+        taken = {getattr(cfg.columns, k) for k in USUAL_COLUMNS if k != key} | set(found.values())
+        found[key] = find_column(ds.column_names, key, getattr(cfg.columns, key), where,
+                                 required=key in required, section=section, taken=taken,
+                                 kinds=kinds)  # fmt: skip
     if language is None and found["language"] is None:
         language = default_language
     if language is not None:
@@ -167,9 +171,17 @@ def find_column(
     *,
     required: bool,
     section: str = "data",
+    taken: Collection[str | None] = (),
+    kinds: dict[str, str] | None = None,
 ) -> str | None:
     """Which of the data's ``columns`` holds ``key`` (``audio``, ``text``, ...), or None for an
-    optional one; ``section.columns.<key>`` names it in messages."""
+    optional one; ``section.columns.<key>`` names it in messages.
+
+    Args:
+        taken: columns other roles hold, never suggested for a missing ``key``.
+        kinds: each column's Arrow type name, where known: a missing text or language column
+            is suggested among the string columns only.
+    """
     if named is not None:
         if named not in columns:
             raise UserError(
@@ -181,10 +193,41 @@ def find_column(
     if column is None and required:
         raise UserError(
             f"{section}.columns.{key}: {where} has no {key} column (looked for "
-            f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); name it, e.g. "
-            f"{section}.columns.{key}: {columns[0] if columns else key}"
+            f"{', '.join(USUAL_COLUMNS[key])}; columns: {', '.join(columns)}); "
+            + _name_it(columns, key, taken, kinds, section)
         )
     return column
+
+
+LIKELY_NAMES = {
+    "audio": ("audio", "path", "file", "wav", "speech", "recording"),
+    "text": ("text", "transcri", "sentence", "caption", "utterance", "label", "normalized"),
+    "language": ("lang", "locale"),
+    "id": ("id",),
+    "duration": ("duration", "length", "seconds"),
+}
+"""Parts of a column name that make it a likely ``key`` column when none has a usual name."""
+
+
+def _name_it(
+    columns: list[str],
+    key: str,
+    taken: Collection[str | None],
+    kinds: dict[str, str] | None,
+    section: str,
+) -> str:
+    """The hint of a missing-column message: a column that is likely ``key``'s, else the columns
+    it may be."""
+    others = {c for k, names in USUAL_COLUMNS.items() if k != key for c in names}
+    candidates = [c for c in columns if c not in taken and c not in others]
+    if kinds is not None and key in ("text", "language"):
+        candidates = [c for c in candidates if kinds.get(c) in STRING_TYPES]
+    likely = [c for c in candidates if any(part in c.lower() for part in LIKELY_NAMES[key])]
+    if likely:
+        return f"name it, e.g. {section}.columns.{key}: {likely[0]}"
+    if candidates:
+        return f"name it in {section}.columns.{key} (one of: {', '.join(candidates)})"
+    return f"name it in {section}.columns.{key}"
 
 
 def _is_audio_struct(feature) -> bool:

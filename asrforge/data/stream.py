@@ -248,9 +248,11 @@ class StreamedSplit:
         found: dict[str, str] = {}
 
         def keep(names: list[str]) -> list[str]:
+            named = self.cfg.columns.model_dump()
             for key in keys:
-                named = getattr(self.cfg.columns, key)
-                found[key] = find_column(names, key, named, shard.path, required=True)
+                taken = {c for k, c in named.items() if k != key}
+                found[key] = find_column(names, key, named[key], shard.path, required=True,
+                                         taken=taken)  # fmt: skip
             return list(dict.fromkeys(found.values()))
 
         table = read_table(shard, keep)
