@@ -260,6 +260,18 @@ def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") 
     return resolved
 
 
+def model_dir_problem(value: str | os.PathLike, path: Path) -> str | None:
+    """Why ``path``, where ``value`` resolved, is not a transformers model directory (``value``
+    as given, then what is wrong), or None when it is one."""
+    if not path.exists():
+        return f"{os.fspath(value)}: no such model directory"
+    if not path.is_dir():
+        return f"{os.fspath(value)}: is a file, not a model directory"
+    if not (path / "config.json").is_file():
+        return f"{os.fspath(value)}: has no config.json (not a transformers model directory)"
+    return None
+
+
 def check_safetensors(resolved: Resolved, field: str) -> None:
     """Refuse a Hub snapshot with no safetensors weights (its pickle weights are never read)."""
     if any(resolved.path.glob("*.safetensors")):

@@ -80,6 +80,29 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
 
 
 @pytest.mark.fast
+def test_a_pretrained_path_that_is_no_model_directory_is_named_before_any_work(
+    tmp_path, capsys, monkeypatch, hf_home
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "long.wav").write_bytes(b"RIFF")
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "a.wav").write_bytes(b"RIFF")
+    config = _train_yaml(tmp_path, output_dir=str(tmp_path / "run"))
+    for given, problem in (
+        ("long.wav", "is a file, not a model directory"),
+        ("./nomodel", "no such model directory"),
+        ("clips", "has no config.json (not a transformers model directory)"),
+    ):
+        assert main(["train", config, f"model.pretrained={given}"]) == 2
+        assert capsys.readouterr().err == f"asrforge: error: model.pretrained: {given}: {problem}\n"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "tones").exists()
+    # an id that is no local path is still a Hub id: here, offline and not in the cache
+    assert main(["train", config, "model.pretrained=openai/whisper-small"]) == 2
+    err = capsys.readouterr().err
+    assert "hf download openai/whisper-small" in err and "model directory" not in err
+
+
+@pytest.mark.fast
 def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
     loop = tmp_path / "data" / "tones"
     loop.parent.mkdir()

@@ -83,3 +83,11 @@ def test_ema_weights_must_name_exactly_the_trainable_parameters():
         ema.load_state_dict({**good, "extra": torch.zeros(1)})
     with pytest.raises(UserError, match=r"of another shape: weight"):
         ema.load_state_dict({**good, "weight": torch.zeros(5)})
+
+
+def test_a_pretrained_path_that_is_no_model_directory_is_named(tmp_path):
+    (tmp_path / "long.wav").write_bytes(b"RIFF")
+    with pytest.raises(UserError, match=r"^model\.pretrained: .*long\.wav: is a file, not a model"):
+        build_tokenizer(ModelConfig(pretrained=tmp_path / "long.wav"))
+    with pytest.raises(UserError, match=r"^model\.pretrained: .*: has no config\.json"):
+        build_tokenizer(ModelConfig(pretrained=tmp_path))

@@ -6,10 +6,13 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
+from asrforge.cli.problems import raise_problems
 from asrforge.config import external_code_allowed, load_config
 from asrforge.config.reference import fields_epilog
-from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError, UserError
+from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError
+from asrforge.hub import hub_ref, model_dir_problem
 from asrforge.io.atomic import directory_problem
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import CriticalCallbackError
@@ -48,8 +51,14 @@ def run(args) -> int:
     t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
     t_config = time.perf_counter() - t1
+    problems = []
     if problem := directory_problem(cfg.output_dir):  # a file or a symlink loop in the way
-        raise UserError(f"output_dir: {problem}")
+        problems.append(f"output_dir: {problem}")
+    # A local pretrained model is checked before the data is read; a Hub id resolves later.
+    if cfg.model.pretrained is not None and hub_ref(cfg.model.pretrained) is None:
+        if problem := model_dir_problem(cfg.model.pretrained, Path(cfg.model.pretrained)):
+            problems.append(f"model.pretrained: {problem}")
+    raise_problems(problems)
 
     from asrforge.callbacks import build_callbacks
     from asrforge.train.loop import Trainer

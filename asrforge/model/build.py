@@ -21,7 +21,7 @@ from transformers import logging as hf_logging
 from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
-from asrforge.hub import resolve_model
+from asrforge.hub import model_dir_problem, resolve_model
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.lowbit import stored_numel
@@ -82,8 +82,15 @@ def is_multilingual(cfg: ModelConfig) -> bool:
 
 def pretrained_dir(cfg: ModelConfig) -> Path:
     """``cfg.pretrained`` on this machine: the directory itself, or the snapshot of the Hub id
-    it names (:func:`asrforge.hub.resolve_model`)."""
-    return resolve_model(cfg.pretrained).path
+    it names (:func:`asrforge.hub.resolve_model`).
+
+    Raises:
+        UserError: it is missing, a file, or a directory without ``config.json``.
+    """
+    path = resolve_model(cfg.pretrained).path
+    if problem := model_dir_problem(cfg.pretrained, path):
+        raise UserError(f"model.pretrained: {problem}")
+    return path
 
 
 def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
@@ -252,10 +259,6 @@ def _load_pretrained(
     tokenizer, happens after loading and reports itself: ``asrforge.model.embeddings``.)
     """
     path = pretrained_dir(cfg)
-    if not (path / "config.json").is_file():
-        raise UserError(
-            f"model.pretrained: {path} is not a transformers model directory (no config.json)"
-        )
     quantized = {}
     if quantization is not None:
         # bitsandbytes quantizes a weight when it is placed on its device
