@@ -86,6 +86,20 @@ def test_names_asrforge_has_no_setting_for_say_so_in_plain_words():
         assert "calls this nothing" not in line
 
 
+def test_push_to_hub_points_at_export_push_to_hub(capsys):
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs" / "tiny.yaml", ["push_to_hub=true"])
+    (line,) = e.value.problems
+    assert line.endswith(
+        "push_to_hub has no asrforge setting: export uploads the bundle it writes "
+        "(asrforge export RUN --out BUNDLE --push-to-hub REPO)"
+    )
+    with pytest.raises(SystemExit):
+        main(["train", str(ROOT / "configs" / "tiny.yaml"), "--push_to_hub", "x"])
+    err = capsys.readouterr().err
+    assert "--push-to-hub REPO" in err and "never uploads" not in err
+
+
 def test_optim_given_an_optimizer_name_points_at_optim_optimizer():
     with pytest.raises(ConfigError) as e:
         load_config(ROOT / "configs" / "tiny.yaml", ["optim=adamw_bnb_8bit"])

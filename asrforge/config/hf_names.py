@@ -54,7 +54,8 @@ HF_NAMES: dict[str, str] = {
     "resume_from_checkpoint": "--resume on the command line (asrforge train CONFIG --resume)",
     "output_dir": "output_dir (at the top level)",
     "model_name_or_path": "model.pretrained (a Hub id or a local directory)",
-    "push_to_hub": "nothing to set: asrforge never uploads; export a bundle and upload it yourself",
+    "push_to_hub": "nothing to set: export uploads the bundle it writes (asrforge export RUN "
+    "--out BUNDLE --push-to-hub REPO)",
     # WhisperConfig's SpecAugment switches, which users set on the model
     "apply_spec_augment": "data.augment.spec_augment ({} for LibriSpeech's LD policy)",
     "mask_time_prob": "data.augment.spec_augment.time_masks and time_width (counts, not a "
