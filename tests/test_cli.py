@@ -68,6 +68,15 @@ def _train_yaml(tmp_path, **fields) -> str:
 
 
 @pytest.mark.fast
+def test_a_directory_given_as_the_config_is_named_a_directory(tmp_path, capsys):
+    (tmp_path / "clips").mkdir()
+    assert main(["train", str(tmp_path / "clips")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'clips'}: is a directory, not a config file" in err
+    assert "no such file" not in err and "Traceback" not in err
+
+
+@pytest.mark.fast
 def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
     (tmp_path / "a-file").write_text("mine")
     assert main(["train", _train_yaml(tmp_path, output_dir=str(tmp_path / "a-file"))]) == 2

@@ -86,6 +86,9 @@ def test_bad_overrides_are_config_errors():
 def test_yaml_and_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "missing.yaml")
+    (tmp_path / "clips").mkdir()
+    with pytest.raises(ConfigError, match=r"clips: is a directory, not a config file"):
+        load_config(tmp_path / "clips")
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):

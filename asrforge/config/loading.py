@@ -84,10 +84,12 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """A YAML file whose top level is a mapping.
 
     Raises:
-        ConfigError: the file is missing, not UTF-8, not YAML (or beyond the bounds of
-            :mod:`asrforge.config.yaml_limits`), or not a mapping.
+        ConfigError: the file is missing or a directory, not UTF-8, not YAML (or beyond the
+            bounds of :mod:`asrforge.config.yaml_limits`), or not a mapping.
     """
     p, source = Path(path), str(path)
+    if p.is_dir():
+        raise ConfigError([f"{p}: is a directory, not a config file"], source)
     if not p.is_file():
         raise ConfigError([f"{p}: no such file"], source)
     try:
