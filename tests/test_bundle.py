@@ -440,6 +440,15 @@ def test_a_recording_whose_language_is_detected_is_not_encoded_twice(bundle, val
     assert [t.text for t in given] == [t.text for t in detected]
 
 
+def test_vad_with_previous_text_conditioning_is_refused_naming_both(bundle, validation):
+    wave = decode_audio(validation[0]["audio"]["bytes"])
+    with pytest.raises(UserError, match=r"^vad and condition_on_previous_text: VAD chunks"):
+        bundle.recognize([wave], vad=True, condition_on_previous_text=True)
+    # left to the default, a long recording conditioned on previous text is not decoded by VAD
+    long = np.zeros(round(bundle.window_seconds + 1) * 16_000, np.float32)
+    assert not bundle._use_vad(None, long, previous_text=True)  # noqa: SLF001
+
+
 def test_a_vad_recordings_language_is_heard_in_its_first_chunk(bundle, validation, monkeypatch):
     from asrforge.bundle import inference
     from asrforge.model.vad import Chunk

@@ -139,6 +139,19 @@ def test_vad_asked_for_without_its_packages_is_one_line(monkeypatch, tmp_path, c
     assert "--vad: needs the packages silero-vad and onnxruntime" in capsys.readouterr().err
 
 
+@pytest.mark.fast
+def test_vad_with_previous_text_conditioning_is_refused_naming_both(tmp_path, capsys) -> None:
+    from asrforge.cli import main
+
+    argv = ["transcribe", str(tmp_path / "none"), str(tmp_path / "a.wav"), "--json"]
+    assert main([*argv, "--vad", "--condition-on-previous-text"]) == 2
+    err = capsys.readouterr().err
+    assert "--vad and --condition-on-previous-text: VAD chunks are decoded apart" in err
+    assert "Traceback" not in err
+    assert main([*argv, "--no-vad", "--condition-on-previous-text"]) == 2
+    assert "--vad and" not in capsys.readouterr().err
+
+
 def test_tiny_en_decodes_only_the_speech_of_a_long_recording(hf_tiny_en: Path) -> None:  # noqa: F811
     pytest.importorskip("silero_vad")
     from asrforge.bundle.export import bundle_from_checkpoint

@@ -58,6 +58,14 @@ class Transcript:
         return [w for s in self.segments for w in s.words or []]
 
 
+VAD_WITH_PREVIOUS_TEXT = (
+    "{vad} and {previous}: VAD chunks are decoded apart, never prompted with the text before "
+    "them; give one of the two"
+)
+"""Why VAD and previous-text conditioning are refused together, with the names the caller
+gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
+
+
 @functools.lru_cache(maxsize=1)
 def _say_sequential_without_vad() -> None:
     """Log, once a process, that long recordings decode sequentially for want of VAD's
@@ -383,10 +391,14 @@ class Bundle:
                 recording. None (default): VAD for recordings longer than one window when the
                 packages ``silero-vad`` and ``onnxruntime`` are installed and
                 ``condition_on_previous_text`` is off (a chunk is decoded without the text of
-                the chunks before it).
+                the chunks before it); True with ``condition_on_previous_text`` is refused.
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if vad and condition_on_previous_text:
+            raise UserError(
+                VAD_WITH_PREVIOUS_TEXT.format(vad="vad", previous="condition_on_previous_text")
+            )
         if beam_size < 1:
             raise UserError(f"beam_size must be >= 1, got {beam_size}")
         mode, why = self.chunking_for(chunking)

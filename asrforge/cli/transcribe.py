@@ -96,7 +96,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="decode only the speech Silero VAD finds (packages silero-vad, onnxruntime), joined "
         "into chunks of at most 26 s of speech (for a 30 s window) decoded as a batch; --no-vad: "
         "sequential windows over the whole recording. Default: VAD for recordings longer than "
-        "30 s when the packages are installed",
+        "30 s when the packages are installed, without --condition-on-previous-text (refused "
+        "with --vad: chunks are decoded apart)",
     )
     add_lm_options(p)
     p.set_defaults(func=run)
@@ -133,6 +134,12 @@ def run(args: argparse.Namespace) -> int:
         twice = sorted({s for s in stems if stems.count(s) > 1})
         if twice:  # one output file would overwrite the other
             problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
+    if args.vad and args.condition_on_previous_text:
+        from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT
+
+        problems.append(
+            VAD_WITH_PREVIOUS_TEXT.format(vad="--vad", previous="--condition-on-previous-text")
+        )
     if args.vad:
         from asrforge.config import vad_problem
 
