@@ -207,6 +207,10 @@ def format_of(path: Path, *, section: str = "data") -> str:
     return fmt
 
 
+JSON_LOADER_LOG = "datasets.packaged_modules.json.json"
+"""The logger of ``datasets``' JSON loader."""
+
+
 def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section: str = "data"):
     """One split from files of one format, by ``datasets``' loader for it (``section.path`` in
     messages)."""
@@ -227,6 +231,12 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     if fmt == "tsv":
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
     local = not any(is_url(f) for f in files)
+    # The JSON loader logs a file it fails on, counting rows from 0, and the error raised below
+    # names that failure by the line an editor shows; this load alone is kept from logging it.
+    loader_log = logging.getLogger(JSON_LOADER_LOG)
+    level = loader_log.level
+    if fmt == "json":
+        loader_log.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(
             "csv" if fmt == "tsv" else fmt,
@@ -242,6 +252,8 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
         if bad:
             raise UserError(f"{section}.path: {bad}") from None
         raise unreadable(", ".join(map(str, files)), fmt, e, section=section) from None
+    finally:
+        loader_log.setLevel(level)
     if fmt == "json":
         find_line = (lambda: _bad_utf8_line(files)) if local else (lambda: None)
         check_utf8(ds.data.table, find_line, section=section)
