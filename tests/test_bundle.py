@@ -671,6 +671,19 @@ def test_transcribe_reports_the_model_and_every_audio_problem_at_once(tmp_path, 
     ]
 
 
+def test_transcribe_names_every_file_that_does_not_decode_in_one_message(bundle_dir, tmp_path,
+                                                                         capsys):  # fmt: skip
+    (tmp_path / "notes.wav").write_text("not audio")
+    (tmp_path / "empty.flac").write_bytes(b"")
+    argv = [str(bundle_dir), str(tmp_path / "missing.wav"), str(tmp_path / "notes.wav"),
+            str(tmp_path / "empty.flac")]  # fmt: skip
+    assert main(["transcribe", *argv]) == 2
+    missing, notes, empty = cli_problems(capsys)
+    assert missing == f"{tmp_path / 'missing.wav'}: no such audio file"
+    assert notes.startswith(f"cannot read audio {tmp_path / 'notes.wav'}")
+    assert str(tmp_path / "empty.flac") in empty
+
+
 def test_a_directory_given_as_audio_is_named_a_directory(bundle, bundle_dir, tmp_path, capsys):
     assert main(["transcribe", str(bundle_dir), str(tmp_path)]) == 2
     assert cli_problems(capsys) == [f"{tmp_path}: a directory, not an audio file"]

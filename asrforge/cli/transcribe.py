@@ -114,6 +114,19 @@ def audio_problem(path: Path) -> str | None:
     return None
 
 
+def read_audio(path: Path):
+    """``path`` decoded to (n_samples,) float32 at 16 kHz.
+
+    Raises:
+        UserError: its :func:`audio_problem`, or contents that do not decode as audio.
+    """
+    if problem := audio_problem(path):
+        raise UserError(problem)
+    from asrforge.data.audio import SAMPLE_RATE, decode_audio
+
+    return decode_audio(path, SAMPLE_RATE)
+
+
 def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
 
@@ -146,14 +159,16 @@ def run(args: argparse.Namespace) -> int:
         problem = vad_problem("--vad")
         if problem is not None:
             problems.append(problem)
-    # the model first, then every audio file: all the problems in one message
+    # the model first, then every audio file decoded: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle), problems)
-    problems += [audio_problem(path) for path in args.audio]
+    chosen = (
+        None if bundle is None else attempt(lambda: bundle.chunking_for(args.chunking), problems)
+    )
+    chunking, why = chosen or (None, None)
+    if args.condition_on_previous_text and chosen and chunking != "timestamps":
+        problems.append("--condition-on-previous-text needs --chunking timestamps")
+    waves = [attempt(lambda path=path: read_audio(path), problems) for path in args.audio]
     raise_problems(problems)
-    chunking, why = bundle.chunking_for(args.chunking)
-    if args.condition_on_previous_text and chunking != "timestamps":
-        raise UserError("--condition-on-previous-text needs --chunking timestamps")
-    waves = [bundle.load_audio(p) for p in args.audio]
     fusion = lm_fusion(bundle, args)
     results = bundle.recognize(
         waves,
