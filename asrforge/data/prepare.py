@@ -25,7 +25,7 @@ import numpy as np
 
 from asrforge.config import DataConfig
 from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded, language_codes
-from asrforge.data.ids import audio_key, audio_source, named, row_id, row_uids
+from asrforge.data.ids import audio_key, named, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
     NOT_FOUND,
@@ -34,7 +34,6 @@ from asrforge.data.rules import (
     UtteranceRules,
     check_english_only,
     check_language_tokens,
-    file_problem,
     header_seconds,
     language_filter,
     row_language,
@@ -45,7 +44,7 @@ from asrforge.io.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3
 """Bumped when what is stored, or how it is computed, changes."""
 
 
@@ -396,8 +395,9 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
 
 def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) -> UtteranceTable:
     """``table`` without the utterances whose audio or labels are unusable (added to
-    ``report``): audio headers read where the duration is not known (a file's existence
-    checked where it is), every text tokenized; ``n_tokens`` filled in."""
+    ``report``): every clip's audio header read (missing, no regular file or unreadable; its
+    duration taken where the data gives none, the data's kept where it does), every text
+    tokenized; ``n_tokens`` filled in."""
     rules = table.rules
     seconds = table.seconds.copy()
     n_tokens = np.zeros(len(table), dtype=np.int32)
@@ -413,10 +413,11 @@ def check_in_full(table: UtteranceTable, report: SkipReport, block: int = 1024) 
         for k, (row, audio) in enumerate(zip(rows.tolist(), records["audio"], strict=True)):
             i = start + k
             try:
+                # Every header is read, a known duration's too: a file that exists but holds
+                # no audio it can read would otherwise pass and be dropped at every read.
+                header = header_seconds(audio)
                 if np.isnan(seconds[i]):
-                    seconds[i] = header_seconds(audio)
-                elif problem := file_problem(src := audio_source(audio)):
-                    raise UnusableAudio(problem, src)
+                    seconds[i] = header
             except UnusableAudio as e:
                 uid = row_id(records.get("id", [None] * len(rows))[k], table.name, row)
                 report.add(e.reason, named(uid, e.source) if e.reason == NOT_FOUND else uid)
