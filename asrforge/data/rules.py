@@ -319,7 +319,7 @@ class SkipReport:
 
     def nothing_usable(self, path: Path, languages: list[str] | None) -> UserError:
         """The error of a split with no usable utterance; when ``data.languages`` left rows out,
-        it names the languages the split has."""
+        it names the languages the split has, and it names skipped clips by reason."""
         message = f"data: no usable utterances in split {self.split!r} of {Path(path)}"
         if self.left_out:
             has = ", ".join(f"{lang} ({n})" for lang, n in sorted(self.left_out.items()))
@@ -328,8 +328,19 @@ class SkipReport:
                 f"{self.total} utterances, whose languages are {has}"
             )
             if self.n_skipped:
-                message += f", and {self.n_skipped} were skipped"
+                message += f", and {self.n_skipped} were skipped ({skip_examples(self.skipped)})"
+        elif self.n_skipped:
+            message += f": all {self.n_skipped} were skipped ({skip_examples(self.skipped)})"
         return UserError(message)
+
+
+def skip_examples(skipped: dict[str, list[str]], shown: int = 3) -> str:
+    """Skipped clips by reason, a few ids of each: ``2 unreadable audio: a.wav, b.wav``."""
+    parts = []
+    for reason, uids in skipped.items():
+        more = f" ... (+{len(uids) - shown})" if len(uids) > shown else ""
+        parts.append(f"{len(uids)} {reason}: {', '.join(uids[:shown])}{more}")
+    return "; ".join(parts)
 
 
 def check_language_tokens(

@@ -241,6 +241,8 @@ def build_datasets(
         r.log(out if acc.is_main_process else None)
     if not train_utts:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
+    if not eval_utts:
+        raise eval_report.nothing_usable(cfg.data.path, cfg.data.languages)
     if data.replay is not None:
         train_split, train_utts = join_replay(
             cfg, out, acc, kw, train_split, train_utts, resuming=resuming
@@ -342,6 +344,9 @@ def build_stream_datasets(
         r.log(out if acc.is_main_process else None)
     if train_report.n_left_out == train_report.total:
         raise train_report.nothing_usable(cfg.data.path, cfg.data.languages)
+    if not eval_utts:
+        eval_path = cfg.data.stream.eval_path or cfg.data.path
+        raise eval_report.nothing_usable(eval_path, cfg.data.languages)
     if cfg.data.replay is not None:  # checked in full now; the training rows as they stream
         kw["cache"] = Path(cfg.data.cache_dir or out / "cache") / "prepared"
         n_train = train_report.total - train_report.n_left_out
