@@ -25,7 +25,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from asrforge.config import DataConfig, NormalizerConfig
 from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, dropped_by_reason, eval_batches
 from asrforge.data.prepare import prepare_split
-from asrforge.data.rules import language_filter
+from asrforge.data.rules import language_filter, skip_examples
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
@@ -162,6 +162,26 @@ def dropped_metrics(dropped: dict[str, list[str]], n: int) -> dict:
     return {"n_dropped": count, "dropped_utterances": dropped}
 
 
+def check_scored(metrics: dict, split: str, where: str = "") -> None:
+    """Refuse an evaluation that scored no clip: its figures are NaN, not a measurement.
+
+    Args:
+        metrics: :func:`evaluate`'s, gathered from every process.
+        where: what holds the split, e.g. `` of data/dev.json``.
+
+    Raises:
+        UserError: naming the split and the dropped clips by reason.
+    """
+    if metrics["n"]:
+        return
+    dropped = metrics.get("dropped_utterances") or {}
+    message = f"data: no usable utterances in split {split!r}{where}"
+    if dropped:
+        count = sum(len(uids) for uids in dropped.values())
+        message += f": all {count} clips were dropped when read ({skip_examples(dropped)})"
+    raise UserError(message)
+
+
 def prompt_length(labels: torch.Tensor) -> int:
     """Prompt length from the labels: the prompt's positions (all but its last) are IGNORE."""
     first = labels[0]
@@ -182,7 +202,8 @@ def summarize(preds: list[dict], normalizer: NormalizerConfig | None = None) -> 
     metrics["per_language"] = {lang: _metrics_of(ss) for lang, ss in sorted(by_lang.items())}
     metrics["normalizer"] = (normalizer or NormalizerConfig()).name
     langs = list(by_lang)
-    metrics["wer_reliable"] = all(primary_metric(lang) == "wer" for lang in langs)
+    # No clip scored is no figure: never a reliable one.
+    metrics["wer_reliable"] = bool(langs) and all(primary_metric(lang) == "wer" for lang in langs)
     return metrics
 
 
@@ -284,7 +305,8 @@ def evaluate_split(
         ``(metrics, predictions, skip_report)``.
 
     Raises:
-        UserError: the split is missing or has no usable utterance.
+        UserError: the split is missing or has no usable utterance (none left by the up-front
+            checks, or every clip dropped when read).
     """
     loader, n, report = split_loader(
         bundle, data, split, batch_size=batch_size, languages=languages, max_samples=max_samples
@@ -295,6 +317,7 @@ def evaluate_split(
         max_new_tokens=max_new_tokens, device=bundle.device, options=options,
         normalizer=normalizer,
     )
+    check_scored(metrics, split, f" of {data_config(data).path}")
     for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
         for uid in uids:
             report.add(reason, uid)
@@ -335,7 +358,7 @@ def split_loader(
     )
     utts = utts[:max_samples] if max_samples else utts
     if not utts:
-        raise UserError(f"{source.path} split {split!r}: no usable utterances")
+        raise report.nothing_usable(source.path, languages)
     eot = bundle.specials.eot
     loader = DataLoader(
         SpeechDataset(ds, utts, bundle.features, eot),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
-from asrforge.evaluation.evaluate import evaluate
+from asrforge.evaluation.evaluate import check_scored, evaluate
 from asrforge.evaluation.guard import build_guard, guard_language, log_text
 from asrforge.evaluation.longform import run_longform_eval
 from asrforge.model.decoding import DecodeOptions, capture_for
@@ -156,6 +156,8 @@ class RunEvaluations:
                 guard_metrics = self.guard.measure(whisper, setup.selector.guard, device=acc.device)
         self.run.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
         metrics, preds = gather_eval(acc, metrics, preds, self.run.cfg.eval.normalizer)
+        # Every process holds the gathered figures, so each stops alike.
+        check_scored(metrics, data.eval_split, f" of {data.stream.eval_path or data.path}")
         metrics.update(
             run_longform_eval(setup, whisper, ema, step=self.run.state.step, autocast=acc.autocast)
         )
