@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,7 +22,14 @@ from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.augment import AugmentError
 from asrforge.data.ids import named
 from asrforge.data.prepare import UtteranceTable
-from asrforge.data.rules import NOT_FOUND, UnusableAudio, header_seconds, read_audio
+from asrforge.data.rules import (
+    NOT_FOUND,
+    UnusableAudio,
+    header_seconds,
+    read_audio,
+    skip_examples,
+)
+from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +312,51 @@ def dropped_by_reason(batch: dict) -> dict[str, list[str]]:
     for uid, reason in zip(batch.get("dropped", []), reasons, strict=True):
         out.setdefault(reason, []).append(uid)
     return out
+
+
+@dataclass
+class UsableClipWatch:
+    """Stops training on a split none of whose clips can be read: a lazily prepared or streamed
+    split's clips are checked only as the workers load them, so one whose every clip is
+    dropped would otherwise take steps on no audio.
+
+    It gives up once a clip trains, and stops the run once an epoch's worth of clips (each
+    occurrence counted: rows that name the same file are several clips) was dropped and none
+    trained. One process sees a share of each epoch, so with several it takes as many epochs.
+    """
+
+    split: str
+    where: str
+    """What holds the split, for the error (``data.path``)."""
+    clips_per_epoch: int
+    kept: bool = False
+    """A clip trained (a resumed run's before it too): the split is usable."""
+    n_dropped: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+
+    def see(self, batch: dict) -> None:
+        """Count a collated training micro-batch (text-only ones are not the split's).
+
+        Raises:
+            UserError: no clip has trained and an epoch's worth were dropped.
+        """
+        if self.kept or batch.get("task", "asr") != "asr":
+            return
+        if batch["size"]:
+            self.kept = True
+            return
+        for reason, uids in dropped_by_reason(batch).items():
+            self.counts[reason] += len(uids)
+            shown = self.examples.setdefault(reason, [])
+            shown += uids[: 3 - len(shown)]
+        self.n_dropped += len(batch.get("dropped", []))
+        if self.n_dropped >= max(self.clips_per_epoch, 1):
+            raise UserError(
+                f"data: no usable utterances in split {self.split!r} of {self.where}: all "
+                f"{self.n_dropped} clips read were dropped and none trained "
+                f"({skip_examples(self.examples, self.counts)})"
+            )
 
 
 class Batches(Sequence):

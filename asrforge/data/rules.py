@@ -334,12 +334,19 @@ class SkipReport:
         return UserError(message)
 
 
-def skip_examples(skipped: dict[str, list[str]], shown: int = 3) -> str:
-    """Skipped clips by reason, a few ids of each: ``2 unreadable audio: a.wav, b.wav``."""
+def skip_examples(
+    skipped: dict[str, list[str]], counts: dict[str, int] | None = None, shown: int = 3
+) -> str:
+    """Skipped clips by reason, a few ids of each: ``2 unreadable audio: a.wav, b.wav``.
+
+    Args:
+        counts: clips per reason where ``skipped`` holds only some of their ids.
+    """
     parts = []
     for reason, uids in skipped.items():
-        more = f" ... (+{len(uids) - shown})" if len(uids) > shown else ""
-        parts.append(f"{len(uids)} {reason}: {', '.join(uids[:shown])}{more}")
+        n = counts[reason] if counts is not None else len(uids)
+        more = f" ... (+{n - shown})" if n > shown else ""
+        parts.append(f"{n} {reason}: {', '.join(uids[:shown])}{more}")
     return "; ".join(parts)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from asrforge.checkpoint import TrainingCheckpoint, restore_rng_state
 from asrforge.config import TrainConfig
-from asrforge.data.dataset import dropped_by_reason
+from asrforge.data.dataset import UsableClipWatch, dropped_by_reason
 from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.model.lora import load_model_state
@@ -226,6 +226,13 @@ class TrainingRun:
     def _epochs(self) -> Iterator[dict]:
         cfg, state = self.cfg, self.state
         taken = state.step * cfg.train.grad_accum  # the run-wide index of the next micro-batch
+        # Raised from here, its error stops every process at the step's end (_next_batch).
+        usable = UsableClipWatch(
+            cfg.data.train_split,
+            str(cfg.data.path),
+            clips_per_epoch=len(self.loaders.train_set),
+            kept=state.samples_seen > 0,
+        )
         while cfg.train.max_epochs is None or state.epoch < cfg.train.max_epochs:
             if state.batch_in_epoch == 0:
                 self.callbacks.call("on_epoch_begin", state, epoch=state.epoch)
@@ -234,6 +241,7 @@ class TrainingRun:
             )
             for batch in self.data_wait.timed(loader):
                 taken += 1
+                usable.see(batch)
                 yield batch
             self.callbacks.call("on_epoch_end", state, epoch=state.epoch)
             state.epoch += 1
