@@ -57,7 +57,8 @@ class Trainer:
         self._signal: str | None = None
         self._run: TrainingRun | None = None
         self._start: tuple[int, int | None] | None = None
-        """(step, last saved step) of the run as built: a run that changed neither never began."""
+        """(clips trained, last saved step) of the run as built: a run that changed neither
+        never began (its steps, if any, held no clip)."""
 
     # ------------------------------------------------------------------------------------------
     def fit(self, resume: bool = False, start_over: bool = False) -> FitResult:
@@ -66,7 +67,7 @@ class Trainer:
 
         ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
-        A run stopped by bad input (UserError) before its first step or save leaves its
+        A run stopped by bad input (UserError) before it trained a clip or saved leaves its
         directory as it found it (:mod:`asrforge.train.run_dir`).
         """
         entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
@@ -82,9 +83,10 @@ class Trainer:
             raise
 
     def _began(self) -> bool:
-        """Whether the run took a step or saved a checkpoint since it was built."""
+        """Whether the run trained a clip or saved a checkpoint since it was built: steps whose
+        every clip was dropped trained nothing."""
         run = self._run
-        return run is not None and (run.state.step, run.last_saved_step) != self._start
+        return run is not None and (run.state.samples_seen, run.last_saved_step) != self._start
 
     def _fit(self, *, resume: bool, start_over: bool) -> FitResult:
         max_time = self.cfg.train.max_time
@@ -120,7 +122,7 @@ class Trainer:
         run = self._build_run(resume=resume, start_over=start_over, budget=budget)
         if run.setup.resume_from is not None:
             run.restore(run.setup.resume_from)
-        self._run, self._start = run, (run.state.step, run.last_saved_step)
+        self._run, self._start = run, (run.state.samples_seen, run.last_saved_step)
         # The EMA starts from the weights training starts with: the resumed ones on a resume.
         run.start_ema()
         run.evaluations.start_guard()

@@ -1,6 +1,6 @@
 """The run directory as a run found it, so that a run stopped by bad input before it began
-(:class:`~asrforge.errors.UserError`, exit code 2, before its first step or save) leaves no
-trace there.
+(:class:`~asrforge.errors.UserError`, exit code 2, before it trained a clip or saved) leaves
+no trace there.
 
 What start-up adds is removed again: the whole directory (and the parents it made) when the run
 created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``,
