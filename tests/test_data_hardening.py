@@ -463,3 +463,120 @@ def test_transcripts_of_whitespace_only_are_skipped_as_empty_up_front(tmp_path, 
     ids = list(split["id"])
     assert report.skipped == {"empty text": [ids[i] for i in blanks]}
     assert len(utts) == len(split) - len(blanks) and utts[0].text == "tone beep"
+
+
+# ---------------------------------------------------------------------------------------------
+# A split with no usable clip stops the run, naming it; only some unusable: dropped, counted
+
+
+def dead_manifest(root: Path, rows: int = 4) -> Path:
+    """A NeMo manifest of ``rows`` rows naming one file, ``x.wav``, which holds text: each gives
+    a duration, so only reading the file tells that it is no audio."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "x.wav").write_text("this is not audio\n" * 50)
+    row = {"audio_filepath": "x.wav", "text": "tone beep", "duration": 1.0, "lang": "en"}
+    line = json.dumps(row)
+    (root / "train.jsonl").write_text(f"{line}\n" * rows)
+    return root / "train.jsonl"
+
+
+@pytest.mark.fast
+def test_an_unreadable_file_is_skipped_up_front_though_the_data_gives_its_duration(tmp_path):
+    """Rows naming the same file share its path as their id, and each row is counted."""
+    from asrforge.data.sources import load_source
+
+    cfg = DataConfig(path=dead_manifest(tmp_path / "d"))
+    split = load_source(cfg).splits["train"]
+    tok = tokenizer_without()
+    table, report = prepare_split(
+        split, "validation", cfg=cfg, tokenizer=tok, specials=SpecialTokens.from_tokenizer(tok, True),
+        max_target_positions=64, max_seconds=30.0,
+    )  # fmt: skip
+    assert len(table) == 0 and report.total == 4 and report.n_skipped == 4
+    assert report.skipped == {"unreadable audio": ["x.wav"] * 4}
+    message = str(report.nothing_usable(cfg.path, None))
+    assert message.startswith("data: no usable utterances in split 'validation' of ")
+    assert "all 4 were skipped (4 unreadable audio: x.wav, x.wav, x.wav ... (+1))" in message
+
+
+@pytest.mark.fast
+def test_a_manifest_of_unreadable_clips_exits_2_before_step_1_leaving_nothing(
+    tmp_path, tones_dir, capsys
+):
+    manifest = dead_manifest(tmp_path / "bad")
+    run = tmp_path / "runs" / "dead"
+    cfg = tiny_config(
+        run, manifest, data={"eval_carve": {"size": 2}},
+        train={"max_steps": 3}, eval={"at_start": False, "eval_steps": 2, "max_new_tokens": 4},
+    )  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(cfg.to_yaml())
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "no usable utterances in split 'validation'" in err
+    assert "all 2 were skipped (2 unreadable audio: x.wav, x.wav)" in err
+    assert not (tmp_path / "runs").exists()  # the run made it: nothing of it stays
+
+
+@pytest.mark.fast
+def test_a_training_split_of_unreadable_clips_stops_before_it_trains_leaving_nothing(
+    tmp_path, clips
+):
+    """Checked as the workers read it (lazily prepared), the split is refused once an epoch's
+    worth of clips was dropped; the steps on no audio trained nothing, so no trace stays."""
+    corpus = tmp_path / "corpus"
+    dead_manifest(corpus, rows=12)
+    good = [r for r in clips if r["split"] == "validation"]
+    (corpus / "validation.jsonl").write_text("".join(
+        json.dumps({"audio_filepath": r["file"], "text": r["text"], "lang": r["language"]}) + "\n"
+        for r in good
+    ))  # fmt: skip
+    run = tmp_path / "run"
+    cfg = tiny_config(
+        run, corpus, data={"batch_size": 4}, train={"max_steps": 5},
+        eval={"at_start": False, "eval_steps": None, "at_end": False},
+    )  # fmt: skip
+    with pytest.raises(UserError) as caught:
+        fit(cfg)
+    message = str(caught.value)
+    assert f"no usable utterances in split 'train' of {corpus}" in message
+    # 12 rows naming one file: 12 clips dropped, counted each
+    assert "all 12 clips read were dropped and none trained (12 unreadable audio: x.wav" in message
+    assert not run.exists()
+
+
+@pytest.mark.fast
+def test_a_training_split_with_a_usable_clip_is_never_stopped_by_its_dropped_ones():
+    from asrforge.data.dataset import UsableClipWatch
+
+    def batch(size, dropped):
+        reasons = ["unreadable audio"] * len(dropped)
+        return {"size": size, "dropped": dropped, "dropped_reasons": reasons}
+
+    watch = UsableClipWatch("train", "data", clips_per_epoch=4)
+    watch.see(batch(0, ["a", "a"]))  # half an epoch dropped: no verdict yet
+    watch.see(batch(1, ["a"]))
+    for _ in range(10):
+        watch.see(batch(0, ["a", "a", "a", "a"]))
+    resumed = UsableClipWatch("train", "data", clips_per_epoch=2, kept=True)
+    resumed.see(batch(0, ["a", "a", "a"]))
+    dead = UsableClipWatch("train", "data", clips_per_epoch=3)
+    dead.see(batch(0, ["a", "b"]))
+    dead.see({"size": 0, "task": "lm", "dropped": [], "dropped_reasons": []})
+    with pytest.raises(UserError, match=r"all 4 clips read were dropped and none trained \(4 "
+                       r"unreadable audio: a, b, a ... \(\+1\)\)"):  # fmt: skip
+        dead.see(batch(0, ["a", "a"]))
+
+
+@pytest.mark.fast
+def test_an_evaluation_that_scored_no_clip_is_refused_and_never_a_reliable_figure():
+    from asrforge.evaluation.evaluate import check_scored, dropped_metrics, summarize
+
+    metrics = summarize([])
+    assert metrics["n"] == 0 and metrics["wer_reliable"] is False
+    metrics.update(dropped_metrics({"unreadable audio": ["x.wav", "x.wav"]}, 0))
+    with pytest.raises(UserError, match=r"no usable utterances in split 'validation' of d\.json: "
+                       r"all 2 clips were dropped when read \(2 unreadable audio: x\.wav, x\.wav\)"):  # fmt: skip
+        check_scored(metrics, "validation", " of d.json")
+    check_scored({"n": 1}, "validation")  # a clip scored: a figure

@@ -269,3 +269,24 @@ def test_a_run_s_evaluations_are_scored_and_named_by_its_normalizer(tmp_path, to
     Trainer(cfg, []).fit()
     lines = (tmp_path / "run" / "eval" / "step-000002.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["normalizer"] == "whisper, numbers as written"
+
+
+def test_a_split_with_no_readable_clip_exits_2_naming_it(run, tmp_path, capsys) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    best = str(run / "checkpoints" / "best")
+    # a file of text named .wav: its header is read up front
+    (tmp_path / "x.wav").write_text("this is not audio\n" * 50)
+    row = {"audio_filepath": "x.wav", "text": "tone beep", "duration": 1.0, "lang": "en"}
+    (tmp_path / "dead.json").write_text(f"{json.dumps(row)}\n" * 4)
+    assert main(["evaluate", best, "--data", str(tmp_path / "dead.json")]) == 2
+    message = cli_error(capsys)
+    assert "no usable utterances in split" in message and "4 unreadable audio: x.wav" in message
+    # NaN samples under a sound header: every clip is dropped when decoded, and nothing scored
+    sf.write(tmp_path / "nan.wav", np.full(8000, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
+    row = {**row, "audio_filepath": "nan.wav", "duration": 0.5}
+    (tmp_path / "nan.json").write_text(f"{json.dumps(row)}\n" * 3)
+    assert main(["evaluate", best, "--data", str(tmp_path / "nan.json")]) == 2
+    message = cli_error(capsys)
+    assert "all 3 clips were dropped when read (3 non-finite audio" in message
