@@ -496,7 +496,7 @@ def test_an_unreadable_file_is_skipped_up_front_though_the_data_gives_its_durati
     assert report.skipped == {"unreadable audio": ["x.wav"] * 4}
     message = str(report.nothing_usable(cfg.path, None))
     assert message.startswith("data: no usable utterances in split 'validation' of ")
-    assert "all 4 were skipped (4 unreadable audio: x.wav, x.wav, x.wav ... (+1))" in message
+    assert "all 4 clips were skipped (4 unreadable audio: x.wav, x.wav, x.wav ... (+1))" in message
 
 
 @pytest.mark.fast
@@ -515,7 +515,7 @@ def test_a_manifest_of_unreadable_clips_exits_2_before_step_1_leaving_nothing(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "no usable utterances in split 'validation'" in err
-    assert "all 2 were skipped (2 unreadable audio: x.wav, x.wav)" in err
+    assert "all 2 clips were skipped (2 unreadable audio: x.wav, x.wav)" in err
     assert not (tmp_path / "runs").exists()  # the run made it: nothing of it stays
 
 
@@ -542,7 +542,7 @@ def test_a_training_split_of_unreadable_clips_stops_before_it_trains_leaving_not
     message = str(caught.value)
     assert f"no usable utterances in split 'train' of {corpus}" in message
     # 12 rows naming one file: 12 clips dropped, counted each
-    assert "all 12 clips read were dropped and none trained (12 unreadable audio: x.wav" in message
+    assert "all 12 clips were dropped when read, and none trained (12 unreadable" in message
     assert not run.exists()
 
 
@@ -564,8 +564,8 @@ def test_a_training_split_with_a_usable_clip_is_never_stopped_by_its_dropped_one
     dead = UsableClipWatch("train", "data", clips_per_epoch=3)
     dead.see(batch(0, ["a", "b"]))
     dead.see({"size": 0, "task": "lm", "dropped": [], "dropped_reasons": []})
-    with pytest.raises(UserError, match=r"all 4 clips read were dropped and none trained \(4 "
-                       r"unreadable audio: a, b, a ... \(\+1\)\)"):  # fmt: skip
+    with pytest.raises(UserError, match=r"all 4 clips were dropped when read, and none trained "
+                       r"\(4 unreadable audio: a, b, a ... \(\+1\)\)"):  # fmt: skip
         dead.see(batch(0, ["a", "a"]))
 
 
@@ -578,5 +578,5 @@ def test_an_evaluation_that_scored_no_clip_is_refused_and_never_a_reliable_figur
     metrics.update(dropped_metrics({"unreadable audio": ["x.wav", "x.wav"]}, 0))
     with pytest.raises(UserError, match=r"no usable utterances in split 'validation' of d\.json: "
                        r"all 2 clips were dropped when read \(2 unreadable audio: x\.wav, x\.wav\)"):  # fmt: skip
-        check_scored(metrics, "validation", " of d.json")
-    check_scored({"n": 1}, "validation")  # a clip scored: a figure
+        check_scored(metrics, "validation", "d.json")
+    check_scored({"n": 1}, "validation", "d.json")  # a clip scored: a figure

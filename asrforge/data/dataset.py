@@ -26,10 +26,9 @@ from asrforge.data.rules import (
     NOT_FOUND,
     UnusableAudio,
     header_seconds,
+    no_usable_clips,
     read_audio,
-    skip_examples,
 )
-from asrforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -352,11 +351,8 @@ class UsableClipWatch:
             shown += uids[: 3 - len(shown)]
         self.n_dropped += len(batch.get("dropped", []))
         if self.n_dropped >= max(self.clips_per_epoch, 1):
-            raise UserError(
-                f"data: no usable utterances in split {self.split!r} of {self.where}: all "
-                f"{self.n_dropped} clips read were dropped and none trained "
-                f"({skip_examples(self.examples, self.counts)})"
-            )
+            how = "dropped when read, and none trained"
+            raise no_usable_clips(self.split, self.where, self.examples, self.counts, how)
 
 
 class Batches(Sequence):

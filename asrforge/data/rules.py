@@ -329,9 +329,24 @@ class SkipReport:
             )
             if self.n_skipped:
                 message += f", and {self.n_skipped} were skipped ({skip_examples(self.skipped)})"
-        elif self.n_skipped:
-            message += f": all {self.n_skipped} were skipped ({skip_examples(self.skipped)})"
-        return UserError(message)
+            return UserError(message)
+        return no_usable_clips(self.split, Path(path), self.skipped)
+
+
+def no_usable_clips(
+    split: str,
+    where,
+    skipped: dict[str, list[str]],
+    counts: dict[str, int] | None = None,
+    how: str = "skipped",
+) -> UserError:
+    """The error of a split none of whose clips can be used, found up front or as they are read:
+    the split, what holds it (``where``), and its clips by reason (:func:`skip_examples`)."""
+    n = sum(counts.values()) if counts is not None else sum(len(v) for v in skipped.values())
+    message = f"data: no usable utterances in split {split!r} of {where}"
+    if n:
+        message += f": all {n} clips were {how} ({skip_examples(skipped, counts)})"
+    return UserError(message)
 
 
 def skip_examples(

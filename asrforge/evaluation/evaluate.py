@@ -25,9 +25,8 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from asrforge.config import DataConfig, NormalizerConfig
 from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, dropped_by_reason, eval_batches
 from asrforge.data.prepare import prepare_split
-from asrforge.data.rules import language_filter, skip_examples
+from asrforge.data.rules import language_filter, no_usable_clips
 from asrforge.data.sources import data_config, read_split
-from asrforge.errors import UserError
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, greedy_decode
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
@@ -162,24 +161,19 @@ def dropped_metrics(dropped: dict[str, list[str]], n: int) -> dict:
     return {"n_dropped": count, "dropped_utterances": dropped}
 
 
-def check_scored(metrics: dict, split: str, where: str = "") -> None:
+def check_scored(metrics: dict, split: str, where) -> None:
     """Refuse an evaluation that scored no clip: its figures are NaN, not a measurement.
 
     Args:
         metrics: :func:`evaluate`'s, gathered from every process.
-        where: what holds the split, e.g. `` of data/dev.json``.
+        where: what holds the split (a path).
 
     Raises:
         UserError: naming the split and the dropped clips by reason.
     """
-    if metrics["n"]:
-        return
-    dropped = metrics.get("dropped_utterances") or {}
-    message = f"data: no usable utterances in split {split!r}{where}"
-    if dropped:
-        count = sum(len(uids) for uids in dropped.values())
-        message += f": all {count} clips were dropped when read ({skip_examples(dropped)})"
-    raise UserError(message)
+    if not metrics["n"]:
+        dropped = metrics.get("dropped_utterances") or {}
+        raise no_usable_clips(split, where, dropped, how="dropped when read")
 
 
 def prompt_length(labels: torch.Tensor) -> int:
@@ -317,7 +311,7 @@ def evaluate_split(
         max_new_tokens=max_new_tokens, device=bundle.device, options=options,
         normalizer=normalizer,
     )
-    check_scored(metrics, split, f" of {data_config(data).path}")
+    check_scored(metrics, split, data_config(data).path)
     for reason, uids in metrics["dropped_utterances"].items():  # one report of what was left out
         for uid in uids:
             report.add(reason, uid)

@@ -157,7 +157,7 @@ class RunEvaluations:
         self.run.model.train()  # evaluate() restored the train mode everywhere, the frozen part's too
         metrics, preds = gather_eval(acc, metrics, preds, self.run.cfg.eval.normalizer)
         # Every process holds the gathered figures, so each stops alike.
-        check_scored(metrics, data.eval_split, f" of {data.stream.eval_path or data.path}")
+        check_scored(metrics, data.eval_split, data.stream.eval_path or data.path)
         metrics.update(
             run_longform_eval(setup, whisper, ema, step=self.run.state.step, autocast=acc.autocast)
         )
