@@ -4,6 +4,7 @@ decoding only the speech of a recording with noise between its sentences."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +58,10 @@ def test_a_chunks_segment_and_its_words_move_to_the_recordings_clock() -> None:
     words = [Word(" one", 0.2, 0.9, 0.9), Word(" two", 1.1, 1.5, 0.8)]
     seg = Segment(0.2, 2.5, "one two", [7], (0.0, 3.0), words)
     placed = JOINED.placed(seg)
-    assert (placed.start, placed.end, *placed.window) == pytest.approx((10.2, 41.5, 10.0, 42.0))
     times = [t for w in placed.words for t in (w.start, w.end)]
     assert times == pytest.approx([10.2, 10.9, 40.1, 40.5])
+    # a segment with words spans them, not its timestamps (2.5 s: 41.5)
+    assert (placed.start, placed.end, *placed.window) == pytest.approx((10.2, 40.5, 10.0, 42.0))
     assert (seg.start, seg.words[1].start) == (0.2, 1.1)  # the chunk's own segment is unchanged
     # a time past the chunk's audio (a segment closed in the padding) stays past its end
     assert JOINED.recording_seconds(3.5, end=True) == pytest.approx(42.5)
@@ -78,6 +80,59 @@ def test_a_word_across_a_joint_stays_in_the_region_of_its_middle() -> None:
         Segment(0.2, 2.0, "so", [7], (0.0, 3.0), [Word(" so", 0.6, 1.2, 0.9)])
     ).words
     assert (word.start, word.end) == pytest.approx((10.6, 11.0))
+
+
+@pytest.mark.fast
+def test_segments_whose_words_overrun_their_timestamps_do_not_overlap() -> None:
+    # Whisper's shared timestamp 0.55 s lies before the joint's padding, and the first
+    # segment's last word runs 50 ms past it: the second's words all lie in the later region
+    first = Segment(0.0, 0.55, "one", [7], (0.0, 3.0), [Word(" one", 0.2, 0.6, 0.9)])
+    second = Segment(0.55, 2.0, "two", [7], (0.0, 3.0), [Word(" two", 1.1, 1.5, 0.8)])
+    a, b = JOINED.placed(first), JOINED.placed(second)
+    assert (a.start, a.end) == pytest.approx((10.2, 10.6))
+    assert (b.start, b.end) == pytest.approx((40.1, 40.5))  # not from 10.55, over left-out audio
+    # within one region too: a segment does not end after the next one starts
+    whole = Chunk.whole(np.zeros(5 * SR, np.float32))
+    first = Segment(0.0, 2.0, "one", [7], (0.0, 5.0), [Word(" one", 0.3, 2.06, 0.9)])
+    second = Segment(2.0, 4.0, "two", [7], (0.0, 5.0), [Word(" two", 2.2, 2.6, 0.8)])
+    assert whole.placed(first).end <= whole.placed(second).start
+
+
+@pytest.mark.fast
+def test_placed_segments_hold_their_words_in_order_and_never_overlap() -> None:
+    # random chunks of regions with gaps, decoded as segments with whole-second timestamps
+    # (as tiny.en gives them) and words that run past them, contiguous on the chunk's clock
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.uniform(0.5, 4.0, size=rng.integers(1, 5))
+        starts = np.cumsum(rng.uniform(0.1, 10.0, size=lengths.size) + np.r_[0, lengths[:-1]])
+        regions = [
+            (round(a * SR), round((a + n) * SR)) for a, n in zip(starts, lengths, strict=True)
+        ]
+        chunk = Chunk(tuple(regions))
+        audio = sum(b - a for a, b in regions) / SR
+        # on the encoder's 20 ms grid, within the chunk's audio
+        edges = np.sort(
+            np.floor(rng.uniform(0, audio, size=rng.integers(2, 12)) * 50) / 50
+        ).tolist()
+        words = [Word(f" w{k}", a, b, 0.9) for k, (a, b) in enumerate(pairwise(edges))]
+        cuts = sorted(rng.choice(len(words), size=rng.integers(0, len(words)), replace=False))
+        placed = []
+        for group in np.split(np.array(words), cuts):
+            if group.size:
+                ts = (np.floor(group[0].start), min(np.floor(group[-1].end) + 0.5, audio))
+                placed.append(chunk.placed(Segment(*ts, "x", [7], (0.0, audio), list(group))))
+        for seg in placed:
+            assert all(seg.start <= w.start <= w.end <= seg.end for w in seg.words)
+        assert all(s.end <= t.start for s, t in pairwise(placed))
+        flat = [w for seg in placed for w in seg.words]
+        for w, was in zip(flat, words, strict=True):
+            # in one region, no longer than on the chunk's clock, and of some length if it had
+            assert any(a / SR <= w.start and w.end <= b / SR for a, b in regions)
+            assert w.end - w.start <= was.end - was.start + 1e-9
+            assert (w.end > w.start) == (was.end > was.start)
+        times = [t for w in flat for t in (w.start, w.end)]
+        assert times == sorted(times)
 
 
 @pytest.mark.fast

@@ -159,21 +159,25 @@ class Chunk:
         are timed on the chunk's audio before it is placed).
 
         A word lies within the region that holds its middle, so none spans left-out audio.
-        A segment may span several regions; its start and end are placed by
-        :meth:`recording_seconds`, a segment wholly in the padding around a joint as a word
-        is, and then it is widened to hold its words."""
+        A segment with words runs from its first word's start to its last word's end, as
+        openai-whisper and faster-whisper time it: its words are finer than its timestamps,
+        which they overrun, so consecutive segments of a window do not overlap, nor does one
+        open in the region before the joint its words follow. A segment without words may
+        span several regions; its start and end are placed by :meth:`recording_seconds`, a
+        segment wholly in the padding around a joint as a word is."""
         words = None
         if segment.words is not None:
             words = []
             for w in segment.words:
                 a, b = self._in_middle_region(w.start, w.end, sample_rate)
                 words.append(dataclasses.replace(w, start=a, end=b))
-        start = self.recording_seconds(segment.start, sample_rate=sample_rate)
-        end = self.recording_seconds(segment.end, end=True, sample_rate=sample_rate)
-        if end <= start:
-            start, end = self._in_middle_region(segment.start, segment.end, sample_rate)
         if words:
-            start, end = min(start, words[0].start), max(end, words[-1].end)
+            start, end = words[0].start, words[-1].end
+        else:
+            start = self.recording_seconds(segment.start, sample_rate=sample_rate)
+            end = self.recording_seconds(segment.end, end=True, sample_rate=sample_rate)
+            if end <= start:
+                start, end = self._in_middle_region(segment.start, segment.end, sample_rate)
         a, b = segment.window
         window = (
             self.recording_seconds(a, sample_rate=sample_rate),
