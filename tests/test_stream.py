@@ -343,6 +343,30 @@ def test_a_run_on_a_directory_streams_and_evaluates_on_its_dev_file(tmp_path, cl
     assert not list((tmp_path / "run").glob("skipped-train*.json"))  # nothing skipped, no file
 
 
+def test_the_selection_language_is_the_whole_streams_most_frequent_not_its_first_shards(
+    tmp_path, clips
+):
+    # the Spanish rows come first and fill the first shard; English has more rows in all
+    train = by_split(clips, "train")
+    n_es = sum(r["language"] == "es" for r in train)
+    rows = [r for r in train if r["language"] == "es"]
+    rows += [r for r in train if r["language"] == "en"] * 2
+    write_jsonl(tmp_path / "corpus" / "train.jsonl", [
+        {"audio": r["file"], "text": r["text"], "language": r["language"]} for r in rows
+    ])  # fmt: skip
+    evaluation = [{"audio": r["file"], "text": r["text"], "language": r["language"]}
+                  for r in by_split(clips, "validation")]  # fmt: skip
+    write_jsonl(tmp_path / "corpus" / "dev.jsonl", evaluation)
+    data = {"path": str(tmp_path / "corpus"), "stream": {"enabled": True, "shard_rows": n_es}}
+    cfg = tiny_config(tmp_path / "run", tmp_path / "corpus", data=data,
+                      train={"max_steps": 1}, eval={"eval_steps": None, "at_end": False})  # fmt: skip
+    run(cfg, [])
+    log = (tmp_path / "run" / "train.log").read_text()
+    n_en = len(rows) - n_es
+    assert f"language 'en' (english), the most frequent language of the training split ({n_en} " \
+           f"of {len(rows)})" in log  # fmt: skip
+
+
 def test_rows_left_out_by_data_languages_are_counted_not_dropped(tmp_path, clips):
     # as for a map-style split: counted per language up front, not skips (no skipped-train.json,
     # no "dropped clips" warnings); a filter that leaves nothing names the split's languages

@@ -265,7 +265,8 @@ def log_model(model) -> tuple[int, int]:
 
 def _train_languages(train_set: SpeechDataset | StreamedSplit) -> Counter:
     if isinstance(train_set, StreamedSplit):
-        return train_set.as_trained(train_set.languages)
+        # every shard's language column (read once a run): the first shard may hold one language
+        return train_set.as_trained(train_set.language_counts())
     utts = train_set.utts
     # replay rows (data.replay) are what the run must keep, not the language it learns
     return language_counts(utts.train if isinstance(utts, ReplayUtterances) else utts)
