@@ -268,6 +268,19 @@ def test_a_url_reads_whole_as_the_local_directory_does(protocol, repo_files, tmp
 
 
 @pytest.mark.fast
+def test_a_url_whose_protocol_cannot_be_read_here_is_named_with_what_is_missing(monkeypatch):
+    def no_package(url):
+        raise ImportError("Install s3fs to access S3")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_package)
+    with pytest.raises(UserError, match=r"^data\.path: s3://bucket/x: Install s3fs to access S3$"):
+        load_source(DataConfig(path="s3://bucket/x"))
+    monkeypatch.undo()
+    with pytest.raises(UserError, match=r"^data\.path: nosuch://x: Protocol not known: nosuch$"):
+        load_source(DataConfig(path="nosuch://x"))
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "argv",
     [

@@ -189,7 +189,10 @@ def _remote(url: str, subset: str | None, resolved: Resolved, where: str, sectio
     files grouped by split, as a local directory's are."""
     import fsspec
 
-    fs, root = fsspec.core.url_to_fs(url)
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:  # the protocol's package is missing, or no protocol
+        raise UserError(f"{section}.path: {url}: {e}") from None
     root = root.rstrip("/")
     if fs.isfile(root):
         return DataFiles(url, None, resolved, where)
