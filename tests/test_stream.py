@@ -299,6 +299,9 @@ def test_incompatible_options_are_refused_by_name(tmp_path):
 
     with pytest.raises(UserError, match="data.stream.eval_path: data.path .* is one file"):
         stream_eval_split(DataConfig(path=tmp_path / "m.jsonl", stream={"enabled": True}))
+    missing = {"enabled": True, "eval_path": str(tmp_path / "dev.jsonl")}
+    with pytest.raises(UserError, match=r"^data\.stream\.eval_path: .*dev\.jsonl: no such file"):
+        stream_eval_split(DataConfig(path=tmp_path / "m.jsonl", stream=missing))
 
 
 def resume_sections(data: dict, **train) -> dict:

@@ -513,6 +513,9 @@ def stream_eval_split(cfg: DataConfig):
     """
     path = cfg.stream.eval_path or cfg.path
     elsewhere = is_url(path) or hub_ref(path, "dataset") is not None
+    if cfg.stream.eval_path is not None and not elsewhere and not Path(path).exists():
+        # read_split would name it data.path, the field it is read as
+        raise UserError(f"data.stream.eval_path: {path}: no such file or directory")
     if cfg.stream.eval_path is None and not elsewhere and not Path(path).is_dir():
         raise UserError(
             f"data.stream.eval_path: data.path {path} is one file, the training split; name the "
