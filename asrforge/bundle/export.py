@@ -420,6 +420,7 @@ def _check_timestamp_reading(tokenizer, fmt: str) -> None:
     log.warning(
         "%s: transformers' ASR pipeline and its timestamp decoding (output_offsets, "
         "return_timestamps) read them as timestamps and drop them from the text; transcribe "
-        "with asrforge, or model.generate() + tokenizer.decode() (README, Vocabulary)",
+        "with asrforge, or model.generate() + tokenizer.decode() (docs/decoding.md, Extended "
+        "vocabularies)",
         what,
     )
