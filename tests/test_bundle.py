@@ -393,6 +393,15 @@ def test_transcribe_resamples_an_array_given_its_sampling_rate(bundle, validatio
     for bad in (0, -8_000, 16_000.5, "16k"):
         with pytest.raises(UserError, match="sampling_rate must be a positive integer"):
             bundle.transcribe(at_44k, language="en", sampling_rate=bad)
+    # integer PCM (scipy.io.wavfile's int16, 8-bit's unsigned bytes) is scaled to [-1, 1)
+    pcm16 = np.round(np.clip(at_44k, -1, 1 - 2**-15) * 32768).astype(np.int16)
+    from16 = bundle.load_audio(pcm16, sampling_rate=44_100)
+    assert np.abs(from16 - back).max() < 1e-3
+    assert bundle.transcribe(pcm16, language="en", sampling_rate=44_100) == got.text
+    pcm8 = np.array([0, 128, 255], np.uint8)
+    np.testing.assert_allclose(bundle.load_audio(pcm8), [-1, 0, 127 / 128], atol=1e-6)
+    with pytest.raises(UserError, match="integer or float samples, got complex64"):
+        bundle.load_audio(at_44k.astype(np.complex64))
 
 
 def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):

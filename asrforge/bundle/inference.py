@@ -144,8 +144,9 @@ class Bundle:
 
     # -- audio and language -------------------------------------------------------------------
     def load_audio(self, audio: Audio, sampling_rate: int | None = None) -> np.ndarray:
-        """A path (wav/flac/mp3/... at any rate), encoded bytes, or a float array ->
-        (n_samples,) float32 at 16 kHz.
+        """A path (wav/flac/mp3/... at any rate), encoded bytes, or an array of samples (float in
+        [-1, 1], or integer PCM such as int16, scaled by its type's range) -> (n_samples,)
+        float32 at 16 kHz.
 
         Args:
             sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
@@ -157,6 +158,15 @@ class Bundle:
         if isinstance(audio, np.ndarray):
             if audio.ndim != 1:
                 raise UserError(f"audio array must be 1-D (mono), got shape {audio.shape}")
+            if np.issubdtype(audio.dtype, np.integer):
+                # PCM samples (scipy.io.wavfile's int16, say): full scale is the type's range
+                kind = np.iinfo(audio.dtype)
+                middle, half = (kind.min + kind.max + 1) / 2, (kind.max - kind.min + 1) / 2
+                audio = (audio.astype(np.float64) - middle) / half
+            elif not np.issubdtype(audio.dtype, np.floating):
+                raise UserError(
+                    f"audio array must hold integer or float samples, got {audio.dtype}"
+                )
             rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
             if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
                 raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
