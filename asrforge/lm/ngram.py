@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 HEADER = "asrforge-lm "
-"""Prefix of the ARPA file's first line: the build facts as JSON."""
+"""Prefix of the ARPA file's first line, after ``# `` (KenLM skips only comment lines before
+``\\data\\``; files written before that have none): the build facts as JSON."""
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 """KenLM's ``--discount_fallback`` defaults, for orders whose counts of counts give none."""
 NEVER = -99.0
@@ -190,7 +191,8 @@ def estimate(
 def write_arpa(lm: NGramLM, path: Path) -> None:
     """Write ``lm`` as ARPA text (the build facts on a first line; see the module docstring),
     atomically: complete or absent."""
-    lines = [HEADER + json.dumps(lm.meta, sort_keys=True, ensure_ascii=False), "", "\\data\\"]
+    lines = ["# " + HEADER + json.dumps(lm.meta, sort_keys=True, ensure_ascii=False), ""]
+    lines.append("\\data\\")
     lines += [f"ngram {n}={len(lm.probs[n - 1])}" for n in range(1, lm.order + 1)]
     for n in range(1, lm.order + 1):
         lines += ["", f"\\{n}-grams:"]
@@ -222,9 +224,10 @@ def read_arpa(path: Path) -> NGramLM:
 
     i = 0
     while i < len(lines) and lines[i].strip() != "\\data\\":
-        if lines[i].startswith(HEADER):
+        facts = lines[i].removeprefix("# ")
+        if facts.startswith(HEADER):
             try:
-                meta = json.loads(lines[i][len(HEADER) :])
+                meta = json.loads(facts[len(HEADER) :])
             except ValueError:
                 raise bad(i, "the asrforge-lm line is not JSON") from None
         i += 1
