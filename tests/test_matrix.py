@@ -27,7 +27,7 @@ from asrforge.matrix.executors import (
     run_attempt,
 )
 from asrforge.matrix.plan import load_matrix
-from asrforge.matrix.run import Launcher
+from asrforge.matrix.run import Launcher, Outcome
 from asrforge.train.events import Callback
 from tests.conftest import tiny_config
 
@@ -211,6 +211,14 @@ def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path
 
 
 @pytest.mark.fast
+@pytest.mark.fast
+def test_a_launch_stopped_by_one_signal_exits_75_and_one_that_killed_its_jobs_130():
+    # one signal: the running jobs save and stop, and a launch again resumes them
+    assert Outcome(done=["a"], unfinished=["b"], interrupted=True).exit_code == 75
+    assert Outcome(interrupted=True, killed=True).exit_code == 130
+    assert Outcome(unfinished=["b"]).exit_code == 1 and Outcome(done=["a"]).exit_code == 0
+
+
 def test_cli_reports_a_bad_matrix_with_exit_code_2(tmp_path, capsys):
     from asrforge.cli import main
 

@@ -68,13 +68,19 @@ class Outcome:
     failed: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     interrupted: bool = False
+    killed: bool = False
+    """A second signal killed the running jobs, which may not have saved."""
     search: dict[str, Any] | None = None
     """A search's studies at the end (:meth:`asrforge.matrix.search.Search.summary`)."""
 
     @property
     def exit_code(self) -> int:
-        if self.interrupted:
+        """A run's code for the launch: 75 when one signal stopped it (its jobs saved and a launch
+        again resumes them), 130 when a second one killed them."""
+        if self.killed:
             return ExitCode.CANCELLED
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
         return ExitCode.FAILED if self.failed or self.unfinished else ExitCode.OK
 
 
@@ -199,7 +205,7 @@ class Launcher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.executor.close()
-        self.outcome.interrupted = bool(self.stopping)
+        self.outcome.interrupted, self.outcome.killed = bool(self.stopping), self.stopping >= 3
         self.outcome.unfinished += [j.job_id for j in pending]
         if self.search is not None:
             self.outcome.search = self.search.write_summary()
