@@ -253,6 +253,32 @@ def test_devices_spec():
             parse_devices(bad)
 
 
+@pytest.mark.fast
+def test_gpus_this_machine_does_not_see_are_refused_before_a_dry_run_too(
+    tmp_path, two_configs, monkeypatch, capsys
+):
+    from asrforge.cli import main
+    from asrforge.matrix.executors import unseen_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert unseen_gpus(parse_devices("cpu:2")) is None
+    assert unseen_gpus(parse_devices("0")) == (
+        "--devices: GPU 0: not visible here; this machine sees no GPU (use cpu or cpu:N)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert unseen_gpus(parse_devices("2,3")) is None
+    assert unseen_gpus(parse_devices("0,3")).startswith("--devices: GPU 0: not visible here; "
+                                                         "this machine sees GPU(s) 2, 3")
+    assert [d.cuda_visible for d in parse_devices("auto")] == ["2", "3"]  # as the parent sees them
+    a, _ = two_configs
+    m = write_yaml(tmp_path / "m.yaml", {"out": str(tmp_path / "root"), "languages": ["en"],
+                                         "configs": [{"config_id": "a", "path": str(a)}]})
+    for spec in ("0", "cpu:0"):
+        assert main(["matrix", str(m), "--devices", spec, "--dry-run"]) == 2
+        assert "--devices" in capsys.readouterr().err
+    assert main(["matrix", str(m), "--devices", "3", "--dry-run"]) == 0
+    assert not (tmp_path / "root").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # claims
 

@@ -73,6 +73,7 @@ def run(args) -> int:
         RayExecutor,
         group_devices,
         parse_devices,
+        unseen_gpus,
     )
     from asrforge.matrix.run import Launcher
     from asrforge.matrix.slurm import SlurmExecutor, parse_slurm_args
@@ -87,6 +88,13 @@ def run(args) -> int:
     allowed = external_code_allowed(args.allow_external_callbacks)
     plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
                        allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
+    devices = None
+    # devices named are checked before a dry run too, as a launch checks them
+    if args.executor == "local" and (args.devices is not None or not args.dry_run):
+        parsed = parse_devices(args.devices)
+        if problem := unseen_gpus(parsed):
+            raise UserError(problem)
+        devices = group_devices(parsed, plan.gpus_per_job)
     if args.dry_run:
         launch = ["asrforge"] if plan.gpus_per_job == 1 else [
             "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",
@@ -109,7 +117,7 @@ def run(args) -> int:
             plan.root, plan.slots, partition=args.partition, gpus_per_job=plan.gpus_per_job,
             time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
     else:
-        executor = LocalExecutor(group_devices(parse_devices(args.devices), plan.gpus_per_job))
+        executor = LocalExecutor(devices)
     outcome = Launcher(plan, executor, retry_failed=args.retry_failed,
                        progress_every=args.progress_every).run()
     if outcome.failed:

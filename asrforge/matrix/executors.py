@@ -231,9 +231,9 @@ def parse_devices(spec: str | None) -> list[Device]:
     cores = cores or 1
     spec = (spec or "auto").strip()
     if spec == "auto":
-        n_gpus = _count_gpus()
-        if n_gpus:
-            return [Device(f"cuda:{i}", str(i)) for i in range(n_gpus)]
+        gpus = visible_gpus()
+        if gpus:
+            return [Device(f"cuda:{i}", i) for i in gpus]
         spec = "cpu"
     if spec == "cpu" or spec.startswith("cpu:"):
         raw = spec.partition(":")[2] or "1"
@@ -275,16 +275,32 @@ def group_devices(devices: list[Device], per_job: int) -> list[Device]:
     return slots
 
 
-def _count_gpus() -> int:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may give its jobs, as ``CUDA_VISIBLE_DEVICES`` names them: its own
+    value's entries when it is set, else every GPU torch sees."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
+        return [d.strip() for d in visible.split(",") if d.strip()]
     try:
         import torch
 
-        return torch.cuda.device_count()
+        return [str(i) for i in range(torch.cuda.device_count())]
     except ImportError:
-        return 0
+        return []
+
+
+def unseen_gpus(devices: list[Device]) -> str | None:
+    """Why GPUs that ``--devices`` names are not among :func:`visible_gpus`, or None: a job
+    given one would train on the CPU without a word."""
+    named = [d.cuda_visible for d in devices if d.label.startswith("cuda:")]
+    if not named:
+        return None
+    gpus = visible_gpus()
+    unseen = [i for i in named if i not in gpus]
+    if not unseen:
+        return None
+    have = f"sees GPU(s) {', '.join(gpus)}" if gpus else "sees no GPU (use cpu or cpu:N)"
+    return f"--devices: GPU {', '.join(unseen)}: not visible here; this machine {have}"
 
 
 class LocalExecutor:
