@@ -119,6 +119,14 @@ def test_collect_reads_every_state(matrix_root, held_lock):
     assert rows["en-tiny-s1"].status == "interrupted"
     assert rows["es-tiny-s1"].status == "running" and rows["es-tiny-s1"].best_step == 2
     assert rows["th-tiny-s1"].status == "queued" and rows["th-tiny-s1"].language == "th"
+    # a run that names its one language as data.language (no data.languages, no selection's)
+    single = yaml.safe_load((matrix_root / "runs" / "es-tiny-s0" / "config.yaml").read_text())
+    single["data"] = {"path": "x", "language": "es"}
+    del single["selection"]
+    (matrix_root / "runs" / "es-tiny-s0" / "config.yaml").write_text(yaml.safe_dump(single))
+    (matrix_root / "matrix.json").rename(matrix_root / "plan.json")  # the file gives no language
+    assert {r.job_id: r.language for r in collect(matrix_root)}["es-tiny-s0"] == "es"
+    (matrix_root / "plan.json").rename(matrix_root / "matrix.json")
     # a plain directory of run dirs works too (no matrix.json: only the started jobs)
     assert len(collect(matrix_root / "runs")) == 6
     plain = matrix_root.parent / "plain"

@@ -157,7 +157,8 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
             cfg = {}
         if not isinstance(cfg, dict):
             cfg = {}
-        langs = (cfg.get("data") or {}).get("languages") or [None]
+        data = cfg.get("data") or {}
+        langs = data.get("languages") or [data.get("language")]
         r.language = r.language or (cfg.get("selection") or {}).get("language") or langs[0]
         r.config_id = r.config_id or cfg.get("config_id")
         r.seed = r.seed if r.seed is not None else cfg.get("seed")
