@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asrforge.errors import UserError
 from asrforge.matrix.report import collect, write_report
 
 SEL = {"en": "group B → combined_gate, no step cap", "es": "group A → by_wer, cap 3000",
@@ -132,6 +133,19 @@ def test_collect_reads_every_state(matrix_root, held_lock):
     plain = matrix_root.parent / "plain"
     shutil.copytree(matrix_root / "runs", plain)
     assert sorted(r.job_id for r in collect(plain)) == sorted(set(rows) - {"th-tiny-s1"})
+
+
+@pytest.mark.fast
+def test_one_run_directory_is_a_report_of_one_job_and_no_run_is_refused(matrix_root, tmp_path):
+    [one] = collect(matrix_root / "runs" / "es-tiny-s0")
+    assert (one.job_id, one.language, one.best["wer"]) == ("es-tiny-s0", "es", 0.7)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "tiny.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match="empty: no run there"):
+        write_report(tmp_path / "empty", tmp_path / "r.html")
+    with pytest.raises(UserError, match=r"tiny\.yaml: not a directory"):
+        write_report(tmp_path / "tiny.yaml", tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
 
 
 @pytest.mark.fast

@@ -125,8 +125,14 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def collect(runs_dir: Path) -> list[JobReport]:
-    """Every job under ``runs_dir`` (a matrix root, or a directory of run dirs)."""
+    """Every job under ``runs_dir`` (a matrix root, or a directory of run dirs), or the one run
+    ``runs_dir`` is."""
     runs_dir = Path(runs_dir)
+    signs = (CONFIG_FILE, METRICS_FILE, "DONE", "FAILED")
+    if any((runs_dir / n).exists() for n in signs):
+        runs_dir, only = runs_dir.parent, runs_dir.name
+    else:
+        only = None
     if (runs_dir / "runs").is_dir():
         root, runs = runs_dir, runs_dir / "runs"
     else:
@@ -138,11 +144,11 @@ def collect(runs_dir: Path) -> list[JobReport]:
             planned = {j["job_id"]: j for j in json.loads(index.read_text())["jobs"]}
         except (ValueError, KeyError, TypeError):
             planned = {}
-    signs = (CONFIG_FILE, METRICS_FILE, "DONE", "FAILED")
     found = sorted(
         d.name for d in runs.iterdir() if d.is_dir() and any((d / n).exists() for n in signs)
     ) if runs.is_dir() else []
     ids = list(planned) + [i for i in found if i not in planned]
+    ids = [only] if only is not None else ids
     return [_job(runs / i, planned.get(i, {}), root / "claims" / f"{i}.lock") for i in ids]
 
 
@@ -618,8 +624,11 @@ def write_report(runs_dir: Path, out: Path, *, title: str | None = None) -> list
     """Collect ``runs_dir`` and write the page to ``out`` (atomically); returns the rows."""
 
     if not Path(runs_dir).is_dir():
-        raise UserError(f"{runs_dir}: no such directory")
+        what = "not a directory" if Path(runs_dir).exists() else "no such directory"
+        raise UserError(f"{runs_dir}: {what} (a matrix root, a directory of run dirs or a run)")
     rows = collect(Path(runs_dir))
+    if not rows:
+        raise UserError(f"{runs_dir}: no run there (a matrix root, a directory of run dirs or a run)")
     page = render(rows, title or f"asrforge report: {Path(runs_dir).resolve().name}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
