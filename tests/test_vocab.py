@@ -201,7 +201,12 @@ def test_cli_build_and_report(tmp_path, capsys):
     ext = json.loads((out / EXTENSION_FILE).read_text())
     assert ext["language"] == "ka" and ext["new_tokens"] > 200
     assert main(args) == 2  # --out exists and is not empty
-    assert "not an empty directory" in capsys.readouterr().err
+    assert f"--out {out}: exists and is not empty" in capsys.readouterr().err
+    (tmp_path / "lm.arpa").write_text("mine")
+    assert main([*args[: args.index("--out") + 1], str(tmp_path / "lm.arpa"), "--base",
+                 str(TINY_EN)]) == 2  # fmt: skip
+    assert f"--out {tmp_path / 'lm.arpa'}: exists and is not a directory" in capsys.readouterr().err
+    assert (tmp_path / "lm.arpa").read_text() == "mine"
 
     assert (
         main(

@@ -17,7 +17,7 @@ import soundfile as sf
 
 from asrforge.data.audio import SAMPLE_RATE, audio_info, decode_audio
 from asrforge.errors import UserError
-from asrforge.io.atomic import atomic_directory
+from asrforge.io.atomic import atomic_directory, empty_directory_problem
 from asrforge.text.languages import resolve_language
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
@@ -253,8 +253,8 @@ def _decode(path: Path) -> np.ndarray:
 
 def check_out(out: Path) -> None:
     """Refuse an ``out`` that exists and is not an empty directory (checked before any work)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out}: exists and is not an empty directory")
+    if problem := empty_directory_problem(out):
+        raise UserError(f"--out {problem}")
 
 
 def write_guard_set(out: Path, windows: Sequence[GuardWindow]) -> Path:

@@ -69,6 +69,16 @@ def directory_problem(path: Path) -> str | None:
     return None
 
 
+def empty_directory_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a new directory, or None: :func:`directory_problem`,
+    or a directory that already holds something (never written over)."""
+    if problem := directory_problem(path):
+        return problem
+    if Path(path).is_dir() and any(Path(path).iterdir()):
+        return f"{path}: exists and is not empty"
+    return None
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a directory's entries (creations, renames, deletions in it) to disk."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

@@ -270,7 +270,8 @@ def build_extended_tokenizer(
     """
     base, out = Path(base), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out}: exists and is not an empty directory")
+        what = "is not empty" if out.is_dir() else "is not a directory"
+        raise UserError(f"--out {out}: exists and {what}")
     base_tok = load_tokenizer(base)
     lang_vocab, lang_merges = train_language_bpe(texts, vocab_size)
     if len(lang_vocab) <= 256:
