@@ -208,6 +208,9 @@ def test_export_cli_adapter_only(lora_run, tmp_path, capsys):
     written = load_file(out / "adapter_model.safetensors")
     key = "model.encoder.layers.0.self_attn.q_proj.lora_B.default.weight"
     assert torch.equal(written["base_model.model." + key.replace(".default.", ".")], ema[key])
+    # readable by whoever serves it, as a bundle's files are (safetensors writes 0o600)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        ["adapter_config.json", "adapter_model.safetensors", "manifest.json"], 0o644)
     bad = ["export", str(lora_run), "--out", str(tmp_path / "x"), "--adapter-only"]
     assert main([*bad, "--format", "ct2"]) == 2
     assert "--format does not apply" in capsys.readouterr().err

@@ -36,6 +36,7 @@ from asrforge.bundle.schema import (
 from asrforge.bundle.write import (
     FORMATS,
     ct2_converter,
+    readable_by_all,
     write_bundle,
     write_bundle_manifest,
     write_ct2,
@@ -321,6 +322,7 @@ def export_adapter(source: str | Path, out: str | Path, weights: Weights | None 
     base = str(cfg.model.pretrained) if cfg.model.pretrained is not None else None
     with atomic_directory(out) as tmp:
         lora.write_adapter(tmp, adapters, cfg.model.lora, base)
+        readable_by_all(tmp)
         write_bundle_manifest(
             tmp,
             {

@@ -43,6 +43,13 @@ converter writes without f16, but whisper.cpp 1.8's convolution asserts f16 kern
 with pywhispercpp 1.5.1: it aborts), so it is not offered."""
 
 
+
+def readable_by_all(directory: Path) -> None:
+    """Give the files of ``directory`` mode 0o644: safetensors writes 0o600, and a bundle is
+    read by users and services other than the one that wrote it."""
+    for p in directory.iterdir():
+        p.chmod(0o644)
+
 def write_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Write ``manifest.json`` (sha256 of every file) and seal it with its own digest."""
     manifest = write_manifest(directory, meta)
@@ -98,8 +105,7 @@ def write_bundle(
         _copy_lm(contents, tmp)
         if contents.card is not None:
             (tmp / CARD_FILE).write_text(contents.card, encoding="utf-8")
-        for p in tmp.iterdir():
-            p.chmod(0o644)  # safetensors writes 0o600
+        readable_by_all(tmp)
         write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})
     log.info("wrote the bundle %s (%s)", out, contents.note)
     return out
@@ -160,8 +166,7 @@ def write_ggml(contents: BundleContents, out: Path, quantization: str | None) ->
         )
         _write_inference_config(contents, tmp, "ggml")
         _copy_lm(contents, tmp)
-        for p in tmp.iterdir():
-            p.chmod(0o644)
+        readable_by_all(tmp)
         write_bundle_manifest(
             tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ggml"}
         )
