@@ -43,12 +43,12 @@ converter writes without f16, but whisper.cpp 1.8's convolution asserts f16 kern
 with pywhispercpp 1.5.1: it aborts), so it is not offered."""
 
 
-
 def readable_by_all(directory: Path) -> None:
     """Give the files of ``directory`` mode 0o644: safetensors writes 0o600, and a bundle is
     read by users and services other than the one that wrote it."""
     for p in directory.iterdir():
         p.chmod(0o644)
+
 
 def write_bundle_manifest(directory: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Write ``manifest.json`` (sha256 of every file) and seal it with its own digest."""
