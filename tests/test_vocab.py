@@ -238,6 +238,10 @@ def test_cli_build_and_report(tmp_path, capsys):
         == 0
     )
     assert "decode steps saved" in capsys.readouterr().out
+    missing = str(tmp_path / "nothere")
+    assert main(["vocab", "report", "--data", str(data), "--language", "ka", "--tokenizer",
+                 missing]) == 2  # fmt: skip
+    assert f"{missing}: no such directory" in capsys.readouterr().err
 
 
 def test_build_on_an_english_only_base_says_the_data_must_train_as_english(tmp_path, capsys):

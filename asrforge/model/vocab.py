@@ -375,6 +375,9 @@ def check_extended_tokenizer(directory: Path, base_tok=None, tok=None) -> VocabE
 
 def _check_files(directory: Path) -> tuple[VocabExtension, dict[int, str]]:
     """(the extension record, id -> token of tokenizer.json); see check_extended_tokenizer."""
+    if not Path(directory).is_dir():
+        what = "not a directory" if Path(directory).exists() else "no such directory"
+        raise UserError(f"{directory}: {what} (a tokenizer `asrforge vocab build` wrote)")
     ext = VocabExtension.read(directory)
     if ext is None:
         raise UserError(f"{directory}: no {EXTENSION_FILE}; not made by `asrforge vocab build`")
