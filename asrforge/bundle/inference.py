@@ -66,6 +66,22 @@ VAD_WITH_PREVIOUS_TEXT = (
 gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
 
 
+def read_audio_file(path: Path) -> np.ndarray:
+    """An audio file (wav/flac/mp3/... at any rate) -> (n_samples,) float32 at 16 kHz.
+
+    Raises:
+        UserError: a directory, a missing path, no regular file (a pipe would block its
+            reader), or contents that do not decode as audio.
+    """
+    if path.is_dir():
+        raise UserError(f"{path}: a directory, not an audio file")
+    if not path.exists():
+        raise UserError(f"{path}: no such audio file")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file")
+    return decode_audio(path, SAMPLE_RATE)
+
+
 @functools.lru_cache(maxsize=1)
 def _say_sequential_without_vad() -> None:
     """Log, once a process, that long recordings decode sequentially for want of VAD's
@@ -174,11 +190,7 @@ class Bundle:
         if isinstance(audio, bytes | bytearray):
             return decode_audio(bytes(audio), SAMPLE_RATE)
         if isinstance(audio, str | Path):
-            if Path(audio).is_dir():
-                raise UserError(f"{audio}: a directory, not an audio file")
-            if not Path(audio).is_file():
-                raise UserError(f"{audio}: no such audio file")
-            return decode_audio(Path(audio), SAMPLE_RATE)
+            return read_audio_file(Path(audio))
         raise UserError(f"audio must be a path, bytes or a numpy array, got {type(audio).__name__}")
 
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
-from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 
 # The subtitle writers load the decoding code (torch): imported inside the handler, so building
@@ -103,31 +102,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def audio_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be read as an audio file, or None (the decoder judges its contents)."""
-    if path.is_dir():
-        return f"{path}: a directory, not an audio file"
-    if not path.exists():
-        return f"{path}: no such audio file"
-    if not path.is_file():
-        return f"{path}: not a regular file"
-    return None
-
-
-def read_audio(path: Path):
-    """``path`` decoded to (n_samples,) float32 at 16 kHz.
-
-    Raises:
-        UserError: its :func:`audio_problem`, or contents that do not decode as audio.
-    """
-    if problem := audio_problem(path):
-        raise UserError(problem)
-    from asrforge.data.audio import SAMPLE_RATE, decode_audio
-
-    return decode_audio(path, SAMPLE_RATE)
-
-
 def run(args: argparse.Namespace) -> int:
+    from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT, read_audio_file
     from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
 
     problems = [
@@ -148,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
         if twice:  # one output file would overwrite the other
             problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
     if args.vad and args.condition_on_previous_text:
-        from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT
-
         problems.append(
             VAD_WITH_PREVIOUS_TEXT.format(vad="--vad", previous="--condition-on-previous-text")
         )
@@ -167,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     chunking, why = chosen or (None, None)
     if args.condition_on_previous_text and chosen and chunking != "timestamps":
         problems.append("--condition-on-previous-text needs --chunking timestamps")
-    waves = [attempt(lambda path=path: read_audio(path), problems) for path in args.audio]
+    waves = [attempt(lambda path=path: read_audio_file(path), problems) for path in args.audio]
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
     results = bundle.recognize(
