@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
         description="Write one HTML page (no external resources): a sortable table of every job "
                     "and each job's WER / CER / loss curves with its checkpoints marked.",
     )
-    r.add_argument("runs_dir", help="a matrix root, a directory of run directories, or one run directory")
+    r.add_argument(
+        "runs_dir", help="a matrix root, a directory of run directories, or one run directory"
+    )
     r.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
     r.add_argument("--title", default=None, help="the page title")
     r.set_defaults(func=run)
