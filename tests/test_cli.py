@@ -112,6 +112,23 @@ def test_a_pretrained_path_that_is_no_model_directory_is_named_before_any_work(
 
 
 @pytest.mark.fast
+def test_a_lora_target_typo_is_named_with_the_other_problems_before_any_work(tmp_path, capsys):
+    """It used to surface after the data was read, once the model was built and peft refused."""
+    pytest.importorskip("peft")
+    (tmp_path / "a-file").write_text("mine")
+    config = _train_yaml(tmp_path, output_dir=str(tmp_path / "a-file"),
+                         model={"lora": {"target_modules": ["q_proj", "v_prj"]}})
+    assert main(["train", config]) == 2
+    assert capsys.readouterr().err == (
+        "asrforge: error: 2 problems:\n"
+        f"  output_dir: {tmp_path / 'a-file'}: exists and is not a directory\n"
+        "  model.lora.target_modules.1: 'v_prj' names no layer of the model — did you mean "
+        "v_proj?\n"
+    )
+    assert not (tmp_path / "tones").exists()
+
+
+@pytest.mark.fast
 def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
     loop = tmp_path / "data" / "tones"
     loop.parent.mkdir()

@@ -13,13 +13,14 @@ from safetensors.torch import load_file
 
 from asrforge.bundle.export import export_adapter, export_bundle
 from asrforge.bundle.load import load_bundle
-from asrforge.config import ConfigError
+from asrforge.config import ConfigError, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model import lora
 from asrforge.model.build import build_model
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
+from tests.hub_cache import add_repo
 from tests.test_resume import assert_resume_is_bit_identical
 
 pytest.importorskip("peft")
@@ -191,8 +192,69 @@ def test_lora_config_is_checked(tmp_path, tones_dir):
     with pytest.raises(ConfigError, match="model.lora.r: must be > 0"):
         tiny_config(tmp_path, tones_dir, model={"lora": {"r": 0}})
     cfg = tiny_config(tmp_path / "bad", tones_dir, model={"lora": {"target_modules": ["qproj"]}})
-    with pytest.raises(UserError, match=r"model.lora.target_modules \['qproj'\]: .*not found"):
+    with pytest.raises(UserError, match=r"model.lora.target_modules.0: 'qproj' names no layer of "
+                                        r"the model — did you mean q_proj\?"):
         Trainer(cfg).fit()
+    # peft trains a list of which one name matches and ignores the typo beside it: refused too
+    cfg = tiny_config(tmp_path / "bad", tones_dir,
+                      model={"lora": {"target_modules": ["q_proj", "v_prj"]}})
+    with pytest.raises(UserError, match="model.lora.target_modules.1: 'v_prj' names no layer"):
+        Trainer(cfg).fit()
+
+
+WHISPER = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 3, "encoder_attention_heads": 2,
+           "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64}
+
+
+def _lora_model(targets, **model) -> ModelConfig:
+    return ModelConfig(**model, lora={"target_modules": targets})
+
+
+@pytest.mark.fast
+def test_target_modules_are_checked_on_the_models_skeleton_by_peft_rule():
+    """A typo in target_modules used to pass a matrix's dry run and fail each job as it built
+    its model. Names are matched as peft matches a list: the whole module name, or its end
+    after a dot."""
+    ok = ["q_proj", "model.encoder.layers.0.fc1", "decoder.layers.2.fc2", "proj_out", "conv1"]
+    assert lora.target_problems(_lora_model(ok, **WHISPER)) == []
+    assert lora.target_problems(_lora_model(["q_prj", "v_proj", "mlp", "decoder.layers.3.fc1",
+                                             "self_attn"], **WHISPER)) == [
+        "model.lora.target_modules.0: 'q_prj' names no layer of the model — did you mean q_proj?",
+        "model.lora.target_modules.2: 'mlp' names no layer of the model — its layers: conv1, "
+        "conv2, embed_positions, embed_tokens, fc1, fc2, k_proj, out_proj, proj_out, q_proj, "
+        "v_proj",
+        "model.lora.target_modules.3: 'decoder.layers.3.fc1' names no layer of the model — no "
+        "module's name ends with it (its fc1: model.encoder.layers.0.fc1 ... "
+        "model.decoder.layers.2.fc1)",
+        "model.lora.target_modules.4: 'self_attn' selects model.encoder.layers.0.self_attn "
+        "(WhisperAttention), which LoRA cannot adapt: name linear layers (q_proj, k_proj, "
+        "v_proj, out_proj, fc1, fc2)",
+    ]
+    assert lora.target_problems(ModelConfig(**WHISPER)) == []  # no LoRA, nothing to check
+
+
+@pytest.mark.fast
+def test_a_pretrained_models_targets_are_checked_from_its_config_json_alone(tmp_path, hf_home):
+    """No weights are read: a directory (or a cached Hub snapshot) with only config.json is
+    enough; a Hub id the cache does not hold is not checked (the run resolves it)."""
+    from transformers import WhisperConfig
+
+    config = WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=4, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64)
+    local = tmp_path / "model"
+    config.save_pretrained(str(local))
+    assert not list(local.glob("*.safetensors"))
+    targets = ["decoder.layers.3.fc1", "encoder.layers.1.fc1", "q_prj"]
+    expected = [
+        "model.lora.target_modules.1: 'encoder.layers.1.fc1' names no layer of the model — no "
+        "module's name ends with it (its fc1: model.encoder.layers.0.fc1 ... "
+        "model.decoder.layers.3.fc1)",
+        "model.lora.target_modules.2: 'q_prj' names no layer of the model — did you mean q_proj?",
+    ]
+    assert lora.target_problems(_lora_model(targets, pretrained=local)) == expected
+    add_repo(hf_home, "org/whisper-ish", {"config.json": (local / "config.json").read_text()})
+    assert lora.target_problems(_lora_model(targets, pretrained="org/whisper-ish")) == expected
+    assert lora.target_problems(_lora_model(targets, pretrained="org/not-cached")) == []
 
 
 def test_export_cli_adapter_only(lora_run, tmp_path, capsys):

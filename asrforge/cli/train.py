@@ -58,6 +58,10 @@ def run(args) -> int:
     if cfg.model.pretrained is not None and hub_ref(cfg.model.pretrained) is None:
         if problem := model_dir_problem(cfg.model.pretrained, Path(cfg.model.pretrained)):
             problems.append(f"model.pretrained: {problem}")
+    if cfg.model.lora is not None:  # its names against the model's skeleton, before any data
+        from asrforge.model.lora import target_problems
+
+        problems += target_problems(cfg.model)
     raise_problems(problems)
 
     from asrforge.callbacks import build_callbacks

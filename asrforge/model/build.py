@@ -155,26 +155,7 @@ def build_model(
             )
         n_mels, chunk = model.config.num_mel_bins, window_seconds(model.config)
     else:
-        wcfg = WhisperConfig(
-            vocab_size=len(tokenizer),
-            num_mel_bins=cfg.num_mel_bins,
-            d_model=cfg.d_model,
-            encoder_layers=cfg.encoder_layers,
-            decoder_layers=cfg.decoder_layers,
-            encoder_attention_heads=cfg.encoder_attention_heads,
-            decoder_attention_heads=cfg.decoder_attention_heads,
-            encoder_ffn_dim=cfg.encoder_ffn_dim,
-            decoder_ffn_dim=cfg.decoder_ffn_dim,
-            max_source_positions=cfg.max_source_positions,
-            max_target_positions=cfg.max_target_positions,
-            dropout=cfg.dropout,
-            decoder_start_token_id=specials.sot,
-            eos_token_id=specials.eot,
-            pad_token_id=specials.eot,
-            bos_token_id=specials.eot,
-            begin_suppress_tokens=None,
-            suppress_tokens=None,
-        )
+        wcfg = scratch_config(cfg, len(tokenizer), specials)
         wcfg._attn_implementation = cfg.attn_implementation  # noqa: SLF001
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -200,6 +181,35 @@ def build_model(
             )
     features = feature_extractor(n_mels, chunk)
     return BuiltModel(model=model, tokenizer=tokenizer, specials=specials, features=features)
+
+
+def scratch_config(
+    cfg: ModelConfig, vocab_size: int, specials: SpecialTokens | None = None
+) -> WhisperConfig:
+    """The ``WhisperConfig`` of a model built from scratch in ``cfg``'s shape, with
+    ``specials``' start and end tokens (None: transformers' defaults, for a skeleton whose
+    token ids nothing reads)."""
+    tokens = {} if specials is None else {
+        "decoder_start_token_id": specials.sot, "eos_token_id": specials.eot,
+        "pad_token_id": specials.eot, "bos_token_id": specials.eot,
+    }  # fmt: skip
+    return WhisperConfig(
+        vocab_size=vocab_size,
+        num_mel_bins=cfg.num_mel_bins,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.encoder_attention_heads,
+        decoder_attention_heads=cfg.decoder_attention_heads,
+        encoder_ffn_dim=cfg.encoder_ffn_dim,
+        decoder_ffn_dim=cfg.decoder_ffn_dim,
+        max_source_positions=cfg.max_source_positions,
+        max_target_positions=cfg.max_target_positions,
+        dropout=cfg.dropout,
+        begin_suppress_tokens=None,
+        suppress_tokens=None,
+        **tokens,
+    )
 
 
 def feature_extractor(n_mels: int, window_seconds: float) -> WhisperFeatureExtractor:

@@ -14,16 +14,21 @@ weights.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from asrforge.config import LoraConfig
+from asrforge.config import LoraConfig, ModelConfig
 from asrforge.errors import CheckpointNotSupportedError, UserError
-from asrforge.model.build import build_model
+from asrforge.hub import cached_model_dir
+from asrforge.model.build import build_model, scratch_config
 
 # peft's name for a model's only adapter, which is part of the tensor names.
 ADAPTER_NAME = "default"
@@ -60,9 +65,14 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> Any:
         peft's ``LoraModel`` tuner (its ``.model`` is ``model``), for :func:`merge_adapters`.
 
     Raises:
-        UserError: peft is missing, or ``target_modules`` names no linear layer of the model.
+        UserError: peft is missing, or a name of ``target_modules`` selects no layer of the
+            model LoRA adapts (:func:`target_problems`' rule).
     """
     peft = _peft()
+    # peft refuses only a list of which no name matches; a typo beside a right name trains less
+    kinds = {name: _kind(module) for name, module in model.named_modules() if name}
+    if problems := _unselected(cfg.target_modules, kinds):
+        raise UserError("; ".join(problems))
     try:
         tuner = peft.LoraModel(model, peft_config(cfg), ADAPTER_NAME)
     except ValueError as e:
@@ -75,6 +85,79 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> Any:
         if _is_adapter(name) and p.dtype in (torch.float16, torch.bfloat16):
             p.data = p.data.float()
     return tuner
+
+
+def target_problems(cfg: ModelConfig) -> list[str]:
+    """``cfg.lora.target_modules`` checked against the module names of the model ``cfg``
+    builds, with no weights read (its skeleton on the meta device: for ``cfg.pretrained``, from
+    its ``config.json``, a Hub id's only when the cache holds it); one line per name that
+    selects no layer LoRA adapts (:func:`_unselected`). Empty without LoRA, or when the
+    model's config cannot be read without the network (the run's start checks it then)."""
+    if cfg.lora is None:
+        return []
+    if cfg.pretrained is None:
+        # the vocabulary's size changes no module's name: any size above the default token ids
+        config = scratch_config(cfg, vocab_size=51865)
+    else:
+        directory = cached_model_dir(cfg.pretrained)
+        if directory is None or not (directory / "config.json").is_file():
+            return []
+        try:
+            config = WhisperConfig.from_json_file(directory / "config.json")
+        except (OSError, ValueError):
+            return []  # the run's load names what is wrong with it
+    return _unselected(cfg.lora.target_modules, _skeleton_kinds(config.to_json_string()))
+
+
+def _unselected(targets: Sequence[str], kinds: Mapping[str, str | None]) -> list[str]:
+    """One ``model.lora.target_modules.N: ...`` line per name of ``targets`` that selects no
+    module of ``kinds``, or a module LoRA cannot adapt. A name selects a module whose name it
+    is or ends with after a dot (peft's rule for a list: ``q_proj``, ``decoder.layers.3.fc1``).
+
+    Args:
+        kinds: the model's module names (``model.encoder.layers.0.fc1``), each to None when
+            peft adapts it (linear, embedding, convolution), else its class name.
+    """
+    problems = []
+    for i, target in enumerate(targets):
+        where = f"model.lora.target_modules.{i}: {target!r}"
+        matched = [name for name in kinds if name == target or name.endswith(f".{target}")]
+        if not matched:
+            layers = sorted({name.rsplit(".", 1)[-1] for name, kind in kinds.items()
+                             if kind is None})  # fmt: skip
+            last = target.rsplit(".", 1)[-1]
+            close = difflib.get_close_matches(last, layers, n=1)
+            if last in layers:  # a path to a layer the model has fewer of (decoder.layers.9.fc1)
+                named = [name for name in kinds if name.endswith(f".{last}")]
+                hint = f"no module's name ends with it (its {last}: {named[0]} ... {named[-1]})"
+            else:
+                hint = f"did you mean {close[0]}?" if close else f"its layers: {', '.join(layers)}"
+            problems.append(f"{where} names no layer of the model — {hint}")
+        elif other := [name for name in matched if kinds[name] is not None]:
+            problems.append(
+                f"{where} selects {other[0]} ({kinds[other[0]]}), which LoRA cannot adapt: name "
+                "linear layers (q_proj, k_proj, v_proj, out_proj, fc1, fc2)"
+            )
+    return problems
+
+
+@functools.lru_cache(maxsize=32)
+def _skeleton_kinds(config_json: str) -> dict[str, str | None]:
+    """:func:`_kind` of every module of the Whisper model ``config_json`` describes, built on
+    the meta device (no memory, no weights; cached: a matrix checks many jobs of one model)."""
+    config = WhisperConfig.from_dict(json.loads(config_json))
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(config)
+    return {name: _kind(module) for name, module in model.named_modules() if name}
+
+
+def _kind(module: torch.nn.Module) -> str | None:
+    """None when peft's LoRA adapts ``module`` (its layer types), else its class name."""
+    from transformers.pytorch_utils import Conv1D
+
+    adapted = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d,
+               torch.nn.Conv3d, torch.nn.MultiheadAttention, Conv1D)  # fmt: skip
+    return None if isinstance(module, adapted) else type(module).__name__
 
 
 def has_adapters(model: torch.nn.Module) -> bool:
