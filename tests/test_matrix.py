@@ -129,7 +129,8 @@ def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs)
         "language_overrides.fr: not one of languages ['en', 'en']",
         "configs.1.path: nope.yaml: no such file",
     }
-    # every job's training config is validated up front; one line per problem, not per job
+    # every job's training config is validated up front; one line per problem, not per job,
+    # named by the matrix's YAML path of the override that wrote it
     m = write_yaml(tmp_path / "m.yaml", {
         "languages": ["en", "es"], "configs": [{"config_id": "a", "path": str(a)}],
         "overrides": ["optim.lr=-1"], "language_overrides": {"es": ["train.max_step=3"]},
@@ -137,16 +138,89 @@ def test_matrix_errors_are_reported_together_by_yaml_path(tmp_path, two_configs)
     with pytest.raises(ConfigError) as e:
         load_matrix(m)
     assert e.value.problems == [
-        "job en-a-s0 (and 1 more): optim.lr: must be > 0, got -1",
-        "job es-a-s0: train.max_step: unknown field — did you mean train.max_steps?",
+        "overrides: optim.lr: must be > 0, got -1 (all 2 jobs)",
+        "language_overrides.es: train.max_step: unknown field — did you mean train.max_steps? "
+        "(job es-a-s0)",
     ]
     # a callback named by _target_ runs code: the person running the matrix must allow it
     m = write_yaml(tmp_path / "m.yaml", {
         "languages": ["en"], "configs": [{"config_id": "a", "path": str(a)}],
         "overrides": {"callbacks": [{"_target_": "x.Y"}]}})
-    with pytest.raises(ConfigError, match="job en-a-s0: callbacks.0._target_: 'x.Y' would "
-                                          "import .*pass --allow-external-callbacks"):
+    with pytest.raises(ConfigError, match=r"overrides: callbacks.0._target_: 'x.Y' would "
+                                          r"import .*pass --allow-external-callbacks.* \(job "
+                                          r"en-a-s0\)"):
         load_matrix(m)
+
+
+LANGUAGES = ["en", "es", "fr", "de", "it", "pt", "nl", "sv", "da", "fi", "pl", "cs"]
+
+
+@pytest.mark.fast
+def test_every_problem_of_a_large_matrix_is_told_once_in_one_message(tmp_path, two_configs, capsys):
+    """A user with many languages got the matrix file's problems, then, fixed, the jobs' ones:
+    now every file's problems come at once, each once, naming its file (or the override that
+    wrote it) and the jobs it holds for, with the command line's."""
+    from asrforge.cli import main
+
+    a, b = two_configs
+    bad = yaml.safe_load(b.read_text())
+    bad["optim"]["lr"] = -1
+    bad["model"]["lora"] = {"target_modules": ["q_prj", "v_proj"]}
+    write_yaml(b, bad)
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(tmp_path / "root"), "languages": LANGUAGES, "seed": [0, 1], "retries": -1,
+        "configs": [{"config_id": "a", "path": str(a)}, {"config_id": "b", "path": str(b)}],
+        "language_overrides": {"fr": {"train.max_steps": -3}, "de": {"train.max_steps": -3}},
+    })
+    with pytest.raises(ConfigError) as e:
+        load_matrix(m)
+    assert e.value.problems == [
+        "retries: must be >= 0, got -1",
+        "seed: unknown field — did you mean seeds?",
+        "language_overrides.fr: train.max_steps: must be > 0, got -3 (2 jobs: language fr)",
+        "language_overrides.de: train.max_steps: must be > 0, got -3 (2 jobs: language de)",
+        f"{b}: optim.lr: must be > 0, got -1 (12 jobs: config b)",
+    ]
+    # the learning rate fixed, a LoRA target the job's start would refuse is told by the plan
+    bad["optim"]["lr"] = 1e-3
+    write_yaml(b, bad)
+    assert main(["matrix", str(m), "--dry-run", "--gpus-per-job", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[1:] == [
+        "  retries: must be >= 0, got -1",
+        "  seed: unknown field — did you mean seeds?",
+        "  language_overrides.fr: train.max_steps: must be > 0, got -3 (2 jobs: language fr)",
+        "  language_overrides.de: train.max_steps: must be > 0, got -3 (2 jobs: language de)",
+        f"  {b}: model.lora.target_modules.0: 'q_prj' names no layer of the model — did you mean "
+        "q_proj? (10 jobs: every language but fr, de; config b)",  # theirs do not load
+        "  --gpus-per-job: must be >= 1, got 0",
+    ]
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.fast
+def test_the_jobs_a_problem_holds_for_are_described_by_the_matrixs_dimensions():
+    from asrforge.matrix.problems import describe_jobs, origin
+
+    cells = {f"{lang}-{c}-s{s}": (lang, c, s)
+             for c in ("a", "b") for lang in LANGUAGES for s in (0, 1)}  # fmt: skip
+    ids = list(cells)
+    assert describe_jobs(ids, cells) == "all 48 jobs"
+    assert describe_jobs(["en-a-s1"], cells) == "job en-a-s1"
+    assert describe_jobs([i for i in ids if "-b-" in i], cells) == "24 jobs: config b"
+    assert describe_jobs([i for i in ids if i[:2] in ("es", "fr") and i.endswith("s1")],
+                         cells) == "4 jobs: languages es, fr; seed 1"
+    assert describe_jobs([i for i in ids if i[:2] != "pl"], cells) == \
+        "44 jobs: every language but pl"
+    assert describe_jobs([i for i in ids if i[:2] not in ("pl", "cs") or "-a-" in i][:30],
+                         cells) == "30 jobs: " + ", ".join(ids[:6]) + " and 24 more"
+    # where a job's problem was written: the last override that set its path, else the file
+    overrides = [("optim.lr=1", "overrides"), ("callbacks=[]", "language_overrides.es"),
+                 ("optim.lr=-1", "configs.0.overrides")]
+    assert origin("optim.lr: must be > 0, got -1", overrides, "a.yaml") == "configs.0.overrides"
+    assert origin("callbacks.0.monitor: 'x'", overrides, "a.yaml") == "language_overrides.es"
+    assert origin("optim.weight_decay: must be >= 0", overrides, "a.yaml") == "a.yaml"
 
 
 @pytest.mark.fast
@@ -169,13 +243,14 @@ def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
     })
     assert main(["matrix", str(m)]) == 2
     lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
-    assert any(line.startswith("job en-a-s0 (and 1 more): checkpoint.keep_best.0.metric: "
-                               "'wer_rw' is not a metric evaluation produces, did you mean "
-                               "'wer_raw'?") for line in lines)
-    assert any(line.startswith("job es-a-s0: callbacks.0.monitor: 'cerr' is not a metric "
-                               "evaluation produces, did you mean 'cer'?") for line in lines)
-    assert "job es-a-s0: callbacks.1.name: unknown callback 'early_stoping' — did you mean " \
-           "early_stopping?" in lines
+    assert any(line.startswith("configs.0.overrides: checkpoint.keep_best.0.metric: 'wer_rw' is "
+                               "not a metric evaluation produces, did you mean 'wer_raw'?")
+               and line.endswith("(all 2 jobs)") for line in lines)
+    assert any(line.startswith("language_overrides.es: callbacks.0.monitor: 'cerr' is not a "
+                               "metric evaluation produces, did you mean 'cer'?")
+               and line.endswith("(job es-a-s0)") for line in lines)
+    assert "language_overrides.es: callbacks.1.name: unknown callback 'early_stoping' — did " \
+           "you mean early_stopping? (job es-a-s0)" in lines
     # not imported (the matrix does not allow it): refused by name, not "cannot import"
     target = [line for line in lines if "callbacks.2._target_" in line]
     assert len(target) == 1 and "pass --allow-external-callbacks" in target[0]
@@ -183,7 +258,7 @@ def test_callbacks_and_metric_names_of_every_job_are_checked_before_launch(
     # allowed, the target is imported and checked like the rest
     with pytest.raises(ConfigError) as e:
         load_matrix(m, allow_external_callbacks=True)
-    assert any(p.startswith("job es-a-s0: callbacks.2._target_: cannot import "
+    assert any(p.startswith("language_overrides.es: callbacks.2._target_: cannot import "
                             "'no_such_module_anywhere.Callback'") for p in e.value.problems)
 
 
@@ -198,8 +273,8 @@ def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path
     with pytest.raises(ConfigError) as e:
         load_matrix(write_yaml(tmp_path / "m.yaml", spec))
     assert e.value.problems == [
-        f"job en-a-s0: data.augment.transforms[{i}]: '{name}' imports code named in the "
-        f"config; {ALLOW_EXTERNAL_HINT}"
+        f"overrides: data.augment.transforms[{i}]: '{name}' imports code named in the "
+        f"config; {ALLOW_EXTERNAL_HINT} (job en-a-s0)"
         for i, name in enumerate(transforms)
     ]
     # allowed, they are imported and checked like a _target_
@@ -207,7 +282,7 @@ def test_augmentation_transforms_of_every_job_are_checked_before_launch(tmp_path
         load_matrix(write_yaml(tmp_path / "m.yaml", spec), allow_external_callbacks=True)
     assert len(e.value.problems) == 1
     assert e.value.problems[0].startswith(
-        "job en-a-s0: data.augment.transforms[1]: cannot import 'no_such_module_anywhere:f'")
+        "overrides: data.augment.transforms[1]: cannot import 'no_such_module_anywhere:f'")
 
 
 @pytest.mark.fast

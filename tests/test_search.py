@@ -124,7 +124,8 @@ def test_a_search_is_checked_whole_before_anything_runs(tmp_path, config, capsys
     ):
         load_matrix(search_file(tmp_path, config, metric="bleu"))
     one = search_file(tmp_path, config, space={"optim.nope": {"choices": [1, 2]}})
-    with pytest.raises(ConfigError, match="job en-tiny-s0: optim.nope: unknown field"):
+    with pytest.raises(ConfigError, match=r"search.space draws optim.nope=1: optim.nope: unknown "
+                                          r"field \(job en-tiny-s0\)"):
         load_matrix(one)
     assert main(["matrix", str(one), "--dry-run"]) == 2
     assert "Traceback" not in capsys.readouterr().err
@@ -314,6 +315,27 @@ def test_a_space_whose_inside_holds_invalid_configs_is_refused_before_anything_r
     assert f"search.space draws {drawn}" in str(e.value) or (
         "search.space draws" in str(e.value) and drawn in str(e.value))
     assert "must divide d_model" in str(e.value)
+
+
+@pytest.mark.fast
+def test_every_draw_that_breaks_a_config_is_told_with_the_jobs_problems_at_once(tmp_path, config):
+    """The plan stopped at a job's first invalid config: a problem of the job hid the space's,
+    and one broken draw the next. Each YAML path a draw breaks is one line, whatever number of
+    draws break it."""
+    space = {"model.d_model": {"low": 32, "high": 40}, "train.max_steps": {"choices": [5, -1]}}
+    m = yaml.safe_load(search_file(tmp_path, config, space=space).read_text())
+    m["languages"], m["overrides"] = ["en", "es"], {"optim.weight_decay": -1}
+    with pytest.raises(ConfigError) as e:
+        load_matrix(write_yaml(tmp_path / "search.yaml", m))
+    assert e.value.problems == [
+        "overrides: optim.weight_decay: must be >= 0, got -1 (all 2 jobs)",
+        "search.space draws model.d_model=33, train.max_steps=5 (or 3 other draws): "
+        "model.encoder_attention_heads: must divide d_model=33, got 2 (all 2 jobs)",
+        "search.space draws model.d_model=33, train.max_steps=5 (or 3 other draws): "
+        "model.decoder_attention_heads: must divide d_model=33, got 2 (all 2 jobs)",
+        "search.space draws model.d_model=32, train.max_steps=-1 (or 1 other draw): "
+        "train.max_steps: must be > 0, got -1 (all 2 jobs)",
+    ]
 
 
 def test_space_values_cover_small_ranges_and_sample_large_ones():

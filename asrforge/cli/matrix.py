@@ -8,9 +8,9 @@ import shlex
 import sys
 import textwrap
 
-from asrforge.config import external_code_allowed
+from asrforge.cli.problems import attempt, positive, raise_problems
+from asrforge.config import ConfigError, external_code_allowed
 from asrforge.config.reference import fields_epilog
-from asrforge.errors import UserError
 from asrforge.matrix.plan import MAX_GPUS_PER_JOB, MatrixConfig, load_matrix
 
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
@@ -80,21 +80,29 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    if args.gpus_per_job is not None and args.gpus_per_job < 1:
-        raise UserError(f"--gpus-per-job: must be >= 1, got {args.gpus_per_job}")
+    # The command line's problems and the matrix's are told together, before anything starts.
+    problems = [positive("--gpus-per-job", args.gpus_per_job)]
     if args.gpus_per_job is not None and args.gpus_per_job > MAX_GPUS_PER_JOB:
-        raise UserError(f"--gpus-per-job: must be at most {MAX_GPUS_PER_JOB} (a job runs on one "
+        problems.append(f"--gpus-per-job: must be at most {MAX_GPUS_PER_JOB} (a job runs on one "
                         f"machine), got {args.gpus_per_job}")
     allowed = external_code_allowed(args.allow_external_callbacks)
-    plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
-                       allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
+    try:
+        plan = load_matrix(args.matrix, out=args.out, extra_overrides=args.overrides,
+                           allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
+    except ConfigError as e:
+        plan, matrix_problems = None, e
     devices = None
     # devices named are checked before a dry run too, as a launch checks them
     if args.executor == "local" and (args.devices is not None or not args.dry_run):
-        parsed = parse_devices(args.devices)
-        if problem := unseen_gpus(parsed):
-            raise UserError(problem)
-        devices = group_devices(parsed, plan.gpus_per_job)
+        parsed = attempt(lambda: parse_devices(args.devices), problems)
+        if parsed is not None:
+            problems.append(unseen_gpus(parsed))
+        if parsed is not None and plan is not None and not any(problems):
+            devices = attempt(lambda: group_devices(parsed, plan.gpus_per_job), problems)
+    if plan is None:
+        raise ConfigError([*matrix_problems.problems, *filter(None, problems)],
+                          matrix_problems.source)
+    raise_problems(problems)
     if args.dry_run:
         launch = ["asrforge"] if plan.gpus_per_job == 1 else [
             "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",

@@ -5,6 +5,7 @@ How it works: docs/matrix.md, "The MATRIX.yaml file and its jobs (`matrix/plan.p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from asrforge.config import (
     read_yaml_mapping,
 )
 from asrforge.errors import UserError
+from asrforge.matrix.problems import JobProblems, origin
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
@@ -229,71 +231,80 @@ def load_matrix(
         gpus_per_job: devices per job; overrides the file's ``gpus_per_job``.
 
     Raises:
-        ConfigError: every problem at once, by YAML path (``configs.1.config_id: ...``) or, for a
-            job's training config, by job id.
+        ConfigError: every problem at once, by YAML path (``configs.1.config_id: ...``); a
+            problem of the jobs' training configs once, named by the file, or the matrix's
+            override, that wrote it and by the jobs it holds for
+            (:mod:`asrforge.matrix.problems`).
     """
     p = Path(path)
     source = str(path)
     data = read_yaml_mapping(p)
+    problems: list[str] = []
     if FILE_PERMISSION in data:
-        raise ConfigError([
+        del data[FILE_PERMISSION]
+        problems.append(
             f"{FILE_PERMISSION}: a matrix file cannot allow importing code, remove it; the person "
             f"running the matrix passes --allow-external-callbacks (or sets {ALLOW_EXTERNAL_ENV}=1)"
-        ], source)
-    if huge := huge_integers(data):
-        raise ConfigError(huge, source)
-    try:
-        m = MatrixConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_errors(e, MatrixConfig), source) from None
-
-    problems = _cross_field_problems(m)
-    if problems:
+        )
+    huge = huge_integers(data)
+    problems += huge
+    m, config_index = _validate(data, problems)
+    if m is None or huge:
+        # no job can be checked without the fields every job is made of, or with numbers too big
         raise ConfigError(problems, source)
+    problems += _cross_field_problems(m, config_index)
     root = Path(out or m.out or Path("runs") / p.stem).absolute()
 
     jobs: list[Job] = []
-    by_problem: dict[str, list[str]] = {}
+    found = JobProblems()
     to_generate: dict[Path, str] = {}
-    common = normalize_overrides(m.overrides)
-    for entry in m.configs:
-        per_config = normalize_overrides(entry.overrides)
-        for language in m.languages:
-            per_language = normalize_overrides(m.language_overrides.get(language, []))
-            for seed in m.seeds:
+    common = [(o, "overrides") for o in normalize_overrides(m.overrides)]
+    # a search checks its space's ends and choices, each a config of its own (once it is sound)
+    space_ok = m.search is not None and not _space_key_problems(m.search)
+    variants = search_variants(m.search) if space_ok else [[]]
+    # a language, seed or config_id listed twice is told once above, not as a job id made twice
+    entries: dict[str, tuple[int, ConfigEntry]] = {}
+    for i, entry in zip(config_index, m.configs, strict=True):
+        entries.setdefault(entry.config_id, (i, entry))
+    for i, entry in entries.values():
+        per_config = [(o, f"configs.{i}.overrides") for o in normalize_overrides(entry.overrides)]
+        for language in dict.fromkeys(m.languages):
+            per_language = [(o, f"language_overrides.{language}")
+                            for o in normalize_overrides(m.language_overrides.get(language, []))]
+            for seed in dict.fromkeys(m.seeds):
                 jid = job_id(language, entry.config_id, seed)
-                overrides = (
-                    *common, *per_config, *language_overrides(language), *per_language,
-                    *(extra_overrides or []), f"config_id={yaml_string(entry.config_id)}",
-                    f"seed={seed}",
-                    f"output_dir={root / 'runs' / jid}",
-                )
-                # a search checks its space's ends and choices, each a config of its own
-                variants = search_variants(m.search) if m.search else [[]]
+                found.cells[jid] = (language, entry.config_id, seed)
+                if not Path(entry.path).is_file():
+                    continue  # configs.N.path: told once above
+                tagged = [
+                    *common, *per_config, *((o, "languages") for o in language_overrides(language)),
+                    *per_language, *((o, "the command line") for o in extra_overrides or []),
+                    (f"config_id={yaml_string(entry.config_id)}", f"configs.{i}.config_id"),
+                    (f"seed={seed}", "seeds"), (f"output_dir={root / 'runs' / jid}", "out"),
+                ]  # fmt: skip
+                overrides = tuple(o for o, _ in tagged)
+                base: set[str] = set()
+                cfg = None
                 for n, drawn in enumerate(variants):
-                    try:
-                        cfg = load_config(entry.path, [*overrides[:-1], *drawn, overrides[-1]])
-                    except ConfigError as e:
-                        # past the space's low ends, the values that make the config invalid
-                        where = f"search.space draws {', '.join(drawn)}: " if n else ""
-                        for line in e.problems:
-                            by_problem.setdefault(where + line, []).append(jid)
-                        break
-                    for line in _callback_problems(cfg, allow_external_callbacks):
-                        by_problem.setdefault(line, []).append(jid)
-                    if m.search:
-                        for line in _search_problems(cfg, m.search):
-                            by_problem.setdefault(line, []).append(jid)
-                else:
+                    draw_tags = [(o, "search.space") for o in drawn]
+                    checked = [*tagged[:-1], *draw_tags, tagged[-1]]
+                    lines, loaded = _job_problems(entry.path, checked, allow_external_callbacks,
+                                                  m.search)  # fmt: skip
+                    if n == 0:  # the job as it is, a search's space at its low ends
+                        cfg, base = loaded, {line for _, line in lines}
+                    for where, line in lines:
+                        if n == 0:
+                            draw = ", ".join(drawn) if where == "search.space" else None
+                            found.add(where, line, jid, draw=draw)
+                        elif line not in base:  # past the low ends: what the values break
+                            found.add("search.space", line, jid, draw=", ".join(drawn))
+                if cfg is not None:
                     data_path = Path(cfg.data.path).absolute()
                     if cfg.data.generate and not data_path.exists():
                         to_generate[data_path] = cfg.data.generate
-                    jobs.append(Job(jid, language, entry.config_id, seed,
-                                    Path(entry.path).absolute(), overrides))
-    for line, ids in by_problem.items():
-        ids = list(dict.fromkeys(ids))  # a search's variants of one job meet the same problem
-        more = f" (and {len(ids) - 1} more)" if len(ids) > 1 else ""
-        problems.append(f"job {ids[0]}{more}: {line}")
+                jobs.append(Job(jid, language, entry.config_id, seed,
+                                Path(entry.path).absolute(), overrides))
+    problems += found.lines()
     seen: dict[str, int] = {}
     for j in jobs:
         seen[j.job_id] = seen.get(j.job_id, 0) + 1
@@ -306,6 +317,62 @@ def load_matrix(
                 data_to_generate=tuple(to_generate.items()),
                 gpus_per_job=gpus_per_job or m.gpus_per_job, search=m.search,
                 base=tuple(jobs) if m.search else ())
+
+
+JOB_FIELDS = ("languages", "configs", "overrides", "language_overrides")
+"""What every job's config is made of: when one is written wrong, no job can be checked."""
+
+
+def _validate(data: dict[str, Any], problems: list[str]) -> tuple[MatrixConfig | None, list[int]]:
+    """The matrix file's schema, its problems appended to ``problems``. What its jobs can still be
+    checked with: the file without the fields it got wrong (they have defaults) and without the
+    config entries it got wrong, with the index in ``configs`` of each entry kept; None when a
+    field every job is made of is wrong."""
+    try:
+        return MatrixConfig.model_validate(data), list(range(len(data.get("configs") or ())))
+    except ValidationError as e:
+        problems += format_errors(e, MatrixConfig)
+        locs = [err["loc"] for err in e.errors()]
+    entries = {loc[1] for loc in locs if loc[:1] == ("configs",) and len(loc) > 1}
+    if any(loc[:1] != ("configs",) and loc[0] in JOB_FIELDS or loc == ("configs",) or not loc
+           for loc in locs):  # fmt: skip
+        return None, []
+    kept = {k: v for k, v in data.items() if k not in {loc[0] for loc in locs}}
+    # a default stands in for a field while its problem is told
+    config_index = [i for i in range(len(data["configs"])) if i not in entries]
+    kept["configs"] = [data["configs"][i] for i in config_index]
+    try:
+        return MatrixConfig.model_validate(kept), config_index
+    except ValidationError:
+        return None, []
+
+
+def _job_problems(
+    config: Path, overrides: list[tuple[str, str]], allow_external: bool, search: SearchConfig | None
+) -> tuple[list[tuple[str, str]], Any]:
+    """Every problem ``asrforge train`` would find in a job's config before it starts (the
+    config, its callbacks and transforms, LoRA's target modules, what a search needs), each with
+    where it was written (:func:`asrforge.matrix.problems.origin`); and the config, None when it
+    does not load."""
+    try:
+        cfg = load_config(config, [o for o, _ in overrides])
+    except ConfigError as e:
+        lines, cfg = e.problems, None
+    else:
+        lines = [*_callback_problems(cfg, allow_external), *_lora_problems(cfg)]
+        if search:
+            lines += _search_problems(cfg, search)
+    return [(origin(line, overrides, str(config)), line) for line in lines], cfg
+
+
+def _lora_problems(cfg) -> list[str]:
+    """LoRA's target modules against the job's model, its skeleton built from its config alone."""
+    if cfg.model.lora is None:
+        return []
+    # The model's skeleton needs transformers, which the matrix command's parser must not pay for.
+    from asrforge.model.lora import target_problems
+
+    return target_problems(cfg.model)
 
 
 SPACE_SAMPLES = 32
@@ -397,15 +464,20 @@ def _callback_problems(cfg, allow_external: bool) -> list[str]:
     return problems
 
 
-def _cross_field_problems(m: MatrixConfig) -> list[str]:
+def _cross_field_problems(m: MatrixConfig, config_index: list[int]) -> list[str]:
+    """The rules between fields (``config_index``: each entry of ``m.configs``' index in the
+    file's ``configs``, which may hold entries left out for their own problems)."""
     problems = []
     for i, lang in enumerate(m.languages):
         if not re.match(NAME_PATTERN, lang):
             problems.append(f"languages.{i}: {lang!r} is not a usable name (letters, digits, _.+-)")
-    for field, values in (("languages", m.languages), ("seeds", m.seeds),
-                          ("configs", [c.config_id for c in m.configs])):
+    for field, values, index in (
+        ("languages", m.languages, range(len(m.languages))),
+        ("seeds", m.seeds, range(len(m.seeds))),
+        ("configs", [c.config_id for c in m.configs], config_index),
+    ):
         first: dict[Any, int] = {}
-        for i, v in enumerate(values):
+        for i, v in zip(index, values, strict=True):
             if v in first:
                 where = f"{field}.{i}" + (".config_id" if field == "configs" else "")
                 problems.append(f"{where}: {v!r} is listed twice (also {field}.{first[v]})")
@@ -413,7 +485,7 @@ def _cross_field_problems(m: MatrixConfig) -> list[str]:
     for lang in m.language_overrides:
         if lang not in m.languages:
             problems.append(f"language_overrides.{lang}: not one of languages {m.languages}")
-    for i, c in enumerate(m.configs):
+    for i, c in zip(config_index, m.configs, strict=True):
         if not Path(c.path).is_file():
             problems.append(f"configs.{i}.path: {c.path}: no such file")
     if m.search:
@@ -427,6 +499,8 @@ def _space_problems(m: MatrixConfig) -> list[str]:
     from asrforge.callbacks import eval_metric_names
 
     problems = []
+    if importlib.util.find_spec("optuna") is None:
+        problems.append("search: needs optuna: pip install 'asrforge[search]'")
     if m.search.metric not in eval_metric_names():
         problems.append(f"search.metric: {m.search.metric!r} is not a metric evaluation produces "
                         f"({', '.join(eval_metric_names())})")
@@ -434,7 +508,13 @@ def _space_problems(m: MatrixConfig) -> list[str]:
         problems.append(f"search: draws the values of one config; configs lists {len(m.configs)}")
     if len(m.seeds) != 1:
         problems.append(f"search: each trial is one run; seeds lists {len(m.seeds)} (give one)")
-    for key, p in m.search.space.items():
+    return problems + _space_key_problems(m.search)
+
+
+def _space_key_problems(search: SearchConfig) -> list[str]:
+    """Each parameter's own rules: a range or choices, a range that can be drawn from."""
+    problems = []
+    for key, p in search.space.items():
         where = f"search.space.{key}"
         if p.choices is not None:
             if p.low is not None or p.high is not None or p.log or p.step is not None:
