@@ -8,7 +8,7 @@ search's draws give by ``search.space``. The same problem in many jobs is one li
 the jobs it holds for, as the matrix's dimensions describe them (``all 300 jobs``, ``3 jobs:
 languages es, fr, th``).
 
-How it works: docs/matrix.md, "The MATRIX.yaml file and its jobs (`matrix/plan.py`)".
+How it works: docs/matrix.md, "Every problem once (`matrix/problems.py`)".
 """
 
 from __future__ import annotations
