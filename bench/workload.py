@@ -39,6 +39,7 @@ import soundfile as sf
 import torch
 from torch.utils.data import Dataset
 
+from asrforge.cli.memory import keep_freed_memory
 from asrforge.config import TrainConfig, load_config
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.dataset import (
@@ -515,7 +516,9 @@ def add_session_args(p: argparse.ArgumentParser, work_dir_help: str = "") -> Non
 def bench_session(prefix: str, args: argparse.Namespace) -> Iterator[tuple[Path, Path]]:
     """``(tmp, work)`` for one benchmark run: asrforge's INFO logs off, torch's threads set from
     ``args.threads``; ``tmp`` a fresh directory removed at the end, ``work`` ``args.work_dir``
-    (kept) or ``tmp``. Restores the thread count on the way out."""
+    (kept) or ``tmp``. Restores the thread count on the way out. The allocator is set as the
+    ``asrforge`` command sets it (``asrforge/cli/memory.py``), for both sides of a comparison."""
+    keep_freed_memory()
     logging.getLogger("asrforge").setLevel(logging.WARNING)
     threads = torch.get_num_threads()
     if args.threads:

@@ -35,6 +35,7 @@ from asrforge.cli import (
     transcribe,
     vocab,
 )
+from asrforge.cli.memory import keep_freed_memory
 from asrforge.config.hf_names import flag_hint
 from asrforge.errors import CheckpointSaveError, ExitCode, UserError, report_exit_code
 from asrforge.hub import pinned
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()
     code = int(_main(argv))
     report_exit_code(code)
     # Here the command's frames and its error's traceback are gone, so nothing keeps the group.
