@@ -300,6 +300,92 @@ def test_segments_stay_within_the_audio() -> None:
     assert [(s.start, s.end) for s in segs] == [(1.0, 10.0)]
 
 
+def _drifting(sentences: list[tuple[float, float]], drift_at: float, calls: list):
+    """As :func:`_scripted`, except that the window starting at ``drift_at`` is what tiny.en
+    decoded at 77.44 s of ``bench/bench_vad.py``'s recording: whole seconds, early, the last
+    sentence closed at 15.00 and a segment opened there with nothing after it."""
+    scripted = _scripted(sentences, calls)
+
+    def decode(windows, prompts):
+        out = scripted(windows, prompts)
+        for k, w in enumerate(windows):
+            if abs(float(w[0]) - drift_at) < 1e-6:
+                out[k] = [ts(0), 0, ts(7), ts(7), 1, ts(15), ts(15)]
+        return out
+
+    return decode
+
+
+def _heard_end(sentences: list[tuple[float, float]]):
+    """A :data:`SpeechEnd` that knows where each sentence (text id k) really ends."""
+
+    def speech_end(window, prompt, said):
+        return sentences[said[-1]][1] - float(window[0])
+
+    return speech_end
+
+
+@pytest.mark.fast
+def test_a_sentence_timed_too_early_is_not_decoded_again() -> None:
+    # sentence 1 really spans 15.1-18.9 s; the first window says it ended at 15.00
+    sentences = [(6.1, 9.5), (15.1, 18.9), (25.0, 28.0), (40.0, 44.0)]
+    for speech_end, want in ((None, [0, 1, 1, 2, 3]), (_heard_end(sentences), [0, 1, 2, 3])):
+        calls = []
+        [segs] = transcribe_by_timestamps(
+            [_ramp(50.0)],
+            [[7]],
+            _drifting(sentences, 0.0, calls),
+            BIG,
+            decode_text=lambda ids: " ".join(map(str, ids)),
+            window_samples=30 * SR,
+            speech_end=speech_end,
+        )
+        assert [int(s.text) for s in segs] == want
+    starts = [float(w[0]) for ws, _ in calls for w in ws]
+    assert starts[:2] == [0.0, pytest.approx(18.9)]  # past the sentence, not at 15.00
+    assert all(a.end <= b.start for a, b in zip(segs, segs[1:], strict=False))
+
+
+@pytest.mark.fast
+def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> None:
+    rng = np.random.default_rng(1)
+    sentences, t = [], 0.3
+    for _ in range(22):
+        a = round(t / 0.02) * 0.02
+        b = round((a + rng.uniform(3.2, 6.4)) / 0.02) * 0.02
+        sentences.append((a, b))
+        t = b + rng.uniform(0.1, 1.0)
+    runs = []
+    for heard in (None, lambda w, p, said: sentences[said[-1]][1] - float(w[0]) - 0.3):
+        calls = []
+        [segs] = transcribe_by_timestamps(
+            [_ramp(t + 0.5)],
+            [[7]],
+            _scripted(sentences, calls),
+            BIG,
+            decode_text=lambda ids: str(ids),
+            window_samples=30 * SR,
+            speech_end=heard,
+        )
+        runs.append(
+            ([(s.start, s.end, s.text) for s in segs], [float(w[0]) for ws, _ in calls for w in ws])
+        )
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.fast
+def test_segments_never_overlap_even_when_a_decoders_timestamps_go_back() -> None:
+    [segs] = transcribe_by_timestamps(
+        [_ramp(10.0)],
+        [[7]],
+        lambda ws, ps: [[ts(0), 1, ts(5), ts(3), 2, ts(8), ts(4), 3, ts(4.5)]],
+        BIG,
+        decode_text=lambda ids: " ".join(map(str, ids)),
+        window_samples=30 * SR,
+    )
+    assert [(s.start, s.end, s.text) for s in segs] == [(0.0, 5.0, "1"), (5.0, 8.0, "2")]
+
+
 @pytest.mark.fast
 def test_condition_on_previous_text_prompts_with_the_text_before() -> None:
     sentences = [(0.0, 20.0), (22.0, 35.0), (36.0, 40.0)]

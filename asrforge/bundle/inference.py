@@ -533,6 +533,8 @@ class Bundle:
             eot=self.specials.eot,
             device=self.device,
             keep=keep,
+            heads=self.alignment_heads,
+            word_lag=self.word_lag,
             **how,
         )
         if word_timestamps:

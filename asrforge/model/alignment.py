@@ -37,14 +37,18 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
-from asrforge.model.longform import EncodedWindows, Segment
 from asrforge.text.languages import UNSPACED_LANGUAGES
+
+if TYPE_CHECKING:
+    # long-form decoding aligns its windows' text to seek by it, so it imports this module
+    from asrforge.model.longform import EncodedWindows, Segment
 
 MEDIAN_FILTER_WIDTH = 7
 """Frames of the median filter along time (openai-whisper's ``medfilt_width``)."""

@@ -16,6 +16,7 @@ import torch
 
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
+from asrforge.model.alignment import align_words, alignment_heads, encode_window
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.fallback import decode_with_fallback
@@ -28,6 +29,12 @@ MAX_PREVIOUS_TOKENS = 223
 
 WindowDecoder = Callable[[list[np.ndarray], list[list[int]]], list[list[int]]]
 """``decode(windows, prompts)``: the ids each (n_samples,) window generated after its prompt."""
+
+SpeechEnd = Callable[[np.ndarray, list[int], list[int]], float | None]
+"""``speech_end(window, prompt, text)``: where the text ids ``text`` decoded from the (n_samples,)
+``window`` end in its audio, seconds from the window's start, by the cross-attention alignment
+(:mod:`asrforge.model.alignment`), not by the model's timestamps; None: unknown. ``prompt`` is
+the recording's decoder prompt without ``<|notimestamps|>``."""
 
 
 @dataclass
@@ -113,9 +120,11 @@ def transcribe_by_timestamps(
     window_samples: int,
     sample_rate: int = SAMPLE_RATE,
     startofprev: int | None = None,
+    speech_end: SpeechEnd | None = None,
 ) -> list[list[Segment]]:
     """Sequential windows moved by timestamps (see the module docstring). The current windows
-    of all recordings are decoded together in each round.
+    of all recordings are decoded together in each round. A window never starts before the end
+    of the text already emitted, and a segment never starts before the end of the one before.
 
     Args:
         waves: (n_samples,) recordings at ``sample_rate``.
@@ -126,6 +135,10 @@ def transcribe_by_timestamps(
         window_samples: the encoder's window.
         startofprev: the ``<|startofprev|>`` id to condition each window on the text before it
             (``condition_on_previous_text``); None: each window stands alone.
+        speech_end: where a window's text ends by its audio (see :data:`SpeechEnd`): a window
+            that would start at the end of its last complete segment starts no earlier than
+            that (openai-whisper's seek to the last word's end), so a sentence the model timed
+            too early is not decoded again. None: by the timestamps alone.
 
     Returns:
         Each recording's segments, in order, within its duration.
@@ -143,13 +156,23 @@ def transcribe_by_timestamps(
         for i, window, tokens in zip(pending, windows, generated, strict=True):
             offset, limit = seeks[i] / sample_rate, (seeks[i] + window.shape[0]) / sample_rate
             pieces, seek = parse_window(tokens, vocab)
+            said: list[int] = []
             for start, end, ids in pieces:
-                a = min(offset + start * TIME_PRECISION, limit)
+                floor = out[i][-1].end if out[i] else 0.0
+                a = max(min(offset + start * TIME_PRECISION, limit), floor)
                 b = limit if end is None else min(offset + end * TIME_PRECISION, limit)
-                text = decode_text([t for t in ids if vocab.is_text(t)]).strip()
+                text_ids = [t for t in ids if vocab.is_text(t)]
+                text = decode_text(text_ids).strip()
                 if text and b > a:
                     out[i].append(Segment(a, b, text, list(ids), (offset, limit)))
                     previous[i] += ids
+                    said += text_ids
+            if seek is not None and speech_end is not None and said:
+                # timestamps that drift early would start the next window inside the last
+                # sentence, which it would then decode a second time
+                heard = speech_end(window, prompts[i], said)
+                if heard is not None:
+                    seek = max(seek, round(heard / TIME_PRECISION))
             moved = window.shape[0] if seek is None else min(seek * step, window.shape[0])
             seeks[i] += moved if moved > 0 else window.shape[0]  # never decode a window twice
         pending = [i for i in pending if seeks[i] < waves[i].shape[0]]
@@ -215,6 +238,10 @@ class EncodedWindows:
     def take(self, window: np.ndarray) -> torch.Tensor | None:
         """The encoder output kept for ``window``'s samples (no longer kept), or None."""
         return self._by_key.pop(self._key(window), None) if self._by_key else None
+
+    def clear(self) -> None:
+        """Hold none."""
+        self._by_key.clear()
 
 
 @torch.no_grad()
@@ -333,6 +360,8 @@ def transcribe_long(
     options: DecodeOptions = DecodeOptions(),
     encoded: EncodedWindows | None = None,
     keep: EncodedWindows | None = None,
+    heads: Sequence[tuple[int, int]] | None = None,
+    word_lag: float = 0.0,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -348,14 +377,22 @@ def transcribe_long(
             timestamp mode sets its ``rules`` to :class:`TimestampRules`.
         encoded: windows encoded before (by language detection), not encoded again.
         keep: where each decoded window's encoder output goes (to time its words).
+        heads: timestamp mode: the ``(layer, head)`` pairs that align a window's text to find
+            where it ends (:data:`SpeechEnd`); None: the model's own
+            (:func:`~asrforge.model.alignment.alignment_heads`); empty: by timestamps alone.
+        word_lag: seconds those heads place words late, taken off that end.
     """
     seconds = window_seconds(model.config)
 
     def text(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    def decoder(cap: int, window_options: DecodeOptions) -> WindowDecoder:
+    def decoder(
+        cap: int, window_options: DecodeOptions, held: EncodedWindows | None
+    ) -> WindowDecoder:
         def decode(windows: list[np.ndarray], ps: list[list[int]]) -> list[list[int]]:
+            if held is not None and held is not keep:
+                held.clear()  # the round before's windows are aligned or not needed
             return decode_windows(
                 model,
                 extractor,
@@ -370,7 +407,7 @@ def transcribe_long(
                 sample_rate=sample_rate,
                 decode_text=text,
                 encoded=encoded,
-                keep=keep,
+                keep=held,
             )
 
         return decode
@@ -381,7 +418,7 @@ def transcribe_long(
         return transcribe_by_silence(
             waves,
             prompts,
-            decoder(max_new_tokens, options),
+            decoder(max_new_tokens, options, keep),
             decode_text=text,
             window_seconds=seconds,
             sample_rate=sample_rate,
@@ -394,16 +431,34 @@ def transcribe_long(
         startofprev = tokenizer.convert_tokens_to_ids("<|startofprev|>")
         if startofprev is None or startofprev == tokenizer.unk_token_id:
             raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
+    heads = alignment_heads(model) if heads is None else list(heads)
+    held = (keep if keep is not None else EncodedWindows()) if heads else keep
+    specials = frozenset(tokenizer.all_special_ids)
+
+    def speech_end(window: np.ndarray, prompt: list[int], said: list[int]) -> float | None:
+        enc = held.take(window)
+        if enc is None:
+            enc = encode_window(model, extractor, window, device, sample_rate)[0]
+        elif held is keep:
+            held.add(window, enc)  # word timestamps align it again
+        words, _ = align_words(
+            model, enc[None], [*prompt, no_timestamps], said, window.shape[0],
+            eot=eot, decode=text, specials=specials, heads=heads,
+        )  # fmt: skip
+        return max(0.0, words[-1].end - word_lag) if words else None
+
     return transcribe_by_timestamps(
         waves,
         [p[:-1] if p and p[-1] == no_timestamps else list(p) for p in prompts],
         decoder(
             min(max_new_tokens, model.config.max_target_positions // 2),
             dataclasses.replace(options, rules=TimestampRules(vocab)),
+            held,
         ),
         vocab,
         decode_text=text,
         window_samples=round(seconds * sample_rate),
         sample_rate=sample_rate,
         startofprev=startofprev,
+        speech_end=speech_end if heads else None,
     )
