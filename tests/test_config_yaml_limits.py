@@ -140,3 +140,56 @@ def test_a_checkpoints_config_yaml_not_in_utf8_is_refused_by_name(tmp_path):
     write_manifest(ckpt, {"step": 1})
     with pytest.raises(CheckpointCorruptError, match="config.yaml: not UTF-8 text"):
         load_training_checkpoint(ckpt)
+
+
+DUPLICATED = """\
+seed: 0
+train: {max_steps: 1}
+optim:
+  lr: 0.001
+  lr: 0.01
+train: {max_steps: 5}
+train: {max_steps: 7}
+"""
+
+
+def test_a_key_given_twice_is_refused_by_its_path_and_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(DUPLICATED)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    # every duplicate at once, each with its YAML path and the lines that set it
+    assert e.value.problems == [
+        "train: given 3 times (lines 2, 6 and 7); YAML would keep only the last: give it once",
+        "optim.lr: given 2 times (lines 4 and 5); YAML would keep only the last: give it once",
+    ]
+
+
+def test_keys_are_told_apart_by_their_mapping_and_a_merge_may_be_overridden():
+    text = "a: {x: 1}\nb: {x: 2}\nbase: &b {lr: 1}\nrun: {<<: *b, lr: 2}\nl: [{k: 1, k: 2}]\n"
+    with pytest.raises(ValueError, match=r"^l\.0\.k: given 2 times \(line 5\)"):
+        load_yaml(text)
+    assert load_yaml(text.replace("k: 2", "j: 2"))["run"] == {"lr": 2}
+
+
+def test_an_overrides_value_with_a_key_twice_is_refused(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("seed: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["train={max_steps: 1, max_steps: 2}"])
+    assert e.value.problems == [
+        "train.max_steps: given 2 times; YAML would keep only the last: give it once"]
+
+
+@pytest.mark.parametrize("command", ["train", "matrix", "config"])
+def test_the_cli_refuses_a_duplicate_key_in_a_config_and_a_matrix_file(tmp_path, capsys, command):
+    path = tmp_path / "dup.yaml"
+    path.write_text("languages: [en]\nlanguages: [es]\n" if command == "matrix" else DUPLICATED)
+    argv = {"train": ["train", str(path)], "matrix": ["matrix", str(path), "--dry-run"],
+            "config": ["config", "show", str(path)]}[command]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(path) in err
+    key = "languages" if command == "matrix" else "train"
+    assert f"{key}: given " in err and "lines " in err
+

@@ -11,13 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from asrforge.config.hf_names import hf_hint
 from asrforge.config.schema import TrainConfig
 from asrforge.config.units import short_repr
-from asrforge.config.yaml_limits import load_yaml, read_yaml_text
+from asrforge.config.yaml_limits import DuplicateKeys, load_yaml, read_yaml_text
 from asrforge.errors import UserError
 
 
@@ -53,6 +52,8 @@ def load_config(
     for item in overrides or []:
         try:
             apply_override(data, item)
+        except DuplicateKeys as e:
+            problems += e.problems
         except ValueError as e:
             problems.append(str(e))
     problems += huge_integers(data)
@@ -94,6 +95,8 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         raise ConfigError([f"{p}: no such file"], source)
     try:
         data = load_yaml(read_yaml_text(p)) or {}
+    except DuplicateKeys as e:
+        raise ConfigError(e.problems, source) from None
     except ValueError as e:
         raise ConfigError([str(e)], source) from None
     except OSError as e:
@@ -108,14 +111,16 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
     Raises:
         ValueError: ``item`` is not ``dotted.key=value``, or its path crosses a value or a
-            missing list item.
+            missing list item; :class:`DuplicateKeys` for a mapping value with a key twice.
     """
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ValueError(f"{item}: an override must look like dotted.key=value")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw, key) if raw != "" else ""
+    except DuplicateKeys:
+        raise
+    except ValueError:
         value = raw
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
         # YAML 1.1 reads yes/no/on/off as booleans, but on a command line they are words.

@@ -1,9 +1,11 @@
 """YAML as asrforge reads it from a file it may have been handed: UTF-8, at most
 :data:`MAX_BYTES`, nested at most :data:`MAX_DEPTH` levels and at most :data:`MAX_VALUES` values
 once its aliases are expanded (a kilobyte of nested aliases can stand for billions of values,
-which every copy of the loaded tree would build).
+which every copy of the loaded tree would build), and no mapping holding a key twice (YAML
+would keep the last silently, so a second ``train:`` section would drop the first).
 
 Each problem is a ``ValueError`` whose message says what is wrong; callers name the file.
+Duplicate keys are a :class:`DuplicateKeys`, one line each in ``problems``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ MAX_DEPTH = 64
 """Deepest nesting of mappings and lists, aliases expanded."""
 MAX_VALUES = 100_000
 """Most values (mappings, lists, scalars and keys), aliases expanded."""
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKeys(ValueError):
+    """Keys a mapping holds more than once: ``problems`` has one ``yaml.path: ...`` line each,
+    naming the lines that set it."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -87,12 +99,53 @@ def _check_expanded(root: yaml.Node) -> None:
         stack.extend((kid, False) for kid in kids if id(kid) not in size)
 
 
-def load_yaml(text: str) -> Any:
+def _duplicate_keys(root: yaml.Node, where: str) -> list[str]:
+    """One line per key that a mapping of ``root`` (at YAML path ``where``) holds more than once,
+    with its YAML path and the lines that set it, in the order of the first of them. A merge
+    (``<<: *name``) may be overridden: only the keys written in the mapping itself count."""
+    found: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, where)]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:  # an alias's value is checked once, where it is defined
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((kid, f"{path}.{i}" if path else str(i)) for i, kid in enumerate(node.value))
+            continue
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        lines: dict[tuple[str, str], list[int]] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
+                continue
+            lines.setdefault((key.tag, key.value), []).append(key.start_mark.line + 1)
+            stack.append((value, f"{path}.{key.value}" if path else key.value))
+        for (_, name), at in lines.items():
+            if len(at) < 2:
+                continue
+            rows = sorted(set(at))
+            listed = f"line {rows[0]}" if len(rows) == 1 else (
+                f"lines {', '.join(map(str, rows[:-1]))} and {rows[-1]}")
+            # an override's value is one line of a command, not lines of a file
+            where_in_file = "" if where else f" ({listed})"
+            found.append((at[0], f"{f'{path}.' if path else ''}{name}: given {len(at)} times"
+                                 f"{where_in_file}; YAML would keep only the last: give it once"))
+    return [line for _, line in sorted(found)]
+
+
+def load_yaml(text: str, where: str = "") -> Any:
     """``text`` as YAML's safe loader reads it (None for an empty document), within
-    :data:`MAX_DEPTH` and :data:`MAX_VALUES`.
+    :data:`MAX_DEPTH` and :data:`MAX_VALUES`, each key of a mapping given once.
+
+    Args:
+        where: the YAML path of the document inside a larger one (an override's key), for the
+            names of duplicate keys.
 
     Raises:
-        ValueError: not YAML, or beyond those bounds.
+        ValueError: not YAML, or beyond those bounds; :class:`DuplicateKeys` for keys given
+            twice (every one).
     """
     loader = _BoundedLoader(text)
     try:
@@ -100,6 +153,8 @@ def load_yaml(text: str) -> Any:
         if node is None:
             return None
         _check_expanded(node)
+        if duplicates := _duplicate_keys(node, where):
+            raise DuplicateKeys(duplicates)
         return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ValueError(f"not valid YAML: {e}") from None
