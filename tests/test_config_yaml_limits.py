@@ -193,3 +193,14 @@ def test_the_cli_refuses_a_duplicate_key_in_a_config_and_a_matrix_file(tmp_path,
     key = "languages" if command == "matrix" else "train"
     assert f"{key}: given " in err and "lines " in err
 
+
+def test_a_config_that_is_a_symlink_loop_is_named_as_one(tmp_path):
+    loop = tmp_path / "loop1.yaml"
+    loop.symlink_to(tmp_path / "loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to(loop)
+    with pytest.raises(ConfigError, match="loop1.yaml: a symlink loop"):
+        load_config(loop)
+    dangling = tmp_path / "gone.yaml"
+    dangling.symlink_to(tmp_path / "nowhere.yaml")
+    with pytest.raises(ConfigError, match="gone.yaml: a broken symlink"):
+        load_config(dangling)

@@ -7,7 +7,9 @@ by its YAML path, e.g. ``optim.lr: must be > 0, got -1``.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +94,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         raise ConfigError([f"{p}: is a directory, not a config file"], source)
     if not p.is_file():
-        raise ConfigError([f"{p}: no such file"], source)
+        raise ConfigError([f"{p}: {_missing_file(p)}"], source)
     try:
         data = load_yaml(read_yaml_text(p)) or {}
     except DuplicateKeys as e:
@@ -104,6 +106,23 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError([f"the top level must be a mapping, got {type(data).__name__}"], source)
     return data
+
+
+def _missing_file(p: Path) -> str:
+    """Why ``p``, which is no file or directory, cannot be read: a symlink that leads nowhere
+    is named as one, since "no such file" beside a listed link misleads."""
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop"
+        if p.is_symlink():
+            return f"a broken symlink (to {os.readlink(p)})"
+        if e.errno != errno.ENOENT:
+            return f"cannot be read: {e.strerror}"
+    else:
+        return "not a regular file"
+    return "no such file"
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
