@@ -188,3 +188,23 @@ def test_a_keep_best_metric_evaluation_never_produces_is_refused_before_training
     assert main(["train", str(f)]) == 2
     assert f"invalid config {f}:\n  checkpoint.keep_best.1.metric: 'wre'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_language_value_that_names_no_language_is_refused_before_start_up(
+    tmp_path, capsys, monkeypatch
+):
+    from asrforge.cli import main
+    from asrforge.train.loop import Trainer
+
+    monkeypatch.setattr(Trainer, "fit", lambda *a, **k: pytest.fail("the run started"))
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({**MINIMAL, "output_dir": str(tmp_path / "run")}))
+    args = ["train", str(f), "data.language=xx", "data.languages=[en, Klingon]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "data.language: unknown language 'xx'" in err
+    assert "data.languages.1: unknown language 'Klingon'" in err
+    # one value in several fields is one line naming each
+    assert main(["train", str(f), "data.languages=[xx]", "selection.language=xx"]) == 2
+    assert "data.languages.0, selection.language: unknown language 'xx'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -687,3 +687,29 @@ def test_the_ray_executor_runs_the_same_jobs(tmp_path, tones_dir):
         done = json.loads((root / "runs" / job / "DONE").read_text())
         assert done["attempts"] == 1 and done["history"][0]["device"].startswith("ray:")
         assert train_begins(root / "runs" / job) == [0]
+
+
+@pytest.mark.fast
+def test_an_unknown_language_and_a_root_that_is_a_file_are_refused_before_any_job(
+    tmp_path, two_configs, capsys
+):
+    from asrforge.cli import main
+
+    a, _ = two_configs
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    m = write_yaml(tmp_path / "m.yaml", {
+        "out": str(afile), "languages": ["en", "xx"], "configs": [{"config_id": "a", "path": str(a)}]})
+    with pytest.raises(ConfigError) as e:
+        load_matrix(m)
+    first, second = e.value.problems
+    assert first == f"out: {afile}: exists and is not a directory"
+    # the rule `asrforge train` applies, told where the matrix wrote the language
+    assert second.startswith(
+        "languages: data.languages.0, selection.language: unknown language 'xx'")
+    assert second.endswith("(job xx-a-s0)")
+    with pytest.raises(ConfigError, match=r"--out: .*afile/root: a parent of it is a file"):
+        load_matrix(m, out=afile / "root")
+    assert main(["matrix", str(m), "--dry-run"]) == 2
+    assert "unknown language 'xx'" in capsys.readouterr().err
+    assert afile.read_text() == "mine"

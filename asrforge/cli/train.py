@@ -15,6 +15,7 @@ from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError
 from asrforge.hub import hub_ref, model_dir_problem
 from asrforge.io.atomic import directory_problem
 from asrforge.selection.policies import format_metrics
+from asrforge.text.languages import config_language_problems
 from asrforge.train.events import CriticalCallbackError
 from asrforge.train.run_log import is_rank_zero
 
@@ -51,7 +52,7 @@ def run(args) -> int:
     t1 = time.perf_counter()
     cfg = load_config(args.config, args.overrides)  # a bad config answers before torch loads
     t_config = time.perf_counter() - t1
-    problems = []
+    problems = config_language_problems(cfg)  # not after seconds of start-up and data reads
     if problem := directory_problem(cfg.output_dir):  # a file or a symlink loop in the way
         problems.append(f"output_dir: {problem}")
     # A local pretrained model is checked before the data is read; a Hub id resolves later.

@@ -26,7 +26,9 @@ from asrforge.config import (
     read_yaml_mapping,
 )
 from asrforge.errors import UserError
+from asrforge.io.atomic import directory_problem
 from asrforge.matrix.problems import JobProblems, origin
+from asrforge.text.languages import config_language_problems
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 Overrides = list[str] | dict[str, Any]
@@ -254,6 +256,8 @@ def load_matrix(
         raise ConfigError(problems, source)
     problems += _cross_field_problems(m, config_index)
     root = Path(out or m.out or Path("runs") / p.stem).absolute()
+    if problem := directory_problem(root):  # a file in the way would fail every job's claim
+        problems.append(f"{'--out' if out else 'out'}: {problem}")
 
     jobs: list[Job] = []
     found = JobProblems()
@@ -351,7 +355,8 @@ def _job_problems(
     config: Path, overrides: list[tuple[str, str]], allow_external: bool, search: SearchConfig | None
 ) -> tuple[list[tuple[str, str]], Any]:
     """Every problem ``asrforge train`` would find in a job's config before it starts (the
-    config, its callbacks and transforms, LoRA's target modules, what a search needs), each with
+    config, its language values, its callbacks and transforms, LoRA's target modules, what a
+    search needs), each with
     where it was written (:func:`asrforge.matrix.problems.origin`); and the config, None when it
     does not load."""
     try:
@@ -359,7 +364,8 @@ def _job_problems(
     except ConfigError as e:
         lines, cfg = e.problems, None
     else:
-        lines = [*_callback_problems(cfg, allow_external), *_lora_problems(cfg)]
+        lines = [*config_language_problems(cfg), *_callback_problems(cfg, allow_external),
+                 *_lora_problems(cfg)]
         if search:
             lines += _search_problems(cfg, search)
     return [(origin(line, overrides, str(config)), line) for line in lines], cfg

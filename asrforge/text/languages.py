@@ -128,6 +128,22 @@ def unknown_language(value, where: str | None = None) -> str:
     )
 
 
+def config_language_problems(cfg) -> list[str]:
+    """One line per value of a run's config (a ``TrainConfig``) that names no language, as
+    training would refuse it once its data is read: ``data.language``, each of
+    ``data.languages``, ``data.replay.language`` and ``selection.language``, a value written in
+    several of them told once with each field."""
+    values = [("data.language", cfg.data.language),
+              *((f"data.languages.{i}", v) for i, v in enumerate(cfg.data.languages or ())),
+              ("data.replay.language", cfg.data.replay.language if cfg.data.replay else None),
+              ("selection.language", cfg.selection.language)]  # fmt: skip
+    unknown: dict[str, list[str]] = {}
+    for where, value in values:
+        if value is not None and _cached_language_code(str(value)) is None:
+            unknown.setdefault(str(value), []).append(where)
+    return [unknown_language(value, ", ".join(fields)) for value, fields in unknown.items()]
+
+
 def language_name(language: str) -> str:
     """The English name of ``language`` (lowercase, e.g. ``"german"``).
 
