@@ -28,6 +28,7 @@ from asrforge.matrix.slurm import (
     SIGNAL_DELAY_S,
     SlurmAttempt,
     SlurmExecutor,
+    describe_sbatch,
     make_launch_dir,
     outcome_path,
     parse_slurm_args,
@@ -95,6 +96,8 @@ def test_the_sbatch_script_has_partition_gpus_time_and_the_signal(tmp_path):
             "#SBATCH --cpus-per-task=32"} <= flags
     # names submitit's SlurmExecutor.update_parameters accepts
     assert set(params) <= set(_get_default_parameters())
+    # what a dry run shows is what submitit writes
+    assert {f"#SBATCH {flag}" for flag in describe_sbatch(params).split()} <= flags
 
 
 def one_job_plan(tmp_path: Path, tones_dir: Path, **config):
@@ -285,8 +288,45 @@ def test_on_cluster_puts_submitit_in_this_launchs_folder(tmp_path, monkeypatch):
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit looks for it, never runs it
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    executor = SlurmExecutor.on_cluster(tmp_path / "root", 1, partition=None, gpus_per_job=1,
-                                        time_limit="1:00:00")
+    params = sbatch_parameters(partition=None, gpus_per_job=1, time_limit="1:00:00")
+    executor = SlurmExecutor.on_cluster(tmp_path / "root", 1, params)
     folder = Path(str(executor._submitter.folder))
     assert folder.parent == executor._launch_dir and folder.name == "%j"
     assert executor._launch_dir.parent == tmp_path / "root" / "slurm"
+
+
+@pytest.mark.fast
+def test_a_launch_that_finds_no_slurm_leaves_no_folder_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-srun-here"))
+    params = sbatch_parameters(partition=None, gpus_per_job=1, time_limit="1:00:00")
+    with pytest.raises(UserError, match='--executor slurm: Could not detect "srun"'):
+        SlurmExecutor.on_cluster(tmp_path / "runs" / "new", 1, params)
+    assert not (tmp_path / "runs").exists()
+    # a root that was there stays, with what it holds; only the launch's folders go
+    (tmp_path / "old" / "runs").mkdir(parents=True)
+    with pytest.raises(UserError, match="Could not detect"):
+        SlurmExecutor.on_cluster(tmp_path / "old", 1, params)
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["runs"]
+
+
+@pytest.mark.fast
+def test_the_dry_run_checks_the_slurm_options_and_shows_the_sbatch_ones(
+    tmp_path, tones_dir, capsys
+):
+    from asrforge.cli import main
+
+    one_job_plan(tmp_path, tones_dir)
+    matrix = str(tmp_path / "m.yaml")
+    slurm = ["matrix", matrix, "--executor", "slurm", "--dry-run"]
+    assert main([*slurm, "--time-limit", "banana", "--slurm-arg", "foo",
+                 "--slurm-arg", "=x", "--slurm-arg", "qos=high"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "3 problems" in err and "--time-limit: 'banana'" in err
+    assert "--slurm-arg: 'foo'" in err and "--slurm-arg: '=x'" in err and "qos" not in err
+    assert main([*slurm, "--partition", "gpu", "--time-limit", "1:00:00",
+                 "--slurm-arg", "account=asr"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert ("slurm: 1 job(s) queued at once, each with sbatch --job-name=asrforge --nodes=1 "
+            "--ntasks-per-node=1 --gpus-per-node=1 --time=60 --signal=USR2@180 "
+            "--partition=gpu --account=asr") in out
+    assert not (tmp_path / "root").exists()  # a dry run makes no folder

@@ -11,7 +11,7 @@ import textwrap
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import ConfigError, external_code_allowed
 from asrforge.config.reference import fields_epilog
-from asrforge.matrix.plan import MAX_GPUS_PER_JOB, MatrixConfig, load_matrix
+from asrforge.matrix.plan import MAX_GPUS_PER_JOB, SLURM_DIR, MatrixConfig, load_matrix
 
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
 # so building the parser (`asrforge --help`) does not wait for them.
@@ -76,7 +76,13 @@ def run(args) -> int:
         unseen_gpus,
     )
     from asrforge.matrix.run import Launcher
-    from asrforge.matrix.slurm import SlurmExecutor, parse_slurm_args
+    from asrforge.matrix.slurm import (
+        SlurmExecutor,
+        describe_sbatch,
+        parse_slurm_args,
+        sbatch_parameters,
+        time_limit_minutes,
+    )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -91,6 +97,14 @@ def run(args) -> int:
                            allow_external_callbacks=allowed, gpus_per_job=args.gpus_per_job)
     except ConfigError as e:
         plan, matrix_problems = None, e
+    sbatch = None
+    if args.executor == "slurm":  # its options are checked before a dry run too, and shown by it
+        for item in args.slurm_arg:
+            attempt(lambda item=item: parse_slurm_args([item]), problems)
+        if attempt(lambda: time_limit_minutes(args.time_limit), problems) and not any(problems):
+            sbatch = sbatch_parameters(
+                partition=args.partition, gpus_per_job=plan.gpus_per_job if plan else 1,
+                time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
     devices = None
     # devices named are checked before a dry run too, as a launch checks them
     if args.executor == "local" and (args.devices is not None or not args.dry_run):
@@ -110,6 +124,9 @@ def run(args) -> int:
         for job in plan.jobs or plan.base:
             cmd = [*launch, "train", str(job.config_path), *job.overrides]
             print(f"{job.job_id}: {shlex.join(cmd)}")
+        if sbatch is not None:
+            print(f"slurm: {plan.slots} job(s) queued at once, each with sbatch "
+                  f"{describe_sbatch(sbatch)}; submitit's files in {plan.root / SLURM_DIR}/launch-*/")
         if plan.search:
             space = ", ".join(plan.search.space)
             print(f"a search: {plan.search.trials} trials per language, each the command above "
@@ -121,9 +138,7 @@ def run(args) -> int:
         executor = RayExecutor(address=args.ray_address, threads=args.threads,
                                gpus_per_job=plan.gpus_per_job)
     elif args.executor == "slurm":
-        executor = SlurmExecutor.on_cluster(
-            plan.root, plan.slots, partition=args.partition, gpus_per_job=plan.gpus_per_job,
-            time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
+        executor = SlurmExecutor.on_cluster(plan.root, plan.slots, sbatch)
     else:
         executor = LocalExecutor(devices)
     outcome = Launcher(plan, executor, retry_failed=args.retry_failed,

@@ -14,11 +14,13 @@ a new job from the launcher: docs/matrix.md, "SLURM".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
+import shlex
 import signal
 import stat
 import subprocess
@@ -138,6 +140,20 @@ def sbatch_parameters(*, partition: str | None, gpus_per_job: int, time_limit: s
     return params
 
 
+def describe_sbatch(params: dict[str, Any]) -> str:
+    """``params`` (:func:`sbatch_parameters`) as the sbatch options submitit writes for them
+    (``--time`` in minutes, ``--signal`` the warning before it)."""
+    flags = []
+    for key, value in params.items():
+        if key == "signal_delay_s":
+            flags.append(f"--signal=USR2@{value}")
+        elif key == "additional_parameters":
+            flags += [f"--{k}={v}" for k, v in value.items()]
+        elif key != "stderr_to_stdout":  # one log file for both streams: no option of its own
+            flags.append(f"--{key.replace('_', '-')}={value}")
+    return " ".join(shlex.quote(flag) for flag in flags)
+
+
 class SlurmAttempt:
     """What a SLURM job runs: one attempt, and on the signal before the time limit, the
     same attempt with ``--resume`` for submitit to requeue (submitit's checkpoint protocol).
@@ -250,27 +266,37 @@ class SlurmExecutor:
         self._jobs: dict[str, tuple[Any, Attempt]] = {}
 
     @classmethod
-    def on_cluster(cls, root: Path, slots: int, *, partition: str | None, gpus_per_job: int,
-                   time_limit: str, slurm_args: dict[str, str] | None = None,
+    def on_cluster(cls, root: Path, slots: int, params: dict[str, Any], *,
                    max_requeues: int = 100) -> SlurmExecutor:
-        """On the SLURM cluster this machine submits to; submitit's files go to a fresh
-        ``<root>/slurm/launch-*/``."""
-        params = sbatch_parameters(partition=partition, gpus_per_job=gpus_per_job,
-                                   time_limit=time_limit, slurm_args=slurm_args)
+        """On the SLURM cluster this machine submits to, each job with ``params``
+        (:func:`sbatch_parameters`); submitit's files go to a fresh ``<root>/slurm/launch-*/``,
+        removed again with the folders made for it when no cluster is found.
+
+        Raises:
+            UserError: submitit is missing, or finds no SLURM here.
+        """
         # submitit is an optional extra, loaded only for --executor slurm.
         try:
             import submitit
         except ImportError:
             raise UserError(
                 "--executor slurm needs submitit: pip install 'asrforge[slurm]'") from None
+        made, folder = [], Path(root).absolute() / SLURM_DIR
+        while not folder.exists():
+            made.append(folder)
+            folder = folder.parent
         launch_dir = make_launch_dir(root)
         try:
             submitter = submitit.SlurmExecutor(folder=launch_dir / "%j",
                                                max_num_timeout=max_requeues)
         except RuntimeError as e:
+            # Nothing was submitted, so the empty folders this launch made would only be litter.
+            for directory in (launch_dir, *made):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
             raise UserError(f"--executor slurm: {e}") from None
         submitter.update_parameters(**params)
-        return cls(submitter, root, launch_dir, slots, gpus_per_job)
+        return cls(submitter, root, launch_dir, slots, params["gpus_per_node"])
 
     def devices(self) -> list[Device]:
         return list(self._devices)
