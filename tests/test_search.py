@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import time
 
 import pytest
@@ -132,11 +133,19 @@ def test_a_search_is_checked_whole_before_anything_runs(tmp_path, config, capsys
 
 
 @pytest.mark.fast
-def test_the_dry_run_names_the_command_every_trial_starts_from(tmp_path, config, capsys):
-    assert main(["matrix", str(search_file(tmp_path, config)), "--dry-run"]) == 0
+def test_the_dry_run_shows_each_languages_first_trial_as_it_will_run(tmp_path, config, capsys):
+    path = search_file(tmp_path, config)
+    assert main(["matrix", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "en-tiny-s0: asrforge train" in out
-    assert "a search: 6 trials per language, each the command above with drawn optim.lr" in out
+    job_id, _, command = next(x for x in out.splitlines() if x.startswith("en-")).partition(": ")
+    assert "a search: 6 trials per language (t000 to t005), each the command above with its own "\
+           "number and drawn optim.lr" in out
+    # the trial the search then runs: the same job, config_id and run dir, its value drawn
+    trial = Search(load_matrix(path)).draw(1)[0]
+    drawn = next(o for o in trial.overrides if o.startswith("optim.lr="))
+    assert job_id == trial.job_id == "en-tiny-t000"
+    assert shlex.split(command) == ["asrforge", "train", str(trial.config_path), *(
+        "optim.lr=<drawn>" if o == drawn else o for o in trial.overrides)]
 
 
 @pytest.mark.fast

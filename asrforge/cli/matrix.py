@@ -121,7 +121,9 @@ def run(args) -> int:
         launch = ["asrforge"] if plan.gpus_per_job == 1 else [
             "torchrun", "--standalone", "--nproc_per_node", str(plan.gpus_per_job), "-m",
             "asrforge"]
-        for job in plan.jobs or plan.base:
+        # a search's first trial of each language, as it will run but for the values it draws
+        drawn = {key: "<drawn>" for key in plan.search.space} if plan.search else {}
+        for job in plan.jobs or [plan.trial(base, 0, drawn) for base in plan.base]:
             cmd = [*launch, "train", str(job.config_path), *job.overrides]
             print(f"{job.job_id}: {shlex.join(cmd)}")
         if sbatch is not None:
@@ -129,8 +131,9 @@ def run(args) -> int:
                   f"{describe_sbatch(sbatch)}; submitit's files in {plan.root / SLURM_DIR}/launch-*/")
         if plan.search:
             space = ", ".join(plan.search.space)
-            print(f"a search: {plan.search.trials} trials per language, each the command above "
-                  f"with drawn {space}; root {plan.root}")
+            last = plan.search.trials - 1
+            print(f"a search: {plan.search.trials} trials per language (t000 to t{last:03d}), each "
+                  f"the command above with its own number and drawn {space}; root {plan.root}")
         else:
             print(f"{len(plan.jobs)} jobs; root {plan.root}")
         return 0

@@ -173,6 +173,17 @@ class Plan:
     def log_path(self, job: Job) -> Path:
         return self.root / "logs" / "matrix" / f"{job.job_id}.log"
 
+    def trial(self, base: Job, number: int, params: dict[str, Any]) -> Job:
+        """Trial ``number`` of the search for ``base``'s language: ``base`` with the values
+        ``params`` drawn, a config of its own in reports (``<config_id>-t<NNN>``) with its own
+        run directory."""
+        config_id = f"{base.config_id}-t{number:03d}"
+        jid = f"{base.language}-{config_id}"
+        *settings, _ = (o for o in base.overrides if not o.startswith("config_id="))
+        overrides = (*settings, *normalize_overrides(params),
+                     f"config_id={yaml_string(config_id)}", f"output_dir={self.root / 'runs' / jid}")
+        return Job(jid, base.language, config_id, base.seed, base.config_path, overrides)
+
     def index(self, drawn: list[Job] | tuple[Job, ...] = ()) -> dict[str, Any]:
         """What ``matrix.json`` holds: the jobs (and a search's ``drawn`` trials so far), so a
         report can show the ones not started."""

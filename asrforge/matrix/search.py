@@ -27,7 +27,7 @@ from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import read_marker
-from asrforge.matrix.plan import Job, Plan, SearchConfig, normalize_overrides, yaml_string
+from asrforge.matrix.plan import Job, Plan, SearchConfig
 from asrforge.run_layout import RunLayout
 
 log = logging.getLogger("asrforge.matrix")
@@ -183,13 +183,7 @@ class Search:
                 for t in study.get_trials(deepcopy=False)]  # fmt: skip
 
     def _job(self, language: str, number: int, params: dict[str, Any]) -> Job:
-        base = self.base[language]
-        config_id = f"{base.config_id}-t{number:03d}"
-        job_id = f"{language}-{config_id}"
-        *settings, _ = (o for o in base.overrides if not o.startswith("config_id="))
-        overrides = (*settings, *normalize_overrides(params), f"config_id={yaml_string(config_id)}",
-                     f"output_dir={self.plan.root / 'runs' / job_id}")  # fmt: skip
-        return Job(job_id, language, config_id, base.seed, base.config_path, overrides)
+        return self.plan.trial(self.base[language], number, params)
 
     # ------------------------------------------------------------------------------------------
     def should_stop_early(self, job: Job) -> bool:
