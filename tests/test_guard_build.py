@@ -5,6 +5,7 @@ starting model, or none: drift); bad inputs exit 2 naming the input."""
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -34,10 +35,14 @@ def by_language(tmp_path: Path, clips: list[dict]) -> dict[str, Path]:
 @pytest.mark.fast
 def test_windows_fit_hold_one_language_and_cover_every_clip_once(tmp_path, clips, capsys):
     dirs = by_language(tmp_path, clips)
-    out = tmp_path / "guard"
+    out = tmp_path / "guard es-en"
     argv = ["guard", "build", str(dirs["en"]), str(dirs["es"]), "--out", str(out)]
     assert main([*argv, "--language", "en", "--language", "es"]) == 0
-    assert "0 with references (the guard measures drift" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "0 with references (the guard measures drift" in printed
+    # the override it suggests pastes into a shell whole, though the path has a space
+    suggestion = printed.splitlines()[-1].removeprefix("use it with ")
+    assert shlex.split(suggestion) == [f"eval.guard.path={out}"]
     rows = manifest(out)
     joined = Counter(Path(c).name for r in rows for c in r["clips"])
     assert joined == Counter(Path(c["file"]).name for c in clips)  # every clip, once

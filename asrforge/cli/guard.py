@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -109,5 +110,6 @@ def run(args: argparse.Namespace) -> int:
         f"{refs} with references{mixed}"
         + ("" if refs else " (the guard measures drift from the starting model)")
     )
-    print(f"use it with eval.guard.path={args.out}")
+    # quoted as a shell reads it, so that the line pastes whole for a path with a space
+    print(f"use it with {shlex.quote(f'eval.guard.path={args.out}')}")
     return 0
