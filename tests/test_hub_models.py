@@ -141,3 +141,12 @@ def test_transcribe_takes_a_hub_id(hf_home, tiny_model, tones_dir, tmp_path, cap
     assert main(["transcribe", "org/tiny", str(clip), "--max-new-tokens", "4"]) == 0
     # the note on stderr names the model as given, not its snapshot
     assert "asrforge: org/tiny: a transformers directory" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_a_commands_model_argument_and_the_id_are_named_once(hf_home, tmp_path, capsys):
+    from asrforge.cli import main
+
+    assert main(["transcribe", "org/absent", str(tmp_path / "x.wav")]) == 2
+    err = capsys.readouterr().err
+    assert "bundle: org/absent: no such local path" in err and "org/absent: org/absent" not in err

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from asrforge.model.decoding import DecodeOptions, capture_for
 
     # the model first, then the data: every problem in one message
-    bundle = attempt(lambda: open_model(args.model, args.weights), problems)
+    bundle = attempt(lambda: open_model(args.model, args.weights, option="model"), problems)
     data = attempt(lambda: data_options(args), problems)
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)

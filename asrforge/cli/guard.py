@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     check_out(args.out)
     others = "--model" if args.model is not None else None
     clips = read_clips(args.audio, args.language, args.references, others_from=others)
-    bundle = open_model(args.model) if args.model is not None else None
+    bundle = open_model(args.model, option="--model") if args.model is not None else None
     if bundle is not None and window > bundle.window_seconds:
         raise UserError(f"--window-seconds {window}: longer than the model's window "
                         f"({bundle.window_seconds:g} s)")  # fmt: skip

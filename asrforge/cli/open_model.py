@@ -11,17 +11,21 @@ from asrforge.errors import UserError
 # the parser (`asrforge --help`) does not wait for it.
 
 
-def open_model(model: str | Path, weights: str | None = None):
+def open_model(model: str | Path, weights: str | None = None, *, option: str = "model"):
     """A :class:`~asrforge.bundle.Bundle` from a bundle (verified by ``load_bundle``), a training
     checkpoint or run (verified against its manifest), or a plain transformers Whisper
     directory, which has no manifest and is loaded unverified (said on stderr); each a local
-    directory or a Hugging Face Hub id (``org/name[@revision]``, :mod:`asrforge.hub`)."""
+    directory or a Hugging Face Hub id (``org/name[@revision]``, :mod:`asrforge.hub`).
+
+    Args:
+        option: the command's argument that names ``model``, as its messages name it.
+    """
     from asrforge.bundle.export import bundle_from_checkpoint, resolve_source
     from asrforge.bundle.load import load_bundle
     from asrforge.bundle.schema import INFERENCE_CONFIG
     from asrforge.hub import resolve_model
 
-    resolved = resolve_model(model, field=str(model))
+    resolved = resolve_model(model, field=option)
     path = resolved.path
     if resolved.ref is not None and (path / INFERENCE_CONFIG).is_file():
         return load_bundle(model)  # the whole repository, every file verified

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             problems.append(problem)
     # the model first, then every audio file decoded: all the problems in one message
-    bundle = attempt(lambda: open_model(args.bundle), problems)
+    bundle = attempt(lambda: open_model(args.bundle, option="bundle"), problems)
     chosen = (
         None if bundle is None else attempt(lambda: bundle.chunking_for(args.chunking), problems)
     )
