@@ -77,13 +77,15 @@ class Resolved:
 
 
 def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
-            revision: str | None = None) -> HubRef | None:  # fmt: skip
+            revision: str | None = None, *, section: str | None = None) -> HubRef | None:  # fmt: skip
     """The Hub repository ``value`` names, or None when it is a local path (one that exists, one
     written as a path, or anything that is not ``org/name[@revision]``).
 
     Args:
         revision: a revision given apart (``data.revision``); ``@revision`` in ``value`` too is
             refused unless the two agree.
+        section: the config section whose ``path`` and ``revision`` these are (``data``), as
+            that refusal names them.
     """
     if value is None:
         return None
@@ -92,7 +94,9 @@ def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
         return None
     repo_id, _, at = text.partition("@")
     if at and revision is not None and at != revision:
-        raise UserError(f"{text}: names revision {at!r}, and revision {revision!r} is set apart")
+        path, apart = (f"{section}.path", f"{section}.revision") if section else ("", "revision")
+        raise UserError(f"{path + ': ' if path else ''}{text} names revision {at!r}, and {apart} "
+                        f"is {revision!r}: give the revision in one place")
     return HubRef(repo_id, at or revision, repo_type)
 
 

@@ -96,7 +96,8 @@ def test_a_hub_data_set_reads_its_subset_whole_from_the_cache(speech, tones_dir)
 @pytest.mark.fast
 def test_a_subset_or_split_the_data_set_lacks_is_named_with_those_it_has(speech, tones_dir):
     with pytest.raises(UserError, match=r"data.subset: org/speech has 2 configurations and no "
-                                        r"default: name one \(all, es\)"):  # fmt: skip
+                                        r"default: name one \(all, es\) with data.subset, or "
+                                        r"--subset with --data$"):  # fmt: skip
         load_source(DataConfig(path="org/speech"))
     with pytest.raises(UserError, match=r"data.subset 'sw': org/speech has no such configuration "
                                         r"\(it has all, es\)"):  # fmt: skip
@@ -306,3 +307,19 @@ def test_every_command_reading_data_takes_a_hub_address_and_its_subset_and_revis
     args.overrides = []
     data = data_options(args)
     assert (str(data.path), data.subset, data.revision) == (address, "es_419", "v2")
+
+
+@pytest.mark.fast
+def test_a_revision_in_the_id_and_another_apart_name_both_fields():
+    with pytest.raises(UserError, match=r"^data.path: org/speech@abc names revision 'abc', and "
+                                        r"data.revision is 'def': give the revision in one place$"):
+        load_source(DataConfig(path="org/speech@abc", revision="def"))
+
+
+@pytest.mark.fast
+def test_a_missing_manifest_is_not_offered_the_generated_tones(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_source(DataConfig(path=tmp_path / "nothere.json"))
+    assert str(e.value) == f"data.path: {tmp_path / 'nothere.json'} does not exist"
+    with pytest.raises(UserError, match=r"does not exist \(set data.generate: tones"):
+        load_source(DataConfig(path=tmp_path / "nothere"))

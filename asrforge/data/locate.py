@@ -83,10 +83,12 @@ def is_url(path: str | Path) -> bool:
     return re.match(r"^[a-z][a-z0-9+.-]*://", str(path)) is not None
 
 
-def data_ref(cfg: DataConfig) -> HubRef | None:
+def data_ref(cfg: DataConfig, section: str = "data") -> HubRef | None:
     """The Hub data set ``cfg.path`` names, or None: a local path (also one ``data.generate``
-    builds, whatever it looks like) or a URL."""
-    return hub_ref(cfg.path, "dataset", cfg.revision) if cfg.generate is None else None
+    builds, whatever it looks like) or a URL. ``section``: where ``cfg`` is in the config."""
+    if cfg.generate is not None:
+        return None
+    return hub_ref(cfg.path, "dataset", cfg.revision, section=section)
 
 
 def locate(
@@ -109,7 +111,7 @@ def locate(
             only.
     """
     text = str(cfg.path)
-    ref = data_ref(cfg)
+    ref = data_ref(cfg, section)
     if ref is None and not is_url(text):
         return _local(Path(text), cfg.subset, Resolved(Path(text)), text, section)
     if ref is None:
@@ -298,9 +300,11 @@ def choose_config(configs: Configs, subset: str | None, where: str, section: str
         return subset
     if len(names) == 1 or getattr(configs, "default", None) is not None:
         return names[0]
+    # commands that take --data name the subset with --subset, a config with data.subset
+    flag = ", or --subset with --data" if section == "data" else ""
     raise UserError(
         f"{section}.subset: {where} has {len(names)} configurations and no default: name one "
-        f"({_listing(names)})"
+        f"({_listing(names)}) with {section}.subset{flag}"
     )
 
 

@@ -118,9 +118,7 @@ def check_data_path(path: Path, *, section: str = "data") -> None:
         UserError: naming ``section.path`` and what is wrong.
     """
     if not path.exists():
-        raise UserError(
-            f"{section}.path: {path} does not exist (set data.generate: tones to make a small one)"
-        )
+        raise UserError(missing_data_path(path, section))
     if not path.is_dir() and not path.is_file():
         raise UserError(
             f"{section}.path: {path} is not a regular file or a directory (a pipe or a device "
@@ -429,6 +427,15 @@ def data_config(data: Path | DataConfig) -> DataConfig:
     return data if isinstance(data, DataConfig) else DataConfig(path=data)
 
 
+def missing_data_path(path: Path, section: str = "data") -> str:
+    """What to say of a data path that does not exist: the tones ``data.generate`` builds are
+    offered only for ``data.path`` written as a folder, since a path with a file's suffix is a
+    manifest mistyped, not a data set to make."""
+    hint = " (set data.generate: tones to make a small one)"
+    offer = section == "data" and not Path(path).suffix
+    return f"{section}.path: {path} does not exist{hint if offer else ''}"
+
+
 TEXT_COLUMNS = ("text", "language")
 """Columns that must hold strings (or nulls, which are skipped as empty)."""
 
@@ -441,7 +448,7 @@ def load_arrow(path: Path):
     datasets.disable_progress_bars()
     path = Path(path)
     if not path.exists():
-        raise UserError(f"data.path: {path} does not exist (set data.generate: tones to make a small one)")
+        raise UserError(missing_data_path(path, "data"))
     dd = load_saved(path)
     if isinstance(dd, datasets.Dataset):
         raise UserError(f"data.path: {path} holds one split; save a DatasetDict with named splits")
