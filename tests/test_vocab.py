@@ -197,7 +197,7 @@ def test_cli_build_and_report(tmp_path, capsys):
         str(TINY_EN),
     ]
     assert main(args) == 0
-    assert "new ka tokens" in capsys.readouterr().out
+    assert "new ka text tokens" in capsys.readouterr().out
     ext = json.loads((out / EXTENSION_FILE).read_text())
     assert ext["language"] == "ka" and ext["new_tokens"] > 200
     assert main(args) == 2  # --out exists and is not empty
@@ -254,7 +254,7 @@ def test_build_on_an_english_only_base_says_the_data_must_train_as_english(tmp_p
     args = ["vocab", "build", "--data", str(data), "--vocab-size", "300", "--base", str(TINY_EN)]
     assert main([*args, "--language", "es", "--out", str(tmp_path / "es")]) == 0
     out = capsys.readouterr().out
-    assert "new es tokens" in out and "is an English-only Whisper: its prompt has no language" in out
+    assert "new es text tokens" in out and "is an English-only Whisper: its prompt has no language" in out
     assert "train the 'es' data as English (data.language: en)" in out
     assert VocabExtension.read(tmp_path / "es").language_token is None
     # English text on an English-only base takes nothing more: no note
@@ -263,6 +263,18 @@ def test_build_on_an_english_only_base_says_the_data_must_train_as_english(tmp_p
     args[3] = str(tmp_path / "data-en")
     assert main([*args, "--language", "en", "--out", str(tmp_path / "en")]) == 0
     assert "English-only" not in capsys.readouterr().out
+
+
+@pytest.mark.fast
+def test_the_language_token_is_not_counted_as_a_text_token():
+    def extension(new_tokens, token):
+        return VocabExtension(language="lg", base_vocab_size=51865, vocab_size=51865 + new_tokens,
+                              new_tokens=new_tokens, base_tokenizer_sha256="0",
+                              language_token=token)  # fmt: skip
+
+    assert extension(1, "<|lg|>").added() == "0 new lg text tokens and the language token <|lg|>"
+    assert extension(2, "<|lg|>").added() == "1 new lg text token and the language token <|lg|>"
+    assert extension(5, None).added() == "5 new lg text tokens"
 
 
 # ---------------------------------------------------------------------------------------------

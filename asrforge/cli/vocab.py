@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
         )
         print(
-            f"wrote {args.out}: {ext.new_tokens} new {ext.language} tokens, "
+            f"wrote {args.out}: {ext.added()}, "
             f"{ext.base_vocab_size} -> {ext.vocab_size} ({len(texts)} transcripts)"
         )
         code = resolve_language(args.language, strict=False)

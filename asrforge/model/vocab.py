@@ -59,6 +59,13 @@ class VocabExtension:
     tokenizer had none for ``language``; counted in ``new_tokens``."""
     format: int = EXTENSION_FORMAT
 
+    def added(self) -> str:
+        """What the extension added, text tokens and the language token apart: ``12 new text
+        tokens and the language token <|lg|>``."""
+        text = self.new_tokens - (self.language_token is not None)
+        token = f" and the language token {self.language_token}" if self.language_token else ""
+        return f"{text} new {self.language} text token{'s' * (text != 1)}{token}"
+
     def write(self, directory: Path) -> None:
         text = json.dumps(asdict(self), indent=1, ensure_ascii=False) + "\n"
         (Path(directory) / EXTENSION_FILE).write_text(text, encoding="utf-8")
@@ -330,10 +337,9 @@ def build_extended_tokenizer(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info(
-        "extended %s by %d %s tokens to %d (%d merges added, %d dropped): %s",
+        "extended %s by %s to %d (%d merges added, %d dropped): %s",
         base,
-        ext.new_tokens,
-        language,
+        ext.added(),
         ext.vocab_size,
         ext.merges_added,
         ext.merges_dropped,
