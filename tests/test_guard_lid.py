@@ -116,3 +116,22 @@ def test_a_run_on_a_multilingual_model_measures_language_id_and_records_it(
     manifest = json.loads((out / "checkpoints" / "best" / "manifest.json").read_text())
     assert "guard_lid" in manifest["guard"]
     assert "language-ID accuracy" in (out / "train.log").read_text()
+
+
+@pytest.mark.fast
+def test_an_english_only_model_refuses_a_guard_in_another_language(tones_dir, tmp_path):
+    from asrforge.data.sources import read_split
+    from asrforge.errors import UserError
+    from asrforge.evaluation.guard import check_guard_languages
+
+    (tmp_path / "clips").mkdir()
+    for r in list(read_split(tones_dir, "validation"))[:2]:
+        (tmp_path / "clips" / f"{r['id']}.wav").write_bytes(r["audio"]["bytes"])
+    spanish = load_guard_items(GuardConfig(path=tmp_path / "clips", language="es"), "es", 4.0)
+    # the rule training data meets under the same model
+    with pytest.raises(UserError, match=r"eval.guard: English-only model: its prompt has no "
+                                        r"language slot, so it cannot be guarded on 'es' \(2 items\)"):
+        check_guard_languages(spanish, multilingual=False)
+    check_guard_languages(spanish, multilingual=True)
+    english = load_guard_items(GuardConfig(path=tmp_path / "clips"), "en", 4.0)
+    check_guard_languages(english, multilingual=False)

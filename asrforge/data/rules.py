@@ -424,13 +424,8 @@ def check_english_only(counts: Counter, split: str, multilingual: bool, keep: se
     Raises:
         UserError: naming each such value, its utterance count and the ways to fix it.
     """
-    if multilingual:
+    if multilingual or not (found := not_english(counts, keep)):
         return
-    other = {value: n for value, n in counts.items()
-             if value and not is_english(value) and (keep is None or resolve_language(value, strict=False) in keep)}  # fmt: skip
-    if not other:
-        return
-    found = ", ".join(_language_value(v, n) for v, n in other.items())
     raise UserError(
         f"data: split {split!r}: English-only model: its prompt has no language slot, so it "
         f"cannot be taught {found}. Relabel the data as English (data.language: en) to train "
@@ -438,6 +433,15 @@ def check_english_only(counts: Counter, split: str, multilingual: bool, keep: se
         "start from a multilingual Whisper (model.pretrained); asrforge does not turn an "
         "English-only model into a multilingual one"
     )
+
+
+def not_english(counts: Counter, keep: set[str] | None = None, unit: str = "utterances") -> str:
+    """The values of ``counts`` (``language`` values and how many ``unit`` each) an
+    English-only model cannot be taught or asked to transcribe, as messages list them (``'es'
+    (3 utterances)``; ``keep``: only these codes count); ``""`` when there is none."""
+    other = {value: n for value, n in counts.items()
+             if value and not is_english(value) and (keep is None or resolve_language(value, strict=False) in keep)}  # fmt: skip
+    return ", ".join(_language_value(v, n, unit) for v, n in other.items())
 
 
 def row_language(value: str | None, multilingual: bool) -> str:
@@ -463,6 +467,6 @@ def is_english(value: str | None) -> bool:
     return not value or resolve_language(value, strict=False) == "en"
 
 
-def _language_value(value: str, n: int) -> str:
+def _language_value(value: str, n: int, unit: str = "utterances") -> str:
     code = resolve_language(value, strict=False)
-    return f"{value!r} ({n} utterances{'' if code == value else f', code {code!r}'})"
+    return f"{value!r} ({n} {unit}{'' if code == value else f', code {code!r}'})"

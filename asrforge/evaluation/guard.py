@@ -19,6 +19,7 @@ import torch
 from asrforge.checkpoint.average import interpolate_weights
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.guard_set import GuardWindow
+from asrforge.data.rules import not_english
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.guard_items import GuardItem, load_guard_items
@@ -515,6 +516,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     items = load_guard_items(gcfg, language, window_seconds, cfg.data.cache_dir)
     task = cfg.data.task
     specials = bundle.specials
+    check_guard_languages(items, specials.multilingual)
     language_ids = specials.languages if specials.multilingual else None
     if gcfg.lid_tolerance is not None:
         _log_lid_skipped(items, language_ids)
@@ -534,6 +536,23 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
         decode=gcfg.decode,
         detect=language_ids,
         no_timestamps=specials.no_timestamps,
+    )
+
+
+def check_guard_languages(items: Sequence[GuardItem], multilingual: bool) -> None:
+    """Refuse guard items in a language other than English under an English-only model, as
+    its training data in one is refused (:func:`asrforge.data.rules.check_english_only`): its
+    prompt has no language slot, so the guard would score English transcripts of that speech.
+
+    Raises:
+        UserError: naming each language, its item count and the ways out.
+    """
+    if multilingual or not (found := not_english(Counter(i.language for i in items), unit="items")):
+        return
+    raise UserError(
+        f"eval.guard: English-only model: its prompt has no language slot, so it cannot be "
+        f"guarded on {found}. Give the guard English speech (eval.guard.language: en labels "
+        "clips without a language), or start from a multilingual Whisper (model.pretrained)"
     )
 
 
