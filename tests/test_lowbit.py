@@ -92,3 +92,28 @@ def test_resume_refuses_another_optimizer(tmp_path, tones_dir):
         check_resume_config(now, saved, tmp_path / "run" / "checkpoints" / "step-000003")
     assert 'optim.optimizer: "adamw" -> "adamw_8bit"' in str(e.value)
     assert "optim.lr" not in str(e.value)  # the learning rate may change on resume
+
+
+@pytest.mark.fast
+def test_lora_imports_bitsandbytes_with_its_import_warnings_silenced(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import peft  # noqa: F401 - peft's own import must not meet the stand-in below
+
+    from asrforge.model.lora import _peft
+
+    # a stand-in bitsandbytes that warns on import as the real one does on a CPU without kernels
+    fake = tmp_path / "bitsandbytes"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import logging\nlogging.getLogger('bitsandbytes.backends.cpu.ops').warning("
+        "'Failed to load CPU gemm_4bit_forward from kernels-community')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    monkeypatch.delitem(sys.modules, "bitsandbytes")
+    level = logging.getLogger("bitsandbytes").level
+    with caplog.at_level(logging.WARNING):
+        _peft()
+    assert sys.modules["bitsandbytes"].__file__ == str(fake / "__init__.py")
+    assert "gemm_4bit_forward" not in caplog.text
+    assert logging.getLogger("bitsandbytes").level == level  # its later messages still show

@@ -29,6 +29,7 @@ from asrforge.config import LoraConfig, ModelConfig
 from asrforge.errors import CheckpointNotSupportedError, UserError
 from asrforge.hub import cached_model_dir
 from asrforge.model.build import build_model, scratch_config
+from asrforge.model.lowbit import import_quietly
 
 # peft's name for a model's only adapter, which is part of the tensor names.
 ADAPTER_NAME = "default"
@@ -38,6 +39,8 @@ BASE_KEY = "lora_base_sha256"  # the checkpoint manifest's record of the base we
 
 
 def _peft():
+    # peft imports bitsandbytes when installed; imported here first, its warnings stay quiet.
+    import_quietly()
     try:
         import peft
     except ImportError:

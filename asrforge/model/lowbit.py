@@ -10,6 +10,8 @@ to the compute dtype, the run's precision, for each matmul; LLM.int8 multiplies 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from transformers import BitsAndBytesConfig
 
@@ -30,6 +32,26 @@ def bitsandbytes(option: str):
             f"{option} needs the bitsandbytes package (pip install 'asrforge[lowbit]')"
         ) from None
     return bitsandbytes
+
+
+def import_quietly() -> None:
+    """Import bitsandbytes, when it is installed, with its import-time log messages silenced.
+
+    peft imports it for any LoRA model; on a CPU without its optional kernels it warns ("Failed to
+    load CPU gemm_4bit_forward ...") about a 4-bit path a run that is not low-bit never takes.
+    """
+    # bitsandbytes looks for the kernel through the `kernels` package, which warns too
+    loggers = [logging.getLogger(name) for name in ("bitsandbytes", "kernels")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def quantization_config(quantize: str, precision: str) -> BitsAndBytesConfig:
