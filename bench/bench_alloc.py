@@ -1,5 +1,5 @@
-"""The memory allocator under a CPU training step: glibc as it comes, glibc tuned, jemalloc and
-tcmalloc, each in a child process of its own running asrforge's ``Trainer.fit`` on the same
+"""The memory allocator under a CPU training step: glibc as it comes, glibc as the ``asrforge``
+command sets it (``asrforge/cli/memory.py``), glibc tuned, jemalloc and tcmalloc, each in a child process of its own running asrforge's ``Trainer.fit`` on the same
 workload as ``bench_train.py`` (tiny.en, batch 4; ``--quick`` for the small model).
 
 An allocator is chosen when a process starts (environment variables, ``LD_PRELOAD``), so each
@@ -9,7 +9,10 @@ time, system time and minor page faults (fresh pages the kernel had to hand over
 
 glibc's defaults return large freed blocks to the kernel (``mmap`` above a threshold that grows
 to 32 MiB, ``trim`` of the heap's top), so a step whose activations are freed and allocated again
-keeps faulting in fresh zeroed pages; the tuned variant keeps them in the heap.
+keeps faulting in fresh zeroed pages; the command's setting and the tuned variant keep them in
+the heap. The "glibc" side sets one glibc tunable at its default value
+(``glibc.malloc.arena_test=8``), which tells the command's setting to step aside and changes
+nothing else (``MALLOC_TOP_PAD_`` would: it stops glibc's threshold from growing).
 
 Run::
 
@@ -17,7 +20,7 @@ Run::
     .venv/bin/python bench/bench_alloc.py --quick          # seconds
 
 Prints one row per side and round, then
-``RESULT alloc samples/s glibc=X glibc-tuned=Y jemalloc=Z tcmalloc=W`` (medians).
+``RESULT alloc samples/s glibc=X asrforge=A glibc-tuned=Y jemalloc=Z tcmalloc=W`` (medians).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -44,6 +48,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     training_sizes,
 )
 
+from asrforge.cli.memory import chosen_elsewhere  # noqa: E402
 from asrforge.train.events import Callback  # noqa: E402
 from asrforge.train.loop import Trainer  # noqa: E402
 
@@ -58,6 +63,10 @@ GLIBC_TUNED = {
 }
 
 
+# a tunable at its default, so that the command's own setting (cli/memory.py) steps aside
+GLIBC_AS_IT_COMES = {"GLIBC_TUNABLES": "glibc.malloc.arena_test=8"}
+
+
 def sides() -> dict[str, dict[str, str] | None]:
     """Each allocator's environment, or None where its library is not installed."""
 
@@ -66,7 +75,8 @@ def sides() -> dict[str, dict[str, str] | None]:
         return {"LD_PRELOAD": str(path)} if path.exists() else None
 
     return {
-        "glibc": {},
+        "glibc": GLIBC_AS_IT_COMES,
+        "asrforge": {},
         "glibc-tuned": GLIBC_TUNED,
         "jemalloc": preload("libjemalloc.so.2"),
         "tcmalloc": preload("libtcmalloc_minimal.so.4"),
@@ -102,9 +112,13 @@ def run_child(args: argparse.Namespace) -> dict:
             "minor_faults_per_step": (last.ru_minflt - first.ru_minflt) / steps,
             "max_rss_mb": last.ru_maxrss / 1024,
             "last_loss": clock.losses[-1],
+            # whether bench_session's call of the command's setting took effect (cli/memory.py)
+            "set_by_asrforge": platform.libc_ver()[0] == "glibc" and chosen_elsewhere() is None,
             # what the child ran under, so a report cannot name an allocator that was not used
             "environment": {
-                k: os.environ[k] for k in (*GLIBC_TUNED, "LD_PRELOAD") if k in os.environ
+                k: os.environ[k]
+                for k in (*GLIBC_TUNED, "LD_PRELOAD", "GLIBC_TUNABLES")
+                if k in os.environ
             },
         }
 

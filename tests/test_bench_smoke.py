@@ -31,12 +31,18 @@ def test_bench_alloc_runs_each_side_in_a_process_with_its_allocator(tmp_path, ca
     import bench_alloc
 
     out = bench_alloc.main(
-        [*QUICK_TRAINING, "--sides", "glibc", "glibc-tuned", "--work-dir", str(tmp_path)]
+        [*QUICK_TRAINING, "--sides", "glibc", "asrforge", "glibc-tuned", "--work-dir",
+         str(tmp_path)]  # fmt: skip
     )
-    glibc, tuned = out["rows"]["glibc"][0], out["rows"]["glibc-tuned"][0]
-    assert glibc["environment"] == {} and tuned["environment"] == bench_alloc.GLIBC_TUNED
+    rows = {side: out["rows"][side][0] for side in ("glibc", "asrforge", "glibc-tuned")}
+    assert rows["glibc"]["environment"] == bench_alloc.GLIBC_AS_IT_COMES
+    assert rows["asrforge"]["environment"] == {}
+    assert rows["glibc-tuned"]["environment"] == bench_alloc.GLIBC_TUNED
+    # only the side that names no allocator runs with the command's own setting
+    assert [r["set_by_asrforge"] for r in rows.values()] == [False, True, False]
     # the same training either way: the allocator changes the time, not the numbers
-    assert glibc["last_loss"] == tuned["last_loss"] and glibc["samples_per_s"] > 0
+    assert len({r["last_loss"] for r in rows.values()}) == 1
+    assert rows["glibc"]["samples_per_s"] > 0
     assert "RESULT alloc samples/s glibc=" in capsys.readouterr().out
 
 
