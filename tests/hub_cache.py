@@ -1,5 +1,6 @@
 """A Hugging Face Hub cache built on disk as ``huggingface_hub`` lays it out (``blobs/``,
-``snapshots/<commit>/`` of symlinks into them, ``refs/<branch>``), and a stand-in Hub endpoint on
+``snapshots/<commit>/`` of symlinks into them, ``refs/<branch>``, and ``trees/<commit>.json``,
+the listing of each commit it keeps once it downloaded one), and a stand-in Hub endpoint on
 127.0.0.1 that answers every request with one error: tests resolve ids through the real
 ``huggingface_hub`` code and never reach a network."""
 
@@ -55,17 +56,34 @@ def add_repo(
         link.symlink_to(os.path.relpath(blob, link.parent))
     (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
     (repo / "refs" / ref).write_text(commit)
+    _add_to_listing(repo / "trees" / f"{commit}.json", expanded)
     return snapshot
 
 
+def _add_to_listing(path: Path, files: dict[str, bytes]) -> None:
+    """Add ``files`` to the commit's tree listing, in ``huggingface_hub``'s format (version 1:
+    each file's size and git blob id), with which a cached commit needs no request."""
+    listing = json.loads(path.read_text()) if path.is_file() else {"format_version": 1, "files": {}}
+    for name, data in files.items():
+        blob_id = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        listing["files"][name] = {"size": len(data), "blob_id": blob_id}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(listing, indent=1))
+
+
 @contextmanager
-def hub_answering(status: int, error_code: str, message: str = "stand-in Hub"):
+def hub_answering(
+    status: int, error_code: str, message: str = "stand-in Hub", seen: list | None = None
+):
     """An endpoint on 127.0.0.1 that answers every request with ``status`` and the
     ``X-Error-Code`` the Hub sends (``GatedRepo``, ``RepoNotFound``, ``RevisionNotFound``);
-    yields its URL for ``HF_ENDPOINT``."""
+    yields its URL for ``HF_ENDPOINT``. Each request's method and path is appended to
+    ``seen``."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self):
+            if seen is not None:
+                seen.append(f"{self.command} {self.path}")
             body = json.dumps({"error": message}).encode()
             self.send_response(status)
             self.send_header("X-Error-Code", error_code)
