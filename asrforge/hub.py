@@ -325,15 +325,18 @@ def model_dir_if_any(value: str | os.PathLike | None) -> Path | None:
         return None
 
 
-def cached_model_dir(value: str | os.PathLike) -> Path | None:
+def cached_model_dir(
+    value: str | os.PathLike, patterns: tuple[str, ...] = ("config.json",)
+) -> Path | None:
     """``value``'s model directory when it can be read without the network: a local path as it
-    is, a Hub id's snapshot only when the cache holds it (its ``config.json`` at least); None
-    when the cache does not. Checks that can do without the model (the LoRA targets a plan
-    checks) skip rather than download."""
+    is, a Hub id's snapshot only when the cache holds it (the files ``patterns`` match, as far
+    as ``huggingface_hub`` can tell); None when the cache does not. Readers that can do without
+    the model (the LoRA targets a plan checks, the license a card copies) skip rather than
+    download."""
     ref = hub_ref(value)
     if ref is None:
         return Path(value)
     try:
-        return _snapshot(ref, "model.pretrained", ("config.json",), True, cache_dir(), endpoint())
+        return _snapshot(ref, "model.pretrained", patterns, True, cache_dir(), endpoint())
     except UserError:
         return None

@@ -240,3 +240,26 @@ def test_a_push_the_hub_refuses_or_cannot_take_is_one_line_exit_2(
     if answer == "refused":
         assert "HF_TOKEN" in errors[0]
     assert (out / "manifest.json").is_file()  # the bundle itself is written and kept
+
+
+def test_export_reads_the_license_of_the_commit_trained_from_and_asks_the_hub_nothing(
+    trained, hub, tmp_path, monkeypatch
+):
+    from huggingface_hub import ModelCard
+
+    from asrforge.bundle.export import export_bundle
+    from tests.hub_cache import hub_answering
+
+    # the commit the run trained from says apache-2.0; main has moved to one that says mit
+    add_repo(hub, "org/tiny", {"README.md": "---\nlicense: apache-2.0\n---\n"}, commit=OLD,
+             ref="trained")  # fmt: skip
+    moved = {"": tiny_model_dir(hub), "README.md": "---\nlicense: mit\n---\n"}
+    add_repo(hub, "org/tiny", moved, commit=NEW)
+    # online, with an endpoint that records every request and answers none
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    seen: list[str] = []
+    with hub_answering(404, "RepoNotFound", seen=seen) as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        bundle = export_bundle(trained, tmp_path / "bundle")
+    assert seen == []
+    assert ModelCard.load(bundle / "README.md").data.to_dict()["license"] == "apache-2.0"

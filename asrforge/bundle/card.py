@@ -1,6 +1,7 @@
 """A bundle's ``README.md``: a model card as the Hugging Face Hub reads it
 (``huggingface_hub.ModelCard``): YAML metadata (``base_model``, ``language``, ``datasets``,
-``license`` taken from the base model's card, ``pipeline_tag``, a ``model-index`` with WER and CER
+``license`` taken from the base model's card at the commit the run trained from,
+``pipeline_tag``, a ``model-index`` with WER and CER
 per language on the evaluation split) and a body saying where the model came from (the Hub
 commits the run read), how it was selected, what the forgetting guard measured, and how to use
 it with transformers and asrforge.
@@ -21,7 +22,7 @@ import yaml
 
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
-from asrforge.hub import hub_ref, model_dir_if_any
+from asrforge.hub import cached_model_dir, hub_ref
 from asrforge.run_layout import RunLayout
 
 CARD_FILE = "README.md"
@@ -45,7 +46,7 @@ def model_card(
     base = cfg.model.pretrained
     if base is not None and hub_ref(base) is not None:
         meta["base_model"] = hub_ref(base).repo_id
-    if (license_ := _base_license(base)) is not None:
+    if (license_ := _base_license(base, commits.get("model.pretrained"))) is not None:
         meta["license"] = license_
     data_id = commits.get("data.path", {}).get("id")
     if data_id is not None:
@@ -70,9 +71,17 @@ def _eval_summary(ckpt: Path, step: int | None) -> dict:
     return last if last.get("summary") else {}
 
 
-def _base_license(base: str | None) -> str | None:
-    """The ``license`` of the base model's own card, when it has one here."""
-    directory = model_dir_if_any(base)
+def _base_license(base: str | None, record: dict | None) -> str | None:
+    """The ``license`` of the base model's own card: at the commit the run recorded, read from
+    the Hugging Face cache (never asked of the Hub: an export works offline, and a branch that
+    moved since must not lend the card another commit's license), or in a local base directory.
+    None when that card is not here, or a Hub base has no recorded commit."""
+    if record and record.get("commit"):
+        directory = cached_model_dir(f"{record['id']}@{record['commit']}", (CARD_FILE,))
+    elif base is not None and hub_ref(base) is None:
+        directory = Path(base)
+    else:
+        directory = None
     card = directory / CARD_FILE if directory is not None else None
     if card is None or not card.is_file():
         return None

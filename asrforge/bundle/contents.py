@@ -45,6 +45,7 @@ from asrforge.config import (
 )
 from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.data.audio import SAMPLE_RATE, decode_audio
+from asrforge.data.locate import data_ref
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, UserError
@@ -200,14 +201,21 @@ def checkpoint_contents(
 
 
 def pinned_to_recorded_commits(cfg: TrainConfig, manifest: dict) -> TrainConfig:
-    """``cfg`` with a Hub ``model.pretrained`` pinned to the commit the checkpoint records
-    (``hub_commits``), so an export rebuilds the weights it was trained from even after the
-    branch moved."""
-    record = (manifest.get("hub_commits") or {}).get("model.pretrained") or {}
-    if not record.get("commit") or record.get("revision") is not None:
-        return cfg
-    pinned = f"{record['id']}@{record['commit']}"
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": pinned})})
+    """``cfg`` with a Hub ``model.pretrained`` and ``data.path`` pinned to the commits the
+    checkpoint records (``hub_commits``), so an export rebuilds the weights it was trained from
+    even after the branch moved, and reads the cache without asking the Hub which commit a
+    branch is at."""
+    commits = manifest.get("hub_commits") or {}
+    record = commits.get("model.pretrained") or {}
+    if record.get("commit") and record.get("revision") is None:
+        pinned = f"{record['id']}@{record['commit']}"
+        model = cfg.model.model_copy(update={"pretrained": pinned})
+        cfg = cfg.model_copy(update={"model": model})
+    data = commits.get("data.path") or {}
+    if data.get("commit") and data_ref(cfg.data) is not None:
+        pinned_data = cfg.data.model_copy(update={"path": data["id"], "revision": data["commit"]})
+        cfg = cfg.model_copy(update={"data": pinned_data})
+    return cfg
 
 
 def read_train_config(path: Path) -> TrainConfig:
