@@ -878,3 +878,34 @@ def test_a_newer_bundle_from_a_writer_no_newer_than_us_names_both_versions(bundl
         f"asrforge {asrforge_version()} reads bundle format 1.x (up to {BUNDLE_VERSION})" in message
     )
     assert "asrforge >=" not in message  # the writer's version is no minimum to upgrade to
+
+
+def test_the_card_of_local_data_publishes_no_local_path(bundle_dir, tones_dir) -> None:
+    from huggingface_hub import ModelCard
+
+    text = (bundle_dir / "README.md").read_text()
+    results = ModelCard(text).data.to_dict()["model-index"][0]["results"]
+    assert {r["dataset"]["type"] for r in results} == {"local"}
+    assert {r["dataset"]["name"].split(" (")[0] for r in results} == {tones_dir.name}
+    assert str(tones_dir.parent) not in text  # a home directory would be published
+
+
+@pytest.mark.fast
+def test_the_card_says_what_the_forgetting_guard_measured_in_sentences() -> None:
+    from asrforge.bundle.card import _guard_text
+
+    guard = {"guard_wer": 0.31, "guard_start": 0.3, "guard_tolerance": 0.02, "guard_within": True,
+             "guard_drift": False, "guard_lid": 0.9, "guard_lid_start": 1.0,
+             "guard_lid_tolerance": 0.05}  # fmt: skip
+    assert _guard_text(guard) == (
+        "Forgetting guard: its WER on the guard set is 31 %, against 30 % for the starting model "
+        "(allowed: up to 2 points more): within the guard. Language identification on the guard "
+        "set is right 90 % of the time, against 100 % for the starting model (allowed: up to 5 "
+        "points less)."
+    )
+    drift = _guard_text({**guard, "guard_drift": True, "guard_wer": 0.05, "guard_start": 0.0,
+                         "guard_within": False, "guard_lid": None})  # fmt: skip
+    assert drift == (
+        "Forgetting guard: its drift (WER against the starting model's own transcripts) is 5 %, "
+        "against 0 % for the starting model (allowed: up to 2 points more): outside the guard."
+    )

@@ -263,3 +263,44 @@ def test_export_reads_the_license_of_the_commit_trained_from_and_asks_the_hub_no
         bundle = export_bundle(trained, tmp_path / "bundle")
     assert seen == []
     assert ModelCard.load(bundle / "README.md").data.to_dict()["license"] == "apache-2.0"
+
+
+def test_the_card_names_the_policy_that_decided_and_the_starting_model_s_figures(trained, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from asrforge.bundle.export import export_bundle
+
+    bundle = export_bundle(trained, tmp_path / "tiny-es")
+    card = ModelCard.load(bundle / "README.md")
+    assert card.data.to_dict()["model-index"][0]["name"] == "tiny-es"  # not pushed: its directory
+    assert card.text.lstrip().startswith("# tiny-es\n")
+    state = json.loads((trained / "checkpoints/latest/train_state.json").read_text())
+    assert f"selected by the `{state['selection']['policy']}` selection policy" in card.text
+    assert "`auto`" not in card.text
+    start = json.loads((trained / "eval/step-000000.jsonl").read_text().splitlines()[-1])
+    header, _rule, *rows = [line for line in card.text.splitlines() if line.startswith("|")]
+    assert header.endswith("| WER % at start | CER % at start |")
+    for lang, m in start["per_language"].items():
+        row = next(r for r in rows if r.startswith(f"| {lang} |"))
+        assert row.split(" | ")[4] == f"{round(100 * m['wer'], 4):g}"
+
+
+def test_the_card_says_a_translate_run_translates_and_an_extended_vocabulary_needs_no_pipeline(
+    trained,
+):
+    from huggingface_hub import ModelCard
+
+    from asrforge.bundle.card import model_card
+    from asrforge.bundle.contents import read_run_config
+
+    ckpt = trained / "checkpoints" / "latest"
+    cfg = read_run_config(ckpt)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"task": "translate"})})
+    step = read_manifest(ckpt)["step"]
+    card = ModelCard(model_card(ckpt, cfg, ["en", "es"], None, {"step": step}, name="x",
+                                extended_vocabulary=True))  # fmt: skip
+    result = card.data.to_dict()["model-index"][0]["results"][0]
+    assert result["task"]["name"] == "Speech Translation (into English)"
+    assert "It translates speech into English text" in card.text
+    assert "pipeline(" not in card.text and "batch_decode" in card.text
+    assert "read them as timestamps and drop them from the text" in card.text

@@ -1,14 +1,16 @@
 """A bundle's ``README.md``: a model card as the Hugging Face Hub reads it
 (``huggingface_hub.ModelCard``): YAML metadata (``base_model``, ``language``, ``datasets``,
 ``license`` taken from the base model's card at the commit the run trained from,
-``pipeline_tag``, a ``model-index`` with WER and CER
-per language on the evaluation split) and a body saying where the model came from (the Hub
-commits the run read), how it was selected, what the forgetting guard measured, and how to use
-it with transformers and asrforge.
+``pipeline_tag``, a ``model-index`` with WER and CER per language on the rows evaluated) and a
+body saying where the model came from (the Hub commits the run read), what was evaluated, how it
+was selected, what the forgetting guard measured, and how to use it.
 
 The figures are the ones the run recorded for the exported step (``eval/step-NNNNNN.jsonl``),
-as percentages. Averaged weights were not evaluated as such: their card names the steps averaged
-and those steps' figures, and claims no result.
+as percentages, beside the starting model's (step 0) when the run evaluated it. Averaged weights
+were not evaluated as such: their card names the steps averaged and those steps' figures, and
+claims no result. Nothing here asks the Hub: the base model's card is read from the cache, and
+a local path is named by its last component only (a published card must not carry a home
+directory).
 """
 
 from __future__ import annotations
@@ -26,21 +28,37 @@ from asrforge.hub import cached_model_dir, hub_ref
 from asrforge.run_layout import RunLayout
 
 CARD_FILE = "README.md"
+LOCAL_DATASET = "local"
+"""``model-index``'s ``dataset.type`` of data that did not come from the Hub."""
 
 
 def model_card(
-    ckpt: Path, cfg: TrainConfig, languages: list[str], repo_id: str | None, source: dict
+    ckpt: Path,
+    cfg: TrainConfig,
+    languages: list[str],
+    repo_id: str | None,
+    source: dict,
+    *,
+    name: str | None = None,
+    extended_vocabulary: bool = False,
 ) -> str:
     """The card of a bundle exported from the training checkpoint ``ckpt`` of a run with
     ``cfg``, for ``languages``, whose ``inference_config.json`` records ``source``; ``repo_id``
-    names it in the usage examples (its Hub id when it is pushed)."""
+    names it in the usage examples (its Hub id when it is pushed), else ``name`` (the bundle
+    directory's); ``extended_vocabulary``: its new tokens come after the timestamp tokens, which
+    transformers' ASR pipeline drops."""
     manifest = read_manifest(ckpt)
     commits = manifest.get("hub_commits") or {}
-    summary = {} if "averaged_steps" in source else _eval_summary(ckpt, manifest.get("step"))
+    averaged = "averaged_steps" in source
+    run = RunLayout(ckpt.parent.parent)
+    step = manifest.get("step")
+    summary = {} if averaged else _eval_summary(run, step)
+    start = {} if averaged or not step else _eval_summary(run, 0)
+    name = (repo_id.split("/")[-1] if repo_id else name) or _default_name(cfg, languages)
     meta: dict[str, Any] = {
         "library_name": "transformers",
         "pipeline_tag": "automatic-speech-recognition",
-        "tags": ["whisper", "asrforge"],
+        "tags": ["whisper", "asrforge", *(["translation"] if _translates(cfg) else [])],
         "language": list(languages),
     }
     base = cfg.model.pretrained
@@ -53,17 +71,27 @@ def model_card(
         meta["datasets"] = [data_id]
     results = _results(summary, cfg, commits.get("data.path", {}))
     if results:
-        name = (repo_id or "model").split("/")[-1]
         meta["model-index"] = [{"name": name, "results": results}]
     header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    return f"---\n{header}---\n\n" + _body(cfg, manifest, source, summary, commits, repo_id)
+    body = _body(cfg, ckpt, manifest, source, (summary, start), commits,
+                 repo_id or name, extended_vocabulary)  # fmt: skip
+    return f"---\n{header}---\n\n" + body
 
 
-def _eval_summary(ckpt: Path, step: int | None) -> dict:
+def _default_name(cfg: TrainConfig, languages: list[str]) -> str:
+    """The base model's name and the languages (``whisper-base-es``), for a card with no
+    other name."""
+    base = cfg.model.pretrained
+    ref = hub_ref(base)
+    stem = ref.repo_id.split("/")[-1] if ref is not None else Path(str(base or "whisper")).name
+    return "-".join([stem, *languages[:3]])
+
+
+def _eval_summary(run: RunLayout, step: int | None) -> dict:
     """The summary line of the run's evaluation record of ``step`` ({} when there is none)."""
     if step is None:
         return {}
-    record = RunLayout(ckpt.parent.parent).eval_record(step)
+    record = run.eval_record(step)
     if not record.is_file():
         return {}
     lines = record.read_text(encoding="utf-8").strip().splitlines()
@@ -96,6 +124,23 @@ def _base_license(base: str | None, record: dict | None) -> str | None:
     return str(value) if value else None
 
 
+def _translates(cfg: TrainConfig) -> bool:
+    return cfg.data.task == "translate"
+
+
+def _data_label(cfg: TrainConfig, data: dict) -> str:
+    """The data's Hub id, else the last component of its local path."""
+    return data.get("id") or Path(str(cfg.data.path)).name
+
+
+def _evaluated_split(cfg: TrainConfig) -> str:
+    """The split the figures are on, as ``model-index`` names it: a carve's rows are held out of
+    the training split."""
+    if cfg.data.eval_carve is not None:
+        return f"{cfg.data.train_split} (held-out rows, eval_carve.json)"
+    return cfg.data.eval_split
+
+
 def _results(summary: dict, cfg: TrainConfig, data: dict) -> list[dict]:
     """``model-index`` results: WER and CER (percent) per language of the evaluation split.
     With several languages each result's ``config`` is its language (huggingface_hub merges
@@ -103,12 +148,15 @@ def _results(summary: dict, cfg: TrainConfig, data: dict) -> list[dict]:
     whose configurations are languages; the subset read is in the card's text."""
     results = []
     per_language = summary.get("per_language") or {}
+    task = "Speech Translation (into English)" if _translates(cfg) else "Speech Recognition"
     for lang, m in sorted(per_language.items()):
         if m.get("wer") is None:
             continue
-        label = data.get("id") or Path(str(cfg.data.path)).name
-        dataset = {"name": f"{label} ({lang})", "type": data.get("id") or str(cfg.data.path),
-                   "split": cfg.data.eval_split}  # fmt: skip
+        dataset = {
+            "name": f"{_data_label(cfg, data)} ({lang})",
+            "type": data.get("id") or LOCAL_DATASET,
+            "split": _evaluated_split(cfg),
+        }
         config = cfg.data.subset if len(per_language) == 1 else lang
         if config is not None:
             dataset["config"] = config
@@ -118,7 +166,7 @@ def _results(summary: dict, cfg: TrainConfig, data: dict) -> list[dict]:
         if m.get("cer") is not None:
             metrics.append({"type": "cer", "name": f"CER ({lang})", "value": _percent(m["cer"])})
         results.append({
-            "task": {"type": "automatic-speech-recognition", "name": "Speech Recognition"},
+            "task": {"type": "automatic-speech-recognition", "name": task},
             "dataset": {**dataset, "args": {"language": lang}},
             "metrics": metrics,
         })  # fmt: skip
@@ -129,39 +177,105 @@ def _percent(fraction: float) -> float:
     return round(100 * float(fraction), 4)
 
 
-def _body(
-    cfg: TrainConfig, manifest: dict, source: dict, summary: dict, commits: dict, repo_id
-) -> str:
-    name = repo_id or "path/to/this/bundle"
-    lines = ["# " + (repo_id or "asrforge bundle"), ""]
+def _body(cfg: TrainConfig, ckpt: Path, manifest: dict, source: dict, figures: tuple[dict, dict],
+          commits: dict, name: str, extended: bool) -> str:  # fmt: skip
+    summary, start = figures
+    lines = [f"# {name}", ""]
     base = cfg.model.pretrained
     if base is None:
         lines.append("A Whisper model trained from scratch with asrforge.")
     else:
         commit = commits.get("model.pretrained", {}).get("commit")
         at = f" at commit `{commit}`" if commit else ""
-        lines.append(f"Fine-tuned with asrforge from `{base}`{at}.")
-    data = commits.get("data.path")
-    where = f"`{data['id']}` at commit `{data['commit']}`" if data else f"`{cfg.data.path}`"
-    subset = f", subset `{cfg.data.subset}`" if cfg.data.subset else ""
-    lines += ["", f"Data: {where}{subset}; evaluated on its `{cfg.data.eval_split}` split.", ""]
+        named = f"`{base}`" if hub_ref(base) is not None else f"a local model `{Path(base).name}`"
+        lines.append(f"Fine-tuned with asrforge from {named}{at}.")
+    if _translates(cfg):
+        lines += ["", "It translates speech into English text (Whisper's `translate` task): the "
+                  "figures below score its English output against English references; each "
+                  "row's language is the speech's."]  # fmt: skip
+    lines += ["", _data_line(cfg, commits.get("data.path"), summary), ""]
     lines += ["## Results", ""]
     if "averaged_steps" in source:
         lines.append(_averaged(source))
     else:
-        lines += _results_table(summary)
-        policy = cfg.selection.policy
+        lines += _results_table(summary, start)
         reason = summary.get("reason")
-        lines.append(f"Step {manifest.get('step')}, selected by the `{policy}` selection policy"
+        lines.append(f"Step {manifest.get('step')}, selected by {_policy(ckpt, cfg)}"
                      + (f" ({reason})." if reason else "."))  # fmt: skip
     guard = manifest.get("guard") or {}
     if guard and "averaged_steps" not in source:
-        facts = ", ".join(f"{k.removeprefix('guard_')} {v}" for k, v in sorted(guard.items()))
-        lines += ["", f"Forgetting guard at this step: {facts}."]
-    lines += [
-        "",
-        "## Usage",
-        "",
+        lines += ["", _guard_text(guard)]
+    lines += ["", "## Usage", ""]
+    lines += _usage_extended(name) if extended else _usage(name)
+    return "\n".join(lines)
+
+
+def _data_line(cfg: TrainConfig, data: dict | None, summary: dict) -> str:
+    """Which data trained the model and exactly which rows the figures are on."""
+    if data:
+        where = f"`{data['id']}` at commit `{data['commit']}`"
+    else:
+        where = f"local files (`{Path(str(cfg.data.path)).name}`)"
+    subset = f", subset `{cfg.data.subset}`" if cfg.data.subset else ""
+    carve = cfg.data.eval_carve
+    limit = cfg.data.max_eval_samples
+    at_most = f" The run scored at most {limit} of them (`data.max_eval_samples`)." if limit else ""
+    if carve is None:
+        return f"Data: {where}{subset}; evaluated on its `{cfg.data.eval_split}` split.{at_most}"
+    n = f"{summary['n']} " if summary.get("n") is not None else ""
+    return (
+        f"Data: {where}{subset}. It has no evaluation split: the figures are on {n}rows held "
+        f"out of its `{cfg.data.train_split}` split before training (`data.eval_carve`: size "
+        f"{carve.size:g}, seed {carve.seed}), never trained on. The run directory's "
+        "`eval_carve.json` lists them; `asrforge evaluate MODEL --data DATA --split "
+        f"{cfg.data.train_split} --carve RUN/eval_carve.json` scores the same rows.{at_most}"
+    )
+
+
+def _policy(ckpt: Path, cfg: TrainConfig) -> str:
+    """The selection policy that decided, as the checkpoint's selection state names it (the
+    config's ``auto`` names none)."""
+    try:
+        state = json.loads((ckpt / "train_state.json").read_text(encoding="utf-8"))
+        decided = (state.get("selection") or {}).get("policy")
+    except (OSError, ValueError, AttributeError):
+        decided = None
+    decided = decided or (cfg.selection.policy if cfg.selection.policy != "auto" else None)
+    if decided is None:
+        return "the selection policy"
+    how = ", the one the language's group takes" if cfg.selection.policy == "auto" else ""
+    return f"the `{decided}` selection policy{how}"
+
+
+def _guard_text(guard: dict) -> str:
+    """The forgetting guard's figures at the exported step, in sentences."""
+
+    def pct(key: str) -> str:
+        value = guard.get(key)
+        return "?" if value is None else f"{_percent(value):g} %"
+
+    drift = guard.get("guard_drift")
+    what = ("drift (WER against the starting model's own transcripts)" if drift
+            else "WER on the guard set")  # fmt: skip
+    tolerance = guard.get("guard_tolerance")
+    allowed = "" if tolerance is None else f" (allowed: up to {_percent(tolerance):g} points more)"
+    text = (f"Forgetting guard: its {what} is {pct('guard_wer')}, against {pct('guard_start')} "
+            f"for the starting model{allowed}")  # fmt: skip
+    within = guard.get("guard_within")
+    text += "." if within is None else f": {'within' if within else 'outside'} the guard."
+    if guard.get("guard_lid") is not None:
+        lid_tol = guard.get("guard_lid_tolerance")
+        lid_allowed = (
+            "" if lid_tol is None else f" (allowed: up to {_percent(lid_tol):g} points less)"
+        )
+        text += (f" Language identification on the guard set is right {pct('guard_lid')} of "
+                 f"the time, against {pct('guard_lid_start')} for the starting model"
+                 f"{lid_allowed}.")  # fmt: skip
+    return text
+
+
+def _usage(name: str) -> list[str]:
+    return [
         "With transformers:",
         "",
         "```python",
@@ -171,6 +285,34 @@ def _body(
         'print(asr("audio.wav")["text"])',
         "```",
         "",
+        *_usage_asrforge(name),
+    ]
+
+
+def _usage_extended(name: str) -> list[str]:
+    """Usage for an extended vocabulary: asrforge first, and transformers without the pipeline."""
+    return [
+        *_usage_asrforge(name),
+        "This model's vocabulary is extended: its new tokens come after Whisper's timestamp "
+        "tokens, and transformers' ASR `pipeline` and its timestamp decoding "
+        "(`return_timestamps`, `output_offsets`) read them as timestamps and drop them from the "
+        "text. In transformers, decode clips of up to 30 s with `generate` and `batch_decode`:",
+        "",
+        "```python",
+        "from transformers import WhisperForConditionalGeneration, WhisperProcessor",
+        "",
+        f'processor = WhisperProcessor.from_pretrained("{name}")',
+        f'model = WhisperForConditionalGeneration.from_pretrained("{name}")',
+        "# audio: a float array of up to 30 s at 16 kHz",
+        'features = processor(audio, sampling_rate=16000, return_tensors="pt").input_features',
+        "print(processor.batch_decode(model.generate(features), skip_special_tokens=True)[0])",
+        "```",
+        "",
+    ]
+
+
+def _usage_asrforge(name: str) -> list[str]:
+    return [
         "With asrforge (every file's sha256 verified):",
         "",
         "```python",
@@ -183,16 +325,30 @@ def _body(
         f"or `asrforge transcribe {name} audio.wav`.",
         "",
     ]
-    return "\n".join(lines)
 
 
-def _results_table(summary: dict) -> list[str]:
-    """The evaluation's WER and CER per language, as percentages, and a blank line."""
-    lines = ["| language | WER % | CER % | utterances |", "|---|---|---|---|"]
+def _results_table(summary: dict, start: dict) -> list[str]:
+    """The evaluation's WER and CER per language, as percentages, beside the starting model's
+    (step 0) when the run evaluated it, and a blank line."""
+    before = start.get("per_language") or {}
+    head = "| language | WER % | CER % | utterances |"
+    if before:
+        head += " WER % at start | CER % at start |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lang, m in sorted((summary.get("per_language") or {}).items()):
-        cer = "" if m.get("cer") is None else f"{_percent(m['cer']):g}"
-        lines.append(f"| {lang} | {_percent(m['wer']):g} | {cer} | {m.get('n', '')} |")
+        line = f"| {lang} | {_cell(m.get('wer'))} | {_cell(m.get('cer'))} | {m.get('n', '')} |"
+        if before:
+            b = before.get(lang) or {}
+            line += f" {_cell(b.get('wer'))} | {_cell(b.get('cer'))} |"
+        lines.append(line)
+    if before:
+        lines += ["", "The starting model (step 0, before fine-tuning) was evaluated on the same "
+                  "rows in the same run."]  # fmt: skip
     return [*lines, ""]
+
+
+def _cell(value) -> str:
+    return "" if value is None else f"{_percent(value):g}"
 
 
 def _averaged(source: dict) -> str:

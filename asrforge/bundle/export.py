@@ -139,8 +139,10 @@ def export_bundle(
             stats_utterances=stats_utterances,
         )
         run_cfg = read_run_config(path)
+        extended = bool(ids_read_as_timestamps(contents.tokenizer))
         card = model_card(path, run_cfg, contents.inference.languages, repo_id,
-                          contents.inference.source)  # fmt: skip
+                          contents.inference.source, name=out.name,
+                          extended_vocabulary=extended)  # fmt: skip
         contents = dataclasses.replace(contents, card=card)
     if lm is not None:
         contents = with_lm(contents, Path(lm))
