@@ -138,5 +138,10 @@ class RunLayout:
         return self.root / METRICS_FILE
 
     @property
+    def carve(self) -> Path:
+        """``eval_carve.json``: the rows ``data.eval_carve`` held out of the training split."""
+        return self.root / CARVE_FILE
+
+    @property
     def cache(self) -> Path:
         return self.root / CACHE

@@ -430,7 +430,7 @@ def test_a_carved_split_names_the_languages_it_has_no_rows_of(tmp_path, caplog):
     assert "language(s) fi have no evaluation rows (fi: 1 row(s))" in caplog.text
 
 
-def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips):
+def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, clips, capsys):
     root = tmp_path / "corpus"
     (root / clips[5]["file"]).unlink()
     path, data = source("CSV, Common Voice columns", root, clips)
@@ -469,6 +469,18 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     bundle = export_bundle(run / "checkpoints" / "step-000004", tmp_path / "bundle")
     info = json.loads((bundle / INFERENCE_CONFIG).read_text())
     assert info["languages"] == ["en", "es"] and info["features"]["stats_utterances"] == 16
+    # the card says which rows its figures are on, and evaluate --carve scores those rows
+    card = (bundle / "README.md").read_text()
+    assert "rows held out of its `train` split before training" in card
+    assert "`validation` split" not in card and "--carve RUN/eval_carve.json" in card
+    predictions = tmp_path / "predictions.jsonl"
+    argv = ["evaluate", str(bundle), "--data", str(path), "--carve", str(run), "--json",
+            "--predictions", str(predictions), f"data.cache_dir={tmp_path / 'cache'}",
+            *(f"data.columns.{k}={v}" for k, v in data["columns"].items())]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    scored = [json.loads(line)["id"] for line in predictions.read_text().splitlines()]
+    assert sorted(scored) == eval_ids(4)
 
 
 @pytest.mark.fast

@@ -43,7 +43,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Hugging Face Hub id of a model or a pushed bundle (org/name[@revision])",
     )
     add_data_argument(p)
-    p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
+    p.add_argument(
+        "--split", default=None, help=SPLIT_HELP.format(default="validation; train with --carve")
+    )
+    p.add_argument(
+        "--carve",
+        type=Path,
+        default=None,
+        metavar="EVAL_CARVE",
+        help="score only the rows a run held out of --split with data.eval_carve, as its "
+        "figures are: the run directory's eval_carve.json (or the run directory)",
+    )
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument(
         "--remove-diacritics",
@@ -128,6 +138,16 @@ def run(args: argparse.Namespace) -> int:
             f"--predictions {args.predictions}: "
             + ("a directory" if args.predictions.is_dir() else "its directory does not exist")
         )
+    args.split = args.split or ("train" if args.carve is not None else "validation")
+    if args.carve is not None:
+        from asrforge.run_layout import RunLayout
+
+        if args.carve.is_dir():
+            args.carve = RunLayout(args.carve).carve
+        if not args.carve.is_file():
+            problems.append(f"--carve {args.carve}: no such file (a run's eval_carve.json)")
+        if args.longform_items:
+            problems.append("--carve scores the held-out rows: --longform-items does not apply")
     if args.longform_vad and not args.longform_items:
         problems.append("--longform-vad: needs --longform-items")
     if args.longform_vad:
@@ -165,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             capture=capture_for("auto", bundle.device),
         ),
         normalizer=normalizer,
+        carve=args.carve,
     )
     if args.longform_items:
         from asrforge.evaluation.longform import evaluate_split_longform
@@ -197,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     # data of one split is read whole, so no split name describes what was scored
     split = None if reads_whole(data.path) else args.split
+    if args.carve is not None:
+        split = f"the rows {args.carve} held out of {split or 'it'}"
     if args.json:
         record = {
             "model": str(args.model),

@@ -172,7 +172,27 @@ def _log_carve_languages(languages: list[str], rows: np.ndarray) -> None:
                     ", ".join(f"{lang or 'none'}: {total[lang]} row(s)" for lang in total if not held[lang]))  # fmt: skip
 
 
-def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, where: str) -> None:
+def held_out_rows(train, record: Path, *, where: str):
+    """The rows of ``train`` a run held out for evaluation, as its ``eval_carve.json``
+    (``record``) lists them, once its fingerprints show ``train`` is the split they were carved
+    from (what ``asrforge evaluate --carve`` scores: the rows the run's figures are on).
+
+    Raises:
+        UserError: ``record`` is not a readable carve record, or was carved from other data.
+    """
+    try:
+        saved = json.loads(Path(record).read_text(encoding="utf-8"))
+        rows = np.asarray(saved["rows"], dtype=np.int64)
+        saved["train_rows"] = int(saved["train_rows"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--carve {record}: not a readable {CARVE_FILE} ({e})") from None
+    check_carved_data(saved, train, rows, record=record, where=where,
+                      remedy="Evaluate on the data the run was trained on")  # fmt: skip
+    return train.select(rows)
+
+
+def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, where: str,
+                      remedy: str | None = None) -> None:  # fmt: skip
     """Refuse to resume a carve (``saved``: ``eval_carve.json``) on other data: the recorded row
     numbers would hold out other rows, some of them already trained on.
 
@@ -183,7 +203,8 @@ def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, whe
     if saved["train_rows"] != len(train):
         raise UserError(
             f"data.eval_carve: {record} held out rows of a {saved['train_rows']}-row training "
-            f"split; {where} has {len(train)} rows now: resume on the data the run started with"
+            f"split; {where} has {len(train)} rows now: "
+            + (remedy or "resume on the data the run started with")
         )
     if "split_sha256" not in saved:  # carved before fingerprints were recorded
         log.warning("data.eval_carve: %s records no fingerprint of the data (an older asrforge "
@@ -198,9 +219,10 @@ def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, whe
         return
     raise UserError(
         f"data.eval_carve: {record} was carved from other data than {where} holds now: {changed}, "
-        "so the evaluation split would differ or hold rows already trained on. Resume on the data "
-        "the run started with, or start a new run (another output_dir)"
-    )
+        "so the evaluation split would differ or hold rows already trained on. "
+        + (remedy or "Resume on the data the run started with, or start a new run (another "
+           "output_dir)")
+    )  # fmt: skip
 
 
 def _keys_digest(keys) -> str:

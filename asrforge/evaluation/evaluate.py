@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from asrforge.config import DataConfig, NormalizerConfig
+from asrforge.data.carve import held_out_rows
 from asrforge.data.dataset import IGNORE, Collator, SpeechDataset, dropped_by_reason, eval_batches
 from asrforge.data.prepare import prepare_split
 from asrforge.data.rules import language_filter, no_usable_clips
@@ -282,6 +283,7 @@ def evaluate_split(
     progress: Callable[[Iterable[dict], int], Iterable[dict]] | None = None,
     options: DecodeOptions = DecodeOptions(),
     normalizer: NormalizerConfig | None = None,
+    carve: Path | None = None,
 ):
     """:func:`evaluate` of a :class:`~asrforge.bundle.Bundle` (or a checkpoint made into one) on
     one split of a data set, with the training loop's filtering and batch order.
@@ -294,6 +296,8 @@ def evaluate_split(
         max_samples: the first N usable utterances only.
         progress: wraps the batches (given them and the utterance count), e.g. to report.
         options, normalizer: see :func:`evaluate`.
+        carve: a run's ``eval_carve.json``: only the rows it held out of ``split`` (the
+            training split) are scored.
 
     Returns:
         ``(metrics, predictions, skip_report)``.
@@ -303,8 +307,9 @@ def evaluate_split(
             checks, or every clip dropped when read).
     """
     loader, n, report = split_loader(
-        bundle, data, split, batch_size=batch_size, languages=languages, max_samples=max_samples
-    )
+        bundle, data, split, batch_size=batch_size, languages=languages, max_samples=max_samples,
+        carve=carve,
+    )  # fmt: skip
     batches = progress(loader, n) if progress is not None else loader
     metrics, preds = evaluate(
         bundle.model, batches, tokenizer=bundle.tokenizer, eot=bundle.specials.eot,
@@ -326,6 +331,7 @@ def split_loader(
     batch_size: int,
     languages: list[str] | None = None,
     max_samples: int | None = None,
+    carve: Path | None = None,
 ):
     """The collated evaluation batches of one split of a data set (a path or a data section, as
     :func:`evaluate_split` takes it), filtered and ordered as the training loop's evaluation has
@@ -341,6 +347,8 @@ def split_loader(
 
     source = data_config(data)
     ds = read_split(source, split)
+    if carve is not None:
+        ds = held_out_rows(ds, carve, where=f"split {split!r} of {source.path}")
     dcfg = source.model_copy(
         update={"eval_split": split, "languages": languages, "task": bundle.config.data.task}
     )
