@@ -29,6 +29,11 @@ class CheckpointSaveError(RuntimeError):
     """Writing a checkpoint failed (disk full, permissions, ...). The previous one is intact."""
 
 
+class UploadError(RuntimeError):
+    """An upload the Hub could not take for want of the network or of the Hub itself, not of the
+    input (exit 1: trying again may work); the message says nothing was uploaded."""
+
+
 class RunIOError(RuntimeError):
     """A run stopped because a file could not be written (a full disk, permissions): the message
     names the file and the checkpoint a resume continues from."""

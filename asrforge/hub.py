@@ -100,6 +100,14 @@ def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
     return HubRef(repo_id, at or revision, repo_type)
 
 
+def repo_id_problem(text: str) -> str | None:
+    """Why ``text`` is not a Hub repository id to upload to (``org/name``, no revision), or
+    None when it is one."""
+    if _ID.match(text) and "@" not in text:
+        return None
+    return f"{text!r}: not a Hub repository id (org/name)"
+
+
 def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
 

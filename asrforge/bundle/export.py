@@ -56,7 +56,7 @@ from asrforge.config import (
     parse_size,
 )
 from asrforge.errors import UserError
-from asrforge.hub import hub_ref, model_dir_if_any
+from asrforge.hub import hub_ref, model_dir_if_any, resolve_model
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.vocab import ids_read_as_timestamps
@@ -369,10 +369,19 @@ def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bund
 def resolve_source(source: Path) -> tuple[str, Path]:
     """``("checkpoint" | "pretrained", directory)`` for what the user named; a run directory
     resolves to ``checkpoints/best``, else ``checkpoints/latest`` (logged)."""
+    if not source.is_dir() and hub_ref(source) is not None:
+        # a Hub model id reads as the transformers directory it resolves to, as train takes it
+        resolved = resolve_model(source, field="source").path
+        if (resolved / INFERENCE_CONFIG).is_file():
+            raise UserError(f"{source}: already an inference bundle (a pushed one)")
+        return "pretrained", resolved
     if not source.is_dir():
         raise UserError(f"{source}: no such directory")
     if (source / INFERENCE_CONFIG).is_file():
-        raise UserError(f"{source}: already an inference bundle")
+        raise UserError(
+            f"{source}: already an inference bundle (`asrforge export {source} --push-to-hub "
+            "ORG/NAME` uploads it as it is)"
+        )
     if (source / MANIFEST_NAME).is_file() and has_weights(source, MODEL_STEM):
         return "checkpoint", source
     checkpoints = RunLayout(source).checkpoints

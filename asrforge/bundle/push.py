@@ -7,8 +7,8 @@ from pathlib import Path
 
 from asrforge.bundle.load import verify_bundle
 from asrforge.checkpoint.manifest import MANIFEST_NAME
-from asrforge.errors import UserError
-from asrforge.hub import endpoint
+from asrforge.errors import UploadError, UserError
+from asrforge.hub import endpoint, repo_id_problem
 
 
 def push_bundle(
@@ -22,11 +22,12 @@ def push_bundle(
 
     Raises:
         UserError: ``repo_id`` is not ``org/name``, the bundle does not verify, or the Hub
-            refuses (no token: naming ``HF_TOKEN``).
+            refuses the request (no token: naming ``HF_TOKEN``).
+        UploadError: the Hub could not be reached or failed on its side; nothing was uploaded.
         CheckpointCorruptError: a file of the bundle changed since it was written.
     """
-    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise UserError(f"--push-to-hub {repo_id!r}: not a Hub repository id (org/name)")
+    if (problem := repo_id_problem(repo_id)) is not None:
+        raise UserError(f"--push-to-hub {problem}")
     manifest = verify_bundle(bundle)
     files = sorted([*manifest["files"], MANIFEST_NAME])
     url = f"{endpoint()}/{repo_id}"
@@ -36,6 +37,8 @@ def push_bundle(
     from huggingface_hub.errors import HfHubHTTPError
 
     api = HfApi(endpoint=endpoint())
+    again = (f"the bundle {bundle} is complete: upload it again with `asrforge export {bundle} "
+             f"--push-to-hub {repo_id}`")  # fmt: skip
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         api.upload_folder(
@@ -46,14 +49,20 @@ def push_bundle(
         )
     except HfHubHTTPError as e:
         status = getattr(e.response, "status_code", None)
-        hint = " (set HF_TOKEN to a token with write access, or run `hf auth login`)"
-        raise UserError(
-            f"--push-to-hub {repo_id}: the Hub refused: {_first_line(e)}"
-            + (hint if status in (401, 403) else "")
+        if status is not None and status < 500:
+            hint = " (set HF_TOKEN to a token with write access, or run `hf auth login`)"
+            raise UserError(
+                f"--push-to-hub {repo_id}: the Hub refused: {_first_line(e)}"
+                + (hint if status in (401, 403) else "")
+            ) from None
+        raise UploadError(
+            f"--push-to-hub {repo_id}: nothing was uploaded: the Hub failed ({_first_line(e)}); "
+            + again
         ) from None
     except Exception as e:  # noqa: BLE001 - the HTTP client's and the token lookup's errors vary
-        raise UserError(
-            f"--push-to-hub {repo_id}: nothing was uploaded: {type(e).__name__}: {_first_line(e)}"
+        raise UploadError(
+            f"--push-to-hub {repo_id}: nothing was uploaded: {type(e).__name__}: "
+            f"{_first_line(e)}; {again}"
         ) from None
     return url, files
 

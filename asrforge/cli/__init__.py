@@ -37,7 +37,13 @@ from asrforge.cli import (
 )
 from asrforge.cli.memory import keep_freed_memory
 from asrforge.config.hf_names import flag_hint
-from asrforge.errors import CheckpointSaveError, ExitCode, UserError, report_exit_code
+from asrforge.errors import (
+    CheckpointSaveError,
+    ExitCode,
+    UploadError,
+    UserError,
+    report_exit_code,
+)
 from asrforge.hub import pinned
 from asrforge.io.atomic import describe_os_error
 
@@ -108,6 +114,9 @@ def _main(argv: list[str] | None) -> int:
     except UserError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except UploadError as e:
+        print(f"asrforge: error: {e}", file=sys.stderr)
+        return ExitCode.FAILED
     except (CheckpointSaveError, OSError) as e:
         # A write (or read) the OS refused: export, average, a run's set-up, ... (a failed
         # checkpoint save is reported by `cli.train.run`). One line, no traceback; nothing

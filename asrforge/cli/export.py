@@ -25,8 +25,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sha256 manifest) from a training checkpoint, a run directory (checkpoints/best, else "
         "checkpoints/latest) or a pretrained transformers Whisper directory.",
     )
-    p.add_argument("source", type=Path, help="checkpoint, run or transformers model directory")
-    p.add_argument("--out", type=Path, required=True, help="the bundle directory to write")
+    p.add_argument(
+        "source",
+        type=Path,
+        help="checkpoint, run or transformers model directory, or a Hub model id "
+        "(org/name[@revision]); with --push-to-hub also a bundle, uploaded as it is",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="the bundle directory to write (required)"
+    )
     p.add_argument(
         "--weights",
         choices=["ema", "raw", "average"],
@@ -106,8 +113,13 @@ def _shares(text: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.export import export_bundle, resolve_source
+    from asrforge.bundle.schema import INFERENCE_CONFIG
 
+    if args.push_to_hub is not None and (args.source / INFERENCE_CONFIG).is_file():
+        return _push_written(args)
     problems = [positive("--k", args.k)]
+    if args.out is None:
+        problems.append("--out: required (the bundle directory to write)")
     shard_size = None if str(args.max_shard_size).strip() == "0" else args.max_shard_size
     if shard_size is not None:
         try:
@@ -115,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             problems.append(f"--max-shard-size: {e}")
     _kind, path = attempt(lambda: resolve_source(args.source), problems) or (None, None)
-    if out_problem := directory_problem(args.out):
+    if args.out is not None and (out_problem := directory_problem(args.out)):
         problems.append(f"--out {out_problem}")
     if args.adapter_only and args.fmt != "hf":
         problems.append("--adapter-only writes peft's adapter files: --format does not apply")
@@ -128,8 +140,12 @@ def run(args: argparse.Namespace) -> int:
     if args.push_to_hub is not None and (args.adapter_only or args.fmt != "hf"):
         problems.append("--push-to-hub uploads an hf bundle: --adapter-only and --format ct2 "
                         "do not apply")  # fmt: skip
+    problems += _push_problems(args)
     if args.shares is not None and not args.within_guard:
         problems.append("--shares: only with --within-guard (the shares it tries)")
+    if args.within_guard and args.push_to_hub is not None:
+        problems.append("--push-to-hub: not with --within-guard; upload its bundle afterwards "
+                        "(`asrforge export BUNDLE --push-to-hub ORG/NAME`)")  # fmt: skip
     if args.within_guard and (args.adapter_only or args.weights == "average"):
         problems.append("--within-guard interpolates one checkpoint's whole weights: "
                         "--adapter-only and --weights average do not apply")  # fmt: skip
@@ -159,14 +175,52 @@ def run(args: argparse.Namespace) -> int:
     )
     _print_written(args, out)
     if args.push_to_hub is not None:
-        from asrforge.bundle.push import push_bundle
-
-        url, files = push_bundle(out, args.push_to_hub, private=args.private, dry_run=args.dry_run)
-        if args.dry_run:
-            print(f"would upload {len(files)} files to {url}: {', '.join(files)}")
-        else:
-            print(f"uploaded {len(files)} files to {url}")
+        _push(out, args)
     return 0
+
+
+def _push_problems(args: argparse.Namespace) -> list[str]:
+    """What stops ``--push-to-hub`` before anything is written: an id that is not ``org/name``,
+    or ``HF_HUB_OFFLINE`` set for a real upload."""
+    if args.push_to_hub is None:
+        return []
+    from asrforge.hub import offline, repo_id_problem
+
+    problems = []
+    if (problem := repo_id_problem(args.push_to_hub)) is not None:
+        problems.append(f"--push-to-hub {problem}")
+    if offline() and not args.dry_run:
+        problems.append(f"--push-to-hub {args.push_to_hub}: HF_HUB_OFFLINE is set, so nothing "
+                        "can be uploaded: export without --push-to-hub now, and push the bundle "
+                        "later (`asrforge export BUNDLE --push-to-hub ORG/NAME`)")  # fmt: skip
+    return problems
+
+
+def _push_written(args: argparse.Namespace) -> int:
+    """``export BUNDLE --push-to-hub ORG/NAME``: upload a bundle written earlier, as it is."""
+    given = {
+        "--out": args.out is not None, "--weights": args.weights is not None,
+        "--format": args.fmt != "hf", "--quantization": args.quantization is not None,
+        "--adapter-only": args.adapter_only, "--lm": args.lm is not None,
+        "--within-guard": args.within_guard, "--shares": args.shares is not None,
+    }  # fmt: skip
+    problems = _push_problems(args)
+    if extra := [name for name, on in given.items() if on]:
+        problems.append(f"{args.source}: a bundle is uploaded as it is: {', '.join(extra)} "
+                        "do not apply")  # fmt: skip
+    raise_problems(problems)
+    _push(args.source, args)
+    return 0
+
+
+def _push(bundle: Path, args: argparse.Namespace) -> None:
+    from asrforge.bundle.push import push_bundle
+
+    url, files = push_bundle(bundle, args.push_to_hub, private=args.private, dry_run=args.dry_run)
+    if args.dry_run:
+        print(f"would upload {len(files)} files to {url}: {', '.join(files)}")
+    else:
+        print(f"uploaded {len(files)} files to {url}")
 
 
 def _print_written(args: argparse.Namespace, out: Path) -> None:
