@@ -244,6 +244,53 @@ def test_a_push_the_hub_refuses_or_cannot_take_is_one_line_exit_2(
     assert (out / "manifest.json").is_file()  # the bundle itself is written and kept
 
 
+@pytest.mark.parametrize(
+    ("repo", "offline", "expected"),
+    [
+        ("not a repo id", "0", "--push-to-hub 'not a repo id': not a Hub repository id (org/name)"),
+        ("me/tiny", "1", "--push-to-hub me/tiny: HF_HUB_OFFLINE is set, so nothing can be uploaded"),
+    ],
+)  # fmt: skip
+def test_a_push_that_cannot_happen_is_refused_before_the_bundle_is_written(
+    trained, tmp_path, capsys, monkeypatch, repo, offline, expected
+):
+    from asrforge.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    out = tmp_path / "bundle"
+    assert main(["export", str(trained), "--out", str(out), "--push-to-hub", repo]) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_bundle_written_earlier_is_pushed_as_it_is(trained, tmp_path, capsys):
+    from asrforge.bundle.export import export_bundle
+    from asrforge.cli import main
+
+    bundle = export_bundle(trained, tmp_path / "bundle")
+    before = {p.name: p.read_bytes() for p in bundle.iterdir()}
+    argv = ["export", str(bundle), "--push-to-hub", "me/tiny", "--dry-run"]
+    assert main(argv) == 0
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith(f"would upload {len(before)} files to ") and "README.md" in said
+    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
+    # options that would rewrite it are refused, naming them
+    assert main([*argv, "--out", str(tmp_path / "other"), "--weights", "raw"]) == 2
+    assert "a bundle is uploaded as it is: --out, --weights do not apply" in capsys.readouterr().err
+    # without --push-to-hub, the refusal says how to upload it
+    assert main(["export", str(bundle), "--out", str(tmp_path / "again")]) == 2
+    assert f"`asrforge export {bundle} --push-to-hub ORG/NAME`" in capsys.readouterr().err
+
+
+def test_export_takes_a_hub_model_id_as_train_does(hub, tmp_path):
+    from asrforge.cli import main
+
+    out = tmp_path / "bundle"
+    assert main(["export", "org/tiny", "--out", str(out)]) == 0
+    assert json.loads((out / "inference_config.json").read_text())["config_id"] == "tiny"
+    assert main(["export", "org/absent", "--out", str(tmp_path / "absent")]) == 2
+
+
 def test_export_reads_the_license_of_the_commit_trained_from_and_asks_the_hub_nothing(
     trained, hub, tmp_path, monkeypatch
 ):
@@ -306,41 +353,3 @@ def test_the_card_says_a_translate_run_translates_and_an_extended_vocabulary_nee
     assert "It translates speech into English text" in card.text
     assert "pipeline(" not in card.text and "batch_decode" in card.text
     assert "read them as timestamps and drop them from the text" in card.text
-
-
-@pytest.mark.parametrize(
-    ("repo", "offline", "expected"),
-    [
-        ("not a repo id", "0", "--push-to-hub 'not a repo id': not a Hub repository id (org/name)"),
-        ("me/tiny", "1", "--push-to-hub me/tiny: HF_HUB_OFFLINE is set, so nothing can be uploaded"),
-    ],
-)  # fmt: skip
-def test_a_push_that_cannot_happen_is_refused_before_the_bundle_is_written(
-    trained, tmp_path, capsys, monkeypatch, repo, offline, expected
-):
-    from asrforge.cli import main
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
-    out = tmp_path / "bundle"
-    assert main(["export", str(trained), "--out", str(out), "--push-to-hub", repo]) == 2
-    assert expected in capsys.readouterr().err
-    assert not out.exists()
-
-
-def test_a_bundle_written_earlier_is_pushed_as_it_is(trained, tmp_path, capsys):
-    from asrforge.bundle.export import export_bundle
-    from asrforge.cli import main
-
-    bundle = export_bundle(trained, tmp_path / "bundle")
-    before = {p.name: p.read_bytes() for p in bundle.iterdir()}
-    argv = ["export", str(bundle), "--push-to-hub", "me/tiny", "--dry-run"]
-    assert main(argv) == 0
-    said = capsys.readouterr().out.strip().splitlines()[-1]
-    assert said.startswith(f"would upload {len(before)} files to ") and "README.md" in said
-    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
-    # options that would rewrite it are refused, naming them
-    assert main([*argv, "--out", str(tmp_path / "other"), "--weights", "raw"]) == 2
-    assert "a bundle is uploaded as it is: --out, --weights do not apply" in capsys.readouterr().err
-    # without --push-to-hub, the refusal says how to upload it
-    assert main(["export", str(bundle), "--out", str(tmp_path / "again")]) == 2
-    assert f"`asrforge export {bundle} --push-to-hub ORG/NAME`" in capsys.readouterr().err

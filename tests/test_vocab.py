@@ -277,6 +277,23 @@ def test_the_language_token_is_not_counted_as_a_text_token():
     assert extension(5, None).added() == "5 new lg text tokens"
 
 
+def test_build_and_report_take_a_hub_model_id_as_their_base(tmp_path, capsys, hf_home):
+    from tests.hub_cache import add_repo
+
+    files = {name: TINY_EN / name for name in ("config.json", "tokenizer.json", "vocabulary.txt")}
+    add_repo(hf_home, "openai/whisper-tiny.en", files)
+    rng = random.Random(0)
+    words = ["meeting", "notes", "agenda", "minutes", "action", "owner", "deadline", "budget"]
+    data = write_dataset(tmp_path / "data",
+                         {"train": [(" ".join(rng.choices(words, k=6)), "en") for _ in range(300)]})  # fmt: skip
+    common = ["--data", str(data), "--language", "en", "--base", "openai/whisper-tiny.en"]
+    tok = tmp_path / "tok"
+    assert main(["vocab", "build", *common, "--vocab-size", "300", "--out", str(tok)]) == 0
+    assert VocabExtension.read(tok).base_vocab_size == len(load_tokenizer(TINY_EN))
+    assert main(["vocab", "report", *common, "--tokenizer", str(tok)]) == 0
+    assert "decode steps saved" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------
 # Model side
 

@@ -227,8 +227,10 @@ def read_train_config(path: Path) -> TrainConfig:
         raise UserError(f"{path}: not a readable training config: {e}") from None
 
 
-def pretrained_contents(hf_dir: Path) -> BundleContents:
-    """A pretrained transformers Whisper directory (safetensors weights) as bundle contents."""
+def pretrained_contents(hf_dir: Path, name: str | None = None) -> BundleContents:
+    """A pretrained transformers Whisper directory (safetensors weights) as bundle contents;
+    ``name``: its ``config_id`` (default the directory's name, which a Hub snapshot's is not:
+    a commit)."""
     config = WhisperConfig.from_pretrained(str(hf_dir), local_files_only=True)
     if config.model_type != "whisper":
         raise UserError(f"{hf_dir}: a {config.model_type!r} model, not Whisper")
@@ -242,7 +244,7 @@ def pretrained_contents(hf_dir: Path) -> BundleContents:
     languages = bundle_languages(ModelConfig(pretrained=hf_dir), base_gen, specials, ["en"])
     icfg = InferenceConfig.model_validate(
         {
-            "config_id": hf_dir.name,
+            "config_id": name or hf_dir.name,
             "model": {
                 **{name: getattr(config, name) for name in MODEL_SHAPE},
                 "attn_implementation": "sdpa",

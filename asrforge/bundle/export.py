@@ -129,7 +129,8 @@ def export_bundle(
             raise UserError(
                 f"{source}: a pretrained directory has one set of weights, not {weights}"
             )
-        contents = pretrained_contents(path)
+        ref = hub_ref(source) if not source.is_dir() else None
+        contents = pretrained_contents(path, name=ref.repo_id.split("/")[-1] if ref else None)
     else:
         contents = checkpoint_contents(
             path,

@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote the LoRA adapters of {path} to {out}")
         return 0
     out = export_bundle(
-        path,
+        # a Hub id, not its snapshot's directory, names a pretrained model's bundle
+        args.source if _kind == "pretrained" else path,
         args.out,
         args.weights,
         args.fmt,

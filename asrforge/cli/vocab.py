@@ -43,7 +43,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     b.add_argument("--max-text-lines", type=int, help="read at most this many lines of --text")
     b.add_argument("--out", type=Path, required=True, help="the extended tokenizer directory")
     b.add_argument(
-        "--base", type=Path, required=True, help="the base Whisper tokenizer (or model) directory"
+        "--base",
+        type=Path,
+        required=True,
+        help="the base Whisper tokenizer (or model) directory, or a Hub model id "
+        "(org/name[@revision]; its tokenizer and config files only)",
     )
     b.add_argument(
         "--split", default="train", help="split of --data to read (default train; a file: whole)"
@@ -53,7 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_data_argument(r, help="as for vocab build")
     r.add_argument("--language", required=True)
     r.add_argument("--tokenizer", type=Path, required=True, help="the extended tokenizer")
-    r.add_argument("--base", type=Path, help="base tokenizer; default the one recorded")
+    r.add_argument(
+        "--base", type=Path, help="base tokenizer (or a Hub model id); default the one recorded"
+    )
     r.add_argument("--split", default="train")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(func=run, accepts_overrides=True)
@@ -80,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--vocab-size must be > 256 (the byte tokens), got {args.vocab_size}")
         texts = read_transcripts(data, args.language, args.split)
         extra = iter_text_file(args.text, args.max_text_lines) if args.text else iter(())
+        base = base_directory(args.base)
         ext = build_extended_tokenizer(
-            args.base,
+            base,
             chain(texts, extra),
             language=args.language,
             vocab_size=args.vocab_size,
@@ -92,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
             f"{ext.base_vocab_size} -> {ext.vocab_size} ({len(texts)} transcripts)"
         )
         code = resolve_language(args.language, strict=False)
-        if code != "en" and not has_language_slot(args.base, ext.base_vocab_size):
+        if code != "en" and not has_language_slot(base, ext.base_vocab_size):
             print(english_only_notice(args.base, code))
         return 0
     ext_tok = load_extended_tokenizer(args.tokenizer)
     ext = VocabExtension.read(args.tokenizer)
-    base_dir = args.base or (Path(ext.base) if ext.base else None)
+    base_dir = base_directory(args.base) if args.base else (Path(ext.base) if ext.base else None)
     if base_dir is None or not Path(base_dir).is_dir():
         raise UserError(f"the base tokenizer {base_dir} is not there; pass --base")
     base_tok = load_tokenizer(base_dir)
@@ -122,6 +129,15 @@ def run(args: argparse.Namespace) -> int:
         f"{report['decode_steps_before']} ({report['decode_steps_saved_pct']:.1f}%)"
     )
     return 0
+
+
+def base_directory(value: Path) -> Path:
+    """``--base`` as a directory: itself, or the snapshot of the Hub model id it names (its
+    tokenizer and config files, no weights), resolved as ``model.pretrained`` is."""
+    from asrforge.hub import MODEL_FILES, resolve
+
+    patterns = tuple(p for p in MODEL_FILES if p != "*.safetensors")
+    return resolve(value, field="--base", patterns=patterns).path
 
 
 def english_only_notice(base: Path, code: str) -> str:
