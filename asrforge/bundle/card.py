@@ -24,6 +24,7 @@ import yaml
 
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
+from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.hub import cached_model_dir, hub_ref
 from asrforge.run_layout import RunLayout
 
@@ -303,8 +304,8 @@ def _usage_extended(name: str) -> list[str]:
         "",
         f'processor = WhisperProcessor.from_pretrained("{name}")',
         f'model = WhisperForConditionalGeneration.from_pretrained("{name}")',
-        "# audio: a float array of up to 30 s at 16 kHz",
-        'features = processor(audio, sampling_rate=16000, return_tensors="pt").input_features',
+        f"# audio: a float array of up to 30 s at {SAMPLE_RATE} Hz",
+        f'features = processor(audio, sampling_rate={SAMPLE_RATE}, return_tensors="pt").input_features',
         "print(processor.batch_decode(model.generate(features), skip_special_tokens=True)[0])",
         "```",
         "",
