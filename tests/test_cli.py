@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import types
 
 import pytest
 import yaml
 
-from asrforge.cli import build_parser, main
+from asrforge.cli import average, build_parser, main
+from asrforge.errors import ExitCode
 
 PROBE = """
 import sys
@@ -139,3 +141,23 @@ def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
     assert main(["train", config]) == 2
     assert f"data.path: {loop}: a symlink loop" in capsys.readouterr().err
     assert [p.name for p in loop.parent.iterdir()] == ["tones"]  # no tones.tmp beside it
+
+
+@pytest.mark.fast
+def test_a_ctrl_c_while_torch_imports_exits_130_in_one_line(monkeypatch, capsys):
+    """Part of torch stays in sys.modules when its import is cut short; importing it again to
+    close a process group failed with a traceback."""
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.ModuleType("torch.distributed"))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    closed = []
+    ranks = types.ModuleType("asrforge.train.ranks")
+    ranks.close_process_group = lambda: closed.append(True) or True
+    monkeypatch.setitem(sys.modules, "asrforge.train.ranks", ranks)
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(average, "run", interrupted)
+    assert main(["average", "runs/x"]) == ExitCode.CANCELLED == 130
+    assert capsys.readouterr().err == "asrforge: interrupted\n"
+    assert closed == []

@@ -74,15 +74,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
-    code = int(_main(argv))
+    try:
+        code = int(_main(argv))
+    except KeyboardInterrupt:  # before the command ran: while its parser was built
+        code = _interrupted()
     report_exit_code(code)
     # Here the command's frames and its error's traceback are gone, so nothing keeps the group.
-    if "torch.distributed" in sys.modules:
+    if _process_group_open():
         from asrforge.train.ranks import close_process_group
 
         if not close_process_group():  # gloo's threads outlive the group's close
             leave_without_finalization(code)
     return code
+
+
+def _process_group_open() -> bool:
+    """Whether this process has a torch process group to close, read from the modules already
+    loaded: a Ctrl-C in the middle of torch's import leaves parts of it in ``sys.modules``, and
+    importing torch again then fails with a traceback."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or "torch" not in sys.modules:
+        return False
+    is_available = getattr(dist, "is_available", None)
+    is_initialized = getattr(dist, "is_initialized", None)
+    return bool(is_available and is_initialized and is_available() and is_initialized())
 
 
 def leave_without_finalization(code: int) -> NoReturn:
@@ -124,8 +139,12 @@ def _main(argv: list[str] | None) -> int:
         print(f"asrforge: error: {_describe_write_failure(e)}", file=sys.stderr)
         return ExitCode.BAD_INPUT if _path_at_fault(e) else ExitCode.FAILED
     except KeyboardInterrupt:
-        print("asrforge: interrupted", file=sys.stderr)
-        return ExitCode.CANCELLED
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    print("asrforge: interrupted", file=sys.stderr)
+    return ExitCode.CANCELLED
 
 
 # The path the user named is at fault (exit 2), unlike a full disk or an I/O error (exit 1).
