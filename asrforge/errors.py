@@ -52,7 +52,23 @@ class ExitCode(IntEnum):
     """Stopped by SIGTERM/SIGINT after saving a checkpoint (sysexits' EX_TEMPFAIL: try again
     later): ``--resume`` continues it, and the matrix retries it."""
     CANCELLED = 130
-    """Stopped by Ctrl-C without saving (128 + SIGINT, as a shell reports it)."""
+    """Stopped by Ctrl-C without saving (128 + SIGINT, as a shell reports it): a second signal
+    during a run, or one before it began (its start is undone) or during another command."""
+
+    @property
+    def meaning(self) -> str:
+        """What the code tells the person who ran the command, for the CLI's help."""
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitCode.OK: "done",
+    ExitCode.FAILED: "a run failed",
+    ExitCode.BAD_INPUT: "bad input (config, path, file)",
+    ExitCode.INTERRUPTED: "a run stopped by SIGTERM/SIGINT after saving (--resume continues it)",
+    ExitCode.CANCELLED: "stopped by Ctrl-C with nothing saved (a second signal, or one before "
+    "the run began, whose start is undone)",
+}
 
 
 EXIT_DIR_ENV = "ASRFORGE_EXIT_DIR"

@@ -4,9 +4,11 @@ command with the parser its own module builds."""
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import yaml
@@ -141,6 +143,16 @@ def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
     assert main(["train", config]) == 2
     assert f"data.path: {loop}: a symlink loop" in capsys.readouterr().err
     assert [p.name for p in loop.parent.iterdir()] == ["tones"]  # no tones.tmp beside it
+
+
+@pytest.mark.fast
+def test_every_exit_code_is_in_the_help_and_the_readme():
+    epilog = build_parser().epilog
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = " ".join(readme.split("Exit codes: ", 1)[1].split(".\n", 1)[0].split())
+    for code in ExitCode:
+        assert f"{code:d} {code.meaning}" in epilog
+    assert [int(n) for n in re.findall(r"(?:^|, )(\d+) ", listed)] == [int(c) for c in ExitCode]
 
 
 @pytest.mark.fast

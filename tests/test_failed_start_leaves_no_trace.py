@@ -1,6 +1,6 @@
-"""A run stopped by bad input (exit code 2) before its first step leaves its output directory as
-it found it: no ``train.log``, empty ``checkpoints/``, ``tokenizer/`` or ``eval_carve.json``
-behind, and an existing run's files (its log included) as they were."""
+"""A run stopped by bad input (exit code 2) or Ctrl-C (exit code 130) before its first step leaves
+its output directory as it found it: no ``train.log``, empty ``checkpoints/``, ``tokenizer/`` or
+``eval_carve.json`` behind, and an existing run's files (its log included) as they were."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from asrforge.cli import main
+from asrforge.train import setup
 from asrforge.train.run_dir import RunDirBefore
 from tests.conftest import tiny_config
 
@@ -133,3 +134,23 @@ def test_a_failed_start_removes_a_metrics_file_of_a_configured_name(tmp_path, to
     assert main(["train", str(cfg)]) == 2
     assert "taken.jsonl: a symlink" in capsys.readouterr().err
     assert _tree(out) == before
+
+
+@pytest.mark.fast
+def test_ctrl_c_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, capsys, monkeypatch):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "runs" / "run"
+    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
+    made = []
+
+    def interrupted(*args, **kwargs):
+        # by now the start made the run directory, its train.log and checkpoints/
+        made.extend(sorted(os.listdir(out)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(setup, "setup_splits", interrupted)
+    assert main(["train", str(cfg)]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("\nasrforge: interrupted\n") and "Traceback" not in err
+    assert {"train.log", "checkpoints"} <= set(made)
+    assert not (tmp_path / "runs").exists()

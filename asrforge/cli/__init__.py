@@ -5,8 +5,9 @@ Exit codes: 0 success (also a run stopped early by a callback or the selection p
 that failed (diverged, a checkpoint or another file that could not be written, a critical
 callback), 2 bad input (a config, a path, a file): one message naming what is wrong, no
 traceback; 75 a run stopped by SIGTERM/SIGINT after saving its checkpoint,
-which ``--resume`` continues (the matrix retries it); 130 a second signal that stopped it unsaved
-(:class:`asrforge.errors.ExitCode` owns them).
+which ``--resume`` continues (the matrix retries it); 130 Ctrl-C with nothing saved: a second
+signal, or one before the run began (its start undone, as bad input's is) or during another
+command (:class:`asrforge.errors.ExitCode` owns them).
 """
 
 from __future__ import annotations
@@ -60,11 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asrforge",
         description="Fine-tune Whisper-family speech recognition models; evaluate, select, export.",
-        epilog=(
-            f"Exit codes: {ExitCode.OK:d} done, {ExitCode.FAILED:d} a run failed, "
-            f"{ExitCode.BAD_INPUT:d} bad input (config, path, file), {ExitCode.INTERRUPTED:d} a run "
-            "stopped by SIGTERM/SIGINT after saving (--resume continues it)."
-        ),
+        epilog="Exit codes: " + ", ".join(f"{c:d} {c.meaning}" for c in ExitCode) + ".",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

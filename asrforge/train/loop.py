@@ -67,8 +67,8 @@ class Trainer:
 
         ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
-        A run stopped by bad input (UserError) before it trained a clip or saved leaves its
-        directory as it found it (:mod:`asrforge.train.run_dir`).
+        A run stopped by bad input (UserError) or Ctrl-C before it trained a clip or saved
+        leaves its directory as it found it (:mod:`asrforge.train.run_dir`).
         """
         entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
         # O_NOFOLLOW guards a file's last component only: a linked eval/ would carry writes out
@@ -77,7 +77,7 @@ class Trainer:
         self._run = None
         try:
             return self._fit(resume=resume, start_over=start_over)
-        except UserError:
+        except (UserError, KeyboardInterrupt):
             if not self._began() and is_rank_zero():
                 before.restore()
             raise
