@@ -1,6 +1,7 @@
 """A run stopped by bad input (exit code 2) or Ctrl-C (exit code 130) before its first step leaves
 its output directory as it found it: no ``train.log``, empty ``checkpoints/``, ``tokenizer/`` or
-``eval_carve.json`` behind, and an existing run's files (its log included) as they were."""
+``eval_carve.json`` behind, and an existing run's files (its log included) as they were. A
+``--resume`` into a directory that holds no run is refused before anything is made."""
 
 from __future__ import annotations
 
@@ -154,3 +155,20 @@ def test_ctrl_c_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, c
     assert err.endswith("\nasrforge: interrupted\n") and "Traceback" not in err
     assert {"train.log", "checkpoints"} <= set(made)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("there", ["missing", "empty"])
+def test_resume_into_a_directory_holding_no_run_is_refused(tmp_path, tones_dir, capsys, there):
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "runs" / "mistyped"
+    if there == "empty":
+        out.mkdir(parents=True)
+    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
+    assert main(["train", str(cfg), "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"asrforge: error: --resume: output_dir {out} holds no run to continue (no checkpoints/ "
+        "there); check output_dir, or leave out --resume to start a run\n"
+    )
+    assert (tmp_path / "runs").exists() == (there == "empty")
+    assert not out.exists() or not os.listdir(out)

@@ -33,7 +33,10 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", help="the YAML config file")
-    p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="continue from checkpoints/latest (refused when output_dir holds no run)",
+    )
     p.add_argument(
         "--start-over", action="store_true",
         help="train from step 0 when the run's checkpoints exist but none verifies (they are kept "

@@ -17,6 +17,7 @@ from asrforge.config import TrainConfig
 from asrforge.errors import CheckpointSaveError, RunIOError, UserError
 from asrforge.hub import pinned
 from asrforge.io.directories import refuse_links_under
+from asrforge.run_layout import CHECKPOINTS
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import Callback, CallbackList
 from asrforge.train.precision import choose_precision, model_width
@@ -65,7 +66,8 @@ class Trainer:
         """Train until ``max_steps``, early stopping, a step cap, ``max_time``, a signal or
         divergence.
 
-        ``resume``: continue from the newest checkpoint that verifies; ``start_over``: train
+        ``resume``: continue from the newest checkpoint that verifies (refused when
+        ``output_dir`` holds no run: no ``checkpoints/``); ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
         A run stopped by bad input (UserError) or Ctrl-C before it trained a clip or saved
         leaves its directory as it found it (:mod:`asrforge.train.run_dir`).
@@ -74,6 +76,12 @@ class Trainer:
         # O_NOFOLLOW guards a file's last component only: a linked eval/ would carry writes out
         refuse_links_under(Path(self.cfg.output_dir))
         before = RunDirBefore.look(Path(self.cfg.output_dir), entries)
+        # a mistyped output_dir would otherwise train a new run from step 0 under --resume
+        if resume and not before.holds_run:
+            raise UserError(
+                f"--resume: output_dir {before.path} holds no run to continue (no "
+                f"{CHECKPOINTS}/ there); check output_dir, or leave out --resume to start a run"
+            )
         self._run = None
         try:
             return self._fit(resume=resume, start_over=start_over)

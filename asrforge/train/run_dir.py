@@ -73,6 +73,11 @@ class RunDirBefore:
         text = config.read_bytes() if config.is_file() and not config.is_symlink() else None
         return cls(path, None, frozenset(os.listdir(path)), size, text, ours)
 
+    @property
+    def holds_run(self) -> bool:
+        """Whether a run started here before (its ``checkpoints/`` is there)."""
+        return CHECKPOINTS in self.entries
+
     def restore(self) -> None:
         """Remove what start-up added since :meth:`look`; call it on rank zero only."""
         detach_run_log(self.path / RUN_LOG)
