@@ -17,6 +17,7 @@ from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
 from asrforge.checkpoint.training import load_weights, save_weights
 from asrforge.cli import average as average_command
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
+from asrforge.model.lora import BASE_KEY as LORA_BASE_KEY
 
 pytestmark = pytest.mark.fast
 
@@ -70,6 +71,17 @@ def test_average_matches_hand_computation(tmp_path):
     assert m["kind"] == "average" and m["k"] == 3 and m["averaged_from"] == [str(p) for p in paths]
     assert sorted(m["files"]) == ["config.yaml", "model.safetensors", "tokenizer/vocab.json"]
     assert (out / "config.yaml").read_text() == "from: 1\n"  # non-weight files from the best
+
+
+def test_lora_adapters_are_never_averaged(tmp_path):
+    paths = [_ckpt(tmp_path, i) for i in (1, 2)]
+    for p in paths:  # as a model.lora run's checkpoints record their base
+        meta = {k: v for k, v in read_manifest(p).items() if k not in ("files", "format_version")}
+        write_manifest(p, {**meta, LORA_BASE_KEY: "0" * 64})
+    with pytest.raises(CheckpointNotSupportedError, match=r"step-000001: holds LoRA adapters: the "
+                       r"mean of LoRA adapters' factors, mean\(B\) @ mean\(A\), is not"):
+        average_checkpoints(paths, tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
 
 
 def test_mismatches_are_named(tmp_path):

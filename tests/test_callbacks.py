@@ -136,6 +136,25 @@ def test_a_monitor_no_evaluation_produces_stops_the_cli_before_training(
 
 
 @pytest.mark.fast
+def test_averaging_a_lora_runs_checkpoints_is_refused_before_training(tmp_path, tones_dir, capsys):
+    pytest.importorskip("peft")
+    path = _config_file(
+        tmp_path,
+        tones_dir,
+        model={"lora": {"r": 4, "alpha": 8}},
+        callbacks=[{"name": "average_checkpoints", "metric": "loss", "k": 2}],
+    )
+    assert main(["train", path]) == 2
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
+    assert (
+        "callbacks.0: average_checkpoints with model.lora: the mean of LoRA adapters' factors, "
+        "mean(B) @ mean(A), is not the mean of their updates B @ A; export merges one "
+        "checkpoint's adapters instead"
+    ) in lines
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.fast
 def test_every_builtin_callback_has_an_options_schema(tmp_path, tones_dir, capsys):
     for cls in REGISTRY.values():
         assert issubclass(cls.Options, Options), cls.name

@@ -4,6 +4,7 @@ into plain Whisper weights that transformers and CTranslate2 load, or writes the
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -174,7 +175,7 @@ def test_adapters_on_other_base_weights_are_refused(lora_run):
 
 
 def test_average_and_adapter_only_of_a_full_run_are_refused(lora_run, tmp_path, tones_dir):
-    with pytest.raises(UserError, match="averaging their factors"):
+    with pytest.raises(UserError, match="holds LoRA adapters: the mean of LoRA adapters' factors"):
         export_bundle(lora_run, tmp_path / "avg", weights="average")
     with pytest.raises(UserError, match="--weights must be ema or raw"):
         export_adapter(lora_run, tmp_path / "a", weights="average")
@@ -288,3 +289,36 @@ def test_resume_refuses_another_lora_setting(lora_run, tmp_path, tones_dir):
         cfg = tiny_config(run_dir, tones_dir, **sections)
         with pytest.raises(UserError, match=r"--resume: the config changes .*model\.lora"):
             Trainer(cfg).fit(resume=True)
+
+
+def test_average_of_a_lora_run_is_refused_and_writes_nothing(lora_run, tmp_path, capsys):
+    from asrforge.cli import main
+
+    out = tmp_path / "avg"
+    assert main(["average", str(lora_run), "--metric", "loss", "--k", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds LoRA adapters: the mean of LoRA adapters' factors" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_average_of_lora_adapters_is_refused_by_export_and_evaluate(
+    lora_run, tmp_path, tones_dir, capsys
+):
+    """Such an average (adapters, no base recorded) used to crash both with a KeyError."""
+    from asrforge.checkpoint.manifest import read_manifest, write_manifest
+    from asrforge.cli import main
+
+    averaged = tmp_path / "loss.ave_2best"
+    shutil.copytree(lora_run / "checkpoints" / "best", averaged)
+    reserved = ("files", "format_version", lora.BASE_KEY)
+    meta = {k: v for k, v in read_manifest(averaged).items() if k not in reserved}
+    write_manifest(averaged, {**meta, "kind": "average"})
+    export = ["export", str(averaged), "--out", str(tmp_path / "b")]
+    evaluate = ["evaluate", str(averaged), "--data", str(tones_dir), "--split", "validation"]
+    for argv in (export, evaluate):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{averaged}: a model.lora run's checkpoint whose manifest records no" in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "b").exists()

@@ -26,7 +26,7 @@ from asrforge.bundle.schema import (
     asrforge_version,
     inference_view,
 )
-from asrforge.checkpoint.average import average_top_k
+from asrforge.checkpoint.average import LORA_REASON, average_top_k, refuse_lora
 from asrforge.checkpoint.manifest import (
     read_manifest,
     verify,
@@ -48,12 +48,13 @@ from asrforge.data.audio import SAMPLE_RATE, decode_audio
 from asrforge.data.locate import data_ref
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
-from asrforge.errors import CheckpointError, UserError
+from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 from asrforge.hub import model_dir_if_any
 from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, window_seconds
+from asrforge.model.resize import VOCAB_TENSORS
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
 from asrforge.run_layout import CHECKPOINTS, RunLayout
 from asrforge.text.languages import resolve_language
@@ -156,6 +157,7 @@ def checkpoint_contents(
     elif chosen == "raw":
         state = LazyWeights.open(ckpt, MODEL_STEM)
     elif chosen == "average":
+        refuse_lora(manifest, ckpt, "; use --weights raw or ema")
         state, averaged = _average(ckpt, average_k, average_metric)
         # the checkpoint's step and figures are not the mean's: only the averaged steps are named
         source = {"checkpoint": source["checkpoint"], **averaged}
@@ -163,12 +165,13 @@ def checkpoint_contents(
         raise UserError(f"weights: must be ema, raw or average, got {chosen!r}")
     # A LoRA checkpoint's adapters are merged into the rebuilt base weights.
     if lora.BASE_KEY in manifest:
-        if chosen == "average":
-            raise UserError(
-                f"{ckpt}: holds LoRA adapters; averaging their factors is not averaging the "
-                "updates: use --weights raw or ema"
-            )
         state = lora.merged_state(cfg, tokenizer, in_memory(state), manifest[lora.BASE_KEY], ckpt)
+    elif cfg.model.lora is not None:
+        raise CheckpointNotSupportedError(
+            f"{ckpt}: a model.lora run's checkpoint whose manifest records no {lora.BASE_KEY}: "
+            "its weights are adapters without the base they were trained on (an average of "
+            f"the run's checkpoints? {LORA_REASON}); export one of its step checkpoints instead"
+        )
 
     config, base_gen = _whisper_config(cfg, tokenizer, state, ckpt)
     trained, stats = None, None
@@ -393,7 +396,12 @@ def _whisper_config(
             "cannot be read from the weights. Restore that directory to export this checkpoint"
         )
     shapes = tensor_shapes(state)
-    config.vocab_size = int(shapes["model.decoder.embed_tokens.weight"][0])
+    embed = VOCAB_TENSORS[0]
+    if embed not in shapes:
+        raise CheckpointNotSupportedError(
+            f"{ckpt}: its weights have no {embed}: not a whole Whisper model's weights"
+        )
+    config.vocab_size = int(shapes[embed][0])
     config.use_cache = True
     config.architectures = ["WhisperForConditionalGeneration"]
     if pretrained is not None and not (pretrained / "config.json").is_file():

@@ -119,6 +119,7 @@ def build_callbacks(
         except ConfigError as e:
             problems.extend(e.problems)
             continue
+        problems += [f"{where}: {problem}" for problem in cb.config_problems(cfg)]
         if spec.critical is not None:
             cb.critical = spec.critical
         if spec.id is not None:

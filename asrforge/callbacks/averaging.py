@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from asrforge.callbacks.options import EvalMetric, Options
-from asrforge.checkpoint.average import average_top_k, rank_checkpoints
+from asrforge.checkpoint.average import LORA_REASON, average_top_k, rank_checkpoints
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.run_layout import RunLayout
 from asrforge.train.events import Callback, Decision, RunInfo
@@ -53,6 +53,12 @@ class AverageCheckpoints(Callback):
         self.root: Path | None = None
         self._members: list[int] = []
         self.written: Path | None = None
+
+    def config_problems(self, cfg) -> list[str]:
+        if cfg.model.lora is not None:
+            return [f"{self.name} with model.lora: {LORA_REASON}; export merges one checkpoint's "
+                    "adapters instead"]  # fmt: skip
+        return []
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.root = RunLayout(Path(run.output_dir)).checkpoints.root

@@ -48,6 +48,7 @@ from asrforge.checkpoint.training import (
 )
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 from asrforge.io.atomic import atomic_directory
+from asrforge.model.lora import BASE_KEY as LORA_BASE_KEY
 from asrforge.run_layout import BEST_UNGUARDED, RunLayout, step_of
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,12 @@ _HIGHER_IS_BETTER = ("acc", "bleu", "f1", "precision", "recall")
 
 _BLOCK_BYTES = 16 << 20  # float64 accumulator block
 _RowReader = TensorReader  # the reader of one input file (tests spy on its reads)
+
+LORA_REASON = (
+    "the mean of LoRA adapters' factors, mean(B) @ mean(A), is not the mean of their updates B @ A"
+)
+"""Why a LoRA run's checkpoints are never averaged, by ``asrforge average``, the
+``average_checkpoints`` callback or ``export --weights average``."""
 
 
 def weights_header(directory: Path, stem: str) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -68,6 +75,16 @@ def weights_header(directory: Path, stem: str) -> dict[str, tuple[str, tuple[int
         for name in sorted(header):
             out[name] = (header[name]["dtype"], tuple(header[name]["shape"]))
     return out
+
+
+def refuse_lora(manifest: Mapping[str, Any], where: Path | str, hint: str = "") -> None:
+    """Refuse to average the checkpoint whose ``manifest`` this is when it holds LoRA adapters.
+
+    Raises:
+        CheckpointNotSupportedError: naming ``where``, :data:`LORA_REASON` and ``hint``.
+    """
+    if LORA_BASE_KEY in manifest:
+        raise CheckpointNotSupportedError(f"{where}: holds LoRA adapters: {LORA_REASON}{hint}")
 
 
 def check_same_parameters(headers: list[dict[str, Any]], where: list[Path]) -> list[str]:
@@ -126,7 +143,8 @@ def average_checkpoints(
     Raises:
         UserError: ``weights`` is neither ``ema`` nor ``raw``, or ``ema`` for a checkpoint
             without EMA weights, or both ``weights`` and ``weights_file`` are given.
-        CheckpointNotSupportedError: the parameter sets differ (first mismatch named).
+        CheckpointNotSupportedError: the parameter sets differ (first mismatch named), or the
+            checkpoints hold LoRA adapters (:func:`refuse_lora`).
         CheckpointCorruptError: an input does not verify.
     """
     _one_weights_choice(weights, weights_file)
@@ -135,7 +153,7 @@ def average_checkpoints(
         raise UserError("average_checkpoints: no checkpoints given")
     stem = (weights_file or MODEL_FILE).removesuffix(".safetensors")
     for p in paths:
-        verify(p)
+        refuse_lora(verify(p), p, "; export one checkpoint instead (its adapters are merged)")
         if not has_weights(p, stem):
             raise CheckpointError(f"{p}: has no {stem}.safetensors to average")
         weights_aliases(p / f"{stem}.safetensors")  # raises, naming a file that is not one

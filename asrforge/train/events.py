@@ -100,6 +100,11 @@ class Callback:
         """JSON-able state saved with every checkpoint (restored on resume)."""
         return {}
 
+    def config_problems(self, cfg: Any) -> list[str]:
+        """What this callback cannot work with in the run's ``TrainConfig``, one sentence each;
+        :func:`~asrforge.callbacks.build_callbacks` refuses them before the run starts."""
+        return []
+
     def run_entries(self) -> frozenset[str]:
         """Top-level names this callback creates in the run directory (a file, or the folder
         its files go in): a run stopped by bad input before it began removes the new ones."""
