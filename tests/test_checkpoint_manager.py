@@ -18,6 +18,7 @@ import torch
 
 from asrforge.checkpoint.manager import CheckpointManager, metric_dir_name
 from asrforge.checkpoint.manifest import read_manifest, verify
+from asrforge.checkpoint.resume import find_resume_checkpoint
 from asrforge.checkpoint.training import (
     CheckpointContents,
     capture_rng_state,
@@ -62,6 +63,31 @@ def test_layout_latest_and_best(tmp_path):
         "step-000001",
         "step-000020",
     ]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("keep_start", [True, False])
+def test_a_kept_start_survives_rotation_and_pruning_and_is_not_resumed(tmp_path, keep_start):
+    def write(step: int):
+        def with_resume_state(d: Path) -> None:
+            _writer(step)(d)
+            (d / "optimizer.pt").write_bytes(b"resume only")
+
+        return with_resume_state
+
+    m = CheckpointManager(tmp_path, save_total_limit=1, keep_start=keep_start)
+    for step in range(4):
+        m.save(step, write(step), {"wer": 0.9 - step / 10}, is_best=True)
+    assert (0 in _step_dirs(tmp_path)) == keep_start
+    m.prune_after_run()
+    assert _step_dirs(tmp_path) == ([0] if keep_start else [])
+    if keep_start:
+        assert sorted(os.listdir(tmp_path / "step-000000")) == [
+            "manifest.json", "tokenizer", "weights.bin"
+        ]  # fmt: skip
+    for resume in (True, False):
+        with pytest.raises(UserError, match="holds a finished run whose checkpoints were pruned"):
+            find_resume_checkpoint(m, resume=resume)
 
 
 def test_rotation_never_deletes_best_or_topk_sources(tmp_path):

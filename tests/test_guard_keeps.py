@@ -136,7 +136,8 @@ def test_a_step_within_the_guard_that_beats_it_retires_best_unguarded(
     result = Trainer(cfg, build_callbacks(cfg)).fit()
     root = tmp_path / "run" / "checkpoints"
     assert result.best_step == 6 and result.refused is None
-    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["best"]
+    # a from-scratch start is kept for the export within the guard
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["best", "step-000000"]
 
 
 @pytest.mark.fast
@@ -223,6 +224,46 @@ def test_export_within_guard_without_the_starting_weights_is_refused(tmp_path, t
     assert "the starting weights of" in err and "step-000000" in err
     assert "trained from scratch (no model.pretrained)" in err
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("model", "guarded", "kept"),
+    [
+        ({"pretrained": "/base", "tokenizer": "/tok-lg"}, True, True),  # an extended vocabulary
+        ({}, True, True),  # from scratch
+        ({"pretrained": "/base"}, True, False),  # model.pretrained is the start
+        ({"pretrained": "/base", "tokenizer": "/tok-lg"}, False, False),  # no export within a guard
+    ],
+)
+def test_step_zero_is_kept_where_only_it_holds_a_guarded_runs_start(model, guarded, kept):
+    from asrforge.config import load_config
+
+    eval_ = {"guard": {"path": "/guard"}} if guarded else {}
+    data = {"output_dir": "/run", "model": model, "eval": eval_, "data": {"path": "/data"}}
+    assert load_config(data=data).keeps_step_zero is kept
+
+
+def test_a_guarded_run_not_started_from_pretrained_keeps_its_start(tmp_path, tones_dir, monkeypatch):
+    """From scratch (as with an extended vocabulary) model.pretrained cannot stand in for the
+    start, so rotation and after_run: best keep step-000000 for the export within the guard."""
+    from asrforge.bundle.export import start_weights
+    from asrforge.checkpoint.manifest import read_manifest
+
+    monkeypatch.setattr(Guard, "measure", lambda self, model, gate, **kw: self.metrics(0.0, gate))
+    guard = {"path": str(tones_dir), "split": "validation", "mode": "drift", "max_items": 2}
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 3},
+        eval={"at_start": True, "guard": guard, "eval_steps": 1}, selection={"policy": "by_loss"},
+        checkpoint={"save_total_limit": 1, "after_run": "best"},
+    )  # fmt: skip
+    Trainer(cfg, build_callbacks(cfg)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    assert read_manifest(root / "best")["step"] > 0
+    assert [p.name for p in sorted(root.glob("step-*"))] == ["step-000000"]
+    assert not (root / "step-000000" / "optimizer.pt").exists()  # pruned as best/ is
+    _start, where = start_weights(root / "best")
+    assert where == str((root / "step-000000").absolute())
 
 
 @pytest.mark.fast

@@ -231,13 +231,17 @@ def finetuned_checkpoint(source: Path) -> Path:
 
 
 def check_same_start(
-    finetuned: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], start_from: str
+    finetuned: Mapping[str, torch.Tensor],
+    start: Mapping[str, torch.Tensor],
+    start_from: str,
+    ckpt: Path,
 ) -> dict[str, torch.Tensor]:
     """The fine-tuned weights as a dict of tensors of their own (ties kept as one object),
     once every one of them is in ``start`` with the same shape.
 
     Raises:
-        UserError: a tensor the start lacks or has in another shape (``start_from`` named).
+        UserError: a tensor the start lacks or has in another shape (``start_from`` named, and
+            why ``ckpt``'s run has no step-0 checkpoint).
     """
     copies: dict[int, torch.Tensor] = {}
     own = {}
@@ -255,8 +259,8 @@ def check_same_start(
         what = f"it lacks {lacking[0]}" if lacking else differ[0]
         raise UserError(
             f"--within-guard: the starting weights {start_from} are not the fine-tuned model's "
-            f"start ({what}); a run with a resized vocabulary needs its step-0 checkpoint "
-            "(eval.at_start saves it)"
+            f"start ({what}); a run with a resized vocabulary needs its step-0 checkpoint, "
+            f"{no_step_zero(ckpt)}"
         )
     return own
 
@@ -283,14 +287,25 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
         named = str(pretrained) if hub_ref(pretrained) is not None else str(here.absolute())
         return read_pretrained_weights(here), named
     gone = (
-        f"and model.pretrained {pretrained} is not there"
+        f"model.pretrained {pretrained} is not there"
         if pretrained is not None
-        else "and the run was trained from scratch (no model.pretrained)"
+        else "the run was trained from scratch (no model.pretrained)"
     )
     raise UserError(
-        f"--within-guard: the starting weights of {ckpt} are missing: no step-0 checkpoint "
-        f"({CheckpointsLayout(root).step(0)}, or {CheckpointsLayout(root).best} at step 0; "
-        f"eval.at_start saves it) {gone}"
+        f"--within-guard: the starting weights of {ckpt} are missing: {gone}, and the run has "
+        f"no step-0 checkpoint ({CheckpointsLayout(root).step(0)}, or "
+        f"{CheckpointsLayout(root).best} at step 0): {no_step_zero(ckpt)}"
+    )
+
+
+def no_step_zero(ckpt: Path) -> str:
+    """Why the run of ``ckpt`` (a checkpoint that is not step 0) has no step-0 checkpoint."""
+    if not read_run_config(ckpt).evaluates_at_start:
+        return "which only eval.at_start saves, and this run trained with it off"
+    return (
+        "which this run saved at eval.at_start and deleted since (checkpoint rotation and "
+        "checkpoint.after_run: best keep it only in a run with eval.guard whose start is not "
+        "model.pretrained as stored)"
     )
 
 

@@ -71,7 +71,7 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     if lm is not None:
         contents = with_lm(contents, lm)
     bundle = contents_to_bundle(contents)
-    finetuned = check_same_start(contents.state, start, start_from)
+    finetuned = check_same_start(contents.state, start, start_from, ckpt)
     guard = run_guard(cfg, ckpt.parent.parent, contents, bundle.model)
     measured_in = guard.precision
     if gate.precision is None:  # an older run's start, measured in its training's autocast

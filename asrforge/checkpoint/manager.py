@@ -165,6 +165,8 @@ class CheckpointManager:
         protect_top: top-k rankings (by the manifests' metrics, as :func:`rank_checkpoints`
             ranks them) whose members rotation keeps, without directories of their own: what
             checkpoint averaging will read (:func:`averaging_specs`).
+        keep_start: keep ``step-000000/`` through rotation and :meth:`prune_after_run`
+            (``TrainConfig.keeps_step_zero``: an export within the guard reads the start there).
         log: where recoveries, skipped corrupt checkpoints and saves are reported.
     """
 
@@ -176,9 +178,11 @@ class CheckpointManager:
         keep_best: list[TopKSpec] | None = None,
         protect_top: list[TopKSpec] | None = None,
         max_disk_gb: float | None = None,
+        keep_start: bool = False,
         log: logging.Logger | None = None,
     ):
         self.root = Path(root)
+        self.keep_start = keep_start
         self.layout = CheckpointsLayout(self.root)
         self.save_total_limit = save_total_limit
         self.specs = list(keep_best or [])
@@ -247,6 +251,8 @@ class CheckpointManager:
         """
         steps = {e["step"] for entries in self.top_k.values() for e in entries}
         steps.update(s for s in (self.best_step, self.unguarded_step) if s is not None)
+        if self.keep_start:
+            steps.add(0)
         for spec in self.protect_top:
             ranked = rank_checkpoints(self.root, spec.metric, spec.mode)
             steps.update(step for _value, step, _dir in ranked[: spec.k])
@@ -548,7 +554,8 @@ class CheckpointManager:
         the ``best-<metric>-<rank>/`` directories without their resume-only files
         (:data:`RESUME_ONLY_FILES`), delete every other step directory and ``latest``.
         ``keep_latest``: keep the final step directory beside ``best/`` too (no evaluation
-        judged it).
+        judged it). With ``keep_start``, ``step-000000/`` is kept as ``best/`` is, unless
+        ``best/`` holds step 0.
         Directories that are not checkpoints of this manager (averages) are left alone.
 
         Each kept directory is rebuilt atomically (hard links, a new sealed manifest that lists
@@ -567,6 +574,12 @@ class CheckpointManager:
         no_best = not self.layout.best.is_dir()
         if (no_best or keep_latest) and latest is not None and latest.is_dir():
             kept.append(latest)
+        start = self.layout.step(0)
+        add_start = (
+            self.keep_start and start.is_dir() and not start.is_symlink() and start not in kept
+        )
+        if add_start:
+            kept.append(start)
         try:
             manifests = {d: verify(d, check_hashes=False) for d in kept}
         except CheckpointCorruptError as e:
@@ -574,6 +587,10 @@ class CheckpointManager:
                 "checkpoints: not pruned after the run, a kept directory is bad: %s", e
             )
             return []
+        # best/ holding the start keeps it for the export within the guard on its own
+        if add_start and manifests.get(self.layout.best, {}).get("step") == 0:
+            del manifests[start]
+            kept.remove(start)
         actions = []
         before = self.disk_bytes()
         for d, manifest in manifests.items():

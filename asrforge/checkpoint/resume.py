@@ -79,6 +79,15 @@ def find_resume_checkpoint(
     """
     log = log or logging.getLogger(__name__)
     root = manager.root
+    # First: the step directories a pruned run keeps (its start, its last step) verify but
+    # cannot be resumed.
+    pruned = manager.pruned_result()
+    if pruned is not None:
+        raise UserError(
+            f"{root.parent} holds a finished run whose checkpoints were pruned "
+            f"(checkpoint.after_run: best; {pruned.name}/ kept for export): it cannot be "
+            f"{'resumed' if resume else 'trained again in place'}. Choose another output_dir"
+        )
     latest = manager.latest_valid()
     if latest is not None:
         if not resume:
@@ -88,13 +97,6 @@ def find_resume_checkpoint(
             )
         return latest
     damaged = manager.step_dirs()
-    pruned = manager.pruned_result() if not damaged else None
-    if pruned is not None:
-        raise UserError(
-            f"{root.parent} holds a finished run whose checkpoints were pruned "
-            f"(checkpoint.after_run: best; {pruned.name}/ kept for export): it cannot be "
-            f"{'resumed' if resume else 'trained again in place'}. Choose another output_dir"
-        )
     if not damaged:
         if resume:
             log.warning("--resume: no checkpoint under %s yet; starting from step 0", root)

@@ -534,8 +534,11 @@ class CheckpointConfig(Section):
     """What stays under ``checkpoints/`` when a run ends (completed or stopped early). ``best``:
     ``best/`` (and the ``keep_best`` and averaged directories) with their weights, config,
     tokenizer and manifest; the optimizer, scheduler, scaler and RNG state and every
-    ``step-*`` checkpoint are deleted, so the run can be exported but not resumed. ``all``: keep
-    everything (needed to extend the run later with ``--resume``). Logs are always kept."""
+    ``step-*`` checkpoint are deleted, so the run can be exported but not resumed. A run with
+    ``eval.guard`` whose start is not ``model.pretrained`` as stored (an extended vocabulary, a
+    model built from scratch) keeps ``step-000000/`` too, as rotation does, for ``export
+    --within-guard``. ``all``: keep everything (needed to extend the run later with
+    ``--resume``). Logs are always kept."""
     max_disk_gb: float | None = Field(default=None, gt=0)
     """Most bytes (in GB, 10^9) the run's ``checkpoints/`` may hold. Before each save, rotation
     deletes the oldest step checkpoints it may delete until the new one fits; a save that cannot
@@ -693,6 +696,15 @@ class TrainConfig(Section):
         if self.eval.at_start is not None:
             return self.eval.at_start
         return self.model.pretrained is not None
+
+    @property
+    def keeps_step_zero(self) -> bool:
+        """Whether the run's step-0 checkpoint is kept through rotation and ``checkpoint.after_run:
+        best``: an export within its guard (``eval.guard``) interpolates with the starting
+        weights, and only step 0 holds them when they are not ``model.pretrained``'s as stored
+        (a model built from scratch, or a vocabulary ``model.tokenizer`` extends)."""
+        starts_as_pretrained = self.model.pretrained is not None and self.model.tokenizer is None
+        return self.eval.guard is not None and not starts_as_pretrained
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_plain(), sort_keys=False)

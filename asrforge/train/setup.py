@@ -319,6 +319,7 @@ def find_resume(
         keep_best=list(cfg.checkpoint.keep_best),
         protect_top=averaging_specs(cfg.callbacks),
         max_disk_gb=cfg.checkpoint.max_disk_gb,
+        keep_start=cfg.keeps_step_zero,
         log=log,
     )
     if acc.is_main_process:
