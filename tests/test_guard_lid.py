@@ -131,7 +131,12 @@ def test_an_english_only_model_refuses_a_guard_in_another_language(tones_dir, tm
     # the rule training data meets under the same model
     with pytest.raises(UserError, match=r"eval.guard: English-only model: its prompt has no "
                                         r"language slot, so it cannot be guarded on 'es' \(2 items\)"):
-        check_guard_languages(spanish, multilingual=False)
-    check_guard_languages(spanish, multilingual=True)
+        check_guard_languages(spanish, multilingual=False, stated="es")
+    check_guard_languages(spanish, multilingual=True, stated="es")
     english = load_guard_items(GuardConfig(path=tmp_path / "clips"), "en", 4.0)
     check_guard_languages(english, multilingual=False)
+    # audio files that took the run's language (demo-es: tiny.en taught Spanish, guarded on
+    # English clips) are English to the model, as rows without a language are
+    unlabelled = load_guard_items(GuardConfig(path=tmp_path / "clips"), "es", 4.0)
+    assert not any(i.language_given for i in unlabelled)
+    check_guard_languages(unlabelled, multilingual=False)

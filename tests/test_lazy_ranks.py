@@ -61,6 +61,6 @@ def test_a_user_error_of_rank_zero_while_preparing_stops_every_rank_with_it(tmp_
                "2", "-m", "asrforge", "train", str(path)]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert out.returncode != 0
-    assert "language 'qqq' (1 utterances) has no token" in out.stderr
+    assert "language 'qqq' (1 utterance) has no token" in out.stderr
     # every rank stops on the user error itself: none dies on rank zero's lost connection
     assert "Connection closed by peer" not in out.stderr and "[rank1]" not in out.stderr

@@ -162,7 +162,7 @@ def test_a_tokenless_language_in_one_ranks_stream_stops_every_rank_with_it(
     # rank 0, whose data had no such row, stops with rank 1's error; rank 1 too (or torchrun,
     # seeing rank 0 fail first, stops it)
     (rank0,) = logs.glob("*/attempt_0/0/stderr.log")
-    assert "language 'Klingon' (1 utterances) has no token" in rank0.read_text()
+    assert "language 'Klingon' (1 utterance) has no token" in rank0.read_text()
     codes = rank_exit_codes(stderr)
     assert set(codes.values()) <= {2, -15} and 2 in codes.values(), stderr[-3000:]
     assert not rank_traceback(stderr + rank0.read_text()), stderr[-3000:]

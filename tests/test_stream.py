@@ -215,7 +215,7 @@ def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(tmp_
     # a language with no token in a later shard: the run stops naming the value
     rows[40]["lang"] = "Klingon"
     write_jsonl(root / "m.jsonl", rows)
-    with pytest.raises(UserError, match=r"language 'Klingon' \(1 utterances\) has no token"):
+    with pytest.raises(UserError, match=r"language 'Klingon' \(1 utterance\) has no token"):
         run(tiny_config(tmp_path / "klingon", root, **sections), [])
     rows[2]["lang"] = "Klingon"  # in the first shard: refused before training
     write_jsonl(root / "m.jsonl", rows)
@@ -271,7 +271,7 @@ def test_an_english_only_model_refuses_a_streamed_language_other_than_english(
     tok, _ = tok_specials
     english_only = (tok, SpecialTokens.from_tokenizer(tok, False))
     stream = open_split(cfg, english_only)
-    with pytest.raises(UserError, match=r"English-only.*'Swedish' \(1 utterances, code 'sv'\)"):
+    with pytest.raises(UserError, match=r"English-only.*'Swedish' \(1 utterance, code 'sv'\)"):
         epoch_uids(stream, tmp_path)
     rows[2]["lang"] = "sv"  # in the first shard: refused before training
     write_jsonl(root / "m.jsonl", rows)

@@ -435,10 +435,11 @@ def check_english_only(counts: Counter, split: str, multilingual: bool, keep: se
     )
 
 
-def not_english(counts: Counter, keep: set[str] | None = None, unit: str = "utterances") -> str:
+def not_english(counts: Counter, keep: set[str] | None = None, unit: str = "utterance") -> str:
     """The values of ``counts`` (``language`` values and how many ``unit`` each) an
     English-only model cannot be taught or asked to transcribe, as messages list them (``'es'
-    (3 utterances)``; ``keep``: only these codes count); ``""`` when there is none."""
+    (3 utterances)``; ``unit`` in the singular; ``keep``: only these codes count); ``""`` when
+    there is none."""
     other = {value: n for value, n in counts.items()
              if value and not is_english(value) and (keep is None or resolve_language(value, strict=False) in keep)}  # fmt: skip
     return ", ".join(_language_value(v, n, unit) for v, n in other.items())
@@ -467,6 +468,6 @@ def is_english(value: str | None) -> bool:
     return not value or resolve_language(value, strict=False) == "en"
 
 
-def _language_value(value: str, n: int, unit: str = "utterances") -> str:
+def _language_value(value: str, n: int, unit: str = "utterance") -> str:
     code = resolve_language(value, strict=False)
-    return f"{value!r} ({n} {unit}{'' if code == value else f', code {code!r}'})"
+    return f"{value!r} ({n} {unit}{'s' * (n != 1)}{'' if code == value else f', code {code!r}'})"

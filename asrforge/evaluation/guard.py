@@ -516,7 +516,7 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     items = load_guard_items(gcfg, language, window_seconds, cfg.data.cache_dir)
     task = cfg.data.task
     specials = bundle.specials
-    check_guard_languages(items, specials.multilingual)
+    check_guard_languages(items, specials.multilingual, gcfg.language)
     language_ids = specials.languages if specials.multilingual else None
     if gcfg.lid_tolerance is not None:
         _log_lid_skipped(items, language_ids)
@@ -539,15 +539,21 @@ def build_guard(cfg, bundle, *, language: str, window_seconds: float) -> Guard |
     )
 
 
-def check_guard_languages(items: Sequence[GuardItem], multilingual: bool) -> None:
-    """Refuse guard items in a language other than English under an English-only model, as
+def check_guard_languages(
+    items: Sequence[GuardItem], multilingual: bool, stated: str | None = None
+) -> None:
+    """Refuse guard items in a language other than English under an English-only model, the
+    language given by their source or by ``stated`` (``eval.guard.language``), as
     its training data in one is refused (:func:`asrforge.data.rules.check_english_only`): its
     prompt has no language slot, so the guard would score English transcripts of that speech.
 
     Raises:
         UserError: naming each language, its item count and the ways out.
     """
-    if multilingual or not (found := not_english(Counter(i.language for i in items), unit="items")):
+    # an item that took the run's language for want of its own is English to such a model, as a
+    # row without a language is (data/rules.py: row_language)
+    given = Counter(i.language for i in items if i.language_given or stated)
+    if multilingual or not (found := not_english(given, unit="item")):
         return
     raise UserError(
         f"eval.guard: English-only model: its prompt has no language slot, so it cannot be "
