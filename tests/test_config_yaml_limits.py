@@ -170,6 +170,9 @@ def test_keys_are_told_apart_by_their_mapping_and_a_merge_may_be_overridden():
     with pytest.raises(ValueError, match=r"^l\.0\.k: given 2 times \(line 5\)"):
         load_yaml(text)
     assert load_yaml(text.replace("k: 2", "j: 2"))["run"] == {"lr": 2}
+    # an anchored mapping is named where it is written, not where an alias repeats it
+    with pytest.raises(ValueError, match=r"^anchored\.k: given 2 times \(line 1\)[^;]*; YAML"):
+        load_yaml("anchored: &x {k: 1, k: 2}\nlater: *x\n")
 
 
 def test_an_overrides_value_with_a_key_twice_is_refused(tmp_path):

@@ -111,17 +111,22 @@ def _duplicate_keys(root: yaml.Node, where: str) -> list[str]:
         if id(node) in seen:  # an alias's value is checked once, where it is defined
             continue
         seen.add(id(node))
+        # children go on the stack last first, so nodes are visited in document order and an
+        # anchored value is named where it is written, before any alias of it
         if isinstance(node, yaml.SequenceNode):
-            stack.extend((kid, f"{path}.{i}" if path else str(i)) for i, kid in enumerate(node.value))
+            kids = [(kid, f"{path}.{i}" if path else str(i)) for i, kid in enumerate(node.value)]
+            stack.extend(reversed(kids))
             continue
         if not isinstance(node, yaml.MappingNode):
             continue
         lines: dict[tuple[str, str], list[int]] = {}
+        kids = []
         for key, value in node.value:
             if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
                 continue
             lines.setdefault((key.tag, key.value), []).append(key.start_mark.line + 1)
-            stack.append((value, f"{path}.{key.value}" if path else key.value))
+            kids.append((value, f"{path}.{key.value}" if path else key.value))
+        stack.extend(reversed(kids))
         for (_, name), at in lines.items():
             if len(at) < 2:
                 continue
