@@ -349,7 +349,7 @@ def _validate(data: dict[str, Any], problems: list[str]) -> tuple[MatrixConfig |
         problems += format_errors(e, MatrixConfig)
         locs = [err["loc"] for err in e.errors()]
     entries = {loc[1] for loc in locs if loc[:1] == ("configs",) and len(loc) > 1}
-    if any(loc[:1] != ("configs",) and loc[0] in JOB_FIELDS or loc == ("configs",) or not loc
+    if any(not loc or loc[:1] != ("configs",) and loc[0] in JOB_FIELDS or loc == ("configs",)
            for loc in locs):  # fmt: skip
         return None, []
     kept = {k: v for k, v in data.items() if k not in {loc[0] for loc in locs}}
