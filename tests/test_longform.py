@@ -21,6 +21,7 @@ from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixt
 
 from asrforge.cli import main
 from asrforge.errors import UserError
+from asrforge.model.alignment import Word, place_words
 from asrforge.model.decoding import TimestampRules, TimestampVocab
 from asrforge.model.longform import (
     Segment,
@@ -117,24 +118,30 @@ def ts(seconds: float) -> int:
 @pytest.mark.fast
 def test_parse_window_cases() -> None:
     # complete segments, the last closed by a single timestamp: move past the whole window
-    segs, seek = parse_window([ts(0), 1, 2, ts(2), ts(2.5), 3, ts(4)], BIG)
-    assert seek is None
+    segs, seek, tail = parse_window([ts(0), 1, 2, ts(2), ts(2.5), 3, ts(4)], BIG)
+    assert seek is None and tail is None
     assert [(a, b, [t for t in ids if t < 50]) for a, b, ids in segs] == [
         (0, 100, [1, 2]),
         (125, 200, [3]),
     ]
     # an unfinished segment: dropped, and the next window starts where the last complete
     # segment ended (so the unfinished one is decoded whole there)
-    segs, seek = parse_window([ts(0), 1, ts(2), ts(2.5), 3], BIG)
+    segs, seek, tail = parse_window([ts(0), 1, ts(2), ts(2.5), 3], BIG)
     assert [(a, b) for a, b, _ in segs] == [(0, 100)] and seek == 100
+    assert tail == 125  # where the text it cut off opens
     # a pair at the very end: the next window starts there
-    segs, seek = parse_window([ts(0), 1, ts(2), ts(2.5), 3, ts(4), ts(4)], BIG)
+    segs, seek, tail = parse_window([ts(0), 1, ts(2), ts(2.5), 3, ts(4), ts(4)], BIG)
     assert [(a, b) for a, b, _ in segs] == [(0, 100), (125, 200)] and seek == 200
+    assert tail is None  # nothing after the pair
     # no timestamps: one segment over the window's audio, move past it
-    assert parse_window([1, 2, 3], BIG) == ([(0, None, [1, 2, 3])], None)
+    assert parse_window([1, 2, 3], BIG) == ([(0, None, [1, 2, 3])], None, None)
     # one segment without a following pair
-    assert parse_window([ts(0.5), 1, ts(3)], BIG) == ([(25, 150, [ts(0.5), 1, ts(3)])], None)
-    assert parse_window([], BIG) == ([(0, None, [])], None)
+    assert parse_window([ts(0.5), 1, ts(3)], BIG) == (
+        [(25, 150, [ts(0.5), 1, ts(3)])],
+        None,
+        None,
+    )
+    assert parse_window([], BIG) == ([(0, None, [])], None, None)
 
 
 def _whisper_rule(tokens: list[int], begin: int, window_steps: int):
@@ -183,7 +190,7 @@ def test_parse_window_seeks_as_openai_whisper_does() -> None:
     windows = [_rule_abiding_window(rng) for _ in range(500)]
     windows += [[ts(0), 1, ts(1)], [ts(0), 1, ts(1), ts(1), 2, ts(2)], [ts(0), 1, ts(1), ts(1)]]
     for ids in windows:
-        segments, seek = parse_window(ids, BIG)
+        segments, seek, _ = parse_window(ids, BIG)
         want_segments, want_seek = _whisper_rule(ids, BIG.begin, 1500)
         assert (1500 if seek is None else seek) == want_seek, ids
         stamp = [BIG.is_timestamp(t) for t in ids]
@@ -320,7 +327,7 @@ def _heard_end(sentences: list[tuple[float, float]]):
     """A :data:`SpeechEnd` that knows where each sentence (text id k) really ends."""
 
     def speech_end(window, prompt, said):
-        return sentences[said[-1]][1] - float(window[0])
+        return sentences[said[-1][2][-1]][1] - float(window[0])
 
     return speech_end
 
@@ -347,6 +354,52 @@ def test_a_sentence_timed_too_early_is_not_decoded_again() -> None:
 
 
 @pytest.mark.fast
+def test_a_late_heard_end_never_skips_the_sentence_a_window_cut_off() -> None:
+    # window 1 closes sentence 2 at 26.4 and opens sentence 3 at <|27.00|>; an alignment that
+    # drifts late says the text ended at 29.7
+    sentences = [(2.0, 8.0), (10.0, 18.0), (21.0, 26.4), (27.0, 33.0)]
+    calls = []
+    [segs] = transcribe_by_timestamps(
+        [_ramp(40.0)],
+        [[7]],
+        _scripted(sentences, calls),
+        BIG,
+        decode_text=lambda ids: " ".join(map(str, ids)),
+        window_samples=30 * SR,
+        speech_end=lambda w, p, said: 29.7,
+    )
+    assert [int(s.text) for s in segs] == [0, 1, 2, 3]
+    assert float(calls[1][0][0][0]) == pytest.approx(27.0)  # at the cut-off sentence's start
+    # the drift case has nothing after its closing pair: the window bounds the heard end alone
+    calls = []
+    sentences = [(6.1, 9.5), (15.1, 18.9), (25.0, 28.0), (40.0, 44.0)]
+    transcribe_by_timestamps(
+        [_ramp(50.0)],
+        [[7]],
+        _drifting(sentences, 0.0, calls),
+        BIG,
+        decode_text=lambda ids: " ".join(map(str, ids)),
+        window_samples=30 * SR,
+        speech_end=lambda w, p, said: 21.3,
+    )
+    assert float(calls[1][0][0][0]) == pytest.approx(21.3)
+
+
+@pytest.mark.fast
+def test_the_seek_floor_holds_a_late_last_word_to_its_segments_end() -> None:
+    # openai-whisper's clamp: a last word ending more than 0.5 s after its segment's end
+    # timestamp is cut back to it (times in seconds from the window's start)
+    times = [(21.0, 23.0), (23.0, 25.9), (25.9, 29.7)]
+    words = [Word(f" {k}", a, b, 0.9, (k,)) for k, (a, b) in enumerate(times, 1)]
+    spans = [(2.0, 8.0, 1), (21.0, 26.4, 3)]
+    _, end = place_words([Word(" 0", 2.0, 8.0, 0.9, (0,)), *words], 0.3, spans)
+    assert end == pytest.approx(26.4)
+    # within 0.5 s of it, the aligned end stands, less the heads' lag
+    words[-1].end = 26.8
+    assert place_words(words, 0.3, spans[1:], lag=0.1)[1] == pytest.approx(26.7)
+
+
+@pytest.mark.fast
 def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> None:
     rng = np.random.default_rng(1)
     sentences, t = [], 0.3
@@ -356,7 +409,7 @@ def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> No
         sentences.append((a, b))
         t = b + rng.uniform(0.1, 1.0)
     runs = []
-    for heard in (None, lambda w, p, said: sentences[said[-1]][1] - float(w[0]) - 0.3):
+    for heard in (None, lambda w, p, said: sentences[said[-1][2][-1]][1] - float(w[0]) - 0.3):
         calls = []
         [segs] = transcribe_by_timestamps(
             [_ramp(t + 0.5)],

@@ -86,7 +86,7 @@ def test_asrforge_reads_the_new_tokens_as_text(tokenizers):
     no_ts = ext.convert_tokens_to_ids("<|notimestamps|>")
     assert TimestampTokens.from_tokenizer(ext, no_ts) == TimestampTokens(no_ts + 1, 1501)
     # the window's segments, as openai-whisper would cut them with Whisper's own vocabulary
-    segments, seek = parse_window(seq, vocab)
+    segments, seek, _ = parse_window(seq, vocab)
     assert [(a, b) for a, b, _ in segments] == [(0, 100), (100, 200)] and seek is None
     for _, _, ids in segments:
         text = ext.decode([t for t in ids if vocab.is_text(t)], skip_special_tokens=True)
@@ -123,7 +123,7 @@ def test_a_bpe_trained_by_asrforge_keeps_its_text_in_timestamp_mode(tokenizers):
     after_open = TimestampRules(vocab)(torch.zeros(1, len(base)), torch.tensor([[vocab.begin]]))[0]
     assert torch.isfinite(after_open[words]).all() and torch.isfinite(after_open[vocab.eot])
     assert torch.isinf(after_open[sot:]).all()  # no special, no timestamp
-    [(_, _, ids)], _ = parse_window([vocab.begin, *words, vocab.begin + 50], vocab)
+    [(_, _, ids)], _, _ = parse_window([vocab.begin, *words, vocab.begin + 50], vocab)
     assert base.decode([t for t in ids if vocab.is_text(t)]).strip() == "the cat sat"
 
 

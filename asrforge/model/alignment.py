@@ -428,6 +428,45 @@ def tidy_long_words(
     return last.end
 
 
+def place_words(
+    words: Sequence[Word],
+    median: float,
+    segments: Sequence[tuple[float, float, int]],
+    *,
+    offset: float = 0.0,
+    lag: float = 0.0,
+    last_speech: float = 0.0,
+) -> tuple[list[list[Word]], float]:
+    """One window's aligned words -> each of its segments' words, :func:`tidy_long_words` applied
+    to each segment in order.
+
+    Args:
+        words: :func:`align_words`'s words, seconds from the window's start (not changed).
+        median: :func:`align_words`'s median word.
+        segments: ``(start, end, n_text_tokens)`` of each segment the words came from, in order,
+            seconds on the clock the result is on; a word goes to the segment its first token
+            came from.
+        offset: where the window starts on that clock.
+        lag: seconds the heads place words late, taken off every word's times, none before the
+            window's start.
+        last_speech: where the speech before the first segment ended, same clock.
+
+    Returns:
+        ``(words per segment, where the last segment's speech ends)``.
+    """
+    bounds = np.cumsum([n for _, _, n in segments])
+    per_segment: list[list[Word]] = [[] for _ in segments]
+    k = 0
+    for w in words:
+        where = min(int(np.searchsorted(bounds, k, side="right")), len(segments) - 1)
+        start, end = (offset + max(0.0, t - lag) for t in (w.start, w.end))
+        per_segment[where].append(Word(w.word, start, end, w.probability, w.tokens))
+        k += len(w.tokens)
+    for (start, end, _), placed in zip(segments, per_segment, strict=True):
+        last_speech = tidy_long_words(placed, start, end, last_speech, median=median)
+    return per_segment, last_speech
+
+
 @torch.no_grad()
 def encode_window(model, extractor, wave: np.ndarray, device, sample_rate: int) -> torch.Tensor:
     """(1, frames, d_model) the encoder output of one window of audio."""
@@ -495,15 +534,9 @@ def add_word_timestamps(
                 heads=heads,
                 unspaced=language in UNSPACED_LANGUAGES,
             )
-            # each word goes to the segment its first token came from
-            bounds = np.cumsum([len(ts) for ts in texts])
-            k = 0
-            for s in group:
-                s.words = []
-            for w in words:
-                where = min(int(np.searchsorted(bounds, k, side="right")), len(group) - 1)
-                start, end = (a + max(0.0, t - lag) for t in (w.start, w.end))
-                group[where].words.append(Word(w.word, start, end, w.probability, w.tokens))
-                k += len(w.tokens)
-            for s in group:
-                last_speech = tidy_long_words(s.words, s.start, s.end, last_speech, median=median)
+            spans = [(s.start, s.end, len(ts)) for s, ts in zip(group, texts, strict=True)]
+            per_segment, last_speech = place_words(
+                words, median, spans, offset=a, lag=lag, last_speech=last_speech
+            )
+            for s, placed in zip(group, per_segment, strict=True):
+                s.words = placed

@@ -16,7 +16,7 @@ import torch
 
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
-from asrforge.model.alignment import align_words, alignment_heads, encode_window
+from asrforge.model.alignment import align_words, alignment_heads, encode_window, place_words
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions, TimestampRules, TimestampVocab, greedy_decode
 from asrforge.model.fallback import decode_with_fallback
@@ -30,11 +30,12 @@ MAX_PREVIOUS_TOKENS = 223
 WindowDecoder = Callable[[list[np.ndarray], list[list[int]]], list[list[int]]]
 """``decode(windows, prompts)``: the ids each (n_samples,) window generated after its prompt."""
 
-SpeechEnd = Callable[[np.ndarray, list[int], list[int]], float | None]
-"""``speech_end(window, prompt, text)``: where the text ids ``text`` decoded from the (n_samples,)
-``window`` end in its audio, seconds from the window's start, by the cross-attention alignment
-(:mod:`asrforge.model.alignment`), not by the model's timestamps; None: unknown. ``prompt`` is
-the recording's decoder prompt without ``<|notimestamps|>``."""
+SpeechEnd = Callable[[np.ndarray, list[int], list[tuple[float, float, list[int]]]], float | None]
+"""``speech_end(window, prompt, segments)``: where the complete ``segments`` decoded from the
+(n_samples,) ``window``, each ``(start, end, text ids)`` in seconds from the window's start, end
+in its audio, by the cross-attention alignment (:mod:`asrforge.model.alignment`) with the last
+word held to its segment's end timestamp as openai-whisper holds it; None: unknown. ``prompt``
+is the recording's decoder prompt without ``<|notimestamps|>``."""
 
 
 @dataclass
@@ -65,19 +66,22 @@ class Segment:
 
 def parse_window(
     tokens: Sequence[int], vocab: TimestampVocab
-) -> tuple[list[tuple[int, int | None, list[int]]], int | None]:
-    """One window's generated ids -> its segments and how far the next window moves.
+) -> tuple[list[tuple[int, int | None, list[int]]], int | None, int | None]:
+    """One window's generated ids -> its segments, how far the next window moves, and where
+    the text it cut off starts.
 
     Args:
         tokens: generated ids, without the prompt and EOT.
         vocab: the timestamp tokens.
 
     Returns:
-        ``(segments, seek)``. Each segment is ``(start, end, ids)``, times in timestamp steps
+        ``(segments, seek, tail)``. Each segment is ``(start, end, ids)``, times in timestamp steps
         (0.02 s) from the window's start; ``end`` None means "to the end of the window's audio"
         (text without a closing timestamp). ``seek`` is the steps to move to the end of the last
         complete segment (where the next window starts, so that an unfinished segment is
-        decoded whole there), or None to move past the whole window.
+        decoded whole there), or None to move past the whole window. ``tail`` is the opening
+        timestamp of the unfinished segment when it holds text (the next window must start no
+        later, or that text is never decoded), else None.
     """
     stamp = [vocab.is_timestamp(t) for t in tokens]
     single_ending = stamp[-2:] == [False, True]  # the last segment closed, nothing opened after
@@ -89,7 +93,7 @@ def parse_window(
         start = tokens[0] - vocab.begin if tokens and stamp[0] else 0
         if end is not None and end <= start:
             end = None
-        return [(start, end, list(tokens))], None
+        return [(start, end, list(tokens))], None, None
     slices = consecutive + ([len(tokens)] if single_ending else [])
     segments, last = [], 0
     for cut in slices:
@@ -99,8 +103,10 @@ def parse_window(
         segments.append((start, end, piece))
         last = cut
     if single_ending:
-        return segments, None
-    return segments, tokens[last - 1] - vocab.begin  # the unfinished segment is decoded again
+        return segments, None, None
+    said = any(vocab.is_text(t) for t in tokens[last:])
+    tail = tokens[last] - vocab.begin if said else None
+    return segments, tokens[last - 1] - vocab.begin, tail  # the unfinished one is decoded again
 
 
 def with_previous(prompt: list[int], previous: list[int], startofprev: int | None) -> list[int]:
@@ -138,7 +144,8 @@ def transcribe_by_timestamps(
         speech_end: where a window's text ends by its audio (see :data:`SpeechEnd`): a window
             that would start at the end of its last complete segment starts no earlier than
             that (openai-whisper's seek to the last word's end), so a sentence the model timed
-            too early is not decoded again. None: by the timestamps alone.
+            too early is not decoded again, and no later than the opening timestamp of the
+            text the window cut off. None: by the timestamps alone.
 
     Returns:
         Each recording's segments, in order, within its duration.
@@ -155,8 +162,8 @@ def transcribe_by_timestamps(
         )
         for i, window, tokens in zip(pending, windows, generated, strict=True):
             offset, limit = seeks[i] / sample_rate, (seeks[i] + window.shape[0]) / sample_rate
-            pieces, seek = parse_window(tokens, vocab)
-            said: list[int] = []
+            pieces, seek, tail = parse_window(tokens, vocab)
+            said: list[tuple[float, float, list[int]]] = []
             for start, end, ids in pieces:
                 floor = out[i][-1].end if out[i] else 0.0
                 a = max(min(offset + start * TIME_PRECISION, limit), floor)
@@ -166,13 +173,15 @@ def transcribe_by_timestamps(
                 if text and b > a:
                     out[i].append(Segment(a, b, text, list(ids), (offset, limit)))
                     previous[i] += ids
-                    said += text_ids
+                    said.append((a - offset, b - offset, text_ids))
             if seek is not None and speech_end is not None and said:
                 # timestamps that drift early would start the next window inside the last
                 # sentence, which it would then decode a second time
                 heard = speech_end(window, prompts[i], said)
                 if heard is not None:
-                    seek = max(seek, round(heard / TIME_PRECISION))
+                    reach = round(heard / TIME_PRECISION)
+                    # an alignment that drifts late must not skip the sentence the window cut off
+                    seek = max(seek, reach if tail is None else min(reach, tail))
             moved = window.shape[0] if seek is None else min(seek * step, window.shape[0])
             seeks[i] += moved if moved > 0 else window.shape[0]  # never decode a window twice
         pending = [i for i in pending if seeks[i] < waves[i].shape[0]]
@@ -435,17 +444,22 @@ def transcribe_long(
     held = (keep if keep is not None else EncodedWindows()) if heads else keep
     specials = frozenset(tokenizer.all_special_ids)
 
-    def speech_end(window: np.ndarray, prompt: list[int], said: list[int]) -> float | None:
+    def speech_end(
+        window: np.ndarray, prompt: list[int], said: list[tuple[float, float, list[int]]]
+    ) -> float | None:
         enc = held.take(window)
         if enc is None:
             enc = encode_window(model, extractor, window, device, sample_rate)[0]
         elif held is keep:
             held.add(window, enc)  # word timestamps align it again
-        words, _ = align_words(
-            model, enc[None], [*prompt, no_timestamps], said, window.shape[0],
-            eot=eot, decode=text, specials=specials, heads=heads,
+        words, median = align_words(
+            model, enc[None], [*prompt, no_timestamps], [t for _, _, ts in said for t in ts],
+            window.shape[0], eot=eot, decode=text, specials=specials, heads=heads,
         )  # fmt: skip
-        return max(0.0, words[-1].end - word_lag) if words else None
+        if not words:
+            return None
+        spans = [(a, b, len(ts)) for a, b, ts in said]
+        return place_words(words, median, spans, lag=word_lag)[1]
 
     return transcribe_by_timestamps(
         waves,
