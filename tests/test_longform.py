@@ -399,6 +399,63 @@ def test_the_seek_floor_holds_a_late_last_word_to_its_segments_end() -> None:
     assert place_words(words, 0.3, spans[1:], lag=0.1)[1] == pytest.approx(26.7)
 
 
+class _BigTokenizer:
+    """The tokens :data:`BIG` names, as a Whisper tokenizer spells them."""
+
+    unk_token_id = 50
+    all_special_ids = [50, 51, 999]
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        names = {"<|endoftext|>": 50, "<|startoftranscript|>": 51, "<|notimestamps|>": 999}
+        if token in names:
+            return names[token]
+        stamp = re.fullmatch(r"<\|(\d+\.\d\d)\|>", token)
+        return ts(float(stamp[1])) if stamp else self.unk_token_id
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return " ".join(str(t) for t in ids if t < 50)
+
+
+@pytest.mark.fast
+def test_a_round_of_many_recordings_holds_at_most_a_batch_of_encodings(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from asrforge.model import longform
+
+    # each recording's first window cuts sentence 1 off, so its seek is found by alignment
+    sentences = [(1.0, 4.0), (26.0, 33.0), (36.0, 39.0)]
+    scripted = _scripted(sentences, [])
+    held, encoded = [], []
+
+    def decode_windows(model, extractor, windows, prompts, *, keep, **kw):
+        for w in windows:
+            keep.add(w, torch.zeros(2, 4))
+        held.append(len(keep))
+        return scripted(windows, prompts)
+
+    def encode_window(model, extractor, window, device, sample_rate):
+        encoded.append(float(window[0]))
+        return torch.zeros(1, 2, 4)
+
+    def align_words(model, enc, prompt, text, n_samples, **kw):
+        return [Word(f" {t}", 0.0, sentences[t][1], 0.9, (t,)) for t in text], 0.3
+
+    monkeypatch.setattr(longform, "decode_windows", decode_windows)
+    monkeypatch.setattr(longform, "encode_window", encode_window)
+    monkeypatch.setattr(longform, "align_words", align_words)
+    model = SimpleNamespace(
+        config=SimpleNamespace(max_source_positions=1500, vocab_size=2600, max_target_positions=448)
+    )
+    out = longform.transcribe_long(
+        model, _BigTokenizer(), None, [_ramp(40.0) + k * 1e-4 for k in range(6)], [[51, 999]] * 6,
+        chunking="timestamps", no_timestamps=999, eot=50, max_new_tokens=100, batch_size=2,
+        heads=[(0, 0)],
+    )  # fmt: skip
+    assert [[s.text for s in segs] for segs in out] == [["0", "1", "2"]] * 6
+    assert max(held) == 2
+    assert len(encoded) == 4  # the first round's windows beyond the batch: encoded again
+
+
 @pytest.mark.fast
 def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> None:
     rng = np.random.default_rng(1)

@@ -248,6 +248,9 @@ class EncodedWindows:
         """The encoder output kept for ``window``'s samples (no longer kept), or None."""
         return self._by_key.pop(self._key(window), None) if self._by_key else None
 
+    def __len__(self) -> int:
+        return len(self._by_key)
+
     def clear(self) -> None:
         """Hold none."""
         self._by_key.clear()
@@ -385,7 +388,9 @@ def transcribe_long(
         options: how each window is decoded (see :func:`decode_windows`; both chunkings);
             timestamp mode sets its ``rules`` to :class:`TimestampRules`.
         encoded: windows encoded before (by language detection), not encoded again.
-        keep: where each decoded window's encoder output goes (to time its words).
+        keep: where each decoded window's encoder output goes (to time its words); timestamp mode
+            without it holds at most ``batch_size`` of a round's windows to find where their
+            text ends.
         heads: timestamp mode: the ``(layer, head)`` pairs that align a window's text to find
             where it ends (:data:`SpeechEnd`); None: the model's own
             (:func:`~asrforge.model.alignment.alignment_heads`); empty: by timestamps alone.
@@ -441,7 +446,9 @@ def transcribe_long(
         if startofprev is None or startofprev == tokenizer.unk_token_id:
             raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
     heads = alignment_heads(model) if heads is None else list(heads)
-    held = (keep if keep is not None else EncodedWindows()) if heads else keep
+    # one decode batch of a round's windows stays on the device for speech_end; the others are
+    # encoded again there, as a round may hold every recording of a long-form evaluation
+    held = (keep if keep is not None else EncodedWindows(limit=batch_size)) if heads else keep
     specials = frozenset(tokenizer.all_special_ids)
 
     def speech_end(
@@ -461,7 +468,7 @@ def transcribe_long(
         spans = [(a, b, len(ts)) for a, b, ts in said]
         return place_words(words, median, spans, lag=word_lag)[1]
 
-    return transcribe_by_timestamps(
+    segments = transcribe_by_timestamps(
         waves,
         [p[:-1] if p and p[-1] == no_timestamps else list(p) for p in prompts],
         decoder(
@@ -476,3 +483,6 @@ def transcribe_long(
         startofprev=startofprev,
         speech_end=speech_end if heads else None,
     )
+    if held is not None and held is not keep:
+        held.clear()  # the last round's windows that speech_end did not take
+    return segments
