@@ -417,7 +417,7 @@ class _BigTokenizer:
 
 
 @pytest.mark.fast
-def test_a_round_of_many_recordings_holds_at_most_a_batch_of_encodings(monkeypatch) -> None:
+def test_a_round_of_many_recordings_holds_at_most_its_budget_of_encodings(monkeypatch) -> None:
     from types import SimpleNamespace
 
     from asrforge.model import longform
@@ -443,9 +443,11 @@ def test_a_round_of_many_recordings_holds_at_most_a_batch_of_encodings(monkeypat
     monkeypatch.setattr(longform, "decode_windows", decode_windows)
     monkeypatch.setattr(longform, "encode_window", encode_window)
     monkeypatch.setattr(longform, "align_words", align_words)
-    model = SimpleNamespace(
-        config=SimpleNamespace(max_source_positions=1500, vocab_size=2600, max_target_positions=448)
-    )
+    # a budget of two windows' encoder output (one decode batch)
+    monkeypatch.setattr(longform, "HELD_BYTES", 2 * 1500 * 4 * 4)
+    model = SimpleNamespace(config=SimpleNamespace(
+        max_source_positions=1500, d_model=4, vocab_size=2600, max_target_positions=448
+    ))  # fmt: skip
     out = longform.transcribe_long(
         model, _BigTokenizer(), None, [_ramp(40.0) + k * 1e-4 for k in range(6)], [[51, 999]] * 6,
         chunking="timestamps", no_timestamps=999, eot=50, max_new_tokens=100, batch_size=2,
@@ -453,7 +455,7 @@ def test_a_round_of_many_recordings_holds_at_most_a_batch_of_encodings(monkeypat
     )  # fmt: skip
     assert [[s.text for s in segs] for segs in out] == [["0", "1", "2"]] * 6
     assert max(held) == 2
-    assert len(encoded) == 4  # the first round's windows beyond the batch: encoded again
+    assert len(encoded) == 4  # the first round's windows beyond the budget: encoded again
 
 
 @pytest.mark.fast

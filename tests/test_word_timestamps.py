@@ -297,7 +297,9 @@ def test_tiny_en_times_words_on_the_encodings_decoding_read(hf_tiny_en: Path, mo
         hook.remove()
     assert [t.text for t in timed] == [t.text for t in plain] == [t.text for t in one]
     windows = {s.window for t in timed for s in t.segments}
-    assert reused == decoding and fresh == decoding + len(windows) > decoding + len(waves)
+    # without kept encodings each window is encoded again to time its words, and a window that
+    # ends on timestamps once more for the seek's floor
+    assert reused == decoding and fresh >= decoding + len(windows) > decoding + len(waves)
     assert decoding < held < decoding + len(windows)  # some encoded again, not all
     assert [w.word for t in one for w in t.words] == [w.word for t in timed for w in t.words]
     words = [w for t in timed for w in t.words]

@@ -256,6 +256,18 @@ class EncodedWindows:
         self._by_key.clear()
 
 
+HELD_BYTES = 256 << 20
+"""At most this much of a round's encoder output is kept for the seek floor (``speech_end``);
+above it a window is encoded again (tiny.en keeps 111 windows, large-v3 in fp16 66)."""
+
+
+def _held_windows(model, batch_size: int) -> int:
+    """Windows :data:`HELD_BYTES` holds for ``model`` (one decode batch at least)."""
+    cfg = model.config
+    itemsize = getattr(model, "dtype", torch.float32).itemsize
+    return max(batch_size, HELD_BYTES // (cfg.max_source_positions * cfg.d_model * itemsize))
+
+
 @torch.no_grad()
 def decode_windows(
     model,
@@ -446,9 +458,10 @@ def transcribe_long(
         if startofprev is None or startofprev == tokenizer.unk_token_id:
             raise UserError("condition_on_previous_text: the tokenizer has no <|startofprev|>")
     heads = alignment_heads(model) if heads is None else list(heads)
-    # one decode batch of a round's windows stays on the device for speech_end; the others are
-    # encoded again there, as a round may hold every recording of a long-form evaluation
-    held = (keep if keep is not None else EncodedWindows(limit=batch_size)) if heads else keep
+    # a round may hold every recording of a long-form evaluation: what the budget cannot keep
+    # for speech_end is encoded again there
+    held = (keep if keep is not None else EncodedWindows(limit=_held_windows(model, batch_size))
+            ) if heads else keep  # fmt: skip
     specials = frozenset(tokenizer.all_special_ids)
 
     def speech_end(
