@@ -231,9 +231,9 @@ def _scripted(sentences: list[tuple[float, float]], calls: list) -> callable:
     return decode
 
 
-@pytest.mark.fast
-def test_sequential_windows_decode_every_sentence_once_in_order() -> None:
-    # 22 sentences of 3.2-6.4 s with pauses over ~2.4 min; 30 s windows cut many of them
+def _paused_sentences() -> tuple[list[tuple[float, float]], float]:
+    """22 sentences of 3.2-6.4 s with 0.1-1.0 s pauses (seeded), on the 0.02 s grid, and where
+    the last pause ends."""
     rng = np.random.default_rng(1)
     sentences, t = [], 0.3
     for _ in range(22):
@@ -241,6 +241,13 @@ def test_sequential_windows_decode_every_sentence_once_in_order() -> None:
         b = round((a + rng.uniform(3.2, 6.4)) / 0.02) * 0.02
         sentences.append((a, b))
         t = b + rng.uniform(0.1, 1.0)
+    return sentences, t
+
+
+@pytest.mark.fast
+def test_sequential_windows_decode_every_sentence_once_in_order() -> None:
+    # 22 sentences of 3.2-6.4 s with pauses over ~2.4 min; 30 s windows cut many of them
+    sentences, t = _paused_sentences()
     wave = _ramp(t + 0.5)
     calls = []
     [segs] = transcribe_by_timestamps(
@@ -460,13 +467,7 @@ def test_a_round_of_many_recordings_holds_at_most_its_budget_of_encodings(monkey
 
 @pytest.mark.fast
 def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> None:
-    rng = np.random.default_rng(1)
-    sentences, t = [], 0.3
-    for _ in range(22):
-        a = round(t / 0.02) * 0.02
-        b = round((a + rng.uniform(3.2, 6.4)) / 0.02) * 0.02
-        sentences.append((a, b))
-        t = b + rng.uniform(0.1, 1.0)
+    sentences, t = _paused_sentences()
     runs = []
     for heard in (None, lambda w, p, said: sentences[said[-1][2][-1]][1] - float(w[0]) - 0.3):
         calls = []

@@ -401,7 +401,7 @@ def transcribe_long(
             timestamp mode sets its ``rules`` to :class:`TimestampRules`.
         encoded: windows encoded before (by language detection), not encoded again.
         keep: where each decoded window's encoder output goes (to time its words); timestamp mode
-            without it holds at most ``batch_size`` of a round's windows to find where their
+            without it holds up to :data:`HELD_BYTES` of a round's windows to find where their
             text ends.
         heads: timestamp mode: the ``(layer, head)`` pairs that align a window's text to find
             where it ends (:data:`SpeechEnd`); None: the model's own
