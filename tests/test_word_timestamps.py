@@ -19,9 +19,11 @@ from asrforge.bundle.subtitles import to_srt, word_cues
 from asrforge.model.alignment import (
     Word,
     add_word_timestamps,
+    align_words,
     alignment_heads,
     cut_at_sentence_ends,
     dtw,
+    encode_window,
     median_filter,
     median_word,
     merge_punctuation,
@@ -77,8 +79,11 @@ def test_median_filter_is_the_running_median_with_reflected_edges() -> None:
     padded = np.pad(x[0].numpy(), 1, mode="reflect")
     expected = [np.median(padded[i : i + 3]) for i in range(7)]
     assert median_filter(x, 3)[0].tolist() == expected
-    # (heads, tokens, frames) keeps its shape
-    assert median_filter(torch.rand(2, 3, 10), 7).shape == (2, 3, 10)
+    # Whisper's width on (heads, tokens, frames), ties included: numpy's median of each window
+    heads = torch.randint(0, 5, (2, 3, 40)).float()
+    padded = np.pad(heads.numpy(), [(0, 0), (0, 0), (3, 3)], mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 7, axis=-1)
+    assert torch.equal(median_filter(heads, 7), torch.from_numpy(np.median(windows, axis=-1)))
 
 
 PIECES = {1: " We", 2: " li", 3: "brary", 4: ".", 5: " (", 6: "hi", 7: ")", 8: "\xe4"}
@@ -220,6 +225,32 @@ def test_a_tiny_model_times_every_token_of_its_windows_segments(tmp_path, tones_
         assert all(0.0 <= w.probability <= 1.0 for w in s.words)
     # the windows are aligned apart: the second starts its words at its own start
     assert segments[2].words[0].start == pytest.approx(2.0)
+
+
+@pytest.mark.fast
+def test_words_timed_without_probabilities_never_project_onto_the_vocabulary(
+    tmp_path, tones_dir
+) -> None:
+    """The seek floor's alignment wants times only: the same words and times, no vocabulary
+    projection, probabilities nan."""
+    bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
+    wave, _, ids = _tiny_windows(bundle)
+    encoded = encode_window(bundle.model, bundle.features, wave[: 2 * SR], "cpu", SR)
+    timed = {}
+    projections = []
+    bundle.model.proj_out.register_forward_hook(lambda *_: projections.append(1))
+    for probabilities in (True, False):
+        timed[probabilities], _ = align_words(
+            bundle.model, encoded, bundle.specials.prompt("en"), [*ids[0], *ids[1]], 2 * SR,
+            eot=bundle.specials.eot, decode=bundle.tokenizer.decode,
+            specials=frozenset(bundle.non_text_ids()), heads=alignment_heads(bundle.model),
+            probabilities=probabilities,
+        )  # fmt: skip
+    assert len(projections) == 1
+    with_p, without = timed[True], timed[False]
+    assert [(w.word, w.start, w.end) for w in with_p] == [(w.word, w.start, w.end) for w in without]
+    assert all(0.0 <= w.probability <= 1.0 for w in with_p)
+    assert all(np.isnan(w.probability) for w in without)
 
 
 @pytest.mark.fast

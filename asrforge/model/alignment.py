@@ -96,13 +96,24 @@ def alignment_heads(model) -> list[tuple[int, int]]:
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Median over a sliding window of ``width`` (odd) along the last axis, edges reflected."""
+    """Median over a sliding window of ``width`` (odd) along the last axis, edges reflected.
+
+    The ``width`` shifted copies of ``x`` are sorted elementwise by an odd-even transposition
+    network of minimum/maximum pairs and the middle one taken: the same values as
+    ``unfold(...).median``, which took six times as long on a window's heads (bench/README.md,
+    "The seek floor's alignment")."""
     pad = width // 2
     if x.shape[-1] <= pad:
         return x
-    flat = x.reshape(-1, 1, x.shape[-1])
-    padded = torch.nn.functional.pad(flat, (pad, pad), mode="reflect")
-    return padded.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+    n = x.shape[-1]
+    flat = x.reshape(-1, 1, n)
+    padded = torch.nn.functional.pad(flat, (pad, pad), mode="reflect")[:, 0]
+    shifted = [padded[:, k : k + n] for k in range(width)]
+    for rnd in range(width):
+        for i in range(rnd % 2, width - 1, 2):
+            a, b = shifted[i], shifted[i + 1]
+            shifted[i], shifted[i + 1] = torch.minimum(a, b), torch.maximum(a, b)
+    return shifted[pad].reshape(x.shape)
 
 
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -250,13 +261,17 @@ def cross_attention(
     encoder_out: torch.Tensor,
     ids: torch.Tensor,
     heads: Sequence[tuple[int, int]],
-) -> tuple[torch.Tensor, torch.Tensor]:
+    *,
+    logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Teacher-force ``ids`` and read the cross-attention logits of ``heads``.
 
     Args:
         encoder_out: (1, frames, d_model) one window's encoder output.
         ids: (1, n) the decoder's input ids.
         heads: ``(layer, head)`` pairs.
+        logits: whether to project the decoder's states onto the vocabulary (a third of the
+            time on tiny.en); False gives None for them.
 
     Returns:
         ``(logits, qk)``: (n, vocab) the decoder's logits, and (len(heads), n, frames) each
@@ -288,7 +303,7 @@ def cross_attention(
     finally:
         for h in hooks:
             h.remove()
-    logits = model.proj_out(hidden)[0].float()
+    projected = model.proj_out(hidden)[0].float() if logits else None
     scores = {}
     for layer, hs in wanted.items():
         attn = layers[layer].encoder_attn
@@ -298,7 +313,7 @@ def cross_attention(
         qk = torch.einsum("thd,fhd->htf", q.float(), k.float())
         for head in hs:
             scores[(layer, head)] = qk[head]
-    return logits, torch.stack([scores[(layer, head)] for layer, head in heads])
+    return projected, torch.stack([scores[(layer, head)] for layer, head in heads])
 
 
 def token_starts(qk: torch.Tensor, n_prompt: int, n_text: int, n_samples: int) -> np.ndarray:
@@ -339,6 +354,7 @@ def align_words(
     specials: frozenset[int],
     heads: Sequence[tuple[int, int]],
     unspaced: bool = False,
+    probabilities: bool = True,
 ) -> tuple[list[Word], float]:
     """The words of one window and their times in it (see the module docstring).
 
@@ -348,6 +364,8 @@ def align_words(
         text_tokens: the window's decoded text ids (no timestamps, no specials).
         n_samples: the window's audio length in samples at 16 kHz (the frames after it are
             padding and left out).
+        probabilities: False: each word's probability is nan, not computed (where only the
+            times are wanted).
 
     Returns:
         Words with times in seconds from the window's start, long words at sentence ends cut
@@ -358,9 +376,11 @@ def align_words(
         return [], 0.0
     device = encoder_out.device
     ids = torch.tensor([[*prompt, *text_tokens, eot]], device=device)
-    logits, qk = cross_attention(model, encoder_out, ids, heads)
-    probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(text_tokens)].softmax(dim=-1)
-    token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
+    logits, qk = cross_attention(model, encoder_out, ids, heads, logits=probabilities)
+    token_probs = np.full(len(text_tokens), np.nan)
+    if logits is not None:
+        probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(text_tokens)].softmax(dim=-1)
+        token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
     starts = token_starts(qk, len(prompt), len(text_tokens), n_samples)
 
     word_tokens = split_words(text_tokens, decode, specials, unspaced=unspaced)

@@ -69,7 +69,7 @@ def head_offsets(
     for j, (wave, tokens, k, onset) in enumerate(joins):
         encoder_out = _encoding(model, extractor, joins, encoded, j, device, sample_rate)
         ids = torch.tensor([[*prompt, *tokens, eot]], device=device)
-        _, qk = cross_attention(model, encoder_out, ids, heads)
+        _, qk = cross_attention(model, encoder_out, ids, heads, logits=False)
         for h in range(len(heads)):
             starts = token_starts(qk[h : h + 1], len(prompt), len(tokens), wave.shape[0])
             offsets[j, h] = starts[k] - onset

@@ -475,6 +475,7 @@ def transcribe_long(
         words, median = align_words(
             model, enc[None], [*prompt, no_timestamps], [t for _, _, ts in said for t in ts],
             window.shape[0], eot=eot, decode=text, specials=specials, heads=heads,
+            probabilities=False,
         )  # fmt: skip
         if not words:
             return None
