@@ -13,6 +13,7 @@ This module imports nothing of ours, so every layer may use it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ BEST_UNGUARDED = "best-unguarded"
 LATEST = "latest"
 LATEST_TXT = "latest.txt"
 """Where a filesystem without symbolic links records ``latest``."""
+TRAIN_STATE_FILE = "train_state.json"
+"""A checkpoint's training state: step, epoch, data position, the selector's state."""
 
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -48,6 +51,22 @@ def step_of(name: str) -> int | None:
     """The step a ``step-NNNNNN`` name holds; None for any other name."""
     m = _STEP_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def recorded_selection(ckpt: Path) -> dict:
+    """The selection state checkpoint ``ckpt`` recorded in its :data:`TRAIN_STATE_FILE`: the
+    policy that decided (``policy``), the guard's start (``guard``) and the rest of the
+    selector's state; {} when it records none.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, or its state or selection is not an object.
+    """
+    state = json.loads((ckpt / TRAIN_STATE_FILE).read_text(encoding="utf-8"))
+    selection = state.get("selection") if isinstance(state, dict) else None
+    if not isinstance(state, dict) or not isinstance(selection, dict | None):
+        raise ValueError(f"{TRAIN_STATE_FILE}: its selection state is not an object")
+    return selection or {}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from asrforge.run_layout import CheckpointsLayout, RunLayout, step_dir_name, step_of
+from asrforge.run_layout import (
+    TRAIN_STATE_FILE,
+    CheckpointsLayout,
+    RunLayout,
+    recorded_selection,
+    step_dir_name,
+    step_of,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -25,6 +32,7 @@ SPELLINGS = {
     "best-unguarded": re.compile(r"^best-unguarded"),
     "latest": re.compile(r"^latest(\.txt)?$"),
     "a run's files": re.compile(r"^(train\.log|metrics\.jsonl|eval_carve\.json)$"),
+    "a checkpoint's training state": re.compile(r"train_state\.json"),
 }
 
 
@@ -117,3 +125,22 @@ def test_steps_and_latest_read_what_is_there(tmp_path):
         (eval_dir / name).write_text("{}\n")
     assert [p.name for p in RunLayout(tmp_path).eval_records()] == [
         "step-000002.jsonl", "step-000010.jsonl"]  # fmt: skip
+
+
+def test_a_checkpoints_recorded_selection_is_read_in_one_place(tmp_path):
+    """The policy and guard start a checkpoint recorded; {} for none; a damaged record is a
+    ValueError naming the file, never an AttributeError in a reader."""
+    ckpt = tmp_path / "best"
+    ckpt.mkdir()
+    state = ckpt / TRAIN_STATE_FILE
+    state.write_text('{"step": 3, "selection": {"policy": "wer", "guard": {"kind": "wer"}}}')
+    assert recorded_selection(ckpt) == {"policy": "wer", "guard": {"kind": "wer"}}
+    state.write_text('{"step": 3, "selection": null}')
+    assert recorded_selection(ckpt) == {}
+    for damaged in ('["a list"]', '{"selection": "wer"}', "{not json"):
+        state.write_text(damaged)
+        with pytest.raises(ValueError):
+            recorded_selection(ckpt)
+    state.unlink()
+    with pytest.raises(OSError):
+        recorded_selection(ckpt)

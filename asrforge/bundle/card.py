@@ -26,7 +26,7 @@ from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
 from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.hub import cached_model_dir, hub_ref
-from asrforge.run_layout import RunLayout
+from asrforge.run_layout import RunLayout, recorded_selection
 
 CARD_FILE = "README.md"
 LOCAL_DATASET = "local"
@@ -237,9 +237,8 @@ def _policy(ckpt: Path, cfg: TrainConfig) -> str:
     """The selection policy that decided, as the checkpoint's selection state names it (the
     config's ``auto`` names none)."""
     try:
-        state = json.loads((ckpt / "train_state.json").read_text(encoding="utf-8"))
-        decided = (state.get("selection") or {}).get("policy")
-    except (OSError, ValueError, AttributeError):
+        decided = recorded_selection(ckpt).get("policy")
+    except (OSError, ValueError):
         decided = None
     decided = decided or (cfg.selection.policy if cfg.selection.policy != "auto" else None)
     if decided is None:

@@ -45,6 +45,7 @@ from asrforge.checkpoint.streaming import (
 from asrforge.config.yaml_limits import read_yaml_text
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 from asrforge.io.atomic import atomic_directory, fsync_tree
+from asrforge.run_layout import TRAIN_STATE_FILE
 
 MODEL_STEM, EMA_STEM = "model", "ema"
 MODEL_FILE = single_name(MODEL_STEM)
@@ -58,7 +59,7 @@ TRAINING_ONLY_FILES = (
     "scheduler.pt",
     "scaler.pt",
     "rng.pt",
-    "train_state.json",
+    TRAIN_STATE_FILE,
     "callbacks.json",
 )
 
@@ -533,7 +534,7 @@ def load_training_checkpoint(
     if not has_weights(files, MODEL_STEM):
         raise CheckpointCorruptError(f"{path}: not a training checkpoint ({MODEL_FILE} missing)")
     sharded_optimizer = f"{SHARDED_OPTIMIZER_DIR}/{METADATA_FILE}" in files
-    for required in ("optimizer.pt", "scheduler.pt", "rng.pt", "train_state.json"):
+    for required in ("optimizer.pt", "scheduler.pt", "rng.pt", TRAIN_STATE_FILE):
         if required == "optimizer.pt" and sharded_optimizer:
             continue
         if required not in files:
@@ -584,7 +585,7 @@ def load_training_checkpoint(
         scheduler=objs["scheduler"],
         scaler=objs["scaler"],
         rng=objs["rng"],
-        train_state=json_file("train_state.json"),
+        train_state=json_file(TRAIN_STATE_FILE),
         callbacks=json_file("callbacks.json") if "callbacks.json" in files else {},
         config_yaml=config_text() if "config.yaml" in files else "",
         tokenizer_dir=path / TOKENIZER_DIR if has_tokenizer else None,

@@ -27,7 +27,7 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import codes_of_tokens, detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
 from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
-from asrforge.run_layout import RunLayout
+from asrforge.run_layout import TRAIN_STATE_FILE, RunLayout, recorded_selection
 from asrforge.selection.groups import run_language
 from asrforge.selection.guard_gate import GuardGate, largest_share_within, within
 from asrforge.text import error_rates, normalize, primary_metric, wer
@@ -383,17 +383,16 @@ def measure_interpolations(
 
 
 def recorded_gate(ckpt: Path, tolerance: float) -> GuardGate:
-    """The guard's start as ``ckpt``'s selection state recorded it (``train_state.json``), with
-    ``tolerance``.
+    """The guard's start as ``ckpt``'s selection state recorded it (:func:`recorded_selection`),
+    with ``tolerance``.
 
     Raises:
         UserError: the checkpoint holds no guard start (trained without ``eval.guard``).
     """
     try:
-        state = json.loads((ckpt / "train_state.json").read_text())
+        recorded = recorded_selection(ckpt).get("guard") or {}
     except (OSError, ValueError) as e:
-        raise UserError(f"{ckpt}: no readable train_state.json ({e})") from None
-    recorded = (state.get("selection") or {}).get("guard") or {}
+        raise UserError(f"{ckpt}: no readable {TRAIN_STATE_FILE} ({e})") from None
     if not recorded.get("kind"):
         raise UserError(
             f"{ckpt}: holds no forgetting guard's start (trained without eval.guard): there is "

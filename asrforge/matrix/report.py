@@ -19,7 +19,7 @@ from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.matrix.claims import lock_is_held, read_marker
-from asrforge.run_layout import CONFIG_FILE, METRICS_FILE, RunLayout
+from asrforge.run_layout import CONFIG_FILE, METRICS_FILE, RunLayout, recorded_selection
 from asrforge.text.languages import primary_metric
 
 METRICS = ("wer", "cer", "loss")
@@ -222,8 +222,7 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
 
 def _policy_from_checkpoint(run_dir: Path) -> str | None:
     try:
-        state = json.loads((RunLayout(run_dir).checkpoints.best / "train_state.json").read_text())
-        return (state.get("selection") or {}).get("policy")
+        return recorded_selection(RunLayout(run_dir).checkpoints.best).get("policy")
     except (OSError, ValueError):
         return None
 

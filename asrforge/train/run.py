@@ -19,6 +19,7 @@ from asrforge.data.dataset import UsableClipWatch, dropped_by_reason
 from asrforge.data.rules import SkipReport
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.model.lora import load_model_state
+from asrforge.run_layout import TRAIN_STATE_FILE
 from asrforge.train.data_wait import DataWaitClock
 from asrforge.train.evaluations import RunEvaluations
 from asrforge.train.events import CallbackList, RunInfo
@@ -153,7 +154,7 @@ class TrainingRun:
             if state.selection:
                 self.setup.selector.load_state_dict({"best": state.best, **state.selection})
         except ValueError as e:
-            raise CheckpointCorruptError(f"{ckpt.path / 'train_state.json'}: {e}") from None
+            raise CheckpointCorruptError(f"{ckpt.path / TRAIN_STATE_FILE}: {e}") from None
         # the manifest holds the manager's records including this very checkpoint
         try:
             self.setup.checkpoints.load_state_dict(ckpt.manifest.get("checkpoint_manager", {}))
