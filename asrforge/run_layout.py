@@ -53,6 +53,17 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def portable_name(path: Path) -> str:
+    """``path`` named without the directories above it, as a bundle records where its weights
+    came from: ``RUN/checkpoints/step-000200`` for a checkpoint in a run's checkpoints folder,
+    else the last component. A bundle travels (to a serving team, to the Hub), and the
+    directories above a run are the machine's and its user's, not the model's."""
+    path = Path(os.path.abspath(path))
+    if path.parent.name == CHECKPOINTS and path.parent.parent.name:
+        return f"{path.parent.parent.name}/{CHECKPOINTS}/{path.name}"
+    return path.name
+
+
 def recorded_selection(ckpt: Path) -> dict:
     """The selection state checkpoint ``ckpt`` recorded in its :data:`TRAIN_STATE_FILE`: the
     policy that decided (``policy``), the guard's start (``guard``) and the rest of the

@@ -6,6 +6,7 @@ bit for bit, and refuse a resume after the branch moved unless the config names 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -287,7 +288,12 @@ def test_export_takes_a_hub_model_id_as_train_does(hub, tmp_path):
 
     out = tmp_path / "bundle"
     assert main(["export", "org/tiny", "--out", str(out)]) == 0
-    assert json.loads((out / "inference_config.json").read_text())["config_id"] == "tiny"
+    info = json.loads((out / "inference_config.json").read_text())
+    assert info["config_id"] == "tiny"
+    # the source named as the Hub names it, at its commit; never the cache's directory
+    assert info["source"]["pretrained"] == "org/tiny"
+    assert re.fullmatch(r"[0-9a-f]{40}", info["source"]["commit"])
+    assert str(tmp_path) not in (out / "inference_config.json").read_text()
     assert main(["export", "org/absent", "--out", str(tmp_path / "absent")]) == 2
 
 

@@ -14,6 +14,7 @@ from asrforge.run_layout import (
     TRAIN_STATE_FILE,
     CheckpointsLayout,
     RunLayout,
+    portable_name,
     recorded_selection,
     step_dir_name,
     step_of,
@@ -144,3 +145,13 @@ def test_a_checkpoints_recorded_selection_is_read_in_one_place(tmp_path):
     state.unlink()
     with pytest.raises(OSError):
         recorded_selection(ckpt)
+
+
+def test_a_bundle_names_its_source_from_the_run_down(tmp_path, monkeypatch):
+    run = tmp_path / "home" / "me" / "fleurs-sw"
+    assert portable_name(run / "checkpoints" / "step-000200") == "fleurs-sw/checkpoints/step-000200"
+    assert portable_name(run / "checkpoints" / "best") == "fleurs-sw/checkpoints/best"
+    assert portable_name(tmp_path / "models" / "whisper-base") == "whisper-base"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(run)  # a relative path names the same run
+    assert portable_name(Path("checkpoints/best")) == "fleurs-sw/checkpoints/best"

@@ -211,7 +211,7 @@ def test_a_checkpoint_fine_tuned_from_tiny_en_exports(
     )
     out = export_bundle(ckpt, tmp_path / "bundle")
     info = json.loads((out / "inference_config.json").read_text())
-    assert info["weights"] == "raw" and info["source"]["checkpoint"] == str(ckpt)
+    assert info["weights"] == "raw" and info["source"]["checkpoint"] == "run/checkpoints/step-000001"
     assert info["languages"] == ["en"] and info["multilingual"] is False
     assert info["model"] == tiny_en.config.model.model_dump()
     bundle = load_bundle(out)

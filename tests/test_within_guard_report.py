@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from conftest import tiny_config
@@ -79,10 +78,10 @@ def test_a_share_refused_by_one_language_names_it_and_the_bundle_describes_its_o
     assert "loss" not in source["metrics"]
     unguarded = refused_run / "checkpoints" / "best-unguarded" / "manifest.json"
     assert source["finetuned_metrics"] == json.loads(unguarded.read_text())["metrics"]
-    # the paths recorded hold from any directory
-    monkeypatch.chdir(tmp_path / "bundle")
-    for path in (facts["start"], facts["finetuned"], source["checkpoint"]):
-        assert Path(path).is_absolute() and (Path(path) / "manifest.json").is_file()
+    # named from the run down, as from any directory, and never the directories above it
+    assert facts["start"] == "run/checkpoints/step-000000"
+    assert facts["finetuned"] == source["checkpoint"] == "run/checkpoints/best-unguarded"
+    assert str(tmp_path) not in (out / "inference_config.json").read_text()
 
 
 def test_no_share_within_names_the_language_that_refused_the_last(

@@ -67,6 +67,7 @@ from asrforge.run_layout import (
     LATEST,
     CheckpointsLayout,
     RunLayout,
+    portable_name,
 )
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,11 @@ def export_bundle(
                 f"{source}: a pretrained directory has one set of weights, not {weights}"
             )
         ref = hub_ref(source) if not source.is_dir() else None
-        contents = pretrained_contents(path, name=ref.repo_id.split("/")[-1] if ref else None)
+        contents = pretrained_contents(
+            path,
+            name=ref.repo_id.split("/")[-1] if ref else None,
+            hub_id=str(source) if ref else None,
+        )
     else:
         contents = checkpoint_contents(
             path,
@@ -277,14 +282,12 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
     for candidate in (CheckpointsLayout(root).step(0), CheckpointsLayout(root).best):
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
-            # absolute: a bundle's record must not depend on the directory export ran in
-            return in_memory(contents.state), str(candidate.absolute())
+            return in_memory(contents.state), portable_name(candidate)
     cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), read_manifest(ckpt))
     pretrained = cfg.model.pretrained
     here = model_dir_if_any(pretrained)
     if here is not None and (here / "config.json").is_file():
-        # a Hub id names itself; a local path is recorded absolute, as above
-        named = str(pretrained) if hub_ref(pretrained) is not None else str(here.absolute())
+        named = str(pretrained) if hub_ref(pretrained) is not None else portable_name(here)
         return read_pretrained_weights(here), named
     gone = (
         f"model.pretrained {pretrained} is not there"
