@@ -330,3 +330,24 @@ def test_the_dry_run_checks_the_slurm_options_and_shows_the_sbatch_ones(
             "--ntasks-per-node=1 --gpus-per-node=1 --time=60 --signal=USR2@180 "
             "--partition=gpu --account=asr") in out
     assert not (tmp_path / "root").exists()  # a dry run makes no folder
+
+
+@pytest.mark.fast
+def test_an_option_of_another_executor_is_refused_not_ignored(tmp_path, tones_dir, capsys):
+    """`--partition gpu` without `--executor slurm` would train on this machine instead."""
+    from asrforge.cli import main
+
+    one_job_plan(tmp_path, tones_dir)
+    matrix = str(tmp_path / "m.yaml")
+    assert main(["matrix", matrix, "--dry-run", "--partition", "gpu", "--time-limit", "1:00:00",
+                 "--slurm-arg", "account=asr", "--ray-address", "ray://head:10001"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "4 problems" in err
+    assert "--partition: an option of --executor slurm; this launch is --executor local" in err
+    assert "--time-limit: an option of --executor slurm" in err
+    assert "--ray-address: an option of --executor ray" in err
+    assert main(["matrix", matrix, "--dry-run", "--executor", "slurm", "--devices", "0"]) == 2
+    assert "--devices: an option of --executor local" in capsys.readouterr().err
+    assert main(["matrix", matrix, "--dry-run", "--executor", "slurm"]) == 0  # its default limit
+    assert "--time=240" in capsys.readouterr().out
+    assert not (tmp_path / "root").exists()

@@ -16,6 +16,18 @@ from asrforge.matrix.plan import MAX_GPUS_PER_JOB, SLURM_DIR, MatrixConfig, load
 # The executors and the launcher load Ray and the training set-up: imported inside the handler,
 # so building the parser (`asrforge --help`) does not wait for them.
 
+TIME_LIMIT = "4:00:00"
+"""A SLURM job's time limit when ``--time-limit`` is not given."""
+EXECUTOR_OPTIONS = {
+    "--devices": ("devices", "local"),
+    "--ray-address": ("ray_address", "ray"),
+    "--threads": ("threads", "ray"),
+    "--partition": ("partition", "slurm"),
+    "--time-limit": ("time_limit", "slurm"),
+    "--slurm-arg": ("slurm_arg", "slurm"),
+}
+"""Each executor's own options: flag -> (its attribute, the executor that reads it)."""
+
 
 def add_parser(sub) -> None:
     """Register ``matrix``."""
@@ -48,9 +60,9 @@ def add_parser(sub) -> None:
                    help="ray without GPUs: CPU threads per job (default 1)")
     p.add_argument("--partition", default=None, help="slurm: the partition (default: the "
                    "cluster's)")
-    p.add_argument("--time-limit", default="4:00:00",
-                   help="slurm: each job's time limit (HH:MM:SS, default 4:00:00); the run saves "
-                        "before it and the job is requeued with --resume")
+    p.add_argument("--time-limit", default=None,
+                   help=f"slurm: each job's time limit (HH:MM:SS, default {TIME_LIMIT}); the run "
+                        "saves before it and the job is requeued with --resume")
     p.add_argument("--slurm-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="slurm: one more sbatch option (account=abc, cpus-per-task=16, mem=200G); "
                         "repeat for more")
@@ -65,6 +77,17 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="validate the matrix, print each job's command, start nothing")
     p.set_defaults(func=run, accepts_overrides=True)
+
+
+def other_executors_options(args) -> list[str]:
+    """A problem for each option given that the chosen executor does not read: the launch it
+    was meant for (a partition, a cluster) would not be the one that runs."""
+    return [
+        f"{flag}: an option of --executor {executor}; this launch is --executor "
+        f"{args.executor}, which would ignore it"
+        for flag, (attr, executor) in EXECUTOR_OPTIONS.items()
+        if getattr(args, attr) not in (None, []) and executor != args.executor
+    ]
 
 
 def run(args) -> int:
@@ -87,7 +110,8 @@ def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     # The command line's problems and the matrix's are told together, before anything starts.
-    problems = [positive("--gpus-per-job", args.gpus_per_job)]
+    problems = [positive("--gpus-per-job", args.gpus_per_job), *other_executors_options(args)]
+    time_limit = args.time_limit or TIME_LIMIT
     if args.gpus_per_job is not None and args.gpus_per_job > MAX_GPUS_PER_JOB:
         problems.append(f"--gpus-per-job: must be at most {MAX_GPUS_PER_JOB} (a job runs on one "
                         f"machine), got {args.gpus_per_job}")
@@ -101,10 +125,10 @@ def run(args) -> int:
     if args.executor == "slurm":  # its options are checked before a dry run too, and shown by it
         for item in args.slurm_arg:
             attempt(lambda item=item: parse_slurm_args([item]), problems)
-        if attempt(lambda: time_limit_minutes(args.time_limit), problems) and not any(problems):
+        if attempt(lambda: time_limit_minutes(time_limit), problems) and not any(problems):
             sbatch = sbatch_parameters(
                 partition=args.partition, gpus_per_job=plan.gpus_per_job if plan else 1,
-                time_limit=args.time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
+                time_limit=time_limit, slurm_args=parse_slurm_args(args.slurm_arg))
     devices = None
     # devices named are checked before a dry run too, as a launch checks them
     if args.executor == "local" and (args.devices is not None or not args.dry_run):
