@@ -207,4 +207,7 @@ def test_a_language_value_that_names_no_language_is_refused_before_start_up(
     # one value in several fields is one line naming each
     assert main(["train", str(f), "data.languages=[xx]", "selection.language=xx"]) == 2
     assert "data.languages.0, selection.language: unknown language 'xx'" in capsys.readouterr().err
+    # the guard's language too, before its set is read
+    assert main(["train", str(f), "eval.guard.path=nowhere", "eval.guard.language=Elvish"]) == 2
+    assert "eval.guard.language: unknown language 'Elvish'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -131,12 +131,14 @@ def unknown_language(value, where: str | None = None) -> str:
 def config_language_problems(cfg) -> list[str]:
     """One line per value of a run's config (a ``TrainConfig``) that names no language, as
     training would refuse it once its data is read: ``data.language``, each of
-    ``data.languages``, ``data.replay.language`` and ``selection.language``, a value written in
-    several of them told once with each field."""
+    ``data.languages``, ``data.replay.language``, ``selection.language`` and
+    ``eval.guard.language``, a value written in several of them told once with each field."""
+    guard = cfg.eval.guard
     values = [("data.language", cfg.data.language),
               *((f"data.languages.{i}", v) for i, v in enumerate(cfg.data.languages or ())),
               ("data.replay.language", cfg.data.replay.language if cfg.data.replay else None),
-              ("selection.language", cfg.selection.language)]  # fmt: skip
+              ("selection.language", cfg.selection.language),
+              ("eval.guard.language", guard.language if guard is not None else None)]  # fmt: skip
     unknown: dict[str, list[str]] = {}
     for where, value in values:
         if value is not None and _cached_language_code(str(value)) is None:
