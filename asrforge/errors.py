@@ -53,7 +53,8 @@ class ExitCode(IntEnum):
     later): ``--resume`` continues it, and the matrix retries it."""
     CANCELLED = 130
     """Stopped by Ctrl-C without saving (128 + SIGINT, as a shell reports it): a second signal
-    during a run, or one before it began (its start is undone) or during another command."""
+    during a run, or one before it began (Ctrl-C or SIGTERM; its start is undone) or during
+    another command."""
 
     @property
     def meaning(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,30 @@ def test_ctrl_c_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, c
     assert err.endswith("\nasrforge: interrupted\n") and "Traceback" not in err
     assert {"train.log", "checkpoints"} <= set(made)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.fast
+def test_sigterm_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, capsys, monkeypatch):
+    """A scheduler's SIGTERM before the loop's handlers: the start undone, as for Ctrl-C (by
+    default the signal ended the process with train.log and checkpoints/ left)."""
+    cfg = tmp_path / "cfg.yaml"
+    out = tmp_path / "runs" / "run"
+    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
+    made = []
+
+    def terminated(*args, **kwargs):
+        made.extend(sorted(os.listdir(out)))
+        os.kill(os.getpid(), signal.SIGTERM)
+        pytest.fail("SIGTERM did not stop the set-up")
+
+    monkeypatch.setattr(setup, "setup_splits", terminated)
+    default = signal.getsignal(signal.SIGTERM)
+    assert main(["train", str(cfg)]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("\nasrforge: interrupted\n") and "Traceback" not in err
+    assert {"train.log", "checkpoints"} <= set(made)
+    assert not (tmp_path / "runs").exists()
+    assert signal.getsignal(signal.SIGTERM) is default  # handed back
 
 
 @pytest.mark.fast

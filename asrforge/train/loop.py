@@ -9,6 +9,7 @@ patience. Callbacks observe events and may raise ``state.should_stop`` / ``state
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -69,8 +70,8 @@ class Trainer:
         ``resume``: continue from the newest checkpoint that verifies (refused when
         ``output_dir`` holds no run: no ``checkpoints/``); ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
-        A run stopped by bad input (UserError) or Ctrl-C before it trained a clip or saved
-        leaves its directory as it found it (:mod:`asrforge.train.run_dir`).
+        A run stopped by bad input (UserError), Ctrl-C or SIGTERM before it trained a clip or
+        saved leaves its directory as it found it (:mod:`asrforge.train.run_dir`).
         """
         entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
         # O_NOFOLLOW guards a file's last component only: a linked eval/ would carry writes out
@@ -84,7 +85,8 @@ class Trainer:
             )
         self._run = None
         try:
-            return self._fit(resume=resume, start_over=start_over)
+            with _sigterm_interrupts_set_up():
+                return self._fit(resume=resume, start_over=start_over)
         except (UserError, KeyboardInterrupt):
             if not self._began() and is_rank_zero():
                 before.restore()
@@ -256,6 +258,26 @@ class Trainer:
     def _restore_signal_handlers(self) -> None:
         for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts_set_up():
+    """SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does until the loop's own handlers take
+    over (and after they hand back): by default it would end the process with the start half
+    made, where an interruption undoes it."""
+
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # only the main thread may set signal handlers
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _explain_start_best(run: TrainingRun, reason: str, keep_last: bool) -> str:
