@@ -35,6 +35,7 @@ from asrforge.model.head_timing import speech_onset
 from asrforge.model.longform import Segment
 
 SR = 16_000
+HOP = 320  # samples per encoder frame
 
 
 @pytest.mark.fast
@@ -71,6 +72,25 @@ def test_dtw_path_cost_is_the_minimum_over_paths() -> None:
         return cost[i, j] + min(options)
 
     assert cost[tokens, frames].sum() == pytest.approx(best(2, 4))
+
+
+@pytest.mark.fast
+def test_a_lead_row_drawn_to_a_long_trailing_gap_leaves_the_text_its_own_frames() -> None:
+    """The row before <|notimestamps|> attends to non-speech; a window that ends in a long gap
+    rewarded it across the whole window, and every word started at the window's end (zero
+    long). The text is then aligned without that row."""
+    n_text, frames = 6, 150
+    qk = torch.zeros(1, 2 + n_text + 1, frames)
+    for k in range(n_text + 1):  # each row attends to the audio of the token after it
+        qk[0, 1 + k, 8 + 8 * k : 16 + 8 * k] = 1.5
+    qk[0, 0, 70:] = 3.0  # the lead row: the gap after the speech
+    starts = token_starts(qk, 2, n_text, frames * HOP)
+    assert starts[1:] == pytest.approx([0.32 + 0.16 * k for k in range(n_text)])
+    # a lead row that takes only the silence before the words keeps it
+    qk[0, 0] = 0.0
+    qk[0, 0, :20] = 3.0
+    qk[0, 1:, :20] = 0.0
+    assert token_starts(qk, 2, n_text, frames * HOP)[0] > 0.2
 
 
 @pytest.mark.fast

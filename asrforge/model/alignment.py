@@ -14,7 +14,10 @@ For one window of audio (at most the encoder's window) and the text tokens decod
   predicts the first text token, and the one before it (``<|startoftranscript|>`` for an
   English-only model) attends to the audio before the first word, so a window that opens
   with silence gives it to that row, not to the first word (openai-whisper starts at
-  ``<|notimestamps|>``, and its first word then starts at the window's first frame);
+  ``<|notimestamps|>``, and its first word then starts at the window's first frame); when that
+  row takes the speech too (it attends to non-speech, and a window ending in a long gap can
+  reward it all along), leaving the text less than a frame a token, the text is aligned from
+  ``<|notimestamps|>`` as openai-whisper does;
 * tokens are grouped into words (a token starting with a space, punctuation or a special token
   starts a new one; per character for languages written without spaces), each word starting
   at its first token's start and ending at the next word's start; a word longer than twice
@@ -333,13 +336,24 @@ def token_starts(qk: torch.Tensor, n_prompt: int, n_text: int, n_samples: int) -
     weights = qk[:, :, :frames].softmax(dim=-1)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
+    matrix = weights.mean(dim=0)
+
+    def starts(lead: int) -> np.ndarray:
+        rows = matrix[n_prompt - 1 - lead : n_prompt + n_text]
+        token_index, frame_index = dtw(-rows.double().cpu().numpy())
+        jumps = np.diff(token_index, prepend=-1).astype(bool)
+        return frame_index[jumps][lead:] * TIME_PRECISION
+
     # the row before <|notimestamps|> takes the audio before the first word; a prompt of one
     # token has none
-    lead = 1 if n_prompt >= 2 else 0
-    matrix = weights.mean(dim=0)[n_prompt - 1 - lead : n_prompt + n_text]
-    token_index, frame_index = dtw(-matrix.double().cpu().numpy())
-    jumps = np.diff(token_index, prepend=-1).astype(bool)
-    return frame_index[jumps][lead:] * TIME_PRECISION
+    if n_prompt < 2:
+        return starts(0)
+    found = starts(1)
+    if found[-1] - found[0] < n_text * TIME_PRECISION:
+        # That row attends to non-speech, and a window ending in a long gap rewarded it all
+        # along: it took the speech too, leaving the text less than a frame a token.
+        return starts(0)
+    return found
 
 
 def align_words(
