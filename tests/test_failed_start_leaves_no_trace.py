@@ -138,8 +138,22 @@ def test_a_failed_start_removes_a_metrics_file_of_a_configured_name(tmp_path, to
     assert _tree(out) == before
 
 
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm() -> None:
+    # a scheduler's signal before the loop's handlers: by default it ended the process with
+    # train.log and checkpoints/ left
+    os.kill(os.getpid(), signal.SIGTERM)
+    pytest.fail("SIGTERM did not stop the set-up")
+
+
 @pytest.mark.fast
-def test_ctrl_c_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, capsys, monkeypatch):
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_set_up_removes_what_the_start_made(
+    tmp_path, tones_dir, capsys, monkeypatch, stop
+):
     cfg = tmp_path / "cfg.yaml"
     out = tmp_path / "runs" / "run"
     cfg.write_text(tiny_config(out, tones_dir).to_yaml())
@@ -148,31 +162,9 @@ def test_ctrl_c_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, c
     def interrupted(*args, **kwargs):
         # by now the start made the run directory, its train.log and checkpoints/
         made.extend(sorted(os.listdir(out)))
-        raise KeyboardInterrupt
+        stop()
 
     monkeypatch.setattr(setup, "setup_splits", interrupted)
-    assert main(["train", str(cfg)]) == 130
-    err = capsys.readouterr().err
-    assert err.endswith("\nasrforge: interrupted\n") and "Traceback" not in err
-    assert {"train.log", "checkpoints"} <= set(made)
-    assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.fast
-def test_sigterm_during_set_up_removes_what_the_start_made(tmp_path, tones_dir, capsys, monkeypatch):
-    """A scheduler's SIGTERM before the loop's handlers: the start undone, as for Ctrl-C (by
-    default the signal ended the process with train.log and checkpoints/ left)."""
-    cfg = tmp_path / "cfg.yaml"
-    out = tmp_path / "runs" / "run"
-    cfg.write_text(tiny_config(out, tones_dir).to_yaml())
-    made = []
-
-    def terminated(*args, **kwargs):
-        made.extend(sorted(os.listdir(out)))
-        os.kill(os.getpid(), signal.SIGTERM)
-        pytest.fail("SIGTERM did not stop the set-up")
-
-    monkeypatch.setattr(setup, "setup_splits", terminated)
     default = signal.getsignal(signal.SIGTERM)
     assert main(["train", str(cfg)]) == 130
     err = capsys.readouterr().err
