@@ -53,15 +53,16 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def portable_name(path: Path) -> str:
-    """``path`` named without the directories above it, as a bundle records where its weights
-    came from: ``RUN/checkpoints/step-000200`` for a checkpoint in a run's checkpoints folder,
-    else the last component. A bundle travels (to a serving team, to the Hub), and the
-    directories above a run are the machine's and its user's, not the model's."""
-    path = Path(os.path.abspath(path))
-    if path.parent.name == CHECKPOINTS and path.parent.parent.name:
-        return f"{path.parent.parent.name}/{CHECKPOINTS}/{path.name}"
-    return path.name
+def checkpoint_name(ckpt: Path) -> str:
+    """Checkpoint ``ckpt`` named from its run down, as a bundle records where its weights came
+    from: ``RUN/checkpoints/step-000200`` (a checkpoint elsewhere: its last component). A
+    bundle travels (to a serving team, to the Hub), and the directories above a run are the
+    machine's and its user's, not the model's; a local model is named by its last component
+    alone, as the model card names it."""
+    ckpt = Path(os.path.abspath(ckpt))
+    if ckpt.parent.name == CHECKPOINTS and ckpt.parent.parent.name:
+        return f"{ckpt.parent.parent.name}/{CHECKPOINTS}/{ckpt.name}"
+    return ckpt.name
 
 
 def recorded_selection(ckpt: Path) -> dict:

@@ -64,6 +64,8 @@ def test_lm_build_cli_writes_an_arpa_file_of_the_normalized_text(tmp_path, capsy
     assert lm.order == 2 and lm.meta["normalizer"] == "english" and lm.meta["sentences"] == 2
     assert {g[0] for g in lm.probs[0]} == {"hello", "world", "there", "<s>", "</s>", "<unk>"}
     assert "wrote" in capsys.readouterr().err
+    # the header a bundle carries names the text by its file's name, not this machine's path
+    assert lm.meta["source"] == "en.txt" and str(tmp_path) not in out.read_text()
 
 
 @pytest.mark.fast
@@ -277,6 +279,7 @@ def test_lm_build_reads_a_manifest_and_a_csv_as_the_saved_dataset(tones_dir, tmp
         read_arpa(tmp_path / f"{n}.arpa") for n in ("tones", "train_manifest", "train")
     )
     assert saved.meta["languages"] == ["es"] and saved.meta["sentences"] > 0
+    assert saved.meta["source"] == f"{tones_dir.name} (train)"
     for lm in others:
         assert lm.probs == saved.probs and lm.meta["sentences"] == saved.meta["sentences"]
     # a split a single file does not have is the file; a directory's missing split is named

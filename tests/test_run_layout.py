@@ -14,7 +14,7 @@ from asrforge.run_layout import (
     TRAIN_STATE_FILE,
     CheckpointsLayout,
     RunLayout,
-    portable_name,
+    checkpoint_name,
     recorded_selection,
     step_dir_name,
     step_of,
@@ -149,9 +149,9 @@ def test_a_checkpoints_recorded_selection_is_read_in_one_place(tmp_path):
 
 def test_a_bundle_names_its_source_from_the_run_down(tmp_path, monkeypatch):
     run = tmp_path / "home" / "me" / "fleurs-sw"
-    assert portable_name(run / "checkpoints" / "step-000200") == "fleurs-sw/checkpoints/step-000200"
-    assert portable_name(run / "checkpoints" / "best") == "fleurs-sw/checkpoints/best"
-    assert portable_name(tmp_path / "models" / "whisper-base") == "whisper-base"
+    assert checkpoint_name(run / "checkpoints" / "step-000200") == "fleurs-sw/checkpoints/step-000200"
+    assert checkpoint_name(run / "checkpoints" / "best") == "fleurs-sw/checkpoints/best"
+    assert checkpoint_name(tmp_path / "models" / "whisper-base") == "whisper-base"
     run.mkdir(parents=True)
     monkeypatch.chdir(run)  # a relative path names the same run
-    assert portable_name(Path("checkpoints/best")) == "fleurs-sw/checkpoints/best"
+    assert checkpoint_name(Path("checkpoints/best")) == "fleurs-sw/checkpoints/best"

@@ -56,7 +56,7 @@ from asrforge.model.build import build_model, is_multilingual
 from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.resize import VOCAB_TENSORS
 from asrforge.model.tokenizer import SpecialTokens, WhisperTokenizer, load_tokenizer
-from asrforge.run_layout import CHECKPOINTS, RunLayout, portable_name
+from asrforge.run_layout import CHECKPOINTS, RunLayout, checkpoint_name
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def checkpoint_contents(
     has_ema = has_weights(files, EMA_STEM)
     chosen = weights or ("ema" if has_ema else "raw")
     step = manifest.get("step")
-    source: dict[str, Any] = {"checkpoint": portable_name(ckpt), "step": step}
+    source: dict[str, Any] = {"checkpoint": checkpoint_name(ckpt), "step": step}
     source["metrics"] = manifest.get("metrics") or {}
     if chosen == "ema":
         if not has_ema:
@@ -231,12 +231,13 @@ def read_train_config(path: Path) -> TrainConfig:
 
 
 def pretrained_contents(
-    hf_dir: Path, name: str | None = None, hub_id: str | None = None
+    hf_dir: Path, name: str | None = None, hub: dict | None = None
 ) -> BundleContents:
     """A pretrained transformers Whisper directory (safetensors weights) as bundle contents;
     ``name``: its ``config_id`` (default the directory's name, which a Hub snapshot's is not:
-    a commit); ``hub_id``: the Hub id it was resolved from, recorded with its commit (the
-    snapshot's name) as ``source.pretrained``."""
+    a commit); ``hub``: what it was resolved from on the Hub (``Resolved.record()``: id,
+    revision, commit), recorded as ``source``; else ``source.pretrained`` is the directory's
+    name."""
     config = WhisperConfig.from_pretrained(str(hf_dir), local_files_only=True)
     if config.model_type != "whisper":
         raise UserError(f"{hf_dir}: a {config.model_type!r} model, not Whisper")
@@ -263,9 +264,9 @@ def pretrained_contents(
             "languages": languages,
             "features": feature_config(config).model_dump(),
             "source": (
-                {"pretrained": hub_id, "commit": hf_dir.name}
-                if hub_id is not None
-                else {"pretrained": portable_name(hf_dir)}
+                {"pretrained": hub["id"], "revision": hub["revision"], "commit": hub["commit"]}
+                if hub is not None
+                else {"pretrained": hf_dir.name}
             ),
         }
     )

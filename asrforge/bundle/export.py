@@ -67,7 +67,7 @@ from asrforge.run_layout import (
     LATEST,
     CheckpointsLayout,
     RunLayout,
-    portable_name,
+    checkpoint_name,
 )
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,8 @@ def export_bundle(
         contents = pretrained_contents(
             path,
             name=ref.repo_id.split("/")[-1] if ref else None,
-            hub_id=str(source) if ref else None,
+            # within a command's pins, the commit resolve_source read, with no request
+            hub=resolve_model(source, field="source").record() if ref else None,
         )
     else:
         contents = checkpoint_contents(
@@ -282,12 +283,13 @@ def start_weights(ckpt: Path) -> tuple[dict[str, torch.Tensor], str]:
     for candidate in (CheckpointsLayout(root).step(0), CheckpointsLayout(root).best):
         if (candidate / MANIFEST_NAME).is_file() and read_manifest(candidate).get("step") == 0:
             contents = checkpoint_contents(candidate, "raw", stats_utterances=0, scan_data=False)
-            return in_memory(contents.state), portable_name(candidate)
+            return in_memory(contents.state), checkpoint_name(candidate)
     cfg = pinned_to_recorded_commits(read_train_config(ckpt / "config.yaml"), read_manifest(ckpt))
     pretrained = cfg.model.pretrained
     here = model_dir_if_any(pretrained)
     if here is not None and (here / "config.json").is_file():
-        named = str(pretrained) if hub_ref(pretrained) is not None else portable_name(here)
+        # a Hub id names itself, a local model its directory (as the card names it)
+        named = str(pretrained) if hub_ref(pretrained) is not None else here.name
         return read_pretrained_weights(here), named
     gone = (
         f"model.pretrained {pretrained} is not there"

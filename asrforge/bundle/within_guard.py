@@ -28,7 +28,7 @@ from asrforge.evaluation.guard import (
 from asrforge.model.build import BuiltModel
 from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens
-from asrforge.run_layout import portable_name
+from asrforge.run_layout import checkpoint_name
 from asrforge.selection.guard_gate import GuardGate
 
 
@@ -99,7 +99,7 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     chosen = dict(figures)[share]
     facts = {
         "share": share,
-        "finetuned": portable_name(ckpt),
+        "finetuned": checkpoint_name(ckpt),
         "start": start_from,
         "guard_kind": gate.kind,
         "guard_start": gate.start,

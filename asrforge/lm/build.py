@@ -56,8 +56,12 @@ def data_sentences(
             yield code, row["text"] or ""
 
 
-def build_lm(sentences: Iterator[tuple[str, str]], order: int, source: str) -> NGramLM:
-    """Normalize each ``(language, text)`` and estimate the model.
+def build_lm(
+    sentences: Iterator[tuple[str, str]], order: int, source: str, recorded: str | None = None
+) -> NGramLM:
+    """Normalize each ``(language, text)`` and estimate the model; ``source`` names the text in
+    messages, ``recorded`` (default ``source``) in the ARPA file's header, which a bundle
+    carries to others.
 
     Raises:
         UserError: ``order`` out of range, or no words at all after normalization.
@@ -78,7 +82,7 @@ def build_lm(sentences: Iterator[tuple[str, str]], order: int, source: str) -> N
         "languages": languages,
         "sentences": len(words),
         "words": sum(len(w) for w in words),
-        "source": source,
+        "source": source if recorded is None else recorded,
     }
     lm = estimate(words, order, meta=meta)
     log.info(
@@ -122,13 +126,17 @@ def build_lm_file(
             raise UserError(f"--text {text}: no such file")
         if keep is None:
             raise UserError("--text: give its --language (it decides how words are normalized)")
-        lm = build_lm(text_sentences(text, next(iter(keep))), order, str(text))
+        # a local file is recorded by its name: the directories above it are this machine's
+        lm = build_lm(text_sentences(text, next(iter(keep))), order, str(text), text.name)
     else:
         cfg = data_config(data)
         path = cfg.path
         local = data_ref(cfg) is None and not is_url(path)
         if local and not Path(path).exists():  # a Hub id or a URL is checked where it is read
             raise UserError(f"--data {path}: no such file or directory")
-        lm = build_lm(data_sentences(data, split, keep), order, f"{path} ({split})")
+        named = Path(path).name if local else path
+        lm = build_lm(
+            data_sentences(data, split, keep), order, f"{path} ({split})", f"{named} ({split})"
+        )
     write_arpa(lm, out)
     return lm
