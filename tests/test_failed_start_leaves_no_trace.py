@@ -144,7 +144,8 @@ def _ctrl_c() -> None:
 
 def _sigterm() -> None:
     # a scheduler's signal before the loop's handlers: by default it ended the process with
-    # train.log and checkpoints/ left
+    # train.log and checkpoints/ left (and would end this test session: checked first)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "SIGTERM not handled in set-up"
     os.kill(os.getpid(), signal.SIGTERM)
     pytest.fail("SIGTERM did not stop the set-up")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import threading
 from pathlib import Path
 
 from asrforge.config import TrainConfig
@@ -71,7 +72,8 @@ class Trainer:
         ``output_dir`` holds no run: no ``checkpoints/``); ``start_over``: train
         from step 0 when checkpoints exist but none verifies (they are set aside, not deleted).
         A run stopped by bad input (UserError), Ctrl-C or SIGTERM before it trained a clip or
-        saved leaves its directory as it found it (:mod:`asrforge.train.run_dir`).
+        saved leaves its directory as it found it (:mod:`asrforge.train.run_dir`); under
+        torchrun, rank zero undoes it once its own set-up stops.
         """
         entries = [name for cb in self.user_callbacks for name in cb.run_entries()]
         # O_NOFOLLOW guards a file's last component only: a linked eval/ would carry writes out
@@ -85,8 +87,7 @@ class Trainer:
             )
         self._run = None
         try:
-            with _sigterm_interrupts_set_up():
-                return self._fit(resume=resume, start_over=start_over)
+            return self._fit(resume=resume, start_over=start_over)
         except (UserError, KeyboardInterrupt):
             if not self._began() and is_rank_zero():
                 before.restore()
@@ -107,7 +108,7 @@ class Trainer:
             else None
         )
         # The start-up reads one commit of each Hub repository it names.
-        with pinned():
+        with pinned(), _sigterm_interrupts_set_up():
             run = self._start_run(resume=resume, start_over=start_over, budget=budget)
         state, callbacks = run.state, run.callbacks  # the resumed state on a resume
         self._install_signal_handlers()
@@ -262,18 +263,20 @@ class Trainer:
 
 @contextlib.contextmanager
 def _sigterm_interrupts_set_up():
-    """SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does until the loop's own handlers take
-    over (and after they hand back): by default it would end the process with the start half
-    made, where an interruption undoes it."""
+    """During set-up, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does: by default it would
+    end the process with the start half made, where an interruption undoes it. The loop's own
+    handlers take over once the run is built."""
 
     def handler(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # only the main thread may set signal handlers
+    # Only the main thread may set handlers, and one C code set could not be put back (None).
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if previous is None:
         yield
         return
+    signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:

@@ -1,6 +1,6 @@
 """The run directory as a run found it, so that a run stopped before it began (before it
 trained a clip or saved) by bad input (:class:`~asrforge.errors.UserError`, exit code 2) or by
-Ctrl-C (exit code 130) leaves no trace there.
+Ctrl-C or SIGTERM (exit code 130) leaves no trace there.
 
 What start-up adds is removed again: the whole directory (and the parents it made) when the run
 created it; otherwise the entries start-up creates (:data:`STARTUP_ENTRIES`, ``skipped-*.json``,
