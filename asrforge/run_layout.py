@@ -72,13 +72,18 @@ def recorded_selection(ckpt: Path) -> dict:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not JSON, or its state or selection is not an object.
+        ValueError: it is not JSON, its state or selection is not an object, or the fields its
+            readers take are not of their kinds (the policy a string, the guard an object).
     """
     state = json.loads((ckpt / TRAIN_STATE_FILE).read_text(encoding="utf-8"))
     selection = state.get("selection") if isinstance(state, dict) else None
     if not isinstance(state, dict) or not isinstance(selection, dict | None):
         raise ValueError(f"{TRAIN_STATE_FILE}: its selection state is not an object")
-    return selection or {}
+    selection = selection or {}
+    for field, kind, words in (("policy", str, "a string"), ("guard", dict, "an object")):
+        if not isinstance(selection.get(field), kind | None):
+            raise ValueError(f"{TRAIN_STATE_FILE}: selection.{field} is not {words}")
+    return selection
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,8 @@ def test_a_checkpoints_recorded_selection_is_read_in_one_place(tmp_path):
     assert recorded_selection(ckpt) == {"policy": "wer", "guard": {"kind": "wer"}}
     state.write_text('{"step": 3, "selection": null}')
     assert recorded_selection(ckpt) == {}
-    for damaged in ('["a list"]', '{"selection": "wer"}', "{not json"):
+    for damaged in ('["a list"]', '{"selection": "wer"}', "{not json",
+                    '{"selection": {"guard": "wer"}}', '{"selection": {"policy": 3}}'):  # fmt: skip
         state.write_text(damaged)
         with pytest.raises(ValueError):
             recorded_selection(ckpt)

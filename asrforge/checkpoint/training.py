@@ -405,11 +405,11 @@ def write_training_files(directory: Path, contents: CheckpointContents) -> dict[
         if obj is not None:
             check_weights_only(obj, f"{name}.pt: {name}")
     json_texts = {}
-    for name, obj in (("train_state", c.train_state), ("callbacks", c.callbacks or {})):
+    for file, obj in ((TRAIN_STATE_FILE, c.train_state), ("callbacks.json", c.callbacks or {})):
         try:
-            json_texts[f"{name}.json"] = json.dumps(obj, indent=2) + "\n"
+            json_texts[file] = json.dumps(obj, indent=2) + "\n"
         except (TypeError, ValueError) as e:
-            raise CheckpointSaveError(f"{name}.json: {name} is not JSON-serializable: {e}") from e
+            raise CheckpointSaveError(f"{file}: not JSON-serializable: {e}") from e
 
     # Independent files, written at once: hashing and os.write release the GIL, so the big
     # ones (weights, EMA, optimizer state) overlap on the CPU and the disk.

@@ -338,22 +338,21 @@ def token_starts(qk: torch.Tensor, n_prompt: int, n_text: int, n_samples: int) -
     weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_FILTER_WIDTH)
     matrix = weights.mean(dim=0)
 
-    def starts(lead: int) -> np.ndarray:
+    def start_frames(lead: int) -> np.ndarray:
         rows = matrix[n_prompt - 1 - lead : n_prompt + n_text]
         token_index, frame_index = dtw(-rows.double().cpu().numpy())
         jumps = np.diff(token_index, prepend=-1).astype(bool)
-        return frame_index[jumps][lead:] * TIME_PRECISION
+        return frame_index[jumps][lead:]
 
     # the row before <|notimestamps|> takes the audio before the first word; a prompt of one
     # token has none
-    if n_prompt < 2:
-        return starts(0)
-    found = starts(1)
-    if found[-1] - found[0] < n_text * TIME_PRECISION:
+    found = start_frames(1 if n_prompt >= 2 else 0)
+    if n_prompt >= 2 and found[-1] - found[0] < n_text:
         # That row attends to non-speech, and a window ending in a long gap rewarded it all
-        # along: it took the speech too, leaving the text less than a frame a token.
-        return starts(0)
-    return found
+        # along: it took the speech too, leaving the text less than a frame a token. (One
+        # that takes most of the speech but leaves a frame a token is not told apart.)
+        found = start_frames(0)
+    return found * TIME_PRECISION
 
 
 def align_words(

@@ -102,7 +102,7 @@ def onset_offsets(
         encoder_out = _encoding(model, extractor, joins, encoded, j, device, sample_rate)
         words, _ = align_words(
             model, encoder_out, prompt, tokens, wave.shape[0], eot=eot, decode=decode,
-            specials=specials, heads=heads, unspaced=unspaced,
+            specials=specials, heads=heads, unspaced=unspaced, probabilities=False,
         )  # fmt: skip
         ends = np.cumsum([len(w.tokens) for w in words])
         offsets.append(words[int(np.searchsorted(ends, k, side="right"))].start - onset)
