@@ -68,7 +68,7 @@ def test_a_recorded_lag_is_loaded_and_one_that_is_no_time_is_refused(tmp_path, t
     assert load_bundle(bundle).word_lag == 0.0
     update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": 0.055}})
     assert load_bundle(bundle).word_lag == 0.055
-    for bad in ("0.05", None, -0.1, 1e9, float("nan")):
+    for bad in ("0.05", None, -0.1, 1e9, float("nan"), 25.0):  # 25 s: every word at 0.0
         update_bundle_manifest(bundle, {ALIGNMENT_HEADS_KEY: {"heads": [[1, 0]], "lag_s": bad}})
         with pytest.raises(CheckpointCorruptError, match="lag_s must be seconds"):
             load_bundle(bundle)

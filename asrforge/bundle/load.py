@@ -39,7 +39,7 @@ from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import materialize, resolve
 from asrforge.lm.ngram import read_arpa
-from asrforge.model.frames import window_seconds
+from asrforge.model.head_timing import LAG_LIMIT
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
 from asrforge.run_layout import RunLayout
 
@@ -288,7 +288,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
     return Bundle(
         model, tokenizer, icfg, path=path, device=device, lm=lm, lm_weights=weights,
         alignment_heads=None if found is None else _alignment_heads(found, where, model.config),
-        word_lag=0.0 if found is None else _word_lag(found, where, window_seconds(model.config)),
+        word_lag=0.0 if found is None else _word_lag(found, where),
     )  # fmt: skip
 
 
@@ -314,19 +314,20 @@ def _alignment_heads(found: Any, where: Path, config) -> list[tuple[int, int]]:
     return [(h[0], h[1]) for h in heads]
 
 
-def _word_lag(found: dict[str, Any], where: Path, window: float) -> float:
+def _word_lag(found: dict[str, Any], where: Path) -> float:
     """The seconds ``asrforge align-heads`` measured its heads place words late (0 when it
-    measured none), within one ``window`` of seconds.
+    measured none), within what it records (:data:`LAG_LIMIT`).
 
     Raises:
-        CheckpointCorruptError: a lag that is not a number of seconds from 0 to one window (a
-            negative one would move words later).
+        CheckpointCorruptError: a lag that is not a number of seconds from 0 to
+            :data:`LAG_LIMIT` (a negative one would move words later, a longer one would pull
+            every word to its window's start).
     """
     lag = found.get("lag_s", 0.0)
-    if type(lag) not in (int, float) or not 0 <= lag < window:
+    if type(lag) not in (int, float) or not 0 <= lag <= LAG_LIMIT:
         raise CheckpointCorruptError(
-            f"{where}: {ALIGNMENT_HEADS_KEY}.lag_s must be seconds from 0 to one {window:g} s "
-            f"window, got {lag!r}"
+            f"{where}: {ALIGNMENT_HEADS_KEY}.lag_s must be seconds from 0 to {LAG_LIMIT:g} "
+            f"(what align-heads records), got {lag!r}"
         )
     return float(lag)
 
