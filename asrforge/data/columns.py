@@ -100,7 +100,8 @@ def standardize(
         raise UserError(
             f"{section}.language: {where} has no language column (looked for "
             f"{', '.join(USUAL_COLUMNS['language'])}; columns: {', '.join(ds.column_names)}): set "
-            f"{section}.language (e.g. en) or name the column in {section}.columns.language"
+            f"{section}.language (e.g. {section}.language=en) or name the column in "
+            f"{section}.columns.language"
         )
     _refuse_segments(ds, where, section=section)
     keep = [c for c in found.values() if c is not None]
