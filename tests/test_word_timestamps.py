@@ -388,3 +388,17 @@ def test_transcribe_word_timestamps_json_has_words(hf_tiny_en: Path, tmp_path: P
     assert main(["transcribe", str(hf_tiny_en), str(clip), "--format", "vtt",
                  "--word-timestamps", "--output-dir", str(out)]) == 0  # fmt: skip
     assert (out / "clip.vtt").read_text().count(" --> ") == len(words)
+
+
+@pytest.mark.fast
+def test_a_zero_length_word_gets_a_cue_that_ends_by_the_next_word() -> None:
+    seg = Segment(160.0, 162.0, "a single word", [1, 2])
+    seg.words = [Word(" a", 160.5, 160.9, 0.9), Word(" single", 160.976, 160.976, 0.5),
+                 Word(" word", 161.02, 161.02, 0.5), Word(" end", 161.5, 161.5, 0.5)]  # fmt: skip
+    cues = word_cues([seg])
+    assert [(c.start, c.end) for c in cues] == [
+        (160.5, 160.9), (160.976, 161.02), (161.02, pytest.approx(161.12)),
+        (161.5, pytest.approx(161.6)),
+    ]  # fmt: skip
+    assert all(c.end > c.start for c in cues)
+    assert all(a.end <= b.start for a, b in zip(cues, cues[1:], strict=False))

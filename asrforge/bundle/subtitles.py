@@ -39,6 +39,22 @@ def to_vtt(segments: Sequence[Segment]) -> str:
     return "\n".join(["WEBVTT\n", *cues])
 
 
+MIN_WORD_CUE = 0.1
+"""Seconds a word cue lasts at least, where the next cue leaves room."""
+
+
 def word_cues(segments: Sequence[Segment]) -> list[Segment]:
-    """One cue per timed word of ``segments`` (their ``words``), for word-level subtitles."""
-    return [Segment(w.start, w.end, w.word.strip()) for s in segments for w in s.words or []]
+    """One cue per timed word of ``segments`` (their ``words``), for word-level subtitles; a
+    word timed shorter than :data:`MIN_WORD_CUE` (down to zero length) is held longer, up to
+    the next word's start."""
+    words = [w for s in segments for w in s.words or []]
+    cues = []
+    for k, w in enumerate(words):
+        end = w.end
+        if end - w.start < MIN_WORD_CUE:
+            # Players drop or flash a zero-length cue; a tenth of a second is the shortest a
+            # reader notices, and ending by the next word's start keeps cues apart.
+            following = words[k + 1].start if k + 1 < len(words) else float("inf")
+            end = max(end, min(w.start + MIN_WORD_CUE, following))
+        cues.append(Segment(w.start, end, w.word.strip()))
+    return cues
