@@ -470,3 +470,49 @@ def test_a_failed_file_or_symlink_replacement_keeps_the_old_one_and_no_temporary
         atomic.atomic_write_bytes(in_the_way, b"x")
     assert (in_the_way / "child").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "latest", "old"]
+
+
+@pytest.mark.fast
+def test_a_file_name_the_filesystem_accepts_is_written_however_long(tmp_path) -> None:
+    for name in ("x" * 244 + ".txt", "é" * 127):  # 248 and 254 bytes: legal, but no room left
+        target = tmp_path / name
+        atomic.atomic_write_text(target, "hi\n")
+        assert target.read_text() == "hi\n"
+        assert atomic.temporaries_of(target) == []
+        # a writer killed mid-write leaves a temporary its reader still finds
+        leftover = atomic.temp_sibling(target)
+        leftover.write_text("half")
+        assert len(os.fsencode(leftover.name)) <= 255
+        assert atomic.temporaries_of(target) == [leftover]
+        leftover.unlink()
+
+
+@pytest.mark.fast
+def test_a_shortened_old_directory_is_kept_not_renamed_to_its_shortened_name(tmp_path) -> None:
+    old = atomic.temp_sibling(tmp_path / ("d" * 250), atomic.OLD_PREFIX)
+    old.mkdir()
+    actions = atomic.recover_interrupted(tmp_path)
+    assert old.is_dir() and [p.name for p in tmp_path.iterdir()] == [old.name]
+    assert actions == [f"kept {old.name}: the directory it replaced has a longer name"]
+
+
+@pytest.mark.fast
+def test_file_target_problem_names_what_would_fail_the_write(tmp_path) -> None:
+    (tmp_path / "dir.txt").mkdir()
+    (tmp_path / "file").write_text("")
+    assert atomic.file_target_problem(tmp_path / "new" / "deeper" / "a.txt") is None
+    assert atomic.file_target_problem(tmp_path / "dir.txt") == f"{tmp_path / 'dir.txt'}: a directory"
+    long = tmp_path / ("y" * 256)
+    assert atomic.file_target_problem(long) == f"{long}: its name is longer than 255 bytes"
+    under_file = tmp_path / "file" / "a.txt"
+    assert atomic.file_target_problem(under_file) == (
+        f"{under_file}: {tmp_path / 'file'} is not a directory"
+    )
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        problem = atomic.file_target_problem(locked / "a.txt")
+        assert problem.startswith(f"{locked / 'a.txt'}: cannot create files in {locked}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.txt", "file", "ro"][
+        : 3 if os.geteuid() != 0 else 2
+    ]

@@ -3,7 +3,8 @@
 The recipe is always the same: write a temporary sibling, fsync its contents, ``os.replace`` it
 into place, fsync the parent directory (the rename itself lives in the parent's entries).
 Temporaries are named ``.tmp-<name>-<pid>-<rand>``; a directory being replaced is first moved
-aside to ``.old-<name>-<pid>-<rand>``. A process killed at any moment leaves only such dot-names
+aside to ``.old-<name>-<pid>-<rand>``. A name too long for that keeps its first bytes and a hash
+(``<head>~<hash>``), so any name the filesystem accepts can be written. A process killed at any moment leaves only such dot-names
 behind, and :func:`recover_interrupted` (run when a :class:`CheckpointManager` starts) removes
 the temporaries and puts back an ``.old-`` directory whose replacement never arrived.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -24,18 +26,35 @@ from asrforge.errors import CheckpointSaveError
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
+NAME_MAX = 255
+"""Bytes in one file name on Linux's and macOS's filesystems."""
+_NAME_ROOM = NAME_MAX - 24
+"""Bytes of a name a temporary keeps whole: the rest is the prefix, ``-<pid>-<rand>``."""
+_SHORTENED = re.compile(r".*~[0-9a-f]{12}")
+
+
+def _temp_stem(name: str) -> str:
+    """``name`` as its temporaries carry it: whole, or its first bytes and a hash when the
+    temporary's name would be longer than the filesystem allows."""
+    raw = os.fsencode(name)
+    if len(raw) <= _NAME_ROOM:
+        return name
+    head = raw[: _NAME_ROOM - 13].decode("utf-8", "ignore")
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:12]}"
 
 
 def temp_sibling(final: Path, prefix: str = TMP_PREFIX) -> Path:
-    """A fresh hidden name next to ``final``: ``<prefix><name>-<pid>-<rand>``."""
-    return final.parent / f"{prefix}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    """A fresh hidden name next to ``final``: ``<prefix><name>-<pid>-<rand>`` (a long name
+    shortened, see :func:`_temp_stem`)."""
+    stem = _temp_stem(final.name)
+    return final.parent / f"{prefix}{stem}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def temporaries_of(final: Path) -> list[Path]:
     """The temporaries that writers of ``final`` killed mid-write left beside it (the names
     :func:`temp_sibling` gives), for a caller that knows it is the only writer of ``final``."""
     final = Path(final)
-    name = re.compile(rf"{re.escape(TMP_PREFIX + final.name)}-\d+-[0-9a-f]{{8}}")
+    name = re.compile(rf"{re.escape(TMP_PREFIX + _temp_stem(final.name))}-\d+-[0-9a-f]{{8}}")
     return sorted(p for p in final.parent.glob(f"{TMP_PREFIX}*") if name.fullmatch(p.name))
 
 
@@ -76,6 +95,31 @@ def empty_directory_problem(path: Path) -> str | None:
         return problem
     if Path(path).is_dir() and any(Path(path).iterdir()):
         return f"{path}: exists and is not empty"
+    return None
+
+
+def file_target_problem(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (by :func:`atomic_write_bytes`, its missing
+    parent directories created), or None: a directory in the way, a name longer than the
+    filesystem allows, a file where a parent should be, or a directory it may not create files
+    in. Checked before a command spends its time on what it will write there.
+    """
+    path = Path(path)
+    if len(os.fsencode(path.name)) > NAME_MAX:
+        return f"{path}: its name is longer than {NAME_MAX} bytes"
+    if path.is_dir():
+        return f"{path}: a directory"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{path}: {parent} is not a directory"
+    probe = temp_sibling(parent / "probe")
+    try:  # a real creation: permissions, ACLs, read-only and immutable directories all tell
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        return f"{path}: cannot create files in {parent} ({describe_os_error(e)})"
     return None
 
 
@@ -247,6 +291,10 @@ def recover_interrupted(parent: Path) -> list[str]:
             continue
         name = p.name[len(OLD_PREFIX) :].rsplit("-", 2)[0]
         final = parent / name
+        if _SHORTENED.fullmatch(name) and len(os.fsencode(name)) > _NAME_ROOM - 16:
+            # the name it replaced was too long to record whole: put back by hand
+            actions.append(f"kept {p.name}: the directory it replaced has a longer name")
+            continue
         if name and not final.exists() and not final.is_symlink():
             os.rename(p, final)
             actions.append(f"restored {final} from interrupted replacement {p.name}")
