@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from asrforge.config import vad_problem
-from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, resample
+from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, open_audio, resample
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
@@ -79,7 +79,11 @@ def read_audio_file(path: Path) -> np.ndarray:
         raise UserError(f"{path}: no such audio file")
     if not path.is_file():
         raise UserError(f"{path}: not a regular file")
-    return decode_audio(path, SAMPLE_RATE)
+    with open_audio(path) as audio:
+        wave = audio.decode(SAMPLE_RATE)
+        if (short := audio.shortfall()) is not None:
+            log.warning("%s: %s; transcribing the audio that is there", path, short)
+    return wave
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,6 +91,14 @@ def _say_sequential_without_vad() -> None:
     """Log, once a process, that long recordings decode sequentially for want of VAD's
     packages (an install from before VAD needed onnxruntime lacks it)."""
     log.info("long recordings decode sequentially: %s", vad_problem("VAD"))
+
+
+@functools.cache
+def _say_capped(cap: int) -> None:
+    """Warn, once a process for each cap, that a window stopped at it."""
+    log.warning(
+        "a window stopped at the cap of %d new tokens (max_new_tokens): its text is cut", cap
+    )
 
 
 class Bundle:
@@ -205,6 +217,8 @@ class Bundle:
         if language is not None:  # a code, name or locale ("de", "German", "de-AT")
             code = languages.resolve_language(language, strict=False).strip().lower()
             if not self.specials.multilingual:
+                if languages.find_language_code(language) is None:
+                    raise UserError(f"unknown language {language!r}: this bundle is English-only")
                 if code not in ("en", "english"):
                     raise UserError(f"language {language!r}: this bundle is English-only")
                 return "en"
@@ -381,6 +395,7 @@ class Bundle:
         lm_beta: float | None = None,
         word_timestamps: bool = False,
         vad: bool | None = None,
+        names: Sequence[str] | None = None,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -414,6 +429,8 @@ class Bundle:
                 packages ``silero-vad`` and ``onnxruntime`` are installed and
                 ``condition_on_previous_text`` is off (a chunk is decoded without the text of
                 the chunks before it); True with ``condition_on_previous_text`` is refused.
+            names: how warnings name each recording (its file, for arrays read from files);
+                default: a path as given, else ``recording <i>``.
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -432,6 +449,8 @@ class Bundle:
         )
         if len(langs) != len(audios):
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
+        if names is not None and len(names) != len(audios):
+            raise UserError(f"{len(names)} names for {len(audios)} recordings")
         cap = max_new_tokens or self.config.eval.max_new_tokens
         waves, given = [], []
         # A None entry is decoded below, in this order.
@@ -441,6 +460,7 @@ class Bundle:
             problem = audio_problem(wave)
             if problem is not None:  # decoding it would only make up "" or noise
                 name = audio if isinstance(audio, str | Path) else f"recording {i}"
+                name = names[i] if names is not None else name
                 log.warning("%s: %s; not transcribed (empty text)", name, problem)
                 out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, [], mode))
                 continue
@@ -496,6 +516,7 @@ class Bundle:
                 options=options,
                 encoded=encoded,
                 keep=encoded if word_timestamps else None,
+                capped=lambda: _say_capped(cap),
             )
             segments += decode_chunks([waves[j] for j in part], [chunks[j] for j in part], decode)
             del decode, encoded  # the next group's detection does not hold this one's encodings

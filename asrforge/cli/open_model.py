@@ -29,6 +29,8 @@ def open_model(model: str | Path, weights: str | None = None, *, option: str = "
     path = resolved.path
     if resolved.ref is not None and (path / INFERENCE_CONFIG).is_file():
         return load_bundle(model)  # the whole repository, every file verified
+    if path.is_file():
+        raise UserError(f"{path}: a file, not a bundle or model directory")
     if not path.is_dir():
         raise UserError(f"{path}: no such directory")
     if (path / INFERENCE_CONFIG).is_file():

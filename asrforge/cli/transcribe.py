@@ -14,7 +14,7 @@ from pathlib import Path
 from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
-from asrforge.io.atomic import atomic_write_text
+from asrforge.io.atomic import atomic_write_text, file_target_problem
 
 # The subtitle writers load the decoding code (torch): imported inside the handler, so building
 # the parser (`asrforge --help`) does not wait for them.
@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "transcribe",
         help="transcribe audio files with a bundle",
-        description="Transcribe wav/flac/mp3 files (any sample rate, any length) with a bundle, "
+        description="Transcribe wav/flac/ogg/opus/mp3 files (any sample rate, any length) with a bundle, "
         "a training checkpoint or run, or a transformers Whisper directory. Long audio is "
         "decoded in sequential 30 s windows moved by the model's timestamps (as openai-whisper "
         "and faster-whisper do), or cut at silences for models without timestamp tokens.",
@@ -53,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--output-dir",
         type=Path,
         default=None,
-        help="write <audio name>.<format> files here instead of printing",
+        help="write <audio name>.<format> files here instead of printing, each as soon as its "
+        "group of --batch-size files is decoded",
     )
     p.add_argument(
         "--chunking",
@@ -104,7 +105,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT, read_audio_file
-    from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
 
     problems = [
         positive("--batch-size", args.batch_size),
@@ -116,13 +116,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = "json" if args.json else args.fmt or "text"
     if fmt in ("srt", "vtt") and len(args.audio) > 1 and args.output_dir is None:
         problems.append(f"--format {fmt} with {len(args.audio)} files: give --output-dir")
-    if args.output_dir is not None:
-        if args.output_dir.exists() and not args.output_dir.is_dir():
-            problems.append(f"--output-dir {args.output_dir}: not a directory")
-        stems = [p.stem for p in args.audio]
-        twice = sorted({s for s in stems if stems.count(s) > 1})
-        if twice:  # one output file would overwrite the other
-            problems.append(f"--output-dir: several audio files are named {twice[0]!r}")
+    targets = _output_targets(args.audio, args.output_dir, fmt, problems)
     if args.vad and args.condition_on_previous_text:
         problems.append(
             VAD_WITH_PREVIOUS_TEXT.format(vad="--vad", previous="--condition-on-previous-text")
@@ -144,48 +138,86 @@ def run(args: argparse.Namespace) -> int:
     waves = [attempt(lambda path=path: read_audio_file(path), problems) for path in args.audio]
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
-    results = bundle.recognize(
-        waves,
-        args.language,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        chunking=chunking,
-        condition_on_previous_text=args.condition_on_previous_text,
-        beam_size=args.beam_size,
-        temperature_fallback=args.temperature_fallback,
-        use_lm=fusion is not None,
-        lm_alpha=fusion.alpha if fusion is not None else None,
-        lm_beta=fusion.beta if fusion is not None else None,
-        word_timestamps=args.word_timestamps,
-        vad=args.vad,
-    )
     # The chunking notice comes after every error check, as one line.
     if args.chunking is None and chunking == "silence":
         print(f"asrforge: {why}", file=sys.stderr)
-    for path, r in zip(args.audio, results, strict=True):
-        if fmt == "json":
-            record = {
-                "path": str(path),
-                "text": r.text,
-                "language": r.language,
-                "seconds": round(r.seconds, 3),
-                "chunking": r.chunking,
-                "vad": r.vad,
-                "segments": [s.to_dict() for s in r.segments],
-            }
-            out = json.dumps(record, ensure_ascii=False)
-        elif fmt in ("srt", "vtt"):
-            cues = word_cues(r.segments) if args.word_timestamps else r.segments
-            out = to_srt(cues) if fmt == "srt" else to_vtt(cues)
-        else:
-            out = r.text
-        if args.output_dir is not None:
-            args.output_dir.mkdir(parents=True, exist_ok=True)
-            target = args.output_dir / f"{path.stem}.{'txt' if fmt == 'text' else fmt}"
-            atomic_write_text(target, out if out.endswith("\n") else out + "\n")
-            print(f"wrote {target}", file=sys.stderr)
-        elif fmt == "text" and len(args.audio) > 1:
-            print(f"{path}\t{out}")
-        else:
-            print(out)
+    # A group of files is decoded together (their windows share batches) and written before
+    # the next starts, so an interrupted run keeps what it finished.
+    group = args.batch_size
+    for g in range(0, len(waves), group):
+        paths = args.audio[g : g + group]
+        results = bundle.recognize(
+            waves[g : g + group],
+            args.language,
+            names=[str(p) for p in paths],
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            chunking=chunking,
+            condition_on_previous_text=args.condition_on_previous_text,
+            beam_size=args.beam_size,
+            temperature_fallback=args.temperature_fallback,
+            use_lm=fusion is not None,
+            lm_alpha=fusion.alpha if fusion is not None else None,
+            lm_beta=fusion.beta if fusion is not None else None,
+            word_timestamps=args.word_timestamps,
+            vad=args.vad,
+        )
+        for path, r in zip(paths, results, strict=True):
+            out = _formatted(r, path, fmt, args.word_timestamps)
+            if targets:
+                target = targets[path]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(target, out if out.endswith("\n") else out + "\n")
+                print(f"wrote {target}", file=sys.stderr)
+            elif fmt == "text" and len(args.audio) > 1:
+                print(f"{path}\t{out}", flush=True)
+            else:
+                print(out, flush=True)
     return 0
+
+
+def _output_targets(
+    audio: list[Path], output_dir: Path | None, fmt: str, problems: list[str | None]
+) -> dict[Path, Path]:
+    """Each audio file's output file in ``output_dir`` (none without it), with the problem of
+    every target that could not be written appended to ``problems``, before any decoding."""
+    if output_dir is None:
+        return {}
+    if output_dir.exists() and not output_dir.is_dir():
+        problems.append(f"--output-dir {output_dir}: not a directory")
+        return {}
+    targets = {p: output_dir / f"{p.stem}.{'txt' if fmt == 'text' else fmt}" for p in audio}
+    by_stem: dict[str, list[Path]] = {}
+    for p in audio:
+        by_stem.setdefault(p.stem, []).append(p)
+    for stem, paths in sorted(by_stem.items()):
+        if len(paths) > 1:  # one output file would overwrite the other
+            problems.append(
+                f"--output-dir: several audio files are named {stem!r}: "
+                + ", ".join(str(p) for p in paths)
+            )
+    for target in targets.values():
+        if problem := file_target_problem(target):
+            problems.append(f"--output-dir {problem}")
+    return targets
+
+
+def _formatted(r, path: Path, fmt: str, word_timestamps: bool) -> str:
+    """One transcript ``r`` of ``path`` in the output format ``fmt``."""
+    from asrforge.bundle.subtitles import to_srt, to_vtt, word_cues
+
+    if fmt == "json":
+        record = {
+            "path": str(path),
+            "text": r.text,
+            "language": r.language,
+            "seconds": round(r.seconds, 3),
+            "chunking": r.chunking,
+            "vad": r.vad,
+            "segments": [s.to_dict() for s in r.segments],
+        }
+        return json.dumps(record, ensure_ascii=False)
+    if fmt in ("srt", "vtt"):
+        cues = word_cues(r.segments) if word_timestamps else r.segments
+        return to_srt(cues) if fmt == "srt" else to_vtt(cues)
+    return r.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,10 @@ from asrforge.errors import UserError
 MAX_DECODE_SECONDS = 6 * 3600
 """Longest audio decoded whole: a few kilobytes of FLAC can decode to days of silence."""
 _BLOCK_FRAMES = 1 << 16
+_CUT_SHORT = re.compile(r"^(?:data|SSND)\s*:\s*(\d+) \(should be (\d+)\)", re.MULTILINE)
+"""libsndfile's log line for a data chunk shorter than its header says."""
+READABLE = "wav, flac, ogg (vorbis, opus), mp3, aiff and the other formats libsndfile reads"
+"""The audio this module decodes, for messages about a file it cannot."""
 
 
 def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
@@ -78,6 +83,19 @@ class AudioFile:
         wave = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
         return resample(wave, self.sample_rate, target_sr)
 
+    def shortfall(self) -> str | None:
+        """What is missing when the file's data ends before the length its header gives (a
+        wav or aiff cut short: libsndfile reads what is there and notes the difference in its
+        log), or None."""
+        found = _CUT_SHORT.search(self.sound.extra_info or "")
+        if found is None:
+            return None
+        claimed, there = int(found[1]), int(found[2])
+        return (
+            f"the audio data ends before the length its header gives ({there} of {claimed} "
+            "bytes): the file looks cut short"
+        )
+
 
 @contextmanager
 def open_audio(source: bytes | str | Path) -> Iterator[AudioFile]:
@@ -92,10 +110,16 @@ def open_audio(source: bytes | str | Path) -> Iterator[AudioFile]:
     name = _source_name(source)
     fd = None if isinstance(source, bytes) else _open_regular(name)
     try:
+        size = len(source) if fd is None else os.fstat(fd).st_size
+        if size == 0:
+            raise UserError(f"cannot read audio {name}: empty file (0 bytes)")
         try:
             sound = sf.SoundFile(io.BytesIO(source) if fd is None else fd, closefd=False)
         except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
             reason = e.error_string if isinstance(e, sf.LibsndfileError) else e
+            if "not recognised" in str(reason):
+                reason = (f"{reason} (readable: {READABLE}; convert others first, e.g. "
+                          "`ffmpeg -i in.m4a out.wav`)")  # fmt: skip
             raise UserError(f"cannot read audio {name}: {reason}") from None
         with sound:
             if sound.samplerate <= 0:

@@ -285,6 +285,7 @@ def decode_windows(
     decode_text: Callable[[list[int]], str] | None = None,
     encoded: EncodedWindows | None = None,
     keep: EncodedWindows | None = None,
+    capped: Callable[[], None] | None = None,
 ) -> list[list[int]]:
     """Decode windows (each at most one encoder window long), batched among windows of equal
     prompts -> the ids each generated (no prompt, no EOT).
@@ -299,6 +300,7 @@ def decode_windows(
         autocast: a context manager factory for the forward passes (the training loop's).
         encoded: windows encoded before (by language detection): not encoded again.
         keep: where each window's encoder output goes once decoded (to time its words).
+        capped: called when a window stopped at ``max_new_tokens`` (its text may be cut).
     """
     if options.fallback is not None and decode_text is None:
         raise ValueError("fallback needs decode_text")
@@ -333,11 +335,13 @@ def decode_windows(
                     hyps, _temps = decode_with_fallback(
                         model, enc, ids, eot, max_new_tokens, options, decode_text=decode_text
                     )
-                    seqs = [h.tokens for h in hyps]
+                    seqs, hit_cap = [h.tokens for h in hyps], [h.hit_cap for h in hyps]
                 elif options.searches_beams:
-                    seqs, _ = beam_decode(model, enc, ids, eot, max_new_tokens, options)
+                    seqs, hit_cap = beam_decode(model, enc, ids, eot, max_new_tokens, options)
                 else:
-                    seqs, _ = greedy_decode(model, enc, ids, eot, max_new_tokens, options)
+                    seqs, hit_cap = greedy_decode(model, enc, ids, eot, max_new_tokens, options)
+            if capped is not None and any(hit_cap):
+                capped()
             for j, seq in zip(chunk, seqs, strict=True):
                 out[j] = seq
     return out
@@ -386,6 +390,7 @@ def transcribe_long(
     keep: EncodedWindows | None = None,
     heads: Sequence[tuple[int, int]] | None = None,
     word_lag: float = 0.0,
+    capped: Callable[[], None] | None = None,
 ) -> list[list[Segment]]:
     """Transcribe recordings of any length with ``model`` (in eval mode), the way
     ``asrforge transcribe`` does: :func:`transcribe_by_timestamps` or
@@ -407,6 +412,7 @@ def transcribe_long(
             where it ends (:data:`SpeechEnd`); None: the model's own
             (:func:`~asrforge.model.alignment.alignment_heads`); empty: by timestamps alone.
         word_lag: seconds those heads place words late, taken off that end.
+        capped: called when a window stopped at its cap (see :func:`decode_windows`).
     """
     seconds = window_seconds(model.config)
 
@@ -434,6 +440,7 @@ def transcribe_long(
                 decode_text=text,
                 encoded=encoded,
                 keep=held,
+                capped=capped,
             )
 
         return decode

@@ -1,0 +1,140 @@
+"""``asrforge transcribe`` of several files: output targets checked before decoding, each
+group's outputs written as soon as it is decoded, and warnings that name the file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrforge.bundle import inference
+from asrforge.cli import main
+from tests.test_data_hardening import tokenizer_without
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory) -> Path:
+    """A random 1-layer English-only bundle: its text is noise, decoded in a moment."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from asrforge.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("tiny")
+    tok = tokenizer_without()
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = WhisperConfig(
+        vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, num_mel_bins=80, max_source_positions=100, max_target_positions=32,
+        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"),
+        begin_suppress_tokens=None, suppress_tokens=None,
+    )  # fmt: skip
+    hf = root / "hf"
+    WhisperForConditionalGeneration(cfg).save_pretrained(str(hf))
+    tok.save_pretrained(str(hf))
+    gen = hf / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    return export_bundle(hf, root / "bundle")
+
+
+def clip(path: Path, seconds: float = 1.0) -> str:
+    rng = np.random.default_rng(0)
+    sf.write(path, (0.1 * rng.standard_normal(int(16_000 * seconds))).astype(np.float32), 16_000,
+             format="WAV")  # fmt: skip
+    return str(path)
+
+
+def test_a_target_that_cannot_be_written_stops_the_run_before_decoding(
+    tiny_bundle, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(inference.Bundle, "recognize", lambda *a, **k: pytest.fail("decoded"))
+    long = "x" * 253
+    # a 255-byte audio name whose output name has a byte too many
+    paths = [clip(tmp_path / n) for n in ("clip0.wav", "clip1.wav", f"{long}.w")]
+    out = tmp_path / "out"
+    (out / "clip1.txt").mkdir(parents=True)
+    assert main(["transcribe", str(tiny_bundle), *paths, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output-dir {out / 'clip1.txt'}: a directory" in err
+    assert f"--output-dir {out / (long + '.txt')}: its name is longer than 255 bytes" in err
+    assert sorted(p.name for p in out.iterdir()) == ["clip1.txt"]
+
+
+def test_each_group_is_written_as_soon_as_it_is_decoded(tiny_bundle, tmp_path, monkeypatch):
+    paths = [clip(tmp_path / f"clip{i}.wav") for i in range(3)]
+    groups = []
+    recognize = inference.Bundle.recognize
+
+    def interrupted_after_one(self, waves, *a, **k):
+        groups.append(k["names"])
+        if len(groups) == 2:
+            raise KeyboardInterrupt
+        return recognize(self, waves, *a, **k)
+
+    monkeypatch.setattr(inference.Bundle, "recognize", interrupted_after_one)
+    out = tmp_path / "out"
+    argv = [str(tiny_bundle), *paths, "--output-dir", str(out), "--batch-size", "2", "--json"]
+    assert main(["transcribe", *argv]) == 130
+    assert groups == [paths[:2], paths[2:]]
+    assert sorted(p.name for p in out.iterdir()) == ["clip0.json", "clip1.json"]
+    assert json.loads((out / "clip1.json").read_text())["path"] == paths[1]
+
+
+def test_output_names_that_collide_are_listed(tiny_bundle, tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    paths = [clip(tmp_path / "clip.wav"), clip(tmp_path / "a" / "clip.flac")]
+    argv = [str(tiny_bundle), *paths, "--output-dir", str(tmp_path / "out")]
+    assert main(["transcribe", *argv]) == 2
+    assert (f"several audio files are named 'clip': {paths[0]}, {paths[1]}"
+            in capsys.readouterr().err)  # fmt: skip
+
+
+def test_damaged_audio_is_named_by_its_path(tiny_bundle, tmp_path, capsys, caplog):
+    header_only = tmp_path / "header_only.wav"
+    sf.write(header_only, np.zeros(0, np.float32), 16_000)
+    full = Path(clip(tmp_path / "full.wav", 3.0)).read_bytes()
+    truncated = tmp_path / "truncated.wav"
+    truncated.write_bytes(full[: len(full) // 3])
+    with caplog.at_level(logging.WARNING):
+        assert main(["transcribe", str(tiny_bundle), str(header_only), str(truncated)]) == 0
+    said = caplog.text + capsys.readouterr().err
+    assert f"{header_only}: empty audio (0 samples)" in said
+    assert "recording 0" not in said
+    assert f"{truncated}: the audio data ends before the length its header gives" in said
+
+
+def test_unreadable_files_say_why(tiny_bundle, tmp_path, capsys):
+    (tmp_path / "zero.wav").write_bytes(b"")
+    (tmp_path / "talk.m4a").write_bytes(b"\0\0\0 ftypM4A " + bytes(100))
+    argv = [str(tiny_bundle), str(tmp_path / "zero.wav"), str(tmp_path / "talk.m4a")]
+    assert main(["transcribe", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read audio {tmp_path / 'zero.wav'}: empty file (0 bytes)" in err
+    assert "readable: wav, flac, ogg (vorbis, opus), mp3" in err and "ffmpeg" in err
+
+
+def test_argument_mistakes_are_named_for_what_they_are(tiny_bundle, tmp_path, capsys):
+    wav = clip(tmp_path / "a.wav")
+    assert main(["transcribe", str(tiny_bundle), wav, "--language", "xx"]) == 2
+    assert "unknown language 'xx': this bundle is English-only" in capsys.readouterr().err
+    assert main(["transcribe", str(tiny_bundle), wav, "--language", "fr"]) == 2
+    assert "language 'fr': this bundle is English-only" in capsys.readouterr().err
+    assert main(["transcribe", wav, wav]) == 2
+    assert f"{wav}: a file, not a bundle or model directory" in capsys.readouterr().err
+
+
+def test_a_window_stopped_at_the_token_cap_is_said_once(tiny_bundle, tmp_path, capsys, caplog):
+    inference._say_capped.cache_clear()
+    paths = [clip(tmp_path / f"c{i}.wav") for i in range(3)]
+    argv = [str(tiny_bundle), *paths, "--max-new-tokens", "1", "--batch-size", "1"]
+    with caplog.at_level(logging.WARNING):
+        assert main(["transcribe", *argv]) == 0
+    said = caplog.text + capsys.readouterr().err
+    assert said.count("a window stopped at the cap of 1 new tokens (max_new_tokens)") == 1
