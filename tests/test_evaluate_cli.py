@@ -251,6 +251,30 @@ def test_predictions_show_what_the_model_heard_and_the_table_how_its_language_wa
     assert f"--predictions {tmp_path}: a directory" in capsys.readouterr().err
 
 
+def test_predictions_that_cannot_be_written_are_refused_first_or_leave_the_metrics_printed(
+    run, tones_dir, tmp_path, capsys, monkeypatch
+):
+    from asrforge.errors import CheckpointSaveError
+    from asrforge.io import atomic
+
+    long = tmp_path / ("p" * 256)
+    argv = ["evaluate", str(run), "--data", str(tones_dir), "--max-samples", "2"]
+    monkeypatch.setattr("asrforge.evaluation.evaluate.evaluate_split",
+                        lambda *a, **k: pytest.fail("evaluated"))  # fmt: skip
+    assert main([*argv, "--predictions", str(long)]) == 2
+    assert f"--predictions {long}: its name is longer than 255 bytes" in cli_error(capsys)
+    monkeypatch.undo()
+
+    def fails(path, text):
+        raise CheckpointSaveError(f"could not write {path}: Operation not permitted (errno 1)")
+
+    monkeypatch.setattr(atomic, "atomic_write_text", fails)
+    assert main([*argv, "--predictions", str(tmp_path / "p.jsonl")]) != 0
+    captured = capsys.readouterr()
+    assert "WER %" in captured.out and "predictions:" not in captured.out
+    assert "Operation not permitted" in captured.err
+
+
 def test_the_normalizer_s_options_score_evaluations_and_are_named(run, tones_dir, capsys):
     argv = [str(run), "--data", str(tones_dir), "--max-samples", "4"]
     plain = _evaluate(capsys, *argv)

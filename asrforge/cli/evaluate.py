@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import NormalizerConfig
 from asrforge.data.sources import reads_whole
+from asrforge.io.atomic import file_target_problem
 from asrforge.text.metrics import strict_json_metrics
 
 # Evaluating loads torch and transformers: imported inside the handlers, so building the parser
@@ -131,13 +133,11 @@ def run(args: argparse.Namespace) -> int:
         positive("--max-samples", args.max_samples),
         positive("--beam-size", args.beam_size),
     ]
-    if args.predictions is not None and (
-        args.predictions.is_dir() or not args.predictions.parent.is_dir()
-    ):
-        problems.append(
-            f"--predictions {args.predictions}: "
-            + ("a directory" if args.predictions.is_dir() else "its directory does not exist")
-        )
+    if args.predictions is not None:
+        if not args.predictions.parent.is_dir():
+            problems.append(f"--predictions {args.predictions}: its directory does not exist")
+        elif problem := file_target_problem(args.predictions):
+            problems.append(f"--predictions {problem}")
     args.split = args.split or ("train" if args.carve is not None else "validation")
     if args.carve is not None:
         from asrforge.run_layout import RunLayout
@@ -205,15 +205,6 @@ def run(args: argparse.Namespace) -> int:
             vad=args.longform_vad,
         )
         metrics.update(long_metrics)
-    if args.predictions is not None:
-        from asrforge.evaluation.evaluate import prediction_records
-        from asrforge.io.atomic import atomic_write_text
-
-        lines = [
-            json.dumps(r, ensure_ascii=False)
-            for r in prediction_records(preds, bundle.specials, normalizer)
-        ]
-        atomic_write_text(args.predictions, "".join(f"{line}\n" for line in lines))
     language = language_line(bundle.specials.multilingual)
     skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     # data of one split is read whole, so no split name describes what was scored
@@ -238,10 +229,21 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(metrics))
         print(language)
         print(f"normalizer: {metrics['normalizer']}")
-        if args.predictions is not None:
-            print(f"predictions: {len(preds)} utterance(s) in {args.predictions}")
         if args.longform_items:
             print(format_longform(metrics))
+    if args.predictions is not None:
+        from asrforge.evaluation.evaluate import prediction_records
+        from asrforge.io.atomic import atomic_write_text
+
+        # after the metrics are printed: a write that fails does not throw them away
+        sys.stdout.flush()
+        lines = [
+            json.dumps(r, ensure_ascii=False)
+            for r in prediction_records(preds, bundle.specials, normalizer)
+        ]
+        atomic_write_text(args.predictions, "".join(f"{line}\n" for line in lines))
+        if not args.json:
+            print(f"predictions: {len(preds)} utterance(s) in {args.predictions}")
     return 0
 
 
