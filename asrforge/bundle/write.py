@@ -41,6 +41,9 @@ GGML_QUANTIZATIONS = (None, "float16")
 """``--quantization`` of a ggml export: f16 matrices. An all-f32 file is what whisper.cpp's
 converter writes without f16, but whisper.cpp 1.8's convolution asserts f16 kernels (measured
 with pywhispercpp 1.5.1: it aborts), so it is not offered."""
+CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                     "float16", "bfloat16", "float32")  # fmt: skip
+"""``--quantization`` of a ct2 export: CTranslate2's weight types."""
 
 
 def readable_by_all(directory: Path) -> None:

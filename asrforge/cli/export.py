@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,12 +48,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="hf",
         help="hf: transformers (default); ct2: CTranslate2 (faster-whisper); ggml: whisper.cpp",
     )
-    p.add_argument("--k", type=int, default=5, help="--weights average: how many checkpoints")
-    p.add_argument("--metric", default="wer", help="--weights average: rank checkpoints by this")
+    p.add_argument(
+        "--k", type=int, default=None, help="--weights average: how many checkpoints (default 5)"
+    )
+    p.add_argument(
+        "--metric", default=None, help="--weights average: rank checkpoints by this (default wer)"
+    )
     p.add_argument(
         "--quantization",
         default=None,
-        help="--format ct2: e.g. int8, float16; --format ggml: float16 (its only one)",
+        help="--format ct2: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, "
+        "bfloat16 or float32; --format ggml: float16 (its only one)",
     )
     p.add_argument(
         "--max-shard-size",
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.push_to_hub is not None and (args.source / INFERENCE_CONFIG).is_file():
         return _push_written(args)
-    problems = [positive("--k", args.k)]
+    problems = [positive("--k", args.k), *_format_problems(args)]
     if args.out is None:
         problems.append("--out: required (the bundle directory to write)")
     shard_size = None if str(args.max_shard_size).strip() == "0" else args.max_shard_size
@@ -127,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             problems.append(f"--max-shard-size: {e}")
     _kind, path = attempt(lambda: resolve_source(args.source), problems) or (None, None)
-    if args.out is not None and (out_problem := directory_problem(args.out)):
+    if args.out is not None and args.out.is_symlink() and args.out.exists():
+        # the bundle replaces the link's own entry, not the directory it points to
+        problems.append(f"--out {args.out}: a symlink (to {os.readlink(args.out)}); give the "
+                        f"real path ({args.out.resolve()})")  # fmt: skip
+    elif args.out is not None and (out_problem := directory_problem(args.out)):
         problems.append(f"--out {out_problem}")
     if args.adapter_only and args.fmt != "hf":
         problems.append("--adapter-only writes peft's adapter files: --format does not apply")
@@ -155,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
         return _print_within_guard(args, shares, shard_size)
     if path != args.source:
         print(f"asrforge: exporting {path} (from {args.source})", file=sys.stderr)
+    if args.fmt == "ct2":
+        from transformers.utils import logging as hf_logging
+
+        # CTranslate2's converter loads the model back with transformers, whose bar says nothing
+        hf_logging.disable_progress_bar()
     if args.adapter_only:
         from asrforge.bundle.export import export_adapter
 
@@ -167,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         args.weights,
         args.fmt,
-        average_k=args.k,
-        average_metric=args.metric,
+        average_k=5 if args.k is None else args.k,
+        average_metric=args.metric or "wer",
         ct2_quantization=args.quantization,
         lm=args.lm,
         max_shard_size=shard_size,
@@ -178,6 +193,25 @@ def run(args: argparse.Namespace) -> int:
     if args.push_to_hub is not None:
         _push(out, args)
     return 0
+
+
+def _format_problems(args: argparse.Namespace) -> list[str]:
+    """Options the chosen format or weights would ignore, or values they do not take."""
+    from asrforge.bundle.write import CT2_QUANTIZATIONS, GGML_QUANTIZATIONS
+
+    problems = []
+    if args.quantization is not None and args.fmt == "hf":
+        problems.append("--quantization: only with --format ct2 or ggml (hf writes the weights "
+                        "as they are)")  # fmt: skip
+    elif args.fmt == "ct2" and args.quantization not in (None, *CT2_QUANTIZATIONS):
+        problems.append(f"--quantization {args.quantization}: --format ct2 takes "
+                        f"{', '.join(CT2_QUANTIZATIONS)}")  # fmt: skip
+    elif args.fmt == "ggml" and args.quantization not in GGML_QUANTIZATIONS:
+        problems.append(f"--quantization {args.quantization}: --format ggml writes float16")
+    given = [n for n, value in (("--k", args.k), ("--metric", args.metric)) if value is not None]
+    if given and args.weights != "average":
+        problems.append(f"{' and '.join(given)}: only with --weights average")
+    return problems
 
 
 def _push_problems(args: argparse.Namespace) -> list[str]:

@@ -1,0 +1,42 @@
+"""``asrforge export`` refuses options its format or weights would ignore, and an --out that is a
+symlink, before loading anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from asrforge.cli import main
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--format", "ct2", "--quantization", "bogus"],
+         "--quantization bogus: --format ct2 takes int8, int8_float32"),
+        (["--quantization", "int8"], "--quantization: only with --format ct2 or ggml"),
+        (["--format", "ggml", "--quantization", "int8"],
+         "--quantization int8: --format ggml writes float16"),
+        (["--k", "3"], "--k: only with --weights average"),
+        (["--weights", "raw", "--k", "3", "--metric", "loss"],
+         "--k and --metric: only with --weights average"),
+    ],
+)  # fmt: skip
+def test_options_the_export_would_ignore_are_refused(tmp_path, capsys, argv, message):
+    src = tmp_path / "model"
+    src.mkdir()
+    assert main(["export", str(src), "--out", str(tmp_path / "b"), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_symlink_is_named_with_its_real_path(tmp_path, capsys):
+    real = tmp_path / "tiny"
+    real.mkdir()
+    (tmp_path / "link").symlink_to("tiny")
+    assert main(["export", str(tmp_path / "model"), "--out", str(tmp_path / "link")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'link'}: a symlink (to tiny); give the real path ({real})" in err
+    (tmp_path / "broken").symlink_to("nowhere")
+    assert main(["export", str(tmp_path / "model"), "--out", str(tmp_path / "broken")]) == 2
+    assert "a broken symlink (to nowhere)" in capsys.readouterr().err
