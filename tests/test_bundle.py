@@ -706,7 +706,7 @@ def test_export_reports_the_source_and_the_target_at_once(tmp_path, capsys) -> N
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     argv = ["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "a-file" / "b")]
-    assert main([*argv, "--k", "0"]) == 2
+    assert main([*argv, "--weights", "average", "--k", "0"]) == 2
     assert cli_problems(capsys) == [
         "--k: must be >= 1, got 0",
         f"{tmp_path / 'nothing'}: no such directory",
