@@ -501,7 +501,8 @@ def test_file_target_problem_names_what_would_fail_the_write(tmp_path) -> None:
     (tmp_path / "dir.txt").mkdir()
     (tmp_path / "file").write_text("")
     assert atomic.file_target_problem(tmp_path / "new" / "deeper" / "a.txt") is None
-    assert atomic.file_target_problem(tmp_path / "dir.txt") == f"{tmp_path / 'dir.txt'}: a directory"
+    in_the_way = tmp_path / "dir.txt"
+    assert atomic.file_target_problem(in_the_way) == f"{in_the_way}: a directory"
     long = tmp_path / ("y" * 256)
     assert atomic.file_target_problem(long) == f"{long}: its name is longer than 255 bytes"
     under_file = tmp_path / "file" / "a.txt"

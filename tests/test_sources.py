@@ -180,7 +180,8 @@ def test_a_missing_column_is_named_with_the_file_and_its_columns(tmp_path, clips
         load_source(cfg)
     assert str(e.value) == (f"data.columns.text: column 'sentence' not in {root / 'x.csv'} "
                             "(columns: path, transcript)")  # fmt: skip
-    with pytest.raises(UserError, match=r"data\.language: .* has no language column.*\(e\.g\. data\.language=en\)"):
+    missing = r"data\.language: .* has no language column.*\(e\.g\. data\.language=en\)"
+    with pytest.raises(UserError, match=missing):
         load_source(
             DataConfig(path=root / "x.csv", columns={"text": "transcript"}, cache_dir=cache)
         )

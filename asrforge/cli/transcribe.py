@@ -27,8 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "transcribe",
         help="transcribe audio files with a bundle",
-        description="Transcribe wav/flac/ogg/opus/mp3 files (any sample rate, any length) with a bundle, "
-        "a training checkpoint or run, or a transformers Whisper directory. Long audio is "
+        description="Transcribe wav/flac/ogg/opus/mp3 files (any sample rate, any length) with a "
+        "bundle, a training checkpoint or run, or a transformers Whisper directory. Long audio is "
         "decoded in sequential 30 s windows moved by the model's timestamps (as openai-whisper "
         "and faster-whisper do), or cut at silences for models without timestamp tokens.",
     )

@@ -3,10 +3,11 @@
 The recipe is always the same: write a temporary sibling, fsync its contents, ``os.replace`` it
 into place, fsync the parent directory (the rename itself lives in the parent's entries).
 Temporaries are named ``.tmp-<name>-<pid>-<rand>``; a directory being replaced is first moved
-aside to ``.old-<name>-<pid>-<rand>``. A name too long for that keeps its first bytes and a hash
-(``<head>~<hash>``), so any name the filesystem accepts can be written. A process killed at any moment leaves only such dot-names
-behind, and :func:`recover_interrupted` (run when a :class:`CheckpointManager` starts) removes
-the temporaries and puts back an ``.old-`` directory whose replacement never arrived.
+aside to ``.old-<name>-<pid>-<rand>``. A name too long for that keeps its first bytes and a
+hash (``<head>~<hash>``), so any name the filesystem accepts can be written. A process killed
+at any moment leaves only such dot-names behind, and :func:`recover_interrupted` (run when a
+:class:`CheckpointManager` starts) removes the temporaries and puts back an ``.old-`` directory
+whose replacement never arrived.
 """
 
 from __future__ import annotations
