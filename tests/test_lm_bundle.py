@@ -197,6 +197,46 @@ def test_fusion_at_alpha_and_beta_zero_transcribes_as_without_the_lm(lm_bundle_d
     assert all(len(t.text.split()) <= 1 for t in loud)  # every extra word costs 50
 
 
+def test_greedy_decoding_stays_greedy_with_an_lm_and_says_so_once(lm_bundle_dir, waves, caplog):
+    bundle = load_bundle(lm_bundle_dir)
+    plain = bundle.recognize(waves, "en", use_lm=False)
+    with caplog.at_level("INFO", logger="asrforge.bundle.inference"):
+        default = bundle.recognize(waves, "en")
+        weighted = bundle.recognize(waves, "en", lm_alpha=0.0, lm_beta=-50.0)
+    assert [t.text for t in default] == [t.text for t in weighted] == [t.text for t in plain]
+    notes = [r.message for r in caplog.records if "fused in beam search only" in r.message]
+    assert notes == [
+        "the bundle's 3-gram LM is fused in beam search only; greedy decoding runs without it "
+        "(beam_size N > 1 to use it)"
+    ]
+
+
+def test_transcribe_and_evaluate_at_beam_1_decode_without_the_lm(
+    lm_bundle_dir, tones_dir, tmp_path, capsys
+):
+    split = load_arrow(tones_dir)["validation"]
+    wav = tmp_path / "a.wav"
+    sf.write(wav, decode_audio(split[0]["audio"]["bytes"]), 16000)
+    assert main(["transcribe", str(lm_bundle_dir), str(wav)]) == 0
+    greedy = capsys.readouterr()
+    assert "fusing" not in greedy.err
+    assert "3-gram LM is fused in beam search only" in greedy.err
+    assert "(--beam-size N > 1 to use it)" in greedy.err
+    assert main(["transcribe", str(lm_bundle_dir), str(wav), "--no-lm"]) == 0
+    assert capsys.readouterr().out == greedy.out
+    assert main(["transcribe", str(lm_bundle_dir), str(wav), "--lm-alpha", "1"]) == 2
+    assert "fused in beam search only; add --beam-size" in cli_error(capsys)
+    common = [str(lm_bundle_dir), "--data", str(tones_dir), "--max-samples", "6"]
+    plain = _evaluate(capsys, *common, "--no-lm")
+    default = _evaluate(capsys, *common)
+    assert "fused in beam search only" in default.pop("stderr")
+    plain.pop("stderr")
+    assert default == plain
+    assert main(["lm", "tune", str(lm_bundle_dir), "--data", str(tones_dir),
+                 "--beam-size", "1"]) == 2  # fmt: skip
+    assert "--beam-size: must be >= 2 (the LM is fused in beam search only)" in cli_error(capsys)
+
+
 def _evaluate(capsys, *argv: str) -> dict:
     assert main(["evaluate", *argv, "--json"]) == 0
     out = capsys.readouterr()

@@ -30,6 +30,12 @@ from asrforge.text import languages
 
 log = logging.getLogger(__name__)
 
+GREEDY_WITHOUT_LM = (
+    "the bundle's {order}-gram LM is fused in beam search only; greedy decoding runs without "
+    "it ({beam} N > 1 to use it)"
+)
+"""What greedy decoding of a bundle with an LM says once; ``beam`` names the beam-size option."""
+
 DETECTED_TOGETHER = 4
 """Batches of recordings whose languages are detected before any of them is decoded."""
 
@@ -148,6 +154,7 @@ class Bundle:
         self.features = config.features.extractor()
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
+        self._told_greedy_without_lm = False
         self.alignment_heads = alignment_heads
         self.word_lag = word_lag
 
@@ -415,9 +422,10 @@ class Bundle:
             temperature_fallback: decode a window whose text looks like a loop (it compresses
                 too well, is unlikely, or repeats itself) again by seeded sampling at
                 temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
-            use_lm: fuse the bundle's n-gram LM, when it has one, into beam search (then beam
-                search runs even at ``beam_size`` 1); ``lm_alpha``/``lm_beta`` override the
-                tuned or recorded weights (:meth:`lm_alpha_beta`).
+            use_lm: fuse the bundle's n-gram LM, when it has one, into beam search
+                (``beam_size`` > 1; greedy decoding runs without it and says so once in the
+                log); ``lm_alpha``/``lm_beta`` override the tuned or recorded weights
+                (:meth:`lm_alpha_beta`).
             word_timestamps: time every word of every segment (``Segment.words``): the
                 cross-attention of the model's alignment heads aligned to the audio by dynamic
                 time warping (:mod:`asrforge.model.alignment`).
@@ -476,8 +484,11 @@ class Bundle:
         options = DecodeOptions(
             beam_size=beam_size,
             fallback=Fallback() if temperature_fallback else None,
-            fusion=self.fusion(lm_alpha, lm_beta) if use_lm else None,
+            fusion=self.fusion(lm_alpha, lm_beta) if use_lm and beam_size > 1 else None,
         )
+        if use_lm and self.lm is not None and beam_size == 1 and not self._told_greedy_without_lm:
+            self._told_greedy_without_lm = True
+            log.info(GREEDY_WITHOUT_LM.format(order=self.lm.order, beam="beam_size"))
         segments: list[list[Segment]] = []
         # A group's languages are detected together, from windows whose encoder output its
         # decoding then reuses, and words are timed on the encodings decoding read; groups

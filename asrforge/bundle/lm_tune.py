@@ -116,8 +116,11 @@ def tune(
             does not verify.
     """
     points = grid(alphas, betas)
-    if beam_size < 1:
-        raise UserError(f"--beam-size: must be >= 1, got {beam_size}")
+    if beam_size < 2:
+        # Greedy decoding never reads the LM, so weights tuned there would mean nothing.
+        raise UserError(
+            f"--beam-size: must be >= 2 (the LM is fused in beam search only), got {beam_size}"
+        )
     bundle = load_bundle(bundle_dir)
     if bundle.lm is None:
         raise UserError(f"{bundle_dir}: has no n-gram LM to tune (export it with --lm)")

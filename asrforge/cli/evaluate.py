@@ -85,7 +85,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--beam-size",
         type=int,
         default=1,
-        help="beams per utterance for the split (not the long-form recordings); 1: greedy",
+        help="beams per utterance for the split (not the long-form recordings); 1: greedy, "
+        "without a bundle's n-gram LM, which beam search fuses",
     )
     p.add_argument(
         "--longform-items",

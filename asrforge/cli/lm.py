@@ -64,7 +64,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
     p.add_argument("--alphas", type=_floats, default=None, help="comma-separated LM weights")
     p.add_argument("--betas", type=_floats, default=None, help="comma-separated word bonuses")
-    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        default=5,
+        help="beams per utterance, >= 2: the LM is fused in beam search only; use the same "
+        "--beam-size when you transcribe (default: 5)",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the bundle's")

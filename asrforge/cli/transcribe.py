@@ -74,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--beam-size",
         type=int,
         default=1,
-        help="beams per window (openai-whisper uses 5); 1: greedy decoding (default)",
+        help="beams per window (openai-whisper uses 5); 1: greedy decoding (default), "
+        "without a bundle's n-gram LM, which beam search fuses",
     )
     p.add_argument(
         "--temperature-fallback",

@@ -66,8 +66,8 @@ class DecodeOptions:
     rules: Rules | None = None
     """Token rules applied at every step before the pick (:data:`Rules`)."""
     fusion: ShallowFusion | None = None
-    """A word n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`;
-    beam search runs even at ``beam_size`` 1)."""
+    """A word n-gram LM fused into beam search (:class:`~asrforge.lm.fusion.ShallowFusion`);
+    read by beam search only: at ``beam_size`` 1 decoding stays greedy, without it."""
     fallback: Fallback | None = None
     """Temperature fallback (:mod:`asrforge.model.fallback`); None: off."""
     check_every: int | None = None
@@ -80,8 +80,9 @@ class DecodeOptions:
 
     @property
     def searches_beams(self) -> bool:
-        """Whether beam search decodes (more than one beam, or an LM to fuse)."""
-        return self.beam_size > 1 or self.fusion is not None
+        """Whether beam search decodes (more than one beam); greedy decoding otherwise, an LM
+        ``fusion`` or not, as ``--beam-size`` 1 promises."""
+        return self.beam_size > 1
 
 
 COMPILE_SETTINGS = ("auto", "on", "off")
