@@ -220,3 +220,57 @@ def test_only_a_start_placed_late_within_the_limit_is_taken_as_the_lag(
         assert "not how late words come" not in caplog.text
     else:
         assert "take no lag off" in said and "not how late words come" in caplog.text
+
+
+def _tone_clips(root: Path, tones_dir: Path, count: int) -> Path:
+    """A data directory whose validation split is (up to) ``count`` English tone clips and a
+    row whose audio file is missing."""
+    from asrforge.data.sources import read_split
+
+    data = root / "data"
+    (data / "clips").mkdir(parents=True)
+    rows = [r for r in read_split(tones_dir, "train") if r["language"] == "en"][:count]
+    lines = [json.dumps({"audio_filepath": "clips/missing.wav", "text": "gone", "lang": "en"})]
+    for r in rows:
+        (data / f"clips/{r['id']}.wav").write_bytes(r["audio"]["bytes"])
+        lines.append(json.dumps({"audio_filepath": f"clips/{r['id']}.wav", "text": r["text"],
+                                 "lang": "en"}))  # fmt: skip
+    (data / "validation_manifest.json").write_text("\n".join(lines) + "\n")
+    return data
+
+
+@pytest.mark.fast
+def test_too_few_joins_are_refused_and_fewer_than_asked_warned(tmp_path, tones_dir, capsys, caplog):
+    from asrforge.cli import main
+
+    bundle_dir = export_bundle(save_english_only_model(tmp_path, tones_dir), tmp_path / "b")
+    manifest = (bundle_dir / "manifest.json").read_bytes()
+    few = _tone_clips(tmp_path / "few", tones_dir, 2)  # one join
+    assert main(["align-heads", str(bundle_dir), "--data", str(few)]) == 2
+    err = capsys.readouterr().err
+    assert "1 join(s) of two utterances of one language" in err
+    assert "at least 3 are needed (skipped rows: {'audio file not found': 1}); nothing was" in err
+    assert main(["align-heads", str(bundle_dir), "--data", str(few), "--joins", "2"]) == 2
+    assert "--joins: must be >= 3" in capsys.readouterr().err
+    assert (bundle_dir / "manifest.json").read_bytes() == manifest
+    more = _tone_clips(tmp_path / "more", tones_dir, 100)
+    argv = ["align-heads", str(bundle_dir), "--data", str(more), "--joins", "100"]
+    assert main([*argv, "--max-error", "30"]) == 0
+    out = capsys.readouterr()
+    assert "asrforge: skipped {'audio file not found': 1}" in out.err
+    record = json.loads((bundle_dir / "manifest.json").read_text())[ALIGNMENT_HEADS_KEY]
+    assert f"measuring on {record['joins']} joins, not the 100 asked for" in caplog.text
+    assert record["joins"] >= 3
+    assert "median error by head (layer,head): " in out.err
+
+
+@pytest.mark.fast
+def test_every_recorded_head_is_printed_with_its_error():
+    from asrforge.cli.align_heads import errors_line
+
+    errors = {f"{a},{b}": 0.01 * (a + b) for a in range(3) for b in range(3)}
+    heads = [[0, 0], [0, 1], [1, 0], [0, 2], [1, 1], [2, 0], [1, 2]]
+    line = errors_line({"heads": heads, "median_error_s": errors})
+    assert line.startswith("median error by head (layer,head): 0,0 0 ms, 0,1 10 ms")
+    assert line.count(" ms") == 7
+    assert errors_line({"heads": [], "median_error_s": errors}).count(" ms") == 5

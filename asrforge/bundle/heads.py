@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 GAP_SECONDS = 1.0
 """Silence between the two utterances of a join."""
+MIN_JOINS = 3
+"""Fewest joins a record is made from. The heads and the lag are medians over the joins, and
+the median of three or more is one no single join decides: a join whose transcript does not
+match its audio set the whole lag of a one-join record, and two joins' median is their mean."""
 
 
 def find_alignment_heads(
@@ -79,18 +83,25 @@ def find_alignment_heads(
     Returns:
         What was recorded: ``heads`` (best first; empty when none qualifies), ``lag_s`` and the
         ``onset_offset_s`` it was taken from, the data, split and join count, and unless
-        ``keep_heads``, ``limit_s`` and ``median_error_s`` of every head (``"layer,head"``).
+        ``keep_heads``, ``limit_s`` and ``median_error_s`` of every head (``"layer,head"``);
+        plus ``skipped`` (not recorded): the rows of the split left out, by reason, as
+        ``evaluate`` reports them. Fewer joins than ``joins`` are warned about.
 
     Raises:
-        UserError: ``joins`` < 1, a bad split, or one with no two utterances of a language that
-            fit one window together; CheckpointError: the bundle does not verify.
+        UserError: ``joins`` < :data:`MIN_JOINS`, a bad split, or one with fewer than
+            :data:`MIN_JOINS` joins of two utterances of a language that fit one window
+            together (then nothing is recorded); CheckpointError: the bundle does not verify.
     """
-    if joins < 1:
-        raise UserError(f"--joins: must be >= 1, got {joins}")
+    if joins < MIN_JOINS:
+        raise UserError(
+            f"--joins: must be >= {MIN_JOINS} (a median of fewer is decided by one join), "
+            f"got {joins}"
+        )
     if not max_error > 0:
         raise UserError(f"--max-error: must be > 0 seconds, got {max_error}")
     bundle = load_bundle(bundle_dir)
-    loader, n, _report = split_loader(bundle, data, split, batch_size=1)
+    loader, n, report = split_loader(bundle, data, split, batch_size=1)
+    skipped = {reason: len(ids) for reason, ids in report.skipped.items()}
     dataset = loader.dataset
     window = round(bundle.window_seconds * SAMPLE_RATE)
     gap = np.zeros(round(GAP_SECONDS * SAMPLE_RATE), np.float32)
@@ -118,11 +129,20 @@ def find_alignment_heads(
              prompt, utt.language)
         )  # fmt: skip
     pairs = in_turn(paired, joins)
-    if not pairs:
+    where = f"{data_config(data).path} split {split!r}"
+    left_out = f" (skipped rows: {skipped})" if skipped else ""
+    if len(pairs) < MIN_JOINS:
         raise UserError(
-            f"{data_config(data).path} split {split!r}: no two utterances of one language fit "
-            "one window together; give a split with more (or shorter) utterances"
+            f"{where}: {len(pairs)} join(s) of two utterances of one language that fit one "
+            f"window together, and at least {MIN_JOINS} are needed{left_out}; nothing was "
+            "recorded: give a split with more (or shorter) utterances"
         )
+    if len(pairs) < joins:
+        log.warning(
+            "%s: measuring on %d joins, not the %d asked for: no more pairs of utterances of "
+            "one language fit one window together%s",
+            where, len(pairs), joins, left_out,
+        )  # fmt: skip
     earlier = read_manifest(Path(bundle_dir)).get(ALIGNMENT_HEADS_KEY) or {}
     # Each join is encoded once, for the head search and the lag both.
     encodings = [
@@ -183,7 +203,7 @@ def find_alignment_heads(
     if record["lag_s"] != record["onset_offset_s"]:
         log.warning("%s", lag_text(record))
     update_bundle_manifest(Path(bundle_dir), {ALIGNMENT_HEADS_KEY: record})
-    return record
+    return {**record, "skipped": skipped}
 
 
 def in_turn(groups: dict[str, list], n: int) -> list:

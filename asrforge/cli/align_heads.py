@@ -36,7 +36,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", type=Path, help="a bundle directory (asrforge export)")
     add_data_argument(p)
     p.add_argument("--split", default="validation", help=SPLIT_HELP.format(default="validation"))
-    p.add_argument("--joins", type=int, default=8, help="pairs of utterances to measure on")
+    p.add_argument(
+        "--joins",
+        type=int,
+        default=8,
+        help="pairs of utterances to measure on (default 8); fewer available is warned "
+        "about, fewer than 3 is refused and nothing recorded",
+    )
     p.add_argument(
         "--max-error",
         type=float,
@@ -59,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         args.bundle, data_options(args), args.split, joins=args.joins, max_error=args.max_error,
         keep_heads=args.keep_heads,
     )  # fmt: skip
+    if record["skipped"]:
+        print(f"asrforge: skipped {record['skipped']}", file=sys.stderr)
     lag = f"; {lag_text(record)}"
     if args.keep_heads:
         heads = " ".join(f"{a},{b}" for a, b in record["heads"]) or (
@@ -67,12 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kept the alignment heads of {args.bundle}: {heads} (measured on "
               f"{record['joins']} joins of {args.split}){lag}")  # fmt: skip
         return 0
-    best = sorted(record["median_error_s"].items(), key=lambda kv: kv[1])[:5]
-    print(
-        "median error by head (layer,head): "
-        + ", ".join(f"{h} {1000 * e:.0f} ms" for h, e in best),
-        file=sys.stderr,
-    )
+    print(errors_line(record), file=sys.stderr)
     if record["heads"]:
         heads = " ".join(f"{a},{b}" for a, b in record["heads"])
         print(f"recorded {len(record['heads'])} alignment heads in {args.bundle}: {heads} "
@@ -84,3 +87,13 @@ def run(args: argparse.Namespace) -> int:
               f"recorded that in {args.bundle}, and word timestamps keep the default "
               f"heads{lag}")  # fmt: skip
     return 0
+
+
+def errors_line(record: dict) -> str:
+    """The median error of every head ``record`` holds, best first: all the recorded heads,
+    and at least the best five when fewer (or none) qualified."""
+    shown = max(5, len(record["heads"]))
+    best = sorted(record["median_error_s"].items(), key=lambda kv: kv[1])[:shown]
+    return "median error by head (layer,head): " + ", ".join(
+        f"{h} {1000 * e:.0f} ms" for h, e in best
+    )
