@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         m = result.last_metrics
         # the weights at the last step, whatever the selection kept as best
         latest = root / f"run-{name}" / "checkpoints" / "latest"
-        export_bundle(latest, root / f"bundle-{name}", weights="raw")
+        export_bundle(latest, root / f"bundle-{name}", weights="raw", overwrite=True)
         en = english(root / f"bundle-{name}", root)
         rows.append({
             "option": name, "start_wer": result.start.get("wer"), "wer": m["wer"],

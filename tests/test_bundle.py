@@ -730,7 +730,7 @@ def test_export_and_average_on_a_full_disk_fail_in_one_line(trained_run, tmp_pat
     capsys.readouterr()
     commands = {
         "export-new": ["export", str(trained_run), "--out", str(out / "bundle")],
-        "export-over": ["export", str(trained_run), "--out", str(out / "kept")],
+        "export-over": ["export", str(trained_run), "--overwrite", "--out", str(out / "kept")],
         "average": ["average", str(trained_run), "--k", "2", "--out", str(out / "avg")],
     }
     for name, argv in commands.items():

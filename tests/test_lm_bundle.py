@@ -19,13 +19,14 @@ from test_bundle import (  # noqa: F401  (one_thread: autouse)
 )
 
 from asrforge.bundle.export import export_bundle
-from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, LM_WEIGHTS_KEY, load_bundle
 from asrforge.bundle.schema import INFERENCE_CONFIG
+from asrforge.bundle.write import update_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.cli import main
 from asrforge.data.audio import decode_audio
 from asrforge.data.sources import load_arrow
-from asrforge.errors import CheckpointCorruptError
+from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.lm.build import build_lm_file
 from asrforge.lm.ngram import read_arpa
 
@@ -366,3 +367,29 @@ def test_lm_build_reads_transcripts_with_no_audio_column(tones_dir, tmp_path, ca
     assert saved.meta["sentences"] > 0
     for lm in others:
         assert lm.probs == saved.probs and lm.meta["sentences"] == saved.meta["sentences"]
+
+
+def test_export_onto_a_bundle_is_refused_naming_what_it_holds_unless_overwrite(
+    lm_bundle_dir, run, tmp_path, capsys
+):
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "held"))
+    update_bundle_manifest(copy, {LM_WEIGHTS_KEY: {"alpha": 0.5, "beta": 1.0},
+                                  ALIGNMENT_HEADS_KEY: {"heads": [[0, 0]], "lag_s": 0.0}})  # fmt: skip
+    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+    best = str(run / "checkpoints" / "best")
+    for fmt in ("hf", "ggml"):
+        assert main(["export", best, "--out", str(copy), "--format", fmt]) == 2
+        assert cli_error(capsys) == (
+            f"asrforge: error: --out {copy}: already holds an hf bundle, an align-heads record, "
+            "an n-gram LM (lm.arpa with weights from lm tune); --overwrite (overwrite=True) "
+            "replaces all of it, or choose another directory"
+        )
+    with pytest.raises(UserError, match="already holds an hf bundle, an align-heads record"):
+        export_bundle(run, copy)
+    assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
+    assert main(["export", best, "--out", str(copy), "--overwrite"]) == 0
+    capsys.readouterr()
+    manifest = read_manifest(copy)
+    assert ALIGNMENT_HEADS_KEY not in manifest and LM_WEIGHTS_KEY not in manifest
+    assert not (copy / "lm.arpa").exists()
+    load_bundle(copy)

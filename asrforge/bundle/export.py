@@ -6,6 +6,7 @@ How it works: docs/bundle.md, "How an export is written (`bundle/export.py`)".
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,12 @@ from asrforge.bundle.contents import (
     with_lm,
 )
 from asrforge.bundle.inference import Bundle
-from asrforge.bundle.load import MODEL_FILE, check_tensors
+from asrforge.bundle.load import (
+    ALIGNMENT_HEADS_KEY,
+    LM_WEIGHTS_KEY,
+    MODEL_FILE,
+    check_tensors,
+)
 from asrforge.bundle.schema import (
     INFERENCE_CONFIG,
 )
@@ -86,6 +92,7 @@ def export_bundle(
     lm: str | Path | None = None,
     max_shard_size: int | str | None = "5GB",
     repo_id: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write an inference bundle; one from a training checkpoint has a model card as its
     ``README.md`` (``asrforge.bundle.card``).
@@ -94,7 +101,8 @@ def export_bundle(
         source: a training checkpoint directory (``manifest.json`` + ``model.safetensors``), a run
             directory (its ``checkpoints/best``, else ``checkpoints/latest``), or a pretrained
             transformers Whisper directory (safetensors weights).
-        out: the bundle directory to write (an existing bundle there is replaced).
+        out: the bundle directory to write; an existing bundle there is refused (a
+            ``UserError`` naming what it holds) unless ``overwrite``, which replaces all of it.
         weights: ``ema`` (default when the checkpoint has EMA weights), ``raw``, or ``average``
             (mean of the run's ``average_k`` best checkpoints by ``average_metric``, as in
             ``asrforge average``: their EMA weights when they have them, else the raw ones).
@@ -107,6 +115,7 @@ def export_bundle(
         max_shard_size: weights larger than this are written as transformers' shards and index
             (bytes, or ``"5GB"``, ``"500MB"``, ...); None: one file.
         repo_id: the Hub id the bundle will be pushed to, named in its card's usage.
+        overwrite: replace a bundle at ``out`` (its align-heads record, LM and format with it).
 
     Returns:
         ``out``.
@@ -122,7 +131,7 @@ def export_bundle(
         shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     except ValueError as e:
         raise UserError(f"max_shard_size: {e}") from None
-    _check_out(out, source)
+    _check_out(out, source, overwrite)
     converter = ct2_converter() if fmt == "ct2" else None
     kind, path = resolve_source(source)
     if kind == "pretrained":
@@ -184,13 +193,17 @@ def export_interpolated(
     *,
     ct2_quantization: str | None = None,
     max_shard_size: int | str | None = "5GB",
+    overwrite: bool = False,
 ) -> Path:
     """Write a bundle of ``contents`` with the weights ``state`` in place of its own (the
     fine-tuned weights interpolated with the starting ones), ``facts`` (the share chosen, the
     guard's figures) recorded in ``inference_config.json`` as ``source.within_guard``, and
     ``metrics`` (what was measured of ``state``) as ``source.metrics``: the fine-tuned step's own
-    figures, which describe other weights, move to ``source.finetuned_metrics``."""
+    figures, which describe other weights, move to ``source.finetuned_metrics``. A bundle at
+    ``out`` is replaced only with ``overwrite``, as in :func:`export_bundle`."""
     out = Path(out)
+    if (problem := out_problem(out, overwrite=overwrite)) is not None:
+        raise UserError(problem)
     try:
         shard_bytes = None if max_shard_size is None else parse_size(max_shard_size)
     except ValueError as e:
@@ -314,7 +327,13 @@ def no_step_zero(ckpt: Path) -> str:
     )
 
 
-def export_adapter(source: str | Path, out: str | Path, weights: Weights | None = None) -> Path:
+def export_adapter(
+    source: str | Path,
+    out: str | Path,
+    weights: Weights | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
     """Write a LoRA checkpoint's adapters alone, as peft writes them (``adapter_model.safetensors``
     + ``adapter_config.json``, with a sha256 manifest), for ``PeftModel.from_pretrained`` on the
     base model it was trained on.
@@ -322,12 +341,13 @@ def export_adapter(source: str | Path, out: str | Path, weights: Weights | None 
     Args:
         source: a training checkpoint or run directory of a run with ``model.lora``.
         weights: ``ema`` (default when the checkpoint has EMA weights) or ``raw``.
+        overwrite: replace a bundle at ``out``.
 
     Raises:
         UserError: the source is not a LoRA checkpoint, or ``weights`` is ``average``.
     """
     source, out = Path(source), Path(out)
-    _check_out(out, source)
+    _check_out(out, source, overwrite)
     kind, ckpt = resolve_source(source)
     manifest = verify(ckpt) if kind == "checkpoint" else {}
     if lora.BASE_KEY not in manifest:
@@ -423,13 +443,53 @@ def resolve_source(source: Path) -> tuple[str, Path]:
     )
 
 
-def _check_out(out: Path, source: Path) -> None:
-    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
-        raise UserError(f"--out {out}: must not be inside the source {source}")
-    if out.exists() and (
-        not out.is_dir() or (any(out.iterdir()) and not (out / INFERENCE_CONFIG).is_file())
+def out_problem(out: Path, source: Path | None = None, *, overwrite: bool = False) -> str | None:
+    """Why ``out`` cannot take an export of ``source``, or None: it is inside the source, a
+    directory that is not a bundle, or a bundle and ``overwrite`` is off (what it holds named,
+    since replacing it drops an align-heads record or an LM that no re-export brings back)."""
+    if source is not None and (
+        out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
     ):
-        raise UserError(f"--out {out}: exists and is not a bundle; choose another directory")
+        return f"--out {out}: must not be inside the source {source}"
+    if not out.exists():
+        return None
+    if not out.is_dir() or (any(out.iterdir()) and not (out / INFERENCE_CONFIG).is_file()):
+        return f"--out {out}: exists and is not a bundle; choose another directory"
+    if (out / INFERENCE_CONFIG).is_file() and not overwrite:
+        return (
+            f"--out {out}: already holds {bundle_holdings(out)}; --overwrite (overwrite=True) "
+            "replaces all of it, or choose another directory"
+        )
+    return None
+
+
+def bundle_holdings(directory: Path) -> str:
+    """What the bundle at ``directory`` holds, in words: its format, and the records and files
+    added to it after its export (``align-heads``, an LM and its ``lm tune`` weights). Read
+    without verifying: a damaged file only drops a detail from the description."""
+
+    def read(name: str) -> dict[str, Any]:
+        try:
+            found = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    manifest, info = read(MANIFEST_NAME), read(INFERENCE_CONFIG)
+    fmt = info.get("format", "hf")
+    held = [f"{'an' if fmt == 'hf' else 'a'} {fmt} bundle"]
+    if ALIGNMENT_HEADS_KEY in manifest:
+        held.append("an align-heads record")
+    lm = info.get("lm")
+    if isinstance(lm, dict):
+        tuned = " with weights from lm tune" if LM_WEIGHTS_KEY in manifest else ""
+        held.append(f"an n-gram LM ({lm.get('file', 'lm.arpa')}{tuned})")
+    return ", ".join(held)
+
+
+def _check_out(out: Path, source: Path, overwrite: bool) -> None:
+    if (problem := out_problem(out, source, overwrite=overwrite)) is not None:
+        raise UserError(problem)
 
 
 def _check_timestamp_reading(tokenizer, fmt: str) -> None:

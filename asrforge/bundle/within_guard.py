@@ -13,6 +13,7 @@ from asrforge.bundle.export import (
     contents_to_bundle,
     export_interpolated,
     finetuned_checkpoint,
+    out_problem,
     start_weights,
 )
 from asrforge.checkpoint.average import interpolate_weights
@@ -48,13 +49,15 @@ def run_guard(cfg, run_dir: Path, contents, model):
 def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], out: Path,
                          fmt: str, *, lm: Path | None, ct2_quantization: str | None,
                          max_shard_size: str | None, progress: Callable[[str], None],
-                         say: Callable[[str], None]) -> tuple[Path, dict, GuardGate]:  # fmt: skip
+                         say: Callable[[str], None],
+                         overwrite: bool = False) -> tuple[Path, dict, GuardGate]:  # fmt: skip
     """Measure the run's guard on the fine-tuned weights of ``source`` interpolated with the
     starting model's, largest share first, and export the largest share within it to ``out``.
 
     Args:
         progress: gets the line saying what is measured, before the measuring.
         say: gets each measured share's line.
+        overwrite: replace a bundle at ``out`` (checked before any measuring).
 
     Returns:
         The bundle written, the facts its ``source.within_guard`` records, and the guard's gate.
@@ -62,6 +65,8 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     Raises:
         UserError: a run without ``eval.guard``, no starting weights, or no share within it.
     """
+    if (problem := out_problem(out, source, overwrite=overwrite)) is not None:
+        raise UserError(problem)
     ckpt = finetuned_checkpoint(source)
     cfg = read_run_config(ckpt)
     if cfg.eval.guard is None:
@@ -118,6 +123,7 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
         fmt,
         ct2_quantization=ct2_quantization,
         max_shard_size=max_shard_size,
+        overwrite=overwrite,
     )
     return written, facts, gate
 

@@ -33,7 +33,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(org/name[@revision]); with --push-to-hub also a bundle, uploaded as it is",
     )
     p.add_argument(
-        "--out", type=Path, default=None, help="the bundle directory to write (required)"
+        "--out",
+        type=Path,
+        default=None,
+        help="the bundle directory to write (required); an existing bundle there is refused, "
+        "naming what it holds, unless --overwrite",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a bundle at --out, and all it holds (its align-heads record, its LM and "
+        "lm tune weights, its format)",
     )
     p.add_argument(
         "--weights",
@@ -118,7 +128,7 @@ def _shares(text: str) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.export import export_bundle, resolve_source
+    from asrforge.bundle.export import export_bundle, out_problem, resolve_source
     from asrforge.bundle.schema import INFERENCE_CONFIG
 
     if args.push_to_hub is not None and (args.source / INFERENCE_CONFIG).is_file():
@@ -137,8 +147,12 @@ def run(args: argparse.Namespace) -> int:
         # the bundle replaces the link's own entry, not the directory it points to
         problems.append(f"--out {args.out}: a symlink (to {os.readlink(args.out)}); give the "
                         f"real path ({args.out.resolve()})")  # fmt: skip
-    elif args.out is not None and (out_problem := directory_problem(args.out)):
-        problems.append(f"--out {out_problem}")
+    elif args.out is not None and (problem := directory_problem(args.out)):
+        problems.append(f"--out {problem}")
+    elif args.out is not None and (
+        problem := out_problem(args.out, args.source, overwrite=args.overwrite)
+    ):
+        problems.append(problem)
     if args.adapter_only and args.fmt != "hf":
         problems.append("--adapter-only writes peft's adapter files: --format does not apply")
     if args.adapter_only and args.lm is not None:
@@ -173,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter_only:
         from asrforge.bundle.export import export_adapter
 
-        out = export_adapter(path, args.out, args.weights)
+        out = export_adapter(path, args.out, args.weights, overwrite=args.overwrite)
         print(f"wrote the LoRA adapters of {path} to {out}")
         return 0
     out = export_bundle(
@@ -188,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         lm=args.lm,
         max_shard_size=shard_size,
         repo_id=args.push_to_hub,
+        overwrite=args.overwrite,
     )
     _print_written(args, out)
     if args.push_to_hub is not None:
@@ -237,6 +252,7 @@ def _push_written(args: argparse.Namespace) -> int:
         "--out": args.out is not None, "--weights": args.weights is not None,
         "--format": args.fmt != "hf", "--quantization": args.quantization is not None,
         "--adapter-only": args.adapter_only, "--lm": args.lm is not None,
+        "--overwrite": args.overwrite,
         "--within-guard": args.within_guard, "--shares": args.shares is not None,
     }  # fmt: skip
     problems = _push_problems(args)
@@ -285,6 +301,7 @@ def _print_within_guard(args: argparse.Namespace, shares: tuple[float, ...],
         args.source, args.weights, shares, args.out, args.fmt, lm=args.lm,
         ct2_quantization=args.quantization, max_shard_size=shard_size,
         progress=lambda line: print(line, file=sys.stderr), say=print,
+        overwrite=args.overwrite,
     )  # fmt: skip
     share = facts["share"]
     _print_written(args, out)

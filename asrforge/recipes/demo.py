@@ -337,7 +337,7 @@ def ct2_longform_wer(source: Path, out: Path, long_path: Path,
     except ImportError:
         return None
 
-    ct2_dir = export_bundle(source, out, fmt="ct2")
+    ct2_dir = export_bundle(source, out, fmt="ct2", overwrite=True)
     model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32")
     segments, _ = model.transcribe(str(long_path), language="en")
     hyp = " ".join(s.text.strip() for s in segments)
@@ -499,7 +499,7 @@ def run_english(options: DemoOptions) -> int:
     bs = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
     say(f"long-form recording: the test clips joined, {long_seconds:.0f} s, at {long_path}")
-    start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start")
+    start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start", overwrite=True)
     # Before and after alike: an exported bundle, loaded as a user loads it, measured by measure()
     look = dict(data=data, batch_size=bs, max_new_tokens=cfg.eval.max_new_tokens,
                 long_path=long_path, long_ref=long_ref, guard_cfg=guard_cfg, say=say)
@@ -526,7 +526,7 @@ def run_english(options: DemoOptions) -> int:
         source = Path(cfg.model.pretrained)
     else:
         source = run_dir
-    bundle_dir = export_bundle(source, root / "bundle")
+    bundle_dir = export_bundle(source, root / "bundle", overwrite=True)
     say(f"export: {bundle_dir}")
     time_words(bundle_dir, data, say)
 

@@ -212,7 +212,7 @@ def run_base(options: DemoOptions) -> int:
     batch_size = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
     # --quick's untrained models fill every window to the cap, so it keeps its own small one.
     cap = cfg.eval.max_new_tokens if options.quick else MAX_NEW_TOKENS
-    start_dir = export_bundle(pretrained, root / "bundle-start")
+    start_dir = export_bundle(pretrained, root / "bundle-start", overwrite=True)
     before = measure(load_bundle(start_dir), data, guard_dir, batch_size=batch_size,
                      label="before", say=say, max_new_tokens=cap)  # fmt: skip
 
@@ -270,14 +270,14 @@ def export_selected(run_dir: Path, root: Path, result, say: Progress) -> tuple[P
     """The bundle of the run's best checkpoint; when the guard refused every step, the largest
     share of the fine-tuned weights within it (then its share), else base itself."""
     if result.best_step is not None:
-        bundle_dir = export_bundle(run_dir, root / "bundle")
+        bundle_dir = export_bundle(run_dir, root / "bundle", overwrite=True)
         say(f"export: the best checkpoint (step {result.best_step}): {bundle_dir}")
         return bundle_dir, None
     try:
         bundle_dir, facts = export_largest_share(run_dir, root / "bundle", SHARES, say)
     except UserError as e:
         say(f"export: {e}; the bundle holds base")
-        return export_bundle(Path(read_pretrained(run_dir)), root / "bundle"), 0.0
+        return export_bundle(Path(read_pretrained(run_dir)), root / "bundle", overwrite=True), 0.0
     return bundle_dir, float(facts["share"])
 
 

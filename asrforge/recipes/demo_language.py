@@ -140,7 +140,7 @@ def run_new_language(options: DemoOptions) -> int:
     )
     long_path, long_ref, long_seconds = longform_recording(data, "test", root / "longform-test.wav")
     say(f"long-form recording: the test clips joined, {long_seconds:.0f} s, at {long_path}")
-    start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start")
+    start_dir = export_bundle(Path(cfg.model.pretrained), root / "bundle-start", overwrite=True)
     # cfg.data relabels the rows as English, as training reads them; the scores are the language's.
     batch_size = eval_batch_size(cfg.data.eval_batch_size, cfg.data.batch_size)
     look = dict(data=cfg.data, batch_size=batch_size,
@@ -239,7 +239,9 @@ def export_both(
         "export",
         "a bundle of the fine-tuned weights, and the largest share of them within the guard",
     )
-    tuned_dir = export_bundle(finetuned_checkpoint(run_dir), root / "bundle-finetuned")
+    tuned_dir = export_bundle(
+        finetuned_checkpoint(run_dir), root / "bundle-finetuned", overwrite=True
+    )
     say(f"export: the fine-tuned weights: {tuned_dir}")
     try:
         within_dir, facts = export_largest_share(run_dir, root / "bundle", SHARES, say)
@@ -263,7 +265,7 @@ def export_largest_share(
     """
     bundle_dir, facts, _ = export_within_guard(
         run_dir, None, shares, dest, "hf", lm=None, ct2_quantization=None,
-        max_shard_size=None, progress=say, say=say,
+        max_shard_size=None, progress=say, say=say, overwrite=True,
     )  # fmt: skip
     say(f"export: {facts['share']:g} of the fine-tuned weights within the guard: {bundle_dir}")
     return bundle_dir, facts
