@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -259,7 +260,14 @@ def test_lm_tune_records_the_best_weights_atomically(lm_bundle_dir, tones_dir, t
     argv = ["lm", "tune", str(copy), "--data", str(tones_dir), "--max-samples", "6",
             "--beam-size", "2", "--alphas", "0.5", "--betas=-20,0"]  # fmt: skip
     assert main(argv) == 0
-    assert "recorded alpha" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "recorded alpha" in out.out
+    progress = [x for x in out.err.splitlines() if x.startswith("asrforge: lm tune ")]
+    assert [x.split(": ")[2] for x in progress] == [
+        "alpha 0, beta 0", "alpha 0.5, beta -20", "alpha 0.5, beta 0"
+    ]  # fmt: skip
+    assert all(re.search(r"^asrforge: lm tune \d/3: .*: wer \d+\.\d\d % \(\d+\.\d s\)$", x)
+               for x in progress)  # fmt: skip
     record = read_manifest(copy)[LM_WEIGHTS_KEY]
     assert (record["alpha"], record["beta"]) in {(0.0, 0.0), (0.5, -20.0), (0.5, 0.0)}
     assert record["value"] <= record["without_lm"] and record["n"] == 6

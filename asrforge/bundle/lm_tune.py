@@ -1,9 +1,9 @@
 """``asrforge lm tune``: choose a bundle's LM weight ``alpha`` and word bonus ``beta`` by grid
 search on a development split, and record them in the bundle's manifest.
 
-Each batch is encoded once and decoded by beam search at every grid point; the point with the
-lowest corpus error rate (WER, or CER when a language is scored by characters) wins, ties going
-to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is beam search
+Every grid point decodes the split by beam search (a line of progress as each ends); the point
+with the lowest corpus error rate (WER, or CER when a language is scored by characters) wins,
+ties going to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is beam search
 without the LM (bit for bit), so the recorded weights never score worse on that split than no
 LM. The manifest is rewritten in one atomic rename and sealed afresh
 (:func:`asrforge.bundle.write.update_bundle_manifest`): the bundle is never half-updated.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,25 +58,44 @@ def grid(alphas: Sequence[float], betas: Sequence[float]) -> list[tuple[float, f
 
 
 @torch.no_grad()
-def decode_grid(bundle, loader, points, *, beam_size: int, max_new_tokens: int) -> dict:
-    """``{(alpha, beta): [hypothesis text, ...]}`` and the references, in one pass over the
-    batches (the encoder runs once per batch)."""
+def decode_grid(
+    bundle,
+    loader,
+    points,
+    *,
+    beam_size: int,
+    max_new_tokens: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """``{(alpha, beta): [hypothesis text, ...]}`` and the references, one grid point after
+    another: each point's pass over the batches ends with its error rate, given to ``progress``
+    as one line (alpha, beta, the rate, the seconds it took), so a long grid shows where it is.
+    The encoder runs again for each point: beam search costs several times the encoding, and
+    keeping every encoding of a split would not fit in memory."""
     model, eot = bundle.model, bundle.specials.eot
-    hyps: dict[tuple[float, float], list[str]] = {p: [] for p in points}
+    hyps: dict[tuple[float, float], list[str]] = {}
     refs: list[tuple[str, str]] = []
-    for batch in loader:
-        if not batch.get("size"):
-            continue
-        prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
-        enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
-        prompts = prompts.to(bundle.device)
-        refs += list(zip(batch["language"], batch["text"], strict=True))
-        for alpha, beta in points:
-            options = DecodeOptions(beam_size=beam_size, fusion=bundle.fusion(alpha, beta))
-            seqs, _ = beam_decode(model, enc, prompts, eot, max_new_tokens, options)
-            hyps[(alpha, beta)] += [
-                bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs
-            ]
+    for at, (alpha, beta) in enumerate(points, 1):
+        start = time.perf_counter()
+        options = DecodeOptions(beam_size=beam_size, fusion=bundle.fusion(alpha, beta))
+        texts, seen = [], []
+        for batch in loader:
+            if not batch.get("size"):
+                continue
+            prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
+            enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
+            seqs, _ = beam_decode(model, enc, prompts.to(bundle.device), eot, max_new_tokens,
+                                  options)  # fmt: skip
+            seen += list(zip(batch["language"], batch["text"], strict=True))
+            texts += [bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
+        refs = refs or seen
+        hyps[(alpha, beta)] = texts
+        if progress is not None:
+            metric, value = error_rate(refs, texts)
+            progress(
+                f"asrforge: lm tune {at}/{len(points)}: alpha {alpha:g}, beta {beta:g}: "
+                f"{metric} {100 * value:.2f} % ({time.perf_counter() - start:.1f} s)"
+            )
     return {"hyps": hyps, "refs": refs}
 
 
@@ -99,12 +119,14 @@ def tune(
     batch_size: int = 8,
     max_samples: int | None = None,
     max_new_tokens: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Grid-search the bundle's LM weights on ``split`` and record the best in its manifest.
 
     Args:
         data: a path or a data section, as
             :func:`~asrforge.evaluation.evaluate.evaluate_split` takes it.
+        progress: gets one line per grid point as it ends (:func:`decode_grid`).
 
     Returns:
         What was recorded (``alpha``, ``beta``, the metric, its value, the value without the
@@ -130,7 +152,9 @@ def tune(
     cap = max_new_tokens or bundle.config.eval.max_new_tokens
     where = data_config(data).path
     log.info("tuning on %d utterances of %s (%s): %d grid points", n, where, split, len(points))
-    decoded = decode_grid(bundle, loader, points, beam_size=beam_size, max_new_tokens=cap)
+    decoded = decode_grid(
+        bundle, loader, points, beam_size=beam_size, max_new_tokens=cap, progress=progress
+    )
     table = {p: error_rate(decoded["refs"], decoded["hyps"][p]) for p in points}
     metric = table[(0.0, 0.0)][0]
     alpha, beta = min(points, key=lambda p: (table[p][1], p[0], abs(p[1])))

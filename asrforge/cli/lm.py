@@ -124,9 +124,8 @@ def run_tune(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_samples=args.max_samples,
         max_new_tokens=args.max_new_tokens,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    for point, value in result["table"].items():
-        print(f"alpha,beta {point}: {result['metric']} {100 * value:.2f} %", file=sys.stderr)
     print(
         f"recorded alpha {result['alpha']:g}, beta {result['beta']:g} in {args.bundle}: "
         f"{result['metric']} {100 * result['value']:.2f} % on {result['n']} utterances of "
