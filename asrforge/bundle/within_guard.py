@@ -65,9 +65,9 @@ def export_within_guard(source: Path, weights: str, shares: tuple[float, ...], o
     Raises:
         UserError: a run without ``eval.guard``, no starting weights, or no share within it.
     """
+    ckpt = finetuned_checkpoint(source)
     if (problem := out_problem(out, source, overwrite=overwrite)) is not None:
         raise UserError(problem)
-    ckpt = finetuned_checkpoint(source)
     cfg = read_run_config(ckpt)
     if cfg.eval.guard is None:
         raise UserError(f"--within-guard: {ckpt} was trained without eval.guard: no guard to keep")
