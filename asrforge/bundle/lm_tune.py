@@ -3,9 +3,9 @@ search on a development split, and record them in the bundle's manifest.
 
 Every grid point decodes the split by beam search (a line of progress as each ends); the point
 with the lowest corpus error rate (WER, or CER when a language is scored by characters) wins,
-ties going to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is beam search
-without the LM (bit for bit), so the recorded weights never score worse on that split than no
-LM. The manifest is rewritten in one atomic rename and sealed afresh
+ties going to the smaller ``alpha`` and ``|beta|``. ``(0, 0)`` is always on the grid: it is
+beam search without the LM (bit for bit), so the recorded weights never score worse on that
+split than no LM. The manifest is rewritten in one atomic rename and sealed afresh
 (:func:`asrforge.bundle.write.update_bundle_manifest`): the bundle is never half-updated.
 """
 
