@@ -23,6 +23,7 @@ from asrforge.model.decoding import DecodeOptions, codes_of_tokens, detect_langu
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
+from asrforge.model.no_speech import NoSpeech, no_speech_token
 from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
 from asrforge.model.vad import Chunk, decode_chunks, speech_chunks, vad_available
@@ -294,6 +295,8 @@ class Bundle:
         sampling_rate: int | None = None,
         beam_size: int = 1,
         word_timestamps: bool = False,
+        no_speech_threshold: float | None = 0.6,
+        logprob_threshold: float | None = -1.0,
     ) -> str | Transcript:
         """Transcribe one recording of any length.
 
@@ -301,7 +304,7 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking, beam_size: see :meth:`recognize`.
+            chunking, beam_size, no_speech_threshold, logprob_threshold: see :meth:`recognize`.
             sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
             word_timestamps: return the whole :class:`Transcript`, its segments' words timed
                 (``transcript.words``), instead of the text.
@@ -314,6 +317,8 @@ class Bundle:
             sampling_rate=sampling_rate,
             beam_size=beam_size,
             word_timestamps=word_timestamps,
+            no_speech_threshold=no_speech_threshold,
+            logprob_threshold=logprob_threshold,
         )
         return result if word_timestamps else result.text
 
@@ -327,9 +332,12 @@ class Bundle:
         chunking: str | None = None,
         sampling_rate: int | None = None,
         beam_size: int = 1,
+        no_speech_threshold: float | None = 0.6,
+        logprob_threshold: float | None = -1.0,
     ) -> list[str]:
         """Transcribe several recordings; windows of all of them are decoded in batches.
-        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz)."""
+        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz); the others: see
+        :meth:`recognize`."""
         return [
             t.text
             for t in self.recognize(
@@ -340,6 +348,8 @@ class Bundle:
                 chunking=chunking,
                 sampling_rate=sampling_rate,
                 beam_size=beam_size,
+                no_speech_threshold=no_speech_threshold,
+                logprob_threshold=logprob_threshold,
             )
         ]
 
@@ -377,6 +387,28 @@ class Bundle:
         known = set(self.config.lm.languages) if self.config.lm else set()
         return next((c for c in codes if c in known), codes[0] if codes else "")
 
+    def no_speech_gate(
+        self, threshold: float | None, logprob_threshold: float | None = -1.0
+    ) -> NoSpeech | None:
+        """The no-speech gate of :meth:`recognize`'s ``no_speech_threshold`` and
+        ``logprob_threshold``; None when ``threshold`` is None or the vocabulary has no
+        no-speech token.
+
+        Raises:
+            UserError: a threshold outside [0, 1], or a log-probability threshold above 0.
+        """
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise UserError(f"no_speech_threshold must be in [0, 1] or None, got {threshold}")
+        if logprob_threshold is not None and not logprob_threshold <= 0.0:
+            raise UserError(f"logprob_threshold must be <= 0 or None, got {logprob_threshold}")
+        if threshold is None:
+            return None
+        token = no_speech_token(self.tokenizer)
+        if token is None:
+            log.info("no no-speech gate: the vocabulary has no <|nospeech|> token")
+            return None
+        return NoSpeech(token, self.specials.sot, threshold, logprob_threshold)
+
     def chunking_for(self, requested: str | None) -> tuple[str, str]:
         """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
 
@@ -403,6 +435,8 @@ class Bundle:
         word_timestamps: bool = False,
         vad: bool | None = None,
         names: Sequence[str] | None = None,
+        no_speech_threshold: float | None = 0.6,
+        logprob_threshold: float | None = -1.0,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each.
 
@@ -439,6 +473,14 @@ class Bundle:
                 the chunks before it); True with ``condition_on_previous_text`` is refused.
             names: how warnings name each recording (its file, for arrays read from files);
                 default: a path as given, else ``recording <i>``.
+            no_speech_threshold: a window (a clip, a long-form window, a VAD chunk) whose
+                no-speech probability (of ``<|nospeech|>`` at ``<|startoftranscript|>``) is
+                above this yields no text, unless its average log-probability is above
+                ``logprob_threshold``, as openai-whisper's ``transcribe``
+                (:mod:`asrforge.model.no_speech`); None: every window is decoded to text.
+            logprob_threshold: see ``no_speech_threshold``; also the average log-probability
+                below which ``temperature_fallback`` decodes a window again (openai-whisper's
+                one ``logprob_threshold``). None: the probability alone skips a window.
         """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
@@ -448,6 +490,7 @@ class Bundle:
             )
         if beam_size < 1:
             raise UserError(f"beam_size must be >= 1, got {beam_size}")
+        gate = self.no_speech_gate(no_speech_threshold, logprob_threshold)
         mode, why = self.chunking_for(chunking)
         log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
@@ -483,8 +526,11 @@ class Bundle:
         ]
         options = DecodeOptions(
             beam_size=beam_size,
-            fallback=Fallback() if temperature_fallback else None,
+            fallback=Fallback(logprob_threshold=logprob_threshold)
+            if temperature_fallback
+            else None,
             fusion=self.fusion(lm_alpha, lm_beta) if use_lm and beam_size > 1 else None,
+            no_speech=gate,
         )
         if use_lm and self.lm is not None and beam_size == 1 and not self._told_greedy_without_lm:
             self._told_greedy_without_lm = True

@@ -100,8 +100,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "30 s when the packages are installed, without --condition-on-previous-text (refused "
         "with --vad: chunks are decoded apart)",
     )
+    p.add_argument(
+        "--no-speech-threshold",
+        type=optional_float,
+        default=0.6,
+        metavar="P|none",
+        help="a window whose no-speech probability is above P yields no text, unless its "
+        "average log-probability is above --logprob-threshold, as openai-whisper (default "
+        "0.6); none: every window is decoded to text",
+    )
+    p.add_argument(
+        "--logprob-threshold",
+        type=optional_float,
+        default=-1.0,
+        metavar="L|none",
+        help="see --no-speech-threshold; also where --temperature-fallback decodes a window "
+        "again (default -1.0); none: the no-speech probability alone skips a window",
+    )
     add_lm_options(p)
     p.set_defaults(func=run)
+
+
+def optional_float(text: str) -> float | None:
+    """A number, or ``none`` for None (an option turned off)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or none, got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,6 +139,14 @@ def run(args: argparse.Namespace) -> int:
         positive("--max-new-tokens", args.max_new_tokens),
         positive("--beam-size", args.beam_size),
     ]
+    if args.no_speech_threshold is not None and not 0 <= args.no_speech_threshold <= 1:
+        problems.append(
+            f"--no-speech-threshold: must be in [0, 1] or none, got {args.no_speech_threshold:g}"
+        )
+    if args.logprob_threshold is not None and not args.logprob_threshold <= 0:
+        problems.append(
+            f"--logprob-threshold: must be <= 0 or none, got {args.logprob_threshold:g}"
+        )
     if args.json and args.fmt not in (None, "json"):
         problems.append(f"--json and --format {args.fmt}: choose one")
     fmt = "json" if args.json else args.fmt or "text"
@@ -162,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
             lm_beta=fusion.beta if fusion is not None else None,
             word_timestamps=args.word_timestamps,
             vad=args.vad,
+            no_speech_threshold=args.no_speech_threshold,
+            logprob_threshold=args.logprob_threshold,
         )
         for path, r in zip(paths, results, strict=True):
             out = _formatted(r, path, fmt, args.word_timestamps)

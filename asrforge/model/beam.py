@@ -8,28 +8,19 @@ How it works: docs/decoding.md,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from asrforge.model.beam_attention import shared_cross_attention
-from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, vocab_logits
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """One decoded sequence: ``tokens`` without prompt and EOT; ``sum_logprob`` the sum of the
-    chosen tokens' log-probabilities including EOT's (natural log); ``hit_cap``: the sequence
-    ran out of tokens before EOT."""
-
-    tokens: list[int]
-    sum_logprob: float
-    hit_cap: bool
-
-    @property
-    def avg_logprob(self) -> float:
-        """openai-whisper's ``avg_logprob``: per token, EOT counted."""
-        return self.sum_logprob / (len(self.tokens) + 1)
+from asrforge.model.decoding import (
+    DecodeOptions,
+    Hypothesis,
+    Suppression,
+    decoder_states,
+    vocab_logits,
+)
 
 
 def length_normalized(sum_logprob: float, length: int, length_penalty: float | None) -> float:
@@ -125,9 +116,14 @@ def _search(
         starts = fusion.starts_word(vocab, device)
         word_starts = starts.bool().tolist()
     tokens, enc = prompts, encoder_hidden
+    gate, no_speech = options.no_speech, None
     for t in range(cap):
-        h = decoder_states(model, tokens, enc, cache)[:, -1]
-        logits = vocab_logits(model, h).float()
+        states = decoder_states(model, tokens, enc, cache)
+        if t == 0 and gate is not None:
+            # read at <|startoftranscript|>, one prompt row per utterance: one row projected
+            at_sot = states[torch.arange(n_audio, device=device), gate.positions(prompts)]
+            no_speech = gate.probs(vocab_logits(model, at_sot))
+        logits = vocab_logits(model, states[:, -1]).float()
         if rules is not None:
             logits = rules(logits, generated)
         logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
@@ -196,7 +192,11 @@ def _search(
         if fusion is not None:
             sums = sums + torch.tensor(fusion.bonuses(states)[0], device=device)
         _add_unfinished(finished, audios, generated, sums, am_sums, k)
-    return [_best(f, eot, options.length_penalty) for f in finished]
+    probs = [None] * n_audio if no_speech is None else no_speech.tolist()
+    return [
+        dataclasses.replace(_best(f, eot, options.length_penalty), no_speech_prob=prob)
+        for f, prob in zip(finished, probs, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

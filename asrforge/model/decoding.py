@@ -26,6 +26,7 @@ from asrforge.model.frames import TIME_PRECISION
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
     from asrforge.model.fallback import Fallback
+    from asrforge.model.no_speech import NoSpeech
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class DecodeOptions:
     read by beam search only: at ``beam_size`` 1 decoding stays greedy, without it."""
     fallback: Fallback | None = None
     """Temperature fallback (:mod:`asrforge.model.fallback`); None: off."""
+    no_speech: NoSpeech | None = None
+    """The no-speech gate (:mod:`asrforge.model.no_speech`): decoders then measure each row's
+    no-speech probability (``Hypothesis.no_speech_prob``); None: off."""
     check_every: int | None = None
     """Greedy decoding: tokens between the host's reads of whether every sequence ended;
     None: :func:`check_interval` of the device."""
@@ -83,6 +87,24 @@ class DecodeOptions:
         """Whether beam search decodes (more than one beam); greedy decoding otherwise, an LM
         ``fusion`` or not, as ``--beam-size`` 1 promises."""
         return self.beam_size > 1
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One decoded sequence: ``tokens`` without prompt and EOT; ``sum_logprob`` the sum of the
+    chosen tokens' log-probabilities including EOT's (natural log; after suppression and
+    ``rules``, renormalized); ``hit_cap``: the sequence ran out of tokens before EOT;
+    ``no_speech_prob``: measured with :attr:`DecodeOptions.no_speech`, else None."""
+
+    tokens: list[int]
+    sum_logprob: float
+    hit_cap: bool
+    no_speech_prob: float | None = None
+
+    @property
+    def avg_logprob(self) -> float:
+        """openai-whisper's ``avg_logprob``: per token, EOT counted."""
+        return self.sum_logprob / (len(self.tokens) + 1)
 
 
 COMPILE_SETTINGS = ("auto", "on", "off")
@@ -312,25 +334,48 @@ def greedy_step(
     mask: torch.Tensor,
     rules: Rules | None = None,
     generated: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One greedy step: (batch, t) ``tokens`` after what ``cache`` holds -> the (batch,) ids
-    picked, with ``mask`` ((batch, vocab), :class:`PickMask`) added to the logits after the
-    ``rules`` (given ``generated``, (batch, t) ids so far); ``cache`` is extended. The captured
-    path replays this same function (:class:`~asrforge.model.capture.CapturedStep`)."""
+    picked (:func:`greedy_pick`); ``cache`` is extended. The captured path replays this same
+    function (:class:`~asrforge.model.capture.CapturedStep`)."""
     h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
+    return greedy_pick(model, h, mask, rules, generated, sums)
+
+
+def greedy_pick(
+    model,
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    rules: Rules | None = None,
+    generated: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The (batch,) ids greedy decoding picks after the decoder states ``h`` (batch, d_model):
+    ``mask`` ((batch, vocab), :class:`PickMask`) added to the logits after the ``rules``
+    (given ``generated``, (batch, t) ids so far); with ``sums`` ((batch,) float), each pick's
+    log-probability under those logits is added to it in place (0 for a row that ended, whose
+    mask leaves only EOT)."""
     logits = vocab_logits(model, h)
     if rules is not None:
         logits = rules(logits, generated)
-    return logits.add_(mask).argmax(-1)
+    picked = logits.add_(mask).argmax(-1)
+    if sums is not None:
+        # written in place, so a captured step adds to the same tensor at every replay
+        sums.add_(logits.gather(1, picked[:, None]).squeeze(1) - logits.logsumexp(-1))
+    return picked
 
 
-def capture_step(model, tokens, encoder_hidden, cache, mask) -> CapturedStep | None:
-    """:func:`greedy_step` without rules over one decode's cache, encoder output and mask, as
-    a :class:`~asrforge.model.capture.CapturedStep` taking the (batch, 1) tokens; None, with a
-    warning, when the step cannot be captured (the decode goes on uncaptured, same tokens)."""
+def capture_step(model, tokens, encoder_hidden, cache, mask, sums=None) -> CapturedStep | None:
+    """:func:`greedy_step` without rules over one decode's cache, encoder output, mask (and
+    ``sums``), as a :class:`~asrforge.model.capture.CapturedStep` taking the (batch, 1) tokens;
+    None, with a warning, when the step cannot be captured (the decode goes on uncaptured, same
+    tokens)."""
     try:
         return CapturedStep(
-            lambda step_tokens: greedy_step(model, step_tokens, encoder_hidden, cache, mask),
+            lambda step_tokens: greedy_step(
+                model, step_tokens, encoder_hidden, cache, mask, sums=sums
+            ),
             tokens,
         )
     except RuntimeError as e:
@@ -372,6 +417,31 @@ def greedy_decode(
     Returns:
         The generated ids of each sequence (without prompt and EOT), and whether each hit the cap.
     """
+    hyps = _greedy(
+        model, encoder_hidden, prompts, eot, max_new_tokens, options, cache, first_tokens, False
+    )
+    return [h.tokens for h in hyps], [h.hit_cap for h in hyps]
+
+
+@torch.no_grad()
+def greedy_search(
+    model,
+    encoder_hidden: torch.Tensor,
+    prompts: torch.Tensor,
+    eot: int,
+    max_new_tokens: int,
+    options: DecodeOptions = DecodeOptions(),
+) -> list[Hypothesis]:
+    """:func:`greedy_decode` that also measures each sequence's summed log-probability (one
+    log-softmax normalizer a step) and, with ``options.no_speech``, its no-speech probability
+    (one more row projected at the first step), as :class:`Hypothesis` in input order."""
+    return _greedy(model, encoder_hidden, prompts, eot, max_new_tokens, options, None, None, True)
+
+
+def _greedy(
+    model, encoder_hidden, prompts, eot, max_new_tokens, options, cache, first_tokens, measure
+) -> list[Hypothesis]:
+    """:func:`greedy_decode`'s loop; ``measure``: :func:`greedy_search`'s sums (else 0.0)."""
     if (cache is None) != (first_tokens is None):
         raise ValueError("give both cache and first_tokens, or neither")
     device = prompts.device
@@ -383,6 +453,9 @@ def greedy_decode(
         cache = new_cache(model, p + cap) if cache is None else static_copy(model, cache, p + cap)
     vocab = model.proj_out.out_features
     mask = PickMask(Suppression.of(model, device), eot, b, vocab)
+    sums = torch.zeros(b, device=device) if measure else None
+    gate = options.no_speech if measure else None
+    no_speech = None
     # (cap, batch): each step's picks are one contiguous row, read as the next step's input
     out = torch.full((max(cap, 0), b), eot, dtype=torch.long, device=device)
     captured, capture = None, options.capture and rules is None
@@ -390,16 +463,23 @@ def greedy_decode(
     for t in range(cap):
         if capture and t == 2:  # the (batch, 1) step before was the warm-up a capture needs
             captured, capture = (
-                capture_step(model, tokens, encoder_hidden, cache, mask.values),
+                capture_step(model, tokens, encoder_hidden, cache, mask.values, sums),
                 False,
             )
         if t == 0 and first_tokens is not None:
             out[0] = first_tokens
+        elif t == 0 and gate is not None:
+            # the no-speech token is read at <|startoftranscript|>, a prompt position the
+            # first pass computes anyway: one more row projected
+            states = decoder_states(model, tokens, encoder_hidden, cache)
+            at_sot = states[torch.arange(b, device=device), gate.positions(prompts)]
+            no_speech = gate.probs(vocab_logits(model, at_sot))
+            out[0] = greedy_pick(model, states[:, -1], mask.values, rules, out[:0].T, sums)
         elif captured is not None:
             out[t] = captured(tokens)
         else:
             out[t] = greedy_step(
-                model, tokens, encoder_hidden, cache, mask.values, rules, out[:t].T
+                model, tokens, encoder_hidden, cache, mask.values, rules, out[:t].T, sums
             )
         # A sequence that ended keeps its row; what it computes after EOT is thrown away.
         mask.update(out[t])
@@ -407,12 +487,14 @@ def greedy_decode(
         if n % every == 0 and bool(mask.ended.all()):
             break
         tokens = out[t][:, None]
-    seqs, hit_cap = [], []
-    for row in out[:n].T.tolist():
+    rows = out[:n].T.tolist()
+    scores = [0.0] * b if sums is None else sums.tolist()
+    probs = [None] * b if no_speech is None else no_speech.tolist()
+    hyps = []
+    for row, score, prob in zip(rows, scores, probs, strict=True):
         k = row.index(eot) if eot in row else len(row)
-        seqs.append(row[:k])
-        hit_cap.append(eot not in row)
-    return seqs, hit_cap
+        hyps.append(Hypothesis(row[:k], score, eot not in row, prob))
+    return hyps
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,17 @@ temperature and keeps the likeliest; here ``best_of`` is that number too.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from asrforge.model.beam import Hypothesis, beam_search
+from asrforge.model.beam import beam_search
 from asrforge.model.decoding import (
     DecodeOptions,
+    Hypothesis,
     Suppression,
     decoder_states,
     new_cache,
@@ -125,7 +127,10 @@ def decode_with_fallback(
     decode_text: Callable[[list[int]], str],
 ) -> tuple[list[Hypothesis], list[float]]:
     """Decode each row at the first temperature, then again at the next ones the rows that
-    :func:`fallback_reason` rejects, by ``options.fallback`` (which must be set). Its
+    :func:`fallback_reason` rejects, by ``options.fallback`` (which must be set); with
+    ``options.no_speech``, a row that gate calls silent (:meth:`NoSpeech.silent
+    <asrforge.model.no_speech.NoSpeech.silent>`) is not decoded again, and every hypothesis
+    keeps the first decode's no-speech probability. Its
     ``fusion`` (an n-gram LM, :class:`~asrforge.lm.fusion.ShallowFusion`) joins the beam search
     at temperature 0 only: the samples are the model's.
 
@@ -135,6 +140,7 @@ def decode_with_fallback(
     fallback = options.fallback
     if fallback is None:
         raise ValueError("decode_with_fallback needs options.fallback")
+    gate = options.no_speech
     generator = torch.Generator().manual_seed(fallback.seed)
     hyps: list[Hypothesis | None] = [None] * prompts.shape[0]
     temps = [fallback.temperatures[0]] * prompts.shape[0]
@@ -150,8 +156,13 @@ def decode_with_fallback(
             found = _best_of(model, enc, ps, eot, max_new_tokens, options, temperature, generator)
         still = []
         for row, hyp in zip(todo, found, strict=True):
+            if hyps[row] is not None:  # the no-speech probability is the first decode's
+                hyp = dataclasses.replace(hyp, no_speech_prob=hyps[row].no_speech_prob)
             hyps[row], temps[row] = hyp, temperature
-            if fallback_reason(hyp, decode_text(hyp.tokens), fallback) is not None:
+            if fallback_reason(hyp, decode_text(hyp.tokens), fallback) is None:
+                continue
+            # openai-whisper's order: a likely silence with unlikely text is not sampled again
+            if gate is None or not gate.silent(hyp.no_speech_prob, hyp.avg_logprob):
                 still.append(row)
         todo = still
     return [h for h in hyps if h is not None], temps

@@ -17,8 +17,14 @@ import torch
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.model.alignment import align_words, alignment_heads, encode_window, place_words
-from asrforge.model.beam import beam_decode
-from asrforge.model.decoding import DecodeOptions, TimestampRules, TimestampVocab, greedy_decode
+from asrforge.model.beam import beam_search
+from asrforge.model.decoding import (
+    DecodeOptions,
+    TimestampRules,
+    TimestampVocab,
+    greedy_decode,
+    greedy_search,
+)
 from asrforge.model.fallback import decode_with_fallback
 from asrforge.model.frames import TIME_PRECISION, window_seconds
 from asrforge.model.silence import segment
@@ -296,7 +302,9 @@ def decode_windows(
             is decoded again at higher temperatures
             (:func:`~asrforge.model.fallback.decode_with_fallback`; needs ``decode_text``);
             else beam search when :attr:`~DecodeOptions.searches_beams`, else greedy decoding.
-            Its ``rules`` (e.g. ``TimestampRules``) apply to every beam.
+            Its ``rules`` (e.g. ``TimestampRules``) apply to every beam. With its
+            ``no_speech`` gate (:mod:`asrforge.model.no_speech`), a window the gate skips
+            generates nothing.
         autocast: a context manager factory for the forward passes (the training loop's).
         encoded: windows encoded before (by language detection): not encoded again.
         keep: where each window's encoder output goes once decoded (to time its words).
@@ -331,15 +339,26 @@ def decode_windows(
                         if not keep.full:
                             keep.add(windows[j], row.clone())
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
+                gate = options.no_speech
                 if options.fallback is not None:
                     hyps, _temps = decode_with_fallback(
                         model, enc, ids, eot, max_new_tokens, options, decode_text=decode_text
                     )
-                    seqs, hit_cap = [h.tokens for h in hyps], [h.hit_cap for h in hyps]
                 elif options.searches_beams:
-                    seqs, hit_cap = beam_decode(model, enc, ids, eot, max_new_tokens, options)
-                else:
+                    hyps = beam_search(model, enc, ids, eot, max_new_tokens, options)
+                elif gate is not None:
+                    hyps = greedy_search(model, enc, ids, eot, max_new_tokens, options)
+                else:  # nothing reads a log-probability, so greedy_decode measures none
+                    hyps = None
                     seqs, hit_cap = greedy_decode(model, enc, ids, eot, max_new_tokens, options)
+            if hyps is not None:
+                # a window the no-speech gate skips yields no text (a long recording moves
+                # past it whole)
+                kept = [
+                    gate is None or not gate.skips(h.no_speech_prob, h.avg_logprob) for h in hyps
+                ]
+                seqs = [h.tokens if k else [] for h, k in zip(hyps, kept, strict=True)]
+                hit_cap = [h.hit_cap and k for h, k in zip(hyps, kept, strict=True)]
             if capped is not None and any(hit_cap):
                 capped()
             for j, seq in zip(chunk, seqs, strict=True):
