@@ -46,6 +46,7 @@ from workload import (  # noqa: E402 - the bench directory is not a package
     tiny_en_dir,
 )
 
+from asrforge.cli.transcribe import optional_float  # noqa: E402
 from asrforge.data.audio import SAMPLE_RATE  # noqa: E402
 from asrforge.text import normalize, wer  # noqa: E402
 
@@ -98,6 +99,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="chunks decoded at once")
     p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     p.add_argument("--model", type=Path, help="a model directory (default: Whisper tiny.en)")
+    p.add_argument(
+        "--no-speech-threshold",
+        type=optional_float,
+        default=0.6,
+        help="the no-speech gate, as transcribe's option (none: off, every window decoded)",
+    )
     add_session_args(p)
     return p.parse_args(argv)
 
@@ -119,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
         ref_n = normalize(ref, "en")
         bundle.recognize([wave[: 5 * SAMPLE_RATE]], language, vad=True)  # loads Silero, warms up
         print(f"recording: {60 * minutes:.1f} s, {n} sentences; model {model.name}; "
-              f"device {args.device}; load {load_average()}")  # fmt: skip
+              f"device {args.device}; no-speech threshold {args.no_speech_threshold}; "
+              f"load {load_average()}")  # fmt: skip
         print(f"{'way':<12} {'WER %':>6} {'wall s':>7} {'CPU s':>7} {'CPU s/min':>9} "
               f"{'segments':>8} {'non-speech words':>16}")  # fmt: skip
         out: dict = {"audio_seconds": 60 * minutes}
@@ -127,7 +135,13 @@ def main(argv: list[str] | None = None) -> dict:
             if args.device != "cpu":
                 torch.cuda.synchronize()
             t, c = time.perf_counter(), time.process_time()
-            [r] = bundle.recognize([wave], language, vad=vad, batch_size=args.batch_size)
+            [r] = bundle.recognize(
+                [wave],
+                language,
+                vad=vad,
+                batch_size=args.batch_size,
+                no_speech_threshold=args.no_speech_threshold,
+            )
             if args.device != "cpu":
                 torch.cuda.synchronize()
             wall, cpu = time.perf_counter() - t, time.process_time() - c
