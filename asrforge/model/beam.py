@@ -118,12 +118,12 @@ def _search(
     tokens, enc = prompts, encoder_hidden
     gate, no_speech = options.no_speech, None
     for t in range(cap):
-        states = decoder_states(model, tokens, enc, cache)
+        hidden = decoder_states(model, tokens, enc, cache)
         if t == 0 and gate is not None:
             # read at <|startoftranscript|>, one prompt row per utterance: one row projected
-            at_sot = states[torch.arange(n_audio, device=device), gate.positions(prompts)]
+            at_sot = hidden[torch.arange(n_audio, device=device), gate.positions(prompts)]
             no_speech = gate.probs(vocab_logits(model, at_sot))
-        logits = vocab_logits(model, states[:, -1]).float()
+        logits = vocab_logits(model, hidden[:, -1]).float()
         if rules is not None:
             logits = rules(logits, generated)
         logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
