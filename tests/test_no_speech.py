@@ -4,6 +4,8 @@ skips yields no text, and on real tiny.en noise becomes no text while speech is 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -179,3 +181,25 @@ def test_a_long_recording_has_no_text_in_its_noise_gap_without_vad(tiny_en) -> N
     assert "train" in on.text and "window" in on.text
     made_up = [s for s in off.segments if s.start >= gap_at + 1.0 and s.end <= gap_end - 1.0]
     assert made_up, "the gap made no text without the gate: the test shows nothing"
+
+
+def test_transcribe_options_turn_the_gate_off_and_are_checked(
+    hf_tiny_en,  # noqa: F811  (the imported fixture)
+    tmp_path,
+    capsys,
+) -> None:
+    import soundfile as sf
+
+    from asrforge.cli import main
+
+    noise = tmp_path / "noise.wav"
+    sf.write(noise, _noise(10), SR)
+    common = ["transcribe", str(hf_tiny_en), str(noise), "--json"]
+    assert main(common) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == ""
+    assert main([*common, "--no-speech-threshold", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"].strip()
+    assert main([*common, "--no-speech-threshold", "1.5", "--logprob-threshold", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-speech-threshold: must be in [0, 1] or none, got 1.5" in err
+    assert "--logprob-threshold: must be <= 0 or none, got 2" in err
