@@ -128,7 +128,7 @@ def decode_with_fallback(
 ) -> tuple[list[Hypothesis], list[float]]:
     """Decode each row at the first temperature, then again at the next ones the rows that
     :func:`fallback_reason` rejects, by ``options.fallback`` (which must be set); with
-    ``options.no_speech``, a row that gate calls silent (:meth:`NoSpeech.silent
+    ``options.no_speech``, a row the gate calls silent (:meth:`NoSpeech.silent
     <asrforge.model.no_speech.NoSpeech.silent>`) is not decoded again, and every hypothesis
     keeps the first decode's no-speech probability. Its
     ``fusion`` (an n-gram LM, :class:`~asrforge.lm.fusion.ShallowFusion`) joins the beam search
