@@ -219,6 +219,14 @@ class Bundle:
         code = self._language_unheard(language)
         return code if code is not None else self.detect_language(audio)
 
+    def check_language(self, language: str) -> None:
+        """Refuse ``language`` as :meth:`recognize` would: unknown, or not this bundle's.
+
+        Raises:
+            UserError: naming the language and what the bundle transcribes.
+        """
+        self._language_unheard(language)
+
     def _language_unheard(self, language: str | None) -> str | None:
         """:meth:`resolve_language` where the audio is not needed: ``language`` checked, or the
         bundle's only language; None when it is to be detected."""

@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     chunking, why = chosen or (None, None)
     if args.condition_on_previous_text and chosen and chunking != "timestamps":
         problems.append("--condition-on-previous-text needs --chunking timestamps")
+    if bundle is not None and args.language is not None:  # before any group is decoded
+        attempt(lambda: bundle.check_language(args.language), problems)
     waves = [attempt(lambda path=path: read_audio_file(path), problems) for path in args.audio]
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
