@@ -45,7 +45,8 @@ from asrforge.train.state import TrainState
 EVAL_SIZES = {"validation": 30, "test": 40}
 """English corpus of the demo: held-out utterances; the train split holds one pass of the
 fine-tuning (:func:`train_sentences`), so none is seen twice."""
-QUICK_SIZES = {"train": 12, "validation": 4, "test": 4}
+QUICK_SIZES = {"train": 12, "validation": 6, "test": 4}
+"""--quick: six validation clips give align-heads the three joins it measures a lag on."""
 QUICK_OVERRIDES = [
     "train.max_steps=3", "eval.eval_steps=2", "data.batch_size=2", "data.eval_batch_size=4",
     "optim.warmup_steps=1", "train.log_every=1", "eval.max_new_tokens=32",
