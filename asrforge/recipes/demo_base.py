@@ -64,7 +64,8 @@ SHARES = (0.75, 0.5, 0.25)
 costs a pass over the guard)."""
 MAX_TRAIN = 300
 """Most training sentences per language (fortunes-it holds about 340 speakable ones)."""
-QUICK_SIZES = {"train": 8, "validation": 2, "test": 2}
+QUICK_SIZES = {"train": 8, "validation": 4, "test": 2}
+"""--quick: four validation clips a language give align-heads the three joins it measures on."""
 QUICK_OVERRIDES = [
     "train.max_steps=2", "eval.eval_steps=2", "data.batch_size=2", "data.eval_batch_size=4",
     "optim.warmup_steps=1", "train.log_every=1", "eval.max_new_tokens=16",
