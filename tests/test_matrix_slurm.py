@@ -350,4 +350,6 @@ def test_an_option_of_another_executor_is_refused_not_ignored(tmp_path, tones_di
     assert "--devices: an option of --executor local" in capsys.readouterr().err
     assert main(["matrix", matrix, "--dry-run", "--executor", "slurm"]) == 0  # its default limit
     assert "--time=240" in capsys.readouterr().out
+    assert main(["matrix", matrix, "--dry-run", "--executor", "slurm", "--time-limit", ""]) == 2
+    assert "--time-limit: ''" in capsys.readouterr().err  # an empty limit is no default
     assert not (tmp_path / "root").exists()

@@ -111,7 +111,7 @@ def run(args) -> int:
                         datefmt="%H:%M:%S")
     # The command line's problems and the matrix's are told together, before anything starts.
     problems = [positive("--gpus-per-job", args.gpus_per_job), *other_executors_options(args)]
-    time_limit = args.time_limit or TIME_LIMIT
+    time_limit = TIME_LIMIT if args.time_limit is None else args.time_limit
     if args.gpus_per_job is not None and args.gpus_per_job > MAX_GPUS_PER_JOB:
         problems.append(f"--gpus-per-job: must be at most {MAX_GPUS_PER_JOB} (a job runs on one "
                         f"machine), got {args.gpus_per_job}")
