@@ -71,6 +71,25 @@ def tokenizer_without(*languages: str):
     return out
 
 
+def save_random_whisper(hf: Path) -> None:
+    """A random one-layer Whisper and :func:`tokenizer_without`'s tokenizer saved as a
+    transformers directory ``hf``: its text is noise, decoded in a moment."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    tok = tokenizer_without()
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = WhisperConfig(
+        vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, num_mel_bins=80, max_source_positions=100, max_target_positions=32,
+        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"),
+        begin_suppress_tokens=None, suppress_tokens=None,
+    )  # fmt: skip
+    WhisperForConditionalGeneration(cfg).save_pretrained(str(hf))
+    tok.save_pretrained(str(hf))
+
+
 def prepare(split, tok, specials, **data):
     cfg = DataConfig(path=Path("unused"), **data)
     return prepare_split(
@@ -366,23 +385,10 @@ def test_nan_and_empty_clips_are_skipped_and_reported_in_training_and_evaluation
 
 @pytest.mark.fast
 def test_transcribe_warns_about_nan_and_empty_audio(tmp_path, caplog):
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
     from asrforge.bundle import export_bundle, load_bundle
 
-    tok = tokenizer_without()
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = WhisperConfig(
-        vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, num_mel_bins=80, max_source_positions=100, max_target_positions=32,
-        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
-        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"),
-        begin_suppress_tokens=None, suppress_tokens=None,
-    )  # fmt: skip
     hf = tmp_path / "hf"
-    WhisperForConditionalGeneration(cfg).save_pretrained(str(hf))
-    tok.save_pretrained(str(hf))
+    save_random_whisper(hf)
     bundle = load_bundle(export_bundle(hf, tmp_path / "bundle"))
     nan = np.full(16000, 0.1, dtype=np.float32)
     nan[7] = np.nan

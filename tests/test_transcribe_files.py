@@ -13,7 +13,7 @@ import soundfile as sf
 
 from asrforge.bundle import inference
 from asrforge.cli import main
-from tests.test_data_hardening import tokenizer_without
+from tests.test_data_hardening import save_random_whisper
 
 pytestmark = pytest.mark.fast
 
@@ -21,24 +21,11 @@ pytestmark = pytest.mark.fast
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory) -> Path:
     """A random 1-layer English-only bundle: its text is noise, decoded in a moment."""
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
     from asrforge.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("tiny")
-    tok = tokenizer_without()
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = WhisperConfig(
-        vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, num_mel_bins=80, max_source_positions=100, max_target_positions=32,
-        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
-        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"),
-        begin_suppress_tokens=None, suppress_tokens=None,
-    )  # fmt: skip
     hf = root / "hf"
-    WhisperForConditionalGeneration(cfg).save_pretrained(str(hf))
-    tok.save_pretrained(str(hf))
+    save_random_whisper(hf)
     gen = hf / "generation_config.json"
     gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
     return export_bundle(hf, root / "bundle")
