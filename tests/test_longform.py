@@ -209,6 +209,21 @@ def _ramp(seconds: float) -> np.ndarray:
     return np.arange(round(seconds * SR), dtype=np.float64) / SR
 
 
+def _sequential(seconds: float, decode, speech_end=None) -> list:
+    """The segments :func:`transcribe_by_timestamps` gives one :func:`_ramp` recording of
+    ``seconds`` through ``decode`` (text ids joined as text, 30 s windows)."""
+    [segs] = transcribe_by_timestamps(
+        [_ramp(seconds)],
+        [[7]],
+        decode,
+        BIG,
+        decode_text=lambda ids: " ".join(map(str, ids)),
+        window_samples=30 * SR,
+        speech_end=speech_end,
+    )
+    return segs
+
+
 def _scripted(sentences: list[tuple[float, float]], calls: list) -> callable:
     """A decoder that 'hears' the sentences: complete ones in the window as timestamped
     segments (sentence k is text id k), then the start of one the window cuts off."""
@@ -345,15 +360,7 @@ def test_a_sentence_timed_too_early_is_not_decoded_again() -> None:
     sentences = [(6.1, 9.5), (15.1, 18.9), (25.0, 28.0), (40.0, 44.0)]
     for speech_end, want in ((None, [0, 1, 1, 2, 3]), (_heard_end(sentences), [0, 1, 2, 3])):
         calls = []
-        [segs] = transcribe_by_timestamps(
-            [_ramp(50.0)],
-            [[7]],
-            _drifting(sentences, 0.0, calls),
-            BIG,
-            decode_text=lambda ids: " ".join(map(str, ids)),
-            window_samples=30 * SR,
-            speech_end=speech_end,
-        )
+        segs = _sequential(50.0, _drifting(sentences, 0.0, calls), speech_end)
         assert [int(s.text) for s in segs] == want
     starts = [float(w[0]) for ws, _ in calls for w in ws]
     assert starts[:2] == [0.0, pytest.approx(18.9)]  # past the sentence, not at 15.00
@@ -366,29 +373,13 @@ def test_a_late_heard_end_never_skips_the_sentence_a_window_cut_off() -> None:
     # drifts late says the text ended at 29.7
     sentences = [(2.0, 8.0), (10.0, 18.0), (21.0, 26.4), (27.0, 33.0)]
     calls = []
-    [segs] = transcribe_by_timestamps(
-        [_ramp(40.0)],
-        [[7]],
-        _scripted(sentences, calls),
-        BIG,
-        decode_text=lambda ids: " ".join(map(str, ids)),
-        window_samples=30 * SR,
-        speech_end=lambda w, p, said: 29.7,
-    )
+    segs = _sequential(40.0, _scripted(sentences, calls), lambda w, p, said: 29.7)
     assert [int(s.text) for s in segs] == [0, 1, 2, 3]
     assert float(calls[1][0][0][0]) == pytest.approx(27.0)  # at the cut-off sentence's start
     # the drift case has nothing after its closing pair: the window bounds the heard end alone
     calls = []
     sentences = [(6.1, 9.5), (15.1, 18.9), (25.0, 28.0), (40.0, 44.0)]
-    transcribe_by_timestamps(
-        [_ramp(50.0)],
-        [[7]],
-        _drifting(sentences, 0.0, calls),
-        BIG,
-        decode_text=lambda ids: " ".join(map(str, ids)),
-        window_samples=30 * SR,
-        speech_end=lambda w, p, said: 21.3,
-    )
+    _sequential(50.0, _drifting(sentences, 0.0, calls), lambda w, p, said: 21.3)
     assert float(calls[1][0][0][0]) == pytest.approx(21.3)
 
 
@@ -488,13 +479,8 @@ def test_the_heard_end_moves_no_window_where_the_timestamps_do_not_drift() -> No
 
 @pytest.mark.fast
 def test_segments_never_overlap_even_when_a_decoders_timestamps_go_back() -> None:
-    [segs] = transcribe_by_timestamps(
-        [_ramp(10.0)],
-        [[7]],
-        lambda ws, ps: [[ts(0), 1, ts(5), ts(3), 2, ts(8), ts(4), 3, ts(4.5)]],
-        BIG,
-        decode_text=lambda ids: " ".join(map(str, ids)),
-        window_samples=30 * SR,
+    segs = _sequential(
+        10.0, lambda ws, ps: [[ts(0), 1, ts(5), ts(3), 2, ts(8), ts(4), 3, ts(4.5)]]
     )
     assert [(s.start, s.end, s.text) for s in segs] == [(0.0, 5.0, "1"), (5.0, 8.0, "2")]
 
