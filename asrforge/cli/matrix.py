@@ -19,14 +19,14 @@ from asrforge.matrix.plan import MAX_GPUS_PER_JOB, SLURM_DIR, MatrixConfig, load
 TIME_LIMIT = "4:00:00"
 """A SLURM job's time limit when ``--time-limit`` is not given."""
 EXECUTOR_OPTIONS = {
-    "--devices": ("devices", "local"),
-    "--ray-address": ("ray_address", "ray"),
-    "--threads": ("threads", "ray"),
-    "--partition": ("partition", "slurm"),
-    "--time-limit": ("time_limit", "slurm"),
-    "--slurm-arg": ("slurm_arg", "slurm"),
+    "--devices": "local",
+    "--ray-address": "ray",
+    "--threads": "ray",
+    "--partition": "slurm",
+    "--time-limit": "slurm",
+    "--slurm-arg": "slurm",
 }
-"""Each executor's own options: flag -> (its attribute, the executor that reads it)."""
+"""Each executor's own options: flag -> the executor that reads it."""
 
 
 def add_parser(sub) -> None:
@@ -85,8 +85,10 @@ def other_executors_options(args) -> list[str]:
     return [
         f"{flag}: an option of --executor {executor}; this launch is --executor "
         f"{args.executor}, which would ignore it"
-        for flag, (attr, executor) in EXECUTOR_OPTIONS.items()
-        if getattr(args, attr) not in (None, []) and executor != args.executor
+        for flag, executor in EXECUTOR_OPTIONS.items()
+        # argparse's attribute for a flag: its name without the dashes, "-" as "_"
+        if getattr(args, flag[2:].replace("-", "_")) not in (None, [])
+        and executor != args.executor
     ]
 
 
