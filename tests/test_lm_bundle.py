@@ -258,16 +258,24 @@ def test_evaluate_with_the_lm_options(lm_bundle_dir, tones_dir, capsys):
 def test_lm_tune_records_the_best_weights_atomically(lm_bundle_dir, tones_dir, tmp_path, capsys):
     copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "tune"))
     argv = ["lm", "tune", str(copy), "--data", str(tones_dir), "--max-samples", "6",
-            "--beam-size", "2", "--alphas", "0.5", "--betas=-20,0"]  # fmt: skip
+            "--beam-size", "2", "--alphas", "0.5", "--betas=-20,0",
+            "--batch-size", "4"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr()
     assert "recorded alpha" in out.out
-    progress = [x for x in out.err.splitlines() if x.startswith("asrforge: lm tune ")]
-    assert [x.split(": ")[2] for x in progress] == [
+    # a line after each batch of 4: every point decoded the batch before the next is read
+    progress = [x for x in out.err.splitlines() if x.startswith("asrforge: lm tune: ")]
+    assert [x.split(" utterances")[0] for x in progress] == [
+        "asrforge: lm tune: 4/6", "asrforge: lm tune: 6/6"
+    ]  # fmt: skip
+    assert all(re.search(r" at 3 grid points: best so far alpha .*: wer \d+\.\d\d % "
+                         r"\(no LM \d+\.\d\d %\) \(\d+\.\d s\)$", x) for x in progress)  # fmt: skip
+    table = [x for x in out.out.splitlines() if x.startswith("alpha ")]
+    assert [x.split(": ")[0] for x in table] == [
         "alpha 0, beta 0", "alpha 0.5, beta -20", "alpha 0.5, beta 0"
     ]  # fmt: skip
-    assert all(re.search(r"^asrforge: lm tune \d/3: .*: wer \d+\.\d\d % \(\d+\.\d s\)$", x)
-               for x in progress)  # fmt: skip
+    assert all(re.search(r"^alpha .*: wer \d+\.\d\d % \(beam search \d+\.\d s\)$", x)
+               for x in table)  # fmt: skip
     record = read_manifest(copy)[LM_WEIGHTS_KEY]
     assert (record["alpha"], record["beta"]) in {(0.0, 0.0), (0.5, -20.0), (0.5, 0.0)}
     assert record["value"] <= record["without_lm"] and record["n"] == 6

@@ -126,6 +126,12 @@ def run_tune(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
+    for point, value in result["table"].items():
+        alpha, beta = point.split(",")
+        print(
+            f"alpha {alpha}, beta {beta}: {result['metric']} {100 * value:.2f} % "
+            f"(beam search {result['seconds'][point]:.1f} s)"
+        )
     print(
         f"recorded alpha {result['alpha']:g}, beta {result['beta']:g} in {args.bundle}: "
         f"{result['metric']} {100 * result['value']:.2f} % on {result['n']} utterances of "
