@@ -251,19 +251,11 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         )
     config._attn_implementation = icfg.model.attn_implementation  # noqa: SLF001
     files = bundle_weight_files(path)
-    shapes, aliases = {}, {}
+    shapes = {}
     for fname in files:
-        file_shapes, file_aliases = read_safetensors_header(path / fname)
-        shapes.update(file_shapes)
-        aliases.update(file_aliases)
+        shapes.update(read_safetensors_header(path / fname)[0])
     model = check_tensors(shapes, config, str(path / files[0]) if len(files) == 1 else where)
-    state = {}
-    # Loading shard by shard keeps one file's buffer in memory besides the model.
-    for fname in files:
-        state.update(load_file(str(path / fname)))
-    for alias, kept in aliases.items():
-        state[alias] = state[kept]
-    model.load_state_dict(state, strict=False, assign=True)
+    model.load_state_dict(read_bundle_weights(path), strict=False, assign=True)
     model.tie_weights()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
@@ -290,6 +282,20 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         alignment_heads=None if found is None else _alignment_heads(found, where, model.config),
         word_lag=0.0 if found is None else _word_lag(found, where),
     )  # fmt: skip
+
+
+def read_bundle_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights of the bundle at ``path`` as its files store them (dtype included), tied
+    names sharing one tensor; read shard by shard, so one file's buffer is in memory besides
+    what was read. The bundle is verified first (:func:`load_bundle`)."""
+    state: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for fname in bundle_weight_files(path):
+        aliases.update(read_safetensors_header(path / fname)[1])
+        state.update(load_file(str(path / fname)))
+    for alias, kept in aliases.items():
+        state[alias] = state[kept]
+    return state
 
 
 def _alignment_heads(found: Any, where: Path, config) -> list[tuple[int, int]]:
