@@ -232,9 +232,60 @@ def test_export_refuses_bad_sources_and_targets(trained_run, bundle_dir, tmp_pat
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="not a bundle"):
         export_bundle(trained_run, tmp_path / "busy")
-    with pytest.raises(UserError, match="already an inference bundle"):
+    with pytest.raises(UserError, match="already an inference bundle .*--format ct2"):
         export_bundle(bundle_dir, tmp_path / "again")
+    with pytest.raises(UserError, match="--weights raw: .* is a bundle"):
+        export_bundle(bundle_dir, tmp_path / "again", "raw", fmt="ct2")
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_bundle_converts_to_ct2_with_its_lm_and_records(
+    trained_run, bundle_dir, tmp_path, capsys
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, LM_WEIGHTS_KEY
+    from asrforge.bundle.write import update_bundle_manifest
+
+    tuned = Path(shutil.copytree(bundle_dir, tmp_path / "tuned"))
+    arpa = tmp_path / "lm.arpa"
+    assert main(["lm", "build", "--text", str(_lm_text(tmp_path)), "--language", "es",
+                 "--order", "2", "--out", str(arpa)]) == 0  # fmt: skip
+    with_lm = export_bundle(trained_run, tmp_path / "with-lm", lm=arpa)
+    heads = {"heads": [[0, 1], [1, 0]], "lag_s": 0.04}
+    weights = {"alpha": 0.5, "beta": 1.0, "metric": "wer", "value": 0.5}
+    update_bundle_manifest(with_lm, {ALIGNMENT_HEADS_KEY: heads, LM_WEIGHTS_KEY: weights})
+    capsys.readouterr()
+
+    assert main(["export", str(with_lm), "--format", "ct2", "--out", str(tmp_path / "c")]) == 0
+    direct = export_bundle(trained_run, tmp_path / "direct", fmt="ct2")
+    converted = tmp_path / "c"
+    # the same weights, written the same way; the heads align-heads found for faster-whisper
+    assert (converted / "model.bin").read_bytes() == (direct / "model.bin").read_bytes()
+    assert json.loads((converted / "config.json").read_text())["alignment_heads"] == [
+        [0, 1], [1, 0]
+    ]  # fmt: skip
+    manifest = read_manifest(converted)
+    assert manifest[ALIGNMENT_HEADS_KEY] == heads and manifest[LM_WEIGHTS_KEY] == weights
+    icfg = json.loads((converted / INFERENCE_CONFIG).read_text())
+    assert icfg["format"] == "ct2" and icfg["lm"]["file"] == "lm.arpa"
+    assert (converted / "lm.arpa").read_bytes() == arpa.read_bytes()
+
+    # heads the generation config names, which align-heads then found not to qualify, are not
+    # passed on: CTranslate2 uses its default (every head of the decoder's second half)
+    generation = json.loads((tuned / "generation_config.json").read_text())
+    generation["alignment_heads"] = [[0, 0]]
+    (tuned / "generation_config.json").write_text(json.dumps(generation))
+    _reseal(tuned)
+    update_bundle_manifest(tuned, {ALIGNMENT_HEADS_KEY: {"heads": []}})
+    none = export_bundle(tuned, tmp_path / "none", fmt="ct2")
+    assert json.loads((none / "config.json").read_text())["alignment_heads"] == [[1, 0], [1, 1]]
+
+
+def _lm_text(tmp_path: Path) -> Path:
+    text = tmp_path / "lm.txt"
+    text.write_text("uno dos tres\ncuatro cinco seis\n", encoding="utf-8")
+    return text
 
 
 def test_ct2_export_needs_ctranslate2(trained_run, tmp_path, monkeypatch) -> None:

@@ -84,6 +84,10 @@ def test_whisper_cpp_transcribes_the_ggml_export_as_the_bundle_does(
     assert filters == (80, 201) and n_tokens == 50257
     with pytest.raises(CheckpointNotSupportedError, match="a whisper.cpp export"):
         load_bundle(out)
+    # a bundle written earlier converts to the same file
+    hf_bundle = export_bundle(hf_tiny_en, tmp_path / "tiny")
+    converted = export_bundle(hf_bundle, tmp_path / "converted", fmt="ggml")
+    assert (converted / "ggml-model.bin").read_bytes() == model_file.read_bytes()
     pywhispercpp = pytest.importorskip("pywhispercpp.model")
     whisper_cpp = pywhispercpp.Model(
         str(model_file), n_threads=1, print_progress=False, print_realtime=False

@@ -1,6 +1,6 @@
-"""What a bundle holds, read from a training checkpoint (raw, EMA or averaged weights) or a
-pretrained transformers directory: weights, model and generation configs, tokenizer and the
-inference config (:class:`BundleContents`)."""
+"""What a bundle holds, read from a training checkpoint (raw, EMA or averaged weights), a
+pretrained transformers directory or a bundle written earlier: weights, model and generation
+configs, tokenizer and the inference config (:class:`BundleContents`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +17,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig, WhisperConfig
 
-from asrforge.bundle.load import MODEL_FILE, check_tensors
+from asrforge.bundle.card import CARD_FILE
+from asrforge.bundle.load import (
+    ALIGNMENT_HEADS_KEY,
+    LM_WEIGHTS_KEY,
+    MODEL_FILE,
+    check_tensors,
+    load_bundle,
+    read_bundle_weights,
+)
 from asrforge.bundle.schema import (
     MODEL_SHAPE,
     FeatureConfig,
@@ -83,6 +91,9 @@ class BundleContents:
     """An ARPA file to carry (its facts are in ``inference.lm``)."""
     card: str | None = None
     """The bundle's ``README.md``, a model card (``asrforge.bundle.card``)."""
+    records: dict[str, Any] = field(default_factory=dict)
+    """Manifest entries a bundle written earlier carries into the new one: ``asrforge
+    align-heads``' and ``asrforge lm tune``'s records."""
 
 
 def read_run_config(ckpt: Path) -> TrainConfig:
@@ -272,6 +283,39 @@ def pretrained_contents(
     )
     generation = generation_config(base_gen, config, specials, icfg)
     return BundleContents(state, config, generation, tokenizer, icfg, f"pretrained model {hf_dir}")
+
+
+def bundle_contents(source: str | Path) -> BundleContents:
+    """A transformers-format bundle (a directory, or a Hub id of a pushed one), verified as
+    :func:`~asrforge.bundle.load.load_bundle` verifies it, as contents to write in another
+    format: its weights as stored, its configs, tokenizer, LM, card, and the records of
+    ``align-heads`` and ``lm tune``. Heads ``align-heads`` found go into the generation
+    config's ``alignment_heads``, where CTranslate2's converter reads them."""
+    bundle = load_bundle(source)
+    path = bundle.path
+    manifest = read_manifest(path)
+    generation = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    if ALIGNMENT_HEADS_KEY in manifest:
+        if bundle.alignment_heads:
+            generation.alignment_heads = [list(pair) for pair in bundle.alignment_heads]
+        elif hasattr(generation, "alignment_heads"):
+            del generation.alignment_heads  # align-heads found none that qualifies
+    icfg = bundle.config
+    config = WhisperConfig.from_pretrained(str(path), local_files_only=True)
+    del bundle  # its float32 model; the weights are read again as stored
+    return BundleContents(
+        read_bundle_weights(path),
+        config,
+        generation,
+        load_tokenizer(path),
+        icfg,
+        f"the bundle {source}",
+        lm=None if icfg.lm is None else path / icfg.lm.file,
+        card=(path / CARD_FILE).read_text(encoding="utf-8")
+        if (path / CARD_FILE).is_file()
+        else None,
+        records={k: manifest[k] for k in (ALIGNMENT_HEADS_KEY, LM_WEIGHTS_KEY) if k in manifest},
+    )
 
 
 def read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:

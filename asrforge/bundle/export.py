@@ -18,6 +18,7 @@ from asrforge.bundle.card import model_card
 from asrforge.bundle.contents import (
     BundleContents,
     Weights,
+    bundle_contents,
     checkpoint_contents,
     ema_weights,
     in_memory,
@@ -99,8 +100,10 @@ def export_bundle(
 
     Args:
         source: a training checkpoint directory (``manifest.json`` + ``model.safetensors``), a run
-            directory (its ``checkpoints/best``, else ``checkpoints/latest``), or a pretrained
-            transformers Whisper directory (safetensors weights).
+            directory (its ``checkpoints/best``, else ``checkpoints/latest``), a pretrained
+            transformers Whisper directory (safetensors weights), or, for ``fmt`` ``ct2`` or
+            ``ggml``, a transformers-format bundle (:func:`bundle_contents`: its LM and records
+            come along).
         out: the bundle directory to write; an existing bundle there is refused (a
             ``UserError`` naming what it holds) unless ``overwrite``, which replaces all of it.
         weights: ``ema`` (default when the checkpoint has EMA weights), ``raw``, or ``average``
@@ -133,8 +136,15 @@ def export_bundle(
         raise UserError(f"max_shard_size: {e}") from None
     _check_out(out, source, overwrite)
     converter = ct2_converter() if fmt == "ct2" else None
-    kind, path = resolve_source(source)
-    if kind == "pretrained":
+    kind, path = resolve_source(source, bundle_ok=fmt != "hf")
+    if kind == "bundle":
+        if weights is not None:
+            raise UserError(
+                f"--weights {weights}: {source} is a bundle, whose weights were chosen when it "
+                "was exported"
+            )
+        contents = bundle_contents(source)
+    elif kind == "pretrained":
         if weights not in (None, "raw"):
             raise UserError(
                 f"{source}: a pretrained directory has one set of weights, not {weights}"
@@ -407,20 +417,30 @@ def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bund
     return Bundle(model, contents.tokenizer, contents.inference, device=device)
 
 
-def resolve_source(source: Path) -> tuple[str, Path]:
-    """``("checkpoint" | "pretrained", directory)`` for what the user named; a run directory
-    resolves to ``checkpoints/best``, else ``checkpoints/latest`` (logged)."""
+def resolve_source(source: Path, *, bundle_ok: bool = False) -> tuple[str, Path]:
+    """``("checkpoint" | "pretrained" | "bundle", directory)`` for what the user named; a run
+    directory resolves to ``checkpoints/best``, else ``checkpoints/latest`` (logged). A bundle
+    (a directory, or a Hub id of a pushed one) is taken only with ``bundle_ok`` (an export to
+    another format); else it is refused, saying what does take it."""
     if not source.is_dir() and hub_ref(source) is not None:
         # a Hub model id reads as the transformers directory it resolves to, as train takes it
         resolved = resolve_model(source, field="source").path
         if (resolved / INFERENCE_CONFIG).is_file():
-            raise UserError(f"{source}: already an inference bundle (a pushed one)")
+            if bundle_ok:
+                return "bundle", resolved
+            raise UserError(
+                f"{source}: already an inference bundle (a pushed one); --format ct2 or ggml "
+                "converts it"
+            )
         return "pretrained", resolved
     if not source.is_dir():
         raise UserError(f"{source}: no such directory")
     if (source / INFERENCE_CONFIG).is_file():
+        if bundle_ok:
+            return "bundle", source
         raise UserError(
-            f"{source}: already an inference bundle (`asrforge export {source} --push-to-hub "
+            f"{source}: already an inference bundle (`asrforge export {source} --format ct2` "
+            f"or `--format ggml` converts it; `asrforge export {source} --push-to-hub "
             "ORG/NAME` uploads it as it is)"
         )
     if (source / MANIFEST_NAME).is_file() and has_weights(source, MODEL_STEM):

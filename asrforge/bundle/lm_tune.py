@@ -5,8 +5,9 @@ Each batch of the split is encoded once and decoded by beam search at every grid
 of progress after each batch); the point with the lowest corpus error rate (WER, or CER when a
 language is scored by characters) wins, ties going to the smaller ``alpha`` and ``|beta|``.
 ``(0, 0)`` is always on the grid: it is beam search without the LM (bit for bit), so the
-recorded weights never score worse on that split than no LM. The manifest is rewritten in one atomic rename and sealed afresh
-(:func:`asrforge.bundle.write.update_bundle_manifest`): the bundle is never half-updated.
+recorded weights never score worse on that split than no LM. The manifest is rewritten in one
+atomic rename and sealed afresh (:func:`asrforge.bundle.write.update_bundle_manifest`): the
+bundle is never half-updated.
 """
 
 from __future__ import annotations

@@ -109,7 +109,9 @@ def write_bundle(
         if contents.card is not None:
             (tmp / CARD_FILE).write_text(contents.card, encoding="utf-8")
         readable_by_all(tmp)
-        write_bundle_manifest(tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION})
+        write_bundle_manifest(
+            tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, **contents.records}
+        )
     log.info("wrote the bundle %s (%s)", out, contents.note)
     return out
 
@@ -147,8 +149,10 @@ def write_ct2(
             _write_inference_config(contents, tmp, "ct2")
             _copy_lm(contents, tmp)
             write_bundle_manifest(
-                tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2"}
-            )
+                tmp,
+                {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ct2",
+                 **contents.records},
+            )  # fmt: skip
     log.info("wrote the CTranslate2 bundle %s (%s)", out, contents.note)
     return out
 
@@ -171,7 +175,9 @@ def write_ggml(contents: BundleContents, out: Path, quantization: str | None) ->
         _copy_lm(contents, tmp)
         readable_by_all(tmp)
         write_bundle_manifest(
-            tmp, {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ggml"}
-        )
+            tmp,
+            {"kind": "bundle", "bundle_version": BUNDLE_VERSION, "format": "ggml",
+             **contents.records},
+        )  # fmt: skip
     log.info("wrote the whisper.cpp bundle %s (%s)", out, contents.note)
     return out

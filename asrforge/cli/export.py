@@ -24,13 +24,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="export a checkpoint or run as an inference bundle",
         description="Write an inference bundle (safetensors weights, configs, tokenizer, "
         "sha256 manifest) from a training checkpoint, a run directory (checkpoints/best, else "
-        "checkpoints/latest) or a pretrained transformers Whisper directory.",
+        "checkpoints/latest) or a pretrained transformers Whisper directory; or convert a "
+        "bundle to --format ct2 or ggml.",
     )
     p.add_argument(
         "source",
         type=Path,
         help="checkpoint, run or transformers model directory, or a Hub model id "
-        "(org/name[@revision]); with --push-to-hub also a bundle, uploaded as it is",
+        "(org/name[@revision]); with --format ct2 or ggml also a bundle, converted with its "
+        "LM and records; with --push-to-hub a bundle, uploaded as it is",
     )
     p.add_argument(
         "--out",
@@ -142,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
             parse_size(shard_size)
         except ValueError as e:
             problems.append(f"--max-shard-size: {e}")
-    _kind, path = attempt(lambda: resolve_source(args.source), problems) or (None, None)
+    bundle_ok = args.fmt != "hf" and not args.within_guard
+    _kind, path = attempt(
+        lambda: resolve_source(args.source, bundle_ok=bundle_ok), problems
+    ) or (None, None)
     if args.out is not None and args.out.is_symlink() and args.out.exists():
         # the bundle replaces the link's own entry, not the directory it points to
         problems.append(f"--out {args.out}: a symlink (to {os.readlink(args.out)}); give the "
@@ -191,8 +196,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote the LoRA adapters of {path} to {out}")
         return 0
     out = export_bundle(
-        # a Hub id, not its snapshot's directory, names a pretrained model's bundle
-        args.source if _kind == "pretrained" else path,
+        # a Hub id, not its snapshot's directory, names a pretrained model or a pushed bundle
+        args.source if _kind in ("pretrained", "bundle") else path,
         args.out,
         args.weights,
         args.fmt,
