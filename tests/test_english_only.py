@@ -5,6 +5,7 @@ as English the same data trains. (``vocab build`` on such a base: tests/test_voc
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,24 @@ def test_rows_without_a_language_evaluate_as_english(tmp_path, clips, english_on
     assert result.status == "completed"
     assert set(result.last_metrics["per_language"]) == {"en"}
     assert result.last_metrics["n"] == len([r for r in rows if r["split"] == "validation"])
+
+
+def test_evaluate_scores_other_languages_with_a_warning_or_leaves_them_out(
+    english_only, tones_dir, capsys, caplog
+):
+    # the tones data holds en and es utterances
+    argv = ["evaluate", str(english_only), "--data", str(tones_dir), "--max-samples", "4",
+            "--max-new-tokens", "2", "--json"]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="asrforge.data.prepare"):
+        assert main(argv) == 0
+    every = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    warned = [r.getMessage() for r in caplog.records if "English-only model" in r.getMessage()]
+    assert len(warned) == 1 and "'es' (" in warned[0] and "--languages en" in warned[0]
+    assert set(every["per_language"]) == {"en", "es"} and every["left_out"] == {}
+    caplog.clear()
+    assert main([*argv, "--languages", "en"]) == 0
+    english = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(english["per_language"]) == {"en"} and english["left_out"]["es"] > 0
+    assert not [r for r in caplog.records if "English-only model" in r.getMessage()]
+    assert main([*argv, "--languages", "en,klingon"]) == 2
+    assert "--languages.1" in capsys.readouterr().err

@@ -78,6 +78,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write what the model heard: one JSON line per utterance (id, language, "
         "reference, hypothesis, and both as normalized for scoring)",
     )
+    p.add_argument(
+        "--languages",
+        type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+        default=None,
+        metavar="CODES",
+        help="score only these languages' utterances, comma-separated (e.g. en,es); the others "
+        "are counted as left out (default: every utterance)",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's")
     p.add_argument("--max-samples", type=int, default=None, help="the first N utterances only")
@@ -149,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             problems.append(f"--carve {args.carve}: no such file (a run's eval_carve.json)")
         if args.longform_items:
             problems.append("--carve scores the held-out rows: --longform-items does not apply")
+    if args.languages is not None:
+        from asrforge.data.rules import language_filter
+
+        attempt(lambda: language_filter(args.languages, where="--languages"), problems)
     if args.longform_vad and not args.longform_items:
         problems.append("--longform-vad: needs --longform-items")
     if args.longform_vad:
@@ -179,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         args.split,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens or bundle.config.eval.max_new_tokens,
+        languages=args.languages,
         max_samples=args.max_samples,
         options=DecodeOptions(
             beam_size=args.beam_size,
@@ -204,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             chunking=args.chunking,
             options=_long_options(args.temperature_fallback),
             vad=args.longform_vad,
+            languages=args.languages,
         )
         metrics.update(long_metrics)
     language = language_line(bundle.specials.multilingual)
@@ -219,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
             "split": split,
             **strict_json_metrics(metrics),
             "skipped": skipped,
+            "left_out": dict(report.left_out),
             "language_mode": "forced" if bundle.specials.multilingual else "english-only",
         }
         print(json.dumps(record, ensure_ascii=False))
@@ -226,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{args.model} on {args.data} ({split or 'read whole'}): {metrics['n']} utterances"
             + (f", skipped {skipped}" if skipped else "")
+            + (f", left out by --languages {dict(report.left_out)}" if report.left_out else "")
         )
         print(format_table(metrics))
         print(language)

@@ -36,6 +36,7 @@ from asrforge.data.rules import (
     check_language_tokens,
     header_seconds,
     language_filter,
+    not_english,
     row_language,
     utterance_problem,
 )
@@ -349,6 +350,14 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
         check_english_only(
             by_value, name, rules.specials.multilingual, language_filter(cfg.languages)
         )
+    elif not rules.specials.multilingual and (
+        found := not_english(by_value, language_filter(cfg.languages))
+    ):
+        # scored all the same: how an English-only model fares on other speech is a measure too
+        log.warning(
+            "%s: English-only model: %s decoded with the English prompt, and scored as such "
+            "(--languages en leaves them out)", name, found,
+        )  # fmt: skip
     codes = [row_language(v, rules.specials.multilingual) for v in values]
     languages = sorted(set(codes))
     code_of_value = np.asarray([languages.index(c) for c in codes], dtype=np.int16)
