@@ -902,9 +902,13 @@ def test_a_malformed_file_that_passes_the_manifest_is_named(bundle_dir, tmp_path
     assert re.search(message, problem), problem
 
 
-def test_a_training_checkpoint_or_run_given_as_a_bundle_says_how_to_export(trained_run):
+def test_a_checkpoint_run_or_model_given_as_a_bundle_says_how_to_export(trained_run, tmp_path):
     best = trained_run / "checkpoints" / "best"
-    for path, what in ((best, "a training checkpoint"), (trained_run, "a training run directory")):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for path, what in ((best, "a training checkpoint"), (trained_run, "a training run directory"),
+                       (model, "a transformers model directory")):  # fmt: skip
         with pytest.raises(CheckpointNotSupportedError) as e:
             load_bundle(path)
         assert str(e.value) == (

@@ -87,11 +87,17 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: no such bundle directory")
-    if not (path / MANIFEST_NAME).is_file() and RunLayout(path).checkpoints.root.is_dir():
-        raise CheckpointNotSupportedError(
-            f"{path}: a training run directory, not an inference bundle; export it first: "
-            f"asrforge export {path} --out BUNDLE_DIR"
-        )
+    if not (path / MANIFEST_NAME).is_file():
+        kind = (
+            "a training run directory" if RunLayout(path).checkpoints.root.is_dir()
+            else "a transformers model directory" if (path / "config.json").is_file()
+            else None
+        )  # fmt: skip
+        if kind is not None:
+            raise CheckpointNotSupportedError(
+                f"{path}: {kind}, not an inference bundle; export it first: "
+                f"asrforge export {path} --out BUNDLE_DIR"
+            )
     manifest = read_manifest(path)
     if INFERENCE_CONFIG not in manifest["files"] and "config.yaml" in manifest["files"]:
         raise CheckpointNotSupportedError(
