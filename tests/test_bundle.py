@@ -964,3 +964,14 @@ def test_the_card_says_what_the_forgetting_guard_measured_in_sentences() -> None
         "Forgetting guard: its drift (WER against the starting model's own transcripts) is 5 %, "
         "against 0 % for the starting model (allowed: up to 2 points more): outside the guard."
     )
+
+
+def test_one_recording_given_for_a_list_is_refused_by_name(bundle, validation) -> None:
+    wave = decode_audio(validation[0]["audio"]["bytes"])
+    for one in ("talk.wav", Path("talk.wav"), b"RIFF", wave):
+        with pytest.raises(UserError, match=r"take a list of recordings, got one \w+: pass \["):
+            bundle.recognize(one)
+        with pytest.raises(UserError, match="take a list of recordings"):
+            bundle.transcribe_many(one)
+    # a 2-D array is a batch of recordings, one a row
+    assert len(bundle.transcribe_many(np.stack([wave, wave]), max_new_tokens=2)) == 2

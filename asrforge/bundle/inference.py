@@ -490,6 +490,14 @@ class Bundle:
                 below which ``temperature_fallback`` decodes a window again (openai-whisper's
                 one ``logprob_threshold``). None: the probability alone skips a window.
         """
+        if isinstance(audios, str | Path | bytes) or (
+            isinstance(audios, np.ndarray) and audios.ndim == 1
+        ):
+            # one recording would be read element by element: a path's characters, its samples
+            raise UserError(
+                f"recognize/transcribe_many take a list of recordings, got one "
+                f"{type(audios).__name__}: pass [audio], or call transcribe(audio)"
+            )
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
         if vad and condition_on_previous_text:
