@@ -93,6 +93,27 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
 
 
 @pytest.mark.fast
+def test_an_empty_output_dir_or_a_config_inside_it_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["train", _train_yaml(tmp_path, output_dir="runs/a"), "output_dir="]) == 2
+    assert "output_dir: must name a directory, got an empty value" in capsys.readouterr().err
+    # a config kept as the run's own config.yaml would be replaced by the resolved config
+    (tmp_path / "runs" / "exp").mkdir(parents=True)
+    config = tmp_path / "runs" / "exp" / "config.yaml"
+    given = Path(_train_yaml(tmp_path, output_dir="runs/exp")).read_text()
+    config.write_text("# my notes\n" + given)
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "is the run's own config.yaml (output_dir runs/exp)" in err
+    assert config.read_text().startswith("# my notes") and sorted(
+        p.name for p in tmp_path.iterdir()
+    ) == ["notes.txt", "run.yaml", "runs"]
+
+
+@pytest.mark.fast
 def test_a_pretrained_path_that_is_no_model_directory_is_named_before_any_work(
     tmp_path, capsys, monkeypatch, hf_home
 ):

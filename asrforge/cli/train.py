@@ -14,6 +14,7 @@ from asrforge.config.reference import fields_epilog
 from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError
 from asrforge.hub import hub_ref, model_dir_problem
 from asrforge.io.atomic import directory_problem
+from asrforge.run_layout import RunLayout
 from asrforge.selection.policies import format_metrics
 from asrforge.text.languages import config_language_problems
 from asrforge.train.events import CriticalCallbackError
@@ -58,6 +59,13 @@ def run(args) -> int:
     problems = config_language_problems(cfg)  # not after seconds of start-up and data reads
     if problem := directory_problem(cfg.output_dir):  # a file or a symlink loop in the way
         problems.append(f"output_dir: {problem}")
+    run_config = RunLayout(cfg.output_dir).config
+    if not args.resume and run_config.is_file() and run_config.samefile(args.config):
+        # a new run writes its resolved config there, which would replace the user's file
+        problems.append(
+            f"{args.config}: is the run's own config.yaml (output_dir {cfg.output_dir}), which a "
+            "new run replaces with its resolved config; keep your config outside output_dir"
+        )
     # A local pretrained model is checked before the data is read; a Hub id resolves later.
     if cfg.model.pretrained is not None and hub_ref(cfg.model.pretrained) is None:
         if problem := model_dir_problem(cfg.model.pretrained, Path(cfg.model.pretrained)):

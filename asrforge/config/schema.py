@@ -647,6 +647,14 @@ class TrainConfig(Section):
     ``lr_monitor``, ``system_monitor`` and ``progress`` are on by default (``enabled: false``
     turns one off)."""
 
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _names_a_directory(cls, value: Any) -> Any:
+        # an empty value would be the current directory, where the run would write among its files
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must name a directory, got an empty value (an unset variable?)")
+        return value
+
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainConfig:
         if self.data.cache_encoder and self.model.trained_top_encoder_layers is None:
