@@ -236,7 +236,8 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         ) from None
     except RepositoryNotFoundError:
         raise UserError(
-            f"{field}: {ref}: no such local path, nor a repository at {ref.page} (or it is "
+            f"{field}: {ref}: no such local path (from {Path.cwd()}), nor a repository at "
+            f"{ref.page} (or it is "
             "private: if it is yours, set HF_TOKEN or run `hf auth login`)"
         ) from None
     except IncompleteSnapshotError:
@@ -251,7 +252,8 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         )
         what = "revision" if ref.revision else "snapshot"
         raise UserError(
-            f"{field}: {ref}: no such local path, and no {what} of it in the Hugging Face cache "
+            f"{field}: {ref}: no such local path (from {Path.cwd()}), and no {what} of it in the "
+            "Hugging Face cache "
             f"{cache}, and {where}: download it first with `{ref.download_command}`"
         ) from None
     except HfHubHTTPError as e:

@@ -125,8 +125,9 @@ def test_a_loading_script_is_never_run_its_parquet_conversion_is_read(
 ):
     script = {"scripted.py": "raise SystemExit('never run')\n", "README.md": "# x\n"}
     add_repo(hf_home, "org/scripted", script, repo_type="dataset")
-    with pytest.raises(UserError, match=r"org/scripted@refs/convert/parquet: no such local path, and no revision of it "
-                       r"in the Hugging Face cache.*--revision refs/convert/parquet"):  # fmt: skip
+    with pytest.raises(UserError, match=r"org/scripted@refs/convert/parquet: no such local path "
+                       r"\(from .*\), and no revision of it in the Hugging Face cache.*"
+                       r"--revision refs/convert/parquet"):  # fmt: skip
         load_source(DataConfig(path="org/scripted", subset="all"))
     # the Hub's conversion: <config>/<split>/NNNN.parquet on refs/convert/parquet
     converted = {"all/validation/0000.parquet": repo_files["all/validation-00000-of-00001.parquet"],

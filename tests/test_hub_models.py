@@ -78,7 +78,8 @@ def test_an_id_not_in_the_cache_offline_names_the_download_command(hf_home):
 def test_a_revision_not_in_the_cache_offline_is_named(hf_home, tiny_model):
     add_repo(hf_home, "org/tiny", {"": tiny_model})
     with pytest.raises(
-        UserError, match=r"org/tiny@v9: no such local path, and no revision.*--revision v9"
+        UserError,
+        match=r"org/tiny@v9: no such local path \(from .*\), and no revision.*--revision v9",
     ):
         resolve_model("org/tiny@v9")
 
