@@ -20,7 +20,7 @@ from asrforge.data.audio import decode_audio
 from asrforge.data.carve import carve_eval, carve_rows, training_splits
 from asrforge.data.ids import given_ids, standard_rows
 from asrforge.data.prepare import prepare_split
-from asrforge.data.sources import load_source
+from asrforge.data.sources import load_source, split_files
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, train_bpe_tokenizer
 from asrforge.run_layout import CARVE_FILE
@@ -359,6 +359,38 @@ def test_carving_an_eval_split_is_disjoint_deterministic_and_recorded(tmp_path, 
     with pytest.raises(UserError, match=r"data\.eval_carve: .* has a 'validation' split already"):
         training_splits(DataConfig(path=dd, eval_carve={"size": 5}, cache_dir=tmp_path / "cache"), run_dir=run, resuming=False,
                         is_main=True)  # fmt: skip
+
+
+@pytest.mark.fast
+def test_a_split_read_from_several_files_names_them(tmp_path, caplog):
+    for name in ("train.jsonl", "train_backup_old.jsonl", "test.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    with caplog.at_level("INFO", logger="asrforge"):
+        files = split_files(tmp_path)
+    assert [f.name for f in files["train"]] == ["train.jsonl", "train_backup_old.jsonl"]
+    assert "split 'train' is read from 2 files: train.jsonl, train_backup_old.jsonl" in caplog.text
+    assert "split 'test'" not in caplog.text
+
+
+@pytest.mark.fast
+def test_a_carve_holds_out_the_repeats_of_its_rows_with_them(tmp_path, clips, caplog):
+    from datasets import concatenate_datasets
+
+    path, data = source("CSV, Common Voice columns", tmp_path / "corpus", clips)
+    full = load_source(DataConfig(path=path, cache_dir=tmp_path / "cache", **data)).splits["train"]
+    doubled = concatenate_datasets([full, full])  # a stray copy of the file read in too
+    with caplog.at_level("WARNING", logger="asrforge"):
+        train, held = carve_eval(doubled, CarveConfig(size=8, seed=0), run_dir=tmp_path / "run",
+                                 resuming=False, is_main=True, where=str(path))  # fmt: skip
+    assert len(held) == 16 and not set(ids(train)) & set(ids(held))
+    assert sorted(ids(held)) == sorted(2 * sorted(set(ids(held))))
+    assert "8 more training rows repeat held-out ones" in caplog.text
+    recorded = json.loads((tmp_path / "run" / CARVE_FILE).read_text())
+    assert len(recorded["rows"]) == 16
+    # a repeated row whose copy would be all that trains: nothing is left on the training side
+    with pytest.raises(UserError, match=r"with the rows that repeat them, the held-out rows are all"):
+        carve_eval(concatenate_datasets([full.select([0])] * 2), CarveConfig(size=1, seed=0),
+                   run_dir=tmp_path / "run2", resuming=False, is_main=True, where=str(path))  # fmt: skip
 
 
 @pytest.mark.fast

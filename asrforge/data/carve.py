@@ -92,6 +92,33 @@ def carve_rows(languages: list[str] | int, carve: CarveConfig) -> np.ndarray:
     return np.sort(held)
 
 
+def with_repeats(rows: np.ndarray, keys: list[str]) -> np.ndarray:
+    """``rows`` (sorted) and the other rows that repeat one of them: the same id, else the same
+    audio file and text (``keys``, :func:`~asrforge.data.ids.row_keys`), so a repeated utterance
+    is held out whole instead of being scored on what trained (rows without an id or an audio
+    path are never matched: embedded clips of one sentence are different speakers).
+
+    Raises:
+        UserError: the repeats leave no training row.
+    """
+    named = [None if key in ("None", "") or key.startswith("\t") else key for key in keys]
+    held = {named[i] for i in rows} - {None}
+    repeats = [i for i, key in enumerate(named) if key in held]
+    out = np.union1d(rows, np.asarray(repeats, dtype=np.int64))
+    if len(out) > len(rows):
+        log.warning(
+            "data.eval_carve: %d more training rows repeat held-out ones (the same id, else the "
+            "same audio and text) and are held out with them; the training split repeats "
+            "utterances (a duplicated file or row?)", len(out) - len(rows),
+        )  # fmt: skip
+    if len(out) >= len(keys):
+        raise UserError(
+            f"data.eval_carve: with the rows that repeat them, the held-out rows are all "
+            f"{len(keys)} training rows; the split repeats its utterances"
+        )
+    return out
+
+
 def language_shares(counts: dict[str, int], k: int) -> dict[str, int]:
     """How many of ``k`` held-out rows each language gives (``counts``: its rows): in proportion
     (largest remainders, ties in the order of ``counts``), at least 1 and at most all but one of
@@ -129,9 +156,9 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
             log.warning("data.eval_carve: the run keeps the split it started with (size %g, seed "
                         "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
     if rows is None:
-        rows = carve_rows(languages, carve)
+        keys = row_keys(train)
+        rows = with_repeats(carve_rows(languages, carve), keys)
         if is_main:
-            keys = row_keys(train)
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(record, json.dumps({
                 "size": carve.size, "seed": carve.seed, "train_rows": len(train),

@@ -191,6 +191,10 @@ def split_files(path: Path, *, section: str = "data") -> dict[str, list[Path]]:
             path,
             ", ".join(str(f.relative_to(path)) for f in unsplit),
         )
+    for name, files in by_split.items():
+        if len(files) > 1:  # a stray train_backup.jsonl beside train.jsonl joins the split
+            log.info("%s.path: split %r is read from %d files: %s", section, name, len(files),
+                     ", ".join(str(f.relative_to(path)) for f in files))  # fmt: skip
     return by_split
 
 
