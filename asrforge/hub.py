@@ -15,14 +15,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrforge.errors import UserError
-from asrforge.io.atomic import atomic_directory
+from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.io.atomic import atomic_directory, describe_os_error
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
 """What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
@@ -198,6 +199,11 @@ def resolve(
     return resolved
 
 
+def _repo_folder(ref: HubRef) -> str:
+    """The repository's folder name, as ``huggingface_hub``'s cache names it."""
+    return f"{ref.repo_type}s--{ref.repo_id.replace('/', '--')}"
+
+
 def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, url: str, *,
               commit: str | None = None) -> Path:  # fmt: skip
     """The snapshot ``snapshot_download`` gives, resolved afresh on every call (offline a read of
@@ -303,24 +309,70 @@ def materialize(resolved: Resolved) -> Path:
     """A Hub snapshot's files copied as regular files into
     ``HF_HOME/asrforge/<repo>/<commit>`` (once; the cache keeps them as symlinks into its blobs,
     and a bundle's manifest names regular files only; the Hub's dotfiles are left out). A local
-    path is returned as it is."""
+    path is returned as it is.
+
+    Raises:
+        CheckpointCorruptError: a snapshot entry is no regular file of the repository's own
+            cache folder (:func:`_open_cached`); no copy is left.
+    """
     if resolved.ref is None:
         return resolved.path
-    name = f"{resolved.ref.repo_type}s--{resolved.ref.repo_id.replace('/', '--')}"
-    target = hf_home() / "asrforge" / name / str(resolved.commit)
-    if not target.is_dir():
-        with atomic_directory(target) as partial:
-            for src in sorted(resolved.path.rglob("*")):
-                rel = src.relative_to(resolved.path)
-                if rel.parts[0].startswith("."):  # the Hub's own .gitattributes
-                    continue
-                dest = partial / rel
-                if src.is_dir():
-                    dest.mkdir(parents=True, exist_ok=True)
-                else:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, dest)  # reads through the cache's own symlink
+    target = hf_home() / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
+    if target.is_dir():
+        return target
+    repo = resolved.path.parents[1]  # <cache>/<repo>/snapshots/<commit>
+    for folder in (repo, repo / "snapshots", resolved.path):
+        if folder.is_symlink():
+            raise CheckpointCorruptError(
+                f"{folder}: a symlink (to {os.readlink(folder)}) in the Hugging Face cache, "
+                "which huggingface_hub never makes: download the repository again"
+            )
+    inside = (Path(os.path.realpath(repo)) / "blobs", Path(os.path.realpath(resolved.path)))
+    with atomic_directory(target) as partial:
+        for src in sorted(resolved.path.rglob("*")):
+            rel = src.relative_to(resolved.path)
+            if rel.parts[0].startswith("."):  # the Hub's own .gitattributes
+                continue
+            dest = partial / rel
+            if src.is_dir() and not src.is_symlink():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(_open_cached(src, inside), "rb") as f, open(dest, "xb") as out:
+                shutil.copyfileobj(f, out, 16 * 2**20)
     return target
+
+
+def _open_cached(src: Path, inside: tuple[Path, ...]) -> int:
+    """A read descriptor of the regular file the snapshot entry ``src`` resolves to, which must
+    lie in one of ``inside`` (the repository's ``blobs/`` and the snapshot itself).
+
+    Raises:
+        CheckpointCorruptError: ``src`` resolves elsewhere or to no regular file (a device, a
+            FIFO, a directory), or cannot be opened; naming it and what it points at.
+    """
+    real = Path(os.path.realpath(src))
+    what = f"{src}: points to {real}, which is" if src.is_symlink() else f"{src}:"
+    if not any(real.is_relative_to(folder) for folder in inside):
+        raise CheckpointCorruptError(
+            f"{what} outside the Hugging Face cache's folder of its repository; asrforge copies "
+            "only the cache's own files"
+        )
+    try:
+        # O_NOFOLLOW: a link put at the resolved path since is not followed out of the cache
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise CheckpointCorruptError(
+            f"{src}: {real} in the Hugging Face cache cannot be read ({describe_os_error(e)})"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointCorruptError(
+            f"{what} not a regular file (a FIFO, a device or a directory); asrforge copies only "
+            "the cache's own files"
+        )
+    os.set_blocking(fd, True)
+    return fd
 
 
 def model_dir_if_any(value: str | os.PathLike | None) -> Path | None:

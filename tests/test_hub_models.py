@@ -5,6 +5,9 @@ private, a revision that does not exist) come from a stand-in endpoint on 127.0.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +16,8 @@ import pytest
 from safetensors.torch import load_file
 
 from asrforge.config import ModelConfig
-from asrforge.errors import UserError
-from asrforge.hub import hub_ref, resolve_model
+from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.hub import hub_ref, materialize, resolve, resolve_model
 from asrforge.model.build import build_model, build_tokenizer
 from tests.conftest import tiny_config
 from tests.hub_cache import add_repo, hub_answering
@@ -118,8 +121,6 @@ def test_what_the_hub_refuses_is_one_line_naming_what_to_do(
 
 
 def test_the_cli_refuses_an_uncached_id_offline_with_exit_2_and_one_line(hf_home, tmp_path):
-    import os
-
     run = subprocess.run(
         [sys.executable, "-m", "asrforge", "evaluate", "org/absent", "--data", str(tmp_path)],
         capture_output=True,
@@ -151,3 +152,55 @@ def test_a_commands_model_argument_and_the_id_are_named_once(hf_home, tmp_path, 
     assert main(["transcribe", "org/absent", str(tmp_path / "x.wav")]) == 2
     err = capsys.readouterr().err
     assert "bundle: org/absent: no such local path" in err and "org/absent: org/absent" not in err
+
+
+def _tiny_repo(hf_home: Path) -> Path:
+    """A repository of two small files, one in a subdirectory; returns its snapshot."""
+    return add_repo(hf_home, "org/tiny", {"config.json": "{}", "sub/vocab.txt": "a b"})
+
+
+@pytest.mark.fast
+def test_materialize_copies_the_snapshots_files_as_regular_files(hf_home):
+    _tiny_repo(hf_home)
+    copy = materialize(resolve("org/tiny", field="bundle", patterns=None))
+    assert copy.parent.parent == hf_home / "asrforge"
+    assert not (copy / "config.json").is_symlink() and (copy / "config.json").read_text() == "{}"
+    assert (copy / "sub" / "vocab.txt").read_text() == "a b"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("entry", ["device", "outside", "fifo", "directory"])
+def test_materialize_copies_only_regular_files_of_the_repositorys_cache_folder(
+    hf_home, tmp_path, entry
+):
+    snapshot = _tiny_repo(hf_home)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not the cache's")
+    evil = snapshot / "model.safetensors"
+    if entry == "device":
+        evil.symlink_to("/dev/zero")
+    elif entry == "outside":
+        evil.symlink_to(outside)
+    elif entry == "fifo":
+        os.mkfifo(evil)
+    else:
+        evil.symlink_to(".")
+    resolved = resolve("org/tiny", field="bundle", patterns=None)
+    pointed = {"device": "/dev/zero", "outside": str(outside)}.get(entry)
+    named = f"{evil}: points to {pointed}" if pointed else f"{evil}:"
+    with pytest.raises(CheckpointCorruptError, match=re.escape(named)):
+        materialize(resolved)
+    # nothing of the refused copy stays, not even its temporary
+    assert not [p for p in (hf_home / "asrforge").rglob("*") if p.is_file()]
+    assert not (hf_home / "asrforge" / "models--org--tiny" / resolved.commit).exists()
+
+
+@pytest.mark.fast
+def test_materialize_refuses_a_snapshot_folder_that_is_a_link(hf_home, tmp_path):
+    snapshot = _tiny_repo(hf_home)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(snapshot, elsewhere)
+    shutil.rmtree(snapshot)
+    snapshot.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(CheckpointCorruptError, match=re.escape(f"{snapshot}: a symlink")):
+        materialize(resolve("org/tiny", field="bundle", patterns=None))
