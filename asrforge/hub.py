@@ -22,8 +22,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrforge.errors import CheckpointCorruptError, UserError
+from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory, describe_os_error
+from asrforge.io.directories import real_directory
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
 """What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
@@ -312,14 +313,23 @@ def materialize(resolved: Resolved) -> Path:
     path is returned as it is.
 
     Raises:
+        SymlinkRefused: a directory on the way to the copy (``asrforge/``, the repository's or
+            the commit's) is a link.
         CheckpointCorruptError: a snapshot entry is no regular file of the repository's own
             cache folder (:func:`_open_cached`); no copy is left.
     """
     if resolved.ref is None:
         return resolved.path
-    target = hf_home() / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
-    if target.is_dir():
-        return target
+    home = hf_home()
+    target = home / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
+    try:
+        # HF_HOME is the person's choice and may be a link; what asrforge makes in it may not
+        home.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(target):
+            return real_directory(target, under=home)
+        real_directory(target.parent, under=home)
+    except OSError as e:
+        raise CheckpointSaveError(f"could not write {target}: {describe_os_error(e)}") from e
     repo = resolved.path.parents[1]  # <cache>/<repo>/snapshots/<commit>
     for folder in (repo, repo / "snapshots", resolved.path):
         if folder.is_symlink():

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from asrforge.config import ModelConfig
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.hub import hub_ref, materialize, resolve, resolve_model
+from asrforge.io.append import SymlinkRefused
 from asrforge.model.build import build_model, build_tokenizer
 from tests.conftest import tiny_config
 from tests.hub_cache import add_repo, hub_answering
@@ -204,3 +205,28 @@ def test_materialize_refuses_a_snapshot_folder_that_is_a_link(hf_home, tmp_path)
     snapshot.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(CheckpointCorruptError, match=re.escape(f"{snapshot}: a symlink")):
         materialize(resolve("org/tiny", field="bundle", patterns=None))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("linked", ["asrforge", "asrforge/models--org--tiny", "commit"])
+def test_materialize_writes_through_no_link_under_hf_home(hf_home, tmp_path, linked):
+    _tiny_repo(hf_home)
+    resolved = resolve("org/tiny", field="bundle", patterns=None)
+    if linked == "commit":
+        linked = f"asrforge/models--org--tiny/{resolved.commit}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (hf_home / linked).parent.mkdir(parents=True, exist_ok=True)
+    (hf_home / linked).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(SymlinkRefused, match=re.escape(f"{hf_home / linked}: a symlink")):
+        materialize(resolved)
+    assert not any(elsewhere.iterdir())
+
+
+@pytest.mark.fast
+def test_materialize_takes_an_hf_home_that_is_itself_a_link(hf_home, tmp_path, monkeypatch):
+    _tiny_repo(hf_home)
+    (tmp_path / "chosen").symlink_to(hf_home, target_is_directory=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "chosen"))
+    copy = materialize(resolve("org/tiny", field="bundle", patterns=None))
+    assert (copy / "config.json").read_text() == "{}"
