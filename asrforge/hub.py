@@ -35,6 +35,11 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model
 CONVERT_URL = "https://huggingface.co/spaces/safetensors/convert"
 
 _ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[^\s@]+)?$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_REF_BYTES = 256
+"""The most a cache's ref file holds: a commit is 40 characters."""
+_LISTING_BYTES = 256 * 2**20
+"""The most a cache's tree listing of one commit may hold (a file's name, size and id each)."""
 _LOCAL_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
 
 
@@ -220,12 +225,14 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         RevisionNotFoundError,
     )
 
+    revision = ref.revision if commit is None else commit
+    _check_cached_ref(ref, field, cache / _repo_folder(ref), revision)
     try:
         return Path(
             snapshot_download(
                 ref.repo_id,
                 repo_type=ref.repo_type,
-                revision=ref.revision if commit is None else commit,
+                revision=revision,
                 cache_dir=cache,
                 local_files_only=is_offline,
                 allow_patterns=list(patterns) if patterns is not None else None,
@@ -265,6 +272,59 @@ def _snapshot(ref: HubRef, field: str, patterns, is_offline: bool, cache: Path, 
         ) from None
     except HfHubHTTPError as e:
         raise UserError(f"{field}: {ref}: the Hub answered {e}".splitlines()[0]) from None
+
+
+def _check_cached_ref(ref: HubRef, field: str, repo: Path, revision: str | None) -> None:
+    """Refuse what ``huggingface_hub`` reads of the cache folder ``repo`` to find a snapshot,
+    before it reads it whole and unchecked: the ref file of a branch or tag, a regular file
+    holding a commit, and that commit's tree listing, a regular file of a bounded size (a FIFO
+    would hang the read, a device or a sparse file exhaust memory).
+
+    Raises:
+        UserError: naming the file and what is wrong with it.
+    """
+    from huggingface_hub.constants import DEFAULT_REVISION
+
+    commit = revision or DEFAULT_REVISION
+    if not _COMMIT.fullmatch(commit):
+        path = repo / "refs" / commit
+        text = _small_cache_file(ref, field, path, _REF_BYTES)
+        if text is None:
+            return  # not cached: huggingface_hub says so
+        commit = text.decode("utf-8", "replace")
+        if not _COMMIT.fullmatch(commit):
+            raise UserError(
+                f"{field}: {ref}: {path} in the Hugging Face cache holds {commit[:60]!r}, not a "
+                f"commit (40 hex digits): download it again with `{ref.download_command}`"
+            )
+    _small_cache_file(ref, field, repo / "trees" / f"{commit}.json", _LISTING_BYTES, read=False)
+
+
+def _small_cache_file(ref: HubRef, field: str, path: Path, limit: int, *,
+                      read: bool = True) -> bytes | None:  # fmt: skip
+    """The bytes of the cache file ``path`` (b"" unless ``read``), None when there is none.
+
+    Raises:
+        UserError: it is no regular file of at most ``limit`` bytes, or cannot be read.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO waits for no writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UserError(
+            f"{field}: {ref}: {path} in the Hugging Face cache cannot be read "
+            f"({describe_os_error(e)})"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise UserError(
+                f"{field}: {ref}: {path} in the Hugging Face cache is not a regular file of at "
+                f"most {limit} bytes: download it again with `{ref.download_command}`"
+            )
+        return f.read(limit + 1) if read else b""
 
 
 def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") -> Resolved:

@@ -230,3 +230,27 @@ def test_materialize_takes_an_hf_home_that_is_itself_a_link(hf_home, tmp_path, m
     monkeypatch.setenv("HF_HOME", str(tmp_path / "chosen"))
     copy = materialize(resolve("org/tiny", field="bundle", patterns=None))
     assert (copy / "config.json").read_text() == "{}"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("made", ["fifo", "device", "traversal", "listing"])
+def test_a_cached_ref_or_listing_that_is_no_small_regular_file_is_refused_by_name(
+    hf_home, made
+):
+    snapshot = _tiny_repo(hf_home)
+    repo = snapshot.parent.parent
+    path = repo / "refs" / "main"
+    path.unlink()
+    if made == "fifo":  # read whole, it would hang
+        os.mkfifo(path)
+    elif made == "device":  # read whole, it would exhaust memory
+        path.symlink_to("/dev/zero")
+    elif made == "traversal":  # it would name a snapshot outside the cache
+        path.write_text("../../../../elsewhere")
+    else:
+        path.write_text(snapshot.name)
+        path = repo / "trees" / f"{snapshot.name}.json"
+        path.unlink()
+        os.mkfifo(path)
+    with pytest.raises(UserError, match=re.escape(f"model.pretrained: org/tiny: {path} in the")):
+        resolve_model("org/tiny")
