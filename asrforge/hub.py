@@ -93,6 +93,9 @@ def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
             refused unless the two agree.
         section: the config section whose ``path`` and ``revision`` these are (``data``), as
             that refusal names them.
+
+    Raises:
+        UserError: two revisions that disagree, or one with a ``..`` part or a leading ``/``.
     """
     if value is None:
         return None
@@ -100,11 +103,16 @@ def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
     if text.startswith(_LOCAL_PREFIXES) or Path(text).exists() or not _ID.match(text):
         return None
     repo_id, _, at = text.partition("@")
+    path, apart = (f"{section}.path", f"{section}.revision") if section else ("", "revision")
     if at and revision is not None and at != revision:
-        path, apart = (f"{section}.path", f"{section}.revision") if section else ("", "revision")
         raise UserError(f"{path + ': ' if path else ''}{text} names revision {at!r}, and {apart} "
                         f"is {revision!r}: give the revision in one place")
-    return HubRef(repo_id, at or revision, repo_type)
+    named = at or revision
+    # huggingface_hub joins a revision to its cache's paths: a '..' part would lead out of it
+    if named is not None and (named.startswith("/") or ".." in named.split("/")):
+        raise UserError(f"{path + ': ' if path else ''}{text}: revision {named!r} is not a "
+                        "branch, tag or commit (a '..' part or a leading '/')")
+    return HubRef(repo_id, named, repo_type)
 
 
 def repo_id_problem(text: str) -> str | None:

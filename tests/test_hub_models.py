@@ -254,3 +254,14 @@ def test_a_cached_ref_or_listing_that_is_no_small_regular_file_is_refused_by_nam
         os.mkfifo(path)
     with pytest.raises(UserError, match=re.escape(f"model.pretrained: org/tiny: {path} in the")):
         resolve_model("org/tiny")
+
+
+@pytest.mark.fast
+def test_a_revision_leading_out_of_the_cache_is_refused_and_branches_stay_allowed():
+    for bad in ("org/tiny@../../../dev/zero", "org/tiny@/dev/zero", "org/tiny@refs/../../x"):
+        with pytest.raises(UserError, match=re.escape(f"{bad}: revision")):
+            hub_ref(bad)
+    with pytest.raises(UserError, match=r"data\.path: org/tiny: revision '\.\./x'"):
+        hub_ref("org/tiny", "dataset", "../x", section="data")
+    for good in ("refs/pr/1", "v1.0", "release..2", "a" * 40):
+        assert hub_ref(f"org/tiny@{good}").revision == good
