@@ -21,10 +21,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory, describe_os_error
 from asrforge.io.directories import real_directory
+from asrforge.io.records import TEXT, Kind, optional, record_problems
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
 """What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
@@ -83,6 +85,34 @@ class Resolved:
         return {"id": self.ref.repo_id, "revision": self.ref.revision, "commit": self.commit}
 
 
+_RECORD_KINDS = {
+    "id": Kind(lambda v: isinstance(v, str) and repo_id_problem(v) is None,
+               "a Hub repository id (org/name)"),
+    "revision": optional(TEXT),
+    "commit": Kind(lambda v: isinstance(v, str) and _COMMIT.fullmatch(v) is not None,
+                   "a commit (40 lowercase hex digits)"),
+}  # fmt: skip
+"""The fields of :meth:`Resolved.record` of a Hub id, as read back."""
+
+
+def check_records(records: Any, where: str) -> None:
+    """Refuse Hub records read back from disk (config field -> :meth:`Resolved.record` of a
+    Hub id) unless each names a repository id and a commit: readers pin ids to those commits,
+    and ``huggingface_hub`` joins a revision to its cache's paths.
+
+    Args:
+        where: the file and the key they were read from, as the error names them.
+
+    Raises:
+        CheckpointCorruptError: naming each bad field.
+    """
+    problems = record_problems(records, {}, where)
+    for field, record in () if problems else sorted(records.items()):
+        problems += record_problems(record, _RECORD_KINDS, f"{where}.{field}", ("id", "commit"))
+    if problems:
+        raise CheckpointCorruptError("; ".join(problems))
+
+
 def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
             revision: str | None = None, *, section: str | None = None) -> HubRef | None:  # fmt: skip
     """The Hub repository ``value`` names, or None when it is a local path (one that exists, one
@@ -105,13 +135,17 @@ def hub_ref(value: str | os.PathLike | None, repo_type: str = "model",
     repo_id, _, at = text.partition("@")
     path, apart = (f"{section}.path", f"{section}.revision") if section else ("", "revision")
     if at and revision is not None and at != revision:
-        raise UserError(f"{path + ': ' if path else ''}{text} names revision {at!r}, and {apart} "
-                        f"is {revision!r}: give the revision in one place")
+        raise UserError(
+            f"{path + ': ' if path else ''}{text} names revision {at!r}, and {apart} "
+            f"is {revision!r}: give the revision in one place"
+        )
     named = at or revision
     # huggingface_hub joins a revision to its cache's paths: a '..' part would lead out of it
     if named is not None and (named.startswith("/") or ".." in named.split("/")):
-        raise UserError(f"{path + ': ' if path else ''}{text}: revision {named!r} is not a "
-                        "branch, tag or commit (a '..' part or a leading '/')")
+        raise UserError(
+            f"{path + ': ' if path else ''}{text}: revision {named!r} is not a "
+            "branch, tag or commit (a '..' part or a leading '/')"
+        )
     return HubRef(repo_id, named, repo_type)
 
 

@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 import asrforge.hub as hub_module
-from asrforge.checkpoint.manifest import read_manifest
-from asrforge.errors import UserError
+from asrforge.checkpoint.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from asrforge.errors import CheckpointCorruptError, UserError
 from tests.conftest import tiny_config
 from tests.hub_cache import add_repo
 from tests.test_hub_data import repo_files  # noqa: F401 - a fixture
@@ -359,3 +359,32 @@ def test_the_card_says_a_translate_run_translates_and_an_extended_vocabulary_nee
     assert "It translates speech into English text" in card.text
     assert "pipeline(" not in card.text and "batch_decode" in card.text
     assert "read them as timestamps and drop them from the text" in card.text
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("commits", "why"),
+    [
+        (
+            {"model.pretrained": {"id": "org/tiny", "revision": None, "commit": "../../dev/zero"}},
+            r"hub_commits\.model\.pretrained\.commit: '\.\./\.\./dev/zero' is not a commit",
+        ),
+        (["x"], r"hub_commits: \['x'\] is not an object"),
+        ({"model.pretrained": "abc"}, r"hub_commits\.model\.pretrained: 'abc' is not an object"),
+        ({"data.path": {"id": "../x", "commit": OLD}}, r"hub_commits\.data\.path\.id: '\.\./x'"),
+        ({"data.path": {"id": "org/speech"}}, r"hub_commits\.data\.path\.commit: missing"),
+    ],
+)
+def test_hub_commits_a_checkpoint_records_are_checked_when_its_manifest_is_read(
+    tmp_path, commits, why
+):
+    """A handed checkpoint sealed again: its commits become revisions of the Hub cache."""
+    ckpt = tmp_path / "step-000001"
+    ckpt.mkdir()
+    (ckpt / "config.yaml").write_text("{}")
+    write_manifest(ckpt, {"step": 1, "hub_commits": commits})
+    with pytest.raises(CheckpointCorruptError, match=re.escape(f"{ckpt / MANIFEST_NAME}: ") + why):
+        read_manifest(ckpt)
+    good = {"model.pretrained": {"id": "org/tiny", "revision": "main", "commit": OLD}}
+    write_manifest(ckpt, {"step": 1, "hub_commits": good})
+    assert read_manifest(ckpt)["hub_commits"] == good

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.errors import CheckpointCorruptError
+from asrforge.hub import check_records
 from asrforge.io.atomic import atomic_write_text, describe_os_error
 
 FORMAT_VERSION = 1
@@ -156,8 +157,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse ``manifest.json`` and check its seal, without checking the files.
 
     Raises:
-        CheckpointCorruptError: the manifest is missing, unparseable, from a newer format, or
-            does not match its seal.
+        CheckpointCorruptError: the manifest is missing, unparseable, from a newer format,
+            does not match its seal, or records Hub commits that are none
+            (:func:`asrforge.hub.check_records`).
     """
     path = Path(directory) / MANIFEST_NAME
     try:
@@ -189,6 +191,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
                 "directory only"
             )
     check_seal(manifest, path)
+    if "hub_commits" in manifest:
+        check_records(manifest["hub_commits"], f"{path}: hub_commits")
     return manifest
 
 
