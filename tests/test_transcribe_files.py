@@ -127,3 +127,37 @@ def test_a_window_stopped_at_the_token_cap_is_said_once(tiny_bundle, tmp_path, m
     assert [s for s in said if "cap" in s] == [
         "a window stopped at the cap of 1 new tokens (max_new_tokens): its text is cut"
     ]
+
+
+def test_an_output_dir_that_is_a_symlink_is_refused_before_decoding(
+    tiny_bundle, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(inference.Bundle, "recognize", lambda *a, **k: pytest.fail("decoded"))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    link = tmp_path / "out"
+    link.symlink_to("victim")
+    argv = [str(tiny_bundle), clip(tmp_path / "clip.wav"), "--output-dir", str(link)]
+    assert main(["transcribe", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"--output-dir {link}: a symlink (to victim); give the real path ({victim})" in err
+    assert not any(victim.iterdir())
+
+
+def test_a_link_put_where_the_output_dir_is_made_is_not_written_through(
+    tiny_bundle, tmp_path, capsys, monkeypatch
+):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    recognize = inference.Bundle.recognize
+
+    def planting_a_link(self, *a, **k):
+        (tmp_path / "new").symlink_to(victim)
+        return recognize(self, *a, **k)
+
+    monkeypatch.setattr(inference.Bundle, "recognize", planting_a_link)
+    out = tmp_path / "new" / "out"
+    argv = [str(tiny_bundle), clip(tmp_path / "clip.wav"), "--output-dir", str(out)]
+    assert main(["transcribe", *argv]) == 2
+    assert f"{tmp_path / 'new'}: a symlink (to {victim})" in capsys.readouterr().err
+    assert not any(victim.iterdir())

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.config import parse_size
 from asrforge.io.atomic import directory_problem
+from asrforge.io.directories import symlink_problem
 from asrforge.selection.guard_gate import WITHIN_GUARD_SHARES
 
 # The bundle code loads torch and transformers: it is imported inside the handler, so building the
@@ -148,10 +148,9 @@ def run(args: argparse.Namespace) -> int:
     _kind, path = attempt(
         lambda: resolve_source(args.source, bundle_ok=bundle_ok), problems
     ) or (None, None)
-    if args.out is not None and args.out.is_symlink() and args.out.exists():
+    if args.out is not None and args.out.exists() and (problem := symlink_problem(args.out)):
         # the bundle replaces the link's own entry, not the directory it points to
-        problems.append(f"--out {args.out}: a symlink (to {os.readlink(args.out)}); give the "
-                        f"real path ({args.out.resolve()})")  # fmt: skip
+        problems.append(f"--out {problem}")
     elif args.out is not None and (problem := directory_problem(args.out)):
         problems.append(f"--out {problem}")
     elif args.out is not None and (

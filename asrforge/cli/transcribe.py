@@ -15,6 +15,7 @@ from asrforge.cli.lm_options import add_lm_options, lm_fusion
 from asrforge.cli.open_model import open_model
 from asrforge.cli.problems import attempt, positive, raise_problems
 from asrforge.io.atomic import atomic_write_text, file_target_problem
+from asrforge.io.directories import nearest_existing_parent, real_directory, symlink_problem
 
 # The subtitle writers load the decoding code (torch): imported inside the handler, so building
 # the parser (`asrforge --help`) does not wait for them.
@@ -153,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     if fmt in ("srt", "vtt") and len(args.audio) > 1 and args.output_dir is None:
         problems.append(f"--format {fmt} with {len(args.audio)} files: give --output-dir")
     targets = _output_targets(args.audio, args.output_dir, fmt, problems)
+    # The directories below its nearest existing parent are asrforge's to make, so a link found
+    # there when the outputs are written is refused.
+    made_under = None if args.output_dir is None else nearest_existing_parent(args.output_dir)
     if args.vad and args.condition_on_previous_text:
         problems.append(
             VAD_WITH_PREVIOUS_TEXT.format(vad="--vad", previous="--condition-on-previous-text")
@@ -206,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             out = _formatted(r, path, fmt, args.word_timestamps)
             if targets:
                 target = targets[path]
-                target.parent.mkdir(parents=True, exist_ok=True)
+                real_directory(target.parent, under=made_under)
                 atomic_write_text(target, out if out.endswith("\n") else out + "\n")
                 print(f"wrote {target}", file=sys.stderr)
             elif fmt == "text" and len(args.audio) > 1:
@@ -222,6 +226,10 @@ def _output_targets(
     """Each audio file's output file in ``output_dir`` (none without it), with the problem of
     every target that could not be written appended to ``problems``, before any decoding."""
     if output_dir is None:
+        return {}
+    if problem := symlink_problem(output_dir):
+        # the outputs would be written into the directory it points to
+        problems.append(f"--output-dir {problem}")
         return {}
     if output_dir.exists() and not output_dir.is_dir():
         problems.append(f"--output-dir {output_dir}: not a directory")

@@ -83,3 +83,21 @@ def real_directory(path: Path, *, under: Path) -> Path:
         if not stat.S_ISDIR(mode):
             raise UserError(f"{current}: exists and is not a directory")
     return path
+
+
+def symlink_problem(path: Path) -> str | None:
+    """Why ``path``, a directory a command was told to write, is refused when it is a symlink
+    (named with its target and the real path to give instead); None when it is not one."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    return f"{path}: a symlink (to {os.readlink(path)}); give the real path ({path.resolve()})"
+
+
+def nearest_existing_parent(path: Path) -> Path:
+    """The nearest parent of ``path`` that exists (or is a link): the directories below it are
+    the ones a writer of ``path`` makes, with :func:`real_directory`."""
+    parent = Path(path).parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    return parent
