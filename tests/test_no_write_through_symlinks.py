@@ -183,3 +183,16 @@ def test_links_that_name_a_sibling_stay_allowed(tmp_path):
     (root / "checkpoints" / "up").symlink_to("../checkpoints")
     with pytest.raises(SymlinkRefused, match="up: a symlink"):
         refuse_links_under(root)
+
+
+@pytest.mark.fast
+def test_a_linked_directory_is_named_as_a_link_inside_the_root_and_what_it_points_to(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "eval").symlink_to(elsewhere)
+    with pytest.raises(SymlinkRefused) as refused:
+        refuse_links_under(root)
+    named = f"{root / 'eval'}: a symlink (to {elsewhere}) inside {root};"
+    assert str(refused.value).startswith(named)

@@ -46,8 +46,8 @@ def refuse_links_under(root: Path, *, not_walked: tuple[str, ...] = ()) -> None:
                 target = os.readlink(entry.path)
                 if entry.is_dir() and not _names_a_sibling(target):
                     raise SymlinkRefused(
-                        f"{entry.path}: a symlink (to {target}) to a directory inside {root}; "
-                        "asrforge does not write through a link it did not create: remove it"
+                        f"{entry.path}: a symlink (to {target}) inside {root}; asrforge does not "
+                        "write through a link to a directory it did not create: remove it"
                     )
             elif entry.is_dir(follow_symlinks=False):
                 if directory != root or entry.name not in not_walked:
