@@ -453,6 +453,11 @@ def test_transcribe_resamples_an_array_given_its_sampling_rate(bundle, validatio
     np.testing.assert_allclose(bundle.load_audio(pcm8), [-1, 0, 127 / 128], atol=1e-6)
     with pytest.raises(UserError, match="integer or float samples, got complex64"):
         bundle.load_audio(at_44k.astype(np.complex64))
+    # a rate as a whole float (librosa's, soundfile's) and a torch tensor of samples are taken
+    assert np.array_equal(bundle.load_audio(at_44k, sampling_rate=44_100.0), back)
+    assert np.array_equal(bundle.load_audio(torch.from_numpy(at_44k), sampling_rate=44_100), back)
+    with pytest.raises(UserError, match=r"must be 1-D \(mono\), got shape \(2, \d+\): average"):
+        bundle.load_audio(np.stack([wave, wave]))
 
 
 def test_audio_longer_than_the_window_is_cut_and_joined(bundle, validation):

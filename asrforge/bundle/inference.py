@@ -41,7 +41,7 @@ DETECTED_TOGETHER = 4
 """Batches of recordings whose languages are detected before any of them is decoded."""
 
 
-Audio = str | Path | bytes | np.ndarray
+Audio = str | Path | bytes | np.ndarray | torch.Tensor
 
 
 @dataclass
@@ -189,11 +189,18 @@ class Bundle:
                 and bytes carry their own rate.
 
         Raises:
-            UserError: a missing or unreadable file, an array that is not 1-D, or a rate <= 0.
+            UserError: a missing or unreadable file, an array that is not 1-D, or a rate that
+                is not a positive whole number.
         """
+        if isinstance(audio, torch.Tensor):
+            audio = audio.detach().cpu().numpy()
         if isinstance(audio, np.ndarray):
             if audio.ndim != 1:
-                raise UserError(f"audio array must be 1-D (mono), got shape {audio.shape}")
+                # which axis holds the channels is not known, so a stereo array is not downmixed
+                raise UserError(
+                    f"audio array must be 1-D (mono), got shape {audio.shape}: average its "
+                    "channels (files are downmixed as they are read)"
+                )
             if np.issubdtype(audio.dtype, np.integer):
                 # PCM samples (scipy.io.wavfile's int16, say): full scale is the type's range
                 kind = np.iinfo(audio.dtype)
@@ -204,6 +211,8 @@ class Bundle:
                     f"audio array must hold integer or float samples, got {audio.dtype}"
                 )
             rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
+            if isinstance(rate, float | np.floating) and float(rate).is_integer():
+                rate = int(rate)  # 16000.0, as librosa and soundfile hand rates over
             if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
                 raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
             return resample(audio.astype(np.float32, copy=False), int(rate), SAMPLE_RATE)
@@ -211,7 +220,10 @@ class Bundle:
             return decode_audio(bytes(audio), SAMPLE_RATE)
         if isinstance(audio, str | Path):
             return read_audio_file(Path(audio))
-        raise UserError(f"audio must be a path, bytes or a numpy array, got {type(audio).__name__}")
+        raise UserError(
+            f"audio must be a path, bytes, or a numpy array or torch tensor of samples, got "
+            f"{type(audio).__name__}"
+        )
 
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
         """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
