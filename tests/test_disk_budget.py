@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -120,8 +121,11 @@ def test_a_budget_for_one_checkpoint_refuses_the_second_and_keeps_the_first(tmp_
     # the newest checkpoint is never rotated out for room: the one intact copy if this fails
     with pytest.raises(
         CheckpointSaveError, match=r"needs about 100\.\d kB; .* holds 100\.\d kB of its 150\.0 kB"
-    ):
+    ) as refused:
         m.save(2, _writer(size))
+    # the advice is the budget this save needs: the kept checkpoint and the new one
+    assert re.search(r"Raise checkpoint\.max_disk_gb to at least 0\.000(19\d|20\d) \(what is kept",
+                     str(refused.value))  # fmt: skip
     assert sorted(os.listdir(tmp_path)) == before  # nothing deleted, nothing written
     verify(tmp_path / "step-000001")
 

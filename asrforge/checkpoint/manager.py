@@ -522,8 +522,10 @@ class CheckpointManager:
                 f"{format_gb(budget)} budget (checkpoint.max_disk_gb={self.max_disk_gb:g}) "
                 f"and rotation may free only {format_gb(can_free)} "
                 "(the latest, best and top-k checkpoints are kept). Nothing was written or "
-                "deleted. Raise checkpoint.max_disk_gb (room for at least two checkpoints), or "
-                "keep fewer (checkpoint.keep_best, average_checkpoints k)"
+                "deleted. Raise checkpoint.max_disk_gb to at least "
+                f"{1.01 * (used - can_free + need) / GB:.3g} (what is kept and "
+                "this save: with the best and the latest apart, three checkpoints), or keep "
+                "fewer (checkpoint.keep_best, average_checkpoints k)"
             )
         for _s, p in candidates:
             if used + need <= budget:
