@@ -93,6 +93,22 @@ def test_a_manifest_without_rows_says_so(tmp_path, content, said):
 
 
 @pytest.mark.parametrize("sep", [",", "\t"], ids=["csv", "tsv"])
+def test_a_table_of_a_header_line_alone_says_so(tmp_path, sep):
+    path = tmp_path / ("train.csv" if sep == "," else "train.tsv")
+    path.write_text(f"audio{sep}text{sep}language\n")
+    assert both(path, tmp_path) == f"data.path: {path}: a header line and no rows"
+
+
+def test_a_table_that_is_not_utf8_names_its_line(tmp_path, caplog):
+    path = tmp_path / "train.csv"
+    path.write_bytes(b"audio,text,language\nclips/a.wav,la la,en\nclips/b.wav,caf\xe9,en\n")
+    with caplog.at_level("WARNING"):
+        said = message(read_whole, path, tmp_path)
+    assert said.startswith(f"data.path: {path} line 3: not UTF-8 text (bytes b'\\xe9,en")
+    assert "Failed to read file" not in caplog.text  # the loader's own line, rows counted from 0
+
+
+@pytest.mark.parametrize("sep", [",", "\t"], ids=["csv", "tsv"])
 def test_a_table_without_a_header_row_is_named_as_such(tmp_path, sep):
     path = tmp_path / ("train.csv" if sep == "," else "train.tsv")
     path.write_text(f"clips/a.wav{sep}la la{sep}en\nclips/b.wav{sep}la{sep}en\n")

@@ -102,7 +102,9 @@ def find_shards(cfg: DataConfig) -> tuple[list[Shard], Path | str]:
 
 def _file_shards(path: Path | str, shard_rows: int) -> list[Shard]:
     fmt = format_of(Path(path))
-    if fmt in ("json", "csv", "tsv") and not is_url(path) and (problem := no_rows([path])):
+    if fmt in ("json", "csv", "tsv") and not is_url(path) and (
+        problem := no_rows([path], header=fmt != "json")
+    ):
         raise UserError(f"data.path: {problem}")
     try:
         if fmt == "parquet":

@@ -211,6 +211,8 @@ def format_of(path: Path, *, section: str = "data") -> str:
 
 JSON_LOADER_LOG = "datasets.packaged_modules.json.json"
 """The logger of ``datasets``' JSON loader."""
+CSV_LOADER_LOG = "datasets.packaged_modules.csv.csv"
+"""The logger of ``datasets``' CSV loader (TSV's too)."""
 
 
 def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section: str = "data"):
@@ -233,11 +235,12 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
     if fmt == "tsv":
         options.update(sep="\t", quoting=csv.QUOTE_NONE)
     local = not any(is_url(f) for f in files)
-    # The JSON loader logs a file it fails on, counting rows from 0, and the error raised below
-    # names that failure by the line an editor shows; this load alone is kept from logging it.
-    loader_log = logging.getLogger(JSON_LOADER_LOG)
+    # The JSON and CSV loaders log a file they fail on, counting rows from 0, and the error
+    # raised below names that failure by the line an editor shows; this load alone is kept from
+    # logging it.
+    loader_log = logging.getLogger(JSON_LOADER_LOG if fmt == "json" else CSV_LOADER_LOG)
     level = loader_log.level
-    if fmt == "json":
+    if fmt in ("json", "csv", "tsv"):
         loader_log.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(
@@ -248,7 +251,12 @@ def _load_files(fmt: str, files: list[Path], cache_dir: Path | None, *, section:
             **options,
         )
     except Exception as e:  # noqa: BLE001 - the loaders raise many types for a malformed file
-        bad = local and (no_rows(files) or (_bad_json_line(files) if fmt == "json" else None))
+        text_table = fmt in ("csv", "tsv")
+        bad = local and (
+            no_rows(files, header=text_table)
+            or (_bad_json_line(files) if fmt == "json" else None)
+            or (_bad_utf8_line(files) if text_table else None)
+        )
         # The line is named here because pyarrow counts rows of a block from 0 ("row 1" of another
         # line).
         if bad:
@@ -269,17 +277,21 @@ def unreadable(where: str, fmt: str, error: BaseException, *, section: str = "da
     return UserError(f"{section}.path: cannot read {where} as {fmt}: {type(cause).__name__}: {cause}")
 
 
-def no_rows(files: list[Path]) -> str | None:
-    """``FILE: empty file`` or ``FILE: only blank lines, no rows`` for the first of ``files``
-    (text files) that holds no row at all, or None; each is read up to its first non-blank line.
-    The loaders' own words for these are ``StopIteration`` and ``Instruction "train"
+def no_rows(files: list[Path], *, header: bool = False) -> str | None:
+    """``FILE: empty file``, ``FILE: only blank lines, no rows`` or (``header``: a CSV/TSV's
+    first line names its columns) ``FILE: a header line and no rows`` for the first of
+    ``files`` (text files) that holds no row at all, or None; each is read up to its first
+    row. The loaders' own words for these are ``StopIteration`` and ``Instruction "train"
     corresponds to no data``."""
     for file in files:
         if Path(file).stat().st_size == 0:
             return f"{file}: empty file"
         with open(file, "rb") as f:
-            if not any(line.strip() for line in f):
+            lines = (line for line in f if line.strip())
+            if next(lines, None) is None:
                 return f"{file}: only blank lines, no rows"
+            if header and next(lines, None) is None:
+                return f"{file}: a header line and no rows"
     return None
 
 
