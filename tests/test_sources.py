@@ -219,6 +219,13 @@ def test_a_missing_column_hint_suggests_a_column_no_other_role_holds(tmp_path, c
     with pytest.raises(UserError) as e:
         load_source(DataConfig(path=odd, language="en", cache_dir=tmp_path / "cache"))
     assert str(e.value).endswith("; name it in data.columns.text (one of: words, speaker)")
+    # a CSV saved with semicolons reads as one column: the separator is named, not the column
+    semi = tmp_path / "corpus" / "semi.csv"
+    rows = "".join(f"{r['file']};{r['text']};en\n" for r in clips)
+    semi.write_text("audio;text;language\n" + rows)
+    with pytest.raises(UserError) as e:
+        load_source(DataConfig(path=semi, cache_dir=tmp_path / "cache"))
+    assert "columns look separated by ';'" in str(e.value) and "e.g." not in str(e.value)
 
 
 @pytest.mark.fast

@@ -218,7 +218,14 @@ def _name_it(
     section: str,
 ) -> str:
     """The hint of a missing-column message: a column that is likely ``key``'s, else the columns
-    it may be."""
+    it may be; a file read as one column whose name holds a separator was split at the wrong
+    one."""
+    if len(columns) == 1 and (sep := next((c for c in ";|\t," if c in columns[0]), None)):
+        return (
+            f"the file reads as one column named {columns[0]!r}: its columns look separated by "
+            f"{sep!r}, and asrforge reads .csv files split at ',' and .tsv files at tabs; save "
+            "it with that separator"
+        )
     others = {c for k, names in USUAL_COLUMNS.items() if k != key for c in names}
     candidates = [c for c in columns if c not in taken and c not in others]
     if kinds is not None and key in ("text", "language"):
