@@ -35,7 +35,10 @@ def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: 
     source = load_source(cfg)
     splits, where = source.splits, source.where
     if cfg.train_split not in splits:
-        raise UserError(f"data: split {cfg.train_split!r} not in {where} (has {sorted(splits)})")
+        raise UserError(
+            f"data: split {cfg.train_split!r} not in {where} (has {sorted(splits)}); name the "
+            "training split with data.train_split"
+        )
     train = splits[cfg.train_split]
     if cfg.eval_carve is not None:
         if cfg.eval_split in splits:
@@ -48,7 +51,10 @@ def training_splits(cfg: DataConfig, *, run_dir: Path, resuming: bool, is_main: 
         splits = {**splits, cfg.train_split: train, cfg.eval_split: evaluation}
     for split in (cfg.train_split, cfg.eval_split):
         if split not in splits:
-            hint = "; hold one out of the training split with data.eval_carve: {size: 0.05}"
+            hint = (
+                "; name the evaluation split with data.eval_split, or hold one out of the "
+                "training split with data.eval_carve: {size: 0.05}"
+            )
             raise UserError(
                 f"data: split {split!r} not in {where} (has {sorted(splits)})"
                 + (hint if split == cfg.eval_split else "")
