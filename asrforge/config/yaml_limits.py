@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from asrforge.io.small_files import read_text
+
 MAX_BYTES = 16 * 2**20
 """Largest YAML file read (a config is a few kilobytes)."""
 MAX_DEPTH = 64
@@ -170,19 +172,11 @@ def load_yaml(text: str, where: str = "") -> Any:
 
 
 def read_yaml_text(path: Path) -> str:
-    """The text of the YAML file ``path``: UTF-8, at most :data:`MAX_BYTES`.
+    """The text of the YAML file ``path``: a regular file, UTF-8, at most :data:`MAX_BYTES`.
 
     Raises:
-        ValueError: too large, or not UTF-8 (the first bad byte and its offset).
+        ValueError: not a regular file (a FIFO, a device), too large, or not UTF-8 (the first
+            bad byte and its offset).
         OSError: it cannot be read.
     """
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"larger than {MAX_BYTES // 2**20} MiB: not a config")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): save it as UTF-8"
-        ) from None
+    return read_text(path, MAX_BYTES)
