@@ -113,6 +113,41 @@ def test_a_listed_file_that_cannot_be_looked_at_is_a_corrupt_checkpoint(tmp_path
         verify(ckpt)
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("fifo", "a FIFO, not a regular file"),
+        ("zero", "a character device, not a regular file"),
+        ("deep", "nested deeper than"),
+    ],
+)
+def test_a_manifest_that_is_no_small_json_file_is_refused_unread(tmp_path, how, why):
+    ckpt = _checkpoint(tmp_path)
+    path = ckpt / MANIFEST_NAME
+    path.unlink()
+    if how == "fifo":  # would wait for a writer forever
+        os.mkfifo(path)
+    elif how == "zero":  # would be read until memory runs out
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(CheckpointCorruptError, match=f"{re.escape(str(path))}: .*{why}"):
+        verify(ckpt)
+
+
+@pytest.mark.fast
+def test_a_manifest_entry_that_is_not_an_object_is_refused(tmp_path):
+    ckpt = _checkpoint(tmp_path)
+    path = ckpt / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest["files"]["train_state.json"] = 5
+    manifest[SEAL_KEY] = manifest_seal(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointCorruptError, match="'train_state.json' is int 5, not an object"):
+        verify(ckpt)
+
+
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory, tones_dir) -> Path:
     run = train_tiny_run(tmp_path_factory.mktemp("bundle-run"), tones_dir)

@@ -6,7 +6,6 @@ How it works: docs/bundle.md, "How an export is written (`bundle/export.py`)".
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +64,7 @@ from asrforge.config import (
 from asrforge.errors import UserError
 from asrforge.hub import hub_ref, model_dir_if_any, resolve_model
 from asrforge.io.atomic import atomic_directory
+from asrforge.io.small_files import MANIFEST_BYTES, read_json
 from asrforge.model import lora
 from asrforge.model.vocab import ids_read_as_timestamps
 from asrforge.run_layout import (
@@ -490,7 +490,7 @@ def bundle_holdings(directory: Path) -> str:
 
     def read(name: str) -> dict[str, Any]:
         try:
-            found = json.loads((directory / name).read_text(encoding="utf-8"))
+            found = read_json(directory / name, MANIFEST_BYTES, error=ValueError)
         except (OSError, ValueError):
             return {}
         return found if isinstance(found, dict) else {}

@@ -17,6 +17,7 @@ from typing import Any
 from asrforge.errors import CheckpointCorruptError
 from asrforge.hub import check_records
 from asrforge.io.atomic import atomic_write_text, describe_os_error
+from asrforge.io.small_files import MANIFEST_BYTES, read_json
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -157,23 +158,17 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse ``manifest.json`` and check its seal, without checking the files.
 
     Raises:
-        CheckpointCorruptError: the manifest is missing, unparseable, from a newer format,
-            does not match its seal, or records Hub commits that are none
-            (:func:`asrforge.hub.check_records`).
+        CheckpointCorruptError: the manifest is missing, not a regular file, too large,
+            unparseable, from a newer format, lists a bad entry, does not match its seal, or
+            records Hub commits that are none (:func:`asrforge.hub.check_records`).
     """
     path = Path(directory) / MANIFEST_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        manifest = read_json(path, MANIFEST_BYTES, error=CheckpointCorruptError)
     except FileNotFoundError:
         raise CheckpointCorruptError(
             f"{directory}: {MANIFEST_NAME} is missing (an incomplete or foreign directory)"
         ) from None
-    except OSError as e:
-        raise CheckpointCorruptError(f"{path}: cannot be read: {e}") from None
-    try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise CheckpointCorruptError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointCorruptError(f"{path}: not a manifest (no 'files' mapping)")
     version = manifest.get("format_version")
@@ -184,11 +179,16 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path}: format_version {version} is newer than this asrforge supports "
             f"({FORMAT_VERSION}); upgrade asrforge to read it"
         )
-    for rel in manifest["files"]:
+    for rel, entry in manifest["files"].items():
         if problem := entry_problem(rel):
             raise CheckpointCorruptError(
                 f"{path}: lists {rel!r}, {problem}; a manifest names files inside its own "
                 "directory only"
+            )
+        if not isinstance(entry, dict):
+            raise CheckpointCorruptError(
+                f"{path}: the entry of {rel!r} is {type(entry).__name__} {entry!r:.40}, not an "
+                "object with its sha256 and size"
             )
     check_seal(manifest, path)
     if "hub_commits" in manifest:
