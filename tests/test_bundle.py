@@ -859,7 +859,15 @@ MALFORMED = {
         _edit_json("config.json", lambda c: {**c, "scale_embedding": "yes"}),
         r"config\.json: scale_embedding must be bool, got 'yes'",
     ),
+    "config-deep": (
+        _write("config.json", b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        r"config\.json: not valid JSON \(nested deeper than",
+    ),
     "tokenizer-list": (_write("tokenizer.json", b"[1, 2]"), r"tokenizer\.json: not a tokenizers"),
+    "tokenizer-deep": (
+        _edit_json("tokenizer.json", lambda t: {**t, "x": json.loads("[" * 100 + "]" * 100)}),
+        r"tokenizer\.json: not valid JSON \(nested deeper than",
+    ),
     "tokenizer-no-model": (
         _edit_json("tokenizer.json", lambda t: {k: v for k, v in t.items() if k != "model"}),
         r"tokenizer\.json: not a tokenizers file",

@@ -157,6 +157,26 @@ def test_another_lm_under_a_resealed_manifest_is_refused(lm_bundle_dir, tmp_path
         load_bundle(copy)
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"alpha": "x", "beta": 1.0}, "lm_weights.alpha must be a finite number, got 'x'"),
+        ({"alpha": float("nan"), "beta": 0.0}, "lm_weights.alpha must be a finite number, got nan"),
+        ({"alpha": 0.5, "beta": True}, "lm_weights.beta must be a finite number, got True"),
+        ([1, 2], "lm_weights must be an object with alpha and beta, got \\[1, 2\\]"),
+    ],
+)
+def test_lm_weights_that_are_not_finite_numbers_are_refused(
+    lm_bundle_dir, tmp_path, weights, message
+):
+    """A NaN alpha scored every beam NaN and beam search kept garbage text."""
+    copy = Path(shutil.copytree(lm_bundle_dir, tmp_path / "weights"))
+    update_bundle_manifest(copy, {LM_WEIGHTS_KEY: weights})
+    with pytest.raises(CheckpointCorruptError, match=f"manifest.json: {message}"):
+        load_bundle(copy)
+
+
 def _text(tmp_path: Path, content: str) -> Path:
     path = tmp_path / "text.txt"
     path.write_text(content)

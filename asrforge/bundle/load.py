@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifes
 from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import materialize, resolve
+from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.head_timing import LAG_LIMIT
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
@@ -272,7 +274,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
             f"{path}: the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}"
         )
     lm = _read_lm(path, icfg, manifest)
-    weights = manifest.get(LM_WEIGHTS_KEY) or {}
+    weights = _lm_weights(manifest.get(LM_WEIGHTS_KEY), path / MANIFEST_NAME)
     specials = SpecialTokens.from_tokenizer(tokenizer, icfg.multilingual, icfg.data.language_tokens)
     # Bundle decodes with the inference config; transformers (from_pretrained, the ASR
     # pipeline) reads these two files instead, so they must say the same.
@@ -342,6 +344,30 @@ def _word_lag(found: dict[str, Any], where: Path) -> float:
             f"(what align-heads records), got {lag!r}"
         )
     return float(lag)
+
+
+def _lm_weights(found: Any, where: Path) -> dict[str, Any]:
+    """The record ``asrforge lm tune`` left in ``where`` ({} when there is none).
+
+    Raises:
+        CheckpointCorruptError: not an object, or an ``alpha`` or ``beta`` that is not a finite
+            number (a NaN weight scores every beam NaN, and beam search then keeps garbage).
+    """
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise CheckpointCorruptError(
+            f"{where}: {LM_WEIGHTS_KEY} must be an object with alpha and beta, got {found!r:.60}"
+        )
+    wrong = [
+        f"{LM_WEIGHTS_KEY}.{name} must be a finite number, got {found[name]!r:.60}"
+        for name in ("alpha", "beta")
+        if name in found
+        and not (type(found[name]) in (int, float) and math.isfinite(found[name]))
+    ]
+    if wrong:
+        raise CheckpointCorruptError(f"{where}: " + "; ".join(wrong))
+    return found
 
 
 def _read_lm(path: Path, icfg, manifest: dict[str, Any]):
@@ -475,11 +501,9 @@ def check_generation_config(path: Path, specials: SpecialTokens) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, CONFIG_BYTES, error=CheckpointCorruptError)
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path}: missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointCorruptError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise CheckpointCorruptError(f"{path}: not a JSON object")
     return data

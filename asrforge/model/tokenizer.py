@@ -18,6 +18,7 @@ from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
+from asrforge.io.small_files import TOKENIZER_BYTES, read_json
 from asrforge.model.frames import TIME_PRECISION
 from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
 from asrforge.text.languages import find_language_code, unknown_language
@@ -106,7 +107,8 @@ def load_tokenizer(path: Path) -> WhisperTokenizer:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"tokenizer directory {path} does not exist")
-    if (path / "tokenizer.json").is_file():
+    # exists(), not is_file(): a FIFO or a device there is refused rather than read by transformers
+    if (path / "tokenizer.json").exists():
         check_tokenizer_json(path / "tokenizer.json")
     try:
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -238,14 +240,15 @@ def check_tokenizer_json(path: Path) -> None:
     (transformers would stop with a KeyError or a bare Exception from deep inside).
 
     Raises:
-        UserError: not JSON, not shaped as a tokenizers file, or a model it cannot build.
+        UserError: not a regular file, too large, not JSON (or nested too deeply), not shaped
+            as a tokenizers file, or a model it cannot build.
     """
     from tokenizers import Tokenizer
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+        data = read_json(path, TOKENIZER_BYTES)
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing") from None
     if not (
         isinstance(data, dict)
         and isinstance(data.get("model"), dict)
