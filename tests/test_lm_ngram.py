@@ -3,6 +3,8 @@ distributions that sum to 1 through the back-off weights, discounts, and the ARP
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from asrforge.errors import CheckpointCorruptError
@@ -86,7 +88,7 @@ def test_estimated_trigram_uses_the_fallback_on_a_toy_text_and_records_it():
 
 
 def test_arpa_round_trip(tmp_path):
-    lm = estimate([s.split() for s in ["a b c", "b c a", "c a b b"]], 3, meta={"normalizer": "x"})
+    lm = estimate([s.split() for s in ["a b c", "b c a", "c a b b"]], 3, meta={"normalizer": "basic"})
     path = tmp_path / "lm.arpa"
     write_arpa(lm, path)
     text = path.read_text()
@@ -116,3 +118,46 @@ def test_a_malformed_arpa_file_is_named(tmp_path, content, message):
     with pytest.raises(CheckpointCorruptError, match=str(path)) as e:
         read_arpa(path)
     assert message in str(e.value)
+
+
+GOOD = "\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0\t<unk>\n\\end\\\n"
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (GOOD.replace("ngram 1=1", "ngram \u00b9=1"), "line 2: expected 'ngram 1=COUNT'"),
+        (GOOD.replace("ngram 1=1", "ngram 1=\u0661"), "line 2: expected 'ngram 1=COUNT'"),
+        (GOOD.replace("\\1-grams:", "\\\u00b9-grams:"), "line 4: an unexpected section"),
+        ("# asrforge-lm [1, 2]\n" + GOOD, "line 1: the asrforge-lm line: not a JSON object"),
+        ("# asrforge-lm " + "[" * 10**5 + "]" * 10**5 + "\n" + GOOD, "nested deeper than"),
+        ('# asrforge-lm {"languages": "en"}\n' + GOOD, "languages must be a list of language"),
+        ('# asrforge-lm {"languages": ["en", {"a": 1}]}\n' + GOOD, "a list of language codes"),
+        ('# asrforge-lm {"normalizer": ["x"]}\n' + GOOD, "normalizer must be one of english"),
+        (
+            '# asrforge-lm {"normalizer": "bogus"}\n' + GOOD,
+            "normalizer must be one of english, basic, by-language, got 'bogus'",
+        ),
+    ],
+)
+def test_arpa_counts_and_header_facts_asrforge_cannot_use_are_named(tmp_path, content, message):
+    """Superscript digits passed str.isdigit() and failed int(); header facts of the wrong type
+    failed where they were used, and an unknown normalizer was carried into a bundle."""
+    path = tmp_path / "bad.arpa"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(CheckpointCorruptError, match=str(path)) as e:
+        read_arpa(path)
+    assert message in str(e.value)
+    path.write_text('# asrforge-lm {"normalizer": "english", "languages": ["en"]}\n' + GOOD)
+    assert read_arpa(path).meta["languages"] == ["en"]
+
+
+def test_an_arpa_fifo_or_device_is_refused_unread(tmp_path):
+    fifo = tmp_path / "lm.arpa"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointCorruptError, match=f"{fifo}: .*a FIFO, not a regular file"):
+        read_arpa(fifo)
+    zero = tmp_path / "zero.arpa"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointCorruptError, match="a character device, not a regular file"):
+        read_arpa(zero)

@@ -17,7 +17,7 @@ from asrforge.data.locate import data_ref, is_url
 from asrforge.data.rules import language_filter
 from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
-from asrforge.lm.ngram import NGramLM, estimate, write_arpa
+from asrforge.lm.ngram import NORMALIZERS, NGramLM, estimate, write_arpa
 from asrforge.text import normalize
 from asrforge.text.languages import resolve_language
 
@@ -28,9 +28,10 @@ MAX_ORDER = 6
 
 def normalizer_name(languages: list[str]) -> str:
     """What :func:`asrforge.text.normalize` does to text of these languages."""
+    english, basic, by_language = NORMALIZERS
     if set(languages) == {"en"}:
-        return "english"
-    return "basic" if "en" not in languages else "by-language"
+        return english
+    return basic if "en" not in languages else by_language
 
 
 def text_sentences(path: Path, language: str) -> Iterator[tuple[str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from asrforge.errors import CheckpointCorruptError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import parse_json, read_text
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,11 @@ BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 HEADER = "asrforge-lm "
 """Prefix of the ARPA file's first line, after ``# `` (KenLM skips only comment lines before
 ``\\data\\``; files written before that have none): the build facts as JSON."""
+NORMALIZERS = ("english", "basic", "by-language")
+"""The ``normalizer`` values the header may record: Whisper's English normalizer, the basic one,
+or each language's own (:func:`asrforge.lm.build.normalizer_name` picks one)."""
+ARPA_BYTES = 2 * 2**30
+"""Largest ARPA file read: its n-grams are held as Python dicts, some ten times its size."""
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 """KenLM's ``--discount_fallback`` defaults, for orders whose counts of counts give none."""
 NEVER = -99.0
@@ -204,17 +211,40 @@ def write_arpa(lm: NGramLM, path: Path) -> None:
     atomic_write_text(Path(path), "\n".join(lines))
 
 
+# str.isdigit() accepts digits such as "¹" that int() then refuses.
+_COUNT = re.compile(r"[0-9]+")
+
+
+def _header_problem(meta: Any) -> str | None:
+    """Why the asrforge-lm line's facts cannot be used, or None: an LM is fused by its languages
+    and normalizer, so those must be what ``asrforge lm build`` writes."""
+    if not isinstance(meta, dict):
+        return f"not a JSON object, got {type(meta).__name__}"
+    languages = meta.get("languages")
+    if languages is not None and not (
+        isinstance(languages, list) and all(isinstance(c, str) for c in languages)
+    ):
+        return f"languages must be a list of language codes, got {languages!r:.60}"
+    normalizer = meta.get("normalizer")
+    if normalizer is not None and normalizer not in NORMALIZERS:
+        return f"normalizer must be one of {', '.join(NORMALIZERS)}, got {normalizer!r:.60}"
+    return None
+
+
 def read_arpa(path: Path) -> NGramLM:
     """Read an ARPA file (ours or any other writer's).
 
     Raises:
-        CheckpointCorruptError: a malformed file (a non-finite number included), naming the line
-            and what is wrong.
+        CheckpointCorruptError: not a regular file or too large, or a malformed file (a
+            non-finite number, header facts asrforge cannot use included), naming the line and
+            what is wrong.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_text(path, ARPA_BYTES)
+    except OSError as e:
+        raise CheckpointCorruptError(f"{path}: not a readable ARPA file ({e.strerror})") from None
+    except ValueError as e:
         raise CheckpointCorruptError(f"{path}: not a readable ARPA file ({e})") from None
     lines = text.splitlines()
     meta: dict[str, Any] = {}
@@ -227,9 +257,11 @@ def read_arpa(path: Path) -> NGramLM:
         facts = lines[i].removeprefix("# ")
         if facts.startswith(HEADER):
             try:
-                meta = json.loads(facts[len(HEADER) :])
-            except ValueError:
-                raise bad(i, "the asrforge-lm line is not JSON") from None
+                meta = parse_json(facts[len(HEADER) :])
+            except ValueError as e:
+                raise bad(i, f"the asrforge-lm line is {e}") from None
+            if problem := _header_problem(meta):
+                raise bad(i, f"the asrforge-lm line: {problem}")
         i += 1
     if i == len(lines):
         raise CheckpointCorruptError(f"{path}: not an ARPA file (no \\data\\ line)")
@@ -237,7 +269,8 @@ def read_arpa(path: Path) -> NGramLM:
     i += 1
     while i < len(lines) and lines[i].startswith("ngram "):
         n, _, size = lines[i][6:].partition("=")
-        if not (n.strip().isdigit() and size.strip().isdigit()) or int(n) != len(sizes) + 1:
+        counts = _COUNT.fullmatch(n.strip()) and _COUNT.fullmatch(size.strip())
+        if not counts or int(n) != len(sizes) + 1:
             raise bad(i, f"expected 'ngram {len(sizes) + 1}=COUNT', got {lines[i]!r}")
         sizes.append(int(size))
         i += 1
@@ -254,7 +287,7 @@ def read_arpa(path: Path) -> NGramLM:
         if line == "\\end\\":
             break
         if line.startswith("\\") and line.endswith("-grams:"):
-            n = int(line[1:-7]) if line[1:-7].isdigit() else -1
+            n = int(line[1:-7]) if _COUNT.fullmatch(line[1:-7]) else -1
             if not 1 <= n <= order:
                 raise bad(j, f"an unexpected section {line!r}")
             continue
