@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -325,6 +326,58 @@ def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, clips, bad, capl
     # datasets' own line, which counts rows from 0, is not said beside asrforge's
     assert "Failed to load JSON" not in caplog.text
     assert loader_log.level == level
+
+
+def _break_saved(directory: Path, how: str) -> None:
+    """One way a handed ``save_to_disk`` directory could hang or exhaust its reader."""
+    split = directory / "validation"
+    state = json.loads((split / "state.json").read_text())
+    if how == "dict-fifo":
+        (directory / "dataset_dict.json").unlink()
+        os.mkfifo(directory / "dataset_dict.json")
+    elif how == "dict-zero":
+        (directory / "dataset_dict.json").unlink()
+        (directory / "dataset_dict.json").symlink_to("/dev/zero")
+    elif how == "dict-outside":
+        (directory / "dataset_dict.json").write_text(json.dumps({"splits": ["../elsewhere"]}))
+    elif how == "info-deep":
+        (split / "dataset_info.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif how == "data-fifo":
+        os.mkfifo(split / "f.arrow")
+        state["_data_files"] = [{"filename": "f.arrow"}]
+    elif how == "data-zero":
+        (split / "z.arrow").symlink_to("/dev/zero")
+        state["_data_files"] = [{"filename": "z.arrow"}]
+    elif how == "data-outside":
+        state["_data_files"] = [{"filename": "../../../../../../../../../dev/zero"}]
+    elif how == "data-list":
+        state["_data_files"] = "data.arrow"
+    (split / "state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("dict-fifo", r"dataset_dict\.json: a FIFO, not a regular file"),
+        ("dict-zero", r"dataset_dict\.json: a character device, not a regular file"),
+        ("dict-outside", r"dataset_dict\.json: 'splits' must be a list of the names"),
+        ("info-deep", r"dataset_info\.json: not valid JSON \(nested deeper than"),
+        ("data-fifo", r"f\.arrow: not a regular file \(listed in .*state\.json\)"),
+        ("data-zero", r"z\.arrow: not a regular file \(listed in .*state\.json\)"),
+        ("data-outside", r"'_data_files' must be a list of .* naming files of its own directory"),
+        ("data-list", r"state\.json: '_data_files' must be a list"),
+    ],
+)
+def test_a_saved_dataset_whose_files_would_hang_or_exhaust_its_reader_is_named(
+    tmp_path, tones_dir, how, message
+):
+    """datasets' load_from_disk waited forever on a FIFO, read /dev/zero until memory ran out
+    and failed on deep JSON with a RecursionError."""
+    copy = Path(shutil.copytree(tones_dir, tmp_path / "tones"))
+    _break_saved(copy, how)
+    with pytest.raises(UserError, match=rf"data\.path: .*{message}"):
+        load_source(DataConfig(path=copy, cache_dir=tmp_path / "cache"))
 
 
 def ids(split) -> list[str] | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from asrforge.data.columns import standardize
 from asrforge.data.locate import FILE_FORMATS, is_url, locate, split_of
 from asrforge.errors import UserError
 from asrforge.hub import Resolved
+from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.text.languages import resolve_language
 
 log = logging.getLogger(__name__)
@@ -488,11 +491,12 @@ def load_saved(path: Path):
     """``datasets.load_from_disk(path)``: a ``DatasetDict`` or one ``Dataset``.
 
     Raises:
-        UserError: a split saved without rows, or not a ``save_to_disk`` directory.
+        UserError: a split saved without rows, not a ``save_to_disk`` directory, or one whose
+            JSON files or data files cannot be read safely (:func:`_saved_splits`).
     """
     import datasets
 
-    empty = _empty_splits(path)
+    empty = [name for name, files in _saved_splits(path).items() if not files]
     if empty:  # datasets' load_from_disk fails on them with an IndexError
         raise UserError(
             f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "
@@ -504,12 +508,68 @@ def load_saved(path: Path):
         raise UserError(f"data.path: {path} is not a dataset saved with save_to_disk: {e}") from None
 
 
-def _empty_splits(path: Path) -> list[str]:
-    """Splits of the ``save_to_disk`` directory ``path`` that were saved without rows (no data
-    files), read from its JSON files; [] when they cannot be read (load_from_disk reports it)."""
-    try:
-        names = json.loads((path / "dataset_dict.json").read_text())["splits"]
-        states = {n: json.loads((path / n / "state.json").read_text()) for n in names}
-        return [n for n, state in states.items() if not state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+def _saved_splits(path: Path) -> dict[str | None, list[Path]]:
+    """The data files of each split of the ``save_to_disk`` directory ``path`` (the key None for
+    one saved ``Dataset``), read from its JSON files before ``load_from_disk`` reads them.
+
+    datasets reads these JSON files whole and opens each data file ``state.json`` names, so a
+    FIFO among them would wait for a writer forever and a link to a device would be read
+    without end: each JSON file goes through the bounded reader, each data file must be a
+    regular file in its split's directory.
+
+    Raises:
+        UserError: a JSON file that is no regular file, too large or not the JSON datasets
+            writes, or a data file that is missing, outside its directory or no regular file.
+    """
+
+    def bad(what: str) -> UserError:
+        return UserError(f"data.path: {what}")
+
+    def read(file: Path, optional: bool = False):
+        try:
+            return read_json(file, CONFIG_BYTES, error=bad)
+        except FileNotFoundError:
+            if optional:
+                return None
+            raise bad(f"{file}: missing; {path} is not a dataset saved with save_to_disk") from None
+
+    def plain(name: object) -> bool:
+        return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+
+    if os.path.lexists(path / "dataset_dict.json"):
+        found = read(path / "dataset_dict.json")
+        names = found.get("splits") if isinstance(found, dict) else None
+        if not (isinstance(names, list) and all(plain(n) for n in names)):
+            raise bad(
+                f"{path / 'dataset_dict.json'}: 'splits' must be a list of the names of its "
+                f"split directories, got {names!r:.60}"
+            )
+        directories = {n: path / n for n in names}
+    else:
+        directories = {None: path}
+    out: dict[str | None, list[Path]] = {}
+    for name, directory in directories.items():
+        state_file = directory / "state.json"
+        state = read(state_file)
+        read(directory / "dataset_info.json", optional=True)
+        listed = state.get("_data_files") if isinstance(state, dict) else None
+        if not (
+            isinstance(listed, list)
+            and all(isinstance(f, dict) and plain(f.get("filename")) for f in listed)
+        ):
+            raise bad(
+                f"{state_file}: '_data_files' must be a list of {{\"filename\": ...}} records "
+                "naming files of its own directory"
+            )
+        out[name] = [directory / f["filename"] for f in listed]
+        for file in out[name]:
+            try:
+                mode = os.stat(file).st_mode
+            except OSError as e:
+                raise bad(f"{file}: {e.strerror} (listed in {state_file})") from None
+            if not stat.S_ISREG(mode):
+                raise bad(
+                    f"{file}: not a regular file (listed in {state_file}); a FIFO or a device is "
+                    "never read as data"
+                )
+    return out
