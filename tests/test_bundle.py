@@ -959,6 +959,28 @@ def test_the_card_of_local_data_publishes_no_local_path(bundle_dir, tones_dir) -
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize(
+    "last", ["[1, 2]", "[" * 100_000 + "]" * 100_000, '{"summary": true, "per_language": [1]}']
+)
+def test_an_eval_record_that_is_no_summary_leaves_the_card_without_figures(
+    tmp_path, caplog, last
+) -> None:
+    """An eval record ending in a list or deep JSON stopped the export with a traceback."""
+    from asrforge.bundle.card import _eval_summary
+    from asrforge.run_layout import RunLayout
+
+    run = RunLayout(tmp_path)
+    run.eval_dir.mkdir()
+    summary = {"summary": True, "step": 4, "wer": 0.5, "per_language": {}}
+    run.eval_record(4).write_text(json.dumps(summary) + "\n")
+    assert _eval_summary(run, 4) == summary
+    run.eval_record(4).write_text('{"id": "u1"}\n' + last + "\n")
+    assert _eval_summary(run, 4) == {}
+    assert "step-000004.jsonl: not a readable evaluation record" in caplog.text
+    assert "the model card has no figures" in caplog.text
+
+
+@pytest.mark.fast
 def test_the_card_says_what_the_forgetting_guard_measured_in_sentences() -> None:
     from asrforge.bundle.card import _guard_text
 

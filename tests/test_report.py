@@ -136,6 +136,32 @@ def test_collect_reads_every_state(matrix_root, held_lock):
 
 
 @pytest.mark.fast
+def test_lines_and_records_that_are_not_step_records_are_left_out_with_a_warning(
+    tmp_path, caplog
+):
+    """A list, a string step or deep JSON in metrics.jsonl, and an evaluation record whose
+    summary is a string, stopped the report with a traceback."""
+    run = write_run(tmp_path / "root", "en-tiny-s0", "en", 0, [begin(0, "en")])
+    good = ev(2, 0.5, 0.4, 4.0, True, "first evaluation")
+    lines = ["[1, 2]", json.dumps({**good, "step": "x"}), "[" * 100_000 + "]" * 100_000,
+             json.dumps(good), '{"event": "train", "step": 3, "lo']  # the last one cut by a crash
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("\n".join(lines))
+    [job] = collect(run)
+    assert [e["step"] for e in job.evals] == [2] and job.status == "interrupted"
+    assert "metrics.jsonl: line 2 and 2 more not a record with an integer step" in caplog.text
+    assert "line 6" not in caplog.text  # a crash's cut line is no news
+    (run / "metrics.jsonl").unlink()
+    (run / "eval").mkdir()
+    (run / "eval" / "step-000001.jsonl").write_text('"str"\n')
+    (run / "eval" / "step-000002.jsonl").symlink_to("/dev/zero")  # read without end, before
+    [job] = collect(run)
+    assert job.evals == [] and job.status == "queued"
+    assert "step-000001.jsonl: line 1 not a record" in caplog.text
+    assert "step-000002.jsonl: a character device, not a regular file; shown without" in caplog.text
+
+
+@pytest.mark.fast
 def test_one_run_directory_is_a_report_of_one_job_and_no_run_is_refused(matrix_root, tmp_path):
     [one] = collect(matrix_root / "runs" / "es-tiny-s0")
     assert (one.job_id, one.language, one.best["wer"]) == ("es-tiny-s0", "es", 0.7)

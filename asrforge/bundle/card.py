@@ -15,7 +15,7 @@ directory).
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,10 @@ from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
 from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.hub import cached_model_dir, hub_ref
+from asrforge.io.small_files import RECORDS_BYTES, parse_json, read_text
 from asrforge.run_layout import RunLayout, recorded_selection
+
+log = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
 LOCAL_DATASET = "local"
@@ -89,14 +92,23 @@ def _default_name(cfg: TrainConfig, languages: list[str]) -> str:
 
 
 def _eval_summary(run: RunLayout, step: int | None) -> dict:
-    """The summary line of the run's evaluation record of ``step`` ({} when there is none)."""
+    """The summary line of the run's evaluation record of ``step`` ({} when there is none, or
+    with a warning when the record is no regular file, too large or not a summary)."""
     if step is None:
         return {}
     record = run.eval_record(step)
     if not record.is_file():
         return {}
-    lines = record.read_text(encoding="utf-8").strip().splitlines()
-    last = json.loads(lines[-1]) if lines else {}
+    try:
+        lines = read_text(record, RECORDS_BYTES).strip().splitlines()
+        last = parse_json(lines[-1]) if lines else {}
+        if not isinstance(last, dict) or not isinstance(last.get("per_language", {}), dict):
+            raise ValueError(f"its last line {lines[-1]!r:.60} is not a summary object")
+    except (OSError, ValueError) as e:
+        # The figures are the card's, not the model's: the bundle is written without them.
+        log.warning("%s: not a readable evaluation record (%s); the model card has no figures",
+                    record, e)  # fmt: skip
+        return {}
     return last if last.get("summary") else {}
 
 

@@ -6,7 +6,7 @@ How it works: docs/matrix.md, "What the report shows and reads (`matrix/report.p
 from __future__ import annotations
 
 import html
-import json
+import logging
 import re
 import statistics
 import time
@@ -18,9 +18,18 @@ from asrforge.checkpoint.disk import format_gb, tree_bytes
 from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import (
+    CONFIG_BYTES,
+    RECORDS_BYTES,
+    parse_json,
+    read_bytes,
+    read_json,
+)
 from asrforge.matrix.claims import lock_is_held, read_marker
 from asrforge.run_layout import CONFIG_FILE, METRICS_FILE, RunLayout, recorded_selection
 from asrforge.text.languages import primary_metric
+
+log = logging.getLogger(__name__)
 
 METRICS = ("wer", "cer", "loss")
 STATUS_ORDER = ("failed", "running", "interrupted", "queued", "done")
@@ -88,20 +97,14 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     saves: list[tuple[int, str]] = []
     begin = end = None
     path = RunLayout(run_dir).metrics
-    lines = []
-    if path.is_file():
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        event, step = rec.get("event"), rec.get("step")
+    # a run that began writing its metrics has started, whatever its lines hold
+    started = path.is_file() and path.stat().st_size > 0
+    for rec in (_records(path) if started else None) or []:
+        event, step = rec.get("event"), rec["step"]
         if event == "train_begin":
-            s = step or 0
-            evals = [e for e in evals if e["step"] <= s]
-            train = [t for t in train if t[0] <= s]
-            saves = [v for v in saves if v[0] <= s]
+            evals = [e for e in evals if e["step"] <= step]
+            train = [t for t in train if t[0] <= step]
+            saves = [v for v in saves if v[0] <= step]
             begin, end = rec, None
         elif event == "train" and isinstance(rec.get("loss"), int | float):
             train.append((step, float(rec["loss"])))
@@ -113,15 +116,47 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             end = rec
     if not evals:
         for f in RunLayout(run_dir).eval_records():
-            last = f.read_text(encoding="utf-8", errors="replace").strip().rsplit("\n", 1)[-1]
-            try:
-                rec = json.loads(last)
-            except ValueError:
-                continue
-            if rec.get("summary"):
-                evals.append(rec)
+            summary = (_records(f, last=True) or [{}])[-1]
+            if summary.get("summary"):
+                evals.append(summary)
     return {"evals": evals, "train": train, "saves": saves, "begin": begin, "end": end,
-            "started": bool(lines)}
+            "started": started}
+
+
+def _records(path: Path, *, last: bool = False) -> list[dict[str, Any]] | None:
+    """The records of the JSON-lines file ``path`` the report can show: objects with an integer
+    ``step``; with ``last``, of its last line alone (an evaluation record's summary). None when
+    the file cannot be read.
+
+    A last metrics line that is not JSON was cut by a crash and is left out quietly; any other
+    line that is no such record, or a file that is no regular file or too large, is left out
+    with one warning naming the file.
+    """
+    try:
+        text = read_bytes(path, RECORDS_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ValueError) as e:
+        log.warning("report: %s: %s; shown without it", path, getattr(e, "strerror", None) or e)
+        return None
+    lines = text.rstrip("\n").split("\n") if text.strip() else []
+    first = len(lines) - 1 if last and lines else 0
+    records, skipped = [], []
+    for number, line in enumerate(lines[first:], first + 1):
+        try:
+            rec = parse_json(line)
+        except ValueError:
+            if last or number < len(lines):
+                skipped.append(number)
+            continue
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append(rec)
+        elif line.strip():
+            skipped.append(number)
+    if skipped:
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        log.warning("report: %s: line %d%s not a record with an integer step; left out",
+                    path, skipped[0], more)  # fmt: skip
+    return records
 
 
 def collect(runs_dir: Path) -> list[JobReport]:
@@ -141,8 +176,9 @@ def collect(runs_dir: Path) -> list[JobReport]:
     index = root / "matrix.json"
     if index.is_file():
         try:
-            planned = {j["job_id"]: j for j in json.loads(index.read_text())["jobs"]}
-        except (ValueError, KeyError, TypeError):
+            jobs = read_json(index, CONFIG_BYTES, error=ValueError)["jobs"]
+            planned = {j["job_id"]: j for j in jobs}
+        except (OSError, ValueError, KeyError, TypeError):
             planned = {}
     found = sorted(
         d.name for d in runs.iterdir() if d.is_dir() and any((d / n).exists() for n in signs)
