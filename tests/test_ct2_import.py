@@ -8,6 +8,8 @@ optional: the comparison with it is skipped when it is not installed.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shutil
 import struct
@@ -230,6 +232,119 @@ def test_unsupported_model_bin_is_a_user_error(
     bad = _copy_ct2_dir(ct2_tiny_en, tmp_path / "ct2", model_bin)
     with pytest.raises(UserError, match=message):
         import_ct2(bad, tmp_path / "out")
+
+
+def _variable(name: str, dims: tuple[int, ...], type_id: int, data: bytes) -> bytes:
+    """One variable of a model.bin: name, rank, dims, type id, byte count and data."""
+    encoded = name.encode() + b"\0"
+    head = struct.pack("<H", len(encoded)) + encoded + struct.pack("<B", len(dims))
+    return (
+        head + struct.pack(f"<{len(dims)}I", *dims) + struct.pack("<BI", type_id, len(data)) + data
+    )
+
+
+def _model_bin(*variables: bytes) -> bytes:
+    return (
+        _header(6, "WhisperSpec")[:-4]
+        + struct.pack("<I", len(variables))
+        + b"".join(variables)
+        + struct.pack("<I", 0)
+    )
+
+
+def _edit(name: str, edit):
+    def apply(directory: Path) -> None:
+        path = directory / name
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+    return apply
+
+
+def _replace(name: str, how: str):
+    def apply(directory: Path) -> None:
+        (directory / name).unlink()
+        if how == "fifo":
+            os.mkfifo(directory / name)
+        else:
+            (directory / name).symlink_to("/dev/zero")
+
+    return apply
+
+
+HANDED = {
+    "config-list": (
+        lambda d: (d / "config.json").write_text("[1]"),
+        r"config\.json: not a JSON object",
+    ),
+    "config-deep": (
+        lambda d: (d / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+        r"config\.json: not valid JSON \(nested deeper than",
+    ),
+    "suppress-int": (
+        _edit("config.json", lambda c: {**c, "suppress_ids": 5}),
+        r"config\.json: suppress_ids must be a list of token ids, got 5",
+    ),
+    "heads-flat": (
+        _edit("config.json", lambda c: {**c, "alignment_heads": [1, 2]}),
+        r"alignment_heads must be a list of \[layer, head\] pairs",
+    ),
+    "tokenizer-model-list": (
+        _edit("tokenizer.json", lambda t: {**t, "model": [1]}),
+        r"tokenizer\.json: not a byte-level BPE",
+    ),
+    "tokenizer-added-no-id": (
+        _edit("tokenizer.json", lambda t: {**t, "added_tokens": [{"content": "x"}]}),
+        r"tokenizer\.json: added_tokens must be a list of objects with an integer id",
+    ),
+    "vocabulary-zero": (
+        _replace("vocabulary.txt", "zero"),
+        r"vocabulary\.txt: a character device, not a regular file",
+    ),
+    "model-bin-fifo": (_replace("model.bin", "fifo"), r"model\.bin: a FIFO, not a regular file"),
+    "model-bin-overflow": (
+        # dims whose product wraps int64 to 0, with 0 bytes of data
+        lambda d: (d / "model.bin").write_bytes(
+            _model_bin(_variable("encoder/x", (1 << 22, 1 << 22, 1 << 20), 0, b""))
+        ),
+        r"encoder/x: 0 bytes do not fit shape",
+    ),
+    "model-bin-flag-vector": (
+        lambda d: (d / "model.bin").write_bytes(
+            _model_bin(_variable("decoder/activation", (2,), 3, struct.pack("<2i", 3, 3)))
+        ),
+        r"decoder/activation holds \(2,\) values, not one number",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HANDED))
+def test_handed_files_of_the_wrong_kind_are_named(ct2_tiny_en: Path, tmp_path: Path, case: str):
+    """Each raised an AttributeError, TypeError, KeyError, RecursionError or ValueError, hung
+    (a FIFO model.bin was called missing) or read /dev/zero as a vocabulary."""
+    edit, message = HANDED[case]
+    bad = _copy_ct2_dir(ct2_tiny_en, tmp_path / "ct2", (ct2_tiny_en / "model.bin").read_bytes())
+    edit(bad)
+    with pytest.raises(UserError, match=message):
+        import_ct2(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_asrforge_s_own_ct2_export_imports_back_with_equal_weights(tmp_path: Path) -> None:
+    """CTranslate2 stores equal tensors once (a fresh model's zero biases and unit norms) and
+    safetensors refused to write the aliases back as separate weights."""
+    pytest.importorskip("ctranslate2")
+    from asrforge.bundle.export import export_bundle
+    from tests.test_data_hardening import save_random_whisper
+
+    save_random_whisper(tmp_path / "hf")
+    ct2_dir = export_bundle(tmp_path / "hf", tmp_path / "ct2", fmt="ct2")
+    back = WhisperForConditionalGeneration.from_pretrained(import_ct2(ct2_dir, tmp_path / "back"))
+    original = WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf")
+    want, got = original.state_dict(), back.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+    assert back.proj_out.weight.data_ptr() == back.model.decoder.embed_tokens.weight.data_ptr()
 
 
 def test_bad_directories_are_user_errors(ct2_tiny_en: Path, tmp_path: Path) -> None:

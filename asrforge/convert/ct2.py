@@ -6,6 +6,7 @@ How it works: docs/bundle.md, "Importing a CTranslate2 model (`convert/ct2.py`)"
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -13,6 +14,7 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +28,13 @@ from transformers import (
 from asrforge.errors import CheckpointNotSupportedError, UserError
 from asrforge.hub import CT2_FILES, resolve
 from asrforge.io.atomic import fsync_dir, fsync_file
+from asrforge.io.small_files import (
+    CONFIG_BYTES,
+    TOKENIZER_BYTES,
+    open_regular,
+    read_json,
+    read_text,
+)
 from asrforge.model.build import feature_extractor
 from asrforge.model.frames import window_seconds
 from asrforge.model.tokenizer import SpecialTokens
@@ -80,8 +89,10 @@ def import_ct2(ct2_dir: str | Path, out_dir: Path, *, dtype: str = "float32") ->
         raise UserError(f"{ct2_dir}: not a directory (expected a CTranslate2 Whisper model)")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir}: already exists and is not an empty directory")
-    ct2_config = _read_json(ct2_dir / "config.json")
-    tokenizer_json = _read_json(ct2_dir / "tokenizer.json")
+    ct2_config = _ct2_config(ct2_dir / "config.json")
+    tokenizer_json = _read_json(ct2_dir / "tokenizer.json", TOKENIZER_BYTES)
+    if not isinstance(tokenizer_json, dict):
+        raise UserError(f"{ct2_dir / 'tokenizer.json'}: not a JSON object")
     vocabulary = _read_vocabulary(ct2_dir)
 
     variables = read_model_bin(ct2_dir / "model.bin")
@@ -111,7 +122,7 @@ def import_ct2(ct2_dir: str | Path, out_dir: Path, *, dtype: str = "float32") ->
     config.architectures = ["WhisperForConditionalGeneration"]
     _check_against_model(config, state)
     torch_dtype = DTYPES[dtype]
-    state = {k: v.to(torch_dtype).contiguous() for k, v in state.items()}
+    state = _unshared({k: v.to(torch_dtype).contiguous() for k, v in state.items()})
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -174,13 +185,20 @@ def read_model_bin(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, str]]:
     # Returns name -> (type id, array as stored) and alias -> target.
-    if not path.is_file():
-        raise UserError(f"{path}: missing (a CTranslate2 model directory has a model.bin)")
-    with path.open("rb") as handle:
-        try:
-            buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            raise UserError(f"{path}: empty file, not a CTranslate2 model") from None
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: missing (a CTranslate2 model directory has a model.bin)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except ValueError:  # an empty file cannot be mapped
+        raise UserError(f"{path}: empty file, not a CTranslate2 model") from None
+    finally:
+        os.close(fd)
     pos = 0
 
     def take(fmt: str) -> tuple:
@@ -227,7 +245,8 @@ def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, 
         if type_id not in _DTYPES:
             raise UserError(f"{path}: {name}: unknown type id {type_id}")
         dt = np.dtype(_DTYPES[type_id]).newbyteorder("<")
-        if nbytes != int(np.prod(dims, dtype=np.int64)) * dt.itemsize:
+        # math.prod, not numpy's: int64 wraps, and a product of huge dims could match nbytes
+        if nbytes != math.prod(dims) * dt.itemsize:
             raise UserError(f"{path}: {name}: {nbytes} bytes do not fit shape {list(dims)}")
         if pos + nbytes > len(buf):
             raise UserError(
@@ -243,6 +262,28 @@ def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, 
     if pos != len(buf):
         raise UserError(f"{path}: {len(buf) - pos} unexpected bytes after the last alias")
     return raw, aliases
+
+
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each tensor that overlaps another in memory copied.
+
+    CTranslate2 stores equal tensors once under aliases (the zero biases and unit norms of a
+    fresh model, the tied embeddings), and safetensors refuses to write tensors that share
+    memory; these are separate weights of transformers' model, each saved under its own name.
+    The tied output projection is left out before this (transformers ties it on loading).
+    """
+    taken: dict[int, list[tuple[int, int]]] = {}
+    out = {}
+    for name, tensor in state.items():
+        start = tensor.storage_offset() * tensor.element_size()
+        span = (start, start + tensor.numel() * tensor.element_size())
+        spans = taken.setdefault(tensor.untyped_storage().data_ptr(), [])
+        if any(a < span[1] and span[0] < b for a, b in spans):
+            tensor = tensor.clone()
+        else:
+            spans.append(span)
+        out[name] = tensor
+    return out
 
 
 def _dequantize(
@@ -269,6 +310,11 @@ def _dequantize(
 
 def _to_hf_state_dict(v: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
     """CTranslate2 variables -> transformers state dict and the config's shape fields."""
+    for name in [*_EXPECTED_FLAGS, "encoder/num_heads", "decoder/num_heads"]:
+        if name in v and v[name].numel() != 1:
+            raise UserError(
+                f"model.bin: {name} holds {tuple(v[name].shape)} values, not one number"
+            )
     for name, expected in _EXPECTED_FLAGS.items():
         if name in v and int(v[name]) != expected:
             raise CheckpointNotSupportedError(
@@ -433,30 +479,66 @@ def _special_tokens(config: WhisperConfig, ct2: dict, ids: dict[str, int]) -> Sp
     )
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
+def _read_json(path: Path, limit: int = CONFIG_BYTES) -> Any:
+    try:
+        return read_json(path, limit)
+    except FileNotFoundError:
         raise UserError(
             f"{path}: missing (a CTranslate2 Whisper directory has config.json and "
             "tokenizer.json; copy tokenizer.json from the original model if absent)"
+        ) from None
+
+
+_ID_LISTS = ("suppress_ids", "suppress_ids_begin", "lang_ids")
+
+
+def _ct2_config(path: Path) -> dict:
+    """CTranslate2's ``config.json``: an object whose token id lists are lists of integers and
+    whose ``alignment_heads`` are ``[layer, head]`` pairs.
+
+    Raises:
+        UserError: naming the file and each field of the wrong kind.
+    """
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a JSON object")
+
+    def ints(value: Any, n: int | None = None) -> bool:
+        return (
+            isinstance(value, list)
+            and (n is None or len(value) == n)
+            and all(type(x) is int for x in value)
         )
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+
+    wrong = [
+        f"{name} must be a list of token ids, got {config[name]!r:.40}"
+        for name in _ID_LISTS
+        if config.get(name) is not None and not ints(config[name])
+    ]
+    heads = config.get("alignment_heads")
+    if heads is not None and not (isinstance(heads, list) and all(ints(h, 2) for h in heads)):
+        wrong.append(f"alignment_heads must be a list of [layer, head] pairs, got {heads!r:.40}")
+    if wrong:
+        raise UserError(f"{path}: " + "; ".join(wrong))
+    return config
 
 
 def _read_vocabulary(ct2_dir: Path) -> list[str]:
     """Tokens in id order from ``vocabulary.json`` (newer ctranslate2) or ``vocabulary.txt``."""
-    if (ct2_dir / "vocabulary.json").is_file():
-        tokens = _read_json(ct2_dir / "vocabulary.json")
-        if not isinstance(tokens, list):
+    # exists(), not is_file(): a FIFO or a device there is refused by name, not passed over
+    if (ct2_dir / "vocabulary.json").exists():
+        tokens = _read_json(ct2_dir / "vocabulary.json", TOKENIZER_BYTES)
+        if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
             raise UserError(f"{ct2_dir / 'vocabulary.json'}: expected a list of tokens")
         return tokens
     path = ct2_dir / "vocabulary.txt"
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{ct2_dir}: has neither vocabulary.txt nor vocabulary.json")
+    try:
+        text = read_text(path, TOKENIZER_BYTES)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
     # One token per line; byte-level BPE tokens never contain a newline.
-    text = path.read_text(encoding="utf-8")
     return text.removesuffix("\n").split("\n")
 
 
@@ -468,8 +550,25 @@ def _complete_tokenizer(tok: dict, vocabulary: list[str], where: Path) -> tuple[
         ``<|endoftext|>``, in id order (the tokenizer's ``additional_special_tokens``).
     """
     model = tok.get("model", {})
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+    if (
+        not isinstance(model, dict)
+        or model.get("type") != "BPE"
+        or not isinstance(model.get("vocab"), dict)
+        or not all(type(i) is int for i in model["vocab"].values())
+    ):
         raise UserError(f"{where / 'tokenizer.json'}: not a byte-level BPE (Whisper) tokenizer")
+    added = tok.get("added_tokens", [])
+    if not (
+        isinstance(added, list)
+        and all(
+            isinstance(a, dict) and type(a.get("id")) is int and isinstance(a.get("content"), str)
+            for a in added
+        )
+    ):
+        raise UserError(
+            f"{where / 'tokenizer.json'}: added_tokens must be a list of objects with an integer "
+            "id and a string content"
+        )
     by_id = {i: t for t, i in model["vocab"].items()}
     by_id.update({a["id"]: a["content"] for a in tok.get("added_tokens", [])})
     for i, token in sorted(by_id.items()):

@@ -44,6 +44,27 @@ def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n >= 2**20 else f"{n} bytes"
 
 
+def open_regular(path: Path) -> int:
+    """A blocking read-only descriptor of the regular file ``path`` (the caller closes it).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (what that means is the caller's to say).
+        ValueError: not a regular file (the message says what it is; the caller names it).
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+            raise ValueError(f"{kind}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_bytes(path: Path, limit: int) -> bytes:
     """The contents of the regular file ``path``, at most ``limit`` bytes.
 
@@ -53,15 +74,11 @@ def read_bytes(path: Path, limit: int) -> bytes:
             caller names the file.
         OSError: it cannot be opened or read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    fd = open_regular(path)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
-            raise ValueError(f"{kind}, not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"larger than {_size(limit)} ({info.st_size} bytes)")
-        os.set_blocking(fd, True)
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"larger than {_size(limit)} ({size} bytes)")
         # A file still growing is cut at the limit rather than read to its end.
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limit + 1)
