@@ -183,6 +183,21 @@ def test_cli(tmp_path, capsys):
         average_command.run(parser.parse_args(["average", str(run), *both]))
 
 
+def test_cli_out_through_a_symlink_names_the_real_path_before_any_work(tmp_path):
+    """The link's own entry would be replaced: "Not a directory (errno 20)" after averaging."""
+    run = _run_dir(tmp_path)
+    parser = argparse.ArgumentParser(prog="asrforge")
+    average_command.add_parser(parser.add_subparsers(dest="command"))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    args = parser.parse_args(["average", str(run), "--k", "2", "--out", str(tmp_path / "link")])
+    real = tmp_path / "real"
+    with pytest.raises(UserError, match=rf"--out .*link: a symlink \(to real\); give the real "
+                                        rf"path \({real}\)"):  # fmt: skip
+        average_command.run(args)
+    assert not any(real.iterdir()) and (tmp_path / "link").is_symlink()
+
+
 def test_the_library_refuses_weights_with_a_weights_file(tmp_path):
     run = _run_dir(tmp_path)
     ckpt = run / "checkpoints" / "step-000002"

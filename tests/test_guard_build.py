@@ -153,6 +153,19 @@ def test_bad_inputs_exit_2_naming_the_input(tmp_path, clips, capsys, bad):
 
 
 @pytest.mark.fast
+def test_out_through_a_symlink_names_the_real_path(tmp_path, clips, capsys):
+    """The link's own entry would be replaced: "Not a directory (errno 20)" after the work."""
+    clip = tmp_path / "corpus" / clips[0]["file"]
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    assert main(["guard", "build", str(clip), "--out", str(tmp_path / "link")]) == 2
+    err = capsys.readouterr().err
+    real = tmp_path / "real"
+    assert f"--out {tmp_path / 'link'}: a symlink (to real); give the real path ({real})" in err
+    assert not any(real.iterdir())
+
+
+@pytest.mark.fast
 def test_model_references_are_refused_unless_every_recording_gets_one(monkeypatch):
     """A recording longer than the model's window, or one it transcribes as nothing, gets no
     reference; a guard with references on only some recordings would silently measure drift

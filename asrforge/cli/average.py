@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from asrforge.errors import UserError
+from asrforge.io.directories import symlink_problem
 
 # Averaging loads torch: imported inside the handler, so building the parser (`asrforge --help`)
 # does not wait for it.
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise UserError(f"--k: must be >= 1, got {args.k}")
+    if args.out is not None and (problem := symlink_problem(args.out)):
+        raise UserError(f"--out {problem}")
     out = average_top_k(
         args.run_dir,
         args.metric,

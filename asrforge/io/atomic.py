@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asrforge.errors import CheckpointSaveError
+from asrforge.io.directories import symlink_problem
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -90,9 +91,10 @@ def directory_problem(path: Path) -> str | None:
 
 
 def empty_directory_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be written as a new directory, or None: :func:`directory_problem`,
-    or a directory that already holds something (never written over)."""
-    if problem := directory_problem(path):
+    """Why ``path`` cannot be written as a new directory, or None: :func:`symlink_problem`,
+    :func:`directory_problem`, or a directory that already holds something (never written
+    over)."""
+    if problem := symlink_problem(path) or directory_problem(path):
         return problem
     if Path(path).is_dir() and any(Path(path).iterdir()):
         return f"{path}: exists and is not empty"
