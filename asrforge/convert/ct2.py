@@ -245,7 +245,7 @@ def _read_raw(path: Path) -> tuple[dict[str, tuple[int, np.ndarray]], dict[str, 
         if type_id not in _DTYPES:
             raise UserError(f"{path}: {name}: unknown type id {type_id}")
         dt = np.dtype(_DTYPES[type_id]).newbyteorder("<")
-        # math.prod, not numpy's: int64 wraps, and a product of huge dims could match nbytes
+        # Python ints, since numpy's int64 product wraps and huge dims could then match nbytes.
         if nbytes != math.prod(dims) * dt.itemsize:
             raise UserError(f"{path}: {name}: {nbytes} bytes do not fit shape {list(dims)}")
         if pos + nbytes > len(buf):
@@ -525,7 +525,7 @@ def _ct2_config(path: Path) -> dict:
 
 def _read_vocabulary(ct2_dir: Path) -> list[str]:
     """Tokens in id order from ``vocabulary.json`` (newer ctranslate2) or ``vocabulary.txt``."""
-    # exists(), not is_file(): a FIFO or a device there is refused by name, not passed over
+    # A FIFO or a device here is refused by name rather than passed over as absent.
     if (ct2_dir / "vocabulary.json").exists():
         tokens = _read_json(ct2_dir / "vocabulary.json", TOKENIZER_BYTES)
         if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):

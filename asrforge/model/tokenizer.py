@@ -107,7 +107,7 @@ def load_tokenizer(path: Path) -> WhisperTokenizer:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"tokenizer directory {path} does not exist")
-    # exists(), not is_file(): a FIFO or a device there is refused rather than read by transformers
+    # A FIFO or a device here is refused by name rather than left for transformers to read.
     if (path / "tokenizer.json").exists():
         check_tokenizer_json(path / "tokenizer.json")
     try:
