@@ -496,7 +496,8 @@ def load_saved(path: Path):
     """
     import datasets
 
-    empty = [name for name, files in _saved_splits(path).items() if not files]
+    splits = _saved_splits(path)
+    empty = [name for name, files in splits.items() if not files and name is not None]
     if empty:  # datasets' load_from_disk fails on them with an IndexError
         raise UserError(
             f"data.path: {path}: split(s) {', '.join(map(repr, empty))} have no rows; "

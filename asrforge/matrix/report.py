@@ -144,7 +144,7 @@ def _records(path: Path, *, last: bool = False) -> list[dict[str, Any]] | None:
         try:
             rec = parse_json(line)
         except ValueError:
-            if last or number < len(lines):
+            if line.strip() and (last or number < len(lines)):
                 skipped.append(number)
             continue
         step = rec.get("step") if isinstance(rec, dict) else None
