@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise UserError(f"--k: must be >= 1, got {args.k}")
-    if args.out is not None and (problem := symlink_problem(args.out)):
+    if args.out is not None and args.out.exists() and (problem := symlink_problem(args.out)):
         raise UserError(f"--out {problem}")
     out = average_top_k(
         args.run_dir,

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     _kind, path = attempt(
         lambda: resolve_source(args.source, bundle_ok=bundle_ok), problems
     ) or (None, None)
-    if args.out is not None and (problem := symlink_problem(args.out)):
+    if args.out is not None and args.out.exists() and (problem := symlink_problem(args.out)):
         # the bundle replaces the link's own entry, not the directory it points to
         problems.append(f"--out {problem}")
     elif args.out is not None and (problem := directory_problem(args.out)):

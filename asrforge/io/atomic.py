@@ -94,7 +94,8 @@ def empty_directory_problem(path: Path) -> str | None:
     """Why ``path`` cannot be written as a new directory, or None: :func:`symlink_problem`,
     :func:`directory_problem`, or a directory that already holds something (never written
     over)."""
-    if problem := symlink_problem(path) or directory_problem(path):
+    # a broken link is directory_problem's to name
+    if problem := (Path(path).exists() and symlink_problem(path)) or directory_problem(path):
         return problem
     if Path(path).is_dir() and any(Path(path).iterdir()):
         return f"{path}: exists and is not empty"
