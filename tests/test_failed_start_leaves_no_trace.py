@@ -14,6 +14,8 @@ import pytest
 
 from asrforge.cli import main
 from asrforge.train import setup
+from asrforge.train.events import Callback
+from asrforge.train.loop import Trainer
 from asrforge.train.run_dir import RunDirBefore
 from tests.conftest import tiny_config
 
@@ -173,6 +175,39 @@ def test_a_signal_during_set_up_removes_what_the_start_made(
     assert {"train.log", "checkpoints"} <= set(made)
     assert not (tmp_path / "runs").exists()
     assert signal.getsignal(signal.SIGTERM) is default  # handed back
+
+
+class SignalAt(Callback):
+    """Sends this process a signal at an event, as Ctrl-C right after set-up would."""
+
+    name = "signal_at"
+
+    def __init__(self, event: str, signum: int):
+        self.event, self.signum = event, signum
+
+    def on_train_begin(self, state, *, run):
+        if self.event == "on_train_begin":
+            os.kill(os.getpid(), self.signum)
+
+    def on_step_begin(self, state, *, step):
+        if self.event == "on_step_begin":
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("event", ["on_train_begin", "on_step_begin"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_signal_after_set_up_before_the_first_step_ends_stops_at_once(
+    tmp_path, tones_dir, event, signum
+):
+    out = tmp_path / "runs" / "run"
+    cfg = tiny_config(out, tones_dir, checkpoint={"checkpoint_every": 1})
+    default = signal.getsignal(signum)
+    # not "finishing this step, saving": nothing was trained or saved, so nothing is lost
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, [SignalAt(event, signum)]).fit()
+    assert not (tmp_path / "runs").exists()
+    assert signal.getsignal(signum) is default  # handed back
 
 
 @pytest.mark.fast

@@ -23,6 +23,7 @@ from asrforge.run_layout import CHECKPOINTS
 from asrforge.selection.policies import format_metrics
 from asrforge.train.events import Callback, CallbackList
 from asrforge.train.precision import choose_precision, model_width
+from asrforge.train.ranks import agree_to_stop
 from asrforge.train.run import FitResult, TrainingRun
 from asrforge.train.run_dir import RunDirBefore
 from asrforge.train.run_log import is_rank_zero
@@ -149,6 +150,11 @@ class Trainer:
         cfg, state, callbacks = self.cfg, run.state, run.callbacks
         run.setup.startup.restart()  # "first step" counts from here
         run.model.train()  # TrainingWhisper.train keeps a frozen encoder part in eval mode
+        # One rank stopping alone would leave the others waiting in the first step's all-reduce.
+        if run.acc.num_processes > 1 and not self._began():
+            signal_name, _ = agree_to_stop(run.acc, self._signal, None)
+            if signal_name is not None:
+                raise KeyboardInterrupt(signal_name)
         batches = run.micro_batches()
         while state.step < run.max_steps and not state.should_stop:
             metrics = run.train_step(batches)
@@ -243,8 +249,11 @@ class Trainer:
 
         def handler(signum, _frame):
             name = signal.Signals(signum).name
+            # Before the run began nothing is lost by stopping at once, and the start is undone
+            # as in set-up; several processes agree on it before the first step instead.
+            one = self._run is not None and self._run.acc.num_processes == 1
             # A second signal stops the run at once.
-            if self._signal is not None:
+            if self._signal is not None or (one and not self._began()):
                 raise KeyboardInterrupt(name)
             self._signal = name
             log.warning("%s received: finishing this step, saving, then exiting", name)
