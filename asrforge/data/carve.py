@@ -5,7 +5,6 @@ none: stratified by language (:func:`carve_rows`); the rows are written to the r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -15,7 +14,7 @@ import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.columns import arrow_columns, language_codes
-from asrforge.data.ids import row_keys
+from asrforge.data.ids import keys_digest, row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
@@ -168,8 +167,8 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(record, json.dumps({
                 "size": carve.size, "seed": carve.seed, "train_rows": len(train),
-                "rows": rows.tolist(), "held_out_sha256": _keys_digest(keys[i] for i in rows),
-                "split_sha256": _keys_digest(keys),
+                "rows": rows.tolist(), "held_out_sha256": keys_digest(keys[i] for i in rows),
+                "split_sha256": keys_digest(keys),
             }))  # fmt: skip
     held = np.zeros(len(train), dtype=bool)
     held[rows] = True
@@ -244,9 +243,9 @@ def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, whe
                     "wrote it): only the row count (%d) is checked", record, len(train))  # fmt: skip
         return
     keys = row_keys(train)
-    if _keys_digest(keys[i] for i in rows) != saved["held_out_sha256"]:
+    if keys_digest(keys[i] for i in rows) != saved["held_out_sha256"]:
         changed = f"the {len(rows)} held-out rows (by id, else audio path and text) are others"
-    elif _keys_digest(keys) != saved["split_sha256"]:
+    elif keys_digest(keys) != saved["split_sha256"]:
         changed = "the held-out rows are the same, but the other rows are reordered or replaced"
     else:
         return
@@ -256,11 +255,3 @@ def check_carved_data(saved: dict, train, rows: np.ndarray, *, record: Path, whe
         + (remedy or "Resume on the data the run started with, or start a new run (another "
            "output_dir)")
     )  # fmt: skip
-
-
-def _keys_digest(keys) -> str:
-    h = hashlib.sha256()
-    for key in keys:
-        h.update(key.encode())
-        h.update(b"\n")
-    return h.hexdigest()

@@ -1,5 +1,6 @@
-"""What names a row and its audio: a row's id, a row's key for the evaluation carve, an audio
-path as a row reads it, and the caches' key of a clip's audio.
+"""What names a row and its audio: a row's id, a row's key for the evaluation carve and the
+resume's check of the training data (and their digest), an audio path as a row reads it, and the
+caches' key of a clip's audio.
 
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
 transform): a relative audio path is joined to the audio root there, and rows without an ``id``
@@ -108,6 +109,16 @@ def row_keys(split) -> list[str]:
         paths += given_paths(batch.column("audio")).to_pylist()
     texts = split["text"] if "text" in split.column_names else [None] * len(split)
     return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
+
+
+def keys_digest(keys) -> str:
+    """sha256 of row keys (:func:`row_keys`) in order: what a run records to know its data again
+    (the carve's rows, the training split's usable utterances)."""
+    h = hashlib.sha256()
+    for key in keys:
+        h.update(key.encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def audio_source(audio) -> bytes | str | None:
