@@ -1,8 +1,10 @@
 """What ``--resume`` refuses before it changes anything: a config that no longer fits the
-checkpoint (issue 12 item 18) and a run whose every checkpoint is damaged (item 19)."""
+checkpoint (issue 12 item 18), a run whose every checkpoint is damaged (item 19), and training
+data other than the checkpoint's."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -100,3 +102,38 @@ def test_resume_with_every_checkpoint_damaged_is_refused_unless_starting_over(ru
         with pytest.raises(CheckpointCorruptError):
             verify(aside / name)
     assert verify(ckpts / "step-000003")["step"] == 3  # trained again from step 0
+
+
+def _write_corpus(root: Path, clips: list[dict]) -> Path:
+    """The ``clips`` fixture's rows as ``train.jsonl`` and ``validation.jsonl`` beside them."""
+    for split in ("train", "validation"):
+        rows = [{"audio": c["file"], "text": c["text"], "language": c["language"]}
+                for c in clips if c["split"] == split]  # fmt: skip
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_a_resume_on_other_training_data_is_refused_naming_what_changed(tmp_path, clips, capsys):
+    corpus = _write_corpus(tmp_path / "corpus", clips)
+    out, config = tmp_path / "run", tmp_path / "run.yaml"
+    no_eval = {"eval_steps": None, "at_end": False}
+    config.write_text(tiny_config(out, corpus, train={"max_steps": 2}, eval=no_eval).to_yaml())
+    assert main(["train", str(config)]) == 0
+    capsys.readouterr()
+    train = corpus / "train.jsonl"
+    lines = train.read_text().splitlines(keepends=True)
+    before = _snapshot(out)
+    for edited, changed in (
+        (lines[::-1], f"the same count ({len(lines)}), but other utterances or another order"),
+        (lines[::-1][:-10], f"{len(lines)} usable utterance(s) then, {len(lines) - 10} now"),
+    ):
+        train.write_text("".join(edited))
+        assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 2
+        err = capsys.readouterr().err
+        assert changed in err, err
+        assert f"checkpoint {out / 'checkpoints' / 'step-000002'}" in err and "output_dir" in err
+        assert "Traceback" not in err
+        assert _snapshot(out) == before
+    train.write_text("".join(lines))
+    assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
+    assert verify(out / "checkpoints" / "step-000003")["step"] == 3

@@ -85,23 +85,29 @@ def test_an_old_state_loads_with_the_same_dropped_ids(saved, dropped):
     assert TrainState.from_dict(state.to_dict()) == state
 
 
-def test_a_checkpoint_with_an_old_state_resumes(tmp_path, tones_dir):
+def test_a_checkpoint_with_an_old_state_resumes(tmp_path, tones_dir, caplog):
     out = tmp_path / "run"
     Trainer(tiny_config(out, tones_dir, train={"max_steps": 3}, eval=NO_EVAL)).fit()
     ckpt = out / "checkpoints" / "step-000003"
     state = json.loads((ckpt / "train_state.json").read_text())
-    state.update(dropped={}, dropped_utterances=["ghost"])  # the old shape, resealed
+    recorded = state.pop("train_data")  # the old shape, resealed
+    state.update(dropped={}, dropped_utterances=["ghost"])
     (ckpt / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
     manifest = read_manifest(ckpt)
     write_manifest(
         ckpt, {k: v for k, v in manifest.items() if k not in ("format_version", "files")}
     )
 
-    result = Trainer(tiny_config(out, tones_dir, train={"max_steps": 4}, eval=NO_EVAL)).fit(
-        resume=True
-    )
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        result = Trainer(tiny_config(out, tones_dir, train={"max_steps": 4}, eval=NO_EVAL)).fit(
+            resume=True
+        )
     assert result.status == "completed" and result.step == 4
+    # the training data is not compared, once, and recorded from then on
+    unchecked = [r for r in caplog.records if "records no fingerprint" in r.getMessage()]
+    assert len(unchecked) == 1 and unchecked[0].levelno == logging.INFO
     resumed = json.loads((out / "checkpoints" / "step-000004" / "train_state.json").read_text())
+    assert resumed["train_data"] == recorded
     assert resumed["dropped"] == {"failed to decode": ["ghost"]}
     assert "dropped_utterances" not in resumed
     assert json.loads((out / "skipped-train.json").read_text())["failed to decode"] == ["ghost"]

@@ -10,6 +10,9 @@ refused resume leaves the run directory as it was:
   with. A change of the model's shape, vocabulary or trained parameters (which the weights and
   the optimizer state depend on), or of the optimizer, is refused, listing every differing
   field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged.
+
+Once the training split is prepared, :func:`check_resume_data` refuses utterances other than the
+checkpoint's (before the run's config.yaml is written).
 """
 
 from __future__ import annotations
@@ -275,6 +278,45 @@ def check_resume_commits(recorded: dict, now: dict, where: Path) -> None:
         )
     if moved:
         raise UserError(f"--resume: {where}: " + "; ".join(moved))
+
+
+def check_resume_data(
+    recorded: dict | None, now: dict, where: Path, data: str, log: logging.Logger | None = None
+) -> None:
+    """Refuse a resume on training utterances other than the ones the checkpoint trained on:
+    its data position (batches of an epoch's order) would skip some and repeat others.
+
+    Args:
+        recorded: the checkpoint's ``train_data`` (``utterances``, ``sha256``); empty in one
+            saved before it was recorded, which resumes as before, unchecked.
+        now: the same for the training split prepared now.
+        data: the training data, as messages name it.
+
+    Raises:
+        UserError: naming ``data``, the checkpoint, and what changed (the count, else the
+            utterances or their order).
+    """
+    if not recorded:
+        (log or logging.getLogger(__name__)).info(
+            "resume: %s records no fingerprint of the training utterances (an earlier asrforge, "
+            "or a streamed run saved it): %s is not compared with them", where, data
+        )  # fmt: skip
+        return
+    before, after = recorded.get("utterances"), now.get("utterances")
+    if before != after:
+        changed = f"{before} usable utterance(s) then, {after} now"
+    elif recorded.get("sha256") != now.get("sha256"):
+        changed = (
+            f"the same count ({after}), but other utterances or another order (by id, else "
+            "audio path and text)"
+        )
+    else:
+        return
+    raise UserError(
+        f"--resume: {data} is not the training data the checkpoint {where} was trained on: "
+        f"{changed}, so the resumed epoch would skip or repeat utterances. Resume on the data "
+        "the run started with, or start a new run in another output_dir"
+    )
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -86,6 +86,9 @@ class SpeechDataset(Dataset):
         self.epoch = 0
         # The first replay utterance (data.replay; data/replay.py), None without replay.
         self.replay_from: int | None = None
+        # The training utterances (before replay) as UtteranceTable.fingerprint gives them, for
+        # a resume to know them again; None for an evaluation set.
+        self.fingerprint: dict[str, int | str] | None = None
         # <|startoftranscript|>'s id when the language token after it is a target
         # (data.language_target; training sets only), None when no prompt position is.
         self.language_after: int | None = None

@@ -115,7 +115,7 @@ class TrainingRun:
         self.scheduler = build_scheduler(optimizer, cfg.optim, self.max_steps)
         # Taken before a resume loads its checkpoint: the start of the run it continues.
         self.start = StartingModel.of_run(cfg, training_model)
-        self.state = TrainState()
+        self.state = TrainState(train_data=setup.train_data)
         self.ema: EMA | None = None
         self.evaluations = RunEvaluations(self)
         """The guard, each evaluation and the selector's judgement of it."""
@@ -150,6 +150,8 @@ class TrainingRun:
             self.acc.scaler.load_state_dict(ckpt.scaler)
         try:
             state = self.state = TrainState.from_dict(ckpt.train_state)
+            # set-up checked the data against the checkpoint's (or it recorded none)
+            state.train_data = self.setup.train_data
             # A checkpoint from before the selector kept "best" has it in the training state.
             if state.selection:
                 self.setup.selector.load_state_dict({"best": state.best, **state.selection})

@@ -113,6 +113,10 @@ class RunSetup:
     checked as they stream by); the clips the workers drop during training are added to it in
     ``skipped-<split>.json`` (:func:`asrforge.train.records.write_skip_report`)."""
 
+    train_data: dict = field(default_factory=dict)
+    """The training split's usable utterances, identified (``SpeechDataset.fingerprint``) for
+    every checkpoint's ``TrainState.train_data``; empty for a stream."""
+
     @property
     def model(self):
         return self.model_bundle.model
@@ -160,8 +164,9 @@ def prepare_run(
     clock.lap("model")
     n_params = log_model(bundle.model)
     # The data sets check labels with the tokenizer and clips against the model's window.
+    # A resume on other training utterances is refused before their skip report is written.
     train_set, eval_set, train_skipped, packing = setup_data(
-        cfg, out, acc, bundle, train_source, eval_split, precision, resuming=resume_from is not None
+        cfg, out, acc, bundle, train_source, eval_split, precision, resume_from=resume_from
     )
     clock.lap(data_phase(cfg, packing))
     # The selection policy is chosen by the languages the training set holds.
@@ -215,6 +220,8 @@ def prepare_run(
         lora_base=lora_base,
         hub_commits=commits,
         train_skipped=train_skipped,
+        # a stream's shards are checked and recorded on their own (stream_position)
+        train_data={} if isinstance(train_set, StreamedSplit) else train_set.fingerprint,
     )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from asrforge.checkpoint import (
     TrainingCheckpoint,
 )
+from asrforge.checkpoint.resume import check_resume_data
 from asrforge.config import TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.cache.encoder import EncoderCache
@@ -70,18 +71,18 @@ def setup_data(
     train_source,
     eval_split,
     precision: str,
-    resuming: bool = False,
+    resume_from: TrainingCheckpoint | None = None,
 ) -> tuple[SpeechDataset | StreamedSplit, SpeechDataset, SkipReport, Packing | None]:
     """The training and evaluation data sets with their caches, the training split's skip
     report, and with ``data.pack.enabled`` the packed windows."""
     model = bundle.model
     if isinstance(train_source, StreamedSplit):
         train_set, eval_set, train_skipped = build_stream_datasets(
-            cfg, out, acc, bundle, train_source, eval_split, resuming=resuming
+            cfg, out, acc, bundle, train_source, eval_split, resuming=resume_from is not None
         )
     else:
         train_set, eval_set, train_skipped = build_datasets(
-            cfg, out, acc, bundle, train_source, eval_split, resuming=resuming
+            cfg, out, acc, bundle, train_source, eval_split, resume_from=resume_from
         )
     if cfg.data.cache_features:
         attach_feature_cache(cfg, out, acc, bundle, train_set, eval_set)
@@ -192,11 +193,12 @@ def build_datasets(
     train_split,
     eval_split,
     *,
-    resuming: bool = False,
+    resume_from: TrainingCheckpoint | None = None,
 ) -> tuple[SpeechDataset, SpeechDataset, SkipReport]:
     """The training and evaluation data sets: each split's usable utterances (the skipped ones
     reported in the log and ``skipped-<split>.json``), and the training split's report; no
-    usable training utterance is a UserError.
+    usable training utterance is a UserError, and neither is, resuming, usable training
+    utterances other than the checkpoint's (:func:`check_resume_data`).
 
     The training split is prepared lazily (:func:`prepare_split`: metadata up front, audio and
     labels checked in the workers) unless packing or a cache needs every clip's duration,
@@ -237,6 +239,11 @@ def build_datasets(
                 tokenizer=bundle.tokenizer, eot=eot, device=acc.device,
             ),
         )  # fmt: skip
+    fingerprint = train_utts.fingerprint()
+    if resume_from is not None and train_utts:
+        check_resume_data(resume_from.train_state.get("train_data"), fingerprint,
+                          resume_from.path, f"data.path {data.path} (split {data.train_split})",
+                          log)  # fmt: skip
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:
@@ -244,10 +251,12 @@ def build_datasets(
     if not eval_utts:
         raise eval_report.nothing_usable(cfg.data.path, cfg.data.languages)
     if data.replay is not None:
+        # the replay rows are checked against the run's replay.json, not the fingerprint
         train_split, train_utts = join_replay(
-            cfg, out, acc, kw, train_split, train_utts, resuming=resuming
+            cfg, out, acc, kw, train_split, train_utts, resuming=resume_from is not None
         )
     train_set = SpeechDataset(train_split, train_utts, bundle.features, eot)
+    train_set.fingerprint = fingerprint
     if isinstance(train_utts, ReplayUtterances):
         train_set.replay_from = train_utts.first_replay
     train_set.language_after = language_label_after(bundle.specials, cfg.data.language_target)

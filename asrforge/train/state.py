@@ -40,6 +40,10 @@ class TrainState:
     """With ``data.stream.enabled``: the streamed split's fingerprint (its shard list; a resume
     on other shards is refused) and the last batch taken (epoch, batch of the epoch, rows before
     its end); ``epoch`` and ``batch_in_epoch`` are the position a resume starts from."""
+    train_data: dict[str, int | str] = field(default_factory=dict)
+    """Without ``data.stream``: the training split's usable utterances the run trains on, their
+    count (``utterances``) and a sha256 of their rows' keys in order (``sha256``); a resume on
+    other ones is refused. Empty in a checkpoint saved before it was recorded."""
     samples_seen: int = 0
     skipped_steps: int = 0
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""
@@ -91,6 +95,7 @@ _FIELD_KINDS = {
          "consecutive_nonfinite"), COUNT),
     "text_position": mapping_of(COUNT),
     "stream_position": mapping_of(either(INTEGER, TEXT)),
+    "train_data": mapping_of(either(INTEGER, TEXT)),
     "dropped": mapping_of(list_of(TEXT)),
     "running_loss": optional(NUMBER),
     "best": MAPPING,
