@@ -12,6 +12,7 @@ import pytest
 
 from asrforge.checkpoint.manifest import verify
 from asrforge.cli import main
+from asrforge.data.dataset import epoch_batches
 from asrforge.errors import CheckpointCorruptError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -137,3 +138,25 @@ def test_a_resume_on_other_training_data_is_refused_naming_what_changed(tmp_path
     train.write_text("".join(lines))
     assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
     assert verify(out / "checkpoints" / "step-000003")["step"] == 3
+
+
+def test_another_batch_size_continues_the_epoch_after_its_taken_utterances_or_is_refused(
+    run, capsys
+):
+    out, config = run  # stopped at step 3: 3 batches of 8 of epoch 0's 48 utterances taken
+    before = _snapshot(out)
+    assert main(["train", str(config), "--resume", "data.batch_size=16"]) == 2
+    err = capsys.readouterr().err
+    assert "data.batch_size 8 -> 16 mid-epoch" in err and "first 24 item(s) of epoch 0" in err
+    assert "data.batch_size=8, or with one that divides 24 (12 or 24)" in err
+    assert "Traceback" not in err
+    assert _snapshot(out) == before
+
+    assert main(["train", str(config), "--resume", "data.batch_size=12", "train.max_steps=4"]) == 0
+    assert "at step 3 (epoch 0, batch 2)" in (out / "train.log").read_text()
+    # the epoch's order is the batch size's cut of one permutation: 2 batches of 12 are the 24
+    # utterances 3 batches of 8 took, and the ones after them are the rest, each once
+    taken = [i for b in epoch_batches(48, 8, seed=0, epoch=0)[:3] for i in b]
+    assert taken == [i for b in epoch_batches(48, 12, seed=0, epoch=0)[:2] for i in b]
+    rest = [i for b in epoch_batches(48, 12, seed=0, epoch=0)[2:] for i in b]
+    assert sorted(taken + rest) == list(range(48))

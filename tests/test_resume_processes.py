@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asrforge.checkpoint.resume import keep_global_batch
+from asrforge.checkpoint.resume import continue_epoch, keep_global_batch
 from asrforge.errors import UserError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -24,7 +24,14 @@ def checkpoint(processes, micro, batch_in_epoch=3):
         path=Path("/runs/x/checkpoints/step-000010"),
         manifest={"processes": processes, "micro_batches_per_step": micro},
         train_state={"batch_in_epoch": batch_in_epoch},
+        config_yaml="",
     )
+
+
+def resume_on(cfg, ckpt, processes: int) -> None:
+    """What a resume's set-up does with the checkpoint's global batch and data position."""
+    keep_global_batch(cfg, ckpt, processes, log)
+    continue_epoch(cfg, ckpt, processes, log)
 
 
 @pytest.mark.fast
@@ -38,7 +45,7 @@ def test_another_number_of_processes_keeps_the_global_batch(
     cfg = tiny_config(tmp_path, tones_dir)  # grad_accum 1, batch_size 8
     ckpt = checkpoint(recorded, micro)
     with caplog.at_level(logging.WARNING, logger="test"):
-        keep_global_batch(cfg, ckpt, now, log)
+        resume_on(cfg, ckpt, now)
     assert cfg.train.grad_accum == accum and accum * now == micro
     assert f"keeps its global batch of {micro * 8} utterance(s)" in caplog.text
     # the epoch's micro-batches all processes took, shared out anew
@@ -55,7 +62,7 @@ def test_a_global_batch_no_grad_accum_keeps_is_refused_unless_allowed(tmp_path, 
     allowed = tiny_config(tmp_path, tones_dir, train={"keep_global_batch": False})
     ckpt = checkpoint(2, 2, batch_in_epoch=4)
     with caplog.at_level(logging.WARNING, logger="test"):
-        keep_global_batch(allowed, ckpt, 3, log)
+        resume_on(allowed, ckpt, 3)
     assert allowed.train.grad_accum == 1
     assert "global batch changes from 16 to 24 utterance(s)" in caplog.text
     assert ckpt.train_state["batch_in_epoch"] == 2 and "2 are taken again" in caplog.text

@@ -11,14 +11,16 @@ refused resume leaves the run directory as it was:
   the optimizer state depend on), or of the optimizer, is refused, listing every differing
   field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged.
 
-Once the training split is prepared, :func:`check_resume_data` refuses utterances other than the
-checkpoint's (before the run's config.yaml is written).
+:func:`continue_epoch` then says where the checkpoint's epoch goes on with this run's processes
+and batch size. Once the training split is prepared, :func:`check_resume_data` refuses training
+utterances other than the checkpoint's (before the run's config.yaml is written).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -197,8 +199,8 @@ def check_resume_config(
 def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:
     """Keep the global batch a resumed checkpoint (a :class:`TrainingCheckpoint`) was trained
     with on ``processes`` processes: ``cfg.train.grad_accum`` becomes the micro-batches a step
-    each process takes to keep it, and the checkpoint's data position (micro-batches of the
-    epoch each process took) is shared anew among them.
+    each process takes to keep it (the epoch's batches taken are shared anew among them by
+    :func:`continue_epoch`).
 
     Raises:
         UserError: no ``grad_accum`` keeps it (its micro-batches a step do not divide by
@@ -238,11 +240,46 @@ def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logge
                 "(train.keep_global_batch: false)",
                 where, was, accum * processes, processes, micro * bs, accum * processes * bs,
             )  # fmt: skip
-    if recorded != processes:
-        # Every process took its first batch_in_epoch of the epoch's batches, dealt in turn:
-        # the epoch's first taken ones are gone, whichever process takes the rest.
-        state = ckpt.train_state
-        taken = int(state.get("batch_in_epoch") or 0) * recorded
+
+
+def continue_epoch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:
+    """The checkpoint's data position (``batch_in_epoch``: the micro-batches of its epoch each
+    process took) as this run takes the epoch: on ``processes`` processes, in batches of
+    ``cfg.data.batch_size``.
+
+    An epoch's batches are consecutive cuts of one order of its items (utterances, packed
+    windows or streamed rows; a function of the seed and the epoch, not of the batch size),
+    dealt to the processes in turn: the items taken are the first ``taken * batch_size``, and
+    batches of another size continue exactly after them when that size divides them.
+
+    Raises:
+        UserError: ``data.batch_size`` changed and does not divide the items the epoch took.
+    """
+    state = ckpt.train_state
+    recorded = ckpt.manifest.get("processes") or processes  # an older checkpoint: the same
+    bs, was = cfg.data.batch_size, _recorded_batch_size(ckpt) or cfg.data.batch_size
+    # Every process took its first batch_in_epoch of the epoch's batches, dealt in turn:
+    # the epoch's first taken ones are gone, whichever process takes the rest.
+    taken = int(state.get("batch_in_epoch") or 0) * recorded
+    if bs != was:
+        items, epoch = taken * was, state.get("epoch", 0)
+        if items % bs:
+            low = [d for d in range(1, math.isqrt(items) + 1) if items % d == 0]
+            fits = low + [items // d for d in low]
+            near = sorted({max(d for d in fits if d <= bs), min(d for d in fits if d >= bs)})
+            raise UserError(
+                f"--resume: data.batch_size {was} -> {bs} mid-epoch: the checkpoint {ckpt.path} "
+                f"took the first {items} item(s) of epoch {epoch} ({taken} batch(es) of {was}), "
+                f"which batches of {bs} cannot continue from without skipping or repeating "
+                f"some. Resume with data.batch_size={was}, or with one that divides {items} "
+                f"({' or '.join(map(str, near))}), then change it at a later resume"
+            )
+        log.info(
+            "resume: data.batch_size %d -> %d: the %d item(s) of epoch %d taken in %d batch(es) "
+            "of %d are %d of %d", was, bs, items, epoch, taken, was, items // bs, bs,
+        )  # fmt: skip
+        taken = items // bs
+    if (recorded, was) != (processes, bs):
         state["batch_in_epoch"] = taken // processes
         if taken % processes:
             log.warning(
@@ -250,6 +287,18 @@ def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logge
                 "out among %d: %d are taken again",
                 taken, recorded, processes, taken % processes,
             )  # fmt: skip
+
+
+def _recorded_batch_size(ckpt) -> int | None:
+    """``data.batch_size`` of the checkpoint's config.yaml (None: it has none to read)."""
+    try:
+        old = load_yaml(ckpt.config_yaml) if ckpt.config_yaml.strip() else None
+    except ValueError:
+        return None  # check_resume_config reports it
+    data = old.get("data") if isinstance(old, dict) else None
+    value = data.get("batch_size") if isinstance(data, dict) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
 
 
 def check_resume_commits(recorded: dict, now: dict, where: Path) -> None:

@@ -23,6 +23,7 @@ from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import (
     check_resume_commits,
     check_resume_config,
+    continue_epoch,
     find_resume_checkpoint,
     keep_global_batch,
 )
@@ -339,6 +340,7 @@ def find_resume(
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
         keep_global_batch(cfg, resume_from, acc.num_processes, log)
+        continue_epoch(cfg, resume_from, acc.num_processes, log)
         check_resume_commits(resume_from.manifest.get("hub_commits") or {}, commits,
                              resume_from.path)  # fmt: skip
     return manager, resume_from, commits
