@@ -1,10 +1,13 @@
 """``asrforge export`` refuses options its format or weights would ignore, and an --out that is a
-symlink, before loading anything."""
+symlink, before loading anything; a bundle names no code to load."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from asrforge.bundle.export import export_bundle
 from asrforge.cli import main
 
 pytestmark = pytest.mark.fast
@@ -40,3 +43,18 @@ def test_an_out_that_is_a_symlink_is_named_with_its_real_path(tmp_path, capsys):
     (tmp_path / "broken").symlink_to("nowhere")
     assert main(["export", str(tmp_path / "model"), "--out", str(tmp_path / "broken")]) == 2
     assert "a broken symlink (to nowhere)" in capsys.readouterr().err
+
+
+def test_a_bundle_carries_no_auto_map_of_the_model_it_was_exported_from(tmp_path):
+    from tests.test_data_hardening import save_random_whisper
+
+    hf = tmp_path / "hf"
+    save_random_whisper(hf)
+    for name, key in (("config.json", "AutoConfig"), ("tokenizer_config.json", "AutoTokenizer")):
+        data = json.loads((hf / name).read_text())
+        data["auto_map"] = {key: "evil.Evil"}
+        (hf / name).write_text(json.dumps(data))
+    out = export_bundle(hf, tmp_path / "bundle")
+    for name in ("config.json", "tokenizer_config.json"):
+        assert "auto_map" not in json.loads((out / name).read_text()), name
+    assert not list(out.glob("*.py"))

@@ -65,6 +65,11 @@ def _write_hf_files(
     contents: BundleContents, directory: Path, max_shard_bytes: int | None = None
 ) -> None:
     save_weights_sharded(directory, MODEL_STEM, contents.state, max_shard_bytes=max_shard_bytes)
+    # A bundle is Whisper's own classes: an auto_map a handed model named would point whoever
+    # loads the bundle with trust_remote_code at code asrforge never ran.
+    if hasattr(contents.config, "auto_map"):
+        del contents.config.auto_map
+    contents.tokenizer.init_kwargs.pop("auto_map", None)
     contents.config.save_pretrained(str(directory))
     contents.generation.save_pretrained(str(directory))
     # transformers ignores this cleanup for BPE tokenizers and warns on every decode when set
