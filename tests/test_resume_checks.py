@@ -150,6 +150,10 @@ def test_another_batch_size_continues_the_epoch_after_its_taken_utterances_or_is
     assert "data.batch_size 8 -> 16 mid-epoch" in err and "first 24 item(s) of epoch 0" in err
     assert "data.batch_size=8, or with one that divides 24 (12 or 24)" in err
     assert "Traceback" not in err
+    # a size larger than every divisor of the items taken: only those below it are named
+    assert main(["train", str(config), "--resume", "data.batch_size=32"]) == 2
+    err = capsys.readouterr().err
+    assert "one that divides 24 (24)" in err and "Traceback" not in err
     assert _snapshot(out) == before
 
     assert main(["train", str(config), "--resume", "data.batch_size=12", "train.max_steps=4"]) == 0

@@ -266,7 +266,10 @@ def continue_epoch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) 
         if items % bs:
             low = [d for d in range(1, math.isqrt(items) + 1) if items % d == 0]
             fits = low + [items // d for d in low]
-            near = sorted({max(d for d in fits if d <= bs), min(d for d in fits if d >= bs)})
+            # the sizes dividing the items nearest the new one: below it (1 always), above it
+            # when the epoch took more items than the new size
+            above = [d for d in sorted(fits) if d > bs][:1]
+            near = sorted({max(d for d in fits if d <= bs), *above})
             raise UserError(
                 f"--resume: data.batch_size {was} -> {bs} mid-epoch: the checkpoint {ckpt.path} "
                 f"took the first {items} item(s) of epoch {epoch} ({taken} batch(es) of {was}), "
