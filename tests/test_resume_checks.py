@@ -135,7 +135,13 @@ def test_a_resume_on_other_training_data_is_refused_naming_what_changed(tmp_path
         assert f"checkpoint {out / 'checkpoints' / 'step-000002'}" in err and "output_dir" in err
         assert "Traceback" not in err
         assert _snapshot(out) == before
-    train.write_text("".join(lines))
+    # the same data staged elsewhere (other absolute paths, the same files) resumes
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    rows = [json.loads(line) for line in lines]
+    for row in rows:
+        row["audio"] = str(Path(shutil.copy(Path(corpus, row["audio"]), moved)).resolve())
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
     assert verify(out / "checkpoints" / "step-000003")["step"] == 3
 

@@ -360,7 +360,7 @@ def check_resume_data(
     elif recorded.get("sha256") != now.get("sha256"):
         changed = (
             f"the same count ({after}), but other utterances or another order (by id, else "
-            "audio path and text)"
+            "audio file name and text)"
         )
     else:
         return

@@ -111,6 +111,29 @@ def row_keys(split) -> list[str]:
     return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
 
 
+def relocatable_keys(split, rows) -> list[str]:
+    """What names each of ``rows`` (positions in a standardized split) wherever the data lies:
+    the ``id`` column's value, else the audio file's name and the text (tab-separated), since
+    data staged to another directory is the same data while its absolute paths are not. Read
+    as Arrow columns, with no pass through the split's transform."""
+    import pyarrow as pa
+
+    positions = pa.array(np.asarray(rows, dtype=np.int64))
+    indices = getattr(split, "_indices", None)  # a select()'s row map (a carve)
+    if indices is not None:
+        positions = indices.column(0).take(positions)
+    table = split.data.table
+    if "id" in split.column_names:
+        return [str(x) for x in table.column("id").take(positions).to_pylist()]
+    paths = given_paths(table.column("audio").take(positions)).to_pylist()
+    texts = (
+        table.column("text").take(positions).to_pylist()
+        if "text" in split.column_names
+        else [None] * len(paths)
+    )
+    return [f"{os.path.basename(p or '')}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
+
+
 def keys_digest(keys) -> str:
     """sha256 of row keys (:func:`row_keys`) in order: what a run records to know its data again
     (the carve's rows, the training split's usable utterances)."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from asrforge.config import DataConfig
 from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded, language_codes
-from asrforge.data.ids import audio_key, keys_digest, named, row_id, row_keys, row_uids
+from asrforge.data.ids import audio_key, keys_digest, named, relocatable_keys, row_id, row_uids
 from asrforge.data.rules import (
     EMPTY_TEXT,
     NOT_FOUND,
@@ -238,10 +238,10 @@ class UtteranceTable(Sequence):
 
     def fingerprint(self) -> dict[str, int | str]:
         """What identifies these utterances in their order, without reading audio: their count
-        (``utterances``) and the sha256 of their rows' keys (``sha256``: id, else audio path and
-        text; :func:`row_keys`)."""
-        keys = row_keys(self.split)
-        return {"utterances": len(self), "sha256": keys_digest(keys[i] for i in self.rows)}
+        (``utterances``) and the sha256 of their rows' keys (``sha256``: id, else the audio
+        file's name and text, wherever the data was moved; :func:`relocatable_keys`)."""
+        keys = relocatable_keys(self.split, self.rows)
+        return {"utterances": len(self), "sha256": keys_digest(keys)}
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""
