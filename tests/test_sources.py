@@ -444,11 +444,21 @@ def test_a_carve_holds_out_the_repeats_of_its_rows_with_them(tmp_path, clips, ca
                                  resuming=False, is_main=True, where=str(path))  # fmt: skip
     assert len(held) == 16 and not set(ids(train)) & set(ids(held))
     assert sorted(ids(held)) == sorted(2 * sorted(set(ids(held))))
-    assert "8 more training rows repeat held-out ones" in caplog.text
+    assert "8 more training rows are copies of held-out ones" in caplog.text
     recorded = json.loads((tmp_path / "run" / CARVE_FILE).read_text())
     assert len(recorded["rows"]) == 16
+    # rows sharing an id but not their audio (FLEURS: one sentence, many voices) stay apart
+    from datasets import Dataset
+
+    voices = Dataset.from_dict({"id": [f"s{i // 2}" for i in range(20)], "text": ["a"] * 20,
+                                "audio": [f"/clips/{i}.wav" for i in range(20)]})  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asrforge"):
+        _, held = carve_eval(voices, CarveConfig(size=4, seed=0), run_dir=tmp_path / "run3",
+                             resuming=False, is_main=True, where="voices")  # fmt: skip
+    assert len(held) == 4 and "copies of held-out ones" not in caplog.text
     # a repeated row whose copy would be all that trains: nothing is left on the training side
-    with pytest.raises(UserError, match=r"with the rows that repeat them, the held-out rows are all"):
+    with pytest.raises(UserError, match=r"with their copies, the held-out rows are all"):
         carve_eval(concatenate_datasets([full.select([0])] * 2), CarveConfig(size=1, seed=0),
                    run_dir=tmp_path / "run2", resuming=False, is_main=True, where=str(path))  # fmt: skip
 

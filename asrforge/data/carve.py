@@ -14,7 +14,7 @@ import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.columns import arrow_columns, language_codes
-from asrforge.data.ids import keys_digest, row_keys
+from asrforge.data.ids import given_paths, keys_digest, row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
@@ -97,31 +97,51 @@ def carve_rows(languages: list[str] | int, carve: CarveConfig) -> np.ndarray:
     return np.sort(held)
 
 
-def with_repeats(rows: np.ndarray, keys: list[str]) -> np.ndarray:
-    """``rows`` (sorted) and the other rows that repeat one of them: the same id, else the same
-    audio file and text (``keys``, :func:`~asrforge.data.ids.row_keys`), so a repeated utterance
-    is held out whole instead of being scored on what trained (rows without an id or an audio
-    path are never matched: embedded clips of one sentence are different speakers).
+def with_repeats(rows: np.ndarray, copies: list[str | None]) -> np.ndarray:
+    """``rows`` (sorted) and the other rows that are copies of one of them (``copies``:
+    :func:`copy_keys`, the same id, audio file and text), so a duplicated row is held out whole
+    instead of being scored on what trained. Rows that share only an id (FLEURS names a sentence
+    so in every voice and language) or only a text are other utterances and stay apart.
 
     Raises:
-        UserError: the repeats leave no training row.
+        UserError: the copies leave no training row.
     """
-    named = [None if key in ("None", "") or key.startswith("\t") else key for key in keys]
-    held = {named[i] for i in rows} - {None}
-    repeats = [i for i, key in enumerate(named) if key in held]
+    held = {copies[i] for i in rows} - {None}
+    repeats = [i for i, key in enumerate(copies) if key in held]
     out = np.union1d(rows, np.asarray(repeats, dtype=np.int64))
     if len(out) > len(rows):
         log.warning(
-            "data.eval_carve: %d more training rows repeat held-out ones (the same id, else the "
-            "same audio and text) and are held out with them; the training split repeats "
-            "utterances (a duplicated file or row?)", len(out) - len(rows),
+            "data.eval_carve: %d more training rows are copies of held-out ones (the same id, "
+            "audio file and text) and are held out with them; the training split repeats "
+            "rows (a duplicated file or row?)", len(out) - len(rows),
         )  # fmt: skip
-    if len(out) >= len(keys):
+    if len(out) >= len(copies):
         raise UserError(
-            f"data.eval_carve: with the rows that repeat them, the held-out rows are all "
-            f"{len(keys)} training rows; the split repeats its utterances"
+            f"data.eval_carve: with their copies, the held-out rows are all {len(copies)} "
+            "training rows; the split repeats its rows"
         )
     return out
+
+
+def copy_keys(split) -> list[str | None]:
+    """Per row of a standardized split, what two copies of one row share: its id, its audio
+    file's path as the data gives it and its text (None for a row whose audio is not a file:
+    embedded bytes are not compared). Read as Arrow columns."""
+    if "audio" not in split.column_names:
+        return [None] * len(split)
+    table = split.data.table
+    indices = getattr(split, "_indices", None)
+    if indices is not None:
+        table = table.take(indices.column(0))
+    paths = given_paths(table.column("audio")).to_pylist()
+    ids = (
+        table.column("id").to_pylist() if "id" in split.column_names else [None] * len(paths)
+    )
+    texts = table.column("text").to_pylist() if "text" in split.column_names else ids
+    return [
+        None if not path else f"{i}\t{path}\t{t}"
+        for i, path, t in zip(ids, paths, texts, strict=True)
+    ]
 
 
 def language_shares(counts: dict[str, int], k: int) -> dict[str, int]:
@@ -162,7 +182,7 @@ def carve_eval(train, carve: CarveConfig, *, run_dir: Path, resuming: bool, is_m
                         "%d; %s)", saved["size"], saved["seed"], record)  # fmt: skip
     if rows is None:
         keys = row_keys(train)
-        rows = with_repeats(carve_rows(languages, carve), keys)
+        rows = with_repeats(carve_rows(languages, carve), copy_keys(train))
         if is_main:
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(record, json.dumps({
