@@ -290,6 +290,9 @@ def test_lm_tune_records_the_best_weights_atomically(lm_bundle_dir, tones_dir, t
     ]  # fmt: skip
     assert all(re.search(r" at 3 grid points: best so far alpha .*: wer \d+\.\d\d % "
                          r"\(no LM \d+\.\d\d %\) \(\d+\.\d s\)$", x) for x in progress)  # fmt: skip
+    # the last line's running counts give the rate the whole split's scoring records
+    recorded = re.search(r"recorded alpha .*: wer (\d+\.\d\d) %", out.out).group(1)
+    assert re.search(r"best so far .*: wer (\d+\.\d\d) %", progress[-1]).group(1) == recorded
     table = [x for x in out.out.splitlines() if x.startswith("alpha ")]
     assert [x.split(": ")[0] for x in table] == [
         "alpha 0, beta 0", "alpha 0.5, beta -20", "alpha 0.5, beta 0"

@@ -30,6 +30,7 @@ from asrforge.evaluation.evaluate import prompt_length, split_loader
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions
 from asrforge.text import cer, normalize, primary_metric, wer
+from asrforge.text.metrics import edit_counts
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def decode_grid(
     model, eot = bundle.model, bundle.specials.eot
     hyps: dict[tuple[float, float], list[str]] = {p: [] for p in points}
     seconds = dict.fromkeys(points, 0.0)
+    # running (errors, reference units) by metric, so a progress line scores one batch, not all
+    counts = {p: {"wer": [0, 0], "cer": [0, 0]} for p in points}
     refs: list[tuple[str, str]] = []
     start = time.perf_counter()
     for batch in loader:
@@ -86,17 +89,26 @@ def decode_grid(
         prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
         enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
         prompts = prompts.to(bundle.device)
-        refs += list(zip(batch["language"], batch["text"], strict=True))
+        seen = list(zip(batch["language"], batch["text"], strict=True))
+        refs += seen
+        normalized = [normalize(text, lang) for lang, text in seen]
         for point in points:
             began = time.perf_counter()
             options = DecodeOptions(beam_size=beam_size, fusion=bundle.fusion(*point))
             seqs, _ = beam_decode(model, enc, prompts, eot, max_new_tokens, options)
-            hyps[point] += [
-                bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs
-            ]
+            texts = [bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
+            hyps[point] += texts
             seconds[point] += time.perf_counter() - began
+            if progress is not None:
+                for ref, (lang, _), text in zip(normalized, seen, texts, strict=True):
+                    hyp = normalize(text, lang)
+                    for metric, unit in (("wer", "word"), ("cer", "char")):
+                        c = edit_counts(ref, hyp, unit)
+                        counts[point][metric][0] += c.errors
+                        counts[point][metric][1] += c.n_ref
         if progress is not None:
-            table = {p: error_rate(refs, hyps[p]) for p in points}
+            metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
+            table = {p: (metric, _rate(*counts[p][metric])) for p in points}
             (alpha, beta), (metric, value) = best_point(table)
             of = f"/{total}" if total else ""
             progress(
@@ -105,6 +117,12 @@ def decode_grid(
                 f"(no LM {100 * table[(0.0, 0.0)][1]:.2f} %) ({time.perf_counter() - start:.1f} s)"
             )
     return {"hyps": hyps, "refs": refs, "seconds": seconds}
+
+
+def _rate(errors: int, units: int) -> float:
+    """Errors over reference units (0 with no units and no errors, else inf), as the corpus
+    rates count them."""
+    return errors / units if units else (0.0 if errors == 0 else math.inf)
 
 
 def best_point(table: dict) -> tuple[tuple[float, float], tuple[str, float]]:
