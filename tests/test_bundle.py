@@ -270,6 +270,10 @@ def test_a_bundle_converts_to_ct2_with_its_lm_and_records(
     icfg = json.loads((converted / INFERENCE_CONFIG).read_text())
     assert icfg["format"] == "ct2" and icfg["lm"]["file"] == "lm.arpa"
     assert (converted / "lm.arpa").read_bytes() == arpa.read_bytes()
+    # another LM: the weights tuned for the bundle's own are not carried
+    other = export_bundle(with_lm, tmp_path / "other-lm", fmt="ct2", lm=arpa)
+    manifest = read_manifest(other)
+    assert LM_WEIGHTS_KEY not in manifest and ALIGNMENT_HEADS_KEY in manifest
 
     # heads the generation config names, which align-heads then found not to qualify, are not
     # passed on: CTranslate2 uses its default (every head of the decoder's second half)

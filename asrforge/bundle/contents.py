@@ -130,6 +130,9 @@ def with_lm(contents: BundleContents, path: Path) -> BundleContents:
         order=lm.order, vocab_size=lm.vocab_size, normalizer=normalizer, languages=languages
     )
     contents.inference = contents.inference.model_copy(update={"lm": info})
+    if contents.records.pop(LM_WEIGHTS_KEY, None) is not None:
+        log.warning("--lm %s: the bundle's lm tune weights were tuned for its own LM and are "
+                    "dropped; tune them again (asrforge lm tune)", path)  # fmt: skip
     contents.lm = path
     contents.note += f", {lm.order}-gram LM {path.name}"
     return contents
