@@ -460,6 +460,9 @@ def test_transcribe_resamples_an_array_given_its_sampling_rate(bundle, validatio
     # a rate as a whole float (librosa's, soundfile's) and a torch tensor of samples are taken
     assert np.array_equal(bundle.load_audio(at_44k, sampling_rate=44_100.0), back)
     assert np.array_equal(bundle.load_audio(torch.from_numpy(at_44k), sampling_rate=44_100), back)
+    half = torch.from_numpy(at_44k).bfloat16()
+    assert np.array_equal(bundle.load_audio(half, sampling_rate=44_100),
+                          bundle.load_audio(half.float().numpy(), sampling_rate=44_100))  # fmt: skip
     with pytest.raises(UserError, match=r"must be 1-D \(mono\), got shape \(2, \d+\): average"):
         bundle.load_audio(np.stack([wave, wave]))
 
@@ -1007,7 +1010,7 @@ def test_the_card_says_what_the_forgetting_guard_measured_in_sentences() -> None
 
 def test_one_recording_given_for_a_list_is_refused_by_name(bundle, validation) -> None:
     wave = decode_audio(validation[0]["audio"]["bytes"])
-    for one in ("talk.wav", Path("talk.wav"), b"RIFF", wave):
+    for one in ("talk.wav", Path("talk.wav"), b"RIFF", wave, torch.from_numpy(wave)):
         with pytest.raises(UserError, match=r"take a list of recordings, got one \w+: pass \["):
             bundle.recognize(one)
         with pytest.raises(UserError, match="take a list of recordings"):

@@ -193,7 +193,9 @@ class Bundle:
                 is not a positive whole number.
         """
         if isinstance(audio, torch.Tensor):
-            audio = audio.detach().cpu().numpy()
+            # numpy has no bfloat16; integer PCM keeps its type for the scaling below
+            tensor = audio.detach().cpu()
+            audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
         if isinstance(audio, np.ndarray):
             if audio.ndim != 1:
                 # which axis holds the channels is not known, so a stereo array is not downmixed
@@ -503,7 +505,7 @@ class Bundle:
                 one ``logprob_threshold``). None: the probability alone skips a window.
         """
         if isinstance(audios, str | Path | bytes) or (
-            isinstance(audios, np.ndarray) and audios.ndim == 1
+            isinstance(audios, np.ndarray | torch.Tensor) and audios.ndim == 1
         ):
             # one recording would be read element by element: a path's characters, its samples
             raise UserError(

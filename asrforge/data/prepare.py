@@ -362,8 +362,8 @@ def _metadata_table(split, name: str, rules: UtteranceRules, cfg: DataConfig,
     ):
         # scored all the same: how an English-only model fares on other speech is a measure too
         log.warning(
-            "%s: English-only model: %s decoded with the English prompt, and scored as such "
-            "(--languages en leaves them out)", name, found,
+            "%s: English-only model: %s decoded with the English prompt (leave them out of "
+            "the data, as evaluate --languages en does)", name, found,
         )  # fmt: skip
     codes = [row_language(v, rules.specials.multilingual) for v in values]
     languages = sorted(set(codes))
