@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -27,6 +26,7 @@ from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserErr
 from asrforge.io.atomic import atomic_directory, describe_os_error
 from asrforge.io.directories import real_directory
 from asrforge.io.records import TEXT, Kind, optional, record_problems
+from asrforge.io.small_files import open_regular, read_bytes
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.tiktoken", "*.model", "README.md")
 """What a model's snapshot downloads: configs, safetensors weights, tokenizer files, its card."""
@@ -350,23 +350,26 @@ def _small_cache_file(ref: HubRef, field: str, path: Path, limit: int, *,
         UserError: it is no regular file of at most ``limit`` bytes, or cannot be read.
     """
     try:
-        # O_NONBLOCK: opening a FIFO waits for no writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if read:
+            return read_bytes(path, limit)
+        fd = open_regular(path)
+        size = os.fstat(fd).st_size
+        os.close(fd)
+        if size > limit:
+            raise ValueError(f"larger than {limit} bytes ({size} bytes)")
+        return b""
     except FileNotFoundError:
         return None
+    except ValueError as e:
+        raise UserError(
+            f"{field}: {ref}: {path} in the Hugging Face cache is {e}: download it again with "
+            f"`{ref.download_command}`"
+        ) from None
     except OSError as e:
         raise UserError(
             f"{field}: {ref}: {path} in the Hugging Face cache cannot be read "
             f"({describe_os_error(e)})"
         ) from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            raise UserError(
-                f"{field}: {ref}: {path} in the Hugging Face cache is not a regular file of at "
-                f"most {limit} bytes: download it again with `{ref.download_command}`"
-            )
-        return f.read(limit + 1) if read else b""
 
 
 def resolve_model(value: str | os.PathLike, *, field: str = "model.pretrained") -> Resolved:
@@ -464,27 +467,23 @@ def _open_cached(src: Path, inside: tuple[Path, ...]) -> int:
             FIFO, a directory), or cannot be opened; naming it and what it points at.
     """
     real = Path(os.path.realpath(src))
-    what = f"{src}: points to {real}, which is" if src.is_symlink() else f"{src}:"
+    what = f"{src}: points to {real}, which is" if src.is_symlink() else f"{src}: is"
     if not any(real.is_relative_to(folder) for folder in inside):
         raise CheckpointCorruptError(
             f"{what} outside the Hugging Face cache's folder of its repository; asrforge copies "
             "only the cache's own files"
         )
     try:
-        # O_NOFOLLOW: a link put at the resolved path since is not followed out of the cache
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        # follow=False: a link put at the resolved path since is not followed out of the cache
+        return open_regular(real, follow=False)
+    except ValueError as e:
+        raise CheckpointCorruptError(
+            f"{what} {e}; asrforge copies only the cache's own files"
+        ) from None
     except OSError as e:
         raise CheckpointCorruptError(
             f"{src}: {real} in the Hugging Face cache cannot be read ({describe_os_error(e)})"
         ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointCorruptError(
-            f"{what} not a regular file (a FIFO, a device or a directory); asrforge copies only "
-            "the cache's own files"
-        )
-    os.set_blocking(fd, True)
-    return fd
 
 
 def model_dir_if_any(value: str | os.PathLike | None) -> Path | None:

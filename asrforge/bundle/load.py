@@ -295,7 +295,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
 def read_bundle_weights(path: Path) -> dict[str, torch.Tensor]:
     """The weights of the bundle at ``path`` as its files store them (dtype included), tied
     names sharing one tensor; read shard by shard, so one file's buffer is in memory besides
-    what was read. The bundle is verified first (:func:`load_bundle`)."""
+    what was read. It checks no sums: verify the bundle first (:func:`load_bundle`)."""
     state: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     for fname in bundle_weight_files(path):

@@ -523,7 +523,7 @@ class CheckpointManager:
                 f"and rotation may free only {format_gb(can_free)} "
                 "(the latest, best and top-k checkpoints are kept). Nothing was written or "
                 "deleted. Raise checkpoint.max_disk_gb to at least "
-                f"{1.01 * (used - can_free + need) / GB:.3g} (what is kept and "
+                f"{_rounded_up((used - can_free + need) / GB)} (what is kept and "
                 "this save: with the best and the latest apart, three checkpoints), or keep "
                 "fewer (checkpoint.keep_best, average_checkpoints k)"
             )
@@ -640,3 +640,10 @@ class CheckpointManager:
             self.log.warning("checkpoints: could not delete %s: %s", path, describe_os_error(e))
             return
         shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _rounded_up(x: float) -> str:
+    """``x`` > 0 rounded up to three significant digits, written without an exponent (a
+    budget to give in the config: ``0.000203``, ``1235``)."""
+    digits = max(0, 2 - math.floor(math.log10(x)))
+    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"

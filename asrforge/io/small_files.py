@@ -44,15 +44,17 @@ def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def open_regular(path: Path) -> int:
-    """A blocking read-only descriptor of the regular file ``path`` (the caller closes it).
+def open_regular(path: Path, *, follow: bool = True) -> int:
+    """A blocking read-only descriptor of the regular file ``path`` (the caller closes it);
+    ``follow=False``: a link at ``path`` itself is not followed.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (what that means is the caller's to say).
         ValueError: not a regular file (the message says what it is; the caller names it).
-        OSError: it cannot be opened.
+        OSError: it cannot be opened (a link, with ``follow=False``).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
