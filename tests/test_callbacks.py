@@ -269,3 +269,32 @@ def test_a_save_on_a_signal_has_kind_interrupt(tmp_path, tones_dir):
     result = Trainer(cfg, [SigtermAt(2), probe]).fit()
     assert result.status == "interrupted" and result.step == 2
     assert probe.saves == ["step", "interrupt"]
+
+
+@pytest.mark.fast
+def test_a_callback_that_stops_the_run_without_a_reason_is_named_as_its_stopper():
+    from asrforge.train.events import Callback, CallbackList
+    from asrforge.train.state import TrainState
+
+    class Enough(Callback):
+        name = "enough"
+
+        def on_step_end(self, state, **_):
+            state.should_stop = state.step >= 2
+
+    class Says(Callback):
+        name = "says"
+
+        def on_step_end(self, state, **_):
+            state.should_stop, state.stop_reason = True, "said why"
+
+    state = TrainState(step=1)
+    callbacks = CallbackList([Enough()])
+    callbacks.call("on_step_end", state)
+    assert not state.should_stop and state.stop_reason is None
+    state.step = 2
+    callbacks.call("on_step_end", state)
+    assert state.stop_reason == "stopped by the callback 'enough' in on_step_end"
+    said = TrainState()
+    CallbackList([Says(), Enough()]).call("on_step_end", said)
+    assert said.stop_reason == "said why"

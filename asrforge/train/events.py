@@ -126,8 +126,12 @@ class CallbackList:
 
     def call(self, event: str, state: TrainState, **payload: Any) -> None:
         for cb in self.callbacks:
+            stopping = state.should_stop
             try:
                 getattr(cb, event)(state, **payload)
+                if state.should_stop and not stopping and not state.stop_reason:
+                    # the run's end names who stopped it, when the callback did not say why
+                    state.stop_reason = f"stopped by the callback {cb.name!r} in {event}"
             except Exception as e:  # noqa: BLE001 - a callback must not kill the run unless critical
                 if isinstance(e, OSError) and e.errno in DISK_ERRORS and event != "on_exception":
                     raise
