@@ -92,7 +92,9 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     if not (path / MANIFEST_NAME).is_file():
         kind = (
             "a training run directory" if RunLayout(path).checkpoints.root.is_dir()
-            else "a transformers model directory" if (path / "config.json").is_file()
+            # a bundle that lost its manifest is damaged, not a model to export
+            else "a transformers model directory"
+            if (path / "config.json").is_file() and not (path / INFERENCE_CONFIG).exists()
             else None
         )  # fmt: skip
         if kind is not None:
