@@ -18,6 +18,7 @@ import torch
 
 from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.errors import UserError
+from asrforge.io.small_files import open_regular
 
 MAX_DECODE_SECONDS = 6 * 3600
 """Longest audio decoded whole: a few kilobytes of FLAC can decode to days of silence."""
@@ -140,17 +141,11 @@ def _open_regular(path: str) -> int:
     if "\0" in path:
         raise UserError(f"cannot read audio {path!r}: a NUL byte in its path names no file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        return open_regular(Path(path))
+    except ValueError as e:  # what it is, "a FIFO, not a regular file"
+        raise UserError(f"cannot read audio {path}: {e}") from None
     except OSError as e:
         raise UserError(f"cannot read audio {path}: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UserError(f"cannot read audio {path}: not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def is_special_file(source: bytes | str | Path) -> bool:
