@@ -461,8 +461,8 @@ def test_transcribe_resamples_an_array_given_its_sampling_rate(bundle, validatio
     assert np.array_equal(bundle.load_audio(at_44k, sampling_rate=44_100.0), back)
     assert np.array_equal(bundle.load_audio(torch.from_numpy(at_44k), sampling_rate=44_100), back)
     half = torch.from_numpy(at_44k).bfloat16()
-    assert np.array_equal(bundle.load_audio(half, sampling_rate=44_100),
-                          bundle.load_audio(half.float().numpy(), sampling_rate=44_100))  # fmt: skip
+    as_float = bundle.load_audio(half.float().numpy(), sampling_rate=44_100)
+    assert np.array_equal(bundle.load_audio(half, sampling_rate=44_100), as_float)
     with pytest.raises(UserError, match=r"must be 1-D \(mono\), got shape \(2, \d+\): average"):
         bundle.load_audio(np.stack([wave, wave]))
 

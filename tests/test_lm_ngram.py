@@ -88,7 +88,8 @@ def test_estimated_trigram_uses_the_fallback_on_a_toy_text_and_records_it():
 
 
 def test_arpa_round_trip(tmp_path):
-    lm = estimate([s.split() for s in ["a b c", "b c a", "c a b b"]], 3, meta={"normalizer": "basic"})
+    sentences = [s.split() for s in ["a b c", "b c a", "c a b b"]]
+    lm = estimate(sentences, 3, meta={"normalizer": "basic"})
     path = tmp_path / "lm.arpa"
     write_arpa(lm, path)
     text = path.read_text()

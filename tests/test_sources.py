@@ -460,7 +460,8 @@ def test_a_carve_holds_out_the_repeats_of_its_rows_with_them(tmp_path, clips, ca
     # a repeated row whose copy would be all that trains: nothing is left on the training side
     with pytest.raises(UserError, match=r"with their copies, the held-out rows are all"):
         carve_eval(concatenate_datasets([full.select([0])] * 2), CarveConfig(size=1, seed=0),
-                   run_dir=tmp_path / "run2", resuming=False, is_main=True, where=str(path))  # fmt: skip
+                   run_dir=tmp_path / "run2", resuming=False, is_main=True,
+                   where=str(path))  # fmt: skip
 
 
 @pytest.mark.fast
