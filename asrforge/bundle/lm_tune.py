@@ -29,8 +29,8 @@ from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import prompt_length, split_loader
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions
-from asrforge.text import cer, normalize, primary_metric, wer
-from asrforge.text.metrics import edit_counts
+from asrforge.text import normalize, primary_metric
+from asrforge.text.metrics import EditCounts, corpus_error_rate, edit_counts
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,9 @@ def decode_grid(
     total: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """``{(alpha, beta): [hypothesis text, ...]}``, the references and each point's decoding
-    seconds, in one pass over the batches: each batch is read and encoded once and decoded by
+    """``hyps`` (``{(alpha, beta): [hypothesis text, ...]}``), the ``refs``, each point's
+    decoding ``seconds`` and its error rate (``table``: ``{(alpha, beta): (metric, value)}``),
+    in one pass over the batches: each batch is read and encoded once and decoded by
     beam search at every grid point (re-reading and re-encoding the split for each point took
     longer than the points' beam searches on tiny.en). After each batch ``progress`` gets one
     line: the utterances done (of ``total``), the best point so far and its error rate
@@ -79,8 +80,8 @@ def decode_grid(
     model, eot = bundle.model, bundle.specials.eot
     hyps: dict[tuple[float, float], list[str]] = {p: [] for p in points}
     seconds = dict.fromkeys(points, 0.0)
-    # running (errors, reference units) by metric, so a progress line scores one batch, not all
-    counts = {p: {"wer": [0, 0], "cer": [0, 0]} for p in points}
+    # running edit counts by metric: a progress line and the table score each batch once
+    totals = {p: dict.fromkeys(UNITS, EditCounts(0, 0, 0, 0)) for p in points}
     refs: list[tuple[str, str]] = []
     start = time.perf_counter()
     for batch in loader:
@@ -99,16 +100,15 @@ def decode_grid(
             texts = [bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
             hyps[point] += texts
             seconds[point] += time.perf_counter() - began
-            if progress is not None:
-                for ref, (lang, _), text in zip(normalized, seen, texts, strict=True):
-                    hyp = normalize(text, lang)
-                    for metric, unit in (("wer", "word"), ("cer", "char")):
-                        c = edit_counts(ref, hyp, unit)
-                        counts[point][metric][0] += c.errors
-                        counts[point][metric][1] += c.n_ref
+            for ref, (lang, _), text in zip(normalized, seen, texts, strict=True):
+                hyp = normalize(text, lang)
+                for metric, unit in UNITS.items():
+                    counted = totals[point][metric]
+                    totals[point][metric] = EditCounts(
+                        *(a + b for a, b in zip(counted, edit_counts(ref, hyp, unit), strict=True))
+                    )
         if progress is not None:
-            metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
-            table = {p: (metric, _rate(*counts[p][metric])) for p in points}
+            table = _table(refs, totals)
             (alpha, beta), (metric, value) = best_point(table)
             of = f"/{total}" if total else ""
             progress(
@@ -116,13 +116,19 @@ def decode_grid(
                 f"best so far alpha {alpha:g}, beta {beta:g}: {metric} {100 * value:.2f} % "
                 f"(no LM {100 * table[(0.0, 0.0)][1]:.2f} %) ({time.perf_counter() - start:.1f} s)"
             )
-    return {"hyps": hyps, "refs": refs, "seconds": seconds}
+    return {"hyps": hyps, "refs": refs, "seconds": seconds, "table": _table(refs, totals)}
 
 
-def _rate(errors: int, units: int) -> float:
-    """Errors over reference units (0 with no units and no errors, else inf), as the corpus
-    rates count them."""
-    return errors / units if units else (0.0 if errors == 0 else math.inf)
+UNITS = {"wer": "word", "cer": "char"}
+"""Each error rate and the unit it counts."""
+
+
+def _table(refs: list[tuple[str, str]], totals: dict) -> dict:
+    """``{(alpha, beta): (metric, value)}`` from each point's running edit counts: corpus WER
+    on normalized text, or CER when a language of ``refs`` is scored by characters
+    (:func:`asrforge.text.primary_metric`)."""
+    metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
+    return {p: (metric, corpus_error_rate([counts[metric]])) for p, counts in totals.items()}
 
 
 def best_point(table: dict) -> tuple[tuple[float, float], tuple[str, float]]:
@@ -130,15 +136,6 @@ def best_point(table: dict) -> tuple[tuple[float, float], tuple[str, float]]:
     rate, ties going to the smaller ``alpha`` and ``|beta|``, and its entry."""
     point = min(table, key=lambda p: (table[p][1], p[0], abs(p[1])))
     return point, table[point]
-
-
-def error_rate(refs: list[tuple[str, str]], hyps: list[str]) -> tuple[str, float]:
-    """``(metric, value)``: corpus WER on normalized text, or CER when a language of ``refs``
-    is scored by characters (:func:`asrforge.text.primary_metric`)."""
-    metric = "wer" if all(primary_metric(lang) == "wer" for lang, _ in refs) else "cer"
-    r = [normalize(text, lang) for lang, text in refs]
-    h = [normalize(text, lang) for (lang, _), text in zip(refs, hyps, strict=True)]
-    return metric, float((wer if metric == "wer" else cer)(r, h))
 
 
 def tune(
@@ -190,7 +187,7 @@ def tune(
         bundle, loader, points, beam_size=beam_size, max_new_tokens=cap, total=n,
         progress=progress,
     )  # fmt: skip
-    table = {p: error_rate(decoded["refs"], decoded["hyps"][p]) for p in points}
+    table = decoded["table"]
     metric = table[(0.0, 0.0)][0]
     (alpha, beta), _ = best_point(table)
     record = {
