@@ -14,7 +14,7 @@ import numpy as np
 
 from asrforge.config import CarveConfig, DataConfig
 from asrforge.data.columns import arrow_columns, language_codes
-from asrforge.data.ids import given_paths, keys_digest, row_keys
+from asrforge.data.ids import copy_keys, keys_digest, row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
@@ -121,27 +121,6 @@ def with_repeats(rows: np.ndarray, copies: list[str | None]) -> np.ndarray:
             "training rows; the split repeats its rows"
         )
     return out
-
-
-def copy_keys(split) -> list[str | None]:
-    """Per row of a standardized split, what two copies of one row share: its id, its audio
-    file's path as the data gives it and its text (None for a row whose audio is not a file:
-    embedded bytes are not compared). Read as Arrow columns."""
-    if "audio" not in split.column_names:
-        return [None] * len(split)
-    table = split.data.table
-    indices = getattr(split, "_indices", None)
-    if indices is not None:
-        table = table.take(indices.column(0))
-    paths = given_paths(table.column("audio")).to_pylist()
-    ids = (
-        table.column("id").to_pylist() if "id" in split.column_names else [None] * len(paths)
-    )
-    texts = table.column("text").to_pylist() if "text" in split.column_names else ids
-    return [
-        None if not path else f"{i}\t{path}\t{t}"
-        for i, path, t in zip(ids, paths, texts, strict=True)
-    ]
 
 
 def language_shares(counts: dict[str, int], k: int) -> dict[str, int]:

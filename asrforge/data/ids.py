@@ -134,6 +134,27 @@ def relocatable_keys(split, rows) -> list[str]:
     return [f"{os.path.basename(p or '')}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
 
 
+def copy_keys(split) -> list[str | None]:
+    """Per row of a standardized split, what two copies of one row share: its id, its audio
+    file's path as the data gives it and its text (None for a row whose audio is not a file:
+    embedded bytes are not compared). Read as Arrow columns."""
+    if "audio" not in split.column_names:
+        return [None] * len(split)
+    table = split.data.table
+    indices = getattr(split, "_indices", None)
+    if indices is not None:
+        table = table.take(indices.column(0))
+    paths = given_paths(table.column("audio")).to_pylist()
+    ids = (
+        table.column("id").to_pylist() if "id" in split.column_names else [None] * len(paths)
+    )
+    texts = table.column("text").to_pylist() if "text" in split.column_names else ids
+    return [
+        None if not path else f"{i}\t{path}\t{t}"
+        for i, path, t in zip(ids, paths, texts, strict=True)
+    ]
+
+
 def keys_digest(keys) -> str:
     """sha256 of row keys (:func:`row_keys`) in order: what a run records to know its data again
     (the carve's rows, the training split's usable utterances)."""
