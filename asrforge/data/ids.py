@@ -67,9 +67,6 @@ def given_ids(split, rows) -> list[str | None] | None:
     """The ids of ``rows`` (positions in ``split``) of a standardized split, reading those rows
     only: its ``id`` column, else (audio given as paths) the paths as the data gives them. None:
     the split has no ids (its rows are named by number); an empty cell's id is None."""
-    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
-    import pyarrow as pa
-
     view = standard_rows(split)
     if "id" in split.column_names:
         column = "id"
@@ -77,13 +74,20 @@ def given_ids(split, rows) -> list[str | None] | None:
         column = "audio"
     else:
         return None
-    positions = pa.array(np.asarray(rows, dtype=np.int64))
-    indices = getattr(split, "_indices", None)  # a select()'s row map (a carve)
-    if indices is not None:
-        positions = indices.column(0).take(positions)
-    values = split.data.table.column(column).take(positions)
+    values = split.data.table.column(column).take(table_positions(split, rows))
     given = (given_paths(values) if column == "audio" else values).to_pylist()
     return [None if x is None else str(x) for x in given]
+
+
+def table_positions(split, rows):
+    """``rows`` (positions in ``split``) as positions in its Arrow table, through the row map a
+    ``select()`` (a carve) leaves, as an Arrow array for ``take``."""
+    # The command line imports ids through data.sources, so pyarrow loads when a split is read.
+    import pyarrow as pa
+
+    positions = pa.array(np.asarray(rows, dtype=np.int64))
+    indices = getattr(split, "_indices", None)
+    return positions if indices is None else indices.column(0).take(positions)
 
 
 def given_paths(audio):
@@ -116,16 +120,12 @@ def relocatable_keys(split, rows) -> list[str]:
     the ``id`` column's value, else the audio file's name and the text (tab-separated), since
     data staged to another directory is the same data while its absolute paths are not. Read
     as Arrow columns, with no pass through the split's transform."""
-    import pyarrow as pa
-
-    positions = pa.array(np.asarray(rows, dtype=np.int64))
-    indices = getattr(split, "_indices", None)  # a select()'s row map (a carve)
-    if indices is not None:
-        positions = indices.column(0).take(positions)
+    positions = table_positions(split, rows)
     table = split.data.table
     if "id" in split.column_names:
         return [str(x) for x in table.column("id").take(positions).to_pylist()]
-    paths = given_paths(table.column("audio").take(positions)).to_pylist()
+    # the paths are taken out of the audio column first, so embedded audio bytes are not copied
+    paths = given_paths(table.column("audio")).take(positions).to_pylist()
     texts = (
         table.column("text").take(positions).to_pylist()
         if "text" in split.column_names
@@ -140,15 +140,17 @@ def copy_keys(split) -> list[str | None]:
     embedded bytes are not compared). Read as Arrow columns."""
     if "audio" not in split.column_names:
         return [None] * len(split)
+    positions = table_positions(split, np.arange(len(split)))
     table = split.data.table
-    indices = getattr(split, "_indices", None)
-    if indices is not None:
-        table = table.take(indices.column(0))
-    paths = given_paths(table.column("audio")).to_pylist()
+    paths = given_paths(table.column("audio")).take(positions).to_pylist()
     ids = (
-        table.column("id").to_pylist() if "id" in split.column_names else [None] * len(paths)
+        table.column("id").take(positions).to_pylist()
+        if "id" in split.column_names
+        else [None] * len(paths)
     )
-    texts = table.column("text").to_pylist() if "text" in split.column_names else ids
+    texts = (
+        table.column("text").take(positions).to_pylist() if "text" in split.column_names else ids
+    )
     return [
         None if not path else f"{i}\t{path}\t{t}"
         for i, path, t in zip(ids, paths, texts, strict=True)
