@@ -12,8 +12,8 @@ from asrforge.model.decoding import (
     codes_of_tokens,
     greedy_decode,
     suppressed_ids,
-    vocab_logits,
 )
+from asrforge.model.projection import vocab_logits
 
 EOT = 2
 

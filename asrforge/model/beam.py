@@ -19,8 +19,8 @@ from asrforge.model.decoding import (
     Hypothesis,
     Suppression,
     decoder_states,
-    vocab_logits,
 )
+from asrforge.model.projection import vocab_logits
 
 
 def length_normalized(sum_logprob: float, length: int, length_penalty: float | None) -> float:

@@ -24,8 +24,8 @@ from asrforge.model.decoding import (
     Suppression,
     decoder_states,
     new_cache,
-    vocab_logits,
 )
+from asrforge.model.projection import vocab_logits
 from asrforge.text.repetition import repetition_score
 
 
