@@ -20,6 +20,7 @@ from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
 from asrforge.model.decoding import DecodeOptions, codes_of_tokens, detect_languages
+from asrforge.model.encoding import encoder_states
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
@@ -700,4 +701,4 @@ class Bundle:
             for w in windows
         ]
         x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
-        return self.model.model.encoder(x).last_hidden_state
+        return encoder_states(self.model, x)

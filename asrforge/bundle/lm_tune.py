@@ -29,6 +29,7 @@ from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import prompt_length, split_loader
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions
+from asrforge.model.encoding import encoder_states
 from asrforge.text import normalize, primary_metric
 from asrforge.text.metrics import EditCounts, corpus_error_rate, edit_counts
 
@@ -88,7 +89,7 @@ def decode_grid(
         if not batch.get("size"):
             continue
         prompts = batch["decoder_input_ids"][:, : prompt_length(batch["labels"])]
-        enc = model.model.encoder(batch["input_features"].to(bundle.device)).last_hidden_state
+        enc = encoder_states(model, batch["input_features"].to(bundle.device))
         prompts = prompts.to(bundle.device)
         seen = list(zip(batch["language"], batch["text"], strict=True))
         refs += seen

@@ -30,6 +30,7 @@ from asrforge.data.rules import language_filter, no_usable_clips
 from asrforge.data.sources import data_config, read_split
 from asrforge.model.beam import beam_decode
 from asrforge.model.decoding import DecodeOptions, Suppression, decoder_states, greedy_decode
+from asrforge.model.encoding import encoder_states
 from asrforge.text import cer, normalize, primary_metric, repetition_flags, summarize_flags, wer
 
 """A run directory's folder of evaluation records (``step-NNNNNN.jsonl``, long-form, guard)."""
@@ -96,7 +97,7 @@ def evaluate(
             labels = batch["labels"].to(device)
             mask = labels != IGNORE
             with autocast() if autocast is not None else contextlib.nullcontext():
-                enc = model.model.encoder(feats).last_hidden_state
+                enc = encoder_states(model, feats)
                 # The teacher-forced pass fills a KV cache: cropped to the prompt, it starts the
                 # greedy decoding, so the encoder's keys/values are projected once per batch.
                 cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

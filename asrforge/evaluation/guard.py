@@ -26,6 +26,7 @@ from asrforge.evaluation.guard_items import GuardItem, load_guard_items
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import codes_of_tokens, detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
+from asrforge.model.encoding import encoder_states
 from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
 from asrforge.run_layout import TRAIN_STATE_FILE, RunLayout, recorded_selection
 from asrforge.selection.groups import run_language
@@ -134,7 +135,7 @@ class Guard:
                     ]
                 ).astype(np.float32)
                 with self._autocast(device):
-                    enc = model.model.encoder(torch.from_numpy(feats).to(device)).last_hidden_state
+                    enc = encoder_states(model, torch.from_numpy(feats).to(device))
                     found = self._detect(model, enc, self.language_ids) if self.lid_items else []
                     detected += found
                     if self.decode == "transcribe":

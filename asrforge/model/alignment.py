@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from asrforge.data.audio import SAMPLE_RATE
+from asrforge.model.encoding import encoder_states
 from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
 from asrforge.text.languages import UNSPACED_LANGUAGES
 
@@ -505,7 +506,7 @@ def encode_window(model, extractor, wave: np.ndarray, device, sample_rate: int) 
     """(1, frames, d_model) the encoder output of one window of audio."""
     feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
     x = torch.from_numpy(feats.astype(np.float32)).to(device)
-    return model.model.encoder(x).last_hidden_state
+    return encoder_states(model, x)
 
 
 @torch.no_grad()

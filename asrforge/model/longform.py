@@ -25,6 +25,7 @@ from asrforge.model.decoding import (
     greedy_decode,
     greedy_search,
 )
+from asrforge.model.encoding import encoder_states
 from asrforge.model.fallback import decode_with_fallback
 from asrforge.model.frames import TIME_PRECISION, window_seconds
 from asrforge.model.silence import segment
@@ -331,7 +332,7 @@ def decode_windows(
                 fresh = iter(())
                 if feats:
                     x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
-                    fresh = iter(model.model.encoder(x).last_hidden_state)
+                    fresh = iter(encoder_states(model, x))
                 enc = torch.stack([next(fresh) if e is None else e for e in known])
                 if keep is not None:
                     # a kept row is a copy of its own, not a view that holds the whole batch

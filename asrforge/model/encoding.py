@@ -1,0 +1,27 @@
+"""Whisper's encoder run over a batch of windows (:func:`encoder_states`), the one way every
+decoder, evaluation and bundle encodes audio."""
+
+from __future__ import annotations
+
+import torch
+
+
+def encoder_states(model, features: torch.Tensor) -> torch.Tensor:
+    """(batch, frames, d_model) the encoder's output for log-mel ``features`` (batch, mels,
+    frames) of a ``WhisperForConditionalGeneration``.
+
+    On the CPU, without autograd or hooks, the windows are encoded one at a time: a batch's
+    activations (four windows of tiny.en: 36 MB for one feed-forward layer) outgrow the CPU's
+    caches, and four or eight windows of tiny.en or base took 11-16% longer as one batch, with
+    the same output (bench/README.md, "Packed projections and windows encoded one at a time").
+    A module with hooks (a sharded model's gathers) runs once, on the whole batch.
+    """
+    encoder = model.model.encoder
+    if (
+        features.shape[0] == 1
+        or features.device.type != "cpu"
+        or torch.is_grad_enabled()
+        or any(m._forward_pre_hooks or m._forward_hooks for m in encoder.modules())
+    ):
+        return encoder(features).last_hidden_state
+    return torch.cat([encoder(window[None]).last_hidden_state for window in features])
