@@ -3,6 +3,8 @@ generation config's suppressed tokens are never picked (as transformers' generat
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -13,7 +15,7 @@ from asrforge.model.decoding import (
     greedy_decode,
     suppressed_ids,
 )
-from asrforge.model.projection import vocab_logits
+from asrforge.model.projection import _onednn_on_x86, packed_linears, vocab_logits
 
 EOT = 2
 
@@ -107,6 +109,49 @@ def test_vocab_logits_are_the_projections_and_follow_a_weight_written_in_place()
         model.proj_out.weight.data = torch.ones_like(model.proj_out.weight)
         ones = hidden.sum(-1, keepdim=True).expand(3, 40)
         assert torch.allclose(vocab_logits(model, hidden), ones, atol=1e-5)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_one_row_and_several_are_projected_alike_and_the_model_still_copies(rows):
+    model = _model().requires_grad_(False)
+    hidden = torch.randn(rows, 1, 32)
+    with torch.no_grad():
+        logits = vocab_logits(model, hidden)
+        assert logits.shape == (rows, 1, 40)
+        assert torch.allclose(logits, model.proj_out(hidden), atol=1e-6)
+        # the kept layouts stay outside the module, so a copy of the model can still be made
+        twin = copy.deepcopy(model)
+        assert torch.allclose(vocab_logits(twin, hidden), logits, atol=1e-6)
+
+
+def _linear_kinds(model) -> set[str]:
+    return {type(m).__name__ for m in model.model.decoder.modules() if "Linear" in type(m).__name__}
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(not _onednn_on_x86(), reason="oneDNN's packed linear is x86-64 only")
+def test_several_rows_run_the_decoders_layers_on_packed_copies_and_the_layers_come_back():
+    model = _model().requires_grad_(False)
+    tokens, encoded = torch.tensor([[1, 5, 7], [1, 6, 8]]), torch.randn(2, 20, 32)
+    names = list(model.state_dict())
+    with torch.no_grad():
+        plain = model.model.decoder(input_ids=tokens, encoder_hidden_states=encoded)
+        with packed_linears(model.model.decoder, rows=2):
+            assert _linear_kinds(model) == {"_PackedLinear"}
+            assert list(model.state_dict()) == names
+            packed = model.model.decoder(input_ids=tokens, encoder_hidden_states=encoded)
+        assert _linear_kinds(model) == {"Linear"}
+        with packed_linears(model.model.decoder, rows=1):
+            assert _linear_kinds(model) == {"Linear"}
+    assert torch.allclose(packed.last_hidden_state, plain.last_hidden_state, atol=1e-5)
+
+
+@pytest.mark.fast
+def test_trained_layers_are_never_swapped():
+    model = _model()  # its weights train
+    with torch.no_grad(), packed_linears(model.model.decoder, rows=4):
+        assert _linear_kinds(model) == {"Linear"}
 
 
 @pytest.mark.fast

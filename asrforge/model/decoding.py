@@ -22,7 +22,7 @@ import torch
 
 from asrforge.model.capture import CapturedStep
 from asrforge.model.frames import TIME_PRECISION
-from asrforge.model.projection import vocab_logits
+from asrforge.model.projection import packed_linears, vocab_logits
 
 if TYPE_CHECKING:
     from asrforge.lm.fusion import ShallowFusion
@@ -411,33 +411,35 @@ def _greedy(
     out = torch.full((max(cap, 0), b), eot, dtype=torch.long, device=device)
     captured, capture = None, options.capture and rules is None
     tokens, n = prompts, 0
-    for t in range(cap):
-        if capture and t == 2:  # the (batch, 1) step before was the warm-up a capture needs
-            captured, capture = (
-                capture_step(model, tokens, encoder_hidden, cache, mask.values, sums),
-                False,
-            )
-        if t == 0 and first_tokens is not None:
-            out[0] = first_tokens
-        elif t == 0 and gate is not None:
-            # the no-speech token is read at <|startoftranscript|>, a prompt position the
-            # first pass computes anyway: one more row projected
-            states = decoder_states(model, tokens, encoder_hidden, cache)
-            at_sot = states[torch.arange(b, device=device), gate.positions(prompts)]
-            no_speech = gate.probs(vocab_logits(model, at_sot))
-            out[0] = greedy_pick(model, states[:, -1], mask.values, rules, out[:0].T, sums)
-        elif captured is not None:
-            out[t] = captured(tokens)
-        else:
-            out[t] = greedy_step(
-                model, tokens, encoder_hidden, cache, mask.values, rules, out[:t].T, sums
-            )
-        # A sequence that ended keeps its row; what it computes after EOT is thrown away.
-        mask.update(out[t])
-        n = t + 1
-        if n % every == 0 and bool(mask.ended.all()):
-            break
-        tokens = out[t][:, None]
+    # several rows on the CPU: the decoder's layers multiply by packed weights
+    with packed_linears(model.model.decoder, b):
+        for t in range(cap):
+            if capture and t == 2:  # the (batch, 1) step before was the warm-up a capture needs
+                captured, capture = (
+                    capture_step(model, tokens, encoder_hidden, cache, mask.values, sums),
+                    False,
+                )
+            if t == 0 and first_tokens is not None:
+                out[0] = first_tokens
+            elif t == 0 and gate is not None:
+                # the no-speech token is read at <|startoftranscript|>, a prompt position the
+                # first pass computes anyway: one more row projected
+                states = decoder_states(model, tokens, encoder_hidden, cache)
+                at_sot = states[torch.arange(b, device=device), gate.positions(prompts)]
+                no_speech = gate.probs(vocab_logits(model, at_sot))
+                out[0] = greedy_pick(model, states[:, -1], mask.values, rules, out[:0].T, sums)
+            elif captured is not None:
+                out[t] = captured(tokens)
+            else:
+                out[t] = greedy_step(
+                    model, tokens, encoder_hidden, cache, mask.values, rules, out[:t].T, sums
+                )
+            # A sequence that ended keeps its row; what it computes after EOT is thrown away.
+            mask.update(out[t])
+            n = t + 1
+            if n % every == 0 and bool(mask.ended.all()):
+                break
+            tokens = out[t][:, None]
     rows = out[:n].T.tolist()
     scores = [0.0] * b if sums is None else sums.tolist()
     probs = [None] * b if no_speech is None else no_speech.tolist()

@@ -1,20 +1,34 @@
-"""The decoder's output projection as decoding runs it (:func:`vocab_logits`), with the frozen
-weight laid out once for the CPU's matrix kernels."""
+"""The decoder's projections as decoding runs them: the output projection
+(:func:`vocab_logits`) and, on the CPU, the layers' linear projections of several rows
+(:func:`packed_linears`), each frozen weight laid out once for the CPU's matrix kernels."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
+import platform
+import weakref
+from collections.abc import Callable, Iterator
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The output projection of decoder states ``hidden`` (..., d_model) -> (..., vocab), as
-    ``model.proj_out`` computes it. On the CPU, without autograd, a plain bias-free projection
-    without hooks whose weight is not trained (a bundle's, or a LoRA run's frozen one)
-    multiplies by that weight transposed once into (d_model, vocab), kept beside the module
-    (one more copy of the vocabulary's matrix): ``proj_out`` took twice as long for one row of
-    tiny.en or base (bench/README.md, "The output projection on the CPU"). A trained weight
-    can be rewritten without a trace the copy could see (a sharded model gathers it afresh for
-    every evaluation), so it is never copied."""
+    ``model.proj_out`` computes it.
+
+    On the CPU, without autograd, a plain bias-free projection without hooks whose weight is
+    not trained (a bundle's, or a LoRA run's frozen one) multiplies by a copy of that weight
+    laid out for the kernel that reads it fastest, made at its first use and kept until the
+    weight changes: for one row the weight transposed into (d_model, vocab) (``proj_out``
+    took twice as long for one row of tiny.en or base), for several rows the weight packed by
+    oneDNN (MKL's product of four rows took 2-2.5x as long on the AMD EPYC; bench/README.md,
+    "The output projection on the CPU"). Each copy is one more of the vocabulary's matrix. A
+    trained weight can be rewritten without a trace a copy could see (a sharded model gathers
+    it afresh for every evaluation), so it is never copied."""
     proj = model.proj_out
     weight = proj.weight
     if (
@@ -28,22 +42,33 @@ def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         or torch.is_grad_enabled()
     ):
         # a copy made before the weight moved or became trainable is of no more use
-        proj.__dict__.pop(_TRANSPOSED, None)
+        _LAYOUTS.pop(proj, None)
         return proj(hidden)
-    return hidden @ _transposed(proj)
+    rows = hidden.numel() // hidden.shape[-1]
+    if rows > 1 and _packs(weight):
+        packed = _kept(proj, "packed", _pack)
+        flat = torch.ops.mkldnn._linear_pointwise(
+            hidden.reshape(rows, -1), packed, None, "none", [], ""
+        )
+        return flat.view(*hidden.shape[:-1], weight.shape[0])
+    return hidden @ _kept(proj, "transposed", lambda w: w.t().contiguous())
 
 
-_TRANSPOSED = "_asrforge_transposed"
-"""Where :func:`vocab_logits` keeps a projection's transposed weight: in the module's own
-attributes, so it goes with the model."""
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each projection's kept copies of its weight by layout name: ``{layout: (the weight copied,
+its version then, the copy)}``. Beside the module rather than in its attributes, since a
+packed copy is an opaque tensor that neither ``copy.deepcopy`` nor ``torch.save`` can take."""
 
 
-def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
-    """``proj``'s weight as a contiguous (in, out) tensor, kept on the module until the weight
-    is written in place (its version moves) or replaced (another storage: the one copied is
-    held, so no new weight can take its address)."""
+def _kept(
+    proj: torch.nn.Linear, layout: str, make: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``make(proj.weight)``, kept until the weight is written in place (its version moves) or
+    replaced (another storage: the one copied is held, so no new weight can take its
+    address)."""
     weight = proj.weight
-    kept = proj.__dict__.get(_TRANSPOSED)
+    layouts = _LAYOUTS.setdefault(proj, {})
+    kept = layouts.get(layout)
     if (
         kept is None
         or kept[0].data_ptr() != weight.data_ptr()
@@ -51,6 +76,88 @@ def _transposed(proj: torch.nn.Linear) -> torch.Tensor:
         or kept[0].shape != weight.shape
         or kept[1] != weight._version
     ):
-        kept = (weight.detach(), weight._version, weight.detach().t().contiguous())
-        proj.__dict__[_TRANSPOSED] = kept
+        kept = (weight.detach(), weight._version, make(weight.detach()))
+        layouts[layout] = kept
     return kept[2]
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered for oneDNN's product with a few rows (the size it is tuned for:
+    16, an evaluation's batch; four rows ran as fast with it as with a pack for four)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 16)
+
+
+def _packs(weight: torch.Tensor) -> bool:
+    """Whether several rows are projected through a oneDNN-packed copy of ``weight``: float32
+    on an x86-64 CPU whose torch has oneDNN (measured there only)."""
+    return weight.dtype == torch.float32 and _onednn_on_x86()
+
+
+@functools.cache
+def _onednn_on_x86() -> bool:
+    """Whether this torch has oneDNN's packed linear and runs on an x86-64 CPU."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        probe = torch.ones(4, 8)
+        packed = torch.ops.mkldnn._reorder_linear_weight(probe, 16)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), packed, None, "none", [], "")
+    except (RuntimeError, AttributeError) as e:
+        log.debug("oneDNN's packed linear is not usable here (%s); MKL projects", e)
+        return False
+    return bool(torch.equal(out, torch.full((2, 4), 8.0)))
+
+
+@contextlib.contextmanager
+def packed_linears(module: torch.nn.Module, rows: int) -> Iterator[None]:
+    """Within, ``module``'s frozen float32 ``nn.Linear`` layers on an x86-64 CPU multiply
+    ``rows`` > 1 rows through copies of their weights packed by oneDNN (:func:`vocab_logits`'
+    rule and copies), put in their places and back after. MKL's products of a few rows were
+    the slower by up to 2x for Whisper's feed-forward layers (bench/README.md, "The output
+    projection on the CPU"). One row, a weight that trains, or autograd: nothing changes."""
+    swapped = []
+    if rows > 1 and not torch.is_grad_enabled() and _onednn_on_x86():
+        for parent in list(module.modules()):
+            for name, child in list(parent._modules.items()):
+                if _frozen_cpu_linear(child):
+                    parent._modules[name] = _PackedLinear(child)
+                    swapped.append((parent, name, child))
+    try:
+        yield
+    finally:
+        for parent, name, child in swapped:
+            parent._modules[name] = child
+
+
+def _frozen_cpu_linear(layer: torch.nn.Module | None) -> bool:
+    """Whether ``layer`` is a plain ``nn.Linear`` without hooks whose float32 CPU weight is
+    not trained (what a packed copy may stand in for)."""
+    if type(layer) is not torch.nn.Linear or layer._forward_hooks or layer._forward_pre_hooks:
+        return False
+    weight = layer.weight
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and not weight.requires_grad
+        and not weight.is_inference()
+        and (layer.bias is None or not layer.bias.requires_grad)
+    )
+
+
+class _PackedLinear(torch.nn.Module):
+    """``linear`` multiplying by its weight's oneDNN-packed copy (kept as :func:`vocab_logits`
+    keeps its own). It holds the layer's own weight and bias, so the module's parameters and
+    their names stay as they were."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        object.__setattr__(self, "linear", linear)
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = _kept(self.linear, "packed", _pack)
+        flat = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]), packed, self.bias, "none", [], ""
+        )
+        return flat.view(*x.shape[:-1], self.weight.shape[0])
