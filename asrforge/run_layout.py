@@ -27,7 +27,8 @@ HUB_COMMITS_FILE = "hub_commits.json"
 """The Hub commit of each model and data set the run read by id, beside ``config.yaml``."""
 RUN_LOG = "train.log"
 METRICS_FILE = "metrics.jsonl"
-"""The ``metrics_jsonl`` callback's file, under its default name."""
+"""The ``metrics_jsonl`` callback's file, under its default name; which of its records stand
+after a resume: :func:`current_metrics`."""
 CARVE_FILE = "eval_carve.json"
 CACHE = "cache"
 BEST = "best"
@@ -84,6 +85,39 @@ def recorded_selection(ckpt: Path) -> dict:
         if not isinstance(selection.get(field), kind | None):
             raise ValueError(f"{TRAIN_STATE_FILE}: selection.{field} is not {words}")
     return selection
+
+
+def _has_step(record: dict) -> bool:
+    step = record.get("step")
+    return isinstance(step, int) and not isinstance(step, bool)
+
+
+def metrics_relogged(record: dict, begin: dict) -> bool:
+    """Whether the start ``begin`` (a ``train_begin`` record of ``metrics.jsonl``) logs the step of
+    the earlier ``record`` again: any later step, and at its own step, when it starts afresh
+    (``resumed`` false: no checkpoint to continue), the evaluation and the save. A
+    ``train_begin`` that does not say (written before ``resumed`` was) is taken as a resume."""
+    if not _has_step(record):
+        return False
+    step, at = begin["step"], record["step"]
+    afresh = begin.get("resumed") is False
+    return at > step or (at == step and afresh and record.get("event") in ("eval", "save"))
+
+
+def current_metrics(records: list[dict]) -> list[dict]:
+    """The records of ``metrics.jsonl`` that describe the run its checkpoints continue, in
+    order: each ``train_begin`` drops the earlier records whose steps it logs again
+    (:func:`metrics_relogged`), so that each step has one record of each event.
+
+    The ``metrics_jsonl`` callback cuts its file so when a run starts; a file that a resume
+    appended to before it did still holds those records, so its readers ask this too.
+    """
+    kept: list[dict] = []
+    for record in records:
+        if record.get("event") == "train_begin" and _has_step(record):
+            kept = [r for r in kept if not metrics_relogged(r, record)]
+        kept.append(record)
+    return kept
 
 
 @dataclass(frozen=True)

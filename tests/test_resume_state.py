@@ -11,7 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from asrforge.callbacks import build_callbacks
+from asrforge.callbacks.loggers import cut_metrics
+from asrforge.checkpoint.manager import CheckpointManager
 from asrforge.checkpoint.manifest import read_manifest, write_manifest
+from asrforge.io.append import SymlinkRefused
+from asrforge.run_layout import current_metrics
+from asrforge.train.events import Callback
 from asrforge.train.loop import Trainer
 from asrforge.train.state import TrainState
 from tests.conftest import tiny_config
@@ -59,6 +64,108 @@ def test_the_logged_loss_after_a_resume_is_the_uninterrupted_runs(tmp_path, tone
     for step in (4, 8):
         for key in ("loss", "grad_norm", "skipped_steps"):
             assert split[step][key] == full[step][key], (step, key)
+
+
+class Killed(BaseException):
+    """Ends the process's run as ``kill -9`` would: no save, no ``train_end``."""
+
+
+class KillAfterEval(Callback):
+    """Raises :class:`Killed` once the evaluation of a step is logged, before its save."""
+
+    name = "kill_after_eval"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_eval_end(self, state, *, metrics, decision):
+        if state.step == self.step:
+            raise Killed
+
+
+def test_a_resume_after_a_kill_logs_each_step_once_and_keeps_the_rest(tmp_path, tones_dir):
+    out = tmp_path / "run"
+    sections = dict(train={"max_steps": 8, "log_every": 1}, eval={"eval_steps": 2, "at_end": False})
+    cfg = tiny_config(out, tones_dir, **sections)
+    with pytest.raises(Killed):
+        Trainer(cfg, [*build_callbacks(cfg), KillAfterEval(6)]).fit()
+    saved = max(step for step, _ in CheckpointManager(out / "checkpoints").step_dirs())
+    metrics = out / "metrics.jsonl"
+    before = metrics.read_text().splitlines()
+    assert saved < 6 and json.loads(before[-1]) == {**json.loads(before[-1]), "step": 6}
+
+    Trainer(cfg, build_callbacks(cfg)).fit(resume=True)
+    lines = metrics.read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    logged = [(r["event"], r["step"]) for r in records if r["event"] in ("train", "eval", "save")]
+    assert len(set(logged)) == len(logged)
+    assert [s for e, s in logged if e == "train"] == list(range(1, 9))
+    assert [s for e, s in logged if e == "eval"] == [2, 4, 6, 8]
+    # what was logged up to the checkpoint the run resumed from is kept as it was written
+    kept = [x for x in before if json.loads(x)["step"] <= saved]
+    assert lines[: len(kept)] == kept and len(kept) < len(before)
+    begins = [r for r in records if r["event"] == "train_begin"]
+    assert [(b["step"], b["resumed"]) for b in begins] == [(0, False), (saved, True)]
+
+
+def _jsonl(records: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.mark.fast
+def test_a_metrics_file_is_cut_to_the_records_the_run_does_not_log_again(tmp_path, caplog):
+    # an attempt resumed at step 2 by a release that did not cut, then killed mid-line at 5
+    path = tmp_path / "metrics.jsonl"
+    first = [{"event": "train_begin", "step": 0, "n_params": 1},
+             {"event": "train", "step": 1, "loss": 3.0}, {"event": "train", "step": 2, "loss": 2.5},
+             {"event": "eval", "step": 2, "wer": 0.9}, {"event": "save", "step": 2, "path": "a"},
+             {"event": "train", "step": 3, "loss": 2.0}]  # fmt: skip
+    second = [{"event": "train_begin", "step": 2}, {"event": "train", "step": 3, "loss": 2.1},
+              {"event": "train", "step": 4, "loss": 1.8}, {"event": "eval", "step": 4, "wer": 0.7},
+              {"event": "save", "step": 4, "path": "b"},
+              {"event": "train", "step": 5, "loss": 1.5}]  # fmt: skip
+    path.write_text(_jsonl(first) + "not json, kept\n" + _jsonl(second) + '{"event": "tra')
+    begin = {"event": "train_begin", "step": 4, "resumed": True}
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        cut_metrics(path, begin)
+    kept = first[:5] + second[:5]
+    assert path.read_text() == _jsonl(first[:5]) + "not json, kept\n" + _jsonl(second[:5])
+    assert f"{path}: 2 record(s) of steps this run logs again (it starts at step 4) taken " \
+           "out, and a last line cut short (14 bytes)" in caplog.text  # fmt: skip
+    # the readers see the same records, of the file as cut or as it was
+    assert current_metrics([*kept, begin]) == [*kept, begin]
+    assert current_metrics([*first, *second, begin]) == [*kept, begin]
+
+    # a file with nothing to cut is left as it is
+    inode = path.stat().st_ino
+    cut_metrics(path, begin)
+    assert path.stat().st_ino == inode
+
+
+@pytest.mark.fast
+def test_a_start_afresh_takes_out_the_evaluation_and_save_of_step_0_it_repeats(tmp_path):
+    # no checkpoint survived (or --start-over): the run evaluates and saves step 0 again
+    path = tmp_path / "metrics.jsonl"
+    dead = [{"event": "train_begin", "step": 0, "resumed": False},
+            {"event": "eval", "step": 0, "wer": 1.0}, {"event": "save", "step": 0, "path": "s"},
+            {"event": "train", "step": 1, "loss": 3.0}]  # fmt: skip
+    path.write_text(_jsonl(dead))
+    cut_metrics(path, {"event": "train_begin", "step": 0, "resumed": False})
+    assert path.read_text() == _jsonl(dead[:1])
+    # a resume from step-000000 keeps them: they are its checkpoint's
+    path.write_text(_jsonl(dead))
+    cut_metrics(path, {"event": "train_begin", "step": 0, "resumed": True})
+    assert path.read_text() == _jsonl(dead[:3])
+
+
+@pytest.mark.fast
+def test_a_metrics_file_that_is_a_link_is_refused_not_cut(tmp_path):
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text(_jsonl([{"event": "train", "step": 5, "loss": 1.0}]))
+    (tmp_path / "metrics.jsonl").symlink_to(target)
+    with pytest.raises(SymlinkRefused, match="metrics.jsonl: a symlink"):
+        cut_metrics(tmp_path / "metrics.jsonl", {"event": "train_begin", "step": 2})
+    assert (tmp_path / "metrics.jsonl").is_symlink() and '"step": 5' in target.read_text()
 
 
 OLD_SHAPES = [

@@ -16,11 +16,12 @@ from tests.conftest import tiny_config
 
 
 def _full_disk_under(monkeypatch, name: str) -> None:
-    """Every write to the run's ``name`` fails with ENOSPC, as on a full disk."""
+    """Every write appended to the run's ``name`` fails with ENOSPC, as on a full disk (reading
+    it back still works, as there)."""
     real = append.open_no_follow
 
     def open_no_follow(path, flags, mode=0o666):
-        if Path(path).name == name:
+        if Path(path).name == name and flags & os.O_APPEND:
             return os.open("/dev/full", os.O_WRONLY)
         return real(path, flags, mode)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -10,10 +11,14 @@ from pathlib import Path
 from pydantic import Field
 
 from asrforge.callbacks.options import Options
-from asrforge.io.append import open_append
-from asrforge.run_layout import METRICS_FILE
+from asrforge.errors import CheckpointSaveError
+from asrforge.io.append import open_append, read_appended
+from asrforge.io.atomic import atomic_write_bytes
+from asrforge.run_layout import METRICS_FILE, current_metrics
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
+
+log = logging.getLogger("asrforge.train")
 
 
 class _StepAverager:
@@ -85,10 +90,59 @@ def _top_entry(rel: str) -> frozenset[str]:
     return frozenset({parts[0]})
 
 
+def _record(line: bytes) -> dict | None:
+    """The JSON object with an integer ``step`` that ``line`` holds, else None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def cut_metrics(path: Path, begin: dict) -> None:
+    """Rewrite the metrics file ``path`` (atomically) without the records whose steps the start
+    ``begin`` logs again (:func:`~asrforge.run_layout.current_metrics`) and without a last line
+    a crash cut short; each step then has one record of each event. Everything else, lines that
+    are no record included, stays as it was written. A missing file, or one with nothing to cut,
+    is left alone.
+
+    Raises:
+        LinkRefused: ``path`` is a link.
+        OSError: it cannot be read or replaced.
+    """
+    data = read_appended(path)
+    if not data:
+        return
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends a line; else what a crash left of the last one
+    torn = bool(tail) and _record(tail) is None
+    if tail and not torn:
+        lines.append(tail)
+    parsed = [_record(line) for line in lines]
+    current = {id(r) for r in current_metrics([*(r for r in parsed if r is not None), begin])}
+    kept = [line for line, r in zip(lines, parsed, strict=True) if r is None or id(r) in current]
+    if len(kept) == len(lines) and not torn:
+        return
+    try:
+        atomic_write_bytes(path, b"".join(line + b"\n" for line in kept))
+    except CheckpointSaveError as e:
+        # as a failed append: a full disk stops the run
+        raise (e.__cause__ or e) from None
+    log.info(
+        "%s: %d record(s) of steps this run logs again (it starts at step %d) taken out%s",
+        path,
+        len(lines) - len(kept),
+        begin["step"],
+        f", and a last line cut short ({len(tail)} bytes)" if torn else "",
+    )
+
+
 class MetricsJsonl(Callback):
     """``metrics.jsonl`` in the run dir: one JSON object per line, flushed after each write.
     Training lines are averaged over ``log_every`` steps (default ``train.log_every``); every
-    evaluation and save gets a line of its own."""
+    evaluation and save gets a line of its own. A run that starts again in the same directory
+    first takes out the records of the steps it logs again (:func:`cut_metrics`)."""
 
     name = "metrics_jsonl"
 
@@ -115,18 +169,20 @@ class MetricsJsonl(Callback):
 
     def on_train_begin(self, state: TrainState, *, run: RunInfo) -> None:
         self.log_every = self.log_every or run.config.train.log_every
-        self.fh = open_append(Path(run.output_dir) / self.filename)
-        self._write(
-            {
-                "event": "train_begin",
-                "time": time.time(),
-                "step": state.step,
-                "n_params": run.n_params,
-                "precision": run.precision,
-                "device": run.device,
-                "selection": run.selection,
-            }
-        )
+        path = Path(run.output_dir) / self.filename
+        begin = {
+            "event": "train_begin",
+            "time": time.time(),
+            "step": state.step,
+            "resumed": run.resumed,
+            "n_params": run.n_params,
+            "precision": run.precision,
+            "device": run.device,
+            "selection": run.selection,
+        }
+        cut_metrics(path, begin)
+        self.fh = open_append(path)
+        self._write(begin)
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:
         self.avg.add(metrics)
@@ -226,10 +282,9 @@ class TensorBoardLogger(Callback):
         self.log_every = self.log_every or run.config.train.log_every
         # a resumed run (from step-000000 too: eval.at_start) re-logs the steps after its
         # checkpoint, so the dead process's points from there on are purged
-        resumed = state.step > 0 or state.last_eval_step is not None
         self.writer = SummaryWriter(
             log_dir=str(Path(run.output_dir) / self.subdir),
-            purge_step=state.step + 1 if resumed else None,
+            purge_step=state.step + 1 if run.resumed else None,
         )
 
     def on_step_end(self, state: TrainState, *, metrics: dict) -> None:

@@ -1,5 +1,6 @@
 """Files asrforge opens in place rather than replacing atomically: appended logs (a run's
-``train.log`` and ``metrics.jsonl``, a matrix's ``events.jsonl`` and job logs) and lock files.
+``train.log`` and ``metrics.jsonl``, a matrix's ``events.jsonl`` and job logs) and lock files;
+and such a log read back whole before it is rewritten (:func:`read_appended`).
 
 They are opened without following a symlink at the last component, so a link left in a run,
 checkpoint or matrix directory is refused by name (:class:`SymlinkRefused`, exit code 2) instead
@@ -73,3 +74,21 @@ def open_append(path: str | Path, encoding: str = "utf-8") -> TextIO:
 def _no_follow_opener(path: str, flags: int) -> int:
     # looked up when called, so a test can stand a full disk in for one file
     return open_no_follow(path, flags)
+
+
+def read_appended(path: str | Path) -> bytes | None:
+    """The bytes of a file asrforge appends to (None when it is missing), read before the file is
+    replaced atomically; refused as :func:`open_append` refuses it, so that a link is never read
+    through and then replaced by a copy.
+
+    Raises:
+        SymlinkRefused: ``path`` is a symlink.
+        HardLinkRefused: ``path`` has more than one link.
+    """
+    try:
+        # opened for writing too: open_no_follow checks the hard links of a file it may write
+        fd = open_no_follow(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()

@@ -26,7 +26,13 @@ from asrforge.io.small_files import (
     read_json,
 )
 from asrforge.matrix.claims import lock_is_held, read_marker
-from asrforge.run_layout import CONFIG_FILE, METRICS_FILE, RunLayout, recorded_selection
+from asrforge.run_layout import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    RunLayout,
+    current_metrics,
+    recorded_selection,
+)
 from asrforge.text.languages import primary_metric
 
 log = logging.getLogger(__name__)
@@ -89,8 +95,9 @@ class JobReport:
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Parse ``metrics.jsonl``: evals, train losses, saves, the last train_begin / train_end.
 
-    A ``train_begin`` at step s (a resume) drops the records of earlier attempts after s: those
-    steps were trained again, and the curve shows the run that produced the checkpoints.
+    Only the records of the run the checkpoints continue count
+    (:func:`~asrforge.run_layout.current_metrics`): a file a resume appended to before runs cut
+    it holds the records of an earlier attempt's steps that were trained again.
     """
     evals: list[dict[str, Any]] = []
     train: list[tuple[int, float]] = []
@@ -99,12 +106,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = RunLayout(run_dir).metrics
     # a run that began writing its metrics has started, whatever its lines hold
     started = path.is_file() and path.stat().st_size > 0
-    for rec in (_records(path) if started else None) or []:
+    for rec in current_metrics((_records(path) if started else None) or []):
         event, step = rec.get("event"), rec["step"]
         if event == "train_begin":
-            evals = [e for e in evals if e["step"] <= step]
-            train = [t for t in train if t[0] <= step]
-            saves = [v for v in saves if v[0] <= step]
             begin, end = rec, None
         elif event == "train" and isinstance(rec.get("loss"), int | float):
             train.append((step, float(rec["loss"])))

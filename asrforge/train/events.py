@@ -63,6 +63,9 @@ class RunInfo:
     """The step the run trains to: ``train.max_steps`` or the selection group's lower cap."""
     loader_workers: int = 0
     """DataLoader workers per process: ``data.num_workers``, ``auto`` resolved."""
+    resumed: bool = False
+    """Whether the run continues a checkpoint (``--resume``): it logs the steps after the
+    checkpoint's again."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

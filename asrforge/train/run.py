@@ -214,6 +214,7 @@ class TrainingRun:
             selection=setup.selector.why,
             max_steps=self.max_steps,
             loader_workers=self.loaders.loader_workers,
+            resumed=setup.resume_from is not None,
         )
 
     # -- train ---------------------------------------------------------------------------------
