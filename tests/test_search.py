@@ -9,6 +9,7 @@ import math
 import re
 import shlex
 import time
+import warnings
 
 import pytest
 import yaml
@@ -384,3 +385,27 @@ def test_two_launchers_on_one_root_never_leave_an_older_search_json_last(tmp_pat
     written = json.loads((plan.root / "search.json").read_text())["en"]
     assert [t["state"] for t in written["trials"]] == ["complete", "complete"]
     assert written["best"] == 1  # the other launcher's trial, told last
+
+
+@pytest.mark.fast
+def test_the_pruner_reads_a_resumed_trials_metrics_again_once_they_are_cut(tmp_path, config):
+    search = Search(load_matrix(search_file(tmp_path, config)))
+    job = search.draw(1)[0]
+    metrics = search.plan.run_dir(job) / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    evals = [{"event": "eval", "step": s, "loss": v} for s, v in ((2, 3.0), (4, 2.0))]
+    metrics.write_text("".join(json.dumps(x) + "\n" for x in
+                               [{"event": "train_begin", "step": 0}, *evals]))  # fmt: skip
+    search.should_stop_early(job)
+    # killed after step 4, resumed from step 2: its start replaces the file, cut back to step 2
+    resumed = [{"event": "train_begin", "step": 0}, evals[0],
+               {"event": "train_begin", "step": 2, "resumed": True, "device": "cpu" * 20},
+               {"event": "eval", "step": 4, "loss": 2.5}, {"event": "eval", "step": 6, "loss": 1.0}]
+    replacement = tmp_path / "cut.jsonl"
+    replacement.write_text("".join(json.dumps(x) + "\n" for x in resumed))
+    replacement.replace(metrics)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # optuna warns of a step reported twice
+        search.should_stop_early(job)
+    trial = search.studies["en"].trials[0]
+    assert trial.intermediate_values == {2: 3.0, 4: 2.0, 6: 1.0}

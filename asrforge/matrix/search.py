@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ class Trial:
     job: Job
     metrics_read: int = 0
     """Bytes of the run's ``metrics.jsonl`` already shown to the pruner."""
+    metrics_file: tuple[int, int] | None = None
+    """The (device, inode) of the ``metrics.jsonl`` those bytes are of: a resume replaces the
+    file, cut back to its checkpoint's step."""
+    reported_step: int = 0
+    """The last step whose evaluation the pruner was shown."""
 
 
 class Search:
@@ -195,6 +201,10 @@ class Search:
         path = RunLayout(self.plan.run_dir(job)).metrics
         try:
             with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                # a file replaced since the last read is read again from its start
+                if (st.st_dev, st.st_ino) != trial.metrics_file or st.st_size < trial.metrics_read:
+                    trial.metrics_file, trial.metrics_read = (st.st_dev, st.st_ino), 0
                 f.seek(trial.metrics_read)
                 data = f.read()
         except OSError:
@@ -209,13 +219,16 @@ class Search:
             except ValueError:
                 continue
             value = record.get(self.spec.metric)
+            step = record.get("step")
+            # a resumed run's steps up to its checkpoint were shown before it was cut back to them
             if (
                 record.get("event") == "eval"
-                and record.get("step")
+                and isinstance(step, int)
+                and step > trial.reported_step
                 and isinstance(value, int | float)
             ):
-                trial.trial.report(float(value), int(record["step"]))
-                reported = True
+                trial.trial.report(float(value), step)
+                trial.reported_step, reported = step, True
         return reported and trial.trial.should_prune()
 
     def done(self, job: Job, end: dict[str, Any]) -> str:
