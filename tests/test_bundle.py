@@ -185,15 +185,16 @@ def test_round_trip_transcribes_as_the_training_evaluation(trained_run, bundle, 
         json.loads(line)
         for line in (trained_run / "eval" / f"step-{step:06d}.jsonl").read_text().splitlines()
     ]
-    preds = {r["uid"]: r for r in records if "uid" in r}
+    preds = {r["id"]: r for r in records if "id" in r}
     rows = {row["id"]: row for row in validation}
     assert len(preds) == 6
     for uid, pred in list(preds.items())[:2]:
         audio = rows[uid]["audio"]["bytes"]
-        assert bundle.transcribe(audio, language=pred["language"]) == pred["hyp"], uid
+        assert bundle.transcribe(audio, language=pred["language"]) == pred["hypothesis"], uid
     waves = [decode_audio(rows[uid]["audio"]["bytes"]) for uid in preds]
     langs = [p["language"] for p in preds.values()]
-    assert bundle.transcribe_many(waves, langs, batch_size=4) == [p["hyp"] for p in preds.values()]
+    hyps = [p["hypothesis"] for p in preds.values()]
+    assert bundle.transcribe_many(waves, langs, batch_size=4) == hyps
 
 
 def test_export_raw_and_average_weights(trained_run, tmp_path) -> None:

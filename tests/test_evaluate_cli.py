@@ -251,6 +251,24 @@ def test_predictions_show_what_the_model_heard_and_the_table_how_its_language_wa
     assert f"--predictions {tmp_path}: a directory" in capsys.readouterr().err
 
 
+def test_predictions_are_written_as_the_runs_evaluation_records(run, tones_dir, tmp_path):
+    best = run / "checkpoints" / "best"
+    step = read_manifest(best)["step"]
+    logged = [json.loads(x) for x in (run / "eval" / f"step-{step:06d}.jsonl").open()][:-1]
+    out = tmp_path / "heard.jsonl"
+    argv = ["evaluate", str(best), "--data", str(tones_dir), "--split", "validation",
+            "--batch-size", "8", "--max-samples", str(len(logged)),
+            "--predictions", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    predicted = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [sorted(r) for r in predicted] == [sorted(r) for r in logged]
+    assert {"id", "reference", "hypothesis", "reference_normalized"} <= set(logged[0])
+    # the same utterances heard the same way, with the same loss
+    heard = ("id", "language", "reference", "hypothesis", "hypothesis_normalized", "n_tokens")
+    assert [[r[k] for k in heard] for r in predicted] == [[r[k] for k in heard] for r in logged]
+    assert [r["loss"] for r in predicted] == pytest.approx([r["loss"] for r in logged], rel=1e-5)
+
+
 def test_predictions_that_cannot_be_written_are_refused_first_or_leave_the_metrics_printed(
     run, tones_dir, tmp_path, capsys, monkeypatch
 ):

@@ -93,7 +93,7 @@ def test_a_training_run_guards_with_the_built_set(tmp_path, clips, tones_dir):
     Trainer(cfg, build_callbacks(cfg)).fit()
     start = [json.loads(line) for line in (tmp_path / "run/eval/guard-step-000000.jsonl").open()]
     assert len(start) == 4 and all(r["kind"] == "drift" for r in start)
-    assert all(r["uid"].startswith("guard-en-000#") for r in start)  # cut at pauses: 2 s model
+    assert all(r["id"].startswith("guard-en-000#") for r in start)  # cut at pauses: 2 s model
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [e["guard_drift"] for e in evals if e.get("event") == "eval"] == [True]
 

@@ -78,7 +78,7 @@ def matrix_root(tmp_path) -> Path:
     run = write_run(root, "en-tiny-s1", "en", 1, [])
     (run / "eval").mkdir()
     for step, wer in ((2, 0.3), (4, 0.2)):
-        lines = [json.dumps({"uid": "u1", "ref": "a", "hyp": "b"}),
+        lines = [json.dumps({"id": "u1", "reference": "a", "hypothesis": "b"}),
                  json.dumps({"summary": True, "step": step, "wer": wer, "cer": 0.1, "loss": 2.0,
                              "save": True, "reason": f"eval file {step}"})]
         (run / "eval" / f"step-{step:06d}.jsonl").write_text("\n".join(lines) + "\n")

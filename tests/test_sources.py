@@ -554,7 +554,7 @@ def test_train_on_a_csv_with_a_carved_eval_split_and_a_missing_file(tmp_path, cl
     # a resume evaluates on the rows the run started with, though data.eval_carve changed
     def eval_ids(step: int) -> list[str]:
         lines = (run / "eval" / f"step-{step:06d}.jsonl").read_text().splitlines()[:-1]
-        return sorted(json.loads(line)["uid"] for line in lines)
+        return sorted(json.loads(line)["id"] for line in lines)
 
     args = [
         "train",

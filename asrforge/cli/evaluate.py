@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         if args.longform_items:
             print(format_longform(metrics))
     if args.predictions is not None:
-        from asrforge.evaluation.evaluate import prediction_records
+        from asrforge.evaluation.records import prediction_records
         from asrforge.io.atomic import atomic_write_text
 
         # after the metrics are printed: a write that fails does not throw them away

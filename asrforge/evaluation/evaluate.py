@@ -240,29 +240,6 @@ def _metrics_of(scored: list[_Scored]) -> dict:
     return out
 
 
-def prediction_records(
-    preds: list[dict], specials, normalizer: NormalizerConfig | None = None
-) -> list[dict]:
-    """What ``evaluate --predictions`` writes of each utterance: its ``id``, the ``language``
-    its prompt was forced to (the data's; ``decoded_as`` names another language whose token
-    carried it, ``data.language_tokens``), the ``reference`` and ``hypothesis`` and both as
-    normalized for scoring."""
-    records = []
-    for p in preds:
-        record = {"id": p["uid"], "language": p["language"]}
-        token = specials.token_language(p["language"]) if specials.multilingual else None
-        if token is not None and token != p["language"]:
-            record["decoded_as"] = token
-        record.update(
-            reference=p["ref"],
-            hypothesis=p["hyp"],
-            reference_normalized=normalize(p["ref"], p["language"], normalizer),
-            hypothesis_normalized=normalize(p["hyp"], p["language"], normalizer),
-        )
-        records.append(record)
-    return records
-
-
 def error_rate_or_nan(metric, refs: list[str], hyps: list[str]) -> float:
     """``metric(refs, hyps)`` (:func:`~asrforge.text.wer` or :func:`~asrforge.text.cer`) as a
     float, NaN where it raises ValueError."""

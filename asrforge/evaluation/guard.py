@@ -23,6 +23,7 @@ from asrforge.data.rules import not_english
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.guard_items import GuardItem, load_guard_items
+from asrforge.evaluation.records import utterance_record
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import codes_of_tokens, detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
@@ -341,14 +342,9 @@ class Guard:
         measured = set(self.lid_items) if len(self.last_detected) == len(self.items) else set()
         for k, (item, hyp) in enumerate(zip(self.items, hyps, strict=True)):
             against = item.reference if self.kind == "wer" else gate.start_transcripts.get(item.id)
-            record = {
-                "uid": item.id,
-                "language": item.language,
-                "ref": against,
-                "hyp": hyp,
-                "kind": self.kind,
-                "metric": self.metric,
-            }
+            prediction = {"uid": item.id, "language": item.language, "ref": against, "hyp": hyp,
+                          "kind": self.kind, "metric": self.metric}  # fmt: skip
+            record = utterance_record(prediction, self.normalizer)
             # the language token the model detected (only where language-ID is measured)
             if k in measured:
                 record["detected"] = code_of[self.last_detected[k]]

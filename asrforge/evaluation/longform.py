@@ -32,6 +32,7 @@ from asrforge.data.sources import data_config, read_split
 from asrforge.errors import UserError
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import error_rate_or_nan
+from asrforge.evaluation.records import utterance_record
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import DecodeOptions
 from asrforge.model.frames import window_seconds
@@ -301,10 +302,11 @@ def run_longform_eval(run, model, ema, *, step: int, autocast=None) -> dict:
 
 
 def write_records(path: Path, records: list[dict], metrics: dict) -> None:
-    """One line per recording, then a summary line (as ``eval/step-NNNNNN.jsonl``)."""
+    """One line per recording (:func:`~asrforge.evaluation.records.utterance_record`), then a
+    summary line (as ``eval/step-NNNNNN.jsonl``)."""
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    lines = [json.dumps(utterance_record(r), ensure_ascii=False) for r in records]
     lines.append(json.dumps({"summary": True, **metrics}, ensure_ascii=False))
     atomic_write_text(path, "\n".join(lines) + "\n")
 

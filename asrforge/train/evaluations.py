@@ -102,7 +102,14 @@ class RunEvaluations:
         state.best_step, state.best = setup.selector.best_step, dict(setup.selector.best)
         if self.run.acc.is_main_process:
             write_eval_records(
-                setup.output_dir, state.step, metrics, preds, decision, setup.selector.selected_on
+                setup.output_dir,
+                state.step,
+                metrics,
+                preds,
+                decision,
+                setup.selector.selected_on,
+                setup.model_bundle.specials,
+                self.run.cfg.eval.normalizer,
             )
         log.info(
             "eval step %d: loss %.4f wer %.4f cer %.4f n %d%s%s | %s",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asrforge.config import TrainConfig
+from asrforge.config import NormalizerConfig, TrainConfig
 from asrforge.data.locate import data_ref, locate
 from asrforge.data.rules import SkipReport
+from asrforge.evaluation.records import prediction_records
 from asrforge.hub import hub_ref, resolve_model
 from asrforge.io.atomic import atomic_write_text
 from asrforge.run_layout import RunLayout
@@ -42,10 +43,19 @@ def hub_commits(cfg: TrainConfig) -> dict[str, dict]:
 
 
 def write_eval_records(
-    out: Path, step: int, metrics: dict, preds: list[dict], decision: Decision, selected_on
+    out: Path,
+    step: int,
+    metrics: dict,
+    preds: list[dict],
+    decision: Decision,
+    selected_on,
+    specials,
+    normalizer: NormalizerConfig | None,
 ) -> None:
-    """``eval/step-NNNNNN.jsonl``: one line per utterance, then a summary line."""
-    lines = [json.dumps(p, ensure_ascii=False) for p in preds]
+    """``eval/step-NNNNNN.jsonl``: one line per utterance (its record as ``evaluate
+    --predictions`` writes it, :mod:`asrforge.evaluation.records`), then a summary line."""
+    records = prediction_records(preds, specials, normalizer)
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
     summary = {
         "summary": True,
         "step": step,
