@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from datasets import Dataset
 
 from asrforge.cli import main
 from asrforge.config import DataConfig, SelectionConfig
@@ -159,6 +160,34 @@ def test_the_skip_report_holds_each_dropped_id_once_per_reason():
     skipped = {"empty text": ["a"]}
     assert SkipReport.merge(skipped, {"empty text": ["b", "a"], "x": ["b"]}) == ["b", "b"]
     assert skipped == {"empty text": ["a", "b"], "x": ["b"]}
+
+
+@pytest.mark.fast
+def test_a_lazily_prepared_split_says_only_what_its_checks_up_front_found(tmp_path, caplog):
+    split = Dataset.from_dict({"text": ["a b", "", "c"], "language": ["en"] * 3})
+    tok = tokenizer_without()
+    specials = SpecialTokens.from_tokenizer(tok, True)
+    cfg = DataConfig(path=Path("unused"))
+    _, report = prepare_split(split, "train", cfg=cfg, tokenizer=tok, specials=specials,
+                              max_target_positions=64, max_seconds=30.0, lazy=True)  # fmt: skip
+    later = "audio and label lengths are checked as the rows are read, and what that skips is " \
+            "reported at each save"  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        report.log(tmp_path)
+        # what training's reads dropped, once known: the counts up to a step, all of them
+        report.with_dropped({"unreadable audio": ["train-2"]}).log(tmp_path, " up to step 3")
+    lines = caplog.text.splitlines()
+    assert "split train: skipped 1 of 3 utterances up front (1 empty text): train-1; all ids " \
+           "in" in lines[0] and lines[0].endswith(f"skipped-train.json; {later}")  # fmt: skip
+    assert "split train: skipped 2 of 3 utterances up to step 3 (1 empty text, 1 unreadable " \
+           "audio): train-1, train-2; all ids in" in lines[1] and "save" not in lines[1]
+    caplog.clear()
+    _, clean = prepare_split(Dataset.from_dict({"text": ["a"], "language": ["en"]}), "train",
+                             cfg=cfg, tokenizer=tok, specials=specials, max_target_positions=64,
+                             max_seconds=30.0, lazy=True)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="asrforge"):
+        clean.log(None)
+    assert f"split train: 1 utterances, none skipped up front; {later}" in caplog.text
 
 
 @pytest.mark.fast

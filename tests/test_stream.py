@@ -199,6 +199,12 @@ def test_skipped_rows_are_reported_by_reason_and_a_tokenless_language_stops(tmp_
     # stopped after epoch 0 (12 batches): its checkpoint and the report hold both drops
     _, interrupted = run(cfg, [PreemptAt(12)])
     assert interrupted.status == "interrupted"
+    # at the start nothing was read yet: the log says so, and the skips once they are known
+    log = (tmp_path / "run" / "train.log").read_text()
+    start = next(x for x in log.splitlines() if "split train: " in x)
+    assert "none skipped up front; each row is checked as it is read, and what that skips is " \
+           "reported at each save" in start and start.endswith("save")  # fmt: skip
+    assert f"split train: skipped 2 of {len(rows)} utterances up to step 12" in log
     missing = root / train[3]["file"]  # named by its id and its path (the id does not say it)
     expected = {"audio file not found": [f"u3 ({missing})"], "empty text": ["u5"]}
     state = json.loads((tmp_path / "run/checkpoints/latest/train_state.json").read_text())

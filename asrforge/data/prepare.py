@@ -27,6 +27,7 @@ from asrforge.config import DataConfig
 from asrforge.data.columns import arrow_columns, column_seconds, dictionary_encoded, language_codes
 from asrforge.data.ids import audio_key, keys_digest, named, relocatable_keys, row_id, row_uids
 from asrforge.data.rules import (
+    AUDIO_CHECKED_AS_READ,
     EMPTY_TEXT,
     NOT_FOUND,
     SkipReport,
@@ -326,7 +327,9 @@ def prepare_split(
         return table, SkipReport(name, total, skipped, left_out)
     report = SkipReport(split=name, total=len(split))
     table = _metadata_table(split, name, rules, cfg, report, training)
-    if not lazy:
+    if lazy:
+        report.read_checks = AUDIO_CHECKED_AS_READ
+    else:
         table = check_in_full(table, report)
     if key is not None:
         try:

@@ -234,6 +234,12 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
     return codes
 
 
+CHECKED_AS_READ = "each row is checked as it is read"
+"""A streamed split's checks: none of them is made before training reads the row."""
+AUDIO_CHECKED_AS_READ = "audio and label lengths are checked as the rows are read"
+"""A lazily prepared split's checks left to training: its metadata was checked up front."""
+
+
 @dataclass
 class SkipReport:
     """What filtering dropped, by reason, and what ``data.languages`` left out on purpose (counts
@@ -243,6 +249,10 @@ class SkipReport:
     total: int = 0
     skipped: dict[str, list[str]] = field(default_factory=dict)
     left_out: dict[str, int] = field(default_factory=dict)
+    read_checks: str = ""
+    """The checks made only as training reads the rows, as the log says it (a stream's
+    :data:`CHECKED_AS_READ`, a lazily prepared split's :data:`AUDIO_CHECKED_AS_READ`); empty: the
+    split was checked in full. What they skip is added at each save (:meth:`with_dropped`)."""
 
     def add(self, reason: str, uid: str) -> None:
         self.skipped.setdefault(reason, []).append(uid)
@@ -297,9 +307,12 @@ class SkipReport:
         if self.left_out:
             per_language = ", ".join(f"{lang} {n}" for lang, n in sorted(self.left_out.items()))
             share = f": {kept} kept, {self.n_left_out} left out by data.languages ({per_language}),"
+        # a split checked as it is read knows only what its checks up front skipped
+        later = f"; {self.read_checks}, and what that skips is reported at each save"
+        later, up_front = (later, " up front") if self.read_checks else ("", "")
         if not self.n_skipped:
-            log.info("split %s: %d utterances%s none skipped", self.split, self.total,
-                     share or ",")  # fmt: skip
+            log.info("split %s: %d utterances%s none skipped%s%s", self.split, self.total,
+                     share or ",", up_front, later)  # fmt: skip
             return
         counts = ", ".join(f"{len(v)} {k}" for k, v in self.skipped.items())
         ids = [u for v in self.skipped.values() for u in v]
@@ -308,14 +321,15 @@ class SkipReport:
         where = f"; all ids in {target}" if target is not None else ""
         if share:
             log.warning(
-                "split %s: %d utterances%s %d skipped%s (%s): %s%s",
-                self.split, self.total, share, self.n_skipped, when, counts, shown, where,
+                "split %s: %d utterances%s %d skipped%s%s (%s): %s%s%s",
+                self.split, self.total, share, self.n_skipped, up_front, when, counts, shown,
+                where, later,
             )  # fmt: skip
             return
         log.warning(
-            "split %s: skipped %d of %d utterances%s (%s): %s%s",
-            self.split, self.n_skipped, self.total, when, counts, shown, where,
-        )
+            "split %s: skipped %d of %d utterances%s%s (%s): %s%s%s",
+            self.split, self.n_skipped, self.total, up_front, when, counts, shown, where, later,
+        )  # fmt: skip
 
     def nothing_usable(self, path: Path, languages: list[str] | None) -> UserError:
         """The error of a split with no usable utterance; when ``data.languages`` left rows out,

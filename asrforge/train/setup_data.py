@@ -33,7 +33,7 @@ from asrforge.data.replay import (
     replay_count,
     replay_picks,
 )
-from asrforge.data.rules import SkipReport
+from asrforge.data.rules import CHECKED_AS_READ, SkipReport
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches
@@ -344,7 +344,8 @@ def build_stream_datasets(
     stream.augment = build_augmenter(
         cfg.data.augment, seed=cfg.seed, window_seconds=window_seconds(config)
     )
-    train_report = SkipReport(cfg.data.train_split, total=len(stream), left_out=stream.left_out())
+    train_report = SkipReport(cfg.data.train_split, total=len(stream), left_out=stream.left_out(),
+                              read_checks=CHECKED_AS_READ)  # fmt: skip
     kw = dict(cfg=cfg.data, tokenizer=bundle.tokenizer, specials=bundle.specials, **limits)
     eval_utts, eval_report = prepare_split(eval_split, cfg.data.eval_split, **kw)
     if cfg.data.max_eval_samples:
