@@ -54,6 +54,32 @@ def test_no_budget_by_default():
     assert cfg.train.max_time is None and cfg.train.max_time_seconds is None
 
 
+@pytest.mark.fast
+def test_the_stop_reason_says_what_would_not_fit_in_the_time_left(monkeypatch):
+    # a tiny model's save takes a fraction of a second: the reason names the step that would
+    # not fit beside it in what is left, never "leave 0 s"
+    now = [0.0]
+    monkeypatch.setattr(time_budget, "monotonic", lambda: now[0])
+    budget = time_budget.TimeBudget(10, "10s")
+    with budget.timed("step"):
+        now[0] += 1.94
+    with budget.timed("save"):
+        now[0] += 0.2
+    now[0] = 8.5
+    assert budget.runs_out(evaluations=0, saves=1)
+    assert budget.reason(6, evaluations=0) == (
+        "reached max_time=10s (elapsed 8s, 1.5 s left: not enough for step 6, up to 1.9 s as "
+        "the longest step so far, and then the last save, 0.2 s)"
+    )
+    # set-up alone used the budget up: none left, and an untimed save is 5% of the budget
+    now[0] = 12.0
+    fresh = time_budget.TimeBudget(10, "10s", already=12.0)
+    assert fresh.reason(1, evaluations=1) == (
+        "reached max_time=10s (elapsed 12s, none left: not enough for step 1, and then the "
+        "last evaluation and save, 1.0 s)"
+    )
+
+
 class FakeClock:
     """The budget's clock: a step takes ``step`` seconds, an evaluation ``evaluation``, a save
     ``save``; nothing else moves it."""
@@ -106,8 +132,8 @@ def test_the_cli_stops_before_the_step_that_leaves_no_time_and_exits_zero(
     assert main(["train", str(path)]) == 0
     out = capsys.readouterr().out
     reason = (
-        "reached max_time=100 (elapsed 1m30s, stopped before step 10 to leave 10 s for the "
-        "last evaluation and save)"
+        "reached max_time=100 (elapsed 1m30s, 10 s left: not enough for step 10, up to 10 s as "
+        "the longest step so far, and then the last evaluation and save, 10 s)"
     )
     assert f"asrforge: stopped at step 9: {reason}" in out
     run_dir = tmp_path / "run"
@@ -125,16 +151,17 @@ def test_the_cli_stops_before_the_step_that_leaves_no_time_and_exits_zero(
     assert latest["step"] == 9
 
 
-@pytest.mark.parametrize(("save", "stops_at"), [(1.0, 8), (6.0, 7)])
+@pytest.mark.parametrize(("save", "stops_at", "end"), [(1.0, 8, "6.0 s"), (6.0, 7, "11 s")])
 def test_a_slower_save_stops_the_run_a_step_earlier(tmp_path, tones_dir, monkeypatch, save,
-                                                    stops_at):  # fmt: skip
+                                                    stops_at, end):  # fmt: skip
     # The starting evaluation (5 s) and its save are timed before the first step; after step k
     # the run goes on while 5 + save + 10 k + (10 + 5 + save) <= 100.
     cfg = _config(tmp_path, tones_dir, eval={"eval_steps": None, "at_end": True, "at_start": True})
     clock = FakeClock(monkeypatch, save=save)
     result = Trainer(cfg).fit()
     assert (result.status, result.step) == ("stopped", stops_at)
-    assert f"stopped before step {stops_at + 1} to leave {5 + save:.0f} s" in result.reason
+    assert f"not enough for step {stops_at + 1}, up to 10 s as the longest step so far, and " \
+           f"then the last evaluation and save, {end})" in result.reason  # fmt: skip
     assert clock.now - 1000.0 <= 100
     assert result.last_metrics  # the last evaluation happened at the stop
 
@@ -148,7 +175,8 @@ def test_an_evaluation_due_at_the_stop_is_the_last_one(tmp_path, tones_dir, monk
     FakeClock(monkeypatch, evaluation=20.0)
     result = Trainer(cfg, build_callbacks(cfg)).fit()
     assert (result.status, result.step) == ("stopped", 6)
-    assert "stopped before step 7 to leave 21 s for the last evaluation and save" in result.reason
+    assert "not enough for step 7, up to 10 s as the longest step so far, and then the last " \
+           "evaluation and save, 21 s)" in result.reason  # fmt: skip
     run_dir = tmp_path / "run"
     assert [e["step"] for e in _events(run_dir, "eval")] == [3, 6]
     assert [s["step"] for s in _events(run_dir, "save")] == [3, 6]
@@ -171,7 +199,7 @@ def test_a_run_out_of_time_resumes_with_a_fresh_budget(tmp_path, tones_dir, monk
     # a fresh budget: the same 100 s again, so steps 10..18 and the end fit once more
     resumed = Trainer(cfg).fit(resume=True)
     assert (resumed.status, resumed.step) == ("stopped", 18)
-    assert "stopped before step 19" in resumed.reason
+    assert "not enough for step 19" in resumed.reason
     finished = Trainer(cfg.model_copy(update={"train": cfg.train.model_copy(
         update={"max_time": None, "max_steps": 20})})).fit(resume=True)  # fmt: skip
     assert (finished.status, finished.step) == ("completed", 20)

@@ -58,13 +58,29 @@ class TimeBudget:
 
     def reason(self, next_step: int, *, evaluations: int) -> str:
         """The stop reason of a run that stops before ``next_step`` (``evaluations``: 1 when the
-        end evaluates, else 0)."""
-        left = self.needs(evaluations=evaluations, saves=1)
-        end = "the last evaluation and save" if evaluations else "the last save"
-        return (
-            f"reached max_time={self.written} (elapsed {_clock(self.elapsed())}, stopped "
-            f"before step {next_step} to leave {left:.0f} s for {end})"
+        end evaluates, else 0): the time left, and what would not fit in it."""
+        elapsed = self.elapsed()
+        left = self.seconds - elapsed
+        left_text = f"{_seconds(left)} left" if left > 0 else "none left"
+        # a step not yet timed (set-up used the budget up) has no length to name
+        step = (
+            f", up to {_seconds(self.longest_step)} as the longest step so far"
+            if self.longest_step
+            else ""
         )
+        end = "the last evaluation and save" if evaluations else "the last save"
+        needs = _seconds(self.needs(evaluations=evaluations, saves=1))
+        return (
+            f"reached max_time={self.written} (elapsed {_clock(elapsed)}, {left_text}: not "
+            f"enough for step {next_step}{step}, and then {end}, {needs})"
+        )
+
+
+def _seconds(seconds: float) -> str:
+    """``21 s``, ``1.5 s`` or ``under 0.1 s``: a short duration, never shown as 0."""
+    if seconds >= 10:
+        return f"{seconds:.0f} s"
+    return f"{seconds:.1f} s" if seconds >= 0.1 else "under 0.1 s"
 
 
 def _clock(seconds: float) -> str:
