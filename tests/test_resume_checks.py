@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from asrforge.checkpoint.manifest import verify
+from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
 from asrforge.cli import main
 from asrforge.data.dataset import epoch_batches
+from asrforge.data.ids import keys_digest
 from asrforge.errors import CheckpointCorruptError
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -125,7 +126,7 @@ def test_a_resume_on_other_training_data_is_refused_naming_what_changed(tmp_path
     lines = train.read_text().splitlines(keepends=True)
     before = _snapshot(out)
     for edited, changed in (
-        (lines[::-1], f"the same count ({len(lines)}), but other utterances or another order"),
+        (lines[::-1], f"the same count ({len(lines)}), but other utterances, another order"),
         (lines[::-1][:-10], f"{len(lines)} usable utterance(s) then, {len(lines) - 10} now"),
     ):
         train.write_text("".join(edited))
@@ -144,6 +145,45 @@ def test_a_resume_on_other_training_data_is_refused_naming_what_changed(tmp_path
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
     assert verify(out / "checkpoints" / "step-000003")["step"] == 3
+
+
+def test_a_transcript_edited_under_its_id_is_refused_and_an_older_record_still_resumes(
+    tmp_path, clips, capsys
+):
+    corpus = tmp_path / "corpus"
+    _write_corpus(corpus, clips)
+    train = corpus / "train.jsonl"
+    rows = [{**json.loads(line), "id": f"u{i}"} for i, line in enumerate(train.open())]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, config = tmp_path / "run", tmp_path / "run.yaml"
+    no_eval = {"eval_steps": None, "at_end": False}
+    config.write_text(tiny_config(out, corpus, train={"max_steps": 2}, eval=no_eval).to_yaml())
+    assert main(["train", str(config)]) == 0
+    capsys.readouterr()
+    edited = [*rows[:5], {**rows[5], "text": rows[5]["text"] + " again"}, *rows[6:]]
+    train.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    before = _snapshot(out)
+    assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"the same count ({len(rows)}), but other utterances, another order or other " \
+           "transcripts (by id and text, else audio file name and text)" in err, err  # fmt: skip
+    assert "Traceback" not in err and _snapshot(out) == before
+
+    # a checkpoint of a release that digested the ids alone is compared the old way
+    ckpt = out / "checkpoints" / "step-000002"
+    state = json.loads((ckpt / "train_state.json").read_text())
+    assert state["train_data"]["keys"] == 2
+    state["train_data"] = {"utterances": len(rows), "sha256": keys_digest(r["id"] for r in rows)}
+    (ckpt / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    manifest = read_manifest(ckpt)
+    write_manifest(
+        ckpt, {k: v for k, v in manifest.items() if k not in ("format_version", "files")}
+    )
+    assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
+    # and the next checkpoint records the digest of ids and texts
+    resumed = json.loads((out / "checkpoints" / "step-000003" / "train_state.json").read_text())
+    assert resumed["train_data"]["keys"] == 2
+    assert resumed["train_data"]["sha256"] != keys_digest(r["id"] for r in rows)
 
 
 def test_another_batch_size_continues_the_epoch_after_its_taken_utterances_or_is_refused(

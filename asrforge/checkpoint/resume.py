@@ -333,16 +333,24 @@ def check_resume_commits(recorded: dict, now: dict, where: Path) -> None:
 
 
 def check_resume_data(
-    recorded: dict | None, now: dict, where: Path, data: str, log: logging.Logger | None = None
+    recorded: dict | None,
+    now: dict,
+    where: Path,
+    data: str,
+    log: logging.Logger | None = None,
+    *,
+    compared: str,
 ) -> None:
     """Refuse a resume on training utterances other than the ones the checkpoint trained on:
-    its data position (batches of an epoch's order) would skip some and repeat others.
+    its data position (batches of an epoch's order) would skip some and repeat others, and an
+    edited transcript is other data.
 
     Args:
-        recorded: the checkpoint's ``train_data`` (``utterances``, ``sha256``); empty in one
-            saved before it was recorded, which resumes as before, unchecked.
-        now: the same for the training split prepared now.
+        recorded: the checkpoint's ``train_data`` (``utterances``, ``sha256``, ``keys``); empty
+            in one saved before it was recorded, which resumes as before, unchecked.
+        now: the same for the training split prepared now, made from the same keys.
         data: the training data, as messages name it.
+        compared: what the digests tell utterances apart by, as the message says it.
 
     Raises:
         UserError: naming ``data``, the checkpoint, and what changed (the count, else the
@@ -359,8 +367,8 @@ def check_resume_data(
         changed = f"{before} usable utterance(s) then, {after} now"
     elif recorded.get("sha256") != now.get("sha256"):
         changed = (
-            f"the same count ({after}), but other utterances or another order (by id, else "
-            "audio file name and text)"
+            f"the same count ({after}), but other utterances, another order or other "
+            f"transcripts ({compared})"
         )
     else:
         return

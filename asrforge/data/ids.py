@@ -1,5 +1,5 @@
 """What names a row and its audio: a row's id, a row's key for the evaluation carve and the
-resume's check of the training data (and their digest), an audio path as a row reads it, and the
+resume's check of the training data (id or file name, and text; and their digest), an audio path as a row reads it, and the
 caches' key of a clip's audio.
 
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
@@ -115,22 +115,27 @@ def row_keys(split) -> list[str]:
     return [f"{p or ''}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
 
 
-def relocatable_keys(split, rows) -> list[str]:
+def relocatable_keys(split, rows, *, with_text: bool = True) -> list[str]:
     """What names each of ``rows`` (positions in a standardized split) wherever the data lies:
-    the ``id`` column's value, else the audio file's name and the text (tab-separated), since
-    data staged to another directory is the same data while its absolute paths are not. Read
-    as Arrow columns, with no pass through the split's transform."""
+    the ``id`` column's value, else the audio file's name, and the text (tab-separated), since
+    data staged to another directory is the same data while its absolute paths are not, and a
+    transcript edited under its id is not. ``with_text=False``: the id alone where there is one,
+    as resume checks before the text was part of the key made it. Read as Arrow columns, with
+    no pass through the split's transform."""
     positions = table_positions(split, rows)
     table = split.data.table
-    if "id" in split.column_names:
-        return [str(x) for x in table.column("id").take(positions).to_pylist()]
-    # the paths are taken out of the audio column first, so embedded audio bytes are not copied
-    paths = given_paths(table.column("audio")).take(positions).to_pylist()
     texts = (
         table.column("text").take(positions).to_pylist()
         if "text" in split.column_names
-        else [None] * len(paths)
+        else [None] * len(positions)
     )
+    if "id" in split.column_names:
+        ids = [str(x) for x in table.column("id").take(positions).to_pylist()]
+        if not with_text:
+            return ids
+        return [f"{i}\t{t or ''}" for i, t in zip(ids, texts, strict=True)]
+    # the paths are taken out of the audio column first, so embedded audio bytes are not copied
+    paths = given_paths(table.column("audio")).take(positions).to_pylist()
     return [f"{os.path.basename(p or '')}\t{t or ''}" for p, t in zip(paths, texts, strict=True)]
 
 

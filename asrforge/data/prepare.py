@@ -41,7 +41,7 @@ from asrforge.data.rules import (
     row_language,
     utterance_problem,
 )
-from asrforge.errors import CheckpointSaveError
+from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,22 @@ class Utterance:
     seconds: float = 0.0
 
 
+FINGERPRINT_KEYS = 2
+"""The keys :meth:`UtteranceTable.fingerprint` digests now: each row's id (else its audio file's
+name) and its text, so that a transcript edited under its id is other data. A fingerprint
+without ``keys`` is of 1: the id alone where there is one."""
+FINGERPRINT_KEYS_COMPARED = {
+    1: "by id, else audio file name and text",
+    2: "by id and text, else audio file name and text",
+}
+"""What a fingerprint of each kind of keys compares, as a refused resume says it."""
+
+
+def fingerprint_compares(fingerprint: dict) -> str:
+    """What ``fingerprint`` (:meth:`UtteranceTable.fingerprint`) tells utterances apart by."""
+    return FINGERPRINT_KEYS_COMPARED[fingerprint.get("keys", 1)]
+
+
 class UtteranceTable(Sequence):
     """The usable utterances of an Arrow split, as columns; ``table[i]`` is an
     :class:`Utterance`, built from the split's row on demand (nothing per row is cached).
@@ -237,12 +253,32 @@ class UtteranceTable(Sequence):
         """Every utterance's id (reads the ids' column; for the few uses that need them all)."""
         return row_uids(self.split, self.name, self.rows)
 
-    def fingerprint(self) -> dict[str, int | str]:
+    def fingerprint(self, keys: int = FINGERPRINT_KEYS) -> dict[str, int | str]:
         """What identifies these utterances in their order, without reading audio: their count
-        (``utterances``) and the sha256 of their rows' keys (``sha256``: id, else the audio
-        file's name and text, wherever the data was moved; :func:`relocatable_keys`)."""
-        keys = relocatable_keys(self.split, self.rows)
-        return {"utterances": len(self), "sha256": keys_digest(keys)}
+        (``utterances``), the sha256 of their rows' keys (``sha256``; :func:`relocatable_keys`,
+        wherever the data was moved) and which keys those are (``keys``, of
+        :data:`FINGERPRINT_KEYS_COMPARED`). ``keys``: 1 gives the fingerprint an older
+        checkpoint recorded (no ``keys`` field), to compare with it."""
+        with_text = keys >= FINGERPRINT_KEYS
+        digest = keys_digest(relocatable_keys(self.split, self.rows, with_text=with_text))
+        fingerprint = {"utterances": len(self), "sha256": digest}
+        return {**fingerprint, "keys": keys} if with_text else fingerprint
+
+    def fingerprint_as(self, recorded: dict, where: Path) -> dict[str, int | str]:
+        """This table's fingerprint made as the checkpoint ``where``'s ``recorded`` one was (an
+        older one's from ids alone), to compare with it.
+
+        Raises:
+            UserError: ``recorded`` names keys this asrforge does not know (a newer one's).
+        """
+        keys = recorded.get("keys", 1)
+        if keys not in FINGERPRINT_KEYS_COMPARED:
+            raise UserError(
+                f"--resume: {where} records a fingerprint of its training data made from keys "
+                f"{keys!r}, which this asrforge does not know: resume with the asrforge that "
+                "saved it"
+            )
+        return self.fingerprint(keys)
 
     def record(self, i: int) -> dict:
         """Utterance ``i``'s row of the split (audio undecoded)."""

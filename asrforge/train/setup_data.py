@@ -23,7 +23,7 @@ from asrforge.data.cache.features import FeatureCache
 from asrforge.data.carve import training_splits
 from asrforge.data.dataset import SpeechDataset, language_counts, language_label_after
 from asrforge.data.packing import Packing, build_packing
-from asrforge.data.prepare import prepare_split, split_languages
+from asrforge.data.prepare import fingerprint_compares, prepare_split, split_languages
 from asrforge.data.replay import (
     JoinedRows,
     ReplayUtterances,
@@ -241,9 +241,12 @@ def build_datasets(
         )  # fmt: skip
     fingerprint = train_utts.fingerprint()
     if resume_from is not None and train_utts:
-        check_resume_data(resume_from.train_state.get("train_data"), fingerprint,
-                          resume_from.path, f"data.path {data.path} (split {data.train_split})",
-                          log)  # fmt: skip
+        recorded = resume_from.train_state.get("train_data")
+        # an older checkpoint's fingerprint is compared with one made its way
+        now = train_utts.fingerprint_as(recorded, resume_from.path) if recorded else fingerprint
+        check_resume_data(recorded, now, resume_from.path,
+                          f"data.path {data.path} (split {data.train_split})", log,
+                          compared=fingerprint_compares(now))  # fmt: skip
     for r in (train_report, eval_report):
         r.log(out if acc.is_main_process else None)
     if not train_utts:

@@ -42,8 +42,9 @@ class TrainState:
     its end); ``epoch`` and ``batch_in_epoch`` are the position a resume starts from."""
     train_data: dict[str, int | str] = field(default_factory=dict)
     """Without ``data.stream``: the training split's usable utterances the run trains on, their
-    count (``utterances``) and a sha256 of their rows' keys in order (``sha256``); a resume on
-    other ones is refused. Empty in a checkpoint saved before it was recorded."""
+    count (``utterances``), a sha256 of their rows' keys in order (``sha256``) and which keys
+    (``keys``: 2, id or file name and text; absent, an older checkpoint's: ids alone); a resume
+    on other ones is refused. Empty in a checkpoint saved before it was recorded."""
     samples_seen: int = 0
     skipped_steps: int = 0
     """Optimizer steps skipped because the loss or a gradient was inf/nan."""
