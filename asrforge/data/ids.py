@@ -1,6 +1,6 @@
 """What names a row and its audio: a row's id, a row's key for the evaluation carve and the
-resume's check of the training data (id or file name, and text; and their digest), an audio path as a row reads it, and the
-caches' key of a clip's audio.
+resume's check of the training data (id or file name, and text; and their digest), an audio
+path as a row reads it, and the caches' key of a clip's audio.
 
 A standardized split's rows read through :class:`StandardRows` (the split's ``datasets``
 transform): a relative audio path is joined to the audio root there, and rows without an ``id``
