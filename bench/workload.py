@@ -414,31 +414,31 @@ class Clock:
 
 
 class ModuleTimer:
-    """Time spent inside one module's forward (hooks), e.g. the encoder during an eval: ``calls``,
-    wall ``seconds`` and this process's ``cpu_seconds`` accumulate while it is open."""
+    """Time spent inside one module's forward, e.g. the encoder during an eval: ``calls``, wall
+    ``seconds`` and this process's ``cpu_seconds`` accumulate while it is open. The forward is
+    wrapped rather than hooked: asrforge runs a module with hooks as a sharded one, on the whole
+    batch (``encoder_states``), and the timer must not change what it times."""
 
     def __init__(self, module: torch.nn.Module):
         self.module, self.calls, self.seconds, self.cpu_seconds = module, 0, 0.0, 0.0
-        self._t0 = self._c0 = 0.0
 
     def __enter__(self) -> ModuleTimer:
-        def before(*_):
-            self._t0, self._c0 = time.perf_counter(), time.process_time()
+        forward = self.module.forward
 
-        def after(*_):
-            self.calls += 1
-            self.seconds += time.perf_counter() - self._t0
-            self.cpu_seconds += time.process_time() - self._c0
+        def timed(*args, **kwargs):
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.calls += 1
+                self.seconds += time.perf_counter() - t0
+                self.cpu_seconds += time.process_time() - c0
 
-        self._hooks = [
-            self.module.register_forward_pre_hook(before),
-            self.module.register_forward_hook(after),
-        ]
+        self.module.forward = timed
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._hooks:
-            h.remove()
+        del self.module.forward
 
 
 def load_average() -> str:
