@@ -185,6 +185,21 @@ def test_a_transcript_edited_under_its_id_is_refused_and_an_older_record_still_r
     assert resumed["train_data"]["keys"] == 2
     assert resumed["train_data"]["sha256"] != keys_digest(r["id"] for r in rows)
 
+    # keys a newer release made are refused by name, not compared
+    ckpt = out / "checkpoints" / "step-000003"
+    resumed["train_data"]["keys"] = 99
+    (ckpt / "train_state.json").write_text(json.dumps(resumed, indent=2) + "\n")
+    manifest = read_manifest(ckpt)
+    write_manifest(
+        ckpt, {k: v for k, v in manifest.items() if k not in ("format_version", "files")}
+    )
+    capsys.readouterr()
+    before = _snapshot(out)
+    assert main(["train", str(config), "--resume", "train.max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "made from keys 99, which this asrforge does not know" in err, err
+    assert "Traceback" not in err and _snapshot(out) == before
+
 
 def test_another_batch_size_continues_the_epoch_after_its_taken_utterances_or_is_refused(
     run, capsys
