@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+from asrforge.model import projection
 from asrforge.model.decoding import (
     TimestampVocab,
     codes_of_tokens,
@@ -148,8 +149,15 @@ def test_several_rows_run_the_decoders_layers_on_packed_copies_and_the_layers_co
 
 
 @pytest.mark.fast
-def test_trained_layers_are_never_swapped():
+def test_trained_layers_and_layers_past_the_memory_bound_are_never_swapped(monkeypatch):
     model = _model()  # its weights train
+    with torch.no_grad(), packed_linears(model.model.decoder, rows=4):
+        assert _linear_kinds(model) == {"Linear"}
+    model.requires_grad_(False)
+    decoder_bytes = sum(
+        m.weight.nbytes for m in model.model.decoder.modules() if type(m) is torch.nn.Linear
+    )
+    monkeypatch.setattr(projection, "PACKED_LAYERS_MAX_BYTES", decoder_bytes - 1)
     with torch.no_grad(), packed_linears(model.model.decoder, rows=4):
         assert _linear_kinds(model) == {"Linear"}
 

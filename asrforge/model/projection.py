@@ -26,7 +26,7 @@ def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     weight changes: for one row the weight transposed into (d_model, vocab) (``proj_out``
     took twice as long for one row of tiny.en or base), for several rows the weight packed by
     oneDNN (MKL's product of four rows took 2-2.5x as long on the AMD EPYC; bench/README.md,
-    "The output projection on the CPU"). Each copy is one more of the vocabulary's matrix. A
+    "Packed projections and windows encoded one at a time"). Each copy is one more of the vocabulary's matrix. A
     trained weight can be rewritten without a trace a copy could see (a sharded model gathers
     it afresh for every evaluation), so it is never copied."""
     proj = model.proj_out
@@ -113,21 +113,33 @@ def _onednn_on_x86() -> bool:
 def packed_linears(module: torch.nn.Module, rows: int) -> Iterator[None]:
     """Within, ``module``'s frozen float32 ``nn.Linear`` layers on an x86-64 CPU multiply
     ``rows`` > 1 rows through copies of their weights packed by oneDNN (:func:`vocab_logits`'
-    rule and copies), put in their places and back after. MKL's products of a few rows were
-    the slower by up to 2x for Whisper's feed-forward layers (bench/README.md, "The output
-    projection on the CPU"). One row, a weight that trains, or autograd: nothing changes."""
+    rule and copies), put in their places and back after. MKL's products of four rows took
+    1.3-2x as long for Whisper's layer shapes (bench/README.md, "Packed projections and
+    windows encoded one at a time"). One row, a weight that trains, autograd, or layers whose
+    copies would pass :data:`PACKED_LAYERS_MAX_BYTES`: nothing changes."""
     swapped = []
     if rows > 1 and not torch.is_grad_enabled() and _onednn_on_x86():
-        for parent in list(module.modules()):
-            for name, child in list(parent._modules.items()):
-                if _frozen_cpu_linear(child):
-                    parent._modules[name] = _PackedLinear(child)
-                    swapped.append((parent, name, child))
+        layers = [
+            (parent, name, child)
+            for parent in module.modules()
+            for name, child in parent._modules.items()
+            if _frozen_cpu_linear(child)
+        ]
+        size = sum(child.weight.nbytes for _, _, child in layers)
+        for parent, name, child in layers if size <= PACKED_LAYERS_MAX_BYTES else ():
+            parent._modules[name] = _PackedLinear(child)
+            swapped.append((parent, name, child))
     try:
         yield
     finally:
         for parent, name, child in swapped:
             parent._modules[name] = child
+
+
+PACKED_LAYERS_MAX_BYTES = 1 << 30
+"""The most memory :func:`packed_linears`' copies of one decoder's layers take: Whisper tiny
+to small (38-453 MB in float32) are packed; medium and large (1.6-3.4 GB, half again the
+model) keep MKL's products."""
 
 
 def _frozen_cpu_linear(layer: torch.nn.Module | None) -> bool:
