@@ -4,6 +4,7 @@ generation config's suppressed tokens are never picked (as transformers' generat
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -149,6 +150,7 @@ def test_several_rows_run_the_decoders_layers_on_packed_copies_and_the_layers_co
 
 
 @pytest.mark.fast
+@pytest.mark.skipif(not _onednn_on_x86(), reason="oneDNN's packed linear is x86-64 only")
 def test_trained_layers_and_layers_past_the_memory_bound_are_never_swapped(monkeypatch):
     model = _model()  # its weights train
     with torch.no_grad(), packed_linears(model.model.decoder, rows=4):
@@ -160,6 +162,50 @@ def test_trained_layers_and_layers_past_the_memory_bound_are_never_swapped(monke
     monkeypatch.setattr(projection, "PACKED_LAYERS_MAX_BYTES", decoder_bytes - 1)
     with torch.no_grad(), packed_linears(model.model.decoder, rows=4):
         assert _linear_kinds(model) == {"Linear"}
+
+
+@pytest.mark.fast
+def test_greedy_decoding_of_several_rows_under_cpu_autocast_runs_as_before():
+    model = _model().requires_grad_(False)
+    encoded, prompts = torch.randn(3, 20, 32), torch.tensor([[1, 5], [1, 6], [1, 7]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        tokens, _ = greedy_decode(model, encoded, prompts, EOT, 6)
+        rows = [greedy_decode(model, encoded[i : i + 1], prompts[i : i + 1], EOT, 6)[0][0]
+                for i in range(3)]  # fmt: skip
+        several = vocab_logits(model, torch.randn(3, 32))
+        one = vocab_logits(model, torch.randn(1, 32))
+    assert several.dtype == one.dtype == torch.bfloat16
+    assert len(tokens) == 3 and all(len(t) <= 6 for t in tokens)
+    assert tokens == rows
+
+
+@pytest.mark.fast
+def test_kept_copies_do_not_keep_a_replaced_weight_alive():
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model = _model().requires_grad_(False)
+    with torch.no_grad():
+        greedy_decode(model, torch.randn(2, 20, 32), torch.tensor([[1, 5], [1, 6]]), EOT, 4)
+        vocab_logits(model, torch.randn(1, 32))
+    fc1, proj = model.model.decoder.layers[0].fc1, model.proj_out
+    old = [StorageWeakRef(layer.weight.untyped_storage()) for layer in (fc1, proj)]
+    model.to(torch.float64)  # each weight's tensor replaced by a cast copy
+    gc.collect()
+    assert all(ref.expired() for ref in old)
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(not _onednn_on_x86(), reason="oneDNN's packed linear is x86-64 only")
+def test_a_swapped_layer_passes_gradients_as_the_layer_itself():
+    # another thread may train through the shared model while a decode has its layers swapped
+    model = _model().requires_grad_(False)
+    tokens, encoded = torch.tensor([[1, 5, 7], [1, 6, 8]]), torch.randn(2, 20, 32)
+    with torch.no_grad(), packed_linears(model.model.decoder, rows=2):
+        with torch.enable_grad():
+            encoded.requires_grad_(True)
+            states = model.model.decoder(input_ids=tokens, encoder_hidden_states=encoded)
+            states.last_hidden_state.sum().backward()
+    assert encoded.grad is not None and encoded.grad.abs().sum() > 0
 
 
 @pytest.mark.fast
