@@ -29,6 +29,10 @@ RUN_LOG = "train.log"
 METRICS_FILE = "metrics.jsonl"
 """The ``metrics_jsonl`` callback's file, under its default name; which of its records stand
 after a resume: :func:`current_metrics`."""
+METRICS_REPLACED_FILE = "metrics.replaced.jsonl"
+"""The records a later start took out of ``metrics.jsonl`` (steps it logs again), appended in
+the order they were cut: an attempt set aside by ``--start-over`` or replayed by a resume
+keeps its history."""
 CARVE_FILE = "eval_carve.json"
 CACHE = "cache"
 BEST = "best"
@@ -87,7 +91,9 @@ def recorded_selection(ckpt: Path) -> dict:
     return selection
 
 
-def _has_step(record: dict) -> bool:
+def has_step(record: dict) -> bool:
+    """Whether a ``metrics.jsonl`` record has an integer ``step`` (what every record of a step
+    has)."""
     step = record.get("step")
     return isinstance(step, int) and not isinstance(step, bool)
 
@@ -97,7 +103,7 @@ def metrics_relogged(record: dict, begin: dict) -> bool:
     the earlier ``record`` again: any later step, and at its own step, when it starts afresh
     (``resumed`` false: no checkpoint to continue), the evaluation and the save. A
     ``train_begin`` that does not say (written before ``resumed`` was) is taken as a resume."""
-    if not _has_step(record):
+    if not has_step(record):
         return False
     step, at = begin["step"], record["step"]
     afresh = begin.get("resumed") is False
@@ -114,7 +120,7 @@ def current_metrics(records: list[dict]) -> list[dict]:
     """
     kept: list[dict] = []
     for record in records:
-        if record.get("event") == "train_begin" and _has_step(record):
+        if record.get("event") == "train_begin" and has_step(record):
             kept = [r for r in kept if not metrics_relogged(r, record)]
         kept.append(record)
     return kept

@@ -130,8 +130,11 @@ def test_a_metrics_file_is_cut_to_the_records_the_run_does_not_log_again(tmp_pat
         cut_metrics(path, begin)
     kept = first[:5] + second[:5]
     assert path.read_text() == _jsonl(first[:5]) + "not json, kept\n" + _jsonl(second[:5])
-    assert f"{path}: 2 record(s) of steps this run logs again (it starts at step 4) taken " \
-           "out, and a last line cut short (14 bytes)" in caplog.text  # fmt: skip
+    assert f"{path}: 2 record(s) of steps this run logs again (it starts at step 4) moved " \
+           "to metrics.replaced.jsonl, and a last line cut short (14 bytes) dropped" \
+           in caplog.text  # fmt: skip
+    # the records taken out are kept beside it, in the order they were written
+    assert (tmp_path / "metrics.replaced.jsonl").read_text() == _jsonl([first[5], second[5]])
     # the readers see the same records, of the file as cut or as it was
     assert current_metrics([*kept, begin]) == [*kept, begin]
     assert current_metrics([*first, *second, begin]) == [*kept, begin]
@@ -152,6 +155,8 @@ def test_a_start_afresh_takes_out_the_evaluation_and_save_of_step_0_it_repeats(t
     path.write_text(_jsonl(dead))
     cut_metrics(path, {"event": "train_begin", "step": 0, "resumed": False})
     assert path.read_text() == _jsonl(dead[:1])
+    # the set-aside attempt's records are kept beside it
+    assert (tmp_path / "metrics.replaced.jsonl").read_text() == _jsonl(dead[1:])
     # a resume from step-000000 keeps them: they are its checkpoint's
     path.write_text(_jsonl(dead))
     cut_metrics(path, {"event": "train_begin", "step": 0, "resumed": True})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -14,7 +15,12 @@ from asrforge.callbacks.options import Options
 from asrforge.errors import CheckpointSaveError
 from asrforge.io.append import open_append, read_appended
 from asrforge.io.atomic import atomic_write_bytes
-from asrforge.run_layout import METRICS_FILE, current_metrics
+from asrforge.run_layout import (
+    METRICS_FILE,
+    METRICS_REPLACED_FILE,
+    current_metrics,
+    has_step,
+)
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
 
@@ -96,20 +102,20 @@ def _record(line: bytes) -> dict | None:
         record = json.loads(line)
     except ValueError:
         return None
-    step = record.get("step") if isinstance(record, dict) else None
-    return record if isinstance(step, int) and not isinstance(step, bool) else None
+    return record if isinstance(record, dict) and has_step(record) else None
 
 
 def cut_metrics(path: Path, begin: dict) -> None:
     """Rewrite the metrics file ``path`` (atomically) without the records whose steps the start
     ``begin`` logs again (:func:`~asrforge.run_layout.current_metrics`) and without a last line
-    a crash cut short; each step then has one record of each event. Everything else, lines that
-    are no record included, stays as it was written. A missing file, or one with nothing to cut,
-    is left alone.
+    a crash cut short; each step then has one record of each event. The records taken out are
+    appended to :data:`~asrforge.run_layout.METRICS_REPLACED_FILE` beside it first, so nothing
+    an earlier attempt logged is lost. Everything else, lines that are no record included, stays
+    as it was written. A missing file, or one with nothing to cut, is left alone.
 
     Raises:
-        LinkRefused: ``path`` is a link.
-        OSError: it cannot be read or replaced.
+        LinkRefused: ``path`` or the file beside it is a link.
+        OSError: they cannot be read, written or replaced.
     """
     data = read_appended(path)
     if not data:
@@ -121,20 +127,27 @@ def cut_metrics(path: Path, begin: dict) -> None:
         lines.append(tail)
     parsed = [_record(line) for line in lines]
     current = {id(r) for r in current_metrics([*(r for r in parsed if r is not None), begin])}
-    kept = [line for line, r in zip(lines, parsed, strict=True) if r is None or id(r) in current]
-    if len(kept) == len(lines) and not torn:
+    keep = [r is None or id(r) in current for r in parsed]
+    if all(keep) and not torn:
         return
+    cut = [line for line, k in zip(lines, keep, strict=True) if not k]
+    if cut:
+        with open_append(path.with_name(METRICS_REPLACED_FILE)) as f:
+            f.write(b"".join(line + b"\n" for line in cut).decode("utf-8", "replace"))
+            f.flush()
+            os.fsync(f.fileno())
     try:
-        atomic_write_bytes(path, b"".join(line + b"\n" for line in kept))
+        atomic_write_bytes(path, b"".join(line + b"\n" for line, k in zip(lines, keep, strict=True) if k))
     except CheckpointSaveError as e:
         # as a failed append: a full disk stops the run
         raise (e.__cause__ or e) from None
     log.info(
-        "%s: %d record(s) of steps this run logs again (it starts at step %d) taken out%s",
+        "%s: %d record(s) of steps this run logs again (it starts at step %d) moved to %s%s",
         path,
-        len(lines) - len(kept),
+        len(cut),
         begin["step"],
-        f", and a last line cut short ({len(tail)} bytes)" if torn else "",
+        METRICS_REPLACED_FILE,
+        f", and a last line cut short ({len(tail)} bytes) dropped" if torn else "",
     )
 
 

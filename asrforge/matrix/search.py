@@ -220,7 +220,8 @@ class Search:
                 continue
             value = record.get(self.spec.metric)
             step = record.get("step")
-            # a resumed run's steps up to its checkpoint were shown before it was cut back to them
+            # a step reported before (a resumed run's replayed ones too) is not again: Optuna
+            # refuses a step twice
             if (
                 record.get("event") == "eval"
                 and isinstance(step, int)
