@@ -419,7 +419,8 @@ def test_a_parquet_stream_reads_only_the_text_and_language_columns_in_one_pass(
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
     train = by_split(clips, "train")
-    assert list(stream.texts()) == [r["text"] for r in train]
+    # the texts are the rows data.languages keeps; the counts are every row's
+    assert list(stream.texts()) == [r["text"] for r in train if r["language"] == "en"]
     languages = [r["language"] for r in train]
     assert stream.language_counts() == {lang: languages.count(lang) for lang in ("en", "es")}
     assert stream.left_out() == {"es": languages.count("es")}
@@ -444,7 +445,7 @@ def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard
     real = stream_module.read_table
     monkeypatch.setattr(stream_module, "read_table", lambda s, *a: read.append(s) or real(s, *a))
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
-    tok = run_tokenizer(cfg, tmp_path / "run", acc, SplitTexts(stream=stream))
+    tok = run_tokenizer(cfg, tmp_path / "run", acc, SplitTexts(cfg.data, stream=stream))
     assert tok.convert_tokens_to_ids("<|es|>") != tok.unk_token_id
     assert stream.left_out() == {"es": sum(r["language"] == "es" for r in by_split(clips, "train"))}
     assert read == stream.shards  # texts, languages and what the filter leaves out: one pass

@@ -32,6 +32,7 @@ from asrforge.data.audio import (
     is_special_file,
     open_audio,
 )
+from asrforge.data.columns import language_codes
 from asrforge.data.ids import audio_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
@@ -466,6 +467,17 @@ def row_language(value: str | None, multilingual: bool) -> str:
     ``""``, which :func:`check_language_tokens` refuses."""
     code = resolve_language(value, strict=False)
     return code or ("" if multilingual else "en")
+
+
+def kept_rows(column, keep: set[str] | None, multilingual: bool) -> np.ndarray:
+    """Which rows of an Arrow column of language values ``data.languages`` keeps (``keep``, its
+    codes from :func:`language_filter`; None keeps all), each row keyed as it trains
+    (:func:`row_language`): a boolean mask."""
+    codes, index = language_codes(column)
+    if keep is None:
+        return np.ones(len(index), dtype=bool)
+    kept = np.asarray([row_language(c, multilingual) in keep for c in codes], dtype=bool)
+    return kept[index]
 
 
 def trained_languages(counts: Counter, multilingual: bool) -> Counter:

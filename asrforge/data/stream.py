@@ -45,6 +45,7 @@ from asrforge.data.rules import (
     check_language_tokens,
     header_seconds,
     is_english,
+    kept_rows,
     language_filter,
     row_language,
     trained_languages,
@@ -259,16 +260,25 @@ class StreamedSplit:
         return [table.column(found[key]) for key in keys]
 
     def texts(self) -> Iterator[str | None]:
-        """Every transcript, shard by shard in file order (a tokenizer trained here reads them);
-        a pass to the end counts the rows per language too, which :meth:`language_counts` then
-        gives without reading the shards again."""
+        """The transcripts of the rows ``data.languages`` keeps, shard by shard in file order (a
+        tokenizer trained here reads them, and is multilingual: a row with no language is kept
+        only when every row is); a pass to the end counts every row per language too, which
+        :meth:`language_counts` then gives without reading the shards again."""
+        keep = language_filter(self.cfg.languages)
+        if self.language is not None and keep is not None and self.language not in keep:
+            return
         counting = self._shard_languages is None
+        # with data.language every row has it, so the files need no language column
+        by_row = self.language is None and (counting or keep is not None)
         counts: list[Counter] = []
         for shard in self.shards:
-            columns = self.read_columns(shard, ["text", "language"] if counting else ["text"])
-            if counting:
-                counts.append(_count_languages(columns[1]))
-            yield from columns[0].to_pylist()
+            columns = self.read_columns(shard, ["text", "language"] if by_row else ["text"])
+            texts = columns[0]
+            if by_row:
+                if counting:
+                    counts.append(_count_languages(columns[1]))
+                texts = texts.filter(kept_rows(columns[1], keep, multilingual=True))
+            yield from texts.to_pylist()
         if counting:
             self._shard_languages = counts
 

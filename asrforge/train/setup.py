@@ -347,8 +347,8 @@ def find_resume(
 
 
 def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
-    """``model.tokenizer``, the pretrained directory's, or a BPE trained on ``train_texts`` once
-    and kept in ``out/tokenizer`` (a resume reuses it).
+    """``model.tokenizer``, the pretrained directory's, or a BPE trained on ``train_texts`` (the
+    rows ``data.languages`` keeps) once and kept in ``out/tokenizer`` (a resume reuses it).
 
     The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
     resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
@@ -362,6 +362,9 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     if tokenizer is None and acc.is_main_process:
         # The texts are read first because a stream counts its languages on that same pass.
         texts = list(train_texts) if scratch else train_texts
+        # a filter that leaves no row is the data's error, named as the data sets would name it
+        if scratch and not texts and (problem := train_texts.nothing_kept()) is not None:
+            raise problem
         languages = train_texts.languages() if scratch else ()
         tokenizer = build_tokenizer(cfg.model, texts, timestamps=stamps, languages=languages)
         with atomic_directory(tok_dir) as tmp:

@@ -16,14 +16,19 @@ from asrforge.checkpoint import (
     TrainingCheckpoint,
 )
 from asrforge.checkpoint.resume import check_resume_data
-from asrforge.config import TrainConfig
+from asrforge.config import DataConfig, TrainConfig
 from asrforge.data.augment import build_augmenter
 from asrforge.data.cache.encoder import EncoderCache
 from asrforge.data.cache.features import FeatureCache
 from asrforge.data.carve import training_splits
 from asrforge.data.dataset import SpeechDataset, language_counts, language_label_after
 from asrforge.data.packing import Packing, build_packing
-from asrforge.data.prepare import fingerprint_compares, prepare_split, split_languages
+from asrforge.data.prepare import (
+    fingerprint_compares,
+    language_value_counts,
+    prepare_split,
+    split_languages,
+)
 from asrforge.data.replay import (
     JoinedRows,
     ReplayUtterances,
@@ -33,7 +38,13 @@ from asrforge.data.replay import (
     replay_count,
     replay_picks,
 )
-from asrforge.data.rules import CHECKED_AS_READ, SkipReport
+from asrforge.data.rules import (
+    CHECKED_AS_READ,
+    SkipReport,
+    kept_rows,
+    language_filter,
+    trained_languages,
+)
 from asrforge.data.stream import StreamedSplit, stream_eval_split
 from asrforge.data.synth import make_tones_dataset
 from asrforge.data.text_only import TextBatches
@@ -58,9 +69,9 @@ def setup_splits(
     over it here), the evaluation split, and the training split's texts."""
     if cfg.data.stream.enabled:
         stream, eval_split = open_stream(cfg, resume_from)
-        return stream, eval_split, SplitTexts(eval_split=eval_split, stream=stream)
+        return stream, eval_split, SplitTexts(cfg.data, eval_split=eval_split, stream=stream)
     train_split, eval_split = load_splits(cfg, acc, out, resuming=resume_from is not None)
-    return train_split, eval_split, SplitTexts(train_split, eval_split)
+    return train_split, eval_split, SplitTexts(cfg.data, train_split, eval_split)
 
 
 def setup_data(
@@ -163,26 +174,57 @@ def open_stream(
 
 
 class SplitTexts:
-    """The training split's transcripts (an Arrow split's or a stream's), read only when
-    iterated (a BPE trained from scratch): a given or pretrained tokenizer never reads them, so
-    start-up holds no list of every text. :meth:`languages` are the codes that BPE gets tokens
-    for."""
+    """The transcripts of the training split's rows that ``data.languages`` keeps (an Arrow
+    split's or a stream's), read only when iterated (a BPE trained from scratch): a given or
+    pretrained tokenizer never reads them, so start-up holds no list of every text.
+    :meth:`languages` are the codes that BPE gets tokens for.
 
-    def __init__(self, split=None, eval_split=None, *, stream: StreamedSplit | None = None):
-        self.split, self.eval_split, self.stream = split, eval_split, stream
+    The BPE is a from-scratch model's, so rows are keyed as a multilingual model trains them
+    (:func:`~asrforge.data.rules.row_language`): one with no language is kept only without a
+    filter.
+    """
+
+    def __init__(
+        self, cfg: DataConfig, split=None, eval_split=None, *, stream: StreamedSplit | None = None
+    ):
+        self.cfg, self.split, self.eval_split, self.stream = cfg, split, eval_split, stream
+        self.keep = language_filter(cfg.languages)
 
     def __iter__(self):
         if self.stream is not None:
+            # the stream leaves out the same rows, on the pass that counts its languages
             yield from self.stream.texts()
             return
-        for batch in self.split.select_columns(["text"]).iter(batch_size=4096):
-            yield from batch["text"]
+        rows = self.split.select_columns(["text", "language"]).with_format("arrow")
+        for batch in rows.iter(batch_size=4096):
+            kept = kept_rows(batch.column("language"), self.keep, multilingual=True)
+            yield from batch.column("text").filter(kept).to_pylist()
 
     def languages(self) -> set[str]:
         """The language codes of the training and evaluation splits (their language columns; a
-        stream's were counted by a pass over its texts, when one was made)."""
+        stream's were counted by a pass over its texts, when one was made) that ``data.languages``
+        keeps: the evaluation split's rows are left out by the same filter."""
         found = set(self.stream.language_counts()) if self.stream else split_languages(self.split)
-        return found | (split_languages(self.eval_split) if self.eval_split is not None else set())
+        if self.eval_split is not None:
+            found |= split_languages(self.eval_split)
+        return found if self.keep is None else found & self.keep
+
+    def nothing_kept(self) -> UserError | None:
+        """The error :func:`build_datasets` would give a training split whose every row
+        ``data.languages`` leaves out (the BPE has nothing to learn from, and comes first), or
+        None."""
+        if self.keep is None:
+            return None
+        if self.stream is not None:
+            left_out, total = self.stream.left_out(), len(self.stream)
+        else:
+            counts = trained_languages(language_value_counts(self.split), multilingual=True)
+            left_out = {lang: n for lang, n in counts.items() if n and lang not in self.keep}
+            total = len(self.split)
+        if not total or sum(left_out.values()) < total:
+            return None
+        report = SkipReport(self.cfg.train_split, total, left_out=left_out)
+        return report.nothing_usable(self.cfg.path, self.cfg.languages)
 
 
 def build_datasets(
