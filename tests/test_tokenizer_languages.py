@@ -9,6 +9,7 @@ from asrforge.data.sources import load_arrow
 from asrforge.errors import UserError
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer, train_bpe_tokenizer
 from tests.conftest import tiny_config
+from tests.test_sources import write_jsonl
 
 
 @pytest.mark.fast
@@ -48,3 +49,58 @@ def test_a_run_from_scratch_trains_on_a_language_whisper_lacks(tmp_path, tones_d
     Trainer(cfg, []).fit()
     tok = load_tokenizer(tmp_path / "run" / "tokenizer")
     assert tok.convert_tokens_to_ids("<|lg|>") != tok.unk_token_id
+
+
+# Each language's rows repeat one word of its own, so a BPE that read them holds that word whole.
+LEFT_OUT_TRAIN = (
+    [{"text": "orchard orchard orchard", "language": "EN"}] * 8
+    + [{"text": "banana banana banana", "language": "en-US"}] * 8
+    + [{"text": "mwebale mwebale mwebale", "language": "Ganda"}] * 8
+    + [{"text": "kwagala kwagala kwagala", "language": None}] * 8
+)
+LEFT_OUT_EVAL = [{"text": "sawubona", "language": "zu"}, {"text": "mwebale", "language": "lg"}]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("stream", [False, True], ids=["arrow", "stream"])
+@pytest.mark.parametrize("languages", [None, ["English", "Zulu"]], ids=["all", "filtered"])
+def test_a_bpe_from_scratch_learns_only_the_languages_data_languages_keeps(
+    tmp_path, stream, languages
+):
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from asrforge.data.stream import StreamedSplit
+    from asrforge.train.setup import run_tokenizer
+    from asrforge.train.setup_data import SplitTexts
+
+    def split(rows):
+        return Dataset.from_dict({k: [r[k] for r in rows] for k in ("text", "language")})
+
+    data = {"languages": languages}
+    if stream:
+        (tmp_path / "corpus").mkdir()
+        rows = [{"audio": f"{i}.wav", **r} for i, r in enumerate(LEFT_OUT_TRAIN)]
+        write_jsonl(tmp_path / "corpus" / "train.jsonl", rows)
+        data["stream"] = {"enabled": True, "shard_rows": 10}
+    cfg = tiny_config(
+        tmp_path / "run", tmp_path / "corpus", data=data, model={"bpe_vocab_size": 400}
+    )
+    evaluation = split(LEFT_OUT_EVAL)
+    if stream:
+        texts = SplitTexts(cfg.data, eval_split=evaluation, stream=StreamedSplit(cfg.data, seed=0))
+    else:
+        texts = SplitTexts(cfg.data, split(LEFT_OUT_TRAIN), evaluation)
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    tok = run_tokenizer(cfg, tmp_path / "run", acc, texts)
+
+    vocab = tok.get_vocab()
+    assert {"Ġorchard", "Ġbanana"} <= set(vocab)  # "EN" and "en-US" are English
+    # the evaluation split's kept languages get tokens too: a run selects on them
+    assert tok.convert_tokens_to_ids("<|zu|>") != tok.unk_token_id
+    kept_all = languages is None
+    assert ("Ġmwebale" in vocab) == kept_all
+    assert any("kwag" in t for t in vocab) == kept_all  # a row with no language: kept by no filter
+    assert any("mweb" in t for t in vocab) == kept_all
+    assert (tok.convert_tokens_to_ids("<|lg|>") != tok.unk_token_id) == kept_all
