@@ -96,7 +96,8 @@ class ModelConfig(Section):
     whole shape), and any set must equal it."""
     tokenizer: Path | None = None
     """A directory with tokenizer files. Default: the pretrained model's; for a model built from
-    scratch, a byte-level BPE trained on the training transcripts (see ``bpe_vocab_size``)."""
+    scratch, a byte-level BPE trained on the transcripts of the training rows ``data.languages``
+    keeps (see ``bpe_vocab_size``)."""
     bpe_vocab_size: int = Field(default=512, ge=300)
     """Vocabulary size (before special tokens) of the BPE trained for a from-scratch model."""
     d_model: int = Field(default=64, gt=0)

@@ -63,8 +63,8 @@ def train_bpe_tokenizer(
     """Train a byte-level BPE on ``texts`` and wrap it as a Whisper tokenizer.
 
     Args:
-        texts: transcripts (training split only: evaluation text must not leak into the vocab);
-            empty and missing (None) ones are skipped, with a warning.
+        texts: transcripts of the rows that train (training split only: evaluation text must
+            not leak into the vocab); empty and missing (None) ones are skipped, with a warning.
         vocab_size: size of the BPE vocabulary (256 byte tokens + merges), before special tokens.
         timestamp_seconds: also add Whisper's timestamp tokens ``<|0.00|>`` ..
             ``<|timestamp_seconds|>`` (0.02 s apart) right after ``<|notimestamps|>``, where
