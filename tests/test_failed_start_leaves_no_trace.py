@@ -32,9 +32,10 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 BAD_INPUTS = {
-    # found after the tokenizer, the carve record and the prepared-split cache were written
+    # found after the carve record was written, by a tokenizer with no kept row to learn from
     "no utterance left": ["data.languages=[de]", "data.eval_carve.size=4", "data.eval_split=held"],
     "no data": ["data.path=/nonexistent/asrforge-data"],
+    # found after the tokenizer and the prepared-split cache were written
     "no noise files": ["data.augment.noise.path=/nonexistent/noise"],
 }
 
