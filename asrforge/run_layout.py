@@ -13,11 +13,12 @@ This module imports nothing of ours, so every layer may use it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
@@ -80,7 +81,7 @@ def recorded_selection(ckpt: Path) -> dict:
         ValueError: it is not JSON, its state or selection is not an object, or the fields its
             readers take are not of their kinds (the policy a string, the guard an object).
     """
-    state = json.loads((ckpt / TRAIN_STATE_FILE).read_text(encoding="utf-8"))
+    state = read_json(ckpt / TRAIN_STATE_FILE, RECORDS_BYTES, error=ValueError)
     selection = state.get("selection") if isinstance(state, dict) else None
     if not isinstance(state, dict) or not isinstance(selection, dict | None):
         raise ValueError(f"{TRAIN_STATE_FILE}: its selection state is not an object")

@@ -68,3 +68,29 @@ def test_json_as_deep_as_allowed_is_read():
     assert parse_json(deep) == expected
     assert parse_json('{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
     assert parse_json("5") == 5
+
+
+@pytest.mark.parametrize("handed", ["fifo", "device", "deep"])
+def test_run_and_checkpoint_records_a_user_was_handed_are_read_within_bounds(tmp_path, handed):
+    from asrforge.checkpoint.shards import weight_map
+    from asrforge.matrix.claims import DONE, read_marker
+    from asrforge.run_layout import TRAIN_STATE_FILE, recorded_selection
+
+    def hand(path):
+        if handed == "fifo":
+            os.mkfifo(path)
+        elif handed == "device":
+            path.symlink_to("/dev/zero")
+        else:
+            path.write_text("[" * (MAX_JSON_DEPTH + 5) + "]" * (MAX_JSON_DEPTH + 5))
+
+    hand(tmp_path / TRAIN_STATE_FILE)
+    with pytest.raises(ValueError, match=TRAIN_STATE_FILE):
+        recorded_selection(tmp_path)
+    hand(tmp_path / "model.safetensors.index.json")
+    # a FIFO or a device is no index file at all; deep JSON is a damaged one
+    with pytest.raises(CheckpointCorruptError, match="has neither|not a safetensors index"):
+        weight_map(tmp_path, "model")
+    if handed == "deep":  # a marker that is a FIFO or a device is no regular file, so none
+        hand(tmp_path / DONE)
+        assert read_marker(tmp_path) == ("done", {})  # an unreadable marker, as a torn one

@@ -58,6 +58,7 @@ from asrforge.data.rules import language_filter
 from asrforge.data.sources import load_source
 from asrforge.errors import CheckpointError, CheckpointNotSupportedError, UserError
 from asrforge.hub import model_dir_if_any
+from asrforge.io.small_files import MANIFEST_BYTES, read_json
 from asrforge.lm.ngram import read_arpa
 from asrforge.model import lora
 from asrforge.model.build import build_model, is_multilingual
@@ -327,7 +328,7 @@ def read_pretrained_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     if (hf_dir / MODEL_FILE).is_file():
         shards = [hf_dir / MODEL_FILE]
     elif index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set(read_json(index, MANIFEST_BYTES)["weight_map"].values()))
         shards = [hf_dir / n for n in names]
     else:
         raise UserError(

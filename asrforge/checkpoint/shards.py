@@ -25,6 +25,7 @@ from asrforge.errors import (
     CheckpointSaveError,
 )
 from asrforge.io.atomic import fsync_file
+from asrforge.io.small_files import MANIFEST_BYTES, read_json
 
 DTYPES = {
     "F64": torch.float64,
@@ -154,7 +155,7 @@ def weight_map(directory: Path, stem: str) -> dict[str, str]:
             f"{directory}: has neither {single_name(stem)} nor {index_name(stem)}"
         )
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
+        data = read_json(index, MANIFEST_BYTES, error=ValueError)
         mapping = data["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointCorruptError(f"{index}: not a safetensors index ({e})") from None

@@ -45,6 +45,7 @@ from asrforge.checkpoint.streaming import (
 from asrforge.config.yaml_limits import read_yaml_text
 from asrforge.errors import CheckpointCorruptError, CheckpointError, CheckpointSaveError
 from asrforge.io.atomic import atomic_directory, fsync_tree
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 from asrforge.run_layout import TRAIN_STATE_FILE
 
 MODEL_STEM, EMA_STEM = "model", "ema"
@@ -551,10 +552,7 @@ def load_training_checkpoint(
             raise CheckpointError(f"{path / fname}: cannot be loaded safely: {e}") from None
 
     def json_file(name: str) -> Any:
-        try:
-            return json.loads((path / name).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise CheckpointCorruptError(f"{path / name}: not valid JSON ({e})") from None
+        return read_json(path / name, RECORDS_BYTES, error=CheckpointCorruptError)
 
     def config_text() -> str:
         try:

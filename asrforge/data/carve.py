@@ -18,6 +18,7 @@ from asrforge.data.ids import copy_keys, keys_digest, row_keys
 from asrforge.data.sources import load_source
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 from asrforge.run_layout import CARVE_FILE
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def held_out_rows(train, record: Path, *, where: str):
         UserError: ``record`` is not a readable carve record, or was carved from other data.
     """
     try:
-        saved = json.loads(Path(record).read_text(encoding="utf-8"))
+        saved = read_json(Path(record), RECORDS_BYTES, error=ValueError)
         rows = np.asarray(saved["rows"], dtype=np.int64)
         saved["train_rows"] = int(saved["train_rows"])
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -43,6 +43,7 @@ from asrforge.data.rules import (
 )
 from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def load_prepared(root: Path, key: str, split, name: str, rules: UtteranceRules)
     without the left-out counts: it is recomputed)."""
     directory = Path(root) / key
     try:
-        meta = json.loads((directory / "meta.json").read_text())
+        meta = read_json(directory / "meta.json", RECORDS_BYTES, error=ValueError)
         with np.load(directory / "table.npz", allow_pickle=False) as columns:
             table = UtteranceTable(
                 split,

@@ -27,6 +27,7 @@ from asrforge.io.records import (
     optional,
     record_problems,
 )
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -52,7 +53,7 @@ def read_marker(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
         p = run_dir / name
         if p.is_file():
             try:
-                summary = json.loads(p.read_text(encoding="utf-8"))
+                summary = read_json(p, RECORDS_BYTES, error=ValueError)
             except (OSError, ValueError):
                 return name.lower(), {}
             problems = record_problems(summary, _MARKER_KINDS)
@@ -212,7 +213,7 @@ class Claims:
     @staticmethod
     def _read_record(record: Path) -> dict[str, Any] | None:
         try:
-            return json.loads(record.read_text())
+            return read_json(record, RECORDS_BYTES, error=ValueError)
         except FileNotFoundError:
             return None
         except (OSError, ValueError):

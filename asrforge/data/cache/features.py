@@ -6,7 +6,6 @@ How it works: docs/data.md, "The log-mel cache (`data/cache/features.py`)".
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 import time
@@ -16,6 +15,7 @@ import numpy as np
 
 from asrforge.data.cache.files import NewDataFile, SharedData, remove_unused
 from asrforge.errors import UserError
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class FeatureCache:
         build removes it while this process (and its DataLoader workers) may read it."""
         directory = Path(root) / extractor_key(feature_extractor)
         try:
-            meta = json.loads((directory / "index.json").read_text())
+            meta = read_json(directory / "index.json", RECORDS_BYTES, error=ValueError)
             cache = cls(directory, meta["values"], meta["rows"], meta["n_mels"], meta["n_frames"])
             if hold:
                 cache.data.array  # noqa: B018 - opens and locks
