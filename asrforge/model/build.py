@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.hub import model_dir_problem, resolve_model
+from asrforge.io.small_files import read_json
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.lowbit import stored_numel
@@ -103,12 +103,12 @@ def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
     """
     gen = directory / "generation_config.json"
     if gen.is_file():
-        flag = json.loads(gen.read_text()).get("is_multilingual")
+        flag = read_json(gen).get("is_multilingual")
         if flag is not None:
             return bool(flag)
     config = directory / "config.json"
     if config.is_file():
-        vocab_size = json.loads(config.read_text()).get("vocab_size", vocab_size)
+        vocab_size = read_json(config).get("vocab_size", vocab_size)
     # transformers' own rule for Whisper checkpoints: English-only ones have 51864 tokens
     return vocab_size is None or vocab_size >= 51865
 

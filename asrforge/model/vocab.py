@@ -22,6 +22,7 @@ import numpy as np
 from asrforge.config import DataConfig
 from asrforge.data.sources import read_split
 from asrforge.errors import UserError
+from asrforge.io.small_files import CONFIG_BYTES, TOKENIZER_BYTES, read_json
 from asrforge.model.tokenizer import TIME_PRECISION, load_tokenizer
 from asrforge.text.languages import find_language_code, resolve_language
 
@@ -80,10 +81,7 @@ class VocabExtension:
         path = Path(directory) / EXTENSION_FILE
         if not path.is_file():
             return None
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UserError(f"{path}: not valid JSON ({e})") from None
+        raw = read_json(path, CONFIG_BYTES)
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a JSON object")
         version = raw.get("format", EXTENSION_FORMAT)
@@ -389,12 +387,12 @@ def _check_files(directory: Path) -> tuple[VocabExtension, dict[int, str]]:
         raise UserError(f"{directory}: no {EXTENSION_FILE}; not made by `asrforge vocab build`")
     path = directory / "tokenizer.json"
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = read_json(path, TOKENIZER_BYTES, error=ValueError)
         model, added = state["model"], state.get("added_tokens", [])
         vocab = model["vocab"]
     except FileNotFoundError:
         raise UserError(f"{path}: missing (an extended tokenizer is a tokenizer.json)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a tokenizers JSON file ({e!r})") from None
     if model.get("type") != "BPE" or not isinstance(vocab, dict):
         raise UserError(f"{path}: the model is {model.get('type')!r}, expected a BPE")

@@ -17,6 +17,7 @@ from asrforge.errors import CheckpointSaveError, UserError
 from asrforge.hub import resolve_model
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
+from asrforge.io.small_files import read_json
 
 
 @functools.cache
@@ -127,7 +128,7 @@ def cpu_bf16_speedup(width: int) -> float:
 
 def _cached_probe(path: Path, key: str, width: int) -> float:
     try:
-        known = json.loads(path.read_text())
+        known = read_json(path, error=ValueError)
     except (OSError, ValueError):
         known = {}
     if not isinstance(known, dict):

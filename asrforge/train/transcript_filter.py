@@ -27,6 +27,7 @@ from asrforge.data.rules import SkipReport, UtteranceRules
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.evaluation.evaluate import evaluate
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 from asrforge.text.metrics import wer
 from asrforge.text.normalizers import normalize
 
@@ -102,7 +103,7 @@ def filter_transcripts(
     scores = None
     if path is not None and path.is_file():
         try:
-            scores = json.loads(path.read_text())
+            scores = read_json(path, RECORDS_BYTES, error=ValueError)
             log.info("data.filter_wer: the starting model's scores read from %s", path)
         except (OSError, ValueError) as e:
             log.warning("data.filter_wer: %s unusable (%s): scoring again", path, e)
