@@ -23,6 +23,7 @@ from asrforge.data.ids import row_keys
 from asrforge.data.sources import read_split
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 # "RPLY" in ASCII keeps this draw apart from the run's other (seed, ...) streams.
 _SALT = 0x52504C59
@@ -130,7 +131,9 @@ def check_same_replay(split, cfg: ReplayConfig, run_dir: Path, *, resuming: bool
     digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()
     record = Path(run_dir) / RECORD_FILE
     if resuming and record.is_file():
-        saved = json.loads(record.read_text())
+        saved = read_json(record, RECORDS_BYTES)
+        if not isinstance(saved, dict):
+            raise UserError(f"data.replay: {record} is not a replay record (a JSON object)")
         if (saved.get("rows"), saved.get("sha256")) != (len(keys), digest):
             raise UserError(
                 f"data.replay: {record} records {saved.get('rows')} replay rows of "

@@ -18,6 +18,7 @@ import torch
 
 from asrforge.data.cache.files import NewDataFile, SharedData, copy_rows, remove_unused
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.small_files import RECORDS_BYTES, read_json
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,15 @@ class EncoderCache:
         if not about.is_file():
             atomic_write_text(about, json.dumps(dict(producer), indent=1, sort_keys=True) + "\n")
         index_file = directory / "index.json"
-        meta = json.loads(index_file.read_text()) if index_file.is_file() else {}
+        try:
+            meta = read_json(index_file, RECORDS_BYTES, error=ValueError)
+        except FileNotFoundError:
+            meta = {}
+        except ValueError as e:
+            log.warning("encoder cache %s unusable (%s): starting it afresh", directory, e)
+            meta = {}
         have = None
-        if meta.get("states"):
+        if isinstance(meta, dict) and meta.get("states"):
             try:
                 have = cls(directory, meta["rows"], meta["states"]).hold()
             except (OSError, ValueError, KeyError) as e:
