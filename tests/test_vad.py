@@ -13,6 +13,7 @@ from audio_fixtures import synthesize
 from conftest import save_english_only_model
 from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
+from test_transcribe_files import clip, tiny_bundle  # noqa: F401  (a 2 s window)
 
 from asrforge.model.alignment import Word
 from asrforge.model.longform import Segment
@@ -307,3 +308,58 @@ def test_evaluate_longform_vad_needs_long_recordings(tmp_path, capsys) -> None:
     argv = ["evaluate", str(tmp_path / "none"), "--data", str(tmp_path), "--longform-vad"]
     assert main(argv) == 2
     assert "--longform-vad: needs --longform-items" in capsys.readouterr().err
+
+
+@pytest.fixture
+def broken_onnxruntime(monkeypatch, tmp_path) -> str:
+    """An onnxruntime that is installed but fails to import (its shared library is missing):
+    a package of that name first on ``sys.path``; the real one is put back after the test."""
+    import sys
+
+    why = "libonnxruntime.so.1: cannot open shared object file"
+    fake = tmp_path / "broken-site" / "onnxruntime"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise ImportError({why!r})\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    for name in [m for m in sys.modules if m == "onnxruntime" or m.startswith("onnxruntime.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return why
+
+
+@pytest.mark.fast
+def test_a_vad_package_that_fails_to_import_is_named_with_its_error(broken_onnxruntime) -> None:
+    from asrforge.config import vad_problem
+
+    problem = vad_problem("--vad")
+    assert problem is not None
+    assert "onnxruntime" in problem and broken_onnxruntime in problem and "ImportError" in problem
+    assert "silero" not in problem
+
+
+@pytest.mark.fast
+def test_a_long_recording_with_a_broken_onnxruntime_decodes_sequentially(
+    broken_onnxruntime: str,
+    tiny_bundle: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+    caplog,
+) -> None:
+    import json
+    import logging
+
+    import asrforge.bundle.inference as inference
+    from asrforge.cli import main
+
+    audio = clip(tmp_path / "long.wav", seconds=5.0)  # the tiny model's window is 2 s
+    inference._say_sequential_without_vad.cache_clear()
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
+        assert main(["transcribe", str(tiny_bundle), audio, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["vad"] is False and out["seconds"] == pytest.approx(5.0)
+    said = [r.getMessage() for r in caplog.records if "decode sequentially" in r.getMessage()]
+    assert len(said) == 1 and broken_onnxruntime in said[0]
+    # asked for by name, it is refused before anything is decoded, naming the way round it
+    assert main(["transcribe", str(tiny_bundle), audio, "--vad"]) == 2
+    err = capsys.readouterr().err
+    assert "--vad: " in err and "onnxruntime" in err and broken_onnxruntime in err
+    assert "--no-vad" in err and "Traceback" not in err

@@ -162,11 +162,11 @@ def run(args: argparse.Namespace) -> int:
             VAD_WITH_PREVIOUS_TEXT.format(vad="--vad", previous="--condition-on-previous-text")
         )
     if args.vad:
-        from asrforge.config import vad_problem
+        from asrforge.model.vad import vad_refusal
 
-        problem = vad_problem("--vad")
-        if problem is not None:
-            problems.append(problem)
+        refusal = vad_refusal("--vad")
+        if refusal is not None:
+            problems.append(refusal)
     # the model first, then every audio file decoded: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle, option="bundle"), problems)
     chosen = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib
 import importlib.util
 import json
 from collections.abc import Collection
@@ -33,13 +34,37 @@ VAD_PACKAGES = {"silero_vad": "silero-vad", "onnxruntime": "onnxruntime"}
 
 
 def vad_problem(option: str) -> str | None:
-    """``option: needs the package ...`` naming the VAD packages that cannot be imported; None
-    when every one can."""
+    """``option: needs the package ...`` naming the VAD packages that are not installed, or
+    ``option: the package ... is installed but fails to import (its error)``; None when every
+    one imports."""
     missing = [p for m, p in VAD_PACKAGES.items() if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    noun = "package" if len(missing) == 1 else "packages"
-    return f"{option}: needs the {noun} {' and '.join(missing)} (pip install 'asrforge[vad]')"
+    if missing:
+        noun = "package" if len(missing) == 1 else "packages"
+        return f"{option}: needs the {noun} {' and '.join(missing)} (pip install 'asrforge[vad]')"
+    for module, package in VAD_PACKAGES.items():
+        error = _import_error(module)
+        if error is not None:
+            return (
+                f"{option}: the package {package} is installed but fails to import "
+                f"({type(error).__name__}: {error})"
+            )
+    return None
+
+
+def _import_error(module: str) -> Exception | None:
+    """What importing ``module`` raises (a broken install: a missing shared library, say)."""
+    # silero_vad, and torch, which it imports, are what VAD runs on anyway
+    import torch
+
+    # importing silero_vad sets torch's thread count to 1 for the whole process
+    threads = torch.get_num_threads()
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # a broken native library raises OSError as often as ImportError
+        return error
+    finally:
+        torch.set_num_threads(threads)
+    return None
 
 
 # The shape fields of ModelConfig: with `pretrained` set they come from the pretrained model.

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from asrforge.config import vad_problem
 from asrforge.data.audio import SAMPLE_RATE
@@ -44,8 +43,15 @@ then decoded again from its last timestamp (measured in docs/decoding.md)."""
 
 
 def vad_available() -> bool:
-    """Whether the packages voice activity detection needs can be imported."""
+    """Whether the packages voice activity detection needs import."""
     return vad_problem("--vad") is None
+
+
+def vad_refusal(option: str) -> str | None:
+    """Why ``option`` (VAD asked for by name) cannot run, and the way round it; None when it
+    can."""
+    problem = vad_problem(option)
+    return None if problem is None else f"{problem}; or --no-vad for sequential long-form decoding"
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,22 +59,18 @@ def silero_model():
     """Silero VAD's sequence model, as the ``silero-vad`` package ships it.
 
     Raises:
-        UserError: a package it needs is not installed.
+        UserError: a package it needs is not installed or fails to import.
     """
-    problem = vad_problem("--vad")
-    if problem is not None:
-        raise UserError(f"{problem}; or --no-vad for sequential long-form decoding")
-    threads = torch.get_num_threads()
-    try:
-        # importing silero_vad sets torch's thread count to 1 for the whole process
-        from silero_vad import load_silero_vad
+    # vad_problem imports silero_vad with torch's thread count kept, which importing it sets
+    refusal = vad_refusal("--vad")
+    if refusal is not None:
+        raise UserError(refusal)
+    from silero_vad import load_silero_vad
 
-        with warnings.catch_warnings():
-            # the package's own loading (importlib.resources.path) is deprecated
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return load_silero_vad(sequence=True)
-    finally:
-        torch.set_num_threads(threads)
+    with warnings.catch_warnings():
+        # the package's own loading (importlib.resources.path) is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return load_silero_vad(sequence=True)
 
 
 def speech_regions(wave: np.ndarray, sample_rate: int, max_seconds: float) -> list[tuple[int, int]]:
@@ -79,7 +81,7 @@ def speech_regions(wave: np.ndarray, sample_rate: int, max_seconds: float) -> li
         wave: (n_samples,) float32 audio at ``sample_rate`` (16 kHz).
     """
     model = silero_model()
-    # after silero_model: importing silero_vad sets torch's thread count, which it puts back
+    # after silero_model, which imported silero_vad with torch's thread count kept
     from silero_vad.sequence_vad import get_speech_timestamps_sequence
 
     found = get_speech_timestamps_sequence(
