@@ -257,7 +257,8 @@ def verify(directory: Path, *, check_hashes: bool = True) -> dict[str, Any]:
         size = _listed_size(directory, rel)
         if size != entry.get("size"):
             raise CheckpointCorruptError(
-                f"{p}: size {size} bytes, the manifest says {entry.get('size')} (truncated?)"
+                f"{p}: size differs: expected {entry.get('size')} bytes, found {size} "
+                f"(listed in {MANIFEST_NAME})"
             )
     if check_hashes:
         try:
