@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory, describe_os_error
@@ -43,6 +43,7 @@ _REF_BYTES = 256
 _LISTING_BYTES = 256 * 2**20
 """The most a cache's tree listing of one commit may hold (a file's name, size and id each)."""
 _LOCAL_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -411,11 +412,39 @@ def check_safetensors(resolved: Resolved, field: str) -> None:
     )
 
 
-def materialize(resolved: Resolved) -> Path:
+def verified_copy(resolved: Resolved, verify: Callable[[Path], T]) -> tuple[Path, T]:
+    """:func:`materialize` of ``resolved`` and what ``verify`` returns for the copy. A copy it
+    refuses is made again once from the cache, which may have been repaired (downloaded again)
+    since the copy was made, or the copy itself damaged.
+
+    Raises:
+        CheckpointCorruptError: ``verify`` refused a fresh copy: the message names the file of
+            the cache's snapshot it came from and how to download the commit again.
+    """
+    path = materialize(resolved)
+    try:
+        return path, verify(path)
+    except CheckpointCorruptError:
+        if resolved.ref is None:
+            raise
+    path = materialize(resolved, again=True)
+    try:
+        return path, verify(path)
+    except CheckpointCorruptError as e:
+        # the copy was just made from the snapshot, so the snapshot's own file is the bad one
+        said = str(e).replace(str(path), str(resolved.path))
+        pinned_ref = HubRef(resolved.ref.repo_id, resolved.commit, resolved.ref.repo_type)
+        raise CheckpointCorruptError(
+            f"{said}; a file of the Hugging Face cache's snapshot of {resolved.ref} is damaged: "
+            f"download it again ({pinned_ref.download_command} --force-download)"
+        ) from None
+
+
+def materialize(resolved: Resolved, *, again: bool = False) -> Path:
     """A Hub snapshot's files copied as regular files into
-    ``HF_HOME/asrforge/<repo>/<commit>`` (once; the cache keeps them as symlinks into its blobs,
-    and a bundle's manifest names regular files only; the Hub's dotfiles are left out). A local
-    path is returned as it is.
+    ``HF_HOME/asrforge/<repo>/<commit>`` (once, unless ``again``, which replaces the copy; the
+    cache keeps them as symlinks into its blobs, and a bundle's manifest names regular files
+    only; the Hub's dotfiles are left out). A local path is returned as it is.
 
     Raises:
         SymlinkRefused: a directory on the way to the copy (``asrforge/``, the repository's or
@@ -430,9 +459,12 @@ def materialize(resolved: Resolved) -> Path:
     try:
         # HF_HOME is the person's choice and may be a link; what asrforge makes in it may not
         home.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(target):
+        if not os.path.lexists(target):
+            real_directory(target.parent, under=home)
+        elif not again:
             return real_directory(target, under=home)
-        real_directory(target.parent, under=home)
+        else:
+            real_directory(target, under=home)  # a copy replaced is no link either
     except OSError as e:
         raise CheckpointSaveError(f"could not write {target}: {describe_os_error(e)}") from e
     repo = resolved.path.parents[1]  # <cache>/<repo>/snapshots/<commit>

@@ -155,6 +155,53 @@ def test_a_commands_model_argument_and_the_id_are_named_once(hf_home, tmp_path, 
     assert "bundle: org/absent: no such local path" in err and "org/absent: org/absent" not in err
 
 
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory) -> Path:
+    """A random 1-layer bundle, exported in a moment."""
+    from asrforge.bundle import export_bundle
+    from tests.test_data_hardening import save_random_whisper
+
+    root = tmp_path_factory.mktemp("bundle")
+    save_random_whisper(root / "hf")
+    return export_bundle(root / "hf", root / "bundle")
+
+
+def _blob(snapshot: Path, name: str) -> Path:
+    """The cache's blob a snapshot's file links to."""
+    return Path(os.path.realpath(snapshot / name))
+
+
+@pytest.mark.fast
+def test_a_hub_bundle_damaged_in_the_cache_loads_once_the_cache_is_repaired(
+    hf_home, tiny_bundle
+):
+    from asrforge.bundle.load import load_bundle
+
+    snapshot = add_repo(hf_home, "me/tiny", {"": tiny_bundle})
+    blob = _blob(snapshot, "config.json")
+    good = blob.read_bytes()
+    blob.write_bytes(good + b"  ")  # grown, not truncated
+    with pytest.raises(CheckpointCorruptError) as refused:
+        load_bundle("me/tiny")
+    said = str(refused.value)
+    assert f"{snapshot / 'config.json'}: size differs" in said
+    assert f"expected {len(good)} bytes, found {len(good) + 2}" in said
+    assert "truncated" not in said and "hf download me/tiny" in said
+    blob.write_bytes(good)  # the cache repaired (downloaded again)
+    assert load_bundle("me/tiny").path.is_relative_to(hf_home / "asrforge")
+
+
+@pytest.mark.fast
+def test_a_damaged_copy_of_a_hub_bundle_is_copied_again(hf_home, tiny_bundle):
+    from asrforge.bundle.load import load_bundle
+
+    add_repo(hf_home, "me/tiny", {"": tiny_bundle})
+    copy = load_bundle("me/tiny").path
+    (copy / "config.json").write_text("{}")
+    assert load_bundle("me/tiny").path == copy
+    assert (copy / "config.json").read_bytes() == (tiny_bundle / "config.json").read_bytes()
+
+
 def _tiny_repo(hf_home: Path) -> Path:
     """A repository of two small files, one in a subdirectory; returns its snapshot."""
     return add_repo(hf_home, "org/tiny", {"config.json": "{}", "sub/vocab.txt": "a b"})

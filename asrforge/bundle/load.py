@@ -38,7 +38,7 @@ from asrforge.bundle.schema import (
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
 from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
-from asrforge.hub import materialize, resolve
+from asrforge.hub import resolve, verified_copy
 from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.head_timing import LAG_LIMIT
@@ -221,7 +221,8 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
     Args:
         path: the bundle directory, or a Hugging Face Hub id (``org/name[@revision]``) of a
             bundle pushed there (``asrforge export --push-to-hub``): its files are copied out of
-            the cache as regular files and verified the same way.
+            the cache as regular files and verified the same way (a copy refused is made again
+            once, :func:`~asrforge.hub.verified_copy`).
         device: where the model runs. Weights are used in float32 on the CPU.
 
     Raises:
@@ -230,8 +231,7 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
             could hold a pickle, or tensors that do not fit the model config.
         UserError: ``path`` is not a directory.
     """
-    path = materialize(resolve(path, field="bundle", patterns=None))
-    manifest = verify_bundle(path)
+    path, manifest = verified_copy(resolve(path, field="bundle", patterns=None), verify_bundle)
     where = str(path)
     if INFERENCE_CONFIG not in manifest["files"]:
         raise CheckpointNotSupportedError(
