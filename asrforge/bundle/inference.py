@@ -318,6 +318,7 @@ class Bundle:
         sampling_rate: int | None = None,
         beam_size: int = 1,
         word_timestamps: bool = False,
+        vad: bool | None = None,
         no_speech_threshold: float | None = 0.6,
         logprob_threshold: float | None = -1.0,
     ) -> str | Transcript:
@@ -327,7 +328,8 @@ class Bundle:
             audio: a path, encoded bytes, or a (n_samples,) float32 array.
             language: ISO code; default: the bundle's only language, else detected.
             max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking, beam_size, no_speech_threshold, logprob_threshold: see :meth:`recognize`.
+            chunking, beam_size, vad, no_speech_threshold, logprob_threshold: see
+                :meth:`recognize`.
             sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
             word_timestamps: return the whole :class:`Transcript`, its segments' words timed
                 (``transcript.words``), instead of the text.
@@ -340,6 +342,7 @@ class Bundle:
             sampling_rate=sampling_rate,
             beam_size=beam_size,
             word_timestamps=word_timestamps,
+            vad=vad,
             no_speech_threshold=no_speech_threshold,
             logprob_threshold=logprob_threshold,
         )
@@ -355,26 +358,29 @@ class Bundle:
         chunking: str | None = None,
         sampling_rate: int | None = None,
         beam_size: int = 1,
+        word_timestamps: bool = False,
+        vad: bool | None = None,
         no_speech_threshold: float | None = 0.6,
         logprob_threshold: float | None = -1.0,
-    ) -> list[str]:
+    ) -> list[str] | list[Transcript]:
         """Transcribe several recordings; windows of all of them are decoded in batches.
-        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz); the others: see
-        :meth:`recognize`."""
-        return [
-            t.text
-            for t in self.recognize(
-                audios,
-                language,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                chunking=chunking,
-                sampling_rate=sampling_rate,
-                beam_size=beam_size,
-                no_speech_threshold=no_speech_threshold,
-                logprob_threshold=logprob_threshold,
-            )
-        ]
+        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz); ``word_timestamps``: return
+        each recording's whole :class:`Transcript`, its words timed, instead of its text; the
+        others: see :meth:`recognize`."""
+        transcripts = self.recognize(
+            audios,
+            language,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            chunking=chunking,
+            sampling_rate=sampling_rate,
+            beam_size=beam_size,
+            word_timestamps=word_timestamps,
+            vad=vad,
+            no_speech_threshold=no_speech_threshold,
+            logprob_threshold=logprob_threshold,
+        )
+        return transcripts if word_timestamps else [t.text for t in transcripts]
 
     def lm_alpha_beta(self) -> tuple[float, float]:
         """The LM weight and word bonus to decode with: tuned ones, else the recorded defaults."""

@@ -1,0 +1,62 @@
+"""The Python API of a loaded bundle: ``transcribe`` and ``transcribe_many`` take the keywords
+``recognize`` has for VAD and word timestamps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asrforge.bundle import inference
+from asrforge.bundle.inference import Transcript
+from asrforge.bundle.load import load_bundle
+from asrforge.model.vad import Chunk
+from tests.test_transcribe_files import tiny_bundle  # noqa: F401  (a 2 s window)
+
+pytestmark = pytest.mark.fast
+
+SR = 16_000
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle: Path):  # noqa: F811
+    return load_bundle(tiny_bundle)
+
+
+def noise(seconds: float) -> np.ndarray:
+    return (0.1 * np.random.default_rng(0).standard_normal(round(SR * seconds))).astype(np.float32)
+
+
+@pytest.fixture
+def chunked(monkeypatch) -> list[int]:
+    """The lengths of the waves VAD was asked to cut; one chunk of the first second each."""
+    asked: list[int] = []
+
+    def speech_chunks(wave, rate, seconds):
+        asked.append(wave.shape[0])
+        return [Chunk(((0, SR),))]
+
+    monkeypatch.setattr(inference, "speech_chunks", speech_chunks)
+    return asked
+
+
+def test_transcribe_takes_vad_as_recognize_does(bundle, chunked) -> None:
+    long = noise(5.0)  # the window is 2 s
+    bundle.transcribe(long, vad=False, max_new_tokens=2)
+    assert chunked == []
+    bundle.transcribe(long, vad=True, max_new_tokens=2)
+    assert chunked == [long.shape[0]]
+    timed = bundle.transcribe(long, vad=True, word_timestamps=True, max_new_tokens=2)
+    assert isinstance(timed, Transcript) and timed.vad
+
+
+def test_transcribe_many_takes_vad_and_word_timestamps(bundle, chunked) -> None:
+    waves = [noise(5.0), noise(3.0)]
+    texts = bundle.transcribe_many(waves, vad=True, max_new_tokens=2)
+    assert all(isinstance(t, str) for t in texts) and chunked == [5 * SR, 3 * SR]
+    timed = bundle.transcribe_many(waves, vad=False, word_timestamps=True, max_new_tokens=2)
+    assert chunked == [5 * SR, 3 * SR]
+    assert [t.text for t in timed] == bundle.transcribe_many(waves, vad=False, max_new_tokens=2)
+    assert all(isinstance(t, Transcript) and not t.vad for t in timed)
+    assert all(s.words is not None for t in timed for s in t.segments)
