@@ -1,16 +1,20 @@
 """The Python API of a loaded bundle: ``transcribe`` and ``transcribe_many`` take the keywords
-``recognize`` has for VAD and word timestamps."""
+``recognize`` has for VAD and word timestamps, and arrays of samples are read as what they are
+(a mono channel axis, samples at PCM scale)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from asrforge.bundle import inference
 from asrforge.bundle.inference import Transcript
 from asrforge.bundle.load import load_bundle
+from asrforge.errors import UserError
 from asrforge.model.vad import Chunk
 from tests.test_transcribe_files import tiny_bundle  # noqa: F401  (a 2 s window)
 
@@ -60,3 +64,26 @@ def test_transcribe_many_takes_vad_and_word_timestamps(bundle, chunked) -> None:
     assert [t.text for t in timed] == bundle.transcribe_many(waves, vad=False, max_new_tokens=2)
     assert all(isinstance(t, Transcript) and not t.vad for t in timed)
     assert all(s.words is not None for t in timed for s in t.segments)
+
+
+def test_a_channel_axis_of_one_is_mono(bundle) -> None:
+    wave = noise(1.0)
+    mono = bundle.load_audio(wave)
+    assert np.array_equal(bundle.load_audio(torch.from_numpy(wave)[None]), mono)  # torchaudio
+    assert np.array_equal(bundle.load_audio(wave[:, None]), mono)  # soundfile, always_2d
+    with pytest.raises(UserError, match=r"got shape \(2, 16000\): average its channels"):
+        bundle.load_audio(np.stack([wave, wave]))
+    with pytest.raises(UserError, match="average its channels"):
+        bundle.load_audio(np.zeros((1, 1, SR), np.float32))
+
+
+def test_float_samples_at_pcm_scale_are_named_once_and_left_as_they_are(bundle, caplog) -> None:
+    wave = noise(1.0)
+    loud = wave * 32768
+    with caplog.at_level(logging.WARNING, logger="asrforge.bundle.inference"):
+        assert np.array_equal(bundle.load_audio(loud), loud)
+        bundle.load_audio(loud * 2)
+        bundle.load_audio(wave)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1
+    assert f"peak {np.abs(loud).max():.1f}" in said[0] and "[-1, 1]" in said[0]

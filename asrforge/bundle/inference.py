@@ -38,6 +38,10 @@ GREEDY_WITHOUT_LM = (
 )
 """What greedy decoding of a bundle with an LM says once; ``beam`` names the beam-size option."""
 
+PCM_SCALE_PEAK = 2.0
+"""A float sample above this in magnitude is taken for integer PCM stored as floats (float
+audio is in [-1, 1]; resampling or a DSP chain overshoots it by a little, not by twice)."""
+
 DETECTED_TOGETHER = 4
 """Batches of recordings whose languages are detected before any of them is decoded."""
 
@@ -157,6 +161,7 @@ class Bundle:
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
         self._told_greedy_without_lm = False
+        self._told_pcm_scale = False
         self.alignment_heads = alignment_heads
         self.word_lag = word_lag
 
@@ -181,23 +186,27 @@ class Bundle:
 
     # -- audio and language -------------------------------------------------------------------
     def load_audio(self, audio: Audio, sampling_rate: int | None = None) -> np.ndarray:
-        """A path (wav/flac/mp3/... at any rate), encoded bytes, or an array of samples (float in
-        [-1, 1], or integer PCM such as int16, scaled by its type's range) -> (n_samples,)
-        float32 at 16 kHz.
+        """A path (wav/flac/mp3/... at any rate), encoded bytes, or an array of mono samples
+        (float in [-1, 1], or integer PCM such as int16, scaled by its type's range; a channel
+        axis of size one, (1, n) or (n, 1), is dropped) -> (n_samples,) float32 at 16 kHz.
+        Float samples above :data:`PCM_SCALE_PEAK` are kept as they are, with a warning.
 
         Args:
             sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
                 and bytes carry their own rate.
 
         Raises:
-            UserError: a missing or unreadable file, an array that is not 1-D, or a rate that
-                is not a positive whole number.
+            UserError: a missing or unreadable file, an array of several channels, or a rate
+                that is not a positive whole number.
         """
         if isinstance(audio, torch.Tensor):
             # numpy has no bfloat16; integer PCM keeps its type for the scaling below
             tensor = audio.detach().cpu()
             audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
         if isinstance(audio, np.ndarray):
+            if audio.ndim == 2 and 1 in audio.shape:
+                # one channel, as torchaudio.load (1, n) or soundfile's always_2d (n, 1) gives it
+                audio = audio.reshape(-1)
             if audio.ndim != 1:
                 # which axis holds the channels is not known, so a stereo array is not downmixed
                 raise UserError(
@@ -213,6 +222,8 @@ class Bundle:
                 raise UserError(
                     f"audio array must hold integer or float samples, got {audio.dtype}"
                 )
+            else:
+                self._say_if_pcm_scale(audio)
             rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
             if isinstance(rate, float | np.floating) and float(rate).is_integer():
                 rate = int(rate)  # 16000.0, as librosa and soundfile hand rates over
@@ -226,6 +237,20 @@ class Bundle:
         raise UserError(
             f"audio must be a path, bytes, or a numpy array or torch tensor of samples, got "
             f"{type(audio).__name__}"
+        )
+
+    def _say_if_pcm_scale(self, audio: np.ndarray) -> None:
+        """Warn, once a bundle, of float samples far outside [-1, 1]: integer PCM values stored
+        as floats, which decode as noise; they are not rescaled, since a guess could be wrong."""
+        peak = float(np.abs(audio).max(initial=0.0))
+        if self._told_pcm_scale or not PCM_SCALE_PEAK < peak < np.inf:
+            return
+        self._told_pcm_scale = True
+        log.warning(
+            "float audio samples peak %.1f: samples are expected in [-1, 1] (integer PCM such as "
+            "int16 values stored as floats must be divided by their full scale, 32768 for "
+            "16-bit); transcribing them as they are",
+            peak,
         )
 
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
