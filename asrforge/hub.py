@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
 from asrforge.io.atomic import atomic_directory, describe_os_error
-from asrforge.io.directories import real_directory
+from asrforge.io.directories import hidden, real_directory
 from asrforge.io.records import TEXT, Kind, optional, record_problems
 from asrforge.io.small_files import open_regular, read_bytes
 
@@ -444,7 +444,8 @@ def materialize(resolved: Resolved, *, again: bool = False) -> Path:
     """A Hub snapshot's files copied as regular files into
     ``HF_HOME/asrforge/<repo>/<commit>`` (once, unless ``again``, which replaces the copy; the
     cache keeps them as symlinks into its blobs, and a bundle's manifest names regular files
-    only; the Hub's dotfiles are left out). A local path is returned as it is.
+    only; hidden files, such as the Hub's ``.gitattributes``, are left out,
+    :func:`~asrforge.io.directories.hidden`). A local path is returned as it is.
 
     Raises:
         SymlinkRefused: a directory on the way to the copy (``asrforge/``, the repository's or
@@ -478,7 +479,7 @@ def materialize(resolved: Resolved, *, again: bool = False) -> Path:
     with atomic_directory(target) as partial:
         for src in sorted(resolved.path.rglob("*")):
             rel = src.relative_to(resolved.path)
-            if rel.parts[0].startswith("."):  # the Hub's own .gitattributes
+            if hidden(rel):
                 continue
             dest = partial / rel
             if src.is_dir() and not src.is_symlink():

@@ -170,3 +170,28 @@ def test_a_bundle_manifest_that_points_outside_is_refused(bundle_dir, tmp_path, 
         match="notes.txt: a symlink" if how == "symlink" else f"lists '{entry}'",
     ):
         load_bundle(bundle)
+
+
+@pytest.fixture(scope="module")
+def random_bundle(tmp_path_factory) -> Path:
+    """A random 1-layer bundle, exported in a moment."""
+    from tests.test_data_hardening import save_random_whisper
+
+    root = tmp_path_factory.mktemp("random")
+    save_random_whisper(root / "hf")
+    return export_bundle(root / "hf", root / "bundle")
+
+
+@pytest.mark.fast
+def test_hidden_files_that_tools_leave_in_a_bundle_are_no_part_of_it(random_bundle, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(random_bundle, bundle)
+    (bundle / ".DS_Store").write_bytes(b"\0Bud1")  # Finder
+    (bundle / "._model.safetensors").write_bytes(b"\0\5\26\7")  # AppleDouble, on a FAT stick
+    (bundle / ".git" / "objects").mkdir(parents=True)
+    (bundle / ".git" / "objects" / "x.pkl").write_bytes(b"\x80\x04")  # never read
+    assert load_bundle(bundle).path == bundle
+    # a file that is not hidden is still one nobody vouched for
+    (bundle / "notes.txt").write_text("added")
+    with pytest.raises(CheckpointCorruptError, match=re.escape(f"{bundle / 'notes.txt'}: not list")):
+        verify_bundle(bundle)

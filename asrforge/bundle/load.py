@@ -39,6 +39,7 @@ from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifes
 from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import resolve, verified_copy
+from asrforge.io.directories import hidden
 from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.head_timing import LAG_LIMIT
@@ -125,7 +126,8 @@ def verify_bundle(path: Path) -> dict[str, Any]:
             f"{path}: a whisper.cpp export (ggml-model.bin); run it with whisper.cpp, or "
             "export again with --format hf for asrforge and transformers"
         )
-    on_disk = list_files(path)
+    # what tools leave in a directory (.git/, .DS_Store) is never read, so never refused
+    on_disk = [rel for rel in list_files(path) if not hidden(rel)]
     for rel in on_disk:
         if rel.lower().endswith(UNSAFE_SUFFIXES):
             raise CheckpointNotSupportedError(

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from asrforge.errors import UserError
 from asrforge.io.append import SymlinkRefused
+
+
+def hidden(rel: str | PurePath) -> bool:
+    """Whether a path relative to a directory lies under a hidden name: ``.git/``, Finder's
+    ``.DS_Store``, the ``._name`` files macOS writes on other file systems, the Hub's
+    ``.gitattributes``. Tools leave these in a directory they pass through; they are no part of
+    the bundle its manifest describes, so they are neither copied nor refused as unlisted."""
+    return any(part.startswith(".") for part in PurePath(rel).parts)
 
 
 def _names_a_sibling(target: str) -> bool:
