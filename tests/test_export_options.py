@@ -58,3 +58,21 @@ def test_a_bundle_carries_no_auto_map_of_the_model_it_was_exported_from(tmp_path
     for name in ("config.json", "tokenizer_config.json"):
         assert "auto_map" not in json.loads((out / name).read_text()), name
     assert not list(out.glob("*.py"))
+
+
+def test_an_export_onto_a_bundle_names_the_switch_of_whoever_asked(tmp_path, capsys):
+    from asrforge.errors import UserError
+    from tests.test_data_hardening import save_random_whisper
+
+    save_random_whisper(tmp_path / "hf")
+    bundle = export_bundle(tmp_path / "hf", tmp_path / "bundle")
+    assert main(["export", str(tmp_path / "hf"), "--out", str(bundle)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {bundle}: already holds an hf bundle; --overwrite replaces all of it" in err
+    assert "overwrite=True" not in err
+    with pytest.raises(UserError) as refused:
+        export_bundle(tmp_path / "hf", bundle)
+    assert str(refused.value) == (
+        f"out {bundle}: already holds an hf bundle; overwrite=True replaces all of it, or choose "
+        "another directory"
+    )

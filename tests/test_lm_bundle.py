@@ -420,7 +420,7 @@ def test_export_onto_a_bundle_is_refused_naming_what_it_holds_unless_overwrite(
         assert main(["export", best, "--out", str(copy), "--format", fmt]) == 2
         assert cli_error(capsys) == (
             f"asrforge: error: --out {copy}: already holds an hf bundle, an align-heads record, "
-            "an n-gram LM (lm.arpa with weights from lm tune); --overwrite (overwrite=True) "
+            "an n-gram LM (lm.arpa with weights from lm tune); --overwrite "
             "replaces all of it, or choose another directory"
         )
     with pytest.raises(UserError, match="already holds an hf bundle, an align-heads record"):

@@ -463,22 +463,34 @@ def resolve_source(source: Path, *, bundle_ok: bool = False) -> tuple[str, Path]
     )
 
 
-def out_problem(out: Path, source: Path | None = None, *, overwrite: bool = False) -> str | None:
+def out_problem(
+    out: Path,
+    source: Path | None = None,
+    *,
+    overwrite: bool = False,
+    names: tuple[str, str] = ("out", "overwrite=True"),
+) -> str | None:
     """Why ``out`` cannot take an export of ``source``, or None: it is inside the source, a
     directory that is not a bundle, or a bundle and ``overwrite`` is off (what it holds named,
-    since replacing it drops an align-heads record or an LM that no re-export brings back)."""
+    since replacing it drops an align-heads record or an LM that no re-export brings back).
+
+    Args:
+        names: how the caller names ``out`` and turning ``overwrite`` on: the Python keywords,
+            or the command's flags (``("--out", "--overwrite")``).
+    """
+    out_name, overwrite_name = names
     if source is not None and (
         out.resolve() == source.resolve() or source.resolve() in out.resolve().parents
     ):
-        return f"--out {out}: must not be inside the source {source}"
+        return f"{out_name} {out}: must not be inside the source {source}"
     if not out.exists():
         return None
     if not out.is_dir() or (any(out.iterdir()) and not (out / INFERENCE_CONFIG).is_file()):
-        return f"--out {out}: exists and is not a bundle; choose another directory"
+        return f"{out_name} {out}: exists and is not a bundle; choose another directory"
     if (out / INFERENCE_CONFIG).is_file() and not overwrite:
         return (
-            f"--out {out}: already holds {bundle_holdings(out)}; --overwrite (overwrite=True) "
-            "replaces all of it, or choose another directory"
+            f"{out_name} {out}: already holds {bundle_holdings(out)}; {overwrite_name} replaces "
+            "all of it, or choose another directory"
         )
     return None
 

@@ -154,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.out is not None and (problem := directory_problem(args.out)):
         problems.append(f"--out {problem}")
     elif args.out is not None and (
-        problem := out_problem(args.out, args.source, overwrite=args.overwrite)
+        problem := out_problem(
+            args.out, args.source, overwrite=args.overwrite, names=("--out", "--overwrite")
+        )
     ):
         problems.append(problem)
     if args.adapter_only and args.fmt != "hf":
