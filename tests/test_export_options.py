@@ -76,3 +76,27 @@ def test_an_export_onto_a_bundle_names_the_switch_of_whoever_asked(tmp_path, cap
         f"out {bundle}: already holds an hf bundle; overwrite=True replaces all of it, or choose "
         "another directory"
     )
+
+
+def test_an_lm_for_a_bundle_already_exported_says_how_a_bundle_gets_one(tmp_path, capsys):
+    from asrforge.errors import UserError
+    from tests.test_data_hardening import save_random_whisper
+
+    save_random_whisper(tmp_path / "hf")
+    bundle = export_bundle(tmp_path / "hf", tmp_path / "bundle")
+    lm = tmp_path / "lm.arpa"
+    lm.write_text("\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0 a\n\n\\end\\\n")
+    argv = ["export", str(bundle), "--out", str(tmp_path / "with-lm"), "--lm", str(lm)]
+    assert main(argv) == 2
+    said = (
+        f"{bundle}: already an inference bundle, and a bundle's LM cannot be added or replaced "
+        f"afterwards: export what it was exported from (a run, checkpoint or model) again with "
+        f"--lm {lm}"
+    )
+    assert said in capsys.readouterr().err
+    with pytest.raises(UserError, match="a bundle's LM cannot be added or replaced afterwards"):
+        export_bundle(bundle, tmp_path / "with-lm", lm=lm)
+    assert not (tmp_path / "with-lm").exists()
+    # without an LM the refusal says what does take a bundle
+    assert main(["export", str(bundle), "--out", str(tmp_path / "again")]) == 2
+    assert "--format ct2` or `--format ggml` converts it" in capsys.readouterr().err

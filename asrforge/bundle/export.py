@@ -136,7 +136,7 @@ def export_bundle(
         raise UserError(f"max_shard_size: {e}") from None
     _check_out(out, source, overwrite)
     converter = ct2_converter() if fmt == "ct2" else None
-    kind, path = resolve_source(source, bundle_ok=fmt != "hf")
+    kind, path = resolve_source(source, bundle_ok=fmt != "hf", lm=None if lm is None else Path(lm))
     if kind == "bundle":
         if weights is not None:
             raise UserError(
@@ -417,17 +417,22 @@ def contents_to_bundle(contents: BundleContents, *, device: str = "cpu") -> Bund
     return Bundle(model, contents.tokenizer, contents.inference, device=device)
 
 
-def resolve_source(source: Path, *, bundle_ok: bool = False) -> tuple[str, Path]:
+def resolve_source(
+    source: Path, *, bundle_ok: bool = False, lm: Path | None = None
+) -> tuple[str, Path]:
     """``("checkpoint" | "pretrained" | "bundle", directory)`` for what the user named; a run
     directory resolves to ``checkpoints/best``, else ``checkpoints/latest`` (logged). A bundle
     (a directory, or a Hub id of a pushed one) is taken only with ``bundle_ok`` (an export to
-    another format); else it is refused, saying what does take it."""
+    another format); else it is refused, saying what does take it, or with ``lm`` (the LM to
+    carry) how a bundle gets one."""
     if not source.is_dir() and hub_ref(source) is not None:
         # a Hub model id reads as the transformers directory it resolves to, as train takes it
         resolved = resolve_model(source, field="source").path
         if (resolved / INFERENCE_CONFIG).is_file():
             if bundle_ok:
                 return "bundle", resolved
+            if lm is not None:
+                raise UserError(_lm_after_export(source, lm))
             raise UserError(
                 f"{source}: already an inference bundle (a pushed one); --format ct2 or ggml "
                 "converts it"
@@ -438,6 +443,8 @@ def resolve_source(source: Path, *, bundle_ok: bool = False) -> tuple[str, Path]
     if (source / INFERENCE_CONFIG).is_file():
         if bundle_ok:
             return "bundle", source
+        if lm is not None:
+            raise UserError(_lm_after_export(source, lm))
         raise UserError(
             f"{source}: already an inference bundle (`asrforge export {source} --format ct2` "
             f"or `--format ggml` converts it; `asrforge export {source} --push-to-hub "
@@ -460,6 +467,16 @@ def resolve_source(source: Path, *, bundle_ok: bool = False) -> tuple[str, Path]
     raise UserError(
         f"{source}: not a checkpoint (no {MANIFEST_NAME} + {MODEL_FILE}), a run directory "
         "(no checkpoints/) or a transformers model directory (no config.json)"
+    )
+
+
+def _lm_after_export(bundle: Path, lm: Path) -> str:
+    """Why ``lm`` cannot be put in the bundle ``bundle``: an LM is written with the bundle, so
+    the way to one is an export of the bundle's own source."""
+    return (
+        f"{bundle}: already an inference bundle, and a bundle's LM cannot be added or replaced "
+        f"afterwards: export what it was exported from (a run, checkpoint or model) again with "
+        f"--lm {lm}"
     )
 
 

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             problems.append(f"--max-shard-size: {e}")
     bundle_ok = args.fmt != "hf" and not args.within_guard
     _kind, path = attempt(
-        lambda: resolve_source(args.source, bundle_ok=bundle_ok), problems
+        lambda: resolve_source(args.source, bundle_ok=bundle_ok, lm=args.lm), problems
     ) or (None, None)
     if args.out is not None and args.out.exists() and (problem := symlink_problem(args.out)):
         # the bundle replaces the link's own entry, not the directory it points to
