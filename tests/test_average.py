@@ -257,3 +257,21 @@ def test_the_checkpoint_the_guard_refused_is_never_averaged(tmp_path):
     assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [6, 2]
     shutil.rmtree(root / "step-000004")
     assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [6, 2]
+
+
+def test_one_checkpoint_averaged_of_several_asked_for_is_said_in_the_singular(
+    tmp_path, capsys, caplog
+):
+    run = tmp_path / "run"
+    m = CheckpointManager(run / "checkpoints", save_total_limit=None)
+    m.save(1, lambda d: save_weights(d / "model.safetensors", {"w": torch.ones(2)}), {"wer": 0.5})
+    parser = argparse.ArgumentParser(prog="asrforge")
+    average_command.add_parser(parser.add_subparsers(dest="command"))
+    with caplog.at_level("WARNING", logger="asrforge.checkpoint.average"):
+        assert average_command.run(parser.parse_args(["average", str(run), "--k", "3"])) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "average: only 1 checkpoint has 'wer'; averaging it"
+    ]
+    out = capsys.readouterr().out
+    assert " of 1 checkpoint, the best by wer" in out
+    assert "only 1 of the 3 requested has wer in its manifest" in out

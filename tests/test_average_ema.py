@@ -92,7 +92,7 @@ def test_the_average_command_says_which_weights_and_takes_an_option(tmp_path, ca
     parser = argparse.ArgumentParser(prog="asrforge")
     average_command.add_parser(parser.add_subparsers(dest="command"))
     assert average_command.run(parser.parse_args(["average", str(tmp_path / "run"), "--k", "2"])) == 0
-    assert "averaged the EMA weights of 2 checkpoint(s)" in capsys.readouterr().out
+    assert "averaged the EMA weights of 2 checkpoints" in capsys.readouterr().out
     args = ["average", str(tmp_path / "run"), "--k", "2", "--weights", "raw", "--out"]
     assert average_command.run(parser.parse_args([*args, str(tmp_path / "raw")])) == 0
     assert read_manifest(tmp_path / "raw")["weights"] == "raw"

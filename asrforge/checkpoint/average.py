@@ -419,7 +419,14 @@ def average_top_k(
         )
     chosen = ranked[:k]
     if len(chosen) < k:
-        log.warning("average: only %d checkpoints have %r; averaging those", len(chosen), metric)
+        many = len(chosen) > 1
+        log.warning(
+            "average: only %d %s %r; averaging %s",
+            len(chosen),
+            "checkpoints have" if many else "checkpoint has",
+            metric,
+            "those" if many else "it",
+        )
     out = Path(out) if out is not None else root / f"{metric}.ave_{k}best"
     meta = {
         "metric": metric,

@@ -75,12 +75,15 @@ def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
     metric, steps = manifest.get("metric"), manifest.get("steps") or []
     weights = manifest.get("weights")
     what = f"the {weights.upper() if weights == 'ema' else weights} weights of " if weights else ""
+    noun = "checkpoint" if len(steps) == 1 else "checkpoints"
     lines = [
-        f"averaged {what}{len(steps)} checkpoint(s), the best by {metric} "
+        f"averaged {what}{len(steps)} {noun}, the best by {metric} "
         f"({manifest.get('mode')}), -> {out}: steps {', '.join(str(s) for s in steps)}"
     ]
     if len(steps) < k:
-        lines.append(f"  only {len(steps)} of the {k} requested have {metric} in their manifests")
+        have = "have" if len(steps) > 1 else "has"
+        where = "their manifests" if len(steps) > 1 else "its manifest"
+        lines.append(f"  only {len(steps)} of the {k} requested {have} {metric} in {where}")
     for step, value, src in zip(
         steps, manifest.get("values") or [], manifest.get("averaged_from") or [], strict=False
     ):
