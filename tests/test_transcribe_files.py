@@ -1,5 +1,6 @@
-"""``asrforge transcribe`` of several files: output targets checked before decoding, each
-group's outputs written as soon as it is decoded, and warnings that name the file."""
+"""``asrforge transcribe`` of several files: inputs and output targets checked before decoding,
+each group's audio read just before it is decoded and its outputs written as soon as it is, and
+warnings that name the file."""
 
 from __future__ import annotations
 
@@ -72,6 +73,42 @@ def test_each_group_is_written_as_soon_as_it_is_decoded(tiny_bundle, tmp_path, m
     assert groups == [paths[:2], paths[2:]]
     assert sorted(p.name for p in out.iterdir()) == ["clip0.json", "clip1.json"]
     assert json.loads((out / "clip1.json").read_text())["path"] == paths[1]
+
+
+def test_each_group_is_read_just_before_it_is_decoded(tiny_bundle, tmp_path, monkeypatch):
+    paths = [clip(tmp_path / f"clip{i}.wav") for i in range(3)]
+    events = []
+    read, recognize = inference.read_audio_file, inference.Bundle.recognize
+
+    def spied_read(path):
+        events.append(("read", str(path)))
+        return read(path)
+
+    def spied_recognize(self, waves, *a, **k):
+        events.append(("decode", k["names"]))
+        return recognize(self, waves, *a, **k)
+
+    monkeypatch.setattr(inference, "read_audio_file", spied_read)
+    monkeypatch.setattr(inference.Bundle, "recognize", spied_recognize)
+    argv = [str(tiny_bundle), *paths, "--output-dir", str(tmp_path / "out"), "--batch-size", "2"]
+    assert main(["transcribe", *argv]) == 0
+    assert events == [
+        ("read", paths[0]), ("read", paths[1]), ("decode", paths[:2]),
+        ("read", paths[2]), ("decode", paths[2:]),
+    ]  # fmt: skip
+
+
+def test_every_bad_file_is_refused_before_any_is_read(tiny_bundle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(inference, "read_audio_file", lambda path: pytest.fail(f"read {path}"))
+    monkeypatch.setattr(inference.Bundle, "recognize", lambda *a, **k: pytest.fail("decoded"))
+    good = clip(tmp_path / "good.wav")
+    (tmp_path / "talk.m4a").write_bytes(b"\0\0\0 ftypM4A " + bytes(100))
+    argv = [str(tiny_bundle), good, str(tmp_path / "missing.wav"), str(tmp_path / "talk.m4a")]
+    assert main(["transcribe", *argv, "--batch-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problems:" in err
+    assert f"{tmp_path / 'missing.wav'}: no such audio file" in err
+    assert f"cannot read audio {tmp_path / 'talk.m4a'}:" in err
 
 
 def test_output_names_that_collide_are_listed(tiny_bundle, tmp_path, capsys):

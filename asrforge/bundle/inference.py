@@ -78,6 +78,18 @@ VAD_WITH_PREVIOUS_TEXT = (
 gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
 
 
+def check_audio_file(path: Path) -> None:
+    """Refuse ``path`` as :func:`read_audio_file` would, from its header alone (no samples
+    are read, so every file of a long list is checked in moments).
+
+    Raises:
+        UserError: a directory, a missing path, no regular file, or a header that does not
+            open as audio.
+    """
+    with _opened_audio_file(path):
+        pass
+
+
 def read_audio_file(path: Path) -> np.ndarray:
     """An audio file (wav/flac/mp3/... at any rate) -> (n_samples,) float32 at 16 kHz.
 
@@ -85,17 +97,23 @@ def read_audio_file(path: Path) -> np.ndarray:
         UserError: a directory, a missing path, no regular file (a pipe would block its
             reader), or contents that do not decode as audio.
     """
+    with _opened_audio_file(path) as audio:
+        wave = audio.decode(SAMPLE_RATE)
+        if (short := audio.shortfall()) is not None:
+            log.warning("%s: %s; transcribing the audio that is there", path, short)
+    return wave
+
+
+def _opened_audio_file(path: Path):
+    """:func:`~asrforge.data.audio.open_audio` of ``path``, after the checks that name what
+    the path is when it is no audio file."""
     if path.is_dir():
         raise UserError(f"{path}: a directory, not an audio file")
     if not path.exists():
         raise UserError(f"{path}: no such audio file")
     if not path.is_file():
         raise UserError(f"{path}: not a regular file")
-    with open_audio(path) as audio:
-        wave = audio.decode(SAMPLE_RATE)
-        if (short := audio.shortfall()) is not None:
-            log.warning("%s: %s; transcribing the audio that is there", path, short)
-    return wave
+    return open_audio(path)
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,7 +1,9 @@
 """``asrforge transcribe``: audio files of any length transcribed with a bundle.
 
 Bad input (a missing file, unreadable audio, an altered bundle, an unknown language) raises
-:class:`~asrforge.errors.UserError`: the CLI prints one line and exits 2.
+:class:`~asrforge.errors.UserError`: the CLI prints one line and exits 2. Every input is checked
+(audio by its header) before anything is decoded; each group of files is read just before it is
+decoded.
 """
 
 from __future__ import annotations
@@ -133,7 +135,11 @@ def optional_float(text: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT, read_audio_file
+    from asrforge.bundle.inference import (
+        VAD_WITH_PREVIOUS_TEXT,
+        check_audio_file,
+        read_audio_file,
+    )
 
     problems = [
         positive("--batch-size", args.batch_size),
@@ -167,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         refusal = vad_refusal("--vad")
         if refusal is not None:
             problems.append(refusal)
-    # the model first, then every audio file decoded: all the problems in one message
+    # the model first, then every audio file's header: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle, option="bundle"), problems)
     chosen = (
         None if bundle is None else attempt(lambda: bundle.chunking_for(args.chunking), problems)
@@ -177,19 +183,21 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--condition-on-previous-text needs --chunking timestamps")
     if bundle is not None and args.language is not None:  # before any group is decoded
         attempt(lambda: bundle.check_language(args.language), problems)
-    waves = [attempt(lambda path=path: read_audio_file(path), problems) for path in args.audio]
+    for path in args.audio:
+        attempt(lambda path=path: check_audio_file(path), problems)
     raise_problems(problems)
     fusion = lm_fusion(bundle, args)
     # The chunking notice comes after every error check, as one line.
     if args.chunking is None and chunking == "silence":
         print(f"asrforge: {why}", file=sys.stderr)
-    # A group of files is decoded together (their windows share batches) and written before
-    # the next starts, so an interrupted run keeps what it finished.
+    # A group of files is read and decoded together (their windows share batches) and written
+    # before the next is read, so memory holds one group's audio and an interrupted run keeps
+    # what it finished.
     group = args.batch_size
-    for g in range(0, len(waves), group):
+    for g in range(0, len(args.audio), group):
         paths = args.audio[g : g + group]
         results = bundle.recognize(
-            waves[g : g + group],
+            [read_audio_file(path) for path in paths],
             args.language,
             names=[str(p) for p in paths],
             batch_size=args.batch_size,
