@@ -17,6 +17,7 @@ from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixt
 from asrforge.bundle.export import bundle_from_checkpoint
 from asrforge.bundle.subtitles import to_srt, word_cues
 from asrforge.model.alignment import (
+    MIN_WORD_DURATION,
     Word,
     add_word_timestamps,
     align_words,
@@ -27,6 +28,7 @@ from asrforge.model.alignment import (
     median_filter,
     median_word,
     merge_punctuation,
+    place_words,
     split_words,
     tidy_long_words,
     token_starts,
@@ -284,8 +286,12 @@ def test_the_heads_lag_is_taken_off_every_word_within_its_window(tmp_path, tones
              for a, b in zip(s.words, t.words, strict=True)]  # fmt: skip
     assert len(pairs) >= 6
     for a, b, window_start in pairs:
-        assert b.start == pytest.approx(max(window_start, a.start - 0.3))
-        assert b.end == pytest.approx(max(window_start, a.end - 0.3))
+        # each word the lag puts at its window's start is held a grid step long there, in order
+        at_start = sum(c.end - 0.3 <= ws for c, _, ws in pairs if ws == window_start)
+        step = at_start * MIN_WORD_DURATION + 1e-9
+        assert b.start == pytest.approx(max(window_start, a.start - 0.3), abs=step)
+        assert b.end == pytest.approx(max(window_start, a.end - 0.3), abs=step)
+        assert b.end > b.start
     assert any(a.start - 0.3 > window_start for a, _, window_start in pairs)
     assert any(a.start - 0.3 < window_start for a, _, window_start in pairs)
 
@@ -402,3 +408,63 @@ def test_a_zero_length_word_gets_a_cue_that_ends_by_the_next_word() -> None:
     ]  # fmt: skip
     assert all(c.end > c.start for c in cues)
     assert all(a.end <= b.start for a, b in zip(cues, cues[1:], strict=False))
+
+
+def _timed(*times: tuple[float, float]) -> list[Word]:
+    return [Word(f" w{k}", a, b, 0.9, (k,)) for k, (a, b) in enumerate(times)]
+
+
+def _apart_and_timed(segments: list[list[Word]], earliest: float, latest: float) -> list[Word]:
+    """Every word of ``segments``, after checking they are in order, apart and in bounds."""
+    words = [w for ws in segments for w in ws]
+    assert all(earliest <= w.start < w.end <= latest for w in words)
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(words, words[1:], strict=False))
+    return words
+
+
+@pytest.mark.fast
+def test_words_that_start_on_one_frame_are_given_a_frame_from_the_time_after() -> None:
+    # two words on the frame where a third starts, then a segment's last word at its end
+    words = _timed((1.0, 1.0), (1.0, 1.0), (1.0, 1.4), (1.4, 2.0), (2.0, 2.0))
+    placed, end = place_words(words, 0.4, [(1.0, 2.0, 5)], audio_end=3.0)
+    got = [t for w in _apart_and_timed(placed, 1.0, 2.0) for t in (w.start, w.end)]
+    step = MIN_WORD_DURATION
+    assert got == pytest.approx([
+        1.0, 1.0 + step, 1.0 + step, 1.0 + 2 * step, 1.0 + 2 * step, 1.4,
+        1.4, 2.0 - step, 2.0 - step, 2.0,
+    ])  # fmt: skip
+    assert end == pytest.approx(2.0)
+
+
+@pytest.mark.fast
+def test_a_words_length_stays_within_its_segment_and_the_audio() -> None:
+    # the first segment's last word, at its end timestamp, borrows from the word before it,
+    # not from the next segment; the recording's last word stops where the audio does
+    words = _timed((27.0, 27.48), (27.48, 27.48), (27.48, 27.9), (27.9, 28.0), (28.0, 28.0))
+    spans = [(26.8, 27.48, 2), (27.48, 28.4, 3)]
+    placed, _ = place_words(words, 0.4, spans, audio_end=28.0)
+    got = _apart_and_timed(placed, 26.8, 28.0)
+    assert [len(ws) for ws in placed] == [2, 3]
+    assert (got[1].start, got[1].end) == pytest.approx((27.48 - MIN_WORD_DURATION, 27.48))
+    assert got[2].start == pytest.approx(27.48)
+    assert (got[4].start, got[4].end) == pytest.approx((28.0 - MIN_WORD_DURATION, 28.0))
+
+
+@pytest.mark.fast
+def test_words_of_a_window_offset_and_late_are_held_after_the_speech_before() -> None:
+    words = _timed((0.0, 0.0), (0.0, 0.3))
+    placed, _ = place_words(words, 0.3, [(10.0, 10.3, 2)], offset=10.0, lag=0.1,
+                            last_speech=10.0, audio_end=10.3)  # fmt: skip
+    got = _apart_and_timed(placed, 10.0, 10.3)
+    assert (got[0].start, got[0].end) == pytest.approx((10.0, 10.0 + MIN_WORD_DURATION))
+
+
+@pytest.mark.fast
+def test_a_word_with_no_time_before_the_next_shares_its_cue() -> None:
+    seg = Segment(8.0, 9.0, "thank you all", [1, 2])
+    seg.words = [Word(" thank", 8.2, 8.64, 0.9), Word(" you", 8.64, 8.64, 0.5),
+                 Word(" all", 8.64, 8.9, 0.9)]  # fmt: skip
+    cues = word_cues([seg])
+    got = [(c.start, c.end, c.text) for c in cues]
+    assert got == [(8.2, 8.64, "thank"), (8.64, 8.9, "you all")]
+    assert "00:00:08,640 --> 00:00:08,900\nyou all" in to_srt(cues)

@@ -46,9 +46,11 @@ MIN_WORD_CUE = 0.1
 def word_cues(segments: Sequence[Segment]) -> list[Segment]:
     """One cue per timed word of ``segments`` (their ``words``), for word-level subtitles; a
     word timed shorter than :data:`MIN_WORD_CUE` (down to zero length) is held longer, up to
-    the next word's start."""
+    the next word's start, and one the next word leaves no time (in milliseconds, as cues are
+    written) shares that word's cue."""
     words = [w for s in segments for w in s.words or []]
     cues = []
+    held = []  # words with no time of their own, shown with the next word
     for k, w in enumerate(words):
         end = w.end
         if end - w.start < MIN_WORD_CUE:
@@ -56,5 +58,10 @@ def word_cues(segments: Sequence[Segment]) -> list[Segment]:
             # reader notices, and ending by the next word's start keeps cues apart.
             following = words[k + 1].start if k + 1 < len(words) else float("inf")
             end = max(end, min(w.start + MIN_WORD_CUE, following))
-        cues.append(Segment(w.start, end, w.word.strip()))
+        held.append(w)
+        if round(end * 1000) <= round(w.start * 1000):
+            continue
+        text = " ".join(h.word.strip() for h in held)
+        cues.append(Segment(held[0].start, end, text))
+        held = []
     return cues

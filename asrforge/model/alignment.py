@@ -26,7 +26,10 @@ For one window of audio (at most the encoder's window) and the text tokens decod
   mean of its tokens' probabilities;
 * the heads' lag (what ``asrforge align-heads`` measured,
   :func:`asrforge.model.head_timing.onset_offsets`) is taken off
-  every word's times, none before its window's start.
+  every word's times, none before its window's start;
+* a word shorter than one step of the grid (its tokens started on one frame as the next
+  word's) is given that step from the time after it, else before it, within its segment's
+  span (or, where that has no room, the window's) and the audio, its neighbours kept apart.
 
 The heads are the generation config's ``alignment_heads`` (openai-whisper's, which the
 pretrained models ship); a model without them (built from scratch, or its heads lost) uses
@@ -37,6 +40,7 @@ Times are in seconds at the encoder's grid (0.02 s, :data:`~asrforge.model.frame
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +65,9 @@ PREPENDED_PUNCTUATION = "\"'“¿([{-"
 APPENDED_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
 """Punctuation that joins the word before it."""
 SENTENCE_END = ".。!！?？"
+MIN_WORD_DURATION = TIME_PRECISION
+"""Seconds a word lasts at least where the time around it allows: one step of the alignment's
+grid (whisper-timestamped's ``min_word_duration``), as two tokens can start on one frame."""
 
 
 @dataclass
@@ -462,6 +469,39 @@ def tidy_long_words(
     return last.end
 
 
+def hold_word_lengths(words: list[Word], earliest: float, latest: float) -> None:
+    """Give each of one segment's words at least :data:`MIN_WORD_DURATION`, in place, within
+    ``[earliest, latest]``: a shorter word takes time from the gap or the words after it, and
+    at ``latest`` from those before it, the words staying in order and apart. Where the span
+    holds less than that a word, the last words stay shorter.
+
+    Args:
+        words: one segment's words, in order, none overlapping the next.
+        earliest, latest: seconds the words may span (a word already outside stays there).
+    """
+    if not words:
+        return
+    earliest, latest = min(earliest, words[0].start), max(latest, earliest)
+    # forward: each word ends MIN_WORD_DURATION after its start at least, pushing later words
+    floor = earliest
+    for w in words:
+        w.start = max(w.start, floor)
+        w.end = max(w.end, w.start + MIN_WORD_DURATION)
+        floor = w.end
+    # backward: none past `latest`, pulling earlier words back as far as `earliest`
+    ceiling = latest
+    for w in reversed(words):
+        w.end = min(w.end, ceiling)
+        w.start = max(min(w.start, w.end - MIN_WORD_DURATION), earliest)
+        ceiling = w.start
+    # a span too short for every word: the first ones keep their length, none overlaps
+    floor = earliest
+    for w in words:
+        w.start = max(w.start, floor)
+        w.end = max(w.end, w.start)
+        floor = w.end
+
+
 def place_words(
     words: Sequence[Word],
     median: float,
@@ -470,9 +510,10 @@ def place_words(
     offset: float = 0.0,
     lag: float = 0.0,
     last_speech: float = 0.0,
+    audio_end: float = math.inf,
 ) -> tuple[list[list[Word]], float]:
-    """One window's aligned words -> each of its segments' words, :func:`tidy_long_words` applied
-    to each segment in order.
+    """One window's aligned words -> each of its segments' words, :func:`tidy_long_words` then
+    :func:`hold_word_lengths` applied to each segment in order.
 
     Args:
         words: :func:`align_words`'s words, seconds from the window's start (not changed).
@@ -484,10 +525,12 @@ def place_words(
         lag: seconds the heads place words late, taken off every word's times, none before the
             window's start.
         last_speech: where the speech before the first segment ended, same clock.
+        audio_end: where the window's audio ends, same clock: no word runs past it.
 
     Returns:
         ``(words per segment, where the last segment's speech ends)``.
     """
+    earliest = previous_end = max(offset, last_speech)
     bounds = np.cumsum([n for _, _, n in segments])
     per_segment: list[list[Word]] = [[] for _ in segments]
     k = 0
@@ -498,6 +541,22 @@ def place_words(
         k += len(w.tokens)
     for (start, end, _), placed in zip(segments, per_segment, strict=True):
         last_speech = tidy_long_words(placed, start, end, last_speech, median=median)
+    # A word gets length from its segment's span (its words' or its timestamps', whichever is
+    # wider), never before the previous segment's words nor into the next one's.
+    for k, ((start, end, _), placed) in enumerate(zip(segments, per_segment, strict=True)):
+        if not placed:
+            continue
+        following = [ws[0].start for ws in per_segment[k + 1 :] if ws]
+        latest = min(max(placed[-1].end, min([end, *following[:1]])), audio_end)
+        hold_word_lengths(placed, max(start, previous_end), latest)
+        previous_end = placed[-1].end
+    # A segment whose span has no room left (the next one's words start where it ends) lends
+    # across its bounds, as the window's words are in order all the same.
+    every = [w for placed in per_segment for w in placed]
+    if every:
+        latest = min(max(every[-1].end, segments[-1][1]), audio_end)
+        hold_word_lengths(every, earliest, latest)
+        last_speech = every[-1].end
     return per_segment, last_speech
 
 
@@ -570,7 +629,8 @@ def add_word_timestamps(
             )
             spans = [(s.start, s.end, len(ts)) for s, ts in zip(group, texts, strict=True)]
             per_segment, last_speech = place_words(
-                words, median, spans, offset=a, lag=lag, last_speech=last_speech
-            )
+                words, median, spans, offset=a, lag=lag, last_speech=last_speech,
+                audio_end=a + audio.shape[0] / sample_rate,
+            )  # fmt: skip
             for s, placed in zip(group, per_segment, strict=True):
                 s.words = placed
