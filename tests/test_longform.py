@@ -551,8 +551,17 @@ def test_srt_and_vtt() -> None:
     )
     assert to_vtt(segs) == (
         "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello there.\n\n"
-        "01:01:01.001 --> 01:01:04.000\nA B -> C\n"
+        "01:01:01.001 --> 01:01:04.000\nA B --&gt; C\n"
     )
+
+
+@pytest.mark.fast
+def test_vtt_escapes_what_it_would_read_as_markup_and_srt_keeps_it() -> None:
+    from asrforge.bundle.subtitles import to_srt, to_vtt
+
+    segs = [Segment(0.0, 1.0, "R&D <b>x</b> &amp; 3 > 2")]
+    assert to_vtt(segs).splitlines()[-1] == "R&amp;D &lt;b&gt;x&lt;/b&gt; &amp;amp; 3 &gt; 2"
+    assert to_srt(segs).splitlines()[-1] == "R&D <b>x</b> &amp; 3 > 2"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,9 +16,15 @@ def timestamp(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{ms:03d}"
 
 
-def _cue_text(text: str) -> str:
-    # a blank line ends a cue, and "-->" would start a timing line: neither may appear inside
-    return " ".join(text.replace("-->", "->").split())
+def _cue_text(text: str, *, vtt: bool = False) -> str:
+    """``text`` on one line, fit for a SubRip cue or (``vtt``) a WebVTT one."""
+    text = " ".join(text.split())  # a blank line would end the cue
+    if vtt:
+        # WebVTT reads "&" and "<" as an escape's or a tag's start; with ">" escaped as well no
+        # "-->" is left to start a timing line, and a player shows it as it was said
+        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # SubRip has no escapes: "-->" would start a timing line
+    return text.replace("-->", "->")
 
 
 def to_srt(segments: Sequence[Segment]) -> str:
@@ -33,7 +39,7 @@ def to_srt(segments: Sequence[Segment]) -> str:
 def to_vtt(segments: Sequence[Segment]) -> str:
     """A WebVTT file, one cue per segment."""
     cues = [
-        f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{_cue_text(s.text)}\n"
+        f"{timestamp(s.start, '.')} --> {timestamp(s.end, '.')}\n{_cue_text(s.text, vtt=True)}\n"
         for s in segments
     ]
     return "\n".join(["WEBVTT\n", *cues])
