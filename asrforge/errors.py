@@ -55,6 +55,9 @@ class ExitCode(IntEnum):
     """Stopped by Ctrl-C without saving (128 + SIGINT, as a shell reports it): a second signal
     during a run, or one before it began (Ctrl-C or SIGTERM; its start is undone) or during
     another command."""
+    OUTPUT_CLOSED = 141
+    """Stopped quietly because what read its output went away (``| head``): 128 + SIGPIPE, as a
+    shell reports a command the closed pipe ended."""
 
     @property
     def meaning(self) -> str:
@@ -69,6 +72,7 @@ _MEANINGS = {
     ExitCode.INTERRUPTED: "a run stopped by SIGTERM/SIGINT after saving (--resume continues it)",
     ExitCode.CANCELLED: "stopped by Ctrl-C with nothing saved (a second signal, or one before "
     "the run began, whose start is undone)",
+    ExitCode.OUTPUT_CLOSED: "stopped quietly: its output's reader went away (| head)",
 }
 
 

@@ -194,3 +194,35 @@ def test_a_ctrl_c_while_torch_imports_exits_130_in_one_line(monkeypatch, capsys)
     assert main(["average", "runs/x"]) == ExitCode.CANCELLED == 130
     assert capsys.readouterr().err == "asrforge: interrupted\n"
     assert closed == []
+
+
+def test_output_whose_reader_went_away_ends_quietly(tmp_path):
+    """`transcribe ... | head -1`: a closed standard output is no error to report."""
+    import json
+    import os
+
+    import numpy as np
+    import soundfile as sf
+
+    from asrforge.bundle import export_bundle
+    from tests.test_data_hardening import save_random_whisper
+
+    hf = tmp_path / "hf"
+    save_random_whisper(hf)
+    gen = hf / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "is_multilingual": False}))
+    bundle = export_bundle(hf, tmp_path / "bundle")
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, np.zeros(16_000, np.float32), 16_000)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "asrforge", "transcribe", str(bundle), str(clip), str(clip)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    try:
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        os.close(write)
+    assert done.returncode == ExitCode.OUTPUT_CLOSED == 141
+    assert "error" not in done.stderr and "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr

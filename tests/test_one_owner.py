@@ -60,7 +60,7 @@ def test_each_owner_holds_what_the_others_read():
     assert precision_dtype("bf16") is torch.bfloat16 and precision_dtype("fp16") is torch.float16
     assert is_full_precision("no") and is_full_precision("fp32") and not is_full_precision("bf16")
     assert set(PRECISION_DTYPES) == {"no", "fp32", "bf16", "fp16"}
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 75, 130]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 75, 130, 141]
     assert f"{ExitCode.INTERRUPTED:d}" == "75"
 
 

@@ -7,7 +7,8 @@ callback), 2 bad input (a config, a path, a file): one message naming what is wr
 traceback; 75 a run stopped by SIGTERM/SIGINT after saving its checkpoint,
 which ``--resume`` continues (the matrix retries it); 130 Ctrl-C with nothing saved: a second
 signal, or one before the run began (its start undone, as bad input's is) or during another
-command (:class:`asrforge.errors.ExitCode` owns them).
+command; 141, and no message, when standard output's reader went away (``| head``)
+(:class:`asrforge.errors.ExitCode` owns them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import atexit
 import errno
 import os
+import select
 import sys
 from typing import NoReturn
 
@@ -126,6 +128,10 @@ def _main(argv: list[str] | None) -> int:
     except UserError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except BrokenPipeError:
+        if _stdout_closed():
+            return _leave_output_closed()
+        raise
     except UploadError as e:
         print(f"asrforge: error: {e}", file=sys.stderr)
         return ExitCode.FAILED
@@ -137,6 +143,33 @@ def _main(argv: list[str] | None) -> int:
         return ExitCode.BAD_INPUT if _path_at_fault(e) else ExitCode.FAILED
     except KeyboardInterrupt:
         return _interrupted()
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output's reader went away (a broken pipe elsewhere is an error)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # a stdout without a descriptor (a test's capture)
+        return False
+    if not hasattr(select, "poll"):
+        return True  # no way to ask: a broken pipe at the top is stdout's, as Python's docs say
+    # Flushing again proves nothing, as the failed write dropped what it held; a pipe or socket
+    # with no reader polls as an error or a hang-up.
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _leave_output_closed() -> int:
+    """End quietly after standard output's reader went away, as Unix tools do in a pipeline."""
+    try:
+        # Python flushes stdout once more at exit, which would print an ignored error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a descriptor (a test's capture)
+        pass
+    return ExitCode.OUTPUT_CLOSED
 
 
 def _interrupted() -> int:
