@@ -154,6 +154,14 @@ def test_argument_mistakes_are_named_for_what_they_are(tiny_bundle, tmp_path, ca
     assert f"{wav}: a file, not a bundle or model directory" in capsys.readouterr().err
 
 
+def test_word_timestamps_are_refused_with_text_output(tiny_bundle, tmp_path, capsys):
+    wav = clip(tmp_path / "a.wav")
+    assert main(["transcribe", str(tiny_bundle), wav, "--word-timestamps"]) == 2
+    err = capsys.readouterr().err
+    assert "--word-timestamps with --format text: give --format json, srt or vtt" in err
+    assert main(["transcribe", str(tiny_bundle), wav, "--word-timestamps", "--json"]) == 0
+
+
 def test_a_window_stopped_at_the_token_cap_is_said_once(tiny_bundle, tmp_path, monkeypatch):
     inference._say_capped.cache_clear()
     said = []

@@ -91,7 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="time every word (cross-attention of the alignment heads aligned by dynamic time "
         "warping, less the heads' lag `asrforge align-heads` measured): json gets a words list "
-        "per segment (start, end, probability); srt and vtt get one cue per word",
+        "per segment (start, end, probability); srt and vtt get one cue per word; refused with "
+        "text output, which has no times",
     )
     p.add_argument(
         "--vad",
@@ -157,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.fmt not in (None, "json"):
         problems.append(f"--json and --format {args.fmt}: choose one")
     fmt = "json" if args.json else args.fmt or "text"
+    if args.word_timestamps and fmt == "text":
+        # timing words costs a decoder pass per window, and text output has no place for times
+        problems.append("--word-timestamps with --format text: give --format json, srt or vtt")
     if fmt in ("srt", "vtt") and len(args.audio) > 1 and args.output_dir is None:
         problems.append(f"--format {fmt} with {len(args.audio)} files: give --output-dir")
     targets = _output_targets(args.audio, args.output_dir, fmt, problems)
