@@ -507,7 +507,10 @@ def test_file_target_problem_names_what_would_fail_the_write(tmp_path) -> None:
     assert atomic.file_target_problem(long) == f"{long}: its name is longer than 255 bytes"
     under_file = tmp_path / "file" / "a.txt"
     assert atomic.file_target_problem(under_file) == (
-        f"{under_file}: {tmp_path / 'file'} is not a directory"
+        f"{under_file}: {tmp_path / 'file'} is a file, not a directory"
+    )
+    assert atomic.file_target_problem(tmp_path / "file" / "sub" / "a.txt") == (
+        f"{tmp_path / 'file' / 'sub' / 'a.txt'}: {tmp_path / 'file'} is a file, not a directory"
     )
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "ro"

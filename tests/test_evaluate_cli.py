@@ -281,6 +281,14 @@ def test_predictions_that_cannot_be_written_are_refused_first_or_leave_the_metri
                         lambda *a, **k: pytest.fail("evaluated"))  # fmt: skip
     assert main([*argv, "--predictions", str(long)]) == 2
     assert f"--predictions {long}: its name is longer than 255 bytes" in cli_error(capsys)
+    (tmp_path / "afile").write_text("")
+    under_file = tmp_path / "afile" / "p.jsonl"
+    assert main([*argv, "--predictions", str(under_file)]) == 2
+    said = cli_error(capsys)
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in said
+    assert "does not exist" not in said
+    assert main([*argv, "--predictions", str(tmp_path / "none" / "p.jsonl")]) == 2
+    assert "its directory does not exist" in cli_error(capsys)
     monkeypatch.undo()
 
     def fails(path, text):

@@ -210,6 +210,18 @@ def test_the_page_is_self_contained(matrix_root, tmp_path):
     assert main(["report", str(tmp_path / "missing")]) == 2
 
 
+@pytest.mark.fast
+def test_a_page_under_a_file_is_refused_naming_the_file(matrix_root, tmp_path, capsys):
+    from asrforge.cli import main
+
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "x.html"
+    assert main(["report", str(matrix_root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: {tmp_path / 'afile'} is a file, not a directory" in err
+    assert "File exists" not in err
+
+
 # ---------------------------------------------------------------------------------------------
 # Chromium
 

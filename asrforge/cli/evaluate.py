@@ -143,10 +143,10 @@ def run(args: argparse.Namespace) -> int:
         positive("--beam-size", args.beam_size),
     ]
     if args.predictions is not None:
-        if not args.predictions.parent.is_dir():
-            problems.append(f"--predictions {args.predictions}: its directory does not exist")
-        elif problem := file_target_problem(args.predictions):
+        if problem := file_target_problem(args.predictions):
             problems.append(f"--predictions {problem}")
+        elif not args.predictions.parent.is_dir():
+            problems.append(f"--predictions {args.predictions}: its directory does not exist")
     args.split = args.split or ("train" if args.carve is not None else "validation")
     if args.carve is not None:
         from asrforge.run_layout import RunLayout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from asrforge.errors import UserError
+from asrforge.io.atomic import file_target_problem
 from asrforge.matrix.report import write_report
 
 
@@ -24,6 +26,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    # before the runs are read: a page that cannot be written is said at once
+    if problem := file_target_problem(Path(args.out)):
+        raise UserError(f"--out {problem}")
     rows = write_report(Path(args.runs_dir), Path(args.out), title=args.title)
     print(f"asrforge: report of {len(rows)} job(s) written to {args.out}")
     return 0
