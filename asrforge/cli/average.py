@@ -75,9 +75,9 @@ def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
     metric, steps = manifest.get("metric"), manifest.get("steps") or []
     weights = manifest.get("weights")
     what = f"the {weights.upper() if weights == 'ema' else weights} weights of " if weights else ""
-    noun = "checkpoint" if len(steps) == 1 else "checkpoints"
+    plural = "" if len(steps) == 1 else "s"
     lines = [
-        f"averaged {what}{len(steps)} {noun}, the best by {metric} "
+        f"averaged {what}{len(steps)} checkpoint{plural}, the best by {metric} "
         f"({manifest.get('mode')}), -> {out}: steps {', '.join(str(s) for s in steps)}"
     ]
     if len(steps) < k:
