@@ -12,8 +12,9 @@ def encoder_states(model, features: torch.Tensor) -> torch.Tensor:
 
     On the CPU, without autograd or hooks, the windows are encoded one at a time: a batch's
     activations (four windows of tiny.en: 36 MB for one feed-forward layer) outgrow the CPU's
-    caches, and four or eight windows of tiny.en or base took 11-16% longer as one batch, with
-    the same output (bench/README.md, "Packed projections and windows encoded one at a time").
+    caches: four or eight windows of tiny.en or base encoded one at a time took 0.77-0.96x a
+    batch's CPU time, with the same output (bench/README.md, "Packed projections and windows
+    encoded one at a time").
     A module with hooks (a sharded model's gathers) runs once, on the whole batch.
     """
     encoder = model.model.encoder
