@@ -413,31 +413,47 @@ def check_safetensors(resolved: Resolved, field: str) -> None:
 
 
 def verified_copy(resolved: Resolved, verify: Callable[[Path], T]) -> tuple[Path, T]:
-    """:func:`materialize` of ``resolved`` and what ``verify`` returns for the copy. A copy it
-    refuses is made again once from the cache, which may have been repaired (downloaded again)
-    since the copy was made, or the copy itself damaged.
+    """:func:`materialize` of ``resolved`` and what ``verify`` returns for the copy. A copy made
+    before this call that ``verify`` refuses is made again once from the cache, which may have
+    been repaired (downloaded again) since, or the copy itself damaged; a copy made in this
+    call is not, since copying the same snapshot again gives the same files.
 
     Raises:
-        CheckpointCorruptError: ``verify`` refused a fresh copy: the message names the file of
-            the cache's snapshot it came from and how to download the commit again.
+        CheckpointCorruptError: ``verify`` refused a fresh copy: the message names the
+            snapshot's files rather than the copy's, and how to download the commit again should
+            the cache be what is damaged.
     """
+    made_before = resolved.ref is not None and _copy_folder(resolved).is_dir()
     path = materialize(resolved)
     try:
         return path, verify(path)
-    except CheckpointCorruptError:
+    except CheckpointCorruptError as e:
         if resolved.ref is None:
             raise
+        if not made_before:
+            raise _named_in_snapshot(e, path, resolved) from None
     path = materialize(resolved, again=True)
     try:
         return path, verify(path)
     except CheckpointCorruptError as e:
-        # the copy was just made from the snapshot, so the snapshot's own file is the bad one
-        said = str(e).replace(str(path), str(resolved.path))
-        pinned_ref = HubRef(resolved.ref.repo_id, resolved.commit, resolved.ref.repo_type)
-        raise CheckpointCorruptError(
-            f"{said}; a file of the Hugging Face cache's snapshot of {resolved.ref} is damaged: "
-            f"download it again ({pinned_ref.download_command} --force-download)"
-        ) from None
+        raise _named_in_snapshot(e, path, resolved) from None
+
+
+def _named_in_snapshot(
+    error: CheckpointCorruptError, copy: Path, resolved: Resolved
+) -> CheckpointCorruptError:
+    """``error`` about the copy ``copy`` said of the cache's snapshot it was made from."""
+    said = str(error).replace(str(copy), str(resolved.path))
+    pinned_ref = HubRef(resolved.ref.repo_id, resolved.commit, resolved.ref.repo_type)
+    return CheckpointCorruptError(
+        f"{said} (in the Hugging Face cache's snapshot of {resolved.ref}; if the cache rather "
+        f"than the repository is damaged: {pinned_ref.download_command} --force-download)"
+    )
+
+
+def _copy_folder(resolved: Resolved) -> Path:
+    """Where :func:`materialize` copies a Hub snapshot: ``HF_HOME/asrforge/<repo>/<commit>``."""
+    return hf_home() / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
 
 
 def materialize(resolved: Resolved, *, again: bool = False) -> Path:
@@ -456,7 +472,7 @@ def materialize(resolved: Resolved, *, again: bool = False) -> Path:
     if resolved.ref is None:
         return resolved.path
     home = hf_home()
-    target = home / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
+    target = _copy_folder(resolved)
     try:
         # HF_HOME is the person's choice and may be a link; what asrforge makes in it may not
         home.mkdir(parents=True, exist_ok=True)
