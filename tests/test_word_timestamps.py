@@ -288,7 +288,9 @@ def test_the_heads_lag_is_taken_off_every_word_within_its_window(tmp_path, tones
     for a, b, window_start in pairs:
         # each word the lag puts at its window's start is held a grid step long there, in order
         at_start = sum(c.end - 0.3 <= ws for c, _, ws in pairs if ws == window_start)
-        step = at_start * MIN_WORD_DURATION + 1e-9
+        held = at_start * MIN_WORD_DURATION
+        # only the words the held ones reach move; the rest are the plain times less the lag
+        step = (held if a.start - 0.3 <= window_start + held else 0.0) + 1e-9
         assert b.start == pytest.approx(max(window_start, a.start - 0.3), abs=step)
         assert b.end == pytest.approx(max(window_start, a.end - 0.3), abs=step)
         assert b.end > b.start
@@ -434,6 +436,16 @@ def test_words_that_start_on_one_frame_are_given_a_frame_from_the_time_after() -
         1.4, 2.0 - step, 2.0 - step, 2.0,
     ])  # fmt: skip
     assert end == pytest.approx(2.0)
+
+
+@pytest.mark.fast
+def test_the_speech_end_long_form_seeks_from_is_the_aligned_one_without_held_frames() -> None:
+    # a last word of no length at 2.3: held, it would end a frame later
+    words = _timed((1.0, 1.4), (1.4, 2.3), (2.3, 2.3))
+    held, held_end = place_words(words, 0.4, [(1.0, 2.5, 3)], audio_end=3.0)
+    aligned, aligned_end = place_words(words, 0.4, [(1.0, 2.5, 3)], audio_end=3.0, hold=False)
+    assert [(w.start, w.end) for w in aligned[0]][-1] == pytest.approx((2.3, 2.3))
+    assert held_end == pytest.approx(aligned_end + MIN_WORD_DURATION)
 
 
 @pytest.mark.fast

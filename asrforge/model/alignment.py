@@ -511,9 +511,10 @@ def place_words(
     lag: float = 0.0,
     last_speech: float = 0.0,
     audio_end: float = math.inf,
+    hold: bool = True,
 ) -> tuple[list[list[Word]], float]:
     """One window's aligned words -> each of its segments' words, :func:`tidy_long_words` then
-    :func:`hold_word_lengths` applied to each segment in order.
+    (``hold``) :func:`hold_word_lengths` applied to each segment in order.
 
     Args:
         words: :func:`align_words`'s words, seconds from the window's start (not changed).
@@ -526,6 +527,9 @@ def place_words(
             window's start.
         last_speech: where the speech before the first segment ended, same clock.
         audio_end: where the window's audio ends, same clock: no word runs past it.
+        hold: give each word a frame at least, as word timestamps show them; False for where
+            the speech ends as aligned (long-form decoding's seek floor), which a frame held
+            for a word of no length would move.
 
     Returns:
         ``(words per segment, where the last segment's speech ends)``.
@@ -541,6 +545,8 @@ def place_words(
         k += len(w.tokens)
     for (start, end, _), placed in zip(segments, per_segment, strict=True):
         last_speech = tidy_long_words(placed, start, end, last_speech, median=median)
+    if not hold:
+        return per_segment, last_speech
     # A word gets length from its segment's span (its words' or its timestamps', whichever is
     # wider), never before the previous segment's words nor into the next one's.
     for k, ((start, end, _), placed) in enumerate(zip(segments, per_segment, strict=True)):

@@ -507,7 +507,7 @@ def transcribe_long(
         if not words:
             return None
         spans = [(a, b, len(ts)) for a, b, ts in said]
-        return place_words(words, median, spans, lag=word_lag)[1]
+        return place_words(words, median, spans, lag=word_lag, hold=False)[1]
 
     segments = transcribe_by_timestamps(
         waves,
