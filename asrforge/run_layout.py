@@ -8,7 +8,8 @@ A run directory::
     checkpoints/  step-000200/ ...  latest -> step-000200 (or latest.txt)  best/  best-unguarded/
     eval/  step-000200.jsonl  guard-step-000200.jsonl  longform-step-000200.jsonl
 
-This module imports nothing of ours, so every layer may use it.
+This module imports only ``io`` (a checkpoint's ``train_state.json`` read within bounds), so
+every layer above it may use it.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def recorded_selection(ckpt: Path) -> dict:
     selector's state; {} when it records none.
 
     Raises:
-        OSError: the file cannot be read.
-        ValueError: it is not JSON, its state or selection is not an object, or the fields its
+        FileNotFoundError: the file is missing.
+        ValueError: it cannot be read (a FIFO, too large, an OSError), is not JSON, its state or selection is not an object, or the fields its
             readers take are not of their kinds (the policy a string, the guard an object).
     """
     state = read_json(ckpt / TRAIN_STATE_FILE, RECORDS_BYTES, error=ValueError)

@@ -193,5 +193,6 @@ def test_hidden_files_that_tools_leave_in_a_bundle_are_no_part_of_it(random_bund
     assert load_bundle(bundle).path == bundle
     # a file that is not hidden is still one nobody vouched for
     (bundle / "notes.txt").write_text("added")
-    with pytest.raises(CheckpointCorruptError, match=re.escape(f"{bundle / 'notes.txt'}: not list")):
+    unlisted = re.escape(f"{bundle / 'notes.txt'}: not list")
+    with pytest.raises(CheckpointCorruptError, match=unlisted):
         verify_bundle(bundle)

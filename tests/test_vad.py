@@ -4,6 +4,7 @@ decoding only the speech of a recording with noise between its sentences."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -311,7 +312,7 @@ def test_evaluate_longform_vad_needs_long_recordings(tmp_path, capsys) -> None:
 
 
 @pytest.fixture
-def broken_onnxruntime(monkeypatch, tmp_path) -> str:
+def broken_onnxruntime(monkeypatch, tmp_path) -> Iterator[str]:
     """An onnxruntime that is installed but fails to import (its shared library is missing):
     a package of that name first on ``sys.path``; the real one is put back after the test."""
     import sys
@@ -323,7 +324,12 @@ def broken_onnxruntime(monkeypatch, tmp_path) -> str:
     monkeypatch.syspath_prepend(str(fake.parent))
     for name in [m for m in sys.modules if m == "onnxruntime" or m.startswith("onnxruntime.")]:
         monkeypatch.delitem(sys.modules, name)
-    return why
+    # each import is tried once a process: the broken one here, the real one after
+    from asrforge.config.schema import _import_error
+
+    _import_error.cache_clear()
+    yield why
+    _import_error.cache_clear()
 
 
 @pytest.mark.fast

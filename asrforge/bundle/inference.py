@@ -260,8 +260,10 @@ class Bundle:
     def _say_if_pcm_scale(self, audio: np.ndarray) -> None:
         """Warn, once a bundle, of float samples far outside [-1, 1]: integer PCM values stored
         as floats, which decode as noise; they are not rescaled, since a guess could be wrong."""
+        if self._told_pcm_scale:
+            return
         peak = float(np.abs(audio).max(initial=0.0))
-        if self._told_pcm_scale or not PCM_SCALE_PEAK < peak < np.inf:
+        if not PCM_SCALE_PEAK < peak < np.inf:
             return
         self._told_pcm_scale = True
         log.warning(

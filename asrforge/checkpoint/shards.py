@@ -158,7 +158,8 @@ def weight_map(directory: Path, stem: str) -> dict[str, str]:
         data = read_json(index, MANIFEST_BYTES, error=ValueError)
         mapping = data["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointCorruptError(f"{index}: not a safetensors index ({e})") from None
+        why = str(e).removeprefix(f"{index}: ")  # the reader names the file too
+        raise CheckpointCorruptError(f"{index}: not a safetensors index ({why})") from None
     if not isinstance(mapping, dict) or not all(
         isinstance(f, str) and is_weights_file(f, stem) and f != single_name(stem)
         for f in mapping.values()

@@ -7,6 +7,7 @@ Every field's docstring is its documentation. Unknown fields are errors (``extra
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -51,6 +52,7 @@ def vad_problem(option: str) -> str | None:
     return None
 
 
+@functools.cache
 def _import_error(module: str) -> Exception | None:
     """What importing ``module`` raises (a broken install: a missing shared library, say)."""
     # silero_vad, and torch, which it imports, are what VAD runs on anyway

@@ -217,7 +217,8 @@ def held_out_rows(train, record: Path, *, where: str):
         rows = np.asarray(saved["rows"], dtype=np.int64)
         saved["train_rows"] = int(saved["train_rows"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--carve {record}: not a readable {CARVE_FILE} ({e})") from None
+        why = str(e).removeprefix(f"{record}: ")  # the reader names the file too
+        raise UserError(f"--carve {record}: not a readable {CARVE_FILE} ({why})") from None
     check_carved_data(saved, train, rows, record=record, where=where,
                       remedy="Evaluate on the data the run was trained on")  # fmt: skip
     return train.select(rows)

@@ -117,8 +117,8 @@ def file_target_problem(path: Path) -> str | None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        what = "a file" if parent.is_file() else "no directory"
-        return f"{path}: {parent} is {what}, not a directory"
+        what = "a file, not a directory" if parent.is_file() else "not a directory"
+        return f"{path}: {parent} is {what}"
     probe = temp_sibling(parent / "probe")
     try:  # a real creation: permissions, ACLs, read-only and immutable directories all tell
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

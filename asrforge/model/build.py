@@ -101,14 +101,20 @@ def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
     A directory that says neither (no such files) counts as multilingual: the model's load
     reports what is missing.
     """
+    def fields(path: Path) -> dict:
+        found = read_json(path)
+        if not isinstance(found, dict):
+            raise UserError(f"{path}: not a JSON object")
+        return found
+
     gen = directory / "generation_config.json"
     if gen.is_file():
-        flag = read_json(gen).get("is_multilingual")
+        flag = fields(gen).get("is_multilingual")
         if flag is not None:
             return bool(flag)
     config = directory / "config.json"
     if config.is_file():
-        vocab_size = read_json(config).get("vocab_size", vocab_size)
+        vocab_size = fields(config).get("vocab_size", vocab_size)
     # transformers' own rule for Whisper checkpoints: English-only ones have 51864 tokens
     return vocab_size is None or vocab_size >= 51865
 
