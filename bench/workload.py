@@ -55,6 +55,7 @@ from asrforge.data.synth import WORDS, make_tones_dataset, tone_audio
 from asrforge.evaluation.batch_size import eval_batch_size
 from asrforge.model.build import BuiltModel, build_model, build_tokenizer
 from asrforge.model.tokenizer import EOT, TIME_PRECISION, language_specials
+from asrforge.train.setup_data import SplitTexts
 
 # English sentences for espeak-ng; each is 2-6 s of speech at 150 words per minute.
 SENTENCES = [
@@ -315,7 +316,12 @@ def build_workload(cfg: TrainConfig) -> Workload:
     the calls ``asrforge.train.setup.prepare_run`` makes."""
     dd = load_arrow(cfg.data.path)
     train_split, eval_split = dd[cfg.data.train_split], dd[cfg.data.eval_split]
-    tokenizer = build_tokenizer(cfg.model, train_split["text"])
+    # as run_tokenizer builds it: a BPE on the texts of the rows data.languages keeps
+    texts = SplitTexts(cfg.data, train_split, eval_split)
+    scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
+    tokenizer = build_tokenizer(
+        cfg.model, list(texts) if scratch else None, languages=texts.languages() if scratch else ()
+    )
     bundle = build_model(cfg.model, tokenizer, cfg.seed)
     model = bundle.model
     kw = dict(
