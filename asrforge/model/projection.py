@@ -40,11 +40,7 @@ def vocab_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     weight = proj.weight
     rows = hidden.numel() // hidden.shape[-1]
     if rows > 1 and _packs(weight, hidden):
-        packed = _kept(proj, "packed", _pack)
-        flat = torch.ops.mkldnn._linear_pointwise(
-            hidden.reshape(rows, -1), packed, None, "none", [], ""
-        )
-        return flat.view(*hidden.shape[:-1], weight.shape[0])
+        return _packed_product(proj, hidden)
     return hidden @ _kept(proj, "transposed", lambda w: w.t().contiguous())
 
 
@@ -111,11 +107,16 @@ class _PackedLinear(torch.nn.Module):
         linear = self.linear
         if x.numel() == x.shape[-1] or not _frozen_on_cpu(linear) or not _packs(linear.weight, x):
             return linear(x)
-        packed = _kept(linear, "packed", _pack)
-        flat = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, x.shape[-1]), packed, linear.bias, "none", [], ""
-        )
-        return flat.view(*x.shape[:-1], linear.out_features)
+        return _packed_product(linear, x)
+
+
+def _packed_product(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` through oneDNN with the layer's packed copy of its weight (:func:`_kept`)."""
+    packed = _kept(layer, "packed", _pack)
+    flat = torch.ops.mkldnn._linear_pointwise(
+        x.reshape(-1, x.shape[-1]), packed, layer.bias, "none", [], ""
+    )
+    return flat.view(*x.shape[:-1], layer.out_features)
 
 
 def _frozen_on_cpu(layer: torch.nn.Module) -> bool:
