@@ -40,7 +40,7 @@ from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import resolve, verified_copy
 from asrforge.io.directories import hidden
-from asrforge.io.small_files import CONFIG_BYTES, read_json
+from asrforge.io.small_files import CONFIG_BYTES, read_json_object
 from asrforge.lm.ngram import read_arpa
 from asrforge.model.head_timing import LAG_LIMIT
 from asrforge.model.tokenizer import SpecialTokens, load_tokenizer
@@ -505,9 +505,6 @@ def check_generation_config(path: Path, specials: SpecialTokens) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = read_json(path, CONFIG_BYTES, error=CheckpointCorruptError)
+        return read_json_object(path, CONFIG_BYTES, error=CheckpointCorruptError)
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path}: missing") from None
-    if not isinstance(data, dict):
-        raise CheckpointCorruptError(f"{path}: not a JSON object")
-    return data

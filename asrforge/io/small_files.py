@@ -152,3 +152,18 @@ def read_json(
         raise error(f"{path}: cannot be read: {e.strerror or e}") from None
     except ValueError as e:
         raise error(f"{path}: {e}") from None
+
+
+def read_json_object(
+    path: Path, limit: int = CONFIG_BYTES, *, error: Callable[[str], Exception] = UserError
+) -> dict[str, Any]:
+    """:func:`read_json` of a file that must hold a JSON object (a config, a tokenizer).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        error: as :func:`read_json`, or the value is not an object.
+    """
+    value = read_json(path, limit, error=error)
+    if not isinstance(value, dict):
+        raise error(f"{path}: not a JSON object")
+    return value

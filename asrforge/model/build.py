@@ -21,7 +21,7 @@ from asrforge.config import SHAPE_FIELDS, ModelConfig
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.hub import model_dir_problem, resolve_model
-from asrforge.io.small_files import read_json
+from asrforge.io.small_files import read_json_object
 from asrforge.model.embeddings import extend_pretrained
 from asrforge.model.frames import HOP_LENGTH, window_seconds
 from asrforge.model.lowbit import stored_numel
@@ -101,20 +101,14 @@ def has_language_slot(directory: Path, vocab_size: int | None = None) -> bool:
     A directory that says neither (no such files) counts as multilingual: the model's load
     reports what is missing.
     """
-    def fields(path: Path) -> dict:
-        found = read_json(path)
-        if not isinstance(found, dict):
-            raise UserError(f"{path}: not a JSON object")
-        return found
-
     gen = directory / "generation_config.json"
     if gen.is_file():
-        flag = fields(gen).get("is_multilingual")
+        flag = read_json_object(gen).get("is_multilingual")
         if flag is not None:
             return bool(flag)
     config = directory / "config.json"
     if config.is_file():
-        vocab_size = fields(config).get("vocab_size", vocab_size)
+        vocab_size = read_json_object(config).get("vocab_size", vocab_size)
     # transformers' own rule for Whisper checkpoints: English-only ones have 51864 tokens
     return vocab_size is None or vocab_size >= 51865
 
