@@ -79,8 +79,9 @@ def recorded_selection(ckpt: Path) -> dict:
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: it cannot be read (a FIFO, too large, an OSError), is not JSON, its state or selection is not an object, or the fields its
-            readers take are not of their kinds (the policy a string, the guard an object).
+        ValueError: it cannot be read (a FIFO, too large, an OSError), is not JSON, its state
+            or selection is not an object, or the fields its readers take are not of their
+            kinds (the policy a string, the guard an object).
     """
     state = read_json(ckpt / TRAIN_STATE_FILE, RECORDS_BYTES, error=ValueError)
     selection = state.get("selection") if isinstance(state, dict) else None

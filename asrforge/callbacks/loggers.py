@@ -130,6 +130,7 @@ def cut_metrics(path: Path, begin: dict) -> None:
     keep = [r is None or id(r) in current for r in parsed]
     if all(keep) and not torn:
         return
+    kept = [line for line, k in zip(lines, keep, strict=True) if k]
     cut = [line for line, k in zip(lines, keep, strict=True) if not k]
     if cut:
         with open_append(path.with_name(METRICS_REPLACED_FILE)) as f:
@@ -137,7 +138,7 @@ def cut_metrics(path: Path, begin: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
     try:
-        atomic_write_bytes(path, b"".join(line + b"\n" for line, k in zip(lines, keep, strict=True) if k))
+        atomic_write_bytes(path, b"".join(line + b"\n" for line in kept))
     except CheckpointSaveError as e:
         # as a failed append: a full disk stops the run
         raise (e.__cause__ or e) from None

@@ -29,7 +29,7 @@ from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
 from asrforge.matrix.claims import read_marker
 from asrforge.matrix.plan import Job, Plan, SearchConfig
-from asrforge.run_layout import RunLayout
+from asrforge.run_layout import RunLayout, has_step
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -218,13 +218,13 @@ class Search:
                 record = json.loads(line)
             except ValueError:
                 continue
-            value = record.get(self.spec.metric)
-            step = record.get("step")
+            if not isinstance(record, dict) or not has_step(record):
+                continue
+            value, step = record.get(self.spec.metric), record["step"]
             # a step reported before (a resumed run's replayed ones too) is not again: Optuna
             # refuses a step twice
             if (
                 record.get("event") == "eval"
-                and isinstance(step, int)
                 and step > trial.reported_step
                 and isinstance(value, int | float)
             ):
