@@ -480,6 +480,15 @@ def kept_rows(column, keep: set[str] | None, multilingual: bool) -> np.ndarray:
     return kept[index]
 
 
+def left_out_counts(counts: Counter, keep: set[str] | None) -> dict[str, int]:
+    """Rows per language that ``data.languages`` leaves out (``keep``, :func:`language_filter`'s
+    codes; None leaves none out), of ``counts`` keyed as the rows train
+    (:func:`trained_languages`)."""
+    if keep is None:
+        return {}
+    return {lang: n for lang, n in counts.items() if n and lang not in keep}
+
+
 def trained_languages(counts: Counter, multilingual: bool) -> Counter:
     """``counts`` (rows per language code, ``""`` for none) keyed as rows train
     (:func:`row_language`)."""

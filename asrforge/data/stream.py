@@ -47,6 +47,7 @@ from asrforge.data.rules import (
     is_english,
     kept_rows,
     language_filter,
+    left_out_counts,
     row_language,
     trained_languages,
     utterance_problem,
@@ -321,8 +322,7 @@ class StreamedSplit:
         keep = language_filter(self.cfg.languages)
         if keep is None:
             return {}
-        counts = self.as_trained(self.language_counts())
-        return {lang: n for lang, n in counts.items() if n and lang not in keep}
+        return left_out_counts(self.as_trained(self.language_counts()), keep)
 
     def language_counts(self) -> Counter:
         """Rows per language code over every shard (their language column alone is read, once

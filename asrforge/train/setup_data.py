@@ -43,6 +43,7 @@ from asrforge.data.rules import (
     SkipReport,
     kept_rows,
     language_filter,
+    left_out_counts,
     trained_languages,
 )
 from asrforge.data.stream import StreamedSplit, stream_eval_split
@@ -219,7 +220,7 @@ class SplitTexts:
             left_out, total = self.stream.left_out(), len(self.stream)
         else:
             counts = trained_languages(language_value_counts(self.split), multilingual=True)
-            left_out = {lang: n for lang, n in counts.items() if n and lang not in self.keep}
+            left_out = left_out_counts(counts, self.keep)
             total = len(self.split)
         if not total or sum(left_out.values()) < total:
             return None
