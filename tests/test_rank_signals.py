@@ -190,3 +190,54 @@ def test_a_launchers_signal_while_a_worker_starts_does_not_kill_it():
     subprocess.run(["kill", "-TERM", str(worker)], check=True)
     assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # this process's mask restored
+
+
+# Two ranks on gloo, as accelerate starts them under torchrun: a BPE from scratch whose every
+# training row data.languages leaves out. Rank zero finds that; each rank prints what it raised.
+TOKENIZER_RANK = """
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from accelerate import PartialState
+from datasets import Dataset
+
+from asrforge.train.ranks import close_process_group
+from asrforge.train.setup import run_tokenizer
+from asrforge.train.setup_data import SplitTexts
+from tests.conftest import tiny_config
+
+state = PartialState(cpu=True, backend="gloo", timeout=timedelta(seconds=60))
+tmp = Path(sys.argv[1])
+cfg = tiny_config(tmp / "run", tmp / "corpus", data={"languages": ["Zulu"]})
+rows = Dataset.from_dict({"text": ["an orchard"], "language": ["en"]})
+try:
+    run_tokenizer(cfg, tmp / "run", state, SplitTexts(cfg.data, rows, rows))
+    print("built")
+except Exception as e:
+    print(type(e).__name__, e)
+close_process_group()
+"""
+
+
+def test_a_tokenizer_error_on_rank_zero_is_raised_on_every_rank(tmp_path):
+    """The other ranks raise rank zero's error instead of dying on its lost connection."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", TOKENIZER_RANK, str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        ))  # fmt: skip
+    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    printed = [out.strip().splitlines()[-1] if out.strip() else err[-1500:] for out, err in outs]
+    assert printed[0].startswith("UserError") and "Zulu" in printed[0], printed
+    assert printed[1] == printed[0]
+    assert not (tmp_path / "run" / "tokenizer").exists()

@@ -444,7 +444,7 @@ def test_a_tokenizer_trained_on_a_stream_with_a_language_filter_reads_each_shard
     read = []
     real = stream_module.read_table
     monkeypatch.setattr(stream_module, "read_table", lambda s, *a: read.append(s) or real(s, *a))
-    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    acc = SimpleNamespace(is_main_process=True, num_processes=1)
     tok = run_tokenizer(cfg, tmp_path / "run", acc, SplitTexts(cfg.data, stream=stream))
     assert tok.convert_tokens_to_ids("<|es|>") != tok.unk_token_id
     assert stream.left_out() == {"es": sum(r["language"] == "es" for r in by_split(clips, "train"))}

@@ -92,7 +92,7 @@ def test_a_bpe_from_scratch_learns_only_the_languages_data_languages_keeps(
         texts = SplitTexts(cfg.data, eval_split=evaluation, stream=StreamedSplit(cfg.data, seed=0))
     else:
         texts = SplitTexts(cfg.data, split(LEFT_OUT_TRAIN), evaluation)
-    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    acc = SimpleNamespace(is_main_process=True, num_processes=1)
     tok = run_tokenizer(cfg, tmp_path / "run", acc, texts)
 
     vocab = tok.get_vocab()

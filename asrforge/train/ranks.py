@@ -20,20 +20,27 @@ from asrforge.evaluation.evaluate import dropped_metrics, summarize
 
 def main_process_first(acc, work: Callable[[], Any]) -> Any:
     """``work()`` on the main process, then, once it is done, on the others (which read what it
-    cached). A UserError on the main process is raised on every process: they would otherwise
-    wait for it at the barrier, then die on its lost connection with a traceback."""
-    error, result = None, None
+    cached). An error on the main process is raised on every process: they would otherwise wait
+    for it at the barrier, then die on its lost connection with a traceback of their own. A
+    UserError keeps its message; any other failure is named on the others as the main
+    process's."""
+    failure: Exception | None = None
+    error: tuple[bool, str] | None = None
+    result = None
     if acc.is_main_process:
         try:
             result = work()
-        except UserError as e:
-            error = str(e)
+        except Exception as e:
+            failure, error = e, (isinstance(e, UserError), str(e))
     if acc.num_processes > 1:  # the barrier, and the main process's error to every process
         from accelerate.utils import broadcast_object_list
 
         error = broadcast_object_list([error])[0]
+    if failure is not None:
+        raise failure
     if error is not None:
-        raise UserError(error)
+        user, message = error
+        raise UserError(message) if user else RuntimeError(f"the main process failed: {message}")
     return result if acc.is_main_process else work()
 
 

@@ -57,6 +57,7 @@ from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.loaders import RunLoaders
 from asrforge.train.precision import enable_cpu_fp16
+from asrforge.train.ranks import main_process_first
 from asrforge.train.records import hub_commits, write_config
 from asrforge.train.run_log import StartupClock, setup_logging
 from asrforge.train.setup_data import (
@@ -351,15 +352,19 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
     rows ``data.languages`` keeps) once and kept in ``out/tokenizer`` (a resume reuses it).
 
     The directory appears complete or not at all (atomic), so a kill mid-save cannot leave a
-    resume a half-written tokenizer, and the other ranks read rank zero's (one barrier, every
-    rank).
+    resume a half-written tokenizer, and the other ranks read rank zero's once it is saved (or
+    raise its error: :func:`main_process_first`).
     """
     tok_dir = out / TOKENIZER_DIR
     scratch = cfg.model.tokenizer is None and cfg.model.pretrained is None
-    tokenizer = load_tokenizer(tok_dir) if scratch and tok_dir.is_dir() else None
     # a tokenizer trained here gets timestamp tokens when the run trains timestamp mode
     stamps = cfg.data.pack.enabled and cfg.data.pack.timestamp_share > 0
-    if tokenizer is None and acc.is_main_process:
+
+    def tokenizer_here():
+        if scratch and tok_dir.is_dir():  # a resume's, or the one rank zero just saved
+            return load_tokenizer(tok_dir)
+        if not acc.is_main_process:
+            return build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         # The texts are read first because a stream counts its languages on that same pass.
         texts = list(train_texts) if scratch else train_texts
         # a filter that leaves no row is the data's error, named as the data sets would name it
@@ -369,14 +374,9 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
         tokenizer = build_tokenizer(cfg.model, texts, timestamps=stamps, languages=languages)
         with atomic_directory(tok_dir) as tmp:
             save_tokenizer(tokenizer, tmp)
-    acc.wait_for_everyone()
-    if tokenizer is None:
-        tokenizer = (
-            load_tokenizer(tok_dir)
-            if scratch
-            else build_tokenizer(cfg.model, train_texts, timestamps=stamps)
-        )
-    return tokenizer
+        return tokenizer
+
+    return main_process_first(acc, tokenizer_here)
 
 
 def build_run_model(
