@@ -412,6 +412,15 @@ def test_a_zero_length_word_gets_a_cue_that_ends_by_the_next_word() -> None:
     assert all(a.end <= b.start for a, b in zip(cues, cues[1:], strict=False))
 
 
+@pytest.mark.fast
+def test_words_sharing_a_cue_join_as_they_are_written() -> None:
+    spaced = Segment(1.0, 2.0, "a b", [1, 2])
+    spaced.words = [Word(" a", 1.0, 1.0, 0.9), Word(" b", 1.0, 1.2, 0.9)]
+    unspaced = Segment(3.0, 4.0, "你好", [1, 2])
+    unspaced.words = [Word("你", 3.0, 3.0, 0.9), Word("好", 3.0, 3.2, 0.9)]
+    assert [c.text for c in word_cues([spaced, unspaced])] == ["a b", "你好"]
+
+
 def _timed(*times: tuple[float, float]) -> list[Word]:
     return [Word(f" w{k}", a, b, 0.9, (k,)) for k, (a, b) in enumerate(times)]
 

@@ -67,7 +67,8 @@ def word_cues(segments: Sequence[Segment]) -> list[Segment]:
         held.append(w)
         if round(end * 1000) <= round(w.start * 1000):
             continue
-        text = " ".join(h.word.strip() for h in held)
+        # words keep their leading space, so words written without spaces join without one
+        text = "".join(h.word for h in held).strip()
         cues.append(Segment(held[0].start, end, text))
         held = []
     return cues
