@@ -489,3 +489,38 @@ def test_a_word_with_no_time_before_the_next_shares_its_cue() -> None:
     got = [(c.start, c.end, c.text) for c in cues]
     assert got == [(8.2, 8.64, "thank"), (8.64, 8.9, "you all")]
     assert "00:00:08,640 --> 00:00:08,900\nyou all" in to_srt(cues)
+
+
+@pytest.mark.fast
+def test_attention_scores_are_the_callers_while_another_thread_decodes() -> None:
+    """The capture hooks sit on the shared model: another thread's pass must not fill them."""
+    import threading
+
+    from test_beam import _model
+
+    from asrforge.model.alignment import cross_attention
+
+    model = _model()
+    heads = [(0, 1), (1, 0)]
+    g = torch.Generator().manual_seed(0)
+    mine, theirs = torch.randn(1, 20, 32, generator=g), torch.randn(3, 20, 32, generator=g)
+    ids = torch.tensor([[1, 3, 4, 5, 6]])
+    with torch.no_grad():
+        _, alone = cross_attention(model, mine, ids, heads, logits=False)
+    stop = threading.Event()
+
+    def decode_elsewhere() -> None:
+        other = torch.tensor([[1, 7, 8]] * 3)
+        with torch.no_grad():
+            while not stop.is_set():
+                model.model.decoder(input_ids=other, encoder_hidden_states=theirs, use_cache=False)
+
+    worker = threading.Thread(target=decode_elsewhere)
+    worker.start()
+    try:
+        with torch.no_grad():
+            results = [cross_attention(model, mine, ids, heads, logits=False)[1] for _ in range(40)]
+    finally:
+        stop.set()
+        worker.join()
+    assert all(torch.equal(r, alone) for r in results)

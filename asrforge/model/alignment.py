@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import string
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -294,10 +295,13 @@ def cross_attention(
         wanted.setdefault(layer, []).append(head)
     captured: dict[int, torch.Tensor] = {}
     hooks = []
+    owner = threading.get_ident()
 
     def capture(layer: int):
         def hook(module, args, kwargs):
-            captured[layer] = args[0] if args else kwargs["hidden_states"]
+            # another thread's pass through the shared model fires the hook too
+            if threading.get_ident() == owner:
+                captured[layer] = args[0] if args else kwargs["hidden_states"]
 
         return hook
 
