@@ -156,3 +156,21 @@ def test_timestamp_rules_over_all_rows_forbid_what_the_per_row_rules_forbid():
         got = rules(logits.expand(64, V), torch.tensor(seqs))
         for seq, row in zip(seqs, got, strict=True):
             assert torch.equal(row, _per_row_reference(logits[0], seq)), seq
+
+
+@pytest.mark.fast
+def test_a_suppressed_token_does_not_outweigh_the_timestamps_mass(monkeypatch):
+    """openai-whisper suppresses before its timestamp rules: the likeliest text the timestamps'
+    mass is weighed against is one that may be picked."""
+    import asrforge.model.decoding as decoding
+
+    monkeypatch.setattr(decoding, "vocab_logits", lambda model, h: h.clone())
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, 3], logits[0, 4] = 5.0, 1.0  # 3 is suppressed
+    logits[0, SMALL.begin : SMALL.end] = 0.5  # mass log(10) + 0.5 = 2.8: above 1, below 5
+    mask = torch.zeros(1, V)
+    mask[0, 3] = float("-inf")
+    generated = torch.tensor([[SMALL.begin, 2]])  # a segment's start, then text
+    rules = TimestampRules(SMALL, max_initial_timestamp=None)
+    picked = decoding.greedy_pick(None, logits, mask, rules, generated)
+    assert SMALL.is_timestamp(int(picked[0]))

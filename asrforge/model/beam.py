@@ -123,10 +123,10 @@ def _search(
             # read at <|startoftranscript|>, one prompt row per utterance: one row projected
             at_sot = hidden[torch.arange(n_audio, device=device), gate.positions(prompts)]
             no_speech = gate.probs(vocab_logits(model, at_sot))
-        logits = vocab_logits(model, hidden[:, -1]).float()
-        if rules is not None:
+        logits = suppression.apply(vocab_logits(model, hidden[:, -1]).float(), t)
+        if rules is not None:  # after the suppression, as in greedy decoding
             logits = rules(logits, generated)
-        logprobs = torch.log_softmax(suppression.apply(logits, t), dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)
         # at t == 0 every utterance has one row (the prompt), later k rows (its beams)
         per_audio = 1 if t == 0 else k
         cand_am = am_sums[:, None] + logprobs

@@ -303,14 +303,16 @@ def greedy_pick(
     sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The (batch,) ids greedy decoding picks after the decoder states ``h`` (batch, d_model):
-    ``mask`` ((batch, vocab), :class:`PickMask`) added to the logits after the ``rules``
+    ``mask`` ((batch, vocab), :class:`PickMask`) added to the logits before the ``rules``
     (given ``generated``, (batch, t) ids so far); with ``sums`` ((batch,) float), each pick's
     log-probability under those logits is added to it in place (0 for a row that ended, whose
     mask leaves only EOT)."""
-    logits = vocab_logits(model, h)
+    # the mask first, as openai-whisper suppresses before its timestamp rules: a suppressed
+    # token must not count as the likeliest text the timestamps' mass is weighed against
+    logits = vocab_logits(model, h).add_(mask)
     if rules is not None:
         logits = rules(logits, generated)
-    picked = logits.add_(mask).argmax(-1)
+    picked = logits.argmax(-1)
     if sums is not None:
         # written in place, so a captured step adds to the same tensor at every replay
         sums.add_(logits.gather(1, picked[:, None]).squeeze(1) - logits.logsumexp(-1))

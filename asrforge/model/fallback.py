@@ -95,10 +95,9 @@ def sample(
     tokens = prompts
     for t in range(max(cap, 0)):
         h = decoder_states(model, tokens, encoder_hidden, cache)[:, -1]
-        logits = vocab_logits(model, h).float()
-        if rules is not None:
+        logits = suppression.apply(vocab_logits(model, h).float(), t)
+        if rules is not None:  # after the suppression, as in greedy decoding
             logits = rules(logits, generated)
-        logits = suppression.apply(logits, t)
         probs = torch.softmax(logits / temperature, dim=-1)
         nxt = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
         nxt = torch.where(done, eot, nxt)
