@@ -14,7 +14,7 @@ from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
 
 from asrforge.bundle.export import export_bundle
-from asrforge.convert.ggml import GGML_MAGIC, _byte_decoder, ggml_name
+from asrforge.convert.ggml import GGML_MAGIC, _byte_decoder, check_tied_projection, ggml_name
 from asrforge.errors import UserError
 
 SR = 16_000
@@ -57,6 +57,19 @@ def test_a_vocabulary_whisper_cpp_would_misread_is_refused(tmp_path, tones_dir) 
     assert not out.exists()
     with pytest.raises(UserError, match="--format ggml writes float16"):
         export_bundle(model, out, fmt="ggml", ct2_quantization="int8")
+
+
+@pytest.mark.fast
+def test_an_output_projection_of_its_own_is_refused() -> None:
+    import torch
+
+    embed = torch.randn(6, 4)
+    check_tied_projection({"model.decoder.embed_tokens.weight": embed, "proj_out.weight": embed})
+    same = {"model.decoder.embed_tokens.weight": embed, "proj_out.weight": embed.clone()}
+    check_tied_projection(same)
+    untied = {"model.decoder.embed_tokens.weight": embed, "proj_out.weight": embed + 1}
+    with pytest.raises(UserError, match="not the token embedding"):
+        check_tied_projection(untied)
 
 
 def _read_header(path: Path) -> tuple[list[int], tuple[int, int], int]:

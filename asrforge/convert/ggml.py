@@ -134,6 +134,24 @@ def check_whisper_layout(config, tokenizer) -> int:
     return eot
 
 
+def check_tied_projection(state: Mapping[str, torch.Tensor]) -> None:
+    """Refuse weights whose output projection is not the token embedding: whisper.cpp projects
+    onto the vocabulary with the embedding, so it would decode another model.
+
+    Raises:
+        UserError: ``proj_out.weight`` differs from ``model.decoder.embed_tokens.weight``.
+    """
+    proj = state.get("proj_out.weight")
+    embed = state.get("model.decoder.embed_tokens.weight")
+    if proj is None or embed is None or proj is embed or torch.equal(proj, embed):
+        return
+    raise UserError(
+        "--format ggml: the output projection (proj_out.weight) is not the token embedding; "
+        "whisper.cpp projects with the embedding and would decode another model. Export "
+        "--format hf or ct2"
+    )
+
+
 def _write_tensor(f: BinaryIO, name: str, data: np.ndarray, f16: bool) -> None:
     if name in ("encoder.conv1.bias", "encoder.conv2.bias"):
         data = data.reshape(data.shape[0], 1)
@@ -164,9 +182,11 @@ def write_ggml_model(
         f16: matrices in f16 (whisper.cpp's usual models); False: everything f32.
 
     Raises:
-        UserError: a vocabulary whisper.cpp would misread (:func:`check_whisper_layout`).
+        UserError: a vocabulary whisper.cpp would misread (:func:`check_whisper_layout`), or
+            an output projection of its own (:func:`check_tied_projection`).
     """
     eot = check_whisper_layout(config, tokenizer)
+    check_tied_projection(state)
     filters = np.asarray(mel_filters, dtype=np.float32).T
     if filters.shape[0] != config.num_mel_bins:
         raise UserError(
