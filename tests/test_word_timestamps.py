@@ -524,3 +524,32 @@ def test_attention_scores_are_the_callers_while_another_thread_decodes() -> None
         stop.set()
         worker.join()
     assert all(torch.equal(r, alone) for r in results)
+
+
+def _dtw_cell_by_cell(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The accumulated cost one cell at a time, ties to the diagonal, then down."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    trace = np.zeros((n + 1, m + 1), dtype=int)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            options = (acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])
+            trace[i, j] = 0 if options[0] <= min(options[1:]) else 1 if options[1] <= options[2] else 2
+            acc[i, j] = cost[i - 1, j - 1] + options[trace[i, j]]
+    path, (i, j) = [], (n, m)
+    while i > 0 and j > 0:
+        path.append((i - 1, j - 1))
+        i, j = {0: (i - 1, j - 1), 1: (i - 1, j), 2: (i, j - 1)}[trace[i, j]]
+    tokens, frames = zip(*path[::-1], strict=True)
+    return np.array(tokens), np.array(frames)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (6, 1), (5, 9), (12, 40), (40, 12)])
+def test_dtw_takes_the_path_the_cell_by_cell_recurrence_takes_ties_included(shape) -> None:
+    rng = np.random.default_rng(sum(shape))
+    for cost in (rng.random(shape), rng.integers(0, 3, shape).astype(np.float32)):  # ties
+        expected = _dtw_cell_by_cell(cost)
+        got = dtw(cost)
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))

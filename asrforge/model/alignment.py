@@ -130,37 +130,40 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic time warping of a ``(tokens, frames)`` cost matrix: the cheapest monotonic path
-    from ``(0, 0)`` to ``(tokens - 1, frames - 1)`` (steps: diagonal, down, right).
+    from ``(0, 0)`` to ``(tokens - 1, frames - 1)`` (steps: diagonal, down, right; on a tie the
+    diagonal, then down).
 
     Returns:
         ``(token_indices, frame_indices)`` of the path, in order.
     """
     n, m = cost.shape
-    acc = np.full((n + 1, m + 1), np.inf)
+    # Cell (i, j) of the accumulated cost (1-based; row and column 0 are the border) is kept at
+    # [i + j, i]: a cell needs only the two anti-diagonals before its own, so each anti-diagonal
+    # is one vector operation over contiguous slices instead of a loop over its cells.
+    rows, columns = np.arange(1, n + 1)[:, None], np.arange(1, m + 1)[None, :]
+    skewed_cost = np.full((n + m + 1, n + 1), np.inf)
+    skewed_cost[rows + columns, rows] = cost
+    acc = np.full((n + m + 1, n + 1), np.inf)
     acc[0, 0] = 0.0
-    trace = np.zeros((n + 1, m + 1), dtype=np.int8)
-    # Rows in turn: each cell needs its left neighbour in the same row, so a row is a loop, but
-    # the diagonal and upper neighbours of a whole row are one vector operation.
-    for i in range(1, n + 1):
-        row = cost[i - 1]
-        diag, up = acc[i - 1, :-1], acc[i - 1, 1:]
-        acc_row = acc[i]
-        tr = trace[i]
-        for j in range(1, m + 1):
-            c0, c1, c2 = diag[j - 1], up[j - 1], acc_row[j - 1]
-            if c0 <= c1 and c0 <= c2:
-                acc_row[j], tr[j] = row[j - 1] + c0, 0
-            elif c1 <= c2:
-                acc_row[j], tr[j] = row[j - 1] + c1, 1
-            else:
-                acc_row[j], tr[j] = row[j - 1] + c2, 2
+    trace = np.zeros((n + m + 1, n + 1), dtype=np.int8)
+    for d in range(2, n + m + 1):
+        lo, hi = max(1, d - m), min(n, d - 1)  # the rows i of anti-diagonal d
+        diag, up, left = acc[d - 2, lo - 1 : hi], acc[d - 1, lo - 1 : hi], acc[d - 1, lo : hi + 1]
+        by_diag = (diag <= up) & (diag <= left)
+        by_up = up <= left
+        np.add(
+            skewed_cost[d, lo : hi + 1],
+            np.where(by_diag, diag, np.where(by_up, up, left)),
+            out=acc[d, lo : hi + 1],
+        )
+        trace[d, lo : hi + 1] = np.where(by_diag, 0, np.where(by_up, 1, 2))
     i, j = n, m
     tokens, frames = [], []
     while i > 0 and j > 0:
         tokens.append(i - 1)
         frames.append(j - 1)
         # the cells of row 0 and column 0 (but the corner) cost inf, so the path ends at (0, 0)
-        step = trace[i, j]
+        step = trace[i + j, i]
         if step == 0:
             i, j = i - 1, j - 1
         elif step == 1:
