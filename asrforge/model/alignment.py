@@ -53,6 +53,7 @@ import torch
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.model.encoding import encoder_states
 from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
+from asrforge.model.projection import vocab_logits
 from asrforge.text.languages import UNSPACED_LANGUAGES
 
 if TYPE_CHECKING:
@@ -321,7 +322,7 @@ def cross_attention(
     finally:
         for h in hooks:
             h.remove()
-    projected = model.proj_out(hidden)[0].float() if logits else None
+    projected = vocab_logits(model, hidden)[0].float() if logits else None
     scores = {}
     for layer, hs in wanted.items():
         attn = layers[layer].encoder_attn
