@@ -8,8 +8,8 @@ A run directory::
     checkpoints/  step-000200/ ...  latest -> step-000200 (or latest.txt)  best/  best-unguarded/
     eval/  step-000200.jsonl  guard-step-000200.jsonl  longform-step-000200.jsonl
 
-This module imports only ``io`` (a checkpoint's ``train_state.json`` read within bounds), so
-every layer above it may use it.
+This module imports only ``io`` (a checkpoint's ``train_state.json`` and a run's records read
+within bounds), so every layer above it may use it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from asrforge.io.small_files import RECORDS_BYTES, read_json
+from asrforge.io.small_files import RECORDS_BYTES, parse_json, read_bytes, read_json
 
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
@@ -99,6 +100,48 @@ def has_step(record: dict) -> bool:
     has)."""
     step = record.get("step")
     return isinstance(step, int) and not isinstance(step, bool)
+
+
+def step_record(line: str | bytes) -> dict[str, Any] | None:
+    """The record a line of ``metrics.jsonl`` (or of an evaluation record) holds: a JSON object
+    with an integer ``step``; None for a line of JSON that is no such record.
+
+    Raises:
+        ValueError: the line is not JSON, or is nested too deeply to walk.
+    """
+    record = parse_json(line)
+    return record if isinstance(record, dict) and has_step(record) else None
+
+
+def read_step_records(path: Path, *, last: bool = False) -> tuple[list[dict[str, Any]], list[int]]:
+    """The records of the JSON-lines file ``path`` (:func:`step_record`), read whole within
+    :data:`~asrforge.io.small_files.RECORDS_BYTES`, and the numbers (from 1) of its lines that
+    hold none; with ``last``, of its last line alone (an evaluation record's summary).
+
+    A last line that is not JSON, of a whole file, was cut by a crash: it is left out and not
+    counted.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a regular file (a FIFO is never waited on), or larger than the limit.
+        OSError: it cannot be read.
+    """
+    text = read_bytes(path, RECORDS_BYTES).decode("utf-8", errors="replace")
+    lines = text.rstrip("\n").split("\n") if text.strip() else []
+    first = len(lines) - 1 if last and lines else 0
+    records, left_out = [], []
+    for number, line in enumerate(lines[first:], first + 1):
+        try:
+            record = step_record(line)
+        except ValueError:
+            if line.strip() and (last or number < len(lines)):
+                left_out.append(number)
+            continue
+        if record is not None:
+            records.append(record)
+        elif line.strip():
+            left_out.append(number)
+    return records, left_out
 
 
 def metrics_relogged(record: dict, begin: dict) -> bool:

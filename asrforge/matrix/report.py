@@ -18,19 +18,14 @@ from asrforge.checkpoint.disk import format_gb, tree_bytes
 from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
-from asrforge.io.small_files import (
-    CONFIG_BYTES,
-    RECORDS_BYTES,
-    parse_json,
-    read_bytes,
-    read_json,
-)
+from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.matrix.claims import lock_is_held, read_marker
 from asrforge.run_layout import (
     CONFIG_FILE,
     METRICS_FILE,
     RunLayout,
     current_metrics,
+    read_step_records,
     recorded_selection,
 )
 from asrforge.text.languages import primary_metric
@@ -128,38 +123,21 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def _records(path: Path, *, last: bool = False) -> list[dict[str, Any]] | None:
-    """The records of the JSON-lines file ``path`` the report can show: objects with an integer
-    ``step``; with ``last``, of its last line alone (an evaluation record's summary). None when
-    the file cannot be read.
+    """:func:`~asrforge.run_layout.read_step_records` of ``path``; None when the file cannot be
+    read.
 
-    A last metrics line that is not JSON was cut by a crash and is left out quietly; any other
-    line that is no such record, or a file that is no regular file or too large, is left out
+    A file that is no regular file or too large, or lines that hold no step record, are left out
     with one warning naming the file.
     """
     try:
-        text = read_bytes(path, RECORDS_BYTES).decode("utf-8", errors="replace")
+        records, left_out = read_step_records(path, last=last)
     except (OSError, ValueError) as e:
         log.warning("report: %s: %s; shown without it", path, getattr(e, "strerror", None) or e)
         return None
-    lines = text.rstrip("\n").split("\n") if text.strip() else []
-    first = len(lines) - 1 if last and lines else 0
-    records, skipped = [], []
-    for number, line in enumerate(lines[first:], first + 1):
-        try:
-            rec = parse_json(line)
-        except ValueError:
-            if line.strip() and (last or number < len(lines)):
-                skipped.append(number)
-            continue
-        step = rec.get("step") if isinstance(rec, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool):
-            records.append(rec)
-        elif line.strip():
-            skipped.append(number)
-    if skipped:
-        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+    if left_out:
+        more = f" and {len(left_out) - 1} more" if len(left_out) > 1 else ""
         log.warning("report: %s: line %d%s not a record with an integer step; left out",
-                    path, skipped[0], more)  # fmt: skip
+                    path, left_out[0], more)  # fmt: skip
     return records
 
 
