@@ -713,3 +713,28 @@ def test_an_unknown_language_and_a_root_that_is_a_file_are_refused_before_any_jo
     assert main(["matrix", str(m), "--dry-run"]) == 2
     assert "unknown language 'xx'" in capsys.readouterr().err
     assert afile.read_text() == "mine"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "line, limit, ended",
+    [
+        ("[1]", None, True),  # stopped the launcher with an AttributeError
+        ("[" * 100_000 + "]" * 100_000, None, True),  # a RecursionError
+        ('{"event": "eval", "step": 3}', 100, False),  # read whole, however large
+    ],
+    ids=["a list", "deep", "too large"],
+)
+def test_a_run_end_is_read_from_step_records_within_bounds(
+    tmp_path, monkeypatch, line, limit, ended
+):
+    from asrforge.matrix.run import last_train_end
+
+    if limit is not None:
+        monkeypatch.setattr("asrforge.run_layout.RECORDS_BYTES", limit)
+    end = {"event": "train_end", "step": 4, "status": "completed"}
+    begin = {"event": "train_begin", "step": 0}
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(f"{x}\n" for x in (json.dumps(begin), line, json.dumps(end)))
+    )
+    assert last_train_end(tmp_path) == (end if ended else None)

@@ -39,7 +39,7 @@ from asrforge.matrix.claims import Claim, Claims, read_marker
 from asrforge.matrix.executors import Attempt, AttemptResult, Device, Executor
 from asrforge.matrix.plan import SLURM_DIR, Job, Plan
 from asrforge.matrix.search import Search
-from asrforge.run_layout import RunLayout
+from asrforge.run_layout import RunLayout, read_step_records
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -87,14 +87,16 @@ class Outcome:
 def last_train_end(run_dir: Path) -> dict[str, Any] | None:
     """The ``train_end`` record of the run's last start (None: it did not end normally)."""
     path = RunLayout(run_dir).metrics
-    if not path.is_file():
+    try:
+        records, _ = read_step_records(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("%s: %s; the run is taken as not ended normally", path,
+                    getattr(e, "strerror", None) or e)  # fmt: skip
         return None
     end = None
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
+    for rec in records:
         if rec.get("event") == "train_begin":
             end = None
         elif rec.get("event") == "train_end":
