@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
+import threading
 import time
 import warnings
 
@@ -409,3 +411,27 @@ def test_the_pruner_reads_a_resumed_trials_metrics_again_once_they_are_cut(tmp_p
         search.should_stop_early(job)
     trial = search.studies["en"].trials[0]
     assert trial.intermediate_values == {2: 3.0, 4: 2.0, 6: 1.0}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("attack", ["a FIFO", "larger than the limit"])
+def test_the_pruner_reads_a_trials_metrics_within_bounds(tmp_path, config, monkeypatch, attack):
+    search = Search(load_matrix(search_file(tmp_path, config)))
+    job = search.draw(1)[0]
+    metrics = search.plan.run_dir(job) / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    evals = [{"event": "eval", "step": s, "loss": 4.0 - s / 2} for s in (2, 4, 6)]
+    if attack == "a FIFO":
+        os.mkfifo(metrics)
+    else:
+        lines = [json.dumps(x) + "\n" for x in evals]
+        metrics.write_text("".join(lines))
+        monkeypatch.setattr("asrforge.matrix.search.RECORDS_BYTES", len(lines[0]) + 1)
+    reader = threading.Thread(target=search.should_stop_early, args=(job,), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # waiting for a writer, as it did before: release it
+        os.close(os.open(metrics, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive()
+    trial = search.studies["en"].trials[0]
+    assert trial.intermediate_values == ({} if attack == "a FIFO" else {2: 3.0})

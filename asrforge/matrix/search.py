@@ -27,9 +27,10 @@ from typing import Any
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.locks import exclusive
+from asrforge.io.small_files import RECORDS_BYTES, open_regular
 from asrforge.matrix.claims import read_marker
 from asrforge.matrix.plan import Job, Plan, SearchConfig
-from asrforge.run_layout import RunLayout, has_step
+from asrforge.run_layout import RunLayout, step_record
 
 log = logging.getLogger("asrforge.matrix")
 
@@ -200,14 +201,15 @@ class Search:
             return False
         path = RunLayout(self.plan.run_dir(job)).metrics
         try:
-            with open(path, "rb") as f:
+            with open(open_regular(path), "rb") as f:
                 st = os.fstat(f.fileno())
                 # a file replaced since the last read is read again from its start
                 if (st.st_dev, st.st_ino) != trial.metrics_file or st.st_size < trial.metrics_read:
                     trial.metrics_file, trial.metrics_read = (st.st_dev, st.st_ino), 0
                 f.seek(trial.metrics_read)
-                data = f.read()
-        except OSError:
+                # the pruner sees no more of a file than the report reads whole
+                data = f.read(max(0, RECORDS_BYTES - trial.metrics_read))
+        except (OSError, ValueError):
             return False
         # only whole lines: the run may be writing the last one
         whole = data[: data.rfind(b"\n") + 1]
@@ -215,10 +217,10 @@ class Search:
         reported = False
         for line in whole.decode("utf-8", errors="replace").splitlines():
             try:
-                record = json.loads(line)
+                record = step_record(line)
             except ValueError:
                 continue
-            if not isinstance(record, dict) or not has_step(record):
+            if record is None:
                 continue
             value, step = record.get(self.spec.metric), record["step"]
             # a step reported before (a resumed run's replayed ones too) is not again: Optuna
