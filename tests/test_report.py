@@ -412,3 +412,38 @@ def test_report_at_scale_screenshot(big_matrix, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 60_000
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "entry, named",
+    [
+        ({"job_id": 5}, ".job_id: 5 is not the plain name of a run directory"),
+        ({"job_id": "../../outside"}, ".job_id: '../../outside' is not the plain name"),
+        ({"job_id": "/"}, ".job_id: '/' is not the plain name"),  # the whole disk was totalled
+        ({"job_id": "zz-tiny-s0", "language": 5}, ".language: 5 is not a string or null"),
+        ({"job_id": "zz-tiny-s0", "seed": 1.5}, ".seed: 1.5 is not an integer or null"),
+        (["zz-tiny-s0"], ": ['zz-tiny-s0'] is not an object"),
+    ],
+    ids=["an integer id", "a relative path", "the root directory", "an integer language",
+         "a fractional seed", "no object"],
+)
+def test_a_planned_job_that_is_no_run_inside_the_root_is_shown_unreadable(
+    matrix_root, tmp_path, entry, named
+):
+    """matrix.json is handed with the root: a job id led the report's reads out of it."""
+    outside = tmp_path / "outside"  # what a ../ job id would read
+    outside.mkdir()
+    (outside / "config.yaml").write_text("data: {language: zz}\n")
+    (outside / "DONE").write_text("{}")
+    index = json.loads((matrix_root / "matrix.json").read_text())
+    index["jobs"].append(entry)
+    (matrix_root / "matrix.json").write_text(json.dumps(index))
+    rows = collect(matrix_root)
+    [bad] = [r for r in rows if r.status == "unreadable"]
+    assert f"matrix.json: jobs[6]{named}" in bad.note
+    assert len(rows) == 7 and "zz" not in {r.language for r in rows}
+    assert bad.disk_bytes is None
+    write_report(matrix_root, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert 'class="st st-unreadable"' in page and "matrix.json: jobs[6]" in page

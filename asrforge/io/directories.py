@@ -24,8 +24,11 @@ def hidden(rel: str | PurePath) -> bool:
     return any(part.startswith(".") for part in PurePath(rel).parts)
 
 
-def _names_a_sibling(target: str) -> bool:
-    return bool(target) and os.sep not in target and target not in (".", "..")
+def plain_name(name: object) -> bool:
+    """Whether ``name`` is a plain name of an entry in a directory: a string naming no other
+    directory (no separator, not ``.`` or ``..``), so that joined to a root it stays inside it."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and os.sep not in name
+            and "\0" not in name)  # fmt: skip
 
 
 def refuse_links_under(root: Path, *, not_walked: tuple[str, ...] = ()) -> None:
@@ -52,7 +55,7 @@ def refuse_links_under(root: Path, *, not_walked: tuple[str, ...] = ()) -> None:
         for entry in entries:
             if entry.is_symlink():
                 target = os.readlink(entry.path)
-                if entry.is_dir() and not _names_a_sibling(target):
+                if entry.is_dir() and not plain_name(target):
                     raise SymlinkRefused(
                         f"{entry.path}: a symlink (to {target}) inside {root}; asrforge does not "
                         "write through a link to a directory it did not create: remove it"

@@ -18,6 +18,8 @@ from asrforge.checkpoint.disk import format_gb, tree_bytes
 from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
+from asrforge.io.directories import plain_name
+from asrforge.io.records import INTEGER, TEXT, optional, record_problems
 from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.matrix.claims import lock_is_held, read_marker
 from asrforge.run_layout import (
@@ -33,7 +35,7 @@ from asrforge.text.languages import primary_metric
 log = logging.getLogger(__name__)
 
 METRICS = ("wer", "cer", "loss")
-STATUS_ORDER = ("failed", "running", "interrupted", "queued", "done")
+STATUS_ORDER = ("unreadable", "failed", "running", "interrupted", "queued", "done")
 POLICY_RE = re.compile(r"→ (by_wer|by_loss|combined_gate)")
 
 
@@ -46,8 +48,9 @@ class JobReport:
     config_id: str | None = None
     seed: int | None = None
     status: str = "queued"
-    """``done``, ``failed``, ``running``, ``interrupted`` (started, nobody runs it now) or
-    ``queued``."""
+    """``done``, ``failed``, ``running``, ``interrupted`` (started, nobody runs it now),
+    ``queued``, or ``unreadable`` (what the report reads of it holds a value of the wrong kind:
+    :attr:`note` names it)."""
     best_step: int | None = None
     best: dict[str, float | None] = field(default_factory=dict)
     """``wer``, ``cer``, ``loss``, ``rep_trap_rate`` (and ``longform_wer`` with
@@ -64,7 +67,8 @@ class JobReport:
     disk_bytes: int | None = None
     """Bytes the run directory holds (checkpoints, logs, TensorBoard; hard links once)."""
     note: str | None = None
-    """Why it failed / how it ended, and for a failed job the tail of its log."""
+    """Why it failed / how it ended, and for a failed job the tail of its log; why it is
+    unreadable."""
     start: dict[str, float] = field(default_factory=dict)
     """``wer`` and ``cer`` of the evaluation at step 0 (the starting model), when the run made
     one."""
@@ -154,20 +158,54 @@ def collect(runs_dir: Path) -> list[JobReport]:
         root, runs = runs_dir, runs_dir / "runs"
     else:
         root, runs = runs_dir.parent, runs_dir
-    planned: dict[str, dict[str, Any]] = {}
-    index = root / "matrix.json"
-    if index.is_file():
-        try:
-            jobs = read_json(index, CONFIG_BYTES, error=ValueError)["jobs"]
-            planned = {j["job_id"]: j for j in jobs}
-        except (OSError, ValueError, KeyError, TypeError):
-            planned = {}
+    planned, refused = _planned(root / "matrix.json")
     found = sorted(
         d.name for d in runs.iterdir() if d.is_dir() and any((d / n).exists() for n in signs)
     ) if runs.is_dir() else []
-    ids = list(planned) + [i for i in found if i not in planned]
+    ids = [*refused, *planned, *(i for i in found if i not in planned and i not in refused)]
     ids = [only] if only is not None else ids
-    return [_job(runs / i, planned.get(i, {}), root / "claims" / f"{i}.lock") for i in ids]
+    return [refused.get(i) or _job(runs / i, planned.get(i, {}), root / "claims" / f"{i}.lock")
+            for i in ids]  # fmt: skip
+
+
+_PLANNED_KINDS = {"language": optional(TEXT), "config_id": optional(TEXT),
+                  "seed": optional(INTEGER)}  # fmt: skip
+"""The fields of a ``matrix.json`` job the report shows, beside its ``job_id``."""
+
+
+def _planned(index: Path) -> tuple[dict[str, dict[str, Any]], dict[str, JobReport]]:
+    """The jobs the matrix root's ``index`` (``matrix.json``) plans, by job id, and an
+    unreadable row for each entry that is no such job, by its job id (``jobs[N]`` when that is
+    no plain name). Nothing of such an entry's run is read: its job id names the directory, and
+    one that is no plain name (``../..``) would lead out of the root."""
+    if not index.is_file():
+        return {}, {}
+    try:
+        value = read_json(index, CONFIG_BYTES, error=ValueError)
+    except (OSError, ValueError) as e:
+        log.warning("report: %s; shown without it", e)
+        return {}, {}
+    jobs = value.get("jobs") if isinstance(value, dict) else None
+    if not isinstance(jobs, list):
+        log.warning("report: %s: holds no list of jobs; shown without it", index)
+        return {}, {}
+    planned: dict[str, dict[str, Any]] = {}
+    refused: dict[str, JobReport] = {}
+    for n, job in enumerate(jobs):
+        where = f"jobs[{n}]"
+        problems = record_problems(job, _PLANNED_KINDS, where, required=("job_id",))
+        job_id = job.get("job_id", "") if isinstance(job, dict) else ""
+        if isinstance(job, dict) and "job_id" in job and not plain_name(job_id):
+            problems.append(f"{where}.job_id: {job_id!r:.60} is not the plain name of a run "
+                            "directory")  # fmt: skip
+        if not problems:
+            planned[job_id] = job
+            continue
+        reason = f"{index}: {'; '.join(problems)}"
+        log.warning("report: %s; the job is shown as unreadable", reason)
+        row = job_id if plain_name(job_id) else where
+        refused[row] = JobReport(row, status="unreadable", note=reason)
+    return planned, refused
 
 
 def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
@@ -306,7 +344,7 @@ td.reason{white-space:normal;max-width:28em;font-size:.9em;color:#444}
 td.better{color:#17743a}td.worse{color:#b3261e}
 .st{padding:1px 6px;border-radius:8px;font-size:.85em}
 .st-done{background:#d9f2dd}.st-failed{background:#f8d4d4}.st-running{background:#d8e6fb}
-.st-interrupted{background:#fbecc8}.st-queued{background:#eee}
+.st-interrupted{background:#fbecc8}.st-queued{background:#eee}.st-unreadable{background:#e9d6f2}
 .counts span{margin-right:1.2em}
 #filters{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:1px solid #ccc;
   z-index:2;display:flex;gap:.8em;align-items:center;flex-wrap:wrap}
@@ -571,7 +609,7 @@ def _language_section(language: str, jobs: list[JobReport], colours: dict[str, s
     legend = "".join(f'<span><i style="background:{colours.get(c, "#555")}"></i>{_e(c)}</span>'
                      for c in configs)
     notes = "".join(f"<div><b>{_e(r.job_id)}</b>: <pre>{_e(r.note)}</pre></div>"
-                    for r in jobs if r.status == "failed" and r.note)
+                    for r in jobs if r.status in ("failed", "unreadable") and r.note)
     done = sum(r.status == "done" for r in jobs)
     return (f'<details class="lang" open id="lang-{_e(language)}" data-language="{_e(language)}">'
             f"<summary>{_e(language)} · {len(jobs)} jobs, {done} done</summary>"
