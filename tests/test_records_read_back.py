@@ -250,7 +250,7 @@ def test_a_callbacks_state_of_the_wrong_kinds_is_refused_by_key(
     ],
 )
 def test_a_result_marker_of_the_wrong_kinds_is_named_by_the_launcher_and_the_report(
-    tmp_path, capsys, name, summary, named
+    tmp_path, capsys, caplog, name, summary, named
 ):
     from asrforge.matrix.claims import read_marker
 
@@ -259,8 +259,10 @@ def test_a_result_marker_of_the_wrong_kinds_is_named_by_the_launcher_and_the_rep
     (run_dir / name).write_text(json.dumps(summary))
     with pytest.raises(UserError, match=re.escape(f"{name}: ") + ".*" + re.escape(named)):
         read_marker(run_dir)
-    assert main(["report", str(tmp_path / "root"), "--out", str(tmp_path / "r.html")]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and str(run_dir / name) in err and named in err
+    # the report shows the run as unreadable, naming the field, and the rest as ever
+    assert main(["report", str(tmp_path / "root"), "--out", str(tmp_path / "r.html")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert str(run_dir / name) in caplog.text and named in caplog.text
+    assert "st-unreadable" in (tmp_path / "r.html").read_text()
     (run_dir / name).write_text(json.dumps({"duration_s": 3.5, "attempts": 1, "best": None}))
     assert read_marker(run_dir)[1]["duration_s"] == 3.5

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -447,3 +448,36 @@ def test_a_planned_job_that_is_no_run_inside_the_root_is_shown_unreadable(
     write_report(matrix_root, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
     assert 'class="st st-unreadable"' in page and "matrix.json: jobs[6]" in page
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "name, text, named",
+    [
+        ("config.yaml", "data: [1, 2]\n", "config.yaml: data: [1, 2] is not an object or null"),
+        ("config.yaml", "selection: 5\n", "config.yaml: selection: 5 is not an object or null"),
+        ("config.yaml", "data: {languages: 5}\n", "data.languages: 5 is not a list of strings"),
+        ("config.yaml", "seed: 0.5\n", "config.yaml: seed: 0.5 is not an integer or null"),
+        ("config.yaml", "- en\n", "config.yaml: holds list, not a mapping"),
+        ("metrics.jsonl", json.dumps({**begin(0, "en"), "selection": 7}),
+         "metrics.jsonl: the train_begin record of step 0: selection: 7 is not a string"),
+        ("metrics.jsonl", json.dumps({**end(6, 4), "best_step": [1]}),
+         "the train_end record of step 6: best_step: [1] is not an integer or null"),
+        ("DONE", json.dumps({"attempts": "1"}), "DONE: attempts: '1' is not an integer >= 0"),
+    ],
+    ids=["data a list", "selection a number", "languages a number", "seed a fraction",
+         "config a list", "begin's selection a number", "best step a list", "marker's attempts"],
+)
+def test_a_run_whose_files_hold_values_of_the_wrong_kind_is_shown_unreadable(
+    matrix_root, tmp_path, name, text, named
+):
+    """Each stopped the whole report with a traceback (or, the marker, with an error)."""
+    run = matrix_root / "runs" / "en-tiny-s0"
+    (matrix_root / "matrix.json").unlink()  # the languages and seeds come from the runs alone
+    with (run / name).open("w" if name != "metrics.jsonl" else "a") as f:
+        f.write(text + "\n")
+    rows = {r.job_id: r for r in collect(matrix_root)}
+    assert rows["en-tiny-s0"].status == "unreadable" and named in rows["en-tiny-s0"].note
+    assert rows["es-tiny-s0"].status == "done" and rows["es-tiny-s0"].best["wer"] == 0.7
+    write_report(matrix_root, tmp_path / "r.html")
+    assert html_escape(named) in (tmp_path / "r.html").read_text()

@@ -19,7 +19,7 @@ from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.directories import plain_name
-from asrforge.io.records import INTEGER, TEXT, optional, record_problems
+from asrforge.io.records import INTEGER, MAPPING, TEXT, Kind, optional, record_problems
 from asrforge.io.small_files import CONFIG_BYTES, read_json
 from asrforge.matrix.claims import lock_is_held, read_marker
 from asrforge.run_layout import (
@@ -91,12 +91,88 @@ class JobReport:
         return now - then
 
 
+# ---------------------------------------------------------------------------------------------
+# What the files of a run must hold where the report reads them
+
+
+class UnreadableRun(ValueError):
+    """A file of a run holds a value of the wrong kind where the report reads one; the message
+    names the file and the field. The run is shown as ``unreadable``, the others as ever."""
+
+
+_LANGUAGES = Kind(lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                  "a list of strings")  # fmt: skip
+_CONFIG_KINDS = {
+    "data": optional(MAPPING), "selection": optional(MAPPING), "config_id": optional(TEXT),
+    "seed": optional(INTEGER),
+}  # fmt: skip
+_CONFIG_SECTION_KINDS = {
+    "data": {"language": optional(TEXT), "languages": optional(_LANGUAGES)},
+    "selection": {"language": optional(TEXT)},
+}
+"""The fields of ``config.yaml`` the report shows, by section."""
+_RECORD_KINDS = {
+    "train_begin": {"selection": optional(TEXT)},
+    "train_end": {"best_step": optional(INTEGER), "status": optional(TEXT),
+                  "reason": optional(TEXT)},
+    "eval": {"reason": optional(TEXT)},
+    "save": {"kind": optional(TEXT)},
+}  # fmt: skip
+"""The fields of each event's step record the report reads beside ``step`` (an evaluation's
+metrics that are not numbers are shown as none)."""
+
+
+def _run_config(path: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` at ``path``, its fields in :data:`_CONFIG_KINDS` checked; {}
+    when there is none or it cannot be read (with a warning naming it).
+
+    Raises:
+        UnreadableRun: it is no mapping, or a field it shows is of the wrong kind (named).
+    """
+    if not path.is_file():
+        return {}
+    try:
+        cfg = load_yaml(read_yaml_text(path))
+    except (ValueError, OSError) as e:
+        log.warning("report: %s: %s; shown without it", path, getattr(e, "strerror", None) or e)
+        return {}
+    if cfg is None:
+        return {}
+    if not isinstance(cfg, dict):
+        raise UnreadableRun(f"{path}: holds {type(cfg).__name__}, not a mapping")
+    problems = record_problems(cfg, _CONFIG_KINDS)
+    for section, kinds in _CONFIG_SECTION_KINDS.items():
+        if not problems:
+            problems = record_problems(cfg.get(section) or {}, kinds, section)
+    if problems:
+        raise UnreadableRun(f"{path}: {'; '.join(problems)}")
+    return cfg
+
+
+def _check_record(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record``, a step record of the file ``path``, once its fields in :data:`_RECORD_KINDS`
+    are checked.
+
+    Raises:
+        UnreadableRun: a field of the wrong kind (named with the record's event and step).
+    """
+    event = record.get("event")
+    problems = record_problems(record, _RECORD_KINDS.get(event, {}) if TEXT(event) else {})
+    if problems:
+        raise UnreadableRun(f"{path}: the {event} record of step "
+                            f"{record['step']}: {'; '.join(problems)}")  # fmt: skip
+    return record
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Parse ``metrics.jsonl``: evals, train losses, saves, the last train_begin / train_end.
 
     Only the records of the run the checkpoints continue count
     (:func:`~asrforge.run_layout.current_metrics`): a file a resume appended to before runs cut
     it holds the records of an earlier attempt's steps that were trained again.
+
+    Raises:
+        UnreadableRun: a record holds a field of the wrong kind (named).
     """
     evals: list[dict[str, Any]] = []
     train: list[tuple[int, float]] = []
@@ -106,6 +182,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     # a run that began writing its metrics has started, whatever its lines hold
     started = path.is_file() and path.stat().st_size > 0
     for rec in current_metrics((_records(path) if started else None) or []):
+        _check_record(path, rec)
         event, step = rec.get("event"), rec["step"]
         if event == "train_begin":
             begin, end = rec, None
@@ -121,7 +198,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         for f in RunLayout(run_dir).eval_records():
             summary = (_records(f, last=True) or [{}])[-1]
             if summary.get("summary"):
-                evals.append(summary)
+                evals.append(_check_record(f, summary))
     return {"evals": evals, "train": train, "saves": saves, "begin": begin, "end": end,
             "started": started}
 
@@ -201,24 +278,31 @@ def _planned(index: Path) -> tuple[dict[str, dict[str, Any]], dict[str, JobRepor
         if not problems:
             planned[job_id] = job
             continue
-        reason = f"{index}: {'; '.join(problems)}"
-        log.warning("report: %s; the job is shown as unreadable", reason)
         row = job_id if plain_name(job_id) else where
-        refused[row] = JobReport(row, status="unreadable", note=reason)
+        refused[row] = _unreadable(row, f"{index}: {'; '.join(problems)}", {})
     return planned, refused
 
 
 def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
+    """The row of the job whose run directory is ``run_dir`` (``planned``: its ``matrix.json``
+    entry, checked); an unreadable one when a file of the run holds a value of the wrong kind."""
+    try:
+        return _read_job(run_dir, planned, lock)
+    except UnreadableRun as e:
+        return _unreadable(run_dir.name, str(e), planned)
+
+
+def _unreadable(job_id: str, reason: str, planned: dict[str, Any]) -> JobReport:
+    log.warning("report: %s; the job is shown as unreadable", reason)
+    return JobReport(job_id, planned.get("language"), planned.get("config_id"),
+                     planned.get("seed"), status="unreadable", note=reason)  # fmt: skip
+
+
+def _read_job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     r = JobReport(run_dir.name, planned.get("language"), planned.get("config_id"),
                   planned.get("seed"))
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        try:
-            cfg = load_yaml(read_yaml_text(cfg_path)) or {}
-        except (ValueError, OSError):
-            cfg = {}
-        if not isinstance(cfg, dict):
-            cfg = {}
+    cfg = _run_config(RunLayout(run_dir).config)
+    if cfg:
         data = cfg.get("data") or {}
         langs = data.get("languages") or [data.get("language")]
         r.language = r.language or (cfg.get("selection") or {}).get("language") or langs[0]
@@ -258,7 +342,10 @@ def _job(run_dir: Path, planned: dict[str, Any], lock: Path) -> JobReport:
     m = POLICY_RE.search((begin or {}).get("selection") or "")
     r.policy = m.group(1) if m else _policy_from_checkpoint(run_dir)
 
-    marker = read_marker(run_dir)
+    try:
+        marker = read_marker(run_dir)
+    except UserError as e:  # a marker of the wrong kinds, as a record of them
+        raise UnreadableRun(str(e)) from None
     if marker is not None:
         r.status, info = marker
         r.attempts, r.duration_s = info.get("attempts"), info.get("duration_s")
