@@ -223,3 +223,14 @@ def test_a_checkpoint_with_an_old_state_resumes(tmp_path, tones_dir, caplog):
     assert resumed["dropped"] == {"failed to decode": ["ghost"]}
     assert "dropped_utterances" not in resumed
     assert json.loads((out / "skipped-train.json").read_text())["failed to decode"] == ["ghost"]
+
+
+@pytest.mark.fast
+def test_a_deeply_nested_metrics_line_is_kept_as_a_line_that_is_no_record(tmp_path):
+    """Its parse ran out of recursion and stopped the resumed run before it began."""
+    path = tmp_path / "metrics.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    dead = [{"event": "train", "step": s, "loss": 3.0} for s in (1, 2)]
+    path.write_text(_jsonl(dead[:1]) + deep + "\n" + _jsonl(dead[1:]))
+    cut_metrics(path, {"event": "train_begin", "step": 1, "resumed": True})
+    assert path.read_text() == _jsonl(dead[:1]) + deep + "\n"

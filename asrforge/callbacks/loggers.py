@@ -19,7 +19,7 @@ from asrforge.run_layout import (
     METRICS_FILE,
     METRICS_REPLACED_FILE,
     current_metrics,
-    has_step,
+    step_record,
 )
 from asrforge.train.events import Callback, Decision, RunInfo
 from asrforge.train.state import TrainState
@@ -99,10 +99,9 @@ def _top_entry(rel: str) -> frozenset[str]:
 def _record(line: bytes) -> dict | None:
     """The JSON object with an integer ``step`` that ``line`` holds, else None."""
     try:
-        record = json.loads(line)
+        return step_record(line)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and has_step(record) else None
 
 
 def cut_metrics(path: Path, begin: dict) -> None:
