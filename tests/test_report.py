@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -481,3 +482,18 @@ def test_a_run_whose_files_hold_values_of_the_wrong_kind_is_shown_unreadable(
     assert rows["es-tiny-s0"].status == "done" and rows["es-tiny-s0"].best["wer"] == 0.7
     write_report(matrix_root, tmp_path / "r.html")
     assert html_escape(named) in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.fast
+def test_a_fifo_in_place_of_a_jobs_lock_is_not_waited_on(matrix_root):
+    lock = matrix_root / "claims" / "es-tiny-s1.lock"
+    os.mkfifo(lock)
+    rows: list = []
+    reader = threading.Thread(target=lambda: rows.extend(collect(matrix_root)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # waiting for a writer, as it did before: release it
+        os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        rows.clear()
+    assert {r.job_id: r.status for r in rows}.get("es-tiny-s1") == "interrupted"

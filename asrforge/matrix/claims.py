@@ -77,7 +77,8 @@ def lock_is_held(lock: Path) -> bool | None:
     """Whether someone holds ``lock`` (a job's lock file) now; None where ``flock`` does not
     work. Takes and drops a shared lock, writes nothing."""
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        # non-blocking: a FIFO in a handed root's claims/ is never waited on
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         return False
     try:
