@@ -84,6 +84,15 @@ class Outcome:
         return ExitCode.FAILED if self.failed or self.unfinished else ExitCode.OK
 
 
+def best_scores(end: dict[str, Any]) -> str:
+    """The best checkpoint's WER, CER and loss of a ``train_end`` record, for a line of the
+    launcher's; the numbers only, since a resumed root may have been handed."""
+    best = end.get("best") if isinstance(end.get("best"), dict) else {}
+    score = ", ".join(f"{k} {best[k]:.4g}" for k in ("wer", "cer", "loss")
+                      if isinstance(best.get(k), (int, float)))  # fmt: skip
+    return score or "–"
+
+
 def last_train_end(run_dir: Path) -> dict[str, Any] | None:
     """The ``train_end`` record of the run's last start (None: it did not end normally)."""
     path = RunLayout(run_dir).metrics
@@ -307,11 +316,9 @@ class Launcher:
             self.claims.finish(r.claim, run_dir, "done", summary)
             self.durations.append(summary["duration_s"])
             self.outcome.done.append(r.job.job_id)
-            best = end.get("best") or {}
-            score = ", ".join(f"{k} {best[k]:.4g}" for k in ("wer", "cer", "loss") if k in best)
             self.say(f"done {r.job.job_id} in {summary['duration_s']:.0f} s: "
                      f"step {end.get('step')}, best checkpoint step {end.get('best_step')}: "
-                     f"{score or '–'}")
+                     f"{best_scores(end)}")
             if self.search is not None:
                 self.say(self.search.done(r.job, end))
                 self.search.write_summary()
