@@ -35,6 +35,7 @@ from asrforge.cli import main
 from asrforge.data.audio import decode_audio
 from asrforge.data.sources import load_arrow
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
+from asrforge.model.encoding import encode_waves
 from tests.conftest import tiny_config
 
 _RUNS: dict[str, Path] = {}
@@ -322,7 +323,7 @@ def test_ct2_export_matches_the_bundle(trained_run, bundle, validation, tmp_path
 
     ours, _ = greedy_decode(
         bundle.model,
-        bundle._encode([wave]),
+        encode_waves(bundle.model, bundle.features, [wave], bundle.device),
         torch.tensor([bundle.specials.prompt("es")]),
         bundle.specials.eot,
         6,
@@ -368,7 +369,7 @@ def test_transformers_loads_and_decodes_the_bundle_as_we_do(bundle_dir, bundle, 
     )
     from asrforge.model.decoding import greedy_decode
 
-    enc = bundle._encode([wave])
+    enc = encode_waves(bundle.model, bundle.features, [wave], bundle.device)
     for language in ("en", "es", None):
         code = language or bundle.detect_language(wave)
         prompt = bundle.specials.prompt(code)
@@ -552,7 +553,7 @@ def test_decoding_takes_a_kept_encoding_in_its_windows_place(bundle, validation,
     from asrforge.model import longform
 
     windows = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(3))]
-    fresh = bundle._encode(windows)
+    fresh = encode_waves(bundle.model, bundle.features, windows, bundle.device)
     kept = torch.full_like(fresh[1], 0.5)  # unlike any encoding: its place in the batch shows
     memo = longform.EncodedWindows()
     memo.add(windows[1], kept)

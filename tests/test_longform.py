@@ -431,15 +431,15 @@ def test_a_round_of_many_recordings_holds_at_most_its_budget_of_encodings(monkey
         held.append(len(keep))
         return scripted(windows, prompts)
 
-    def encode_window(model, extractor, window, device, sample_rate):
-        encoded.append(float(window[0]))
-        return torch.zeros(1, 2, 4)
+    def encode_waves(model, extractor, windows, device, sample_rate):
+        encoded.extend(float(w[0]) for w in windows)
+        return torch.zeros(len(windows), 2, 4)
 
     def align_words(model, enc, prompt, text, n_samples, **kw):
         return [Word(f" {t}", 0.0, sentences[t][1], 0.9, (t,)) for t in text], 0.3
 
     monkeypatch.setattr(longform, "decode_windows", decode_windows)
-    monkeypatch.setattr(longform, "encode_window", encode_window)
+    monkeypatch.setattr(longform, "encode_waves", encode_waves)
     monkeypatch.setattr(longform, "align_words", align_words)
     # a budget of two windows' encoder output (one decode batch)
     monkeypatch.setattr(longform, "HELD_BYTES", 2 * 1500 * 4 * 4)

@@ -18,6 +18,7 @@ from asrforge.config import ConfigError, ModelConfig
 from asrforge.errors import UserError
 from asrforge.model import lora
 from asrforge.model.build import build_model
+from asrforge.model.encoding import encode_waves
 from asrforge.model.tokenizer import load_tokenizer
 from asrforge.train.loop import Trainer
 from tests.conftest import tiny_config
@@ -145,7 +146,7 @@ def test_ct2_export_of_a_lora_run_decodes_as_the_merged_bundle(lora_run, tmp_pat
     )
     ours, _ = greedy_decode(
         bundle.model,
-        bundle._encode([wave]),
+        encode_waves(bundle.model, bundle.features, [wave], bundle.device),
         torch.tensor([bundle.specials.prompt("en")]),
         bundle.specials.eot,
         6,

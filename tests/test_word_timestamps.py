@@ -24,7 +24,6 @@ from asrforge.model.alignment import (
     alignment_heads,
     cut_at_sentence_ends,
     dtw,
-    encode_window,
     median_filter,
     median_word,
     merge_punctuation,
@@ -33,6 +32,7 @@ from asrforge.model.alignment import (
     tidy_long_words,
     token_starts,
 )
+from asrforge.model.encoding import encode_waves
 from asrforge.model.head_timing import speech_onset
 from asrforge.model.longform import Segment
 
@@ -257,7 +257,7 @@ def test_words_timed_without_probabilities_never_project_onto_the_vocabulary(
     projection, probabilities nan."""
     bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
     wave, _, ids = _tiny_windows(bundle)
-    encoded = encode_window(bundle.model, bundle.features, wave[: 2 * SR], "cpu", SR)
+    encoded = encode_waves(bundle.model, bundle.features, [wave[: 2 * SR]], "cpu", SR)
     timed = {}
     projections = []
     bundle.model.proj_out.register_forward_hook(lambda *_: projections.append(1))

@@ -42,7 +42,8 @@ from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.sources import data_config
 from asrforge.errors import UserError
 from asrforge.evaluation.evaluate import split_loader
-from asrforge.model.alignment import alignment_heads, encode_window
+from asrforge.model.alignment import alignment_heads
+from asrforge.model.encoding import encode_waves
 from asrforge.model.head_timing import (
     HEAD_ERROR_LIMIT,
     LAG_LIMIT,
@@ -146,7 +147,7 @@ def find_alignment_heads(
     earlier = read_manifest(Path(bundle_dir)).get(ALIGNMENT_HEADS_KEY) or {}
     # Each join is encoded once, for the head search and the lag both.
     encodings = [
-        encode_window(bundle.model, bundle.features, wave, bundle.device, SAMPLE_RATE)
+        encode_waves(bundle.model, bundle.features, [wave], bundle.device, SAMPLE_RATE)
         for wave, *_ in pairs
     ]
     if keep_heads:

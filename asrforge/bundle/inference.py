@@ -20,7 +20,7 @@ from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
 from asrforge.model.decoding import DecodeOptions, codes_of_tokens, detect_languages
-from asrforge.model.encoding import encoder_states
+from asrforge.model.encoding import encode_waves
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
@@ -342,7 +342,7 @@ class Bundle:
             for wave in waves[k : k + batch_size]:
                 start, end = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
                 windows.append(wave[start:end])
-            enc = self._encode(windows)
+            enc = encode_waves(self.model, self.features, windows, self.device)
             found = detect_languages(self.model, enc, self.specials.sot, code_of.keys())
             out += [code_of[token] for token in found]
             if keep is not None:
@@ -743,13 +743,3 @@ class Bundle:
         return frozenset(int(i) for i in self.tokenizer.added_tokens_decoder) | frozenset(
             self.tokenizer.all_special_ids
         )
-
-    @torch.no_grad()
-    def _encode(self, windows: list[np.ndarray]) -> torch.Tensor:
-        """(batch, frames, d_model) encoder output for windows of at most one chunk each."""
-        feats = [
-            self.features(w, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
-            for w in windows
-        ]
-        x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(self.device)
-        return encoder_states(self.model, x)

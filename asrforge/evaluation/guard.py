@@ -13,11 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from asrforge.checkpoint.average import interpolate_weights
-from asrforge.data.audio import SAMPLE_RATE
 from asrforge.data.guard_set import GuardWindow
 from asrforge.data.rules import not_english
 from asrforge.errors import UserError
@@ -27,7 +25,7 @@ from asrforge.evaluation.records import utterance_record
 from asrforge.io.atomic import atomic_write_text
 from asrforge.model.decoding import codes_of_tokens, detect_languages, greedy_decode
 from asrforge.model.dtypes import is_full_precision, precision_dtype
-from asrforge.model.encoding import encoder_states
+from asrforge.model.encoding import encode_waves
 from asrforge.model.longform import EncodedWindows, choose_chunking, transcribe_long
 from asrforge.run_layout import TRAIN_STATE_FILE, RunLayout, recorded_selection
 from asrforge.selection.groups import run_language
@@ -127,16 +125,8 @@ class Guard:
         try:
             for start in range(0, len(self.items), self.batch_size):
                 chunk = self.items[start : start + self.batch_size]
-                feats = np.stack(
-                    [
-                        self.features(
-                            i.wave, sampling_rate=SAMPLE_RATE, return_tensors="np"
-                        ).input_features[0]
-                        for i in chunk
-                    ]
-                ).astype(np.float32)
                 with self._autocast(device):
-                    enc = encoder_states(model, torch.from_numpy(feats).to(device))
+                    enc = encode_waves(model, self.features, [i.wave for i in chunk], device)
                     found = self._detect(model, enc, self.language_ids) if self.lid_items else []
                     detected += found
                     if self.decode == "transcribe":

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from asrforge.data.audio import SAMPLE_RATE
-from asrforge.model.encoding import encoder_states
+from asrforge.model.encoding import encode_waves
 from asrforge.model.frames import HOP_LENGTH, TIME_PRECISION
 from asrforge.model.projection import vocab_logits
 from asrforge.text.languages import UNSPACED_LANGUAGES
@@ -575,14 +575,6 @@ def place_words(
 
 
 @torch.no_grad()
-def encode_window(model, extractor, wave: np.ndarray, device, sample_rate: int) -> torch.Tensor:
-    """(1, frames, d_model) the encoder output of one window of audio."""
-    feats = extractor(wave, sampling_rate=sample_rate, return_tensors="np").input_features
-    x = torch.from_numpy(feats.astype(np.float32)).to(device)
-    return encoder_states(model, x)
-
-
-@torch.no_grad()
 def add_word_timestamps(
     model,
     extractor,
@@ -627,7 +619,7 @@ def add_word_timestamps(
             if kept is not None:
                 encoder_out = kept[None]
             else:
-                encoder_out = encode_window(model, extractor, audio, device, sample_rate)
+                encoder_out = encode_waves(model, extractor, [audio], device, sample_rate)
             texts = [[t for t in s.tokens if t not in non_text] for s in group]
             words, median = align_words(
                 model,

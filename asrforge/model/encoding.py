@@ -1,9 +1,30 @@
-"""Whisper's encoder run over a batch of windows (:func:`encoder_states`), the one way every
-decoder, evaluation and bundle encodes audio."""
+"""Whisper's encoder run over a batch of windows (:func:`encoder_states`) and over windows of
+audio (:func:`encode_waves`), the one way every decoder, evaluation and bundle encodes audio."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
+
+from asrforge.data.audio import SAMPLE_RATE
+
+
+@torch.no_grad()
+def encode_waves(
+    model, extractor, waves: Sequence[np.ndarray], device, sample_rate: int = SAMPLE_RATE
+) -> torch.Tensor:
+    """(batch, frames, d_model) the encoder output of ``waves``, (n_samples,) windows of audio
+    at ``sample_rate`` each at most one encoder window long, through ``extractor`` (a
+    transformers ``WhisperFeatureExtractor``) and :func:`encoder_states` on ``device``."""
+    feats = np.stack(
+        [
+            extractor(w, sampling_rate=sample_rate, return_tensors="np").input_features[0]
+            for w in waves
+        ]
+    )
+    return encoder_states(model, torch.from_numpy(feats.astype(np.float32)).to(device))
 
 
 def encoder_states(model, features: torch.Tensor) -> torch.Tensor:

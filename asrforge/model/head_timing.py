@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from asrforge.data.audio import SAMPLE_RATE
-from asrforge.model.alignment import align_words, cross_attention, encode_window, token_starts
+from asrforge.model.alignment import align_words, cross_attention, token_starts
+from asrforge.model.encoding import encode_waves
 
 HEAD_ERROR_LIMIT = 0.2
 """Seconds: a head qualifies when its median error of an utterance's start is within this."""
@@ -52,7 +53,7 @@ def head_offsets(
             window), the text tokens of both, the index of the second's first token, and where
             the second's speech starts in seconds.
         prompt: the decoder prompt, ending in ``<|notimestamps|>``.
-        encoded: each join's encoder output (:func:`encode_window`), when already computed.
+        encoded: each join's encoder output (:func:`~asrforge.model.encoding.encode_waves`), when already computed.
 
     Returns:
         ``(heads, offsets)``: every ``(layer, head)`` and (len(joins), len(heads)) signed
@@ -113,7 +114,7 @@ def _encoding(model, extractor, joins, encoded, j: int, device, sample_rate: int
     """Join ``j``'s encoder output: ``encoded[j]``, or computed when none was given."""
     if encoded is not None:
         return encoded[j]
-    return encode_window(model, extractor, joins[j][0], device, sample_rate)
+    return encode_waves(model, extractor, [joins[j][0]], device, sample_rate)
 
 
 def qualifying_heads(

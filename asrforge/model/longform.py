@@ -16,7 +16,7 @@ import torch
 
 from asrforge.data.audio import SAMPLE_RATE
 from asrforge.errors import UserError
-from asrforge.model.alignment import align_words, alignment_heads, encode_window, place_words
+from asrforge.model.alignment import align_words, alignment_heads, place_words
 from asrforge.model.beam import beam_search
 from asrforge.model.decoding import (
     DecodeOptions,
@@ -25,7 +25,7 @@ from asrforge.model.decoding import (
     greedy_decode,
     greedy_search,
 )
-from asrforge.model.encoding import encoder_states
+from asrforge.model.encoding import encode_waves
 from asrforge.model.fallback import decode_with_fallback
 from asrforge.model.frames import TIME_PRECISION, window_seconds
 from asrforge.model.silence import segment
@@ -321,18 +321,11 @@ def decode_windows(
         for k in range(0, len(idx), batch_size):
             chunk = idx[k : k + batch_size]
             known = [None if encoded is None else encoded.take(windows[j]) for j in chunk]
-            feats = [
-                extractor(
-                    windows[j], sampling_rate=sample_rate, return_tensors="np"
-                ).input_features[0]
-                for j, e in zip(chunk, known, strict=True)
-                if e is None
-            ]
+            unknown = [windows[j] for j, e in zip(chunk, known, strict=True) if e is None]
             with autocast() if autocast is not None else contextlib.nullcontext():
                 fresh = iter(())
-                if feats:
-                    x = torch.from_numpy(np.stack(feats).astype(np.float32)).to(device)
-                    fresh = iter(encoder_states(model, x))
+                if unknown:
+                    fresh = iter(encode_waves(model, extractor, unknown, device, sample_rate))
                 enc = torch.stack([next(fresh) if e is None else e for e in known])
                 if keep is not None:
                     # a kept row is a copy of its own, not a view that holds the whole batch
@@ -496,7 +489,7 @@ def transcribe_long(
     ) -> float | None:
         enc = held.take(window)
         if enc is None:
-            enc = encode_window(model, extractor, window, device, sample_rate)[0]
+            enc = encode_waves(model, extractor, [window], device, sample_rate)[0]
         elif held is keep:
             held.add(window, enc)  # word timestamps align it again
         words, median = align_words(
