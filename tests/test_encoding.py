@@ -59,3 +59,14 @@ def test_an_encoder_with_hooks_or_autograd_runs_one_batch():
     with torch.no_grad():
         encoder_states(model, features)
     assert sizes == [3, 3]
+
+
+@pytest.mark.fast
+def test_float32_features_meet_a_bfloat16_encoder_in_its_dtype():
+    model = _model()
+    features = torch.randn(2, 8, 40)
+    with torch.no_grad():
+        full = encoder_states(model, features)
+        half = encoder_states(model.to(torch.bfloat16), features)
+    assert half.dtype == torch.bfloat16
+    assert torch.allclose(half.float(), full, atol=0.1)

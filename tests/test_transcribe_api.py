@@ -16,7 +16,10 @@ from asrforge.bundle.inference import Transcript
 from asrforge.bundle.load import load_bundle
 from asrforge.errors import UserError
 from asrforge.model.vad import Chunk
-from tests.test_transcribe_files import tiny_bundle  # noqa: F401  (a 2 s window)
+from tests.test_transcribe_files import (  # a 2 s window
+    random_english_bundle,
+    tiny_bundle,  # noqa: F401
+)
 
 pytestmark = pytest.mark.fast
 
@@ -87,3 +90,31 @@ def test_float_samples_at_pcm_scale_are_named_once_and_left_as_they_are(bundle, 
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1
     assert f"peak {np.abs(loud).max():.1f}" in said[0] and "[-1, 1]" in said[0]
+
+
+@pytest.fixture(scope="module")
+def talking_bundle(tmp_path_factory) -> Path:
+    """:func:`random_english_bundle` of a seed whose greedy and beam text of :func:`noise` is
+    not empty, in float32, bfloat16 and float16 alike."""
+    with torch.random.fork_rng():
+        torch.manual_seed(4)
+        return random_english_bundle(tmp_path_factory.mktemp("talking"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_transcribes_short_and_long_audio_with_words(
+    talking_bundle: Path, dtype: torch.dtype
+) -> None:
+    """A bundle whose weights stay in their stored half precision (as on a GPU) is fed
+    features of its own dtype: greedy and beam, one window and several, words timed."""
+    bundle = load_bundle(talking_bundle)
+    bundle.model.to(dtype)
+    waves = [noise(1.5), noise(5.0)]  # the window is 2 s
+    for beam_size in (1, 2):
+        timed = bundle.recognize(
+            waves, vad=False, word_timestamps=True, beam_size=beam_size, max_new_tokens=4,
+            no_speech_threshold=None,
+        )  # fmt: skip
+        assert all(t.text and t.words for t in timed)
+    assert bundle.transcribe(noise(5.0), vad=False, chunking="silence", max_new_tokens=4)
+    assert bundle.detect_language(noise(1.0)) == "en"

@@ -22,9 +22,13 @@ pytestmark = pytest.mark.fast
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory) -> Path:
     """A random 1-layer English-only bundle: its text is noise, decoded in a moment."""
+    return random_english_bundle(tmp_path_factory.mktemp("tiny"))
+
+
+def random_english_bundle(root: Path) -> Path:
+    """:func:`save_random_whisper`'s model, English-only, exported as ``root/bundle``."""
     from asrforge.bundle import export_bundle
 
-    root = tmp_path_factory.mktemp("tiny")
     hf = root / "hf"
     save_random_whisper(hf)
     gen = hf / "generation_config.json"

@@ -37,8 +37,12 @@ def encoder_states(model, features: torch.Tensor) -> torch.Tensor:
     batch's CPU time, with the same output (bench/README.md, "Packed projections and windows
     encoded one at a time").
     A module with hooks (a sharded model's gathers) runs once, on the whole batch.
+    The features are cast to the encoder's weight dtype (a float16 or bfloat16 bundle).
     """
     encoder = model.model.encoder
+    # transformers' WhisperEncoder feeds its input to conv1 as it comes, and a float32 input
+    # meets half-precision weights there.
+    features = features.to(encoder.conv1.weight.dtype)
     if (
         features.shape[0] == 1
         or features.device.type != "cpu"
