@@ -15,6 +15,7 @@ from asrforge.bundle import inference
 from asrforge.bundle.inference import Transcript
 from asrforge.bundle.load import load_bundle
 from asrforge.errors import UserError
+from asrforge.model.longform import EncodedWindows
 from asrforge.model.vad import Chunk
 from tests.test_transcribe_files import (  # a 2 s window
     random_english_bundle,
@@ -118,3 +119,14 @@ def test_a_half_precision_model_transcribes_short_and_long_audio_with_words(
         assert all(t.text and t.words for t in timed)
     assert bundle.transcribe(noise(5.0), vad=False, chunking="silence", max_new_tokens=4)
     assert bundle.detect_language(noise(1.0)) == "en"
+
+
+def test_an_encoding_kept_from_detection_holds_its_own_row_not_the_batch(bundle) -> None:
+    """The bound of :class:`EncodedWindows` counts rows: a kept row of a batch of three is a
+    copy of its own, not a view that keeps the other two alive."""
+    waves = [noise(1.0) * (k + 1) for k in range(3)]
+    keep = EncodedWindows(limit=1)
+    bundle._detect(waves, batch_size=3, keep=keep, reused=[True, True, False])
+    assert len(keep) == 1
+    kept = keep.take(waves[0])
+    assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()

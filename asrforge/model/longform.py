@@ -247,9 +247,13 @@ class EncodedWindows:
 
     def add(self, window: np.ndarray, encoded: torch.Tensor) -> None:
         """Keep ``encoded`` (frames, d_model), the encoder's output for ``window``, unless
-        :attr:`full`."""
-        if not self.full:
-            self._by_key[self._key(window)] = encoded
+        :attr:`full`; a row of a batch is kept as a copy of its own."""
+        if self.full:
+            return
+        # A view would keep its whole batch alive, and :attr:`limit` counts rows.
+        if encoded.untyped_storage().nbytes() > encoded.numel() * encoded.element_size():
+            encoded = encoded.clone()
+        self._by_key[self._key(window)] = encoded
 
     def take(self, window: np.ndarray) -> torch.Tensor | None:
         """The encoder output kept for ``window``'s samples (no longer kept), or None."""
@@ -328,10 +332,8 @@ def decode_windows(
                     fresh = iter(encode_waves(model, extractor, unknown, device, sample_rate))
                 enc = torch.stack([next(fresh) if e is None else e for e in known])
                 if keep is not None:
-                    # a kept row is a copy of its own, not a view that holds the whole batch
                     for j, row in zip(chunk, enc, strict=True):
-                        if not keep.full:
-                            keep.add(windows[j], row.clone())
+                        keep.add(windows[j], row)
                 ids = torch.tensor([list(prompt)] * len(chunk), device=device)
                 gate = options.no_speech
                 if options.fallback is not None:
