@@ -130,3 +130,9 @@ def test_an_encoding_kept_from_detection_holds_its_own_row_not_the_batch(bundle)
     assert len(keep) == 1
     kept = keep.take(waves[0])
     assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+
+
+@pytest.mark.parametrize("cap", [0, -1])
+def test_a_cap_of_new_tokens_below_one_is_refused(bundle, cap: int) -> None:
+    with pytest.raises(UserError, match=f"max_new_tokens: must be >= 1, got {cap}"):
+        bundle.transcribe(noise(1.0), max_new_tokens=cap)

@@ -564,14 +564,17 @@ class Bundle:
                 f"recognize/transcribe_many take a list of recordings, got one "
                 f"{type(audios).__name__}: pass [audio], or call transcribe(audio)"
             )
-        if batch_size < 1:
-            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        for name, value in (
+            ("batch_size", batch_size),
+            ("max_new_tokens", max_new_tokens),
+            ("beam_size", beam_size),
+        ):
+            if value is not None and value < 1:
+                raise UserError(f"{name}: must be >= 1, got {value}")
         if vad and condition_on_previous_text:
             raise UserError(
                 VAD_WITH_PREVIOUS_TEXT.format(vad="vad", previous="condition_on_previous_text")
             )
-        if beam_size < 1:
-            raise UserError(f"beam_size must be >= 1, got {beam_size}")
         gate = self.no_speech_gate(no_speech_threshold, logprob_threshold)
         mode, why = self.chunking_for(chunking)
         log.info("long audio: chunking %s (%s)", mode, why)
@@ -584,7 +587,7 @@ class Bundle:
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         if names is not None and len(names) != len(audios):
             raise UserError(f"{len(names)} names for {len(audios)} recordings")
-        cap = max_new_tokens or self.config.eval.max_new_tokens
+        cap = max_new_tokens if max_new_tokens is not None else self.config.eval.max_new_tokens
         waves, given = [], []
         # A None entry is decoded below, in this order.
         out: list[Transcript | None] = []
