@@ -136,3 +136,11 @@ def test_an_encoding_kept_from_detection_holds_its_own_row_not_the_batch(bundle)
 def test_a_cap_of_new_tokens_below_one_is_refused(bundle, cap: int) -> None:
     with pytest.raises(UserError, match=f"max_new_tokens: must be >= 1, got {cap}"):
         bundle.transcribe(noise(1.0), max_new_tokens=cap)
+
+
+def test_unusable_audio_gets_its_language_resolved_as_the_others_do(bundle) -> None:
+    empty = np.zeros(0, np.float32)
+    [named, unnamed] = bundle.recognize([empty, empty], ["English", None])
+    assert (named.text, named.language, unnamed.language) == ("", "en", "en")
+    with pytest.raises(UserError, match="'German': this bundle is English-only"):
+        bundle.recognize([empty], "German")

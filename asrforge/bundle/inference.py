@@ -587,23 +587,24 @@ class Bundle:
             raise UserError(f"{len(langs)} languages for {len(audios)} recordings")
         if names is not None and len(names) != len(audios):
             raise UserError(f"{len(names)} names for {len(audios)} recordings")
+        # Languages are checked before any audio is read; None is detected from the audio.
+        given = [self._language_unheard(lang) for lang in langs]
         cap = max_new_tokens if max_new_tokens is not None else self.config.eval.max_new_tokens
-        waves, given = [], []
+        waves, codes = [], []
         # A None entry is decoded below, in this order.
         out: list[Transcript | None] = []
-        for i, (audio, lang) in enumerate(zip(audios, langs, strict=True)):
+        for i, (audio, code) in enumerate(zip(audios, given, strict=True)):
             wave = self.load_audio(audio, sampling_rate)
             problem = audio_problem(wave)
             if problem is not None:  # decoding it would only make up "" or noise
                 name = audio if isinstance(audio, str | Path) else f"recording {i}"
                 name = names[i] if names is not None else name
                 log.warning("%s: %s; not transcribed (empty text)", name, problem)
-                out.append(Transcript("", lang or "", wave.shape[0] / SAMPLE_RATE, [], mode))
+                out.append(Transcript("", code or "", wave.shape[0] / SAMPLE_RATE, [], mode))
                 continue
             waves.append(wave)
-            given.append(lang)
+            codes.append(code)
             out.append(None)
-        codes = [self._language_unheard(lang) for lang in given]
         by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
         chunks = [
             speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [Chunk.whole(wave)]
