@@ -144,3 +144,12 @@ def test_unusable_audio_gets_its_language_resolved_as_the_others_do(bundle) -> N
     assert (named.text, named.language, unnamed.language) == ("", "en", "en")
     with pytest.raises(UserError, match="'German': this bundle is English-only"):
         bundle.recognize([empty], "German")
+
+
+def test_chunking_is_logged_only_when_some_audio_is_long(bundle, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
+        bundle.transcribe_many([noise(1.0), noise(1.5)], max_new_tokens=2)
+        assert not [r for r in caplog.records if "chunking" in r.getMessage()]
+        bundle.transcribe_many([noise(1.0), noise(5.0)], vad=False, max_new_tokens=2)
+    said = [r.getMessage() for r in caplog.records if "chunking" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("long audio: chunking silence")

@@ -577,7 +577,6 @@ class Bundle:
             )
         gate = self.no_speech_gate(no_speech_threshold, logprob_threshold)
         mode, why = self.chunking_for(chunking)
-        log.info("long audio: chunking %s (%s)", mode, why)
         langs = (
             [language] * len(audios)
             if language is None or isinstance(language, str)
@@ -590,6 +589,7 @@ class Bundle:
         # Languages are checked before any audio is read; None is detected from the audio.
         given = [self._language_unheard(lang) for lang in langs]
         cap = max_new_tokens if max_new_tokens is not None else self.config.eval.max_new_tokens
+        window = round(self.window_seconds * SAMPLE_RATE)
         waves, codes = [], []
         # A None entry is decoded below, in this order.
         out: list[Transcript | None] = []
@@ -605,6 +605,8 @@ class Bundle:
             waves.append(wave)
             codes.append(code)
             out.append(None)
+        if any(wave.shape[0] > window for wave in waves):
+            log.info("long audio: chunking %s (%s)", mode, why)
         by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
         chunks = [
             speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [Chunk.whole(wave)]
@@ -628,7 +630,6 @@ class Bundle:
         held = DETECTED_TOGETHER * batch_size
         detecting = any(code is None for code in codes)
         group = held if detecting or word_timestamps else max(len(waves), 1)
-        window = round(self.window_seconds * SAMPLE_RATE)
         for g in range(0, len(waves), group):
             part = range(g, min(g + group, len(waves)))
             encoded = EncodedWindows(limit=held)
