@@ -180,6 +180,7 @@ class Bundle:
         self.lm_weights = dict(lm_weights or {})
         self._told_greedy_without_lm = False
         self._told_pcm_scale = False
+        self._told_default_heads = False
         self.alignment_heads = alignment_heads
         self.word_lag = word_lag
 
@@ -734,12 +735,15 @@ class Bundle:
         return False
 
     def _word_heads(self) -> list[tuple[int, int]] | None:
-        """The heads word timestamps align with; None: the model's own."""
+        """The heads word timestamps align with; None: the model's own (said once a bundle
+        when ``asrforge align-heads`` found none that qualifies)."""
         if self.alignment_heads == []:
-            log.warning(
-                "asrforge align-heads found no head that follows the audio in this model: "
-                "word times come from the default heads and may be far off"
-            )
+            if not self._told_default_heads:
+                self._told_default_heads = True
+                log.warning(
+                    "asrforge align-heads found no head that follows the audio in this model: "
+                    "word times come from the default heads and may be far off"
+                )
             return None
         return self.alignment_heads
 
