@@ -163,3 +163,16 @@ def test_default_heads_for_word_timestamps_are_named_once_a_bundle(tiny_bundle, 
             bundle.transcribe(noise(1.0), word_timestamps=True, max_new_tokens=2)
     said = [r.getMessage() for r in caplog.records if "align-heads" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_detect_language_reads_arrays_as_transcribe_does(bundle, monkeypatch) -> None:
+    with pytest.raises(UserError, match=r"empty audio \(0 samples\)"):
+        bundle.detect_language(np.zeros(0, np.float32))
+    with pytest.raises(UserError, match="non-finite audio"):
+        bundle.detect_language(np.full(SR, np.nan, np.float32))
+    heard = []
+    monkeypatch.setattr(
+        bundle, "_detect", lambda waves, **kw: heard.extend(w.shape[0] for w in waves) or ["en"]
+    )
+    assert bundle.detect_language(noise(1.0)[::2], sampling_rate=8_000) == "en"
+    assert heard == [SR]  # one second, at 16 kHz

@@ -319,10 +319,23 @@ class Bundle:
         return {c: self.specials.languages[c] for c in langs if c in self.specials.languages}
 
     @torch.no_grad()
-    def detect_language(self, audio: Audio) -> str:
+    def detect_language(self, audio: Audio, *, sampling_rate: int | None = None) -> str:
         """The most likely of the bundle's languages for the first window of ``audio`` (the
-        decoder's distribution after ``<|startoftranscript|>``, as Whisper detects)."""
-        return self._detect([self.load_audio(audio)], batch_size=1)[0]
+        decoder's distribution after ``<|startoftranscript|>``, as Whisper detects).
+
+        Args:
+            audio, sampling_rate: as :meth:`load_audio` reads them.
+
+        Raises:
+            UserError: audio :meth:`load_audio` refuses, or none to hear a language in (no
+                samples, or NaN/inf ones).
+        """
+        wave = self.load_audio(audio, sampling_rate)
+        problem = audio_problem(wave)
+        if problem is not None:
+            name = audio if isinstance(audio, str | Path) else "audio"
+            raise UserError(f"{name}: {problem}; no language to detect")
+        return self._detect([wave], batch_size=1)[0]
 
     @torch.no_grad()
     def _detect(
