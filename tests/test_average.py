@@ -275,3 +275,30 @@ def test_one_checkpoint_averaged_of_several_asked_for_is_said_in_the_singular(
     out = capsys.readouterr().out
     assert " of 1 checkpoint, the best by wer" in out
     assert "only 1 of the 3 requested has wer in its manifest" in out
+
+
+def test_every_step_the_guard_refused_is_left_out_and_named(tmp_path, caplog):
+    """Not only the one ``best-unguarded/`` holds: an average of refused steps would route
+    round the guard."""
+    from asrforge.checkpoint.average import rank_checkpoints
+
+    root = tmp_path / "run" / "checkpoints"
+    m = CheckpointManager(root, save_total_limit=None)
+    for step, wer, within in ((2, 0.40, False), (4, 0.10, False), (6, 0.35, True)):
+
+        def write(d: Path, step: int = step) -> None:
+            save_weights(d / "model.safetensors", {"w": torch.full((2,), float(step))})
+
+        metrics = {"wer": wer, "guard_within": within}
+        m.save(step, write, metrics, is_best=step == 6, unguarded_step=4)
+    assert [s for _v, s, _d in rank_checkpoints(root, "wer", "min")] == [6]
+    with caplog.at_level("WARNING", logger="asrforge.checkpoint.average"):
+        out = average_top_k(root, "wer", 2)
+    assert read_manifest(out)["steps"] == [6]
+    said = [r.getMessage() for r in caplog.records if r.name == "asrforge.checkpoint.average"]
+    assert said == ["average: only 1 checkpoint has 'wer'; the forgetting guard refused step(s) "
+                    "2, 4, never averaged; averaging it"]  # fmt: skip
+    from asrforge.cli.average import describe_average
+
+    assert "only 1 of the 2 requested has wer in its manifest (the forgetting guard refused " \
+        "step(s) 2, 4)" in describe_average(read_manifest(out), 2, out)

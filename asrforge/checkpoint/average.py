@@ -348,35 +348,41 @@ def rank_checkpoints(root: Path, metric: str, mode: str) -> list[tuple[float, in
     ``metrics[metric]``, best first (a ``step-*`` directory preferred over a ``best*`` copy).
     Step 0 is left out: it is the starting model (``eval.at_start``), not a trained checkpoint,
     and an average of fine-tuned weights must not take it in (it often ties with or beats the
-    first trained steps). The step ``best-unguarded/`` holds, the one the forgetting guard
-    refused, is left out too, from that copy and from its step directory.
+    first trained steps). Every step the forgetting guard refused is left out too (its
+    manifest's ``metrics.guard_within`` is false; ``best-unguarded/`` holds the best of them):
+    averaging it in would route round the guard.
 
     Raises:
         CheckpointCorruptError: a manifest is damaged or does not match its seal (an edited step
             or metric would change the ranking: it is refused, not skipped).
     """
+    return _ranked(root, metric, mode)[0]
+
+
+def _ranked(root: Path, metric: str, mode: str) -> tuple[list[tuple[float, int, Path]], list[int]]:
+    """:func:`rank_checkpoints`, and the steps with the metric that the guard refused."""
     by_step: dict[int, tuple[float, int, Path]] = {}
-    refused_step = None
+    refused: set[int] = set()
     for d in sorted(Path(root).iterdir()):
         if d.name.startswith(".") or d.is_symlink() or not (d / MANIFEST_NAME).is_file():
             continue
         manifest = read_manifest(d)
-        if d.name == BEST_UNGUARDED:
-            refused_step = manifest.get("step")
-            continue
-        if manifest.get("kind") == "average" or not isinstance(manifest.get("step"), int):
-            continue
-        if manifest["step"] == 0:  # the starting weights, before any optimizer step
-            continue
-        value = (manifest.get("metrics") or {}).get(metric, manifest.get(metric))
+        step = manifest.get("step")
+        if manifest.get("kind") == "average" or not isinstance(step, int) or step == 0:
+            continue  # step 0: the starting weights, before any optimizer step
+        metrics = manifest.get("metrics") if isinstance(manifest.get("metrics"), dict) else {}
+        value = metrics.get(metric, manifest.get(metric))
         if not isinstance(value, int | float) or not math.isfinite(value):
             continue
-        step = manifest["step"]
+        if d.name == BEST_UNGUARDED or metrics.get("guard_within") is False:
+            refused.add(step)
+            continue
         if step not in by_step or step_of(d.name) is not None:
             by_step[step] = (float(value), step, d)
-    by_step.pop(refused_step, None)
+    for step in refused:
+        by_step.pop(step, None)
     sign = 1.0 if mode == "min" else -1.0
-    return sorted(by_step.values(), key=lambda e: (sign * e[0], e[1]))
+    return sorted(by_step.values(), key=lambda e: (sign * e[0], e[1])), sorted(refused)
 
 
 def average_top_k(
@@ -411,20 +417,26 @@ def average_top_k(
         raise UserError(f"k: must be >= 1, got {k}")
     _one_weights_choice(weights, weights_file)
     mode = mode or default_mode(metric)
-    ranked = rank_checkpoints(root, metric, mode)
+    ranked, refused = _ranked(root, metric, mode)
+    guarded = (
+        f"; the forgetting guard refused step(s) {', '.join(map(str, refused))}, never averaged"
+        if refused
+        else ""
+    )
     if not ranked:
         raise CheckpointError(
             f"no checkpoint under {root} has the metric {metric!r} in its manifest (the "
-            "starting model, step 0, is never averaged)"
+            f"starting model, step 0, is never averaged){guarded}"
         )
     chosen = ranked[:k]
     if len(chosen) < k:
         many = len(chosen) > 1
         log.warning(
-            "average: only %d %s %r; averaging %s",
+            "average: only %d %s %r%s; averaging %s",
             len(chosen),
             "checkpoints have" if many else "checkpoint has",
             metric,
+            guarded,
             "those" if many else "it",
         )
     out = Path(out) if out is not None else root / f"{metric}.ave_{k}best"
@@ -433,6 +445,7 @@ def average_top_k(
         "mode": mode,
         "steps": [step for _v, step, _d in chosen],
         "values": [v for v, _s, _d in chosen],
+        "guard_refused": refused,
     }
     return average_checkpoints(
         [d for _v, _s, d in chosen], out, weights=weights, weights_file=weights_file, meta=meta

@@ -83,7 +83,15 @@ def describe_average(manifest: dict[str, Any], k: int, out: Path) -> str:
     if len(steps) < k:
         have = "have" if len(steps) > 1 else "has"
         where = "their manifests" if len(steps) > 1 else "its manifest"
-        lines.append(f"  only {len(steps)} of the {k} requested {have} {metric} in {where}")
+        refused = manifest.get("guard_refused") or []
+        guarded = (
+            f" (the forgetting guard refused step(s) {', '.join(map(str, refused))})"
+            if refused
+            else ""
+        )
+        lines.append(
+            f"  only {len(steps)} of the {k} requested {have} {metric} in {where}{guarded}"
+        )
     for step, value, src in zip(
         steps, manifest.get("values") or [], manifest.get("averaged_from") or [], strict=False
     ):
