@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asrforge.errors import CheckpointCorruptError, CheckpointSaveError, UserError
-from asrforge.io.atomic import atomic_directory, describe_os_error
+from asrforge.io.atomic import atomic_directory, describe_os_error, remove_path
 from asrforge.io.directories import hidden, real_directory
 from asrforge.io.records import TEXT, Kind, optional, record_problems
 from asrforge.io.small_files import open_regular, read_bytes
@@ -412,31 +412,56 @@ def check_safetensors(resolved: Resolved, field: str) -> None:
     )
 
 
-def verified_copy(resolved: Resolved, verify: Callable[[Path], T]) -> tuple[Path, T]:
-    """:func:`materialize` of ``resolved`` and what ``verify`` returns for the copy. A copy made
-    before this call that ``verify`` refuses is made again once from the cache, which may have
-    been repaired (downloaded again) since, or the copy itself damaged; a copy made in this
-    call is not, since copying the same snapshot again gives the same files.
+Listing = Callable[[Path], Mapping[str, int]]
+"""The size in bytes of each file a snapshot may hold, by its path inside the snapshot, as the
+snapshot's own listing says (a bundle's manifest, the manifest itself included); read from the
+snapshot before anything is copied."""
+
+
+def verified_copy(
+    resolved: Resolved, listed: Listing, verify: Callable[[Path], T]
+) -> tuple[Path, T]:
+    """:func:`materialize` of ``resolved`` and what ``verify`` returns for the copy. A copy that
+    ``verify`` refuses is deleted, so nothing refused stays on disk; one made before this call
+    is made again once from the cache, which may have been repaired (downloaded again) since, or
+    the copy itself damaged; a copy made in this call is not, since copying the same snapshot
+    again gives the same files.
 
     Raises:
-        CheckpointCorruptError: ``verify`` refused a fresh copy: the message names the
-            snapshot's files rather than the copy's, and how to download the commit again should
-            the cache be what is damaged.
+        CheckpointCorruptError: :func:`materialize` or ``verify`` refused a fresh copy: the
+            message names the snapshot's files rather than the copy's, and how to download the
+            commit again should the cache be what is damaged.
     """
-    made_before = resolved.ref is not None and _copy_folder(resolved).is_dir()
-    path = materialize(resolved)
+    if resolved.ref is None:
+        return resolved.path, verify(resolved.path)
+    made_before = _copy_folder(resolved).is_dir()
     try:
-        return path, verify(path)
-    except CheckpointCorruptError as e:
-        if resolved.ref is None:
-            raise
+        return _verified(resolved, listed, verify)
+    except CheckpointCorruptError:
         if not made_before:
-            raise _named_in_snapshot(e, path, resolved) from None
-    path = materialize(resolved, again=True)
+            raise
+    return _verified(resolved, listed, verify)
+
+
+def _verified(resolved: Resolved, listed: Listing, verify: Callable[[Path], T]) -> tuple[Path, T]:
+    """:func:`materialize` and ``verify`` once; a copy ``verify`` refuses is deleted.
+
+    Raises:
+        CheckpointCorruptError: naming the snapshot's files (:func:`_named_in_snapshot`).
+        UserError: what else ``verify`` raises.
+    """
+    try:
+        path = materialize(resolved, listed)
+    except CheckpointCorruptError as e:
+        raise _named_in_snapshot(e, _copy_folder(resolved), resolved) from None
     try:
         return path, verify(path)
-    except CheckpointCorruptError as e:
-        raise _named_in_snapshot(e, path, resolved) from None
+    except UserError as e:
+        # a refused copy is not kept, nor copied again by every later run
+        remove_path(path)
+        if isinstance(e, CheckpointCorruptError):
+            raise _named_in_snapshot(e, path, resolved) from None
+        raise
 
 
 def _named_in_snapshot(
@@ -456,18 +481,22 @@ def _copy_folder(resolved: Resolved) -> Path:
     return hf_home() / "asrforge" / _repo_folder(resolved.ref) / str(resolved.commit)
 
 
-def materialize(resolved: Resolved, *, again: bool = False) -> Path:
+def materialize(resolved: Resolved, listed: Listing) -> Path:
     """A Hub snapshot's files copied as regular files into
-    ``HF_HOME/asrforge/<repo>/<commit>`` (once, unless ``again``, which replaces the copy; the
-    cache keeps them as symlinks into its blobs, and a bundle's manifest names regular files
-    only; hidden files, such as the Hub's ``.gitattributes``, are left out,
-    :func:`~asrforge.io.directories.hidden`). A local path is returned as it is.
+    ``HF_HOME/asrforge/<repo>/<commit>`` (once; the cache keeps them as symlinks into its blobs,
+    and a bundle's manifest names regular files only; hidden files, such as the Hub's
+    ``.gitattributes``, are left out, :func:`~asrforge.io.directories.hidden`). Every entry is
+    checked against ``listed`` before any byte is copied, and no more bytes are copied than it
+    lists, so a snapshot cannot fill the disk beyond what its listing declares. A local path is
+    returned as it is.
 
     Raises:
         SymlinkRefused: a directory on the way to the copy (``asrforge/``, the repository's or
             the commit's) is a link.
         CheckpointCorruptError: a snapshot entry is no regular file of the repository's own
-            cache folder (:func:`_open_cached`); no copy is left.
+            cache folder (:func:`_open_cached`), is not listed, or differs in size from its
+            listed size; nothing is copied, and no copy is left.
+        CheckpointSaveError: the listed files do not fit in the free space of ``HF_HOME``.
     """
     if resolved.ref is None:
         return resolved.path
@@ -476,12 +505,9 @@ def materialize(resolved: Resolved, *, again: bool = False) -> Path:
     try:
         # HF_HOME is the person's choice and may be a link; what asrforge makes in it may not
         home.mkdir(parents=True, exist_ok=True)
-        if not os.path.lexists(target):
-            real_directory(target.parent, under=home)
-        elif not again:
+        if os.path.lexists(target):
             return real_directory(target, under=home)
-        else:
-            real_directory(target, under=home)  # a copy replaced is no link either
+        real_directory(target.parent, under=home)
     except OSError as e:
         raise CheckpointSaveError(f"could not write {target}: {describe_os_error(e)}") from e
     repo = resolved.path.parents[1]  # <cache>/<repo>/snapshots/<commit>
@@ -492,19 +518,110 @@ def materialize(resolved: Resolved, *, again: bool = False) -> Path:
                 "which huggingface_hub never makes: download the repository again"
             )
     inside = (Path(os.path.realpath(repo)) / "blobs", Path(os.path.realpath(resolved.path)))
+    folders, files = _snapshot_entries(resolved.path, inside)
+    sizes = listed(resolved.path)
+    for rel, src in files.items():
+        _check_listed(src, rel, sizes, inside)
+    needed = sum(sizes[rel] for rel in files)
+    free = shutil.disk_usage(target.parent).free
+    if needed > free:
+        raise CheckpointSaveError(
+            f"could not write {target}: the snapshot's files need {needed} bytes, "
+            f"{target.parent} has {free} free"
+        )
     with atomic_directory(target) as partial:
-        for src in sorted(resolved.path.rglob("*")):
-            rel = src.relative_to(resolved.path)
-            if hidden(rel):
-                continue
-            dest = partial / rel
-            if src.is_dir() and not src.is_symlink():
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with os.fdopen(_open_cached(src, inside), "rb") as f, open(dest, "xb") as out:
-                shutil.copyfileobj(f, out, 16 * 2**20)
+        for rel in folders:
+            (partial / rel).mkdir(parents=True, exist_ok=True)
+        for rel, src in files.items():
+            _copy_exactly(_open_cached(src, inside), partial / rel, sizes[rel], src)
     return target
+
+
+def _snapshot_entries(snapshot: Path, inside: tuple[Path, ...]) -> tuple[list[str], dict[str, Path]]:
+    """The snapshot's real subdirectories and its other entries (path inside it -> entry), hidden
+    ones left out, each entry checked to lie in ``inside`` (nothing is opened yet).
+
+    Raises:
+        CheckpointCorruptError: an entry resolves outside ``inside``.
+    """
+    folders, files = [], {}
+    for src in sorted(snapshot.rglob("*")):
+        rel = src.relative_to(snapshot)
+        if hidden(rel):
+            continue
+        if src.is_dir() and not src.is_symlink():
+            folders.append(rel.as_posix())
+            continue
+        _cached_path(src, inside)
+        files[rel.as_posix()] = src
+    return folders, files
+
+
+def _check_listed(src: Path, rel: str, sizes: Mapping[str, int], inside: tuple[Path, ...]) -> None:
+    """Refuse the snapshot entry ``src`` (``rel`` inside it) unless the listing names it and the
+    regular file it resolves to has the listed size.
+
+    Raises:
+        CheckpointCorruptError: naming ``src`` and what is wrong.
+    """
+    if rel not in sizes:
+        raise CheckpointCorruptError(
+            f"{src}: not listed in the snapshot's manifest (a file was added to the "
+            "repository); asrforge copies only the files it lists"
+        )
+    fd = _open_cached(src, inside)
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    _check_size(src, size, sizes[rel])
+
+
+def _check_size(src: Path, size: int, listed: int) -> None:
+    if size != listed:
+        raise CheckpointCorruptError(
+            f"{src}: size differs: expected {listed} bytes, found {size} (listed in the "
+            "snapshot's manifest)"
+        )
+
+
+def _copy_exactly(fd: int, dest: Path, size: int, src: Path) -> None:
+    """Copy the ``size`` bytes the open regular file ``fd`` (of the snapshot entry ``src``)
+    holds into the new file ``dest``, closing ``fd``.
+
+    Raises:
+        CheckpointCorruptError: the file holds more or fewer bytes (it changed since it was
+            checked).
+    """
+    with os.fdopen(fd, "rb") as f, open(dest, "xb") as out:
+        _check_size(src, os.fstat(f.fileno()).st_size, size)
+        left = size
+        while left and (chunk := f.read(min(left, 16 * 2**20))):
+            out.write(chunk)
+            left -= len(chunk)
+        if left or f.read(1):
+            raise CheckpointCorruptError(
+                f"{src}: changed while it was copied (expected {size} bytes)"
+            )
+
+
+def _cached_path(src: Path, inside: tuple[Path, ...]) -> Path:
+    """The real path of the snapshot entry ``src``, which must lie in one of ``inside``.
+
+    Raises:
+        CheckpointCorruptError: ``src`` resolves elsewhere, naming it and what it points at.
+    """
+    real = Path(os.path.realpath(src))
+    if not any(real.is_relative_to(folder) for folder in inside):
+        raise CheckpointCorruptError(
+            f"{_what(src, real)} outside the Hugging Face cache's folder of its repository; "
+            "asrforge copies only the cache's own files"
+        )
+    return real
+
+
+def _what(src: Path, real: Path) -> str:
+    return f"{src}: points to {real}, which is" if src.is_symlink() else f"{src}: is"
 
 
 def _open_cached(src: Path, inside: tuple[Path, ...]) -> int:
@@ -515,19 +632,13 @@ def _open_cached(src: Path, inside: tuple[Path, ...]) -> int:
         CheckpointCorruptError: ``src`` resolves elsewhere or to no regular file (a device, a
             FIFO, a directory), or cannot be opened; naming it and what it points at.
     """
-    real = Path(os.path.realpath(src))
-    what = f"{src}: points to {real}, which is" if src.is_symlink() else f"{src}: is"
-    if not any(real.is_relative_to(folder) for folder in inside):
-        raise CheckpointCorruptError(
-            f"{what} outside the Hugging Face cache's folder of its repository; asrforge copies "
-            "only the cache's own files"
-        )
+    real = _cached_path(src, inside)
     try:
         # follow=False: a link put at the resolved path since is not followed out of the cache
         return open_regular(real, follow=False)
     except ValueError as e:
         raise CheckpointCorruptError(
-            f"{what} {e}; asrforge copies only the cache's own files"
+            f"{_what(src, real)} {e}; asrforge copies only the cache's own files"
         ) from None
     except OSError as e:
         raise CheckpointCorruptError(

@@ -207,10 +207,15 @@ def _tiny_repo(hf_home: Path) -> Path:
     return add_repo(hf_home, "org/tiny", {"config.json": "{}", "sub/vocab.txt": "a b"})
 
 
+def _listed(snapshot: Path) -> dict[str, int]:
+    """What the tiny repository's listing says it holds: its two files, and one model file."""
+    return {"config.json": 2, "sub/vocab.txt": 3, "model.safetensors": 0}
+
+
 @pytest.mark.fast
 def test_materialize_copies_the_snapshots_files_as_regular_files(hf_home):
     _tiny_repo(hf_home)
-    copy = materialize(resolve("org/tiny", field="bundle", patterns=None))
+    copy = materialize(resolve("org/tiny", field="bundle", patterns=None), _listed)
     assert copy.parent.parent == hf_home / "asrforge"
     assert not (copy / "config.json").is_symlink() and (copy / "config.json").read_text() == "{}"
     assert (copy / "sub" / "vocab.txt").read_text() == "a b"
@@ -237,10 +242,46 @@ def test_materialize_copies_only_regular_files_of_the_repositorys_cache_folder(
     pointed = {"device": "/dev/zero", "outside": str(outside)}.get(entry)
     named = f"{evil}: points to {pointed}" if pointed else f"{evil}:"
     with pytest.raises(CheckpointCorruptError, match=re.escape(named)):
-        materialize(resolved)
+        materialize(resolved, _listed)
     # nothing of the refused copy stays, not even its temporary
     assert not [p for p in (hf_home / "asrforge").rglob("*") if p.is_file()]
     assert not (hf_home / "asrforge" / "models--org--tiny" / resolved.commit).exists()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("entry", ["unlisted", "larger", "smaller"])
+def test_materialize_copies_nothing_of_a_snapshot_its_listing_does_not_describe(hf_home, entry):
+    snapshot = _tiny_repo(hf_home)
+    blob = _blob(snapshot, "config.json")
+    if entry == "unlisted":  # a sparse file: copied, it would take its whole size on disk
+        with open(blob.parent / ("f" * 64), "wb") as f:
+            f.truncate(2**40)
+        (snapshot / "big.safetensors").symlink_to(os.path.relpath(blob.parent / ("f" * 64),
+                                                                  snapshot))
+        named = f"{snapshot / 'big.safetensors'}: not listed in the snapshot's manifest"
+    else:
+        blob.write_text("{}  " if entry == "larger" else "{")
+        found = 4 if entry == "larger" else 1
+        named = f"{snapshot / 'config.json'}: size differs: expected 2 bytes, found {found}"
+    copied = []
+    with pytest.raises(CheckpointCorruptError, match=re.escape(named)):
+        materialize(resolve("org/tiny", field="bundle", patterns=None),
+                    lambda path: copied.append(path) or _listed(path))
+    assert copied == [snapshot]  # the listing is read from the cache's snapshot
+    assert not [p for p in (hf_home / "asrforge").rglob("*") if p.is_file()]
+
+
+@pytest.mark.fast
+def test_a_hub_bundle_whose_copy_is_refused_leaves_no_copy(hf_home, tiny_bundle):
+    from asrforge.bundle.load import load_bundle
+
+    snapshot = add_repo(hf_home, "me/tiny", {"": tiny_bundle})
+    blob = _blob(snapshot, "config.json")
+    blob.write_bytes(blob.read_bytes().replace(b"{", b" ", 1))  # same size, another sha256
+    for _ in range(2):
+        with pytest.raises(CheckpointCorruptError, match="does not match the manifest"):
+            load_bundle("me/tiny")
+        assert not [p for p in (hf_home / "asrforge").rglob("*") if p.is_file()]
 
 
 @pytest.mark.fast
@@ -251,7 +292,7 @@ def test_materialize_refuses_a_snapshot_folder_that_is_a_link(hf_home, tmp_path)
     shutil.rmtree(snapshot)
     snapshot.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(CheckpointCorruptError, match=re.escape(f"{snapshot}: a symlink")):
-        materialize(resolve("org/tiny", field="bundle", patterns=None))
+        materialize(resolve("org/tiny", field="bundle", patterns=None), _listed)
 
 
 @pytest.mark.fast
@@ -266,7 +307,7 @@ def test_materialize_writes_through_no_link_under_hf_home(hf_home, tmp_path, lin
     (hf_home / linked).parent.mkdir(parents=True, exist_ok=True)
     (hf_home / linked).symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(SymlinkRefused, match=re.escape(f"{hf_home / linked}: a symlink")):
-        materialize(resolved)
+        materialize(resolved, _listed)
     assert not any(elsewhere.iterdir())
 
 
@@ -275,7 +316,7 @@ def test_materialize_takes_an_hf_home_that_is_itself_a_link(hf_home, tmp_path, m
     _tiny_repo(hf_home)
     (tmp_path / "chosen").symlink_to(hf_home, target_is_directory=True)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "chosen"))
-    copy = materialize(resolve("org/tiny", field="bundle", patterns=None))
+    copy = materialize(resolve("org/tiny", field="bundle", patterns=None), _listed)
     assert (copy / "config.json").read_text() == "{}"
 
 

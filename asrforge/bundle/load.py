@@ -76,16 +76,14 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def verify_bundle(path: Path) -> dict[str, Any]:
-    """Check a bundle's files before anything in it is parsed beyond JSON.
-
-    Returns:
-        The manifest.
+def read_bundle_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the bundle at ``path``, checked against its seal; no other file is read.
 
     Raises:
-        CheckpointCorruptError: a file is missing, altered or unlisted, or the manifest is
-            damaged; the message names the file.
-        CheckpointNotSupportedError: a file that could hold a pickle is present.
+        CheckpointCorruptError: the manifest is missing or damaged.
+        CheckpointNotSupportedError: ``path`` is a training checkpoint or run, or a transformers
+            model directory, which must be exported first.
+        UserError: ``path`` is not a directory.
     """
     path = Path(path)
     if not path.is_dir():
@@ -115,6 +113,44 @@ def verify_bundle(path: Path) -> dict[str, Any]:
             f"{path / MANIFEST_NAME}: does not match its own seal (the manifest was altered or "
             "damaged)"
         )
+    return manifest
+
+
+def bundle_file_sizes(path: Path) -> dict[str, int]:
+    """The size of each file the manifest of the bundle at ``path`` lists, the manifest's own
+    included: what a copy of a Hub snapshot of it may hold (:func:`~asrforge.hub.materialize`).
+
+    Raises:
+        CheckpointCorruptError: as :func:`read_bundle_manifest`, or a listed size that is no
+            count of bytes.
+    """
+    manifest = read_bundle_manifest(path)
+    sizes = {MANIFEST_NAME: (Path(path) / MANIFEST_NAME).stat().st_size}
+    for rel, entry in manifest["files"].items():
+        size = entry.get("size")
+        if type(size) is not int or size < 0:
+            raise CheckpointCorruptError(
+                f"{Path(path) / MANIFEST_NAME}: the size of {rel!r} is {size!r:.40}, not a count "
+                "of bytes"
+            )
+        sizes[rel] = size
+    return sizes
+
+
+def verify_bundle(path: Path) -> dict[str, Any]:
+    """Check a bundle's files before anything in it is parsed beyond JSON.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointCorruptError: a file is missing, altered or unlisted, or the manifest is
+            damaged; the message names the file.
+        CheckpointNotSupportedError: a file that could hold a pickle is present, or ``path``
+            is no bundle (:func:`read_bundle_manifest`).
+    """
+    manifest = read_bundle_manifest(path)
+    path = Path(path)
     verify(path)
     if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ct2":
         raise CheckpointNotSupportedError(
@@ -233,7 +269,8 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
             could hold a pickle, or tensors that do not fit the model config.
         UserError: ``path`` is not a directory.
     """
-    path, manifest = verified_copy(resolve(path, field="bundle", patterns=None), verify_bundle)
+    resolved = resolve(path, field="bundle", patterns=None)
+    path, manifest = verified_copy(resolved, bundle_file_sizes, verify_bundle)
     where = str(path)
     if INFERENCE_CONFIG not in manifest["files"]:
         raise CheckpointNotSupportedError(
