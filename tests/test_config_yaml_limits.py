@@ -5,6 +5,7 @@ file, and a checkpoint's or a run's config.yaml."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -207,3 +208,39 @@ def test_a_config_that_is_a_symlink_loop_is_named_as_one(tmp_path):
     dangling.symlink_to(tmp_path / "nowhere.yaml")
     with pytest.raises(ConfigError, match="gone.yaml: a broken symlink"):
         load_config(dangling)
+
+
+@pytest.mark.parametrize("name", ["bomb", "flow-deep", "alias-chain"])
+def test_a_data_sets_readme_header_is_bounded_locally_and_by_url(tmp_path, name):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from asrforge.config import DataConfig
+    from asrforge.data.sources import load_source
+    from asrforge.errors import UserError
+
+    text, why = BAD_YAML[name]
+    readme = f"---\n{text}configs:\n- config_name: default\n  data_files: x.jsonl\n---\n# A\n"
+    (tmp_path / "README.md").write_text(readme)
+    MemoryFileSystem().pipe(f"/{tmp_path.name}/README.md", readme.encode())
+    for path, named in [(tmp_path, tmp_path / "README.md"),
+                        (f"memory://{tmp_path.name}", f"memory:///{tmp_path.name}/README.md")]:
+        start = time.perf_counter()
+        with pytest.raises(UserError, match=re.escape(f"{named}: YAML header: ") + ".*" + why):
+            load_source(DataConfig(path=path))
+        assert time.perf_counter() - start < 5
+
+
+def test_the_base_models_card_is_read_for_its_license_within_the_bounds(tmp_path):
+    from asrforge.bundle.card import _base_license
+    from asrforge.errors import UserError
+
+    card = tmp_path / "README.md"
+    card.write_text("---\nlicense: mit\n---\n# A model\n")
+    assert _base_license(str(tmp_path), None) == "mit"
+    card.write_text(f"---\n{alias_bomb()}license: *l8\n---\n")
+    with pytest.raises(UserError, match=re.escape(f"{card}: the base model's card, read for its "
+                                                  f"license: more than {MAX_VALUES} values")):
+        _base_license(str(tmp_path), None)
+    card.write_text("---\n" + BAD_YAML["flow-deep"][0] + "---\n")
+    with pytest.raises(UserError, match=f"deeper than {MAX_DEPTH} levels \\(line 2\\)"):
+        _base_license(str(tmp_path), None)

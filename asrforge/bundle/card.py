@@ -16,7 +16,6 @@ directory).
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,9 @@ import yaml
 
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
+from asrforge.config.yaml_limits import load_front_matter, read_yaml_text
 from asrforge.data.sample_rate import SAMPLE_RATE
+from asrforge.errors import UserError
 from asrforge.hub import cached_model_dir, hub_ref
 from asrforge.io.small_files import RECORDS_BYTES, parse_json, read_text
 from asrforge.run_layout import RunLayout, recorded_selection
@@ -116,7 +117,12 @@ def _base_license(base: str | None, record: dict | None) -> str | None:
     """The ``license`` of the base model's own card: at the commit the run recorded, read from
     the Hugging Face cache (never asked of the Hub: an export works offline, and a branch that
     moved since must not lend the card another commit's license), or in a local base directory.
-    None when that card is not here, or a Hub base has no recorded commit."""
+    None when that card is not here, or a Hub base has no recorded commit.
+
+    Raises:
+        UserError: the card is no regular file, or is not UTF-8, or its YAML header is not YAML
+            or beyond :mod:`asrforge.config.yaml_limits`' bounds; naming it.
+    """
     if record and record.get("commit"):
         directory = cached_model_dir(f"{record['id']}@{record['commit']}", (CARD_FILE,))
     elif base is not None and hub_ref(base) is None:
@@ -126,13 +132,10 @@ def _base_license(base: str | None, record: dict | None) -> str | None:
     card = directory / CARD_FILE if directory is not None else None
     if card is None or not card.is_file():
         return None
-    match = re.match(
-        r"^---\s*\n(.*?)\n---", card.read_text(encoding="utf-8", errors="replace"), re.S
-    )
     try:
-        header = yaml.safe_load(match.group(1)) if match else None
-    except yaml.YAMLError:
-        return None
+        header = load_front_matter(read_yaml_text(card))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{card}: the base model's card, read for its license: {e}") from None
     value = header.get("license") if isinstance(header, dict) else None
     return str(value) if value else None
 

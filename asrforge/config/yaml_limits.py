@@ -10,6 +10,7 @@ Duplicate keys are a :class:`DuplicateKeys`, one line each in ``problems``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ MAX_DEPTH = 64
 MAX_VALUES = 100_000
 """Most values (mappings, lists, scalars and keys), aliases expanded."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_FRONT_MATTER = re.compile(r"^---\s*\n(.*?)\n---\s*(\n|$)", re.S)
 
 
 class DuplicateKeys(ValueError):
@@ -180,3 +182,19 @@ def read_yaml_text(path: Path) -> str:
         OSError: it cannot be read.
     """
     return read_text(path, MAX_BYTES)
+
+
+def load_front_matter(text: str) -> Any:
+    """The YAML header of a Markdown text (a Hub card's ``README.md``: the lines between a
+    first line ``---`` and the next), loaded as :func:`load_yaml` loads YAML; None when there
+    is none.
+
+    Raises:
+        ValueError: as :func:`load_yaml`, with line numbers counted in ``text``.
+    """
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        return None
+    # blank lines in place of the opening ones keep the lines load_yaml names those of the text
+    before = "\n" * text.count("\n", 0, match.start(1))
+    return load_yaml(before + match.group(1))

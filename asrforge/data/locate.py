@@ -18,9 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from asrforge.config import DataConfig
+from asrforge.config.yaml_limits import MAX_BYTES, load_front_matter, read_yaml_text
 from asrforge.errors import UserError
 from asrforge.hub import HubRef, Resolved, hub_ref, offline, resolve
 
@@ -200,8 +199,12 @@ def _remote(url: str, subset: str | None, resolved: Resolved, where: str, sectio
         return DataFiles(url, None, resolved, where)
     configs = Configs()
     if fs.isfile(f"{root}/README.md"):
+        readme = fs.unstrip_protocol(f"{root}/README.md")
         with fs.open(f"{root}/README.md", "rb") as f:
-            configs = parse_configs(f.read().decode("utf-8", "replace"))
+            text = f.read(MAX_BYTES + 1)
+        if len(text) > MAX_BYTES:
+            raise UserError(f"{readme}: larger than {MAX_BYTES // 2**20} MiB")
+        configs = parse_configs(text.decode("utf-8", "replace"), readme)
     if configs:
         name = choose_config(configs, subset, where, section)
         splits = {
@@ -234,24 +237,38 @@ def _remote(url: str, subset: str | None, resolved: Resolved, where: str, sectio
 
 def declared_configs(readme: Path) -> Configs:
     """The configurations a data set's README.md declares (see :func:`parse_configs`); {} when
-    there is no README.md or it declares none."""
+    there is no README.md or it declares none.
+
+    Raises:
+        UserError: the README.md is no regular file, larger than a YAML file may be, not UTF-8,
+            or its YAML header is beyond asrforge's bounds (:func:`parse_configs`); naming it.
+    """
     if not readme.is_file():
         return Configs()
-    return parse_configs(readme.read_text(encoding="utf-8", errors="replace"))
+    try:
+        text = read_yaml_text(readme)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{readme}: {e}") from None
+    return parse_configs(text, str(readme))
 
 
-def parse_configs(text: str) -> Configs:
+def parse_configs(text: str, where: str) -> Configs:
     """configuration name -> split -> file patterns, from a README's YAML header ``configs:``
     (``data_files`` as a pattern, a list of them, a list of ``{split, path}`` or a mapping of
     split to patterns; a pattern with no split is ``train``, as ``datasets`` reads it). The
-    default configuration (``default: true``, else the one named ``default``) comes first."""
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
-    if not match:
-        return Configs()
+    default configuration (``default: true``, else the one named ``default``) comes first.
+
+    Args:
+        where: the README's path or URL, as errors name it.
+
+    Raises:
+        UserError: the header is not YAML, or nested or (its aliases expanded) large beyond
+            :mod:`asrforge.config.yaml_limits`' bounds.
+    """
     try:
-        header = yaml.safe_load(match.group(1)) or {}
-    except yaml.YAMLError:
-        return Configs()
+        header = load_front_matter(text) or {}
+    except ValueError as e:
+        raise UserError(f"{where}: YAML header: {e}") from None
     configs = header.get("configs") if isinstance(header, dict) else None
     if not isinstance(configs, list):
         return Configs()
