@@ -859,7 +859,39 @@ def _write(name: str, content: bytes):
     return lambda directory: (directory / name).write_bytes(content)
 
 
+def _features(**fields):
+    """Set ``fields`` of the features in both files that record them, as they must agree."""
+
+    def apply(directory: Path) -> None:
+        _edit_json(INFERENCE_CONFIG, lambda c: {**c, "features": {**c["features"], **fields}})(
+            directory
+        )
+        _edit_json("preprocessor_config.json", lambda c: {**c, **fields})(directory)
+
+    return apply
+
+
 MALFORMED = {
+    # a window of a million seconds would be padded to 16 billion samples before any check
+    "features-window": (
+        _features(chunk_length=10**6),
+        r"inference_config\.json: features\.chunk_length: 1000000 s of 160-sample hops at 16000 Hz "
+        r"is not the 200 frames the model's encoder takes \(2 x config\.json max_source_positions "
+        r"100\): that is 2 s",
+    ),
+    "features-hop": (
+        _features(hop_length=0),
+        r"inference_config\.json does not fit the schema: features\.hop_length: must be > 0, got 0",
+    ),
+    "features-rate": (
+        _features(sampling_rate=-5),
+        r"features\.sampling_rate: must be one of 16000, got -5",
+    ),
+    "features-fft": (_features(n_fft=10**9), r"features\.n_fft: must be <= 2048, got 1000000000"),
+    "features-mels": (
+        _features(feature_size=10**6),
+        r"features\.feature_size: 1000000 log-mel channels, but the model takes 80",
+    ),
     "config-type": (
         _edit_json("config.json", lambda c: {**c, "encoder_layers": "two"}),
         r"config\.json: encoder_layers must be int, got 'two'",

@@ -298,6 +298,8 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         raise CheckpointNotSupportedError(
             f"{path}: config files disagree: " + "; ".join(mismatched)
         )
+    if problems := icfg.features.problems_with(config.num_mel_bins, config.max_source_positions):
+        raise CheckpointNotSupportedError(f"{path / INFERENCE_CONFIG}: " + "; ".join(problems))
     config._attn_implementation = icfg.model.attn_implementation  # noqa: SLF001
     files = bundle_weight_files(path)
     shapes = {}

@@ -131,6 +131,11 @@ INFERENCE_FIELDS: Split = {
 """Fields of ``TrainConfig`` an exported model keeps (in ``inference_config.json``)."""
 
 
+MAX_N_FFT = 2048
+"""Widest FFT window a bundle's features may ask for, in samples (128 ms at 16 kHz; Whisper's is
+400): each window's spectrogram holds ``n_fft / 2 + 1`` bins per frame."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -140,11 +145,12 @@ class FeatureConfig(_Strict):
 
     feature_size: int = Field(gt=0)
     """Log-mel channels (``num_mel_bins``)."""
-    sampling_rate: int = SAMPLE_RATE
-    """Sample rate the model expects, Hz."""
-    hop_length: int = 160
+    sampling_rate: Literal[SAMPLE_RATE] = SAMPLE_RATE
+    """Sample rate the model expects, Hz: asrforge resamples all audio to 16 kHz."""
+    hop_length: int = Field(default=160, gt=0)
     """Samples between feature frames (10 ms at 16 kHz)."""
-    n_fft: int = 400
+    n_fft: int = Field(default=400, gt=0, le=MAX_N_FFT)
+    """Samples of each frame's FFT window (25 ms at 16 kHz)."""
     chunk_length: int = Field(gt=0)
     """The model's window in seconds: ``max_source_positions / 50``."""
     mean: list[float] | None = None
@@ -167,6 +173,27 @@ class FeatureConfig(_Strict):
             padding_value=0.0,
             return_attention_mask=False,
         )
+
+    def problems_with(self, num_mel_bins: int, max_source_positions: int) -> list[str]:
+        """What does not fit a Whisper model of ``num_mel_bins`` log-mel channels whose encoder
+        takes ``2 * max_source_positions`` frames (``config.json``'s), one line per field.
+        Checked before any audio is read, since each window is padded to ``chunk_length``
+        seconds before its features are cut to what the encoder takes."""
+        problems = []
+        if self.feature_size != num_mel_bins:
+            problems.append(
+                f"features.feature_size: {self.feature_size} log-mel channels, but the model "
+                f"takes {num_mel_bins} (config.json num_mel_bins)"
+            )
+        frames = 2 * max_source_positions
+        if self.chunk_length * self.sampling_rate != frames * self.hop_length:
+            problems.append(
+                f"features.chunk_length: {self.chunk_length} s of {self.hop_length}-sample hops "
+                f"at {self.sampling_rate} Hz is not the {frames} frames the model's encoder takes "
+                f"(2 x config.json max_source_positions {max_source_positions}): that is "
+                f"{frames * self.hop_length / self.sampling_rate:g} s"
+            )
+        return problems
 
 
 class LMInfo(_Strict):
