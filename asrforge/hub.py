@@ -537,7 +537,9 @@ def materialize(resolved: Resolved, listed: Listing) -> Path:
     return target
 
 
-def _snapshot_entries(snapshot: Path, inside: tuple[Path, ...]) -> tuple[list[str], dict[str, Path]]:
+def _snapshot_entries(
+    snapshot: Path, inside: tuple[Path, ...]
+) -> tuple[list[str], dict[str, Path]]:
     """The snapshot's real subdirectories and its other entries (path inside it -> entry), hidden
     ones left out, each entry checked to lie in ``inside`` (nothing is opened yet).
 
