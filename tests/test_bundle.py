@@ -30,6 +30,7 @@ from asrforge.bundle.load import load_bundle
 from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.bundle.write import write_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
+from asrforge.checkpoint.shards import ALIASES_KEY
 from asrforge.checkpoint.training import load_weights
 from asrforge.cli import main
 from asrforge.data.audio import decode_audio
@@ -859,6 +860,16 @@ def _write(name: str, content: bytes):
     return lambda directory: (directory / name).write_bytes(content)
 
 
+def _aliases(record: str):
+    """Store the weights again under the alias record ``record`` (tied names -> kept names)."""
+
+    def apply(directory: Path) -> None:
+        path = str(directory / "model.safetensors")
+        save_file(load_file(path), path, metadata={ALIASES_KEY: record})
+
+    return apply
+
+
 def _features(**fields):
     """Set ``fields`` of the features in both files that record them, as they must agree."""
 
@@ -872,6 +883,24 @@ def _features(**fields):
 
 
 MALFORMED = {
+    "alias-missing": (
+        _aliases(json.dumps({"proj_out.weight": "no.such.tensor"})),
+        r"model\.safetensors: alias 'proj_out\.weight' names no tensor 'no\.such\.tensor'",
+    ),
+    "alias-deep": (
+        _aliases("[" * 200_000 + "]" * 200_000),
+        r"model\.safetensors: damaged asrforge_aliases metadata: not valid JSON \(nested deeper",
+    ),
+    "alias-stored": (
+        _aliases(json.dumps({"model.decoder.embed_tokens.weight": "model.encoder.conv1.bias"})),
+        r"alias 'model\.decoder\.embed_tokens\.weight' \(of 'model\.encoder\.conv1\.bias'\) is "
+        r"the name of a stored tensor",
+    ),
+    "alias-shape": (
+        _aliases(json.dumps({"proj_out.weight": "model.encoder.conv1.bias"})),
+        r"model\.safetensors: the tensors do not fit .*proj_out\.weight: expected shape "
+        r"\[\d+, 32\], got \[32\]",
+    ),
     # a window of a million seconds would be padded to 16 billion samples before any check
     "features-window": (
         _features(chunk_length=10**6),

@@ -36,7 +36,7 @@ from asrforge.bundle.schema import (
     parse_inference_config,
 )
 from asrforge.checkpoint.manifest import MANIFEST_NAME, list_files, read_manifest, verify
-from asrforge.checkpoint.shards import aliases_in, index_name, weight_files
+from asrforge.checkpoint.shards import aliases_in, check_aliases, index_name, weight_files
 from asrforge.errors import CheckpointCorruptError, CheckpointNotSupportedError, UserError
 from asrforge.hub import resolve, verified_copy
 from asrforge.io.directories import hidden
@@ -302,9 +302,9 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
         raise CheckpointNotSupportedError(f"{path / INFERENCE_CONFIG}: " + "; ".join(problems))
     config._attn_implementation = icfg.model.attn_implementation  # noqa: SLF001
     files = bundle_weight_files(path)
-    shapes = {}
-    for fname in files:
-        shapes.update(read_safetensors_header(path / fname)[0])
+    shapes, aliases = bundle_tensors(path)
+    # an alias loads as its kept tensor, so that tensor's shape must fit the alias's place too
+    shapes.update({alias: shapes[kept] for alias, kept in aliases.items()})
     model = check_tensors(shapes, config, str(path / files[0]) if len(files) == 1 else where)
     model.load_state_dict(read_bundle_weights(path), strict=False, assign=True)
     model.tie_weights()
@@ -335,14 +335,33 @@ def load_bundle(path: str | Path, *, device: str | torch.device = "cpu") -> Bund
     )  # fmt: skip
 
 
+def bundle_tensors(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """The names and shapes of the tensors the bundle's weights files store, from their headers
+    only, and its ``{alias: kept name}`` record (of every file), checked against those names.
+
+    Raises:
+        CheckpointCorruptError: a file is not safetensors, or an alias record is damaged,
+            names no stored tensor or names one as an alias
+            (:func:`~asrforge.checkpoint.shards.check_aliases`).
+    """
+    files = bundle_weight_files(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    aliases: dict[str, str] = {}
+    for fname in files:
+        stored, recorded = read_safetensors_header(path / fname)
+        shapes.update(stored)
+        aliases.update(recorded)
+    check_aliases(aliases, shapes, path / files[0] if len(files) == 1 else path)
+    return shapes, aliases
+
+
 def read_bundle_weights(path: Path) -> dict[str, torch.Tensor]:
     """The weights of the bundle at ``path`` as its files store them (dtype included), tied
     names sharing one tensor; read shard by shard, so one file's buffer is in memory besides
     what was read. It checks no sums: verify the bundle first (:func:`load_bundle`)."""
+    _shapes, aliases = bundle_tensors(path)
     state: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
     for fname in bundle_weight_files(path):
-        aliases.update(read_safetensors_header(path / fname)[1])
         state.update(load_file(str(path / fname)))
     for alias, kept in aliases.items():
         state[alias] = state[kept]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from asrforge.errors import (
     CheckpointSaveError,
 )
 from asrforge.io.atomic import fsync_file
-from asrforge.io.small_files import MANIFEST_BYTES, read_json
+from asrforge.io.small_files import MANIFEST_BYTES, parse_json, read_json
 
 DTYPES = {
     "F64": torch.float64,
@@ -291,9 +291,7 @@ class LazyWeights(Mapping[str, torch.Tensor]):
         sources = {name: (directory / f, name, None) for name, f in mapping.items()}
         first = directory / next(iter(mapping.values()), single_name(stem))
         aliases = read_aliases(first) if mapping else {}
-        for alias, kept in aliases.items():
-            if kept not in sources:
-                raise CheckpointCorruptError(f"{first}: alias {alias!r} names no tensor {kept!r}")
+        check_aliases(aliases, sources, first)
         return cls(sources, aliases, keepalive)
 
     def overlaid(self, other: LazyWeights) -> LazyWeights:
@@ -365,15 +363,36 @@ def aliases_in(metadata: dict[str, str], path: Path) -> dict[str, str]:
     none).
 
     Raises:
-        CheckpointCorruptError: the record is damaged, naming ``path``.
+        CheckpointCorruptError: the record is damaged (not JSON, nested too deeply, or not an
+            object of names), naming ``path``.
     """
     try:
-        aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
-    except ValueError:
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata") from None
-    if not isinstance(aliases, dict):
-        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata")
+        aliases = parse_json(metadata.get(ALIASES_KEY, "{}"))
+    except ValueError as e:
+        raise CheckpointCorruptError(f"{path}: damaged {ALIASES_KEY} metadata: {e}") from None
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise CheckpointCorruptError(
+            f"{path}: damaged {ALIASES_KEY} metadata: not an object of tensor names"
+        )
     return aliases
+
+
+def check_aliases(aliases: Mapping[str, str], stored: Collection[str], where: Path) -> None:
+    """Refuse an alias record that names a tensor the files do not store, or that gives a stored
+    tensor's name to another one (it would replace that tensor when loaded).
+
+    Raises:
+        CheckpointCorruptError: naming ``where`` (the file or directory of the weights).
+    """
+    for alias, kept in aliases.items():
+        if kept not in stored:
+            raise CheckpointCorruptError(
+                f"{where}: alias {alias!r:.100} names no tensor {kept!r:.100}"
+            )
+        if alias in stored:
+            raise CheckpointCorruptError(
+                f"{where}: alias {alias!r:.100} (of {kept!r:.100}) is the name of a stored tensor"
+            )
 
 
 def read_aliases(path: Path) -> dict[str, str]:
