@@ -883,6 +883,17 @@ def _features(**fields):
 
 
 MALFORMED = {
+    **{
+        f"tokenizer-side-{name}": (
+            _write(name, b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+            rf"{re.escape(name)}: not valid JSON \(nested deeper than",
+        )
+        for name in ("tokenizer_config.json", "added_tokens.json", "special_tokens_map.json")
+    },
+    "tokenizer-side-list": (
+        _write("added_tokens.json", b"[1]"),
+        r"added_tokens\.json: not a JSON object",
+    ),
     "alias-missing": (
         _aliases(json.dumps({"proj_out.weight": "no.such.tensor"})),
         r"model\.safetensors: alias 'proj_out\.weight' names no tensor 'no\.such\.tensor'",

@@ -18,7 +18,13 @@ from transformers import WhisperTokenizer
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from asrforge.errors import UserError
-from asrforge.io.small_files import TOKENIZER_BYTES, read_json
+from asrforge.io.small_files import (
+    CONFIG_BYTES,
+    TOKENIZER_BYTES,
+    read_json,
+    read_json_object,
+    read_text,
+)
 from asrforge.model.frames import TIME_PRECISION
 from asrforge.text.languages import LANGUAGES as KNOWN_LANGUAGES
 from asrforge.text.languages import find_language_code, unknown_language
@@ -40,6 +46,18 @@ WHISPER_SPECIALS = [
     "<|nospeech|>",
     "<|notimestamps|>",
 ]
+TOKENIZER_SIDE_FILES = {
+    "tokenizer_config.json": CONFIG_BYTES,
+    "special_tokens_map.json": CONFIG_BYTES,
+    "added_tokens.json": CONFIG_BYTES,
+    "chat_template.json": CONFIG_BYTES,
+    "normalizer.json": CONFIG_BYTES,
+    "vocab.json": TOKENIZER_BYTES,
+    "merges.txt": TOKENIZER_BYTES,
+    "chat_template.jinja": CONFIG_BYTES,
+}
+"""The files besides ``tokenizer.json`` transformers may read from a tokenizer directory, and
+the most bytes each may hold: transformers reads them whole, with no bound on size or nesting."""
 FALLBACK_TOKENS = {"yue": "zh"}
 """Language -> the language whose token decodes it when the tokenizer has none of its own:
 Whisper before large-v3 has no ``<|yue|>`` and learned Cantonese under ``<|zh|>``."""
@@ -110,6 +128,7 @@ def load_tokenizer(path: Path) -> WhisperTokenizer:
     # A FIFO or a device here is refused by name rather than left for transformers to read.
     if (path / "tokenizer.json").exists():
         check_tokenizer_json(path / "tokenizer.json")
+    check_side_files(path)
     try:
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
@@ -262,6 +281,29 @@ def check_tokenizer_json(path: Path) -> None:
         Tokenizer.from_str(json.dumps(data))
     except Exception as e:  # tokenizers raises a bare Exception for what it cannot parse
         raise UserError(f"{path}: not a tokenizers file: {e}") from None
+
+
+def check_side_files(directory: Path) -> None:
+    """Refuse a file of :data:`TOKENIZER_SIDE_FILES` in ``directory`` that is no regular file,
+    is larger than its limit, or (a JSON one) is no JSON object or is nested too deeply, naming
+    it, before transformers reads it (where a deep one stops with a RecursionError).
+
+    Raises:
+        UserError: naming the file and what is wrong.
+    """
+    for name, limit in TOKENIZER_SIDE_FILES.items():
+        path = Path(directory) / name
+        if not path.exists():
+            continue
+        try:
+            if name.endswith(".json"):
+                read_json_object(path, limit)
+            else:
+                read_text(path, limit)
+        except ValueError as e:
+            raise UserError(f"{path}: {e}") from None
+        except OSError as e:
+            raise UserError(f"{path}: cannot be read: {e.strerror or e}") from None
 
 
 def _token_map(language_tokens: Mapping[str, str], own: Mapping[str, int]) -> dict[str, str]:
