@@ -108,7 +108,10 @@ def test_arpa_round_trip(tmp_path):
     [
         ("hello\n", "no \\data\\ line"),
         ("\\data\\\nngram 1=2\n\n\\1-grams:\n-1.0\t<unk>\n", "truncated"),
-        ("\\data\\\nngram 1=3\n\n\\1-grams:\n-1.0\t<unk>\n\\end\\\n", "announces [3]"),
+        (
+            "\\data\\\nngram 1=3\n\n\\1-grams:\n-1.0\t<unk>\n\\end\\\n",
+            "announces 3 1-grams, the file holds 1",
+        ),
         ("\\data\\\nngram 1=1\n\n\\1-grams:\nx\t<unk>\n\\end\\\n", "line 5: not a number"),
         ("\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0\ta\n\\end\\\n", "no <unk>"),
     ],
@@ -119,6 +122,24 @@ def test_a_malformed_arpa_file_is_named(tmp_path, content, message):
     with pytest.raises(CheckpointCorruptError, match=str(path)) as e:
         read_arpa(path)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "\\data\\\n" + "".join(f"ngram {k}=0\n" for k in range(1, 200_001))
+        + "\n\\1-grams:\n-1.0\t<unk>\n\\end\\\n",
+        "\\data\\\nngram 1=1\n\n\\1-grams:\n" + "x " * 10**6 + "\n\\end\\\n",
+        "\\data\\\nngram 1=1\nngram " + "7" * 10**6 + "=1\n",
+    ],
+    ids=["orders", "entry", "count-line"],
+)
+def test_a_malformed_arpa_file_is_refused_in_a_message_of_one_short_line(tmp_path, content):
+    path = tmp_path / "bad.arpa"
+    path.write_text(content)
+    with pytest.raises(CheckpointCorruptError, match=str(path)) as e:
+        read_arpa(path)
+    assert len(str(e.value)) < len(str(path)) + 400 and "\n" not in str(e.value)
 
 
 GOOD = "\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0\t<unk>\n\\end\\\n"

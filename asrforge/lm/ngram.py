@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asrforge.config.units import short_repr
 from asrforge.errors import CheckpointCorruptError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.small_files import parse_json, read_text
@@ -211,8 +212,15 @@ def write_arpa(lm: NGramLM, path: Path) -> None:
     atomic_write_text(Path(path), "\n".join(lines))
 
 
-# str.isdigit() accepts digits such as "¹" that int() then refuses.
-_COUNT = re.compile(r"[0-9]+")
+# str.isdigit() accepts digits such as "¹" that int() then refuses, and int() refuses thousands
+# of digits; no file holds 10**18 n-grams.
+_COUNT = re.compile(r"[0-9]{1,18}")
+
+
+def _quoted(value: Any) -> str:
+    """``value`` as an error quotes it: a line or a list of counts of a file may run to
+    megabytes, and a message stays one readable line."""
+    return short_repr(value, 120)
 
 
 def _header_problem(meta: Any) -> str | None:
@@ -271,7 +279,7 @@ def read_arpa(path: Path) -> NGramLM:
         n, _, size = lines[i][6:].partition("=")
         counts = _COUNT.fullmatch(n.strip()) and _COUNT.fullmatch(size.strip())
         if not counts or int(n) != len(sizes) + 1:
-            raise bad(i, f"expected 'ngram {len(sizes) + 1}=COUNT', got {lines[i]!r}")
+            raise bad(i, f"expected 'ngram {len(sizes) + 1}=COUNT', got {_quoted(lines[i])}")
         sizes.append(int(size))
         i += 1
     if not sizes:
@@ -289,21 +297,22 @@ def read_arpa(path: Path) -> NGramLM:
         if line.startswith("\\") and line.endswith("-grams:"):
             n = int(line[1:-7]) if _COUNT.fullmatch(line[1:-7]) else -1
             if not 1 <= n <= order:
-                raise bad(j, f"an unexpected section {line!r}")
+                raise bad(j, f"an unexpected section {_quoted(line)}")
             continue
         parts = line.split("\t") if "\t" in line else line.split()
         if n == 0 or len(parts) < 2:
-            raise bad(j, f"not an n-gram entry: {line!r}")
+            raise bad(j, f"not an n-gram entry: {_quoted(line)}")
         try:
             p = float(parts[0])
             gram = tuple(parts[1].split()) if "\t" in line else tuple(parts[1 : 1 + n])
             rest = parts[2:] if "\t" in line else parts[1 + n :]
             bo = float(rest[0]) if rest else None
         except ValueError:
-            raise bad(j, f"not a number in {line!r}") from None
+            raise bad(j, f"not a number in {_quoted(line)}") from None
         # float() reads nan and inf, which would turn every beam's score into nan
         if not (math.isfinite(p) and (bo is None or math.isfinite(bo))):
-            raise bad(j, f"a log-probability or back-off that is not a finite number: {line!r}")
+            what = "a log-probability or back-off that is not a finite number"
+            raise bad(j, f"{what}: {_quoted(line)}")
         if len(gram) != n:
             raise bad(j, f"{len(gram)} words in the {n}-grams section")
         probs[n - 1][gram] = p
@@ -313,8 +322,11 @@ def read_arpa(path: Path) -> NGramLM:
         raise CheckpointCorruptError(f"{path}: truncated (no \\end\\ line)")
     got = [len(p) for p in probs]
     if got != sizes:
+        # the first order that differs: a file may announce thousands of orders
+        n = next(k for k in range(order) if got[k] != sizes[k]) + 1
         raise CheckpointCorruptError(
-            f"{path}: the \\data\\ section announces {sizes} n-grams, the file holds {got}"
+            f"{path}: the \\data\\ section announces {sizes[n - 1]} {n}-grams, the file holds "
+            f"{got[n - 1]}"
         )
     if (UNK,) not in probs[0]:
         raise CheckpointCorruptError(f"{path}: no <unk> unigram (a closed vocabulary)")
