@@ -623,3 +623,12 @@ def test_an_evaluation_that_scored_no_clip_is_refused_and_never_a_reliable_figur
                        r"all 2 clips were dropped when read \(2 unreadable audio: x\.wav, x\.wav\)"):  # fmt: skip
         check_scored(metrics, "validation", "d.json")
     check_scored({"n": 1}, "validation", "d.json")  # a clip scored: a figure
+
+
+@pytest.mark.fast
+def test_a_language_data_languages_names_that_no_training_clip_holds_is_found():
+    from asrforge.data.rules import unheard_languages
+
+    counts = {"en": 12, "es": 0}
+    assert unheard_languages(["English", "fr", "es-MX", "en-US"], counts) == ["fr", "es-MX"]
+    assert unheard_languages(None, counts) == []

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -233,6 +234,15 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
     if unknown:
         raise UserError("; ".join(unknown))
     return codes
+
+
+def unheard_languages(languages: list[str] | None, counts: Mapping[str, int]) -> list[str]:
+    """The entries of ``languages`` (``data.languages``: codes, names or locales) whose language
+    no row of ``counts`` (rows by language code, of the training split as kept) holds."""
+    if not languages:
+        return []
+    return [x for i, x in enumerate(languages)
+            if not counts.get(resolve_language(x, f"data.languages.{i}"))]  # fmt: skip
 
 
 CHECKED_AS_READ = "each row is checked as it is read"

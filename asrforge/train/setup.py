@@ -36,7 +36,12 @@ from asrforge.data.dataset import (
 )
 from asrforge.data.prepare import language_value_counts
 from asrforge.data.replay import ReplayUtterances
-from asrforge.data.rules import SkipReport, check_english_only, language_filter
+from asrforge.data.rules import (
+    SkipReport,
+    check_english_only,
+    language_filter,
+    unheard_languages,
+)
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
@@ -173,6 +178,10 @@ def prepare_run(
     clock.lap(data_phase(cfg, packing))
     # The selection policy is chosen by the languages the training set holds.
     langs = _train_languages(train_set)
+    if acc.is_main_process and (unheard := unheard_languages(cfg.data.languages, langs)):
+        log.warning("data.languages: %s: no usable clip of the training split is in %s; the run "
+                    "trains on %s", ", ".join(unheard), "it" if len(unheard) == 1 else "them",
+                    ", ".join(f"{k} ({n})" for k, n in sorted(langs.items(), key=str)))  # fmt: skip
     selector, max_steps = build_run_selector(cfg, langs, n_params)
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
