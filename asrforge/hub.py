@@ -404,11 +404,15 @@ def check_safetensors(resolved: Resolved, field: str) -> None:
     if any(resolved.path.glob("*.safetensors")):
         return
     pickles = [name for name in PICKLE_WEIGHTS if (resolved.path / name).exists()]
-    has = f"only {', '.join(pickles)}" if pickles else "no weights asrforge reads"
+    if not pickles:
+        raise UserError(
+            f"{field}: {resolved.ref} (commit {resolved.commit}) has no weights (no "
+            "*.safetensors file): name a revision that has them (org/name@revision)"
+        )
     raise UserError(
-        f"{field}: {resolved.ref} (commit {resolved.commit}) has {has}, no *.safetensors "
-        f"weights; asrforge never loads pickle weights: convert them with {CONVERT_URL} and "
-        "name the revision it opens (org/name@refs/pr/N)"
+        f"{field}: {resolved.ref} (commit {resolved.commit}) has only {', '.join(pickles)}, no "
+        f"*.safetensors weights; asrforge never loads pickle weights: convert them with "
+        f"{CONVERT_URL} and name the revision it opens (org/name@refs/pr/N)"
     )
 
 

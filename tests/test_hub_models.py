@@ -96,6 +96,14 @@ def test_a_repository_with_only_pickle_weights_is_refused_naming_the_conversion(
 
 
 @pytest.mark.fast
+def test_a_repository_with_no_weights_at_all_is_not_told_about_pickles(hf_home):
+    add_repo(hf_home, "org/empty", {"config.json": "{}"})
+    with pytest.raises(UserError, match=r"org/empty \(commit \w+\) has no weights") as e:
+        resolve_model("org/empty")
+    assert "pickle" not in str(e.value)
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("status", "code", "expected"),
     [
