@@ -175,6 +175,20 @@ def test_adapters_on_other_base_weights_are_refused(lora_run):
         )
 
 
+def test_a_base_that_cannot_be_loaded_is_named_as_the_base_the_adapters_merge_into(
+    lora_run, tmp_path
+):
+    from asrforge.bundle.contents import read_train_config
+
+    ckpt = _latest(lora_run)
+    cfg = read_train_config(ckpt / "config.yaml")
+    cfg.model.pretrained = str(tmp_path / "moved")  # the base directory is gone
+    adapters = load_file(ckpt / "model.safetensors")
+    with pytest.raises(UserError, match="merged into their base model, which could not be loaded: "
+                       ".*moved"):  # fmt: skip
+        lora.merged_state(cfg, load_tokenizer(ckpt / "tokenizer"), adapters, None, ckpt)
+
+
 def test_average_and_adapter_only_of_a_full_run_are_refused(lora_run, tmp_path, tones_dir):
     with pytest.raises(UserError, match="holds LoRA adapters: the mean of LoRA adapters' factors"):
         export_bundle(lora_run, tmp_path / "avg", weights="average")

@@ -292,9 +292,16 @@ def merged_state(
 
     if cfg.model.lora is None:
         raise UserError(f"{where}: records LoRA base weights but its config has no model.lora")
-    model = build_model(
-        cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens
-    ).model
+    try:
+        model = build_model(
+            cfg.model, tokenizer, cfg.seed, language_tokens=cfg.data.language_tokens
+        ).model
+    except UserError as e:
+        # the base is read again here, where the user may not expect it: say why
+        raise UserError(
+            f"{where}: a model.lora run's adapters are merged into their base model, which "
+            f"could not be loaded: {e}"
+        ) from None
     check_base(recorded, base_fingerprint(model), where)
     tuner = add_adapters(model, cfg.model.lora)
     load_model_state(model, adapters)
