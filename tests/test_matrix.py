@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from asrforge.config import ALLOW_EXTERNAL_HINT, ConfigError, load_config
-from asrforge.errors import ExitCode
+from asrforge.errors import ExitCode, UserError
 from asrforge.matrix.claims import Claims, lock_is_held
 from asrforge.matrix.executors import (
     Attempt,
@@ -664,6 +664,18 @@ def test_relaunch_skips_finished_jobs_and_the_report_covers_them(matrix_run, tmp
     plots = re.findall(r'<svg class="plot" data-metric="([^"]+)".*?</svg>', page, flags=re.S)
     assert sorted(set(plots)) == ["cer", "loss", "train loss", "wer"] and len(plots) == 3 * 4
     assert page.count('<polyline class="curve"') == 6 * 4
+
+
+def test_a_relaunch_that_gives_finished_jobs_another_config_is_refused(matrix_run):
+    """Counting them done would leave the report showing results of a config that never ran."""
+    index = matrix_run["root"] / "matrix.json"
+    before = index.read_text()
+    plan = load_matrix(matrix_run["matrix"], allow_external_callbacks=True,
+                       extra_overrides=["optim.lr=0.5"])  # fmt: skip
+    with pytest.raises(UserError, match=r"6 finished job\(s\) ran another config .*en-tiny-s0: "
+                       r"optim.lr: [0-9.e-]+ -> 0.5"):  # fmt: skip
+        Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=0.0).run()
+    assert index.read_text() == before
 
 
 @pytest.mark.slow

@@ -173,6 +173,22 @@ def check_resume_config(
         raise UserError(f"{where / 'config.yaml'}: {e}") from None
     if not isinstance(old, dict):
         raise UserError(f"{where / 'config.yaml'}: not a mapping")
+    fixed, allowed = config_changes(cfg, old)
+    if fixed:
+        raise UserError(
+            f"--resume: the config changes what the checkpoint {where} was trained with "
+            f"({len(fixed)} field(s)): " + "; ".join(fixed) + ". Resume with the run's "
+            "config.yaml, or start a new run in another output_dir"
+        )
+    if allowed:
+        log.info("resume: config changed since %s: %s", where.name, "; ".join(allowed))
+    return allowed
+
+
+def config_changes(cfg: TrainConfig, old: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """How ``cfg`` differs from ``old`` (a run's ``config.yaml``, loaded): one
+    ``path: old -> new`` line per field, those a resume may not change (what the checkpoint's
+    weights were trained as, :data:`FIXED_MODEL_FIELDS`), then those it may."""
     before, now = _flatten(old), _flatten(cfg.to_plain())
     _fill_pretrained_shape(now, cfg)
     fixed, allowed = [], []
@@ -185,15 +201,7 @@ def check_resume_config(
             fixed.append(line)
         else:
             allowed.append(line)
-    if fixed:
-        raise UserError(
-            f"--resume: the config changes what the checkpoint {where} was trained with "
-            f"({len(fixed)} field(s)): " + "; ".join(fixed) + ". Resume with the run's "
-            "config.yaml, or start a new run in another output_dir"
-        )
-    if allowed:
-        log.info("resume: config changed since %s: %s", where.name, "; ".join(allowed))
-    return allowed
+    return fixed, allowed
 
 
 def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asrforge.data.synth import make_tones_dataset
-from asrforge.errors import ExitCode
+from asrforge.errors import ExitCode, UserError
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.directories import refuse_links_under
 from asrforge.matrix.claims import Claim, Claims, read_marker
@@ -82,6 +82,41 @@ class Outcome:
         if self.interrupted:
             return ExitCode.INTERRUPTED
         return ExitCode.FAILED if self.failed or self.unfinished else ExitCode.OK
+
+
+def refuse_changed_done_jobs(plan: Plan) -> None:
+    """Refuse a launch that gives a finished job another config than its run trained with: the
+    launcher would count it done, and the report show results of a config that never ran.
+
+    Raises:
+        UserError: naming each such job and what changed.
+    """
+    from asrforge.checkpoint.resume import config_changes
+    from asrforge.config import load_config
+    from asrforge.config.yaml_limits import load_yaml, read_yaml_text
+
+    changed = []
+    for job in plan.jobs:
+        run_dir = plan.run_dir(job)
+        marker = read_marker(run_dir)
+        path = RunLayout(run_dir).config
+        if not (marker and marker[0] == "done" and path.is_file()):
+            continue
+        try:
+            ran = load_yaml(read_yaml_text(path))
+        except (OSError, ValueError):
+            continue  # nothing to compare: the report names the file it cannot read
+        if isinstance(ran, dict):
+            fixed, allowed = config_changes(load_config(job.config_path, list(job.overrides)), ran)
+            if fixed or allowed:
+                changed.append(f"{job.job_id}: {'; '.join([*fixed, *allowed])}")
+    if changed:
+        raise UserError(
+            f"{len(changed)} finished job(s) ran another config than the matrix now gives them "
+            f"({' | '.join(changed)}): their results are of the config they ran. Launch with "
+            f"that config, or remove their run directories under {plan.root / 'runs'} to run "
+            "them again"
+        )
 
 
 def best_scores(end: dict[str, Any]) -> str:
@@ -172,6 +207,7 @@ class Launcher:
         plan = self.plan
         plan.root.mkdir(parents=True, exist_ok=True)
         pending = list(plan.jobs) + (self.search.left_running() if self.search else [])
+        refuse_changed_done_jobs(plan)  # before matrix.json is rewritten with the new plan
         self._write_index()
         prepare_data(plan)
         for job in plan.jobs:
