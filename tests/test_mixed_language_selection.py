@@ -55,3 +55,12 @@ def test_languages_of_one_group_need_no_warning(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="asrforge.train"):
         selector, _ = build_run_selector(_cfg(tmp_path), Counter({"de": 10, "es": 9}))
     assert selector.policy_name == "by_wer" and not _warnings(caplog)
+
+
+def test_a_selection_language_no_training_clip_is_in_is_warned_of(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="asrforge.train"):
+        selector, _ = build_run_selector(_cfg(tmp_path, language="zh"), Counter({"en": 10}))
+    assert "set in selection.language" in selector.why  # zh's group picks the policy, as asked
+    [warning] = _warnings(caplog)
+    assert warning.startswith("selection.language zh: no usable clip of the training split")
+    assert warning.endswith("picks the checkpoints of a run on en")

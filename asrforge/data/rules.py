@@ -236,13 +236,16 @@ def language_filter(languages: list[str] | None, where: str = "data.languages") 
     return codes
 
 
-def unheard_languages(languages: list[str] | None, counts: Mapping[str, int]) -> list[str]:
-    """The entries of ``languages`` (``data.languages``: codes, names or locales) whose language
-    no row of ``counts`` (rows by language code, of the training split as kept) holds."""
+def unheard_languages(
+    languages: list[str] | None, counts: Mapping[str, int], where: str = "data.languages"
+) -> list[str]:
+    """The entries of ``languages`` (``where``, e.g. ``data.languages``: codes, names or
+    locales) whose language no row of ``counts`` (rows by language code, of the training split
+    as kept) holds."""
     if not languages:
         return []
     return [x for i, x in enumerate(languages)
-            if not counts.get(resolve_language(x, f"data.languages.{i}"))]  # fmt: skip
+            if not counts.get(resolve_language(x, f"{where}.{i}"))]  # fmt: skip
 
 
 CHECKED_AS_READ = "each row is checked as it is read"

@@ -441,6 +441,12 @@ def build_run_selector(
     log.info("selection: %s", selector.why)
     if warning := mixed_groups(cfg, langs, language, rule):
         log.warning(warning)
+    if cfg.selection.language is not None and unheard_languages(
+        [cfg.selection.language], langs, "selection.language"
+    ):
+        log.warning("selection.language %s: no usable clip of the training split is in it; its "
+                    "group's policy picks the checkpoints of a run on %s", cfg.selection.language,
+                    ", ".join(sorted(map(str, langs))))  # fmt: skip
     max_steps = cfg.train.max_steps
     if selector.max_steps is not None and selector.max_steps < max_steps:
         log.info(
