@@ -65,3 +65,19 @@ def test_a_tokenizer_saved_with_clean_up_loads_without_the_per_decode_warning(tm
         text = loaded.decode(loaded("hello world .")["input_ids"], skip_special_tokens=True)
     assert "clean_up_tokenization_spaces" not in caplog.text
     assert text.strip() == "hello world ."
+
+
+def test_loading_a_pretrained_model_draws_no_bar_of_tensors(tmp_path, tones_dir, capfd):
+    """The model is read from local files: transformers' bar would only fill logs and reports."""
+    from transformers.utils import logging as hf_logging
+
+    from asrforge.config import ModelConfig
+    from asrforge.model.build import _load_pretrained
+    from tests.conftest import save_english_only_model
+
+    pretrained = save_english_only_model(tmp_path, tones_dir)
+    capfd.readouterr()
+    hf_logging.enable_progress_bar()
+    _load_pretrained(ModelConfig(pretrained=str(pretrained)))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # as the caller had it

@@ -275,6 +275,9 @@ def _load_pretrained(
         quantized = {"quantization_config": quantization, "device_map": {"": device or "cpu"}}
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report is replaced by the checks below
+    # local files only: its bar of tensors loaded would only fill logs and reports
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         model, info = WhisperForConditionalGeneration.from_pretrained(
             str(path),
@@ -289,6 +292,8 @@ def _load_pretrained(
         raise UserError(f"model.pretrained: cannot load {path}: {e}") from None
     finally:
         hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
     check_loading_info(path, info)
     return model
 
