@@ -322,5 +322,13 @@ def test_a_missing_manifest_is_not_offered_the_generated_tones(tmp_path):
     with pytest.raises(UserError) as e:
         load_source(DataConfig(path=tmp_path / "nothere.json"))
     assert str(e.value) == f"data.path: {tmp_path / 'nothere.json'} does not exist"
-    with pytest.raises(UserError, match=r"does not exist \(set data.generate: tones"):
+    with pytest.raises(UserError, match=r"does not exist; data.generate: tones makes a small"):
         load_source(DataConfig(path=tmp_path / "nothere"))
+
+
+@pytest.mark.fast
+def test_a_missing_relative_data_path_names_the_directory_it_was_read_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        load_source(DataConfig(path="corpus"))
+    assert str(e.value).startswith(f"data.path: corpus (read from {tmp_path}) does not exist")

@@ -111,7 +111,10 @@ Generated from the schema (`asrforge/config/`) by `asrforge config reference >
 docs/configuration.md`; a test fails when this file and the schema disagree. Each field: its
 YAML path, type and default, then its description. Set a field in the YAML file or as a
 `dotted.key=value` override after it on the command line; `asrforge config show CONFIG`
-prints a config resolved with every default.
+prints a config resolved with every default. A relative path in a config (`output_dir`,
+`data.path`, `model.pretrained`, ...) is read from the directory the command runs in, not the
+config file's, as an override's is; a manifest's relative audio paths are the exception (see
+`data.audio_dir`).
 """
 
 

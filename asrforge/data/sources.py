@@ -450,9 +450,11 @@ def missing_data_path(path: Path, section: str = "data") -> str:
     """What to say of a data path that does not exist: the tones ``data.generate`` builds are
     offered only for ``data.path`` written as a folder, since a path with a file's suffix is a
     manifest mistyped, not a data set to make."""
-    hint = " (set data.generate: tones to make a small one)"
+    hint = "; data.generate: tones makes a small one"
     offer = section == "data" and not Path(path).suffix
-    return f"{section}.path: {path} does not exist{hint if offer else ''}"
+    # a config's relative paths are read from where the command runs, not from the config's
+    where = "" if Path(path).is_absolute() else f" (read from {Path.cwd()})"
+    return f"{section}.path: {path}{where} does not exist{hint if offer else ''}"
 
 
 TEXT_COLUMNS = ("text", "language")
