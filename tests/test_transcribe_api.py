@@ -84,7 +84,7 @@ def test_a_channel_axis_of_one_is_mono(bundle) -> None:
 def test_float_samples_at_pcm_scale_are_named_once_and_left_as_they_are(bundle, caplog) -> None:
     wave = noise(1.0)
     loud = wave * 32768
-    with caplog.at_level(logging.WARNING, logger="asrforge.bundle.inference"):
+    with caplog.at_level(logging.WARNING, logger="asrforge.data.audio"):
         assert np.array_equal(bundle.load_audio(loud), loud)
         bundle.load_audio(loud * 2)
         bundle.load_audio(wave)

@@ -14,6 +14,7 @@ import soundfile as sf
 
 from asrforge.bundle import inference
 from asrforge.cli import main
+from asrforge.data import audio
 from tests.test_data_hardening import save_random_whisper
 
 pytestmark = pytest.mark.fast
@@ -82,7 +83,7 @@ def test_each_group_is_written_as_soon_as_it_is_decoded(tiny_bundle, tmp_path, m
 def test_each_group_is_read_just_before_it_is_decoded(tiny_bundle, tmp_path, monkeypatch):
     paths = [clip(tmp_path / f"clip{i}.wav") for i in range(3)]
     events = []
-    read, recognize = inference.read_audio_file, inference.Bundle.recognize
+    read, recognize = audio.read_audio_file, inference.Bundle.recognize
 
     def spied_read(path):
         events.append(("read", str(path)))
@@ -92,7 +93,7 @@ def test_each_group_is_read_just_before_it_is_decoded(tiny_bundle, tmp_path, mon
         events.append(("decode", k["names"]))
         return recognize(self, waves, *a, **k)
 
-    monkeypatch.setattr(inference, "read_audio_file", spied_read)
+    monkeypatch.setattr(audio, "read_audio_file", spied_read)
     monkeypatch.setattr(inference.Bundle, "recognize", spied_recognize)
     argv = [str(tiny_bundle), *paths, "--output-dir", str(tmp_path / "out"), "--batch-size", "2"]
     assert main(["transcribe", *argv]) == 0
@@ -103,7 +104,7 @@ def test_each_group_is_read_just_before_it_is_decoded(tiny_bundle, tmp_path, mon
 
 
 def test_every_bad_file_is_refused_before_any_is_read(tiny_bundle, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(inference, "read_audio_file", lambda path: pytest.fail(f"read {path}"))
+    monkeypatch.setattr(audio, "read_audio_file", lambda path: pytest.fail(f"read {path}"))
     monkeypatch.setattr(inference.Bundle, "recognize", lambda *a, **k: pytest.fail("decoded"))
     good = clip(tmp_path / "good.wav")
     (tmp_path / "talk.m4a").write_bytes(b"\0\0\0 ftypM4A " + bytes(100))

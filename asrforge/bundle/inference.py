@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from asrforge.config import vad_problem
-from asrforge.data.audio import SAMPLE_RATE, audio_problem, decode_audio, open_audio, resample
+from asrforge.data.audio import SAMPLE_RATE, Audio, as_wave, audio_problem
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
@@ -38,15 +38,8 @@ GREEDY_WITHOUT_LM = (
 )
 """What greedy decoding of a bundle with an LM says once; ``beam`` names the beam-size option."""
 
-PCM_SCALE_PEAK = 2.0
-"""A float sample above this in magnitude is taken for integer PCM stored as floats (float
-audio is in [-1, 1]; resampling or a DSP chain overshoots it by a little, not by twice)."""
-
 DETECTED_TOGETHER = 4
 """Batches of recordings whose languages are detected before any of them is decoded."""
-
-
-Audio = str | Path | bytes | np.ndarray | torch.Tensor
 
 
 @dataclass
@@ -76,44 +69,6 @@ VAD_WITH_PREVIOUS_TEXT = (
 )
 """Why VAD and previous-text conditioning are refused together, with the names the caller
 gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
-
-
-def check_audio_file(path: Path) -> None:
-    """Refuse ``path`` as :func:`read_audio_file` would, from its header alone (no samples
-    are read, so every file of a long list is checked in moments).
-
-    Raises:
-        UserError: a directory, a missing path, no regular file, or a header that does not
-            open as audio.
-    """
-    with _opened_audio_file(path):
-        pass
-
-
-def read_audio_file(path: Path) -> np.ndarray:
-    """An audio file (wav/flac/mp3/... at any rate) -> (n_samples,) float32 at 16 kHz.
-
-    Raises:
-        UserError: a directory, a missing path, no regular file (a pipe would block its
-            reader), or contents that do not decode as audio.
-    """
-    with _opened_audio_file(path) as audio:
-        wave = audio.decode(SAMPLE_RATE)
-        if (short := audio.shortfall()) is not None:
-            log.warning("%s: %s; transcribing the audio that is there", path, short)
-    return wave
-
-
-def _opened_audio_file(path: Path):
-    """:func:`~asrforge.data.audio.open_audio` of ``path``, after the checks that name what
-    the path is when it is no audio file."""
-    if path.is_dir():
-        raise UserError(f"{path}: a directory, not an audio file")
-    if not path.exists():
-        raise UserError(f"{path}: no such audio file")
-    if not path.is_file():
-        raise UserError(f"{path}: not a regular file")
-    return open_audio(path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,8 +133,9 @@ class Bundle:
         self.features = config.features.extractor()
         self.lm = lm
         self.lm_weights = dict(lm_weights or {})
+        # The notices given once a bundle, by name.
+        self.told: set[str] = set()
         self._told_greedy_without_lm = False
-        self._told_pcm_scale = False
         self._told_default_heads = False
         self.alignment_heads = alignment_heads
         self.word_lag = word_lag
@@ -205,74 +161,10 @@ class Bundle:
 
     # -- audio and language -------------------------------------------------------------------
     def load_audio(self, audio: Audio, sampling_rate: int | None = None) -> np.ndarray:
-        """A path (wav/flac/mp3/... at any rate), encoded bytes, or an array of mono samples
-        (float in [-1, 1], or integer PCM such as int16, scaled by its type's range; a channel
-        axis of size one, (1, n) or (n, 1), is dropped) -> (n_samples,) float32 at 16 kHz.
-        Float samples above :data:`PCM_SCALE_PEAK` are kept as they are, with a warning.
-
-        Args:
-            sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
-                and bytes carry their own rate.
-
-        Raises:
-            UserError: a missing or unreadable file, an array of several channels, or a rate
-                that is not a positive whole number.
+        """:func:`~asrforge.data.audio.as_wave` of ``audio``, its PCM-scale warning given once
+        a bundle: a path, bytes, or an array of mono samples -> (n_samples,) float32 at 16 kHz.
         """
-        if isinstance(audio, torch.Tensor):
-            # numpy has no bfloat16; integer PCM keeps its type for the scaling below
-            tensor = audio.detach().cpu()
-            audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
-        if isinstance(audio, np.ndarray):
-            if audio.ndim == 2 and 1 in audio.shape:
-                # one channel, as torchaudio.load (1, n) or soundfile's always_2d (n, 1) gives it
-                audio = audio.reshape(-1)
-            if audio.ndim != 1:
-                # which axis holds the channels is not known, so a stereo array is not downmixed
-                raise UserError(
-                    f"audio array must be 1-D (mono), got shape {audio.shape}: average its "
-                    "channels (files are downmixed as they are read)"
-                )
-            if np.issubdtype(audio.dtype, np.integer):
-                # PCM samples (scipy.io.wavfile's int16, say): full scale is the type's range
-                kind = np.iinfo(audio.dtype)
-                middle, half = (kind.min + kind.max + 1) / 2, (kind.max - kind.min + 1) / 2
-                audio = (audio.astype(np.float64) - middle) / half
-            elif not np.issubdtype(audio.dtype, np.floating):
-                raise UserError(
-                    f"audio array must hold integer or float samples, got {audio.dtype}"
-                )
-            else:
-                self._say_if_pcm_scale(audio)
-            rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
-            if isinstance(rate, float | np.floating) and float(rate).is_integer():
-                rate = int(rate)  # 16000.0, as librosa and soundfile hand rates over
-            if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
-                raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
-            return resample(audio.astype(np.float32, copy=False), int(rate), SAMPLE_RATE)
-        if isinstance(audio, bytes | bytearray):
-            return decode_audio(bytes(audio), SAMPLE_RATE)
-        if isinstance(audio, str | Path):
-            return read_audio_file(Path(audio))
-        raise UserError(
-            f"audio must be a path, bytes, or a numpy array or torch tensor of samples, got "
-            f"{type(audio).__name__}"
-        )
-
-    def _say_if_pcm_scale(self, audio: np.ndarray) -> None:
-        """Warn, once a bundle, of float samples far outside [-1, 1]: integer PCM values stored
-        as floats, which decode as noise; they are not rescaled, since a guess could be wrong."""
-        if self._told_pcm_scale:
-            return
-        peak = float(np.abs(audio).max(initial=0.0))
-        if not PCM_SCALE_PEAK < peak < np.inf:
-            return
-        self._told_pcm_scale = True
-        log.warning(
-            "float audio samples peak %.1f: samples are expected in [-1, 1] (integer PCM such as "
-            "int16 values stored as floats must be divided by their full scale, 32768 for "
-            "16-bit); transcribing them as they are",
-            peak,
-        )
+        return as_wave(audio, sampling_rate, told=self.told)
 
     def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
         """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only

@@ -136,11 +136,8 @@ def optional_float(text: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.inference import (
-        VAD_WITH_PREVIOUS_TEXT,
-        check_audio_file,
-        read_audio_file,
-    )
+    from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT
+    from asrforge.data.audio import check_audio_file, read_audio_file
 
     problems = [
         positive("--batch-size", args.batch_size),

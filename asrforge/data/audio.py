@@ -1,8 +1,11 @@
-"""Reading audio: decode bytes or files with soundfile, downmix to mono, resample to 16 kHz."""
+"""Reading audio: decode bytes or files with soundfile, downmix to mono, resample to 16 kHz;
+any audio a caller hands over (a path, bytes, an array or tensor of samples) as one
+(n_samples,) float32 wave at 16 kHz (:func:`as_wave`)."""
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import re
@@ -20,6 +23,8 @@ from asrforge.data.sample_rate import SAMPLE_RATE
 from asrforge.errors import UserError
 from asrforge.io.small_files import open_regular
 
+log = logging.getLogger(__name__)
+
 MAX_DECODE_SECONDS = 6 * 3600
 """Longest audio decoded whole: a few kilobytes of FLAC can decode to days of silence."""
 _BLOCK_FRAMES = 1 << 16
@@ -27,6 +32,12 @@ _CUT_SHORT = re.compile(r"^(?:data|SSND)\s*:\s*(\d+) \(should be (\d+)\)", re.MU
 """libsndfile's log line for a data chunk shorter than its header says."""
 READABLE = "wav, flac, ogg (vorbis, opus), mp3, aiff and the other formats libsndfile reads"
 """The audio this module decodes, for messages about a file it cannot."""
+PCM_SCALE_PEAK = 2.0
+"""A float sample above this in magnitude is taken for integer PCM stored as floats (float
+audio is in [-1, 1]; resampling or a DSP chain overshoots it by a little, not by twice)."""
+
+Audio = str | Path | bytes | np.ndarray | torch.Tensor
+"""What :func:`as_wave` reads: a path, encoded bytes, or samples."""
 
 
 def decode_audio(source: bytes | str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
@@ -146,6 +157,121 @@ def _open_regular(path: str) -> int:
         raise UserError(f"cannot read audio {path}: {e}") from None
     except OSError as e:
         raise UserError(f"cannot read audio {path}: {e.strerror}") from None
+
+
+def as_wave(
+    audio: Audio, sampling_rate: int | None = None, *, told: set[str] | None = None
+) -> np.ndarray:
+    """A path (wav/flac/mp3/... at any rate), encoded bytes, or an array of mono samples
+    (float in [-1, 1], or integer PCM such as int16, scaled by its type's range; a channel
+    axis of size one, (1, n) or (n, 1), is dropped) -> (n_samples,) float32 at 16 kHz.
+    Float samples above :data:`PCM_SCALE_PEAK` are kept as they are, with a warning.
+
+    Args:
+        sampling_rate: an array's rate in Hz (resampled to 16 kHz); default 16 kHz. Files
+            and bytes carry their own rate.
+        told: the warnings already given to the caller, by name: the PCM-scale one is given
+            when ``"pcm-scale"`` is not in it, and then added (a bundle gives it once); None:
+            every time.
+
+    Raises:
+        UserError: a missing or unreadable file, an array of several channels, or a rate
+            that is not a positive whole number.
+    """
+    if isinstance(audio, torch.Tensor):
+        # numpy has no bfloat16; integer PCM keeps its type for the scaling below
+        tensor = audio.detach().cpu()
+        audio = (tensor.float() if tensor.is_floating_point() else tensor).numpy()
+    if isinstance(audio, np.ndarray):
+        if audio.ndim == 2 and 1 in audio.shape:
+            # one channel, as torchaudio.load (1, n) or soundfile's always_2d (n, 1) gives it
+            audio = audio.reshape(-1)
+        if audio.ndim != 1:
+            # which axis holds the channels is not known, so a stereo array is not downmixed
+            raise UserError(
+                f"audio array must be 1-D (mono), got shape {audio.shape}: average its "
+                "channels (files are downmixed as they are read)"
+            )
+        if np.issubdtype(audio.dtype, np.integer):
+            # PCM samples (scipy.io.wavfile's int16, say): full scale is the type's range
+            kind = np.iinfo(audio.dtype)
+            middle, half = (kind.min + kind.max + 1) / 2, (kind.max - kind.min + 1) / 2
+            audio = (audio.astype(np.float64) - middle) / half
+        elif not np.issubdtype(audio.dtype, np.floating):
+            raise UserError(f"audio array must hold integer or float samples, got {audio.dtype}")
+        else:
+            _say_if_pcm_scale(audio, told)
+        rate = SAMPLE_RATE if sampling_rate is None else sampling_rate
+        if isinstance(rate, float | np.floating) and float(rate).is_integer():
+            rate = int(rate)  # 16000.0, as librosa and soundfile hand rates over
+        if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
+            raise UserError(f"sampling_rate must be a positive integer (Hz), got {rate!r}")
+        return resample(audio.astype(np.float32, copy=False), int(rate), SAMPLE_RATE)
+    if isinstance(audio, bytes | bytearray):
+        return decode_audio(bytes(audio), SAMPLE_RATE)
+    if isinstance(audio, str | Path):
+        return read_audio_file(Path(audio))
+    raise UserError(
+        f"audio must be a path, bytes, or a numpy array or torch tensor of samples, got "
+        f"{type(audio).__name__}"
+    )
+
+
+def _say_if_pcm_scale(audio: np.ndarray, told: set[str] | None) -> None:
+    """Warn of float samples far outside [-1, 1], unless ``told`` holds the warning: integer PCM
+    values stored as floats, which decode as noise; they are not rescaled, since a guess could
+    be wrong."""
+    if told is not None and "pcm-scale" in told:
+        return
+    peak = float(np.abs(audio).max(initial=0.0))
+    if not PCM_SCALE_PEAK < peak < np.inf:
+        return
+    if told is not None:
+        told.add("pcm-scale")
+    log.warning(
+        "float audio samples peak %.1f: samples are expected in [-1, 1] (integer PCM such as "
+        "int16 values stored as floats must be divided by their full scale, 32768 for "
+        "16-bit); transcribing them as they are",
+        peak,
+    )
+
+
+def check_audio_file(path: Path) -> None:
+    """Refuse ``path`` as :func:`read_audio_file` would, from its header alone (no samples
+    are read, so every file of a long list is checked in moments).
+
+    Raises:
+        UserError: a directory, a missing path, no regular file, or a header that does not
+            open as audio.
+    """
+    with _opened_audio_file(path):
+        pass
+
+
+def read_audio_file(path: Path) -> np.ndarray:
+    """An audio file (wav/flac/mp3/... at any rate) -> (n_samples,) float32 at 16 kHz.
+
+    Raises:
+        UserError: a directory, a missing path, no regular file (a pipe would block its
+            reader), or contents that do not decode as audio.
+    """
+    with _opened_audio_file(path) as audio:
+        wave = audio.decode(SAMPLE_RATE)
+        if (short := audio.shortfall()) is not None:
+            log.warning("%s: %s; transcribing the audio that is there", path, short)
+    return wave
+
+
+def _opened_audio_file(path: Path):
+    """:func:`open_audio` of ``path``, after the checks that name what the path is when it is
+    no audio file."""
+    if path.is_dir():
+        raise UserError(f"{path}: a directory, not an audio file")
+    if not path.exists():
+        raise UserError(f"{path}: no such audio file")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file")
+    return open_audio(path)
 
 
 def is_special_file(source: bytes | str | Path) -> bool:
