@@ -166,12 +166,6 @@ class Bundle:
         """
         return as_wave(audio, sampling_rate, told=self.told)
 
-    def resolve_language(self, audio: np.ndarray, language: str | None) -> str:
-        """The language to transcribe ``audio`` in: ``language`` (checked), the bundle's only
-        language, or the one detected among the bundle's languages."""
-        code = self._language_unheard(language)
-        return code if code is not None else self.detect_language(audio)
-
     def check_language(self, language: str) -> None:
         """Refuse ``language`` as :meth:`recognize` would: unknown, or not this bundle's.
 
@@ -181,8 +175,8 @@ class Bundle:
         self._language_unheard(language)
 
     def _language_unheard(self, language: str | None) -> str | None:
-        """:meth:`resolve_language` where the audio is not needed: ``language`` checked, or the
-        bundle's only language; None when it is to be detected."""
+        """The language to transcribe in, where the audio is not needed: ``language`` checked,
+        or the bundle's only language; None when it is to be detected."""
         if language is not None:  # a code, name or locale ("de", "German", "de-AT")
             code = languages.resolve_language(language, strict=False).strip().lower()
             if not self.specials.multilingual:
