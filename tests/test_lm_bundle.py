@@ -20,6 +20,7 @@ from test_bundle import (  # noqa: F401  (one_thread: autouse)
 )
 
 from asrforge.bundle.export import export_bundle
+from asrforge.bundle.languages import language_of_prompt
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, LM_WEIGHTS_KEY, load_bundle
 from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.bundle.write import update_bundle_manifest
@@ -112,7 +113,7 @@ def test_a_bundle_with_an_lm_records_it_and_round_trips(lm_bundle_dir, arpa):
     bundle = load_bundle(lm_bundle_dir)
     assert bundle.lm.probs == source.probs and bundle.lm.backoffs == source.backoffs
     assert bundle.lm_alpha_beta() == (info["alpha"], info["beta"])
-    assert bundle.language_of_prompt(bundle.specials.prompt("es")) == "es"
+    assert language_of_prompt(bundle, bundle.specials.prompt("es")) == "es"
 
 
 def test_transformers_and_ctranslate2_load_a_bundle_with_an_lm(

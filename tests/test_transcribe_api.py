@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from asrforge.bundle import inference
+from asrforge.bundle import inference, languages
 from asrforge.bundle.inference import Transcript
+from asrforge.bundle.languages import detect
 from asrforge.bundle.load import load_bundle
 from asrforge.errors import UserError
 from asrforge.model.longform import EncodedWindows
@@ -126,7 +127,7 @@ def test_an_encoding_kept_from_detection_holds_its_own_row_not_the_batch(bundle)
     copy of its own, not a view that keeps the other two alive."""
     waves = [noise(1.0) * (k + 1) for k in range(3)]
     keep = EncodedWindows(limit=1)
-    bundle._detect(waves, batch_size=3, keep=keep, reused=[True, True, False])
+    detect(bundle, waves, batch_size=3, keep=keep, reused=[True, True, False])
     assert len(keep) == 1
     kept = keep.take(waves[0])
     assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
@@ -172,7 +173,7 @@ def test_detect_language_reads_arrays_as_transcribe_does(bundle, monkeypatch) ->
         bundle.detect_language(np.full(SR, np.nan, np.float32))
     heard = []
     monkeypatch.setattr(
-        bundle, "_detect", lambda waves, **kw: heard.extend(w.shape[0] for w in waves) or ["en"]
+        languages, "detect", lambda _, waves, **kw: heard.extend(w.shape[0] for w in waves) or ["en"]
     )
     assert bundle.detect_language(noise(1.0)[::2], sampling_rate=8_000) == "en"
     assert heard == [SR]  # one second, at 16 kHz

@@ -14,21 +14,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrforge.bundle.languages import (
+    detect,
+    detect_language,
+    language_ids,
+    language_of_prompt,
+    language_without_audio,
+)
 from asrforge.config import vad_problem
 from asrforge.data.audio import SAMPLE_RATE, Audio, as_wave, audio_problem
 from asrforge.errors import UserError
 from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
-from asrforge.model.decoding import DecodeOptions, codes_of_tokens, detect_languages
-from asrforge.model.encoding import encode_waves
+from asrforge.model.decoding import DecodeOptions
 from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
 from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
 from asrforge.model.no_speech import NoSpeech, no_speech_token
-from asrforge.model.silence import segment
 from asrforge.model.tokenizer import SpecialTokens
 from asrforge.model.vad import Chunk, decode_chunks, speech_chunks, vad_available
-from asrforge.text import languages
 
 log = logging.getLogger(__name__)
 
@@ -166,91 +170,15 @@ class Bundle:
         """
         return as_wave(audio, sampling_rate, told=self.told)
 
-    def check_language(self, language: str) -> None:
-        """Refuse ``language`` as :meth:`recognize` would: unknown, or not this bundle's.
-
-        Raises:
-            UserError: naming the language and what the bundle transcribes.
-        """
-        self._language_unheard(language)
-
-    def _language_unheard(self, language: str | None) -> str | None:
-        """The language to transcribe in, where the audio is not needed: ``language`` checked,
-        or the bundle's only language; None when it is to be detected."""
-        if language is not None:  # a code, name or locale ("de", "German", "de-AT")
-            code = languages.resolve_language(language, strict=False).strip().lower()
-            if not self.specials.multilingual:
-                if languages.find_language_code(language) is None:
-                    raise UserError(f"unknown language {language!r}: this bundle is English-only")
-                if code not in ("en", "english"):
-                    raise UserError(f"language {language!r}: this bundle is English-only")
-                return "en"
-            if code not in self.language_ids:
-                raise UserError(
-                    f"unknown language {language!r}: this bundle transcribes "
-                    f"{', '.join(sorted(self.language_ids))}"
-                )
-            return code
-        if not self.specials.multilingual:
-            return "en"
-        ids = self.language_ids
-        if not ids:
-            raise UserError("this bundle's config names no language its tokenizer has a token for")
-        return next(iter(ids)) if len(ids) == 1 else None
-
     @property
     def language_ids(self) -> dict[str, int]:
         """The languages this bundle transcribes and detects among: code -> language token."""
-        langs = self.config.languages or list(self.specials.languages)
-        return {c: self.specials.languages[c] for c in langs if c in self.specials.languages}
+        return language_ids(self)
 
-    @torch.no_grad()
     def detect_language(self, audio: Audio, *, sampling_rate: int | None = None) -> str:
-        """The most likely of the bundle's languages for the first window of ``audio`` (the
-        decoder's distribution after ``<|startoftranscript|>``, as Whisper detects).
-
-        Args:
-            audio, sampling_rate: as :meth:`load_audio` reads them.
-
-        Raises:
-            UserError: audio :meth:`load_audio` refuses, or none to hear a language in (no
-                samples, or NaN/inf ones).
-        """
-        wave = self.load_audio(audio, sampling_rate)
-        problem = audio_problem(wave)
-        if problem is not None:
-            name = audio if isinstance(audio, str | Path) else "audio"
-            raise UserError(f"{name}: {problem}; no language to detect")
-        return self._detect([wave], batch_size=1)[0]
-
-    @torch.no_grad()
-    def _detect(
-        self,
-        waves: Sequence[np.ndarray],
-        *,
-        batch_size: int,
-        keep: EncodedWindows | None = None,
-        reused: Sequence[bool] = (),
-    ) -> list[str]:
-        """:meth:`detect_language` of each wave, ``batch_size`` first windows encoded at a
-        time; with ``keep``, the encoder output of the windows ``reused`` marks (one flag a
-        wave) goes into it, for decoding to start from."""
-        code_of = codes_of_tokens(self.language_ids)
-        out = []
-        for k in range(0, len(waves), batch_size):
-            windows = []
-            for wave in waves[k : k + batch_size]:
-                start, end = segment(wave, SAMPLE_RATE, self.window_seconds)[0]
-                windows.append(wave[start:end])
-            enc = encode_waves(self.model, self.features, windows, self.device)
-            found = detect_languages(self.model, enc, self.specials.sot, code_of.keys())
-            out += [code_of[token] for token in found]
-            if keep is not None:
-                flags = reused[k : k + batch_size]
-                for window, encoded, reuse in zip(windows, enc, flags, strict=True):
-                    if reuse:
-                        keep.add(window, encoded)
-        return out
+        """The most likely of the bundle's languages for the first window of ``audio``
+        (:func:`asrforge.bundle.languages.detect_language`)."""
+        return detect_language(self, audio, sampling_rate=sampling_rate)
 
     # -- transcription ------------------------------------------------------------------------
     def transcribe(
@@ -348,18 +276,8 @@ class Bundle:
             self.specials.eot,
             tuned[0] if alpha is None else alpha,
             tuned[1] if beta is None else beta,
-            language_of=self.language_of_prompt,
+            language_of=functools.partial(language_of_prompt, self),
         )
-
-    def language_of_prompt(self, prompt: Sequence[int]) -> str:
-        """The language a decoder prompt asks for (``en`` for an English-only model); the LM's
-        language when several share the prompt's token (``data.language_tokens``)."""
-        if not self.specials.multilingual:
-            return "en"
-        ids = set(prompt)
-        codes = [c for c, i in self.specials.languages.items() if i in ids]
-        known = set(self.config.lm.languages) if self.config.lm else set()
-        return next((c for c in codes if c in known), codes[0] if codes else "")
 
     def no_speech_gate(
         self, threshold: float | None, logprob_threshold: float | None = -1.0
@@ -487,7 +405,7 @@ class Bundle:
         if names is not None and len(names) != len(audios):
             raise UserError(f"{len(names)} names for {len(audios)} recordings")
         # Languages are checked before any audio is read; None is detected from the audio.
-        given = [self._language_unheard(lang) for lang in langs]
+        given = [language_without_audio(self, lang) for lang in langs]
         cap = max_new_tokens if max_new_tokens is not None else self.config.eval.max_new_tokens
         window = round(self.window_seconds * SAMPLE_RATE)
         waves, codes = [], []
@@ -537,7 +455,8 @@ class Bundle:
             # A language is heard in the first chunk (the first speech VAD found), and decoding
             # starts from that encoding when the chunk is one window.
             heard = [chunks[j][0].audio(waves[j]) if chunks[j] else waves[j] for j in unknown]
-            detected = self._detect(
+            detected = detect(
+                self,
                 heard,
                 batch_size=batch_size,
                 keep=encoded,

@@ -137,6 +137,7 @@ def optional_float(text: str) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT
+    from asrforge.bundle.languages import check_language
     from asrforge.data.audio import check_audio_file, read_audio_file
 
     problems = [
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if args.condition_on_previous_text and chosen and chunking != "timestamps":
         problems.append("--condition-on-previous-text needs --chunking timestamps")
     if bundle is not None and args.language is not None:  # before any group is decoded
-        attempt(lambda: bundle.check_language(args.language), problems)
+        attempt(lambda: check_language(bundle, args.language), problems)
     for path in args.audio:
         attempt(lambda path=path: check_audio_file(path), problems)
     raise_problems(problems)
