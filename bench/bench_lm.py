@@ -97,11 +97,13 @@ def attach_lm(bundle, arpa: Path) -> None:
 def tune(bundle, batches, alphas, betas) -> list[tuple[float, float]]:
     """The ``(alpha, beta)`` with the lowest WER on ``batches`` (``(0, 0)``, no LM, included),
     and, when that is ``(0, 0)``, also the best with ``alpha > 0`` (what the LM does at best)."""
+    from asrforge.bundle.options import fusion
+
     refs = [r for _, _, rs in batches for r in rs]
     scores = {}
     for alpha in sorted({0.0, *alphas}):
         for beta in betas if alpha else (0.0,):
-            hyps, _ = decode(bundle, batches, "beam", bundle.fusion(alpha, beta))
+            hyps, _ = decode(bundle, batches, "beam", fusion(bundle, alpha, beta))
             scores[(alpha, beta)] = corpus_wer(refs, hyps)
             print(f"  tune alpha {alpha:g} beta {beta:g}: WER {100 * scores[(alpha, beta)]:.2f}",
                   flush=True)  # fmt: skip
@@ -121,6 +123,8 @@ def corpus_wer(refs, hyps) -> float:
 def measure(bundle, batches, corpus: str, points: list[tuple[float, float]]) -> list[dict]:
     """One row per language and decoder: greedy, beam, beam + LM at the tuned weights and (when
     those are no LM) ``+lm*`` at the best weights with an LM."""
+    from asrforge.bundle.options import fusion
+
     refs = [r for _, _, rs in batches for r in rs]
     runs = {
         "greedy": decode(bundle, batches, "greedy"),
@@ -128,7 +132,7 @@ def measure(bundle, batches, corpus: str, points: list[tuple[float, float]]) -> 
     }
     weights = {}
     for name, (alpha, beta) in zip([f"beam{BEAM}+lm", f"beam{BEAM}+lm*"], points, strict=False):
-        runs[name] = decode(bundle, batches, "beam", bundle.fusion(alpha, beta))
+        runs[name] = decode(bundle, batches, "beam", fusion(bundle, alpha, beta))
         weights[name] = (alpha, beta)
     rows = []
     for lang in sorted({lang for lang, _ in refs}):

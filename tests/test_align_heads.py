@@ -16,6 +16,7 @@ from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixt
 
 from asrforge.bundle.export import export_bundle
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, load_bundle
+from asrforge.bundle.options import word_heads
 from asrforge.bundle.write import update_bundle_manifest
 from asrforge.errors import CheckpointCorruptError
 from asrforge.model.head_timing import qualifying_heads, speech_onset
@@ -186,7 +187,7 @@ def test_a_model_with_no_head_within_the_limit_says_so(tmp_path, tones_dir, caps
     wave = np.random.default_rng(0).standard_normal(SR).astype(np.float32) * 0.1
     bundle.transcribe(wave, word_timestamps=True, max_new_tokens=4)
     # the warning is given only when there are words to time
-    assert bundle._word_heads() is None
+    assert word_heads(bundle) is None
     assert "found no head that follows the audio" in caplog.text
     # measuring the lag alone keeps the finding that no head qualifies
     assert main([*argv, "--joins", "3", "--keep-heads"]) == 0

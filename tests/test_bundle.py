@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from asrforge.bundle.export import export_bundle
 from asrforge.bundle.inference import Bundle
 from asrforge.bundle.load import load_bundle
+from asrforge.bundle.options import use_vad
 from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.bundle.write import write_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
@@ -521,7 +522,7 @@ def test_vad_with_previous_text_conditioning_is_refused_naming_both(bundle, vali
         bundle.recognize([wave], vad=True, condition_on_previous_text=True)
     # left to the default, a long recording conditioned on previous text is not decoded by VAD
     long = np.zeros(round(bundle.window_seconds + 1) * 16_000, np.float32)
-    assert not bundle._use_vad(None, long, previous_text=True)  # noqa: SLF001
+    assert not use_vad(bundle, None, long, previous_text=True)
 
 
 def test_a_vad_recordings_language_is_heard_in_its_first_chunk(bundle, validation, monkeypatch):

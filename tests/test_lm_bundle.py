@@ -22,6 +22,7 @@ from test_bundle import (  # noqa: F401  (one_thread: autouse)
 from asrforge.bundle.export import export_bundle
 from asrforge.bundle.languages import language_of_prompt
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, LM_WEIGHTS_KEY, load_bundle
+from asrforge.bundle.options import lm_alpha_beta
 from asrforge.bundle.schema import INFERENCE_CONFIG
 from asrforge.bundle.write import update_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
@@ -112,7 +113,7 @@ def test_a_bundle_with_an_lm_records_it_and_round_trips(lm_bundle_dir, arpa):
     assert info["normalizer"] == "by-language" and info["languages"] == ["en", "es"]
     bundle = load_bundle(lm_bundle_dir)
     assert bundle.lm.probs == source.probs and bundle.lm.backoffs == source.backoffs
-    assert bundle.lm_alpha_beta() == (info["alpha"], info["beta"])
+    assert lm_alpha_beta(bundle) == (info["alpha"], info["beta"])
     assert language_of_prompt(bundle, bundle.specials.prompt("es")) == "es"
 
 
@@ -223,7 +224,7 @@ def test_fusion_at_alpha_and_beta_zero_transcribes_as_without_the_lm(lm_bundle_d
 def test_greedy_decoding_stays_greedy_with_an_lm_and_says_so_once(lm_bundle_dir, waves, caplog):
     bundle = load_bundle(lm_bundle_dir)
     plain = bundle.recognize(waves, "en", use_lm=False)
-    with caplog.at_level("INFO", logger="asrforge.bundle.inference"):
+    with caplog.at_level("INFO", logger="asrforge.bundle.options"):
         default = bundle.recognize(waves, "en")
         weighted = bundle.recognize(waves, "en", lm_alpha=0.0, lm_beta=-50.0)
     assert [t.text for t in default] == [t.text for t in weighted] == [t.text for t in plain]
@@ -304,7 +305,7 @@ def test_lm_tune_records_the_best_weights_atomically(lm_bundle_dir, tones_dir, t
     assert (record["alpha"], record["beta"]) in {(0.0, 0.0), (0.5, -20.0), (0.5, 0.0)}
     assert record["value"] <= record["without_lm"] and record["n"] == 6
     bundle = load_bundle(copy)  # the resealed manifest verifies
-    assert bundle.lm_alpha_beta() == (record["alpha"], record["beta"])
+    assert lm_alpha_beta(bundle) == (record["alpha"], record["beta"])
     assert bundle.config.model_dump() == load_bundle(lm_bundle_dir).config.model_dump()
 
 

@@ -721,15 +721,16 @@ def test_transcribe_refuses_impossible_options(hf_tiny_en, tmp_path, capsys) -> 
 
 def test_timestamps_cannot_be_forced_on_a_model_without_them(hf_tiny_en) -> None:  # noqa: F811
     from asrforge.bundle.export import bundle_from_checkpoint
+    from asrforge.bundle.options import chunking_for
     from asrforge.model.tokenizer import train_bpe_tokenizer
 
     bundle = bundle_from_checkpoint(hf_tiny_en)
     bundle.tokenizer = train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=300)
-    assert bundle.chunking_for(None)[0] == "silence"
+    assert chunking_for(bundle, None)[0] == "silence"
     with pytest.raises(UserError, match="no timestamp tokens"):
-        bundle.chunking_for("timestamps")
+        chunking_for(bundle, "timestamps")
     with pytest.raises(UserError, match="chunking: must be one of"):
-        bundle.chunking_for("words")
+        chunking_for(bundle, "words")
 
 
 # ---------------------------------------------------------------------------------------------

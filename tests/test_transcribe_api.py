@@ -159,7 +159,7 @@ def test_chunking_is_logged_only_when_some_audio_is_long(bundle, caplog) -> None
 def test_default_heads_for_word_timestamps_are_named_once_a_bundle(tiny_bundle, caplog) -> None:  # noqa: F811
     bundle = load_bundle(tiny_bundle)
     bundle.alignment_heads = []  # align-heads found none that qualifies
-    with caplog.at_level(logging.WARNING, logger="asrforge.bundle.inference"):
+    with caplog.at_level(logging.WARNING, logger="asrforge.bundle.options"):
         for _ in range(2):
             bundle.transcribe(noise(1.0), word_timestamps=True, max_new_tokens=2)
     said = [r.getMessage() for r in caplog.records if "align-heads" in r.getMessage()]

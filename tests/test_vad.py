@@ -274,17 +274,17 @@ def test_long_audio_without_vads_packages_says_once_that_it_decodes_sequentially
 ) -> None:
     import logging
 
-    import asrforge.bundle.inference as inference
+    from asrforge.bundle import options
     from asrforge.bundle.export import bundle_from_checkpoint
 
     bundle = bundle_from_checkpoint(save_english_only_model(tmp_path, tones_dir))
     long = np.zeros(round(2.5 * bundle.window_seconds * SR), np.float32)
     without_modules(monkeypatch, "onnxruntime")
-    inference._say_sequential_without_vad.cache_clear()
-    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
-        assert not bundle._use_vad(None, long, previous_text=False)
-        assert not bundle._use_vad(None, long, previous_text=False)
-        assert not bundle._use_vad(None, long[: SR // 2], previous_text=False)  # a clip: silent
+    options._say_sequential_without_vad.cache_clear()
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.options"):
+        assert not options.use_vad(bundle, None, long, previous_text=False)
+        assert not options.use_vad(bundle, None, long, previous_text=False)
+        assert not options.use_vad(bundle, None, long[: SR // 2], previous_text=False)  # a clip
     said = [r.getMessage() for r in caplog.records if "decode sequentially" in r.getMessage()]
     assert said == [
         "long recordings decode sequentially: VAD: needs the package onnxruntime "
@@ -353,12 +353,12 @@ def test_a_long_recording_with_a_broken_onnxruntime_decodes_sequentially(
     import json
     import logging
 
-    import asrforge.bundle.inference as inference
+    from asrforge.bundle import options
     from asrforge.cli import main
 
     audio = clip(tmp_path / "long.wav", seconds=5.0)  # the tiny model's window is 2 s
-    inference._say_sequential_without_vad.cache_clear()
-    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
+    options._say_sequential_without_vad.cache_clear()
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.options"):
         assert main(["transcribe", str(tiny_bundle), audio, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["vad"] is False and out["seconds"] == pytest.approx(5.0)

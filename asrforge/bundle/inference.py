@@ -18,29 +18,25 @@ from asrforge.bundle.languages import (
     detect,
     detect_language,
     language_ids,
-    language_of_prompt,
     language_without_audio,
 )
-from asrforge.config import vad_problem
+from asrforge.bundle.options import (
+    VAD_WITH_PREVIOUS_TEXT,
+    chunking_for,
+    decode_options,
+    no_speech_gate,
+    use_vad,
+    word_heads,
+)
 from asrforge.data.audio import SAMPLE_RATE, Audio, as_wave, audio_problem
 from asrforge.errors import UserError
-from asrforge.lm.fusion import ShallowFusion
 from asrforge.model.alignment import Word, add_word_timestamps
-from asrforge.model.decoding import DecodeOptions
-from asrforge.model.fallback import Fallback
 from asrforge.model.frames import window_seconds
-from asrforge.model.longform import EncodedWindows, Segment, choose_chunking, transcribe_long
-from asrforge.model.no_speech import NoSpeech, no_speech_token
+from asrforge.model.longform import EncodedWindows, Segment, transcribe_long
 from asrforge.model.tokenizer import SpecialTokens
-from asrforge.model.vad import Chunk, decode_chunks, speech_chunks, vad_available
+from asrforge.model.vad import Chunk, decode_chunks, speech_chunks
 
 log = logging.getLogger(__name__)
-
-GREEDY_WITHOUT_LM = (
-    "the bundle's {order}-gram LM is fused in beam search only; greedy decoding runs without "
-    "it ({beam} N > 1 to use it)"
-)
-"""What greedy decoding of a bundle with an LM says once; ``beam`` names the beam-size option."""
 
 DETECTED_TOGETHER = 4
 """Batches of recordings whose languages are detected before any of them is decoded."""
@@ -65,21 +61,6 @@ class Transcript:
     def words(self) -> list[Word]:
         """Every segment's words, in order (empty unless word timestamps were asked for)."""
         return [w for s in self.segments for w in s.words or []]
-
-
-VAD_WITH_PREVIOUS_TEXT = (
-    "{vad} and {previous}: VAD chunks are decoded apart, never prompted with the text before "
-    "them; give one of the two"
-)
-"""Why VAD and previous-text conditioning are refused together, with the names the caller
-gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
-
-
-@functools.lru_cache(maxsize=1)
-def _say_sequential_without_vad() -> None:
-    """Log, once a process, that long recordings decode sequentially for want of VAD's
-    packages (an install from before VAD needed onnxruntime lacks it)."""
-    log.info("long recordings decode sequentially: %s", vad_problem("VAD"))
 
 
 @functools.cache
@@ -139,8 +120,6 @@ class Bundle:
         self.lm_weights = dict(lm_weights or {})
         # The notices given once a bundle, by name.
         self.told: set[str] = set()
-        self._told_greedy_without_lm = False
-        self._told_default_heads = False
         self.alignment_heads = alignment_heads
         self.word_lag = word_lag
 
@@ -255,60 +234,6 @@ class Bundle:
         )
         return transcripts if word_timestamps else [t.text for t in transcripts]
 
-    def lm_alpha_beta(self) -> tuple[float, float]:
-        """The LM weight and word bonus to decode with: tuned ones, else the recorded defaults."""
-        info = self.config.lm
-        return (
-            float(self.lm_weights.get("alpha", info.alpha if info else 0.0)),
-            float(self.lm_weights.get("beta", info.beta if info else 0.0)),
-        )
-
-    def fusion(self, alpha: float | None = None, beta: float | None = None):
-        """A :class:`~asrforge.lm.fusion.ShallowFusion` of the bundle's LM for beam search
-        (None when it has none); ``alpha``/``beta`` default to :meth:`lm_alpha_beta`."""
-        if self.lm is None:
-            return None
-
-        tuned = self.lm_alpha_beta()
-        return ShallowFusion(
-            self.lm,
-            self.tokenizer,
-            self.specials.eot,
-            tuned[0] if alpha is None else alpha,
-            tuned[1] if beta is None else beta,
-            language_of=functools.partial(language_of_prompt, self),
-        )
-
-    def no_speech_gate(
-        self, threshold: float | None, logprob_threshold: float | None = -1.0
-    ) -> NoSpeech | None:
-        """The no-speech gate of :meth:`recognize`'s ``no_speech_threshold`` and
-        ``logprob_threshold``; None when ``threshold`` is None or the vocabulary has no
-        no-speech token.
-
-        Raises:
-            UserError: a threshold outside [0, 1], or a log-probability threshold above 0.
-        """
-        if threshold is not None and not 0.0 <= threshold <= 1.0:
-            raise UserError(f"no_speech_threshold must be in [0, 1] or None, got {threshold}")
-        if logprob_threshold is not None and not logprob_threshold <= 0.0:
-            raise UserError(f"logprob_threshold must be <= 0 or None, got {logprob_threshold}")
-        if threshold is None:
-            return None
-        token = no_speech_token(self.tokenizer)
-        if token is None:
-            log.info("no no-speech gate: the vocabulary has no <|nospeech|> token")
-            return None
-        return NoSpeech(token, self.specials.sot, threshold, logprob_threshold)
-
-    def chunking_for(self, requested: str | None) -> tuple[str, str]:
-        """``(chunking, why)`` for long audio (see :func:`asrforge.model.longform.choose_chunking`).
-
-        Raises:
-            UserError: an unknown chunking, or ``timestamps`` for a model without them.
-        """
-        return choose_chunking(self.tokenizer, self.model.config, requested)
-
     def recognize(
         self,
         audios: Sequence[Audio],
@@ -351,7 +276,7 @@ class Bundle:
             use_lm: fuse the bundle's n-gram LM, when it has one, into beam search
                 (``beam_size`` > 1; greedy decoding runs without it and says so once in the
                 log); ``lm_alpha``/``lm_beta`` override the tuned or recorded weights
-                (:meth:`lm_alpha_beta`).
+                (:func:`~asrforge.bundle.options.lm_alpha_beta`).
             word_timestamps: time every word of every segment (``Segment.words``): the
                 cross-attention of the model's alignment heads aligned to the audio by dynamic
                 time warping (:mod:`asrforge.model.alignment`).
@@ -393,8 +318,8 @@ class Bundle:
             raise UserError(
                 VAD_WITH_PREVIOUS_TEXT.format(vad="vad", previous="condition_on_previous_text")
             )
-        gate = self.no_speech_gate(no_speech_threshold, logprob_threshold)
-        mode, why = self.chunking_for(chunking)
+        gate = no_speech_gate(self, no_speech_threshold, logprob_threshold)
+        mode, why = chunking_for(self, chunking)
         langs = (
             [language] * len(audios)
             if language is None or isinstance(language, str)
@@ -425,22 +350,21 @@ class Bundle:
             out.append(None)
         if any(wave.shape[0] > window for wave in waves):
             log.info("long audio: chunking %s (%s)", mode, why)
-        by_vad = [self._use_vad(vad, wave, condition_on_previous_text) for wave in waves]
+        by_vad = [use_vad(self, vad, wave, condition_on_previous_text) for wave in waves]
         chunks = [
             speech_chunks(wave, SAMPLE_RATE, self.window_seconds) if use else [Chunk.whole(wave)]
             for wave, use in zip(waves, by_vad, strict=True)
         ]
-        options = DecodeOptions(
+        options = decode_options(
+            self,
             beam_size=beam_size,
-            fallback=Fallback(logprob_threshold=logprob_threshold)
-            if temperature_fallback
-            else None,
-            fusion=self.fusion(lm_alpha, lm_beta) if use_lm and beam_size > 1 else None,
+            temperature_fallback=temperature_fallback,
+            use_lm=use_lm,
+            lm_alpha=lm_alpha,
+            lm_beta=lm_beta,
             no_speech=gate,
+            logprob_threshold=logprob_threshold,
         )
-        if use_lm and self.lm is not None and beam_size == 1 and not self._told_greedy_without_lm:
-            self._told_greedy_without_lm = True
-            log.info(GREEDY_WITHOUT_LM.format(order=self.lm.order, beam="beam_size"))
         segments: list[list[Segment]] = []
         # A group's languages are detected together, from windows whose encoder output its
         # decoding then reuses, and words are timed on the encodings decoding read; groups
@@ -533,37 +457,11 @@ class Bundle:
                 decode=lambda ids: self.tokenizer.decode(ids),
                 non_text=self.non_text_ids(),
                 device=self.device,
-                heads=self._word_heads(),
+                heads=word_heads(self),
                 encoded=keep,
                 lag=self.word_lag,
             )
         return decoded
-
-    def _use_vad(self, vad: bool | None, wave: np.ndarray, previous_text: bool) -> bool:
-        """Whether to decode ``wave`` by VAD chunks (see :meth:`recognize`); not by default
-        when each window is to be conditioned on the text before it, which chunks decoded
-        apart cannot be."""
-        if vad is not None:
-            return vad
-        if wave.shape[0] <= self.window_seconds * SAMPLE_RATE or previous_text:
-            return False
-        if vad_available():
-            return True
-        _say_sequential_without_vad()
-        return False
-
-    def _word_heads(self) -> list[tuple[int, int]] | None:
-        """The heads word timestamps align with; None: the model's own (said once a bundle
-        when ``asrforge align-heads`` found none that qualifies)."""
-        if self.alignment_heads == []:
-            if not self._told_default_heads:
-                self._told_default_heads = True
-                log.warning(
-                    "asrforge align-heads found no head that follows the audio in this model: "
-                    "word times come from the default heads and may be far off"
-                )
-            return None
-        return self.alignment_heads
 
     def non_text_ids(self) -> frozenset[int]:
         """Ids that are not text: the tokenizer's special and added tokens (timestamps too)."""

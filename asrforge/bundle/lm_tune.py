@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from asrforge.bundle.load import LM_WEIGHTS_KEY, load_bundle
+from asrforge.bundle.options import fusion
 from asrforge.bundle.write import update_bundle_manifest
 from asrforge.config import DataConfig
 from asrforge.data.sources import data_config
@@ -96,7 +97,7 @@ def decode_grid(
         normalized = [normalize(text, lang) for lang, text in seen]
         for point in points:
             began = time.perf_counter()
-            options = DecodeOptions(beam_size=beam_size, fusion=bundle.fusion(*point))
+            options = DecodeOptions(beam_size=beam_size, fusion=fusion(bundle, *point))
             seqs, _ = beam_decode(model, enc, prompts, eot, max_new_tokens, options)
             texts = [bundle.tokenizer.decode(s, skip_special_tokens=True).strip() for s in seqs]
             hyps[point] += texts

@@ -44,12 +44,14 @@ def lm_fusion(bundle, args: argparse.Namespace):
                 "add --beam-size N > 1 (e.g. 5)"
             )
         # The bundle's module loads torch, which building the parser must not.
-        from asrforge.bundle.inference import GREEDY_WITHOUT_LM
+        from asrforge.bundle.options import GREEDY_WITHOUT_LM
 
         note = GREEDY_WITHOUT_LM.format(order=bundle.lm.order, beam="--beam-size")
         print(f"asrforge: {note}", file=sys.stderr)
         return None
-    fusion = bundle.fusion(args.lm_alpha, args.lm_beta)
+    from asrforge.bundle import options
+
+    fusion = options.fusion(bundle, args.lm_alpha, args.lm_beta)
     print(
         f"asrforge: fusing the bundle's {bundle.lm.order}-gram LM: alpha {fusion.alpha:g}, "
         f"beta {fusion.beta:g} (--no-lm: without it)",

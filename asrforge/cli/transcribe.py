@@ -136,8 +136,8 @@ def optional_float(text: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrforge.bundle.inference import VAD_WITH_PREVIOUS_TEXT
     from asrforge.bundle.languages import check_language
+    from asrforge.bundle.options import VAD_WITH_PREVIOUS_TEXT, chunking_for
     from asrforge.data.audio import check_audio_file, read_audio_file
 
     problems = [
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     # the model first, then every audio file's header: all the problems in one message
     bundle = attempt(lambda: open_model(args.bundle, option="bundle"), problems)
     chosen = (
-        None if bundle is None else attempt(lambda: bundle.chunking_for(args.chunking), problems)
+        None if bundle is None else attempt(lambda: chunking_for(bundle, args.chunking), problems)
     )
     chunking, why = chosen or (None, None)
     if args.condition_on_previous_text and chosen and chunking != "timestamps":
