@@ -526,7 +526,7 @@ def test_vad_with_previous_text_conditioning_is_refused_naming_both(bundle, vali
 
 
 def test_a_vad_recordings_language_is_heard_in_its_first_chunk(bundle, validation, monkeypatch):
-    from asrforge.bundle import inference
+    from asrforge.bundle import recognize as recognition
     from asrforge.model.vad import Chunk
 
     clips = [decode_audio(row["audio"]["bytes"]) for row in validation.select(range(3))]
@@ -537,7 +537,7 @@ def test_a_vad_recordings_language_is_heard_in_its_first_chunk(bundle, validatio
     # the first two clips, the pause between them left out, then the third
     chunks = [Chunk(tuple(regions[:2])), Chunk((regions[2],))]
     assert all(c.audio(wave).shape[0] <= bundle.window_seconds * 16_000 for c in chunks)
-    monkeypatch.setattr(inference, "speech_chunks", lambda *a: chunks)
+    monkeypatch.setattr(recognition, "speech_chunks", lambda *a: chunks)
     rows = []
     hook = bundle.model.model.encoder.register_forward_hook(
         lambda _m, args, _out: rows.append(len(args[0]))

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from asrforge.bundle import inference, languages
+from asrforge.bundle import languages
+from asrforge.bundle import recognize as recognition
 from asrforge.bundle.inference import Transcript
 from asrforge.bundle.languages import detect
 from asrforge.bundle.load import load_bundle
@@ -46,7 +47,7 @@ def chunked(monkeypatch) -> list[int]:
         asked.append(wave.shape[0])
         return [Chunk(((0, SR),))]
 
-    monkeypatch.setattr(inference, "speech_chunks", speech_chunks)
+    monkeypatch.setattr(recognition, "speech_chunks", speech_chunks)
     return asked
 
 
@@ -148,7 +149,7 @@ def test_unusable_audio_gets_its_language_resolved_as_the_others_do(bundle) -> N
 
 
 def test_chunking_is_logged_only_when_some_audio_is_long(bundle, caplog) -> None:
-    with caplog.at_level(logging.INFO, logger="asrforge.bundle.inference"):
+    with caplog.at_level(logging.INFO, logger="asrforge.bundle.recognize"):
         bundle.transcribe_many([noise(1.0), noise(1.5)], max_new_tokens=2)
         assert not [r for r in caplog.records if "chunking" in r.getMessage()]
         bundle.transcribe_many([noise(1.0), noise(5.0)], vad=False, max_new_tokens=2)

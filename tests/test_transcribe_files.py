@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 
 from asrforge.bundle import inference
+from asrforge.bundle import recognize as recognition
 from asrforge.cli import main
 from asrforge.data import audio
 from tests.test_data_hardening import save_random_whisper
@@ -168,9 +169,9 @@ def test_word_timestamps_are_refused_with_text_output(tiny_bundle, tmp_path, cap
 
 
 def test_a_window_stopped_at_the_token_cap_is_said_once(tiny_bundle, tmp_path, monkeypatch):
-    inference._say_capped.cache_clear()
+    recognition._say_capped.cache_clear()
     said = []
-    monkeypatch.setattr(inference.log, "warning", lambda msg, *args: said.append(msg % args))
+    monkeypatch.setattr(recognition.log, "warning", lambda msg, *args: said.append(msg % args))
     paths = [clip(tmp_path / f"c{i}.wav") for i in range(3)]
     argv = [str(tiny_bundle), *paths, "--max-new-tokens", "1", "--batch-size", "1"]
     assert main(["transcribe", *argv]) == 0

@@ -15,6 +15,7 @@ from test_bundle import one_thread  # noqa: F401  (autouse: one torch thread)
 from test_ct2_import import ct2_tiny_en, hf_tiny_en  # noqa: F401  (session fixtures)
 
 from asrforge.bundle.export import bundle_from_checkpoint
+from asrforge.bundle.recognize import non_text_ids
 from asrforge.bundle.subtitles import to_srt, word_cues
 from asrforge.model.alignment import (
     MIN_WORD_DURATION,
@@ -224,7 +225,7 @@ def _time_words(bundle, wave: np.ndarray, segments: list[Segment], **options) ->
         ["en"],
         eot=bundle.specials.eot,
         decode=bundle.tokenizer.decode,
-        non_text=bundle.non_text_ids(),
+        non_text=non_text_ids(bundle),
         **options,
     )
 
@@ -265,7 +266,7 @@ def test_words_timed_without_probabilities_never_project_onto_the_vocabulary(
         timed[probabilities], _ = align_words(
             bundle.model, encoded, bundle.specials.prompt("en"), [*ids[0], *ids[1]], 2 * SR,
             eot=bundle.specials.eot, decode=bundle.tokenizer.decode,
-            specials=frozenset(bundle.non_text_ids()), heads=alignment_heads(bundle.model),
+            specials=frozenset(non_text_ids(bundle)), heads=alignment_heads(bundle.model),
             probabilities=probabilities,
         )  # fmt: skip
     assert len(projections) == 1

@@ -12,7 +12,7 @@ from asrforge._lazy import lazy_exports
 
 _EXPORTS = {
     "Bundle": "asrforge.bundle.inference",
-    "Transcript": "asrforge.bundle.inference",
+    "Transcript": "asrforge.bundle.recognize",
     "Segment": "asrforge.model.longform",
     "load_bundle": "asrforge.bundle.load",
     "verify_bundle": "asrforge.bundle.load",
@@ -38,8 +38,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from asrforge.bundle.export import bundle_from_checkpoint, bundle_from_pretrained, export_bundle
-    from asrforge.bundle.inference import Bundle, Transcript
+    from asrforge.bundle.inference import Bundle
     from asrforge.bundle.load import load_bundle, verify_bundle
+    from asrforge.bundle.recognize import Transcript
     from asrforge.bundle.schema import BUNDLE_VERSION, InferenceConfig
     from asrforge.model.longform import Segment
 

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from asrforge.bundle.load import ALIGNMENT_HEADS_KEY, load_bundle
+from asrforge.bundle.recognize import non_text_ids
 from asrforge.bundle.write import update_bundle_manifest
 from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import DataConfig
@@ -170,7 +171,7 @@ def find_alignment_heads(
         onset_offsets(
             bundle.model, bundle.features, [(wave, tokens, k, onset)], prompt, timing,
             eot=bundle.specials.eot, decode=bundle.tokenizer.decode,
-            specials=bundle.non_text_ids(), unspaced=language in UNSPACED_LANGUAGES,
+            specials=non_text_ids(bundle), unspaced=language in UNSPACED_LANGUAGES,
             device=bundle.device, encoded=[encoded],
         )[0]
         for (wave, tokens, k, onset, prompt, language), encoded in zip(
