@@ -178,3 +178,82 @@ def test_detect_language_reads_arrays_as_transcribe_does(bundle, monkeypatch) ->
     )
     assert bundle.detect_language(noise(1.0)[::2], sampling_rate=8_000) == "en"
     assert heard == [SR]  # one second, at 16 kHz
+
+
+CHOSEN = dict(  # a value other than its default for every option
+    batch_size=3,
+    max_new_tokens=2,
+    chunking="silence",
+    condition_on_previous_text=True,
+    sampling_rate=8_000,
+    beam_size=2,
+    temperature_fallback=True,
+    use_lm=False,
+    lm_alpha=0.5,
+    lm_beta=0.25,
+    word_timestamps=True,
+    vad=False,
+    no_speech_threshold=0.3,
+    logprob_threshold=-2.0,
+)
+
+
+@pytest.fixture
+def decoded(monkeypatch) -> dict[str, list]:
+    """What reached the decode: the options each window decodes with, the keywords and audio
+    of long-form decoding (which yields no segments here), and calls to time words."""
+    from asrforge.bundle import options as options_module
+
+    seen: dict[str, list] = {"options": [], "long": [], "words": []}
+    made = options_module.decode_options
+
+    def decode_options(bundle, options, no_speech):
+        seen["options"].append(options)
+        return made(bundle, options, no_speech)
+
+    def transcribe_long(model, tokenizer, features, audios, prompts, **how):
+        seen["long"].append({**how, "samples": [a.shape[0] for a in audios]})
+        return [[] for _ in audios]
+
+    monkeypatch.setattr(recognition, "decode_options", decode_options)
+    monkeypatch.setattr(recognition, "transcribe_long", transcribe_long)
+    monkeypatch.setattr(recognition, "add_word_timestamps", lambda *a, **k: seen["words"].append(a))
+    return seen
+
+
+@pytest.mark.parametrize("entry", ["transcribe", "transcribe_many", "recognize"])
+def test_every_option_reaches_the_decode_from_each_entry_point(bundle, decoded, entry) -> None:
+    from dataclasses import fields
+
+    from asrforge.bundle.options import RecognizeOptions
+
+    assert {f.name for f in fields(RecognizeOptions)} == set(CHOSEN)  # every option is chosen
+    eight_k = noise(1.0)[::2]
+    if entry == "transcribe":
+        result = bundle.transcribe(eight_k, "en", **CHOSEN)
+    else:
+        result = getattr(bundle, entry)([eight_k], "en", **CHOSEN)[0]
+    assert isinstance(result, Transcript) and not result.vad  # word_timestamps, vad
+    assert decoded["options"] == [RecognizeOptions(**CHOSEN)]
+    [long] = decoded["long"]
+    assert long["samples"] == [SR]  # sampling_rate: one second, resampled to 16 kHz
+    assert (long["chunking"], long["max_new_tokens"], long["batch_size"]) == ("silence", 2, 3)
+    assert long["condition_on_previous_text"] is True
+    options = long["options"]
+    assert options.beam_size == 2 and options.fusion is None  # use_lm=False
+    assert options.fallback is not None and options.fallback.logprob_threshold == -2.0
+    assert options.no_speech is None or options.no_speech.threshold == 0.3
+    assert len(decoded["words"]) == 1
+
+
+def test_transcribe_many_names_recordings_as_recognize_does(bundle, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="asrforge.bundle.recognize"):
+        texts = bundle.transcribe_many([np.zeros(0, np.float32)], names=["talk.wav"])
+    assert texts == [""] and "talk.wav: empty audio (0 samples)" in caplog.text
+
+
+@pytest.mark.parametrize("entry", ["transcribe", "transcribe_many", "recognize"])
+def test_an_unknown_option_is_refused_by_name(bundle, entry) -> None:
+    audio = noise(1.0) if entry == "transcribe" else [noise(1.0)]
+    with pytest.raises(TypeError, match="beams"):
+        getattr(bundle, entry)(audio, beams=5)

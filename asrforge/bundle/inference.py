@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from asrforge.bundle.languages import detect_language, language_ids
+from asrforge.bundle.options import RecognizeOptions
 from asrforge.bundle.recognize import Transcript, recognize
 from asrforge.data.audio import Audio, as_wave
 from asrforge.model.frames import window_seconds
@@ -109,86 +110,61 @@ class Bundle:
         return detect_language(self, audio, sampling_rate=sampling_rate)
 
     # -- transcription ------------------------------------------------------------------------
+    # The three take the same options as keywords, RecognizeOptions' fields with its defaults
+    # (asrforge.bundle.options); an unknown keyword is a TypeError naming it.
     def transcribe(
-        self,
-        audio: Audio,
-        language: str | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        chunking: str | None = None,
-        sampling_rate: int | None = None,
-        beam_size: int = 1,
-        word_timestamps: bool = False,
-        vad: bool | None = None,
-        no_speech_threshold: float | None = 0.6,
-        logprob_threshold: float | None = -1.0,
+        self, audio: Audio, language: str | None = None, **options: Any
     ) -> str | Transcript:
         """Transcribe one recording of any length.
 
         Args:
-            audio: a path, encoded bytes, or a (n_samples,) float32 array.
-            language: ISO code; default: the bundle's only language, else detected.
-            max_new_tokens: cap per window; default ``eval.max_new_tokens`` of the bundle.
-            chunking, beam_size, vad, no_speech_threshold, logprob_threshold: see
-                :meth:`recognize`.
-            sampling_rate: an array's rate in Hz, resampled to 16 kHz; default 16 kHz.
-            word_timestamps: return the whole :class:`Transcript`, its segments' words timed
-                (``transcript.words``), instead of the text.
+            audio: a path, encoded bytes, or a (n_samples,) array of samples (see
+                :meth:`load_audio`).
+            language: a code, name or locale; default: the bundle's only language, else
+                detected.
+            options: :class:`~asrforge.bundle.options.RecognizeOptions` by name
+                (``beam_size=5``, ``temperature_fallback=True``, ...).
+
+        Returns:
+            Its text; with ``word_timestamps=True``, its whole :class:`Transcript`, the words
+            of its segments timed (``transcript.words``).
         """
-        [result] = self.recognize(
-            [audio],
-            language,
-            max_new_tokens=max_new_tokens,
-            chunking=chunking,
-            sampling_rate=sampling_rate,
-            beam_size=beam_size,
-            word_timestamps=word_timestamps,
-            vad=vad,
-            no_speech_threshold=no_speech_threshold,
-            logprob_threshold=logprob_threshold,
-        )
-        return result if word_timestamps else result.text
+        chosen = RecognizeOptions.of("transcribe", options)
+        [result] = recognize(self, [audio], language, chosen)
+        return result if chosen.word_timestamps else result.text
 
     def transcribe_many(
         self,
         audios: Sequence[Audio],
         language: str | Sequence[str | None] | None = None,
         *,
-        batch_size: int = 8,
-        max_new_tokens: int | None = None,
-        chunking: str | None = None,
-        sampling_rate: int | None = None,
-        beam_size: int = 1,
-        word_timestamps: bool = False,
-        vad: bool | None = None,
-        no_speech_threshold: float | None = 0.6,
-        logprob_threshold: float | None = -1.0,
+        names: Sequence[str] | None = None,
+        **options: Any,
     ) -> list[str] | list[Transcript]:
         """Transcribe several recordings; windows of all of them are decoded in batches.
-        ``sampling_rate``: the arrays' rate in Hz (default 16 kHz); ``word_timestamps``: return
-        each recording's whole :class:`Transcript`, its words timed, instead of its text; the
-        others: see :meth:`recognize`."""
-        transcripts = self.recognize(
-            audios,
-            language,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            chunking=chunking,
-            sampling_rate=sampling_rate,
-            beam_size=beam_size,
-            word_timestamps=word_timestamps,
-            vad=vad,
-            no_speech_threshold=no_speech_threshold,
-            logprob_threshold=logprob_threshold,
-        )
-        return transcripts if word_timestamps else [t.text for t in transcripts]
+
+        Args:
+            language: one for all, or one per recording.
+            names: how warnings name each recording; default: a path as given, else
+                ``recording <i>``.
+            options: :class:`~asrforge.bundle.options.RecognizeOptions` by name.
+
+        Returns:
+            Each recording's text; with ``word_timestamps=True``, each one's :class:`Transcript`.
+        """
+        chosen = RecognizeOptions.of("transcribe_many", options)
+        transcripts = recognize(self, audios, language, chosen, names=names)
+        return transcripts if chosen.word_timestamps else [t.text for t in transcripts]
 
     def recognize(
         self,
         audios: Sequence[Audio],
         language: str | Sequence[str | None] | None = None,
-        **options,
+        *,
+        names: Sequence[str] | None = None,
+        **options: Any,
     ) -> list[Transcript]:
         """:meth:`transcribe_many` with the language, duration and timed segments of each
-        (:func:`asrforge.bundle.recognize.recognize`, its options)."""
-        return recognize(self, audios, language, **options)
+        (:func:`asrforge.bundle.recognize.recognize`)."""
+        chosen = RecognizeOptions.of("recognize", options)
+        return recognize(self, audios, language, chosen, names=names)

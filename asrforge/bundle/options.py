@@ -1,5 +1,6 @@
-"""A caller's decoding options made concrete for a loaded bundle: the no-speech gate of its
-tokenizer, its n-gram LM fused with tuned or given weights, the chunking its model allows,
+"""The options recordings are decoded with (:class:`RecognizeOptions`, the one list that
+``Bundle.transcribe``, ``transcribe_many`` and ``recognize`` take as keywords), made concrete
+for a loaded bundle: the no-speech gate of its tokenizer, its n-gram LM fused with tuned or given weights, the chunking its model allows,
 whether a recording is decoded by VAD chunks, the heads that time words, and all of it as the
 :class:`~asrforge.model.decoding.DecodeOptions` every decoder takes.
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +41,83 @@ VAD_WITH_PREVIOUS_TEXT = (
 )
 """Why VAD and previous-text conditioning are refused together, with the names the caller
 gives them (``recognize``'s arguments, ``transcribe``'s flags)."""
+
+
+@dataclass(frozen=True)
+class RecognizeOptions:
+    """How recordings are decoded: the keywords ``Bundle.transcribe``, ``transcribe_many`` and
+    ``recognize`` take, with their defaults."""
+
+    batch_size: int = 8
+    """Windows (of all the recordings together) decoded in one batch."""
+    max_new_tokens: int | None = None
+    """Cap of new tokens per window; None: the bundle's ``eval.max_new_tokens``."""
+    chunking: str | None = None
+    """How audio is decoded. ``timestamps`` (default when the model has timestamp tokens):
+    windows in timestamp mode, each starting at the end of the last complete segment of the
+    one before, as openai-whisper and faster-whisper transcribe (audio within one window is one
+    window, its segments timed by the model). ``silence`` (default otherwise): cut at the
+    quietest moments, pieces decoded without timestamps, one segment per piece."""
+    condition_on_previous_text: bool = False
+    """``timestamps`` only: prompt each window with the text decoded before it
+    (``<|startofprev|>``). Off by default: a window that went wrong (a repetition loop) then
+    steers the next ones, and with greedy decoding there is no temperature fallback to
+    recover; a model fine-tuned without such prompts has never seen them."""
+    sampling_rate: int | None = None
+    """An array's rate in Hz, resampled to 16 kHz; None: 16 kHz. Files and bytes carry their
+    own."""
+    beam_size: int = 1
+    """Beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy."""
+    temperature_fallback: bool = False
+    """Decode a window whose text looks like a loop (it compresses too well, is unlikely, or
+    repeats itself) again by seeded sampling at temperatures 0.2 ... 1.0, as openai-whisper
+    (:mod:`asrforge.model.fallback`)."""
+    use_lm: bool = True
+    """Fuse the bundle's n-gram LM, when it has one, into beam search (``beam_size`` > 1;
+    greedy decoding runs without it and says so once in the log)."""
+    lm_alpha: float | None = None
+    """The LM's weight; None: the tuned or recorded one (:func:`lm_alpha_beta`)."""
+    lm_beta: float | None = None
+    """The LM's bonus per word; None: the tuned or recorded one (:func:`lm_alpha_beta`)."""
+    word_timestamps: bool = False
+    """Time every word of every segment (``Segment.words``): the cross-attention of the
+    model's alignment heads aligned to the audio by dynamic time warping
+    (:mod:`asrforge.model.alignment`). ``transcribe`` and ``transcribe_many`` then return each
+    recording's whole ``Transcript`` instead of its text."""
+    vad: bool | None = None
+    """Decode only the speech Silero VAD finds, its regions joined into chunks (the pauses
+    between them left out) of at most 26/30 of a window of speech, all decoded as one batch,
+    segments and words placed back on the recording's clock (:mod:`asrforge.model.vad`);
+    False: sequential windows over the whole recording. None: VAD for recordings longer than
+    one window when the packages ``silero-vad`` and ``onnxruntime`` are installed and
+    ``condition_on_previous_text`` is off (a chunk is decoded without the text of the chunks
+    before it); True with ``condition_on_previous_text`` is refused."""
+    no_speech_threshold: float | None = 0.6
+    """A window (a clip, a long-form window, a VAD chunk) whose no-speech probability (of
+    ``<|nospeech|>`` at ``<|startoftranscript|>``) is above this yields no text, unless its
+    average log-probability is above ``logprob_threshold``, as openai-whisper's
+    ``transcribe`` (:mod:`asrforge.model.no_speech`); None: every window is decoded to
+    text."""
+    logprob_threshold: float | None = -1.0
+    """See ``no_speech_threshold``; also the average log-probability below which
+    ``temperature_fallback`` decodes a window again (openai-whisper's one
+    ``logprob_threshold``). None: the probability alone skips a window."""
+
+    @classmethod
+    def of(cls, caller: str, keywords: dict[str, Any]) -> RecognizeOptions:
+        """The options ``caller``'s keywords give, the others at their defaults.
+
+        Raises:
+            TypeError: a keyword that is no option, named with the options there are.
+        """
+        known = [f.name for f in fields(cls)]
+        unknown = [k for k in keywords if k not in known]
+        if unknown:
+            raise TypeError(
+                f"{caller}() got unexpected keyword arguments {', '.join(map(repr, unknown))}; "
+                f"its options: {', '.join(known)}"
+            )
+        return cls(**keywords)
 
 
 def lm_alpha_beta(bundle) -> tuple[float, float]:
@@ -96,29 +176,23 @@ def chunking_for(bundle, requested: str | None) -> tuple[str, str]:
     return choose_chunking(bundle.tokenizer, bundle.model.config, requested)
 
 
-def decode_options(
-    bundle,
-    *,
-    beam_size: int,
-    temperature_fallback: bool,
-    use_lm: bool,
-    lm_alpha: float | None,
-    lm_beta: float | None,
-    no_speech: NoSpeech | None,
-    logprob_threshold: float | None,
-) -> DecodeOptions:
-    """What every window is decoded with: ``recognize``'s options (see there), the LM fused
-    only in beam search; greedy decoding of a bundle with an LM says so once a bundle."""
-    options = DecodeOptions(
-        beam_size=beam_size,
-        fallback=Fallback(logprob_threshold=logprob_threshold) if temperature_fallback else None,
-        fusion=fusion(bundle, lm_alpha, lm_beta) if use_lm and beam_size > 1 else None,
+def decode_options(bundle, options: RecognizeOptions, no_speech: NoSpeech | None) -> DecodeOptions:
+    """What every window is decoded with: ``options`` and the gate ``no_speech``
+    (:func:`no_speech_gate`), the LM fused only in beam search; greedy decoding of a bundle
+    with an LM says so once a bundle."""
+    beam, use_lm = options.beam_size, options.use_lm
+    decode = DecodeOptions(
+        beam_size=beam,
+        fallback=Fallback(logprob_threshold=options.logprob_threshold)
+        if options.temperature_fallback
+        else None,
+        fusion=fusion(bundle, options.lm_alpha, options.lm_beta) if use_lm and beam > 1 else None,
         no_speech=no_speech,
     )
-    if use_lm and bundle.lm is not None and beam_size == 1 and "greedy-lm" not in bundle.told:
+    if use_lm and bundle.lm is not None and beam == 1 and "greedy-lm" not in bundle.told:
         bundle.told.add("greedy-lm")
         log.info(GREEDY_WITHOUT_LM.format(order=bundle.lm.order, beam="beam_size"))
-    return options
+    return decode
 
 
 @functools.lru_cache(maxsize=1)

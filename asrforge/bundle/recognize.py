@@ -21,6 +21,7 @@ import torch
 from asrforge.bundle.languages import detect, language_without_audio
 from asrforge.bundle.options import (
     VAD_WITH_PREVIOUS_TEXT,
+    RecognizeOptions,
     chunking_for,
     decode_options,
     no_speech_gate,
@@ -71,68 +72,20 @@ def _say_capped(cap: int) -> None:
 def recognize(
     bundle,
     audios: Sequence[Audio],
-    language: str | Sequence[str | None] | None = None,
+    language: str | Sequence[str | None] | None,
+    options: RecognizeOptions,
     *,
-    batch_size: int = 8,
-    max_new_tokens: int | None = None,
-    chunking: str | None = None,
-    condition_on_previous_text: bool = False,
-    sampling_rate: int | None = None,
-    beam_size: int = 1,
-    temperature_fallback: bool = False,
-    use_lm: bool = True,
-    lm_alpha: float | None = None,
-    lm_beta: float | None = None,
-    word_timestamps: bool = False,
-    vad: bool | None = None,
     names: Sequence[str] | None = None,
-    no_speech_threshold: float | None = 0.6,
-    logprob_threshold: float | None = -1.0,
 ) -> list[Transcript]:
     """Transcribe ``audios`` with ``bundle``: each recording's text, language, duration and
     timed segments (``Bundle.recognize``; ``Bundle.transcribe_many`` keeps the text).
 
     Args:
-        chunking: how audio is decoded. ``timestamps`` (default when the model has
-            timestamp tokens): windows in timestamp mode, each starting at the end of the
-            last complete segment of the one before, as openai-whisper and faster-whisper
-            transcribe (audio within one window is one window, its segments timed by the
-            model). ``silence`` (default otherwise): cut at the quietest moments, pieces
-            decoded without timestamps, one segment per piece.
-        condition_on_previous_text: ``timestamps`` only: prompt each window with the text
-            decoded before it (``<|startofprev|>``). Off by default: a window that went
-            wrong (a repetition loop) then steers the next ones, and with greedy decoding
-            there is no temperature fallback to recover; a model fine-tuned without such
-            prompts has never seen them.
-        beam_size: beams per window (:func:`asrforge.model.beam.beam_decode`); 1: greedy.
-        temperature_fallback: decode a window whose text looks like a loop (it compresses
-            too well, is unlikely, or repeats itself) again by seeded sampling at
-            temperatures 0.2 ... 1.0, as openai-whisper (:mod:`asrforge.model.fallback`).
-        use_lm: fuse the bundle's n-gram LM, when it has one, into beam search
-            (``beam_size`` > 1; greedy decoding runs without it and says so once in the
-            log); ``lm_alpha``/``lm_beta`` override the tuned or recorded weights
-            (:func:`~asrforge.bundle.options.lm_alpha_beta`).
-        word_timestamps: time every word of every segment (``Segment.words``): the
-            cross-attention of the model's alignment heads aligned to the audio by dynamic
-            time warping (:mod:`asrforge.model.alignment`).
-        vad: decode only the speech Silero VAD finds, its regions joined into chunks
-            (the pauses between them left out) of at most 26/30 of a window of speech,
-            all decoded as one batch, segments and words placed back on the recording's
-            clock (:mod:`asrforge.model.vad`); False: sequential windows over the whole
-            recording. None (default): VAD for recordings longer than one window when the
-            packages ``silero-vad`` and ``onnxruntime`` are installed and
-            ``condition_on_previous_text`` is off (a chunk is decoded without the text of
-            the chunks before it); True with ``condition_on_previous_text`` is refused.
+        language: one for all, or one per recording (a code, name or locale); None: the
+            bundle's only language, else detected.
+        options: how they are decoded (:class:`~asrforge.bundle.options.RecognizeOptions`).
         names: how warnings name each recording (its file, for arrays read from files);
             default: a path as given, else ``recording <i>``.
-        no_speech_threshold: a window (a clip, a long-form window, a VAD chunk) whose
-            no-speech probability (of ``<|nospeech|>`` at ``<|startoftranscript|>``) is
-            above this yields no text, unless its average log-probability is above
-            ``logprob_threshold``, as openai-whisper's ``transcribe``
-            (:mod:`asrforge.model.no_speech`); None: every window is decoded to text.
-        logprob_threshold: see ``no_speech_threshold``; also the average log-probability
-            below which ``temperature_fallback`` decodes a window again (openai-whisper's
-            one ``logprob_threshold``). None: the probability alone skips a window.
     """
     if isinstance(audios, str | Path | bytes) or (
         isinstance(audios, np.ndarray | torch.Tensor) and audios.ndim == 1
@@ -143,18 +96,18 @@ def recognize(
             f"{type(audios).__name__}: pass [audio], or call transcribe(audio)"
         )
     for name, value in (
-        ("batch_size", batch_size),
-        ("max_new_tokens", max_new_tokens),
-        ("beam_size", beam_size),
+        ("batch_size", options.batch_size),
+        ("max_new_tokens", options.max_new_tokens),
+        ("beam_size", options.beam_size),
     ):
         if value is not None and value < 1:
             raise UserError(f"{name}: must be >= 1, got {value}")
-    if vad and condition_on_previous_text:
+    if options.vad and options.condition_on_previous_text:
         raise UserError(
             VAD_WITH_PREVIOUS_TEXT.format(vad="vad", previous="condition_on_previous_text")
         )
-    gate = no_speech_gate(bundle, no_speech_threshold, logprob_threshold)
-    mode, why = chunking_for(bundle, chunking)
+    gate = no_speech_gate(bundle, options.no_speech_threshold, options.logprob_threshold)
+    mode, why = chunking_for(bundle, options.chunking)
     langs = (
         [language] * len(audios)
         if language is None or isinstance(language, str)
@@ -166,13 +119,13 @@ def recognize(
         raise UserError(f"{len(names)} names for {len(audios)} recordings")
     # Languages are checked before any audio is read; None is detected from the audio.
     given = [language_without_audio(bundle, lang) for lang in langs]
-    cap = max_new_tokens if max_new_tokens is not None else bundle.config.eval.max_new_tokens
+    cap = options.max_new_tokens or bundle.config.eval.max_new_tokens
     window = round(bundle.window_seconds * SAMPLE_RATE)
     waves, codes = [], []
     # A None entry is decoded below, in this order.
     out: list[Transcript | None] = []
     for i, (audio, code) in enumerate(zip(audios, given, strict=True)):
-        wave = as_wave(audio, sampling_rate, told=bundle.told)
+        wave = as_wave(audio, options.sampling_rate, told=bundle.told)
         problem = audio_problem(wave)
         if problem is not None:  # decoding it would only make up "" or noise
             name = audio if isinstance(audio, str | Path) else f"recording {i}"
@@ -185,28 +138,20 @@ def recognize(
         out.append(None)
     if any(wave.shape[0] > window for wave in waves):
         log.info("long audio: chunking %s (%s)", mode, why)
-    by_vad = [use_vad(bundle, vad, wave, condition_on_previous_text) for wave in waves]
+    previous_text = options.condition_on_previous_text
+    by_vad = [use_vad(bundle, options.vad, wave, previous_text) for wave in waves]
     chunks = [
         speech_chunks(wave, SAMPLE_RATE, bundle.window_seconds) if use else [Chunk.whole(wave)]
         for wave, use in zip(waves, by_vad, strict=True)
     ]
-    options = decode_options(
-        bundle,
-        beam_size=beam_size,
-        temperature_fallback=temperature_fallback,
-        use_lm=use_lm,
-        lm_alpha=lm_alpha,
-        lm_beta=lm_beta,
-        no_speech=gate,
-        logprob_threshold=logprob_threshold,
-    )
+    decoding = decode_options(bundle, options, gate)
     segments: list[list[Segment]] = []
     # A group's languages are detected together, from windows whose encoder output its
     # decoding then reuses, and words are timed on the encodings decoding read; groups
     # bound how many such encodings are held at once.
-    held = DETECTED_TOGETHER * batch_size
+    held = DETECTED_TOGETHER * options.batch_size
     detecting = any(code is None for code in codes)
-    group = held if detecting or word_timestamps else max(len(waves), 1)
+    group = held if detecting or options.word_timestamps else max(len(waves), 1)
     for g in range(0, len(waves), group):
         part = range(g, min(g + group, len(waves)))
         encoded = EncodedWindows(limit=held)
@@ -217,7 +162,7 @@ def recognize(
         detected = detect(
             bundle,
             heard,
-            batch_size=batch_size,
+            batch_size=options.batch_size,
             keep=encoded,
             reused=[
                 bool(chunks[j]) and a.shape[0] <= window
@@ -231,14 +176,14 @@ def recognize(
             bundle,
             prompts=[bundle.specials.prompt(codes[j], bundle.config.data.task) for j in part],
             languages=[codes[j] for j in part],
-            word_timestamps=word_timestamps,
+            word_timestamps=options.word_timestamps,
             chunking=mode,
             max_new_tokens=cap,
-            batch_size=batch_size,
-            condition_on_previous_text=condition_on_previous_text,
-            options=options,
+            batch_size=options.batch_size,
+            condition_on_previous_text=previous_text,
+            options=decoding,
             encoded=encoded,
-            keep=encoded if word_timestamps else None,
+            keep=encoded if options.word_timestamps else None,
             capped=lambda: _say_capped(cap),
         )
         segments += decode_chunks([waves[j] for j in part], [chunks[j] for j in part], decode)
