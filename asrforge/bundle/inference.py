@@ -1,5 +1,7 @@
-"""A loaded bundle (:class:`Bundle`): transcription of short and long audio, language
-detection, beam search with an optional n-gram LM; :func:`~asrforge.bundle.load.load_bundle`
+"""A loaded bundle (:class:`Bundle`): the model, tokenizer, log-mel front end and inference
+config it holds, and its entry points, ``transcribe``, ``transcribe_many`` and ``recognize``
+(:mod:`asrforge.bundle.recognize`, with the options of :mod:`asrforge.bundle.options`), and
+``detect_language`` (:mod:`asrforge.bundle.languages`); :func:`~asrforge.bundle.load.load_bundle`
 builds one."""
 
 from __future__ import annotations
