@@ -1,8 +1,9 @@
 """The options recordings are decoded with (:class:`RecognizeOptions`, the one list that
 ``Bundle.transcribe``, ``transcribe_many`` and ``recognize`` take as keywords), made concrete
-for a loaded bundle: the no-speech gate of its tokenizer, its n-gram LM fused with tuned or given weights, the chunking its model allows,
-whether a recording is decoded by VAD chunks, the heads that time words, and all of it as the
-:class:`~asrforge.model.decoding.DecodeOptions` every decoder takes.
+for a loaded bundle: the no-speech gate of its tokenizer, its n-gram LM fused with tuned or
+given weights, the chunking its model allows, whether a recording is decoded by VAD chunks, the
+heads that time words, and all of it as the :class:`~asrforge.model.decoding.DecodeOptions`
+every decoder takes.
 
 Each function takes the :class:`~asrforge.bundle.inference.Bundle` first.
 """
