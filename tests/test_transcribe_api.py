@@ -257,3 +257,17 @@ def test_an_unknown_option_is_refused_by_name(bundle, entry) -> None:
     audio = noise(1.0) if entry == "transcribe" else [noise(1.0)]
     with pytest.raises(TypeError, match="beams"):
         getattr(bundle, entry)(audio, beams=5)
+
+
+@pytest.mark.fast
+def test_the_bundle_guide_lists_every_option() -> None:
+    """docs/bundle.md names the options by hand: a field added to RecognizeOptions must be too."""
+    import dataclasses
+    import re
+
+    from asrforge.bundle.options import RecognizeOptions
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "bundle.md").read_text()
+    listed = guide.split("`asrforge.bundle.options.RecognizeOptions`", 1)[1].split("(see", 1)[0]
+    names = set(re.findall(r"`(\w+)`", listed))
+    assert names == {f.name for f in dataclasses.fields(RecognizeOptions)}
