@@ -9,13 +9,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from asrforge.checkpoint.manifest import read_manifest, verify, write_manifest
 from asrforge.cli import main
+from asrforge.config import OptimConfig, load_config
 from asrforge.data.dataset import epoch_batches
 from asrforge.data.ids import keys_digest
 from asrforge.errors import CheckpointCorruptError
 from asrforge.train.loop import Trainer
+from asrforge.train.optim import build_optimizer, build_scheduler, follow_config, lr_factor
 from tests.conftest import tiny_config
 
 
@@ -225,3 +228,43 @@ def test_another_batch_size_continues_the_epoch_after_its_taken_utterances_or_is
     assert taken == [i for b in epoch_batches(48, 12, seed=0, epoch=0)[:2] for i in b]
     rest = [i for b in epoch_batches(48, 12, seed=0, epoch=0)[2:] for i in b]
     assert sorted(taken + rest) == list(range(48))
+
+
+def test_a_new_learning_rate_and_schedule_apply_from_the_resumed_step(run):
+    out, config = run  # lr 3e-3, 2 warmup steps, cosine to 0 at step 3
+    changes = ["optim.lr=0.001", "optim.schedule=linear", "optim.warmup_steps=0",
+               "optim.min_lr_ratio=0.5", "optim.embedding_lr_scale=2", "train.max_steps=5",
+               "train.log_every=1"]  # fmt: skip
+    assert main(["train", str(config), "--resume", *changes]) == 0
+    new = load_config(config, overrides=changes)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r for r in records if r["event"] == "train"}
+    for step in (4, 5):  # a step's record holds the learning rate the next step takes
+        peak = 0.001 * lr_factor(step, new.optim, 5)
+        assert lrs[step]["lr/decay"] == pytest.approx(peak)
+        assert lrs[step]["lr/embeddings"] == pytest.approx(2 * peak)
+
+
+@pytest.mark.fast
+def test_a_resumed_optimizer_takes_the_new_settings_and_keeps_unchanged_ones_exactly():
+    model = torch.nn.Linear(2, 2)  # a weight (decayed) and a bias
+    old = OptimConfig(lr=3e-3, warmup_steps=2)
+    new = OptimConfig(lr=1e-3, schedule="constant", weight_decay=0.1, betas=(0.8, 0.9))
+    optimizer = build_optimizer(model, old)
+    scheduler = build_scheduler(optimizer, old, 10)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    saved = [g["lr"] for g in optimizer.param_groups]
+    follow_config(optimizer, scheduler, old)
+    assert [g["lr"] for g in optimizer.param_groups] == saved  # bit for bit
+
+    resumed = build_optimizer(model, new)
+    schedule = build_scheduler(resumed, new, 10)
+    resumed.load_state_dict(optimizer.state_dict())
+    schedule.load_state_dict(scheduler.state_dict())
+    follow_config(resumed, schedule, new)
+    decay = next(g for g in resumed.param_groups if g["name"] == "decay")
+    assert (decay["lr"], decay["weight_decay"], tuple(decay["betas"])) == (1e-3, 0.1, (0.8, 0.9))
+    schedule.step()
+    assert schedule.get_last_lr() == [1e-3, 1e-3]

@@ -35,21 +35,10 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
         else:
             groups["no_decay"].append(p)
     param_groups = [
-        {
-            "name": "embeddings",
-            "params": groups["embeddings"],
-            "lr": cfg.lr * cfg.embedding_lr_scale,
-            "weight_decay": 0.0,
-        },
-        {
-            "name": "decay",
-            "params": groups["decay"],
-            "lr": cfg.lr,
-            "weight_decay": cfg.weight_decay,
-        },
-        {"name": "no_decay", "params": groups["no_decay"], "lr": cfg.lr, "weight_decay": 0.0},
+        {"name": name, "params": params, **group_settings(name, cfg)}
+        for name, params in groups.items()
+        if params
     ]
-    param_groups = [g for g in param_groups if g["params"]]
     if cfg.optimizer == "adamw_8bit":
         return bitsandbytes("optim.optimizer: adamw_8bit").optim.AdamW8bit(
             param_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps
@@ -69,6 +58,35 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
         fused=fused or None,
         foreach=None if fused else True,
     )
+
+
+def group_settings(name: str, cfg: OptimConfig) -> dict[str, float]:
+    """The peak learning rate and the weight decay of the parameter group ``name``."""
+    if name == "embeddings":
+        return {"lr": cfg.lr * cfg.embedding_lr_scale, "weight_decay": 0.0}
+    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay if name == "decay" else 0.0}
+
+
+def follow_config(optimizer, scheduler, cfg: OptimConfig) -> None:
+    """Give a resumed optimizer and schedule ``cfg``'s settings (each group's peak learning rate
+    and weight decay, the betas and eps), the learning rate set where ``cfg``'s schedule is at
+    the saved step: loading their states brought back the settings they were saved with.
+
+    Unchanged settings give the very values the saved state holds, so a resume stays exact.
+    """
+    peaks = []
+    for group in optimizer.param_groups:
+        settings = group_settings(group.get("name", MAIN_GROUP), cfg)
+        group.update(weight_decay=settings["weight_decay"], initial_lr=settings["lr"])
+        group.update({k: v for k, v in (("betas", cfg.betas), ("eps", cfg.eps)) if k in group})
+        peaks.append(settings["lr"])
+    scheduler.base_lrs = peaks
+    # Computed as LambdaLR.get_lr computes them, so an unchanged config gives identical floats.
+    step = scheduler.last_epoch
+    lrs = [peak * f(step) for peak, f in zip(peaks, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 MAIN_GROUP = "decay"

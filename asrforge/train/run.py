@@ -25,7 +25,7 @@ from asrforge.train.evaluations import RunEvaluations
 from asrforge.train.events import CallbackList, RunInfo
 from asrforge.train.forgetting import StartingModel
 from asrforge.train.forward import WHISPER_PREFIX, TrainingWhisper
-from asrforge.train.optim import EMA, build_optimizer, build_scheduler, main_lr
+from asrforge.train.optim import EMA, build_optimizer, build_scheduler, follow_config, main_lr
 from asrforge.train.ranks import agree_to_stop, gather_dropped, placeholder_batch
 from asrforge.train.records import write_skip_report
 from asrforge.train.saves import save_run_checkpoint
@@ -146,6 +146,15 @@ class TrainingRun:
             load_model_state(self.whisper, ckpt.model)
             self.optimizer.load_state_dict(ckpt.optimizer)
         self.scheduler.load_state_dict(ckpt.scheduler)
+        saved_lr = main_lr(self.optimizer)
+        # A resume may change the learning rate and its schedule: they apply from this step on.
+        follow_config(self.optimizer, self.scheduler, self.cfg.optim)
+        if (lr := main_lr(self.optimizer)) != saved_lr:
+            step = self.scheduler.last_epoch + 1
+            log.info(
+                "resume: learning rate %g at step %d on this config's schedule (%g on the "
+                "checkpoint's)", lr, step, saved_lr,
+            )  # fmt: skip
         if ckpt.scaler and self.acc.scaler is not None:
             self.acc.scaler.load_state_dict(ckpt.scaler)
         try:
