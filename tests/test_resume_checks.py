@@ -268,3 +268,19 @@ def test_a_resumed_optimizer_takes_the_new_settings_and_keeps_unchanged_ones_exa
     assert (decay["lr"], decay["weight_decay"], tuple(decay["betas"])) == (1e-3, 0.1, (0.8, 0.9))
     schedule.step()
     assert schedule.get_last_lr() == [1e-3, 1e-3]
+
+
+def test_a_max_steps_below_the_checkpoints_step_is_refused_and_equal_to_it_ends_the_run(
+    run, capsys
+):
+    out, config = run  # its checkpoint is at step 3
+    before = _snapshot(out)
+    assert main(["train", str(config), "--resume", "train.max_steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert "train.max_steps is 2, below step 3 of the checkpoint" in err
+    assert "Traceback" not in err and _snapshot(out) == before
+
+    assert main(["train", str(config), "--resume", "train.max_steps=3"]) == 0
+    assert "completed at step 3" in capsys.readouterr().out
+    assert verify(out / "checkpoints" / "step-000003")["step"] == 3
+    assert (out / "checkpoints" / "best").is_dir()

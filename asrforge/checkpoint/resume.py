@@ -205,6 +205,27 @@ def config_changes(cfg: TrainConfig, old: dict[str, Any]) -> tuple[list[str], li
     return fixed, allowed
 
 
+def check_resume_steps(ckpt, max_steps: int, named: str) -> None:
+    """Refuse a resume whose run would end before the step of ``ckpt`` (a
+    :class:`TrainingCheckpoint`): it would end at once as if complete, and the end of the run
+    (``checkpoint.after_run: best``) would delete the resume state of steps it never reached.
+
+    Args:
+        max_steps: the steps the resumed run would train to.
+        named: what sets ``max_steps``, as the message names it (``train.max_steps``).
+
+    Raises:
+        UserError: naming both numbers.
+    """
+    step = ckpt.step or 0
+    if max_steps < step:
+        raise UserError(
+            f"--resume: {named} is {max_steps}, below step {step} of the checkpoint {ckpt.path}, "
+            f"which trained past it. Resume with a max_steps of {step} (to end the run there) or "
+            "more; a run of fewer steps is a new run in another output_dir"
+        )
+
+
 def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:
     """Keep the global batch a resumed checkpoint (a :class:`TrainingCheckpoint`) was trained
     with on ``processes`` processes: ``cfg.train.grad_accum`` becomes the micro-batches a step

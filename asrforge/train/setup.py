@@ -23,6 +23,7 @@ from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import (
     check_resume_commits,
     check_resume_config,
+    check_resume_steps,
     continue_epoch,
     find_resume_checkpoint,
     keep_global_batch,
@@ -183,6 +184,10 @@ def prepare_run(
                     "trains on %s", ", ".join(unheard), "it" if len(unheard) == 1 else "them",
                     ", ".join(f"{k} ({n})" for k, n in sorted(langs.items(), key=str)))  # fmt: skip
     selector, max_steps = build_run_selector(cfg, langs, n_params)
+    if resume_from is not None and max_steps < cfg.train.max_steps:
+        check_resume_steps(
+            resume_from, max_steps, "the selection's step cap (selection.max_steps or its group's)"
+        )
     text = build_text_batches(cfg, bundle, langs) if cfg.data.asr_ratio < 1.0 else None
     if acc.is_main_process:
         write_config(out, cfg, commits)
@@ -349,6 +354,7 @@ def find_resume(
     commits = hub_commits(cfg)
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
+        check_resume_steps(resume_from, cfg.train.max_steps, "train.max_steps")
         keep_global_batch(cfg, resume_from, acc.num_processes, log)
         continue_epoch(cfg, resume_from, acc.num_processes, log)
         check_resume_commits(resume_from.manifest.get("hub_commits") or {}, commits,
