@@ -284,3 +284,12 @@ def test_a_max_steps_below_the_checkpoints_step_is_refused_and_equal_to_it_ends_
     assert "completed at step 3" in capsys.readouterr().out
     assert verify(out / "checkpoints" / "step-000003")["step"] == 3
     assert (out / "checkpoints" / "best").is_dir()
+
+
+def test_another_seed_is_refused_since_the_data_order_is_drawn_from_it(run, capsys):
+    out, config = run  # stopped mid-epoch: 3 batches of 8 of epoch 0's 48 utterances taken
+    before = _snapshot(out)
+    assert main(["train", str(config), "--resume", "seed=5"]) == 2
+    err = capsys.readouterr().err
+    assert "seed: 0 -> 5 (the run's data order is drawn from it" in err
+    assert "Traceback" not in err and _snapshot(out) == before

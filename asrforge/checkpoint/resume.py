@@ -8,8 +8,8 @@ refused resume leaves the run directory as it was:
   over sets the damaged directories aside (renamed, never deleted).
 - :func:`check_resume_config`: the config given now against the one the checkpoint was written
   with. A change of the model's shape, vocabulary or trained parameters (which the weights and
-  the optimizer state depend on), or of the optimizer, is refused, listing every differing
-  field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged, and the run
+  the optimizer state depend on), of the optimizer, or of the seed (the data order's) is
+  refused, listing every differing field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged, and the run
   applies it from the resumed step on (:func:`asrforge.train.optim.follow_config`).
 
 :func:`continue_epoch` then says where the checkpoint's epoch goes on with this run's processes
@@ -52,6 +52,13 @@ state (one entry per trained parameter) were made for them."""
 FIXED_OPTIM_FIELDS = ("optimizer",)
 """``optim.*`` fields a resume may not change: the optimizer state's layout is the optimizer's
 (fp32 moments or 8-bit codes with their scales)."""
+
+FIXED_RUN_FIELDS = {
+    "seed": "the run's data order is drawn from it (each epoch's order and packing, language "
+    "sampling, replay picks, text-only passes), so a new one would repeat some utterances and "
+    "skip others"
+}
+"""Top-level fields a resume may not change, each with why."""
 
 _PATH_FIELDS = ("model.pretrained", "model.tokenizer")
 RESOLVED_FIELDS = ("model.vocab_size", "model.base_vocab_size")
@@ -162,7 +169,8 @@ def check_resume_config(
         The allowed changes, one ``path: old -> new`` line each (also logged).
 
     Raises:
-        UserError: listing every field that may not change (see :data:`FIXED_MODEL_FIELDS`).
+        UserError: listing every field that may not change (see :data:`FIXED_MODEL_FIELDS`,
+            :data:`FIXED_OPTIM_FIELDS`, :data:`FIXED_RUN_FIELDS`).
     """
     log = log or logging.getLogger(__name__)
     if not config_yaml.strip():
@@ -198,7 +206,9 @@ def config_changes(cfg: TrainConfig, old: dict[str, Any]) -> tuple[list[str], li
         if _same(key, a, b) or (key in RESOLVED_FIELDS and b in (None, "(unset)")):
             continue
         line = f"{key}: {_show(a)} -> {_show(b)}"
-        if _is_fixed(key, cfg, b):
+        if key in FIXED_RUN_FIELDS:
+            fixed.append(f"{line} ({FIXED_RUN_FIELDS[key]})")
+        elif _is_fixed(key, cfg, b):
             fixed.append(line)
         else:
             allowed.append(line)

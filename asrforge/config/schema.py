@@ -653,7 +653,8 @@ class TrainConfig(Section):
     """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/."""
     seed: int = Field(default=0, ge=0)
     """Seeds the weights of a model built here, the data order, dropout, packing and every other
-    random draw of the run (numpy's seed sequences take no negative numbers)."""
+    random draw of the run (numpy's seed sequences take no negative numbers). Fixed for the run:
+    ``--resume`` refuses another."""
     config_id: str | None = None
     """A name for this configuration in reports and manifests; default the YAML file's stem."""
     model: ModelConfig = Field(default_factory=ModelConfig)
