@@ -50,6 +50,18 @@ TRAIN_STATE_FILE = "train_state.json"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
+def damaged_name(path: Path, stamp: str) -> Path:
+    """Where ``path``, found damaged at ``stamp`` (a time), is kept for inspection beside it:
+    ``<name>.damaged-<stamp>``, numbered when that is taken. Its name is no checkpoint's, so
+    resume, rotation and pruning pass it by."""
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    return aside
+
+
 def step_dir_name(step: int) -> str:
     """``step-000200``: six digits, zero-padded (more digits past 999999)."""
     return f"step-{step:06d}"

@@ -293,3 +293,26 @@ def test_another_seed_is_refused_since_the_data_order_is_drawn_from_it(run, caps
     err = capsys.readouterr().err
     assert "seed: 0 -> 5 (the run's data order is drawn from it" in err
     assert "Traceback" not in err and _snapshot(out) == before
+
+
+def test_a_damaged_checkpoint_a_resume_passed_by_is_kept_when_its_step_is_saved_again(
+    tmp_path, tones_dir, capsys
+):
+    cfg = tiny_config(
+        tmp_path / "run", tones_dir, train={"max_steps": 4}, eval={"eval_steps": None},
+        checkpoint={"checkpoint_every": 2, "save_total_limit": None},
+    )  # fmt: skip
+    (tmp_path / "run.yaml").write_text(cfg.to_yaml())
+    Trainer(cfg).fit()
+    ckpts = tmp_path / "run" / "checkpoints"
+    _damage(ckpts / "step-000004")
+    damaged = (ckpts / "step-000004" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+
+    assert main(["train", str(tmp_path / "run.yaml"), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resumed from" in err and "step-000002 at step 2" in err
+    (aside,) = ckpts.glob("step-000004.damaged-*")
+    assert "step-000004 does not verify" in err and f"kept as {aside.name}" in err
+    assert (aside / "model.safetensors").read_bytes() == damaged
+    assert verify(ckpts / "step-000004")["step"] == 4  # saved anew beside it

@@ -58,7 +58,7 @@ from asrforge.io.records import (
     optional,
     record_problems,
 )
-from asrforge.run_layout import BEST, CheckpointsLayout, step_dir_name
+from asrforge.run_layout import BEST, CheckpointsLayout, damaged_name, step_dir_name
 
 STATE_VERSION = 1
 
@@ -201,6 +201,8 @@ class CheckpointManager:
         self.unguarded_step: int | None = None
         """The step ``best-unguarded/`` holds: the best one the forgetting guard refused."""
         self._kept_corrupt: set[str] = set()
+        self._written: set[str] = set()
+        """The step directories this manager saved (the others a save replaces are verified)."""
         self.top_k: dict[str, list[dict[str, Any]]] = {s.metric: [] for s in self.specs}
 
     def recover(self) -> CheckpointManager:
@@ -361,6 +363,8 @@ class CheckpointManager:
         state = self._next_state(step, metrics, is_best, unguarded_step)
         if self.max_disk_gb is not None:
             self._make_room(step, payload)
+        if final.name not in self._written and (final.exists() or final.is_symlink()):
+            self._keep_if_damaged(final)
         meta = {"step": step, "metrics": metrics, "is_best": is_best, "checkpoint_manager": state}
         if unguarded_step == step:
             meta["is_best_unguarded"] = True
@@ -371,12 +375,34 @@ class CheckpointManager:
         else:
             meta = {**(payload.meta or {}), **meta}
             save_training_checkpoint(final, dataclasses.replace(payload, meta=meta))
+        self._written.add(final.name)
         self.load_state_dict(state)
         self._point_latest(final)
         self._sync_best_dirs()
         self._rotate(keep=step)
         self.log.info("checkpoints: saved %s in %.2f s", final.name, time.perf_counter() - t0)
         return final
+
+    def _keep_if_damaged(self, path: Path) -> None:
+        """Move ``path``, a step directory a save is about to replace, aside when it does not
+        verify (a resume passed it by): it is kept for inspection, as rotation keeps one."""
+        try:
+            verify(path)
+            return
+        except CheckpointCorruptError as e:
+            why = e
+        aside = damaged_name(path, time.strftime("%Y%m%d-%H%M%S"))
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            raise CheckpointSaveError(
+                f"cannot move the damaged {path} aside before saving its step again: "
+                f"{describe_os_error(e)}"
+            ) from e
+        self.log.warning(
+            "checkpoints: %s does not verify (%s); kept as %s, and the step is saved anew",
+            path.name, why, aside.name,
+        )  # fmt: skip
 
     def _point_latest(self, final: Path) -> None:
         try:

@@ -33,6 +33,7 @@ from asrforge.config import SHAPE_FIELDS, TrainConfig
 from asrforge.config.yaml_limits import load_yaml
 from asrforge.errors import CheckpointCorruptError, UserError
 from asrforge.hub import hub_ref, resolve_model
+from asrforge.run_layout import damaged_name
 
 FIXED_MODEL_FIELDS = (
     *SHAPE_FIELDS,
@@ -143,12 +144,7 @@ def _why_damaged(path: Path) -> str:
 
 def _set_aside(root: Path) -> Path:
     """Rename the checkpoints directory out of the way and make an empty one in its place."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = root.with_name(f"{root.name}.damaged-{stamp}")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = root.with_name(f"{root.name}.damaged-{stamp}-{n}")
+    aside = damaged_name(root, time.strftime("%Y%m%d-%H%M%S"))
     os.rename(root, aside)
     root.mkdir()
     return aside
