@@ -316,3 +316,13 @@ def test_a_damaged_checkpoint_a_resume_passed_by_is_kept_when_its_step_is_saved_
     assert "step-000004 does not verify" in err and f"kept as {aside.name}" in err
     assert (aside / "model.safetensors").read_bytes() == damaged
     assert verify(ckpts / "step-000004")["step"] == 4  # saved anew beside it
+
+
+def test_start_over_on_a_run_that_verifies_says_it_is_only_for_damaged_checkpoints(run, capsys):
+    out, config = run
+    before = _snapshot(out)
+    assert main(["train", str(config), "--start-over"]) == 2
+    err = capsys.readouterr().err
+    assert "--start-over applies only when none of the checkpoints verifies; step-000003 does" in err
+    assert "pass --resume to continue that run" in err
+    assert "Traceback" not in err and _snapshot(out) == before

@@ -105,9 +105,16 @@ def find_resume_checkpoint(
     latest = manager.latest_valid()
     if latest is not None:
         if not resume:
+            # --start-over is for a run that cannot resume, never a way to discard a healthy one.
+            why = (
+                f" (--start-over applies only when none of the checkpoints verifies; "
+                f"{latest.name} does)"
+                if start_over
+                else ""
+            )
             raise UserError(
-                f"{root.parent} already holds checkpoints: pass --resume to continue that run, "
-                "or choose another output_dir"
+                f"{root.parent} already holds checkpoints{why}: pass --resume to continue that "
+                "run, or choose another output_dir"
             )
         return latest
     damaged = manager.step_dirs()
