@@ -167,6 +167,41 @@ def test_a_data_path_symlink_loop_is_named_and_leaves_nothing(tmp_path, capsys):
 
 
 @pytest.mark.fast
+def test_an_output_dir_that_is_the_data_holds_it_or_lies_in_it_is_refused(tmp_path, capsys):
+    corpus = tmp_path / "corp"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text("")
+    data = {"path": str(corpus)}
+    for output_dir, relation in ((corpus, "is"), (corpus / "run", "lies in"), (tmp_path, "holds")):
+        config = _train_yaml(tmp_path, output_dir=str(output_dir), data=data)
+        assert main(["train", config]) == 2
+        err = capsys.readouterr().err
+        assert f"output_dir: {output_dir} {relation} data.path {corpus}: keep the run" in err
+    assert sorted(p.name for p in corpus.iterdir()) == ["train.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corp", "run.yaml"]
+
+
+@pytest.mark.fast
+def test_every_missing_local_path_is_named_in_one_message_before_any_work(tmp_path, capsys):
+    config = _train_yaml(
+        tmp_path, output_dir=str(tmp_path / "run"),
+        data={"path": str(tmp_path / "corpus"), "replay": {"path": str(tmp_path / "r.jsonl")}},
+        model={"tokenizer": str(tmp_path / "tok")},
+        eval={"guard": {"path": str(tmp_path / "guard")}},
+    )  # fmt: skip
+    assert main(["train", config]) == 2
+    assert capsys.readouterr().err == (
+        "asrforge: error: 4 problems:\n"
+        f"  data.path: {tmp_path / 'corpus'} does not exist (set data.generate: tones to make a "
+        "small one)\n"
+        f"  data.replay.path: {tmp_path / 'r.jsonl'} does not exist\n"
+        f"  eval.guard.path: {tmp_path / 'guard'} does not exist\n"
+        f"  model.tokenizer: {tmp_path / 'tok'}: no such tokenizer directory\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.fast
 def test_every_exit_code_is_in_the_help_and_the_readme():
     epilog = build_parser().epilog
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")

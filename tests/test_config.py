@@ -172,8 +172,10 @@ def test_a_keep_best_metric_evaluation_never_produces_is_refused_before_training
     from asrforge.cli import main
     from asrforge.train.events import eval_metric_names
 
+    (tmp_path / "d").mkdir()  # the command names a missing data path before the callbacks
     data = {
         **MINIMAL,
+        "data": {"path": str(tmp_path / "d")},
         "output_dir": str(tmp_path / "run"),
         "checkpoint": {"keep_best": [{"metric": "wer"}, {"metric": "wre", "k": 2}]},
     }

@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from asrforge.cli.problems import raise_problems
+from asrforge.cli.problems import attempt, raise_problems
 from asrforge.config import external_code_allowed, load_config
 from asrforge.config.reference import fields_epilog
+from asrforge.data.sources import missing_data_path
 from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError
 from asrforge.hub import hub_ref, model_dir_problem
 from asrforge.io.atomic import directory_problem
@@ -70,6 +71,7 @@ def run(args) -> int:
     if cfg.model.pretrained is not None and hub_ref(cfg.model.pretrained) is None:
         if problem := model_dir_problem(cfg.model.pretrained, Path(cfg.model.pretrained)):
             problems.append(f"model.pretrained: {problem}")
+    problems += local_path_problems(cfg)
     if cfg.model.lora is not None:  # its names against the model's skeleton, before any data
         from asrforge.model.lora import target_problems
 
@@ -104,6 +106,42 @@ def run(args) -> int:
     return {"diverged": ExitCode.FAILED, "interrupted": ExitCode.INTERRUPTED}.get(
         result.status, ExitCode.OK
     )
+
+
+def local_path_problems(cfg) -> list[str]:
+    """What is wrong with the local paths the config names, all found before any model or data
+    loads: each that does not exist, and data that is ``output_dir``, holds it or lies in it
+    (the run would write among the data, or undoing a start would reach it)."""
+    problems = []
+    data = cfg.data.path
+    local = "://" not in data and attempt(
+        lambda: hub_ref(data, "dataset", cfg.data.revision, section="data") is None, problems
+    )
+    reads = {"data": Path(data)} if local else {}  # the data the run reads, by config section
+    if cfg.data.replay is not None:
+        reads["data.replay"] = cfg.data.replay.path
+    if cfg.eval.guard is not None:
+        reads["eval.guard"] = cfg.eval.guard.path
+    out = Path(os.path.realpath(cfg.output_dir))
+    for section, path in reads.items():
+        made_here = section == "data" and cfg.data.generate is not None
+        if not path.exists() and not made_here:
+            problems.append(missing_data_path(path, section))
+            continue
+        where = Path(os.path.realpath(path))
+        if out == where or where in out.parents or out in where.parents:
+            relation = "is" if out == where else "lies in" if where in out.parents else "holds"
+            problems.append(
+                f"output_dir: {cfg.output_dir} {relation} {section}.path {path}: keep the run "
+                "directory, where the run writes its checkpoints, logs and caches, and the "
+                "data apart"
+            )
+    if cfg.data.text_path is not None and not cfg.data.text_path.is_file():
+        problems.append(f"data.text_path: {cfg.data.text_path}: no such file")
+    tokenizer = cfg.model.tokenizer
+    if tokenizer is not None and not tokenizer.is_dir():
+        problems.append(f"model.tokenizer: {tokenizer}: no such tokenizer directory")
+    return problems
 
 
 def _describe_best(result) -> str:

@@ -650,7 +650,9 @@ class TrainConfig(Section):
     """A whole run."""
 
     output_dir: Path
-    """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/."""
+    """The run directory: config.yaml, metrics.jsonl, train.log, tensorboard/, checkpoints/.
+    Apart from the data: ``asrforge train`` refuses one that is, holds or lies in ``data.path``,
+    ``data.replay.path`` or ``eval.guard.path``."""
     seed: int = Field(default=0, ge=0)
     """Seeds the weights of a model built here, the data order, dropout, packing and every other
     random draw of the run (numpy's seed sequences take no negative numbers). Fixed for the run:
