@@ -291,7 +291,8 @@ def test_another_seed_is_refused_since_the_data_order_is_drawn_from_it(run, caps
     before = _snapshot(out)
     assert main(["train", str(config), "--resume", "seed=5"]) == 2
     err = capsys.readouterr().err
-    assert "seed: 0 -> 5 (the run's data order is drawn from it" in err
+    assert "seed: 0 -> 5 (each epoch's order and packing" in err
+    assert "another would repeat some utterances and skip others" in err
     assert "Traceback" not in err and _snapshot(out) == before
 
 

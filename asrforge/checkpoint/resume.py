@@ -55,9 +55,8 @@ FIXED_OPTIM_FIELDS = ("optimizer",)
 (fp32 moments or 8-bit codes with their scales)."""
 
 FIXED_RUN_FIELDS = {
-    "seed": "the run's data order is drawn from it (each epoch's order and packing, language "
-    "sampling, replay picks, text-only passes), so a new one would repeat some utterances and "
-    "skip others"
+    "seed": "each epoch's order and packing, language sampling, replay picks and text-only "
+    "passes are drawn from it: another would repeat some utterances and skip others"
 }
 """Top-level fields a resume may not change, each with why."""
 
