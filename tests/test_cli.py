@@ -192,8 +192,8 @@ def test_every_missing_local_path_is_named_in_one_message_before_any_work(tmp_pa
     assert main(["train", config]) == 2
     assert capsys.readouterr().err == (
         "asrforge: error: 4 problems:\n"
-        f"  data.path: {tmp_path / 'corpus'} does not exist (set data.generate: tones to make a "
-        "small one)\n"
+        f"  data.path: {tmp_path / 'corpus'} does not exist; data.generate: tones makes a small "
+        "one\n"
         f"  data.replay.path: {tmp_path / 'r.jsonl'} does not exist\n"
         f"  eval.guard.path: {tmp_path / 'guard'} does not exist\n"
         f"  model.tokenizer: {tmp_path / 'tok'}: no such tokenizer directory\n"
