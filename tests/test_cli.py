@@ -202,6 +202,17 @@ def test_every_missing_local_path_is_named_in_one_message_before_any_work(tmp_pa
 
 
 @pytest.mark.fast
+def test_hub_ids_and_urls_are_not_taken_for_missing_local_paths(tmp_path):
+    from asrforge.cli.train import local_path_problems
+    from asrforge.config import load_config
+
+    for data, replay in (("org/speech", "openslr/librispeech_asr"), ("s3://b/d", "org/other")):
+        cfg = load_config(data={"output_dir": str(tmp_path / "run"),
+                                "data": {"path": data, "replay": {"path": replay}}})  # fmt: skip
+        assert local_path_problems(cfg) == []
+
+
+@pytest.mark.fast
 def test_every_exit_code_is_in_the_help_and_the_readme():
     epilog = build_parser().epilog
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")

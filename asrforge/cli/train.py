@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from asrforge.cli.problems import attempt, raise_problems
-from asrforge.config import external_code_allowed, load_config
+from asrforge.config import DataConfig, external_code_allowed, load_config
 from asrforge.config.reference import fields_epilog
+from asrforge.data.locate import data_ref, is_url
 from asrforge.data.sources import missing_data_path
 from asrforge.errors import CheckpointSaveError, ExitCode, RunIOError
 from asrforge.hub import hub_ref, model_dir_problem
@@ -113,13 +114,16 @@ def local_path_problems(cfg) -> list[str]:
     loads: each that does not exist, and data that is ``output_dir``, holds it or lies in it
     (the run would write among the data, or undoing a start would reach it)."""
     problems = []
-    data = cfg.data.path
-    local = "://" not in data and attempt(
-        lambda: hub_ref(data, "dataset", cfg.data.revision, section="data") is None, problems
-    )
-    reads = {"data": Path(data)} if local else {}  # the data the run reads, by config section
-    if cfg.data.replay is not None:
-        reads["data.replay"] = cfg.data.replay.path
+
+    def local(data: DataConfig, section: str) -> bool:  # no Hub id or URL: data_ref's rule
+        return not is_url(data.path) and attempt(lambda: data_ref(data, section) is None, problems)
+
+    reads = {}  # the local data the run reads, by config section
+    if local(cfg.data, "data"):
+        reads["data"] = Path(cfg.data.path)
+    replay = cfg.data.replay
+    if replay is not None and local(DataConfig(path=str(replay.path)), "data.replay"):
+        reads["data.replay"] = Path(replay.path)
     if cfg.eval.guard is not None:
         reads["eval.guard"] = cfg.eval.guard.path
     out = Path(os.path.realpath(cfg.output_dir))
