@@ -104,3 +104,22 @@ def test_a_bpe_from_scratch_learns_only_the_languages_data_languages_keeps(
     assert any("kwag" in t for t in vocab) == kept_all  # a row with no language: kept by no filter
     assert any("mweb" in t for t in vocab) == kept_all
     assert (tok.convert_tokens_to_ids("<|lg|>") != tok.unk_token_id) == kept_all
+
+
+@pytest.mark.fast
+def test_another_rank_never_trains_a_bpe_of_its_own(tmp_path):
+    """It reads the one rank zero saved; where it cannot see it, it stops and says why."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from asrforge.errors import UserError
+    from asrforge.train.setup import run_tokenizer
+    from asrforge.train.setup_data import SplitTexts
+
+    cfg = tiny_config(tmp_path / "run", tmp_path / "corpus")
+    rows = Dataset.from_dict({"text": ["an orchard"], "language": ["en"]})
+    other_rank = SimpleNamespace(is_main_process=False, num_processes=1)
+    with pytest.raises(UserError, match=r"tokenizer: the tokenizer rank zero saved is not there"):
+        run_tokenizer(cfg, tmp_path / "run", other_rank, SplitTexts(cfg.data, rows, rows))
+    assert not (tmp_path / "run").exists()

@@ -46,6 +46,7 @@ from asrforge.data.rules import (
 from asrforge.data.sampling import LanguageSampling
 from asrforge.data.stream import StreamedSplit
 from asrforge.data.workers import usable_cores
+from asrforge.errors import UserError
 from asrforge.io.atomic import atomic_directory
 from asrforge.model import lora
 from asrforge.model.build import (
@@ -379,6 +380,11 @@ def run_tokenizer(cfg: TrainConfig, out: Path, acc, train_texts):
         if scratch and tok_dir.is_dir():  # a resume's, or the one rank zero just saved
             return load_tokenizer(tok_dir)
         if not acc.is_main_process:
+            if scratch:  # rank zero trained and saved it; another BPE would be another model
+                raise UserError(
+                    f"{tok_dir}: the tokenizer rank zero saved is not there: every process of a "
+                    "run must see its output_dir (a shared file system)"
+                )
             return build_tokenizer(cfg.model, train_texts, timestamps=stamps)
         # The texts are read first because a stream counts its languages on that same pass.
         texts = list(train_texts) if scratch else train_texts
