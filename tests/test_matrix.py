@@ -676,6 +676,12 @@ def test_a_relaunch_that_gives_finished_jobs_another_config_is_refused(matrix_ru
                        r"optim.lr: [0-9.e-]+ -> 0.5"):  # fmt: skip
         Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=0.0).run()
     assert index.read_text() == before
+    # the same root through another path (another mount): the same config, all done
+    link = matrix_run["root"].parent / "root-link"
+    link.symlink_to(matrix_run["root"])
+    plan = load_matrix(matrix_run["matrix"], allow_external_callbacks=True, out=link)
+    out = Launcher(plan, LocalExecutor(parse_devices("cpu:1")), progress_every=0.0).run()
+    assert len(out.done) == 6 and out.exit_code == 0
 
 
 @pytest.mark.slow
@@ -733,7 +739,7 @@ def test_an_unknown_language_and_a_root_that_is_a_file_are_refused_before_any_jo
     [
         ("[1]", None, True),  # stopped the launcher with an AttributeError
         ("[" * 100_000 + "]" * 100_000, None, True),  # a RecursionError
-        ('{"event": "eval", "step": 3}', 100, False),  # read whole, however large
+        ('{"event": "eval", "step": 3}', 100, False),  # over the limit: not read
     ],
     ids=["a list", "deep", "too large"],
 )

@@ -84,6 +84,12 @@ class Outcome:
         return ExitCode.FAILED if self.failed or self.unfinished else ExitCode.OK
 
 
+RUN_REWRITES = ("output_dir:", "train.grad_accum:")
+"""Fields a finished job's config.yaml may hold other than its planned config and still be that
+config: the run directory, the same one reached by another path (another mount of the root),
+and the accumulation a resume on another process count rewrites to keep the global batch."""
+
+
 def refuse_changed_done_jobs(plan: Plan) -> None:
     """Refuse a launch that gives a finished job another config than its run trained with: the
     launcher would count it done, and the report show results of a config that never ran.
@@ -91,6 +97,7 @@ def refuse_changed_done_jobs(plan: Plan) -> None:
     Raises:
         UserError: naming each such job and what changed.
     """
+    # here, not at the top: the comparison imports torch, which a launch needs only for this
     from asrforge.checkpoint.resume import config_changes
     from asrforge.config import load_config
     from asrforge.config.yaml_limits import load_yaml, read_yaml_text
@@ -108,8 +115,9 @@ def refuse_changed_done_jobs(plan: Plan) -> None:
             continue  # nothing to compare: the report names the file it cannot read
         if isinstance(ran, dict):
             fixed, allowed = config_changes(load_config(job.config_path, list(job.overrides)), ran)
-            if fixed or allowed:
-                changed.append(f"{job.job_id}: {'; '.join([*fixed, *allowed])}")
+            lines = [x for x in (*fixed, *allowed) if not x.startswith(RUN_REWRITES)]
+            if lines:
+                changed.append(f"{job.job_id}: {'; '.join(lines)}")
     if changed:
         raise UserError(
             f"{len(changed)} finished job(s) ran another config than the matrix now gives them "
