@@ -230,6 +230,21 @@ def test_a_data_sets_readme_header_is_bounded_locally_and_by_url(tmp_path, name)
         assert time.perf_counter() - start < 5
 
 
+def test_a_data_sets_readme_header_is_read_as_datasets_reads_it(tmp_path):
+    from asrforge.data.locate import declared_configs
+    from asrforge.errors import UserError
+
+    readme = tmp_path / "README.md"
+    # Trainer's cards give tags twice; huggingface_hub keeps the later, and so does asrforge
+    readme.write_text("---\ntags:\n- a\nconfigs:\n- config_name: default\n"
+                      "  data_files: x.jsonl\ntags:\n- b\n---\n# A\n")
+    assert declared_configs(readme) == {"default": {"train": ["x.jsonl"]}}
+    # what PyYAML cannot parse, datasets refuses too (DatasetCard's yaml.safe_load raises)
+    readme.write_text("---\nconfigs: [\n---\n# A\n")
+    with pytest.raises(UserError, match=re.escape(f"{readme}: YAML header: not valid YAML")):
+        declared_configs(readme)
+
+
 def test_the_base_models_card_is_read_for_its_license_within_the_bounds(tmp_path):
     from asrforge.bundle.card import _base_license
     from asrforge.errors import UserError

@@ -2,7 +2,9 @@
 :data:`MAX_BYTES`, nested at most :data:`MAX_DEPTH` levels and at most :data:`MAX_VALUES` values
 once its aliases are expanded (a kilobyte of nested aliases can stand for billions of values,
 which every copy of the loaded tree would build), and no mapping holding a key twice (YAML
-would keep the last silently, so a second ``train:`` section would drop the first).
+would keep the last silently, so a second ``train:`` section would drop the first). A Hub
+card's header (:func:`load_front_matter`) is someone else's file, read as ``huggingface_hub``
+reads it: within the same bounds, but a later key wins.
 
 Each problem is a ``ValueError`` whose message says what is wrong; callers name the file.
 Duplicate keys are a :class:`DuplicateKeys`, one line each in ``problems``.
@@ -144,13 +146,14 @@ def _duplicate_keys(root: yaml.Node, where: str) -> list[str]:
     return [line for _, line in sorted(found)]
 
 
-def load_yaml(text: str, where: str = "") -> Any:
+def load_yaml(text: str, where: str = "", *, unique_keys: bool = True) -> Any:
     """``text`` as YAML's safe loader reads it (None for an empty document), within
     :data:`MAX_DEPTH` and :data:`MAX_VALUES`, each key of a mapping given once.
 
     Args:
         where: the YAML path of the document inside a larger one (an override's key), for the
             names of duplicate keys.
+        unique_keys: False to let a later key win, as YAML's safe loader does.
 
     Raises:
         ValueError: not YAML, or beyond those bounds; :class:`DuplicateKeys` for keys given
@@ -162,7 +165,7 @@ def load_yaml(text: str, where: str = "") -> Any:
         if node is None:
             return None
         _check_expanded(node)
-        if duplicates := _duplicate_keys(node, where):
+        if unique_keys and (duplicates := _duplicate_keys(node, where)):
             raise DuplicateKeys(duplicates)
         return loader.construct_document(node)
     except yaml.YAMLError as e:
@@ -186,15 +189,17 @@ def read_yaml_text(path: Path) -> str:
 
 def load_front_matter(text: str) -> Any:
     """The YAML header of a Markdown text (a Hub card's ``README.md``: the lines between a
-    first line ``---`` and the next), loaded as :func:`load_yaml` loads YAML; None when there
-    is none.
+    first line ``---`` and the next), loaded as :func:`load_yaml` loads YAML but with a later
+    key winning, as ``huggingface_hub`` reads a card (Trainer's cards give ``tags:`` twice);
+    None when there is none.
 
     Raises:
-        ValueError: as :func:`load_yaml`, with line numbers counted in ``text``.
+        ValueError: as :func:`load_yaml` (never :class:`DuplicateKeys`), with line numbers
+            counted in ``text``.
     """
     match = _FRONT_MATTER.match(text)
     if match is None:
         return None
     # blank lines in place of the opening ones keep the lines load_yaml names those of the text
     before = "\n" * text.count("\n", 0, match.start(1))
-    return load_yaml(before + match.group(1))
+    return load_yaml(before + match.group(1), unique_keys=False)

@@ -262,8 +262,9 @@ def parse_configs(text: str, where: str) -> Configs:
         where: the README's path or URL, as errors name it.
 
     Raises:
-        UserError: the header is not YAML, or nested or (its aliases expanded) large beyond
-            :mod:`asrforge.config.yaml_limits`' bounds.
+        UserError: the header is not YAML (``datasets`` refuses such a card too), or nested or
+            (its aliases expanded) large beyond :mod:`asrforge.config.yaml_limits`' bounds; a
+            key given twice is not refused (the later wins, as ``datasets`` reads it).
     """
     try:
         header = load_front_matter(text) or {}
