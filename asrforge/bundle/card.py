@@ -25,7 +25,6 @@ from asrforge.checkpoint.manifest import read_manifest
 from asrforge.config import TrainConfig
 from asrforge.config.yaml_limits import load_front_matter, read_yaml_text
 from asrforge.data.sample_rate import SAMPLE_RATE
-from asrforge.errors import UserError
 from asrforge.hub import cached_model_dir, hub_ref
 from asrforge.io.small_files import RECORDS_BYTES, parse_json, read_text
 from asrforge.run_layout import RunLayout, recorded_selection
@@ -117,11 +116,9 @@ def _base_license(base: str | None, record: dict | None) -> str | None:
     """The ``license`` of the base model's own card: at the commit the run recorded, read from
     the Hugging Face cache (never asked of the Hub: an export works offline, and a branch that
     moved since must not lend the card another commit's license), or in a local base directory.
-    None when that card is not here, or a Hub base has no recorded commit.
-
-    Raises:
-        UserError: the card is no regular file, or is not UTF-8, or its YAML header is not YAML
-            or beyond :mod:`asrforge.config.yaml_limits`' bounds; naming it.
+    None when that card is not here, or a Hub base has no recorded commit, or it cannot be read
+    (no regular file, not UTF-8, a header that is not YAML or beyond
+    :mod:`asrforge.config.yaml_limits`' bounds), which is warned of.
     """
     if record and record.get("commit"):
         directory = cached_model_dir(f"{record['id']}@{record['commit']}", (CARD_FILE,))
@@ -135,7 +132,10 @@ def _base_license(base: str | None, record: dict | None) -> str | None:
     try:
         header = load_front_matter(read_yaml_text(card))
     except (OSError, ValueError) as e:
-        raise UserError(f"{card}: the base model's card, read for its license: {e}") from None
+        # someone else's card, only lending a license: the export goes on without one
+        log.warning("%s: the base model's card, read for its license: %s; the model card "
+                    "names no license", card, e)  # fmt: skip
+        return None
     value = header.get("license") if isinstance(header, dict) else None
     return str(value) if value else None
 
