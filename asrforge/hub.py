@@ -419,7 +419,8 @@ def check_safetensors(resolved: Resolved, field: str) -> None:
 Listing = Callable[[Path], Mapping[str, int]]
 """The size in bytes of each file a snapshot may hold, by its path inside the snapshot, as the
 snapshot's own listing says (a bundle's manifest, the manifest itself included); read from the
-snapshot before anything is copied."""
+snapshot before anything is copied, so what it raises (a bundle of a format that is not loaded)
+refuses the snapshot with nothing copied."""
 
 
 def verified_copy(
@@ -461,7 +462,8 @@ def _verified(resolved: Resolved, listed: Listing, verify: Callable[[Path], T]) 
     try:
         return path, verify(path)
     except UserError as e:
-        # a refused copy is not kept, nor copied again by every later run
+        # nothing refused stays on disk, so a later run copies the snapshot again: what can be
+        # refused from the listing alone (a bundle's format) is refused by it, before any copy
         remove_path(path)
         if isinstance(e, CheckpointCorruptError):
             raise _named_in_snapshot(e, path, resolved) from None

@@ -293,6 +293,34 @@ def test_a_hub_bundle_whose_copy_is_refused_leaves_no_copy(hf_home, tiny_bundle)
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("fmt, says", [("ct2", "a CTranslate2 export; run it with"),
+                                       ("ggml", "a whisper.cpp export (ggml-model.bin)"),
+                                       ("onnx", "a 'onnx' bundle, not 'hf'")])
+def test_a_hub_bundle_of_a_format_not_loaded_is_refused_before_any_byte_is_copied(
+    hf_home, tiny_bundle, tmp_path, monkeypatch, fmt, says
+):
+    from asrforge import hub
+    from asrforge.bundle.load import load_bundle
+    from asrforge.bundle.write import update_bundle_manifest
+    from asrforge.errors import CheckpointNotSupportedError
+
+    pushed = tmp_path / "pushed"
+    shutil.copytree(tiny_bundle, pushed)
+    update_bundle_manifest(pushed, {"format": fmt})
+    with pytest.raises(CheckpointNotSupportedError, match=re.escape(says)) as local:
+        load_bundle(pushed)
+    snapshot = add_repo(hf_home, "me/tiny", {"": pushed})
+    copied, copy = [], hub._copy_exactly
+    monkeypatch.setattr(hub, "_copy_exactly", lambda *a: copied.append(a[1]) or copy(*a))
+    for _ in range(2):  # a later load copies nothing either
+        with pytest.raises(CheckpointNotSupportedError) as refused:
+            load_bundle("me/tiny")
+        # the loader's own words, of the cache's snapshot (no copy of it was made)
+        assert str(refused.value) == str(local.value).replace(str(pushed), str(snapshot))
+        assert copied == [] and not [p for p in (hf_home / "asrforge").rglob("*") if p.is_file()]
+
+
+@pytest.mark.fast
 def test_materialize_refuses_a_snapshot_folder_that_is_a_link(hf_home, tmp_path):
     snapshot = _tiny_repo(hf_home)
     elsewhere = tmp_path / "elsewhere"

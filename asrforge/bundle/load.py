@@ -116,15 +116,42 @@ def read_bundle_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def check_format(manifest: dict[str, Any], path: Path) -> None:
+    """Refuse a bundle whose manifest says it is not the transformers format this module loads.
+
+    Raises:
+        CheckpointNotSupportedError: a CTranslate2 or whisper.cpp export, or another format,
+            naming what runs it.
+    """
+    fmt = manifest.get("format", "hf")
+    if not manifest["files"].get(INFERENCE_CONFIG) or fmt == "hf":
+        return
+    if fmt == "ct2":
+        raise CheckpointNotSupportedError(
+            f"{path}: a CTranslate2 export; run it with ctranslate2/faster-whisper, or export "
+            "again with --format hf for asrforge and transformers"
+        )
+    if fmt == "ggml":
+        raise CheckpointNotSupportedError(
+            f"{path}: a whisper.cpp export (ggml-model.bin); run it with whisper.cpp, or "
+            "export again with --format hf for asrforge and transformers"
+        )
+    raise CheckpointNotSupportedError(f"{path}: a {fmt!r:.40} bundle, not 'hf'")
+
+
 def bundle_file_sizes(path: Path) -> dict[str, int]:
     """The size of each file the manifest of the bundle at ``path`` lists, the manifest's own
     included: what a copy of a Hub snapshot of it may hold (:func:`~asrforge.hub.materialize`).
+    A bundle of a format :func:`load_bundle` cannot load is refused here, before its files (a
+    CTranslate2 or whisper.cpp model of gigabytes) are copied.
 
     Raises:
         CheckpointCorruptError: as :func:`read_bundle_manifest`, or a listed size that is no
             count of bytes.
+        CheckpointNotSupportedError: as :func:`read_bundle_manifest` and :func:`check_format`.
     """
     manifest = read_bundle_manifest(path)
+    check_format(manifest, Path(path))
     sizes = {MANIFEST_NAME: (Path(path) / MANIFEST_NAME).stat().st_size}
     for rel, entry in manifest["files"].items():
         size = entry.get("size")
@@ -152,16 +179,7 @@ def verify_bundle(path: Path) -> dict[str, Any]:
     manifest = read_bundle_manifest(path)
     path = Path(path)
     verify(path)
-    if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ct2":
-        raise CheckpointNotSupportedError(
-            f"{path}: a CTranslate2 export; run it with ctranslate2/faster-whisper, or export "
-            "again with --format hf for asrforge and transformers"
-        )
-    if manifest["files"].get(INFERENCE_CONFIG) and manifest.get("format") == "ggml":
-        raise CheckpointNotSupportedError(
-            f"{path}: a whisper.cpp export (ggml-model.bin); run it with whisper.cpp, or "
-            "export again with --format hf for asrforge and transformers"
-        )
+    check_format(manifest, path)
     # what tools leave in a directory (.git/, .DS_Store) is never read, so never refused
     on_disk = [rel for rel in list_files(path) if not hidden(rel)]
     for rel in on_disk:
