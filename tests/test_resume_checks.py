@@ -327,3 +327,22 @@ def test_start_over_on_a_run_that_verifies_says_it_is_only_for_damaged_checkpoin
     assert "--start-over applies only when none of the checkpoints verifies; step-000003 does" in err
     assert "pass --resume to continue that run" in err
     assert "Traceback" not in err and _snapshot(out) == before
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "epoch, into, max_epochs, refused",
+    [(2, 0, 2, False), (2, 0, 1, True), (2, 5, 2, True), (2, 5, 3, False), (0, 3, None, False)],
+)  # fmt: skip
+def test_a_max_epochs_the_checkpoint_trained_past_is_refused(epoch, into, max_epochs, refused):
+    from types import SimpleNamespace
+
+    from asrforge.checkpoint.resume import check_resume_epochs
+    from asrforge.errors import UserError
+
+    ckpt = SimpleNamespace(path="step-000040", train_state={"epoch": epoch, "batch_in_epoch": into})
+    if not refused:
+        check_resume_epochs(ckpt, max_epochs)
+        return
+    with pytest.raises(UserError, match=rf"train.max_epochs is {max_epochs}, below the \d epoch"):
+        check_resume_epochs(ckpt, max_epochs)

@@ -238,6 +238,26 @@ def check_resume_steps(ckpt, max_steps: int, named: str) -> None:
         )
 
 
+def check_resume_epochs(ckpt, max_epochs: int | None) -> None:
+    """Refuse a resume whose ``train.max_epochs`` the checkpoint (a :class:`TrainingCheckpoint`)
+    already trained past, as :func:`check_resume_steps` refuses a smaller ``max_steps``: the run
+    would end at once as complete and its end could delete the resume state.
+
+    Raises:
+        UserError: naming both numbers.
+    """
+    state = ckpt.train_state or {}
+    epoch, into = state.get("epoch") or 0, state.get("batch_in_epoch") or 0
+    # ``epoch`` epochs are done; batches taken into the next one count as training in it
+    reached = epoch + (1 if into else 0)
+    if max_epochs is not None and max_epochs < reached:
+        raise UserError(
+            f"--resume: train.max_epochs is {max_epochs}, below the {reached} epoch(s) the "
+            f"checkpoint {ckpt.path} trained in. Resume with a train.max_epochs of {reached} or "
+            "more; a run of fewer epochs is a new run in another output_dir"
+        )
+
+
 def keep_global_batch(cfg: TrainConfig, ckpt, processes: int, log: logging.Logger) -> None:
     """Keep the global batch a resumed checkpoint (a :class:`TrainingCheckpoint`) was trained
     with on ``processes`` processes: ``cfg.train.grad_accum`` becomes the micro-batches a step

@@ -23,6 +23,7 @@ from asrforge.checkpoint.manager import averaging_specs
 from asrforge.checkpoint.resume import (
     check_resume_commits,
     check_resume_config,
+    check_resume_epochs,
     check_resume_steps,
     continue_epoch,
     find_resume_checkpoint,
@@ -356,6 +357,7 @@ def find_resume(
     if resume_from is not None:
         check_resume_config(cfg, resume_from.config_yaml, resume_from.path, log)
         check_resume_steps(resume_from, cfg.train.max_steps, "train.max_steps")
+        check_resume_epochs(resume_from, cfg.train.max_epochs)
         keep_global_batch(cfg, resume_from, acc.num_processes, log)
         continue_epoch(cfg, resume_from, acc.num_processes, log)
         check_resume_commits(resume_from.manifest.get("hub_commits") or {}, commits,
