@@ -206,7 +206,7 @@ def test_hub_ids_and_urls_are_not_taken_for_missing_local_paths(tmp_path):
     from asrforge.cli.train import local_path_problems
     from asrforge.config import load_config
 
-    for data, replay in (("org/speech", "openslr/librispeech_asr"), ("s3://b/d", "org/other")):
+    for data, replay in (("org/speech", "openslr/librispeech_asr"), ("s3://b/d", "memory://r")):
         cfg = load_config(data={"output_dir": str(tmp_path / "run"),
                                 "data": {"path": data, "replay": {"path": replay}}})  # fmt: skip
         assert local_path_problems(cfg) == []

@@ -122,7 +122,7 @@ def local_path_problems(cfg) -> list[str]:
     if local(cfg.data, "data"):
         reads["data"] = Path(cfg.data.path)
     replay = cfg.data.replay
-    if replay is not None and local(DataConfig(path=str(replay.path)), "data.replay"):
+    if replay is not None and local(DataConfig(path=replay.path), "data.replay"):
         reads["data.replay"] = Path(replay.path)
     if cfg.eval.guard is not None:
         reads["eval.guard"] = cfg.eval.guard.path

@@ -227,7 +227,7 @@ class ReplayConfig(Section):
     ``stream.enabled`` the replay set is read whole before step 1 and its drawn rows join each
     streamed epoch once. See docs/training.md, "Learning without forgetting"."""
 
-    path: Path
+    path: PathOrHubId
     """The replay data, in any form ``data.path`` takes. Never the guard's set
     (``eval.guard.path``) or data holding its clips: that is refused, since the guard would
     then measure what the run trained on."""
