@@ -203,8 +203,8 @@ def test_every_missing_local_path_is_named_in_one_message_before_any_work(tmp_pa
 
 @pytest.mark.fast
 def test_hub_ids_and_urls_are_not_taken_for_missing_local_paths(tmp_path):
-    from asrforge.cli.train import local_path_problems
     from asrforge.config import load_config
+    from asrforge.train.paths import local_path_problems
 
     for data, replay in (("org/speech", "openslr/librispeech_asr"), ("s3://b/d", "memory://r")):
         cfg = load_config(data={"output_dir": str(tmp_path / "run"),
