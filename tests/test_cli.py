@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from asrforge.cli import average, build_parser, main
-from asrforge.errors import ExitCode
+from asrforge.errors import ExitCode, UserError
 
 PROBE = """
 import sys
@@ -179,6 +179,19 @@ def test_an_output_dir_that_is_the_data_holds_it_or_lies_in_it_is_refused(tmp_pa
         assert f"output_dir: {output_dir} {relation} data.path {corpus}: keep the run" in err
     assert sorted(p.name for p in corpus.iterdir()) == ["train.jsonl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corp", "run.yaml"]
+
+
+@pytest.mark.fast
+def test_a_run_started_from_python_refuses_an_output_dir_inside_its_data(tmp_path):
+    from asrforge.train.loop import Trainer
+    from tests.conftest import tiny_config
+
+    corpus = tmp_path / "corp"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text("")
+    with pytest.raises(UserError, match=r"output_dir: .*corp/run lies in data.path .*corp: keep"):
+        Trainer(tiny_config(corpus / "run", corpus)).fit()
+    assert sorted(p.name for p in corpus.iterdir()) == ["train.jsonl"]
 
 
 @pytest.mark.fast

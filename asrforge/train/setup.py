@@ -64,6 +64,7 @@ from asrforge.selection.groups import mixed_groups, run_language
 from asrforge.selection.selector import Selector, build_selector
 from asrforge.train.eval_plan import plan_warnings
 from asrforge.train.loaders import RunLoaders
+from asrforge.train.paths import local_path_problems
 from asrforge.train.precision import enable_cpu_fp16
 from asrforge.train.ranks import main_process_first
 from asrforge.train.records import hub_commits, write_config
@@ -151,6 +152,9 @@ def prepare_run(
     ``resume``/``start_over``: see :func:`asrforge.checkpoint.resume.find_resume_checkpoint`.
     ``startup``: seconds of the phases timed before (the CLI's), first in the run's record.
     """
+    # The train command checked these already; a run started from Python has not.
+    if problems := local_path_problems(cfg):
+        raise UserError("; ".join(problems))
     out = Path(cfg.output_dir)
     acc = start_accelerator(cfg, precision)
     handler = open_run_dir(out, acc)
