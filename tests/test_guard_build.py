@@ -80,6 +80,26 @@ def test_references_and_their_languages_come_from_a_file_and_reach_the_guard(tmp
     ]
 
 
+@pytest.mark.fast
+def test_two_inputs_sharing_a_file_name_get_a_reference_by_path_only(tmp_path, clips, capsys):
+    """By name, both would get one clip's text: the guard would score one against the other's."""
+    src = tmp_path / "corpus" / clips[0]["file"]
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "take1.wav").write_bytes(src.read_bytes())
+    refs = tmp_path / "refs.tsv"
+    argv = ["guard", "build", str(tmp_path / "a"), str(tmp_path / "b"), "--language", "en",
+            "--references", str(refs)]  # fmt: skip
+    refs.write_text("take1.wav\tthe text of a\n")
+    assert main([*argv, "--out", str(tmp_path / "g1")]) == 2
+    err = capsys.readouterr().err
+    assert "no reference for" in err and "its file name is another input's too" in err
+    refs.write_text(f"{tmp_path / 'a' / 'take1.wav'}\tthe text of a\n"
+                    f"{tmp_path / 'b' / 'take1.wav'}\tthe text of b\n")  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "g2")]) == 0
+    assert " ".join(r["text"] for r in manifest(tmp_path / "g2")) == "the text of a the text of b"
+
+
 def test_a_training_run_guards_with_the_built_set(tmp_path, clips, tones_dir):
     from asrforge.callbacks import build_callbacks
     from asrforge.train.loop import Trainer

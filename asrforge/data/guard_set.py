@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,8 +141,12 @@ def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
                         f"({len(inputs)}), got {len(languages)}")  # fmt: skip
     codes = [resolve_language(v, "--language") for v in languages]
     refs = read_references(references) if references is not None else None
+    files = audio_files(inputs)
+    # a file name two inputs share names neither: by name, both would get one clip's text
+    names = Counter(path.name for _, path in files)
+    shared = {name for name, n in names.items() if n > 1}
     clips = []
-    for k, path in audio_files(inputs):
+    for k, path in files:
         try:
             _, seconds = audio_info(path)
         except UserError as e:
@@ -149,9 +154,11 @@ def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
         language = codes[0] if len(codes) == 1 else codes[k] if codes else None
         reference = None
         if refs is not None:
-            found = refs.find(path)
+            found = refs.find(path, by_name=path.name not in shared)
             if found is None and others_from is None:
-                raise UserError(f"--references {references}: no reference for {path}")
+                also = (" (its file name is another input's too, so only its path names it)"
+                        if path.name in shared else "")  # fmt: skip
+                raise UserError(f"--references {references}: no reference for {path}{also}")
             if found is not None:
                 reference, language = found[0], found[1] or language
         clips.append(GuardClip(path, seconds, language, reference))
@@ -161,7 +168,7 @@ def read_clips(inputs: Sequence[Path], languages: Sequence[str] = (),
 class References:
     """Clip path -> ``(text, language or None)`` read from a references file; a clip is found by
     its path (a relative key: from the current directory or the file's) or, when no other key
-    has it, its file name."""
+    has it and no other input clip has it, its file name."""
 
     def __init__(self, rows: list[tuple[str, str, str | None]], where: Path):
         self.by_path: dict[Path, tuple[str, str | None]] = {}
@@ -173,8 +180,10 @@ class References:
             name = Path(key).name
             self.by_name[name] = None if name in self.by_name else value
 
-    def find(self, path: Path) -> tuple[str, str | None] | None:
-        return self.by_path.get(path.resolve()) or self.by_name.get(path.name)
+    def find(self, path: Path, *, by_name: bool = True) -> tuple[str, str | None] | None:
+        """``path``'s reference by its path, else (``by_name``) by its file name."""
+        found = self.by_path.get(path.resolve())
+        return found if found is not None or not by_name else self.by_name.get(path.name)
 
 
 def read_references(path: Path) -> References:
