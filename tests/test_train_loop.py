@@ -90,6 +90,33 @@ def test_failing_optional_callback_is_logged_and_training_goes_on(tmp_path, tone
     assert any("callback 'boom' failed in on_step_end" in r.getMessage() for r in caplog.records)
 
 
+class _Stateful(Callback):
+    def __init__(self, name: str, state, critical: bool = False):
+        self.name, self.state, self.critical = name, state, critical
+
+    def state_dict(self):
+        return self.state
+
+
+@pytest.mark.fast
+def test_a_callback_state_that_cannot_be_saved_costs_that_state_not_the_checkpoint(caplog):
+    import numpy as np
+
+    from asrforge.train.events import CallbackList
+
+    good = _Stateful("good", {"n": 3})
+    callbacks = CallbackList([good, _Stateful("npstate", {"best": np.float32(0.5)}),
+                              _Stateful("listy", [1, 2])])  # fmt: skip
+    with caplog.at_level("ERROR", logger="asrforge.callbacks"):
+        assert callbacks.state_dict() == {"good": {"n": 3}}
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "asrforge.callbacks")
+    assert "callback 'npstate': its state_dict() cannot be saved (TypeError" in said
+    assert "callback 'listy'" in said and "written without it" in said
+    critical = CallbackList([_Stateful("must", {"x": object()}, critical=True)])
+    with pytest.raises(CriticalCallbackError, match="'must': its state_dict"):
+        critical.state_dict()
+
+
 @pytest.mark.fast
 def test_failing_critical_callback_stops_the_run(tmp_path, tones_dir):
     boom = Boom(critical=True)

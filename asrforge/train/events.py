@@ -7,6 +7,7 @@ The events and their payloads: docs/training.md, "Writing a callback (`train/eve
 from __future__ import annotations
 
 import errno
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +164,30 @@ class CallbackList:
             )
 
     def state_dict(self) -> dict[str, dict]:
-        return {key: cb.state_dict() for key, cb in self.keyed}
+        """Each callback's state for ``callbacks.json``, by key. An optional callback whose
+        state fails or is no JSON object is left out with an error naming it, as its failing
+        events are, and the checkpoint is written; a critical one's stops the run."""
+        states = {}
+        for key, cb in self.keyed:
+            try:
+                state = cb.state_dict()
+                json.dumps(state)  # as the checkpoint writes callbacks.json
+                if not isinstance(state, dict):
+                    raise TypeError(f"a {type(state).__name__}, not a dict")
+            except Exception as e:  # noqa: BLE001 - one callback's state must not cost the save
+                why = f"{type(e).__name__}: {e}"
+                if cb.critical:
+                    raise CriticalCallbackError(
+                        f"critical callback {cb.name!r}: its state_dict() cannot be saved ({why})"
+                    ) from e
+                self.failures[f"{cb.name}.state_dict"] = (
+                    self.failures.get(f"{cb.name}.state_dict", 0) + 1
+                )
+                log.error("callback %r: its state_dict() cannot be saved (%s); the checkpoint is "
+                          "written without it, and a resume starts it afresh", cb.name, why)  # fmt: skip
+                continue
+            states[key] = state
+        return states
 
     def load_state_dict(self, states: dict[str, dict]) -> None:
         """Each callback's state from ``callbacks.json`` (``states``: by key).
