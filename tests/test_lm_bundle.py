@@ -226,8 +226,11 @@ def test_greedy_decoding_stays_greedy_with_an_lm_and_says_so_once(lm_bundle_dir,
     plain = bundle.recognize(waves, "en", use_lm=False)
     with caplog.at_level("INFO", logger="asrforge.bundle.options"):
         default = bundle.recognize(waves, "en")
-        weighted = bundle.recognize(waves, "en", lm_alpha=0.0, lm_beta=-50.0)
-    assert [t.text for t in default] == [t.text for t in weighted] == [t.text for t in plain]
+        again = bundle.recognize(waves, "en")
+    assert [t.text for t in default] == [t.text for t in again] == [t.text for t in plain]
+    # weights greedy decoding would not use are refused, as the CLI refuses its flags
+    with pytest.raises(UserError, match="fused in beam search only; give beam_size > 1"):
+        bundle.recognize(waves, "en", lm_alpha=0.0, lm_beta=-50.0)
     notes = [r.message for r in caplog.records if "fused in beam search only" in r.message]
     assert notes == [
         "the bundle's 3-gram LM is fused in beam search only; greedy decoding runs without it "

@@ -271,3 +271,22 @@ def test_the_bundle_guide_lists_every_option() -> None:
     listed = guide.split("`asrforge.bundle.options.RecognizeOptions`", 1)[1].split("(see", 1)[0]
     names = set(re.findall(r"`(\w+)`", listed))
     assert names == {f.name for f in dataclasses.fields(RecognizeOptions)}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "option, value, said",
+    [("beam_size", "5", "beam_size: '5' is not a whole number"),
+     ("no_speech_threshold", "0.6", "no_speech_threshold: '0.6' is not a number"),
+     ("word_timestamps", 1, "word_timestamps: 1 is not True or False")],
+)  # fmt: skip
+def test_an_option_of_the_wrong_kind_is_refused_by_name(bundle, option, value, said) -> None:
+    with pytest.raises(UserError, match=said):
+        bundle.transcribe(np.zeros(16000, np.float32), **{option: value})
+
+
+@pytest.mark.fast
+def test_lm_weights_for_a_bundle_without_an_lm_are_refused_as_the_cli_refuses_them(bundle):
+    assert bundle.lm is None
+    with pytest.raises(UserError, match="lm_alpha/lm_beta: this bundle has no n-gram LM"):
+        bundle.transcribe(np.zeros(16000, np.float32), beam_size=2, lm_alpha=0.5)

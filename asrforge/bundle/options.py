@@ -104,6 +104,25 @@ class RecognizeOptions:
     ``temperature_fallback`` decodes a window again (openai-whisper's one
     ``logprob_threshold``). None: the probability alone skips a window."""
 
+    def __post_init__(self) -> None:
+        """Refuse a value of the wrong kind by its option's name (``beam_size="5"`` would fail
+        deep in decoding with a comparison error).
+
+        Raises:
+            UserError: naming each option and the kind it takes.
+        """
+        problems = []
+        for f in fields(self):
+            value, (kinds, what) = getattr(self, f.name), _KINDS[f.name]
+            if value is None and "None" in f.type:
+                continue
+            # bool is an int to Python, never a count or a threshold here
+            wrong = isinstance(value, bool | np.bool_) != (kinds == (bool, np.bool_))
+            if wrong or not isinstance(value, kinds):
+                problems.append(f"{f.name}: {value!r} is not {what}")
+        if problems:
+            raise UserError("; ".join(problems))
+
     @classmethod
     def of(cls, caller: str, keywords: dict[str, Any]) -> RecognizeOptions:
         """The options ``caller``'s keywords give, the others at their defaults.
@@ -119,6 +138,19 @@ class RecognizeOptions:
                 f"its options: {', '.join(known)}"
             )
         return cls(**keywords)
+
+
+_COUNT = ((int, np.integer), "a whole number")
+_NUMBER = ((int, float, np.integer, np.floating), "a number")
+_FLAG = ((bool, np.bool_), "True or False")
+_KINDS = {
+    "batch_size": _COUNT, "max_new_tokens": _COUNT, "chunking": ((str,), "a text"),
+    "condition_on_previous_text": _FLAG, "sampling_rate": _COUNT, "beam_size": _COUNT,
+    "temperature_fallback": _FLAG, "use_lm": _FLAG, "lm_alpha": _NUMBER, "lm_beta": _NUMBER,
+    "word_timestamps": _FLAG, "vad": _FLAG, "no_speech_threshold": _NUMBER,
+    "logprob_threshold": _NUMBER,
+}  # fmt: skip
+"""The kind each :class:`RecognizeOptions` field takes, and how a message names it."""
 
 
 def lm_alpha_beta(bundle) -> tuple[float, float]:
@@ -180,8 +212,19 @@ def chunking_for(bundle, requested: str | None) -> tuple[str, str]:
 def decode_options(bundle, options: RecognizeOptions, no_speech: NoSpeech | None) -> DecodeOptions:
     """What every window is decoded with: ``options`` and the gate ``no_speech``
     (:func:`no_speech_gate`), the LM fused only in beam search; greedy decoding of a bundle
-    with an LM says so once a bundle."""
+    with an LM says so once a bundle.
+
+    Raises:
+        UserError: ``lm_alpha``/``lm_beta`` given where they would change nothing: a bundle
+            without an LM, or greedy decoding (the CLI refuses its flags alike).
+    """
     beam, use_lm = options.beam_size, options.use_lm
+    if use_lm and (options.lm_alpha is not None or options.lm_beta is not None):
+        if bundle.lm is None:
+            raise UserError("lm_alpha/lm_beta: this bundle has no n-gram LM (export it with --lm)")
+        if beam == 1:
+            raise UserError("lm_alpha/lm_beta: the n-gram LM is fused in beam search only; give "
+                            "beam_size > 1 (e.g. 5)")  # fmt: skip
     decode = DecodeOptions(
         beam_size=beam,
         fallback=Fallback(logprob_threshold=options.logprob_threshold)
