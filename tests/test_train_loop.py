@@ -386,3 +386,20 @@ def test_two_processes_train_one_run(tmp_path, tones_dir):
     # ...and alone writes to the console (the log lines and the result line once each)
     assert out.stdout.count("asrforge: completed at step 4") == 1
     assert out.stderr.count("asrforge run in") == 1 and out.stderr.count("step 4/4") == 1
+
+
+@pytest.mark.fast
+def test_a_trainer_given_what_it_does_not_take_says_what_it_takes(tmp_path, tones_dir):
+    from asrforge.config import load_config
+
+    cfg = tiny_config(tmp_path / "run", tones_dir)
+    with pytest.raises(TypeError, match="cfg is a str, not a TrainConfig: load a YAML file"):
+        Trainer("ft.yaml")
+    for callbacks in (build_callbacks, [object()]):
+        with pytest.raises(TypeError, match="callbacks must be a list of asrforge Callback"):
+            Trainer(cfg, callbacks)
+    (tmp_path / "ft.yaml").write_text(cfg.to_yaml())
+    with pytest.raises(ConfigError, match="overrides: a list of 'dotted.key=value' strings, "
+                       "got a str"):  # fmt: skip
+        load_config(tmp_path / "ft.yaml", "optim.lr=2e-5")
+    assert load_config(tmp_path / "ft.yaml", ["optim.lr=2e-5"]).optim.lr == 2e-5

@@ -44,6 +44,11 @@ def load_config(
         ConfigError: listing every problem with its YAML path.
     """
     source = str(path) if path is not None else None
+    if isinstance(overrides, str | dict):  # a str would be applied one character at a time
+        raise ConfigError(
+            [f"overrides: a list of 'dotted.key=value' strings, got a {type(overrides).__name__}"
+             f" (e.g. [{'optim.lr=2e-5'!r}])"], source,
+        )  # fmt: skip
     if data is None:
         if path is None:
             raise ConfigError(["no config file given"])

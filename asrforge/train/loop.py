@@ -55,6 +55,16 @@ class Trainer:
         callbacks: list[Callback] | None = None,
         startup: dict[str, float] | None = None,
     ):
+        if not isinstance(cfg, TrainConfig):
+            raise TypeError(
+                f"Trainer: cfg is a {type(cfg).__name__}, not a TrainConfig: load a YAML file "
+                "with asrforge.load_config(path)"
+            )
+        if callable(callbacks) or not all(isinstance(c, Callback) for c in callbacks or []):
+            raise TypeError(
+                "Trainer: callbacks must be a list of asrforge Callback objects (subclasses of "
+                "asrforge.train.events.Callback), e.g. build_callbacks(cfg) + [mine]"
+            )
         self.cfg = cfg
         self.user_callbacks = list(callbacks or [])
         self.startup = dict(startup or {})
