@@ -17,13 +17,17 @@ def encode_waves(
 ) -> torch.Tensor:
     """(batch, frames, d_model) the encoder output of ``waves``, (n_samples,) windows of audio
     at ``sample_rate`` each at most one encoder window long, through ``extractor`` (a
-    transformers ``WhisperFeatureExtractor``) and :func:`encoder_states` on ``device``."""
-    feats = np.stack(
-        [
-            extractor(w, sampling_rate=sample_rate, return_tensors="np").input_features[0]
-            for w in waves
-        ]
-    )
+    transformers ``WhisperFeatureExtractor``) and :func:`encoder_states` on ``device``.
+
+    The features are computed in float32 also under a caller's CPU autocast (a guard measured
+    in bf16): the extractor's products would run in bf16 there, which numpy cannot hold."""
+    with torch.autocast("cpu", enabled=False):
+        feats = np.stack(
+            [
+                extractor(w, sampling_rate=sample_rate, return_tensors="np").input_features[0]
+                for w in waves
+            ]
+        )
     return encoder_states(model, torch.from_numpy(feats.astype(np.float32)).to(device))
 
 
