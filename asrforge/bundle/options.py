@@ -113,11 +113,13 @@ class RecognizeOptions:
         """
         problems = []
         for f in fields(self):
-            value, (kinds, what) = getattr(self, f.name), _KINDS[f.name]
-            if value is None and "None" in f.type:
+            # the annotation names the kind: "int", "float | None", ...
+            annotated, _, optional_ = f.type.partition(" | ")
+            value, (kinds, what) = getattr(self, f.name), _KINDS[annotated]
+            if value is None and optional_ == "None":
                 continue
             # bool is an int to Python, never a count or a threshold here
-            wrong = isinstance(value, bool | np.bool_) != (kinds == (bool, np.bool_))
+            wrong = isinstance(value, bool | np.bool_) != (kinds == _FLAG[0])
             if wrong or not isinstance(value, kinds):
                 problems.append(f"{f.name}: {value!r} is not {what}")
         if problems:
@@ -140,17 +142,15 @@ class RecognizeOptions:
         return cls(**keywords)
 
 
-_COUNT = ((int, np.integer), "a whole number")
-_NUMBER = ((int, float, np.integer, np.floating), "a number")
 _FLAG = ((bool, np.bool_), "True or False")
 _KINDS = {
-    "batch_size": _COUNT, "max_new_tokens": _COUNT, "chunking": ((str,), "a text"),
-    "condition_on_previous_text": _FLAG, "sampling_rate": _COUNT, "beam_size": _COUNT,
-    "temperature_fallback": _FLAG, "use_lm": _FLAG, "lm_alpha": _NUMBER, "lm_beta": _NUMBER,
-    "word_timestamps": _FLAG, "vad": _FLAG, "no_speech_threshold": _NUMBER,
-    "logprob_threshold": _NUMBER,
-}  # fmt: skip
-"""The kind each :class:`RecognizeOptions` field takes, and how a message names it."""
+    "int": ((int, np.integer), "a whole number"),
+    "float": ((int, float, np.integer, np.floating), "a number"),
+    "bool": _FLAG,
+    "str": ((str,), "a text"),
+}
+"""What each annotation of a :class:`RecognizeOptions` field accepts, and how a message names
+it."""
 
 
 def lm_alpha_beta(bundle) -> tuple[float, float]:
