@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,8 @@ class CallbackList:
         keyed = zip(state_keys(callbacks), callbacks, strict=True)
         self.keyed = [(k, c) for k, c in keyed if is_main or not c.rank_zero_only]
         self.callbacks = [c for _, c in self.keyed]
-        self.failures: dict[str, int] = {}
+        self.failures: Counter[str] = Counter()
+        """Failures of optional callbacks by ``callback.event``."""
 
     def call(self, event: str, state: TrainState, **payload: Any) -> None:
         for cb in self.callbacks:
@@ -147,7 +149,7 @@ class CallbackList:
                         f"critical callback {cb.name!r} failed in {event}: {type(e).__name__}: {e}"
                     ) from e
                 key = f"{cb.name}.{event}"
-                self.failures[key] = self.failures.get(key, 0) + 1
+                self.failures[key] += 1
                 log.error(
                     "callback %r failed in %s (%s: %s); the run goes on",
                     cb.name,
@@ -180,11 +182,10 @@ class CallbackList:
                     raise CriticalCallbackError(
                         f"critical callback {cb.name!r}: its state_dict() cannot be saved ({why})"
                     ) from e
-                self.failures[f"{cb.name}.state_dict"] = (
-                    self.failures.get(f"{cb.name}.state_dict", 0) + 1
-                )
-                log.error("callback %r: its state_dict() cannot be saved (%s); the checkpoint is "
-                          "written without it, and a resume starts it afresh", cb.name, why)  # fmt: skip
+                self.failures[f"{cb.name}.state_dict"] += 1
+                log.error("callback %r: its state_dict() cannot be saved (%s); the checkpoint "
+                          "is written without it, and a resume starts it afresh", cb.name,
+                          why)  # fmt: skip
                 continue
             states[key] = state
         return states
