@@ -761,8 +761,8 @@ def test_a_run_end_is_read_from_step_records_within_bounds(
 @pytest.mark.fast
 @pytest.mark.parametrize(
     "best, shown",
-    [({"wer": 0.125, "cer": 0.05}, "wer 0.125, cer 0.05"), ({"wer": "low", "loss": 1.5}, "loss 1.5"),
-     ([1], "–"), (None, "–")],
+    [({"wer": 0.125, "cer": 0.05}, "wer 0.125, cer 0.05"),
+     ({"wer": "low", "loss": 1.5}, "loss 1.5"), ([1], "–"), (None, "–")],
 )  # fmt: skip
 def test_the_launchers_done_line_shows_only_the_numbers_of_a_run_end(best, shown):
     from asrforge.matrix.run import best_scores

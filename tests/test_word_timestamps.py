@@ -536,7 +536,8 @@ def _dtw_cell_by_cell(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for i in range(1, n + 1):
         for j in range(1, m + 1):
             options = (acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])
-            trace[i, j] = 0 if options[0] <= min(options[1:]) else 1 if options[1] <= options[2] else 2
+            down_or_right = 1 if options[1] <= options[2] else 2
+            trace[i, j] = 0 if options[0] <= min(options[1:]) else down_or_right
             acc[i, j] = cost[i - 1, j - 1] + options[trace[i, j]]
     path, (i, j) = [], (n, m)
     while i > 0 and j > 0:

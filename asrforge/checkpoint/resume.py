@@ -9,8 +9,9 @@ refused resume leaves the run directory as it was:
 - :func:`check_resume_config`: the config given now against the one the checkpoint was written
   with. A change of the model's shape, vocabulary or trained parameters (which the weights and
   the optimizer state depend on), of the optimizer, or of the seed (the data order's) is
-  refused, listing every differing field; any other change (``optim.lr``, ``train.max_steps``, ...) is logged, and the run
-  applies it from the resumed step on (:func:`asrforge.train.optim.follow_config`).
+  refused, listing every differing field; any other change (``optim.lr``,
+  ``train.max_steps``, ...) is logged, and the run applies it from the resumed step on
+  (:func:`asrforge.train.optim.follow_config`).
 
 :func:`continue_epoch` then says where the checkpoint's epoch goes on with this run's processes
 and batch size. Once the training split is prepared, :func:`check_resume_data` refuses training

@@ -53,7 +53,8 @@ def head_offsets(
             window), the text tokens of both, the index of the second's first token, and where
             the second's speech starts in seconds.
         prompt: the decoder prompt, ending in ``<|notimestamps|>``.
-        encoded: each join's encoder output (:func:`~asrforge.model.encoding.encode_waves`), when already computed.
+        encoded: each join's encoder output (:func:`~asrforge.model.encoding.encode_waves`),
+            when already computed.
 
     Returns:
         ``(heads, offsets)``: every ``(layer, head)`` and (len(joins), len(heads)) signed
