@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from asrforge.data.synth import make_tones_dataset
 from asrforge.errors import ExitCode, UserError
+from asrforge.hub import pinned
 from asrforge.io.atomic import atomic_write_text
 from asrforge.io.directories import refuse_links_under
 from asrforge.matrix.claims import Claim, Claims, read_marker
@@ -103,18 +104,22 @@ def refuse_changed_done_jobs(plan: Plan) -> None:
     from asrforge.config.yaml_limits import load_yaml, read_yaml_text
 
     changed = []
-    for job in plan.jobs:
-        run_dir = plan.run_dir(job)
-        marker = read_marker(run_dir)
-        path = RunLayout(run_dir).config
-        if not (marker and marker[0] == "done" and path.is_file()):
-            continue
-        try:
-            ran = load_yaml(read_yaml_text(path))
-        except (OSError, ValueError):
-            continue  # nothing to compare: the report names the file it cannot read
-        if isinstance(ran, dict):
-            fixed, allowed = config_changes(load_config(job.config_path, list(job.overrides)), ran)
+    # each job's pretrained model is read for its shape: one resolution per Hub repository
+    with pinned():
+        for job in plan.jobs:
+            run_dir = plan.run_dir(job)
+            marker = read_marker(run_dir)
+            path = RunLayout(run_dir).config
+            if not (marker and marker[0] == "done" and path.is_file()):
+                continue
+            try:
+                ran = load_yaml(read_yaml_text(path))
+            except (OSError, ValueError):
+                continue  # nothing to compare: the report names the file it cannot read
+            if not isinstance(ran, dict):
+                continue
+            planned = load_config(job.config_path, list(job.overrides))
+            fixed, allowed = config_changes(planned, ran)
             lines = [x for x in (*fixed, *allowed) if not x.startswith(RUN_REWRITES)]
             if lines:
                 changed.append(f"{job.job_id}: {'; '.join(lines)}")
